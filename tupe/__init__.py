@@ -1,0 +1,1 @@
+"""tupe: BERT-style encoders with untied positional encoding (TUPE) and ConvBERT, in JAX/Flax."""

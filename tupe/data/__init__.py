@@ -1,0 +1,1 @@
+"""Input pipelines: tokenization, corpora, packing, masking, GLUE."""
