@@ -1,0 +1,26 @@
+"""User-facing errors.
+
+Bad input (a missing file, a malformed row, a config that does not fit the machine) raises `UserError` with a
+one-line message that says what is wrong and how to fix it. Command-line entry points print that line and exit
+with status 2; the traceback is shown only with --verbose.
+"""
+import sys
+
+
+class UserError(Exception):
+  """A problem with the user's input or environment, explained in one line."""
+
+
+def run_main(main, argv=None, verbose_flag: str = "--verbose") -> None:
+  """Runs `main(argv)`, turning a `UserError` into one line on stderr and exit status 2."""
+  argv = list(sys.argv if argv is None else argv)
+  verbose = verbose_flag in argv
+  if verbose:
+    argv.remove(verbose_flag)
+  try:
+    main(argv)
+  except UserError as e:
+    if verbose:
+      raise
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
