@@ -1,0 +1,70 @@
+"""Public model API.
+
+    from tupe import models
+    cfg = models.get_config("tupe_a", size="tiny")
+    params = models.init(cfg, seed=0)
+    out = models.encode(cfg, params, input_ids, attention_mask=None, token_type_ids=None,
+                        output_attentions=False)
+    out["last_hidden_state"]   # [batch, length, hidden]
+    out["hidden_states"]       # embeddings output + one per layer
+    out["attentions"]          # per layer [batch, attention_heads, length, length]
+"""
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tupe.models.config import MODELS, SIZES, attention_heads, base_config, get_config, head_dim, validate
+from tupe.models.encoder import Encoder, EncoderStack
+from tupe.models.heads import CLASSIFIER_STYLES
+from tupe.models.tasks import Classifier, Electra, MaskedLM, gather_positions
+
+__all__ = [
+    "MODELS", "SIZES", "CLASSIFIER_STYLES", "get_config", "base_config", "validate", "head_dim",
+    "attention_heads", "generator_config", "Encoder", "EncoderStack", "MaskedLM", "Electra", "Classifier",
+    "gather_positions", "init", "init_module", "encode", "param_count",
+]
+
+
+def generator_config(cfg, fraction: float):
+  """ELECTRA's generator: same depth, hidden and FFN scaled by `fraction`, head size kept where possible."""
+  gen = cfg.copy_and_resolve_references()
+  hidden = int(cfg.hidden_size * fraction)
+  heads = max(cfg.head_ratio, round(cfg.num_heads * fraction))
+  while hidden % heads or heads % cfg.head_ratio:
+    heads -= 1
+  gen.update(hidden_size=hidden, num_heads=heads, intermediate_size=int(cfg.intermediate_size * fraction))
+  validate(gen)
+  return gen
+
+
+def _dummy_inputs(cfg, batch: int = 1, length: int = 8):
+  ids = jnp.zeros((batch, min(length, cfg.max_position_embeddings)), jnp.int32)
+  return ids, jnp.ones_like(ids), jnp.zeros_like(ids)
+
+
+def init_module(module: nn.Module, cfg, seed: int = 0, *extra_inputs, boxed: bool = False):
+  """Initializes any model of this package on dummy inputs; params unboxed unless `boxed` (logical axes)."""
+  variables = module.init(jax.random.PRNGKey(seed), *_dummy_inputs(cfg), *extra_inputs)
+  params = variables["params"]
+  return params if boxed else nn.meta.unbox(params)
+
+
+def init(cfg, seed: int = 0):
+  """Parameters of the backbone `Encoder` (float32)."""
+  return init_module(Encoder(cfg), cfg, seed)
+
+
+def encode(cfg, params, input_ids, attention_mask=None, token_type_ids=None, output_attentions: bool = False,
+           deterministic: bool = True, rngs=None) -> dict:
+  """Runs the backbone; see `EncoderStack` for the outputs."""
+  return Encoder(cfg).apply({"params": params}, jnp.asarray(input_ids),
+                            None if attention_mask is None else jnp.asarray(attention_mask),
+                            None if token_type_ids is None else jnp.asarray(token_type_ids),
+                            deterministic, output_attentions, rngs=rngs)
+
+
+def param_count(params) -> int:
+  return int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(params)))

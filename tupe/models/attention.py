@@ -1,0 +1,74 @@
+"""The attention block: self-attention heads, optional ConvBERT conv heads, output projection, post-LN.
+
+Logits of attention head h for tokens i, j:
+  (x_i Wq)(x_j Wk)^T * scale + positional[h, i, j]
+with scale 1/sqrt(head_dim), or 1/sqrt(2 * head_dim) under TUPE's untied positions (where the positional term
+carries the other half), and `positional` the [heads, length, length] term the encoder computed once.
+
+Two paths, equal in value:
+  fused: jax.nn.dot_product_attention (the positional term passed as a [1, heads, L, L] bias, so the cuDNN
+    kernel stays eligible on GPU);
+  reference: explicit float32 softmax with dropout on the attention probabilities (the papers' recipe), and
+    the probabilities returned on request.
+"auto" takes the fused path unless probabilities are requested or attention dropout is active.
+"""
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from tupe.models import config as config_lib
+from tupe.models import conv
+from tupe.models import layers
+
+
+def attention_scale(cfg) -> float:
+  dh = config_lib.head_dim(cfg)
+  return 1.0 / math.sqrt(2 * dh if cfg.position == "untied" else dh)
+
+
+class AttentionBlock(nn.Module):
+  """LayerNorm(x + dropout(W_o [attention heads ; conv heads])), the first half of a post-LN layer."""
+  cfg: object
+
+  @nn.compact
+  def __call__(self, x: jax.Array, mask: jax.Array, positional: jax.Array | None, deterministic: bool,
+               output_attentions: bool = False) -> tuple[jax.Array, jax.Array | None]:
+    """Args:
+      x: [batch, length, hidden].
+      mask: bool [batch, 1, 1, length], True at keys that may be attended to.
+      positional: float32 [heads, length, length] added to every batch element's logits, or None.
+
+    Returns:
+      ([batch, length, hidden] float32, attention probabilities [batch, heads, length, length] or None).
+    """
+    cfg = self.cfg
+    heads, dh = config_lib.attention_heads(cfg), config_lib.head_dim(cfg)
+    proj = lambda name: layers.dense(cfg, (heads, dh), ("embed", "heads", "kv"), name=name)(x)
+    q, k, v = proj("query"), proj("key"), proj("value")
+    bias = None if positional is None else positional[None]
+    use_reference = (cfg.attention_impl == "reference" or output_attentions
+                     or (not deterministic and cfg.attention_dropout > 0))
+    if use_reference:
+      logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) * attention_scale(cfg)
+      if bias is not None:
+        logits = logits + bias
+      logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+      probs = jax.nn.softmax(logits, axis=-1)
+      dropped = nn.Dropout(cfg.attention_dropout)(probs, deterministic=deterministic)
+      context = jnp.einsum("bhqk,bkhd->bqhd", dropped.astype(v.dtype), v)
+    else:
+      probs = None
+      if bias is not None and cfg.attention_backend == "cudnn":
+        bias = bias.astype(q.dtype)
+      context = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=attention_scale(cfg),
+                                             implementation=cfg.attention_backend or None)
+    if cfg.head_ratio > 1:
+      context = jnp.concatenate([context, conv.SpanDynamicConv(cfg, name="conv")(x, q)], axis=2)
+    out = layers.dense(cfg, cfg.hidden_size, ("heads", "kv", "embed"), axis=(-2, -1), name="output")(context)
+    out = nn.Dropout(cfg.hidden_dropout)(out, deterministic=deterministic)
+    out = layers.layer_norm(cfg, "layer_norm")(x + out)
+    return out, (probs if output_attentions else None)

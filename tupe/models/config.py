@@ -1,0 +1,127 @@
+"""Model configurations: one flag set covers BERT-A/R, TUPE-A/R (with or without the [CLS] reset) and ConvBERT.
+
+A model config is an `ml_collections.ConfigDict`. The flags compose wherever the math allows, so an ablation
+such as ConvBERT with untied positions is `get_config("convbert", "small")` with `position="untied"`.
+
+Flags:
+  position: "absolute" (a position table added to the input, BERT), "untied" (TUPE: a positional attention
+    term computed once per forward and shared by all layers) or "none".
+  relative_bias: add a T5-style bucketed relative bias (shared by all layers) to the attention logits.
+  cls_reset: TUPE's [CLS] reset of the positional terms (untied and relative).
+  head_ratio: 1 for plain self-attention; r >= 2 for ConvBERT's mixed attention with num_heads / r attention
+    heads plus as many span-based dynamic convolution heads.
+  ffn_groups: ConvBERT's grouped (block-diagonal) feed-forward layers.
+  embedding_size: E; when E != hidden_size the embeddings are projected E -> hidden_size.
+"""
+from __future__ import annotations
+
+import ml_collections
+
+MODELS = ("bert_a", "bert_r", "tupe_a", "tupe_a_tie_cls", "tupe_r", "convbert")
+
+# name: (hidden, layers, heads, intermediate, ConvBERT embedding size, ConvBERT FFN groups, max positions)
+SIZES = {
+    "tiny": (64, 2, 4, 128, 32, 1, 128),
+    "small": (256, 12, 4, 1024, 128, 1, 512),
+    "medium_small": (384, 12, 8, 1536, 128, 2, 512),
+    "base": (768, 12, 12, 3072, 768, 1, 512),
+    "large": (1024, 24, 16, 4096, 1024, 1, 512),
+}
+
+
+def base_config() -> ml_collections.ConfigDict:
+  """All model flags with BERT-A defaults (see the module docstring)."""
+  return ml_collections.ConfigDict(dict(
+      name="bert_a",
+      size="base",
+      vocab_size=30522,
+      hidden_size=768,
+      num_layers=12,
+      num_heads=12,
+      intermediate_size=3072,
+      embedding_size=768,
+      max_position_embeddings=512,
+      type_vocab_size=0,
+      pad_token_id=0,
+      position="absolute",
+      relative_bias=False,
+      num_buckets=32,
+      max_distance=128,
+      cls_reset=False,
+      head_ratio=1,
+      conv_kernel_size=9,
+      conv_impl="shift",          # "shift" (sum of K shifted slices) or "unfold" (materialized windows)
+      ffn_groups=1,
+      layer_norm_eps=1e-5,
+      hidden_dropout=0.1,
+      attention_dropout=0.1,
+      initializer_range=0.02,
+      zero_pad_embeddings=False,  # TUPE: zero the embedding output at [PAD] positions
+      dtype="float32",            # compute dtype; parameters are always float32
+      attention_impl="auto",      # "auto": jax.nn.dot_product_attention unless attention probabilities are
+                                  # returned or dropped out (then "reference"); "reference": always explicit
+      attention_backend="",       # "" (let JAX choose), "xla" or "cudnn"
+      remat="none",               # "none", "full" or "dots" (per-layer rematerialization policy)
+  ))
+
+
+def get_config(name: str, size: str = "base") -> ml_collections.ConfigDict:
+  """Returns the config of a named model at a named size.
+
+  Args:
+    name: one of MODELS.
+    size: one of SIZES.
+  """
+  if name not in MODELS:
+    raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
+  if size not in SIZES:
+    raise ValueError(f"unknown size {size!r}; choose one of {', '.join(SIZES)}")
+  hidden, layers, heads, ffn, conv_embedding, conv_groups, max_pos = SIZES[size]
+  cfg = base_config()
+  cfg.update(name=name, size=size, hidden_size=hidden, num_layers=layers, num_heads=heads,
+             intermediate_size=ffn, embedding_size=hidden, max_position_embeddings=max_pos)
+  if name.startswith("tupe"):
+    cfg.update(position="untied", cls_reset=name != "tupe_a_tie_cls", relative_bias=name == "tupe_r",
+               zero_pad_embeddings=True)
+  elif name == "bert_r":
+    cfg.relative_bias = True
+  elif name == "convbert":
+    cfg.update(head_ratio=2, embedding_size=conv_embedding, ffn_groups=conv_groups, type_vocab_size=2,
+               layer_norm_eps=1e-12)
+  validate(cfg)
+  return cfg
+
+
+def validate(cfg: ml_collections.ConfigDict) -> None:
+  """Raises ValueError with a one-line explanation when the flags do not fit together."""
+  def need(ok, msg):
+    if not ok:
+      raise ValueError(msg)
+  need(cfg.position in ("absolute", "untied", "none"),
+       f"model.position={cfg.position!r}; use 'absolute', 'untied' or 'none'")
+  need(cfg.hidden_size % cfg.num_heads == 0,
+       f"model.hidden_size={cfg.hidden_size} is not divisible by model.num_heads={cfg.num_heads}")
+  need(cfg.head_ratio >= 1 and cfg.num_heads % cfg.head_ratio == 0,
+       f"model.num_heads={cfg.num_heads} is not divisible by model.head_ratio={cfg.head_ratio}")
+  need(cfg.conv_kernel_size % 2 == 1, f"model.conv_kernel_size={cfg.conv_kernel_size} must be odd")
+  need(cfg.conv_impl in ("shift", "unfold"), f"model.conv_impl={cfg.conv_impl!r}; use 'shift' or 'unfold'")
+  need(cfg.hidden_size % cfg.ffn_groups == 0 and cfg.intermediate_size % cfg.ffn_groups == 0,
+       f"model.ffn_groups={cfg.ffn_groups} must divide hidden_size and intermediate_size")
+  need(not cfg.cls_reset or cfg.position == "untied" or cfg.relative_bias,
+       "model.cls_reset needs position='untied' or relative_bias=True")
+  need(cfg.num_buckets % 2 == 0, f"model.num_buckets={cfg.num_buckets} must be even")
+  need(cfg.dtype in ("float32", "bfloat16", "float16"), f"model.dtype={cfg.dtype!r}; use float32 or bfloat16")
+  need(cfg.attention_impl in ("auto", "reference"),
+       f"model.attention_impl={cfg.attention_impl!r}; use 'auto' or 'reference'")
+  need(cfg.attention_backend in ("", "xla", "cudnn"),
+       f"model.attention_backend={cfg.attention_backend!r}; use '', 'xla' or 'cudnn'")
+  need(cfg.remat in ("none", "full", "dots"), f"model.remat={cfg.remat!r}; use 'none', 'full' or 'dots'")
+
+
+def head_dim(cfg) -> int:
+  return cfg.hidden_size // cfg.num_heads
+
+
+def attention_heads(cfg) -> int:
+  """Self-attention heads per layer: all heads, or num_heads / head_ratio under ConvBERT's mixed attention."""
+  return cfg.num_heads // cfg.head_ratio

@@ -1,0 +1,50 @@
+"""Input embeddings: word (+ absolute position) (+ token type) -> LayerNorm -> dropout."""
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from tupe.models import layers
+
+
+class Embeddings(nn.Module):
+  """Token embeddings of width embedding_size (E). Also the tied output projection of MLM heads (`attend`).
+
+  BERT and ConvBERT add an absolute position table (position="absolute"); TUPE adds none (its positions
+  enter the attention logits) and zeroes the output at [PAD] positions (zero_pad_embeddings).
+  """
+  cfg: object
+
+  def setup(self):
+    cfg = self.cfg
+    init = lambda names: layers.normal_init(cfg, names)
+    self.word_embeddings = self.param("word_embeddings", init(("vocab", "embedding")),
+                                      (cfg.vocab_size, cfg.embedding_size))
+    if cfg.position == "absolute":
+      self.position_embeddings = self.param("position_embeddings", init(("positions", "embedding")),
+                                            (cfg.max_position_embeddings, cfg.embedding_size))
+    if cfg.type_vocab_size:
+      self.token_type_embeddings = self.param("token_type_embeddings", init((None, "embedding")),
+                                              (cfg.type_vocab_size, cfg.embedding_size))
+    self.layer_norm = layers.layer_norm(cfg, axis_name="embedding")
+    self.dropout = nn.Dropout(cfg.hidden_dropout)
+
+  def __call__(self, input_ids: jax.Array, token_type_ids: jax.Array, deterministic: bool) -> jax.Array:
+    """input_ids, token_type_ids: int [batch, length] -> float32 [batch, length, embedding_size]."""
+    cfg = self.cfg
+    x = jnp.take(self.word_embeddings, input_ids, axis=0)
+    if cfg.position == "absolute":
+      x = x + self.position_embeddings[None, :input_ids.shape[1]]
+    if cfg.type_vocab_size:
+      x = x + jnp.take(self.token_type_embeddings, token_type_ids, axis=0)
+    x = self.dropout(self.layer_norm(x), deterministic=deterministic)
+    if cfg.zero_pad_embeddings:
+      x = x * (input_ids != cfg.pad_token_id)[..., None]
+    return x
+
+  def attend(self, x: jax.Array) -> jax.Array:
+    """Tied output projection: x [..., embedding_size] -> float32 logits [..., vocab]."""
+    dtype = layers.compute_dtype(self.cfg)
+    return jnp.einsum("...e,ve->...v", x.astype(dtype), self.word_embeddings.astype(dtype),
+                      preferred_element_type=jnp.float32)

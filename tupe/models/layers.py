@@ -1,0 +1,92 @@
+"""Building blocks shared by every model: dense layers with logical axis names, LayerNorm, GELU, the FFN.
+
+Every parameter carries logical axis names (embed, mlp, heads, kv, vocab, ...); training maps them to mesh
+axes with rules, so the model code never mentions devices.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+
+def normal_init(cfg, names: Sequence[str | None]):
+  """N(0, initializer_range) initializer whose parameter carries logical axis `names`."""
+  return nn.with_logical_partitioning(nn.initializers.normal(cfg.initializer_range), tuple(names))
+
+
+def zeros_init(names: Sequence[str | None]):
+  return nn.with_logical_partitioning(nn.initializers.zeros, tuple(names))
+
+
+def compute_dtype(cfg):
+  return jnp.dtype(cfg.dtype)
+
+
+def gelu(x: jax.Array) -> jax.Array:
+  """Exact (erf) GELU, as in BERT, TUPE and ConvBERT (flax's default is the tanh approximation)."""
+  return nn.gelu(x, approximate=False)
+
+
+def layer_norm(cfg, name: str | None = None, axis_name: str = "embed") -> nn.LayerNorm:
+  """LayerNorm computed in float32 whatever the compute dtype; its output is float32."""
+  return nn.LayerNorm(epsilon=cfg.layer_norm_eps, dtype=jnp.float32, name=name,
+                      scale_init=nn.with_logical_partitioning(nn.initializers.ones, (axis_name,)),
+                      bias_init=zeros_init((axis_name,)))
+
+
+def dense(cfg, features: int | Sequence[int], names: Sequence[str | None], axis: int | Sequence[int] = -1,
+          name: str | None = None, use_bias: bool = True) -> nn.DenseGeneral:
+  """A DenseGeneral in the compute dtype with N(0, 0.02) kernel and zero bias.
+
+  Args:
+    features: output feature shape, e.g. `(heads, head_dim)`.
+    names: logical axis names of the kernel: contracted axes first, then the output axes.
+    axis: input axes contracted.
+  """
+  features = tuple(features) if isinstance(features, (tuple, list)) else (features,)
+  return nn.DenseGeneral(features=features, axis=axis, use_bias=use_bias, dtype=compute_dtype(cfg),
+                         kernel_init=normal_init(cfg, names),
+                         bias_init=zeros_init(tuple(names)[-len(features):]), name=name)
+
+
+class GroupedDense(nn.Module):
+  """ConvBERT's grouped linear layer: a block-diagonal kernel [groups, in/groups, out/groups], bias [out].
+
+  Plain Dense when groups == 1 (kernel [in, out]).
+  """
+  cfg: object
+  features: int
+  names: tuple[str, str]
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """x: [batch, length, in] -> [batch, length, features]."""
+    groups = self.cfg.ffn_groups
+    if groups == 1:
+      return dense(self.cfg, self.features, self.names, name="dense")(x)
+    d_in = x.shape[-1]
+    kernel = self.param("kernel", normal_init(self.cfg, ("groups",) + self.names),
+                        (groups, d_in // groups, self.features // groups))
+    bias = self.param("bias", zeros_init(self.names[-1:]), (self.features,))
+    dtype = compute_dtype(self.cfg)
+    x = x.astype(dtype).reshape(x.shape[:-1] + (groups, d_in // groups))
+    y = jnp.einsum("blgi,gio->blgo", x, kernel.astype(dtype))
+    return y.reshape(y.shape[:-2] + (self.features,)) + bias.astype(dtype)
+
+
+class FeedForward(nn.Module):
+  """Post-LN feed-forward block: LayerNorm(x + dropout(W2 gelu(W1 x)))."""
+  cfg: object
+
+  @nn.compact
+  def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
+    """x: [batch, length, hidden] -> [batch, length, hidden] (float32)."""
+    cfg = self.cfg
+    h = GroupedDense(cfg, cfg.intermediate_size, ("embed", "mlp"), name="intermediate")(x)
+    h = gelu(h)
+    h = GroupedDense(cfg, cfg.hidden_size, ("mlp", "embed"), name="output")(h)
+    h = nn.Dropout(cfg.hidden_dropout)(h, deterministic=deterministic)
+    return layer_norm(cfg, "layer_norm")(x + h)
