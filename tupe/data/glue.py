@@ -1,0 +1,421 @@
+"""GLUE tasks: a registry, TSV and TFDS loaders, and BERT-style pair encoding.
+
+The TSV loader reads the layout written by the GLUE download script: `<data_dir>/<TASK>/<split>.tsv`, and the
+diagnostic set (AX) at `<data_dir>/diagnostic/diagnostic.tsv`. Rows are split on tabs with quoting off, because
+GLUE TSVs contain stray quote characters that a csv reader would join across lines.
+
+Label ids follow the order of TFDS `glue/*` (and HF `datasets`), so both sources give the same ids:
+MNLI/AX entailment=0, neutral=1, contradiction=2; QNLI/RTE entailment=0, not_entailment=1; CoLA, SST-2, MRPC,
+QQP and WNLI use the 0/1 of the TSVs. STS-B is regression on the 0..5 score.
+"""
+import dataclasses
+import math
+import os
+import pathlib
+from typing import Iterable, Mapping, NamedTuple, Sequence
+
+import numpy as np
+
+from tupe.errors import UserError
+
+_HOW_TO_GET_GLUE = ("get GLUE with the GLUE download script (download_glue_data.py, linked from "
+                    "gluebenchmark.com/tasks) or read the task from TFDS (glue/<config>) instead")
+_COLA_COLUMNS = ("source", "label", "author_label", "sentence")
+
+
+class Example(NamedTuple):
+  """One GLUE example.
+
+  Attributes:
+    text_a: first (or only) sentence.
+    text_b: second sentence of a pair task, None for single-sentence tasks.
+    label: class id (int), similarity score (float, STS-B), or None on test splits.
+    idx: the row's GLUE index (the `index`/`id` column where the file has one, else the 0-based row number);
+      test predictions are submitted under this index.
+  """
+  text_a: str
+  text_b: str | None
+  label: int | float | None
+  idx: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  """A GLUE task: its files, columns, labels and TFDS counterpart.
+
+  Attributes:
+    name: canonical name, e.g. "SST-2".
+    folder: folder under the GLUE directory.
+    files: split name -> file name in `folder`.
+    text_a, text_b: column names of the sentence(s); text_b is None for single-sentence tasks.
+    label_column: column name of the label (absent from test files).
+    index_column: column name of the GLUE index, where files have one.
+    labels: label strings as written in the TSVs, in id order; None for regression (STS-B).
+    metrics: names of the metrics GLUE reports for the task (see tupe.glue.metrics).
+    tfds_config: TFDS config, read as `glue/<tfds_config>`.
+    tfds_text: TFDS feature names of text_a and text_b.
+    headerless: split -> column names, for files without a header line (CoLA train/dev).
+    model_task: task whose fine-tuned model predicts this one (AX is predicted with the MNLI model).
+  """
+  name: str
+  folder: str
+  files: Mapping[str, str]
+  text_a: str
+  text_b: str | None
+  label_column: str
+  index_column: str
+  labels: tuple[str, ...] | None
+  metrics: tuple[str, ...]
+  tfds_config: str
+  tfds_text: tuple[str, str | None]
+  headerless: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+  model_task: str | None = None
+
+  @property
+  def is_regression(self) -> bool:
+    return self.labels is None
+
+  @property
+  def num_labels(self) -> int:
+    """Output size of the task head: 1 for regression, else the number of classes."""
+    return 1 if self.labels is None else len(self.labels)
+
+
+@dataclasses.dataclass(frozen=True)
+class Evaluation:
+  """One number-reporting GLUE evaluation (MNLI has two: matched and mismatched).
+
+  Attributes:
+    name: the name papers and the GLUE server use, e.g. "MNLI-mm"; the submission file is `<name>.tsv`.
+    task: the Task whose data it reads.
+    dev_split: split scored on dev, None for AX (test only).
+    test_split: split predicted for the GLUE server.
+    test_rows: rows of the official test file, which the server requires in the submission.
+  """
+  name: str
+  task: str
+  dev_split: str | None
+  test_split: str
+  test_rows: int
+
+
+def _files(*splits: str) -> dict[str, str]:
+  return {split: f"{split}.tsv" for split in splits}
+
+
+_BINARY = ("0", "1")
+_NLI3 = ("entailment", "neutral", "contradiction")
+_NLI2 = ("entailment", "not_entailment")
+
+TASKS: dict[str, Task] = {task.name: task for task in (
+    Task("CoLA", "CoLA", _files("train", "dev", "test"), "sentence", None, "label", "index", _BINARY, ("mcc",),
+         "cola", ("sentence", None), headerless={"train": _COLA_COLUMNS, "dev": _COLA_COLUMNS}),
+    Task("SST-2", "SST-2", _files("train", "dev", "test"), "sentence", None, "label", "index", _BINARY,
+         ("accuracy",), "sst2", ("sentence", None)),
+    Task("MRPC", "MRPC", _files("train", "dev", "test"), "#1 String", "#2 String", "Quality", "index", _BINARY,
+         ("f1", "accuracy"), "mrpc", ("sentence1", "sentence2")),
+    Task("STS-B", "STS-B", _files("train", "dev", "test"), "sentence1", "sentence2", "score", "index", None,
+         ("pearson", "spearman"), "stsb", ("sentence1", "sentence2")),
+    Task("QQP", "QQP", _files("train", "dev", "test"), "question1", "question2", "is_duplicate", "id", _BINARY,
+         ("f1", "accuracy"), "qqp", ("question1", "question2")),
+    Task("MNLI", "MNLI", _files("train", "dev_matched", "dev_mismatched", "test_matched", "test_mismatched"),
+         "sentence1", "sentence2", "gold_label", "index", _NLI3, ("accuracy",), "mnli", ("premise", "hypothesis")),
+    Task("QNLI", "QNLI", _files("train", "dev", "test"), "question", "sentence", "label", "index", _NLI2,
+         ("accuracy",), "qnli", ("question", "sentence")),
+    Task("RTE", "RTE", _files("train", "dev", "test"), "sentence1", "sentence2", "label", "index", _NLI2,
+         ("accuracy",), "rte", ("sentence1", "sentence2")),
+    Task("WNLI", "WNLI", _files("train", "dev", "test"), "sentence1", "sentence2", "label", "index", _BINARY,
+         ("accuracy",), "wnli", ("sentence1", "sentence2")),
+    Task("AX", "diagnostic", {"test": "diagnostic.tsv"}, "sentence1", "sentence2", "label", "index", _NLI3,
+         ("mcc",), "ax", ("premise", "hypothesis"), model_task="MNLI"),
+)}
+
+# GLUE server order; `name` is also the submission file stem.
+EVALUATIONS: dict[str, Evaluation] = {ev.name: ev for ev in (
+    Evaluation("CoLA", "CoLA", "dev", "test", 1063),
+    Evaluation("SST-2", "SST-2", "dev", "test", 1821),
+    Evaluation("MRPC", "MRPC", "dev", "test", 1725),
+    Evaluation("STS-B", "STS-B", "dev", "test", 1379),
+    Evaluation("QQP", "QQP", "dev", "test", 390965),
+    Evaluation("MNLI-m", "MNLI", "dev_matched", "test_matched", 9796),
+    Evaluation("MNLI-mm", "MNLI", "dev_mismatched", "test_mismatched", 9847),
+    Evaluation("QNLI", "QNLI", "dev", "test", 5463),
+    Evaluation("RTE", "RTE", "dev", "test", 3000),
+    Evaluation("WNLI", "WNLI", "dev", "test", 146),
+    Evaluation("AX", "AX", None, "test", 1104),
+)}
+
+
+def _key(name: str) -> str:
+  return name.lower().replace("-", "").replace("_", "")
+
+
+_TASK_KEYS = {_key(name): task for name, task in TASKS.items()} | {"diagnostic": TASKS["AX"]}
+_EVALUATION_KEYS = {_key(name): ev for name, ev in EVALUATIONS.items()}
+
+
+def get_task(name: str) -> Task:
+  """Looks a task up by name, ignoring case, '-' and '_' ("sst2", "STS-B", "mnli", "diagnostic")."""
+  task = _TASK_KEYS.get(_key(name))
+  if task is None:
+    raise UserError(f"unknown GLUE task {name!r}: choose one of {', '.join(TASKS)}")
+  return task
+
+
+def get_evaluation(name: str) -> Evaluation:
+  """Looks an evaluation up by name, ignoring case, '-' and '_' ("MNLI-m", "mnli_mm", "sts-b")."""
+  ev = _EVALUATION_KEYS.get(_key(name))
+  if ev is None:
+    raise UserError(f"unknown GLUE evaluation {name!r}: choose one of {', '.join(EVALUATIONS)}")
+  return ev
+
+
+def _is_test(split: str) -> bool:
+  return split.startswith("test")
+
+
+def _check_split(task: Task, split: str) -> None:
+  if split not in task.files:
+    raise UserError(f"GLUE {task.name} has no split {split!r}: choose one of {', '.join(task.files)}")
+
+
+def _read_lines(path: pathlib.Path) -> list[str]:
+  """Lines of a UTF-8 file (a leading BOM dropped), split on '\\n' only, without line ends."""
+  try:
+    with open(path, encoding="utf-8-sig", newline="") as f:
+      text = f.read()
+  except UnicodeDecodeError as e:
+    raise UserError(f"{path} is not UTF-8 text (byte {e.start}): re-download the GLUE file") from e
+  lines = text.split("\n")
+  if lines[-1] == "":
+    lines.pop()
+  return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def _column(path: pathlib.Path, columns: Sequence[str], name: str) -> int:
+  if name not in columns:
+    raise UserError(f"{path}:1: no column {name!r} in the header ({', '.join(columns)}): "
+                    f"use the file from the GLUE download script")
+  return columns.index(name)
+
+
+def _parse_label(task: Task, value: str, path: pathlib.Path, line_no: int) -> int | float:
+  if task.labels is None:
+    try:
+      score = float(value)
+    except ValueError:
+      score = math.nan
+    if not math.isfinite(score):
+      raise UserError(f"{path}:{line_no}: label {value!r} is not a number: fix or drop the row")
+    return score
+  try:
+    return task.labels.index(value)
+  except ValueError:
+    raise UserError(f"{path}:{line_no}: label {value!r} is not one of {', '.join(task.labels)}: "
+                    f"fix or drop the row") from None
+
+
+def load_split(data_dir: str | os.PathLike, task: str, split: str) -> list[Example]:
+  """Reads one split of a GLUE task from the original TSV files.
+
+  Args:
+    data_dir: the GLUE folder (holding CoLA/, SST-2/, ..., diagnostic/).
+    task: task name (see `get_task`).
+    split: "train", "dev" or "test"; MNLI has "dev_matched", "dev_mismatched", "test_matched" and
+      "test_mismatched"; AX has only "test".
+
+  Returns:
+    The examples in file order; labels are None on test splits.
+
+  Raises:
+    UserError: the folder or file is missing, a row has the wrong number of columns, or a label is invalid.
+  """
+  spec = get_task(task)
+  _check_split(spec, split)
+  data_dir = pathlib.Path(data_dir)
+  if not data_dir.is_dir():
+    raise UserError(f"GLUE folder {data_dir} not found: {_HOW_TO_GET_GLUE}")
+  path = data_dir / spec.folder / spec.files[split]
+  if not path.is_file():
+    raise UserError(f"{path} not found (GLUE {spec.name} {split}): {_HOW_TO_GET_GLUE}")
+  lines = _read_lines(path)
+  columns = spec.headerless.get(split)
+  first_row = 0
+  if columns is None:
+    if not lines:
+      raise UserError(f"{path} is empty: re-download the GLUE file")
+    columns, first_row = lines[0].split("\t"), 1
+  a = _column(path, columns, spec.text_a)
+  b = None if spec.text_b is None else _column(path, columns, spec.text_b)
+  label = None if _is_test(split) else _column(path, columns, spec.label_column)
+  index = columns.index(spec.index_column) if spec.index_column in columns else None
+
+  examples = []
+  for row, line in enumerate(lines[first_row:]):
+    line_no = row + first_row + 1
+    fields = line.split("\t")
+    if len(fields) != len(columns):
+      raise UserError(f"{path}:{line_no}: expected {len(columns)} tab-separated columns, found {len(fields)} "
+                      f"(a tab inside the text, or a cut line?): fix or drop the row")
+    if index is None:
+      idx = row
+    else:
+      try:
+        idx = int(fields[index])
+      except ValueError:
+        raise UserError(f"{path}:{line_no}: {spec.index_column} {fields[index]!r} is not an integer: "
+                        f"fix or drop the row") from None
+    examples.append(Example(fields[a], None if b is None else fields[b],
+                            None if label is None else _parse_label(spec, fields[label], path, line_no), idx))
+  return examples
+
+
+def tfds_split(task: Task, split: str) -> str:
+  """The TFDS split name of one of our splits: "dev" is "validation", "dev_matched" is "validation_matched"."""
+  _check_split(task, split)
+  return "validation" + split[len("dev"):] if split.startswith("dev") else split
+
+
+def _text(value: bytes | str) -> str:
+  return value.decode("utf-8") if isinstance(value, bytes) else value
+
+
+def example_from_tfds(task: Task, split: str, record: Mapping) -> Example:
+  """Maps one TFDS `glue/<config>` record (bytes text, int label, int idx) to an `Example`."""
+  a_name, b_name = task.tfds_text
+  if _is_test(split):
+    label = None
+  elif task.is_regression:
+    label = float(record["label"])
+  else:
+    label = int(record["label"])
+  return Example(_text(record[a_name]), None if b_name is None else _text(record[b_name]), label,
+                 int(record["idx"]))
+
+
+def load_split_tfds(task: str, split: str, data_dir: str | os.PathLike | None = None) -> list[Example]:
+  """Reads one split of a GLUE task from a prepared TFDS `glue/<config>` dataset (array_record format).
+
+  Args:
+    task: task name (see `get_task`).
+    split: our split name, as for `load_split`.
+    data_dir: TFDS data folder; None for TFDS's default (~/tensorflow_datasets or $TFDS_DATA_DIR).
+
+  Returns:
+    The examples sorted by idx (TFDS stores them shuffled); labels are None on test splits.
+
+  Raises:
+    UserError: the dataset or split is not prepared there.
+  """
+  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+
+  spec = get_task(task)
+  name, tsplit = f"glue/{spec.tfds_config}", tfds_split(spec, split)
+  try:
+    source = tfds.data_source(name, split=tsplit, data_dir=None if data_dir is None else os.fspath(data_dir))
+  except (ValueError, FileNotFoundError, NotImplementedError) as e:
+    reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+    raise UserError(f"TFDS {name} split {tsplit} is not available in {data_dir or 'the default TFDS folder'} "
+                    f"({reason}): prepare it with `tfds build {name} --file_format=array_record"
+                    f"{'' if data_dir is None else f' --data_dir={data_dir}'}`, or read the GLUE TSVs") from e
+  records = source.__getitems__(range(len(source)))
+  return sorted((example_from_tfds(spec, split, record) for record in records), key=lambda e: e.idx)
+
+
+def _special_ids(tokenizer, cls_id: int | None, sep_id: int | None, pad_id: int | None) -> tuple[int, int, int]:
+  ids = []
+  for given, token in ((cls_id, "[CLS]"), (sep_id, "[SEP]"), (pad_id, "[PAD]")):
+    if given is None:
+      given = tokenizer.token_to_id(token)
+      if given is None:
+        raise UserError(f"the vocabulary has no {token} token: use a BERT WordPiece vocab or pass its id")
+    ids.append(given)
+  return tuple(ids)
+
+
+def _untruncated(tokenizer):
+  """The tokenizer itself, or a copy without truncation and padding if it has either."""
+  if tokenizer.truncation is None and tokenizer.padding is None:
+    return tokenizer
+  copy = type(tokenizer).from_str(tokenizer.to_str())
+  copy.no_truncation()
+  copy.no_padding()
+  return copy
+
+
+def truncated_lengths(len_a: int, len_b: int, budget: int) -> tuple[int, int]:
+  """Lengths after longest-first truncation of a pair to at most `budget` tokens.
+
+  Same result as BERT's `_truncate_seq_pair`, which drops the last token of the longer sequence (of b on a
+  tie) until the pair fits: the longer one is cut down to the shorter first, then both shrink together, with
+  a keeping the extra token when the budget is odd.
+  """
+  if len_a + len_b <= budget:
+    return len_a, len_b
+  kept_a = min(len_a, max(budget - len_b, (budget + 1) // 2))
+  return kept_a, budget - kept_a
+
+
+def encode(tokenizer, examples: Iterable[Example], max_len: int, swap: bool = False, *,
+           cls_id: int | None = None, sep_id: int | None = None, pad_id: int | None = None) -> dict[str, np.ndarray]:
+  """Tokenizes examples as `[CLS] a [SEP]` or `[CLS] a [SEP] b [SEP]`, right-padded to `max_len`.
+
+  Pairs longer than `max_len` are truncated longest-first (see `truncated_lengths`), single sentences at the
+  end. Token types are 0 up to and including the first [SEP], 1 for b and its [SEP].
+
+  Args:
+    tokenizer: a `tokenizers.Tokenizer` with a WordPiece model (special tokens are added here, not by it).
+    examples: the examples to encode.
+    max_len: sequence length, special tokens included.
+    swap: also append every pair with its sentences swapped, (b, a), after the originals (the ConvBERT
+      recipe for MRPC and STS-B); the swapped rows repeat the label and idx.
+    cls_id, sep_id, pad_id: special token ids; by default looked up as [CLS], [SEP], [PAD].
+
+  Returns:
+    input_ids, attention_mask, token_type_ids: int32 [n, max_len].
+    labels: [n] int32, or float32 when the labels are scores; -1 for examples without a label.
+    idx: int32 [n].
+    Here n is the number of examples, doubled with `swap`.
+  """
+  examples = list(examples)
+  if swap:
+    if any(e.text_b is None for e in examples):
+      raise UserError("swap=True needs sentence pairs, but some examples have one sentence: "
+                      "use it for pair tasks (MRPC, STS-B)")
+    examples += [e._replace(text_a=e.text_b, text_b=e.text_a) for e in examples]
+  is_pair = [e.text_b is not None for e in examples]
+  if max_len < (3 if any(is_pair) else 2):
+    raise UserError(f"max_len {max_len} leaves no room for the text after [CLS] and [SEP]: use 128 or more")
+  cls, sep, pad = _special_ids(tokenizer, cls_id, sep_id, pad_id)
+
+  texts = [e.text_a for e in examples] + [e.text_b for e in examples if e.text_b is not None]
+  pieces = [enc.ids for enc in _untruncated(tokenizer).encode_batch(texts, add_special_tokens=False)]
+  n = len(examples)
+  second = iter(pieces[n:])
+  input_ids = np.full((n, max_len), pad, np.int32)
+  lengths = np.empty(n, np.int32)
+  type_starts = np.empty(n, np.int32)
+  for row, (a, pair) in enumerate(zip(pieces[:n], is_pair)):
+    if pair:
+      b = next(second)
+      len_a, len_b = truncated_lengths(len(a), len(b), max_len - 3)
+      tokens = [cls, *a[:len_a], sep, *b[:len_b], sep]
+      type_starts[row] = len_a + 2
+    else:
+      tokens = [cls, *a[:max_len - 2], sep]
+      type_starts[row] = len(tokens)
+    input_ids[row, :len(tokens)] = tokens
+    lengths[row] = len(tokens)
+
+  positions = np.arange(max_len)
+  attention_mask = positions < lengths[:, None]
+  token_type_ids = (positions >= type_starts[:, None]) & attention_mask
+  labels = [e.label for e in examples]
+  dtype = np.float32 if any(isinstance(label, float) for label in labels) else np.int32
+  return {
+      "input_ids": input_ids,
+      "attention_mask": attention_mask.astype(np.int32),
+      "token_type_ids": token_type_ids.astype(np.int32),
+      "labels": np.array([-1 if label is None else label for label in labels], dtype),
+      "idx": np.array([e.idx for e in examples], np.int32),
+  }
