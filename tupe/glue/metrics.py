@@ -1,0 +1,178 @@
+"""GLUE metrics and the two averages the papers report.
+
+Metric functions take predictions and labels of the same length (class ids, or scores for STS-B) and return
+fractions, like scikit-learn and scipy. `task_metrics` returns points (x100), as the papers print them.
+
+Per-task score, i.e. the one number per task that goes into an average:
+  * TUPE convention (guolinke/TUPE fine-tuning README, its --best-checkpoint-metric): Matthews correlation for
+    CoLA, Pearson for STS-B, accuracy for every other task (MRPC and QQP included). This is `metrics["score"]`,
+    used to pick checkpoints and learning rates, and the number in the TUPE GLUE table.
+  * ELECTRA/ConvBERT convention (ELECTRA paper, section 3.1): Matthews for CoLA, Spearman for STS-B, accuracy
+    for the rest. Used only for `glue_average`.
+GLUE's own leaderboard averages F1/accuracy and Pearson/Spearman pairs; neither paper does, so neither do we.
+"""
+import dataclasses
+from typing import Mapping
+
+import numpy as np
+
+from tupe.data import glue
+
+# The 9 numbers of the TUPE table average (MNLI matched and mismatched separately, no WNLI).
+TUPE_AVERAGE_TASKS = ("MNLI-m", "MNLI-mm", "QNLI", "QQP", "SST-2", "CoLA", "MRPC", "RTE", "STS-B")
+# One number per task, as ELECTRA and ConvBERT average GLUE dev: 8 tasks, MNLI = matched, no WNLI.
+GLUE_AVERAGE_TASKS = ("CoLA", "SST-2", "MRPC", "STS-B", "QQP", "MNLI-m", "QNLI", "RTE")
+
+_SCORE_METRIC = {"tupe": {"CoLA": "mcc", "STS-B": "pearson", "AX": "mcc"},
+                 "electra": {"CoLA": "mcc", "STS-B": "spearman", "AX": "mcc"}}
+
+
+def _pair(predictions, labels) -> tuple[np.ndarray, np.ndarray]:
+  predictions, labels = np.asarray(predictions), np.asarray(labels)
+  if predictions.shape != labels.shape or predictions.ndim != 1 or predictions.size == 0:
+    raise ValueError(f"need two non-empty vectors of the same length, got shapes {predictions.shape} and "
+                     f"{labels.shape}")
+  return predictions, labels
+
+
+def accuracy(predictions, labels) -> float:
+  """Fraction of predictions equal to the labels; predictions, labels: [n]."""
+  predictions, labels = _pair(predictions, labels)
+  return float(np.mean(predictions == labels))
+
+
+def f1(predictions, labels) -> float:
+  """Binary F1 of class 1 (the positive class: paraphrase, duplicate); 0.0 when class 1 never occurs."""
+  predictions, labels = _pair(predictions, labels)
+  true_pos = np.sum((predictions == 1) & (labels == 1))
+  errors = np.sum((predictions == 1) != (labels == 1))
+  denominator = 2 * true_pos + errors
+  return float(2 * true_pos / denominator) if denominator else 0.0
+
+
+def matthews_corrcoef(predictions, labels) -> float:
+  """Matthews correlation (multi-class form, equal to the binary one for two classes).
+
+  0.0 when it is undefined, i.e. when the predictions or the labels are all one class.
+  """
+  predictions, labels = _pair(predictions, labels)
+  classes, codes = np.unique(np.concatenate([labels, predictions]), return_inverse=True)
+  true, pred = codes[:labels.size], codes[labels.size:]
+  confusion = np.zeros((classes.size, classes.size), np.float64)
+  np.add.at(confusion, (true, pred), 1)
+  true_sum, pred_sum = confusion.sum(1), confusion.sum(0)
+  n = float(labels.size)
+  covariance = np.trace(confusion) * n - true_sum @ pred_sum
+  scale = (n * n - pred_sum @ pred_sum) * (n * n - true_sum @ true_sum)
+  return float(covariance / np.sqrt(scale)) if scale else 0.0
+
+
+def pearson(predictions, labels) -> float:
+  """Pearson correlation; 0.0 when undefined (either side constant), so a collapsed model scores as chance."""
+  predictions, labels = _pair(predictions, labels)
+  x = predictions.astype(np.float64) - predictions.mean(dtype=np.float64)
+  y = labels.astype(np.float64) - labels.mean(dtype=np.float64)
+  x_norm, y_norm = np.linalg.norm(x), np.linalg.norm(y)
+  if x_norm == 0 or y_norm == 0:
+    return 0.0
+  return float(np.clip((x / x_norm) @ (y / y_norm), -1.0, 1.0))
+
+
+def _ranks(values: np.ndarray) -> np.ndarray:
+  """1-based ranks, ties getting the mean of the ranks they span (scipy's 'average' method)."""
+  order = np.argsort(values, kind="stable")
+  ordered = values[order]
+  starts = np.concatenate([[True], ordered[1:] != ordered[:-1]])
+  group = np.cumsum(starts) - 1
+  bounds = np.concatenate([np.flatnonzero(starts), [values.size]])
+  ranks = np.empty(values.size, np.float64)
+  ranks[order] = (bounds[group] + bounds[group + 1] + 1) / 2
+  return ranks
+
+
+def spearman(predictions, labels) -> float:
+  """Spearman rank correlation (Pearson of tie-averaged ranks); 0.0 when either side is constant."""
+  predictions, labels = _pair(predictions, labels)
+  return pearson(_ranks(predictions), _ranks(labels))
+
+
+_METRICS = {"accuracy": accuracy, "f1": f1, "mcc": matthews_corrcoef, "pearson": pearson, "spearman": spearman}
+
+
+def score_metric(task: str, convention: str = "tupe") -> str:
+  """Name of the metric that is the task's single score: convention "tupe" or "electra" (see module doc)."""
+  name = glue.get_evaluation(task).name
+  return _SCORE_METRIC[convention].get(name, "accuracy")
+
+
+def task_metrics(task: str, predictions, labels) -> dict[str, float]:
+  """GLUE's metrics for one evaluation, in points, plus "score" (TUPE convention).
+
+  Args:
+    task: evaluation name ("CoLA", "MNLI-m", "STS-B", ...; see tupe.data.glue.EVALUATIONS).
+    predictions: [n] predicted class ids, or scores for STS-B.
+    labels: [n] gold class ids, or scores for STS-B.
+
+  Returns:
+    CoLA {mcc}, STS-B {pearson, spearman}, MRPC and QQP {f1, accuracy}, the others {accuracy}; each x100,
+    and "score", a copy of the TUPE score metric.
+  """
+  ev = glue.get_evaluation(task)
+  metrics = {name: 100.0 * _METRICS[name](predictions, labels) for name in glue.TASKS[ev.task].metrics}
+  metrics["score"] = metrics[score_metric(ev.name)]
+  return metrics
+
+
+@dataclasses.dataclass(frozen=True)
+class Average:
+  """A mean of per-task scores, with the tasks it had to leave out.
+
+  Attributes:
+    name: "tupe_average" or "glue_average".
+    value: mean over `tasks`, None when no task was given.
+    tasks: tasks averaged, in the average's order.
+    missing: tasks of the average that were not given; non-empty means a partial average.
+  """
+  name: str
+  value: float | None
+  tasks: tuple[str, ...]
+  missing: tuple[str, ...]
+
+  @property
+  def label(self) -> str:
+    """Human-readable, honest about partial averages, e.g. "TUPE average over 5 of 9 tasks (missing: QQP)"."""
+    title = {"tupe_average": "TUPE average", "glue_average": "ELECTRA-style GLUE average"}[self.name]
+    total = len(self.tasks) + len(self.missing)
+    if not self.missing:
+      return f"{title} ({total} tasks)"
+    return f"{title} over {len(self.tasks)} of {total} tasks, partial (missing: {', '.join(self.missing)})"
+
+  def to_dict(self) -> dict:
+    return {"value": self.value, "tasks": list(self.tasks), "missing": list(self.missing), "label": self.label}
+
+
+def _average(name: str, tasks: tuple[str, ...], convention: str,
+             results: Mapping[str, Mapping[str, float]]) -> Average:
+  by_name = {glue.get_evaluation(task).name: metrics for task, metrics in results.items()}
+  present = tuple(task for task in tasks if task in by_name)
+  scores = [by_name[task][score_metric(task, convention)] for task in present]
+  return Average(name, float(np.mean(scores)) if scores else None, present,
+                 tuple(task for task in tasks if task not in by_name))
+
+
+def tupe_average(results: Mapping[str, Mapping[str, float]]) -> Average:
+  """The TUPE table's average: mean of the TUPE scores of MNLI-m, MNLI-mm, QNLI, QQP, SST-2, CoLA, MRPC, RTE, STS-B.
+
+  Args:
+    results: evaluation name -> metrics as returned by `task_metrics`; other tasks (WNLI, AX) are ignored.
+  """
+  return _average("tupe_average", TUPE_AVERAGE_TASKS, "tupe", results)
+
+
+def glue_average(results: Mapping[str, Mapping[str, float]]) -> Average:
+  """ELECTRA/ConvBERT's GLUE dev average: one ELECTRA-convention score for each of 8 tasks (MNLI-m, no WNLI).
+
+  Args:
+    results: evaluation name -> metrics as returned by `task_metrics`; other tasks are ignored.
+  """
+  return _average("glue_average", GLUE_AVERAGE_TASKS, "electra", results)
