@@ -1,0 +1,232 @@
+"""GLUE results of a learning-rate x seed grid: results.json, a markdown table, a bar chart, and test submissions.
+
+The papers' protocol: every learning rate is run with several seeds, the median over seeds is that learning
+rate's result, and the best learning rate's median is the task's result. Spreads are min-max over seeds.
+"""
+import dataclasses
+import json
+import os
+import pathlib
+from typing import Iterable, Mapping
+
+import numpy as np
+
+from tupe.data import glue
+from tupe.errors import UserError
+from tupe.glue import metrics as glue_metrics
+
+
+@dataclasses.dataclass(frozen=True)
+class RunRecord:
+  """One fine-tuning run, scored on dev.
+
+  Attributes:
+    task: evaluation name ("CoLA", "MNLI-m", ...).
+    lr: peak learning rate.
+    seed: fine-tuning seed.
+    metrics: `tupe.glue.metrics.task_metrics` of the run (points).
+    score: the run's TUPE-convention score (normally metrics["score"]).
+  """
+  task: str
+  lr: float
+  seed: int
+  metrics: Mapping[str, float]
+  score: float
+
+
+@dataclasses.dataclass(frozen=True)
+class LrResult:
+  """All seeds of one task at one learning rate; `metrics` holds the median of each metric over seeds."""
+  lr: float
+  seeds: tuple[int, ...]
+  scores: tuple[float, ...]
+  median: float
+  min: float
+  max: float
+  metrics: dict[str, float]
+
+  def to_dict(self) -> dict:
+    return {"lr": self.lr, "median": self.median, "min": self.min, "max": self.max, "n_seeds": len(self.seeds),
+            "seeds": list(self.seeds), "scores": list(self.scores), "metrics": self.metrics}
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskResult:
+  """One task over the grid: per-lr results (ascending lr) and the best lr (highest median; smaller lr on ties)."""
+  task: str
+  by_lr: tuple[LrResult, ...]
+  best: LrResult
+
+
+def summarize(records: Iterable[RunRecord]) -> list[TaskResult]:
+  """Groups runs by task and learning rate, in GLUE order.
+
+  Raises:
+    UserError: an unknown task, or the same (task, lr, seed) run twice.
+  """
+  runs: dict[str, dict[float, dict[int, RunRecord]]] = {}
+  for record in records:
+    task = glue.get_evaluation(record.task).name
+    seeds = runs.setdefault(task, {}).setdefault(float(record.lr), {})
+    if record.seed in seeds:
+      raise UserError(f"two runs of {task} at lr {record.lr:g} with seed {record.seed}: keep one of them")
+    seeds[record.seed] = record
+  results = []
+  for task in (name for name in glue.EVALUATIONS if name in runs):
+    by_lr = []
+    for lr, seeds in sorted(runs[task].items()):
+      scores = np.array([float(seeds[seed].score) for seed in sorted(seeds)])
+      names = sorted(set.intersection(*(set(r.metrics) for r in seeds.values())))
+      by_lr.append(LrResult(lr, tuple(sorted(seeds)), tuple(scores.tolist()), float(np.median(scores)),
+                            float(scores.min()), float(scores.max()),
+                            {name: float(np.median([r.metrics[name] for r in seeds.values()])) for name in names}))
+    best = max(by_lr, key=lambda result: (result.median, -result.lr))
+    results.append(TaskResult(task, tuple(by_lr), best))
+  return results
+
+
+def averages(summary: Iterable[TaskResult]) -> tuple[glue_metrics.Average, glue_metrics.Average]:
+  """TUPE and ELECTRA-style averages of the best-lr medians."""
+  best = {result.task: result.best.metrics for result in summary}
+  return glue_metrics.tupe_average(best), glue_metrics.glue_average(best)
+
+
+def results_json(records: Iterable[RunRecord]) -> dict:
+  """The content of results.json: per-task grid summaries, both averages, and every run."""
+  records = list(records)
+  summary = summarize(records)
+  return {
+      "tasks": {result.task: {"score_metric": glue_metrics.score_metric(result.task), "best_lr": result.best.lr,
+                              "median": result.best.median, "min": result.best.min, "max": result.best.max,
+                              "n_seeds": len(result.best.seeds), "metrics": result.best.metrics,
+                              "by_lr": [lr_result.to_dict() for lr_result in result.by_lr]}
+                for result in summary},
+      "averages": {average.name: average.to_dict() for average in averages(summary)},
+      "runs": [{"task": r.task, "lr": float(r.lr), "seed": int(r.seed), "score": float(r.score),
+                "metrics": {name: float(value) for name, value in r.metrics.items()}} for r in records],
+  }
+
+
+def markdown_table(records: Iterable[RunRecord]) -> str:
+  """A markdown table: per task and lr, median score (min-max, seeds), best lr in bold; then both averages."""
+  summary = summarize(records)
+  lrs = sorted({lr_result.lr for result in summary for lr_result in result.by_lr})
+  lines = ["| task | score | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " | best lr | metrics at best lr |",
+           "|---|---|" + "---|" * len(lrs) + "---|---|"]
+  for result in summary:
+    cells = {}
+    for lr_result in result.by_lr:
+      cell = (f"{lr_result.median:.2f} ({lr_result.min:.2f}-{lr_result.max:.2f}, "
+              f"{len(lr_result.seeds)} seed{'s' if len(lr_result.seeds) > 1 else ''})")
+      cells[lr_result.lr] = f"**{cell}**" if lr_result is result.best else cell
+    details = ", ".join(f"{name} {value:.2f}" for name, value in result.best.metrics.items() if name != "score")
+    lines.append(f"| {result.task} | {glue_metrics.score_metric(result.task)} | "
+                 + " | ".join(cells.get(lr, "-") for lr in lrs) + f" | {result.best.lr:g} | {details} |")
+  lines += ["", "Median over seeds (min-max over seeds, number of seeds); bold: the best learning rate.", ""]
+  for average in averages(summary):
+    value = "n/a" if average.value is None else f"{average.value:.2f}"
+    lines.append(f"- {average.label}: {value}")
+  return "\n".join(lines) + "\n"
+
+
+def plot(records: Iterable[RunRecord], path: str | os.PathLike, reference: Mapping[str, float] | None = None,
+         reference_label: str = "paper", title: str = "GLUE dev") -> None:
+  """Writes a PNG bar chart: best-lr median per task, min-max error bars, reference numbers as markers.
+
+  Args:
+    records: the runs.
+    path: PNG file to write.
+    reference: optional task -> published score, drawn beside the bars.
+    reference_label: legend entry of the reference numbers.
+    title: chart title.
+  """
+  from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=import-outside-toplevel
+  from matplotlib.figure import Figure  # pylint: disable=import-outside-toplevel
+
+  summary = summarize(records)
+  if not summary:
+    raise UserError("no GLUE runs to plot: run the fine-tuning grid first")
+  figure = Figure(figsize=(max(4.0, 1.0 + 0.9 * len(summary)), 4.0), dpi=120)
+  FigureCanvasAgg(figure)
+  axes = figure.subplots()
+  x = np.arange(len(summary))
+  medians = np.array([result.best.median for result in summary])
+  spread = np.array([[result.best.median - result.best.min, result.best.max - result.best.median]
+                     for result in summary]).T
+  axes.bar(x, medians, yerr=spread, capsize=4, color="tab:blue", label="median at best lr (min-max over seeds)")
+  for position, median in zip(x, medians):
+    axes.annotate(f"{median:.1f}", (position, median), textcoords="offset points", xytext=(8, 2), fontsize=8)
+  if reference:
+    known = [(position, reference[result.task]) for position, result in zip(x, summary) if result.task in reference]
+    if known:
+      axes.scatter(*zip(*known), marker="_", s=400, linewidths=2, color="tab:red", zorder=3, label=reference_label)
+  axes.set_xticks(x, [f"{result.task}\n{glue_metrics.score_metric(result.task)}" for result in summary], fontsize=8)
+  axes.set_ylabel("score (points)")
+  axes.set_title(title)
+  axes.legend(fontsize=8, loc="lower left")
+  figure.tight_layout()
+  figure.savefig(path, format="png")
+
+
+def write_report(out_dir: str | os.PathLike, records: Iterable[RunRecord],
+                 reference: Mapping[str, float] | None = None) -> dict[str, pathlib.Path]:
+  """Writes results.json, results.md and results.png into `out_dir`; returns their paths by kind."""
+  records = list(records)
+  out_dir = pathlib.Path(out_dir)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  paths = {"json": out_dir / "results.json", "markdown": out_dir / "results.md", "png": out_dir / "results.png"}
+  paths["json"].write_text(json.dumps(results_json(records), indent=2, allow_nan=False) + "\n", encoding="utf-8")
+  paths["markdown"].write_text(markdown_table(records), encoding="utf-8")
+  plot(records, paths["png"], reference)
+  return paths
+
+
+def _prediction_strings(ev: glue.Evaluation, values: np.ndarray) -> list[str]:
+  labels = glue.TASKS[ev.task].labels
+  if labels is None:
+    return [f"{value:.3f}" for value in np.clip(values.astype(np.float64), 0.0, 5.0)]
+  if not np.issubdtype(values.dtype, np.integer) or values.min() < 0 or values.max() >= len(labels):
+    raise ValueError(f"{ev.name} predictions must be class ids in [0, {len(labels)}), got {values.dtype} values "
+                     f"in [{values.min()}, {values.max()}]")
+  return [labels[value] for value in values.tolist()]
+
+
+def write_submission(out_dir: str | os.PathLike,
+                     predictions: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> list[pathlib.Path]:
+  """Writes GLUE test-server files (`<task>.tsv`, header `index<TAB>prediction`), rows in index order.
+
+  MNLI-m, MNLI-mm, AX, QNLI and RTE get label strings (entailment, neutral, contradiction, not_entailment);
+  CoLA, SST-2, MRPC, QQP and WNLI get 0/1; STS-B gets scores clipped to [0, 5] with 3 decimals. The server
+  wants all 11 files (AX predicted with the MNLI model) zipped together.
+
+  Args:
+    out_dir: folder to write into (created if needed).
+    predictions: evaluation name -> (idx [n], predictions [n]): GLUE test indices and predicted class ids,
+      or scores for STS-B.
+
+  Returns:
+    The files written, in GLUE order.
+
+  Raises:
+    UserError: a task's indices are not exactly those of its official test set.
+  """
+  out_dir = pathlib.Path(out_dir)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  given = {glue.get_evaluation(name).name: arrays for name, arrays in predictions.items()}
+  paths = []
+  for name in (name for name in glue.EVALUATIONS if name in given):
+    ev = glue.EVALUATIONS[name]
+    idx, values = (np.asarray(array) for array in given[name])
+    if idx.shape != values.shape or idx.ndim != 1:
+      raise ValueError(f"{name}: idx and predictions must be vectors of one length, got {idx.shape} and "
+                       f"{values.shape}")
+    order = np.argsort(idx, kind="stable")
+    if not np.array_equal(idx[order], np.arange(ev.test_rows)):
+      raise UserError(f"{name}: {idx.size} predictions, but the GLUE server wants one for each index 0..."
+                      f"{ev.test_rows - 1} of the {ev.test_split} split: predict the whole official test file")
+    rows = _prediction_strings(ev, values[order])
+    path = out_dir / f"{name}.tsv"
+    path.write_text("index\tprediction\n" + "".join(f"{i}\t{row}\n" for i, row in enumerate(rows)),
+                    encoding="utf-8")
+    paths.append(path)
+  return paths
