@@ -1,0 +1,143 @@
+"""Dynamic masking for masked language modelling, a whole batch at a time, vectorized with numpy.
+
+Schemes (of the selected positions):
+  bert: 80% become [MASK], 10% a random token, 10% stay as they are.
+  electra: 85% become [MASK], 15% stay as they are.
+
+round(mask_prob * maskable tokens) positions are selected per example (maskable: all but [CLS], [SEP], [PAD]),
+at least one and at most `max_predictions`. With whole-word masking, whole words are taken in random order (a
+word is a piece plus the "##" pieces that follow it) while they fit in that number.
+
+The random numbers of an example depend only on its key (from seed, example index and epoch) and on the
+position: they are a counter-based hash, so an example is masked the same way whatever batch it is in.
+"""
+import math
+
+import numpy as np
+
+from tupe.data import packing
+from tupe.data.tokenizer import TokenizerInfo, is_continuation
+
+MASKINGS = {"bert": (0.8, 0.1), "electra": (0.85, 0.0)}  # Share of selected tokens set to [MASK], to random.
+_SELECT, _REPLACE, _RANDOM_ID = range(3)  # Streams of random numbers.
+
+
+def default_max_predictions(seq_len: int, mask_prob: float) -> int:
+  """Predictions per example when max_predictions is 0: ceil(mask_prob * seq_len), e.g. 20 for 128 at 15%."""
+  return max(1, math.ceil(mask_prob * seq_len - 1e-9))
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+  """SplitMix64's finalizer: a bijective hash of uint64 values."""
+  x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+  x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+  return x ^ (x >> np.uint64(31))
+
+
+def example_keys(seed: int, example_index: np.ndarray, epoch: np.ndarray) -> np.ndarray:
+  """uint64 [batch]: the random key of each example, from (seed, example index, epoch)."""
+  key = _mix(np.full(np.shape(example_index), seed, np.uint64))
+  key = _mix(key ^ np.asarray(example_index, np.uint64))
+  return _mix(key ^ _mix(np.asarray(epoch, np.uint64) + np.uint64(0x9E3779B97F4A7C15)))
+
+
+def _random_bits(keys: np.ndarray, stream: int, length: int) -> np.ndarray:
+  """uint64 [batch, length]: random bits for each example (by key) and position, one stream of several."""
+  counter = _mix(np.arange(length, dtype=np.uint64) + np.uint64(stream << 32))
+  return _mix(keys[:, None] ^ counter[None, :])
+
+
+def _uniform(keys: np.ndarray, stream: int, length: int) -> np.ndarray:
+  """float64 [batch, length] in [0, 1)."""
+  return (_random_bits(keys, stream, length) >> np.uint64(11)) * 2.0**-53
+
+
+class Masker:
+  """Masks batches of padded examples.
+
+  Args:
+    info: the vocabulary's `TokenizerInfo`.
+    scheme: "bert" or "electra".
+    mask_prob: share of maskable tokens selected for prediction.
+    max_predictions: predictions per example P (the masked_* arrays have this length).
+    whole_word: select whole words (needs `info.vocab_file`; without a vocab every token is a word).
+  """
+
+  def __init__(self, info: TokenizerInfo, scheme: str, mask_prob: float, max_predictions: int, whole_word: bool):
+    self._info = info
+    self._mask_share, self._random_share = MASKINGS[scheme]
+    self._mask_prob = mask_prob
+    self._max_predictions = max_predictions
+    self._unmaskable = np.zeros(info.vocab_size, bool)
+    self._unmaskable[[info.pad_id, info.cls_id, info.sep_id, info.mask_id]] = True
+    self._random_ids = np.setdiff1d(np.arange(info.vocab_size, dtype=np.int32), info.special_ids)
+    self._continuation = (is_continuation(info.vocab_file) if whole_word and info.vocab_file else None)
+
+  def __call__(self, ids: np.ndarray, keys: np.ndarray) -> dict[str, np.ndarray]:
+    """Masks a batch.
+
+    Args:
+      ids: int32 [batch, length], packed examples right-padded with [PAD].
+      keys: uint64 [batch], each example's random key (`example_keys`).
+
+    Returns:
+      input_ids int32 [batch, length] (masked), attention_mask int32 [batch, length], token_type_ids int32
+      [batch, length], masked_positions int32 [batch, P] (ascending), masked_ids int32 [batch, P] (original ids),
+      masked_weights float32 [batch, P].
+    """
+    info, length = self._info, ids.shape[1]
+    candidates = ~self._unmaskable[ids]
+    num_candidates = candidates.sum(axis=1)
+    count = np.where(num_candidates > 0,
+                     np.clip(np.round(num_candidates * self._mask_prob), 1, self._max_predictions), 0)
+    u = _uniform(keys, _SELECT, length)
+    if self._continuation is None:
+      selected = self._select_tokens(candidates, count, u)
+    else:
+      selected = self._select_words(ids, candidates, count, u)
+
+    u = _uniform(keys, _REPLACE, length)
+    to_mask = selected & (u < self._mask_share)
+    to_random = selected & (u >= self._mask_share) & (u < self._mask_share + self._random_share)
+    random_ids = self._random_ids[_random_bits(keys, _RANDOM_ID, length) % np.uint64(len(self._random_ids))]
+    input_ids = np.where(to_mask, info.mask_id, np.where(to_random, random_ids, ids)).astype(np.int32)
+
+    # Selected positions first, in ascending order, then the unused slots.
+    positions = np.argsort(~selected, axis=1, kind="stable")[:, :self._max_predictions]
+    weights = np.take_along_axis(selected, positions, axis=1)
+    positions = np.where(weights, positions, 0).astype(np.int32)
+    is_pad = ids == info.pad_id
+    return dict(
+        input_ids=input_ids,
+        attention_mask=(~is_pad).astype(np.int32),
+        token_type_ids=packing.token_type_ids(ids, info.sep_id) * ~is_pad,
+        masked_positions=positions,
+        masked_ids=np.where(weights, np.take_along_axis(ids, positions, axis=1), 0).astype(np.int32),
+        masked_weights=weights.astype(np.float32))
+
+  @staticmethod
+  def _select_tokens(candidates: np.ndarray, count: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """bool [batch, length]: the `count` candidates with the smallest random numbers."""
+    order = np.argsort(np.where(candidates, u, 2.0), axis=1)
+    selected = np.zeros_like(candidates)
+    np.put_along_axis(selected, order, np.arange(u.shape[1]) < count[:, None], axis=1)
+    return selected
+
+  def _select_words(self, ids: np.ndarray, candidates: np.ndarray, count: np.ndarray,
+                    u: np.ndarray) -> np.ndarray:
+    """bool [batch, length]: the pieces of whole words in random order, as many words as fit in `count`."""
+    batch, length = ids.shape
+    after_candidate = np.zeros_like(candidates)
+    after_candidate[:, 1:] = candidates[:, :-1]
+    # A word starts at a maskable piece unless it is a "##" piece right after another maskable piece.
+    starts = candidates & ~(self._continuation[ids] & after_candidate)
+    word = np.cumsum(starts, axis=1) - 1  # [batch, length]: index of each piece's word in its row.
+    rows = np.broadcast_to(np.arange(batch)[:, None], ids.shape)
+    word_score = np.full((batch, length), 2.0)  # Words by index; 2.0 where there is no such word.
+    word_score[rows[starts], word[starts]] = u[starts]
+    word_size = np.bincount((rows * length + word)[candidates], minlength=batch * length).reshape(batch, length)
+    order = np.argsort(word_score, axis=1)
+    fits = np.cumsum(np.take_along_axis(word_size, order, axis=1), axis=1) <= count[:, None]
+    taken = np.zeros_like(candidates)
+    np.put_along_axis(taken, order, fits, axis=1)
+    return candidates & np.take_along_axis(taken, np.maximum(word, 0), axis=1)

@@ -1,0 +1,91 @@
+"""Packing tokenized sentences into fixed-length examples.
+
+Packing is static (done once, before training; masking is what changes every epoch). An example is stored
+unpadded, as int32 [n <= seq_len] token ids that start with [CLS] and end with [SEP]:
+
+  full_sentences (TUPE/RoBERTa): [CLS] s1 s2 ... sk [SEP], contiguous full sentences, one segment.
+  segment_pair (BERT/ELECTRA/ConvBERT): [CLS] s1 .. sj [SEP] sj+1 .. sk [SEP]; the split point j is drawn
+    uniformly among the sentence boundaries, so segment A is short as often as long. A chunk of a single
+    sentence gives [CLS] A [SEP].
+
+Sentences are taken in order and cross document boundaries. A sentence is never split across examples unless it
+alone is longer than an example holds; then it is cut into pieces that fill whole examples.
+"""
+from typing import Sequence
+
+import numpy as np
+
+PACKINGS = ("full_sentences", "segment_pair")
+
+
+class Packer:
+  """Turns a stream of sentences (int32 token ids without special tokens) into packed examples.
+
+  Args:
+    packing: "full_sentences" or "segment_pair".
+    seq_len: maximum example length, special tokens included.
+    cls_id: id of [CLS].
+    sep_id: id of [SEP].
+    seed: seed of the segment split points (segment_pair only).
+  """
+
+  def __init__(self, packing: str, seq_len: int, cls_id: int, sep_id: int, seed: int = 0):
+    if packing not in PACKINGS:
+      raise ValueError(f"unknown packing {packing!r}")
+    self._pair = packing == "segment_pair"
+    self._budget = seq_len - (3 if self._pair else 2)
+    self._cls = np.array([cls_id], np.int32)
+    self._sep = np.array([sep_id], np.int32)
+    self._rng = np.random.default_rng(seed)
+    self._chunk: list[np.ndarray] = []
+    self._chunk_len = 0
+
+  def add(self, sentence: np.ndarray) -> list[np.ndarray]:
+    """Adds one sentence, int32 [length]; returns the examples it completed (usually none or one)."""
+    done = []
+    for begin in range(0, len(sentence), self._budget):
+      piece = sentence[begin:begin + self._budget]
+      if self._chunk_len + len(piece) > self._budget:
+        done.append(self._emit())
+      self._chunk.append(piece)
+      self._chunk_len += len(piece)
+    return done
+
+  def finish(self) -> list[np.ndarray]:
+    """Returns the last, partly filled example (if any)."""
+    return [self._emit()] if self._chunk else []
+
+  def _emit(self) -> np.ndarray:
+    chunk, self._chunk, self._chunk_len = self._chunk, [], 0
+    if self._pair and len(chunk) > 1:
+      split = int(self._rng.integers(1, len(chunk)))
+      return np.concatenate([self._cls, *chunk[:split], self._sep, *chunk[split:], self._sep])
+    return np.concatenate([self._cls, *chunk, self._sep])
+
+
+def token_type_ids(ids: np.ndarray, sep_id: int) -> np.ndarray:
+  """int32 [..., length]: 0 up to and including the first [SEP], 1 after it (segment B, its [SEP], padding).
+
+  For full_sentences examples, whose only [SEP] ends the text, this is 0 on every real token.
+  """
+  is_sep = ids == sep_id
+  return ((np.cumsum(is_sep, axis=-1) - is_sep) > 0).astype(np.int32)
+
+
+class PackedExamples:
+  """Random-access, in-memory examples: one flat int32 token array and offsets.
+
+  Args:
+    examples: unpadded examples, int32 [n_i] each.
+  """
+
+  def __init__(self, examples: Sequence[np.ndarray]):
+    self._offsets = np.zeros(len(examples) + 1, np.int64)
+    np.cumsum([len(e) for e in examples], out=self._offsets[1:])
+    self._tokens = np.concatenate(examples).astype(np.int32) if examples else np.zeros(0, np.int32)
+
+  def __len__(self) -> int:
+    return len(self._offsets) - 1
+
+  def __getitem__(self, index: int) -> np.ndarray:
+    return self._tokens[self._offsets[index]:self._offsets[index + 1]]

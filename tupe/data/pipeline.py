@@ -1,0 +1,157 @@
+"""The pre-training input pipeline: packed examples -> per-host shard -> shuffle -> dynamic masking -> batches.
+
+Each batch is a dict of numpy arrays for this host:
+  input_ids        int32   [batch, length]  token ids after masking, right-padded with [PAD]
+  attention_mask   int32   [batch, length]  1 on real tokens, 0 on padding
+  token_type_ids   int32   [batch, length]  0 for segment A, 1 for segment B (all 0 with full_sentences)
+  masked_positions int32   [batch, P]       positions to predict (0 where unused)
+  masked_ids       int32   [batch, P]       their original ids (0 where unused)
+  masked_weights   float32 [batch, P]       1 for real predictions, 0 for unused slots
+
+The order depends only on the seed: host h of n sees examples h, h+n, h+2n, ... (disjoint, their union is the
+whole split), reshuffled each epoch (train only), and the masks of an example come from a counter-based RNG
+keyed by (seed, example index, epoch), whatever batch it lands in. The iterator's state can be saved with `get_state()` and restored with
+`set_state()`. Both splits repeat endlessly: for eval, take as many batches as wanted from a fresh iterator.
+"""
+import ml_collections
+import numpy as np
+import grain
+
+from tupe.data import examples as examples_lib
+from tupe.data import masking, packing
+from tupe.data.tokenizer import TokenizerInfo
+from tupe.errors import UserError
+
+SPLITS = ("train", "eval")
+MIN_SEQ_LEN = 8
+
+
+def default_data_config() -> ml_collections.ConfigDict:
+  """The data config with its defaults.
+
+  Fields:
+    source: "demo" (stdlib docstrings, no download) | "text" | "tfds" | "arrayrecord" | "synthetic".
+    files: comma-separated globs of UTF-8 text files (text), or the preprocessed folder (arrayrecord).
+    tfds_name, tfds_split, tfds_data_dir, tfds_text_key: the TFDS dataset (tfds), prepared as array_record.
+    vocab_file: WordPiece vocab; empty with source demo: a demo vocab trained and cached in cache_dir.
+    cache_dir: where the demo vocab is cached ("" for ~/.cache/tupe).
+    lowercase: uncased tokenization (lowercase, strip accents).
+    packing: "full_sentences" (TUPE/RoBERTa) | "segment_pair" (BERT/ELECTRA/ConvBERT).
+    masking: "bert" (80/10/10) | "electra" (85/15).
+    mask_prob: share of tokens selected for prediction.
+    whole_word: mask whole words.
+    max_predictions: predictions per example P; 0 for ceil(mask_prob * seq_len).
+    eval_fraction: share of documents held out for the eval split.
+    num_workers: worker processes for masking and batching (0: threads in this process).
+    synthetic_vocab_size: vocab size of the synthetic source.
+  """
+  return ml_collections.ConfigDict(dict(
+      source="demo", files="", tfds_name="", tfds_split="train", tfds_data_dir="", tfds_text_key="text",
+      vocab_file="", cache_dir="", lowercase=True, packing="full_sentences", masking="bert", mask_prob=0.15,
+      whole_word=False, max_predictions=0, eval_fraction=0.01, num_workers=0, synthetic_vocab_size=30522))
+
+
+def _checked_config(data_cfg, seq_len: int, batch_size: int, process_index: int, process_count: int,
+                    split: str) -> ml_collections.ConfigDict:
+  """The defaults updated with `data_cfg`, after checking every field and argument."""
+  cfg = default_data_config()
+  unknown = sorted(set(data_cfg) - set(cfg))
+  if unknown:
+    raise UserError(f"unknown data config fields {unknown}: the fields are {sorted(cfg)}")
+  cfg.update(data_cfg)
+  choices = (("source", examples_lib.SOURCES), ("packing", packing.PACKINGS), ("masking", tuple(masking.MASKINGS)))
+  for field, allowed in choices:
+    if cfg[field] not in allowed:
+      raise UserError(f"data.{field} is {cfg[field]!r}: use one of {', '.join(allowed)}")
+  if split not in SPLITS:
+    raise UserError(f"split is {split!r}: use 'train' or 'eval'")
+  if seq_len < MIN_SEQ_LEN:
+    raise UserError(f"seq_len {seq_len} is too small: use at least {MIN_SEQ_LEN} (BERT uses 128 and 512)")
+  if not 0 < cfg.mask_prob < 1:
+    raise UserError(f"data.mask_prob is {cfg.mask_prob}: use a share between 0 and 1, e.g. 0.15")
+  if not 0 <= cfg.max_predictions <= seq_len:
+    raise UserError(f"data.max_predictions is {cfg.max_predictions}: use 0 (auto) up to seq_len {seq_len}")
+  if not 0 <= cfg.eval_fraction < 1:
+    raise UserError(f"data.eval_fraction is {cfg.eval_fraction}: use a share in [0, 1), e.g. 0.01")
+  if batch_size < 1:
+    raise UserError(f"batch size {batch_size} is too small: use 1 or more per host")
+  if not 0 <= process_index < process_count:
+    raise UserError(f"process_index {process_index} is not in [0, process_count={process_count})")
+  if cfg.num_workers < 0:
+    raise UserError(f"data.num_workers is {cfg.num_workers}: use 0 or more")
+  return cfg
+
+
+class _EpochOf:
+  """Maps (index in the repeated stream, example index) to (example index, epoch)."""
+
+  def __init__(self, epoch_length: int):
+    self._epoch_length = epoch_length
+
+  def __call__(self, index: int, example_index: int) -> tuple[int, int]:
+    return example_index, index // self._epoch_length
+
+
+class _MaskedBatch:
+  """Maps a batch of (example index [batch], epoch [batch]) to the padded, masked batch."""
+
+  def __init__(self, examples, masker: masking.Masker, seed: int, seq_len: int, pad_id: int):
+    self._examples, self._masker, self._seed, self._seq_len, self._pad_id = examples, masker, seed, seq_len, pad_id
+
+  def __call__(self, indices: tuple[np.ndarray, np.ndarray]) -> dict[str, np.ndarray]:
+    example_index, epoch = indices
+    ids = np.full((len(example_index), self._seq_len), self._pad_id, np.int32)
+    for row, index in enumerate(example_index):
+      example = self._examples[int(index)]
+      ids[row, :len(example)] = example
+    return self._masker(ids, masking.example_keys(self._seed, example_index, epoch))
+
+
+def make_pretrain_dataset(data_cfg, *, seq_len: int, batch_size: int, seed: int, process_index: int = 0,
+                          process_count: int = 1, split: str = "train") -> tuple[grain.IterDataset, TokenizerInfo]:
+  """The grain dataset of pre-training batches for one host (see the module docstring for the batch).
+
+  Args:
+    data_cfg: data config (`default_data_config()` updated with the recipe's fields).
+    seq_len: example length L.
+    batch_size: examples per batch on this host.
+    seed: seed of the order and of the masks (any non-negative int).
+    process_index: this host's index.
+    process_count: number of hosts.
+    split: "train" or "eval".
+
+  Returns:
+    An endless grain `IterDataset` of batches, and the `TokenizerInfo`.
+  """
+  cfg = _checked_config(data_cfg, seq_len, batch_size, process_index, process_count, split)
+  seed = int(seed) % 2**32
+  examples, info = examples_lib.load_examples(cfg, seq_len, split)
+  if len(examples) < process_count:
+    raise UserError(f"the {split} split has {len(examples)} examples, fewer than {process_count} hosts: "
+                    f"use a bigger corpus" + (" or a larger data.eval_fraction" if split == "eval" else ""))
+  max_predictions = cfg.max_predictions or masking.default_max_predictions(seq_len, cfg.mask_prob)
+  masker = masking.Masker(info, cfg.masking, cfg.mask_prob, max_predictions, cfg.whole_word)
+
+  ds = grain.MapDataset.range(len(examples))[process_index::process_count]
+  if split == "train":
+    ds = ds.shuffle(seed=seed)
+  ds = ds.repeat().map_with_index(_EpochOf(len(ds))).batch(batch_size, drop_remainder=True)
+  ds = ds.map(_MaskedBatch(examples, masker, seed, seq_len, info.pad_id)).to_iter_dataset()
+  if cfg.num_workers:
+    ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=cfg.num_workers))
+  return ds, info
+
+
+def make_pretrain_iterator(data_cfg, *, seq_len: int, batch_size: int, seed: int, process_index: int = 0,
+                           process_count: int = 1,
+                           split: str = "train") -> tuple[grain.DatasetIterator, TokenizerInfo]:
+  """An iterator over pre-training batches for one host; `get_state()`/`set_state()` checkpoint it.
+
+  Args: as for `make_pretrain_dataset`.
+
+  Returns:
+    A grain `DatasetIterator` of batch dicts (see the module docstring), and the `TokenizerInfo`.
+  """
+  ds, info = make_pretrain_dataset(data_cfg, seq_len=seq_len, batch_size=batch_size, seed=seed,
+                                   process_index=process_index, process_count=process_count, split=split)
+  return iter(ds), info

@@ -1,0 +1,80 @@
+"""Tokenizes and packs a corpus once, streaming, into ArrayRecord shards for the `arrayrecord` source.
+
+  python -m tupe.data.preprocess --input 'corpus/*.txt' --vocab vocab.txt --seq-len 128 \\
+      --packing full_sentences --output /data/packed-128 --num-shards 16
+
+--input is comma-separated globs of text files, `tfds:NAME` (e.g. tfds:wikipedia/20230601.en, with
+--tfds-split, --tfds-data-dir, --tfds-text-key) or `demo`. The examples are exactly those the in-memory sources
+give for the same settings; train with data.source="arrayrecord", data.files=the output folder.
+"""
+import argparse
+import time
+
+from tupe.data import examples, packing, shards
+from tupe.data.pipeline import MIN_SEQ_LEN, default_data_config
+from tupe.errors import UserError, run_main
+
+
+def preprocess(data_cfg, seq_len: int, output: str, num_shards: int) -> dict:
+  """Writes the packed train and eval examples of a text source (demo, text, tfds) as shards.
+
+  Args:
+    data_cfg: data config naming the source, vocab, lowercase, packing and eval_fraction.
+    seq_len: example length.
+    output: new folder for the shards.
+    num_shards: shards per split.
+
+  Returns:
+    The metadata written (with the example counts).
+  """
+  if seq_len < MIN_SEQ_LEN:
+    raise UserError(f"--seq-len {seq_len} is too small: use at least {MIN_SEQ_LEN} (BERT uses 128 and 512)")
+  if data_cfg.packing not in packing.PACKINGS:
+    raise UserError(f"--packing is {data_cfg.packing!r}: use one of {', '.join(packing.PACKINGS)}")
+  tokenizer, info = examples.load_tokenizer_for(data_cfg)
+  packed = examples.pack_documents(examples.source_documents(data_cfg), tokenizer, info, seq_len, data_cfg.packing,
+                                   data_cfg.eval_fraction)
+  source = {"demo": "demo", "text": data_cfg.files, "tfds": f"tfds:{data_cfg.tfds_name}"}[data_cfg.source]
+  metadata = shards.write_shards(output, packed, num_shards, info.vocab_file, dict(
+      input=source, seq_len=seq_len, packing=data_cfg.packing, lowercase=data_cfg.lowercase,
+      eval_fraction=data_cfg.eval_fraction))
+  if not sum(metadata["num_examples"].values()):
+    raise UserError(f"{source} holds no text: check --input")
+  return metadata
+
+
+def main(argv: list[str]) -> None:
+  parser = argparse.ArgumentParser(prog="python -m tupe.data.preprocess", description=__doc__.splitlines()[0])
+  parser.add_argument("--input", required=True, help="comma-separated globs, tfds:NAME or demo")
+  parser.add_argument("--vocab", default="", help="WordPiece vocab.txt (only the demo input may leave it out)")
+  parser.add_argument("--cased", action="store_true", help="keep case and accents (default: uncased)")
+  parser.add_argument("--seq-len", type=int, required=True)
+  parser.add_argument("--packing", default="full_sentences", help=" or ".join(packing.PACKINGS))
+  parser.add_argument("--eval-fraction", type=float, default=default_data_config().eval_fraction)
+  parser.add_argument("--output", required=True, help="new folder for the shards")
+  parser.add_argument("--num-shards", type=int, default=8)
+  parser.add_argument("--tfds-split", default="train")
+  parser.add_argument("--tfds-data-dir", default="")
+  parser.add_argument("--tfds-text-key", default="text")
+  parser.add_argument("--cache-dir", default="", help="where the demo vocab is cached")
+  args = parser.parse_args(argv[1:])
+
+  cfg = default_data_config()
+  cfg.update(vocab_file=args.vocab, lowercase=not args.cased, packing=args.packing, eval_fraction=args.eval_fraction,
+             tfds_split=args.tfds_split, tfds_data_dir=args.tfds_data_dir, tfds_text_key=args.tfds_text_key,
+             cache_dir=args.cache_dir)
+  if args.input == "demo":
+    cfg.source = "demo"
+  elif args.input.startswith("tfds:"):
+    cfg.update(source="tfds", tfds_name=args.input.removeprefix("tfds:"))
+  else:
+    cfg.update(source="text", files=args.input)
+  start = time.time()
+  metadata = preprocess(cfg, args.seq_len, args.output, args.num_shards)
+  counts = metadata["num_examples"]
+  print(f"wrote {counts['train']} train and {counts['eval']} eval examples of length <= {args.seq_len} to "
+        f"{args.output} in {time.time() - start:.0f} s")
+
+
+if __name__ == "__main__":
+  run_main(main)

@@ -1,0 +1,156 @@
+"""WordPiece tokenization (BERT normalizer and pre-tokenizer) from a vocab file, and training a new vocab.
+
+Train a vocab on plain-text files (documents separated by blank lines, Project Gutenberg header/footer stripped):
+
+  python -m tupe.data.tokenizer --input 'corpus/*.txt' --vocab-size 30522 --output vocab.txt [--cased]
+"""
+import argparse
+import dataclasses
+import functools
+import os
+import pathlib
+from typing import Iterable
+
+import numpy as np
+import tokenizers
+from tokenizers import models, normalizers, pre_tokenizers, trainers
+
+from tupe.data import corpus
+from tupe.errors import UserError, run_main
+
+PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
+SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
+CONTINUATION_PREFIX = "##"
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizerInfo:
+  """What the model and the masking need to know about the vocabulary.
+
+  Attributes:
+    vocab_size: number of ids, i.e. lines in the vocab file.
+    pad_id, unk_id, cls_id, sep_id, mask_id: ids of the special tokens.
+    vocab_file: path of the vocab file ("" for the synthetic source, which has no vocab).
+    lowercase: whether text is lowercased (and accents stripped) before WordPiece.
+  """
+  vocab_size: int
+  pad_id: int
+  unk_id: int
+  cls_id: int
+  sep_id: int
+  mask_id: int
+  vocab_file: str
+  lowercase: bool
+
+  @property
+  def special_ids(self) -> tuple[int, ...]:
+    return (self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id)
+
+
+def read_vocab(vocab_file: str | os.PathLike) -> list[str]:
+  """Reads a BERT vocab file (one token per line, the id is the line number) and checks the special tokens."""
+  path = pathlib.Path(vocab_file)
+  if not path.is_file():
+    raise UserError(f"vocab file {path} does not exist: pass the path of a BERT-style vocab.txt")
+  tokens = path.read_text(encoding="utf-8").splitlines()
+  missing = [t for t in SPECIAL_TOKENS if t not in tokens]
+  if missing:
+    raise UserError(f"vocab file {path} lacks the special tokens {' '.join(missing)}: "
+                    f"use a BERT vocab or one trained with `python -m tupe.data.tokenizer`")
+  return tokens
+
+
+@functools.lru_cache(maxsize=8)
+def _load(path: str, lowercase: bool, strip_accents: bool | None, mtime: float):
+  del mtime  # Part of the cache key only: an edited vocab file is read again.
+  tokens = read_vocab(path)
+  vocab = {t: i for i, t in reversed(list(enumerate(tokens)))}  # The first line wins for duplicated tokens.
+  tokenizer = tokenizers.Tokenizer(models.WordPiece(vocab, unk_token=UNK, continuing_subword_prefix=CONTINUATION_PREFIX))
+  tokenizer.normalizer = _normalizer(lowercase, strip_accents)
+  tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+  info = TokenizerInfo(vocab_size=len(tokens), pad_id=vocab[PAD], unk_id=vocab[UNK], cls_id=vocab[CLS],
+                       sep_id=vocab[SEP], mask_id=vocab[MASK], vocab_file=path, lowercase=lowercase)
+  return tokenizer, info
+
+
+def load_tokenizer(vocab_file: str | os.PathLike, lowercase: bool = True,
+                   strip_accents: bool | None = None) -> tuple[tokenizers.Tokenizer, TokenizerInfo]:
+  """Builds a WordPiece tokenizer from a vocab file (cached per process).
+
+  Special tokens are not registered as added tokens, so the text "[SEP]" is split like any other text and the
+  special ids only ever come from packing.
+
+  Args:
+    vocab_file: BERT-style vocab.txt that contains [PAD], [UNK], [CLS], [SEP] and [MASK].
+    lowercase: lowercase the text before WordPiece (uncased vocab).
+    strip_accents: strip accents; None follows `lowercase`, as in BERT.
+
+  Returns:
+    The tokenizer (encode without special tokens) and its `TokenizerInfo`.
+  """
+  path = os.path.abspath(vocab_file)
+  mtime = os.path.getmtime(path) if os.path.isfile(path) else 0.0
+  return _load(path, lowercase, strip_accents, mtime)
+
+
+def _normalizer(lowercase: bool, strip_accents: bool | None) -> normalizers.Normalizer:
+  return normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=strip_accents,
+                                    lowercase=lowercase)
+
+
+def is_continuation(vocab_file: str | os.PathLike) -> np.ndarray:
+  """bool [vocab_size]: which ids are word continuations ("##" pieces), for whole-word masking."""
+  return np.array([t.startswith(CONTINUATION_PREFIX) for t in read_vocab(vocab_file)], dtype=bool)
+
+
+def encode(tokenizer: tokenizers.Tokenizer, texts: list[str]) -> list[np.ndarray]:
+  """Token ids of each text, int32 [length_i], without special tokens (one `encode_batch` call)."""
+  return [np.asarray(e.ids, dtype=np.int32) for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
+
+
+def train_wordpiece(texts: Iterable[str], vocab_size: int, output: str | os.PathLike,
+                    lowercase: bool = True) -> pathlib.Path:
+  """Trains a WordPiece vocab and writes it as a BERT vocab.txt.
+
+  The special tokens come first: [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4.
+
+  Args:
+    texts: training text, e.g. documents.
+    vocab_size: size of the vocab, special tokens and alphabet included.
+    output: path of the vocab file to write (its folder is created).
+    lowercase: train an uncased vocab (lowercase and strip accents).
+
+  Returns:
+    The path written.
+  """
+  if vocab_size < len(SPECIAL_TOKENS) + 1:
+    raise UserError(f"vocab size {vocab_size} is too small: use at least a few thousand (BERT uses 30522)")
+  tokenizer = tokenizers.Tokenizer(models.WordPiece(unk_token=UNK, continuing_subword_prefix=CONTINUATION_PREFIX))
+  tokenizer.normalizer = _normalizer(lowercase, None)
+  tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+  trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
+                                      continuing_subword_prefix=CONTINUATION_PREFIX, show_progress=False)
+  tokenizer.train_from_iterator(texts, trainer)
+  vocab = tokenizer.get_vocab()
+  by_id = sorted(vocab, key=vocab.__getitem__)
+  output = pathlib.Path(output)
+  output.parent.mkdir(parents=True, exist_ok=True)
+  tmp = output.with_name(output.name + f".tmp{os.getpid()}")
+  tmp.write_text("".join(t + "\n" for t in by_id), encoding="utf-8")
+  tmp.replace(output)
+  return output
+
+
+def main(argv: list[str]) -> None:
+  parser = argparse.ArgumentParser(prog="python -m tupe.data.tokenizer", description=__doc__.splitlines()[0])
+  parser.add_argument("--input", required=True, help="comma-separated globs of UTF-8 text files")
+  parser.add_argument("--vocab-size", type=int, default=30522)
+  parser.add_argument("--output", required=True, help="vocab.txt to write")
+  parser.add_argument("--cased", action="store_true", help="keep case and accents (default: uncased)")
+  args = parser.parse_args(argv[1:])
+  path = train_wordpiece(corpus.text_documents(args.input), args.vocab_size, args.output, lowercase=not args.cased)
+  print(f"wrote {path} ({sum(1 for _ in path.open(encoding='utf-8'))} tokens)")
+
+
+if __name__ == "__main__":
+  run_main(main)
