@@ -2,7 +2,8 @@
 
 The corpus is real English prose (about 1.5M characters on Python 3.11) and is the same on every machine with the
 same Python version: modules are read in sorted order from source with `ast` (nothing is imported), docstrings in
-source order, and doctest examples and code-like paragraphs are dropped.
+source order, and doctest examples and code-like paragraphs are dropped. Harvesting takes several seconds, so the
+corpus and the vocab are cached on disk.
 """
 import ast
 import functools
@@ -27,13 +28,20 @@ def _is_prose(paragraph: str) -> bool:
   return len(paragraph.split()) >= 4 and letters >= 0.85 * len(paragraph)
 
 
-@functools.lru_cache(maxsize=1)
-def demo_documents() -> tuple[str, ...]:
-  """Documents (one per docstring; lines are paragraphs) of the standard library, in a fixed order."""
+def _stdlib_files() -> list[pathlib.Path]:
+  """The standard library's .py files, sorted, without tests and installed packages."""
   root = pathlib.Path(sysconfig.get_paths()["stdlib"])
-  files = sorted(p for p in root.rglob("*.py") if not _SKIPPED_DIRS.intersection(p.relative_to(root).parts))
+  files = []
+  for folder, subfolders, names in os.walk(root):
+    subfolders[:] = [d for d in subfolders if d not in _SKIPPED_DIRS]
+    files.extend(pathlib.Path(folder, n) for n in names if n.endswith(".py"))
+  return sorted(files)
+
+
+def harvest_documents() -> list[str]:
+  """Documents (one per docstring; lines are paragraphs) of the standard library, in a fixed order."""
   documents = []
-  for path in files:
+  for path in _stdlib_files():
     try:
       tree = ast.parse(path.read_bytes())
     except (SyntaxError, ValueError):  # Deliberately broken files (e.g. in lib2to3 data).
@@ -42,7 +50,7 @@ def demo_documents() -> tuple[str, ...]:
       prose = [p for p in corpus.paragraphs(doc) if _is_prose(p)]
       if prose:
         documents.append("\n".join(prose))
-  return tuple(documents)
+  return documents
 
 
 def _docstrings(node: ast.AST):
@@ -59,9 +67,34 @@ def default_cache_dir() -> pathlib.Path:
   return pathlib.Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "tupe"
 
 
+def _cached(cache_dir: str | os.PathLike, name: str) -> pathlib.Path:
+  cache = pathlib.Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
+  return cache / f"{name}-py{sys.version_info.major}{sys.version_info.minor}.txt"
+
+
+@functools.lru_cache(maxsize=4)
+def demo_documents(cache_dir: str | os.PathLike = "") -> tuple[str, ...]:
+  """The demo corpus, harvested on first use and cached in `cache_dir` ("" for `default_cache_dir()`).
+
+  Returns:
+    Documents whose lines are paragraphs.
+  """
+  path = _cached(cache_dir, "demo-corpus")
+  if not path.is_file():
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    tmp.write_text("\n\n".join(harvest_documents()) + "\n", encoding="utf-8")
+    tmp.replace(path)
+  return tuple(path.read_text(encoding="utf-8").rstrip("\n").split("\n\n"))
+
+
 def demo_vocab(cache_dir: str | os.PathLike = "", vocab_size: int = DEMO_VOCAB_SIZE,
                lowercase: bool = True) -> pathlib.Path:
   """Path of a WordPiece vocab trained on the demo corpus; trained on first use and cached in `cache_dir`.
+
+  Training is not bit-for-bit reproducible (the trainer breaks ties between equally frequent pairs in a
+  different order each run), so machines that train their own demo vocab may differ in a few rare tokens: for
+  runs on several hosts, train the vocab once and pass it as the vocab file.
 
   Args:
     cache_dir: folder of the cached vocab ("" for `default_cache_dir()`).
@@ -71,9 +104,7 @@ def demo_vocab(cache_dir: str | os.PathLike = "", vocab_size: int = DEMO_VOCAB_S
   Returns:
     Path of the vocab file.
   """
-  cache = pathlib.Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
-  case = "uncased" if lowercase else "cased"
-  path = cache / f"demo-wordpiece-{vocab_size}-{case}-py{sys.version_info.major}{sys.version_info.minor}.txt"
+  path = _cached(cache_dir, f"demo-wordpiece-{vocab_size}-{'uncased' if lowercase else 'cased'}")
   if not path.is_file():
-    train_wordpiece(demo_documents(), vocab_size, path, lowercase=lowercase)
+    train_wordpiece(demo_documents(cache_dir), vocab_size, path, lowercase=lowercase)
   return path

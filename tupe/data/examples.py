@@ -38,7 +38,7 @@ def load_tokenizer_for(data_cfg) -> tuple[tokenizers.Tokenizer, TokenizerInfo]:
 def source_documents(data_cfg) -> Iterable[str]:
   """Documents of a text source (demo, text or tfds), in a fixed order."""
   if data_cfg.source == "demo":
-    return demo.demo_documents()
+    return demo.demo_documents(data_cfg.cache_dir)
   if data_cfg.source == "text":
     return corpus.text_documents(data_cfg.files)
   if data_cfg.source == "tfds":

@@ -13,7 +13,7 @@ from typing import Iterable
 
 import numpy as np
 import tokenizers
-from tokenizers import models, normalizers, pre_tokenizers, trainers
+from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
 from tupe.data import corpus
 from tupe.errors import UserError, run_main
@@ -68,6 +68,7 @@ def _load(path: str, lowercase: bool, strip_accents: bool | None, mtime: float):
   tokenizer = tokenizers.Tokenizer(models.WordPiece(vocab, unk_token=UNK, continuing_subword_prefix=CONTINUATION_PREFIX))
   tokenizer.normalizer = _normalizer(lowercase, strip_accents)
   tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+  tokenizer.decoder = decoders.WordPiece(prefix=CONTINUATION_PREFIX)
   info = TokenizerInfo(vocab_size=len(tokens), pad_id=vocab[PAD], unk_id=vocab[UNK], cls_id=vocab[CLS],
                        sep_id=vocab[SEP], mask_id=vocab[MASK], vocab_file=path, lowercase=lowercase)
   return tokenizer, info

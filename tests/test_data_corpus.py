@@ -1,0 +1,88 @@
+"""Text sources: reading files (BOM, CRLF, Project Gutenberg header/footer), sentences, eval split, TFDS."""
+import pytest
+
+from tupe.data import corpus
+from tupe.errors import UserError
+
+
+def test_gutenberg_file_is_stripped(shared_data):
+  path = shared_data / "corpus" / "gutenberg" / "les-mis-rables_135-0.txt"
+  assert path.read_bytes().startswith(b"\xef\xbb\xbf") and b"\r\n" in path.read_bytes()
+  text = corpus.read_text(path)
+  assert not text.startswith("\ufeff") and "\r" not in text
+  assert "Project Gutenberg" not in text and "*** START OF" not in text and "*** END OF" not in text
+  assert "In 1815, M. Charles-François-Bienvenu Myriel was Bishop of D---- He was\n" in text
+  documents = corpus.paragraphs(text)
+  assert len(documents) > 10000 and all(d and "\n" not in d and "  " not in d for d in documents)
+
+
+def test_text_documents_of_globs(shared_data):
+  pattern = f"{shared_data}/corpus/nltk-gutenberg/austen-*.txt, {shared_data}/corpus/wikitext/*.raw.txt"
+  paths = corpus.expand_globs(pattern)
+  assert [p.name for p in paths] == ["austen-emma.txt", "austen-persuasion.txt", "austen-sense.txt",
+                                     "wiki.valid.raw.txt"]
+  documents = list(corpus.text_documents(pattern))
+  assert documents[0] == "[Emma by Jane Austen 1816]" and documents[-1] == "= = = Television roles = = ="
+
+
+def test_sentences():
+  paragraph = ('Mr. Bennet said so. "Is it?" asked Mrs. Long. J. K. Smith (the 2nd) left at 5 p.m. on Monday! '
+               'It was 3.5 km, e.g. to St. Ives... Then 1920 came. the end')
+  assert corpus.split_sentences(paragraph) == [
+      "Mr. Bennet said so.", '"Is it?" asked Mrs. Long.', "J. K. Smith (the 2nd) left at 5 p.m. on Monday!",
+      "It was 3.5 km, e.g. to St. Ives...", "Then 1920 came. the end"]
+  assert corpus.document_sentences("A title\nFirst one. Second  one.\n\n") == ["A title", "First one.", "Second one."]
+
+
+def test_eval_documents_are_spread_evenly():
+  held_out = [i for i in range(10_000) if corpus.is_eval_document(i, 0.01)]
+  assert len(held_out) == 100 and held_out[:2] == [99, 199]
+  assert not any(corpus.is_eval_document(i, 0.0) for i in range(1000))
+
+
+def test_bad_files(tmp_path):
+  latin1 = tmp_path / "latin1.txt"
+  latin1.write_bytes("Caf\u00e9 au lait.".encode("latin-1"))
+  with pytest.raises(UserError, match=r"latin1.txt is not UTF-8 text \(bad byte 0xe9 at byte offset 3\)"):
+    corpus.read_text(latin1)
+  empty = tmp_path / "empty.txt"
+  empty.write_text(" \n\n")
+  with pytest.raises(UserError, match="empty.txt holds no text"):
+    corpus.read_text(empty)
+  only_license = tmp_path / "license.txt"
+  only_license.write_text("Header\r\n*** START OF THE BOOK ***\r\n\r\n*** END OF THE BOOK ***\r\nLicense\r\n")
+  with pytest.raises(UserError, match="holds no text"):
+    corpus.read_text(only_license)
+  with pytest.raises(UserError, match="no files match"):
+    corpus.expand_globs(f"{tmp_path}/*.md")
+  with pytest.raises(UserError, match="no input files"):
+    corpus.expand_globs(" , ")
+
+
+def test_tfds_dataset(tmp_path, shared_data):
+  tfds = pytest.importorskip("tensorflow_datasets")
+  paragraphs = corpus.paragraphs(corpus.read_text(shared_data / "corpus" / "wikitext" / "wiki.valid.raw.txt"))[:40]
+
+  class TupeTinyWiki(tfds.core.GeneratorBasedBuilder):
+    """Forty wikitext paragraphs as a TFDS text dataset, in array_record format."""
+    VERSION = tfds.core.Version("1.0.0")
+
+    def _info(self):
+      return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({"text": tfds.features.Text()}))
+
+    def _split_generators(self, dl_manager):
+      del dl_manager
+      return {"train": self._generate_examples()}
+
+    def _generate_examples(self):
+      for i, paragraph in enumerate(paragraphs):
+        yield i, {"text": paragraph}
+
+  with pytest.raises(UserError, match="is not prepared in .*tfds build tupe_tiny_wiki"):
+    next(corpus.tfds_documents("tupe_tiny_wiki", "train", str(tmp_path), "text"))
+  TupeTinyWiki(data_dir=str(tmp_path), file_format="array_record").download_and_prepare()
+  assert sorted(corpus.tfds_documents("tupe_tiny_wiki", "train", str(tmp_path), "text")) == sorted(paragraphs)
+  with pytest.raises(UserError, match="no feature 'body'"):
+    next(corpus.tfds_documents("tupe_tiny_wiki", "train", str(tmp_path), "body"))
+  with pytest.raises(UserError, match="is not prepared"):
+    next(corpus.tfds_documents("tupe_no_such_dataset", "train", str(tmp_path), "text"))

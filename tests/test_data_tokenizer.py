@@ -1,0 +1,58 @@
+"""WordPiece tokenizer: BERT vocab, special ids, normalization, training a vocab that round-trips."""
+import pytest
+
+from tupe.data import corpus, tokenizer
+from tupe.errors import UserError
+
+
+def test_bert_vocab_special_ids_and_normalization(bert_vocab):
+  tok, info = tokenizer.load_tokenizer(bert_vocab)
+  assert (info.vocab_size, info.pad_id, info.unk_id, info.cls_id, info.sep_id, info.mask_id) == (
+      30522, 0, 100, 101, 102, 103)
+  assert info.lowercase and info.vocab_file == str(bert_vocab)
+  encoding = tok.encode("Héllo, WORLD! tokenization", add_special_tokens=False)
+  assert encoding.tokens == ["hello", ",", "world", "!", "token", "##ization"]
+  assert tok.decode(encoding.ids) == "hello, world! tokenization"
+  # The text "[SEP]" is ordinary text: special ids only come from packing.
+  ids = tokenizer.encode(tok, ["a [SEP] b [MASK]"])[0]
+  assert ids.dtype.name == "int32" and not set(ids.tolist()) & set(info.special_ids)
+
+
+def test_cased_keeps_case(bert_vocab):
+  tok, info = tokenizer.load_tokenizer(bert_vocab, lowercase=False)
+  assert not info.lowercase
+  assert tok.encode("Hello", add_special_tokens=False).tokens == ["[UNK]"]  # Not in the uncased vocab.
+
+
+def test_trained_vocab_round_trips(shared_data, tmp_path):
+  text = corpus.read_text(shared_data / "corpus" / "nltk-gutenberg" / "austen-persuasion.txt")
+  documents = corpus.paragraphs(text)
+  path = tokenizer.train_wordpiece(documents, 3000, tmp_path / "vocab.txt")
+  tok, info = tokenizer.load_tokenizer(path)
+  assert (info.vocab_size, info.pad_id, info.unk_id, info.cls_id, info.sep_id, info.mask_id) == (3000, 0, 1, 2, 3, 4)
+  norm = tok.normalizer
+  for document in documents[100:300]:
+    encoding = tok.encode(document, add_special_tokens=False)
+    assert info.unk_id not in encoding.ids
+    words = [w for w, _ in tok.pre_tokenizer.pre_tokenize_str(norm.normalize_str(document))]
+    assert "".join(encoding.tokens).replace("##", "") == "".join(words)
+    assert tok.decode(encoding.ids).replace(" ", "") == "".join(words)
+
+
+def test_train_command(shared_data, tmp_path):
+  output = tmp_path / "out" / "vocab.txt"
+  tokenizer.main(["tokenizer", "--input", str(shared_data / "corpus" / "nltk-gutenberg" / "blake-poems.txt"),
+                  "--vocab-size", "1000", "--output", str(output)])
+  tokens = output.read_text().splitlines()
+  assert tokens[:5] == list(tokenizer.SPECIAL_TOKENS) and len(tokens) <= 1000
+  with pytest.raises(UserError, match="no files match"):
+    tokenizer.main(["tokenizer", "--input", str(tmp_path / "nothing*.txt"), "--output", str(output)])
+
+
+def test_vocab_missing_special_tokens(bert_vocab, tmp_path):
+  broken = tmp_path / "vocab.txt"
+  broken.write_text("".join(t + "\n" for t in bert_vocab.read_text().splitlines() if t not in ("[MASK]", "[PAD]")))
+  with pytest.raises(UserError, match=r"lacks the special tokens \[PAD\] \[MASK\]"):
+    tokenizer.load_tokenizer(broken)
+  with pytest.raises(UserError, match="does not exist"):
+    tokenizer.load_tokenizer(tmp_path / "missing.txt")
