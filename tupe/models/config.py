@@ -118,6 +118,13 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
   need(cfg.remat in ("none", "full", "dots"), f"model.remat={cfg.remat!r}; use 'none', 'full' or 'dots'")
 
 
+def check_length(cfg, length: int) -> None:
+  """Raises ValueError when a sequence is longer than the position tables."""
+  if length > cfg.max_position_embeddings:
+    raise ValueError(f"sequence length {length} exceeds model.max_position_embeddings="
+                     f"{cfg.max_position_embeddings}; shorten the inputs or use a model with more positions")
+
+
 def head_dim(cfg) -> int:
   return cfg.hidden_size // cfg.num_heads
 

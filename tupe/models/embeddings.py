@@ -5,6 +5,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from tupe.models import config as config_lib
 from tupe.models import layers
 
 
@@ -33,6 +34,7 @@ class Embeddings(nn.Module):
   def __call__(self, input_ids: jax.Array, token_type_ids: jax.Array, deterministic: bool) -> jax.Array:
     """input_ids, token_type_ids: int [batch, length] -> float32 [batch, length, embedding_size]."""
     cfg = self.cfg
+    config_lib.check_length(cfg, input_ids.shape[1])
     x = jnp.take(self.word_embeddings, input_ids, axis=0)
     if cfg.position == "absolute":
       x = x + self.position_embeddings[None, :input_ids.shape[1]]

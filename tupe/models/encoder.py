@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 
 from tupe.models import attention
+from tupe.models import config as config_lib
 from tupe.models import embeddings as embeddings_lib
 from tupe.models import layers
 from tupe.models import position
@@ -45,9 +46,7 @@ class EncoderStack(nn.Module):
     """
     cfg = self.cfg
     length = embedded.shape[1]
-    if length > cfg.max_position_embeddings:
-      raise ValueError(f"sequence length {length} exceeds model.max_position_embeddings="
-                       f"{cfg.max_position_embeddings}; shorten the inputs or use a model with more positions")
+    config_lib.check_length(cfg, length)
     x = embedded
     if cfg.embedding_size != cfg.hidden_size:
       x = layers.dense(cfg, cfg.hidden_size, ("embedding", "embed"), name="embeddings_project")(x)
