@@ -13,9 +13,10 @@ whole split), reshuffled each epoch (train only), and the masks of an example co
 keyed by (seed, example index, epoch), whatever batch it lands in. The iterator's state can be saved with `get_state()` and restored with
 `set_state()`. Both splits repeat endlessly: for eval, take as many batches as wanted from a fresh iterator.
 """
+import grain
 import ml_collections
 import numpy as np
-import grain
+from absl import flags
 
 from tupe.data import examples as examples_lib
 from tupe.data import masking, packing
@@ -24,6 +25,8 @@ from tupe.errors import UserError
 
 SPLITS = ("train", "eval")
 MIN_SEQ_LEN = 8
+_THREADS = 2  # Threads that mask batches ahead (per worker process).
+_PREFETCH_BATCHES = 4
 
 
 def default_data_config() -> ml_collections.ConfigDict:
@@ -136,8 +139,11 @@ def make_pretrain_dataset(data_cfg, *, seq_len: int, batch_size: int, seed: int,
   if split == "train":
     ds = ds.shuffle(seed=seed)
   ds = ds.repeat().map_with_index(_EpochOf(len(ds))).batch(batch_size, drop_remainder=True)
-  ds = ds.map(_MaskedBatch(examples, masker, seed, seq_len, info.pad_id)).to_iter_dataset()
+  ds = ds.map(_MaskedBatch(examples, masker, seed, seq_len, info.pad_id))
+  ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=_THREADS, prefetch_buffer_size=_PREFETCH_BATCHES))
   if cfg.num_workers:
+    if not flags.FLAGS.is_parsed():  # grain's worker processes read absl flags; a plain script has not parsed them.
+      flags.FLAGS.mark_as_parsed()
     ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=cfg.num_workers))
   return ds, info
 

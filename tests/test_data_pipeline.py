@@ -1,0 +1,168 @@
+"""The grain pipeline: batch format, determinism, restored iterator state, per-host shards, eval split, errors."""
+import collections
+
+import numpy as np
+import pytest
+
+from tupe.data import corpus, examples, pipeline
+from tupe.errors import UserError
+
+SEQ_LEN = 64
+
+
+@pytest.fixture(scope="module")
+def text_cfg(shared_data, bert_vocab, tmp_path_factory):
+  """A data config for 400 real wikitext paragraphs (a few hundred examples of 64 tokens)."""
+  paragraphs = corpus.paragraphs(corpus.read_text(shared_data / "corpus" / "wikitext" / "wiki.valid.raw.txt"))
+  path = tmp_path_factory.mktemp("corpus") / "wiki-slice.txt"
+  path.write_text("\n\n".join(paragraphs[:400]) + "\n")
+  cfg = pipeline.default_data_config()
+  cfg.update(source="text", files=str(path), vocab_file=str(bert_vocab), packing="segment_pair", eval_fraction=0.05)
+  return cfg
+
+
+def batches(cfg, count, **kwargs):
+  it, _ = pipeline.make_pretrain_iterator(cfg, **dict(dict(seq_len=SEQ_LEN, batch_size=16, seed=0), **kwargs))
+  return [next(it) for _ in range(count)]
+
+
+def assert_same(a: list[dict], b: list[dict]):
+  assert len(a) == len(b)
+  for x, y in zip(a, b):
+    assert x.keys() == y.keys()
+    for name in x:
+      np.testing.assert_array_equal(x[name], y[name], err_msg=name)
+
+
+def originals(batch) -> list[tuple[int, ...]]:
+  """The unmasked, unpadded examples of a batch."""
+  ids = batch["input_ids"].copy()
+  rows = np.broadcast_to(np.arange(len(ids))[:, None], batch["masked_positions"].shape)
+  real = batch["masked_weights"] > 0
+  ids[rows[real], batch["masked_positions"][real]] = batch["masked_ids"][real]
+  return [tuple(row[mask > 0].tolist()) for row, mask in zip(ids, batch["attention_mask"])]
+
+
+def stream(it, size: int) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+  """The next `size` examples that `it` yields: (unmasked example, masked positions) each."""
+  out = []
+  while len(out) < size:
+    batch = next(it)
+    out.extend(zip(originals(batch), map(tuple, batch["masked_positions"].tolist())))
+  return out[:size]
+
+
+def test_batch_format(text_cfg):
+  it, info = pipeline.make_pretrain_iterator(text_cfg, seq_len=SEQ_LEN, batch_size=16, seed=0)
+  assert (info.vocab_size, info.cls_id, info.lowercase) == (30522, 101, True)
+  batch = next(it)
+  expected = dict(input_ids=(np.int32, (16, 64)), attention_mask=(np.int32, (16, 64)),
+                  token_type_ids=(np.int32, (16, 64)), masked_positions=(np.int32, (16, 10)),
+                  masked_ids=(np.int32, (16, 10)), masked_weights=(np.float32, (16, 10)))
+  assert {k: (v.dtype.type, v.shape) for k, v in batch.items()} == expected
+  assert np.all(batch["input_ids"][:, 0] == info.cls_id)
+  has_b = (batch["input_ids"] == info.sep_id).sum(1) == 2  # [CLS] A [SEP] B [SEP] or, for one sentence, [CLS] A [SEP].
+  assert has_b.mean() > 0.3 and np.all(batch["token_type_ids"].max(1) == has_b)
+  assert 0.1 < (batch["input_ids"] == info.mask_id).sum() / batch["attention_mask"].sum() < 0.16
+
+
+def test_same_seed_same_batches_and_restored_state(text_cfg):
+  reference = batches(text_cfg, 40)  # Several epochs of this host's examples.
+  assert_same(batches(text_cfg, 40), reference)
+  assert not np.array_equal(batches(text_cfg, 1, seed=1)[0]["input_ids"], reference[0]["input_ids"])
+
+  it, _ = pipeline.make_pretrain_iterator(text_cfg, seq_len=SEQ_LEN, batch_size=16, seed=0)
+  for _ in range(13):
+    next(it)
+  state = it.get_state()
+  restored, _ = pipeline.make_pretrain_iterator(text_cfg, seq_len=SEQ_LEN, batch_size=16, seed=0)
+  restored.set_state(state)
+  assert_same([next(restored) for _ in range(27)], reference[13:])
+
+
+@pytest.mark.parametrize("process_count", [2, 4])
+def test_hosts_see_disjoint_shards_that_cover_the_split(text_cfg, process_count):
+  packed, _ = examples.load_examples(text_cfg, SEQ_LEN, "train")
+  everything = collections.Counter(tuple(packed[i].tolist()) for i in range(len(packed)))
+  seen = collections.Counter()
+  for host in range(process_count):
+    it, _ = pipeline.make_pretrain_iterator(text_cfg, seq_len=SEQ_LEN, batch_size=16, seed=3, process_index=host,
+                                            process_count=process_count)
+    epoch = [example for example, _ in stream(it, len(range(host, len(packed), process_count)))]
+    seen.update(epoch)
+    assert len(set(epoch)) == len(epoch)  # One epoch shows each example once.
+  assert seen == everything
+
+
+def test_epochs_are_reshuffled_and_remasked(text_cfg):
+  packed, _ = examples.load_examples(text_cfg, SEQ_LEN, "train")
+  it, _ = pipeline.make_pretrain_iterator(text_cfg, seq_len=SEQ_LEN, batch_size=16, seed=0)
+  both = stream(it, 2 * len(packed))
+  first, second = both[:len(packed)], both[len(packed):]
+  assert [e for e, _ in first] != [e for e, _ in second]
+  assert sorted(first) != sorted(second) and sorted(e for e, _ in first) == sorted(e for e, _ in second)
+  first_masks, second_masks = dict(first), dict(second)
+  assert np.mean([first_masks[e] != second_masks[e] for e in first_masks]) > 0.9
+
+
+def test_eval_split_is_held_out_and_fixed(text_cfg):
+  train, _ = examples.load_examples(text_cfg, SEQ_LEN, "train")
+  held_out, _ = examples.load_examples(text_cfg, SEQ_LEN, "eval")
+  assert 0 < len(held_out) < 0.1 * len(train)
+  assert not {tuple(train[i].tolist()) for i in range(len(train))} & {
+      tuple(held_out[i].tolist()) for i in range(len(held_out))}
+  eval_batches = batches(text_cfg, 3, split="eval", batch_size=4)
+  assert_same(batches(text_cfg, 3, split="eval", batch_size=4), eval_batches)
+  # Not shuffled: the first batch holds the first held-out examples, in order.
+  assert originals(eval_batches[0]) == [tuple(held_out[i].tolist()) for i in range(4)]
+
+
+def test_worker_processes_give_the_same_batches(text_cfg):
+  cfg = text_cfg.copy_and_resolve_references()
+  cfg.num_workers = 1
+  assert_same(batches(cfg, 4), batches(text_cfg, 4))
+
+
+@pytest.mark.parametrize("packing", ["full_sentences", "segment_pair"])
+def test_synthetic_source(packing):
+  cfg = pipeline.default_data_config()
+  cfg.update(source="synthetic", packing=packing, synthetic_vocab_size=1000)
+  it, info = pipeline.make_pretrain_iterator(cfg, seq_len=32, batch_size=8, seed=0)
+  assert (info.vocab_size, info.pad_id, info.cls_id, info.sep_id, info.vocab_file) == (1000, 0, 101, 102, "")
+  batch = next(it)
+  assert batch["input_ids"].shape == (8, 32) and batch["masked_positions"].shape == (8, 5)
+  assert np.all(batch["attention_mask"] == 1) and batch["input_ids"].max() < 1000
+  assert np.all((batch["token_type_ids"].max(1) == 1) == (packing == "segment_pair"))
+  assert_same(batches(cfg, 1, seq_len=32, batch_size=8), [batch])
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(source="wiki"), "data.source is 'wiki': use one of demo, text, tfds, arrayrecord, synthetic"),
+    (dict(packing="docs"), "data.packing is 'docs'"),
+    (dict(masking="span"), "data.masking is 'span'"),
+    (dict(max_predictions=100), "data.max_predictions is 100"),
+    (dict(mask_prob=0.0), "data.mask_prob is 0.0"),
+    (dict(vocab_file=""), "no vocab file for source 'text'"),
+    (dict(files="/nonexistent/*.txt"), "no files match"),
+])
+def test_config_errors(text_cfg, change, match):
+  cfg = text_cfg.copy_and_resolve_references()
+  cfg.update(change)
+  with pytest.raises(UserError, match=match):
+    pipeline.make_pretrain_iterator(cfg, seq_len=SEQ_LEN, batch_size=4, seed=0)
+
+
+def test_argument_errors(text_cfg):
+  with pytest.raises(UserError, match="seq_len 4 is too small"):
+    pipeline.make_pretrain_iterator(text_cfg, seq_len=4, batch_size=4, seed=0)
+  with pytest.raises(UserError, match="process_index 2 is not in"):
+    pipeline.make_pretrain_iterator(text_cfg, seq_len=SEQ_LEN, batch_size=4, seed=0, process_index=2,
+                                    process_count=2)
+  with pytest.raises(UserError, match="split is 'test'"):
+    pipeline.make_pretrain_iterator(text_cfg, seq_len=SEQ_LEN, batch_size=4, seed=0, split="test")
+  with pytest.raises(UserError, match="unknown data config fields"):
+    pipeline.make_pretrain_iterator(dict(text_cfg, shuffle=True), seq_len=SEQ_LEN, batch_size=4, seed=0)
+  cfg = text_cfg.copy_and_resolve_references()
+  cfg.eval_fraction = 0.0
+  with pytest.raises(UserError, match="the eval split has 0 examples.*larger data.eval_fraction"):
+    pipeline.make_pretrain_iterator(cfg, seq_len=SEQ_LEN, batch_size=4, seed=0, split="eval")
