@@ -1,7 +1,7 @@
 """Text sources: reading files (BOM, CRLF, Project Gutenberg header/footer), sentences, eval split, TFDS."""
 import pytest
 
-from tupe.data import corpus
+from tupe.data import corpus, pipeline
 from tupe.errors import UserError
 
 
@@ -59,7 +59,7 @@ def test_bad_files(tmp_path):
     corpus.expand_globs(" , ")
 
 
-def test_tfds_dataset(tmp_path, shared_data):
+def test_tfds_dataset(tmp_path, shared_data, bert_vocab):
   tfds = pytest.importorskip("tensorflow_datasets")
   paragraphs = corpus.paragraphs(corpus.read_text(shared_data / "corpus" / "wikitext" / "wiki.valid.raw.txt"))[:40]
 
@@ -82,6 +82,11 @@ def test_tfds_dataset(tmp_path, shared_data):
     next(corpus.tfds_documents("tupe_tiny_wiki", "train", str(tmp_path), "text"))
   TupeTinyWiki(data_dir=str(tmp_path), file_format="array_record").download_and_prepare()
   assert sorted(corpus.tfds_documents("tupe_tiny_wiki", "train", str(tmp_path), "text")) == sorted(paragraphs)
+  cfg = pipeline.default_data_config()
+  cfg.update(source="tfds", tfds_name="tupe_tiny_wiki", tfds_data_dir=str(tmp_path), vocab_file=str(bert_vocab),
+             eval_fraction=0.1)
+  it, _ = pipeline.make_pretrain_iterator(cfg, seq_len=128, batch_size=4, seed=0)
+  assert next(it)["input_ids"].shape == (4, 128)
   with pytest.raises(UserError, match="no feature 'body'"):
     next(corpus.tfds_documents("tupe_tiny_wiki", "train", str(tmp_path), "body"))
   with pytest.raises(UserError, match="is not prepared"):

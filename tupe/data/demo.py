@@ -1,6 +1,6 @@
 """A no-download demo corpus: the docstrings of the installed Python standard library, and a vocab trained on it.
 
-The corpus is real English prose (about 1.5M characters on Python 3.11) and is the same on every machine with the
+The corpus is real English prose (about 1.35M characters on Python 3.11) and is the same on every machine with the
 same Python version: modules are read in sorted order from source with `ast` (nothing is imported), docstrings in
 source order, and doctest examples and code-like paragraphs are dropped. Harvesting takes several seconds, so the
 corpus and the vocab are cached on disk.
@@ -9,26 +9,28 @@ import ast
 import functools
 import os
 import pathlib
+import re
 import sys
 import sysconfig
+from typing import Sequence
 
-from tupe.data import corpus
 from tupe.data.tokenizer import train_wordpiece
 
 DEMO_VOCAB_SIZE = 8192
 _SKIPPED_DIRS = frozenset(("test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"))
+_BLANK_LINES = re.compile(r"\n\s*\n")
 _DOCUMENTED = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
 
 
-def _is_prose(paragraph: str) -> bool:
-  """Whether a docstring paragraph reads as English: several words, mostly letters, no doctest or code."""
-  if paragraph.lstrip().startswith((">>>", "...", "$ ", "%")) or "    " in paragraph:
+def _is_prose(block: str) -> bool:
+  """Whether a docstring paragraph reads as English: several words, mostly letters, no doctest or indented code."""
+  if any(line.lstrip().startswith((">>>", "...", "$ ")) or line.startswith("    ") for line in block.splitlines()):
     return False
-  letters = sum(c.isalpha() or c == " " for c in paragraph)
-  return len(paragraph.split()) >= 4 and letters >= 0.85 * len(paragraph)
+  letters = sum(c.isalpha() or c == " " for c in block)
+  return len(block.split()) >= 4 and letters >= 0.85 * len(block.strip())
 
 
-def _stdlib_files() -> list[pathlib.Path]:
+def stdlib_files() -> list[pathlib.Path]:
   """The standard library's .py files, sorted, without tests and installed packages."""
   root = pathlib.Path(sysconfig.get_paths()["stdlib"])
   files = []
@@ -38,16 +40,20 @@ def _stdlib_files() -> list[pathlib.Path]:
   return sorted(files)
 
 
-def harvest_documents() -> list[str]:
-  """Documents (one per docstring; lines are paragraphs) of the standard library, in a fixed order."""
+def harvest_documents(paths: Sequence[pathlib.Path] | None = None) -> list[str]:
+  """Documents (one per docstring; lines are paragraphs) of the standard library, in a fixed order.
+
+  Args:
+    paths: the .py files to read, in order (None: the whole standard library, sorted).
+  """
   documents = []
-  for path in _stdlib_files():
+  for path in stdlib_files() if paths is None else paths:
     try:
       tree = ast.parse(path.read_bytes())
     except (SyntaxError, ValueError):  # Deliberately broken files (e.g. in lib2to3 data).
       continue
     for doc in _docstrings(tree):
-      prose = [p for p in corpus.paragraphs(doc) if _is_prose(p)]
+      prose = [" ".join(block.split()) for block in _BLANK_LINES.split(doc) if _is_prose(block)]
       if prose:
         documents.append("\n".join(prose))
   return documents

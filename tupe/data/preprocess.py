@@ -9,6 +9,9 @@ give for the same settings; train with data.source="arrayrecord", data.files=the
 """
 import argparse
 import time
+from typing import Iterator
+
+import numpy as np
 
 from tupe.data import examples, packing, shards
 from tupe.data.pipeline import MIN_SEQ_LEN, default_data_config
@@ -35,12 +38,18 @@ def preprocess(data_cfg, seq_len: int, output: str, num_shards: int) -> dict:
   packed = examples.pack_documents(examples.source_documents(data_cfg), tokenizer, info, seq_len, data_cfg.packing,
                                    data_cfg.eval_fraction)
   source = {"demo": "demo", "text": data_cfg.files, "tfds": f"tfds:{data_cfg.tfds_name}"}[data_cfg.source]
-  metadata = shards.write_shards(output, packed, num_shards, info.vocab_file, dict(
+  return shards.write_shards(output, _nonempty(packed, source), num_shards, info.vocab_file, dict(
       input=source, seq_len=seq_len, packing=data_cfg.packing, lowercase=data_cfg.lowercase,
       eval_fraction=data_cfg.eval_fraction))
-  if not sum(metadata["num_examples"].values()):
+
+
+def _nonempty(packed: Iterator[tuple[str, np.ndarray]], source: str) -> Iterator[tuple[str, np.ndarray]]:
+  """Passes the examples through; raises UserError at the end if there were none."""
+  count = 0
+  for count, item in enumerate(packed, 1):
+    yield item
+  if not count:
     raise UserError(f"{source} holds no text: check --input")
-  return metadata
 
 
 def main(argv: list[str]) -> None:

@@ -35,8 +35,10 @@ def write_shards(folder: str | os.PathLike, examples: Iterable[tuple[str, np.nda
                  vocab_file: str, metadata: dict) -> dict:
   """Writes (split, example) pairs as ArrayRecord shards, streaming.
 
+  The shards are written to FOLDER.incomplete, renamed to `folder` once complete.
+
   Args:
-    folder: output folder (created; must not already hold shards).
+    folder: output folder (new or empty).
     examples: (split, int32 [n]) pairs, split "train" or "eval".
     num_shards: shards per split.
     vocab_file: vocab the examples were tokenized with (copied into the folder).
@@ -46,25 +48,32 @@ def write_shards(folder: str | os.PathLike, examples: Iterable[tuple[str, np.nda
     The metadata written, with the example counts added.
   """
   folder = pathlib.Path(folder)
-  if folder.is_dir() and any(folder.glob("*.array_record")):
-    raise UserError(f"{folder} already holds shards: pass a new --output folder or delete the old one")
+  if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+    raise UserError(f"{folder} already exists and is not empty: pass a new --output folder or delete the old one")
   if num_shards < 1:
     raise UserError(f"--num-shards is {num_shards}: use 1 or more")
-  folder.mkdir(parents=True, exist_ok=True)
-  writers = {s: [ArrayRecordWriter(str(_shard_path(folder, s, k, num_shards)), "group_size:1")
+  partial = folder.with_name(folder.name + ".incomplete")
+  shutil.rmtree(partial, ignore_errors=True)
+  partial.mkdir(parents=True)
+  writers = {s: [ArrayRecordWriter(str(_shard_path(partial, s, k, num_shards)), "group_size:1")
                  for k in range(num_shards)] for s in SPLITS}
   counts = dict.fromkeys(SPLITS, 0)
   try:
     for split, example in examples:
       writers[split][counts[split] % num_shards].write(np.asarray(example, "<i4").tobytes())
       counts[split] += 1
-  finally:
+  except BaseException:
     for writer in (w for ws in writers.values() for w in ws):
       writer.close()
-  shutil.copyfile(vocab_file, folder / VOCAB)
+    shutil.rmtree(partial)
+    raise
+  for writer in (w for ws in writers.values() for w in ws):
+    writer.close()
+  shutil.copyfile(vocab_file, partial / VOCAB)
   metadata = dict(metadata, format=FORMAT, num_shards=num_shards, num_examples=counts,
                   vocab_sha256=file_sha256(vocab_file))
-  (folder / METADATA).write_text(json.dumps(metadata, indent=2) + "\n")
+  (partial / METADATA).write_text(json.dumps(metadata, indent=2) + "\n")
+  partial.replace(folder)
   return metadata
 
 

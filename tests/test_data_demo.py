@@ -1,0 +1,60 @@
+"""The no-download demo corpus (standard-library docstrings), its vocab, and the demo source end to end."""
+import hashlib
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tupe.data import demo, pipeline
+
+_DIGEST = "import hashlib; from tupe.data import demo; " \
+          "print(hashlib.sha256(repr(demo.harvest_documents(demo.stdlib_files()[:100])).encode()).hexdigest())"
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+  return tmp_path_factory.mktemp("tupe-cache")
+
+
+def test_harvest_is_deterministic():
+  """Another interpreter, with other hash seeds, harvests the same documents from the same files."""
+  fresh = subprocess.run([sys.executable, "-c", _DIGEST], env=dict(os.environ, PYTHONHASHSEED="12345"),
+                         capture_output=True, text=True, check=True).stdout.strip()
+  files = demo.stdlib_files()
+  assert files == sorted(files) and len(files) > 500
+  assert hashlib.sha256(repr(demo.harvest_documents(files[:100])).encode()).hexdigest() == fresh
+
+
+def test_demo_corpus_is_real_english(cache_dir, bert_vocab):
+  documents = demo.demo_documents(cache_dir)
+  text = "\n\n".join(documents)
+  assert len(text) > 1_000_000 and len(documents) > 5000
+  words = re.findall(r"[a-z]+", text.lower())
+  known = set(bert_vocab.read_text().splitlines())
+  assert sum(w in known for w in words) / len(words) > 0.85
+  assert "Return the" in text and text.count(">>> ") < 10  # Doctests are dropped; prose may mention a prompt.
+  demo.demo_documents.cache_clear()
+  assert demo.demo_documents(cache_dir) == documents  # Read back from the cache file.
+
+
+def test_demo_vocab_is_trained_once_and_cached(cache_dir):
+  path = demo.demo_vocab(cache_dir)
+  tokens = path.read_text().splitlines()
+  assert len(tokens) == demo.DEMO_VOCAB_SIZE and tokens[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+  assert {"return", "the", "##s"} <= set(tokens)
+  mtime = path.stat().st_mtime_ns
+  assert demo.demo_vocab(cache_dir) == path and path.stat().st_mtime_ns == mtime
+
+
+def test_demo_source_needs_no_vocab_file(cache_dir):
+  cfg = pipeline.default_data_config()
+  cfg.cache_dir = str(cache_dir)
+  it, info = pipeline.make_pretrain_iterator(cfg, seq_len=128, batch_size=4, seed=0)
+  assert info.vocab_file == str(demo.demo_vocab(cache_dir)) and info.vocab_size == demo.DEMO_VOCAB_SIZE
+  batch = next(it)
+  assert batch["input_ids"].shape == (4, 128) and batch["masked_ids"].shape == (4, 20)
+  assert (batch["input_ids"] == info.unk_id).sum() < 0.01 * batch["attention_mask"].sum()
+  eval_it, _ = pipeline.make_pretrain_iterator(cfg, seq_len=128, batch_size=4, seed=0, split="eval")
+  assert next(eval_it)["input_ids"].shape == (4, 128)

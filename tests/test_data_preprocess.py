@@ -1,0 +1,88 @@
+"""Preprocessing to ArrayRecord shards gives the in-memory examples and batches; mismatched settings are refused."""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tupe.data import corpus, examples, pipeline, preprocess
+from tupe.errors import UserError
+
+SEQ_LEN = 64
+
+
+@pytest.fixture(scope="module")
+def text_cfg(shared_data, bert_vocab, tmp_path_factory):
+  """A data config for 300 real paragraphs of Emma."""
+  paragraphs = corpus.paragraphs(corpus.read_text(shared_data / "corpus" / "nltk-gutenberg" / "austen-emma.txt"))
+  path = tmp_path_factory.mktemp("corpus") / "emma-slice.txt"
+  path.write_text("\n\n".join(paragraphs[:300]) + "\n")
+  cfg = pipeline.default_data_config()
+  cfg.update(source="text", files=str(path), vocab_file=str(bert_vocab), packing="segment_pair", eval_fraction=0.05)
+  return cfg
+
+
+@pytest.fixture(scope="module")
+def shard_dir(text_cfg, tmp_path_factory):
+  output = tmp_path_factory.mktemp("packed") / "emma-64"
+  preprocess.main(["preprocess", "--input", text_cfg.files, "--vocab", text_cfg.vocab_file, "--seq-len", "64",
+                   "--packing", "segment_pair", "--eval-fraction", "0.05", "--output", str(output),
+                   "--num-shards", "3"])
+  return output
+
+
+def arrayrecord_cfg(text_cfg, shard_dir):
+  cfg = text_cfg.copy_and_resolve_references()
+  cfg.update(source="arrayrecord", files=str(shard_dir), vocab_file="")
+  return cfg
+
+
+@pytest.mark.parametrize("split", ["train", "eval"])
+def test_shards_hold_the_in_memory_examples(text_cfg, shard_dir, split):
+  in_memory, _ = examples.load_examples(text_cfg, SEQ_LEN, split)
+  on_disk, info = examples.load_examples(arrayrecord_cfg(text_cfg, shard_dir), SEQ_LEN, split)
+  assert len(on_disk) == len(in_memory) > 0 and info.vocab_file == str(shard_dir / "vocab.txt")
+  for i in range(len(in_memory)):
+    np.testing.assert_array_equal(on_disk[i], in_memory[i])
+  assert sorted(p.name for p in shard_dir.glob(f"{split}-*")) == [
+      f"{split}-0000{k}-of-00003.array_record" for k in range(3)]
+
+
+def test_pipeline_over_shards_gives_the_same_batches(text_cfg, shard_dir):
+  cfg = arrayrecord_cfg(text_cfg, shard_dir)
+  for split in ("train", "eval"):
+    kwargs = dict(seq_len=SEQ_LEN, batch_size=8, seed=5, process_index=1, process_count=2, split=split)
+    expected, _ = pipeline.make_pretrain_iterator(text_cfg, **kwargs)
+    actual, _ = pipeline.make_pretrain_iterator(cfg, **kwargs)
+    for _ in range(6):
+      want, got = next(expected), next(actual)
+      for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
+def test_mismatched_settings_are_refused(text_cfg, shard_dir, bert_vocab, tmp_path):
+  cfg = arrayrecord_cfg(text_cfg, shard_dir)
+  with pytest.raises(UserError, match="preprocessed with seq_len=64, the config asks for 128"):
+    pipeline.make_pretrain_iterator(cfg, seq_len=128, batch_size=8, seed=0)
+  with pytest.raises(UserError, match="preprocessed with packing='segment_pair'"):
+    pipeline.make_pretrain_iterator(dict(cfg, packing="full_sentences"), seq_len=SEQ_LEN, batch_size=8, seed=0)
+  other_vocab = tmp_path / "vocab.txt"
+  other_vocab.write_text(bert_vocab.read_text().replace("[unused0]", "[unused-zero]"))
+  with pytest.raises(UserError, match="tokenized with another vocab"):
+    pipeline.make_pretrain_iterator(dict(cfg, vocab_file=str(other_vocab)), seq_len=SEQ_LEN, batch_size=8, seed=0)
+  with pytest.raises(UserError, match="holds no preprocessed examples"):
+    pipeline.make_pretrain_iterator(dict(cfg, files=str(tmp_path)), seq_len=SEQ_LEN, batch_size=8, seed=0)
+  with pytest.raises(UserError, match="already exists and is not empty"):
+    preprocess.preprocess(text_cfg, SEQ_LEN, str(shard_dir), 3)
+  with pytest.raises(UserError, match="--seq-len 4 is too small"):
+    preprocess.preprocess(text_cfg, 4, str(tmp_path / "out"), 3)
+
+
+def test_command_line_errors_are_one_line(tmp_path, bert_vocab):
+  result = subprocess.run(
+      [sys.executable, "-m", "tupe.data.preprocess", "--input", str(tmp_path / "*.txt"), "--vocab", str(bert_vocab),
+       "--seq-len", "128", "--output", str(tmp_path / "out")], capture_output=True, text=True, check=False)
+  assert result.returncode == 2
+  assert result.stderr.strip().splitlines() == [f"error: no files match '{tmp_path}/*.txt': check the path "
+                                                f"(quote globs so the shell leaves them alone)"]
+  assert sorted(p.name for p in tmp_path.iterdir()) == []  # Nothing half-written is left behind.
