@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from tupe.data import examples, masking, pipeline, tokenizer
+from tupe.data import counter_rng, examples, masking, pipeline, tokenizer
 
 SEQ_LEN = 128
 
@@ -23,7 +23,7 @@ def batch(shared_data, bert_vocab):
 def mask(batch, scheme="bert", whole_word=False, max_predictions=20, seed=0, epoch=0):
   ids, info = batch
   masker = masking.Masker(info, scheme, 0.15, max_predictions, whole_word)
-  keys = masking.example_keys(seed, np.arange(len(ids)), np.full(len(ids), epoch))
+  keys = counter_rng.example_keys(seed, np.arange(len(ids)), np.full(len(ids), epoch))
   return masker(ids, keys)
 
 
@@ -99,14 +99,14 @@ def test_whole_word_masking(batch, bert_vocab):
 def test_masks_are_per_example_and_change_each_epoch(batch):
   ids, info = batch
   masker = masking.Masker(info, "bert", 0.15, 20, False)
-  keys = masking.example_keys(7, np.arange(len(ids)), np.zeros(len(ids)))
+  keys = counter_rng.example_keys(7, np.arange(len(ids)), np.zeros(len(ids)))
   whole = masker(ids, keys)
   part = masker(ids[5:9][::-1], keys[5:9][::-1])  # Other batch, other order: same masks per example.
   for name in whole:
     np.testing.assert_array_equal(part[name], whole[name][5:9][::-1])
-  next_epoch = masker(ids, masking.example_keys(7, np.arange(len(ids)), np.ones(len(ids))))
+  next_epoch = masker(ids, counter_rng.example_keys(7, np.arange(len(ids)), np.ones(len(ids))))
   assert np.mean(np.any(next_epoch["masked_positions"] != whole["masked_positions"], axis=1)) > 0.99
-  other_seed = masker(ids, masking.example_keys(8, np.arange(len(ids)), np.zeros(len(ids))))
+  other_seed = masker(ids, counter_rng.example_keys(8, np.arange(len(ids)), np.zeros(len(ids))))
   assert np.mean(np.any(other_seed["masked_positions"] != whole["masked_positions"], axis=1)) > 0.99
 
 

@@ -4,7 +4,7 @@ import collections
 import numpy as np
 import pytest
 
-from tupe.data import corpus, examples, pipeline
+from tupe.data import corpus, counter_rng, examples, pipeline
 from tupe.errors import UserError
 
 SEQ_LEN = 64
@@ -103,6 +103,15 @@ def test_epochs_are_reshuffled_and_remasked(text_cfg):
   assert sorted(first) != sorted(second) and sorted(e for e, _ in first) == sorted(e for e, _ in second)
   first_masks, second_masks = dict(first), dict(second)
   assert np.mean([first_masks[e] != second_masks[e] for e in first_masks]) > 0.9
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 17, 1000, 4097])
+def test_shuffle_is_a_permutation(size):
+  index = np.arange(size)
+  orders = [counter_rng.permute(index, size, counter_rng.epoch_keys(0, np.full(size, epoch))) for epoch in range(3)]
+  assert all(sorted(order.tolist()) == index.tolist() for order in orders)
+  if size > 3:
+    assert not np.array_equal(orders[0], orders[1]) and not np.array_equal(orders[0], index)
 
 
 def test_eval_split_is_held_out_and_fixed(text_cfg):

@@ -7,18 +7,19 @@ Sources:
   synthetic: random token ids, full-length examples, for benchmarks (no tokenizer work).
 """
 import os
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable, Iterator
 
 import numpy as np
 import tokenizers
 
-from tupe.data import corpus, demo, shards
-from tupe.data.packing import PackedExamples, Packer
+from tupe.data import corpus, counter_rng, demo, shards
+from tupe.data.packing import ExampleSource, PackedExamples, Packer
 from tupe.data.tokenizer import TokenizerInfo, encode, load_tokenizer
 from tupe.errors import UserError
 
 SOURCES = ("demo", "text", "tfds", "arrayrecord", "synthetic")
 SYNTHETIC_EXAMPLES = 1 << 20  # Train examples of the synthetic source.
+_SYNTHETIC_SEED = 0x5EED
 _BLOCK_CHARS = 1 << 20  # Text tokenized per `encode_batch` call.
 _CACHE: dict[tuple, dict[str, PackedExamples]] = {}
 _CACHE_ENTRIES = 4
@@ -112,7 +113,7 @@ def _in_memory_examples(data_cfg, seq_len: int) -> tuple[dict[str, PackedExample
   return _CACHE[key], info
 
 
-class SyntheticExamples:
+class SyntheticExamples(ExampleSource):
   """Full-length examples of uniformly random token ids, generated from their index (for benchmarks).
 
   Args:
@@ -133,12 +134,17 @@ class SyntheticExamples:
     return self._length
 
   def __getitem__(self, index: int) -> np.ndarray:
-    rng = np.random.default_rng((0x5EED, self._offset + index))
-    example = self._ids[rng.integers(len(self._ids), size=self._seq_len)]
-    example[0], example[-1] = self._info.cls_id, self._info.sep_id
-    if self._pair:
-      example[rng.integers(2, self._seq_len - 2)] = self._info.sep_id
-    return example
+    return self.padded_batch(np.array([index]), self._seq_len, self._info.pad_id)[0]
+
+  def padded_batch(self, indices: np.ndarray, seq_len: int, pad_id: int) -> np.ndarray:
+    del seq_len, pad_id  # Synthetic examples fill the whole length.
+    keys = counter_rng.example_keys(_SYNTHETIC_SEED, self._offset + np.asarray(indices))
+    bits = counter_rng.random_bits(keys, 0, self._seq_len)
+    ids = self._ids[bits % np.uint64(len(self._ids))]
+    ids[:, 0], ids[:, -1] = self._info.cls_id, self._info.sep_id
+    if self._pair:  # [SEP] at a random position in [2, seq_len - 3]: segments A and B are never empty.
+      ids[np.arange(len(ids)), 2 + (bits[:, 0] % np.uint64(self._seq_len - 4)).astype(np.int64)] = self._info.sep_id
+    return ids
 
 
 def synthetic_info(vocab_size: int) -> TokenizerInfo:
@@ -166,7 +172,7 @@ def _sharded_examples(data_cfg, seq_len: int, split: str) -> tuple[shards.Sharde
   return shards.ShardedExamples(folder, split), info
 
 
-def load_examples(data_cfg, seq_len: int, split: str) -> tuple[Sequence[np.ndarray], TokenizerInfo]:
+def load_examples(data_cfg, seq_len: int, split: str) -> tuple[ExampleSource, TokenizerInfo]:
   """Random-access packed examples of one split of the configured source.
 
   Args:
@@ -175,7 +181,7 @@ def load_examples(data_cfg, seq_len: int, split: str) -> tuple[Sequence[np.ndarr
     split: "train" or "eval" (held-out documents of the same source).
 
   Returns:
-    The examples (len and [] of int32 [n <= seq_len]) and the `TokenizerInfo`.
+    The examples and the `TokenizerInfo`.
   """
   if data_cfg.source == "synthetic":
     info = synthetic_info(data_cfg.synthetic_vocab_size)

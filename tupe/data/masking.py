@@ -8,14 +8,14 @@ round(mask_prob * maskable tokens) positions are selected per example (maskable:
 at least one and at most `max_predictions`. With whole-word masking, whole words are taken in random order (a
 word is a piece plus the "##" pieces that follow it) while they fit in that number.
 
-The random numbers of an example depend only on its key (from seed, example index and epoch) and on the
-position: they are a counter-based hash, so an example is masked the same way whatever batch it is in.
+The random numbers of an example come from `counter_rng` and depend only on its key (from seed, example index
+and epoch) and on the position, so an example is masked the same way whatever batch it is in.
 """
 import math
 
 import numpy as np
 
-from tupe.data import packing
+from tupe.data import counter_rng, packing
 from tupe.data.tokenizer import TokenizerInfo, is_continuation
 
 MASKINGS = {"bert": (0.8, 0.1), "electra": (0.85, 0.0)}  # Share of selected tokens set to [MASK], to random.
@@ -25,31 +25,6 @@ _SELECT, _REPLACE, _RANDOM_ID = range(3)  # Streams of random numbers.
 def default_max_predictions(seq_len: int, mask_prob: float) -> int:
   """Predictions per example when max_predictions is 0: ceil(mask_prob * seq_len), e.g. 20 for 128 at 15%."""
   return max(1, math.ceil(mask_prob * seq_len - 1e-9))
-
-
-def _mix(x: np.ndarray) -> np.ndarray:
-  """SplitMix64's finalizer: a bijective hash of uint64 values."""
-  x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-  x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-  return x ^ (x >> np.uint64(31))
-
-
-def example_keys(seed: int, example_index: np.ndarray, epoch: np.ndarray) -> np.ndarray:
-  """uint64 [batch]: the random key of each example, from (seed, example index, epoch)."""
-  key = _mix(np.full(np.shape(example_index), seed, np.uint64))
-  key = _mix(key ^ np.asarray(example_index, np.uint64))
-  return _mix(key ^ _mix(np.asarray(epoch, np.uint64) + np.uint64(0x9E3779B97F4A7C15)))
-
-
-def _random_bits(keys: np.ndarray, stream: int, length: int) -> np.ndarray:
-  """uint64 [batch, length]: random bits for each example (by key) and position, one stream of several."""
-  counter = _mix(np.arange(length, dtype=np.uint64) + np.uint64(stream << 32))
-  return _mix(keys[:, None] ^ counter[None, :])
-
-
-def _uniform(keys: np.ndarray, stream: int, length: int) -> np.ndarray:
-  """float64 [batch, length] in [0, 1)."""
-  return (_random_bits(keys, stream, length) >> np.uint64(11)) * 2.0**-53
 
 
 class Masker:
@@ -78,7 +53,7 @@ class Masker:
 
     Args:
       ids: int32 [batch, length], packed examples right-padded with [PAD].
-      keys: uint64 [batch], each example's random key (`example_keys`).
+      keys: uint64 [batch], each example's random key (`counter_rng.example_keys`).
 
     Returns:
       input_ids int32 [batch, length] (masked), attention_mask int32 [batch, length], token_type_ids int32
@@ -90,16 +65,17 @@ class Masker:
     num_candidates = candidates.sum(axis=1)
     count = np.where(num_candidates > 0,
                      np.clip(np.round(num_candidates * self._mask_prob), 1, self._max_predictions), 0)
-    u = _uniform(keys, _SELECT, length)
+    u = counter_rng.uniform(keys, _SELECT, length)
     if self._continuation is None:
       selected = self._select_tokens(candidates, count, u)
     else:
       selected = self._select_words(ids, candidates, count, u)
 
-    u = _uniform(keys, _REPLACE, length)
+    u = counter_rng.uniform(keys, _REPLACE, length)
     to_mask = selected & (u < self._mask_share)
     to_random = selected & (u >= self._mask_share) & (u < self._mask_share + self._random_share)
-    random_ids = self._random_ids[_random_bits(keys, _RANDOM_ID, length) % np.uint64(len(self._random_ids))]
+    draws = counter_rng.random_bits(keys, _RANDOM_ID, length) % np.uint64(len(self._random_ids))
+    random_ids = self._random_ids[draws]
     input_ids = np.where(to_mask, info.mask_id, np.where(to_random, random_ids, ids)).astype(np.int32)
 
     # Selected positions first, in ascending order, then the unused slots.

@@ -72,8 +72,26 @@ def token_type_ids(ids: np.ndarray, sep_id: int) -> np.ndarray:
   return ((np.cumsum(is_sep, axis=-1) - is_sep) > 0).astype(np.int32)
 
 
-class PackedExamples:
-  """Random-access, in-memory examples: one flat int32 token array and offsets.
+class ExampleSource:
+  """Random-access packed examples: `len(source)`, `source[i]` (int32 [n <= seq_len]) and padded batches."""
+
+  def __len__(self) -> int:
+    raise NotImplementedError
+
+  def __getitem__(self, index: int) -> np.ndarray:
+    raise NotImplementedError
+
+  def padded_batch(self, indices: np.ndarray, seq_len: int, pad_id: int) -> np.ndarray:
+    """int32 [batch, seq_len]: examples `indices` ([batch]), right-padded with `pad_id`."""
+    ids = np.full((len(indices), seq_len), pad_id, np.int32)
+    for row, index in enumerate(indices):
+      example = self[int(index)]
+      ids[row, :len(example)] = example
+    return ids
+
+
+class PackedExamples(ExampleSource):
+  """In-memory examples: one flat int32 token array and offsets.
 
   Args:
     examples: unpadded examples, int32 [n_i] each.
@@ -89,3 +107,9 @@ class PackedExamples:
 
   def __getitem__(self, index: int) -> np.ndarray:
     return self._tokens[self._offsets[index]:self._offsets[index + 1]]
+
+  def padded_batch(self, indices: np.ndarray, seq_len: int, pad_id: int) -> np.ndarray:
+    starts = self._offsets[indices]
+    position = np.arange(seq_len)
+    real = position < (self._offsets[np.asarray(indices) + 1] - starts)[:, None]
+    return np.where(real, self._tokens[np.where(real, starts[:, None] + position, 0)], pad_id).astype(np.int32)

@@ -10,16 +10,19 @@ Each batch is a dict of numpy arrays for this host:
 
 The order depends only on the seed: host h of n sees examples h, h+n, h+2n, ... (disjoint, their union is the
 whole split), reshuffled each epoch (train only), and the masks of an example come from a counter-based RNG
-keyed by (seed, example index, epoch), whatever batch it lands in. The iterator's state can be saved with `get_state()` and restored with
-`set_state()`. Both splits repeat endlessly: for eval, take as many batches as wanted from a fresh iterator.
+keyed by (seed, example index, epoch), whatever batch it lands in. The iterator's state can be saved with
+`get_state()` and restored with `set_state()`. Both splits repeat endlessly: for eval, take as many batches as
+wanted from a fresh iterator.
 """
+import sys
+
 import grain
 import ml_collections
 import numpy as np
 from absl import flags
 
 from tupe.data import examples as examples_lib
-from tupe.data import masking, packing
+from tupe.data import counter_rng, masking, packing
 from tupe.data.tokenizer import TokenizerInfo
 from tupe.errors import UserError
 
@@ -85,29 +88,28 @@ def _checked_config(data_cfg, seq_len: int, batch_size: int, process_index: int,
   return cfg
 
 
-class _EpochOf:
-  """Maps (index in the repeated stream, example index) to (example index, epoch)."""
+class _Batch:
+  """Maps a batch number to the padded, masked batch of this host.
 
-  def __init__(self, epoch_length: int):
-    self._epoch_length = epoch_length
+  Batch b holds positions b * batch_size ... of this host's endless stream: position p is example
+  process_index + process_count * order(p mod n) of epoch p // n, where n is the host's number of examples and
+  `order` is a permutation of [0, n) drawn anew each epoch (train) or the identity (eval).
+  """
 
-  def __call__(self, index: int, example_index: int) -> tuple[int, int]:
-    return example_index, index // self._epoch_length
+  def __init__(self, examples: packing.ExampleSource, masker: masking.Masker, *, seed: int, seq_len: int,
+               batch_size: int, pad_id: int, process_index: int, process_count: int, shuffle: bool):
+    self._examples, self._masker, self._seed, self._seq_len = examples, masker, seed, seq_len
+    self._batch_size, self._pad_id, self._shuffle = batch_size, pad_id, shuffle
+    self._process_index, self._process_count = process_index, process_count
+    self._host_examples = len(range(process_index, len(examples), process_count))
 
-
-class _MaskedBatch:
-  """Maps a batch of (example index [batch], epoch [batch]) to the padded, masked batch."""
-
-  def __init__(self, examples, masker: masking.Masker, seed: int, seq_len: int, pad_id: int):
-    self._examples, self._masker, self._seed, self._seq_len, self._pad_id = examples, masker, seed, seq_len, pad_id
-
-  def __call__(self, indices: tuple[np.ndarray, np.ndarray]) -> dict[str, np.ndarray]:
-    example_index, epoch = indices
-    ids = np.full((len(example_index), self._seq_len), self._pad_id, np.int32)
-    for row, index in enumerate(example_index):
-      example = self._examples[int(index)]
-      ids[row, :len(example)] = example
-    return self._masker(ids, masking.example_keys(self._seed, example_index, epoch))
+  def __call__(self, batch: int) -> dict[str, np.ndarray]:
+    epoch, position = np.divmod(batch * self._batch_size + np.arange(self._batch_size), self._host_examples)
+    if self._shuffle:
+      position = counter_rng.permute(position, self._host_examples, counter_rng.epoch_keys(self._seed, epoch))
+    example = self._process_index + self._process_count * position
+    ids = self._examples.padded_batch(example, self._seq_len, self._pad_id)
+    return self._masker(ids, counter_rng.example_keys(self._seed, example, epoch))
 
 
 def make_pretrain_dataset(data_cfg, *, seq_len: int, batch_size: int, seed: int, process_index: int = 0,
@@ -127,7 +129,7 @@ def make_pretrain_dataset(data_cfg, *, seq_len: int, batch_size: int, seed: int,
     An endless grain `IterDataset` of batches, and the `TokenizerInfo`.
   """
   cfg = _checked_config(data_cfg, seq_len, batch_size, process_index, process_count, split)
-  seed = int(seed) % 2**32
+  seed = int(seed) % 2**64
   examples, info = examples_lib.load_examples(cfg, seq_len, split)
   if len(examples) < process_count:
     raise UserError(f"the {split} split has {len(examples)} examples, fewer than {process_count} hosts: "
@@ -135,11 +137,11 @@ def make_pretrain_dataset(data_cfg, *, seq_len: int, batch_size: int, seed: int,
   max_predictions = cfg.max_predictions or masking.default_max_predictions(seq_len, cfg.mask_prob)
   masker = masking.Masker(info, cfg.masking, cfg.mask_prob, max_predictions, cfg.whole_word)
 
-  ds = grain.MapDataset.range(len(examples))[process_index::process_count]
-  if split == "train":
-    ds = ds.shuffle(seed=seed)
-  ds = ds.repeat().map_with_index(_EpochOf(len(ds))).batch(batch_size, drop_remainder=True)
-  ds = ds.map(_MaskedBatch(examples, masker, seed, seq_len, info.pad_id))
+  # Sharding, shuffling, repeating and batching are index arithmetic on whole batches: grain's per-example
+  # transformations would cost more Python time per example than the masking.
+  ds = grain.MapDataset.range(sys.maxsize).map(_Batch(
+      examples, masker, seed=seed, seq_len=seq_len, batch_size=batch_size, pad_id=info.pad_id,
+      process_index=process_index, process_count=process_count, shuffle=split == "train"))
   ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=_THREADS, prefetch_buffer_size=_PREFETCH_BATCHES))
   if cfg.num_workers:
     if not flags.FLAGS.is_parsed():  # grain's worker processes read absl flags; a plain script has not parsed them.

@@ -15,6 +15,7 @@ import grain
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordWriter
 
+from tupe.data.packing import ExampleSource
 from tupe.errors import UserError
 
 FORMAT = "tupe-packed-examples-v1"
@@ -89,8 +90,8 @@ def read_metadata(folder: str | os.PathLike) -> dict:
   return metadata
 
 
-class ShardedExamples:
-  """Random-access examples of one split of a shard folder (picklable, for worker processes).
+class ShardedExamples(ExampleSource):
+  """Examples of one split of a shard folder, read on demand (picklable, for worker processes).
 
   Args:
     folder: folder written by `write_shards`.
@@ -114,6 +115,16 @@ class ShardedExamples:
   def __len__(self) -> int:
     return self._length
 
+  def _record(self, index: int) -> int:
+    """Index of example `index` in the concatenated shards."""
+    return int(self._starts[index % self._num_shards]) + index // self._num_shards
+
   def __getitem__(self, index: int) -> np.ndarray:
-    shard, position = index % self._num_shards, index // self._num_shards
-    return np.frombuffer(self._source[int(self._starts[shard]) + position], "<i4").astype(np.int32)
+    return np.frombuffer(self._source[self._record(index)], "<i4").astype(np.int32)
+
+  def padded_batch(self, indices: np.ndarray, seq_len: int, pad_id: int) -> np.ndarray:
+    ids = np.full((len(indices), seq_len), pad_id, np.int32)
+    for row, record in enumerate(self._source.__getitems__([self._record(int(i)) for i in indices])):
+      example = np.frombuffer(record, "<i4")
+      ids[row, :len(example)] = example
+    return ids
