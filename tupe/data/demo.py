@@ -6,6 +6,8 @@ source order, and doctest examples and code-like paragraphs are dropped. Harvest
 corpus and the vocab are cached on disk.
 """
 import ast
+import contextlib
+import fcntl
 import functools
 import os
 import pathlib
@@ -78,6 +80,15 @@ def _cached(cache_dir: str | os.PathLike, name: str) -> pathlib.Path:
   return cache / f"{name}-py{sys.version_info.major}{sys.version_info.minor}.txt"
 
 
+@contextlib.contextmanager
+def _locked(path: pathlib.Path):
+  """Holds an exclusive lock on PATH.lock, so that processes sharing a cache create each file once."""
+  path.parent.mkdir(parents=True, exist_ok=True)
+  with open(path.with_name(path.name + ".lock"), "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    yield
+
+
 @functools.lru_cache(maxsize=4)
 def demo_documents(cache_dir: str | os.PathLike = "") -> tuple[str, ...]:
   """The demo corpus, harvested on first use and cached in `cache_dir` ("" for `default_cache_dir()`).
@@ -86,11 +97,11 @@ def demo_documents(cache_dir: str | os.PathLike = "") -> tuple[str, ...]:
     Documents whose lines are paragraphs.
   """
   path = _cached(cache_dir, "demo-corpus")
-  if not path.is_file():
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    tmp.write_text("\n\n".join(harvest_documents()) + "\n", encoding="utf-8")
-    tmp.replace(path)
+  with _locked(path):
+    if not path.is_file():
+      tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")  # Renamed when complete.
+      tmp.write_text("\n\n".join(harvest_documents()) + "\n", encoding="utf-8")
+      tmp.replace(path)
   return tuple(path.read_text(encoding="utf-8").rstrip("\n").split("\n\n"))
 
 
@@ -98,9 +109,10 @@ def demo_vocab(cache_dir: str | os.PathLike = "", vocab_size: int = DEMO_VOCAB_S
                lowercase: bool = True) -> pathlib.Path:
   """Path of a WordPiece vocab trained on the demo corpus; trained on first use and cached in `cache_dir`.
 
-  Training is not bit-for-bit reproducible (the trainer breaks ties between equally frequent pairs in a
-  different order each run), so machines that train their own demo vocab may differ in a few rare tokens: for
-  runs on several hosts, train the vocab once and pass it as the vocab file.
+  Processes that share the cache folder (e.g. several hosts' processes on one machine) use one vocab. Training
+  is not bit-for-bit reproducible (the trainer breaks ties between equally frequent pairs in a different order
+  each run), so machines with separate caches may differ in a few rare tokens: for runs on several machines,
+  train the vocab once and pass it as the vocab file.
 
   Args:
     cache_dir: folder of the cached vocab ("" for `default_cache_dir()`).
@@ -111,6 +123,7 @@ def demo_vocab(cache_dir: str | os.PathLike = "", vocab_size: int = DEMO_VOCAB_S
     Path of the vocab file.
   """
   path = _cached(cache_dir, f"demo-wordpiece-{vocab_size}-{'uncased' if lowercase else 'cased'}")
-  if not path.is_file():
-    train_wordpiece(demo_documents(cache_dir), vocab_size, path, lowercase=lowercase)
+  with _locked(path):
+    if not path.is_file():
+      train_wordpiece(demo_documents(cache_dir), vocab_size, path, lowercase=lowercase)
   return path
