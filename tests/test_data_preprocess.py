@@ -74,8 +74,13 @@ def test_mismatched_settings_are_refused(text_cfg, shard_dir, bert_vocab, tmp_pa
     pipeline.make_pretrain_iterator(dict(cfg, files=str(tmp_path)), seq_len=SEQ_LEN, batch_size=8, seed=0)
   with pytest.raises(UserError, match="already exists and is not empty"):
     preprocess.preprocess(text_cfg, SEQ_LEN, str(shard_dir), 3)
-  with pytest.raises(UserError, match="--seq-len 4 is too small"):
+  with pytest.raises(UserError, match="seq_len 4 is too small"):
     preprocess.preprocess(text_cfg, 4, str(tmp_path / "out"), 3)
+  empty = tmp_path / "empty.txt"
+  empty.write_text("\u200b \ufeff\n")  # Only characters the tokenizer drops.
+  with pytest.raises(UserError, match="the corpus holds no text"):
+    preprocess.preprocess(dict(text_cfg, files=str(empty)), SEQ_LEN, str(tmp_path / "out"), 3)
+  assert not (tmp_path / "out").exists()
 
 
 def test_command_line_errors_are_one_line(tmp_path, bert_vocab):

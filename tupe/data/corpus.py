@@ -12,8 +12,10 @@ from typing import Iterator
 
 from tupe.errors import UserError
 
+SPLITS = ("train", "eval")  # Documents are held out for eval by `is_eval_document`.
 _GUTENBERG_START = re.compile(r"^\*\*\*\s*START OF.*$", re.MULTILINE)
-_GUTENBERG_END = re.compile(r"^(\*\*\*\s*END OF|End of (the |this )?Project Gutenberg).*$", re.MULTILINE | re.IGNORECASE)
+_GUTENBERG_END = re.compile(r"^(\*\*\*\s*END OF|End of (the |this )?Project Gutenberg).*$",
+                            re.MULTILINE | re.IGNORECASE)
 _BLANK_LINES = re.compile(r"\n\s*\n")
 # A sentence ends at . ! or ? (then maybe closing quotes or brackets), followed by space and a capital, digit or
 # opening quote. Group 1 is the word before the punctuation, to leave abbreviations and initials alone.

@@ -64,8 +64,11 @@ def pack_documents(documents: Iterable[str], tokenizer: tokenizers.Tokenizer, in
 
   Yields:
     ("train" or "eval", int32 [n <= seq_len]) in packing order.
+
+  Raises:
+    UserError: at the end, when the documents held no text at all.
   """
-  packers = {s: Packer(packing, seq_len, info.cls_id, info.sep_id) for s in shards.SPLITS}
+  packers = {s: Packer(packing, seq_len, info.cls_id, info.sep_id) for s in corpus.SPLITS}
   splits, counts, texts = [], [], []
   block_chars = 0
 
@@ -87,9 +90,10 @@ def pack_documents(documents: Iterable[str], tokenizer: tokenizers.Tokenizer, in
       yield from flush()
       block_chars = 0
   yield from flush()
-  for split, packer in packers.items():
-    for example in packer.finish():
-      yield split, example
+  finished = [(split, example) for split, packer in packers.items() for example in packer.finish()]
+  if not finished:  # A packer keeps the last text it was given until it finishes: none means no text at all.
+    raise UserError("the corpus holds no text: check the input files or dataset")
+  yield from finished
 
 
 def _in_memory_examples(data_cfg, seq_len: int) -> tuple[dict[str, PackedExamples], TokenizerInfo]:
@@ -101,12 +105,10 @@ def _in_memory_examples(data_cfg, seq_len: int) -> tuple[dict[str, PackedExample
          data_cfg.tfds_text_key, info, os.path.getmtime(info.vocab_file), seq_len, data_cfg.packing,
          data_cfg.eval_fraction)
   if key not in _CACHE:
-    examples = {s: [] for s in shards.SPLITS}
+    examples = {s: [] for s in corpus.SPLITS}
     for split, example in pack_documents(source_documents(data_cfg), tokenizer, info, seq_len, data_cfg.packing,
                                          data_cfg.eval_fraction):
       examples[split].append(example)
-    if not any(examples.values()):
-      raise UserError(f"the {data_cfg.source} corpus holds no text: check data.files / data.tfds_name")
     while len(_CACHE) >= _CACHE_ENTRIES:
       del _CACHE[next(iter(_CACHE))]
     _CACHE[key] = {s: PackedExamples(e) for s, e in examples.items()}

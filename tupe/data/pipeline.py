@@ -22,11 +22,10 @@ import numpy as np
 from absl import flags
 
 from tupe.data import examples as examples_lib
-from tupe.data import counter_rng, masking, packing
+from tupe.data import corpus, counter_rng, masking, packing
 from tupe.data.tokenizer import TokenizerInfo
 from tupe.errors import UserError
 
-SPLITS = ("train", "eval")
 MIN_SEQ_LEN = 8
 _THREADS = 2  # Threads that mask batches ahead (per worker process).
 _PREFETCH_BATCHES = 4
@@ -57,20 +56,24 @@ def default_data_config() -> ml_collections.ConfigDict:
       whole_word=False, max_predictions=0, eval_fraction=0.01, num_workers=0, synthetic_vocab_size=30522))
 
 
-def _checked_config(data_cfg, seq_len: int, batch_size: int, process_index: int, process_count: int,
-                    split: str) -> ml_collections.ConfigDict:
-  """The defaults updated with `data_cfg`, after checking every field and argument."""
+def checked_config(data_cfg, seq_len: int) -> ml_collections.ConfigDict:
+  """The defaults updated with `data_cfg`, after checking every field against `seq_len`.
+
+  Raises:
+    UserError: for an unknown field, a value of the wrong type, an unknown name or a value out of range.
+  """
   cfg = default_data_config()
   unknown = sorted(set(data_cfg) - set(cfg))
   if unknown:
     raise UserError(f"unknown data config fields {unknown}: the fields are {sorted(cfg)}")
-  cfg.update(data_cfg)
+  try:
+    cfg.update(data_cfg)
+  except TypeError as e:
+    raise UserError(f"data config: {e}") from None
   choices = (("source", examples_lib.SOURCES), ("packing", packing.PACKINGS), ("masking", tuple(masking.MASKINGS)))
   for field, allowed in choices:
     if cfg[field] not in allowed:
       raise UserError(f"data.{field} is {cfg[field]!r}: use one of {', '.join(allowed)}")
-  if split not in SPLITS:
-    raise UserError(f"split is {split!r}: use 'train' or 'eval'")
   if seq_len < MIN_SEQ_LEN:
     raise UserError(f"seq_len {seq_len} is too small: use at least {MIN_SEQ_LEN} (BERT uses 128 and 512)")
   if not 0 < cfg.mask_prob < 1:
@@ -79,10 +82,6 @@ def _checked_config(data_cfg, seq_len: int, batch_size: int, process_index: int,
     raise UserError(f"data.max_predictions is {cfg.max_predictions}: use 0 (auto) up to seq_len {seq_len}")
   if not 0 <= cfg.eval_fraction < 1:
     raise UserError(f"data.eval_fraction is {cfg.eval_fraction}: use a share in [0, 1), e.g. 0.01")
-  if batch_size < 1:
-    raise UserError(f"batch size {batch_size} is too small: use 1 or more per host")
-  if not 0 <= process_index < process_count:
-    raise UserError(f"process_index {process_index} is not in [0, process_count={process_count})")
   if cfg.num_workers < 0:
     raise UserError(f"data.num_workers is {cfg.num_workers}: use 0 or more")
   return cfg
@@ -128,7 +127,13 @@ def make_pretrain_dataset(data_cfg, *, seq_len: int, batch_size: int, seed: int,
   Returns:
     An endless grain `IterDataset` of batches, and the `TokenizerInfo`.
   """
-  cfg = _checked_config(data_cfg, seq_len, batch_size, process_index, process_count, split)
+  cfg = checked_config(data_cfg, seq_len)
+  if split not in corpus.SPLITS:
+    raise UserError(f"split is {split!r}: use 'train' or 'eval'")
+  if batch_size < 1:
+    raise UserError(f"batch size {batch_size} is too small: use 1 or more per host")
+  if not 0 <= process_index < process_count:
+    raise UserError(f"process_index {process_index} is not in [0, process_count={process_count})")
   seed = int(seed) % 2**64
   examples, info = examples_lib.load_examples(cfg, seq_len, split)
   if len(examples) < process_count:

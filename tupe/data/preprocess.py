@@ -9,12 +9,8 @@ give for the same settings; train with data.source="arrayrecord", data.files=the
 """
 import argparse
 import time
-from typing import Iterator
 
-import numpy as np
-
-from tupe.data import examples, packing, shards
-from tupe.data.pipeline import MIN_SEQ_LEN, default_data_config
+from tupe.data import examples, packing, pipeline, shards
 from tupe.errors import UserError, run_main
 
 
@@ -30,26 +26,13 @@ def preprocess(data_cfg, seq_len: int, output: str, num_shards: int) -> dict:
   Returns:
     The metadata written (with the example counts).
   """
-  if seq_len < MIN_SEQ_LEN:
-    raise UserError(f"--seq-len {seq_len} is too small: use at least {MIN_SEQ_LEN} (BERT uses 128 and 512)")
-  if data_cfg.packing not in packing.PACKINGS:
-    raise UserError(f"--packing is {data_cfg.packing!r}: use one of {', '.join(packing.PACKINGS)}")
-  tokenizer, info = examples.load_tokenizer_for(data_cfg)
-  packed = examples.pack_documents(examples.source_documents(data_cfg), tokenizer, info, seq_len, data_cfg.packing,
-                                   data_cfg.eval_fraction)
-  source = {"demo": "demo", "text": data_cfg.files, "tfds": f"tfds:{data_cfg.tfds_name}"}[data_cfg.source]
-  return shards.write_shards(output, _nonempty(packed, source), num_shards, info.vocab_file, dict(
-      input=source, seq_len=seq_len, packing=data_cfg.packing, lowercase=data_cfg.lowercase,
-      eval_fraction=data_cfg.eval_fraction))
-
-
-def _nonempty(packed: Iterator[tuple[str, np.ndarray]], source: str) -> Iterator[tuple[str, np.ndarray]]:
-  """Passes the examples through; raises UserError at the end if there were none."""
-  count = 0
-  for count, item in enumerate(packed, 1):
-    yield item
-  if not count:
-    raise UserError(f"{source} holds no text: check --input")
+  cfg = pipeline.checked_config(data_cfg, seq_len)
+  tokenizer, info = examples.load_tokenizer_for(cfg)
+  packed = examples.pack_documents(examples.source_documents(cfg), tokenizer, info, seq_len, cfg.packing,
+                                   cfg.eval_fraction)
+  source = {"demo": "demo", "text": cfg.files, "tfds": f"tfds:{cfg.tfds_name}"}[cfg.source]
+  return shards.write_shards(output, packed, num_shards, info.vocab_file, dict(
+      input=source, seq_len=seq_len, packing=cfg.packing, lowercase=cfg.lowercase, eval_fraction=cfg.eval_fraction))
 
 
 def main(argv: list[str]) -> None:
@@ -59,7 +42,7 @@ def main(argv: list[str]) -> None:
   parser.add_argument("--cased", action="store_true", help="keep case and accents (default: uncased)")
   parser.add_argument("--seq-len", type=int, required=True)
   parser.add_argument("--packing", default="full_sentences", help=" or ".join(packing.PACKINGS))
-  parser.add_argument("--eval-fraction", type=float, default=default_data_config().eval_fraction)
+  parser.add_argument("--eval-fraction", type=float, default=pipeline.default_data_config().eval_fraction)
   parser.add_argument("--output", required=True, help="new folder for the shards")
   parser.add_argument("--num-shards", type=int, default=8)
   parser.add_argument("--tfds-split", default="train")
@@ -68,7 +51,7 @@ def main(argv: list[str]) -> None:
   parser.add_argument("--cache-dir", default="", help="where the demo vocab is cached")
   args = parser.parse_args(argv[1:])
 
-  cfg = default_data_config()
+  cfg = pipeline.default_data_config()
   cfg.update(vocab_file=args.vocab, lowercase=not args.cased, packing=args.packing, eval_fraction=args.eval_fraction,
              tfds_split=args.tfds_split, tfds_data_dir=args.tfds_data_dir, tfds_text_key=args.tfds_text_key,
              cache_dir=args.cache_dir)

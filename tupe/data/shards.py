@@ -15,11 +15,11 @@ import grain
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordWriter
 
+from tupe.data import corpus
 from tupe.data.packing import ExampleSource
 from tupe.errors import UserError
 
 FORMAT = "tupe-packed-examples-v1"
-SPLITS = ("train", "eval")
 METADATA = "metadata.json"
 VOCAB = "vocab.txt"
 
@@ -57,8 +57,8 @@ def write_shards(folder: str | os.PathLike, examples: Iterable[tuple[str, np.nda
   shutil.rmtree(partial, ignore_errors=True)
   partial.mkdir(parents=True)
   writers = {s: [ArrayRecordWriter(str(_shard_path(partial, s, k, num_shards)), "group_size:1")
-                 for k in range(num_shards)] for s in SPLITS}
-  counts = dict.fromkeys(SPLITS, 0)
+                 for k in range(num_shards)] for s in corpus.SPLITS}
+  counts = dict.fromkeys(corpus.SPLITS, 0)
   try:
     for split, example in examples:
       writers[split][counts[split] % num_shards].write(np.asarray(example, "<i4").tobytes())
