@@ -65,7 +65,8 @@ def _load(path: str, lowercase: bool, strip_accents: bool | None, mtime: float):
   del mtime  # Part of the cache key only: an edited vocab file is read again.
   tokens = read_vocab(path)
   vocab = {t: i for i, t in reversed(list(enumerate(tokens)))}  # The first line wins for duplicated tokens.
-  tokenizer = tokenizers.Tokenizer(models.WordPiece(vocab, unk_token=UNK, continuing_subword_prefix=CONTINUATION_PREFIX))
+  tokenizer = tokenizers.Tokenizer(
+      models.WordPiece(vocab, unk_token=UNK, continuing_subword_prefix=CONTINUATION_PREFIX))
   tokenizer.normalizer = _normalizer(lowercase, strip_accents)
   tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
   tokenizer.decoder = decoders.WordPiece(prefix=CONTINUATION_PREFIX)
