@@ -19,6 +19,7 @@ from typing import Sequence
 from tupe.data.tokenizer import train_wordpiece
 
 DEMO_VOCAB_SIZE = 8192
+_HARVEST_VERSION = 1  # Part of the cache file names: raise it when the harvest changes.
 _SKIPPED_DIRS = frozenset(("test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"))
 _BLANK_LINES = re.compile(r"\n\s*\n")
 _DOCUMENTED = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
@@ -77,7 +78,7 @@ def default_cache_dir() -> pathlib.Path:
 
 def _cached(cache_dir: str | os.PathLike, name: str) -> pathlib.Path:
   cache = pathlib.Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
-  return cache / f"{name}-py{sys.version_info.major}{sys.version_info.minor}.txt"
+  return cache / f"{name}-v{_HARVEST_VERSION}-py{sys.version_info.major}{sys.version_info.minor}.txt"
 
 
 @contextlib.contextmanager
