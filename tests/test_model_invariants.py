@@ -1,0 +1,232 @@
+"""Properties every encoder must keep: shared positional terms, padding invariance, fused == reference
+attention, float32 islands under bf16, exact GELU, and a clear error for over-long inputs."""
+import functools
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import numpy_reference as ref
+from tupe import models
+from tupe.models import layers
+from tupe.models import position
+
+PAD_INVARIANT = ("bert_a", "bert_r", "tupe_a", "tupe_a_tie_cls", "tupe_r")
+ATOL = 1e-5
+
+
+def tiny_config(name, **overrides):
+  cfg = models.get_config(name, "tiny")
+  cfg.vocab_size = 100
+  cfg.update(overrides)
+  return cfg
+
+
+@functools.lru_cache(maxsize=None)
+def random_params(name):
+  """Randomized float32 params of the tiny model `name` (see `ref.randomized`); do not mutate."""
+  cfg = tiny_config(name)
+  return ref.randomized(jax.eval_shape(lambda: models.init(cfg)), seed=len(name) + 7)
+
+
+@functools.lru_cache(maxsize=None)
+def jitted_encode(name, output_attentions, dtype):
+  """models.encode of the tiny model `name`, compiled whole: ConvBERT (K shifted slices) and bf16 variants
+  have many ops that no other test shares, and compiling each one separately op by op is slower."""
+  cfg = tiny_config(name, dtype=dtype)
+  return jax.jit(lambda params, input_ids, mask: models.encode(cfg, params, input_ids, mask,
+                                                               output_attentions=output_attentions))
+
+
+def encode(name, input_ids, mask, output_attentions=False, dtype="float32"):
+  """Runs the randomized tiny model `name` (BERT/TUPE in float32 op by op, sharing compiled ops with the
+  reference tests; the rest through `jitted_encode`)."""
+  params = random_params(name)
+  if name == "convbert" or dtype != "float32":
+    return jitted_encode(name, output_attentions, dtype)(params, input_ids, mask)
+  return models.encode(tiny_config(name), params, input_ids, mask, output_attentions=output_attentions)
+
+
+def padded_batch():
+  """Three sequences of 7, 4 and 2 real tokens, right-padded with id 0 to length 7."""
+  input_ids = np.array([[7, 21, 33, 48, 52, 66, 71], [9, 14, 85, 23, 0, 0, 0], [5, 99, 0, 0, 0, 0, 0]])
+  return input_ids, (input_ids != 0).astype(np.int32)
+
+
+def unpadded_batch():
+  """Five sequences of 4 tokens, no padding; the first is the second sequence of `padded_batch`."""
+  input_ids = np.array([[9, 14, 85, 23], [1, 2, 3, 4], [50, 60, 70, 80], [11, 22, 33, 44], [5, 99, 5, 99]])
+  return input_ids, np.ones_like(input_ids)
+
+
+def key_paths(params):
+  return [tuple(k.key for k in path) for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+
+
+@pytest.mark.parametrize("name, modules", [
+    ("bert_a", []), ("bert_r", ["relative_position"]), ("tupe_a", ["untied_position"]),
+    ("tupe_r", ["relative_position", "untied_position"])])
+def test_positional_modules_live_once_at_stack_level(name, modules):
+  paths = key_paths(random_params(name))
+  found = sorted({p[1] for p in paths if p[0] == "stack" and "position" in p[1]})
+  assert found == modules
+  assert not [p for p in paths if p[1].startswith("layer_") and any("position" in key for key in p)]
+
+
+def test_positional_modules_run_once_per_forward():
+  cfg = tiny_config("tupe_r")
+  calls = []
+
+  def record(next_fun, args, kwargs, context):
+    if isinstance(context.module, (position.UntiedPositionalTerm, position.RelativePositionBias)):
+      calls.append((type(context.module).__name__, context.method_name))
+    return next_fun(*args, **kwargs)
+
+  input_ids, mask = padded_batch()
+  shapes = jax.eval_shape(lambda: models.init(cfg))
+  with nn.intercept_methods(record):
+    jax.eval_shape(lambda p: models.encode(cfg, p, input_ids, mask), shapes)
+  assert sorted(calls) == [("RelativePositionBias", "__call__"), ("UntiedPositionalTerm", "__call__")]
+
+
+def test_every_layer_adds_the_same_positional_term():
+  """Layer l's probabilities are softmax(word logits of layer l on its input + one shared term)."""
+  name = "tupe_r"
+  cfg, params = tiny_config(name), random_params(name)
+  input_ids, mask = padded_batch()
+  length = input_ids.shape[1]
+  stack = params["stack"]
+  term = (np.asarray(position.UntiedPositionalTerm(cfg).apply({"params": stack["untied_position"]}, length))
+          + np.asarray(position.RelativePositionBias(cfg).apply({"params": stack["relative_position"]},
+                                                                length)))
+  assert np.abs(term).max() > 0.5
+  out = encode(name, input_ids, mask, output_attentions=True)
+  keep = mask.astype(bool)[:, None, None, :]
+  for i in range(cfg.num_layers):
+    att = stack[f"layer_{i}"]["attention"]
+    x = np.asarray(out["hidden_states"][i], np.float64)
+    q = np.einsum("bld,dhk->blhk", x, att["query"]["kernel"]) + att["query"]["bias"]
+    k = np.einsum("bld,dhk->blhk", x, att["key"]["kernel"]) + att["key"]["bias"]
+    word = np.einsum("bihk,bjhk->bhij", q, k) / math.sqrt(2 * models.head_dim(cfg))
+    want = ref.softmax(np.where(keep, word + term[None], -np.inf))
+    np.testing.assert_allclose(np.asarray(out["attentions"][i]), want, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["bert_r", "tupe_r"])
+def test_relative_bias_depends_only_on_offset_outside_cls(name):
+  """b[i, j] = b[i + 1, j + 1] beyond max_distance too; TUPE-R's [CLS] row and column read rows 16 and 32."""
+  cfg, params = tiny_config(name), random_params(name)
+  table = params["stack"]["relative_position"]["relative_attention_bias"]
+  bias = np.asarray(position.RelativePositionBias(cfg).apply(
+      {"params": params["stack"]["relative_position"]}, 300))
+  inner = bias[:, 1:, 1:] if cfg.cls_reset else bias
+  np.testing.assert_array_equal(inner[:, 1:, 1:], inner[:, :-1, :-1])
+  assert len(np.unique(inner[0])) == 31             # every bucket but 16 shows up
+  if cfg.cls_reset:
+    np.testing.assert_array_equal(bias[:, 0, :], np.broadcast_to(table[16][:, None], (cfg.num_heads, 300)))
+    np.testing.assert_array_equal(bias[:, 1:, 0], np.broadcast_to(table[32][:, None], (cfg.num_heads, 299)))
+
+
+def padding_change(name):
+  """Largest change of the outputs (hidden states of every layer, attention probabilities among the real
+  tokens) at the 4 real tokens of one sequence between running it unpadded and with 3 extra [PAD] in a batch
+  with a longer sequence. Runs the reference attention path; the fused one is held equal to it below."""
+  alone = encode(name, *unpadded_batch(), output_attentions=True)
+  batched = encode(name, *padded_batch(), output_attentions=True)
+  changes = [np.abs(np.asarray(b)[1, :4] - np.asarray(a)[0]).max()
+             for a, b in zip(alone["hidden_states"], batched["hidden_states"])]
+  changes += [np.abs(np.asarray(b)[1, :, :4, :4] - np.asarray(a)[0]).max()
+              for a, b in zip(alone["attentions"], batched["attentions"])]
+  return max(changes)
+
+
+@pytest.mark.parametrize("name", PAD_INVARIANT)
+def test_padding_does_not_change_real_tokens(name):
+  assert padding_change(name) < ATOL
+
+
+def test_convbert_depends_on_padding():
+  """Expected: like the official code and HF transformers, ConvBERT does not mask [PAD] in its convolutions,
+  so the last real tokens see the padding and outputs change with the padded length."""
+  assert padding_change("convbert") > 1e-3
+
+
+@pytest.mark.parametrize("name", models.MODELS)
+def test_fused_attention_equals_reference(name):
+  input_ids, mask = padded_batch()
+  fused = encode(name, input_ids, mask)
+  reference = encode(name, input_ids, mask, output_attentions=True)
+  assert "attentions" not in fused
+  for got, want in zip(fused["hidden_states"], reference["hidden_states"]):
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=ATOL, rtol=0)
+
+
+def bf16_vs_fp32(name, output_attentions):
+  """(bf16 outputs, fp32 outputs with attentions, real-token mask) of one model on the padded batch."""
+  input_ids, mask = padded_batch()
+  want = encode(name, input_ids, mask, output_attentions=True)
+  got = encode(name, input_ids, mask, output_attentions=output_attentions, dtype="bfloat16")
+  return got, want, mask.astype(bool)
+
+
+@pytest.mark.parametrize("name, output_attentions", [("tupe_r", False), ("tupe_r", True)])
+def test_bfloat16_keeps_float32_outputs_and_stays_close(name, output_attentions):
+  got, want, real = bf16_vs_fp32(name, output_attentions)
+  cfg = tiny_config(name)
+  assert all(h.dtype == jnp.float32 for h in got["hidden_states"])     # LayerNorm outputs
+  diff = np.abs(np.asarray(got["last_hidden_state"]) - np.asarray(want["last_hidden_state"]))[real]
+  assert diff.max() < 0.1 and diff.mean() < 0.01      # bf16 keeps ~3 significant digits
+  if output_attentions:
+    assert all(a.dtype == jnp.float32 for a in got["attentions"])
+    for a, b in zip(got["attentions"], want["attentions"]):
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=0.02)
+
+
+def test_bfloat16_mlm_logits_are_float32():
+  cfg = tiny_config("tupe_r", dtype="bfloat16")
+  input_ids, mask = padded_batch()
+  mlm = models.MaskedLM(cfg)
+  shapes = jax.eval_shape(lambda: models.init_module(mlm, cfg))
+  logits = jax.eval_shape(lambda p: mlm.apply({"params": p}, input_ids, mask, np.zeros_like(input_ids)), shapes)
+  assert logits.dtype == jnp.float32
+
+
+def test_bfloat16_positional_terms_are_float32():
+  cfg, params = tiny_config("tupe_r", dtype="bfloat16"), random_params("tupe_r")
+  stack = params["stack"]
+  for module, key in ((position.UntiedPositionalTerm(cfg), "untied_position"),
+                      (position.RelativePositionBias(cfg), "relative_position")):
+    term = jax.eval_shape(lambda p: module.apply({"params": p}, 5), stack[key])
+    assert term.shape == (cfg.num_heads, 5, 5) and term.dtype == jnp.float32
+
+
+def test_gelu_is_exact_erf():
+  x = np.linspace(-6.0, 6.0, 481, dtype=np.float32)
+  want = np.array([0.5 * v * (1.0 + math.erf(v / math.sqrt(2.0))) for v in x.astype(np.float64)])
+  np.testing.assert_allclose(np.asarray(layers.gelu(jnp.asarray(x))), want, atol=1e-6, rtol=1e-6)
+  tanh_approx = np.asarray(nn.gelu(jnp.asarray(x), approximate=True))
+  assert np.abs(tanh_approx - want).max() > 1e-4     # the check above can tell the two apart
+
+
+@pytest.mark.parametrize("name", models.MODELS)
+def test_too_long_input_raises_clear_error(name):
+  cfg = tiny_config(name)
+  shapes = jax.eval_shape(lambda: models.init(cfg))
+  ok = np.ones((1, cfg.max_position_embeddings), np.int32)
+  jax.eval_shape(lambda p: models.encode(cfg, p, ok), shapes)
+  too_long = np.ones((1, cfg.max_position_embeddings + 1), np.int32)
+  with pytest.raises(ValueError, match="exceeds model.max_position_embeddings=128"):
+    jax.eval_shape(lambda p: models.encode(cfg, p, too_long), shapes)
+
+
+def test_too_long_input_raises_clear_error_in_electra():
+  """ELECTRA runs the shared Embeddings itself, not through the Encoder."""
+  cfg = tiny_config("convbert")
+  electra = models.Electra(cfg, models.generator_config(cfg, 0.25))
+  too_long = np.ones((1, cfg.max_position_embeddings + 1), np.int32)
+  positions = np.zeros((1, 2), np.int32)
+  with pytest.raises(ValueError, match="exceeds model.max_position_embeddings=128"):
+    jax.eval_shape(lambda: electra.init(jax.random.PRNGKey(0), too_long, too_long, 0 * too_long, positions))
