@@ -1,0 +1,77 @@
+"""Parameter counts of the named configurations, from shapes only (jax.eval_shape allocates nothing).
+
+The expected counts are worked out from the architectures as the papers and official code describe them,
+independently of the Flax code, then compared with the published sizes.
+"""
+import functools
+
+import jax
+import pytest
+
+from tupe import models
+
+VOCAB, MAX_POSITIONS = 30522, 512
+
+
+@functools.lru_cache(maxsize=None)
+def count(name, size):
+  cfg = models.get_config(name, size)
+  return models.param_count(jax.eval_shape(lambda: models.init(cfg)))
+
+
+def dense(d_in, d_out):
+  return d_in * d_out + d_out
+
+
+def bert_layer(d, ffn):
+  """q, k, v, output projections + LayerNorm, FFN + LayerNorm."""
+  return 4 * dense(d, d) + 2 * d + dense(d, ffn) + dense(ffn, d) + 2 * d
+
+
+def bert_a_base():
+  """BERT-A backbone: word and position tables (no segment table, no pooler), LayerNorm, 12 layers."""
+  d = 768
+  return VOCAB * d + MAX_POSITIONS * d + 2 * d + 12 * bert_layer(d, 3072)
+
+
+def convbert(d, heads, ffn, embedding, groups, layers=12, kernel=9):
+  """ConvBERT backbone: embeddings (+ projection E -> d), mixed attention with head_ratio 2, grouped FFN."""
+  a = d // 2                                        # H/2 attention heads of size d/H
+  conv_heads = heads // 2
+  embeddings = (VOCAB + MAX_POSITIONS + 2) * embedding + 2 * embedding
+  project = dense(embedding, d) if embedding != d else 0
+  attention = (3 * dense(d, a)                      # query, key, value
+               + d * kernel + d * a + a             # span key: depthwise, pointwise, bias
+               + dense(a, conv_heads * kernel)      # dynamic kernel
+               + dense(d, a)                        # conv value
+               + dense(d, d) + 2 * d)               # output projection, LayerNorm
+  grouped_ffn = 2 * d * ffn // groups + ffn + d + 2 * d
+  return embeddings + project + layers * (attention + grouped_ffn)
+
+
+def test_bert_a_base():
+  """108.9M for the backbone; BERT's ~110M adds the segment table and the pooler (0.59M) on top."""
+  assert count("bert_a", "base") == bert_a_base() == 108_890_112
+  assert abs(count("bert_a", "base") - 110e6) / 110e6 < 0.02
+
+
+def test_tupe_a_adds_untied_position_module():
+  """Uq, Uk (d x d + d each), the position LayerNorm (2d) and the extra [CLS] table row (d)."""
+  d = 768
+  assert count("tupe_a", "base") - count("bert_a", "base") == 2 * dense(d, d) + 2 * d + d == 1_183_488
+
+
+def test_tupe_r_adds_relative_table():
+  """33 rows (32 buckets + the others -> [CLS] row) per head."""
+  assert count("tupe_r", "base") - count("tupe_a", "base") == 33 * 12
+
+
+@pytest.mark.parametrize("size, args, published", [
+    ("small", (256, 4, 1024, 128, 1), 13e6),
+    ("medium_small", (384, 8, 1536, 128, 2), 17e6),
+    ("base", (768, 12, 3072, 768, 1), 106e6),
+])
+def test_convbert(size, args, published):
+  """The paper rounds its sizes (medium-small is 17.48M, hence the 3% tolerance)."""
+  assert count("convbert", size) == convbert(*args)
+  assert abs(count("convbert", size) - published) / published < 0.03
