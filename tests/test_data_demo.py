@@ -1,6 +1,7 @@
 """The no-download demo corpus (standard-library docstrings), its vocab, and the demo source end to end."""
 import hashlib
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -8,6 +9,8 @@ import sys
 import pytest
 
 from tupe.data import demo, pipeline
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 _DIGEST = "import hashlib; from tupe.data import demo; " \
           "print(hashlib.sha256(repr(demo.harvest_documents(demo.stdlib_files()[:100])).encode()).hexdigest())"
@@ -21,7 +24,7 @@ def cache_dir(tmp_path_factory):
 def test_harvest_is_deterministic():
   """Another interpreter, with other hash seeds, harvests the same documents from the same files."""
   fresh = subprocess.run([sys.executable, "-c", _DIGEST], env=dict(os.environ, PYTHONHASHSEED="12345"),
-                         capture_output=True, text=True, check=True).stdout.strip()
+                         cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
   files = demo.stdlib_files()
   assert files == sorted(files) and len(files) > 500
   assert hashlib.sha256(repr(demo.harvest_documents(files[:100])).encode()).hexdigest() == fresh

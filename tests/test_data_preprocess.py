@@ -1,4 +1,5 @@
 """Preprocessing to ArrayRecord shards gives the in-memory examples and batches; mismatched settings are refused."""
+import pathlib
 import subprocess
 import sys
 
@@ -7,6 +8,8 @@ import pytest
 
 from tupe.data import corpus, examples, pipeline, preprocess
 from tupe.errors import UserError
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 SEQ_LEN = 64
 
@@ -86,7 +89,8 @@ def test_mismatched_settings_are_refused(text_cfg, shard_dir, bert_vocab, tmp_pa
 def test_command_line_errors_are_one_line(tmp_path, bert_vocab):
   result = subprocess.run(
       [sys.executable, "-m", "tupe.data.preprocess", "--input", str(tmp_path / "*.txt"), "--vocab", str(bert_vocab),
-       "--seq-len", "128", "--output", str(tmp_path / "out")], capture_output=True, text=True, check=False)
+       "--seq-len", "128", "--output", str(tmp_path / "out")], cwd=REPO, capture_output=True, text=True,
+      check=False)
   assert result.returncode == 2
   assert result.stderr.strip().splitlines() == [f"error: no files match '{tmp_path}/*.txt': check the path "
                                                 f"(quote globs so the shell leaves them alone)"]
