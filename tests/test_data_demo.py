@@ -8,12 +8,17 @@ import sys
 
 import pytest
 
-from tupe.data import demo, pipeline
+from tupe.data import demo, pipeline, wordpiece
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
-_DIGEST = "import hashlib; from tupe.data import demo; " \
-          "print(hashlib.sha256(repr(demo.harvest_documents(demo.stdlib_files()[:100])).encode()).hexdigest())"
+_DIGESTS = """
+import hashlib
+from tupe.data import demo, wordpiece
+documents = demo.harvest_documents(demo.stdlib_files()[:100])
+vocab = wordpiece.learn_vocab(wordpiece.word_counts(documents, lowercase=True), 2000)
+print(hashlib.sha256(repr(documents).encode()).hexdigest(), hashlib.sha256(repr(vocab).encode()).hexdigest())
+"""
 
 
 @pytest.fixture(scope="module")
@@ -21,13 +26,16 @@ def cache_dir(tmp_path_factory):
   return tmp_path_factory.mktemp("tupe-cache")
 
 
-def test_harvest_is_deterministic():
-  """Another interpreter, with other hash seeds, harvests the same documents from the same files."""
-  fresh = subprocess.run([sys.executable, "-c", _DIGEST], env=dict(os.environ, PYTHONHASHSEED="12345"),
-                         cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+def test_harvest_and_vocab_are_reproducible():
+  """Another interpreter, with other hash seeds, harvests the same documents and learns the same vocab."""
+  fresh = subprocess.run([sys.executable, "-c", _DIGESTS], env=dict(os.environ, PYTHONHASHSEED="12345"),
+                         cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
   files = demo.stdlib_files()
   assert files == sorted(files) and len(files) > 500
-  assert hashlib.sha256(repr(demo.harvest_documents(files[:100])).encode()).hexdigest() == fresh
+  documents = demo.harvest_documents(files[:100])
+  vocab = wordpiece.learn_vocab(wordpiece.word_counts(documents, lowercase=True), 2000)
+  assert len(vocab) == 2000 and len(set(vocab)) == 2000
+  assert [hashlib.sha256(repr(x).encode()).hexdigest() for x in (documents, vocab)] == fresh
 
 
 def test_demo_corpus_is_real_english(cache_dir, bert_vocab):

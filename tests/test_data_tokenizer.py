@@ -1,7 +1,7 @@
 """WordPiece tokenizer: BERT vocab, special ids, normalization, training a vocab that round-trips."""
 import pytest
 
-from tupe.data import corpus, tokenizer
+from tupe.data import corpus, tokenizer, wordpiece
 from tupe.errors import UserError
 
 
@@ -24,10 +24,11 @@ def test_cased_keeps_case(bert_vocab):
   assert tok.encode("Hello", add_special_tokens=False).tokens == ["[UNK]"]  # Not in the uncased vocab.
 
 
-def test_trained_vocab_round_trips(shared_data, tmp_path):
+@pytest.mark.parametrize("train", [tokenizer.train_wordpiece, wordpiece.train_reproducible])
+def test_trained_vocab_round_trips(shared_data, tmp_path, train):
   text = corpus.read_text(shared_data / "corpus" / "nltk-gutenberg" / "austen-persuasion.txt")
   documents = corpus.paragraphs(text)
-  path = tokenizer.train_wordpiece(documents, 3000, tmp_path / "vocab.txt")
+  path = train(documents, 3000, tmp_path / "vocab.txt")
   tok, info = tokenizer.load_tokenizer(path)
   assert (info.vocab_size, info.pad_id, info.unk_id, info.cls_id, info.sep_id, info.mask_id) == (3000, 0, 1, 2, 3, 4)
   norm = tok.normalizer

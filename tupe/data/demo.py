@@ -16,10 +16,10 @@ import sys
 import sysconfig
 from typing import Sequence
 
-from tupe.data.tokenizer import train_wordpiece
+from tupe.data import wordpiece
 
 DEMO_VOCAB_SIZE = 8192
-_HARVEST_VERSION = 1  # Part of the cache file names: raise it when the harvest changes.
+_HARVEST_VERSION = 2  # Part of the cache file names: raise it when the harvest or the vocab training changes.
 _SKIPPED_DIRS = frozenset(("test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"))
 _BLANK_LINES = re.compile(r"\n\s*\n")
 _DOCUMENTED = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
@@ -110,10 +110,8 @@ def demo_vocab(cache_dir: str | os.PathLike = "", vocab_size: int = DEMO_VOCAB_S
                lowercase: bool = True) -> pathlib.Path:
   """Path of a WordPiece vocab trained on the demo corpus; trained on first use and cached in `cache_dir`.
 
-  Processes that share the cache folder (e.g. several hosts' processes on one machine) use one vocab. Training
-  is not bit-for-bit reproducible (the trainer breaks ties between equally frequent pairs in a different order
-  each run), so machines with separate caches may differ in a few rare tokens: for runs on several machines,
-  train the vocab once and pass it as the vocab file.
+  The vocab depends only on the corpus (it is trained with `wordpiece.train_reproducible`, a few seconds), so
+  every machine with the same Python version trains the same one.
 
   Args:
     cache_dir: folder of the cached vocab ("" for `default_cache_dir()`).
@@ -126,5 +124,5 @@ def demo_vocab(cache_dir: str | os.PathLike = "", vocab_size: int = DEMO_VOCAB_S
   path = _cached(cache_dir, f"demo-wordpiece-{vocab_size}-{'uncased' if lowercase else 'cased'}")
   with _locked(path):
     if not path.is_file():
-      train_wordpiece(demo_documents(cache_dir), vocab_size, path, lowercase=lowercase)
+      wordpiece.train_reproducible(demo_documents(cache_dir), vocab_size, path, lowercase=lowercase)
   return path

@@ -67,7 +67,7 @@ def _load(path: str, lowercase: bool, strip_accents: bool | None, mtime: float):
   vocab = {t: i for i, t in reversed(list(enumerate(tokens)))}  # The first line wins for duplicated tokens.
   tokenizer = tokenizers.Tokenizer(
       models.WordPiece(vocab, unk_token=UNK, continuing_subword_prefix=CONTINUATION_PREFIX))
-  tokenizer.normalizer = _normalizer(lowercase, strip_accents)
+  tokenizer.normalizer = bert_normalizer(lowercase, strip_accents)
   tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
   tokenizer.decoder = decoders.WordPiece(prefix=CONTINUATION_PREFIX)
   info = TokenizerInfo(vocab_size=len(tokens), pad_id=vocab[PAD], unk_id=vocab[UNK], cls_id=vocab[CLS],
@@ -95,7 +95,7 @@ def load_tokenizer(vocab_file: str | os.PathLike, lowercase: bool = True,
   return _load(path, lowercase, strip_accents, mtime)
 
 
-def _normalizer(lowercase: bool, strip_accents: bool | None) -> normalizers.Normalizer:
+def bert_normalizer(lowercase: bool, strip_accents: bool | None) -> normalizers.Normalizer:
   return normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=strip_accents,
                                     lowercase=lowercase)
 
@@ -110,11 +110,23 @@ def encode(tokenizer: tokenizers.Tokenizer, texts: list[str]) -> list[np.ndarray
   return [np.asarray(e.ids, dtype=np.int32) for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
 
 
+def write_vocab(tokens: list[str], output: str | os.PathLike) -> pathlib.Path:
+  """Writes tokens as a vocab file, one per line (the id is the line number), atomically; returns its path."""
+  output = pathlib.Path(output)
+  output.parent.mkdir(parents=True, exist_ok=True)
+  tmp = output.with_name(output.name + f".tmp{os.getpid()}")
+  tmp.write_text("".join(t + "\n" for t in tokens), encoding="utf-8")
+  tmp.replace(output)
+  return output
+
+
 def train_wordpiece(texts: Iterable[str], vocab_size: int, output: str | os.PathLike,
                     lowercase: bool = True) -> pathlib.Path:
-  """Trains a WordPiece vocab and writes it as a BERT vocab.txt.
+  """Trains a WordPiece vocab with `tokenizers` and writes it as a BERT vocab.txt.
 
-  The special tokens come first: [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4.
+  The special tokens come first: [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4. Training is fast but not
+  reproducible to the token (ties between equally frequent pairs are broken in hash-map order): train once and
+  share the file, or use `tupe.data.wordpiece.train_reproducible` on small corpora.
 
   Args:
     texts: training text, e.g. documents.
@@ -128,19 +140,13 @@ def train_wordpiece(texts: Iterable[str], vocab_size: int, output: str | os.Path
   if vocab_size < len(SPECIAL_TOKENS) + 1:
     raise UserError(f"vocab size {vocab_size} is too small: use at least a few thousand (BERT uses 30522)")
   tokenizer = tokenizers.Tokenizer(models.WordPiece(unk_token=UNK, continuing_subword_prefix=CONTINUATION_PREFIX))
-  tokenizer.normalizer = _normalizer(lowercase, None)
+  tokenizer.normalizer = bert_normalizer(lowercase, None)
   tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
   trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
                                       continuing_subword_prefix=CONTINUATION_PREFIX, show_progress=False)
   tokenizer.train_from_iterator(texts, trainer)
   vocab = tokenizer.get_vocab()
-  by_id = sorted(vocab, key=vocab.__getitem__)
-  output = pathlib.Path(output)
-  output.parent.mkdir(parents=True, exist_ok=True)
-  tmp = output.with_name(output.name + f".tmp{os.getpid()}")
-  tmp.write_text("".join(t + "\n" for t in by_id), encoding="utf-8")
-  tmp.replace(output)
-  return output
+  return write_vocab(sorted(vocab, key=vocab.__getitem__), output)
 
 
 def main(argv: list[str]) -> None:
