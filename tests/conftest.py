@@ -8,6 +8,11 @@ import pathlib
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Compiling dominates the suite's time on a small CPU: share compiled programs between tests and with the
+# train.py subprocesses that the end-to-end tests start.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", "/tmp/tupe-test-jax-cache")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_DEFAULT_PRNG_IMPL", "rbg")
 
 import pytest  # noqa: E402
 

@@ -1,0 +1,73 @@
+"""Pre-training recipes: `--config configs/pretrain.py:<model>,<size>`.
+
+Models: bert_a, bert_r, tupe_a, tupe_a_tie_cls, tupe_r (the TUPE paper's MLM recipe), convbert (the ConvBERT
+paper's ELECTRA recipe) and convbert_mlm (ConvBERT trained with MLM). Sizes: tiny, small, medium_small, base,
+large. Everything below is overridable: `--config.optimizer.learning_rate=2e-4 --config.mesh.fsdp=8`.
+
+TUPE recipe (paper, BERT-base): 512-token full-sentence blocks without segments, batch 256, 1M steps, Adam
+(0.9, 0.999, eps 1e-6), peak lr 1e-4, 10k warmup, linear decay, weight decay 0.01 on all weights, clip 1.0,
+dropout 0.1, BERT masking 15% with 80/10/10.
+ConvBERT recipe (paper/official code): ELECTRA objective, 128-token segment pairs, generator 1/4 wide (1/3
+for base), loss = gen + 50 * disc, batch 128 (256 for base), lr 3e-4 small / 5e-4 medium-small / 2e-4 base,
+10k warmup, linear decay, weight decay 0.01 except LayerNorm and biases, clip 1.0, 1M steps.
+"""
+import ml_collections
+
+from tupe import models
+from tupe.data import pipeline
+
+CONVBERT_LR = {"tiny": 1e-3, "small": 3e-4, "medium_small": 5e-4, "base": 2e-4, "large": 2e-4}
+
+
+def common() -> ml_collections.ConfigDict:
+  """Fields every pre-training config has (documented here once)."""
+  c = ml_collections.ConfigDict()
+  c.objective = "mlm"              # "mlm" or "electra"
+  c.generator_fraction = 0.25      # ELECTRA generator width relative to the discriminator
+  c.disc_weight = 50.0             # ELECTRA: loss = gen + disc_weight * disc
+  c.seq_len = 512
+  c.global_batch_size = 256        # across all hosts and devices
+  c.grad_accum_steps = 1           # microbatches per step (global batch / accum per microbatch)
+  c.num_train_steps = 1_000_000
+  c.seed = 0
+  c.prng_impl = "rbg"              # jax PRNG for dropout/sampling: "rbg" (fast to compile) or "threefry2x32"
+  c.optimizer = ml_collections.ConfigDict(dict(
+      learning_rate=1e-4, end_learning_rate=0.0, warmup_steps=10_000, decay="linear", power=1.0,
+      b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01, weight_decay_mask="all", clip_norm=1.0))
+  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+  c.sharding_rules = ()            # () = tupe.sharding.DEFAULT_RULES; else [[logical, mesh axes], ...]
+  c.checkpoint = ml_collections.ConfigDict(dict(every_steps=10_000, keep_last=3, keep_every=100_000,
+                                                async_save=True))
+  c.log_every = 100
+  c.eval_every = 10_000
+  c.eval_batches = 20
+  c.nonfinite = "skip"             # non-finite loss/grads: "skip" the update, or "stop" the run
+  c.peak_flops = 0.0               # per-device peak FLOP/s for MFU; 0 = data sheet or measured matmul
+  c.tensorboard = True
+  c.distributed = ml_collections.ConfigDict(dict(coordinator_address="", num_processes=1, process_id=0,
+                                                 auto=False, initialization_timeout_s=300))
+  c.data = pipeline.default_data_config()
+  return c
+
+
+def get_config(arg: str = "tupe_a,base") -> ml_collections.ConfigDict:
+  name, _, size = arg.partition(",")
+  size = size or "base"
+  c = common()
+  model = "convbert" if name == "convbert_mlm" else name
+  c.model = models.get_config(model, size)
+  if model == "convbert":
+    c.seq_len = 128
+    c.global_batch_size = 256 if size in ("base", "large") else 128
+    c.optimizer.learning_rate = CONVBERT_LR[size]
+    c.optimizer.weight_decay_mask = "no_ln_bias"
+    c.data.packing = "segment_pair"
+    if name == "convbert":
+      c.objective = "electra"
+      c.generator_fraction = 1 / 3 if size == "base" else 0.25
+      c.data.masking = "electra"
+  if size == "tiny":
+    c.update(seq_len=128, global_batch_size=8, num_train_steps=1000, log_every=10, eval_every=200, eval_batches=2)
+    c.optimizer.update(learning_rate=1e-3, warmup_steps=100)
+    c.checkpoint.update(every_steps=200, keep_every=0)
+  return c

@@ -1,0 +1,110 @@
+"""Sharded training equals unsharded: the same steps on 1 device and on 8 fake CPU devices under several meshes
+give the same losses and parameters (fp32 tolerance)."""
+import functools
+
+import jax
+import numpy as np
+import pytest
+
+from configs import pretrain
+from tupe import sharding
+from tupe import trainer
+from tupe.errors import UserError
+
+
+def tiny_config(model: str, steps: int = 3):
+  cfg = pretrain.get_config(f"{model},tiny")
+  cfg.model.update(vocab_size=97, hidden_size=32, intermediate_size=64, num_layers=1)
+  cfg.model.embedding_size = 16 if model.startswith("convbert") else 32
+  cfg.update(seq_len=16, global_batch_size=16, num_train_steps=steps)
+  cfg.optimizer.update(learning_rate=3e-3, warmup_steps=1)
+  return cfg
+
+
+def synthetic_batches(cfg, steps: int, n_pred: int, seed: int = 0):
+  """Random masked-LM batches with right padding: [global_batch, seq_len] ids, [global_batch, P] targets."""
+  rng = np.random.default_rng(seed)
+  b, L = cfg.global_batch_size, cfg.seq_len
+  for _ in range(steps):
+    lengths = rng.integers(L // 2, L + 1, size=b)
+    mask = (np.arange(L)[None] < lengths[:, None]).astype(np.int32)
+    ids = rng.integers(5, cfg.model.vocab_size, size=(b, L)).astype(np.int32) * mask
+    positions = np.stack([rng.choice(np.arange(1, n), n_pred, replace=False) for n in lengths]).astype(np.int32)
+    yield {"input_ids": ids, "attention_mask": mask, "token_type_ids": (np.arange(L)[None] >= lengths[:, None] // 2)
+           .astype(np.int32) * mask, "masked_positions": positions,
+           "masked_ids": np.take_along_axis(ids, positions, 1), "masked_weights": np.ones((b, n_pred), np.float32)}
+
+
+def run(cfg, devices, steps):
+  setup = trainer.build(cfg, devices)
+  state = setup.init_state()
+  losses = []
+  for batch in synthetic_batches(cfg, steps, setup.num_predictions):
+    state, metrics = setup.train_step(state, sharding.global_batch(batch, setup.mesh))
+    losses.append(float(metrics["loss"]))
+  return losses, jax.device_get(state.params)
+
+
+STEPS = 2
+
+
+@functools.cache
+def single_device_run(model):
+  return run(tiny_config(model, STEPS), jax.devices()[:1], STEPS)
+
+
+@pytest.mark.parametrize("model,mesh", [
+    ("tupe_r", dict(data=8, fsdp=1, tensor=1)),
+    ("tupe_r", dict(data=2, fsdp=2, tensor=2)),
+    ("tupe_r", dict(data=1, fsdp=8, tensor=1)),
+    ("convbert_mlm", dict(data=2, fsdp=2, tensor=2)),
+])
+def test_sharded_matches_single_device(model, mesh):
+  """Dropout on: the dropout masks are also the same whatever the sharding."""
+  assert jax.device_count() == 8, "conftest sets 8 fake CPU devices"
+  ref_losses, ref_params = single_device_run(model)
+  cfg = tiny_config(model, STEPS)
+  cfg.mesh.update(mesh)
+  losses, params = run(cfg, jax.devices(), STEPS)
+  assert len(set(ref_losses)) == STEPS  # the steps really changed the parameters
+  np.testing.assert_allclose(losses, ref_losses, rtol=2e-5, atol=2e-5)
+  jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5), params, ref_params)
+
+
+def test_fsdp_shards_parameters():
+  cfg = tiny_config("tupe_a")
+  cfg.mesh.update(data=1, fsdp=8, tensor=1)
+  setup = trainer.build(cfg, jax.devices())
+  kernel = setup.state_sharding.params["encoder"]["stack"]["layer_0"]["ffn"]["intermediate"]["dense"]["kernel"]
+  assert kernel.spec[0] == "fsdp"
+  state = setup.init_state()
+  arr = state.params["encoder"]["stack"]["layer_0"]["ffn"]["intermediate"]["dense"]["kernel"]
+  assert arr.addressable_shards[0].data.shape == (32 // 8, 64)
+
+
+def test_gradient_accumulation_matches_full_batch():
+  cfg = tiny_config("bert_a")
+  cfg.model.update(hidden_dropout=0.0, attention_dropout=0.0)
+  ref_losses, ref_params = run(cfg, jax.devices()[:1], 2)
+  cfg.grad_accum_steps = 4
+  losses, params = run(cfg, jax.devices()[:1], 2)
+  jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5), params, ref_params)
+
+
+@pytest.mark.parametrize("mesh,message", [
+    (dict(data=3, fsdp=1, tensor=1), "has 3 devices but 8 are available"),
+    (dict(data=-1, fsdp=3, tensor=1), "does not fit 8 devices"),
+    (dict(data=-1, fsdp=-1, tensor=1), "at most one -1"),
+])
+def test_bad_mesh_is_a_one_line_error(mesh, message):
+  cfg = tiny_config("bert_a")
+  cfg.mesh.update(mesh)
+  with pytest.raises(UserError, match=message):
+    trainer.build(cfg, jax.devices())
+
+
+def test_batch_not_divisible_by_data_parallel_size():
+  cfg = tiny_config("bert_a")
+  cfg.global_batch_size = 12
+  with pytest.raises(UserError, match="not divisible by data-parallel size 8"):
+    trainer.build(cfg, jax.devices())

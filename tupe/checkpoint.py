@@ -1,0 +1,101 @@
+"""Checkpoints: orbax CheckpointManager over {state, data iterator, meta}, atomic and resumable.
+
+A checkpoint step directory holds:
+  state: the TrainState (params, optimizer state, step, RNG key), sharded as in training;
+  data:  each host's input-pipeline iterator state, so a resumed run sees exactly the batches it would have;
+  meta:  JSON with the resolved config and the vocabulary, so a checkpoint is usable on its own.
+Orbax writes into a temporary directory and renames it when complete, so a killed save never leaves a
+checkpoint that looks finished. Restoring walks from the newest step down and skips (with a warning) any
+checkpoint that fails to load.
+"""
+from __future__ import annotations
+
+import logging
+import pathlib
+
+import grain
+import jax
+import orbax.checkpoint as ocp
+
+from tupe.errors import UserError
+
+ITEMS = ("state", "data", "meta")
+
+
+class Checkpointer:
+  """Saves every `every_steps`, keeps the last `keep_last` plus every `keep_every`-th step."""
+
+  def __init__(self, directory: str | pathlib.Path, ckpt_cfg):
+    self.directory = pathlib.Path(directory).absolute()
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=ckpt_cfg.keep_last, keep_period=ckpt_cfg.keep_every or None,
+        enable_async_checkpointing=ckpt_cfg.async_save, create=True, cleanup_tmp_directories=True)
+    self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
+
+  def save(self, step: int, state, data_iterator, meta: dict, force: bool = False) -> bool:
+    args = ocp.args.Composite(state=ocp.args.StandardSave(state),
+                              data=grain.checkpoint.CheckpointSave(data_iterator),
+                              meta=ocp.args.JsonSave(meta))
+    try:
+      return self.manager.save(step, args=args, force=force)
+    except OSError as e:
+      raise UserError(f"could not write checkpoint {step} to {self.directory}: {e.strerror or e}; "
+                      f"free space or fix permissions, then rerun to resume from the last good checkpoint")
+
+  def restore_latest(self, abstract_state, data_iterator):
+    """Restores the newest loadable checkpoint into `data_iterator`; returns (step, state) or None."""
+    for step in sorted(self.manager.all_steps(), reverse=True):
+      try:
+        restored = self.manager.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract_state),
+            data=grain.checkpoint.CheckpointRestore(data_iterator)))
+        return step, restored["state"]
+      except Exception as e:  # A truncated or corrupted checkpoint: fall back to an older one.
+        logging.warning("skipping checkpoint %d in %s: it could not be restored (%s: %s)", step,
+                        self.directory, type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+    return None
+
+  def wait(self):
+    self.manager.wait_until_finished()
+
+  def close(self):
+    self.manager.wait_until_finished()
+    self.manager.close()
+
+
+def latest_step_dir(path: str | pathlib.Path) -> pathlib.Path:
+  """The newest finished step directory under a workdir, its checkpoints/ folder, or a step directory."""
+  path = pathlib.Path(path)
+  if (path / "meta").is_dir():
+    return path
+  root = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+  steps = sorted((int(p.name), p) for p in root.glob("*") if p.name.isdigit() and (p / "meta").is_dir())
+  if not steps:
+    raise UserError(f"no checkpoint found in {path}; give a train.py workdir, its checkpoints/ folder or "
+                    f"one step directory")
+  return steps[-1][1]
+
+
+def load_pretrained(path: str | pathlib.Path) -> tuple[dict, dict]:
+  """Loads (meta, params) of a finished checkpoint on the host, without optimizer state or sharding."""
+  step_dir = latest_step_dir(path)
+  meta = ocp.Checkpointer(ocp.JsonCheckpointHandler()).restore(step_dir / "meta")
+  state = ocp.StandardCheckpointer().restore(step_dir / "state")
+  params = jax.device_get(state["params"])
+  return meta, params
+
+
+def load_encoder(path: str | pathlib.Path):
+  """A train.py checkpoint as (model config, backbone `Encoder` params, vocab tokens).
+
+  For ELECTRA checkpoints the backbone is the discriminator (what the papers fine-tune).
+  """
+  import ml_collections
+  meta, params = load_pretrained(path)
+  config = meta["config"]
+  model_cfg = ml_collections.ConfigDict(config["model"])
+  if config["objective"] == "electra":
+    encoder = {"embeddings": params["embeddings"], "stack": params["discriminator"]}
+  else:
+    encoder = params["encoder"]
+  return model_cfg, encoder, meta["vocab"]

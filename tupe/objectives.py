@@ -1,0 +1,90 @@
+"""Pre-training objectives: masked LM, and ELECTRA replaced-token detection (what ConvBERT trains with).
+
+Both read the batch of `tupe.data.pipeline`: input_ids (already masked) [batch, length], attention_mask,
+token_type_ids, masked_positions / masked_ids / masked_weights [batch, P]. Losses are computed in float32.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from tupe import models
+
+
+def build_model(cfg):
+  """The flax module the objective trains: MaskedLM, or Electra with a generator of `generator_fraction`."""
+  if cfg.objective == "mlm":
+    return models.MaskedLM(cfg.model)
+  if cfg.objective == "electra":
+    return models.Electra(cfg.model, models.generator_config(cfg.model, cfg.generator_fraction))
+  raise ValueError(f"objective={cfg.objective!r}; use 'mlm' or 'electra'")
+
+
+def init_inputs(batch_size: int, seq_len: int, num_predictions: int):
+  """Dummy inputs with the shapes of a batch, to create parameters."""
+  ids = jnp.zeros((batch_size, seq_len), jnp.int32)
+  return ids, jnp.ones_like(ids), jnp.zeros_like(ids), jnp.zeros((batch_size, num_predictions), jnp.int32)
+
+
+def weighted_cross_entropy(logits, labels, weights):
+  """Mean cross entropy and accuracy over weighted positions. logits fp32 [..., vocab]; labels/weights [...]."""
+  loss = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), labels)
+  denom = jnp.maximum(weights.sum(), 1.0)
+  accuracy = ((jnp.argmax(logits, -1) == labels) * weights).sum() / denom
+  return (loss * weights).sum() / denom, accuracy
+
+
+def binary_auc(scores, labels, weights):
+  """ROC AUC of `scores` for binary `labels` over positions with weight 1 (ties broken by order)."""
+  scores = jnp.where(weights > 0, scores, -jnp.inf).reshape(-1)
+  labels = (labels * weights).reshape(-1)
+  ranks = jnp.argsort(jnp.argsort(scores)).astype(jnp.float32) + 1.0
+  n_invalid = (weights <= 0).sum()
+  n_pos = labels.sum()
+  n_neg = (weights > 0).sum() - n_pos
+  pos_rank_sum = ((ranks - n_invalid) * labels).sum()
+  return (pos_rank_sum - n_pos * (n_pos + 1) / 2) / jnp.maximum(n_pos * n_neg, 1.0)
+
+
+def mlm_loss(module, params, batch, rng, deterministic: bool):
+  logits = module.apply({"params": params}, batch["input_ids"], batch["attention_mask"],
+                        batch["token_type_ids"], batch["masked_positions"], deterministic,
+                        rngs={"dropout": rng})
+  loss, accuracy = weighted_cross_entropy(logits, batch["masked_ids"], batch["masked_weights"])
+  return loss, {"loss": loss, "mlm_loss": loss, "mlm_accuracy": accuracy}
+
+
+def electra_loss(module, params, batch, rng, deterministic: bool, disc_weight: float):
+  """gen MLM loss + disc_weight * discriminator loss; replacements sampled by Gumbel-max, no gradient."""
+  gen_rng, sample_rng, disc_rng = jax.random.split(rng, 3)
+  inputs = (batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+  positions, original, weights = batch["masked_positions"], batch["masked_ids"], batch["masked_weights"]
+  gen_logits = module.apply({"params": params}, *inputs, positions, deterministic,
+                            method=module.generator_logits, rngs={"dropout": gen_rng})
+  gen_loss, gen_accuracy = weighted_cross_entropy(gen_logits, original, weights)
+  gumbel = jax.random.gumbel(sample_rng, gen_logits.shape, jnp.float32)
+  sampled = jnp.argmax(jax.lax.stop_gradient(gen_logits) + gumbel, axis=-1).astype(jnp.int32)
+  current = jnp.take_along_axis(batch["input_ids"], positions, axis=1)
+  replacement = jnp.where(weights > 0, sampled, current)
+  rows = jnp.arange(positions.shape[0])[:, None]
+  corrupted = batch["input_ids"].at[rows, positions].set(replacement)
+  replaced = ((replacement != original) & (weights > 0)).astype(jnp.float32)
+  labels = jnp.zeros(corrupted.shape, jnp.float32).at[rows, positions].max(replaced)
+  disc_logits = module.apply({"params": params}, corrupted, *inputs[1:], deterministic,
+                             method=module.discriminator_logits, rngs={"dropout": disc_rng})
+  token_weights = batch["attention_mask"].astype(jnp.float32)
+  denom = jnp.maximum(token_weights.sum(), 1.0)
+  disc_loss = (optax.sigmoid_binary_cross_entropy(disc_logits, labels) * token_weights).sum() / denom
+  disc_accuracy = (((disc_logits > 0) == (labels > 0)) * token_weights).sum() / denom
+  loss = gen_loss + disc_weight * disc_loss
+  return loss, {"loss": loss, "mlm_loss": gen_loss, "mlm_accuracy": gen_accuracy, "disc_loss": disc_loss,
+                "disc_accuracy": disc_accuracy, "disc_auc": binary_auc(disc_logits, labels, token_weights),
+                "replaced_fraction": (labels * token_weights).sum() / denom}
+
+
+def loss_fn(cfg, module, params, batch, rng, deterministic: bool = False):
+  """(scalar float32 loss, metrics dict of scalars) for the configured objective."""
+  if cfg.objective == "electra":
+    return electra_loss(module, params, batch, rng, deterministic, cfg.disc_weight)
+  return mlm_loss(module, params, batch, rng, deterministic)

@@ -1,0 +1,83 @@
+"""Optimizers and learning-rate schedules of the recipes.
+
+AdamW with warmup then linear or polynomial decay, global-norm clipping, a weight-decay mask per recipe
+("all": the official TUPE recipe decays everything; "no_ln_bias": ELECTRA/ConvBERT skip LayerNorm and
+biases), and ConvBERT's layer-wise learning-rate decay for fine-tuning.
+"""
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from tupe.errors import UserError
+
+
+def schedule(opt_cfg, total_steps: int) -> optax.Schedule:
+  """Linear warmup from 0 to the peak over max(1, warmup) steps, then decay to end_lr at total_steps."""
+  warmup = max(1, int(opt_cfg.warmup_steps))
+  if warmup >= total_steps:
+    raise UserError(f"optimizer.warmup_steps={opt_cfg.warmup_steps} must be below the {total_steps} "
+                    f"training steps; lower the warmup or train longer")
+  power = 1.0 if opt_cfg.decay == "linear" else float(opt_cfg.power)
+  if opt_cfg.decay not in ("linear", "polynomial"):
+    raise UserError(f"optimizer.decay={opt_cfg.decay!r}; use 'linear' or 'polynomial'")
+  return optax.join_schedules([
+      optax.linear_schedule(0.0, opt_cfg.learning_rate, warmup),
+      optax.polynomial_schedule(opt_cfg.learning_rate, opt_cfg.end_learning_rate, power,
+                                total_steps - warmup),
+  ], [warmup])
+
+
+def _path_name(path) -> str:
+  return "/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
+
+
+def decay_mask(params, mode: str):
+  """True where weight decay applies. "no_ln_bias" skips LayerNorm scales/biases and every bias."""
+  if mode not in ("all", "no_ln_bias"):
+    raise UserError(f"optimizer.weight_decay_mask={mode!r}; use 'all' or 'no_ln_bias'")
+  def keep(path, _):
+    name = _path_name(path)
+    return mode == "all" or not (name.endswith("bias") or "layer_norm" in name)
+  return jax.tree_util.tree_map_with_path(keep, params)
+
+
+def layer_index(name: str, num_layers: int) -> int:
+  """Depth of a parameter for layer-wise lr decay: embeddings 0, layer i -> i + 1, everything above L + 1."""
+  if name.startswith(("encoder/embeddings", "embeddings")):
+    return 0
+  m = re.search(r"layer_(\d+)/", name)
+  if m:
+    return int(m.group(1)) + 1
+  if "/stack/" in f"/{name}" or name.startswith("stack"):
+    return 0  # Stack-level parameters below the layers: embeddings projection and positional terms.
+  return num_layers + 1
+
+
+def layerwise_scales(params, num_layers: int, decay: float):
+  """ConvBERT fine-tuning: the head at lr, layer i at lr * decay^(L + 1 - i), embeddings lowest."""
+  def scale(path, _):
+    return decay ** (num_layers + 1 - layer_index(_path_name(path), num_layers))
+  return jax.tree_util.tree_map_with_path(scale, params)
+
+
+def make_optimizer(opt_cfg, params, total_steps: int, num_layers: int = 0):
+  """Returns (optax transformation, schedule). `params` (or shapes) define the masks and per-layer scales."""
+  lr = schedule(opt_cfg, total_steps)
+  parts = []
+  if opt_cfg.clip_norm:
+    parts.append(optax.clip_by_global_norm(opt_cfg.clip_norm))
+  parts += [
+      optax.scale_by_adam(b1=opt_cfg.b1, b2=opt_cfg.b2, eps=opt_cfg.eps),
+      optax.add_decayed_weights(opt_cfg.weight_decay, mask=decay_mask(params, opt_cfg.weight_decay_mask)),
+  ]
+  if opt_cfg.get("layerwise_decay", 1.0) != 1.0:
+    scales = layerwise_scales(params, num_layers, opt_cfg.layerwise_decay)
+    parts.append(optax.GradientTransformation(
+        lambda _: optax.EmptyState(),
+        lambda updates, state, params=None: (jax.tree_util.tree_map(jnp.multiply, updates, scales), state)))
+  parts.append(optax.scale_by_learning_rate(lr))
+  return optax.chain(*parts), lr

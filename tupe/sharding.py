@@ -1,0 +1,104 @@
+"""Parallelism as data: a device mesh from the config plus logical-axis rules.
+
+The mesh has three axes: `data` (pure data parallelism), `fsdp` (data parallelism with parameters and
+optimizer state sharded) and `tensor` (tensor parallelism over heads and the FFN width). Model parameters
+carry logical axis names (embed, mlp, heads, ...); `rules` map them to mesh axes, so changing the parallelism
+is a config change, never a model edit. The batch is split over (data, fsdp).
+"""
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from tupe.errors import UserError
+
+MESH_AXES = ("data", "fsdp", "tensor")
+BATCH_AXES = ("data", "fsdp")
+
+DEFAULT_RULES = (
+    ("batch", BATCH_AXES),
+    ("embed", "fsdp"),
+    ("embedding", "fsdp"),
+    ("vocab", "tensor"),
+    ("mlp", "tensor"),
+    ("heads", "tensor"),
+    ("kv", None),
+    ("joined_kv", None),
+    ("positions", None),
+    ("buckets", None),
+    ("conv_kernel", None),
+    ("groups", None),
+)
+
+
+def mesh_shape(mesh_cfg, num_devices: int) -> tuple[int, ...]:
+  """Resolves the mesh shape; one axis may be -1 (= the devices left over)."""
+  sizes = [int(mesh_cfg[a]) for a in MESH_AXES]
+  desc = " x ".join(f"{a}={s}" for a, s in zip(MESH_AXES, sizes))
+  if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
+    raise UserError(f"mesh {desc}: use positive sizes with at most one -1 (= the remaining devices)")
+  known = math.prod(s for s in sizes if s != -1)
+  if -1 in sizes:
+    if num_devices % known:
+      raise UserError(f"mesh {desc} does not fit {num_devices} devices: {known} does not divide "
+                      f"{num_devices}; change --config.mesh.*")
+    sizes[sizes.index(-1)] = num_devices // known
+  if math.prod(sizes) != num_devices:
+    raise UserError(f"mesh {desc} has {math.prod(sizes)} devices but {num_devices} are available; "
+                    f"make the product equal (or set one axis to -1)")
+  return tuple(sizes)
+
+
+def make_mesh(mesh_cfg, devices=None) -> Mesh:
+  devices = jax.devices() if devices is None else devices
+  shape = mesh_shape(mesh_cfg, len(devices))
+  try:
+    arr = jax.experimental.mesh_utils.create_device_mesh(shape, devices=devices)
+  except Exception:  # Device topologies the helper cannot lay out (e.g. fake CPU devices) use plain order.
+    arr = np.asarray(devices).reshape(shape)
+  return Mesh(arr, MESH_AXES)
+
+
+def rules_from_config(rules_cfg) -> tuple:
+  """Config rules are a list of [logical_name, mesh_axis | [mesh_axes] | None]."""
+  if not rules_cfg:
+    return DEFAULT_RULES
+  return tuple((name, tuple(axes) if isinstance(axes, (list, tuple)) else axes) for name, axes in rules_cfg)
+
+
+def _fit(spec: P, shape, mesh: Mesh) -> P:
+  """Drops mesh axes from dimensions they do not divide (those dimensions are replicated instead)."""
+  fitted = []
+  for dim, axes in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
+    names = (axes,) if isinstance(axes, str) else tuple(axes or ())
+    size = math.prod(mesh.shape[n] for n in names)
+    fitted.append(axes if size and dim % size == 0 else None)
+  return P(*fitted)
+
+
+def logical_shardings(abstract_tree, mesh: Mesh, rules):
+  """NamedShardings for a tree whose leaves may be `nn.LogicallyPartitioned` boxes (others replicate)."""
+  specs = nn.get_partition_spec(abstract_tree)
+  mesh_specs = nn.logical_to_mesh(specs, rules)
+  shapes = nn.meta.unbox(abstract_tree)
+  return jax.tree_util.tree_map(lambda spec, x: NamedSharding(mesh, _fit(spec, x.shape, mesh)),
+                                mesh_specs, shapes, is_leaf=lambda s: isinstance(s, P))
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+  """Leading (batch) dimension split over (data, fsdp); the rest replicated."""
+  return NamedSharding(mesh, P(BATCH_AXES))
+
+
+def data_parallel_size(mesh: Mesh) -> int:
+  return math.prod(mesh.shape[a] for a in BATCH_AXES)
+
+
+def global_batch(local_batch: dict, mesh: Mesh) -> dict:
+  """Per-host numpy batch -> global jax.Arrays sharded over (data, fsdp)."""
+  sharding = batch_sharding(mesh)
+  return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v)) for k, v in local_batch.items()}

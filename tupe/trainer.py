@@ -1,0 +1,344 @@
+"""Pre-training loop: one jitted, mesh-sharded train step, periodic logging, eval and checkpoints.
+
+The flow (train.py calls `train`):
+  1. devices and mesh from the config; the input pipeline for this host's share of the global batch;
+  2. the model and optimizer state created directly in their shardings (logical-axis rules);
+  3. resume from the newest good checkpoint in the workdir, if any;
+  4. the train step compiled ahead of time, its memory analysis printed before step 1;
+  5. the loop: step, metrics every step (loss, accuracy, grad norm, lr, tokens/s, MFU) to metrics.jsonl and
+     TensorBoard, a progress line every `log_every`, held-out MLM eval every `eval_every`, checkpoints every
+     `checkpoint.every_steps`, and a checkpoint at the current step on SIGTERM (preemption).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import pathlib
+import signal
+from typing import Any
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from tupe import checkpoint as checkpoint_lib
+from tupe import flops as flops_lib
+from tupe import logs
+from tupe import models
+from tupe import objectives
+from tupe import optim
+from tupe import sharding
+from tupe.data import masking
+from tupe.data import pipeline
+from tupe.errors import UserError
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array
+  params: Any
+  opt_state: Any
+  rng: jax.Array  # Base key; step t uses fold_in(rng, t), so a resumed run draws the same dropout masks.
+
+
+class NonFiniteError(UserError):
+  """Raised under nonfinite='stop' when a step's loss or gradients are not finite."""
+
+
+def maybe_initialize_distributed(cfg) -> None:
+  """jax.distributed.initialize for multi-host runs (explicit coordinator, or auto-detected on TPU pods)."""
+  dist = cfg.distributed
+  if dist.coordinator_address:
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(dist.coordinator_address, num_processes=dist.num_processes,
+                               process_id=dist.process_id,
+                               initialization_timeout=dist.initialization_timeout_s)
+  elif dist.auto:
+    jax.distributed.initialize()
+
+
+def check_workdir(workdir: pathlib.Path) -> None:
+  """Fails before training when the workdir cannot be written."""
+  try:
+    workdir.mkdir(parents=True, exist_ok=True)
+    probe = workdir / f".write_test_{jax.process_index()}"
+    probe.write_text("ok")
+    probe.unlink()
+  except OSError as e:
+    raise UserError(f"workdir {workdir} is not writable ({e.strerror or e}); choose another --workdir")
+
+
+def num_predictions(cfg) -> int:
+  return cfg.data.max_predictions or masking.default_max_predictions(cfg.seq_len, cfg.data.mask_prob)
+
+
+def resolve_vocab_size(cfg, vocab_size: int) -> None:
+  """model.vocab_size 0 means 'from the tokenizer'; any other value must match it."""
+  if cfg.model.vocab_size == 0:
+    cfg.model.vocab_size = vocab_size
+  elif cfg.model.vocab_size != vocab_size:
+    raise UserError(f"model.vocab_size={cfg.model.vocab_size} but the tokenizer has {vocab_size} tokens; "
+                    f"set --config.model.vocab_size={vocab_size} (or 0 to take it from the tokenizer)")
+
+
+def check_batch(cfg, mesh) -> int:
+  """Returns the per-host batch; the global batch must split evenly over data-parallel devices and hosts."""
+  dp, hosts = sharding.data_parallel_size(mesh), jax.process_count()
+  gb, accum = cfg.global_batch_size, cfg.grad_accum_steps
+  if gb % (dp * accum):
+    raise UserError(f"global_batch_size={gb} is not divisible by data-parallel size {dp} x grad_accum_steps "
+                    f"{accum}; pick a multiple of {dp * accum}")
+  if gb % hosts:
+    raise UserError(f"global_batch_size={gb} is not divisible by the {hosts} hosts")
+  if cfg.seq_len > cfg.model.max_position_embeddings:
+    raise UserError(f"seq_len={cfg.seq_len} exceeds model.max_position_embeddings="
+                    f"{cfg.model.max_position_embeddings}; lower --config.seq_len")
+  return gb // hosts
+
+
+def make_train_step(cfg, module, tx, lr_schedule):
+  """The train step: gradient accumulation over microbatches, clipping/AdamW, non-finite guard."""
+  accum = cfg.grad_accum_steps
+
+  def grads_and_metrics(params, batch, rng):
+    grad_fn = jax.value_and_grad(
+        lambda p, b, r: objectives.loss_fn(cfg, module, p, b, r, deterministic=False), has_aux=True)
+    if accum == 1:
+      (_, metrics), grads = grad_fn(params, batch, rng)
+      return grads, metrics
+    # [batch, ...] -> [accum, batch / accum, ...], microbatch i = rows i, i + accum, ... (keeps the sharding).
+    micro = jax.tree_util.tree_map(
+        lambda x: x.reshape((x.shape[0] // accum, accum) + x.shape[1:]).swapaxes(0, 1), batch)
+
+    def body(carry, inputs):
+      i, b = inputs
+      (_, metrics), grads = grad_fn(params, b, jax.random.fold_in(rng, i))
+      return jax.tree_util.tree_map(jnp.add, carry, (grads, metrics)), None
+
+    zeros = jax.tree_util.tree_map(jnp.zeros_like, jax.eval_shape(
+        lambda: (params, objectives.loss_fn(cfg, module, params,
+                                            jax.tree_util.tree_map(lambda x: x[0], micro), rng)[1])))
+    (grads, metrics), _ = jax.lax.scan(body, zeros, (jnp.arange(accum), micro))
+    return jax.tree_util.tree_map(lambda x: x / accum, (grads, metrics))
+
+  def train_step(state: TrainState, batch):
+    rng = jax.random.fold_in(state.rng, state.step)
+    grads, metrics = grads_and_metrics(state.params, batch, rng)
+    grad_norm = optax.global_norm(grads)
+    finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    keep_finite = lambda new, old: jax.tree_util.tree_map(lambda n, o: jnp.where(finite, n, o), new, old)
+    metrics = dict(metrics, grad_norm=grad_norm, learning_rate=lr_schedule(state.step),
+                   nonfinite=1.0 - finite.astype(jnp.float32))
+    return TrainState(step=state.step + 1, params=keep_finite(params, state.params),
+                      opt_state=keep_finite(opt_state, state.opt_state), rng=state.rng), metrics
+
+  return train_step
+
+
+def make_eval_step(cfg, module):
+  def eval_step(params, batch):
+    return objectives.loss_fn(cfg, module, params, batch, jax.random.PRNGKey(0), deterministic=True)[1]
+  return eval_step
+
+
+@dataclasses.dataclass
+class Setup:
+  """Everything the loop needs, built once (also used by benchmarks and tests)."""
+  cfg: ml_collections.ConfigDict
+  mesh: Any
+  module: nn.Module
+  tx: Any
+  lr_schedule: Any
+  state_sharding: Any
+  batch_sharding: NamedSharding
+  abstract_state: Any
+  init_state: Any      # jitted () -> TrainState, already sharded
+  train_step: Any      # jitted (state, batch) -> (state, metrics), state donated
+  eval_step: Any
+  num_predictions: int
+  flops_per_step: float
+
+
+def build(cfg, devices=None) -> Setup:
+  """Mesh, model, optimizer, shardings and jitted steps for a config whose model.vocab_size is resolved."""
+  models.validate(cfg.model)
+  jax.config.update("jax_default_prng_impl", cfg.prng_impl)
+  mesh = sharding.make_mesh(cfg.mesh, devices)
+  rules = sharding.rules_from_config(cfg.sharding_rules)
+  check_batch(cfg, mesh)
+  module = objectives.build_model(cfg)
+  n_pred = num_predictions(cfg)
+  inputs = objectives.init_inputs(1, min(cfg.seq_len, 8), min(n_pred, 2))
+  rng = jax.random.PRNGKey(cfg.seed)
+  boxed = jax.eval_shape(lambda: module.init(jax.random.fold_in(rng, 1), *inputs)["params"])
+  param_sharding = sharding.logical_shardings(boxed, mesh, rules)
+  abstract_params = nn.meta.unbox(boxed)
+  tx, lr_schedule = optim.make_optimizer(cfg.optimizer, abstract_params, cfg.num_train_steps)
+  replicated = NamedSharding(mesh, P())
+  abstract_opt = jax.eval_shape(tx.init, abstract_params)
+  opt_sharding = optax.tree_map_params(tx, lambda _, s: s, abstract_opt, param_sharding,
+                                       transform_non_params=lambda _: replicated)
+  state_sharding = TrainState(step=replicated, params=param_sharding, opt_state=opt_sharding, rng=replicated)
+
+  def init_state():
+    params = nn.meta.unbox(module.init(jax.random.fold_in(rng, 1), *inputs)["params"])
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params), rng=rng)
+
+  abstract_state = jax.eval_shape(init_state)
+  abstract_state = jax.tree_util.tree_map(
+      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract_state, state_sharding)
+  batch_sharding = sharding.batch_sharding(mesh)
+  generator = models.generator_config(cfg.model, cfg.generator_fraction) if cfg.objective == "electra" else None
+  return Setup(
+      cfg=cfg, mesh=mesh, module=module, tx=tx, lr_schedule=lr_schedule, state_sharding=state_sharding,
+      batch_sharding=batch_sharding, abstract_state=abstract_state,
+      init_state=jax.jit(init_state, out_shardings=state_sharding),
+      train_step=jax.jit(make_train_step(cfg, module, tx, lr_schedule),
+                         in_shardings=(state_sharding, batch_sharding), out_shardings=(state_sharding, replicated),
+                         donate_argnums=(0,)),
+      eval_step=jax.jit(make_eval_step(cfg, module), in_shardings=(param_sharding, batch_sharding),
+                        out_shardings=replicated),
+      num_predictions=n_pred,
+      flops_per_step=flops_lib.train_step_flops(cfg.model, cfg.seq_len, cfg.global_batch_size, n_pred, generator))
+
+
+def abstract_batch(setup: Setup) -> dict:
+  cfg = setup.cfg
+  b, L, p = cfg.global_batch_size, cfg.seq_len, setup.num_predictions
+  spec = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=setup.batch_sharding)
+  return {"input_ids": spec((b, L), jnp.int32), "attention_mask": spec((b, L), jnp.int32),
+          "token_type_ids": spec((b, L), jnp.int32), "masked_positions": spec((b, p), jnp.int32),
+          "masked_ids": spec((b, p), jnp.int32), "masked_weights": spec((b, p), jnp.float32)}
+
+
+def compile_train_step(setup: Setup):
+  """AOT-compiles the train step; returns (compiled, memory report lines)."""
+  compiled = setup.train_step.lower(setup.abstract_state, abstract_batch(setup)).compile()
+  report = []
+  mem = compiled.memory_analysis()
+  if mem is not None:
+    gib = lambda n: f"{n / 2**30:.3f} GiB"
+    report.append(f"memory per device: arguments {gib(mem.argument_size_in_bytes)}, outputs "
+                  f"{gib(mem.output_size_in_bytes)}, temporaries {gib(mem.temp_size_in_bytes)}, generated code "
+                  f"{gib(mem.generated_code_size_in_bytes)} (donated arguments alias outputs)")
+  return compiled, report
+
+
+def checkpoint_meta(cfg, vocab_file: str) -> dict:
+  vocab = pathlib.Path(vocab_file).read_text(encoding="utf-8").splitlines() if vocab_file else []
+  return {"config": json.loads(cfg.to_json_best_effort()), "vocab": vocab}
+
+
+def evaluate(setup: Setup, params, cfg, info) -> dict:
+  """Mean MLM metrics over `eval_batches` held-out batches (the same batches at every evaluation)."""
+  it, _ = pipeline.make_pretrain_iterator(cfg.data, seq_len=cfg.seq_len, batch_size=cfg.global_batch_size
+                                          // jax.process_count(), seed=cfg.seed,
+                                          process_index=jax.process_index(),
+                                          process_count=jax.process_count(), split="eval")
+  totals, n = {}, 0
+  for _ in range(cfg.eval_batches):
+    metrics = jax.device_get(setup.eval_step(params, sharding.global_batch(next(it), setup.mesh)))
+    totals = {k: totals.get(k, 0.0) + float(v) for k, v in metrics.items()}
+    n += 1
+  return {k: v / n for k, v in totals.items()}
+
+
+def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
+  """Runs (or resumes) pre-training in `workdir`; returns the last step's metrics."""
+  workdir = pathlib.Path(workdir)
+  maybe_initialize_distributed(cfg)
+  check_workdir(workdir)
+  hosts, host = jax.process_count(), jax.process_index()
+  per_host_batch = cfg.global_batch_size // hosts if cfg.global_batch_size % hosts == 0 else 0
+  if not per_host_batch:
+    raise UserError(f"global_batch_size={cfg.global_batch_size} is not divisible by the {hosts} hosts")
+  train_iter, info = pipeline.make_pretrain_iterator(
+      cfg.data, seq_len=cfg.seq_len, batch_size=per_host_batch, seed=cfg.seed, process_index=host,
+      process_count=hosts, split="train")
+  resolve_vocab_size(cfg, info.vocab_size)
+  setup = build(cfg)
+  if host == 0:
+    (workdir / "config.json").write_text(cfg.to_json_best_effort(indent=2))
+  n_params = models.param_count(setup.abstract_state.params)
+  logs.log(f"model {cfg.model.name} ({cfg.model.size}), {n_params / 1e6:.2f}M parameters, objective "
+           f"{cfg.objective}; mesh {dict(setup.mesh.shape)} over {jax.device_count()} "
+           f"{jax.devices()[0].platform} devices on {hosts} host(s); global batch {cfg.global_batch_size} "
+           f"({per_host_batch} per host, {cfg.grad_accum_steps} accumulation steps) x {cfg.seq_len} tokens")
+
+  ckpt = checkpoint_lib.Checkpointer(workdir / "checkpoints", cfg.checkpoint)
+  meta = checkpoint_meta(cfg, info.vocab_file)
+  restored = ckpt.restore_latest(setup.abstract_state, train_iter)
+  if restored is None:
+    state, start = setup.init_state(), 0
+  else:
+    start, state = restored
+    logs.log(f"resumed from checkpoint {start} in {ckpt.directory}")
+
+  compiled, report = compile_train_step(setup)
+  for line in report:
+    logs.log(line)
+  peak, peak_source = flops_lib.peak_flops_per_device(cfg.peak_flops)
+  logs.log(f"{setup.flops_per_step / 1e9:.2f} GFLOPs per step; MFU against {peak / 1e12:.2f} TFLOP/s per "
+           f"device ({peak_source})")
+  writer = logs.MetricWriter(workdir, tensorboard=cfg.tensorboard)
+  tokens_per_step = cfg.global_batch_size * cfg.seq_len
+  progress = logs.Progress(cfg.num_train_steps, tokens_per_step, setup.flops_per_step,
+                           peak * jax.device_count(), start)
+
+  preempted = []
+  previous_handler = signal.signal(signal.SIGTERM, lambda *_: preempted.append(True))
+  last = {}
+  pending = None  # (step, metrics on device) of the step in flight: read after the next one is dispatched.
+
+  def finish(step, metrics):
+    nonlocal last
+    metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    metrics.update(progress.rates(step))
+    writer.write(step, metrics)
+    if metrics["nonfinite"]:
+      msg = f"step {step}: non-finite loss or gradients (loss {metrics['loss']}); the update was skipped"
+      if cfg.nonfinite == "stop":
+        raise NonFiniteError(msg + "; stopping (nonfinite='stop'): the last checkpoint is intact")
+      logs.log("warning: " + msg)
+    if step % cfg.log_every == 0 or step == cfg.num_train_steps:
+      logs.log(progress.line(step, metrics, metrics))  # metrics include the rates
+    last = metrics
+
+  try:
+    step = start
+    while step < cfg.num_train_steps and not preempted:
+      batch = sharding.global_batch(next(train_iter), setup.mesh)
+      state, metrics = compiled(state, batch)
+      step += 1
+      if pending is not None:
+        finish(*pending)
+      pending = (step, metrics)
+      if step % cfg.checkpoint.every_steps == 0 or step == cfg.num_train_steps:
+        finish(*pending)
+        pending = None
+        ckpt.save(step, state, train_iter, meta)
+        progress.restart_clock()
+      if cfg.eval_every and step % cfg.eval_every == 0:
+        eval_metrics = evaluate(setup, state.params, cfg, info)
+        writer.write(step, eval_metrics, prefix="eval_")
+        logs.log(f"eval at step {step}: " + " ".join(f"{k} {v:.4f}" for k, v in eval_metrics.items()))
+        progress.restart_clock()
+    if pending is not None:
+      finish(*pending)
+    if preempted:
+      logs.log(f"SIGTERM: saving a checkpoint at step {step} before exiting")
+      ckpt.save(step, state, train_iter, meta, force=True)
+  finally:
+    signal.signal(signal.SIGTERM, previous_handler)
+    ckpt.close()
+    writer.close()
+  return last
