@@ -150,6 +150,15 @@ def make_eval_step(cfg, module):
   return eval_step
 
 
+def state_shardings(tx, abstract_params, param_sharding, mesh) -> TrainState:
+  """Shardings of a TrainState: optimizer moments as their parameters, step, RNG and counters replicated."""
+  replicated = NamedSharding(mesh, P())
+  abstract_opt = jax.eval_shape(tx.init, abstract_params)
+  opt_sharding = optax.tree_map_params(tx, lambda _, s: s, abstract_opt, param_sharding,
+                                       transform_non_params=lambda _: replicated)
+  return TrainState(step=replicated, params=param_sharding, opt_state=opt_sharding, rng=replicated)
+
+
 @dataclasses.dataclass
 class Setup:
   """Everything the loop needs, built once (also used by benchmarks and tests)."""
@@ -184,10 +193,7 @@ def build(cfg, devices=None) -> Setup:
   abstract_params = nn.meta.unbox(boxed)
   tx, lr_schedule = optim.make_optimizer(cfg.optimizer, abstract_params, cfg.num_train_steps)
   replicated = NamedSharding(mesh, P())
-  abstract_opt = jax.eval_shape(tx.init, abstract_params)
-  opt_sharding = optax.tree_map_params(tx, lambda _, s: s, abstract_opt, param_sharding,
-                                       transform_non_params=lambda _: replicated)
-  state_sharding = TrainState(step=replicated, params=param_sharding, opt_state=opt_sharding, rng=replicated)
+  state_sharding = state_shardings(tx, abstract_params, param_sharding, mesh)
 
   def init_state():
     params = nn.meta.unbox(module.init(jax.random.fold_in(rng, 1), *inputs)["params"])
