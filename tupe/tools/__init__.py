@@ -1,0 +1,46 @@
+"""Command-line tools for trained models and runs, and the tables and figures they share.
+
+  python -m tupe.tools.analyze   attention maps, diagonal concentration, TUPE's positional terms
+  python -m tupe.tools.plot      training curves of one or more runs
+  python -m tupe.tools.summary   parameters per component and FLOPs per token of the named configs
+"""
+from __future__ import annotations
+
+import csv
+import os
+import pathlib
+from typing import Sequence
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+
+def write_csv(path: str | os.PathLike, header: Sequence[str], rows: Sequence[Sequence]) -> pathlib.Path:
+  """Writes a CSV file with a header row; floats keep full precision (inf and nan as `inf`, `nan`)."""
+  path = pathlib.Path(path)
+  with open(path, "w", newline="", encoding="utf-8") as f:
+    writer = csv.writer(f)
+    writer.writerow(header)
+    writer.writerows(rows)
+  return path
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+  """A markdown table of already formatted cells, numbers right-aligned when every cell of a column is one."""
+  def numeric(cell: str) -> bool:
+    try:
+      float(cell.replace(",", ""))
+      return True
+    except ValueError:
+      return False
+  align = ["---:" if rows and all(numeric(row[i]) for row in rows) else "---" for i in range(len(header))]
+  lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
+  lines += ["| " + " | ".join(row) + " |" for row in rows]
+  return "\n".join(lines) + "\n"
+
+
+def new_figure(width: float, height: float, dpi: int = 110):
+  """A matplotlib Figure drawn with the Agg canvas (no display, no global pyplot state)."""
+  figure = Figure(figsize=(width, height), dpi=dpi)
+  FigureCanvasAgg(figure)
+  return figure

@@ -1,0 +1,317 @@
+"""Attention maps, diagonal concentration and positional terms of a pre-trained encoder, as figures and tables.
+
+  python -m tupe.tools.analyze --checkpoint WORKDIR --text-file sentences.txt [--out DIR]
+      [--sentence-index I] [--max-sentences N] [--max-len L] [--vocab FILE] [--cased]
+  python -m tupe.tools.analyze --hf-convbert DIR --text-file sentences.txt [--vocab FILE] ...
+
+The text file holds one sentence per line. Each becomes [CLS] tokens [SEP], truncated to --max-len; all are
+right-padded to the longest, so the maps share one length L. Written into --out:
+  attention_mean_layer<l>.png      per layer, a grid of heads: the attention map averaged over the sentences,
+                                   each entry over the sentences in which both tokens are real (gray: none);
+  attention_sentence<i>_layer<l>.png  the same for sentence i alone, its tokens on the axes;
+  diagonal_concentration.{csv,md,png}  ConvBERT's C per layer and head (see tupe.analysis), pooled over the
+                                   sentences;
+  positional_correlation.png       TUPE (position untied): the untied positional term of each head, [L, L];
+  cls_values.csv                   under TUPE's [CLS] reset: theta1 ([CLS] -> others), theta2 (others -> [CLS])
+                                   per head;
+  relative_bias.{csv,png}          TUPE-R / BERT-R: the relative bias per head against the distance j - i.
+Maps are those of the self-attention heads; ConvBERT's convolution heads have none.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import pathlib
+import tempfile
+
+import jax
+import jax.numpy as jnp
+import matplotlib
+import numpy as np
+from matplotlib import patheffects
+
+from tupe import analysis
+from tupe import checkpoint
+from tupe import hf
+from tupe import models
+from tupe import tools
+from tupe.data import tokenizer as tokenizer_lib
+from tupe.errors import UserError, run_main
+
+DEFAULT_MAX_LEN = 128
+MAX_BATCH = 8
+BATCH_BYTES = 2 ** 28  # Attention maps of one batch stay under this (float32).
+
+
+def read_sentences(path: str | pathlib.Path, max_sentences: int) -> list[str]:
+  """The first `max_sentences` non-empty lines of a UTF-8 text file."""
+  path = pathlib.Path(path)
+  if not path.is_file():
+    raise UserError(f"text file {path} does not exist: pass a UTF-8 file with one sentence per line")
+  sentences = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+  if not sentences:
+    raise UserError(f"text file {path} has no sentences: write one sentence per line")
+  return sentences[:max_sentences]
+
+
+def encode_sentences(tokenizer, info, sentences: list[str], max_len: int) -> tuple[np.ndarray, np.ndarray]:
+  """[CLS] wordpieces [SEP] of each sentence, truncated to max_len and right-padded to the longest.
+
+  Returns:
+    (input_ids int32 [sentences, L], attention_mask int32 [sentences, L]).
+  """
+  pieces = [ids[:max_len - 2] for ids in tokenizer_lib.encode(tokenizer, sentences)]
+  length = max(len(p) for p in pieces) + 2
+  input_ids = np.full((len(pieces), length), info.pad_id, np.int32)
+  attention_mask = np.zeros((len(pieces), length), np.int32)
+  for row, p in enumerate(pieces):
+    input_ids[row, :len(p) + 2] = [info.cls_id, *p, info.sep_id]
+    attention_mask[row, :len(p) + 2] = 1
+  return input_ids, attention_mask
+
+
+def attention_statistics(cfg, params, input_ids: np.ndarray, attention_mask: np.ndarray, index: int):
+  """Runs the encoder over all sentences in equal-shaped batches (one compiled program).
+
+  Returns:
+    (sums, counts, maps): `analysis.masked_map_sums` over all sentences ([layers, heads, L, L], [L, L]) and
+    sentence `index`'s attention maps [layers, heads, L, L], all NumPy.
+  """
+  n, length = input_ids.shape
+  per_sentence = cfg.num_layers * models.attention_heads(cfg) * length * length * 4
+  batch = max(1, min(MAX_BATCH, n, BATCH_BYTES // per_sentence))
+
+  @jax.jit
+  def run(params, ids, mask, pick):
+    attentions = models.encode(cfg, params, ids, mask, output_attentions=True)["attentions"]
+    maps = jnp.stack(attentions, axis=1)  # [batch, layers, heads, L, L]
+    sums, counts = analysis.masked_map_sums(maps, mask)
+    return sums, counts, maps[pick]
+
+  sums = counts = picked = None
+  for start in range(0, n, batch):
+    ids = np.full((batch, length), cfg.pad_token_id, np.int32)
+    mask = np.zeros((batch, length), np.int32)
+    stop = min(start + batch, n)
+    ids[:stop - start], mask[:stop - start] = input_ids[start:stop], attention_mask[start:stop]
+    pick = index - start if start <= index < stop else 0
+    batch_sums, batch_counts, maps = jax.device_get(run(params, ids, mask, pick))
+    sums = batch_sums if sums is None else sums + batch_sums
+    counts = batch_counts if counts is None else counts + batch_counts
+    if start <= index < stop:
+      picked = maps
+  return sums, counts, picked
+
+
+def head_grid(maps: np.ndarray, title: str, head_titles: list[str], tokens: list[str] | None = None,
+              colorbar_label: str = "attention probability", signed: bool = False):
+  """A figure with one heatmap per head, each with its own colorbar.
+
+  Args:
+    maps: [heads, L, L], rows = queries i, columns = keys j; nan entries are drawn gray.
+    title: the figure's title.
+    head_titles: one per head.
+    tokens: L token strings for the axes, or None for position numbers.
+    colorbar_label: what the values are.
+    signed: values of either sign (logits): a diverging colormap centered on 0.
+  """
+  heads, length = maps.shape[0], maps.shape[-1]
+  cols = min(heads, 4)
+  rows = math.ceil(heads / cols)
+  panel = max(3.2, 0.12 * length + 1.5) if tokens else 3.2
+  figure = tools.new_figure(cols * (panel + 0.9), rows * panel + 0.8)
+  figure.suptitle(title, fontsize=11)
+  grid = figure.subplots(rows, cols, squeeze=False)
+  cmap = matplotlib.colormaps["RdBu_r" if signed else "viridis"].copy()
+  cmap.set_bad("lightgray")
+  for h, axes in enumerate(grid.flat):
+    if h >= heads:
+      axes.axis("off")
+      continue
+    limit = float(np.nanmax(np.abs(maps[h]))) if signed else None
+    image = axes.imshow(np.ma.masked_invalid(maps[h]), cmap=cmap, interpolation="nearest",
+                        vmin=-limit if signed else None, vmax=limit)
+    colorbar = figure.colorbar(image, ax=axes, fraction=0.046, pad=0.04)
+    colorbar.set_label(colorbar_label, fontsize=7)
+    colorbar.ax.tick_params(labelsize=7)
+    axes.set_title(head_titles[h], fontsize=9)
+    if tokens:
+      fontsize = max(4.0, min(8.0, 300.0 / length))
+      axes.set_xticks(range(length), tokens, rotation=90, fontsize=fontsize)
+      axes.set_yticks(range(length), tokens, fontsize=fontsize)
+    else:
+      axes.tick_params(labelsize=7)
+    axes.set_xlabel("key j", fontsize=8)
+    axes.set_ylabel("query i", fontsize=8)
+  figure.tight_layout()
+  return figure
+
+
+def concentration_figure(concentration: np.ndarray, title: str):
+  """Heatmap of log10 C [layers, heads], each cell labelled with C (inf: all mass near the diagonal)."""
+  layers, heads = concentration.shape
+  figure = tools.new_figure(max(4.0, 1.2 * heads + 2.0), max(3.0, 0.6 * layers + 1.5))
+  axes = figure.subplots()
+  with np.errstate(divide="ignore", invalid="ignore"):
+    shown = np.ma.masked_invalid(np.log10(concentration))
+  image = axes.imshow(shown, cmap="magma", aspect="auto")
+  figure.colorbar(image, ax=axes).set_label(f"log10 C (|i-j| <= {analysis.DIAGONAL_WINDOW} vs farther)")
+  outline = [patheffects.withStroke(linewidth=2, foreground="black")]
+  for (layer, head), value in np.ndenumerate(concentration):
+    axes.text(head, layer, _format_value(value), ha="center", va="center", fontsize=8, color="white",
+              path_effects=outline)
+  axes.set_xticks(range(heads), [f"head {h}" for h in range(heads)], fontsize=8)
+  axes.set_yticks(range(layers), [f"layer {l}" for l in range(layers)], fontsize=8)
+  axes.set_title(title, fontsize=10)
+  figure.tight_layout()
+  return figure
+
+
+def relative_bias_figure(distances: np.ndarray, bias: np.ndarray, title: str):
+  """One line per head: the relative bias against j - i."""
+  figure = tools.new_figure(8.0, 4.5)
+  axes = figure.subplots()
+  for h, values in enumerate(bias):
+    axes.plot(distances, values, label=f"head {h}", linewidth=1.2)
+  axes.axvline(0, color="gray", linewidth=0.5)
+  axes.set_xlabel("distance j - i (key - query)")
+  axes.set_ylabel("bias added to the attention logit")
+  axes.set_title(title, fontsize=10)
+  axes.legend(fontsize=7, ncol=max(1, len(bias) // 8))
+  axes.grid(alpha=0.3)
+  figure.tight_layout()
+  return figure
+
+
+def _format_value(value: float) -> str:
+  return "inf" if np.isposinf(value) else "nan" if np.isnan(value) else f"{value:.2f}"
+
+
+def _save(figure, path: pathlib.Path, written: list[pathlib.Path]) -> None:
+  figure.savefig(path, format="png")
+  written.append(path)
+
+
+def load_model(args, workspace: pathlib.Path):
+  """(model config, Encoder params, tokenizer, tokenizer info, label) from the command-line arguments."""
+  if args.hf_convbert:
+    cfg, params = hf.import_convbert(args.hf_convbert)
+    vocab_file = args.vocab or pathlib.Path(args.hf_convbert) / "vocab.txt"
+    if not pathlib.Path(vocab_file).is_file():
+      raise UserError(f"{args.hf_convbert} has no vocab.txt: pass the model's vocab with --vocab")
+    lowercase, label = not args.cased, f"HF ConvBERT {pathlib.Path(args.hf_convbert).name}"
+  else:
+    cfg, params, vocab = checkpoint.load_encoder(args.checkpoint)
+    step_dir = checkpoint.latest_step_dir(args.checkpoint)
+    lowercase = not args.cased and _checkpoint_lowercase(step_dir)
+    if args.vocab:
+      vocab_file = args.vocab
+    elif vocab:
+      vocab_file = tokenizer_lib.write_vocab(vocab, workspace / "vocab.txt")
+    else:
+      raise UserError(f"checkpoint {step_dir} has no vocab (trained on synthetic data): pass one with --vocab")
+    label = f"{cfg.name} ({cfg.size}), step {step_dir.name}"
+  tokenizer, info = tokenizer_lib.load_tokenizer(vocab_file, lowercase=lowercase)
+  if info.vocab_size > cfg.vocab_size:
+    raise UserError(f"the vocab {vocab_file} has {info.vocab_size} tokens but the model only "
+                    f"{cfg.vocab_size}: pass the vocab the model was trained with (--vocab)")
+  return cfg, params, tokenizer, info, label
+
+
+def _checkpoint_lowercase(step_dir: pathlib.Path) -> bool:
+  """Whether the checkpoint's data config lowercased text (train.py records it in the meta item)."""
+  import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
+  meta = ocp.Checkpointer(ocp.JsonCheckpointHandler()).restore(step_dir / "meta")
+  return bool(meta["config"]["data"].get("lowercase", True))
+
+
+def analyze(cfg, params, tokenizer, info, sentences: list[str], out: pathlib.Path, index: int, max_len: int,
+            label: str) -> list[pathlib.Path]:
+  """Writes every figure and table of the module docstring into `out`; returns their paths."""
+  if not 0 <= index < len(sentences):
+    raise UserError(f"--sentence-index {index} is out of range: the text file gave {len(sentences)} sentences")
+  if not 3 <= max_len <= cfg.max_position_embeddings:
+    raise UserError(f"--max-len {max_len} must be between 3 and the model's {cfg.max_position_embeddings} "
+                    f"positions")
+  out.mkdir(parents=True, exist_ok=True)
+  written: list[pathlib.Path] = []
+  input_ids, attention_mask = encode_sentences(tokenizer, info, sentences, max_len)
+  sums, counts, picked = attention_statistics(cfg, params, input_ids, attention_mask, index)
+  mean = analysis.mean_maps(sums, counts)
+  concentration = analysis.diagonal_concentration(sums)  # [layers, heads]
+  heads, length = concentration.shape[1], input_ids.shape[1]
+  kind = ("self-attention heads (the conv heads have no attention map)" if cfg.head_ratio > 1 else "heads")
+  real = int(attention_mask[index].sum())
+  vocab = tokenizer_lib.read_vocab(info.vocab_file)
+  tokens = [vocab[i] for i in input_ids[index, :real]]
+  for layer in range(cfg.num_layers):
+    figure = head_grid(mean[layer], f"{label}: layer {layer}, mean attention of {kind} over {len(sentences)} "
+                       f"sentences (L = {length})",
+                       [f"head {h}, C = {_format_value(concentration[layer, h])}" for h in range(heads)])
+    _save(figure, out / f"attention_mean_layer{layer:02d}.png", written)
+    sentence_c = analysis.diagonal_concentration(picked[layer, :, :real, :real])
+    figure = head_grid(picked[layer, :, :real, :real], f"{label}: layer {layer}, sentence {index}",
+                       [f"head {h}, C = {_format_value(sentence_c[h])}" for h in range(heads)], tokens)
+    _save(figure, out / f"attention_sentence{index}_layer{layer:02d}.png", written)
+
+  header = ["layer"] + [f"head_{h}" for h in range(heads)]
+  written.append(tools.write_csv(out / "diagonal_concentration.csv", header,
+                                 [[layer, *row] for layer, row in enumerate(concentration.tolist())]))
+  table = tools.markdown_table(header, [[str(layer)] + [_format_value(v) for v in row]
+                                        for layer, row in enumerate(concentration)])
+  (out / "diagonal_concentration.md").write_text(
+      f"Diagonal concentration C of {label} ({kind}), pooled over {len(sentences)} sentences: attention mass with "
+      f"|i - j| <= {analysis.DIAGONAL_WINDOW} over the mass farther away.\n\n{table}", encoding="utf-8")
+  written.append(out / "diagonal_concentration.md")
+  _save(concentration_figure(concentration, f"{label}: diagonal concentration C"),
+        out / "diagonal_concentration.png", written)
+
+  stack = params["stack"]
+  if cfg.position == "untied":
+    term = analysis.untied_positional_term(cfg, stack, length)
+    reset = "with" if cfg.cls_reset else "without"
+    figure = head_grid(term, f"{label}: untied positional term (p_i Uq)(p_j Uk)^T / sqrt(2 dh), shared by all "
+                       f"layers, {reset} the [CLS] reset", [f"head {h}" for h in range(heads)],
+                       colorbar_label="logit", signed=True)
+    _save(figure, out / "positional_correlation.png", written)
+  if cfg.cls_reset:
+    values = analysis.cls_values(cfg, stack)
+    written.append(tools.write_csv(out / "cls_values.csv", ["head", *values],
+                                   [[h, *(float(v[h]) for v in values.values())] for h in range(heads)]))
+  if cfg.relative_bias:
+    distances, bias = analysis.relative_bias_by_distance(cfg, stack, 2 * cfg.max_distance)
+    written.append(tools.write_csv(out / "relative_bias.csv", ["distance"] + header[1:],
+                                   [[int(d), *column] for d, column in zip(distances, bias.T.tolist())]))
+    _save(relative_bias_figure(distances, bias, f"{label}: relative bias b(j - i), shared by all layers"),
+          out / "relative_bias.png", written)
+  print(table, end="")
+  return written
+
+
+def main(argv: list[str]) -> None:
+  parser = argparse.ArgumentParser(prog="python -m tupe.tools.analyze", description=__doc__.splitlines()[0])
+  source = parser.add_mutually_exclusive_group(required=True)
+  source.add_argument("--checkpoint", help="train.py workdir, its checkpoints/ folder or one step directory")
+  source.add_argument("--hf-convbert", help="HF ConvBERT directory written by save_pretrained")
+  parser.add_argument("--text-file", required=True, help="UTF-8 text, one sentence per line")
+  parser.add_argument("--vocab", help="vocab.txt (default: the checkpoint's own, or vocab.txt in --hf-convbert)")
+  parser.add_argument("--cased", action="store_true", help="do not lowercase the text (a cased vocab)")
+  parser.add_argument("--out", default="analysis", help="output folder (default: ./analysis)")
+  parser.add_argument("--sentence-index", type=int, default=0, help="the sentence drawn alone (default 0)")
+  parser.add_argument("--max-sentences", type=int, default=64, help="sentences read from the file (default 64)")
+  parser.add_argument("--max-len", type=int, help="tokens per sentence incl. [CLS] and [SEP] (default: 128, or "
+                      "the model's positions if fewer)")
+  args = parser.parse_args(argv[1:])
+  if args.max_sentences < 1:
+    raise UserError(f"--max-sentences {args.max_sentences}: use at least 1")
+  sentences = read_sentences(args.text_file, args.max_sentences)
+  with tempfile.TemporaryDirectory() as workspace:
+    cfg, params, tokenizer, info, label = load_model(args, pathlib.Path(workspace))
+    max_len = args.max_len or min(DEFAULT_MAX_LEN, cfg.max_position_embeddings)
+    written = analyze(cfg, params, tokenizer, info, sentences, pathlib.Path(args.out), args.sentence_index,
+                      max_len, label)
+  print(f"wrote {len(written)} files to {args.out}: " + ", ".join(p.name for p in written))
+
+
+if __name__ == "__main__":
+  run_main(main)
