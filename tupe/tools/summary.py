@@ -1,0 +1,151 @@
+"""Parameters per component and FLOPs per token of pre-training configs, as a markdown table.
+
+  python -m tupe.tools.summary --config configs/pretrain.py:tupe_r,base [--config ...] [--out FILE.md]
+  python -m tupe.tools.summary --all       every model x size of configs/pretrain.py
+
+Parameter counts come from the real parameter tree of the pre-training model (shapes from jax.eval_shape of
+its init, nothing allocated), split into:
+  embeddings   word (and token type) tables, their LayerNorm, ConvBERT's projection E -> hidden;
+  positional   the absolute position table, TUPE's untied term (table, LayerNorm, Uq, Uk), the relative bias;
+  attention    query, key, value, output projection and LayerNorm of every layer;
+  conv heads   ConvBERT's span-based dynamic convolution (depthwise, pointwise, kernel, value);
+  FFN          both feed-forward layers and their LayerNorm;
+  backbone     the sum of the above: the encoder that fine-tuning starts from;
+  heads        the pre-training heads (MLM head; ELECTRA's generator and discriminator heads);
+  generator    ELECTRA's generator layers (it shares the embeddings with the discriminator);
+  total        everything pre-training trains.
+FLOPs per token (`tupe.flops`, a multiply-add = 2 FLOPs) at the config's seq_len: the backbone's forward pass,
+and a training step (3 x forward, with the MLM head on the predicted positions only).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import pathlib
+
+import flax.linen as nn
+import jax
+
+from tupe import flops
+from tupe import models
+from tupe import objectives
+from tupe import tools
+from tupe import trainer
+from tupe.data import examples
+from tupe.errors import UserError, run_main
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+BACKBONE = ("embeddings", "positional", "attention", "conv heads", "FFN")
+COMPONENTS = BACKBONE + ("heads", "generator")
+# The model names of configs/pretrain.py: the models, and ConvBERT trained with MLM.
+PRETRAIN_MODELS = models.MODELS + ("convbert_mlm",)
+
+
+def component(path: tuple[str, ...]) -> str:
+  """The component (one of COMPONENTS) of a parameter of a MaskedLM or Electra tree, by its path of keys."""
+  if path[0] == "generator":
+    return "generator"
+  if path[0].endswith("_head"):
+    return "heads"
+  if "untied_position" in path or "relative_position" in path or path[-1] == "position_embeddings":
+    return "positional"
+  if "embeddings" in path or "embeddings_project" in path:
+    return "embeddings"
+  for key, name in (("conv", "conv heads"), ("attention", "attention"), ("ffn", "FFN")):
+    if key in path:
+      return name
+  raise ValueError(f"parameter {'/'.join(path)} belongs to no component of {COMPONENTS}")
+
+
+def component_counts(params) -> dict[str, int]:
+  """Parameters per component of a pre-training model's (abstract) params; all COMPONENTS, zeros included."""
+  counts = dict.fromkeys(COMPONENTS, 0)
+  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    keys = tuple(str(getattr(k, "key", k)) for k in path)
+    counts[component(keys)] += int(leaf.size)
+  return counts
+
+
+def pretraining_shapes(cfg):
+  """Abstract params of the config's pre-training model (MaskedLM or Electra), from jax.eval_shape."""
+  module = objectives.build_model(cfg)
+  inputs = objectives.init_inputs(1, min(8, cfg.model.max_position_embeddings), 2)
+  return jax.eval_shape(lambda: nn.meta.unbox(module.init(jax.random.PRNGKey(0), *inputs)["params"]))
+
+
+def summarize(cfg) -> dict:
+  """Parameter counts and FLOPs per token of a pre-training config (`configs/pretrain.py`).
+
+  Returns:
+    dict: every COMPONENTS count, "backbone", "total" (ints), "forward_flops" (backbone forward per token),
+    "train_flops" (training step per token).
+  """
+  row = component_counts(pretraining_shapes(cfg))
+  row["backbone"] = sum(row[name] for name in BACKBONE)
+  row["total"] = sum(row[name] for name in COMPONENTS)
+  generator = (models.generator_config(cfg.model, cfg.generator_fraction) if cfg.objective == "electra"
+               else None)
+  row["forward_flops"] = flops.encoder_forward_flops(cfg.model, cfg.seq_len) / cfg.seq_len
+  row["train_flops"] = flops.train_step_flops(cfg.model, cfg.seq_len, 1, trainer.num_predictions(cfg),
+                                              generator) / cfg.seq_len
+  return row
+
+
+def load_config(spec: str):
+  """The ConfigDict of 'path/to/config.py:arg' (path relative to the working directory or the repository)."""
+  file, _, arg = spec.partition(":")
+  path = pathlib.Path(file)
+  if not path.is_file() and (REPO / path).is_file():
+    path = REPO / path
+  if not path.is_file():
+    raise UserError(f"config file {file} does not exist: write e.g. configs/pretrain.py:tupe_r,base")
+  module_spec = importlib.util.spec_from_file_location(f"_summary_config_{path.stem}", path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  try:
+    return module.get_config(arg) if arg else module.get_config()
+  except ValueError as e:
+    raise UserError(f"--config {spec}: {e}") from None
+
+
+def resolve_vocab_size(cfg) -> None:
+  """model.vocab_size 0 means 'from the tokenizer' (as in training): the synthetic or text source's vocab."""
+  if cfg.model.vocab_size == 0:
+    info = (examples.synthetic_info(cfg.data.synthetic_vocab_size) if cfg.data.source == "synthetic"
+            else examples.load_tokenizer_for(cfg.data)[1])
+    trainer.resolve_vocab_size(cfg, info.vocab_size)
+
+
+def markdown(rows: dict[str, dict]) -> str:
+  """The summary table of {config label: `summarize` row}."""
+  header = ["config", *COMPONENTS[:5], "backbone", *COMPONENTS[5:], "total", "forward MFLOPs/token",
+            "train MFLOPs/token"]
+  keys = [*COMPONENTS[:5], "backbone", *COMPONENTS[5:], "total"]
+  cells = [[label, *(f"{row[k]:,}" for k in keys), f"{row['forward_flops'] / 1e6:,.2f}",
+            f"{row['train_flops'] / 1e6:,.2f}"] for label, row in rows.items()]
+  return tools.markdown_table(header, cells)
+
+
+def main(argv: list[str]) -> None:
+  parser = argparse.ArgumentParser(prog="python -m tupe.tools.summary", description=__doc__.splitlines()[0])
+  which = parser.add_mutually_exclusive_group(required=True)
+  which.add_argument("--config", action="append", help="configs/<file>.py:<arg> (repeatable)")
+  which.add_argument("--all", action="store_true", help="every model x size of configs/pretrain.py")
+  parser.add_argument("--out", help="also write the table to this markdown file")
+  args = parser.parse_args(argv[1:])
+  specs = args.config or [f"configs/pretrain.py:{name},{size}" for name in PRETRAIN_MODELS for size in models.SIZES]
+  rows = {}
+  for spec in specs:
+    cfg = load_config(spec)
+    resolve_vocab_size(cfg)
+    rows[spec.partition(":")[2] or spec] = summarize(cfg)
+  table = markdown(rows)
+  table += ("\nParameters from the pre-training model's parameter tree; FLOPs per token at each config's seq_len "
+            "(a multiply-add = 2 FLOPs).\n")
+  print(table, end="")
+  if args.out:
+    pathlib.Path(args.out).write_text(table, encoding="utf-8")
+
+
+if __name__ == "__main__":
+  run_main(main)
