@@ -122,8 +122,7 @@ def head_grid(maps: np.ndarray, title: str, head_titles: list[str], tokens: list
   figure = tools.new_figure(cols * (panel + 0.9), rows * panel + 0.8)
   figure.suptitle(title, fontsize=11)
   grid = figure.subplots(rows, cols, squeeze=False)
-  cmap = matplotlib.colormaps["RdBu_r" if signed else "viridis"].copy()
-  cmap.set_bad("lightgray")
+  cmap = matplotlib.colormaps["RdBu_r" if signed else "viridis"].with_extremes(bad="lightgray")
   for h, axes in enumerate(grid.flat):
     if h >= heads:
       axes.axis("off")

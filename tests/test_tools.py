@@ -1,0 +1,289 @@
+"""The analysis functions on hand-made maps, and the analyze / plot / summary tools end to end on tiny models.
+
+The tiny TUPE-R checkpoint is saved through `tupe.checkpoint` (initialized parameters, the BERT vocab in its
+meta), the tiny HF ConvBERT with `save_pretrained`; the tools run in-process on them and their PNG and CSV
+files are read back.
+"""
+import csv
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import matplotlib.image
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from configs import pretrain
+from tupe import analysis
+from tupe import checkpoint
+from tupe import flops
+from tupe import hf
+from tupe import logs
+from tupe import models
+from tupe import objectives
+from tupe import trainer
+from tupe.data import pipeline
+from tupe.data import tokenizer as tokenizer_lib
+from tupe.errors import UserError, run_main
+from tupe.models import position
+from tupe.tools import analyze, plot, summary
+
+SENTENCES = ("The quick brown fox jumps over the lazy dog.\n"
+             "Attention maps show which tokens each position reads, layer by layer.\n"
+             "Short one.\n")
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def read_csv(path) -> list[list[str]]:
+  with open(path, newline="") as f:
+    return list(csv.reader(f))
+
+
+def check_png(path):
+  assert path.read_bytes()[:8] == PNG_SIGNATURE, path
+  image = matplotlib.image.imread(path)
+  assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100, path
+
+
+# Diagonal concentration: C = sum_{|i-j|<=4} M_ij / sum_{|i-j|>4} M_ij.
+
+def test_concentration_identity_is_inf_and_zero_map_is_nan():
+  """All mass on the band: zero denominator, positive numerator -> inf; an all-zero map -> nan."""
+  assert np.isposinf(analysis.diagonal_concentration(np.eye(8)))
+  assert np.isnan(analysis.diagonal_concentration(np.zeros((8, 8))))
+  assert np.isposinf(analysis.diagonal_concentration(np.ones((5, 5))))  # L <= 5: every pair is within 4
+
+
+def test_concentration_uniform_by_hand():
+  """L = 10: pairs with |i-j| <= 4 are 10 + 2 * (9 + 8 + 7 + 6) = 70, the other 100 - 70 = 30."""
+  np.testing.assert_allclose(analysis.diagonal_concentration(np.full((10, 10), 0.1)), 70 / 30)
+  length = 16  # In general (9L - 20) / ((L - 4)(L - 5)).
+  np.testing.assert_allclose(analysis.diagonal_concentration(np.ones((length, length))),
+                             (9 * length - 20) / ((length - 4) * (length - 5)))
+
+
+def test_concentration_banded_and_batched():
+  """Band |i-j| <= 6 with L = 10: near 70 as above; far |i-j| in {5, 6}: 2 * (5 + 4) = 18 pairs.
+
+  Weighted band (2 on the diagonal, 1 at |i-j| = 1, 0.5 at |i-j| = 5): near 2 * 10 + 2 * 9 = 38, far
+  0.5 * 2 * 5 = 5.
+  """
+  i, j = np.indices((10, 10))
+  band = (np.abs(i - j) <= 6).astype(float)
+  weighted = np.select([i == j, np.abs(i - j) == 1, np.abs(i - j) == 5], [2.0, 1.0, 0.5], 0.0)
+  stacked = np.stack([[band, weighted], [np.eye(10), np.full((10, 10), 0.1)]])  # [2, 2, L, L]
+  np.testing.assert_allclose(analysis.diagonal_concentration(stacked), [[70 / 18, 38 / 5], [np.inf, 70 / 30]])
+  # A window of 0 counts only the diagonal: 10 diagonal pairs against the other 90.
+  np.testing.assert_allclose(analysis.diagonal_concentration(np.ones((10, 10)), window=0), 10 / 90)
+
+
+def test_masked_map_sums_skip_pads():
+  """Two sentences of 3 and 2 real tokens in L = 4: pads contribute nothing, entries count both sentences."""
+  maps = np.ones((2, 1, 4, 4))
+  mask = np.array([[1, 1, 1, 0], [1, 1, 0, 0]])
+  sums, counts = analysis.masked_map_sums(maps, mask)
+  expected_counts = np.array([[2, 2, 1, 0], [2, 2, 1, 0], [1, 1, 1, 0], [0, 0, 0, 0]])
+  np.testing.assert_array_equal(counts, expected_counts)
+  np.testing.assert_array_equal(np.asarray(sums)[0], expected_counts)
+  mean = analysis.mean_maps(sums, counts)
+  assert np.all(mean[0][expected_counts > 0] == 1.0) and np.all(np.isnan(mean[0][expected_counts == 0]))
+
+
+# A tiny TUPE-R checkpoint written by tupe.checkpoint, as train.py writes it.
+
+@pytest.fixture(scope="module")
+def tupe_checkpoint(tmp_path_factory, bert_vocab) -> pathlib.Path:
+  workdir = tmp_path_factory.mktemp("tupe_r")
+  corpus = workdir / "corpus.txt"
+  corpus.write_text("One document with a few words. And a second sentence.\n\nAnother document here.\n" * 8)
+  cfg = pretrain.get_config("tupe_r,tiny")
+  cfg.model.update(hidden_size=32, intermediate_size=64, num_layers=2, max_position_embeddings=32)
+  cfg.model.embedding_size = 32
+  cfg.data.update(source="text", files=str(corpus), vocab_file=str(bert_vocab))
+  cfg.update(seq_len=32, global_batch_size=8)
+  cfg.checkpoint.async_save = False
+  data_iterator, info = pipeline.make_pretrain_iterator(cfg.data, seq_len=cfg.seq_len, batch_size=8, seed=0,
+                                                        process_index=0, process_count=1, split="train")
+  trainer.resolve_vocab_size(cfg, info.vocab_size)
+  params = jax.jit(lambda: models.init_module(models.MaskedLM(cfg.model), cfg.model, 1))()
+  state = trainer.TrainState(step=jnp.array(3, jnp.int32), params=params, opt_state={}, rng=jax.random.PRNGKey(0))
+  saver = checkpoint.Checkpointer(workdir / "checkpoints", cfg.checkpoint)
+  saver.save(3, state, data_iterator, trainer.checkpoint_meta(cfg, info.vocab_file), force=True)
+  saver.close()
+  return workdir
+
+
+@pytest.fixture(scope="module")
+def sentences_file(tmp_path_factory) -> pathlib.Path:
+  path = tmp_path_factory.mktemp("text") / "sentences.txt"
+  path.write_text(SENTENCES)
+  return path
+
+
+def test_analyze_tupe_checkpoint(tupe_checkpoint, sentences_file, tmp_path, capsys):
+  out = tmp_path / "analysis"
+  analyze.main(["analyze", "--checkpoint", str(tupe_checkpoint), "--text-file", str(sentences_file), "--out",
+                str(out), "--sentence-index", "1"])
+  assert "wrote 11 files" in capsys.readouterr().out
+  cfg, params, _ = checkpoint.load_encoder(tupe_checkpoint)
+  heads = models.attention_heads(cfg)
+  for layer in range(2):
+    check_png(out / f"attention_mean_layer{layer:02d}.png")
+    check_png(out / f"attention_sentence1_layer{layer:02d}.png")
+  for name in ("diagonal_concentration.png", "positional_correlation.png", "relative_bias.png"):
+    check_png(out / name)
+
+  rows = read_csv(out / "diagonal_concentration.csv")
+  assert rows[0] == ["layer"] + [f"head_{h}" for h in range(heads)] and len(rows) == 1 + cfg.num_layers
+  values = np.array([[float(v) for v in row[1:]] for row in rows[1:]])
+  assert np.all(np.isfinite(values)) and np.all(values > 0)
+  assert (out / "diagonal_concentration.md").read_text().count("\n| ") == 1 + cfg.num_layers
+
+  # [CLS] values and the relative bias against the model's own positional modules.
+  stack = params["stack"]
+  term = np.asarray(position.UntiedPositionalTerm(cfg).apply({"params": stack["untied_position"]}, 6))
+  relative = np.asarray(position.RelativePositionBias(cfg).apply({"params": stack["relative_position"]}, 6))
+  rows = read_csv(out / "cls_values.csv")
+  assert rows[0] == ["head", "theta1", "theta2", "relative_theta1", "relative_theta2"] and len(rows) == 1 + heads
+  cls = np.array([[float(v) for v in row[1:]] for row in rows[1:]])
+  np.testing.assert_allclose(cls[:, 0], term[:, 0, 3], rtol=1e-6)      # row 0: [CLS] -> others
+  np.testing.assert_allclose(cls[:, 1], term[:, 3, 0], rtol=1e-6)      # column 0: others -> [CLS]
+  np.testing.assert_allclose(cls[:, 2], relative[:, 0, 3], rtol=1e-6)
+  np.testing.assert_allclose(cls[:, 3], relative[:, 3, 0], rtol=1e-6)
+  rows = read_csv(out / "relative_bias.csv")
+  shown = min(2 * cfg.max_distance, cfg.max_position_embeddings - 1)
+  assert len(rows) == 1 + 2 * shown + 1 and rows[1][0] == str(-shown) and rows[-1][0] == str(shown)
+  by_distance = {int(row[0]): np.array([float(v) for v in row[1:]]) for row in rows[1:]}
+  for i, j in ((1, 1), (1, 5), (5, 1), (2, 4), (4, 2)):
+    np.testing.assert_allclose(by_distance[j - i], relative[:, i, j], rtol=1e-6)
+
+
+def test_analyze_user_errors(tupe_checkpoint, sentences_file, tmp_path, capsys):
+  def fails(*extra):
+    argv = ["analyze", "--checkpoint", str(tupe_checkpoint), "--text-file", str(sentences_file), "--out",
+            str(tmp_path), *extra]
+    with pytest.raises(SystemExit) as exit_info:
+      run_main(analyze.main, argv)
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err
+  assert "--sentence-index 3 is out of range" in fails("--sentence-index", "3")
+  assert "--max-len 64 must be between 3 and the model's 32 positions" in fails("--max-len", "64")
+  empty = tmp_path / "empty.txt"
+  empty.write_text("\n\n")
+  with pytest.raises(UserError, match="has no sentences"):
+    analyze.read_sentences(empty, 4)
+
+
+# A tiny HF ConvBERT written by save_pretrained.
+
+@pytest.fixture(scope="module")
+def hf_convbert(tmp_path_factory) -> pathlib.Path:
+  directory = tmp_path_factory.mktemp("hf_convbert")
+  config = transformers.ConvBertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                       intermediate_size=64, embedding_size=16, max_position_embeddings=64,
+                                       pad_token_id=0)
+  torch.manual_seed(0)
+  transformers.ConvBertModel(config).eval().save_pretrained(directory)
+  return directory
+
+
+def test_analyze_hf_convbert_matches_torch_attentions(hf_convbert, sentences_file, bert_vocab, tmp_path):
+  out = tmp_path / "analysis"
+  analyze.main(["analyze", "--hf-convbert", str(hf_convbert), "--vocab", str(bert_vocab), "--text-file",
+                str(sentences_file), "--out", str(out), "--max-sentences", "2"])
+  for name in ("attention_mean_layer00.png", "attention_sentence0_layer01.png", "diagonal_concentration.png"):
+    check_png(out / name)
+  assert not any((out / name).exists() for name in ("positional_correlation.png", "cls_values.csv",
+                                                      "relative_bias.csv"))
+  rows = read_csv(out / "diagonal_concentration.csv")
+  assert rows[0] == ["layer", "head_0", "head_1"] and len(rows) == 3  # 4 heads, head_ratio 2: 2 attention heads
+  ours = np.array([[float(v) for v in row[1:]] for row in rows[1:]])
+
+  # The same padded batch through HF's PyTorch model: C pooled over both sentences from its attentions.
+  cfg, _ = hf.import_convbert(hf_convbert)
+  tokenizer, info = tokenizer_lib.load_tokenizer(bert_vocab)
+  ids, mask = analyze.encode_sentences(tokenizer, info, SENTENCES.splitlines()[:2], cfg.max_position_embeddings)
+  model = transformers.ConvBertModel.from_pretrained(hf_convbert).eval()
+  with torch.no_grad():
+    attentions = model(torch.tensor(ids, dtype=torch.long), attention_mask=torch.tensor(mask),
+                       output_attentions=True).attentions
+  maps = np.stack([a.numpy() for a in attentions], axis=1)  # [sentences, layers, heads, L, L]
+  sums, _ = analysis.masked_map_sums(maps, mask)
+  np.testing.assert_allclose(ours, analysis.diagonal_concentration(sums), rtol=1e-4)
+
+
+# Training curves.
+
+def write_run(workdir: pathlib.Path, electra: bool):
+  workdir.mkdir()
+  writer = logs.MetricWriter(workdir, tensorboard=False)
+  for step in range(1, 31):
+    metrics = dict(loss=10.0 / step, mlm_loss=10.0 / step, mlm_accuracy=step / 30, learning_rate=1e-3 * step / 30,
+                   tokens_per_s=1000.0 + step)
+    if electra:
+      metrics.update(disc_loss=0.5 / step, disc_accuracy=0.9, disc_auc=0.5 + step / 100)
+    writer.write(step, metrics)
+    if step % 10 == 0:
+      writer.write(step, dict(loss=11.0 / step, mlm_accuracy=step / 40), prefix="eval_")
+  writer.write(31, dict(loss=float("nan")))
+  writer.close()
+
+
+def test_plot_two_runs(tmp_path, capsys):
+  write_run(tmp_path / "mlm", electra=False)
+  write_run(tmp_path / "electra", electra=True)
+  out = tmp_path / "curves.png"
+  plot.main(["plot", "--workdir", str(tmp_path / "mlm"), str(tmp_path / "electra"), "--out", str(out),
+             "--smoothing", "0.5"])
+  check_png(out)
+  printed = capsys.readouterr().out
+  assert "2 run(s)" in printed and "discriminator AUC" in printed and "tokens/s" in printed
+  with pytest.raises(UserError, match="metrics.jsonl does not exist"):
+    plot.read_run(tmp_path / "missing")
+
+
+def test_smoothing_by_hand():
+  np.testing.assert_allclose(plot.smooth(np.array([1.0, 2.0, 3.0]), 0.0), [1.0, 2.0, 3.0])
+  np.testing.assert_allclose(plot.smooth(np.full(5, 4.0), 0.9), np.full(5, 4.0))  # debiased: no ramp from 0
+  # w = 0.5: 0.5 / 0.5 = 1; nan carries 1; (0.25 + 1.5) / 0.75.
+  np.testing.assert_allclose(plot.smooth(np.array([1.0, np.nan, 3.0]), 0.5), [1.0, 1.0, 1.75 / 0.75])
+
+
+# Parameter and FLOP summary.
+
+@pytest.mark.parametrize("name", ["tupe_r", "convbert"])
+def test_summary_counts_equal_parameter_trees(name):
+  cfg = pretrain.get_config(f"{name},tiny")
+  row = summary.summarize(cfg)
+  module = objectives.build_model(cfg)
+  shapes = jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), *objectives.init_inputs(1, 8, 2))["params"])
+  assert row["total"] == models.param_count(shapes)
+  assert row["backbone"] == models.param_count(jax.eval_shape(lambda: models.init(cfg.model)))
+  d, heads, layers, kernel = cfg.model.hidden_size, cfg.model.num_heads, cfg.model.num_layers, 9
+  if name == "tupe_r":  # table (max positions + 1) x d, LayerNorm, Uq, Uk; relative table 33 x heads
+    assert row["positional"] == (129 * d + 2 * d + 2 * (d * d + d)) + 33 * heads
+    assert row["conv heads"] == row["generator"] == 0
+  else:  # per layer: depthwise d K, pointwise d A + A, kernel A (H' K) + H' K, value d A + A
+    a, attention_heads = d // 2, heads // 2
+    conv = d * kernel + d * a + a + a * attention_heads * kernel + attention_heads * kernel + d * a + a
+    assert row["conv heads"] == layers * conv
+    assert row["generator"] > 0 and row["positional"] == 128 * cfg.model.embedding_size
+  generator = models.generator_config(cfg.model, cfg.generator_fraction) if name == "convbert" else None
+  assert row["train_flops"] == flops.train_step_flops(cfg.model, cfg.seq_len, 1, trainer.num_predictions(cfg),
+                                                      generator) / cfg.seq_len
+
+
+def test_summary_command(tmp_path, capsys):
+  out = tmp_path / "summary.md"
+  summary.main(["summary", "--config", "configs/pretrain.py:bert_a,tiny", "--config", "configs/pretrain.py:tupe_a,tiny",
+                "--out", str(out)])
+  table = out.read_text()
+  assert table == capsys.readouterr().out
+  lines = [line for line in table.splitlines() if line.startswith("| ")]
+  assert len(lines) == 3 and lines[1].startswith("| bert_a,tiny |") and lines[2].startswith("| tupe_a,tiny |")
+  total = int(lines[1].split("|")[10].strip().replace(",", ""))
+  assert total == summary.summarize(pretrain.get_config("bert_a,tiny"))["total"]
+  with pytest.raises(UserError, match="does not exist"):
+    summary.load_config("configs/missing.py:tupe_a,tiny")
