@@ -143,8 +143,9 @@ def test_analyze_tupe_checkpoint(tupe_checkpoint, sentences_file, tmp_path, caps
 
   # [CLS] values and the relative bias against the model's own positional modules.
   stack = params["stack"]
-  term = np.asarray(position.UntiedPositionalTerm(cfg).apply({"params": stack["untied_position"]}, 6))
-  relative = np.asarray(position.RelativePositionBias(cfg).apply({"params": stack["relative_position"]}, 6))
+  apply = lambda module, name: np.asarray(jax.jit(lambda p: module.apply({"params": p}, 6))(stack[name]))
+  term = apply(position.UntiedPositionalTerm(cfg), "untied_position")
+  relative = apply(position.RelativePositionBias(cfg), "relative_position")
   rows = read_csv(out / "cls_values.csv")
   assert rows[0] == ["head", "theta1", "theta2", "relative_theta1", "relative_theta2"] and len(rows) == 1 + heads
   cls = np.array([[float(v) for v in row[1:]] for row in rows[1:]])

@@ -10,6 +10,7 @@ of the summed maps (pads zeroed): every attention weight of every sentence count
 """
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -75,7 +76,8 @@ def untied_positional_term(cfg, stack_params, length: int) -> np.ndarray:
   """
   if cfg.position != "untied":
     raise ValueError(f"model.position={cfg.position!r} has no untied positional term")
-  term = position.UntiedPositionalTerm(cfg).apply({"params": stack_params["untied_position"]}, length)
+  module = position.UntiedPositionalTerm(cfg)
+  term = jax.jit(lambda params: module.apply({"params": params}, length))(stack_params["untied_position"])
   return np.asarray(term)
 
 

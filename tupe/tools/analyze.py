@@ -116,9 +116,9 @@ def head_grid(maps: np.ndarray, title: str, head_titles: list[str], tokens: list
     signed: values of either sign (logits): a diverging colormap centered on 0.
   """
   heads, length = maps.shape[0], maps.shape[-1]
-  cols = min(heads, 4)
+  cols = min(4, math.ceil(math.sqrt(heads)))
   rows = math.ceil(heads / cols)
-  panel = max(3.2, 0.12 * length + 1.5) if tokens else 3.2
+  panel = max(3.2, 0.09 * length + 1.5) if tokens else 3.2
   figure = tools.new_figure(cols * (panel + 0.9), rows * panel + 0.8)
   figure.suptitle(title, fontsize=11)
   grid = figure.subplots(rows, cols, squeeze=False)
@@ -243,13 +243,14 @@ def analyze(cfg, params, tokenizer, info, sentences: list[str], out: pathlib.Pat
   real = int(attention_mask[index].sum())
   vocab = tokenizer_lib.read_vocab(info.vocab_file)
   tokens = [vocab[i] for i in input_ids[index, :real]]
+  excerpt = repr(sentences[index] if len(sentences[index]) <= 80 else sentences[index][:77] + "...")
   for layer in range(cfg.num_layers):
     figure = head_grid(mean[layer], f"{label}: layer {layer}, mean attention of {kind} over {len(sentences)} "
                        f"sentences (L = {length})",
                        [f"head {h}, C = {_format_value(concentration[layer, h])}" for h in range(heads)])
     _save(figure, out / f"attention_mean_layer{layer:02d}.png", written)
     sentence_c = analysis.diagonal_concentration(picked[layer, :, :real, :real])
-    figure = head_grid(picked[layer, :, :real, :real], f"{label}: layer {layer}, sentence {index}",
+    figure = head_grid(picked[layer, :, :real, :real], f"{label}: layer {layer}, sentence {index}: {excerpt}",
                        [f"head {h}, C = {_format_value(sentence_c[h])}" for h in range(heads)], tokens)
     _save(figure, out / f"attention_sentence{index}_layer{layer:02d}.png", written)
 
