@@ -1,0 +1,75 @@
+"""GLUE fine-tuning recipes: `--config configs/glue.py:<recipe>` with recipe `tupe` or `convbert`.
+
+  python eval_glue.py --config configs/glue.py:tupe --config.init_checkpoint=runs/tupe_a \
+      --config.data_dir=glue_data --workdir runs/tupe_a_glue
+
+TUPE recipe (paper/official code): head dense-tanh-dropout-out on [CLS]; lr grid {2,3,4,5}e-5 x 5 seeds, median
+per lr, best lr reported; 10 epochs (5 for MNLI, QNLI, QQP); warmup 6% of the steps, linear decay; batch 32;
+weight decay 0.01 on all weights; dev evaluation twice per epoch, the best one kept; STS-B regression on
+label / 5.
+ConvBERT recipe (official code): head dropout-out on [CLS] (`--config.head=hf` for HF's dense-GELU head);
+layer-wise lr decay 0.8; lr 3e-4 (small, medium-small) or 1e-4 (base); 3 epochs (10 for RTE, STS-B); warmup
+10%; batch 32; weight decay 0.01 except LayerNorm and biases; MRPC and STS-B also trained on swapped pairs;
+dev evaluation at the end of training.
+Both: Adam (0.9, 0.999, eps 1e-6), clip 1.0, 128 tokens. Everything is overridable, e.g.
+`--config.tasks=rte,mrpc --config.learning_rates=2e-5,3e-5 --config.seeds=0,1 --config.epochs.rte=3`.
+"""
+import ml_collections
+
+from configs import pretrain
+
+TUPE_LRS = (2e-5, 3e-5, 4e-5, 5e-5)
+TUPE_MODELS = "bert_a,bert_r,tupe_a,tupe_a_tie_cls,tupe_r"
+
+
+def epochs(default: int, **per_task: int) -> ml_collections.ConfigDict:
+  """Training epochs per task (keys: the task names lowercased without '-')."""
+  tasks = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")
+  return ml_collections.ConfigDict({task: per_task.get(task, default) for task in tasks})
+
+
+def get_config(recipe: str = "tupe") -> ml_collections.ConfigDict:
+  if recipe not in ("tupe", "convbert"):
+    raise ValueError(f"unknown GLUE recipe {recipe!r}; use configs/glue.py:tupe or configs/glue.py:convbert")
+  common = pretrain.common()
+  c = ml_collections.ConfigDict()
+  # What to fine-tune: a train.py checkpoint or a HF ConvBERT (init "pretrained"), or random weights of `model`.
+  c.init = "pretrained"            # "pretrained" or "random" (the no-pre-training baseline)
+  c.init_checkpoint = ""           # train.py workdir, its checkpoints/ folder or a step directory (has its vocab)
+  c.init_hf = ""                   # HF ConvBERT directory written by save_pretrained
+  c.vocab_file = ""                # WordPiece vocab for init_hf (default <init_hf>/vocab.txt) and init "random"
+  c.lowercase = True               # uncased tokenization, as the vocab was trained (BERT uncased: True)
+  c.model = ""                     # init "random": "<name>,<size>", e.g. "tupe_a,base"
+  c.architectures = TUPE_MODELS if recipe == "tupe" else "convbert"  # model names this recipe fine-tunes
+  c.head = recipe                  # classifier head: "tupe", "convbert" or "hf" (see tupe.models.heads)
+  # Data: GLUE TSVs (the GLUE download script's layout) or prepared TFDS glue/<task> datasets.
+  c.data_dir = ""
+  c.tfds_data_dir = ""
+  c.tasks = "cola,sst2,mrpc,stsb,qqp,mnli,qnli,rte"  # MNLI also predicts the diagnostic set (AX)
+  c.max_train_examples = 0         # > 0: train on the first N examples only (quick checks)
+  c.max_seq_len = 128
+  c.swap_pairs = "" if recipe == "tupe" else "mrpc,stsb"  # tasks also trained on (b, a) pairs
+  c.regression_scale = 5.0 if recipe == "tupe" else 1.0  # STS-B is trained on score / scale
+  # The grid: every learning rate with every seed.
+  c.learning_rates = ()            # () = learning_rates_by_size[the model's size]
+  c.learning_rates_by_size = ml_collections.ConfigDict(
+      {size: TUPE_LRS if recipe == "tupe" else ((1e-4,) if size in ("base", "large") else (3e-4,))
+       for size in ("tiny", "small", "medium_small", "base", "large")})
+  c.seeds = (0, 1, 2, 3, 4)
+  c.epochs = epochs(10, mnli=5, qnli=5, qqp=5) if recipe == "tupe" else epochs(3, rte=10, stsb=10)
+  c.batch_size = 32                # global, across hosts and devices
+  c.eval_batch_size = 128
+  c.warmup_ratio = 0.06 if recipe == "tupe" else 0.1
+  c.evals_per_epoch = 2 if recipe == "tupe" else 0  # 0: evaluate once, at the end; else keep the best
+  c.optimizer = ml_collections.ConfigDict(dict(
+      decay="linear", power=1.0, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01, clip_norm=1.0,
+      weight_decay_mask="all" if recipe == "tupe" else "no_ln_bias",
+      layerwise_decay=1.0 if recipe == "tupe" else 0.8))
+  c.predict_test = True            # GLUE test-server files from each task's best model
+  c.plot_reference = True          # TUPE paper numbers in results.png for TUPE/BERT models
+  c.log_every = 50
+  c.prng_impl = common.prng_impl
+  c.mesh = common.mesh
+  c.sharding_rules = common.sharding_rules
+  c.distributed = common.distributed
+  return c
