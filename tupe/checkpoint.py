@@ -11,7 +11,9 @@ checkpoint that fails to load.
 from __future__ import annotations
 
 import logging
+import os
 import pathlib
+import re
 
 import grain
 import jax
@@ -27,6 +29,11 @@ class Checkpointer:
 
   def __init__(self, directory: str | pathlib.Path, ckpt_cfg):
     self.directory = pathlib.Path(directory).absolute()
+    try:  # Orbax would create it in a background thread and only fail at the first save.
+      self.directory.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+      raise UserError(f"cannot create the checkpoint directory {self.directory} ({_reason(e)}); choose another "
+                      f"--workdir") from e
     options = ocp.CheckpointManagerOptions(
         max_to_keep=ckpt_cfg.keep_last, keep_period=ckpt_cfg.keep_every or None,
         enable_async_checkpointing=ckpt_cfg.async_save, create=True, cleanup_tmp_directories=True)
@@ -38,9 +45,12 @@ class Checkpointer:
                               meta=ocp.args.JsonSave(meta))
     try:
       return self.manager.save(step, args=args, force=force)
-    except OSError as e:
-      raise UserError(f"could not write checkpoint {step} to {self.directory}: {e.strerror or e}; "
-                      f"free space or fix permissions, then rerun to resume from the last good checkpoint")
+    except Exception as e:  # Also the failure of the previous asynchronous save, re-raised here.
+      raise self._write_error(e) from e
+
+  def _write_error(self, e: Exception) -> UserError:
+    return UserError(f"could not write a checkpoint to {self.directory}: {_reason(e)}; free space or fix "
+                     f"permissions, then rerun to resume from the last good checkpoint")
 
   def restore_latest(self, abstract_state, data_iterator):
     """Restores the newest loadable checkpoint into `data_iterator`; returns (step, state) or None."""
@@ -56,11 +66,26 @@ class Checkpointer:
     return None
 
   def wait(self):
-    self.manager.wait_until_finished()
+    try:
+      self.manager.wait_until_finished()
+    except Exception as e:
+      raise self._write_error(e) from e
 
   def close(self):
-    self.manager.wait_until_finished()
-    self.manager.close()
+    try:
+      self.wait()
+    finally:
+      self.manager.close()
+
+
+def _reason(e: Exception) -> str:
+  """The OS error behind an exception if known (e.g. 'No space left on device'), else its first line."""
+  if isinstance(e, OSError) and e.strerror:
+    return e.strerror
+  code = re.search(r"\[os_error_code='(\d+)'\]", str(e))  # TensorStore's wording of a failed write.
+  if code:
+    return os.strerror(int(code.group(1)))
+  return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
 
 
 def latest_step_dir(path: str | pathlib.Path) -> pathlib.Path:
