@@ -43,6 +43,8 @@ class Checkpointer:
     args = ocp.args.Composite(state=ocp.args.StandardSave(state),
                               data=grain.checkpoint.CheckpointSave(data_iterator),
                               meta=ocp.args.JsonSave(meta))
+    if force and step in self.manager.all_steps():
+      return False  # Already saved, e.g. a SIGTERM right after a periodic checkpoint.
     try:
       return self.manager.save(step, args=args, force=force)
     except Exception as e:  # Also the failure of the previous asynchronous save, re-raised here.
