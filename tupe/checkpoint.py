@@ -6,7 +6,9 @@ A checkpoint step directory holds:
   meta:  JSON with the resolved config and the vocabulary, so a checkpoint is usable on its own.
 Orbax writes into a temporary directory and renames it when complete, so a killed save never leaves a
 checkpoint that looks finished. Restoring walks from the newest step down and skips (with a warning) any
-checkpoint that fails to load.
+checkpoint that fails to load; once an older one loads, the skipped ones are renamed to `<step>.corrupt-<time>`
+so that the resumed run saves those steps anew. A checkpoint whose parameters have other shapes than the model
+being trained (another architecture or vocabulary) is an error, as is a directory where no checkpoint loads.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import logging
 import os
 import pathlib
 import re
+import time
 
 import grain
 import jax
@@ -54,18 +57,60 @@ class Checkpointer:
     return UserError(f"could not write a checkpoint to {self.directory}: {_reason(e)}; free space or fix "
                      f"permissions, then rerun to resume from the last good checkpoint")
 
-  def restore_latest(self, abstract_state, data_iterator):
-    """Restores the newest loadable checkpoint into `data_iterator`; returns (step, state) or None."""
+  def restore_latest(self, abstract_state, data_iterator, config: dict):
+    """Restores the newest loadable checkpoint into `data_iterator`; returns (step, state) or None.
+
+    Args:
+      abstract_state: the TrainState's shapes, dtypes and shardings.
+      data_iterator: the input pipeline's iterator, set to the checkpoint's position.
+      config: the run's resolved config as JSON (the `meta` "config"), to explain a mismatch.
+
+    Raises:
+      UserError: if a checkpoint holds parameters of other shapes than `abstract_state`, or none loads.
+    """
+    skipped = []
     for step in sorted(self.manager.all_steps(), reverse=True):
+      try:
+        saved = ocp.StandardCheckpointHandler().metadata(self._step_dir(step) / "state")["params"]
+        meta = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+      except Exception as e:  # Unreadable metadata: a truncated or corrupted checkpoint.
+        skipped.append(self._skip(step, e))
+        continue
+      _check_fits(step, self.directory, saved, abstract_state.params, meta["config"], config)
       try:
         restored = self.manager.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract_state),
             data=grain.checkpoint.CheckpointRestore(data_iterator)))
-        return step, restored["state"]
       except Exception as e:  # A truncated or corrupted checkpoint: fall back to an older one.
-        logging.warning("skipping checkpoint %d in %s: it could not be restored (%s: %s)", step,
-                        self.directory, type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+        skipped.append(self._skip(step, e))
+        continue
+      self._move_aside(skipped)
+      return step, restored["state"]
+    if skipped:
+      raise UserError(f"no checkpoint in {self.directory} could be restored (see the warnings above); "
+                      f"repair it or move it away to start afresh")
     return None
+
+  def _step_dir(self, step: int) -> pathlib.Path:
+    return self.directory / str(step)
+
+  def _skip(self, step: int, e: Exception) -> int:
+    logging.warning("skipping checkpoint %d in %s: it could not be restored (%s: %s)", step, self.directory,
+                    type(e).__name__, _reason(e))
+    return step
+
+  def _move_aside(self, steps: list[int]) -> None:
+    """Renames unrestorable steps out of the manager's view, so the resumed run can save those steps again."""
+    if not steps:
+      return
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    if jax.process_index() == 0:
+      for step in steps:
+        target = self.directory / f"{step}.corrupt-{stamp}"
+        self._step_dir(step).rename(target)
+        logging.warning("renamed the unrestorable checkpoint %d to %s", step, target)
+    ocp.multihost.sync_global_processes("tupe_checkpoint_move_aside")
+    self.manager.reload()
 
   def wait(self):
     try:
@@ -88,6 +133,39 @@ def _reason(e: Exception) -> str:
   if code:
     return os.strerror(int(code.group(1)))
   return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+  """{"a.b": leaf} for a nested dict."""
+  flat = {}
+  for k, v in tree.items():
+    flat.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+  return flat
+
+
+def _check_fits(step: int, directory: pathlib.Path, saved_params, params, saved_config: dict,
+                config: dict) -> None:
+  """Raises a UserError naming the difference when a checkpoint's parameters do not fit the model's."""
+  shapes = lambda tree: {jax.tree_util.keystr(k): tuple(x.shape)
+                         for k, x in jax.tree_util.tree_leaves_with_path(tree)}
+  saved_shapes, current_shapes = shapes(saved_params), shapes(params)
+  if saved_shapes == current_shapes:
+    return
+  where = f"checkpoint {step} in {directory}"
+  saved_vocab, vocab = saved_config["model"]["vocab_size"], config["model"]["vocab_size"]
+  if saved_vocab != vocab:
+    raise UserError(f"{where} has a {saved_vocab}-token vocabulary but the tokenizer has {vocab} tokens; use the "
+                    f"checkpoint's vocab (data.vocab_file) or a new --workdir")
+  keys = lambda c: _flat({"model": c["model"], "objective": c["objective"]})
+  saved_fields, fields = keys(saved_config), keys(config)
+  diff = [f"{k}={saved_fields.get(k)!r} in the checkpoint, {fields.get(k)!r} now"
+          for k in sorted(set(saved_fields) | set(fields)) if saved_fields.get(k) != fields.get(k)]
+  if not diff:
+    name = next(k for k in sorted(set(saved_shapes) | set(current_shapes))
+                if saved_shapes.get(k) != current_shapes.get(k))
+    diff = [f"parameter {name} is {saved_shapes.get(name)} in the checkpoint, {current_shapes.get(name)} now"]
+  raise UserError(f"{where} was written for another model ({'; '.join(diff[:3])}); resume with the same model "
+                  f"config or use a new --workdir")
 
 
 def latest_step_dir(path: str | pathlib.Path) -> pathlib.Path:

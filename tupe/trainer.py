@@ -282,7 +282,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
 
   ckpt = checkpoint_lib.Checkpointer(workdir / "checkpoints", cfg.checkpoint)
   meta = checkpoint_meta(cfg, info.vocab_file)
-  restored = ckpt.restore_latest(setup.abstract_state, train_iter)
+  restored = ckpt.restore_latest(setup.abstract_state, train_iter, meta["config"])
   if restored is None:
     state, start = setup.init_state(), 0
   else:
