@@ -49,7 +49,7 @@ class TrainState:
 
 
 class NonFiniteError(UserError):
-  """Raised under nonfinite='stop' when a step's loss or gradients are not finite."""
+  """Raised under nonfinite='stop' when a step's loss, gradients or updated state are not finite."""
 
 
 def maybe_initialize_distributed(cfg) -> None:
@@ -132,9 +132,13 @@ def make_train_step(cfg, module, tx, lr_schedule):
     rng = jax.random.fold_in(state.rng, state.step)
     grads, metrics = grads_and_metrics(state.params, batch, rng)
     grad_norm = optax.global_norm(grads)
-    finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
+    # Finite loss and gradients can still give a non-finite state (a learning rate that overflows, moments that
+    # overflow), which must not reach a checkpoint either.
+    new_leaves = [x for x in jax.tree_util.tree_leaves((params, opt_state)) if jnp.issubdtype(x.dtype, jnp.inexact)]
+    finite = (jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
+              & jnp.all(jnp.stack([jnp.isfinite(x).all() for x in new_leaves])))
     keep_finite = lambda new, old: jax.tree_util.tree_map(lambda n, o: jnp.where(finite, n, o), new, old)
     metrics = dict(metrics, grad_norm=grad_norm, learning_rate=lr_schedule(state.step),
                    nonfinite=1.0 - finite.astype(jnp.float32))
@@ -311,7 +315,8 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
     metrics.update(progress.rates(step))
     writer.write(step, metrics)
     if metrics["nonfinite"]:
-      msg = f"step {step}: non-finite loss or gradients (loss {metrics['loss']}); the update was skipped"
+      msg = (f"step {step}: non-finite loss, gradients or updated parameters (loss {metrics['loss']}); the "
+             f"update was skipped")
       if cfg.nonfinite == "stop":
         raise NonFiniteError(msg + "; stopping (nonfinite='stop'): the last checkpoint is intact")
       logs.log("warning: " + msg)
