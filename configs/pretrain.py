@@ -44,8 +44,9 @@ def common() -> ml_collections.ConfigDict:
   c.nonfinite = "skip"             # non-finite loss/grads: "skip" the update, or "stop" the run
   c.peak_flops = 0.0               # per-device peak FLOP/s for MFU; 0 = data sheet or measured matmul
   c.tensorboard = True
+  # Multi-host: a host that sends no heartbeat for heartbeat_timeout_s counts as dead and the others stop.
   c.distributed = ml_collections.ConfigDict(dict(coordinator_address="", num_processes=1, process_id=0,
-                                                 auto=False, initialization_timeout_s=300))
+                                                 auto=False, initialization_timeout_s=300, heartbeat_timeout_s=100))
   c.data = pipeline.default_data_config()
   return c
 

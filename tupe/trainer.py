@@ -59,9 +59,10 @@ def maybe_initialize_distributed(cfg) -> None:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(dist.coordinator_address, num_processes=dist.num_processes,
                                process_id=dist.process_id,
-                               initialization_timeout=dist.initialization_timeout_s)
+                               initialization_timeout=dist.initialization_timeout_s,
+                               heartbeat_timeout_seconds=dist.heartbeat_timeout_s)
   elif dist.auto:
-    jax.distributed.initialize()
+    jax.distributed.initialize(heartbeat_timeout_seconds=dist.heartbeat_timeout_s)
 
 
 def check_workdir(workdir: pathlib.Path) -> None:
