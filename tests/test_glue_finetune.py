@@ -1,0 +1,181 @@
+"""GLUE fine-tuning end to end: a tiny TUPE-A checkpoint written by train.py's trainer, fine-tuned on a slice of
+real SST-2 over a 2-device mesh, its outputs and submission file, resuming, and the user errors."""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import matplotlib.image
+import numpy as np
+import pytest
+
+from configs import glue as glue_config
+from configs import pretrain
+from tupe import models
+from tupe import optim
+from tupe import trainer
+from tupe.data import glue
+from tupe.errors import UserError
+from tupe.glue import finetune
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+# A fast, clearly learning setting: 256 examples, 3 epochs of 16 steps, one high learning rate, two seeds.
+OVERRIDES = dict(tasks="sst2", max_train_examples=256, max_seq_len=32, batch_size=16, learning_rates=(1e-2,),
+                 seeds=(0, 1), eval_batch_size=256, log_every=8)
+
+
+@pytest.fixture(scope="module")
+def glue_dir(shared_data):
+  return shared_data / "glue"
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory, glue_dir, bert_vocab):
+  """A train.py workdir: a 1-layer TUPE-A, BERT vocab, 2 MLM steps on SST-2 dev sentences, one checkpoint."""
+  root = tmp_path_factory.mktemp("pretrain")
+  corpus = root / "corpus.txt"
+  corpus.write_text("\n\n".join(e.text_a for e in glue.load_split(glue_dir, "sst2", "dev")[:300]) + "\n")
+  cfg = pretrain.get_config("tupe_a,tiny")
+  cfg.model.update(hidden_size=32, embedding_size=32, intermediate_size=64, num_layers=1)
+  cfg.data.update(source="text", files=str(corpus), vocab_file=str(bert_vocab), eval_fraction=0.0)
+  cfg.update(seq_len=32, global_batch_size=8, num_train_steps=2, eval_every=0, tensorboard=False, peak_flops=1e12)
+  cfg.optimizer.warmup_steps = 1
+  cfg.checkpoint.update(every_steps=2, async_save=False)
+  trainer.train(cfg, str(root / "workdir"))
+  return root / "workdir"
+
+
+def glue_cfg(recipe="tupe", **overrides):
+  cfg = glue_config.get_config(recipe)
+  cfg.update(overrides)
+  return cfg
+
+
+def test_finetune_sst2_end_to_end(pretrained, glue_dir, bert_vocab, tmp_path, capsys):
+  workdir = tmp_path / "glue"
+  cfg = glue_cfg(init_checkpoint=str(pretrained), data_dir=str(glue_dir), **OVERRIDES)
+  cfg.epochs.sst2 = 3
+  cfg.mesh.data = 2
+  results = finetune.run(cfg, str(workdir), devices=jax.devices()[:2])
+  out = capsys.readouterr().out
+  assert "[2/2] SST-2 lr 0.01 seed 1 | epoch 3/3 step 48/48 | loss" in out
+  assert "examples/s | ETA" in out and "dev at step 8 (epoch 0.5)" in out
+
+  runs = finetune.read_runs(workdir)
+  assert [(r["task"], r["lr"], r["seed"]) for r in runs] == [("SST-2", 0.01, 0), ("SST-2", 0.01, 1)]
+  for run in runs:
+    assert run["train_examples"] == 256 and run["total_steps"] == 48 and len(run["train_loss"]) == 3
+    assert run["train_loss"][-1] < 0.85 * run["train_loss"][0], run["train_loss"]
+    assert [h["step"] for h in run["dev_history"]] == [8, 16, 24, 32, 40, 48]  # twice per epoch
+    assert run["score"] == max(h["score"] for h in run["dev_history"])
+    accuracy = run["evaluations"]["SST-2"]["accuracy"]
+    assert abs(accuracy / 100 * 872 - round(accuracy / 100 * 872)) < 1e-6  # each of the 872 dev rows once
+
+  assert results == json.loads((workdir / "results.json").read_text())
+  sst2 = results["tasks"]["SST-2"]
+  assert sst2["best_lr"] == 0.01 and sst2["n_seeds"] == 2 and len(results["runs"]) == 2
+  assert sst2["median"] == pytest.approx(np.median([r["score"] for r in runs]))
+  assert "| SST-2 | accuracy | **" in (workdir / "results.md").read_text()
+  assert (workdir / "results.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+  assert matplotlib.image.imread(workdir / "results.png").ndim == 3
+  assert (workdir / "vocab.txt").read_text().splitlines() == bert_vocab.read_text().splitlines()
+
+  lines = (workdir / "submission" / "SST-2.tsv").read_text().splitlines()
+  assert lines[0] == "index\tprediction" and len(lines) == 1 + 1821
+  rows = [line.split("\t") for line in lines[1:]]
+  assert [int(i) for i, _ in rows] == list(range(1821)) and {p for _, p in rows} <= {"0", "1"}
+  best = finetune.best_run(runs)
+  with np.load(finetune.predictions_path(workdir, "SST-2", best["lr"], best["seed"])) as saved:
+    assert [p for _, p in rows] == [str(v) for v in saved["SST-2.values"][np.argsort(saved["SST-2.idx"])]]
+
+  # The command line, resuming: both runs are finished, so nothing is trained again.
+  flags = [f"--config.init_checkpoint={pretrained}", f"--config.data_dir={glue_dir}", "--config.tasks=sst2",
+           "--config.max_train_examples=256", "--config.max_seq_len=32", "--config.batch_size=16",
+           "--config.learning_rates=0.01", "--config.seeds=0,1", "--config.eval_batch_size=256",
+           "--config.log_every=8", "--config.epochs.sst2=3"]
+  proc = subprocess.run([sys.executable, "eval_glue.py", "--config", "configs/glue.py:tupe", "--workdir",
+                         str(workdir), *flags], cwd=REPO, capture_output=True, text=True, timeout=300,
+                        env=dict(os.environ))
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "SST-2: all 2 runs finished, skipped" in proc.stdout and "results.png" in proc.stdout
+  assert len(finetune.read_runs(workdir)) == 2
+
+  cfg.max_seq_len = 64
+  with pytest.raises(UserError, match="holds runs of another config \\(changed: max_seq_len\\)"):
+    finetune.run(cfg, str(workdir))
+
+
+def test_user_errors(pretrained, glue_dir, tmp_path):
+  run = lambda cfg: finetune.run(cfg, str(tmp_path / "out"), devices=jax.devices()[:1])
+  base = dict(init_checkpoint=str(pretrained), tasks="rte", mesh=dict(data=1, fsdp=1, tensor=1))
+  with pytest.raises(UserError, match="GLUE folder .*nope not found: get GLUE with the GLUE download script"):
+    run(glue_cfg(data_dir=str(tmp_path / "nope"), **base))
+  with pytest.raises(UserError, match="no GLUE data given: set --config.data_dir .*download_glue_data.py"):
+    run(glue_cfg(**base))
+  with pytest.raises(UserError, match="is a tupe_a model, but this recipe fine-tunes convbert"):
+    run(glue_cfg("convbert", data_dir=str(glue_dir), **base))
+  vocab = tmp_path / "vocab.txt"
+  vocab.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nthe\n")
+  with pytest.raises(UserError, match="the vocab has 6 tokens but checkpoint .* has 30522 embedding rows"):
+    run(glue_cfg(data_dir=str(glue_dir), vocab_file=str(vocab), **base))
+  with pytest.raises(UserError, match="max_seq_len=256 exceeds the 128 positions"):
+    run(glue_cfg(data_dir=str(glue_dir), max_seq_len=256, **base))
+  with pytest.raises(UserError, match="AX has no training data: it is predicted by the MNLI model"):
+    run(glue_cfg(data_dir=str(glue_dir), **dict(base, tasks="ax")))
+  with pytest.raises(UserError, match="set one of --config.init_checkpoint"):
+    run(glue_cfg(data_dir=str(glue_dir), init_hf="x", **base))
+
+
+def test_random_and_hf_backbones(bert_vocab, tmp_path):
+  cfg = glue_cfg(init="random", model="tupe_r,tiny", vocab_file=str(bert_vocab))
+  backbone = finetune.load_backbone(cfg, tmp_path)
+  assert backbone.params is None and backbone.cfg.relative_bias and backbone.cfg.vocab_size == 30522
+  with pytest.raises(UserError, match="init=random needs the architecture"):
+    finetune.load_backbone(glue_cfg(init="random", vocab_file=str(bert_vocab)), tmp_path)
+
+  transformers = pytest.importorskip("transformers")
+  hf_dir = tmp_path / "hf"
+  config = transformers.ConvBertConfig(vocab_size=30522, hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
+                                       intermediate_size=64, embedding_size=16, pad_token_id=0)
+  transformers.ConvBertModel(config).save_pretrained(hf_dir)
+  with pytest.raises(UserError, match="is a convbert model, but this recipe fine-tunes bert_a"):
+    finetune.load_backbone(glue_cfg(init_hf=str(hf_dir), vocab_file=str(bert_vocab)), tmp_path)
+  with pytest.raises(UserError, match="no vocab.txt there.* set --config.vocab_file"):
+    finetune.load_backbone(glue_cfg("convbert", init_hf=str(hf_dir)), tmp_path)
+  (hf_dir / "vocab.txt").write_text(bert_vocab.read_text())
+  backbone = finetune.load_backbone(glue_cfg("convbert", init_hf=str(hf_dir)), tmp_path)
+  assert backbone.cfg.name == "convbert" and backbone.params["embeddings"]["word_embeddings"].shape == (30522, 16)
+  assert finetune.learning_rates(glue_cfg("convbert"), backbone.cfg) == (3e-4,)
+
+
+def test_layerwise_decay_on_the_classifier():
+  """ConvBERT's layer-wise lr decay on the Classifier tree: head 1, layer i 0.8^(L - i), embeddings 0.8^(L + 1)."""
+  cfg = models.get_config("convbert", "tiny")
+  params = jax.eval_shape(lambda: models.init_module(models.Classifier(cfg, 2, "convbert"), cfg))
+  scales = optim.layerwise_scales(params, cfg.num_layers, 0.8)
+  layers = cfg.num_layers
+  assert scales["head"]["out"]["kernel"] == 1.0
+  for i in range(layers):
+    np.testing.assert_allclose(jax.tree_util.tree_leaves(scales["encoder"]["stack"][f"layer_{i}"]),
+                               0.8 ** (layers - i))
+  lowest = 0.8 ** (layers + 1)
+  np.testing.assert_allclose(jax.tree_util.tree_leaves(scales["encoder"]["embeddings"]), lowest)
+  assert scales["encoder"]["stack"]["embeddings_project"]["kernel"] == pytest.approx(lowest)
+
+
+def test_eval_batches_score_every_row_once():
+  n, size = 10, 4
+  arrays = {"input_ids": np.arange(n)[:, None] * np.ones((1, 3), np.int32), "attention_mask": np.ones((n, 3)),
+            "token_type_ids": np.zeros((n, 3)), "labels": np.linspace(0, 5, n).astype(np.float32),
+            "idx": np.arange(n)}
+  batches = list(finetune.eval_batches(arrays, size, regression_scale=5.0))
+  assert [real for real, _ in batches] == [4, 4, 2]
+  assert all(batch["input_ids"].shape == (size, 3) for _, batch in batches)
+  scored = np.concatenate([batch["input_ids"][:real, 0] for real, batch in batches])
+  np.testing.assert_array_equal(scored, np.arange(n))
+  np.testing.assert_array_equal(batches[-1][1]["weights"], [1, 1, 0, 0])
+  np.testing.assert_allclose(batches[0][1]["labels"], arrays["labels"][:4] / 5.0)
+  unlabelled = dict(arrays, labels=np.full(n, -1, np.int32))
+  assert sum(batch["weights"].sum() for _, batch in finetune.eval_batches(unlabelled, size, 1.0)) == 0
