@@ -114,6 +114,8 @@ def test_user_errors(pretrained, glue_dir, tmp_path):
     run(glue_cfg(data_dir=str(tmp_path / "nope"), **base))
   with pytest.raises(UserError, match="no GLUE data given: set --config.data_dir .*download_glue_data.py"):
     run(glue_cfg(**base))
+  with pytest.raises(UserError, match="TFDS"):  # Not prepared there, or TFDS not installed.
+    run(glue_cfg(tfds_data_dir=str(tmp_path / "tfds"), **base))
   with pytest.raises(UserError, match="is a tupe_a model, but this recipe fine-tunes convbert"):
     run(glue_cfg("convbert", data_dir=str(glue_dir), **base))
   vocab = tmp_path / "vocab.txt"

@@ -202,7 +202,11 @@ def load_examples(cfg, task: str, split: str) -> list[glue.Example]:
   if cfg.data_dir:
     return glue.load_split(cfg.data_dir, task, split)
   if cfg.tfds_data_dir:
-    return glue.load_split_tfds(task, split, cfg.tfds_data_dir)
+    try:
+      return glue.load_split_tfds(task, split, cfg.tfds_data_dir)
+    except ModuleNotFoundError as e:
+      raise UserError(f"reading GLUE from TFDS needs tensorflow_datasets ({e}): `pip install "
+                      f"tensorflow-datasets`, or read GLUE's TSVs with --config.data_dir") from e
   raise UserError(f"no GLUE data given: {_HOW_TO_GET_GLUE}")
 
 
