@@ -46,7 +46,7 @@ def decay_mask(params, mode: str):
 
 
 def layer_index(name: str, num_layers: int) -> int:
-  """Depth of a parameter for layer-wise lr decay: embeddings 0, layer i -> i + 1, everything above L + 1."""
+  """Depth for layer-wise lr decay, as in ELECTRA/ConvBERT: embeddings 0, layer i -> i + 1, the task head L + 2."""
   if name.startswith(("encoder/embeddings", "embeddings")):
     return 0
   m = re.search(r"layer_(\d+)/", name)
@@ -54,13 +54,13 @@ def layer_index(name: str, num_layers: int) -> int:
     return int(m.group(1)) + 1
   if "/stack/" in f"/{name}" or name.startswith("stack"):
     return 0  # Stack-level parameters below the layers: embeddings projection and positional terms.
-  return num_layers + 1
+  return num_layers + 2
 
 
 def layerwise_scales(params, num_layers: int, decay: float):
-  """ConvBERT fine-tuning: the head at lr, layer i at lr * decay^(L + 1 - i), embeddings lowest."""
+  """ConvBERT fine-tuning: the head at lr, layer i (from 0) at lr * decay^(L + 1 - i), embeddings lr * decay^(L + 2)."""
   def scale(path, _):
-    return decay ** (num_layers + 1 - layer_index(_path_name(path), num_layers))
+    return decay ** (num_layers + 2 - layer_index(_path_name(path), num_layers))
   return jax.tree_util.tree_map_with_path(scale, params)
 
 
