@@ -153,7 +153,8 @@ def test_random_and_hf_backbones(bert_vocab, tmp_path):
 
 
 def test_layerwise_decay_on_the_classifier():
-  """ConvBERT's layer-wise lr decay on the Classifier tree: head 1, layer i 0.8^(L - i), embeddings 0.8^(L + 1)."""
+  """ConvBERT's layer-wise lr decay on the Classifier tree, with the official code's depths: head 1, layer i
+  (from 0) 0.8^(L + 1 - i), embeddings and their projection 0.8^(L + 2)."""
   cfg = models.get_config("convbert", "tiny")
   params = jax.eval_shape(lambda: models.init_module(models.Classifier(cfg, 2, "convbert"), cfg))
   scales = optim.layerwise_scales(params, cfg.num_layers, 0.8)
@@ -161,8 +162,8 @@ def test_layerwise_decay_on_the_classifier():
   assert scales["head"]["out"]["kernel"] == 1.0
   for i in range(layers):
     np.testing.assert_allclose(jax.tree_util.tree_leaves(scales["encoder"]["stack"][f"layer_{i}"]),
-                               0.8 ** (layers - i))
-  lowest = 0.8 ** (layers + 1)
+                               0.8 ** (layers + 1 - i))
+  lowest = 0.8 ** (layers + 2)
   np.testing.assert_allclose(jax.tree_util.tree_leaves(scales["encoder"]["embeddings"]), lowest)
   assert scales["encoder"]["stack"]["embeddings_project"]["kernel"] == pytest.approx(lowest)
 
