@@ -9,8 +9,9 @@ A = attention heads * head_dim, W = A (or 2A with conv heads), K = conv kernel, 
   per token and layer: q, k, v 3 * 2dA; attention QK^T and PV 2 * 2LA; output 2Wd; FFN 2 * 2dI / g;
     conv heads (when head_ratio > 1): depthwise 2Kd, pointwise 2dA, kernel 2A(H'K), values 2dA, apply 2KA;
   per token: embedding projection 2Ed (when E != d);
-  per sequence: TUPE's untied term: 2 * 2(L+1)dA for Uq, Uk and 2(L+1)^2 A for the product;
-  MLM head, per predicted position: 2dE + 2EV; ELECTRA discriminator head, per token: 2d^2 + 2d.
+  MLM head, per predicted position: 2dE + 2EV; ELECTRA discriminator head, per token: 2d^2 + 2d;
+  once per forward pass, whatever the batch size (positions only, shared by every sequence): TUPE's untied
+    term, 2 * 2(L+1)dA for Uq, Uk and 2(L+1)^2 A for the product (L+1 rows with the [CLS] reset, else L).
 """
 from __future__ import annotations
 
@@ -36,8 +37,17 @@ PEAK_BF16 = {
 }
 
 
+def untied_position_flops(cfg, seq_len: int) -> float:
+  """Forward FLOPs of TUPE's untied positional term, computed once per forward pass for the whole batch."""
+  if cfg.position != "untied":
+    return 0.0
+  d, A = cfg.hidden_size, config_lib.attention_heads(cfg) * config_lib.head_dim(cfg)
+  rows = seq_len + int(cfg.cls_reset)
+  return float(2 * 2 * rows * d * A + 2 * rows * rows * A)
+
+
 def encoder_forward_flops(cfg, seq_len: int) -> float:
-  """Forward FLOPs of the encoder stack for one sequence."""
+  """Forward FLOPs of the encoder stack for a batch of one sequence."""
   d, L, I, E, K = cfg.hidden_size, seq_len, cfg.intermediate_size, cfg.embedding_size, cfg.conv_kernel_size
   heads = config_lib.attention_heads(cfg)
   A = heads * config_lib.head_dim(cfg)
@@ -49,10 +59,7 @@ def encoder_forward_flops(cfg, seq_len: int) -> float:
   flops = cfg.num_layers * per_token * L
   if E != d:
     flops += 2 * E * d * L
-  if cfg.position == "untied":
-    rows = L + int(cfg.cls_reset)
-    flops += 2 * 2 * rows * d * A + 2 * rows * rows * A
-  return float(flops)
+  return float(flops) + untied_position_flops(cfg, L)
 
 
 def mlm_head_flops(cfg, num_predictions: int) -> float:
@@ -62,14 +69,15 @@ def mlm_head_flops(cfg, num_predictions: int) -> float:
 
 def train_step_flops(cfg, seq_len: int, batch_size: int, num_predictions: int, generator_cfg=None) -> float:
   """Training FLOPs of one step (3 x forward) for the MLM or, with `generator_cfg`, the ELECTRA objective."""
-  forward = encoder_forward_flops(cfg, seq_len)
+  encoders = (cfg,) if generator_cfg is None else (cfg, generator_cfg)
+  once = sum(untied_position_flops(c, seq_len) for c in encoders)
+  forward = sum(encoder_forward_flops(c, seq_len) for c in encoders) - once
   if generator_cfg is None:
     forward += mlm_head_flops(cfg, num_predictions)
   else:
     d = cfg.hidden_size
-    forward += seq_len * (2 * d * d + 2 * d)
-    forward += encoder_forward_flops(generator_cfg, seq_len) + mlm_head_flops(generator_cfg, num_predictions)
-  return 3.0 * forward * batch_size
+    forward += seq_len * (2 * d * d + 2 * d) + mlm_head_flops(generator_cfg, num_predictions)
+  return 3.0 * (forward * batch_size + once)
 
 
 def measured_matmul_peak(size: int = 2048, dtype=jnp.float32, repeats: int = 5) -> float:
