@@ -1,0 +1,109 @@
+"""The explicit FLOP count (tupe.flops) against hand counts and against the matmuls the models really run."""
+import math
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from configs import pretrain
+from tupe import flops
+from tupe import models
+from tupe import objectives
+
+V, D, LAYERS, FFN = 100, 8, 2, 16  # vocab, hidden, layers, FFN width of the hand-counted models
+L, B, P = 4, 3, 2                  # sequence length, batch, predictions per sequence
+
+
+def small_model(name: str, **changes):
+  cfg = models.get_config(name, "tiny")
+  cfg.update(dict(dict(vocab_size=V, hidden_size=D, num_layers=LAYERS, num_heads=2, intermediate_size=FFN,
+                       embedding_size=D), **changes))
+  models.validate(cfg)
+  return cfg
+
+
+def test_bert_a_hand_count():
+  cfg = small_model("bert_a")                   # 2 heads of size 4: A = 8
+  per_token_layer = (3 * 2 * 8 * 8             # q, k, v projections: 3 x 2dA
+                     + 2 * 2 * L * 8           # QK^T and PV: 2 x 2LA
+                     + 2 * 8 * 8               # output projection: 2Ad
+                     + 2 * 2 * 8 * 16)         # FFN in and out: 2 x 2dI
+  assert per_token_layer == 1152
+  encoder = LAYERS * L * per_token_layer
+  head = P * (2 * 8 * 8 + 2 * 8 * V)            # MLM head at the predicted positions: transform 2dE, decoder 2EV
+  assert flops.encoder_forward_flops(cfg, L) == encoder == 9216
+  assert flops.train_step_flops(cfg, L, B, P) == 3 * B * (encoder + head) == 3 * 3 * (9216 + 3456)
+
+
+def test_tupe_a_hand_count():
+  cfg = small_model("tupe_a")                   # untied positions with the [CLS] reset: L + 1 table rows
+  layers = LAYERS * L * 1152                    # the same layers as BERT-A
+  untied = (2 * 2 * (L + 1) * 8 * 8             # p Uq and p Uk over 5 rows: 2 x 2(L+1)dA
+            + 2 * (L + 1) ** 2 * 8)             # (p Uq)(p Uk)^T: 2(L+1)^2 A
+  assert untied == 1680
+  assert flops.encoder_forward_flops(cfg, L) == layers + untied
+  head = P * (2 * 8 * 8 + 2 * 8 * V)
+  # The positional term depends on positions only: computed once per step, not once per sequence.
+  assert flops.train_step_flops(cfg, L, B, P) == 3 * (B * (layers + head) + untied)
+  cfg.cls_reset = False                         # TUPE-A without the reset: L rows
+  assert flops.encoder_forward_flops(cfg, L) == layers + 2 * 2 * L * 8 * 8 + 2 * L * L * 8
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_convbert_hand_count(groups):
+  # 4 heads with head_ratio 2: 2 attention heads + 2 conv heads of size 2, so A = 4 and W = 2A = 8; E = 4.
+  cfg = small_model("convbert", num_heads=4, embedding_size=4, conv_kernel_size=3, ffn_groups=groups)
+  per_token_layer = (3 * 2 * 8 * 4              # q, k, v projections: 3 x 2dA
+                     + 2 * 2 * L * 4           # QK^T and PV: 2 x 2LA
+                     + 2 * 8 * 8               # output projection of attention and conv heads: 2Wd
+                     + 2 * 2 * 8 * 16 // groups  # grouped FFN: 2 x 2dI / g
+                     + 2 * 3 * 8               # depthwise span conv: 2Kd
+                     + 2 * 8 * 4               # pointwise span conv: 2dA
+                     + 2 * 4 * (2 * 3)         # kernel generator A -> heads x K: 2A(H'K)
+                     + 2 * 8 * 4               # conv values: 2dA
+                     + 2 * 3 * 4)              # applying the dynamic kernels: 2KA
+  assert per_token_layer == (1144 if groups == 1 else 888)
+  projection = 2 * 4 * 8 * L                    # embeddings E -> d: 2Ed per token
+  head = P * (2 * 8 * 4 + 2 * 4 * V)            # MLM head: transform d -> E, tied decoder E -> V
+  assert flops.encoder_forward_flops(cfg, L) == LAYERS * L * per_token_layer + projection
+  assert flops.train_step_flops(cfg, L, 1, P) == 3 * (LAYERS * L * per_token_layer + projection + head)
+
+
+def dot_flops(jaxpr) -> int:
+  """2 x (multiply-adds) of every dot_general in a jaxpr, sub-jaxprs (jit, remat, custom rules) included."""
+  total = 0
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "dot_general":
+      (_, rhs_contract), (_, rhs_batch) = eqn.params["dimension_numbers"]
+      lhs, rhs = (v.aval.shape for v in eqn.invars)
+      free = [n for i, n in enumerate(rhs) if i not in rhs_contract and i not in rhs_batch]
+      total += 2 * math.prod(lhs) * math.prod(free)
+    for param in eqn.params.values():
+      for sub in param if isinstance(param, (tuple, list)) else (param,):
+        if isinstance(sub, jax.extend.core.ClosedJaxpr):
+          total += dot_flops(sub.jaxpr)
+        elif isinstance(sub, jax.extend.core.Jaxpr):
+          total += dot_flops(sub)
+  return total
+
+
+@pytest.mark.parametrize("name", ["bert_a", "tupe_a", "tupe_r", "convbert"])
+def test_training_count_equals_the_matmuls_of_the_gradient(name):
+  """3 x forward = the dot FLOPs of value_and_grad of the MLM loss (backward = 2 matmuls per forward matmul).
+
+  ConvBERT runs with conv_impl="unfold", where applying the dynamic kernels is a contraction; its depthwise
+  span convolution (2Kd per token and layer, a sum of shifted slices) is the one counted term without a dot.
+  """
+  cfg = pretrain.get_config(f"{'convbert_mlm' if name == 'convbert' else name},tiny")
+  cfg.model = small_model(name, **(dict(num_heads=4, embedding_size=4, conv_impl="unfold")
+                                   if name == "convbert" else {}))
+  module = objectives.build_model(cfg)
+  inputs = objectives.init_inputs(B, L, P)
+  params = models.init_module(module, cfg.model, 0, inputs[3])
+  batch = {"input_ids": inputs[0], "attention_mask": inputs[1], "token_type_ids": inputs[2],
+           "masked_positions": inputs[3], "masked_ids": inputs[3], "masked_weights": jnp.ones((B, P))}
+  grad = jax.value_and_grad(lambda p: objectives.loss_fn(cfg, module, p, batch, jax.random.PRNGKey(0))[0])
+  counted = dot_flops(jax.make_jaxpr(grad)(params).jaxpr)
+  if name == "convbert":
+    counted += 3 * B * LAYERS * L * 2 * cfg.model.conv_kernel_size * D
+  assert counted == flops.train_step_flops(cfg.model, L, B, P)
