@@ -1,0 +1,121 @@
+"""Benchmarks: shared helpers for configs, synthetic batches, timing, memory and the machine description.
+
+Each benchmark is a module run as `python -m bench.<name>` that prints one JSON object per line (see
+docs/BENCHMARKS.md for the commands and the figures measured with them). `--tiny` shrinks every benchmark to a
+seconds-long smoke run, which is what the tests use.
+"""
+from __future__ import annotations
+
+import ast
+import datetime
+import importlib.util
+import json
+import os
+import pathlib
+import platform
+import resource
+import statistics
+import sys
+import time
+from typing import Callable, Sequence
+
+import numpy as np
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def load_config(spec: str, overrides: Sequence[str] = ()):
+  """The config of `path.py:arg` (as train.py's --config), with `key.sub=value` overrides applied.
+
+  Values are parsed as Python literals where they parse (numbers, booleans, tuples), else taken as strings.
+  """
+  path, _, arg = spec.partition(":")
+  module_spec = importlib.util.spec_from_file_location("bench_config", REPO / path if not os.path.isabs(path)
+                                                       else path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  cfg = module.get_config(arg) if arg else module.get_config()
+  for override in overrides:
+    key, sep, text = override.partition("=")
+    if not sep:
+      raise SystemExit(f"--config-override {override!r}: use key=value, e.g. model.dtype=bfloat16")
+    try:
+      value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+      value = text
+    *parents, leaf = key.removeprefix("config.").split(".")
+    node = cfg
+    for name in parents:
+      node = node[name]
+    if leaf not in node:
+      raise SystemExit(f"--config-override {override!r}: the config has no field {key!r}")
+    node[leaf] = value
+  return cfg
+
+
+def synthetic_mlm_batch(batch: int, seq_len: int, num_predictions: int, vocab_size: int,
+                        seed: int = 0) -> dict[str, np.ndarray]:
+  """A full-length masked-LM batch of random ids with the pipeline's fields (one segment, no padding).
+
+  Ids above BERT's special ids ([CLS] 101, [SEP] 102, [MASK] 103); vocab_size must exceed 104.
+  """
+  rng = np.random.default_rng(seed)
+  ids = rng.integers(104, vocab_size, size=(batch, seq_len)).astype(np.int32)
+  ids[:, 0], ids[:, -1] = 101, 102
+  positions = np.sort(np.stack([rng.choice(np.arange(1, seq_len - 1), num_predictions, replace=False)
+                                for _ in range(batch)]), axis=1).astype(np.int32)
+  masked_ids = np.take_along_axis(ids, positions, 1)
+  np.put_along_axis(ids, positions, 103, 1)
+  return {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids),
+          "masked_positions": positions, "masked_ids": masked_ids,
+          "masked_weights": np.ones((batch, num_predictions), np.float32)}
+
+
+def time_calls(fn: Callable[[], object], steps: int) -> list[float]:
+  """Wall-clock seconds of `steps` calls of `fn` (which must block until its work is done)."""
+  times = []
+  for _ in range(steps):
+    start = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - start)
+  return times
+
+
+def median(values: Sequence[float]) -> float:
+  return float(statistics.median(values))
+
+
+def host_peak_rss_bytes() -> int:
+  """Peak resident memory of this process so far (Linux reports ru_maxrss in KiB)."""
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def cpu_model() -> str:
+  try:
+    for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+      if line.startswith("model name"):
+        return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or platform.machine()
+
+
+def machine() -> dict:
+  """Where a figure was measured: CPU model, cores this process may use, load average, date."""
+  return {"cpu": cpu_model(), "cores": len(os.sched_getaffinity(0)), "load_avg_1m": round(os.getloadavg()[0], 2),
+          "date": datetime.date.today().isoformat(), "python": platform.python_version()}
+
+
+def emit(record: dict) -> None:
+  """Prints one JSON line (floats rounded to 6 significant digits) and flushes."""
+  def clean(v):
+    if isinstance(v, float):
+      return float(f"{v:.6g}")
+    if isinstance(v, dict):
+      return {k: clean(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+      return [clean(x) for x in v]
+    if isinstance(v, np.generic):
+      return clean(v.item())
+    return v
+  print(json.dumps(clean(record)), flush=True, file=sys.stdout)

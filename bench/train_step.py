@@ -1,0 +1,158 @@
+"""Train-step throughput of a pre-training config on synthetic batches (no input pipeline).
+
+  python -m bench.train_step --config configs/pretrain.py:tupe_a,base --batch 32 --seq 512 --steps 20 \
+      [--dtype bfloat16] [--config-override model.attention_backend=cudnn ...]
+
+prints one JSON line: tokens_per_s and step_time_s (median over the timed steps after `--warmup` steps),
+compile_time_s (lowering + XLA compilation), memory per device from the compiled memory analysis (arguments +
+outputs - donated + temporaries; also arguments and temporaries alone) and on CPU the host's peak RSS,
+flops_per_step (tupe.flops, explicit count), mfu against peak_flops_per_device (data-sheet bf16 on known
+GPUs/TPUs; on CPU the best of a measured fp32 matmul before and after the timed steps) and the device kind.
+
+  python -m bench.train_step --config configs/pretrain.py:bert_a,small --batch 16 --seq 128 --steps 5 \
+      --compare tupe_a,tupe_r --repeats 5
+
+runs the other models at the same size in the same process, interleaved (repeat r times the models in turn),
+and prints one line per model, then one with each model's step time relative to the first (median of the
+per-repeat ratios): TUPE's overhead over BERT-A.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import jax
+import numpy as np
+
+import bench
+from tupe import flops as flops_lib
+from tupe import sharding
+from tupe import trainer
+
+
+def tiny(cfg) -> None:
+  """Shrinks a config in place to a seconds-long smoke run (tests)."""
+  cfg.model.update(vocab_size=128, hidden_size=32, num_layers=1, intermediate_size=64)
+  cfg.model.embedding_size = 16 if cfg.model.head_ratio > 1 else 32
+
+
+def memory_bytes(mem) -> int:
+  """Device memory of a compiled step: arguments + outputs - donated (aliased) outputs + temporaries."""
+  return (mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
+          + mem.temp_size_in_bytes)
+
+
+class Runner:
+  """One config built, compiled ahead of time and initialized; `step()` runs one blocking train step."""
+
+  def __init__(self, cfg, seed: int = 0):
+    self.cfg = cfg
+    self.setup = trainer.build(cfg)
+    start = time.perf_counter()
+    self.compiled, _ = trainer.compile_train_step(self.setup)
+    self.compile_time_s = time.perf_counter() - start
+    self.memory = self.compiled.memory_analysis()
+    self.state = self.setup.init_state()
+    self.batches = [sharding.global_batch(bench.synthetic_mlm_batch(
+        cfg.global_batch_size, cfg.seq_len, self.setup.num_predictions, cfg.model.vocab_size, seed + i),
+        self.setup.mesh) for i in range(2)]
+    self._i = 0
+
+  def step(self) -> float:
+    """Runs one step on the next synthetic batch; returns its loss (blocking)."""
+    self.state, metrics = self.compiled(self.state, self.batches[self._i % len(self.batches)])
+    self._i += 1
+    return float(metrics["loss"])
+
+  def record(self, step_times: list[float], peak: tuple[float, str]) -> dict:
+    """The JSON record of this config for the given step times."""
+    cfg, mem = self.cfg, self.memory
+    step_time = bench.median(step_times)
+    peak_flops, peak_source = peak
+    devices = self.setup.mesh.devices.size
+    record = {
+        "model": cfg.model.name, "size": cfg.model.size, "objective": cfg.objective,
+        "batch": cfg.global_batch_size, "seq": cfg.seq_len, "dtype": cfg.model.dtype,
+        "tokens_per_s": cfg.global_batch_size * cfg.seq_len / step_time, "step_time_s": step_time,
+        "step_time_min_s": float(min(step_times)), "timed_steps": len(step_times),
+        "compile_time_s": self.compile_time_s,
+        "flops_per_step": self.setup.flops_per_step,
+        "mfu": self.setup.flops_per_step / step_time / (peak_flops * devices),
+        "peak_flops_per_device": peak_flops, "peak_source": peak_source,
+        "device_kind": jax.devices()[0].device_kind, "num_devices": devices,
+    }
+    if mem is not None:
+      record.update(memory_bytes_per_device=memory_bytes(mem),
+                    memory_argument_bytes_per_device=mem.argument_size_in_bytes,
+                    memory_temp_bytes_per_device=mem.temp_size_in_bytes)
+    if jax.devices()[0].platform == "cpu":
+      record["host_peak_rss_bytes"] = bench.host_peak_rss_bytes()
+    return record
+
+
+def make_config(spec: str, batch: int, seq: int, dtype: str, overrides, is_tiny: bool):
+  cfg = bench.load_config(spec, overrides)
+  if is_tiny:
+    tiny(cfg)
+  cfg.update(global_batch_size=batch, seq_len=seq)
+  if dtype:
+    cfg.model.dtype = dtype
+  return cfg
+
+
+def parse_args(argv=None):
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--config", default="configs/pretrain.py:bert_a,small", help="path.py:model,size")
+  p.add_argument("--batch", type=int, default=16, help="global batch size")
+  p.add_argument("--seq", type=int, default=128, help="sequence length")
+  p.add_argument("--steps", type=int, default=10, help="timed steps (per repeat with --compare)")
+  p.add_argument("--warmup", type=int, default=2, help="untimed steps after compilation")
+  p.add_argument("--dtype", default="", help="model compute dtype, e.g. bfloat16 (default: the config's)")
+  p.add_argument("--config-override", action="append", default=[], metavar="KEY=VALUE",
+                 help="e.g. model.attention_dropout=0.0 (repeatable)")
+  p.add_argument("--compare", default="", help="comma-separated models to time against --config's, same size")
+  p.add_argument("--repeats", type=int, default=3, help="interleaved repeats with --compare")
+  p.add_argument("--tiny", action="store_true", help="tiny model (smoke test)")
+  return p.parse_args(argv)
+
+
+def main(argv=None) -> list[dict]:
+  args = parse_args(argv)
+  specs = [args.config]
+  if args.compare:
+    path, _, arg = args.config.partition(":")
+    size = arg.partition(",")[2]
+    specs += [f"{path}:{name},{size}" if size else f"{path}:{name}" for name in args.compare.split(",")]
+  runners = [Runner(make_config(s, args.batch, args.seq, args.dtype, args.config_override, args.tiny))
+             for s in specs]
+  peak = flops_lib.peak_flops_per_device(runners[0].cfg.peak_flops)
+  for r in runners:
+    for _ in range(args.warmup):
+      r.step()
+  repeats = args.repeats if args.compare else 1
+  times = [[] for _ in runners]
+  for _ in range(repeats):
+    for r, t in zip(runners, times):
+      t.append(bench.time_calls(r.step, args.steps))
+  records = [dict(r.record(sum(t, []), peak), **bench.machine()) for r, t in zip(runners, times)]
+  if peak[1].startswith("measured"):  # On a shared CPU, the best of the matmuls before and after the steps.
+    after = flops_lib.measured_matmul_peak()
+    for record in records:
+      best = max(record["peak_flops_per_device"], after)
+      record.update(peak_flops_per_device=best, mfu=record["mfu"] * record["peak_flops_per_device"] / best)
+  for record in records:
+    bench.emit(record)
+  if args.compare:
+    per_repeat = lambda t: np.array([bench.median(x) for x in t])
+    base = per_repeat(times[0])
+    summary = {"compare": [r["model"] for r in records], "size": records[0]["size"], "batch": args.batch,
+               "seq": args.seq, "repeats": repeats,
+               "step_time_ratio": {r["model"]: bench.median(per_repeat(t) / base)
+                                   for r, t in zip(records[1:], times[1:])}}
+    bench.emit(summary)
+    records.append(summary)
+  return records
+
+
+if __name__ == "__main__":
+  main()
