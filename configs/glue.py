@@ -2,6 +2,10 @@
 
   python eval_glue.py --config configs/glue.py:tupe --config.init_checkpoint=runs/tupe_a \
       --config.data_dir=glue_data --workdir runs/tupe_a_glue
+  python eval_glue.py --config configs/glue.py:convbert --config.init_hf=conv-bert-small \
+      --config.data_dir=glue_data --workdir runs/convbert_small_glue     # vocab: <init_hf>/vocab.txt
+  python eval_glue.py --config configs/glue.py:tupe --config.init=random --config.model=tupe_a,base \
+      --config.vocab_file=vocab.txt --config.data_dir=glue_data --workdir runs/no_pretraining
 
 TUPE recipe (paper/official code): head dense-tanh-dropout-out on [CLS]; lr grid {2,3,4,5}e-5 x 5 seeds, median
 per lr, best lr reported; 10 epochs (5 for MNLI, QNLI, QQP); warmup 6% of the steps, linear decay; batch 32;
@@ -11,7 +15,9 @@ ConvBERT recipe (official code): head dropout-out on [CLS] (`--config.head=hf` f
 layer-wise lr decay 0.8; lr 3e-4 (small, medium-small) or 1e-4 (base); 3 epochs (10 for RTE, STS-B); warmup
 10%; batch 32; weight decay 0.01 except LayerNorm and biases; MRPC and STS-B also trained on swapped pairs;
 dev evaluation at the end of training.
-Both: Adam (0.9, 0.999, eps 1e-6), clip 1.0, 128 tokens. Everything is overridable, e.g.
+Both: Adam (0.9, 0.999, eps 1e-6), clip 1.0, linear decay to 0 after the warmup, pairs padded or truncated to
+128 tokens (the official TUPE fine-tuning truncates at 512: --config.max_seq_len=512). Everything is
+overridable, e.g.
 `--config.tasks=rte,mrpc --config.learning_rates=2e-5,3e-5 --config.seeds=0,1 --config.epochs.rte=3`.
 """
 import ml_collections
