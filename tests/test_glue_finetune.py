@@ -91,10 +91,9 @@ def test_finetune_sst2_end_to_end(pretrained, glue_dir, bert_vocab, tmp_path, ca
     assert [p for _, p in rows] == [str(v) for v in saved["SST-2.values"][np.argsort(saved["SST-2.idx"])]]
 
   # The command line, resuming: both runs are finished, so nothing is trained again.
-  flags = [f"--config.init_checkpoint={pretrained}", f"--config.data_dir={glue_dir}", "--config.tasks=sst2",
-           "--config.max_train_examples=256", "--config.max_seq_len=32", "--config.batch_size=16",
-           "--config.learning_rates=0.01", "--config.seeds=0,1", "--config.eval_batch_size=256",
-           "--config.log_every=8", "--config.epochs.sst2=3"]
+  flags = [f"--config.{key}={','.join(map(str, value)) if isinstance(value, tuple) else value}"
+           for key, value in OVERRIDES.items()]
+  flags += [f"--config.init_checkpoint={pretrained}", f"--config.data_dir={glue_dir}", "--config.epochs.sst2=3"]
   proc = subprocess.run([sys.executable, "eval_glue.py", "--config", "configs/glue.py:tupe", "--workdir",
                          str(workdir), *flags], cwd=REPO, capture_output=True, text=True, timeout=300,
                         env=dict(os.environ))
