@@ -1,0 +1,64 @@
+"""Command-line plumbing shared by train.py and eval_glue.py: an ml_collections config file plus a workdir,
+and one-line errors.
+
+A bad flag, an unknown config field or a wrong type in a --config override, and any `UserError` raised by
+the job print one `error: ...` line and exit with status 2; --verbose shows the traceback instead.
+"""
+import os
+import re
+import sys
+from typing import Callable
+
+from absl import app
+from absl import flags
+from absl import logging
+from ml_collections import config_flags
+
+from tupe.errors import UserError
+
+
+def define_flags(config_help: str, workdir_help: str) -> None:
+  config_flags.DEFINE_config_file("config", None, config_help, lock_config=True)
+  flags.DEFINE_string("workdir", None, workdir_help)
+  flags.DEFINE_bool("verbose", False, "Show tracebacks for input errors.")
+  flags.mark_flags_as_required(["config", "workdir"])
+
+
+def flag_error(e: Exception, argv: list[str]) -> str:
+  """The problem and its fix in one line; an unknown config field is named with the override that used it."""
+  if isinstance(e, flags.Error):
+    return f"{e}; fix the flag (python {os.path.basename(argv[0])} --helpfull lists them)"
+  message = str(e.args[0] if isinstance(e, AttributeError) and e.args else e)
+  key = re.search(r"'([^'\\]+)", message)
+  hint = re.search(r'Did you mean "([^"]+)"', message)
+  field = key.group(1) if key else message
+  overrides = [a.split("=")[0] for a in argv if a.startswith("--config.")]
+  culprit = next((a for a in overrides if field in a.split(".")[1:]), "a --config override")
+  return (f"{culprit}: the config has no field {field!r}" + (f" (did you mean {hint.group(1)!r}?)" if hint else "")
+          + "; see the fields in the config file")
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  try:
+    return flags.FLAGS(argv)
+  except (flags.Error, AttributeError, KeyError) as e:  # Unknown config fields raise Attribute/KeyError.
+    if "--verbose" in argv:
+      raise
+    print(f"error: {flag_error(e, argv)}", file=sys.stderr)
+    sys.exit(2)
+
+
+def run(job: Callable[[object, str], object]) -> None:
+  """Parses the flags and runs `job(config, workdir)`, turning a UserError into one line and exit status 2."""
+  def main(argv):
+    if len(argv) > 1:
+      raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    logging.set_verbosity(logging.WARNING)  # Library INFO chatter (orbax) off; progress lines are printed.
+    try:
+      job(flags.FLAGS.config, flags.FLAGS.workdir)
+    except UserError as e:
+      if flags.FLAGS.verbose:
+        raise
+      print(f"error: {e}", file=sys.stderr)
+      sys.exit(2)
+  app.run(main, flags_parser=parse_flags)
