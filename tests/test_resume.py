@@ -1,0 +1,203 @@
+"""Exact resume of train.py: a run stopped by SIGTERM (preemption), a resumed run killed with SIGKILL while an
+asynchronous checkpoint is being written, and a run whose newest checkpoint is corrupted all end with the same
+training state, bit for bit, and log the same losses as one uninterrupted run. Many random kill points:
+slow/test_kill_points.py.
+
+The helpers here (the tiny run's command line, starting, waiting and killing) are shared with
+test_reliability.py, test_multihost.py and slow/test_kill_points.py.
+"""
+import json
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+STEPS, EVERY = 12, 4
+# A tiny TUPE-A on synthetic tokens: one compiled train step shared by every run through the compilation cache.
+TINY = {
+    "model.vocab_size": 0, "model.hidden_size": 32, "model.embedding_size": 32, "model.intermediate_size": 64,
+    "model.num_layers": 1, "seq_len": 32, "global_batch_size": 8, "num_train_steps": STEPS,
+    "optimizer.warmup_steps": 2, "checkpoint.every_steps": EVERY, "data.source": "synthetic",
+    "data.synthetic_vocab_size": 512, "eval_every": 0, "log_every": EVERY, "peak_flops": 1e12,
+    "tensorboard": False,
+}
+
+
+def train_command(workdir, overrides=None, extra=()) -> list[str]:
+  """The train.py command line of the tiny run in `workdir`, with config overrides {"a.b": value}."""
+  config = dict(TINY, **(overrides or {}))
+  return [sys.executable, str(REPO / "train.py"), "--config", "configs/pretrain.py:tupe_a,tiny",
+          "--workdir", str(workdir), *(f"--config.{k}={v}" for k, v in config.items()), *extra]
+
+
+def train_env(devices: int = 1) -> dict:
+  """The test environment (compilation cache, PRNG) with `devices` CPU devices and unbuffered output."""
+  return dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", PYTHONUNBUFFERED="1")
+
+
+def run_train(workdir, overrides=None, extra=(), devices: int = 1, timeout: float = 300,
+              **kwargs) -> subprocess.CompletedProcess:
+  return subprocess.run(train_command(workdir, overrides, extra), cwd=REPO, env=train_env(devices),
+                        capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+class Run:
+  """A train.py process in the background; its stdout and stderr go to files beside the workdir."""
+
+  def __init__(self, workdir, overrides=None, devices: int = 1, name: str = "run"):
+    self.workdir = pathlib.Path(workdir)
+    self.stdout_path = self.workdir.parent / f"{self.workdir.name}.{name}.out"
+    self.stderr_path = self.workdir.parent / f"{self.workdir.name}.{name}.err"
+    with open(self.stdout_path, "w") as out, open(self.stderr_path, "w") as err:
+      self.proc = subprocess.Popen(train_command(workdir, overrides), cwd=REPO, env=train_env(devices),
+                                   stdout=out, stderr=err)
+
+  def wait_until(self, condition, timeout: float = 240, poll: float = 0.001) -> None:
+    """Polls `condition()` until it holds; fails if the process exits first or time runs out."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+      if self.proc.poll() is not None:
+        pytest.fail(f"train.py exited ({self.proc.returncode}) before the kill point:\n{self.stderr()[-3000:]}")
+      if time.monotonic() > deadline:
+        self.proc.kill()
+        pytest.fail(f"no kill point within {timeout} s")
+      time.sleep(poll)
+
+  def signal(self, signum) -> None:
+    self.proc.send_signal(signum)
+
+  def wait(self, timeout: float = 120) -> int:
+    return self.proc.wait(timeout)
+
+  def stdout(self) -> str:
+    return self.stdout_path.read_text()
+
+  def stderr(self) -> str:
+    return self.stderr_path.read_text()
+
+
+def finished_steps(workdir) -> list[int]:
+  """Steps with a finished (renamed into place) checkpoint."""
+  root = pathlib.Path(workdir) / "checkpoints"
+  return sorted(int(p.name) for p in root.iterdir() if p.name.isdigit()) if root.is_dir() else []
+
+
+def partial_checkpoints(workdir) -> list[str]:
+  root = pathlib.Path(workdir) / "checkpoints"
+  return sorted(p.name for p in root.iterdir() if "tmp" in p.name) if root.is_dir() else []
+
+
+def metric_records(workdir) -> list[dict]:
+  """metrics.jsonl as written, in order (a resumed run appends the steps after its checkpoint again)."""
+  path = pathlib.Path(workdir) / "metrics.jsonl"
+  return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def last_logged_step(workdir) -> int:
+  records = metric_records(workdir)
+  return records[-1]["step"] if records else 0
+
+
+def checkpoint_state(workdir, step: int) -> dict:
+  """The whole saved TrainState (params, optimizer state, step, RNG) of one checkpoint, as numpy arrays."""
+  state = ocp.StandardCheckpointer().restore(pathlib.Path(workdir) / "checkpoints" / str(step) / "state")
+  return jax.tree_util.tree_map(np.asarray, state)
+
+
+def data_state(workdir, step: int) -> str:
+  return (pathlib.Path(workdir) / "checkpoints" / str(step) / "data" / "process_0-of-1.json").read_text()
+
+
+def assert_same_state(a: dict, b: dict) -> None:
+  assert jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b)
+  jax.tree_util.tree_map(np.testing.assert_array_equal, a, b)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+  """One uninterrupted run: (workdir, {step: metrics record}, final state)."""
+  workdir = tmp_path_factory.mktemp("reference") / "run"
+  proc = run_train(workdir)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  records = {r["step"]: r for r in metric_records(workdir)}
+  assert sorted(records) == list(range(1, STEPS + 1))
+  assert finished_steps(workdir) == [4, 8, 12]
+  return workdir, records, checkpoint_state(workdir, STEPS)
+
+
+def check_logged(records: list[dict], reference, first: int, last: int = STEPS) -> None:
+  """`records` are steps first..last with the reference run's losses and gradient norms, bit for bit."""
+  _, ref_records, _ = reference
+  assert [r["step"] for r in records] == list(range(first, last + 1))
+  for r in records:
+    assert (r["loss"], r["grad_norm"]) == (ref_records[r["step"]]["loss"], ref_records[r["step"]]["grad_norm"])
+
+
+def resume_and_compare(workdir, reference, expected_start: int) -> subprocess.CompletedProcess:
+  """Resumes `workdir` to the end; checks the start step, the appended metrics and the final state."""
+  ref_dir, _, ref_state = reference
+  logged = len(metric_records(workdir))
+  proc = run_train(workdir)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert f"resumed from checkpoint {expected_start} " in proc.stdout
+  check_logged(metric_records(workdir)[logged:], reference, expected_start + 1)
+  assert_same_state(checkpoint_state(workdir, STEPS), ref_state)
+  assert data_state(workdir, STEPS) == data_state(ref_dir, STEPS)
+  assert not partial_checkpoints(workdir)
+  return proc
+
+
+def test_sigterm_then_sigkill_while_an_async_checkpoint_is_written(tmp_path, reference):
+  """Preempted, then crashed mid-save, then run to the end: the uninterrupted run's state and losses.
+
+  SIGTERM after the first step: exit 0 with a checkpoint at the step reached. The resumed run is killed with
+  SIGKILL while orbax writes its next periodic checkpoint into a temporary directory: the last run ignores
+  that partial checkpoint and resumes from the SIGTERM one.
+  """
+  workdir = tmp_path / "run"
+  run = Run(workdir, name="preempted")
+  run.wait_until(lambda: last_logged_step(workdir) >= 1)
+  run.signal(signal.SIGTERM)
+  assert run.wait() == 0, run.stderr()[-3000:]
+  stopped = last_logged_step(workdir)
+  assert stopped < STEPS, "the run ended before the signal arrived"
+  assert f"SIGTERM: saving a checkpoint at step {stopped} " in run.stdout()
+  assert finished_steps(workdir)[-1] == stopped
+
+  next_save = (stopped // EVERY + 1) * EVERY
+  logged = len(metric_records(workdir))
+  run = Run(workdir, name="crashed")
+  run.wait_until(lambda: any(name.startswith(f"{next_save}.") for name in partial_checkpoints(workdir)))
+  run.signal(signal.SIGKILL)
+  assert run.wait() == -signal.SIGKILL
+  assert f"resumed from checkpoint {stopped} " in run.stdout()
+  assert finished_steps(workdir)[-1] == stopped
+  assert partial_checkpoints(workdir), f"the kill came too late: step {next_save} finished"
+  check_logged(metric_records(workdir)[logged:], reference, stopped + 1, last_logged_step(workdir))
+
+  resume_and_compare(workdir, reference, stopped)
+
+
+def test_corrupted_newest_checkpoint_falls_back(tmp_path, reference):
+  """The largest file of step 12's state truncated: a warning names step 12, resume from 8, same result."""
+  ref_dir, _, _ = reference
+  workdir = tmp_path / "run"
+  shutil.copytree(ref_dir, workdir)
+  largest = max((p for p in (workdir / "checkpoints" / str(STEPS) / "state").rglob("*") if p.is_file()),
+                key=lambda p: p.stat().st_size)
+  with open(largest, "r+b") as f:
+    f.truncate(largest.stat().st_size // 2)
+  proc = resume_and_compare(workdir, reference, STEPS - EVERY)
+  assert f"skipping checkpoint {STEPS} in {workdir / 'checkpoints'}: it could not be restored" in proc.stderr
+  moved = [p.name for p in (workdir / "checkpoints").iterdir() if p.name.startswith(f"{STEPS}.corrupt-")]
+  assert len(moved) == 1 and moved[0] in proc.stderr
+  assert finished_steps(workdir) == [4, 8, 12]
