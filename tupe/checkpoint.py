@@ -185,7 +185,11 @@ def load_pretrained(path: str | pathlib.Path) -> tuple[dict, dict]:
   """Loads (meta, params) of a finished checkpoint on the host, without optimizer state or sharding."""
   step_dir = latest_step_dir(path)
   meta = ocp.Checkpointer(ocp.JsonCheckpointHandler()).restore(step_dir / "meta")
-  state = ocp.StandardCheckpointer().restore(step_dir / "state")
+  # Onto this process's first device: the saved shardings may name devices of other hosts or a bigger mesh.
+  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  target = jax.tree_util.tree_map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
+                                  ocp.StandardCheckpointHandler().metadata(step_dir / "state").tree)
+  state = ocp.StandardCheckpointer().restore(step_dir / "state", target)
   params = jax.device_get(state["params"])
   return meta, params
 
