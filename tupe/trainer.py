@@ -350,7 +350,9 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
       logs.log(f"SIGTERM: saving a checkpoint at step {step} before exiting")
       ckpt.save(step, state, train_iter, meta, force=True)
   finally:
-    signal.signal(signal.SIGTERM, previous_handler)
-    ckpt.close()
-    writer.close()
+    try:
+      ckpt.close()  # Still under the SIGTERM handler: a preemption now lets the last asynchronous save finish.
+      writer.close()
+    finally:
+      signal.signal(signal.SIGTERM, previous_handler)
   return last
