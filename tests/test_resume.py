@@ -1,7 +1,7 @@
 """Exact resume of train.py: a run stopped by SIGTERM (preemption), a resumed run killed with SIGKILL while an
 asynchronous checkpoint is being written, and a run whose newest checkpoint is corrupted all end with the same
-training state, bit for bit, and log the same losses as one uninterrupted run. Many random kill points:
-slow/test_kill_points.py.
+training state, bit for bit, and log the same losses as one uninterrupted run; a workdir where no checkpoint
+restores is an error. Many random kill points: slow/test_kill_points.py.
 
 The helpers here (the tiny run's command line, starting, waiting and killing) are shared with
 test_reliability.py, test_multihost.py and slow/test_kill_points.py.
@@ -122,16 +122,19 @@ def assert_same_state(a: dict, b: dict) -> None:
   jax.tree_util.tree_map(np.testing.assert_array_equal, a, b)
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-  """One uninterrupted run: (workdir, {step: metrics record}, final state)."""
-  workdir = tmp_path_factory.mktemp("reference") / "run"
+def reference_run(workdir) -> tuple:
+  """One uninterrupted run in `workdir`: (workdir, {step: metrics record}, final state)."""
   proc = run_train(workdir)
   assert proc.returncode == 0, proc.stderr[-3000:]
   records = {r["step"]: r for r in metric_records(workdir)}
   assert sorted(records) == list(range(1, STEPS + 1))
   assert finished_steps(workdir) == [4, 8, 12]
   return workdir, records, checkpoint_state(workdir, STEPS)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+  return reference_run(tmp_path_factory.mktemp("reference") / "run")
 
 
 def check_logged(records: list[dict], reference, first: int, last: int = STEPS) -> None:
@@ -201,3 +204,18 @@ def test_corrupted_newest_checkpoint_falls_back(tmp_path, reference):
   moved = [p.name for p in (workdir / "checkpoints").iterdir() if p.name.startswith(f"{STEPS}.corrupt-")]
   assert len(moved) == 1 and moved[0] in proc.stderr
   assert finished_steps(workdir) == [4, 8, 12]
+
+
+def test_no_restorable_checkpoint_is_an_error(tmp_path, reference):
+  """Every checkpoint corrupted: an error, not a silent fresh start; nothing is renamed."""
+  ref_dir, _, _ = reference
+  workdir = tmp_path / "run"
+  shutil.copytree(ref_dir, workdir)
+  for step in finished_steps(workdir):
+    (workdir / "checkpoints" / str(step) / "state" / "manifest.ocdbt").unlink()
+  proc = run_train(workdir)
+  assert proc.returncode == 2
+  lines = proc.stderr.strip().splitlines()
+  assert lines[-1].startswith(f"error: no checkpoint in {workdir / 'checkpoints'} could be restored")
+  assert all(f"skipping checkpoint {step} " in proc.stderr for step in (4, 8, 12))
+  assert finished_steps(workdir) == [4, 8, 12] and len(metric_records(workdir)) == STEPS

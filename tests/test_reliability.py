@@ -1,0 +1,179 @@
+"""Faults and bad input end to end, through the real `python train.py` command.
+
+Non-finite steps are skipped (recorded with nonfinite=1, no update, no NaN in any checkpoint) or stop the run
+with a one-line error naming the step; a checkpoint write that fails is a one-line error and a non-zero exit,
+never a silent loss; bad input of every kind is one 'error:' line on stderr with exit status 2, the traceback
+only with --verbose.
+"""
+import concurrent.futures
+import shutil
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from test_resume import (EVERY, REPO, STEPS, checkpoint_state, finished_steps, last_logged_step, metric_records,
+                         run_train, train_command, train_env)
+
+
+def error_line(proc) -> str:
+  """The only non-empty stderr line of a failed run, which must be an 'error:' line."""
+  lines = [line for line in proc.stderr.splitlines() if line.strip()]
+  assert len(lines) == 1, proc.stderr[-3000:]
+  assert lines[0].startswith("error: "), lines[0]
+  return lines[0]
+
+
+def assert_all_finite(state: dict) -> None:
+  for path, x in jax.tree_util.tree_leaves_with_path(state):
+    assert np.all(np.isfinite(x)), jax.tree_util.keystr(path)
+
+
+@pytest.fixture(scope="module")
+def skipped_run(tmp_path_factory):
+  """A learning rate that overflows float32 (1e39): every update is non-finite and skipped ("skip" policy).
+
+  Its checkpoints hold the tiny model with finite parameters; the bad-input tests resume them with other
+  configs.
+  """
+  workdir = tmp_path_factory.mktemp("nonfinite") / "skip"
+  proc = run_train(workdir, {"optimizer.learning_rate": 1e39, "nonfinite": "skip"})
+  return workdir, proc
+
+
+def test_nonfinite_updates_are_skipped(skipped_run):
+  workdir, proc = skipped_run
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  records = metric_records(workdir)
+  assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+  assert all(r["nonfinite"] == 1.0 for r in records)
+  assert "warning: step 1: non-finite loss, gradients or updated parameters" in proc.stdout
+  assert finished_steps(workdir) == [4, 8, 12]
+  states = [checkpoint_state(workdir, step) for step in (4, 8, 12)]
+  for state in states:
+    assert_all_finite(state)
+    assert all(int(x) == 0 for x in jax.tree_util.tree_leaves(state["opt_state"]) if x.dtype.kind == "i"), \
+        "an optimizer update was applied"
+    jax.tree_util.tree_map(np.testing.assert_array_equal, state["params"], states[0]["params"])
+  assert [int(s["step"]) for s in states] == [4, 8, 12]
+
+
+def test_nonfinite_stop_names_the_step(tmp_path):
+  """A learning rate of 1e30 overflows the activations from step 3 on; "stop" ends the run there."""
+  workdir = tmp_path / "run"
+  proc = run_train(workdir, {"optimizer.learning_rate": 1e30, "nonfinite": "stop", "checkpoint.every_steps": 2})
+  assert proc.returncode == 2
+  records = metric_records(workdir)
+  first_bad = next(r["step"] for r in records if r["nonfinite"])
+  assert first_bad == records[-1]["step"] == 3
+  line = error_line(proc)
+  assert line.startswith(f"error: step {first_bad}: non-finite loss") and "nonfinite='stop'" in line
+  assert finished_steps(workdir) == [2]
+  assert_all_finite(checkpoint_state(workdir, 2))
+
+
+# Runs the rest of its command line with files capped at 100 kB (RLIMIT_FSIZE, effective also for root).
+LIMIT_FILE_SIZE = ("import os, resource, sys; resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000)); "
+                   "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])")
+
+
+def test_failing_checkpoint_write_is_an_error(tmp_path):
+  """The first checkpoint's files exceed the size limit: its (asynchronous) write fails, train.py stops."""
+  workdir = tmp_path / "run"
+  proc = subprocess.run([sys.executable, "-c", LIMIT_FILE_SIZE, *train_command(workdir)[1:]], cwd=REPO,
+                        env=train_env(), capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]  # orbax logs its own too
+  assert errors == [f"error: could not write a checkpoint to {workdir / 'checkpoints'}: File too large; free "
+                    f"space or fix permissions, then rerun to resume from the last good checkpoint"]
+  assert f'File "{REPO / "train.py"}"' not in proc.stderr
+  assert finished_steps(workdir) == [] and last_logged_step(workdir) >= EVERY
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+  """A tiny vocab and text files that are empty, not UTF-8, or missing."""
+  root = tmp_path_factory.mktemp("inputs")
+  (root / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "a"]) + "\n")
+  (root / "empty.txt").write_text("")
+  (root / "latin1.txt").write_bytes("caf\xe9 cr\xe8me\n".encode("latin-1"))
+  (root / "no_corpus").mkdir()
+  (root / "a_file").write_text("not a directory\n")
+  return root
+
+
+def text(inputs, files: str) -> dict:
+  return {"data.source": "text", "data.files": str(inputs / files), "data.vocab_file": str(inputs / "vocab.txt")}
+
+
+# name: (config overrides, extra flags, devices, workdir: "fresh" | "trained" | "under_a_file" |
+#        "checkpoints_is_a_file", words of the error line)
+BAD_INPUTS = {
+    "unknown config field": ({}, ["--config.model.hiden_size=3"], 1, "fresh",
+                             ["--config.model.hiden_size", "no field 'hiden_size'", "did you mean 'hidden_size'"]),
+    "wrong config type": ({}, ["--config.seq_len=abc"], 1, "fresh", ["--config.seq_len=abc", "int()"]),
+    "mesh does not fit the devices": ({"mesh.data": 3}, [], 1, "fresh",
+                                      ["mesh data=3", "3 devices but 1 are available"]),
+    "batch not divisible by data parallelism": ({"global_batch_size": 7}, [], 2, "fresh",
+                                                ["global_batch_size=7", "data-parallel size 2", "multiple of 2"]),
+    "seq_len above the model's positions": ({"seq_len": 256}, [], 1, "fresh",
+                                            ["seq_len=256", "max_position_embeddings=128"]),
+    "tokenizer vocab != model vocab": ({"model.vocab_size": 100}, [], 1, "fresh",
+                                       ["model.vocab_size=100", "512 tokens", "--config.model.vocab_size=512"]),
+    "tokenizer vocab != checkpoint vocab": ({"data.synthetic_vocab_size": 256}, [], 1, "trained",
+                                            ["512-token vocabulary", "256 tokens", "new --workdir"]),
+    "checkpoint of another architecture": ({"model.hidden_size": 64, "model.embedding_size": 64}, [], 1, "trained",
+                                           ["another model", "model.hidden_size=32 in the checkpoint, 64 now",
+                                            "new --workdir"]),
+    "empty corpus": ("no_corpus/*.txt", [], 1, "fresh", ["no files match", "no_corpus/*.txt"]),
+    "empty file": ("empty.txt", [], 1, "fresh", ["empty.txt holds no text", "remove it"]),
+    "non-UTF-8 text": ("latin1.txt", [], 1, "fresh", ["latin1.txt is not UTF-8", "iconv"]),
+    "unwritable workdir": ({}, [], 1, "under_a_file", ["is not writable", "Not a directory", "another --workdir"]),
+    "checkpoint dir is a file": ({}, [], 1, "checkpoints_is_a_file",
+                                 ["cannot create the checkpoint directory", "another --workdir"]),
+}
+VERBOSE = ("unknown config field", "tokenizer vocab != model vocab")  # one per error path of train.py
+
+
+@pytest.fixture(scope="module")
+def bad_input_runs(tmp_path_factory, inputs, skipped_run):
+  """Runs every BAD_INPUTS case (and the VERBOSE ones with --verbose), two processes at a time."""
+  trained, _ = skipped_run
+  root = tmp_path_factory.mktemp("bad_inputs")
+
+  def run(numbered):
+    number, (name, verbose) = numbered
+    overrides, extra, devices, where, _ = BAD_INPUTS[name]
+    if isinstance(overrides, str):
+      overrides = text(inputs, overrides)
+    workdir = root / str(number)
+    if where == "trained":
+      shutil.copytree(trained, workdir)
+    elif where == "under_a_file":
+      workdir = inputs / "a_file" / "run"
+    elif where == "checkpoints_is_a_file":
+      workdir.mkdir()
+      (workdir / "checkpoints").write_text("a file\n")
+    return run_train(workdir, overrides, extra + ["--verbose"] * verbose, devices=devices, timeout=120)
+
+  keys = [(name, False) for name in BAD_INPUTS] + [(name, True) for name in VERBOSE]
+  with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+    return dict(zip(keys, pool.map(run, enumerate(keys))))
+
+
+@pytest.mark.parametrize("name", list(BAD_INPUTS))
+def test_bad_input_is_one_line(name, bad_input_runs):
+  proc = bad_input_runs[name, False]
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  line = error_line(proc)
+  for words in BAD_INPUTS[name][-1]:
+    assert words in line, line
+
+
+@pytest.mark.parametrize("name", VERBOSE)
+def test_verbose_shows_the_traceback(name, bad_input_runs):
+  proc = bad_input_runs[name, True]
+  assert proc.returncode != 0
+  assert proc.stderr.startswith("Traceback (most recent call last):") and f'File "{REPO / "train.py"}"' in proc.stderr
