@@ -31,8 +31,8 @@ from tupe import trainer
 
 
 def tiny(cfg) -> None:
-  """Shrinks a config in place to a seconds-long smoke run (tests)."""
-  cfg.model.update(vocab_size=128, hidden_size=32, num_layers=1, intermediate_size=64)
+  """Shrinks a config's model in place for a seconds-long smoke run (tests); BERT's vocab size is kept."""
+  cfg.model.update(vocab_size=30522, hidden_size=32, num_layers=1, intermediate_size=64)
   cfg.model.embedding_size = 16 if cfg.model.head_ratio > 1 else 32
 
 
@@ -90,6 +90,14 @@ class Runner:
     return record
 
 
+def device_peak(cfg, matmul_size: int) -> tuple[float, str]:
+  """tupe.flops.peak_flops_per_device; where neither the config nor a data sheet has it, a matmul of this size."""
+  kind = jax.devices()[0].device_kind
+  if cfg.peak_flops or any(kind.startswith(prefix) for prefix in flops_lib.PEAK_BF16):
+    return flops_lib.peak_flops_per_device(cfg.peak_flops)
+  return flops_lib.measured_matmul_peak(matmul_size), f"measured fp32 matmul on {kind}"
+
+
 def make_config(spec: str, batch: int, seq: int, dtype: str, overrides, is_tiny: bool):
   cfg = bench.load_config(spec, overrides)
   if is_tiny:
@@ -125,7 +133,7 @@ def main(argv=None) -> list[dict]:
     specs += [f"{path}:{name},{size}" if size else f"{path}:{name}" for name in args.compare.split(",")]
   runners = [Runner(make_config(s, args.batch, args.seq, args.dtype, args.config_override, args.tiny))
              for s in specs]
-  peak = flops_lib.peak_flops_per_device(runners[0].cfg.peak_flops)
+  peak = device_peak(runners[0].cfg, 512 if args.tiny else 2048)
   for r in runners:
     for _ in range(args.warmup):
       r.step()
@@ -136,7 +144,7 @@ def main(argv=None) -> list[dict]:
       t.append(bench.time_calls(r.step, args.steps))
   records = [dict(r.record(sum(t, []), peak), **bench.machine()) for r, t in zip(runners, times)]
   if peak[1].startswith("measured"):  # On a shared CPU, the best of the matmuls before and after the steps.
-    after = flops_lib.measured_matmul_peak()
+    after = flops_lib.measured_matmul_peak(512 if args.tiny else 2048)
     for record in records:
       best = max(record["peak_flops_per_device"], after)
       record.update(peak_flops_per_device=best, mfu=record["mfu"] * record["peak_flops_per_device"] / best)

@@ -87,7 +87,7 @@ def dot_flops(jaxpr) -> int:
   return total
 
 
-@pytest.mark.parametrize("name", ["bert_a", "tupe_a", "tupe_r", "convbert"])
+@pytest.mark.parametrize("name", ["bert_a", "tupe_a", "convbert"])
 def test_training_count_equals_the_matmuls_of_the_gradient(name):
   """3 x forward = the dot FLOPs of value_and_grad of the MLM loss (backward = 2 matmuls per forward matmul).
 
@@ -99,7 +99,7 @@ def test_training_count_equals_the_matmuls_of_the_gradient(name):
                                    if name == "convbert" else {}))
   module = objectives.build_model(cfg)
   inputs = objectives.init_inputs(B, L, P)
-  params = models.init_module(module, cfg.model, 0, inputs[3])
+  params = jax.eval_shape(lambda: models.init_module(module, cfg.model, 0, inputs[3]))
   batch = {"input_ids": inputs[0], "attention_mask": inputs[1], "token_type_ids": inputs[2],
            "masked_positions": inputs[3], "masked_ids": inputs[3], "masked_weights": jnp.ones((B, P))}
   grad = jax.value_and_grad(lambda p: objectives.loss_fn(cfg, module, p, batch, jax.random.PRNGKey(0))[0])

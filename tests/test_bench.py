@@ -1,0 +1,96 @@
+"""Benchmarks: every entry point runs on a tiny config and prints valid JSON lines with all its fields.
+
+The entry points run in this process (conftest's 8 fake CPU devices, so batches are multiples of 8).
+"""
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+import bench
+from bench import compare_hf, dynamic_conv, memory, pipeline, train_step
+from tupe import models
+
+TRAIN_STEP_FIELDS = {"model", "size", "batch", "seq", "dtype", "tokens_per_s", "step_time_s", "compile_time_s",
+                     "memory_bytes_per_device", "memory_temp_bytes_per_device", "host_peak_rss_bytes",
+                     "flops_per_step", "mfu", "peak_flops_per_device", "peak_source", "device_kind", "cpu",
+                     "cores", "load_avg_1m", "date"}
+
+
+def printed(capsys, records):
+  """The JSON lines printed (one per returned record, with the same fields)."""
+  lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+  assert [set(line) for line in lines] == [set(record) for record in records]
+  return lines
+
+
+# Every test trains the same tiny BERT-A (batch 8 x 16 tokens), so the suite compiles its train step once
+# (conftest's persistent compilation cache).
+TINY = ["--tiny", "--batch", "8", "--seq", "16", "--steps", "2", "--warmup", "1"]
+BERT = "configs/pretrain.py:bert_a,small"
+
+
+def test_train_step(capsys):
+  (record,) = printed(capsys, train_step.main(TINY + ["--config", BERT]))
+  assert TRAIN_STEP_FIELDS <= set(record)
+  assert (record["model"], record["batch"], record["seq"], record["device_kind"]) == ("bert_a", 8, 16, "cpu")
+  assert record["tokens_per_s"] == pytest.approx(8 * 16 / record["step_time_s"], rel=1e-4)
+  assert record["mfu"] == pytest.approx(record["flops_per_step"] / record["step_time_s"]
+                                        / (record["peak_flops_per_device"] * jax.device_count()), rel=1e-4)
+  assert record["memory_bytes_per_device"] > record["memory_temp_bytes_per_device"] > 0
+
+
+def test_compare_hf(capsys):
+  pytest.importorskip("transformers")
+  (record,) = printed(capsys, compare_hf.main(TINY + ["--repeats", "2", "--pairs", "bert"]))
+  assert record["ours_tokens_per_s"] > 0 and record["hf_tokens_per_s"] > 0 and len(record["ratio_per_repeat"]) == 2
+  assert record["threads"] == record["torch_threads"] == len(os.sched_getaffinity(0))
+  # The same shapes, but for the second token-type row of HF BERT (BERT-A has no token types).
+  assert record["hf_parameters"] - record["ours_parameters"] == 2 * 32
+
+
+@pytest.mark.parametrize("spec", ["configs/pretrain.py:convbert_mlm,small", "configs/pretrain.py:convbert_mlm,medium_small"])
+def test_hf_convbert_of_the_same_shape(spec):
+  """The HF ConvBERT that bench.compare_hf builds has exactly our parameter count (no training: shapes only)."""
+  transformers = pytest.importorskip("transformers")
+  cfg = bench.load_config(spec).model
+  ours = jax.eval_shape(lambda: models.init_module(models.MaskedLM(cfg), cfg, 0, np.zeros((1, 2), np.int32)))
+  hf = transformers.ConvBertForMaskedLM(transformers.ConvBertConfig(**compare_hf.hf_shape(cfg)))
+  assert models.param_count(ours) == sum(p.numel() for p in hf.parameters())
+
+
+def test_dynamic_conv(capsys):
+  """The operation alone (the whole-train-step comparison runs bench.train_step's Runner, tested above)."""
+  (op,) = printed(capsys, dynamic_conv.main(["--tiny", "--batch", "8", "--steps", "1", "--repeats", "2",
+                                             "--train-step", ""]))
+  assert {"shift_ms", "unfold_ms", "unfold_over_shift_time", "shift_temp_bytes", "unfold_temp_bytes"} <= set(op)
+  assert op["unfold_temp_bytes"] > op["shift_temp_bytes"]  # the unfold formulation materializes K windows
+
+
+def test_dynamic_conv_implementations_agree():
+  """Outputs and both gradients of the two formulations match (tests/test_dynamic_conv.py has more cases)."""
+  args, _ = dynamic_conv.op_inputs("small", 33, 2, np.float32)
+  shift, unfold = (dynamic_conv.conv_step(impl)(*args) for impl in dynamic_conv.IMPLS)
+  for a, b in zip(shift, unfold):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_pipeline(capsys, shared_data):
+  records = printed(capsys, pipeline.main(TINY + [
+      "--config", BERT, "--batches", "3", "--files", str(shared_data / "corpus" / "wikitext" / "*.txt")]))
+  text, demo, model, steady = records
+  assert (text["source"], demo["source"]) == ("text", "demo")
+  for r in (text, demo):
+    assert r["prepare_tokens_per_s"] > 0 and r["batch_tokens_per_s"] > 0 and r["corpus_tokens"] > 0
+  assert set(model["pipeline_over_model"]) == {"text", "demo"}
+  assert set(steady["step_time_s"]) == {"fixed_batch", "text", "synthetic_source"}
+  assert set(steady["over_fixed_batch"]) == {"text", "synthetic_source"}
+
+
+def test_memory(capsys):
+  data, fsdp, ratio = printed(capsys, memory.main(["--tiny"]))
+  assert (data["mesh"]["data"], fsdp["mesh"]["fsdp"], data["devices"]) == (8, 8, 8)
+  assert data["state_bytes_per_device"] >= data["params_bytes_per_device"] + data["opt_state_bytes_per_device"]
+  assert 6 < ratio["data_over_fsdp"]["state_bytes_per_device"] <= 8
