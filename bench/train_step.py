@@ -1,7 +1,7 @@
 """Train-step throughput of a pre-training config on synthetic batches (no input pipeline).
 
   python -m bench.train_step --config configs/pretrain.py:tupe_a,base --batch 32 --seq 512 --steps 20 \
-      [--dtype bfloat16] [--config-override model.attention_backend=cudnn ...]
+      [--dtype bfloat16] [--config.model.attention_backend=cudnn ...]
 
 prints one JSON line: tokens_per_s and step_time_s (median over the timed steps after `--warmup` steps),
 compile_time_s (lowering + XLA compilation), memory per device from the compiled memory analysis (arguments +
@@ -117,11 +117,16 @@ def parse_args(argv=None):
   p.add_argument("--warmup", type=int, default=2, help="untimed steps after compilation")
   p.add_argument("--dtype", default="", help="model compute dtype, e.g. bfloat16 (default: the config's)")
   p.add_argument("--config-override", action="append", default=[], metavar="KEY=VALUE",
-                 help="e.g. model.attention_dropout=0.0 (repeatable)")
+                 help="e.g. model.attention_dropout=0.0 (repeatable; --config.KEY=VALUE as in train.py also works)")
   p.add_argument("--compare", default="", help="comma-separated models to time against --config's, same size")
   p.add_argument("--repeats", type=int, default=3, help="interleaved repeats with --compare")
   p.add_argument("--tiny", action="store_true", help="tiny model (smoke test)")
-  return p.parse_args(argv)
+  args, rest = p.parse_known_args(argv)
+  for arg in rest:
+    if not (arg.startswith("--config.") and "=" in arg):
+      p.error(f"unrecognized argument {arg}")
+    args.config_override.append(arg.removeprefix("--config."))
+  return args
 
 
 def main(argv=None) -> list[dict]:

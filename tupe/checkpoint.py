@@ -16,6 +16,7 @@ import logging
 import os
 import pathlib
 import re
+import sys
 import time
 
 import grain
@@ -41,6 +42,12 @@ class Checkpointer:
         max_to_keep=ckpt_cfg.keep_last, keep_period=ckpt_cfg.keep_every or None,
         enable_async_checkpointing=ckpt_cfg.async_save, create=True, cleanup_tmp_directories=True)
     self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
 
   def save(self, step: int, state, data_iterator, meta: dict, force: bool = False) -> bool:
     args = ocp.args.Composite(state=ocp.args.StandardSave(state),
@@ -95,6 +102,7 @@ class Checkpointer:
     return self.directory / str(step)
 
   def _skip(self, step: int, e: Exception) -> int:
+    _ignore_reads_left_by_failed_restores()
     logging.warning("skipping checkpoint %d in %s: it could not be restored (%s: %s)", step, self.directory,
                     type(e).__name__, _reason(e))
     return step
@@ -125,6 +133,27 @@ class Checkpointer:
       self.manager.close()
 
 
+def _ignore_reads_left_by_failed_restores() -> None:
+  """Silences the 'Event loop is closed' noise that a failed restore leaves behind.
+
+  Orbax runs each restore on a fresh asyncio loop and closes it as soon as the first TensorStore read fails;
+  the reads still in flight complete later and their callbacks, aimed at the closed loop, each report
+  RuntimeError('Event loop is closed') through sys.unraisablehook, dozens of tracebacks around our one-line
+  message. Those reads are harmless; every other unraisable exception still reaches the previous hook.
+  """
+  previous = sys.unraisablehook
+  if getattr(previous, "_tupe_filter", False):
+    return
+
+  def hook(unraisable):
+    e = unraisable.exc_value
+    if not (isinstance(e, RuntimeError) and str(e) == "Event loop is closed"):
+      previous(unraisable)
+
+  hook._tupe_filter = True
+  sys.unraisablehook = hook
+
+
 def _reason(e: Exception) -> str:
   """The OS error behind an exception if known (e.g. 'No space left on device'), else its first line."""
   if isinstance(e, OSError) and e.strerror:
@@ -132,7 +161,8 @@ def _reason(e: Exception) -> str:
   code = re.search(r"\[os_error_code='(\d+)'\]", str(e))  # TensorStore's wording of a failed write.
   if code:
     return os.strerror(int(code.group(1)))
-  return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+  first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+  return first_line.split(" [tensorstore_spec=")[0]  # TensorStore appends its whole JSON spec.
 
 
 def _flat(tree: dict, prefix: str = "") -> dict:

@@ -39,6 +39,12 @@ class MetricWriter:
         if k != "step" and isinstance(v, float):
           self._tb.add_scalar(k, v, step)
 
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
+
   def close(self):
     if self.active:
       self._file.close()

@@ -11,6 +11,7 @@ The flow (train.py calls `train`):
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -285,47 +286,48 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
            f"{jax.devices()[0].platform} devices on {hosts} host(s); global batch {cfg.global_batch_size} "
            f"({per_host_batch} per host, {cfg.grad_accum_steps} accumulation steps) x {cfg.seq_len} tokens")
 
-  ckpt = checkpoint_lib.Checkpointer(workdir / "checkpoints", cfg.checkpoint)
-  meta = checkpoint_meta(cfg, info.vocab_file)
-  restored = ckpt.restore_latest(setup.abstract_state, train_iter, meta["config"])
-  if restored is None:
-    state, start = setup.init_state(), 0
-  else:
-    start, state = restored
-    logs.log(f"resumed from checkpoint {start} in {ckpt.directory}")
-
-  compiled, report = compile_train_step(setup)
-  for line in report:
-    logs.log(line)
-  peak, peak_source = flops_lib.peak_flops_per_device(cfg.peak_flops)
-  logs.log(f"{setup.flops_per_step / 1e9:.2f} GFLOPs per step; MFU against {peak / 1e12:.2f} TFLOP/s per "
-           f"device ({peak_source})")
-  writer = logs.MetricWriter(workdir, tensorboard=cfg.tensorboard)
-  tokens_per_step = cfg.global_batch_size * cfg.seq_len
-  progress = logs.Progress(cfg.num_train_steps, tokens_per_step, setup.flops_per_step,
-                           peak * jax.device_count(), start)
-
   preempted = []
-  previous_handler = signal.signal(signal.SIGTERM, lambda *_: preempted.append(True))
-  last = {}
-  pending = None  # (step, metrics on device) of the step in flight: read after the next one is dispatched.
+  with contextlib.ExitStack() as cleanup:  # Unwinds on any error too: no asynchronous save is left behind.
+    previous_handler = signal.signal(signal.SIGTERM, lambda *_: preempted.append(True))
+    cleanup.callback(signal.signal, signal.SIGTERM, previous_handler)
+    # Closed while the SIGTERM handler is still ours: a preemption then lets the last asynchronous save finish.
+    ckpt = cleanup.enter_context(checkpoint_lib.Checkpointer(workdir / "checkpoints", cfg.checkpoint))
+    meta = checkpoint_meta(cfg, info.vocab_file)
+    restored = ckpt.restore_latest(setup.abstract_state, train_iter, meta["config"])
+    if restored is None:
+      state, start = setup.init_state(), 0
+    else:
+      start, state = restored
+      logs.log(f"resumed from checkpoint {start} in {ckpt.directory}")
 
-  def finish(step, metrics):
-    nonlocal last
-    metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-    metrics.update(progress.rates(step))
-    writer.write(step, metrics)
-    if metrics["nonfinite"]:
-      msg = (f"step {step}: non-finite loss, gradients or updated parameters (loss {metrics['loss']}); the "
-             f"update was skipped")
-      if cfg.nonfinite == "stop":
-        raise NonFiniteError(msg + "; stopping (nonfinite='stop'): the last checkpoint is intact")
-      logs.log("warning: " + msg)
-    if step % cfg.log_every == 0 or step == cfg.num_train_steps:
-      logs.log(progress.line(step, metrics, metrics))  # metrics include the rates
-    last = metrics
+    compiled, report = compile_train_step(setup)
+    for line in report:
+      logs.log(line)
+    peak, peak_source = flops_lib.peak_flops_per_device(cfg.peak_flops)
+    logs.log(f"{setup.flops_per_step / 1e9:.2f} GFLOPs per step; MFU against {peak / 1e12:.2f} TFLOP/s per "
+             f"device ({peak_source})")
+    writer = cleanup.enter_context(logs.MetricWriter(workdir, tensorboard=cfg.tensorboard))
+    tokens_per_step = cfg.global_batch_size * cfg.seq_len
+    progress = logs.Progress(cfg.num_train_steps, tokens_per_step, setup.flops_per_step,
+                             peak * jax.device_count(), start)
+    last = {}
+    pending = None  # (step, metrics on device) of the step in flight: read after the next one is dispatched.
 
-  try:
+    def finish(step, metrics):
+      nonlocal last
+      metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+      metrics.update(progress.rates(step))
+      writer.write(step, metrics)
+      if metrics["nonfinite"]:
+        msg = (f"step {step}: non-finite loss, gradients or updated parameters (loss {metrics['loss']}); the "
+               f"update was skipped")
+        if cfg.nonfinite == "stop":
+          raise NonFiniteError(msg + "; stopping (nonfinite='stop'): the last checkpoint is intact")
+        logs.log("warning: " + msg)
+      if step % cfg.log_every == 0 or step == cfg.num_train_steps:
+        logs.log(progress.line(step, metrics, metrics))  # metrics include the rates
+      last = metrics
+
     step = start
     while step < cfg.num_train_steps and not preempted:
       batch = sharding.global_batch(next(train_iter), setup.mesh)
@@ -349,10 +351,4 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
     if preempted:
       logs.log(f"SIGTERM: saving a checkpoint at step {step} before exiting")
       ckpt.save(step, state, train_iter, meta, force=True)
-  finally:
-    try:
-      ckpt.close()  # Still under the SIGTERM handler: a preemption now lets the last asynchronous save finish.
-      writer.close()
-    finally:
-      signal.signal(signal.SIGTERM, previous_handler)
   return last
