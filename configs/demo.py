@@ -3,10 +3,12 @@ docstrings (bundled with Python, no download), a few minutes on a 2-core CPU.
 
   python train.py --config configs/demo.py --workdir runs/demo
 """
+import ml_collections
+
 from configs import pretrain
 
 
-def get_config(arg: str = "") -> "ml_collections.ConfigDict":
+def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c = pretrain.get_config(arg or "tupe_a,tiny")
   c.model.update(vocab_size=0, hidden_size=128, num_heads=4, intermediate_size=512, num_layers=2)
   c.model.embedding_size = c.model.hidden_size

@@ -175,7 +175,6 @@ def bf16_vs_fp32(name, output_attentions):
 @pytest.mark.parametrize("name, output_attentions", [("tupe_r", False), ("tupe_r", True)])
 def test_bfloat16_keeps_float32_outputs_and_stays_close(name, output_attentions):
   got, want, real = bf16_vs_fp32(name, output_attentions)
-  cfg = tiny_config(name)
   assert all(h.dtype == jnp.float32 for h in got["hidden_states"])     # LayerNorm outputs
   diff = np.abs(np.asarray(got["last_hidden_state"]) - np.asarray(want["last_hidden_state"]))[real]
   assert diff.max() < 0.1 and diff.mean() < 0.01      # bf16 keeps ~3 significant digits

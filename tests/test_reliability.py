@@ -49,7 +49,7 @@ def test_nonfinite_updates_are_skipped(skipped_run):
   records = metric_records(workdir)
   assert [r["step"] for r in records] == list(range(1, STEPS + 1))
   assert all(r["nonfinite"] == 1.0 for r in records)
-  assert "warning: step 1: non-finite loss, gradients or updated parameters" in proc.stdout
+  assert "warning: step 1: non-finite loss, gradients or update" in proc.stdout
   assert finished_steps(workdir) == [4, 8, 12]
   states = [checkpoint_state(workdir, step) for step in (4, 8, 12)]
   for state in states:
@@ -61,17 +61,18 @@ def test_nonfinite_updates_are_skipped(skipped_run):
 
 
 def test_nonfinite_stop_names_the_step(tmp_path):
-  """A learning rate of 1e30 overflows the activations from step 3 on; "stop" ends the run there."""
+  """A learning rate of 1e15 gives finite updates but parameters that overflow the activations a step or two
+  later; "stop" ends the run at the first non-finite step, its checkpoints before that intact."""
   workdir = tmp_path / "run"
-  proc = run_train(workdir, {"optimizer.learning_rate": 1e30, "nonfinite": "stop", "checkpoint.every_steps": 2})
+  proc = run_train(workdir, {"optimizer.learning_rate": 1e15, "nonfinite": "stop", "checkpoint.every_steps": 2})
   assert proc.returncode == 2
   records = metric_records(workdir)
   first_bad = next(r["step"] for r in records if r["nonfinite"])
-  assert first_bad == records[-1]["step"] == 3
+  assert first_bad == records[-1]["step"] and first_bad >= 3
   line = error_line(proc)
   assert line.startswith(f"error: step {first_bad}: non-finite loss") and "nonfinite='stop'" in line
-  assert finished_steps(workdir) == [2]
-  assert_all_finite(checkpoint_state(workdir, 2))
+  assert finished_steps(workdir) == list(range(2, first_bad, 2))
+  assert_all_finite(checkpoint_state(workdir, finished_steps(workdir)[-1]))
 
 
 # Runs the rest of its command line with files capped at 100 kB (RLIMIT_FSIZE, effective also for root).

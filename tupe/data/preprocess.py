@@ -11,7 +11,7 @@ import argparse
 import time
 
 from tupe.data import examples, packing, pipeline, shards
-from tupe.errors import UserError, run_main
+from tupe.errors import run_main
 
 
 def preprocess(data_cfg, seq_len: int, output: str, num_shards: int) -> dict:
