@@ -106,6 +106,11 @@ def machine() -> dict:
           "date": datetime.date.today().isoformat(), "python": platform.python_version()}
 
 
+def progress(message: str) -> None:
+  """A timestamped progress line on stderr (stdout carries only the JSON records)."""
+  print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
 def emit(record: dict) -> None:
   """Prints one JSON line (floats rounded to 6 significant digits) and flushes."""
   def clean(v):

@@ -125,10 +125,12 @@ def main(argv=None) -> list[dict]:
       for _ in range(args.warmup):
         runner.step()
     times = {name: [] for name in sides}
+    tokens = args.batch * args.seq
     for r in range(args.repeats):
       for name in (("ours", "hf") if r % 2 == 0 else ("hf", "ours")):
         times[name].append(bench.median(bench.time_calls(sides[name].step, args.steps)))
-    tokens = args.batch * args.seq
+      bench.progress(f"{pair} repeat {r + 1}/{args.repeats}: ours {tokens / times['ours'][-1]:.0f} tokens/s, "
+                     f"HF {tokens / times['hf'][-1]:.0f} tokens/s")
     per_repeat = np.array(times["hf"]) / np.array(times["ours"])
     records.append({
         "pair": pair, "ours": f"{cfg.model.name} {cfg.model.size} ({cfg.objective})",

@@ -48,9 +48,12 @@ class Runner:
   def __init__(self, cfg, seed: int = 0):
     self.cfg = cfg
     self.setup = trainer.build(cfg)
+    bench.progress(f"compiling the {cfg.model.name} {cfg.model.size} train step ({cfg.global_batch_size} x "
+                   f"{cfg.seq_len})")
     start = time.perf_counter()
     self.compiled, _ = trainer.compile_train_step(self.setup)
     self.compile_time_s = time.perf_counter() - start
+    bench.progress(f"compiled in {self.compile_time_s:.1f} s")
     self.memory = self.compiled.memory_analysis()
     self.state = self.setup.init_state()
     self.batches = [sharding.global_batch(bench.synthetic_mlm_batch(
@@ -144,9 +147,12 @@ def main(argv=None) -> list[dict]:
       r.step()
   repeats = args.repeats if args.compare else 1
   times = [[] for _ in runners]
-  for _ in range(repeats):
+  tokens = args.batch * args.seq
+  for i in range(repeats):
     for r, t in zip(runners, times):
       t.append(bench.time_calls(r.step, args.steps))
+    bench.progress(f"repeat {i + 1}/{repeats}: " + ", ".join(
+        f"{r.cfg.model.name} {tokens / bench.median(t[-1]):.0f} tokens/s" for r, t in zip(runners, times)))
   records = [dict(r.record(sum(t, []), peak), **bench.machine()) for r, t in zip(runners, times)]
   if peak[1].startswith("measured"):  # On a shared CPU, the best of the matmuls before and after the steps.
     after = flops_lib.measured_matmul_peak(512 if args.tiny else 2048)
