@@ -12,9 +12,9 @@ GPUs/TPUs; on CPU the best of a measured fp32 matmul before and after the timed 
   python -m bench.train_step --config configs/pretrain.py:bert_a,small --batch 16 --seq 128 --steps 5 \
       --compare tupe_a,tupe_r --repeats 5
 
-runs the other models at the same size in the same process, interleaved (repeat r times the models in turn),
-and prints one line per model, then one with each model's step time relative to the first (median of the
-per-repeat ratios): TUPE's overhead over BERT-A.
+runs the other models at the same size in the same process, interleaved (r repeats of the models in turn, each
+repeat starting with the next model), and prints one line per model, then one with each model's step time
+relative to the first (median of the per-repeat ratios): TUPE's overhead over BERT-A.
 """
 from __future__ import annotations
 
@@ -149,8 +149,9 @@ def main(argv=None) -> list[dict]:
   times = [[] for _ in runners]
   tokens = args.batch * args.seq
   for i in range(repeats):
-    for r, t in zip(runners, times):
-      t.append(bench.time_calls(r.step, args.steps))
+    for j in range(len(runners)):  # Each repeat starts with the next model: no model always runs first.
+      k = (i + j) % len(runners)
+      times[k].append(bench.time_calls(runners[k].step, args.steps))
     bench.progress(f"repeat {i + 1}/{repeats}: " + ", ".join(
         f"{r.cfg.model.name} {tokens / bench.median(t[-1]):.0f} tokens/s" for r, t in zip(runners, times)))
   records = [dict(r.record(sum(t, []), peak), **bench.machine()) for r, t in zip(runners, times)]
