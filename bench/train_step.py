@@ -6,8 +6,10 @@
 prints one JSON line: tokens_per_s and step_time_s (median over the timed steps after `--warmup` steps),
 compile_time_s (lowering + XLA compilation), memory per device from the compiled memory analysis (arguments +
 outputs - donated + temporaries; also arguments and temporaries alone) and on CPU the host's peak RSS,
-flops_per_step (tupe.flops, explicit count), mfu against peak_flops_per_device (data-sheet bf16 on known
-GPUs/TPUs; on CPU the best of a measured fp32 matmul before and after the timed steps) and the device kind.
+flops_per_step (tupe.flops, explicit count; beside it XLA's static cost analysis of the compiled step, FLOPs
+and bytes accessed per device, where the backend gives one), mfu against peak_flops_per_device (data-sheet
+bf16 on known GPUs/TPUs; on CPU the best of a measured fp32 matmul before and after the timed steps) and the
+device kind.
 
   python -m bench.train_step --config configs/pretrain.py:bert_a,small --batch 16 --seq 128 --steps 5 \
       --compare tupe_a,tupe_r --repeats 5
@@ -84,6 +86,11 @@ class Runner:
         "peak_flops_per_device": peak_flops, "peak_source": peak_source,
         "device_kind": jax.devices()[0].device_kind, "num_devices": devices,
     }
+    cost = self.compiled.cost_analysis()  # XLA's static estimate per device, elementwise work included.
+    cost = (cost[0] if isinstance(cost, (list, tuple)) else cost) or {}
+    if "flops" in cost:
+      record.update(xla_flops_per_device=float(cost["flops"]),
+                    xla_bytes_accessed_per_device=float(cost.get("bytes accessed", 0.0)))
     if mem is not None:
       record.update(memory_bytes_per_device=memory_bytes(mem),
                     memory_argument_bytes_per_device=mem.argument_size_in_bytes,

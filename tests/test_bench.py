@@ -40,6 +40,7 @@ def test_train_step(capsys):
   assert record["mfu"] == pytest.approx(record["flops_per_step"] / record["step_time_s"]
                                         / (record["peak_flops_per_device"] * jax.device_count()), rel=1e-4)
   assert record["memory_bytes_per_device"] > record["memory_temp_bytes_per_device"] > 0
+  assert record["xla_flops_per_device"] > 0 and record["xla_bytes_accessed_per_device"] > 0
 
 
 def test_compare_hf(capsys):
