@@ -136,8 +136,8 @@ def make_train_step(cfg, module, tx, lr_schedule):
     # A finite loss and finite gradients can still give a non-finite update (a learning rate that overflows),
     # which must not reach the parameters or a checkpoint. Finite gradients keep the moments finite (their
     # squares sum to grad_norm**2), so the update's norm is checked, not every leaf of the new state: that made
-    # XLA's fusion pass superlinear in the number of parameters (7x the compile time at 8 layers; max-abs
-    # reductions over the leaves, 3x). An update whose norm overflows float32 (above ~1e19) counts as non-finite.
+    # XLA's fusion pass superlinear in the number of parameters (docs/BENCHMARKS.md, compile time). An update
+    # whose norm overflows float32 (above ~1e19) counts as non-finite.
     finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm) & jnp.isfinite(optax.global_norm(updates))
     keep_finite = lambda new, old: jax.tree_util.tree_map(lambda n, o: jnp.where(finite, n, o), new, old)
     metrics = dict(metrics, grad_norm=grad_norm, learning_rate=lr_schedule(state.step),
