@@ -11,6 +11,7 @@ import pytest
 
 import numpy_reference as ref
 from tupe import models
+from tupe.models import attention
 from tupe.models import layers
 from tupe.models import position
 
@@ -164,6 +165,18 @@ def test_fused_attention_equals_reference(name):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=ATOL, rtol=0)
 
 
+def test_cudnn_key_lengths_mask_the_same_keys():
+  """The cuDNN path's padding (key lengths) masks what the boolean mask masks; run here through XLA."""
+  input_ids, mask = padded_batch()
+  mask = np.concatenate([mask, np.zeros_like(mask[:1])])          # plus an all-padding row
+  q, k, v = jax.random.normal(jax.random.key(0), (3, len(mask), mask.shape[1], 2, 8))
+  bool_mask = mask.astype(bool)[:, None, None, :]
+  want = jax.nn.dot_product_attention(q, k, v, mask=bool_mask)
+  got = jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=attention.cudnn_key_lengths(bool_mask))
+  np.testing.assert_allclose(got[:-1], want[:-1], atol=1e-6)
+  np.testing.assert_allclose(got[-1], jnp.broadcast_to(v[-1, :1], got[-1].shape), atol=1e-6)  # its first key
+
+
 def bf16_vs_fp32(name, output_attentions):
   """(bf16 outputs, fp32 outputs with attentions, real-token mask) of one model on the padded batch."""
   input_ids, mask = padded_batch()
@@ -229,3 +242,11 @@ def test_too_long_input_raises_clear_error_in_electra():
   positions = np.zeros((1, 2), np.int32)
   with pytest.raises(ValueError, match="exceeds model.max_position_embeddings=128"):
     jax.eval_shape(lambda: electra.init(jax.random.PRNGKey(0), too_long, too_long, 0 * too_long, positions))
+
+
+def test_cudnn_attention_needs_half_precision():
+  cfg = tiny_config("bert_a", attention_backend="cudnn")
+  with pytest.raises(ValueError, match="attention_backend='cudnn' runs in bfloat16 or float16, not "
+                                       "model.dtype='float32'"):
+    models.validate(cfg)
+  models.validate(tiny_config("bert_a", attention_backend="cudnn", dtype="bfloat16"))

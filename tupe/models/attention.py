@@ -7,7 +7,8 @@ carries the other half), and `positional` the [heads, length, length] term the e
 
 Two paths, equal in value:
   fused: jax.nn.dot_product_attention (the positional term passed as a [1, heads, L, L] bias, so the cuDNN
-    kernel stays eligible on GPU);
+    kernel stays eligible on GPU; with model.attention_backend="cudnn" the padding goes in as key lengths,
+    which needs right-padded inputs, and the bias in the compute dtype);
   reference: explicit float32 softmax with dropout on the attention probabilities (the papers' recipe), and
     the probabilities returned on request.
 "auto" takes the fused path unless probabilities are requested or attention dropout is active.
@@ -28,6 +29,17 @@ from tupe.models import layers
 def attention_scale(cfg) -> float:
   dh = config_lib.head_dim(cfg)
   return 1.0 / math.sqrt(2 * dh if cfg.position == "untied" else dh)
+
+
+def cudnn_key_lengths(mask: jax.Array) -> jax.Array:
+  """int32 [batch] number of real keys per sequence, for cuDNN's padding mask (a boolean mask would reach the
+  kernel as a [batch, heads, length, length] bias, gradient included). Inputs are right-padded (ones, then
+  zeros), as every pipeline here makes them; an all-padding row keeps one key, as its output is ignored.
+
+  Args:
+    mask: bool [batch, 1, 1, length].
+  """
+  return jnp.maximum(jnp.sum(mask, axis=(1, 2, 3), dtype=jnp.int32), 1)
 
 
 class AttentionBlock(nn.Module):
@@ -62,10 +74,12 @@ class AttentionBlock(nn.Module):
       context = jnp.einsum("bhqk,bkhd->bqhd", dropped.astype(v.dtype), v)
     else:
       probs = None
-      if bias is not None and cfg.attention_backend == "cudnn":
-        bias = bias.astype(q.dtype)
-      context = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=attention_scale(cfg),
-                                             implementation=cfg.attention_backend or None)
+      padding = dict(mask=mask)
+      if cfg.attention_backend == "cudnn":
+        padding = dict(key_value_seq_lengths=cudnn_key_lengths(mask))
+        bias = None if bias is None else bias.astype(q.dtype)
+      context = jax.nn.dot_product_attention(q, k, v, bias=bias, scale=attention_scale(cfg),
+                                             implementation=cfg.attention_backend or None, **padding)
     if cfg.head_ratio > 1:
       context = jnp.concatenate([context, conv.SpanDynamicConv(cfg, name="conv")(x, q)], axis=2)
     out = layers.dense(cfg, cfg.hidden_size, ("heads", "kv", "embed"), axis=(-2, -1), name="output")(context)

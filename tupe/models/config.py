@@ -60,7 +60,7 @@ def base_config() -> ml_collections.ConfigDict:
       dtype="float32",            # compute dtype; parameters are always float32
       attention_impl="auto",      # "auto": jax.nn.dot_product_attention unless attention probabilities are
                                   # returned or dropped out (then "reference"); "reference": always explicit
-      attention_backend="",       # "" (let JAX choose), "xla" or "cudnn"
+      attention_backend="",       # "" (let JAX choose), "xla" or "cudnn" (GPU, bf16/fp16, right-padded inputs)
       remat="none",               # "none", "full" or "dots" (per-layer rematerialization policy)
   ))
 
@@ -115,6 +115,8 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
        f"model.attention_impl={cfg.attention_impl!r}; use 'auto' or 'reference'")
   need(cfg.attention_backend in ("", "xla", "cudnn"),
        f"model.attention_backend={cfg.attention_backend!r}; use '', 'xla' or 'cudnn'")
+  need(cfg.attention_backend != "cudnn" or cfg.dtype in ("bfloat16", "float16"),
+       f"model.attention_backend='cudnn' runs in bfloat16 or float16, not model.dtype={cfg.dtype!r}")
   need(cfg.remat in ("none", "full", "dots"), f"model.remat={cfg.remat!r}; use 'none', 'full' or 'dots'")
 
 
