@@ -118,6 +118,13 @@ def make_config(spec: str, batch: int, seq: int, dtype: str, overrides, is_tiny:
   return cfg
 
 
+def compare_specs(spec: str, names: str) -> list[str]:
+  """Config specs of the comma-separated models `names` at the size of `spec` (path.py:model,size)."""
+  path, _, arg = spec.partition(":")
+  size = arg.partition(",")[2]
+  return [f"{path}:{name},{size}" if size else f"{path}:{name}" for name in names.split(",") if name]
+
+
 def parse_args(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--config", default="configs/pretrain.py:bert_a,small", help="path.py:model,size")
@@ -141,11 +148,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> list[dict]:
   args = parse_args(argv)
-  specs = [args.config]
-  if args.compare:
-    path, _, arg = args.config.partition(":")
-    size = arg.partition(",")[2]
-    specs += [f"{path}:{name},{size}" if size else f"{path}:{name}" for name in args.compare.split(",")]
+  specs = [args.config] + compare_specs(args.config, args.compare)
   runners = [Runner(make_config(s, args.batch, args.seq, args.dtype, args.config_override, args.tiny))
              for s in specs]
   peak = device_peak(runners[0].cfg, 512 if args.tiny else 2048)

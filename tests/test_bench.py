@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import bench
-from bench import compare_hf, dynamic_conv, memory, pipeline, train_step
+from bench import compare_hf, dynamic_conv, memory, pipeline, profile, train_step
 from tupe import models
 
 TRAIN_STEP_FIELDS = {"model", "size", "batch", "seq", "dtype", "tokens_per_s", "step_time_s", "compile_time_s",
@@ -41,6 +41,18 @@ def test_train_step(capsys):
                                         / (record["peak_flops_per_device"] * jax.device_count()), rel=1e-4)
   assert record["memory_bytes_per_device"] > record["memory_temp_bytes_per_device"] > 0
   assert record["xla_flops_per_device"] > 0 and record["xla_bytes_accessed_per_device"] > 0
+
+
+def test_profile(capsys, monkeypatch):
+  """The traced operations of the tiny step, matched to their HLO: categories, module paths, shares."""
+  monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))  # profile.main adds a GPU flag
+  summary, *ops = printed(capsys, profile.main(["--tiny", "--batch", "8", "--seq", "16", "--steps", "1",
+                                                "--top", "40", "--config", BERT]))
+  assert summary["traced_ms_per_step"] == pytest.approx(sum(summary["ms_per_step_by_category"].values()), rel=1e-4)
+  assert summary["ms_per_step_by_category"]["matmul"] > 0 and "unmatched" not in summary["ms_per_step_by_category"]
+  assert any(k.startswith("encoder/stack/layer_*/") for k in summary["ms_per_step_by_module"])
+  assert len(ops) == 40 and sum(op["share"] for op in ops) <= 1
+  assert [op["ms_per_step"] for op in ops] == sorted((op["ms_per_step"] for op in ops), reverse=True)
 
 
 def test_compare_hf(capsys):
