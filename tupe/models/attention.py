@@ -6,15 +6,16 @@ with scale 1/sqrt(head_dim), or 1/sqrt(2 * head_dim) under TUPE's untied positio
 carries the other half), and `positional` the [heads, length, length] term the encoder computed once.
 
 Two paths, equal in value:
-  fused: jax.nn.dot_product_attention (the positional term passed as a [1, heads, L, L] bias, so the cuDNN
-    kernel stays eligible on GPU; with model.attention_backend="cudnn" the padding goes in as key lengths,
-    which needs right-padded inputs, and the bias in the compute dtype);
+  fused: jax.nn.dot_product_attention (the positional term passed as a bias; with
+    model.attention_backend="cudnn" as [1, heads, L, L] in the compute dtype, so the kernel stays eligible,
+    and the padding as key lengths, which needs right-padded inputs);
   reference: explicit float32 softmax with dropout on the attention probabilities (the papers' recipe), and
     the probabilities returned on request.
 "auto" takes the fused path unless probabilities are requested or attention dropout is active.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import flax.linen as nn
@@ -29,6 +30,27 @@ from tupe.models import layers
 def attention_scale(cfg) -> float:
   dh = config_lib.head_dim(cfg)
   return 1.0 / math.sqrt(2 * dh if cfg.position == "untied" else dh)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def broadcast_over_batch(positional: jax.Array, batch: int) -> jax.Array:
+  """[heads, length, length] -> [batch, heads, length, length] (XLA fuses the broadcast into its consumer).
+
+  Its gradient sums over the batch as a matrix-vector product: as a reduction over the leading axis, which
+  XLA then fuses across all layers sharing the term, it ran ~70x slower on CPU (docs/BENCHMARKS.md).
+  """
+  return jnp.broadcast_to(positional, (batch,) + positional.shape)
+
+
+def _broadcast_fwd(positional, batch):
+  return broadcast_over_batch(positional, batch), None
+
+
+def _broadcast_bwd(batch, _, grad):
+  return (jnp.einsum("b,bhqk->hqk", jnp.ones((batch,), grad.dtype), grad),)
+
+
+broadcast_over_batch.defvjp(_broadcast_fwd, _broadcast_bwd)
 
 
 def cudnn_key_lengths(mask: jax.Array) -> jax.Array:
@@ -61,7 +83,7 @@ class AttentionBlock(nn.Module):
     heads, dh = config_lib.attention_heads(cfg), config_lib.head_dim(cfg)
     proj = lambda name: layers.dense(cfg, (heads, dh), ("embed", "heads", "kv"), name=name)(x)
     q, k, v = proj("query"), proj("key"), proj("value")
-    bias = None if positional is None else positional[None]
+    bias = None if positional is None else broadcast_over_batch(positional, x.shape[0])
     use_reference = (cfg.attention_impl == "reference" or output_attentions
                      or (not deterministic and cfg.attention_dropout > 0))
     if use_reference:
@@ -77,7 +99,7 @@ class AttentionBlock(nn.Module):
       padding = dict(mask=mask)
       if cfg.attention_backend == "cudnn":
         padding = dict(key_value_seq_lengths=cudnn_key_lengths(mask))
-        bias = None if bias is None else bias.astype(q.dtype)
+        bias = None if positional is None else positional[None].astype(q.dtype)  # cuDNN sums its gradient
       context = jax.nn.dot_product_attention(q, k, v, bias=bias, scale=attention_scale(cfg),
                                              implementation=cfg.attention_backend or None, **padding)
     if cfg.head_ratio > 1:
