@@ -9,10 +9,13 @@ runs. Each kernel or thunk is matched to its HLO instruction in the compiled pro
 (matmul, attention, convolution, collective, rng, copy, or fusion: elementwise and reductions) and the flax
 module it comes from. Prints JSON lines: one summary per model (traced milliseconds per step, by category and
 for the `--top` module paths), then the `--top` operations by time (per step, share of the traced time,
-calls per step). With several devices, times are averaged over them. On a GPU the step is traced without CUDA graphs, so that every kernel maps to its HLO
-operation; the traced time is then a little above bench.train_step's. With --compare, the
-other models at the same size are traced in turn (HLO operation names differ between programs: compare the
-categories). The traces stay in --trace-dir for a trace viewer (Perfetto).
+calls per step). With --compare, the other models at the same size are traced in turn (HLO operation names
+differ between programs: compare categories and modules). The traces stay in --trace-dir for a trace viewer.
+
+The traced time is the sum of the operations' durations, averaged over devices. On a CPU, operations run
+concurrently on the cores, so it exceeds the step's wall time: compare shares and differences. On a GPU the
+step is traced without CUDA graphs, so that every kernel maps to its HLO operation; the traced time is then
+a little above bench.train_step's step time.
 """
 from __future__ import annotations
 
@@ -41,10 +44,29 @@ CATEGORIES = (
 )
 
 
+# Operations whose time is that of the operations they run, which the trace also holds (CPU thunks).
+CONTAINERS = ("call", "while", "conditional")
+
+
+def opcode(text: str) -> str:
+  """The opcode of an HLO instruction's right-hand side, e.g. 'f32[2]{0} fusion(%a), ...' -> 'fusion'."""
+  text = re.sub(r"/\*.*?\*/", "", text)
+  if text.startswith("("):  # A tuple type: skip to its closing parenthesis.
+    depth = 0
+    for i, char in enumerate(text):
+      depth += {"(": 1, ")": -1}.get(char, 0)
+      if depth == 0:
+        text = text[i + 1:]
+        break
+  match = re.match(r"\s*(?:\S+\s+)?([\w-]+)\(", text)
+  return match.group(1) if match else ""
+
+
 def hlo_operations(hlo_text: str) -> dict[str, tuple[str, str]]:
   """{instruction name: (category, where)} of a compiled program's HLO text. `where` is the flax module
   path from the instruction's metadata, layer numbers folded (`stack/layer_*/attention/query`), prefixed
-  `backward:` for the gradient's operations; the rest of the time is "fusion" (elementwise, reductions)."""
+  `backward:` for the gradient's operations; the rest of the time is "fusion" (elementwise, reductions).
+  Calls, loops and conditionals get the category "container": the trace times their operations too."""
   bodies, instructions, current = {}, {}, None
   for line in hlo_text.splitlines():
     header = re.match(r"(?:ENTRY )?%([\w.\-]+) .*\{$", line)
@@ -64,6 +86,7 @@ def hlo_operations(hlo_text: str) -> dict[str, tuple[str, str]]:
   for name, text in instructions.items():
     full = expanded(text)
     label = next((label for label, pattern in CATEGORIES if pattern.search(full)), "fusion")
+    label = "container" if opcode(text) in CONTAINERS else label
     source = re.search(r'op_name="([^"]*)"', text)
     operations[name] = (label, where(source.group(1) if source else ""))
   return operations
@@ -118,6 +141,8 @@ def summarize(events: list[dict], runs: int, operations: dict[str, tuple[str, st
   per_op, calls, kernels = collections.defaultdict(float), collections.Counter(), {}
   for e in events:
     op = op_name(e)
+    if operations.get(op, ("",))[0] == "container":
+      continue
     per_op[op] += e["dur"] / 1e3 / runs
     calls[op] += 1 / runs
     kernels.setdefault(op, e["name"])
