@@ -252,11 +252,12 @@ def test_cudnn_attention_needs_half_precision():
   models.validate(tiny_config("bert_a", attention_backend="cudnn", dtype="bfloat16"))
 
 
-def test_broadcast_over_batch_gradient_sums_the_batch():
-  positional = jax.random.normal(jax.random.key(1), (2, 5, 5))
-  weights = jax.random.normal(jax.random.key(2), (3, 2, 5, 5))
-  f = lambda fn, p: jnp.sum(weights * fn(p))
-  got = jax.grad(lambda p: f(lambda q: attention.broadcast_over_batch(q, 3), p))(positional)
-  want = jax.grad(lambda p: f(lambda q: jnp.broadcast_to(q, (3, 2, 5, 5)), p))(positional)
+@pytest.mark.parametrize("leading", [(3,), (2, 3)])
+def test_broadcast_leading_gradient_sums_the_leading_axes(leading):
+  x = jax.random.normal(jax.random.key(1), (2, 5, 5))
+  weights = jax.random.normal(jax.random.key(2), leading + x.shape)
+  f = lambda broadcast, x: jnp.sum(weights * broadcast(x))
+  got = jax.grad(lambda x: f(lambda y: layers.broadcast_leading(y, leading), x))(x)
+  want = jax.grad(lambda x: f(lambda y: jnp.broadcast_to(y, leading + x.shape), x))(x)
   np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
-  np.testing.assert_allclose(got, weights.sum(0), rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(got, weights.reshape((-1,) + x.shape).sum(0), rtol=1e-6, atol=1e-6)

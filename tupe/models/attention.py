@@ -15,7 +15,6 @@ Two paths, equal in value:
 """
 from __future__ import annotations
 
-import functools
 import math
 
 import flax.linen as nn
@@ -30,27 +29,6 @@ from tupe.models import layers
 def attention_scale(cfg) -> float:
   dh = config_lib.head_dim(cfg)
   return 1.0 / math.sqrt(2 * dh if cfg.position == "untied" else dh)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
-def broadcast_over_batch(positional: jax.Array, batch: int) -> jax.Array:
-  """[heads, length, length] -> [batch, heads, length, length] (XLA fuses the broadcast into its consumer).
-
-  Its gradient sums over the batch as a matrix-vector product: as a reduction over the leading axis, which
-  XLA then fuses across all layers sharing the term, it ran ~70x slower on CPU (docs/BENCHMARKS.md).
-  """
-  return jnp.broadcast_to(positional, (batch,) + positional.shape)
-
-
-def _broadcast_fwd(positional, batch):
-  return broadcast_over_batch(positional, batch), None
-
-
-def _broadcast_bwd(batch, _, grad):
-  return (jnp.einsum("b,bhqk->hqk", jnp.ones((batch,), grad.dtype), grad),)
-
-
-broadcast_over_batch.defvjp(_broadcast_fwd, _broadcast_bwd)
 
 
 def cudnn_key_lengths(mask: jax.Array) -> jax.Array:
@@ -83,7 +61,7 @@ class AttentionBlock(nn.Module):
     heads, dh = config_lib.attention_heads(cfg), config_lib.head_dim(cfg)
     proj = lambda name: layers.dense(cfg, (heads, dh), ("embed", "heads", "kv"), name=name)(x)
     q, k, v = proj("query"), proj("key"), proj("value")
-    bias = None if positional is None else broadcast_over_batch(positional, x.shape[0])
+    bias = None if positional is None else layers.broadcast_leading(positional, x.shape[:1])
     use_reference = (cfg.attention_impl == "reference" or output_attentions
                      or (not deterministic and cfg.attention_dropout > 0))
     if use_reference:

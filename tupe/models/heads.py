@@ -21,7 +21,8 @@ class MLMHead(nn.Module):
     h = layers.dense(cfg, cfg.embedding_size, ("embed", "embedding"), name="transform")(x)
     h = layers.layer_norm(cfg, "layer_norm", axis_name="embedding")(layers.gelu(h))
     bias = self.param("bias", layers.zeros_init(("vocab",)), (cfg.vocab_size,))
-    return embeddings.attend(h) + bias
+    logits = embeddings.attend(h)
+    return logits + layers.broadcast_leading(bias, logits.shape[:-1])
 
 
 class DiscriminatorHead(nn.Module):

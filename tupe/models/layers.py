@@ -5,6 +5,8 @@ axes with rules, so the model code never mentions devices.
 """
 from __future__ import annotations
 
+import functools
+import math
 from typing import Sequence
 
 import flax.linen as nn
@@ -28,6 +30,31 @@ def compute_dtype(cfg):
 def gelu(x: jax.Array) -> jax.Array:
   """Exact (erf) GELU, as in BERT, TUPE and ConvBERT (flax's default is the tanh approximation)."""
   return nn.gelu(x, approximate=False)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def broadcast_leading(x: jax.Array, leading: tuple[int, ...]) -> jax.Array:
+  """x broadcast to `leading + x.shape` (XLA fuses the broadcast into its consumer), for a term shared across
+  the batch: TUPE's positional logits, the MLM output bias.
+
+  Its gradient sums the leading axes as a ones-vector matrix product: XLA:CPU reduces a leading axis of a wide
+  array 50-90x slower ([16, 65536] or [320, 30522]; docs/BENCHMARKS.md), and fuses the reductions of every
+  layer sharing the term into one.
+  """
+  return jnp.broadcast_to(x, tuple(leading) + x.shape)
+
+
+def _broadcast_leading_fwd(x, leading):
+  return broadcast_leading(x, leading), None
+
+
+def _broadcast_leading_bwd(leading, _, grad):
+  rows = math.prod(leading)
+  summed = jnp.ones((rows,), grad.dtype) @ grad.reshape(rows, -1)
+  return (summed.reshape(grad.shape[len(leading):]),)
+
+
+broadcast_leading.defvjp(_broadcast_leading_fwd, _broadcast_leading_bwd)
 
 
 def layer_norm(cfg, name: str | None = None, axis_name: str = "embed") -> nn.LayerNorm:
