@@ -70,14 +70,19 @@ def test_convbert_hand_count(groups):
 
 
 def dot_flops(jaxpr) -> int:
-  """2 x (multiply-adds) of every dot_general in a jaxpr, sub-jaxprs (jit, remat, custom rules) included."""
+  """2 x (multiply-adds) of every dot_general in a jaxpr, sub-jaxprs (jit, remat, custom rules) included.
+
+  A vector-matrix dot with a 1-D left operand is a sum written as a ones-vector product
+  (layers.broadcast_leading's gradient), not a model matmul, and is left out.
+  """
   total = 0
   for eqn in jaxpr.eqns:
     if eqn.primitive.name == "dot_general":
-      (_, rhs_contract), (_, rhs_batch) = eqn.params["dimension_numbers"]
+      (_, rhs_contract), (lhs_batch, rhs_batch) = eqn.params["dimension_numbers"]
       lhs, rhs = (v.aval.shape for v in eqn.invars)
       free = [n for i, n in enumerate(rhs) if i not in rhs_contract and i not in rhs_batch]
-      total += 2 * math.prod(lhs) * math.prod(free)
+      if len(lhs) > 1 or lhs_batch:
+        total += 2 * math.prod(lhs) * math.prod(free)
     for param in eqn.params.values():
       for sub in param if isinstance(param, (tuple, list)) else (param,):
         if isinstance(sub, jax.extend.core.ClosedJaxpr):
