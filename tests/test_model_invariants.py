@@ -261,3 +261,20 @@ def test_broadcast_leading_gradient_sums_the_leading_axes(leading):
   want = jax.grad(lambda x: f(lambda y: jnp.broadcast_to(y, leading + x.shape), x))(x)
   np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
   np.testing.assert_allclose(got, weights.reshape((-1,) + x.shape).sum(0), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("shape", [(64, 4, 128, 128), (256, 1023)])   # even and odd last axes
+def test_dropout_rate_scale_and_determinism(shape):
+  x = jnp.ones(shape)
+  drop = layers.Dropout(0.1)
+  apply = jax.jit(lambda seed: drop.apply({}, x, deterministic=False, rngs={"dropout": jax.random.key(seed)}))
+  y = np.asarray(apply(0))
+  keep = 58982 / 65536                                   # round(0.9 * 2^16) / 2^16
+  assert set(np.unique(y)) == {0.0, np.float32(1 / keep)}
+  half = shape[-1] // 2                                  # elements from the low and from the high 16 bits
+  for part in (y[..., :half], y[..., half:]):
+    dropped = np.mean(part == 0)
+    assert abs(dropped - (1 - keep)) < 4 * math.sqrt(0.09 / part.size), dropped
+  np.testing.assert_array_equal(y, apply(0))
+  assert np.mean(y != np.asarray(apply(1))) > 0.1       # another key, another mask
+  assert drop.apply({}, x, deterministic=True) is x

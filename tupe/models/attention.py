@@ -70,7 +70,7 @@ class AttentionBlock(nn.Module):
         logits = logits + bias
       logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
       probs = jax.nn.softmax(logits, axis=-1)
-      dropped = nn.Dropout(cfg.attention_dropout)(probs, deterministic=deterministic)
+      dropped = layers.Dropout(cfg.attention_dropout)(probs, deterministic=deterministic)
       context = jnp.einsum("bhqk,bkhd->bqhd", dropped.astype(v.dtype), v)
     else:
       probs = None
@@ -83,6 +83,6 @@ class AttentionBlock(nn.Module):
     if cfg.head_ratio > 1:
       context = jnp.concatenate([context, conv.SpanDynamicConv(cfg, name="conv")(x, q)], axis=2)
     out = layers.dense(cfg, cfg.hidden_size, ("heads", "kv", "embed"), axis=(-2, -1), name="output")(context)
-    out = nn.Dropout(cfg.hidden_dropout)(out, deterministic=deterministic)
+    out = layers.Dropout(cfg.hidden_dropout)(out, deterministic=deterministic)
     out = layers.layer_norm(cfg, "layer_norm")(x + out)
     return out, (probs if output_attentions else None)

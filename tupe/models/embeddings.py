@@ -29,7 +29,7 @@ class Embeddings(nn.Module):
       self.token_type_embeddings = self.param("token_type_embeddings", init((None, "embedding")),
                                               (cfg.type_vocab_size, cfg.embedding_size))
     self.layer_norm = layers.layer_norm(cfg, axis_name="embedding")
-    self.dropout = nn.Dropout(cfg.hidden_dropout)
+    self.dropout = layers.Dropout(cfg.hidden_dropout)
 
   def __call__(self, input_ids: jax.Array, token_type_ids: jax.Array, deterministic: bool) -> jax.Array:
     """input_ids, token_type_ids: int [batch, length] -> float32 [batch, length, embedding_size]."""

@@ -55,7 +55,7 @@ class ClassificationHead(nn.Module):
     if self.style not in CLASSIFIER_STYLES:
       raise ValueError(f"unknown classifier style {self.style!r}; use one of {CLASSIFIER_STYLES}")
     h = x[:, 0]
-    drop = lambda y: nn.Dropout(cfg.hidden_dropout)(y, deterministic=deterministic)
+    drop = lambda y: layers.Dropout(cfg.hidden_dropout)(y, deterministic=deterministic)
     hidden_dense = lambda: layers.dense(cfg, cfg.hidden_size, ("embed", "mlp"), name="dense")
     if self.style == "tupe":
       h = drop(jnp.tanh(hidden_dense()(h)))
