@@ -221,3 +221,24 @@ def test_no_restorable_checkpoint_is_an_error(tmp_path, reference):
   assert "Traceback" not in proc.stderr  # Nor the reads that orbax's failed restores leave in flight.
   assert all(f"skipping checkpoint {step} " in proc.stderr for step in (4, 8, 12))
   assert finished_steps(workdir) == [4, 8, 12] and len(metric_records(workdir)) == STEPS
+
+
+def test_only_the_abandoned_reads_of_a_failed_restore_are_silenced(monkeypatch):
+  """What orbax's leftover reads report after a failed restore is dropped; any other unraisable still shows."""
+  from tupe import checkpoint
+  seen = []
+  monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: seen.append(str(unraisable.exc_value)))
+  checkpoint._ignore_reads_left_by_failed_restores()
+
+  class RaisesOnCollection:
+    def __init__(self, error):
+      self.error = error
+
+    def __del__(self):
+      raise self.error
+
+  for error in (RuntimeError("Event loop is closed"),
+                Exception("Encountered error while reading array index: (slice(None),). See full TensorStore"),
+                ValueError("something else")):
+    RaisesOnCollection(error)   # collected at once: __del__'s exception goes to sys.unraisablehook
+  assert seen == ["something else"]

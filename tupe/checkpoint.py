@@ -133,21 +133,25 @@ class Checkpointer:
       self.manager.close()
 
 
-def _ignore_reads_left_by_failed_restores() -> None:
-  """Silences the 'Event loop is closed' noise that a failed restore leaves behind.
+# What the abandoned reads of a failed restore report (see _ignore_reads_left_by_failed_restores).
+_ABANDONED_READ_ERRORS = ("Event loop is closed", "Encountered error while reading array index")
 
-  Orbax runs each restore on a fresh asyncio loop and closes it as soon as the first TensorStore read fails;
-  the reads still in flight complete later and their callbacks, aimed at the closed loop, each report
-  RuntimeError('Event loop is closed') through sys.unraisablehook, dozens of tracebacks around our one-line
-  message. Those reads are harmless; every other unraisable exception still reaches the previous hook.
+
+def _ignore_reads_left_by_failed_restores() -> None:
+  """Silences the noise that the reads of a failed restore leave behind.
+
+  Orbax runs each restore on a fresh asyncio loop and closes it as soon as the first TensorStore read fails.
+  The reads still in flight end later, each reporting through sys.unraisablehook, dozens of tracebacks around
+  our one-line message: their callbacks, aimed at the closed loop, raise RuntimeError('Event loop is closed'),
+  and a read coroutine closed while waiting raises orbax's "Encountered error while reading array index ...".
+  Those reads are harmless; every other unraisable exception still reaches the previous hook.
   """
   previous = sys.unraisablehook
   if getattr(previous, "_tupe_filter", False):
     return
 
   def hook(unraisable):
-    e = unraisable.exc_value
-    if not (isinstance(e, RuntimeError) and str(e) == "Event loop is closed"):
+    if not str(unraisable.exc_value).startswith(_ABANDONED_READ_ERRORS):
       previous(unraisable)
 
   hook._tupe_filter = True
