@@ -84,8 +84,9 @@ class Dropout(nn.Module):
 
   Half the random-number work of flax's nn.Dropout (32 bits per element), which on a CPU is most of what
   dropout costs (docs/BENCHMARKS.md). An element is kept when its 16 bits fall below round((1 - rate) * 2^16),
-  so the drop rate is within 2^-17 of `rate` (0.100006 for 0.1); kept elements are scaled by the inverse of
-  that exact keep probability. The bits are drawn along the last axis, so leading-axis shardings still apply.
+  so the drop rate is within 2^-17 of `rate` (0.100006 for 0.1); kept elements are scaled, in float32, by the
+  inverse of that exact keep probability. The bits are drawn along the last axis, so leading-axis shardings
+  still apply.
   """
   rate: float
 
@@ -99,7 +100,8 @@ class Dropout(nn.Module):
     bits = jax.random.bits(self.make_rng("dropout"), x.shape[:-1] + ((last + 1) // 2,), jnp.uint32)
     halves = jnp.concatenate([bits & 0xFFFF, bits >> 16], axis=-1)[..., :last]
     threshold = round((1.0 - self.rate) * 65536)
-    return jnp.where(halves < threshold, x / jnp.asarray(threshold / 65536, x.dtype), jnp.zeros_like(x))
+    scaled = (x * jnp.float32(65536 / threshold)).astype(x.dtype)  # in float32: 1/0.9 has no exact bf16
+    return jnp.where(halves < threshold, scaled, jnp.zeros_like(x))
 
 
 class GroupedDense(nn.Module):
