@@ -133,29 +133,37 @@ class Checkpointer:
       self.manager.close()
 
 
-# What the abandoned reads of a failed restore report (see _ignore_reads_left_by_failed_restores).
-_ABANDONED_READ_ERRORS = ("Event loop is closed", "Encountered error while reading array index")
-
-
 def _ignore_reads_left_by_failed_restores() -> None:
   """Silences the noise that the reads of a failed restore leave behind.
 
   Orbax runs each restore on a fresh asyncio loop and closes it as soon as the first TensorStore read fails.
   The reads still in flight end later, each reporting through sys.unraisablehook, dozens of tracebacks around
-  our one-line message: their callbacks, aimed at the closed loop, raise RuntimeError('Event loop is closed'),
-  and a read coroutine closed while waiting raises orbax's "Encountered error while reading array index ...".
-  Those reads are harmless; every other unraisable exception still reaches the previous hook.
+  our one-line message: callbacks aimed at the closed loop raise RuntimeError('Event loop is closed'), and
+  read coroutines closed while waiting raise whatever their read hit (orbax's "Encountered error while
+  reading array index", TensorStore's NOT_FOUND, ...). Once a restore has failed, unraisable exceptions of
+  those two kinds are dropped; every other one still reaches the previous hook.
   """
   previous = sys.unraisablehook
   if getattr(previous, "_tupe_filter", False):
     return
 
   def hook(unraisable):
-    if not str(unraisable.exc_value).startswith(_ABANDONED_READ_ERRORS):
+    if not (str(unraisable.exc_value) == "Event loop is closed" or _raised_in_orbax(unraisable)):
       previous(unraisable)
 
   hook._tupe_filter = True
   sys.unraisablehook = hook
+
+
+def _raised_in_orbax(unraisable) -> bool:
+  """Whether an unraisable exception was raised in orbax's code or by a coroutine of orbax's."""
+  code = getattr(unraisable.object, "cr_code", None)
+  files = [code.co_filename] if code is not None else []
+  tb = unraisable.exc_traceback
+  while tb is not None:
+    files.append(tb.tb_frame.f_code.co_filename)
+    tb = tb.tb_next
+  return any(f"{os.sep}orbax{os.sep}" in f for f in files)
 
 
 def _reason(e: Exception) -> str:
