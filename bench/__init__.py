@@ -53,6 +53,19 @@ def load_config(spec: str, overrides: Sequence[str] = ()):
   return cfg
 
 
+def parse_args_with_overrides(parser, argv=None):
+  """parser.parse_args, also accepting train.py's `--config.KEY=VALUE` overrides, which it appends to
+  `args.config_override` (a list, created when the parser has no such option)."""
+  args, rest = parser.parse_known_args(argv)
+  overrides = getattr(args, "config_override", None) or []
+  for arg in rest:
+    if not (arg.startswith("--config.") and "=" in arg):
+      parser.error(f"unrecognized argument {arg}")
+    overrides.append(arg.removeprefix("--config."))
+  args.config_override = overrides
+  return args
+
+
 def synthetic_mlm_batch(batch: int, seq_len: int, num_predictions: int, vocab_size: int,
                         seed: int = 0) -> dict[str, np.ndarray]:
   """A full-length masked-LM batch of random ids with the pipeline's fields (one segment, no padding).

@@ -138,12 +138,7 @@ def parse_args(argv=None):
   p.add_argument("--compare", default="", help="comma-separated models to time against --config's, same size")
   p.add_argument("--repeats", type=int, default=3, help="interleaved repeats with --compare")
   p.add_argument("--tiny", action="store_true", help="tiny model (smoke test)")
-  args, rest = p.parse_known_args(argv)
-  for arg in rest:
-    if not (arg.startswith("--config.") and "=" in arg):
-      p.error(f"unrecognized argument {arg}")
-    args.config_override.append(arg.removeprefix("--config."))
-  return args
+  return bench.parse_args_with_overrides(p, argv)
 
 
 def main(argv=None) -> list[dict]:

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 import bench
-from bench import compare_hf, dynamic_conv, memory, pipeline, profile, train_step
+from bench import ablations, compare_hf, dynamic_conv, memory, pipeline, profile, train_step
 from tupe import models
+from tupe.models import layers
 
 TRAIN_STEP_FIELDS = {"model", "size", "batch", "seq", "dtype", "tokens_per_s", "step_time_s", "compile_time_s",
                      "memory_bytes_per_device", "memory_temp_bytes_per_device", "host_peak_rss_bytes",
@@ -62,6 +63,29 @@ def test_profile_reads_hlo():
   assert profile.where("jit(train_step)/transpose(jvp(MaskedLM))/encoder/stack/layer_3/ffn/dense/dot_general") \
       == "backward:encoder/stack/layer_*/ffn/dense"
   assert profile.where("jit(train_step)/(transpose(jvp(MaskedLM))/mlm_head/reduce_sum:jvp()/x)") == "(several modules)"
+
+
+def test_ablations(capsys):
+  originals = (layers.Dropout, layers.broadcast_leading)
+  ours, dropout, broadcast = printed(capsys, ablations.main(TINY[:-2] + ["--repeats", "2", "--config", BERT]))
+  assert [r["variant"] for r in (ours, dropout, broadcast)] == ["ours", "dropout", "broadcast"]
+  assert dropout["step_time_over_ours"] > 0 and broadcast["step_time_over_ours"] > 0
+  assert (layers.Dropout, layers.broadcast_leading) == originals      # swapped back
+
+
+def test_ablation_swaps_reach_the_model():
+  """Inside `swapped`, the model traces the replacement: other dropout masks, the same function otherwise."""
+  cfg = models.get_config("tupe_a", "tiny")
+  cfg.vocab_size = 100
+  params = models.init(cfg)
+  ids = np.arange(1, 17).reshape(2, 8)
+  run = lambda: np.asarray(models.encode(cfg, params, ids, deterministic=False,
+                                         rngs={"dropout": jax.random.key(0)})["last_hidden_state"])
+  ours = run()
+  with ablations.swapped("dropout"):
+    assert not np.allclose(run(), ours)
+  with ablations.swapped("broadcast"):
+    np.testing.assert_allclose(run(), ours, rtol=1e-6, atol=1e-6)
 
 
 def test_compare_hf(capsys):

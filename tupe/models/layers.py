@@ -38,8 +38,8 @@ def broadcast_leading(x: jax.Array, leading: tuple[int, ...]) -> jax.Array:
   the batch: TUPE's positional logits, the MLM output bias.
 
   Its gradient sums the leading axes as a ones-vector matrix product: XLA:CPU reduces a leading axis of a wide
-  array 50-90x slower ([16, 65536] or [320, 30522]; docs/BENCHMARKS.md), and fuses the reductions of every
-  layer sharing the term into one.
+  array far slower, and fused the reductions of every layer sharing the term into one (`python -m
+  bench.ablations --ablate broadcast`; docs/BENCHMARKS.md).
   """
   return jnp.broadcast_to(x, tuple(leading) + x.shape)
 
@@ -83,7 +83,7 @@ class Dropout(nn.Module):
   """Inverted dropout drawing 16 random bits per element, two elements per 32-bit draw.
 
   Half the random-number work of flax's nn.Dropout (32 bits per element), which on a CPU is most of what
-  dropout costs (docs/BENCHMARKS.md). An element is kept when its 16 bits fall below round((1 - rate) * 2^16),
+  dropout costs (`python -m bench.ablations --ablate dropout`; docs/BENCHMARKS.md). An element is kept when its 16 bits fall below round((1 - rate) * 2^16),
   so the drop rate is within 2^-17 of `rate` (0.100006 for 0.1); kept elements are scaled, in float32, by the
   inverse of that exact keep probability. The bits are drawn along the last axis, so leading-axis shardings
   still apply.

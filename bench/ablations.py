@@ -1,0 +1,100 @@
+"""What two of our replacements of plain library code are worth in the whole train step, side by side.
+
+  python -m bench.ablations --config configs/pretrain.py:tupe_a,small --batch 16 --seq 128 --steps 2 \
+      --repeats 6 [--ablate dropout,broadcast] [--config.KEY=VALUE ...]
+
+Builds the train step as it is and once more with one piece swapped back, then times them interleaved (each
+repeat starts with the next variant) and prints one JSON line per variant: its median step time and, for an
+ablation, its step time relative to ours (median of the per-repeat ratios).
+  dropout:   flax's nn.Dropout (32 random bits per element) in place of layers.Dropout (16).
+  broadcast: jnp.broadcast_to in place of layers.broadcast_leading, so the gradients of TUPE's positional
+             term and of the MLM output bias are reductions over the leading axes again.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+
+import flax.linen as nn
+import jax.numpy as jnp
+import numpy as np
+
+import bench
+from bench import train_step
+from tupe.models import layers
+
+
+class FlaxDropout(nn.Module):
+  """flax's nn.Dropout behind layers.Dropout's interface."""
+  rate: float
+
+  @nn.compact
+  def __call__(self, x, deterministic: bool):
+    return nn.Dropout(self.rate)(x, deterministic=deterministic)
+
+
+def plain_broadcast(x, leading):
+  return jnp.broadcast_to(x, tuple(leading) + x.shape)
+
+
+SWAPS = {"dropout": ("Dropout", FlaxDropout), "broadcast": ("broadcast_leading", plain_broadcast)}
+
+
+@contextlib.contextmanager
+def swapped(name: str):
+  """tupe.models.layers with one piece replaced (the model code looks it up when it is traced)."""
+  attribute, replacement = SWAPS[name]
+  original = getattr(layers, attribute)
+  setattr(layers, attribute, replacement)
+  try:
+    yield
+  finally:
+    setattr(layers, attribute, original)
+
+
+def parse_args(argv=None):
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--config", default="configs/pretrain.py:tupe_a,small", help="path.py:model,size")
+  p.add_argument("--batch", type=int, default=16)
+  p.add_argument("--seq", type=int, default=128)
+  p.add_argument("--steps", type=int, default=2, help="timed steps per variant and repeat")
+  p.add_argument("--repeats", type=int, default=6)
+  p.add_argument("--ablate", default="dropout,broadcast", help=f"comma-separated, of {', '.join(SWAPS)}")
+  p.add_argument("--tiny", action="store_true", help="tiny model (smoke test)")
+  args = bench.parse_args_with_overrides(p, argv)
+  args.ablate = [a for a in args.ablate.split(",") if a]
+  unknown = set(args.ablate) - set(SWAPS)
+  if unknown:
+    p.error(f"unknown --ablate {', '.join(sorted(unknown))}; choose from {', '.join(SWAPS)}")
+  return args
+
+
+def main(argv=None) -> list[dict]:
+  args = parse_args(argv)
+  cfg = lambda: train_step.make_config(args.config, args.batch, args.seq, "", args.config_override, args.tiny)
+  variants = {"ours": train_step.Runner(cfg())}
+  for name in args.ablate:
+    with swapped(name):
+      variants[name] = train_step.Runner(cfg())
+  names = list(variants)
+  for runner in variants.values():
+    runner.step()
+  times = {name: [] for name in names}
+  for i in range(args.repeats):
+    for j in range(len(names)):
+      name = names[(i + j) % len(names)]
+      times[name].append(bench.median(bench.time_calls(variants[name].step, args.steps)))
+    bench.progress(f"repeat {i + 1}/{args.repeats}: " + ", ".join(f"{n} {times[n][-1]:.3f} s" for n in names))
+  records = []
+  for name in names:
+    record = {"variant": name, "model": variants[name].cfg.model.name, "batch": args.batch, "seq": args.seq,
+              "step_time_s": bench.median(times[name]), "repeats": args.repeats, **bench.machine()}
+    if name != "ours":
+      record["step_time_over_ours"] = float(np.median(np.array(times[name]) / np.array(times["ours"])))
+    records.append(record)
+    bench.emit(record)
+  return records
+
+
+if __name__ == "__main__":
+  main()
