@@ -61,9 +61,15 @@ class AttentionBlock(nn.Module):
     heads, dh = config_lib.attention_heads(cfg), config_lib.head_dim(cfg)
     proj = lambda name: layers.dense(cfg, (heads, dh), ("embed", "heads", "kv"), name=name)(x)
     q, k, v = proj("query"), proj("key"), proj("value")
-    bias = None if positional is None else layers.broadcast_leading(positional, x.shape[:1])
     use_reference = (cfg.attention_impl == "reference" or output_attentions
                      or (not deterministic and cfg.attention_dropout > 0))
+    cudnn = cfg.attention_backend == "cudnn" and not use_reference
+    if positional is None:
+      bias = None
+    elif cudnn:  # [1, heads, L, L] in the compute dtype; the kernel sums its gradient over the batch.
+      bias = positional[None].astype(q.dtype)
+    else:
+      bias = layers.broadcast_leading(positional, x.shape[:1])
     if use_reference:
       logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) * attention_scale(cfg)
       if bias is not None:
@@ -74,10 +80,7 @@ class AttentionBlock(nn.Module):
       context = jnp.einsum("bhqk,bkhd->bqhd", dropped.astype(v.dtype), v)
     else:
       probs = None
-      padding = dict(mask=mask)
-      if cfg.attention_backend == "cudnn":
-        padding = dict(key_value_seq_lengths=cudnn_key_lengths(mask))
-        bias = None if positional is None else positional[None].astype(q.dtype)  # cuDNN sums its gradient
+      padding = dict(key_value_seq_lengths=cudnn_key_lengths(mask)) if cudnn else dict(mask=mask)
       context = jax.nn.dot_product_attention(q, k, v, bias=bias, scale=attention_scale(cfg),
                                              implementation=cfg.attention_backend or None, **padding)
     if cfg.head_ratio > 1:
