@@ -84,8 +84,12 @@ def test_ablation_swaps_reach_the_model():
   ours = run()
   with ablations.swapped("dropout"):
     assert not np.allclose(run(), ours)
+  gradient = lambda: str(jax.make_jaxpr(jax.grad(lambda p: models.encode(cfg, p, ids)["last_hidden_state"].sum()))(
+      params))
+  assert "custom_vjp_call" in gradient()                     # broadcast_leading's matmul-summed gradient
   with ablations.swapped("broadcast"):
     np.testing.assert_allclose(run(), ours, rtol=1e-6, atol=1e-6)
+    assert "custom_vjp_call" not in gradient()
 
 
 def test_compare_hf(capsys):
