@@ -7,6 +7,7 @@ The helpers here (the tiny run's command line, starting, waiting and killing) ar
 test_reliability.py, test_multihost.py and slow/test_kill_points.py.
 """
 import json
+import logging
 import os
 import pathlib
 import shutil
@@ -226,6 +227,8 @@ def test_no_restorable_checkpoint_is_an_error(tmp_path, reference):
 def test_only_the_abandoned_reads_of_a_failed_restore_are_silenced(monkeypatch):
   """What orbax's leftover reads report after a failed restore is dropped; any other unraisable still shows."""
   from tupe import checkpoint
+  asyncio_logger = logging.getLogger("asyncio")
+  monkeypatch.setattr(asyncio_logger, "filters", list(asyncio_logger.filters))  # the filter goes again after
   seen = []
   monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: seen.append(str(unraisable.exc_value)))
   checkpoint._ignore_reads_left_by_failed_restores()
@@ -249,3 +252,16 @@ def test_only_the_abandoned_reads_of_a_failed_restore_are_silenced(monkeypatch):
                         (elsewhere, ValueError("something else"))):
     RaisesOnCollection(raise_, error)   # collected at once: __del__'s exception goes to sys.unraisablehook
   assert seen == ["something else"]
+
+  # Read tasks whose exception nobody retrieved: asyncio logs them (with the exception) when collected.
+  logged = []
+  monkeypatch.setattr(asyncio_logger, "handlers", [logging.Handler()])
+  asyncio_logger.handlers[0].emit = lambda record: logged.append(record.exc_info[1].args[0])
+  monkeypatch.setattr(asyncio_logger, "propagate", False)
+  for raise_, message in ((in_orbax["read"], "Encountered error while reading array index"),
+                          (elsewhere, "a task of someone else's")):
+    try:
+      raise_(Exception(message))
+    except Exception as e:
+      asyncio_logger.error("Task exception was never retrieved", exc_info=(type(e), e, e.__traceback__))
+  assert logged == ["a task of someone else's"]

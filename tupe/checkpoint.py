@@ -137,33 +137,39 @@ def _ignore_reads_left_by_failed_restores() -> None:
   """Silences the noise that the reads of a failed restore leave behind.
 
   Orbax runs each restore on a fresh asyncio loop and closes it as soon as the first TensorStore read fails.
-  The reads still in flight end later, each reporting through sys.unraisablehook, dozens of tracebacks around
-  our one-line message: callbacks aimed at the closed loop raise RuntimeError('Event loop is closed'), and
-  read coroutines closed while waiting raise whatever their read hit (orbax's "Encountered error while
-  reading array index", TensorStore's NOT_FOUND, ...). Once a restore has failed, unraisable exceptions of
-  those two kinds are dropped; every other one still reaches the previous hook.
+  The reads still in flight end later, dozens of tracebacks around our one-line message: callbacks aimed at
+  the closed loop raise RuntimeError('Event loop is closed') and read coroutines closed while waiting raise
+  what their read hit (orbax's "Encountered error while reading array index", TensorStore's NOT_FOUND, ...),
+  both through sys.unraisablehook; read tasks whose exception nobody retrieved are logged by asyncio. Once a
+  restore has failed, exceptions raised in orbax's code are dropped from both; everything else still shows.
   """
   previous = sys.unraisablehook
   if getattr(previous, "_tupe_filter", False):
     return
 
   def hook(unraisable):
-    if not (str(unraisable.exc_value) == "Event loop is closed" or _raised_in_orbax(unraisable)):
+    code = getattr(unraisable.object, "cr_code", None)  # a coroutine of orbax's, closed while reading
+    if not (str(unraisable.exc_value) == "Event loop is closed" or _raised_in_orbax(unraisable.exc_traceback)
+            or (code is not None and _is_orbax_file(code.co_filename))):
       previous(unraisable)
 
   hook._tupe_filter = True
   sys.unraisablehook = hook
+  logging.getLogger("asyncio").addFilter(
+      lambda record: not (record.exc_info and _raised_in_orbax(record.exc_info[2])))
 
 
-def _raised_in_orbax(unraisable) -> bool:
-  """Whether an unraisable exception was raised in orbax's code or by a coroutine of orbax's."""
-  code = getattr(unraisable.object, "cr_code", None)
-  files = [code.co_filename] if code is not None else []
-  tb = unraisable.exc_traceback
-  while tb is not None:
-    files.append(tb.tb_frame.f_code.co_filename)
-    tb = tb.tb_next
-  return any(f"{os.sep}orbax{os.sep}" in f for f in files)
+def _is_orbax_file(filename: str) -> bool:
+  return f"{os.sep}orbax{os.sep}" in filename
+
+
+def _raised_in_orbax(traceback) -> bool:
+  """Whether a traceback passes through orbax's code."""
+  while traceback is not None:
+    if _is_orbax_file(traceback.tb_frame.f_code.co_filename):
+      return True
+    traceback = traceback.tb_next
+  return False
 
 
 def _reason(e: Exception) -> str:
