@@ -9,6 +9,7 @@ from configs import pretrain
 from tupe import flops
 from tupe import models
 from tupe import objectives
+from tupe.models import embeddings
 
 V, D, LAYERS, FFN = 100, 8, 2, 16  # vocab, hidden, layers, FFN width of the hand-counted models
 L, B, P = 4, 3, 2                  # sequence length, batch, predictions per sequence
@@ -94,7 +95,9 @@ def dot_flops(jaxpr) -> int:
 
 @pytest.mark.parametrize("name", ["bert_a", "tupe_a", "convbert"])
 def test_training_count_equals_the_matmuls_of_the_gradient(name):
-  """3 x forward = the dot FLOPs of value_and_grad of the MLM loss (backward = 2 matmuls per forward matmul).
+  """3 x forward = the dot FLOPs of value_and_grad of the MLM loss (backward = 2 matmuls per forward matmul),
+  less the products that are not model FLOPs: the vocabulary's alignment padding and the masked positions'
+  one-hot gather.
 
   ConvBERT runs with conv_impl="unfold", where applying the dynamic kernels is a contraction; its depthwise
   span convolution (2Kd per token and layer, a sum of shifted slices) is the one counted term without a dot.
@@ -109,6 +112,9 @@ def test_training_count_equals_the_matmuls_of_the_gradient(name):
            "masked_positions": inputs[3], "masked_ids": inputs[3], "masked_weights": jnp.ones((B, P))}
   grad = jax.value_and_grad(lambda p: objectives.loss_fn(cfg, module, p, batch, jax.random.PRNGKey(0))[0])
   counted = dot_flops(jax.make_jaxpr(grad)(params).jaxpr)
+  e = cfg.model.embedding_size
+  counted -= (3 * B * P * 2 * e * (-V % embeddings.VOCAB_MULTIPLE)  # the tied decoder's zero padding rows
+              + 2 * B * P * 2 * L * D)        # gather_positions' one-hot product: forward, input gradient
   if name == "convbert":
     counted += 3 * B * LAYERS * L * 2 * cfg.model.conv_kernel_size * D
   assert counted == flops.train_step_flops(cfg.model, L, B, P)

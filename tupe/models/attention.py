@@ -55,12 +55,13 @@ class AttentionBlock(nn.Module):
       positional: float32 [heads, length, length] added to every batch element's logits, or None.
 
     Returns:
-      ([batch, length, hidden] float32, attention probabilities [batch, heads, length, length] or None).
+      ([batch, length, hidden] in the compute dtype, probabilities [batch, heads, length, length] or None).
     """
     cfg = self.cfg
     heads, dh = config_lib.attention_heads(cfg), config_lib.head_dim(cfg)
-    proj = lambda name: layers.dense(cfg, (heads, dh), ("embed", "heads", "kv"), name=name)(x)
-    q, k, v = proj("query"), proj("key"), proj("value")
+    q, k, v = layers.stacked_dense(cfg, x, [
+        layers.DenseParams(cfg, x.shape[-1], (heads, dh), ("embed", "heads", "kv"), name=name)()
+        for name in ("query", "key", "value")])
     use_reference = (cfg.attention_impl == "reference" or output_attentions
                      or (not deterministic and cfg.attention_dropout > 0))
     cudnn = cfg.attention_backend == "cudnn" and not use_reference

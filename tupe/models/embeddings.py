@@ -8,6 +8,8 @@ import jax.numpy as jnp
 from tupe.models import config as config_lib
 from tupe.models import layers
 
+VOCAB_MULTIPLE = 128
+
 
 class Embeddings(nn.Module):
   """Token embeddings of width embedding_size (E). Also the tied output projection of MLM heads (`attend`).
@@ -32,7 +34,7 @@ class Embeddings(nn.Module):
     self.dropout = layers.Dropout(cfg.hidden_dropout)
 
   def __call__(self, input_ids: jax.Array, token_type_ids: jax.Array, deterministic: bool) -> jax.Array:
-    """input_ids, token_type_ids: int [batch, length] -> float32 [batch, length, embedding_size]."""
+    """input_ids, token_type_ids: int [batch, length] -> [batch, length, embedding_size] (compute dtype)."""
     cfg = self.cfg
     config_lib.check_length(cfg, input_ids.shape[1])
     x = jnp.take(self.word_embeddings, input_ids, axis=0)
@@ -46,7 +48,16 @@ class Embeddings(nn.Module):
     return x
 
   def attend(self, x: jax.Array) -> jax.Array:
-    """Tied output projection: x [..., embedding_size] -> float32 logits [..., vocab]."""
+    """Tied output projection: x [..., embedding_size] -> float32 logits [..., vocab].
+
+    The table is zero-padded to a multiple of VOCAB_MULTIPLE rows for the product and the logits sliced back:
+    BERT's 30,522 rows are not even a multiple of 8, which costs the matrix units whole tiles
+    (`python -m bench.ablations --ablate vocab_pad`; docs/BENCHMARKS.md).
+    """
     dtype = layers.compute_dtype(self.cfg)
-    return jnp.einsum("...e,ve->...v", x.astype(dtype), self.word_embeddings.astype(dtype),
-                      preferred_element_type=jnp.float32)
+    table = self.word_embeddings.astype(dtype)
+    padding = -table.shape[0] % VOCAB_MULTIPLE
+    if padding:
+      table = jnp.pad(table, ((0, padding), (0, 0)))
+    logits = jnp.einsum("...e,ve->...v", x.astype(dtype), table, preferred_element_type=jnp.float32)
+    return logits[..., :self.cfg.vocab_size] if padding else logits

@@ -37,7 +37,7 @@ class EncoderStack(nn.Module):
   def __call__(self, embedded: jax.Array, attention_mask: jax.Array, deterministic: bool = True,
                output_attentions: bool = False) -> dict:
     """Args:
-      embedded: float32 [batch, length, embedding_size].
+      embedded: [batch, length, embedding_size].
       attention_mask: int or bool [batch, length], nonzero at real tokens.
 
     Returns:

@@ -27,9 +27,35 @@ def compute_dtype(cfg):
   return jnp.dtype(cfg.dtype)
 
 
+@jax.custom_vjp
 def gelu(x: jax.Array) -> jax.Array:
-  """Exact (erf) GELU, as in BERT, TUPE and ConvBERT (flax's default is the tanh approximation)."""
-  return nn.gelu(x, approximate=False)
+  """Exact (erf) GELU, as in BERT, TUPE and ConvBERT (flax's default is the tanh approximation), computed in
+  float32 and returned in x's dtype.
+
+  Its gradient is recomputed from x alone, so the backward pass keeps just the input (the FFN's [tokens,
+  intermediate] activation, in the compute dtype) and not the float32 intermediates of autodiff (`python -m
+  bench.ablations --ablate gelu`; docs/BENCHMARKS.md).
+  """
+  x32 = x.astype(jnp.float32)
+  return (x32 * _normal_cdf(x32)).astype(x.dtype)
+
+
+def _normal_cdf(x32):
+  return 0.5 * (1.0 + jax.lax.erf(x32 * (1.0 / math.sqrt(2.0))))
+
+
+def _gelu_fwd(x):
+  return gelu(x), x
+
+
+def _gelu_bwd(x, grad):
+  """d/dx x Phi(x) = Phi(x) + x phi(x)."""
+  x32 = x.astype(jnp.float32)
+  pdf = jnp.exp(-0.5 * x32 * x32) * (1.0 / math.sqrt(2.0 * math.pi))
+  return ((grad.astype(jnp.float32) * (_normal_cdf(x32) + x32 * pdf)).astype(x.dtype),)
+
+
+gelu.defvjp(_gelu_fwd, _gelu_bwd)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
@@ -58,8 +84,12 @@ broadcast_leading.defvjp(_broadcast_leading_fwd, _broadcast_leading_bwd)
 
 
 def layer_norm(cfg, name: str | None = None, axis_name: str = "embed") -> nn.LayerNorm:
-  """LayerNorm computed in float32 whatever the compute dtype; its output is float32."""
-  return nn.LayerNorm(epsilon=cfg.layer_norm_eps, dtype=jnp.float32, name=name,
+  """LayerNorm computed in float32 whatever the compute dtype (statistics, normalization, scale and shift);
+  its output, the hidden state, is in the compute dtype, as the matrix products that read it are, and so is
+  the residual sum it normalizes: float32 hidden states cost the bf16 step 7% on an H100 (`python -m
+  bench.ablations --ablate ln32`; docs/BENCHMARKS.md).
+  """
+  return nn.LayerNorm(epsilon=cfg.layer_norm_eps, dtype=compute_dtype(cfg), name=name,
                       scale_init=nn.with_logical_partitioning(nn.initializers.ones, (axis_name,)),
                       bias_init=zeros_init((axis_name,)))
 
@@ -79,13 +109,50 @@ def dense(cfg, features: int | Sequence[int], names: Sequence[str | None], axis:
                          bias_init=zeros_init(tuple(names)[-len(features):]), name=name)
 
 
+class DenseParams(nn.Module):
+  """The kernel [in, *features] and bias [*features] of a `dense` layer, declared under this module's name
+  (as `dense` would) but not applied: `stacked_dense` applies several at once."""
+  cfg: object
+  d_in: int
+  features: tuple[int, ...]
+  names: tuple[str | None, ...]
+
+  @nn.compact
+  def __call__(self) -> tuple[jax.Array, jax.Array]:
+    kernel = self.param("kernel", normal_init(self.cfg, self.names), (self.d_in,) + tuple(self.features))
+    bias = self.param("bias", zeros_init(self.names[1:]), tuple(self.features))
+    return kernel, bias
+
+
+def stacked_dense(cfg, x: jax.Array, params: Sequence[tuple[jax.Array, jax.Array]]) -> list[jax.Array]:
+  """Several dense layers of one input as one matrix product, e.g. attention's query, key and value.
+
+  The kernels are stacked on a new axis that no sharding rule splits, so sharded feature axes (heads under
+  tensor parallelism) stay local; the backward pass is one product for the input's gradient instead of one
+  per layer plus their sum (`python -m bench.ablations --ablate stacked`; docs/BENCHMARKS.md).
+
+  Args:
+    x: [..., in].
+    params: (kernel [in, *features], bias [*features]) per layer, from `DenseParams`.
+
+  Returns:
+    one [..., *features] per layer, in the compute dtype.
+  """
+  dtype = compute_dtype(cfg)
+  kernel = jnp.stack([k for k, _ in params], axis=1).astype(dtype)   # [in, n, *features]
+  bias = jnp.stack([b for _, b in params]).astype(dtype)              # [n, *features]
+  features = "abcdefgh"[:kernel.ndim - 2]
+  y = jnp.einsum(f"...i,in{features}->...n{features}", x.astype(dtype), kernel) + bias
+  return [jax.lax.index_in_dim(y, i, axis=x.ndim - 1, keepdims=False) for i in range(len(params))]
+
+
 class Dropout(nn.Module):
   """Inverted dropout drawing 16 random bits per element, two elements per 32-bit draw.
 
   Half the random-number work of flax's nn.Dropout (32 bits per element), which on a CPU is most of what
-  dropout costs (`python -m bench.ablations --ablate dropout`; docs/BENCHMARKS.md). An element is kept when its 16 bits fall below round((1 - rate) * 2^16),
-  so the drop rate is within 2^-17 of `rate` (0.100006 for 0.1); kept elements are scaled, in float32, by the
-  inverse of that exact keep probability. The bits are drawn along the last axis, so leading-axis shardings
+  dropout costs (`python -m bench.ablations --ablate dropout`; docs/BENCHMARKS.md). An element is kept when its
+  16 bits fall below round((1 - rate) * 2^16), so the drop rate is within 2^-17 of `rate` (0.100006 for 0.1);
+  kept elements are scaled, in float32, by the inverse of that exact keep probability. The bits are drawn along the last axis, so leading-axis shardings
   still apply.
   """
   rate: float
@@ -135,7 +202,7 @@ class FeedForward(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
-    """x: [batch, length, hidden] -> [batch, length, hidden] (float32)."""
+    """x: [batch, length, hidden] -> [batch, length, hidden] (compute dtype)."""
     cfg = self.cfg
     h = GroupedDense(cfg, cfg.intermediate_size, ("embed", "mlp"), name="intermediate")(x)
     h = gelu(h)
