@@ -1,14 +1,23 @@
-"""What two of our replacements of plain library code are worth in the whole train step, side by side.
+"""What our replacements of plain library code are worth in the whole train step, side by side.
 
   python -m bench.ablations --config configs/pretrain.py:tupe_a,small --batch 16 --seq 128 --steps 2 \
-      --repeats 6 [--ablate dropout,broadcast] [--config.KEY=VALUE ...]
+      --repeats 6 [--ablate dropout,broadcast,gelu+gather] [--config.KEY=VALUE ...]
 
-Builds the train step as it is and once more with one piece swapped back, then times them interleaved (each
-repeat starts with the next variant) and prints one JSON line per variant: its median step time and, for an
-ablation, its step time relative to ours (median of the per-repeat ratios).
+Builds the train step as it is and once more per ablation with a piece swapped back (several joined by '+'
+are swapped together), then times them interleaved (each repeat starts with the next variant) and prints one
+JSON line per variant: its median step time and, for an ablation, its step time relative to ours (median of
+the per-repeat ratios).
   dropout:   flax's nn.Dropout (32 random bits per element) in place of layers.Dropout (16).
   broadcast: jnp.broadcast_to in place of layers.broadcast_leading, so the gradients of TUPE's positional
              term and of the MLM output bias are reductions over the leading axes again.
+  gelu:      flax's exact nn.gelu, differentiated by autodiff, in place of layers.gelu (gradient recomputed
+             from the input).
+  stacked:   one matrix product per query, key and value projection in place of layers.stacked_dense.
+  ln32:      LayerNorm outputs (the hidden states) in float32 instead of the compute dtype.
+  gather:    jnp.take_along_axis in place of tasks.gather_positions (a one-hot product) for the masked
+             positions' hidden states.
+  vocab_pad: the tied MLM output product over the vocabulary as it is (30,522 rows) instead of padded to a
+             multiple of 128.
 """
 from __future__ import annotations
 
@@ -21,7 +30,9 @@ import numpy as np
 
 import bench
 from bench import train_step
+from tupe.models import embeddings
 from tupe.models import layers
+from tupe.models import tasks
 
 
 class FlaxDropout(nn.Module):
@@ -37,19 +48,46 @@ def plain_broadcast(x, leading):
   return jnp.broadcast_to(x, tuple(leading) + x.shape)
 
 
-SWAPS = {"dropout": ("Dropout", FlaxDropout), "broadcast": ("broadcast_leading", plain_broadcast)}
+def flax_gelu(x):
+  return nn.gelu(x, approximate=False)
+
+
+def separate_dense(cfg, x, params):
+  dtype = layers.compute_dtype(cfg)
+  return [jnp.tensordot(x.astype(dtype), k.astype(dtype), axes=1) + b.astype(dtype) for k, b in params]
+
+
+def take_along_axis(x, positions):
+  return jnp.take_along_axis(x, positions[..., None], axis=1)
+
+
+def float32_layer_norm(cfg, name=None, axis_name="embed"):
+  return nn.LayerNorm(epsilon=cfg.layer_norm_eps, dtype=jnp.float32, name=name,
+                      scale_init=nn.with_logical_partitioning(nn.initializers.ones, (axis_name,)),
+                      bias_init=layers.zeros_init((axis_name,)))
+
+
+SWAPS = {  # name: (module, attribute, replacement)
+    "dropout": (layers, "Dropout", FlaxDropout),
+    "broadcast": (layers, "broadcast_leading", plain_broadcast),
+    "gelu": (layers, "gelu", flax_gelu),
+    "stacked": (layers, "stacked_dense", separate_dense),
+    "ln32": (layers, "layer_norm", float32_layer_norm),
+    "gather": (tasks, "gather_positions", take_along_axis),
+    "vocab_pad": (embeddings, "VOCAB_MULTIPLE", 1),
+}
 
 
 @contextlib.contextmanager
 def swapped(name: str):
-  """tupe.models.layers with one piece replaced (the model code looks it up when it is traced)."""
-  attribute, replacement = SWAPS[name]
-  original = getattr(layers, attribute)
-  setattr(layers, attribute, replacement)
-  try:
+  """The model code with one piece replaced, or several joined by '+' (it is looked up when the step is
+  traced)."""
+  with contextlib.ExitStack() as stack:
+    for part in name.split("+"):
+      module, attribute, replacement = SWAPS[part]
+      stack.callback(setattr, module, attribute, getattr(module, attribute))
+      setattr(module, attribute, replacement)
     yield
-  finally:
-    setattr(layers, attribute, original)
 
 
 def parse_args(argv=None):
@@ -59,11 +97,12 @@ def parse_args(argv=None):
   p.add_argument("--seq", type=int, default=128)
   p.add_argument("--steps", type=int, default=2, help="timed steps per variant and repeat")
   p.add_argument("--repeats", type=int, default=6)
-  p.add_argument("--ablate", default="dropout,broadcast", help=f"comma-separated, of {', '.join(SWAPS)}")
+  p.add_argument("--ablate", default="dropout,broadcast",
+                 help=f"comma-separated, of {', '.join(SWAPS)}; join several with '+' to swap them together")
   p.add_argument("--tiny", action="store_true", help="tiny model (smoke test)")
   args = bench.parse_args_with_overrides(p, argv)
   args.ablate = [a for a in args.ablate.split(",") if a]
-  unknown = set(args.ablate) - set(SWAPS)
+  unknown = {part for a in args.ablate for part in a.split("+")} - set(SWAPS)
   if unknown:
     p.error(f"unknown --ablate {', '.join(sorted(unknown))}; choose from {', '.join(SWAPS)}")
   return args

@@ -10,7 +10,8 @@ runs. Each kernel or thunk is matched to its HLO instruction in the compiled pro
 module it comes from. Prints JSON lines: one summary per model (traced milliseconds per step, by category and
 for the `--top` module paths), then the `--top` operations by time (per step, share of the traced time,
 calls per step). With --compare, the other models at the same size are traced in turn (HLO operation names
-differ between programs: compare categories and modules). The traces stay in --trace-dir for a trace viewer.
+differ between programs: compare categories and modules). The traces stay in --trace-dir for a trace viewer,
+beside each model's compiled program (`<model>/train_step.hlo`, the HLO text the operation names refer to).
 
 The traced time is the sum of the operations' durations, averaged over devices. On a CPU, operations run
 concurrently on the cores, so it exceeds the step's wall time: compare shares and differences. On a GPU the
@@ -179,7 +180,10 @@ def main(argv=None) -> list[dict]:
   for spec in specs:
     cfg = train_step.make_config(spec, args.batch, args.seq, args.dtype, args.config_override, args.tiny)
     runner = train_step.Runner(cfg)
-    operations = hlo_operations(runner.compiled.as_text())
+    hlo = runner.compiled.as_text()
+    (trace_dir / cfg.model.name).mkdir(parents=True, exist_ok=True)
+    (trace_dir / cfg.model.name / "train_step.hlo").write_text(hlo)
+    operations = hlo_operations(hlo)
     runs = args.steps * runner.setup.mesh.devices.size
     stats = summarize(trace_steps(runner, args.steps, trace_dir), runs, operations)
     total = sum(stats["per_op"].values())

@@ -6,6 +6,7 @@ import json
 import os
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -13,6 +14,7 @@ import bench
 from bench import ablations, compare_hf, dynamic_conv, memory, pipeline, profile, train_step
 from tupe import models
 from tupe.models import layers
+from tupe.models import tasks
 
 TRAIN_STEP_FIELDS = {"model", "size", "batch", "seq", "dtype", "tokens_per_s", "step_time_s", "compile_time_s",
                      "memory_bytes_per_device", "memory_temp_bytes_per_device", "host_peak_rss_bytes",
@@ -74,22 +76,36 @@ def test_ablations(capsys):
 
 
 def test_ablation_swaps_reach_the_model():
-  """Inside `swapped`, the model traces the replacement: other dropout masks, the same function otherwise."""
+  """Inside `swapped`, the model traces the replacement: the same function, computed another way (other
+  dropout masks for `dropout`, float32 hidden states for `ln32`)."""
   cfg = models.get_config("tupe_a", "tiny")
   cfg.vocab_size = 100
-  params = models.init(cfg)
   ids = np.arange(1, 17).reshape(2, 8)
-  run = lambda: np.asarray(models.encode(cfg, params, ids, deterministic=False,
+  positions = np.array([[1, 5], [0, 7]])
+  mlm = models.MaskedLM(cfg)
+  params = models.init_module(mlm, cfg, 0, positions[:1])
+  logits = lambda: np.asarray(mlm.apply({"params": params}, ids, np.ones_like(ids), np.zeros_like(ids), positions))
+  run = lambda: np.asarray(models.encode(cfg, params["encoder"], ids, deterministic=False,
                                          rngs={"dropout": jax.random.key(0)})["last_hidden_state"])
-  ours = run()
+  gradient = lambda: str(jax.make_jaxpr(jax.grad(lambda p: mlm.apply({"params": p}, ids, np.ones_like(ids),
+                                                                    np.zeros_like(ids), positions).sum()))(params))
+  ours, ours_logits, ours_gradient = run(), logits(), gradient()
   with ablations.swapped("dropout"):
     assert not np.allclose(run(), ours)
-  gradient = lambda: str(jax.make_jaxpr(jax.grad(lambda p: models.encode(cfg, p, ids)["last_hidden_state"].sum()))(
-      params))
-  assert "custom_vjp_call" in gradient()                     # broadcast_leading's matmul-summed gradient
-  with ablations.swapped("broadcast"):
-    np.testing.assert_allclose(run(), ours, rtol=1e-6, atol=1e-6)
-    assert "custom_vjp_call" not in gradient()
+  for name, marker in [("broadcast", "name=broadcast_leading"), ("gelu", "name=gelu"), ("gather", "gather["),
+                       ("vocab_pad", " pad["), ("stacked", "dot_general[")]:
+    with ablations.swapped(name):
+      np.testing.assert_allclose(logits(), ours_logits, rtol=1e-5, atol=1e-5, err_msg=name)
+      assert gradient().count(marker) != ours_gradient.count(marker), name
+  bf16 = models.get_config("tupe_a", "tiny")
+  bf16.vocab_size, bf16.dtype = 100, "bfloat16"
+  hidden = lambda: models.encode(bf16, params["encoder"], ids)["last_hidden_state"].dtype
+  assert hidden() == jnp.bfloat16
+  with ablations.swapped("ln32"):
+    assert hidden() == jnp.float32
+  with ablations.swapped("gelu+gather"):                    # several at once, all swapped back after
+    assert layers.gelu is ablations.flax_gelu and tasks.gather_positions is ablations.take_along_axis
+  assert layers.gelu is not ablations.flax_gelu and tasks.gather_positions is not ablations.take_along_axis
 
 
 def test_compare_hf(capsys):
