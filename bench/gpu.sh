@@ -6,7 +6,8 @@
 #   bash bench/gpu.sh fused     # cuDNN fused attention; attention dropout off (the kernel has none)
 #   bash bench/gpu.sh recipe    # the papers' recipe: attention dropout 0.1 through the explicit path
 #
-# Extra arguments go to every bench.train_step run (e.g. --steps 20 --config.model.remat=dots).
+# Extra arguments go to every bench.train_step run (e.g. --steps 20 --config.model.remat=dots); LENGTHS picks
+# the sequence lengths (default "128 512"; e.g. LENGTHS=512 bash bench/gpu.sh fused, for one length per job).
 set -euo pipefail
 mode=${1:?usage: bash bench/gpu.sh fused|recipe [bench.train_step arguments]}
 shift
@@ -16,7 +17,7 @@ case $mode in
   *) echo "error: unknown mode '$mode'; use fused or recipe" >&2; exit 2 ;;
 esac
 status=0
-for seq in 128 512; do  # Both lengths run even if one fails.
+for seq in ${LENGTHS:-128 512}; do  # Every length runs even if one fails.
   python -m bench.train_step --config configs/pretrain.py:bert_a,base --compare tupe_a,convbert_mlm \
       --batch $((65536 / seq)) --seq $seq --steps 10 --repeats 2 --dtype bfloat16 "${attention[@]}" "$@" || status=$?
 done

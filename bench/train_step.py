@@ -34,7 +34,7 @@ from tupe import trainer
 
 def tiny(cfg) -> None:
   """Shrinks a config's model in place for a seconds-long smoke run (tests); BERT's vocab size is kept."""
-  cfg.model.update(vocab_size=30522, hidden_size=32, num_layers=1, intermediate_size=64)
+  cfg.model.update(vocab_size=30522, hidden_size=32, num_heads=4, num_layers=1, intermediate_size=64)
   cfg.model.embedding_size = 16 if cfg.model.head_ratio > 1 else 32
 
 
