@@ -1,7 +1,9 @@
 """Explicit FLOP counts (a multiply-add = 2 FLOPs) and accelerator peaks, for MFU.
 
 Training FLOPs = 3 x forward (the backward pass costs twice the forward), counting matmuls and the attention
-and convolution contractions; elementwise ops, softmax and LayerNorm are left out, as is usual for MFU.
+and convolution contractions; elementwise ops, softmax and LayerNorm are left out, as is usual for MFU, and so
+are products that only move data: the masked positions' one-hot gather (`models.gather_positions`) and the
+vocabulary's alignment padding in the tied decoder (the count uses the true vocabulary size V).
 Rematerialization does not change the count (MFU counts model FLOPs, not hardware FLOPs).
 
 Forward FLOPs of one sequence of length L, with d = hidden, E = embedding size, I = FFN width, g = FFN groups,
