@@ -198,6 +198,32 @@ def test_bfloat16_stays_close_to_float32(name, output_attentions):
       np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=0.02)
 
 
+@pytest.mark.parametrize("name", ["tupe_a", "convbert"])
+def test_bfloat16_mlm_gradients_stay_close_to_float32(name):
+  """The mixed-precision training gradient (bf16 hidden states, float32 LayerNorm, softmax and loss) is the
+  float32 one up to bf16 rounding, leaf by leaf, but for the key bias, whose gradient is zero by symmetry."""
+  input_ids, mask = padded_batch()
+  positions = np.array([[1, 4], [0, 2], [1, 1]])
+  labels = np.array([[3, 8], [5, 13], [21, 21]])
+
+  def grads(dtype):
+    cfg = tiny_config(name, dtype=dtype)
+    mlm = models.MaskedLM(cfg)
+    params = models.init_module(mlm, cfg, 0, positions[:1])
+    def loss(p):
+      logits = mlm.apply({"params": p}, input_ids, mask, np.zeros_like(input_ids), positions)
+      return -jnp.take_along_axis(jax.nn.log_softmax(logits), labels[..., None], axis=-1).sum()
+    return jax.jit(jax.grad(loss))(params)
+
+  want, got = grads("float32"), grads("bfloat16")
+  for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree_util.tree_leaves(want)):
+    if "['key']['bias']" in jax.tree_util.keystr(path):
+      continue
+    assert g.dtype == jnp.float32
+    error = np.linalg.norm(np.asarray(g) - np.asarray(w)) / np.linalg.norm(np.asarray(w))
+    assert error < 0.05, (jax.tree_util.keystr(path), error)
+
+
 def test_bfloat16_mlm_logits_are_float32():
   cfg = tiny_config("tupe_r", dtype="bfloat16")
   input_ids, mask = padded_batch()
