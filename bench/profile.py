@@ -6,11 +6,12 @@
 Traces `--steps` train steps (after compilation and one untimed step) with jax.profiler and reads the Perfetto
 trace it writes: on a GPU the kernels on the device's streams, on a CPU the XLA thunks (operations) the step
 runs. Each kernel or thunk is matched to its HLO instruction in the compiled program, which gives its category
-(matmul, attention, convolution, collective, rng, copy, or fusion: elementwise and reductions) and the flax
-module it comes from. Prints JSON lines: one summary per model (traced milliseconds per step, by category and
-for the `--top` module paths), then the `--top` operations by time (per step, share of the traced time,
-calls per step). With --compare, the other models at the same size are traced in turn (HLO operation names
-differ between programs: compare categories and modules). The traces stay in --trace-dir for a trace viewer,
+(matmul, attention, convolution, collective, rng, copy, transpose: a fusion that changes a tensor's layout,
+or fusion: elementwise and reductions) and the flax module it comes from. Prints JSON lines: one summary per
+model (traced milliseconds per step, by category and for the `--top` module paths), then the `--top`
+operations by time (per step, share of the traced time, calls per step). With --compare, the other models
+at the same size are traced in turn (HLO operation names differ between programs: compare categories and
+modules). The traces stay in --trace-dir for a trace viewer,
 beside each model's compiled program (`<model>/train_step.hlo`, the HLO text the operation names refer to).
 
 The traced time is the sum of the operations' durations, averaged over devices. On a CPU, operations run
@@ -42,6 +43,7 @@ CATEGORIES = (
     ("collective", re.compile(r"\b(all-reduce|all-gather|reduce-scatter|collective-permute|all-to-all)")),
     ("rng", re.compile(r"\brng")),
     ("copy", re.compile(r"^\S+ (copy|transpose)\(")),
+    ("transpose", re.compile(r"^\S+ transpose\(", re.M)),  # a fusion that moves data to another layout
 )
 
 

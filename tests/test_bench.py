@@ -67,6 +67,29 @@ def test_profile_reads_hlo():
   assert profile.where("jit(train_step)/(transpose(jvp(MaskedLM))/mlm_head/reduce_sum:jvp()/x)") == "(several modules)"
 
 
+def test_profile_finds_layout_changes():
+  """A fusion whose computation transposes is a layout change ("transpose"), not elementwise work."""
+  hlo = """%fused_transpose (p: f32[2,3]) -> f32[3,2] {
+  %p = f32[2,3]{1,0} parameter(0)
+  ROOT %t = f32[3,2]{1,0} transpose(%p), dimensions={1,0}
+}
+
+%fused_exp (q: f32[2,3]) -> f32[2,3] {
+  %q = f32[2,3]{1,0} parameter(0)
+  ROOT %e = f32[2,3]{1,0} exponential(%q)
+}
+
+ENTRY %main (a: f32[2,3]) -> f32[3,2] {
+  %a = f32[2,3]{1,0} parameter(0)
+  %loop_exponential_fusion = f32[2,3]{1,0} fusion(%a), kind=kLoop, calls=%fused_exp
+  ROOT %input_transpose_fusion = f32[3,2]{1,0} fusion(%loop_exponential_fusion), kind=kInput, calls=%fused_transpose
+}
+"""
+  operations = profile.hlo_operations(hlo)
+  assert operations["input_transpose_fusion"][0] == "transpose"
+  assert operations["loop_exponential_fusion"][0] == "fusion"
+
+
 def test_ablations(capsys):
   originals = (layers.Dropout, layers.broadcast_leading)
   ours, dropout, broadcast = printed(capsys, ablations.main(TINY[:-2] + ["--repeats", "2", "--config", BERT]))
