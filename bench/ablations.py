@@ -21,7 +21,6 @@ the per-repeat ratios).
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 
 import flax.linen as nn
@@ -91,15 +90,11 @@ def swapped(name: str):
 
 
 def parse_args(argv=None):
-  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--config", default="configs/pretrain.py:tupe_a,small", help="path.py:model,size")
-  p.add_argument("--batch", type=int, default=16)
-  p.add_argument("--seq", type=int, default=128)
+  p = train_step.step_parser(__doc__, config="configs/pretrain.py:tupe_a,small")
   p.add_argument("--steps", type=int, default=2, help="timed steps per variant and repeat")
   p.add_argument("--repeats", type=int, default=6)
   p.add_argument("--ablate", default="dropout,broadcast",
                  help=f"comma-separated, of {', '.join(SWAPS)}; join several with '+' to swap them together")
-  p.add_argument("--tiny", action="store_true", help="tiny model (smoke test)")
   args = bench.parse_args_with_overrides(p, argv)
   args.ablate = [a for a in args.ablate.split(",") if a]
   unknown = {part for a in args.ablate for part in a.split("+")} - set(SWAPS)
@@ -110,7 +105,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> list[dict]:
   args = parse_args(argv)
-  cfg = lambda: train_step.make_config(args.config, args.batch, args.seq, "", args.config_override, args.tiny)
+  cfg = lambda: train_step.args_config(args)
   variants = {"ours": train_step.Runner(cfg())}
   for name in args.ablate:
     with swapped(name):

@@ -21,7 +21,6 @@ a little above bench.train_step's step time.
 """
 from __future__ import annotations
 
-import argparse
 import collections
 import gzip
 import json
@@ -158,16 +157,11 @@ def summarize(events: list[dict], runs: int, operations: dict[str, tuple[str, st
 
 
 def parse_args(argv=None):
-  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--config", default="configs/pretrain.py:bert_a,small", help="path.py:model,size")
-  p.add_argument("--batch", type=int, default=16)
-  p.add_argument("--seq", type=int, default=128)
+  p = train_step.step_parser(__doc__)
   p.add_argument("--steps", type=int, default=3, help="traced steps")
   p.add_argument("--top", type=int, default=20, help="operations to print per model")
-  p.add_argument("--dtype", default="")
   p.add_argument("--compare", default="", help="comma-separated models to trace beside --config's")
   p.add_argument("--trace-dir", default="", help="where the traces stay (default: a temporary folder)")
-  p.add_argument("--tiny", action="store_true", help="tiny model (smoke test)")
   return bench.parse_args_with_overrides(p, argv)
 
 
@@ -180,7 +174,7 @@ def main(argv=None) -> list[dict]:
   specs = [args.config] + train_step.compare_specs(args.config, args.compare)
   records = []
   for spec in specs:
-    cfg = train_step.make_config(spec, args.batch, args.seq, args.dtype, args.config_override, args.tiny)
+    cfg = train_step.args_config(args, spec)
     runner = train_step.Runner(cfg)
     hlo = runner.compiled.as_text()
     (trace_dir / cfg.model.name).mkdir(parents=True, exist_ok=True)

@@ -118,6 +118,25 @@ def make_config(spec: str, batch: int, seq: int, dtype: str, overrides, is_tiny:
   return cfg
 
 
+def step_parser(doc: str, config: str = "configs/pretrain.py:bert_a,small") -> argparse.ArgumentParser:
+  """The arguments of every benchmark built on `Runner`: the config and its overrides, batch, length, dtype,
+  --tiny. Parse with `bench.parse_args_with_overrides`; `args_config` makes the config."""
+  p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--config", default=config, help="path.py:model,size")
+  p.add_argument("--batch", type=int, default=16, help="global batch size")
+  p.add_argument("--seq", type=int, default=128, help="sequence length")
+  p.add_argument("--dtype", default="", help="model compute dtype, e.g. bfloat16 (default: the config's)")
+  p.add_argument("--config-override", action="append", default=[], metavar="KEY=VALUE",
+                 help="e.g. model.attention_dropout=0.0 (repeatable; --config.KEY=VALUE as in train.py also works)")
+  p.add_argument("--tiny", action="store_true", help="tiny model (smoke test)")
+  return p
+
+
+def args_config(args, spec: str = ""):
+  """The config of `spec` (default: --config) with the parsed `step_parser` arguments applied."""
+  return make_config(spec or args.config, args.batch, args.seq, args.dtype, args.config_override, args.tiny)
+
+
 def compare_specs(spec: str, names: str) -> list[str]:
   """Config specs of the comma-separated models `names` at the size of `spec` (path.py:model,size)."""
   path, _, arg = spec.partition(":")
@@ -126,25 +145,18 @@ def compare_specs(spec: str, names: str) -> list[str]:
 
 
 def parse_args(argv=None):
-  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--config", default="configs/pretrain.py:bert_a,small", help="path.py:model,size")
-  p.add_argument("--batch", type=int, default=16, help="global batch size")
-  p.add_argument("--seq", type=int, default=128, help="sequence length")
+  p = step_parser(__doc__)
   p.add_argument("--steps", type=int, default=10, help="timed steps (per repeat with --compare)")
   p.add_argument("--warmup", type=int, default=2, help="untimed steps after compilation")
-  p.add_argument("--dtype", default="", help="model compute dtype, e.g. bfloat16 (default: the config's)")
-  p.add_argument("--config-override", action="append", default=[], metavar="KEY=VALUE",
-                 help="e.g. model.attention_dropout=0.0 (repeatable; --config.KEY=VALUE as in train.py also works)")
   p.add_argument("--compare", default="", help="comma-separated models to time against --config's, same size")
   p.add_argument("--repeats", type=int, default=3, help="interleaved repeats with --compare")
-  p.add_argument("--tiny", action="store_true", help="tiny model (smoke test)")
   return bench.parse_args_with_overrides(p, argv)
 
 
 def main(argv=None) -> list[dict]:
   args = parse_args(argv)
   specs = [args.config] + compare_specs(args.config, args.compare)
-  runners = [Runner(make_config(s, args.batch, args.seq, args.dtype, args.config_override, args.tiny))
+  runners = [Runner(args_config(args, s))
              for s in specs]
   peak = device_peak(runners[0].cfg, 512 if args.tiny else 2048)
   for r in runners:
