@@ -22,6 +22,7 @@ the per-repeat ratios).
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import flax.linen as nn
 import jax.numpy as jnp
@@ -60,18 +61,12 @@ def take_along_axis(x, positions):
   return jnp.take_along_axis(x, positions[..., None], axis=1)
 
 
-def float32_layer_norm(cfg, name=None, axis_name="embed"):
-  return nn.LayerNorm(epsilon=cfg.layer_norm_eps, dtype=jnp.float32, name=name,
-                      scale_init=nn.with_logical_partitioning(nn.initializers.ones, (axis_name,)),
-                      bias_init=layers.zeros_init((axis_name,)))
-
-
 SWAPS = {  # name: (module, attribute, replacement)
     "dropout": (layers, "Dropout", FlaxDropout),
     "broadcast": (layers, "broadcast_leading", plain_broadcast),
     "gelu": (layers, "gelu", flax_gelu),
     "stacked": (layers, "stacked_dense", separate_dense),
-    "ln32": (layers, "layer_norm", float32_layer_norm),
+    "ln32": (layers, "layer_norm", functools.partial(layers.layer_norm, dtype=jnp.float32)),
     "gather": (tasks, "gather_positions", take_along_axis),
     "vocab_pad": (embeddings, "VOCAB_MULTIPLE", 1),
 }
