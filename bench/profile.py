@@ -188,7 +188,8 @@ def main(argv=None) -> list[dict]:
                "dtype": cfg.model.dtype, "device_kind": jax.devices()[0].device_kind,
                "traced_ms_per_step": total, "ms_per_step_by_category": dict(stats["by_category"]),
                "share_by_category": {k: v / total for k, v in stats["by_category"].items()},
-               "ms_per_step_by_module": top(stats["by_where"]), "trace_dir": str(trace_dir / cfg.model.name)}
+               "ms_per_step_by_module": top(stats["by_where"]), "trace_dir": str(trace_dir / cfg.model.name),
+               **bench.machine()}
     records.append(summary)
     bench.emit(summary)
     for op, ms in top(stats["per_op"]).items():

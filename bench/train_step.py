@@ -16,7 +16,7 @@ device kind.
 
 runs the other models at the same size in the same process, interleaved (r repeats of the models in turn, each
 repeat starting with the next model), and prints one line per model, then one with each model's step time
-relative to the first (median of the per-repeat ratios): TUPE's overhead over BERT-A.
+relative to the first (the median of the per-repeat ratios, and those ratios): TUPE's overhead over BERT-A.
 """
 from __future__ import annotations
 
@@ -182,10 +182,11 @@ def main(argv=None) -> list[dict]:
   if args.compare:
     per_repeat = lambda t: np.array([bench.median(x) for x in t])
     base = per_repeat(times[0])
+    ratios = {r["model"]: per_repeat(t) / base for r, t in zip(records[1:], times[1:])}
     summary = {"compare": [r["model"] for r in records], "size": records[0]["size"], "batch": args.batch,
                "seq": args.seq, "repeats": repeats,
-               "step_time_ratio": {r["model"]: bench.median(per_repeat(t) / base)
-                                   for r, t in zip(records[1:], times[1:])}}
+               "step_time_ratio": {model: bench.median(ratio) for model, ratio in ratios.items()},
+               "step_time_ratio_per_repeat": {model: ratio.tolist() for model, ratio in ratios.items()}}
     bench.emit(summary)
     records.append(summary)
   return records
