@@ -7,12 +7,14 @@ import os
 
 import jax
 import jax.numpy as jnp
+import matplotlib.image
 import numpy as np
 import pytest
 
 import bench
-from bench import ablations, compare_hf, dynamic_conv, memory, pipeline, profile, train_step
+from bench import ablations, compare_hf, dynamic_conv, memory, pipeline, plot, profile, train_step
 from tupe import models
+from tupe.errors import UserError
 from tupe.models import layers
 from tupe.models import tasks
 
@@ -29,14 +31,25 @@ def printed(capsys, records):
   return lines
 
 
+def plotted(lines, tmp_path, kind):
+  """Draws printed records with bench.plot, which must recognize them as `kind`; returns the image array."""
+  results = tmp_path / f"{kind}.jsonl"
+  results.write_text("[12:00:00] progress lines are skipped\n" + "".join(json.dumps(r) + "\n" for r in lines))
+  assert plot.kind_of(plot.read_records(results), results) == kind
+  png = plot.main([str(results), "--out", str(tmp_path / "plots")])[0]
+  assert png == tmp_path / "plots" / f"{kind}.png" and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  return matplotlib.image.imread(png)
+
+
 # Every test trains the same tiny BERT-A (batch 8 x 16 tokens), so the suite compiles its train step once
 # (conftest's persistent compilation cache).
 TINY = ["--tiny", "--batch", "8", "--seq", "16", "--steps", "2", "--warmup", "1"]
 BERT = "configs/pretrain.py:bert_a,small"
 
 
-def test_train_step(capsys):
-  (record,) = printed(capsys, train_step.main(TINY + ["--config", BERT]))
+def test_train_step(capsys, tmp_path):
+  lines = printed(capsys, train_step.main(TINY + ["--config", BERT, "--compare", "tupe_a", "--repeats", "3"]))
+  record, tupe, summary = lines
   assert TRAIN_STEP_FIELDS <= set(record)
   assert (record["model"], record["batch"], record["seq"], record["device_kind"]) == ("bert_a", 8, 16, "cpu")
   assert record["tokens_per_s"] == pytest.approx(8 * 16 / record["step_time_s"], rel=1e-4)
@@ -44,9 +57,13 @@ def test_train_step(capsys):
                                         / (record["peak_flops_per_device"] * jax.device_count()), rel=1e-4)
   assert record["memory_bytes_per_device"] > record["memory_temp_bytes_per_device"] > 0
   assert record["xla_flops_per_device"] > 0 and record["xla_bytes_accessed_per_device"] > 0
+  assert (tupe["model"], summary["compare"]) == ("tupe_a", ["bert_a", "tupe_a"])
+  ratios = summary["step_time_ratio_per_repeat"]["tupe_a"]
+  assert len(ratios) == 3 and summary["step_time_ratio"]["tupe_a"] == pytest.approx(np.median(ratios), rel=1e-4)
+  assert plotted(lines, tmp_path, "train_step").shape[2] in (3, 4)
 
 
-def test_profile(capsys, monkeypatch):
+def test_profile(capsys, monkeypatch, tmp_path):
   """The traced operations of the tiny step, matched to their HLO: categories, module paths, shares."""
   monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))  # profile.main adds a GPU flag
   summary, *ops = printed(capsys, profile.main(["--tiny", "--batch", "8", "--seq", "16", "--steps", "1",
@@ -57,6 +74,7 @@ def test_profile(capsys, monkeypatch):
   assert any(k.startswith("encoder/stack/layer_*/") for k in summary["ms_per_step_by_module"])
   assert len(ops) == 40 and sum(op["share"] for op in ops) <= 1
   assert [op["ms_per_step"] for op in ops] == sorted((op["ms_per_step"] for op in ops), reverse=True)
+  plotted([summary, *ops], tmp_path, "profile")
 
 
 def test_profile_reads_hlo():
@@ -90,11 +108,15 @@ ENTRY %main (a: f32[2,3]) -> f32[3,2] {
   assert operations["loop_exponential_fusion"][0] == "fusion"
 
 
-def test_ablations(capsys):
+def test_ablations(capsys, tmp_path):
   originals = (layers.Dropout, layers.broadcast_leading)
-  ours, dropout, broadcast = printed(capsys, ablations.main(TINY[:-2] + ["--repeats", "2", "--config", BERT]))
+  lines = printed(capsys, ablations.main(TINY[:-2] + ["--repeats", "3", "--config", BERT]))
+  ours, dropout, broadcast = lines
   assert [r["variant"] for r in (ours, dropout, broadcast)] == ["ours", "dropout", "broadcast"]
-  assert dropout["step_time_over_ours"] > 0 and broadcast["step_time_over_ours"] > 0
+  for r in (dropout, broadcast):
+    assert len(r["step_time_over_ours_per_repeat"]) == 3 and min(r["step_time_over_ours_per_repeat"]) > 0
+    assert r["step_time_over_ours"] == pytest.approx(np.median(r["step_time_over_ours_per_repeat"]), rel=1e-4)
+  plotted(lines, tmp_path, "ablations")
   assert (layers.Dropout, layers.broadcast_leading) == originals      # swapped back
 
 
@@ -131,9 +153,10 @@ def test_ablation_swaps_reach_the_model():
   assert layers.gelu is not ablations.flax_gelu and tasks.gather_positions is not ablations.take_along_axis
 
 
-def test_compare_hf(capsys):
+def test_compare_hf(capsys, tmp_path):
   pytest.importorskip("transformers")
   (record,) = printed(capsys, compare_hf.main(TINY + ["--repeats", "2", "--pairs", "bert"]))
+  plotted([record], tmp_path, "compare_hf")
   assert record["ours_tokens_per_s"] > 0 and record["hf_tokens_per_s"] > 0 and len(record["ratio_per_repeat"]) == 2
   assert record["threads"] == record["torch_threads"] == len(os.sched_getaffinity(0))
   # The same shapes, but for the second token-type row of HF BERT (BERT-A has no token types).
@@ -150,12 +173,13 @@ def test_hf_convbert_of_the_same_shape(spec):
   assert models.param_count(ours) == sum(p.numel() for p in hf.parameters())
 
 
-def test_dynamic_conv(capsys):
+def test_dynamic_conv(capsys, tmp_path):
   """The operation alone (the whole-train-step comparison runs bench.train_step's Runner, tested above)."""
   (op,) = printed(capsys, dynamic_conv.main(["--tiny", "--batch", "8", "--steps", "1", "--repeats", "2",
                                              "--train-step", ""]))
   assert {"shift_ms", "unfold_ms", "unfold_over_shift_time", "shift_temp_bytes", "unfold_temp_bytes"} <= set(op)
   assert op["unfold_temp_bytes"] > op["shift_temp_bytes"]  # the unfold formulation materializes K windows
+  plotted([op], tmp_path, "dynamic_conv")
 
 
 def test_dynamic_conv_implementations_agree():
@@ -166,7 +190,7 @@ def test_dynamic_conv_implementations_agree():
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
-def test_pipeline(capsys, shared_data):
+def test_pipeline(capsys, shared_data, tmp_path):
   records = printed(capsys, pipeline.main(TINY + [
       "--config", BERT, "--batches", "3", "--files", str(shared_data / "corpus" / "wikitext" / "*.txt")]))
   text, demo, model, steady = records
@@ -176,10 +200,24 @@ def test_pipeline(capsys, shared_data):
   assert set(model["pipeline_over_model"]) == {"text", "demo"}
   assert set(steady["step_time_s"]) == {"fixed_batch", "text", "synthetic_source"}
   assert set(steady["over_fixed_batch"]) == {"text", "synthetic_source"}
+  plotted(records, tmp_path, "pipeline")
 
 
-def test_memory(capsys):
-  data, fsdp, ratio = printed(capsys, memory.main(["--tiny"]))
+def test_memory(capsys, tmp_path):
+  data, fsdp, ratio = lines = printed(capsys, memory.main(["--tiny"]))
   assert (data["mesh"]["data"], fsdp["mesh"]["fsdp"], data["devices"]) == (8, 8, 8)
   assert data["state_bytes_per_device"] >= data["params_bytes_per_device"] + data["opt_state_bytes_per_device"]
   assert 6 < ratio["data_over_fsdp"]["state_bytes_per_device"] <= 8
+  plotted(lines, tmp_path, "memory")
+
+
+def test_plot_rejects_what_is_not_benchmark_output(tmp_path):
+  path = tmp_path / "results.jsonl"
+  for text, message in [("[12:00:00] compiling\n", "holds no JSON records"),
+                        ('{"step": 1, "loss": 2.0}\n', "no records of a known benchmark"),
+                        ('{"pair": "bert",\n', "results.jsonl:1: not a JSON record")]:
+    path.write_text(text)
+    with pytest.raises(UserError, match=message):
+      plot.plot_file(path, tmp_path)
+  with pytest.raises(UserError, match="cannot read benchmark results"):
+    plot.plot_file(tmp_path / "missing.jsonl", tmp_path)
