@@ -18,6 +18,8 @@ the per-repeat ratios, and those ratios).
              positions' hidden states.
   vocab_pad: the tied MLM output product over the vocabulary as it is (30,522 rows) instead of padded to a
              multiple of 128.
+  conv_grad: ConvBERT's shifted sums (the depthwise and dynamic convolutions) differentiated by autodiff
+             instead of by conv.shifted_sum's written-out gradient.
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ import numpy as np
 
 import bench
 from bench import train_step
+from tupe.models import conv
 from tupe.models import embeddings
 from tupe.models import layers
 from tupe.models import tasks
@@ -69,6 +72,7 @@ SWAPS = {  # name: (module, attribute, replacement)
     "ln32": (layers, "layer_norm", functools.partial(layers.layer_norm, dtype=jnp.float32)),
     "gather": (tasks, "gather_positions", take_along_axis),
     "vocab_pad": (embeddings, "VOCAB_MULTIPLE", 1),
+    "conv_grad": (conv, "shifted_sum", conv.shifted_sum.fun),
 }
 
 

@@ -153,6 +153,21 @@ def test_ablation_swaps_reach_the_model():
   assert layers.gelu is not ablations.flax_gelu and tasks.gather_positions is not ablations.take_along_axis
 
 
+def test_conv_grad_swap_reaches_the_model():
+  """ConvBERT's gradient through autodiff's shifted sums (`conv_grad`) equals ours, computed another way."""
+  cfg = models.get_config("convbert", "tiny")
+  cfg.vocab_size = 100
+  ids = np.arange(1, 17).reshape(2, 8)
+  params = models.init(cfg)
+  loss = lambda p: jnp.sum(models.encode(cfg, p, ids)["last_hidden_state"] ** 2)
+  custom_gradients = lambda: str(jax.make_jaxpr(jax.grad(loss))(params)).count("custom_vjp_call")
+  ours, ours_custom = jax.grad(loss)(params), custom_gradients()
+  with ablations.swapped("conv_grad"):
+    plain = jax.grad(loss)(params)
+    assert ours_custom - custom_gradients() == 2 * cfg.num_layers   # the depthwise and dynamic convolutions
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5), ours, plain)
+
+
 def test_compare_hf(capsys, tmp_path):
   pytest.importorskip("transformers")
   (record,) = printed(capsys, compare_hf.main(TINY + ["--repeats", "2", "--pairs", "bert"]))

@@ -66,18 +66,53 @@ def test_gradients_agree(size, length):
     np.testing.assert_allclose(np.asarray(got_shift), expected, atol=1e-5, rtol=0)
 
 
-def test_shifted_sum_is_same_padded_cross_correlation():
-  """The depthwise part of the span-aware key: out[i, c] = sum_k w[k, c] * x[i + k - (K-1)/2, c]."""
-  rng = np.random.default_rng(0)
-  x = rng.standard_normal((2, 6, 5)).astype(np.float32)
-  w = rng.standard_normal((9, 5)).astype(np.float32)
-  want = np.zeros(x.shape)
-  for i in range(6):
-    for k in range(9):
-      if 0 <= i + k - 4 < 6:
-        want[:, i] += w[k] * x[:, i + k - 4]
-  got = conv.shifted_sum(jnp.asarray(x), lambda k: w[k], 9)
-  np.testing.assert_allclose(np.asarray(got), want, atol=1e-5, rtol=0)
+def depthwise_loop(x, w, cotangent):
+  """out[i, c] = sum_k w[k, c] * x[i + k - (K-1)/2, c], and the gradients of sum(out * cotangent), by loops."""
+  length, size = x.shape[1], w.shape[0]
+  half = (size - 1) // 2
+  out, d_x, d_w = np.zeros(x.shape), np.zeros(x.shape), np.zeros(w.shape)
+  for i in range(length):
+    for k in range(size):
+      j = i + k - half
+      if 0 <= j < length:
+        out[:, i] += w[k] * x[:, j]
+        d_x[:, j] += w[k] * cotangent[:, i]
+        d_w[k] += (x[:, j] * cotangent[:, i]).sum(0)
+  return out, d_x, d_w
+
+
+@pytest.mark.parametrize("size, length", CASES)
+def test_shifted_sum_with_shared_taps(size, length):
+  """The depthwise part of the span-aware key (taps shared by all positions): values and both gradients."""
+  rng = np.random.default_rng(size * length)
+  x = rng.standard_normal((2, length, 5)).astype(np.float32)
+  w = rng.standard_normal((size, 5)).astype(np.float32)
+  cotangent = rng.standard_normal(x.shape).astype(np.float32)
+  out, vjp = jax.vjp(conv.shifted_sum, jnp.asarray(x), jnp.asarray(w.T))
+  d_x, d_taps = vjp(jnp.asarray(cotangent))
+  for got, want in zip((out, d_x, d_taps.T), depthwise_loop(x.astype(np.float64), w.astype(np.float64),
+                                                              cotangent.astype(np.float64))):
+    np.testing.assert_allclose(np.asarray(got), want, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_shifted_sum_gradient_equals_autodiff(shared):
+  """The written-out gradient against autodiff's of the same sum (`shifted_sum.fun`), in float32 and, summed in
+  float32 then rounded, in bfloat16 (where autodiff sums in bfloat16)."""
+  rng = np.random.default_rng(7)
+  x = rng.standard_normal((2, 11, 3, 8)).astype(np.float32)
+  taps = rng.standard_normal((3, 1, 9) if shared else (2, 11, 3, 1, 9)).astype(np.float32)
+  cotangent = rng.standard_normal(x.shape).astype(np.float32)
+  grads = lambda fn, dtype: jax.vjp(fn, jnp.asarray(x, dtype), jnp.asarray(taps, dtype))[1](
+      jnp.asarray(cotangent, dtype))
+  want = grads(conv.shifted_sum.fun, jnp.float32)
+  for got, expected in zip(grads(conv.shifted_sum, jnp.float32), want):
+    assert got.shape == expected.shape and got.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(got), np.asarray(expected), atol=1e-5, rtol=1e-5)
+  for got, expected in zip(grads(conv.shifted_sum, jnp.bfloat16), want):
+    assert got.dtype == jnp.bfloat16
+    error = np.abs(np.asarray(got, np.float32) - np.asarray(expected))
+    assert error.max() <= 2 ** -7 * np.abs(np.asarray(expected)).max()
 
 
 def test_convbert_encoder_shift_equals_unfold():

@@ -11,8 +11,6 @@ Two formulations of the windowed sum, equal up to float rounding:
 """
 from __future__ import annotations
 
-from typing import Callable
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -27,19 +25,64 @@ def _padded(x: jax.Array, kernel_size: int) -> jax.Array:
   return jnp.pad(x, [(0, 0), (p, p)] + [(0, 0)] * (x.ndim - 2))
 
 
-def shifted_sum(x: jax.Array, weight: Callable[[int], jax.Array], kernel_size: int) -> jax.Array:
-  """sum_k weight(k) * x[:, i + k - (K-1)/2], one shifted slice at a time.
+@jax.custom_vjp
+def shifted_sum(x: jax.Array, taps: jax.Array) -> jax.Array:
+  """out[:, i] = sum_k taps[..., k] * x[:, i + k - (K-1)/2] (zeros beyond the ends), one shifted slice at a time.
+
+  Its gradient (`_shifted_sum_bwd`) is written out: autodiff's stores the K shifted, padded cotangent products
+  one by one and then sums them (and XLA copies that sum into the next weight gradient's layout).
 
   Args:
     x: [batch, length, ...].
-    weight: k -> an array broadcastable against x (e.g. [channels] or [batch, length, heads, 1]).
+    taps: the K taps on the last axis, and before it either a shape broadcastable against x for taps per
+      position (e.g. the dynamic kernels, [batch, length, heads, 1, K] against [batch, length, heads, head_dim])
+      or a rank below x's for taps shared by all positions (e.g. the depthwise kernel, [channels, K]).
+
+  Returns:
+    x's shape.
   """
-  length = x.shape[1]
-  xp = _padded(x, kernel_size)
-  out = weight(0) * xp[:, :length]
-  for k in range(1, kernel_size):
-    out = out + weight(k) * xp[:, k:k + length]
+  size, length = taps.shape[-1], x.shape[1]
+  xp = _padded(x, size)
+  out = taps[..., 0] * xp[:, :length]
+  for k in range(1, size):
+    out = out + taps[..., k] * xp[:, k:k + length]
   return out
+
+
+def _sum_to(t: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+  """Sums t over the axes along which an array of `shape` was broadcast to t's shape."""
+  lead = t.ndim - len(shape)
+  axes = tuple(range(lead)) + tuple(lead + i for i, n in enumerate(shape) if n == 1 and t.shape[lead + i] != 1)
+  return jnp.sum(t, axes).reshape(shape)
+
+
+def _shifted_sum_fwd(x, taps):
+  return shifted_sum(x, taps), (x, taps)
+
+
+def _shifted_sum_bwd(residuals, g):
+  """Cotangents of x and taps, summed in float32.
+
+  d x[:, j] = sum_k taps[:, j + p - k, ..., k] * g[:, j + p - k], p = (K-1)/2: the cotangent shifted the other
+  way, in one fused sum; d taps[..., k] = g * x[:, i + k - p], summed over the axes the taps broadcast along.
+  """
+  x, taps = residuals
+  size, length = taps.shape[-1], x.shape[1]
+  f32 = jnp.float32
+  back = lambda a, k: a[:, size - 1 - k:size - 1 - k + length]   # The slice of a padded array at shift p - k.
+  gp = _padded(g.astype(f32), size)
+  if taps.ndim == x.ndim + 1 and taps.shape[1] != 1:  # Taps per position: they shift with the cotangent.
+    tp = _padded(taps.astype(f32), size)
+    d_x = sum(back(tp, k)[..., k] * back(gp, k) for k in range(size))
+  else:
+    d_x = sum(taps[..., k].astype(f32) * back(gp, k) for k in range(size))
+  xp = _padded(x.astype(f32), size)
+  g = g.astype(f32)
+  d_taps = jnp.stack([_sum_to(g * xp[:, k:k + length], taps.shape[:-1]) for k in range(size)], axis=-1)
+  return d_x.astype(x.dtype), d_taps.astype(taps.dtype)
+
+
+shifted_sum.defvjp(_shifted_sum_fwd, _shifted_sum_bwd)
 
 
 def unfold_sum(x: jax.Array, kernel: jax.Array) -> jax.Array:
@@ -54,7 +97,7 @@ def dynamic_conv(values: jax.Array, kernel: jax.Array, impl: str = "shift") -> j
   """Applies per-position kernels: values [batch, length, heads, head_dim], kernel [batch, length, heads, K]."""
   if impl == "unfold":
     return unfold_sum(values, kernel)
-  return shifted_sum(values, lambda k: kernel[..., k:k + 1], kernel.shape[-1])
+  return shifted_sum(values, kernel[..., None, :])
 
 
 class SpanDynamicConv(nn.Module):
@@ -77,7 +120,7 @@ class SpanDynamicConv(nn.Module):
     x = x.astype(dtype)
     depthwise = self.param("depthwise_kernel", layers.normal_init(cfg, ("conv_kernel", "embed")),
                            (size, cfg.hidden_size)).astype(dtype)
-    span_key = shifted_sum(x, lambda k: depthwise[k], size)
+    span_key = shifted_sum(x, depthwise.T)
     span_key = layers.dense(cfg, (heads, dh), ("embed", "heads", "kv"), name="pointwise")(span_key)
     kernel_in = (span_key * query).reshape(x.shape[:2] + (heads * dh,))
     kernel = layers.dense(cfg, (heads, size), ("joined_kv", "heads", "conv_kernel"), name="kernel")(kernel_in)
