@@ -29,8 +29,8 @@ def _padded(x: jax.Array, kernel_size: int) -> jax.Array:
 def shifted_sum(x: jax.Array, taps: jax.Array) -> jax.Array:
   """out[:, i] = sum_k taps[..., k] * x[:, i + k - (K-1)/2] (zeros beyond the ends), one shifted slice at a time.
 
-  Its gradient (`_shifted_sum_bwd`) is written out: autodiff's stores the K shifted, padded cotangent products
-  one by one and then sums them (and XLA copies that sum into the next weight gradient's layout).
+  Its gradient is written out (`_shifted_sum_bwd`): autodiff's stored the K shifted, padded cotangent products
+  one by one before summing them, and XLA copied that sum into the layout of the next weight gradient.
 
   Args:
     x: [batch, length, ...].
