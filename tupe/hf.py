@@ -219,7 +219,7 @@ def _read_torch(file: pathlib.Path) -> dict:
 
 
 def _linear(take, name: str, in_shape: tuple, out_shape: tuple) -> dict:
-  """torch Linear `name` (weight [out, in]) -> DenseGeneral {kernel: in_shape + out_shape, bias: out_shape}."""
+  """torch Linear `name` (weight [out, in]) -> layers.Dense {kernel: in_shape + out_shape, bias: out_shape}."""
   weight = take(f"{name}.weight", (math.prod(out_shape), math.prod(in_shape)))
   bias = take(f"{name}.bias", (math.prod(out_shape),))
   return {"kernel": weight.T.reshape(in_shape + out_shape), "bias": bias.reshape(out_shape)}

@@ -49,13 +49,6 @@ def shifted_sum(x: jax.Array, taps: jax.Array) -> jax.Array:
   return out
 
 
-def _sum_to(t: jax.Array, shape: tuple[int, ...]) -> jax.Array:
-  """Sums t over the axes along which an array of `shape` was broadcast to t's shape."""
-  lead = t.ndim - len(shape)
-  axes = tuple(range(lead)) + tuple(lead + i for i, n in enumerate(shape) if n == 1 and t.shape[lead + i] != 1)
-  return jnp.sum(t, axes).reshape(shape)
-
-
 def _shifted_sum_fwd(x, taps):
   return shifted_sum(x, taps), (x, taps)
 
@@ -78,7 +71,7 @@ def _shifted_sum_bwd(residuals, g):
     d_x = sum(taps[..., k].astype(f32) * back(gp, k) for k in range(size))
   xp = _padded(x.astype(f32), size)
   g = g.astype(f32)
-  d_taps = jnp.stack([_sum_to(g * xp[:, k:k + length], taps.shape[:-1]) for k in range(size)], axis=-1)
+  d_taps = jnp.stack([layers.sum_to_shape(g * xp[:, k:k + length], taps.shape[:-1]) for k in range(size)], axis=-1)
   return d_x.astype(x.dtype), d_taps.astype(taps.dtype)
 
 
