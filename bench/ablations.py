@@ -18,6 +18,8 @@ the per-repeat ratios, and those ratios).
              positions' hidden states.
   vocab_pad: the tied MLM output product over the vocabulary as it is (30,522 rows) instead of padded to a
              multiple of 128.
+  bias_grad: biases added by plain addition, so that autodiff sums their gradients in the compute dtype,
+             instead of by layers.add_bias (summed in float32).
   conv_grad: ConvBERT's shifted sums (the depthwise and dynamic convolutions) differentiated by autodiff
              instead of by conv.shifted_sum's written-out gradient.
 """
@@ -60,6 +62,10 @@ def separate_dense(cfg, x, params):
   return [jnp.tensordot(x.astype(dtype), k.astype(dtype), axes=1) + b.astype(dtype) for k, b in params]
 
 
+def plain_add_bias(y, bias):
+  return y + bias.astype(y.dtype)
+
+
 def take_along_axis(x, positions):
   return jnp.take_along_axis(x, positions[..., None], axis=1)
 
@@ -72,6 +78,7 @@ SWAPS = {  # name: (module, attribute, replacement)
     "ln32": (layers, "layer_norm", functools.partial(layers.layer_norm, dtype=jnp.float32)),
     "gather": (tasks, "gather_positions", take_along_axis),
     "vocab_pad": (embeddings, "VOCAB_MULTIPLE", 1),
+    "bias_grad": (layers, "add_bias", plain_add_bias),
     "conv_grad": (conv, "shifted_sum", conv.shifted_sum.fun),
 }
 

@@ -138,7 +138,7 @@ def test_ablation_swaps_reach_the_model():
   with ablations.swapped("dropout"):
     assert not np.allclose(run(), ours)
   for name, marker in [("broadcast", "name=broadcast_leading"), ("gelu", "name=gelu"), ("gather", "gather["),
-                       ("vocab_pad", " pad["), ("stacked", "dot_general[")]:
+                       ("vocab_pad", " pad["), ("stacked", "dot_general["), ("bias_grad", "name=add_bias")]:
     with ablations.swapped(name):
       np.testing.assert_allclose(logits(), ours_logits, rtol=1e-5, atol=1e-5, err_msg=name)
       assert gradient().count(marker) != ours_gradient.count(marker), name
