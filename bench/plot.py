@@ -12,7 +12,8 @@ profile or pipeline), recognized by its records' fields; the chart shows what th
   ablations     step time of each swapped-back variant over ours, with the per-repeat ratios
   profile       traced milliseconds per step by category (matmul, attention, fusion, ...) per model
   pipeline      tokens/s of the input pipeline's stages against the model's consumption (log scale)
-Every chart names the machine and date of its records.
+Every chart names the machine and date of its records; each `plot_<kind>` draws into the figure and returns
+its title.
 """
 from __future__ import annotations
 
@@ -72,7 +73,7 @@ def grouped_bars(axes, groups: list[str], series: dict[str, list[float]], fmt: s
   return out
 
 
-def plot_train_step(records: list[dict], figure) -> None:
+def plot_train_step(records: list[dict], figure) -> str:
   steps = [r for r in records if "tokens_per_s" in r]
   ratios = {(r["seq"], model): ratio for r in records if "step_time_ratio" in r
             for model, ratio in r["step_time_ratio"].items()}
@@ -92,11 +93,10 @@ def plot_train_step(records: list[dict], figure) -> None:
   grouped_bars(right, groups, {m: [100 * value("mfu", s, m) for s in lengths] for m in models}, "{:.1f}")
   right.set_ylabel("MFU (%)")
   first = steps[0]
-  figure.suptitle(f"train step, {first['size']}, {first['dtype']}, {first['batch'] * first['seq']} tokens per step"
-                  f" ({machine_line(records)})", fontsize=9)
+  return f"train step, {first['size']}, {first['dtype']}, {first['batch'] * first['seq']} tokens per step"
 
 
-def plot_compare_hf(records: list[dict], figure) -> None:
+def plot_compare_hf(records: list[dict], figure) -> str:
   axes = figure.subplots()
   groups = [f"{r['ours']}\nvs {r['hf']}" for r in records]
   grouped_bars(axes, groups, {"ours": [r["ours_tokens_per_s"] for r in records],
@@ -109,11 +109,10 @@ def plot_compare_hf(records: list[dict], figure) -> None:
   axes.set_ylabel("training tokens/s")
   axes.legend(fontsize=8, loc="lower right")
   r = records[0]
-  figure.suptitle(f"training step, {r['batch']} x {r['seq']}, {r['dtype']}, {r['threads']} threads each"
-                  f" ({machine_line(records)})", fontsize=9)
+  return f"training step, {r['batch']} x {r['seq']}, {r['dtype']}, {r['threads']} threads each"
 
 
-def plot_dynamic_conv(records: list[dict], figure) -> None:
+def plot_dynamic_conv(records: list[dict], figure) -> str:
   ops = [r for r in records if r["what"] == "dynamic_conv forward+backward"]
   groups = [f"{r['size']}, {r['seq']}" for r in ops]
   left, right = figure.subplots(1, 2)
@@ -123,11 +122,10 @@ def plot_dynamic_conv(records: list[dict], figure) -> None:
   grouped_bars(right, groups, {impl: [r[f"{impl}_temp_bytes"] / 2**20 for r in ops] for impl in ("shift", "unfold")},
                "{:.3g}")
   right.set_ylabel("temporary memory (MiB)")
-  figure.suptitle(f"span-based dynamic convolution, batch {ops[0]['batch']}, {ops[0]['dtype']}"
-                  f" ({machine_line(records)})", fontsize=9)
+  return f"span-based dynamic convolution, batch {ops[0]['batch']}, {ops[0]['dtype']}"
 
 
-def plot_memory(records: list[dict], figure) -> None:
+def plot_memory(records: list[dict], figure) -> str:
   rows = [r for r in records if "mesh" in r]
   keys = list(dict.fromkeys((r["model"], r["size"]) for r in rows))
   axis = lambda r: max(r["mesh"], key=r["mesh"].get)  # The mesh axis that spans the devices.
@@ -140,10 +138,10 @@ def plot_memory(records: list[dict], figure) -> None:
   axes.set_yscale("log")
   axes.set_ylabel("parameters + optimizer state per device (MB)")
   axes.legend(fontsize=8)
-  figure.suptitle(f"per-device training state, {rows[0]['devices']} devices ({machine_line(records)})", fontsize=9)
+  return f"per-device training state, {rows[0]['devices']} devices"
 
 
-def plot_ablations(records: list[dict], figure) -> None:
+def plot_ablations(records: list[dict], figure) -> str:
   swaps = [r for r in records if "step_time_over_ours" in r]
   axes = figure.subplots()
   y = np.arange(len(swaps))
@@ -159,11 +157,10 @@ def plot_ablations(records: list[dict], figure) -> None:
   axes.set_xlabel("step time of the plain version / ours (> 1: ours is faster)")
   axes.legend(fontsize=8, loc="lower right")
   r = records[0]
-  figure.suptitle(f"{r['model']} train step, {r['batch']} x {r['seq']}: each piece swapped back"
-                  f" ({machine_line(records)})", fontsize=9)
+  return f"{r['model']} train step, {r['batch']} x {r['seq']}: each piece swapped back"
 
 
-def plot_profile(records: list[dict], figure) -> None:
+def plot_profile(records: list[dict], figure) -> str:
   summaries = [r for r in records if "ms_per_step_by_category" in r]
   categories = sorted({c for r in summaries for c in r["ms_per_step_by_category"]},
                       key=lambda c: -max(r["ms_per_step_by_category"].get(c, 0) for r in summaries))
@@ -182,11 +179,10 @@ def plot_profile(records: list[dict], figure) -> None:
   axes.set_xlabel("traced milliseconds per step")
   axes.legend(fontsize=7, ncols=min(4, len(categories)), loc="upper center", bbox_to_anchor=(0.5, -0.18))
   r = summaries[0]
-  figure.suptitle(f"where the step's time goes, {r['size']}, {r['batch']} x {r['seq']}, {r['dtype']}"
-                  f" ({machine_line(records)})", fontsize=9)
+  return f"where the step's time goes, {r['size']}, {r['batch']} x {r['seq']}, {r['dtype']}"
 
 
-def plot_pipeline(records: list[dict], figure) -> None:
+def plot_pipeline(records: list[dict], figure) -> str:
   sources = [r for r in records if r["what"] == "pipeline"]
   model = next((r for r in records if r["what"] == "model"), None)
   names, values = [], []
@@ -207,8 +203,7 @@ def plot_pipeline(records: list[dict], figure) -> None:
   if steady:
     axes.set_xlabel("steady-state step time over a fixed batch: " + ", ".join(
         f"{name} {ratio:.4f}" for name, ratio in steady["over_fixed_batch"].items()), fontsize=8)
-  figure.suptitle(f"input pipeline vs the model, {sources[0]['batch']} x {sources[0]['seq']}"
-                  f" ({machine_line(records)})", fontsize=9)
+  return f"input pipeline vs the model, {sources[0]['batch']} x {sources[0]['seq']}"
 
 
 # The first kind whose test matches a file's records draws it.
@@ -236,7 +231,8 @@ def plot_file(path: str | pathlib.Path, out_dir: str | pathlib.Path) -> pathlib.
   records = read_records(path)
   kind = kind_of(records, path)
   figure = tools.new_figure(8.0, 4.2)
-  KINDS[kind][1](records, figure)
+  title = KINDS[kind][1](records, figure)
+  figure.suptitle(f"{title} ({machine_line(records)})", fontsize=9)
   figure.tight_layout()
   out_dir.mkdir(parents=True, exist_ok=True)
   out = out_dir / f"{path.stem}.png"
