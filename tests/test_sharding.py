@@ -108,3 +108,12 @@ def test_batch_not_divisible_by_data_parallel_size():
   cfg.global_batch_size = 12
   with pytest.raises(UserError, match="not divisible by data-parallel size 8"):
     trainer.build(cfg, jax.devices())
+
+
+def test_fsdp_shards_convbert_kernel_generator():
+  """ConvBERT's kernel generator reads the conv heads' joined features (`joined_kv`): FSDP splits that input
+  axis as it splits `embed` in every other kernel."""
+  cfg = tiny_config("convbert_mlm")
+  cfg.mesh.update(data=1, fsdp=8, tensor=1)
+  conv = trainer.build(cfg, jax.devices()).state_sharding.params["encoder"]["stack"]["layer_0"]["attention"]["conv"]
+  assert conv["kernel"]["kernel"].spec[0] == conv["value"]["kernel"].spec[0] == "fsdp"

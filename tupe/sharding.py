@@ -27,7 +27,7 @@ DEFAULT_RULES = (
     ("mlp", "tensor"),
     ("heads", "tensor"),
     ("kv", None),
-    ("joined_kv", None),
+    ("joined_kv", "fsdp"),           # ConvBERT's kernel generator input (heads x head_dim), like embed
     ("positions", None),
     ("buckets", None),
     ("conv_kernel", None),
