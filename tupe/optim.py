@@ -36,12 +36,13 @@ def _path_name(path) -> str:
 
 
 def decay_mask(params, mode: str):
-  """True where weight decay applies. "no_ln_bias" skips LayerNorm scales/biases and every bias."""
+  """True where weight decay applies. "no_ln_bias" skips LayerNorm scales/biases and every bias vector (leaves
+  named `bias`); tables such as T5's `relative_attention_bias` are embeddings and decay."""
   if mode not in ("all", "no_ln_bias"):
     raise UserError(f"optimizer.weight_decay_mask={mode!r}; use 'all' or 'no_ln_bias'")
   def keep(path, _):
     name = _path_name(path)
-    return mode == "all" or not (name.endswith("bias") or "layer_norm" in name)
+    return mode == "all" or not (name.rsplit("/", 1)[-1] == "bias" or "layer_norm" in name)
   return jax.tree_util.tree_map_with_path(keep, params)
 
 
