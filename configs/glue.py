@@ -23,6 +23,7 @@ overridable, e.g.
 import ml_collections
 
 from configs import pretrain
+from tupe.errors import UserError
 
 TUPE_LRS = (2e-5, 3e-5, 4e-5, 5e-5)
 TUPE_MODELS = "bert_a,bert_r,tupe_a,tupe_a_tie_cls,tupe_r"
@@ -36,7 +37,7 @@ def epochs(default: int, **per_task: int) -> ml_collections.ConfigDict:
 
 def get_config(recipe: str = "tupe") -> ml_collections.ConfigDict:
   if recipe not in ("tupe", "convbert"):
-    raise ValueError(f"unknown GLUE recipe {recipe!r}; use configs/glue.py:tupe or configs/glue.py:convbert")
+    raise UserError(f"unknown GLUE recipe {recipe!r}; use configs/glue.py:tupe or configs/glue.py:convbert")
   common = pretrain.common()
   c = ml_collections.ConfigDict()
   # What to fine-tune: a train.py checkpoint or a HF ConvBERT (init "pretrained"), or random weights of `model`.

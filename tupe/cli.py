@@ -24,9 +24,20 @@ def define_flags(config_help: str, workdir_help: str) -> None:
   flags.mark_flags_as_required(["config", "workdir"])
 
 
+def _first_cause(e: BaseException) -> BaseException:
+  """The exception at the start of `e`'s chain (config_flags re-raises a config file's error with its traceback
+  pasted in the message, and absl wraps that again)."""
+  while (e.__cause__ or e.__context__) is not None:
+    e = e.__cause__ or e.__context__
+  return e
+
+
 def flag_error(e: Exception, argv: list[str]) -> str:
   """The problem and its fix in one line; an unknown config field is named with the override that used it."""
   if isinstance(e, flags.Error):
+    cause = _first_cause(e)
+    if isinstance(cause, UserError):  # Raised by the config file's get_config, e.g. an unknown model name.
+      return f"{str(e).split(': ', 1)[0]}: {cause}"
     return f"{e}; fix the flag (python {os.path.basename(argv[0])} --helpfull lists them)"
   message = str(e.args[0] if isinstance(e, AttributeError) and e.args else e)
   key = re.search(r"'([^'\\]+)", message)

@@ -7,8 +7,8 @@ with status 2; the traceback is shown only with --verbose.
 import sys
 
 
-class UserError(Exception):
-  """A problem with the user's input or environment, explained in one line."""
+class UserError(ValueError):
+  """A problem with the user's input or environment, explained in one line (a ValueError to library callers)."""
 
 
 def run_main(main, argv=None, verbose_flag: str = "--verbose") -> None:

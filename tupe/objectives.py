@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import optax
 
 from tupe import models
+from tupe.errors import UserError
 
 
 def build_model(cfg):
@@ -18,7 +19,7 @@ def build_model(cfg):
     return models.MaskedLM(cfg.model)
   if cfg.objective == "electra":
     return models.Electra(cfg.model, models.generator_config(cfg.model, cfg.generator_fraction))
-  raise ValueError(f"objective={cfg.objective!r}; use 'mlm' or 'electra'")
+  raise UserError(f"objective={cfg.objective!r}; use 'mlm' or 'electra'")
 
 
 def init_inputs(batch_size: int, seq_len: int, num_predictions: int):

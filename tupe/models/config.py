@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import ml_collections
 
+from tupe.errors import UserError
+
 MODELS = ("bert_a", "bert_r", "tupe_a", "tupe_a_tie_cls", "tupe_r", "convbert")
 
 # name: (hidden, layers, heads, intermediate, ConvBERT embedding size, ConvBERT FFN groups, max positions)
@@ -73,9 +75,9 @@ def get_config(name: str, size: str = "base") -> ml_collections.ConfigDict:
     size: one of SIZES.
   """
   if name not in MODELS:
-    raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
+    raise UserError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
   if size not in SIZES:
-    raise ValueError(f"unknown size {size!r}; choose one of {', '.join(SIZES)}")
+    raise UserError(f"unknown size {size!r}; choose one of {', '.join(SIZES)}")
   hidden, layers, heads, ffn, conv_embedding, conv_groups, max_pos = SIZES[size]
   cfg = base_config()
   cfg.update(name=name, size=size, hidden_size=hidden, num_layers=layers, num_heads=heads,
@@ -93,10 +95,10 @@ def get_config(name: str, size: str = "base") -> ml_collections.ConfigDict:
 
 
 def validate(cfg: ml_collections.ConfigDict) -> None:
-  """Raises ValueError with a one-line explanation when the flags do not fit together."""
+  """Raises UserError with a one-line explanation when the flags do not fit together."""
   def need(ok, msg):
     if not ok:
-      raise ValueError(msg)
+      raise UserError(msg)
   need(cfg.position in ("absolute", "untied", "none"),
        f"model.position={cfg.position!r}; use 'absolute', 'untied' or 'none'")
   need(cfg.hidden_size % cfg.num_heads == 0,
@@ -121,9 +123,9 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
 
 
 def check_length(cfg, length: int) -> None:
-  """Raises ValueError when a sequence is longer than the position tables."""
+  """Raises UserError when a sequence is longer than the position tables."""
   if length > cfg.max_position_embeddings:
-    raise ValueError(f"sequence length {length} exceeds model.max_position_embeddings="
+    raise UserError(f"sequence length {length} exceeds model.max_position_embeddings="
                      f"{cfg.max_position_embeddings}; shorten the inputs or use a model with more positions")
 
 
