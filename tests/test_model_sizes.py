@@ -9,6 +9,7 @@ import jax
 import pytest
 
 from tupe import models
+from tupe.errors import UserError
 
 VOCAB, MAX_POSITIONS = 30522, 512
 
@@ -75,3 +76,19 @@ def test_convbert(size, args, published):
   """The paper rounds its sizes (medium-small is 17.48M, hence the 3% tolerance)."""
   assert count("convbert", size) == convbert(*args)
   assert abs(count("convbert", size) - published) / published < 0.03
+
+
+@pytest.mark.parametrize("size, fraction, shape", [
+    ("small", 1 / 4, (64, 2, 256)), ("medium_small", 1 / 4, (96, 2, 384)), ("base", 1 / 3, (256, 4, 1024)),
+    ("large", 1 / 4, (256, 4, 1024))])
+def test_electra_generator_shapes(size, fraction, shape):
+  """ConvBERT's generators (hidden, heads, FFN): width and FFN scaled, heads a multiple of head_ratio."""
+  gen = models.generator_config(models.get_config("convbert", size), fraction)
+  assert (gen.hidden_size, gen.num_heads, gen.intermediate_size) == shape
+
+
+def test_generator_fraction_without_a_head_layout_is_an_error():
+  with pytest.raises(UserError, match=r"generator_fraction=0.333333 gives a generator 85 wide, .* model.head_ratio=2 heads"):
+    models.generator_config(models.get_config("convbert", "small"), 1 / 3)
+  with pytest.raises(UserError, match=r"generator_fraction=0 must be in \(0, 1\]"):
+    models.generator_config(models.get_config("convbert", "small"), 0)

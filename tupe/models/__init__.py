@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tupe.errors import UserError
 from tupe.models.config import MODELS, SIZES, attention_heads, base_config, get_config, head_dim, validate
 from tupe.models.encoder import Encoder, EncoderStack
 from tupe.models.heads import CLASSIFIER_STYLES
@@ -30,12 +31,15 @@ __all__ = [
 
 def generator_config(cfg, fraction: float):
   """ELECTRA's generator: same depth, hidden and FFN scaled by `fraction`, head size kept where possible."""
+  if not 0 < fraction <= 1:
+    raise UserError(f"generator_fraction={fraction:g} must be in (0, 1]; ELECTRA uses 1/4, or 1/3 at base size")
   gen = cfg.copy_and_resolve_references()
-  hidden = int(cfg.hidden_size * fraction)
-  heads = max(cfg.head_ratio, round(cfg.num_heads * fraction))
-  while hidden % heads or heads % cfg.head_ratio:
-    heads -= 1
-  gen.update(hidden_size=hidden, num_heads=heads, intermediate_size=int(cfg.intermediate_size * fraction))
+  hidden, ratio = round(cfg.hidden_size * fraction), cfg.head_ratio
+  fits = [h for h in range(ratio, max(ratio, round(cfg.num_heads * fraction)) + 1, ratio) if hidden % h == 0]
+  if not fits:
+    raise UserError(f"generator_fraction={fraction:g} gives a generator {hidden} wide, which no multiple of "
+                    f"model.head_ratio={ratio} heads divides; pick a fraction giving a width divisible by {ratio}")
+  gen.update(hidden_size=hidden, num_heads=fits[-1], intermediate_size=round(cfg.intermediate_size * fraction))
   validate(gen)
   return gen
 
