@@ -127,3 +127,23 @@ def test_partial_averages_are_labelled():
                                   "missing": ["QQP", "MNLI-m", "QNLI"], "label": glue_style.label}
   empty = metrics.glue_average({})
   assert empty.value is None and len(empty.missing) == 8
+
+
+def test_metrics_of_non_finite_predictions_are_nan():
+  """A diverged model's predictions (NaN or inf scores, NaN class ids) have NaN metrics, never a number."""
+  labels = np.array([0.0, 1.0, 2.0, 3.0, 4.0])
+  for bad in (np.nan, np.inf, -np.inf):
+    predictions = np.array([0.5, 1.5, bad, 3.5, 4.5])
+    for metric in (metrics.accuracy, metrics.f1, metrics.matthews_corrcoef, metrics.pearson, metrics.spearman):
+      assert np.isnan(metric(predictions, labels)), (metric.__name__, bad)
+  stsb = metrics.task_metrics("STS-B", np.full(5, np.nan, np.float32), labels)
+  assert set(stsb) == {"pearson", "spearman", "score"} and all(np.isnan(v) for v in stsb.values())
+  assert all(np.isnan(v) for v in metrics.task_metrics("MRPC", [0, np.nan, 1], [0, 1, 1]).values())
+  with pytest.raises(ValueError, match="same length"):  # The shape check still comes first.
+    metrics.spearman([np.nan], [1.0, 2.0])
+
+
+def test_ranking_score_puts_diverged_runs_last():
+  assert metrics.ranking_score(55.5) == 55.5 and metrics.ranking_score(-100.0) == -100.0
+  for diverged in (None, float("nan"), float("inf"), float("-inf")):
+    assert metrics.ranking_score(diverged) == float("-inf") < metrics.ranking_score(-100.0)

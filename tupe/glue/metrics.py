@@ -10,8 +10,15 @@ Per-task score, i.e. the one number per task that goes into an average:
   * ELECTRA/ConvBERT convention (ELECTRA paper, section 3.1): Matthews for CoLA, Spearman for STS-B, accuracy
     for the rest. Used only for `glue_average`.
 GLUE's own leaderboard averages F1/accuracy and Pearson/Spearman pairs; neither paper does, so neither do we.
+
+A diverged model: every metric of predictions that are not all finite (NaN or inf scores; finetune.py gives NaN
+class ids for rows with non-finite logits) is NaN, never a number computed from garbage. Where runs are compared
+(the best evaluation of a run, the best seed, medians over seeds, the best learning rate), `ranking_score` makes
+such a score (NaN, or None once written to JSON) the worst possible, -inf.
 """
 import dataclasses
+import functools
+import math
 from typing import Mapping
 
 import numpy as np
@@ -35,27 +42,43 @@ def _pair(predictions, labels) -> tuple[np.ndarray, np.ndarray]:
   return predictions, labels
 
 
+def _metric(fn):
+  """Checks the pair of vectors; NaN when a prediction is not finite (a diverged model), else `fn`."""
+  @functools.wraps(fn)
+  def checked(predictions, labels) -> float:
+    predictions, labels = _pair(predictions, labels)
+    if not np.isfinite(predictions).all():
+      return math.nan
+    return fn(predictions, labels)
+  return checked
+
+
+def ranking_score(score: float | None) -> float:
+  """`score` for comparing runs: -inf, the worst possible, for a diverged run's NaN (or None, as JSON holds it)."""
+  return score if score is not None and math.isfinite(score) else -math.inf
+
+
+@_metric
 def accuracy(predictions, labels) -> float:
   """Fraction of predictions equal to the labels; predictions, labels: [n]."""
-  predictions, labels = _pair(predictions, labels)
   return float(np.mean(predictions == labels))
 
 
+@_metric
 def f1(predictions, labels) -> float:
   """Binary F1 of class 1 (the positive class: paraphrase, duplicate); 0.0 when class 1 never occurs."""
-  predictions, labels = _pair(predictions, labels)
   true_pos = np.sum((predictions == 1) & (labels == 1))
   errors = np.sum((predictions == 1) != (labels == 1))
   denominator = 2 * true_pos + errors
   return float(2 * true_pos / denominator) if denominator else 0.0
 
 
+@_metric
 def matthews_corrcoef(predictions, labels) -> float:
   """Matthews correlation (multi-class form, equal to the binary one for two classes).
 
   0.0 when it is undefined, i.e. when the predictions or the labels are all one class.
   """
-  predictions, labels = _pair(predictions, labels)
   classes, codes = np.unique(np.concatenate([labels, predictions]), return_inverse=True)
   true, pred = codes[:labels.size], codes[labels.size:]
   confusion = np.zeros((classes.size, classes.size), np.float64)
@@ -67,9 +90,9 @@ def matthews_corrcoef(predictions, labels) -> float:
   return float(covariance / np.sqrt(scale)) if scale else 0.0
 
 
+@_metric
 def pearson(predictions, labels) -> float:
   """Pearson correlation; 0.0 when undefined (either side constant), so a collapsed model scores as chance."""
-  predictions, labels = _pair(predictions, labels)
   x = predictions.astype(np.float64) - predictions.mean(dtype=np.float64)
   y = labels.astype(np.float64) - labels.mean(dtype=np.float64)
   x_norm, y_norm = np.linalg.norm(x), np.linalg.norm(y)
@@ -90,9 +113,9 @@ def _ranks(values: np.ndarray) -> np.ndarray:
   return ranks
 
 
+@_metric
 def spearman(predictions, labels) -> float:
   """Spearman rank correlation (Pearson of tie-averaged ranks); 0.0 when either side is constant."""
-  predictions, labels = _pair(predictions, labels)
   return pearson(_ranks(predictions), _ranks(labels))
 
 
