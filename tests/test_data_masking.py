@@ -84,16 +84,88 @@ def test_electra_scheme(batch):
   assert abs(np.mean(new == info.mask_id) - 0.85) < 0.015 and np.all((new == info.mask_id) | (new == old))
 
 
+def word_sizes(ids: np.ndarray, maskable: np.ndarray, continuation: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """int [n, length] each: the size of the word a piece belongs to, and the offset of the piece in its word."""
+  sizes, offsets = np.zeros(ids.shape, int), np.zeros(ids.shape, int)
+  for row in range(len(ids)):
+    start = 0
+    for position in range(ids.shape[1] + 1):
+      if position == ids.shape[1] or not (maskable[row, position] and continuation[row, position] and
+                                          position > start and maskable[row, position - 1]):
+        sizes[row, start:position] = position - start
+        start = position
+      offsets[row, position:position + 1] = position - start
+  return np.where(maskable, sizes, 0), offsets
+
+
+def check_whole_words(ids, maskable, continuation, chosen, max_predictions):
+  """Whole words, at least one piece and at most the budget per example, and no unchosen word fits what is left."""
+  budget = np.minimum(max_predictions, np.maximum(1, np.round(0.15 * maskable.sum(1))))
+  sizes, offsets = word_sizes(ids, maskable, continuation)
+  whole = chosen.sum(1) == np.bincount(np.nonzero(chosen & (offsets == 0))[0], sizes[chosen & (offsets == 0)],
+                                       minlength=len(ids))
+  assert np.all((chosen.sum(1) >= 1) & (chosen.sum(1) <= budget))
+  left = budget - chosen.sum(1)
+  fitting = maskable & ~chosen & (offsets == 0) & (sizes <= left[:, None])
+  assert not fitting[whole].any()  # Greedy with skips: a word is left out only when it is too long.
+  # An example is cut into a partial word only when no word fits at all.
+  assert np.all(sizes[~whole].min(1, initial=999, where=maskable[~whole]) > budget[~whole])
+  return whole
+
+
 def test_whole_word_masking(batch, bert_vocab):
   ids, info = batch
   out = mask(batch, whole_word=True)
   chosen = check_format(batch, out, 20)
   continuation = tokenizer.is_continuation(bert_vocab)[ids]
-  # A "##" piece is selected exactly when the piece before it is.
-  np.testing.assert_array_equal(chosen[:, 1:][continuation[:, 1:]], chosen[:, :-1][continuation[:, 1:]])
   maskable = ~np.isin(ids, [info.cls_id, info.sep_id, info.pad_id])
-  assert 0.13 < chosen.sum() / maskable.sum() <= 0.15
+  whole = check_whole_words(ids, maskable, continuation, chosen, 20)
+  # A "##" piece after a maskable piece is selected exactly when that piece is (all words are short enough here).
+  assert whole.all()
+  inside = continuation[:, 1:] & maskable[:, :-1]
+  np.testing.assert_array_equal(chosen[:, 1:][inside], chosen[:, :-1][inside])
+  token_rate = selected(mask(batch)).sum() / maskable.sum()
+  assert abs(chosen.sum() / maskable.sum() - token_rate) < 0.0005 and abs(token_rate - 0.15) < 0.005
   assert continuation[chosen].mean() > 0.05  # Multi-piece words do get selected.
+
+
+@pytest.fixture(scope="module")
+def tiny_vocab(tmp_path_factory):
+  """A vocab of five special tokens, four words and four "##" pieces, and its TokenizerInfo."""
+  path = tmp_path_factory.mktemp("vocab") / "vocab.txt"
+  path.write_text("\n".join(tokenizer.SPECIAL_TOKENS + ("token", "is", "hard", "a", "##ization", "##s", "##ed",
+                                                        "##ly")) + "\n")
+  return path, tokenizer.load_tokenizer(path)[1]
+
+
+def test_whole_word_budget_of_one(tiny_vocab):
+  """With room for one prediction, a one-piece word is taken even when a longer word is drawn first."""
+  _, info = tiny_vocab
+  masker = masking.Masker(info, "bert", 0.15, 20, True)
+  keys = counter_rng.example_keys(0, np.arange(1000))
+  # [CLS] token ##ization is hard [SEP]: 4 maskable pieces, a budget of round(0.6) = 1.
+  out = masker(np.tile(np.array([[2, 5, 9, 6, 7, 3]], np.int32), (1000, 1)), keys)
+  assert np.all(out["masked_weights"].sum(1) == 1)
+  assert set(out["masked_positions"][:, 0].tolist()) == {3, 4} and 400 < np.sum(out["masked_positions"] == 3) < 600
+  # [CLS] token ##ization [SEP]: no word fits, the first piece is taken.
+  out = masker(np.tile(np.array([[2, 5, 9, 3]], np.int32), (1000, 1)), keys)
+  assert np.all(out["masked_weights"].sum(1) == 1) and np.all(out["masked_positions"][:, 0] == 1)
+
+
+def test_whole_word_selection_is_greedy_with_skips(tiny_vocab):
+  """Random examples with many long words: whole words up to the budget, none left out that would fit."""
+  path, info = tiny_vocab
+  rng = np.random.default_rng(0)
+  ids = np.where(rng.random((2000, 40)) < 0.6, rng.integers(9, 13, (2000, 40)), rng.integers(5, 9, (2000, 40)))
+  ids[:, 0] = info.cls_id
+  ids[np.arange(2000), rng.integers(2, 40, 2000)] = info.sep_id
+  ids = np.where(np.cumsum(ids == info.sep_id, 1) - (ids == info.sep_id) > 0, info.pad_id, ids).astype(np.int32)
+  continuation = tokenizer.is_continuation(path)[ids]
+  maskable = ~np.isin(ids, [info.cls_id, info.sep_id, info.pad_id])
+  for max_predictions in (3, 20):
+    out = masking.Masker(info, "electra", 0.15, max_predictions, True)(ids, counter_rng.example_keys(1, np.arange(2000)))
+    whole = check_whole_words(ids, maskable, continuation, selected(out), max_predictions)
+    assert 0.01 < np.mean(~whole) < 0.2  # Partial words where every word is too long for the budget.
 
 
 def test_masks_are_per_example_and_change_each_epoch(batch):

@@ -5,8 +5,10 @@ Schemes (of the selected positions):
   electra: 85% become [MASK], 15% stay as they are.
 
 round(mask_prob * maskable tokens) positions are selected per example (maskable: all but [CLS], [SEP], [PAD]),
-at least one and at most `max_predictions`. With whole-word masking, whole words are taken in random order (a
-word is a piece plus the "##" pieces that follow it) while they fit in that number.
+at least one and at most `max_predictions`. With whole-word masking, words (a word is a piece plus the "##" pieces
+that follow it) are visited in random order and each is taken if it fits in what is left of that number, else
+skipped (as in BERT's create_pretraining_data); when no word fits at all, the first pieces of the first word drawn
+are taken, so an example with a maskable token always gets a prediction and never more than that number.
 
 The random numbers of an example come from `counter_rng` and depend only on its key (from seed, example index
 and epoch) and on the position, so an example is masked the same way whatever batch it is in.
@@ -101,7 +103,7 @@ class Masker:
 
   def _select_words(self, ids: np.ndarray, candidates: np.ndarray, count: np.ndarray,
                     u: np.ndarray) -> np.ndarray:
-    """bool [batch, length]: the pieces of whole words in random order, as many words as fit in `count`."""
+    """bool [batch, length]: whole words in random order, each taken if it fits in what is left of `count`."""
     batch, length = ids.shape
     after_candidate = np.zeros_like(candidates)
     after_candidate[:, 1:] = candidates[:, :-1]
@@ -113,7 +115,27 @@ class Masker:
     word_score[rows[starts], word[starts]] = u[starts]
     word_size = np.bincount((rows * length + word)[candidates], minlength=batch * length).reshape(batch, length)
     order = np.argsort(word_score, axis=1)
-    fits = np.cumsum(np.take_along_axis(word_size, order, axis=1), axis=1) <= count[:, None]
-    taken = np.zeros_like(candidates)
-    np.put_along_axis(taken, order, fits, axis=1)
-    return candidates & np.take_along_axis(taken, np.maximum(word, 0), axis=1)
+    size = np.take_along_axis(word_size, order, axis=1).astype(np.int32)  # Word sizes in random order, then 0.
+    # Greedy with skips, a round at a time: drop the words longer than what is left (they can never fit), then
+    # take the longest run of the remaining words, in order, that fits. Each round takes at least one word in
+    # every row that still has a word that fits, and the word that ended the run is dropped in the next round.
+    left = count.astype(np.int32)
+    taken = np.zeros((batch, length), bool)
+    undecided = size > 0
+    while True:
+      undecided &= size <= left[:, None]
+      if not undecided.any():
+        break
+      run = undecided & (np.cumsum(size * undecided, axis=1, dtype=np.int32) <= left[:, None])
+      taken |= run
+      undecided &= ~run
+      left -= (size * run).sum(axis=1, dtype=np.int32)
+    taken_by_word = np.zeros_like(taken)
+    np.put_along_axis(taken_by_word, order, taken, axis=1)
+    selected = candidates & np.take_along_axis(taken_by_word, np.maximum(word, 0), axis=1)
+    none = (left == count) & (count > 0)
+    if none.any():  # No word fits (all are longer than `count`): take the first `count` pieces of the first word.
+      start = np.maximum.accumulate(np.where(starts, np.arange(length), 0), axis=1)  # Start of each piece's word.
+      first_pieces = (word == order[:, :1]) & (np.arange(length) - start < count[:, None])
+      selected |= candidates & none[:, None] & first_pieces
+    return selected
