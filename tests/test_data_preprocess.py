@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pytest
 
-from tupe.data import corpus, examples, pipeline, preprocess
+from tupe.data import corpus, examples, pipeline, preprocess, shards
 from tupe.errors import UserError
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -95,3 +95,10 @@ def test_command_line_errors_are_one_line(tmp_path, bert_vocab):
   assert result.stderr.strip().splitlines() == [f"error: no files match '{tmp_path}/*.txt': check the path "
                                                 f"(quote globs so the shell leaves them alone)"]
   assert sorted(p.name for p in tmp_path.iterdir()) == []  # Nothing half-written is left behind.
+
+
+def test_shards_of_an_older_format_are_refused(tmp_path):
+  (tmp_path / "metadata.json").write_text('{"format": "tupe-packed-examples-v1"}\n')
+  with pytest.raises(UserError, match=r"in format 'tupe-packed-examples-v1', not tupe-packed-examples-v2 \(examples "
+                                      r"now respect document boundaries\): preprocess the corpus again"):
+    shards.read_metadata(tmp_path)

@@ -63,11 +63,22 @@ def pack_documents(documents: Iterable[str], tokenizer: tokenizers.Tokenizer, in
     eval_fraction: share of documents held out for eval.
 
   Yields:
-    ("train" or "eval", int32 [n <= seq_len]) in packing order.
+    ("train" or "eval", int32 [n <= seq_len]) in packing order (see `tupe.data.packing` for document boundaries).
 
   Raises:
     UserError: at the end, when the documents held no text at all.
   """
+  empty = True
+  for split, example in _pack_documents(documents, tokenizer, info, seq_len, packing, eval_fraction):
+    empty = False
+    yield split, example
+  if empty:
+    raise UserError("the corpus holds no text: check the input files or dataset")
+
+
+def _pack_documents(documents: Iterable[str], tokenizer: tokenizers.Tokenizer, info: TokenizerInfo, seq_len: int,
+                    packing: str, eval_fraction: float) -> Iterator[tuple[str, np.ndarray]]:
+  """`pack_documents` without the check for an empty corpus."""
   packers = {s: Packer(packing, seq_len, info.cls_id, info.sep_id) for s in corpus.SPLITS}
   splits, counts, texts = [], [], []
   block_chars = 0
@@ -78,6 +89,8 @@ def pack_documents(documents: Iterable[str], tokenizer: tokenizers.Tokenizer, in
       for _ in range(count):
         for example in packers[split].add(next(ids)):
           yield split, example
+      for example in packers[split].end_document():
+        yield split, example
     splits.clear(), counts.clear(), texts.clear()
 
   for index, document in enumerate(documents):
@@ -90,10 +103,9 @@ def pack_documents(documents: Iterable[str], tokenizer: tokenizers.Tokenizer, in
       yield from flush()
       block_chars = 0
   yield from flush()
-  finished = [(split, example) for split, packer in packers.items() for example in packer.finish()]
-  if not finished:  # A packer keeps the last text it was given until it finishes: none means no text at all.
-    raise UserError("the corpus holds no text: check the input files or dataset")
-  yield from finished
+  for split, packer in packers.items():
+    for example in packer.finish():
+      yield split, example
 
 
 def _in_memory_examples(data_cfg, seq_len: int) -> tuple[dict[str, PackedExamples], TokenizerInfo]:

@@ -38,9 +38,12 @@ class Masker:
     mask_prob: share of maskable tokens selected for prediction.
     max_predictions: predictions per example P (the masked_* arrays have this length).
     whole_word: select whole words (needs `info.vocab_file`; without a vocab every token is a word).
+    segment_pairs: whether examples are segment pairs (token type 1 after the first [SEP]); False for
+      full_sentences examples, whose token types are all 0 (their inner [SEP]s separate documents).
   """
 
-  def __init__(self, info: TokenizerInfo, scheme: str, mask_prob: float, max_predictions: int, whole_word: bool):
+  def __init__(self, info: TokenizerInfo, scheme: str, mask_prob: float, max_predictions: int, whole_word: bool,
+               segment_pairs: bool = True):
     self._info = info
     self._mask_share, self._random_share = MASKINGS[scheme]
     self._mask_prob = mask_prob
@@ -49,6 +52,7 @@ class Masker:
     self._unmaskable[[info.pad_id, info.cls_id, info.sep_id, info.mask_id]] = True
     self._random_ids = np.setdiff1d(np.arange(info.vocab_size, dtype=np.int32), info.special_ids)
     self._continuation = (is_continuation(info.vocab_file) if whole_word and info.vocab_file else None)
+    self._segment_pairs = segment_pairs
 
   def __call__(self, ids: np.ndarray, keys: np.ndarray) -> dict[str, np.ndarray]:
     """Masks a batch.
@@ -88,7 +92,7 @@ class Masker:
     return dict(
         input_ids=input_ids,
         attention_mask=(~is_pad).astype(np.int32),
-        token_type_ids=packing.token_type_ids(ids, info.sep_id) * ~is_pad,
+        token_type_ids=packing.token_type_ids(ids, info.sep_id) * (~is_pad & self._segment_pairs),
         masked_positions=positions,
         masked_ids=np.where(weights, np.take_along_axis(ids, positions, axis=1), 0).astype(np.int32),
         masked_weights=weights.astype(np.float32))

@@ -3,13 +3,16 @@
 Packing is static (done once, before training; masking is what changes every epoch). An example is stored
 unpadded, as int32 [n <= seq_len] token ids that start with [CLS] and end with [SEP]:
 
-  full_sentences (TUPE/RoBERTa): [CLS] s1 s2 ... sk [SEP], contiguous full sentences, one segment.
+  full_sentences (TUPE/RoBERTa): [CLS] s1 s2 ... sk [SEP], contiguous full sentences, one segment. Examples
+    cross document boundaries; where one does, an extra [SEP] separates the documents (RoBERTa's FULL-SENTENCES):
+    [CLS] s1 s2 [SEP] t1 t2 [SEP].
   segment_pair (BERT/ELECTRA/ConvBERT): [CLS] s1 .. sj [SEP] sj+1 .. sk [SEP]; the split point j is drawn
     uniformly among the sentence boundaries, so segment A is short as often as long. A chunk of a single
-    sentence gives [CLS] A [SEP].
+    sentence gives [CLS] A [SEP]. An example ends at the end of its document (as in BERT's and ELECTRA's
+    builders), so both segments come from the same document.
 
-Sentences are taken in order and cross document boundaries. A sentence is never split across examples unless it
-alone is longer than an example holds; then it is cut into pieces that fill whole examples.
+Sentences are taken in order. A sentence is never split across examples unless it alone is longer than an example
+holds; then it is cut into pieces that fill whole examples.
 """
 from typing import Sequence
 
@@ -19,7 +22,9 @@ PACKINGS = ("full_sentences", "segment_pair")
 
 
 class Packer:
-  """Turns a stream of sentences (int32 token ids without special tokens) into packed examples.
+  """Turns a stream of documents, sentence by sentence (int32 token ids without special tokens), into examples.
+
+  Call `add` for each sentence of a document, then `end_document`; `finish` after the last document.
 
   Args:
     packing: "full_sentences" or "segment_pair".
@@ -39,17 +44,30 @@ class Packer:
     self._rng = np.random.default_rng(seed)
     self._chunk: list[np.ndarray] = []
     self._chunk_len = 0
+    self._new_document = False  # full_sentences: the next sentence starts a document after the chunk's last one.
 
   def add(self, sentence: np.ndarray) -> list[np.ndarray]:
     """Adds one sentence, int32 [length]; returns the examples it completed (usually none or one)."""
     done = []
     for begin in range(0, len(sentence), self._budget):
       piece = sentence[begin:begin + self._budget]
-      if self._chunk_len + len(piece) > self._budget:
+      separate = self._new_document and self._chunk_len > 0
+      if self._chunk_len + separate + len(piece) > self._budget:
         done.append(self._emit())
+        separate = False
+      if separate:
+        self._chunk.append(self._sep)
       self._chunk.append(piece)
-      self._chunk_len += len(piece)
+      self._chunk_len += separate + len(piece)
+      self._new_document = False
     return done
+
+  def end_document(self) -> list[np.ndarray]:
+    """Marks the end of a document; returns the example it completed (segment_pair), if any."""
+    if self._pair:
+      return self.finish()
+    self._new_document = True
+    return []
 
   def finish(self) -> list[np.ndarray]:
     """Returns the last, partly filled example (if any)."""
@@ -66,7 +84,8 @@ class Packer:
 def token_type_ids(ids: np.ndarray, sep_id: int) -> np.ndarray:
   """int32 [..., length]: 0 up to and including the first [SEP], 1 after it (segment B, its [SEP], padding).
 
-  For full_sentences examples, whose only [SEP] ends the text, this is 0 on every real token.
+  This is the layout of segment_pair examples. full_sentences examples have one segment (token type 0): their
+  inner [SEP]s separate documents.
   """
   is_sep = ids == sep_id
   return ((np.cumsum(is_sep, axis=-1) - is_sep) > 0).astype(np.int32)

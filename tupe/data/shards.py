@@ -19,7 +19,7 @@ from tupe.data import corpus
 from tupe.data.packing import ExampleSource
 from tupe.errors import UserError
 
-FORMAT = "tupe-packed-examples-v1"
+FORMAT = "tupe-packed-examples-v2"  # v2: examples end at (segment_pair) or mark (full_sentences) documents.
 METADATA = "metadata.json"
 VOCAB = "vocab.txt"
 
@@ -86,7 +86,8 @@ def read_metadata(folder: str | os.PathLike) -> dict:
                     f"write them with `python -m tupe.data.preprocess --output {folder} ...`")
   metadata = json.loads(path.read_text())
   if metadata.get("format") != FORMAT:
-    raise UserError(f"{path} is not in format {FORMAT}: preprocess the corpus again")
+    raise UserError(f"{path} is in format {metadata.get('format')!r}, not {FORMAT} (examples now respect "
+                    f"document boundaries): preprocess the corpus again")
   return metadata
 
 
