@@ -65,7 +65,7 @@ def steady_state(runner: train_step.Runner, feeds: dict, steps: int) -> dict:
       if it is None:
         runner.step()
       else:
-        runner.state, metrics = runner.compiled(runner.state, sharding.global_batch(next(it), runner.setup.mesh))
+        runner.state, metrics = runner.compiled(runner.state, sharding.shard_batch(next(it), runner.setup.mesh))
         float(metrics["loss"])
     return run
   calls = {name: step_from(it) for name, it in feeds.items()}

@@ -58,7 +58,7 @@ class Runner:
     bench.progress(f"compiled in {self.compile_time_s:.1f} s")
     self.memory = self.compiled.memory_analysis()
     self.state = self.setup.init_state()
-    self.batches = [sharding.global_batch(bench.synthetic_mlm_batch(
+    self.batches = [sharding.shard_batch(bench.synthetic_mlm_batch(
         cfg.global_batch_size, cfg.seq_len, self.setup.num_predictions, cfg.model.vocab_size, seed + i),
         self.setup.mesh) for i in range(2)]
     self._i = 0

@@ -1,4 +1,4 @@
-"""The grain pipeline: batch format, determinism, restored iterator state, per-host shards, eval split, errors."""
+"""The grain pipeline: batch format, determinism, starting at any batch, hosts' rows, eval split, errors."""
 import collections
 
 import numpy as np
@@ -62,36 +62,27 @@ def test_batch_format(text_cfg):
   assert {k: (v.dtype.type, v.shape) for k, v in batch.items()} == expected
   assert np.all(batch["input_ids"][:, 0] == info.cls_id)
   has_b = (batch["input_ids"] == info.sep_id).sum(1) == 2  # [CLS] A [SEP] B [SEP] or, for one sentence, [CLS] A [SEP].
-  assert has_b.mean() > 0.3 and np.all(batch["token_type_ids"].max(1) == has_b)
+  assert has_b.mean() > 0.15 and np.all(batch["token_type_ids"].max(1) == has_b)
   assert 0.1 < (batch["input_ids"] == info.mask_id).sum() / batch["attention_mask"].sum() < 0.16
 
 
-def test_same_seed_same_batches_and_restored_state(text_cfg):
-  reference = batches(text_cfg, 40)  # Several epochs of this host's examples.
+def test_same_seed_same_batches_from_any_start(text_cfg):
+  reference = batches(text_cfg, 40)  # Several epochs.
   assert_same(batches(text_cfg, 40), reference)
   assert not np.array_equal(batches(text_cfg, 1, seed=1)[0]["input_ids"], reference[0]["input_ids"])
-
-  it, _ = pipeline.make_pretrain_iterator(text_cfg, seq_len=SEQ_LEN, batch_size=16, seed=0)
-  for _ in range(13):
-    next(it)
-  state = it.get_state()
-  restored, _ = pipeline.make_pretrain_iterator(text_cfg, seq_len=SEQ_LEN, batch_size=16, seed=0)
-  restored.set_state(state)
-  assert_same([next(restored) for _ in range(27)], reference[13:])
+  assert_same(batches(text_cfg, 27, start_batch=13), reference[13:])  # What a run resumed at step 13 sees.
 
 
-@pytest.mark.parametrize("process_count", [2, 4])
-def test_hosts_see_disjoint_shards_that_cover_the_split(text_cfg, process_count):
+@pytest.mark.parametrize("hosts", [2, 4])
+def test_hosts_make_their_rows_of_the_same_global_batches(text_cfg, hosts):
   packed, _ = examples.load_examples(text_cfg, SEQ_LEN, "train")
-  everything = collections.Counter(tuple(packed[i].tolist()) for i in range(len(packed)))
-  seen = collections.Counter()
-  for host in range(process_count):
-    it, _ = pipeline.make_pretrain_iterator(text_cfg, seq_len=SEQ_LEN, batch_size=16, seed=3, process_index=host,
-                                            process_count=process_count)
-    epoch = [example for example, _ in stream(it, len(range(host, len(packed), process_count)))]
-    seen.update(epoch)
-    assert len(set(epoch)) == len(epoch)  # One epoch shows each example once.
-  assert seen == everything
+  count = -(-2 * len(packed) // 16)  # Two epochs, and a batch across their boundary.
+  whole = batches(text_cfg, count, seed=3)
+  share = 16 // hosts
+  parts = [batches(text_cfg, count, seed=3, rows=(h * share, (h + 1) * share)) for h in range(hosts)]
+  assert_same([{k: np.concatenate([p[b][k] for p in parts]) for k in whole[b]} for b in range(count)], whole)
+  epoch = [example for example, _ in stream(iter(whole), len(packed))]
+  assert collections.Counter(epoch) == collections.Counter(tuple(packed[i].tolist()) for i in range(len(packed)))
 
 
 def test_epochs_are_reshuffled_and_remasked(text_cfg):
@@ -118,8 +109,8 @@ def test_eval_split_is_held_out_and_fixed(text_cfg):
   train, _ = examples.load_examples(text_cfg, SEQ_LEN, "train")
   held_out, _ = examples.load_examples(text_cfg, SEQ_LEN, "eval")
   assert 0 < len(held_out) < 0.1 * len(train)
-  assert not {tuple(train[i].tolist()) for i in range(len(train))} & {
-      tuple(held_out[i].tolist()) for i in range(len(held_out))}
+  texts = lambda split: {tuple(split[i].tolist()) for i in range(len(split)) if len(split[i]) > 8}
+  assert not texts(train) & texts(held_out)  # Short examples such as the heading "= = history = =" recur.
   eval_batches = batches(text_cfg, 3, split="eval", batch_size=4)
   assert_same(batches(text_cfg, 3, split="eval", batch_size=4), eval_batches)
   # Not shuffled: the first batch holds the first held-out examples, in order.
@@ -164,9 +155,8 @@ def test_config_errors(text_cfg, change, match):
 def test_argument_errors(text_cfg):
   with pytest.raises(UserError, match="seq_len 4 is too small"):
     pipeline.make_pretrain_iterator(text_cfg, seq_len=4, batch_size=4, seed=0)
-  with pytest.raises(UserError, match="process_index 2 is not in"):
-    pipeline.make_pretrain_iterator(text_cfg, seq_len=SEQ_LEN, batch_size=4, seed=0, process_index=2,
-                                    process_count=2)
+  with pytest.raises(UserError, match=r"rows \(2, 6\) are not a slice of a batch of 4"):
+    pipeline.make_pretrain_iterator(text_cfg, seq_len=SEQ_LEN, batch_size=4, seed=0, rows=(2, 6))
   with pytest.raises(UserError, match="split is 'test'"):
     pipeline.make_pretrain_iterator(text_cfg, seq_len=SEQ_LEN, batch_size=4, seed=0, split="test")
   with pytest.raises(UserError, match="unknown data config fields"):

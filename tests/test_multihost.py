@@ -1,5 +1,5 @@
 """Multi-host pre-training: two train.py processes (jax.distributed on localhost, one CPU device each, gloo
-collectives) match a single process that trains on the two hosts' batches side by side; when one process is
+collectives) match a single process that trains on the same global batches; when one process is
 killed, the other stops with jax's error within the heartbeat timeout instead of hanging.
 """
 import socket
@@ -35,19 +35,16 @@ def start_hosts(workdir, overrides=None) -> list[Run]:
 
 
 def single_process_run():
-  """The same training in this process on 2 devices, the global batch = host 0's batch then host 1's."""
+  """The same training in this process on 2 devices, each whole global batch made here."""
   cfg = pretrain.get_config("tupe_a,tiny")
   cfg.update_from_flattened_dict(dict(TINY, **MULTI))
-  iterators = [pipeline.make_pretrain_iterator(cfg.data, seq_len=cfg.seq_len, batch_size=cfg.global_batch_size // HOSTS,
-                                               seed=cfg.seed, process_index=host, process_count=HOSTS)
-               for host in range(HOSTS)]
-  cfg.model.vocab_size = iterators[0][1].vocab_size
+  it, info = pipeline.make_pretrain_iterator(cfg.data, seq_len=cfg.seq_len, batch_size=cfg.global_batch_size,
+                                             seed=cfg.seed)
+  cfg.model.vocab_size = info.vocab_size
   setup = trainer.build(cfg, jax.devices()[:HOSTS])
   state, losses = setup.init_state(), []
   for _ in range(STEPS):
-    parts = [next(it) for it, _ in iterators]
-    batch = {k: np.concatenate([part[k] for part in parts]) for k in parts[0]}
-    state, metrics = setup.train_step(state, sharding.global_batch(batch, setup.mesh))
+    state, metrics = setup.train_step(state, sharding.shard_batch(next(it), setup.mesh))
     losses.append(float(metrics["loss"]))
   return losses, jax.device_get(state.params)
 

@@ -135,6 +135,8 @@ BAD_INPUTS = {
                                        ["model.vocab_size=100", "512 tokens", "--config.model.vocab_size=512"]),
     "tokenizer vocab != checkpoint vocab": ({"data.synthetic_vocab_size": 256}, [], 1, "trained",
                                             ["512-token vocabulary", "256 tokens", "new --workdir"]),
+    "checkpoint of other batches": ({"seed": 5}, [], 1, "trained",
+                                    ["trained on other batches", "seed=0 in the checkpoint, 5 now", "new --workdir"]),
     "checkpoint of another architecture": ({"model.hidden_size": 64, "model.embedding_size": 64}, [], 1, "trained",
                                            ["another model", "model.hidden_size=32 in the checkpoint, 64 now",
                                             "new --workdir"]),

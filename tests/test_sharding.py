@@ -40,7 +40,7 @@ def run(cfg, devices, steps):
   state = setup.init_state()
   losses = []
   for batch in synthetic_batches(cfg, steps, setup.num_predictions):
-    state, metrics = setup.train_step(state, sharding.global_batch(batch, setup.mesh))
+    state, metrics = setup.train_step(state, sharding.shard_batch(batch, setup.mesh))
     losses.append(float(metrics["loss"]))
   return losses, jax.device_get(state.params)
 

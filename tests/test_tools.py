@@ -104,13 +104,12 @@ def tupe_checkpoint(tmp_path_factory, bert_vocab) -> pathlib.Path:
   cfg.data.update(source="text", files=str(corpus), vocab_file=str(bert_vocab))
   cfg.update(seq_len=32, global_batch_size=8)
   cfg.checkpoint.async_save = False
-  data_iterator, info = pipeline.make_pretrain_iterator(cfg.data, seq_len=cfg.seq_len, batch_size=8, seed=0,
-                                                        process_index=0, process_count=1, split="train")
-  trainer.resolve_vocab_size(cfg, info.vocab_size)
+  data = pipeline.PretrainData(cfg.data, seq_len=cfg.seq_len)
+  trainer.resolve_vocab_size(cfg, data.info.vocab_size)
   params = jax.jit(lambda: models.init_module(models.MaskedLM(cfg.model), cfg.model, 1))()
   state = trainer.TrainState(step=jnp.array(3, jnp.int32), params=params, opt_state={}, rng=jax.random.PRNGKey(0))
   saver = checkpoint.Checkpointer(workdir / "checkpoints", cfg.checkpoint)
-  saver.save(3, state, data_iterator, trainer.checkpoint_meta(cfg, info.vocab_file), force=True)
+  saver.save(3, state, trainer.checkpoint_meta(cfg, data.info.vocab_file, len(data)), force=True)
   saver.close()
   return workdir
 

@@ -1,9 +1,13 @@
-"""Checkpoints: orbax CheckpointManager over {state, data iterator, meta}, atomic and resumable.
+"""Checkpoints: orbax CheckpointManager over {state, meta}, atomic and resumable.
 
 A checkpoint step directory holds:
   state: the TrainState (params, optimizer state, step, RNG key), sharded as in training;
-  data:  each host's input-pipeline iterator state, so a resumed run sees exactly the batches it would have;
-  meta:  JSON with the resolved config and the vocabulary, so a checkpoint is usable on its own.
+  meta:  JSON with the resolved config, the vocabulary and the number of training examples, so a checkpoint
+         is usable on its own.
+The input pipeline needs no state: batch s is a function of the seed and s (`tupe.data.pipeline`), so a run
+resumed at step s continues with batch s, whatever its number of hosts or data workers. A resumed run must see
+the same stream: a checkpoint written with other data settings (the data config less locations and worker
+count, seq_len, global_batch_size, seed) or over another number of training examples is an error.
 Orbax writes into a temporary directory and renames it when complete, so a killed save never leaves a
 checkpoint that looks finished. Restoring walks from the newest step down and skips (with a warning) any
 checkpoint that fails to load; once an older one loads, the skipped ones are renamed to `<step>.corrupt-<time>`
@@ -19,13 +23,14 @@ import re
 import sys
 import time
 
-import grain
 import jax
 import orbax.checkpoint as ocp
 
 from tupe.errors import UserError
 
-ITEMS = ("state", "data", "meta")
+ITEMS = ("state", "meta")
+# Data fields that do not change the batches: where files live, and how many processes make them.
+_DATA_LOCATIONS = ("files", "vocab_file", "cache_dir", "tfds_data_dir", "num_workers")
 
 
 class Checkpointer:
@@ -49,10 +54,8 @@ class Checkpointer:
   def __exit__(self, *exc):
     self.close()
 
-  def save(self, step: int, state, data_iterator, meta: dict, force: bool = False) -> bool:
-    args = ocp.args.Composite(state=ocp.args.StandardSave(state),
-                              data=grain.checkpoint.CheckpointSave(data_iterator),
-                              meta=ocp.args.JsonSave(meta))
+  def save(self, step: int, state, meta: dict, force: bool = False) -> bool:
+    args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
     if force and step in self.manager.all_steps():
       return False  # Already saved, e.g. a SIGTERM right after a periodic checkpoint.
     try:
@@ -64,30 +67,30 @@ class Checkpointer:
     return UserError(f"could not write a checkpoint to {self.directory}: {_reason(e)}; free space or fix "
                      f"permissions, then rerun to resume from the last good checkpoint")
 
-  def restore_latest(self, abstract_state, data_iterator, config: dict):
-    """Restores the newest loadable checkpoint into `data_iterator`; returns (step, state) or None.
+  def restore_latest(self, abstract_state, meta: dict):
+    """Restores the newest loadable checkpoint; returns (step, state) or None.
 
     Args:
       abstract_state: the TrainState's shapes, dtypes and shardings.
-      data_iterator: the input pipeline's iterator, set to the checkpoint's position.
-      config: the run's resolved config as JSON (the `meta` "config"), to explain a mismatch.
+      meta: the run's own meta (resolved config, vocabulary, train_examples), to check the checkpoint's.
 
     Raises:
-      UserError: if a checkpoint holds parameters of other shapes than `abstract_state`, or none loads.
+      UserError: if a checkpoint holds parameters of other shapes than `abstract_state` or was written for
+        other data, or none loads.
     """
     skipped = []
     for step in sorted(self.manager.all_steps(), reverse=True):
       try:
         saved = ocp.StandardCheckpointHandler().metadata(self._step_dir(step) / "state")["params"]
-        meta = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+        saved_meta = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
       except Exception as e:  # Unreadable metadata: a truncated or corrupted checkpoint.
         skipped.append(self._skip(step, e))
         continue
-      _check_fits(step, self.directory, saved, abstract_state.params, meta["config"], config)
+      _check_fits(step, self.directory, saved, abstract_state.params, saved_meta["config"], meta["config"])
+      _check_same_data(step, self.directory, saved_meta, meta)
       try:
         restored = self.manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract_state),
-            data=grain.checkpoint.CheckpointRestore(data_iterator)))
+            state=ocp.args.StandardRestore(abstract_state)))
       except Exception as e:  # A truncated or corrupted checkpoint: fall back to an older one.
         skipped.append(self._skip(step, e))
         continue
@@ -214,6 +217,20 @@ def _check_fits(step: int, directory: pathlib.Path, saved_params, params, saved_
     diff = [f"parameter {name} is {saved_shapes.get(name)} in the checkpoint, {current_shapes.get(name)} now"]
   raise UserError(f"{where} was written for another model ({'; '.join(diff[:3])}); resume with the same model "
                   f"config or use a new --workdir")
+
+
+def _check_same_data(step: int, directory: pathlib.Path, saved_meta: dict, meta: dict) -> None:
+  """Raises a UserError naming the difference when a checkpoint was trained on another stream of batches."""
+  def stream(m):
+    data = {k: v for k, v in m["config"]["data"].items() if k not in _DATA_LOCATIONS}
+    return dict(_flat(data, "data."), **{k: m["config"][k] for k in ("seq_len", "global_batch_size", "seed")},
+                **{k: m[k] for k in ("train_examples",) if k in m})
+  saved, current = stream(saved_meta), stream(meta)
+  diff = [f"{k}={saved.get(k)!r} in the checkpoint, {current.get(k)!r} now"
+          for k in sorted(saved.keys() & current.keys()) if saved[k] != current[k]]
+  if diff:
+    raise UserError(f"checkpoint {step} in {directory} was trained on other batches ({'; '.join(diff[:3])}); "
+                    f"resume with the same data settings and corpus, or use a new --workdir")
 
 
 def latest_step_dir(path: str | pathlib.Path) -> pathlib.Path:

@@ -98,7 +98,33 @@ def data_parallel_size(mesh: Mesh) -> int:
   return math.prod(mesh.shape[a] for a in BATCH_AXES)
 
 
-def global_batch(local_batch: dict, mesh: Mesh) -> dict:
-  """Per-host numpy batch -> global jax.Arrays sharded over (data, fsdp)."""
+def host_rows(mesh: Mesh, global_batch_size: int) -> tuple[int, int]:
+  """The rows [start, stop) of a global batch that this host's devices hold under `batch_sharding`.
+
+  Hosts whose devices differ only along model axes (a tensor axis across hosts) hold the same rows.
+
+  Raises:
+    UserError: when this host's rows are not one contiguous block (a mesh whose device order interleaves
+      hosts along the batch axes).
+  """
+  indices = batch_sharding(mesh).addressable_devices_indices_map((global_batch_size,)).values()
+  blocks = sorted({index[0].indices(global_batch_size)[:2] for index in indices})
+  start, stop = blocks[0][0], blocks[-1][1]
+  if sum(b - a for a, b in blocks) != stop - start:
+    raise UserError(f"host {jax.process_index()} holds rows {blocks} of each batch, not one block; order the "
+                    f"mesh's devices host by host along its data and fsdp axes")
+  return start, stop
+
+
+def shard_batch(batch: dict, mesh: Mesh) -> dict:
+  """A whole global batch, the same numpy arrays on every host -> global jax.Arrays (each host sends its rows)."""
+  size = len(next(iter(batch.values())))
+  start, stop = host_rows(mesh, size)
+  return global_batch({k: v[start:stop] for k, v in batch.items()}, mesh, size)
+
+
+def global_batch(local_batch: dict, mesh: Mesh, global_batch_size: int) -> dict:
+  """This host's rows (numpy, `host_rows`) of a batch -> global jax.Arrays sharded over (data, fsdp)."""
   sharding = batch_sharding(mesh)
-  return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v)) for k, v in local_batch.items()}
+  return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v), (global_batch_size,) + v.shape[1:])
+          for k, v in local_batch.items()}

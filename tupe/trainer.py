@@ -87,19 +87,16 @@ def resolve_vocab_size(cfg, vocab_size: int) -> None:
                     f"set --config.model.vocab_size={vocab_size} (or 0 to take it from the tokenizer)")
 
 
-def check_batch(cfg, mesh) -> int:
-  """Returns the per-host batch; the global batch must split evenly over data-parallel devices and hosts."""
-  dp, hosts = sharding.data_parallel_size(mesh), jax.process_count()
-  gb, accum = cfg.global_batch_size, cfg.grad_accum_steps
+def check_batch(cfg, mesh) -> None:
+  """The global batch must split evenly over data-parallel devices and accumulation steps (and so over the
+  hosts' row blocks, `sharding.host_rows`); sequences must fit the position tables."""
+  dp, gb, accum = sharding.data_parallel_size(mesh), cfg.global_batch_size, cfg.grad_accum_steps
   if gb % (dp * accum):
     raise UserError(f"global_batch_size={gb} is not divisible by data-parallel size {dp} x grad_accum_steps "
                     f"{accum}; pick a multiple of {dp * accum}")
-  if gb % hosts:
-    raise UserError(f"global_batch_size={gb} is not divisible by the {hosts} hosts")
   if cfg.seq_len > cfg.model.max_position_embeddings:
     raise UserError(f"seq_len={cfg.seq_len} exceeds model.max_position_embeddings="
                     f"{cfg.model.max_position_embeddings}; lower --config.seq_len")
-  return gb // hosts
 
 
 def make_train_step(cfg, module, tx, lr_schedule):
@@ -243,20 +240,18 @@ def compile_train_step(setup: Setup):
   return compiled, report
 
 
-def checkpoint_meta(cfg, vocab_file: str) -> dict:
+def checkpoint_meta(cfg, vocab_file: str, train_examples: int) -> dict:
   vocab = pathlib.Path(vocab_file).read_text(encoding="utf-8").splitlines() if vocab_file else []
-  return {"config": json.loads(cfg.to_json_best_effort()), "vocab": vocab}
+  return {"config": json.loads(cfg.to_json_best_effort()), "vocab": vocab, "train_examples": train_examples}
 
 
-def evaluate(setup: Setup, params, cfg, info) -> dict:
+def evaluate(setup: Setup, params, cfg, eval_data: pipeline.PretrainData, rows: tuple[int, int]) -> dict:
   """Mean MLM metrics over `eval_batches` held-out batches (the same batches at every evaluation)."""
-  it, _ = pipeline.make_pretrain_iterator(cfg.data, seq_len=cfg.seq_len, batch_size=cfg.global_batch_size
-                                          // jax.process_count(), seed=cfg.seed,
-                                          process_index=jax.process_index(),
-                                          process_count=jax.process_count(), split="eval")
+  it = eval_data.iterator(batch_size=cfg.global_batch_size, seed=cfg.seed, rows=rows)
   totals, n = {}, 0
   for _ in range(cfg.eval_batches):
-    metrics = jax.device_get(setup.eval_step(params, sharding.global_batch(next(it), setup.mesh)))
+    batch = sharding.global_batch(next(it), setup.mesh, cfg.global_batch_size)
+    metrics = jax.device_get(setup.eval_step(params, batch))
     totals = {k: totals.get(k, 0.0) + float(v) for k, v in metrics.items()}
     n += 1
   return {k: v / n for k, v in totals.items()}
@@ -268,21 +263,21 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
   maybe_initialize_distributed(cfg)
   check_workdir(workdir)
   hosts, host = jax.process_count(), jax.process_index()
-  per_host_batch = cfg.global_batch_size // hosts if cfg.global_batch_size % hosts == 0 else 0
-  if not per_host_batch:
-    raise UserError(f"global_batch_size={cfg.global_batch_size} is not divisible by the {hosts} hosts")
-  train_iter, info = pipeline.make_pretrain_iterator(
-      cfg.data, seq_len=cfg.seq_len, batch_size=per_host_batch, seed=cfg.seed, process_index=host,
-      process_count=hosts, split="train")
+  train_data = pipeline.PretrainData(cfg.data, seq_len=cfg.seq_len, split="train")
+  # Loaded up front, so that a held-out split too small to evaluate fails before training.
+  eval_data = pipeline.PretrainData(cfg.data, seq_len=cfg.seq_len, split="eval") if cfg.eval_every else None
+  info = train_data.info
   resolve_vocab_size(cfg, info.vocab_size)
   setup = build(cfg)
+  rows = sharding.host_rows(setup.mesh, cfg.global_batch_size)
   if host == 0:
     (workdir / "config.json").write_text(cfg.to_json_best_effort(indent=2))
   n_params = models.param_count(setup.abstract_state.params)
   logs.log(f"model {cfg.model.name} ({cfg.model.size}), {n_params / 1e6:.2f}M parameters, objective "
            f"{cfg.objective}; mesh {dict(setup.mesh.shape)} over {jax.device_count()} "
            f"{jax.devices()[0].platform} devices on {hosts} host(s); global batch {cfg.global_batch_size} "
-           f"({per_host_batch} per host, {cfg.grad_accum_steps} accumulation steps) x {cfg.seq_len} tokens")
+           f"({rows[1] - rows[0]} per host, {cfg.grad_accum_steps} accumulation steps) x {cfg.seq_len} tokens; "
+           f"{len(train_data)} training examples")
 
   preempted = []
   with contextlib.ExitStack() as cleanup:  # Unwinds on any error too: no asynchronous save is left behind.
@@ -290,13 +285,14 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
     cleanup.callback(signal.signal, signal.SIGTERM, previous_handler)
     # Closed while the SIGTERM handler is still ours: a preemption then lets the last asynchronous save finish.
     ckpt = cleanup.enter_context(checkpoint_lib.Checkpointer(workdir / "checkpoints", cfg.checkpoint))
-    meta = checkpoint_meta(cfg, info.vocab_file)
-    restored = ckpt.restore_latest(setup.abstract_state, train_iter, meta["config"])
+    meta = checkpoint_meta(cfg, info.vocab_file, len(train_data))
+    restored = ckpt.restore_latest(setup.abstract_state, meta)
     if restored is None:
       state, start = setup.init_state(), 0
     else:
       start, state = restored
       logs.log(f"resumed from checkpoint {start} in {ckpt.directory}")
+    train_iter = train_data.iterator(batch_size=cfg.global_batch_size, seed=cfg.seed, rows=rows, start_batch=start)
 
     compiled, report = compile_train_step(setup)
     for line in report:
@@ -328,7 +324,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
 
     step = start
     while step < cfg.num_train_steps and not preempted:
-      batch = sharding.global_batch(next(train_iter), setup.mesh)
+      batch = sharding.global_batch(next(train_iter), setup.mesh, cfg.global_batch_size)
       state, metrics = compiled(state, batch)
       step += 1
       if pending is not None:
@@ -337,10 +333,10 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
       if step % cfg.checkpoint.every_steps == 0 or step == cfg.num_train_steps:
         finish(*pending)
         pending = None
-        ckpt.save(step, state, train_iter, meta)
+        ckpt.save(step, state, meta)
         progress.restart_clock()
       if cfg.eval_every and step % cfg.eval_every == 0:
-        eval_metrics = evaluate(setup, state.params, cfg, info)
+        eval_metrics = evaluate(setup, state.params, cfg, eval_data, rows)
         writer.write(step, eval_metrics, prefix="eval_")
         logs.log(f"eval at step {step}: " + " ".join(f"{k} {v:.4f}" for k, v in eval_metrics.items()))
         progress.restart_clock()
@@ -348,5 +344,5 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
       finish(*pending)
     if preempted:
       logs.log(f"SIGTERM: saving a checkpoint at step {step} before exiting")
-      ckpt.save(step, state, train_iter, meta, force=True)
+      ckpt.save(step, state, meta, force=True)
   return last

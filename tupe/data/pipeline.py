@@ -8,11 +8,12 @@ Each batch is a dict of numpy arrays for this host:
   masked_ids       int32   [batch, P]       their original ids (0 where unused)
   masked_weights   float32 [batch, P]       1 for real predictions, 0 for unused slots
 
-The order depends only on the seed: host h of n sees examples h, h+n, h+2n, ... (disjoint, their union is the
-whole split), reshuffled each epoch (train only), and the masks of an example come from a counter-based RNG
-keyed by (seed, example index, epoch), whatever batch it lands in. The iterator's state can be saved with
-`get_state()` and restored with `set_state()`. Both splits repeat endlessly: for eval, take as many batches as
-wanted from a fresh iterator.
+Batches are numbered, and batch b is a function of (seed, b) alone: the split's examples in an order reshuffled
+each epoch (train only), with the masks of an example drawn from a counter-based RNG keyed by (seed, example
+index, epoch), whatever batch it lands in. Each host makes only its rows of every global batch, so the global
+batches are the same on one host or many, with or without worker processes; a run resumed at step s starts at
+batch s, and nothing about the pipeline needs saving. Both splits repeat endlessly: for eval, take as many
+batches as wanted from a fresh iterator.
 """
 import sys
 
@@ -88,83 +89,87 @@ def checked_config(data_cfg, seq_len: int) -> ml_collections.ConfigDict:
 
 
 class _Batch:
-  """Maps a batch number to the padded, masked batch of this host.
+  """Maps a batch number to this host's rows of that padded, masked global batch.
 
-  Batch b holds positions b * batch_size ... of this host's endless stream: position p is example
-  process_index + process_count * order(p mod n) of epoch p // n, where n is the host's number of examples and
-  `order` is a permutation of [0, n) drawn anew each epoch (train) or the identity (eval).
+  Global batch b holds positions b * batch_size ... (b + 1) * batch_size - 1 of the endless stream, and this
+  host makes the rows [rows[0], rows[1]) of it: position p is example order(p mod n) of epoch p // n, where n
+  is the split's number of examples and `order` a permutation of [0, n) drawn anew each epoch (train) or the
+  identity (eval).
   """
 
   def __init__(self, examples: packing.ExampleSource, masker: masking.Masker, *, seed: int, seq_len: int,
-               batch_size: int, pad_id: int, process_index: int, process_count: int, shuffle: bool):
+               batch_size: int, rows: tuple[int, int], pad_id: int, shuffle: bool):
     self._examples, self._masker, self._seed, self._seq_len = examples, masker, seed, seq_len
-    self._batch_size, self._pad_id, self._shuffle = batch_size, pad_id, shuffle
-    self._process_index, self._process_count = process_index, process_count
-    self._host_examples = len(range(process_index, len(examples), process_count))
+    self._batch_size, self._rows, self._pad_id, self._shuffle = batch_size, rows, pad_id, shuffle
 
   def __call__(self, batch: int) -> dict[str, np.ndarray]:
-    epoch, position = np.divmod(batch * self._batch_size + np.arange(self._batch_size), self._host_examples)
+    n = len(self._examples)
+    epoch, example = np.divmod(batch * self._batch_size + np.arange(*self._rows), n)
     if self._shuffle:
-      position = counter_rng.permute(position, self._host_examples, counter_rng.epoch_keys(self._seed, epoch))
-    example = self._process_index + self._process_count * position
+      example = counter_rng.permute(example, n, counter_rng.epoch_keys(self._seed, epoch))
     ids = self._examples.padded_batch(example, self._seq_len, self._pad_id)
     return self._masker(ids, counter_rng.example_keys(self._seed, example, epoch))
 
 
-def make_pretrain_dataset(data_cfg, *, seq_len: int, batch_size: int, seed: int, process_index: int = 0,
-                          process_count: int = 1, split: str = "train") -> tuple[grain.IterDataset, TokenizerInfo]:
-  """The grain dataset of pre-training batches for one host (see the module docstring for the batch).
+class PretrainData:
+  """One split's packed examples, tokenizer and masker (loaded once); `iterator()` numbers its batches.
 
   Args:
-    data_cfg: data config (`default_data_config()` updated with the recipe's fields).
+    data_cfg: the data config (see `default_data_config`); checked against `seq_len`.
     seq_len: example length L.
-    batch_size: examples per batch on this host.
-    seed: seed of the order and of the masks (any non-negative int).
-    process_index: this host's index.
-    process_count: number of hosts.
     split: "train" or "eval".
 
-  Returns:
-    An endless grain `IterDataset` of batches, and the `TokenizerInfo`.
+  Raises:
+    UserError: for a bad config, a missing or empty corpus, or a split without examples.
   """
-  cfg = checked_config(data_cfg, seq_len)
-  if split not in corpus.SPLITS:
-    raise UserError(f"split is {split!r}: use 'train' or 'eval'")
-  if batch_size < 1:
-    raise UserError(f"batch size {batch_size} is too small: use 1 or more per host")
-  if not 0 <= process_index < process_count:
-    raise UserError(f"process_index {process_index} is not in [0, process_count={process_count})")
-  seed = int(seed) % 2**64
-  examples, info = examples_lib.load_examples(cfg, seq_len, split)
-  if len(examples) < process_count:
-    raise UserError(f"the {split} split has {len(examples)} examples, fewer than {process_count} hosts: "
-                    f"use a bigger corpus" + (" or a larger data.eval_fraction" if split == "eval" else ""))
-  max_predictions = cfg.max_predictions or masking.default_max_predictions(seq_len, cfg.mask_prob)
-  masker = masking.Masker(info, cfg.masking, cfg.mask_prob, max_predictions, cfg.whole_word)
 
-  # Sharding, shuffling, repeating and batching are index arithmetic on whole batches: grain's per-example
-  # transformations would cost more Python time per example than the masking.
-  ds = grain.MapDataset.range(sys.maxsize).map(_Batch(
-      examples, masker, seed=seed, seq_len=seq_len, batch_size=batch_size, pad_id=info.pad_id,
-      process_index=process_index, process_count=process_count, shuffle=split == "train"))
-  ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=_THREADS, prefetch_buffer_size=_PREFETCH_BATCHES))
-  if cfg.num_workers:
-    if not flags.FLAGS.is_parsed():  # grain's worker processes read absl flags; a plain script has not parsed them.
-      flags.FLAGS.mark_as_parsed()
-    ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=cfg.num_workers))
-  return ds, info
+  def __init__(self, data_cfg, *, seq_len: int, split: str = "train"):
+    self.cfg = checked_config(data_cfg, seq_len)
+    if split not in corpus.SPLITS:
+      raise UserError(f"split is {split!r}: use 'train' or 'eval'")
+    self.seq_len, self.split = seq_len, split
+    self.examples, self.info = examples_lib.load_examples(self.cfg, seq_len, split)
+    if not len(self.examples):
+      raise UserError(f"the {split} split has 0 examples: use a bigger corpus"
+                      + (" or a larger data.eval_fraction" if split == "eval" else ""))
+    max_predictions = self.cfg.max_predictions or masking.default_max_predictions(seq_len, self.cfg.mask_prob)
+    self.masker = masking.Masker(self.info, self.cfg.masking, self.cfg.mask_prob, max_predictions,
+                                 self.cfg.whole_word, segment_pairs=self.cfg.packing == "segment_pair")
+
+  def __len__(self) -> int:
+    return len(self.examples)
+
+  def iterator(self, *, batch_size: int, seed: int, rows: tuple[int, int] | None = None,
+               start_batch: int = 0) -> grain.DatasetIterator:
+    """An endless iterator over this host's rows of global batches start_batch, start_batch + 1, ...
+
+    Args:
+      batch_size: examples per global batch (all hosts together).
+      seed: seed of the order and of the masks (any non-negative int).
+      rows: (start, stop), the rows of each global batch this host makes; None for all of them.
+      start_batch: the first batch's number: a run resumed at step s continues with batch s.
+    """
+    if batch_size < 1:
+      raise UserError(f"batch size {batch_size} is too small: use 1 or more")
+    rows = (0, batch_size) if rows is None else tuple(rows)
+    if not 0 <= rows[0] < rows[1] <= batch_size:
+      raise UserError(f"rows {rows} are not a slice of a batch of {batch_size}")
+    # Ordering, repeating and batching are index arithmetic on whole batches: grain's per-example
+    # transformations would cost more Python time per example than the masking.
+    ds = grain.MapDataset.range(start_batch, sys.maxsize).map(_Batch(
+        self.examples, self.masker, seed=int(seed) % 2**64, seq_len=self.seq_len, batch_size=batch_size,
+        rows=rows, pad_id=self.info.pad_id, shuffle=self.split == "train"))
+    ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=_THREADS, prefetch_buffer_size=_PREFETCH_BATCHES))
+    if self.cfg.num_workers:
+      if not flags.FLAGS.is_parsed():  # grain's worker processes read absl flags; a plain script has not parsed them.
+        flags.FLAGS.mark_as_parsed()
+      ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=self.cfg.num_workers))
+    return iter(ds)
 
 
-def make_pretrain_iterator(data_cfg, *, seq_len: int, batch_size: int, seed: int, process_index: int = 0,
-                           process_count: int = 1,
+def make_pretrain_iterator(data_cfg, *, seq_len: int, batch_size: int, seed: int, rows: tuple[int, int] | None = None,
+                           start_batch: int = 0,
                            split: str = "train") -> tuple[grain.DatasetIterator, TokenizerInfo]:
-  """An iterator over pre-training batches for one host; `get_state()`/`set_state()` checkpoint it.
-
-  Args: as for `make_pretrain_dataset`.
-
-  Returns:
-    A grain `DatasetIterator` of batch dicts (see the module docstring), and the `TokenizerInfo`.
-  """
-  ds, info = make_pretrain_dataset(data_cfg, seq_len=seq_len, batch_size=batch_size, seed=seed,
-                                   process_index=process_index, process_count=process_count, split=split)
-  return iter(ds), info
+  """`PretrainData(data_cfg, seq_len=seq_len, split=split).iterator(...)` and the `TokenizerInfo`."""
+  data = PretrainData(data_cfg, seq_len=seq_len, split=split)
+  return data.iterator(batch_size=batch_size, seed=seed, rows=rows, start_batch=start_batch), data.info
