@@ -19,6 +19,7 @@ from tupe import trainer
 from tupe.data import glue
 from tupe.errors import UserError
 from tupe.glue import finetune
+from tupe.glue import report
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # A fast, clearly learning setting: 256 examples, 3 epochs of 16 steps, one high learning rate, two seeds.
@@ -181,3 +182,63 @@ def test_eval_batches_score_every_row_once():
   np.testing.assert_allclose(batches[0][1]["labels"], arrays["labels"][:4] / 5.0)
   unlabelled = dict(arrays, labels=np.full(n, -1, np.int32))
   assert sum(batch["weights"].sum() for _, batch in finetune.eval_batches(unlabelled, size, 1.0)) == 0
+
+
+def test_diverged_run_is_recorded_and_the_grid_goes_on(pretrained, glue_dir, tmp_path, capsys):
+  """lr 1e38 diverges: recorded as strict JSON with "diverged": true, reported as such, never chosen; the
+  workdir stays usable, also one written by older versions with NaN in runs.jsonl."""
+  workdir = tmp_path / "glue"
+  cfg = glue_cfg(init_checkpoint=str(pretrained), data_dir=str(glue_dir), tasks="stsb", max_train_examples=32,
+                 max_seq_len=32, batch_size=16, eval_batch_size=512, learning_rates=(1e-3, 1e38), seeds=(0,),
+                 evals_per_epoch=0, mesh=dict(data=1, fsdp=1, tensor=1))
+  cfg.epochs.stsb = 2
+  results = finetune.run(cfg, str(workdir), devices=jax.devices()[:1])
+  assert "[2/2] STS-B lr 1e+38 seed 0 | finished in" in capsys.readouterr().out
+  lines = (workdir / "runs.jsonl").read_text().splitlines()
+  strict = [json.loads(line, parse_constant=lambda name: pytest.fail(f"{name} in runs.jsonl")) for line in lines]
+  good, bad = strict
+  assert good["diverged"] is False and np.isfinite(good["score"])
+  assert bad["diverged"] is True and bad["score"] is None and bad["evaluations"]["STS-B"] == {
+      "pearson": None, "spearman": None, "score": None}
+  assert bad["dev_history"][0]["score"] is None
+  assert not finetune.predictions_path(workdir, "STS-B", 1e38, 0).exists()
+
+  stsb = results["tasks"]["STS-B"]
+  assert stsb["best_lr"] == 1e-3 and [r["median"] for r in stsb["by_lr"]] == [good["score"], None]
+  assert [r["n_diverged"] for r in stsb["by_lr"]] == [0, 1] and results["runs"][1]["diverged"] is True
+  assert "| diverged (1 seed, 1 diverged) |" in (workdir / "results.md").read_text()
+  assert len((workdir / "submission" / "STS-B.tsv").read_text().splitlines()) == 1 + 1379
+
+  # Older versions wrote NaN for the diverged run: the workdir resumes and reports as if it had been null.
+  (workdir / "runs.jsonl").write_text("\n".join(lines).replace("null", "NaN") + "\n")
+  assert finetune.run(cfg, str(workdir), devices=jax.devices()[:1]) == results
+  assert "STS-B: all 2 runs finished, skipped" in capsys.readouterr().out
+
+
+def test_prediction_values_mark_non_finite_rows():
+  logits = np.array([[0.0, 1.0], [np.nan, 0.0], [2.0, np.inf], [3.0, -1.0]], np.float32)
+  values = finetune.prediction_values(logits, 5.0)
+  np.testing.assert_array_equal(values, [1, np.nan, np.nan, 0])  # argmax alone would give 1, 0, 1, 0
+  assert finetune.prediction_values(logits[[0, 3]], 5.0).dtype.kind == "i"  # class ids for the submission
+  np.testing.assert_allclose(finetune.prediction_values(np.array([[0.5], [np.nan]]), 5.0), [2.5, np.nan])
+
+
+def mnli_run(lr, seed, matched, mismatched):
+  evaluations = {"MNLI-m": {"accuracy": matched, "score": matched},
+                 "MNLI-mm": {"accuracy": mismatched, "score": mismatched}}
+  return {"task": "MNLI", "lr": lr, "seed": seed, "score": (matched + mismatched) / 2, "evaluations": evaluations}
+
+
+def test_one_learning_rate_per_task_for_mnli():
+  """MNLI-m alone would pick 2e-5 and MNLI-mm alone 4e-5; the runs' score (their mean) picks 3e-5 for both, the
+  learning rate of the submitted files."""
+  runs = [mnli_run(2e-5, seed, 84.0, 80.0 + seed) for seed in range(3)]
+  runs += [mnli_run(3e-5, seed, 82.0 + seed, 83.0) for seed in range(3)]
+  runs += [mnli_run(4e-5, seed, 75.0, 85.0) for seed in range(3)]
+  content = report.results_json(finetune.run_records(runs))
+  matched, mismatched = content["tasks"]["MNLI-m"], content["tasks"]["MNLI-mm"]
+  assert matched["best_lr"] == mismatched["best_lr"] == finetune.best_run(runs)["lr"] == 3e-5
+  assert (matched["median"], matched["min"], matched["max"], mismatched["median"]) == (83.0, 82.0, 84.0, 83.0)
+  assert matched["by_lr"][1]["selection_median"] == 83.0 and matched["by_lr"][0]["median"] == 84.0
+  assert finetune.best_run(runs)["seed"] == 2
+  assert content["averages"]["tupe_average"]["tasks"] == ["MNLI-m", "MNLI-mm"]

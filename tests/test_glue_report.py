@@ -60,7 +60,8 @@ def test_results_json_is_valid_and_complete():
   electra = content["averages"]["glue_average"]
   assert electra["value"] == pytest.approx(np.mean([80.0, 80.0, 79.5, 80.0]))  # spearman for STS-B
   assert len(content["runs"]) == len(records) and content["runs"][0]["task"] == "CoLA"
-  assert report.RunRecord(**content["runs"][0]) == records[0]
+  first = dict(content["runs"][0])
+  assert first.pop("diverged") is False and report.RunRecord(**first) == records[0]
 
 
 def test_markdown_table():
@@ -78,6 +79,46 @@ def test_markdown_table():
           "(missing: MNLI-m, MNLI-mm, QNLI, QQP, SST-2, MRPC, STS-B): 80.00") in lines
   assert ("- ELECTRA-style GLUE average over 2 of 8 tasks, partial "
           "(missing: SST-2, MRPC, STS-B, QQP, MNLI-m, QNLI): 80.00") in lines
+
+
+def diverged(task, lr, seed, names=("accuracy",), value=None):
+  """A diverged run: NaN metrics and score, or None as read back from JSON."""
+  return report.RunRecord(task, lr, seed, {name: value for name in (*names, "score")}, value)
+
+
+def test_diverged_runs_count_as_the_worst_score(tmp_path):
+  rte = lambda lr, seed, score: report.RunRecord("RTE", lr, seed, {"accuracy": score, "score": score}, score)
+  records = grid(tasks=("CoLA",), seeds=1) + [
+      rte(2e-5, 0, 70.0), rte(2e-5, 1, 71.0), diverged("RTE", 2e-5, 2),
+      rte(3e-5, 0, 90.0), diverged("RTE", 3e-5, 1, value=float("nan")), diverged("RTE", 3e-5, 2),
+      diverged("STS-B", 2e-5, 0, ("pearson", "spearman"), float("nan"))]
+  cola, stsb, rte_result = report.summarize(records)  # GLUE order
+  low, high = rte_result.by_lr
+  assert (low.median, low.min, low.max, low.n_diverged, low.scores) == (70.0, 70.0, 71.0, 1, (70.0, 71.0, None))
+  assert (high.median, high.min, high.max, high.n_diverged) == (float("-inf"), 90.0, 90.0, 2)
+  assert rte_result.best is low  # Two diverged seeds of three outweigh one good one.
+  assert stsb.best.median == float("-inf") and stsb.best.min is None and stsb.best.n_diverged == 1
+
+  content = json.loads(json.dumps(report.results_json(records), allow_nan=False))
+  assert content["tasks"]["RTE"]["best_lr"] == 2e-5 and content["tasks"]["RTE"]["n_diverged"] == 1
+  assert content["tasks"]["RTE"]["by_lr"][1]["median"] is None
+  assert content["tasks"]["RTE"]["by_lr"][1]["scores"] == [90.0, None, None]
+  assert content["tasks"]["STS-B"]["median"] is None and content["tasks"]["STS-B"]["metrics"] == {
+      "pearson": None, "spearman": None, "score": None}
+  assert [r["diverged"] for r in content["runs"] if r["task"] == "RTE"] == [False, False, True, False, True, True]
+  assert content["runs"][-1]["score"] is None
+  tupe = content["averages"]["tupe_average"]
+  assert tupe["tasks"] == ["CoLA", "RTE"] and "STS-B" in tupe["missing"]  # A diverged task is not averaged.
+  assert tupe["value"] == pytest.approx(np.mean([cola.best.median, 70.0]))
+
+  lines = report.markdown_table(records).splitlines()
+  assert lines[3] == ("| STS-B | pearson | **diverged (1 seed, 1 diverged)** | - | - | 2e-05 | pearson diverged, "
+                      "spearman diverged |")
+  assert lines[4] == ("| RTE | accuracy | **70.00 (70.00-71.00, 3 seeds, 1 diverged)** | diverged (90.00-90.00, "
+                      "3 seeds, 2 diverged) | - | 2e-05 | accuracy 70.00 |")
+  paths = report.write_report(tmp_path, records)
+  assert paths["png"].read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+  assert json.loads(paths["json"].read_text()) == content
 
 
 def test_report_files_and_png(tmp_path):

@@ -11,6 +11,13 @@ The flow (eval_glue.py calls `run`):
   4. the report: results.json, results.md, results.png, and GLUE server files from each task's model at its
      best learning rate (median over seeds) with its best seed.
 A restart skips finished runs; a run cut short is run again from its start.
+
+Diverged runs (a learning rate too high: NaN or inf logits) do not stop the grid. Rows with non-finite logits
+predict NaN, so their metrics are NaN (`tupe.glue.metrics`); such an evaluation ranks below every real one
+when a run keeps its best parameters, and a run none of whose evaluations is finite is recorded with
+"diverged": true, score and metrics null (runs.jsonl holds strict JSON: every NaN is written as null) and no
+test predictions. Medians over seeds and the choice of the best learning rate and seed count a diverged run as
+the worst score (`tupe.glue.report`), so the submission comes from a run that trained whenever one did.
 """
 from __future__ import annotations
 
@@ -272,6 +279,12 @@ def eval_batches(arrays: dict, batch_size: int, regression_scale: float):
     yield len(rows), batch_rows(arrays, rows, batch_size, regression_scale)
 
 
+def host_rows(batch: dict) -> dict:
+  """This host's contiguous share of a global batch (all of it on one host)."""
+  hosts, host = jax.process_count(), jax.process_index()
+  return {k: np.split(v, hosts)[host] for k, v in batch.items()}
+
+
 # -------------------------------------------------------------------------------------------- the model
 
 
@@ -354,20 +367,28 @@ def build_task(cfg, backbone: Backbone, task: glue.Task, num_train: int, mesh, r
 # ------------------------------------------------------------------------------------------------- runs
 
 
+def prediction_values(logits: np.ndarray, regression_scale: float) -> np.ndarray:
+  """Predictions [n] from logits [n, labels]: unscaled scores, or class ids (int; floats with NaN for the rows
+  whose logits are not all finite, so that a diverged model's metrics are NaN, not those of argmax's picks)."""
+  if logits.shape[1] == 1:
+    return logits[:, 0] * regression_scale
+  classes = logits.argmax(-1)
+  finite = np.isfinite(logits).all(-1)
+  return classes if finite.all() else np.where(finite, classes, np.nan)
+
+
 def predict(setup: TaskSetup, params, arrays: dict, cfg) -> tuple[np.ndarray, float]:
-  """Predictions [n] for every row (class ids, or unscaled scores) and the mean loss over labelled rows."""
+  """Predictions [n] for every row (`prediction_values`) and the mean loss over labelled rows."""
   outputs, loss, weight = [], 0.0, 0.0
   for real, batch in eval_batches(arrays, cfg.eval_batch_size, cfg.regression_scale):
-    out = jax.device_get(setup.eval_step(params, sharding.shard_batch(batch, setup.mesh)))
+    out = jax.device_get(setup.eval_step(params, sharding.global_batch(host_rows(batch), setup.mesh)))
     outputs.append(out["logits"][:real])
     loss, weight = loss + float(out["loss_sum"]), weight + float(out["weight_sum"])
-  logits = np.concatenate(outputs)
-  values = logits[:, 0] * cfg.regression_scale if logits.shape[1] == 1 else logits.argmax(-1)
-  return values, loss / max(weight, 1.0)
+  return prediction_values(np.concatenate(outputs), cfg.regression_scale), loss / max(weight, 1.0)
 
 
 def evaluate(setup: TaskSetup, params, data: TaskData, cfg) -> tuple[float, dict, float]:
-  """(selection score = mean of the dev scores, {evaluation: metrics}, mean dev loss)."""
+  """(selection score = mean of the dev scores, {evaluation: metrics}, mean dev loss); NaN where diverged."""
   results, losses = {}, []
   for ev, arrays in data.dev:
     values, loss = predict(setup, params, arrays, cfg)
@@ -385,7 +406,11 @@ def eval_points(setup: TaskSetup, evals_per_epoch: int) -> set[int]:
 
 
 def finetune(cfg, setup: TaskSetup, data: TaskData, encoder, lr: float, seed: int, label: str):
-  """One run. Returns (its runs.jsonl record, test predictions {evaluation: (idx, values)} of the kept params)."""
+  """One run. Returns (its runs.jsonl record, test predictions {evaluation: (idx, values)} of the kept params).
+
+  The kept parameters are those of the best dev evaluation, a non-finite score ranking below every finite one.
+  When no evaluation was finite the record says "diverged": true and there are no test predictions.
+  """
   start = time.perf_counter()
   state = setup.init_state(encoder, jax.random.PRNGKey(seed))
   train, n = data.train, len(data.train["idx"])
@@ -399,7 +424,7 @@ def finetune(cfg, setup: TaskSetup, data: TaskData, encoder, lr: float, seed: in
     for b in range(setup.steps_per_epoch):
       rows = order[b * cfg.batch_size:(b + 1) * cfg.batch_size]
       batch = batch_rows(train, rows, cfg.batch_size, cfg.regression_scale)
-      state, loss = setup.train_step(state, sharding.shard_batch(batch, setup.mesh), lr_array)
+      state, loss = setup.train_step(state, sharding.global_batch(host_rows(batch), setup.mesh), lr_array)
       losses.append(loss)
       step += 1
       if step % cfg.log_every == 0 or step == setup.total_steps:
@@ -414,7 +439,7 @@ def finetune(cfg, setup: TaskSetup, data: TaskData, encoder, lr: float, seed: in
         score, results, dev_loss = evaluate(setup, state.params, data, cfg)
         history.append({"step": step, "epoch": round(step / setup.steps_per_epoch, 3), "score": score,
                         "dev_loss": dev_loss})
-        if best is None or score > best["score"]:
+        if best is None or glue_metrics.ranking_score(score) > glue_metrics.ranking_score(best["score"]):
           best = dict(history[-1], metrics=results)
           best_params = jax.tree_util.tree_map(lambda x: x.copy(), state.params)
         shown = ", ".join(f"{name} {m['score']:.2f}" for name, m in results.items())
@@ -422,11 +447,13 @@ def finetune(cfg, setup: TaskSetup, data: TaskData, encoder, lr: float, seed: in
                  f"| best {best['score']:.2f} at step {best['step']}")
         clock = time.perf_counter()
     epoch_losses.append(float(np.mean(jax.device_get(losses))))
+  diverged = not math.isfinite(best["score"])
   predictions = {}
-  for ev, arrays in data.test:
+  for ev, arrays in [] if diverged else data.test:
     values, _ = predict(setup, best_params, arrays, cfg)
     predictions[ev.name] = (arrays["idx"], values)
-  record = {"task": data.task.name, "lr": lr, "seed": seed, "score": best["score"], "evaluations": best["metrics"],
+  record = {"task": data.task.name, "lr": lr, "seed": seed, "score": best["score"], "diverged": diverged,
+            "evaluations": best["metrics"],
             "best_step": best["step"], "total_steps": setup.total_steps, "epochs": epochs,
             "train_examples": n, "train_loss": epoch_losses, "dev_history": history,
             "seconds": round(time.perf_counter() - start, 1)}
@@ -437,15 +464,18 @@ def finetune(cfg, setup: TaskSetup, data: TaskData, encoder, lr: float, seed: in
 
 
 def read_runs(workdir: pathlib.Path) -> list[dict]:
+  """The finished runs; NaN, which older versions wrote for diverged runs, read as null."""
   path = workdir / "runs.jsonl"
   if not path.exists():
     return []
-  return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+  runs = [report.json_safe(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+  return [dict(run, diverged=run["score"] is None) for run in runs]
 
 
 def append_run(workdir: pathlib.Path, record: dict) -> None:
+  """Appends one run to runs.jsonl as strict JSON (non-finite numbers as null)."""
   with open(workdir / "runs.jsonl", "a") as f:
-    f.write(json.dumps(record) + "\n")
+    f.write(json.dumps(report.json_safe(record), allow_nan=False) + "\n")
     f.flush()
     os.fsync(f.fileno())
 
@@ -477,22 +507,21 @@ def check_resume(cfg, workdir: pathlib.Path) -> None:
 
 
 def run_records(runs: list[dict]) -> list[report.RunRecord]:
-  """One report record per dev evaluation of each run (MNLI runs give MNLI-m and MNLI-mm)."""
-  return [report.RunRecord(name, run["lr"], run["seed"], metrics, metrics["score"])
+  """One report record per dev evaluation of each run (MNLI runs give MNLI-m and MNLI-mm), each with the run's
+  own score (MNLI: the mean of both), on which the report picks one learning rate per task."""
+  return [report.RunRecord(name, run["lr"], run["seed"], metrics, run["score"])
           for run in runs for name, metrics in run["evaluations"].items()]
 
 
 def best_run(runs: list[dict]) -> dict:
-  """The best seed's run at the learning rate with the best median score (the smaller lr on ties).
+  """The best seed's run (the smaller seed on ties) at the report's best learning rate of the task of `runs`.
 
   A run's score is the mean over its dev evaluations (MNLI: matched and mismatched), as when it kept its best
-  parameters.
+  parameters; a diverged run's counts as the worst.
   """
-  by_lr = {}
-  for run in runs:
-    by_lr.setdefault(run["lr"], []).append(run)
-  lr = max(by_lr, key=lambda lr: (np.median([run["score"] for run in by_lr[lr]]), -lr))
-  return max(by_lr[lr], key=lambda run: (run["score"], -run["seed"]))
+  lr = report.summarize(run_records(runs))[0].best.lr
+  return max((run for run in runs if run["lr"] == lr),
+             key=lambda run: (glue_metrics.ranking_score(run["score"]), -run["seed"]))
 
 
 def write_outputs(cfg, workdir: pathlib.Path, backbone: Backbone) -> None:
@@ -510,7 +539,7 @@ def write_outputs(cfg, workdir: pathlib.Path, backbone: Backbone) -> None:
     if path.exists():
       with np.load(path) as saved:
         for ev in test_evaluations(glue.TASKS[task]):
-          if f"{ev.name}.idx" in saved:
+          if f"{ev.name}.idx" in saved and np.isfinite(saved[f"{ev.name}.values"]).all():
             predictions[ev.name] = (saved[f"{ev.name}.idx"], saved[f"{ev.name}.values"])
   files = report.write_submission(workdir / "submission", predictions) if predictions else []
   logs.log(f"wrote {', '.join(str(p) for p in paths.values())}"
@@ -574,8 +603,9 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
         if predictions:
           save_predictions(predictions_path(workdir, task.name, lr, seed), predictions)
         append_run(workdir, record)
-      logs.log(f"{label} | finished in {logs.format_duration(record['seconds'])}: score {record['score']:.2f} "
-               f"at step {record['best_step']}")
+      outcome = ("diverged: no finite dev score, no test predictions" if record["diverged"]
+                 else f"score {record['score']:.2f} at step {record['best_step']}")
+      logs.log(f"{label} | finished in {logs.format_duration(record['seconds'])}: {outcome}")
     write_outputs(cfg, workdir, backbone)
   if not total:
     write_outputs(cfg, workdir, backbone)

@@ -2,9 +2,20 @@
 
 The papers' protocol: every learning rate is run with several seeds, the median over seeds is that learning
 rate's result, and the best learning rate's median is the task's result. Spreads are min-max over seeds.
+
+The best learning rate is the one with the highest median of the runs' own scores (`RunRecord.score`): for MNLI
+the mean of matched and mismatched, on which a run kept its best parameters and its test predictions were
+chosen, so MNLI-m and MNLI-mm are reported at one learning rate, the one of the submitted files.
+
+A diverged run (NaN loss: its dev metrics are NaN) counts as the worst possible score, -inf, in every median,
+so a learning rate where half or more of the seeds diverged has a diverged median and is never picked over one
+that trained. results.json writes such numbers as null and counts diverged seeds (n_diverged); min and max are
+over the seeds that did not diverge; results.md writes "diverged"; results.png draws no bar; the averages
+leave a task out (as missing) when its best learning rate diverged.
 """
 import dataclasses
 import json
+import math
 import os
 import pathlib
 from typing import Iterable, Mapping
@@ -24,38 +35,79 @@ class RunRecord:
     task: evaluation name ("CoLA", "MNLI-m", ...).
     lr: peak learning rate.
     seed: fine-tuning seed.
-    metrics: `tupe.glue.metrics.task_metrics` of the run (points).
-    score: the run's TUPE-convention score (normally metrics["score"]).
+    metrics: `tupe.glue.metrics.task_metrics` of the run (points; NaN or None where the run diverged); the
+      reported score is metrics["score"].
+    score: the run's own score, on which learning rates are chosen: the mean of the TUPE-convention scores of
+      its dev evaluations (metrics["score"], except for MNLI: the mean of MNLI-m and MNLI-mm); NaN or None
+      when the run diverged.
   """
   task: str
   lr: float
   seed: int
-  metrics: Mapping[str, float]
-  score: float
+  metrics: Mapping[str, float | None]
+  score: float | None
 
 
 @dataclasses.dataclass(frozen=True)
 class LrResult:
-  """All seeds of one task at one learning rate; `metrics` holds the median of each metric over seeds."""
+  """All seeds of one evaluation at one learning rate.
+
+  Attributes:
+    lr: peak learning rate.
+    seeds: the seeds, ascending.
+    scores: each seed's score (metrics["score"]), None where the seed diverged.
+    median: median of the scores, a diverged seed counting as -inf (-inf when half or more diverged).
+    min: lowest score of the seeds that did not diverge; None when all did.
+    max: highest score of the seeds that did not diverge; None when all did.
+    metrics: median of each metric over seeds, diverged seeds counting as -inf.
+    selection: median of the runs' own scores (`RunRecord.score`), diverged seeds counting as -inf.
+  """
   lr: float
   seeds: tuple[int, ...]
-  scores: tuple[float, ...]
+  scores: tuple[float | None, ...]
   median: float
-  min: float
-  max: float
+  min: float | None
+  max: float | None
   metrics: dict[str, float]
+  selection: float
+
+  @property
+  def n_diverged(self) -> int:
+    return self.scores.count(None)
 
   def to_dict(self) -> dict:
-    return {"lr": self.lr, "median": self.median, "min": self.min, "max": self.max, "n_seeds": len(self.seeds),
-            "seeds": list(self.seeds), "scores": list(self.scores), "metrics": self.metrics}
+    return {"lr": self.lr, "median": json_number(self.median), "min": self.min, "max": self.max,
+            "selection_median": json_number(self.selection), "n_seeds": len(self.seeds),
+            "n_diverged": self.n_diverged, "seeds": list(self.seeds), "scores": list(self.scores),
+            "metrics": {name: json_number(value) for name, value in self.metrics.items()}}
 
 
 @dataclasses.dataclass(frozen=True)
 class TaskResult:
-  """One task over the grid: per-lr results (ascending lr) and the best lr (highest median; smaller lr on ties)."""
+  """One evaluation over the grid: per-lr results (ascending lr) and the best lr (highest `selection`, i.e. the
+  median of the runs' own scores; the smaller lr on ties)."""
   task: str
   by_lr: tuple[LrResult, ...]
   best: LrResult
+
+
+def json_number(value: float | None) -> float | None:
+  """A float for JSON: None for NaN, infinities (a diverged run) and None, which strict JSON cannot hold."""
+  return float(value) if value is not None and math.isfinite(value) else None
+
+
+def json_safe(value):
+  """`value` (nested dicts, lists, numbers) with every non-finite float replaced by None: valid strict JSON."""
+  if isinstance(value, dict):
+    return {key: json_safe(item) for key, item in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [json_safe(item) for item in value]
+  return json_number(value) if isinstance(value, (float, np.floating)) else value
+
+
+def _median(values: Iterable[float | None]) -> float:
+  """Median with each diverged value (NaN, None) counting as -inf."""
+  return float(np.median([glue_metrics.ranking_score(value) for value in values]))
 
 
 def summarize(records: Iterable[RunRecord]) -> list[TaskResult]:
@@ -75,36 +127,56 @@ def summarize(records: Iterable[RunRecord]) -> list[TaskResult]:
   for task in (name for name in glue.EVALUATIONS if name in runs):
     by_lr = []
     for lr, seeds in sorted(runs[task].items()):
-      scores = np.array([float(seeds[seed].score) for seed in sorted(seeds)])
-      names = sorted(set.intersection(*(set(r.metrics) for r in seeds.values())))
-      by_lr.append(LrResult(lr, tuple(sorted(seeds)), tuple(scores.tolist()), float(np.median(scores)),
-                            float(scores.min()), float(scores.max()),
-                            {name: float(np.median([r.metrics[name] for r in seeds.values()])) for name in names}))
-    best = max(by_lr, key=lambda result: (result.median, -result.lr))
+      ordered = [seeds[seed] for seed in sorted(seeds)]
+      scores = [json_number(r.metrics["score"]) for r in ordered]
+      finite = [score for score in scores if score is not None]
+      names = sorted(set.intersection(*(set(r.metrics) for r in ordered)))
+      by_lr.append(LrResult(lr, tuple(sorted(seeds)), tuple(scores), _median(scores), min(finite, default=None),
+                            max(finite, default=None),
+                            {name: _median(r.metrics[name] for r in ordered) for name in names},
+                            _median(r.score for r in ordered)))
+    best = max(by_lr, key=lambda result: (result.selection, -result.lr))
     results.append(TaskResult(task, tuple(by_lr), best))
   return results
 
 
 def averages(summary: Iterable[TaskResult]) -> tuple[glue_metrics.Average, glue_metrics.Average]:
-  """TUPE and ELECTRA-style averages of the best-lr medians."""
-  best = {result.task: result.best.metrics for result in summary}
+  """TUPE and ELECTRA-style averages of the best-lr medians; a task whose best lr diverged counts as missing."""
+  best = {result.task: result.best.metrics for result in summary
+          if all(math.isfinite(value) for value in result.best.metrics.values())}
   return glue_metrics.tupe_average(best), glue_metrics.glue_average(best)
 
 
 def results_json(records: Iterable[RunRecord]) -> dict:
-  """The content of results.json: per-task grid summaries, both averages, and every run."""
+  """The content of results.json (strict JSON: null for diverged numbers): per-task grid summaries, both averages,
+  and every run as its `RunRecord` fields (score: the run's own score) and whether it diverged."""
   records = list(records)
   summary = summarize(records)
   return {
       "tasks": {result.task: {"score_metric": glue_metrics.score_metric(result.task), "best_lr": result.best.lr,
-                              "median": result.best.median, "min": result.best.min, "max": result.best.max,
-                              "n_seeds": len(result.best.seeds), "metrics": result.best.metrics,
+                              "median": json_number(result.best.median), "min": result.best.min,
+                              "max": result.best.max, "n_seeds": len(result.best.seeds),
+                              "n_diverged": result.best.n_diverged,
+                              "metrics": json_safe(result.best.metrics),
                               "by_lr": [lr_result.to_dict() for lr_result in result.by_lr]}
                 for result in summary},
       "averages": {average.name: average.to_dict() for average in averages(summary)},
-      "runs": [{"task": r.task, "lr": float(r.lr), "seed": int(r.seed), "score": float(r.score),
-                "metrics": {name: float(value) for name, value in r.metrics.items()}} for r in records],
+      "runs": [{"task": r.task, "lr": float(r.lr), "seed": int(r.seed), "score": json_number(r.score),
+                "metrics": {name: json_number(value) for name, value in r.metrics.items()},
+                "diverged": json_number(r.score) is None} for r in records],
   }
+
+
+def _points(value: float | None) -> str:
+  return "diverged" if json_number(value) is None else f"{value:.2f}"
+
+
+def _cell(result: LrResult) -> str:
+  """E.g. "80.00 (78.00-82.00, 5 seeds, 1 diverged)"."""
+  spread = "" if result.min is None else f"{result.min:.2f}-{result.max:.2f}, "
+  n = len(result.seeds)
+  diverged = f", {result.n_diverged} diverged" if result.n_diverged else ""
+  return f"{_points(result.median)} ({spread}{n} seed{'s' if n > 1 else ''}{diverged})"
 
 
 def markdown_table(records: Iterable[RunRecord]) -> str:
@@ -116,13 +188,14 @@ def markdown_table(records: Iterable[RunRecord]) -> str:
   for result in summary:
     cells = {}
     for lr_result in result.by_lr:
-      cell = (f"{lr_result.median:.2f} ({lr_result.min:.2f}-{lr_result.max:.2f}, "
-              f"{len(lr_result.seeds)} seed{'s' if len(lr_result.seeds) > 1 else ''})")
+      cell = _cell(lr_result)
       cells[lr_result.lr] = f"**{cell}**" if lr_result is result.best else cell
-    details = ", ".join(f"{name} {value:.2f}" for name, value in result.best.metrics.items() if name != "score")
+    details = ", ".join(f"{name} {_points(value)}" for name, value in result.best.metrics.items() if name != "score")
     lines.append(f"| {result.task} | {glue_metrics.score_metric(result.task)} | "
                  + " | ".join(cells.get(lr, "-") for lr in lrs) + f" | {result.best.lr:g} | {details} |")
-  lines += ["", "Median over seeds (min-max over seeds, number of seeds); bold: the best learning rate.", ""]
+  lines += ["", "Median over seeds, a diverged seed counting as the worst score (min-max over the seeds that did "
+            "not diverge, number of seeds, how many diverged); bold: the best learning rate, the highest median of "
+            "the runs' scores (MNLI: the mean of MNLI-m and MNLI-mm).", ""]
   for average in averages(summary):
     value = "n/a" if average.value is None else f"{average.value:.2f}"
     lines.append(f"- {average.label}: {value}")
@@ -150,12 +223,14 @@ def plot(records: Iterable[RunRecord], path: str | os.PathLike, reference: Mappi
   FigureCanvasAgg(figure)
   axes = figure.subplots()
   x = np.arange(len(summary))
-  medians = np.array([result.best.median for result in summary])
-  spread = np.array([[result.best.median - result.best.min, result.best.max - result.best.median]
-                     for result in summary]).T
+  trained = [math.isfinite(result.best.median) for result in summary]  # A diverged best lr gets no bar.
+  medians = np.array([result.best.median if ok else 0.0 for ok, result in zip(trained, summary)])
+  spread = np.array([[result.best.median - result.best.min, result.best.max - result.best.median] if ok else [0, 0]
+                     for ok, result in zip(trained, summary)]).T
   axes.bar(x, medians, yerr=spread, capsize=4, color="tab:blue", label="median at best lr (min-max over seeds)")
-  for position, median in zip(x, medians):
-    axes.annotate(f"{median:.1f}", (position, median), textcoords="offset points", xytext=(8, 2), fontsize=8)
+  for position, median, ok in zip(x, medians, trained):
+    axes.annotate(f"{median:.1f}" if ok else "diverged", (position, median), textcoords="offset points",
+                  xytext=(8, 2), fontsize=8)
   if reference:
     known = [(position, reference[result.task]) for position, result in zip(x, summary) if result.task in reference]
     if known:
