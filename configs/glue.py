@@ -45,7 +45,9 @@ def get_config(recipe: str = "tupe") -> ml_collections.ConfigDict:
   c.init_checkpoint = ""           # train.py workdir, its checkpoints/ folder or a step directory (has its vocab)
   c.init_hf = ""                   # HF ConvBERT directory written by save_pretrained
   c.vocab_file = ""                # WordPiece vocab for init_hf (default <init_hf>/vocab.txt) and init "random"
-  c.lowercase = True               # uncased tokenization, as the vocab was trained (BERT uncased: True)
+  # Uncased tokenization? None: as the train.py checkpoint was pre-trained (its data.lowercase; contradicting it
+  # is an error), else True (BERT's uncased vocab) for init_hf and init "random".
+  c.lowercase = ml_collections.config_dict.placeholder(bool)
   c.model = ""                     # init "random": "<name>,<size>", e.g. "tupe_a,base"
   c.architectures = TUPE_MODELS if recipe == "tupe" else "convbert"  # model names this recipe fine-tunes
   c.head = recipe                  # classifier head: "tupe", "convbert" or "hf" (see tupe.models.heads)

@@ -9,6 +9,7 @@ import sys
 import jax
 import matplotlib.image
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
 from configs import glue as glue_config
@@ -83,6 +84,7 @@ def test_finetune_sst2_end_to_end(pretrained, glue_dir, bert_vocab, tmp_path, ca
   assert matplotlib.image.imread(workdir / "results.png").ndim == 3
   assert (workdir / "vocab.txt").read_text().splitlines() == bert_vocab.read_text().splitlines()
 
+  assert json.loads((workdir / "config.json").read_text())["lowercase"] is True  # As the checkpoint's text.
   lines = (workdir / "submission" / "SST-2.tsv").read_text().splitlines()
   assert lines[0] == "index\tprediction" and len(lines) == 1 + 1821
   rows = [line.split("\t") for line in lines[1:]]
@@ -242,3 +244,27 @@ def test_one_learning_rate_per_task_for_mnli():
   assert matched["by_lr"][1]["selection_median"] == 83.0 and matched["by_lr"][0]["median"] == 84.0
   assert finetune.best_run(runs)["seed"] == 2
   assert content["averages"]["tupe_average"]["tasks"] == ["MNLI-m", "MNLI-mm"]
+
+
+def write_meta(root, lowercase, vocab=("[PAD]", "[UNK]")):
+  """A step directory holding only a meta item, as train.py writes it."""
+  meta = {"config": {"data": {"lowercase": lowercase}}, "vocab": list(vocab)}
+  ocp.Checkpointer(ocp.JsonCheckpointHandler()).save(root / "checkpoints" / "7" / "meta", args=ocp.args.JsonSave(meta))
+  return root
+
+
+def test_lowercase_follows_the_checkpoint(pretrained, tmp_path):
+  cased = write_meta(tmp_path / "cased", False)
+  lowercase = lambda root, **overrides: finetune.tokenizer_lowercase(glue_cfg(init_checkpoint=str(root), **overrides))
+  assert lowercase(cased) is False and lowercase(cased, lowercase=False) is False
+  with pytest.raises(UserError, match=r"^lowercase=True, but checkpoint .*/7 was pre-trained on cased text: drop "
+                                      r"--config.lowercase to tokenize as in pre-training$"):
+    lowercase(cased, lowercase=True)
+  assert lowercase(pretrained) is True
+  synthetic = write_meta(tmp_path / "synthetic", False, vocab=())  # No vocab: --config.vocab_file says the text.
+  assert lowercase(synthetic) is True and lowercase(synthetic, lowercase=False) is False
+  assert finetune.tokenizer_lowercase(glue_cfg(init_hf="hf")) is True
+  assert finetune.tokenizer_lowercase(glue_cfg(init="random", lowercase=False)) is False
+  # Before anything else that needs the data.
+  with pytest.raises(UserError, match="pre-trained on lowercased text: drop --config.lowercase"):
+    finetune.run(glue_cfg(init_checkpoint=str(pretrained), tasks="rte", lowercase=False), str(tmp_path / "out"))

@@ -3,6 +3,7 @@
 The flow (eval_glue.py calls `run`):
   1. the backbone: a train.py checkpoint (with its own vocab), an imported HF ConvBERT, or random weights;
      its architecture, vocab size and positions checked against the config; the vocab written to the workdir;
+     text cased or lowercased as the checkpoint was pre-trained (`tokenizer_lowercase`);
   2. per task with runs left: the data (GLUE TSVs or TFDS) and a `TaskSetup`: the classifier and optimizer
      with parameters and optimizer state in their mesh shardings, and jitted init, train and eval steps,
      compiled once per task (the peak learning rate is an argument of the train step, so the grid reuses them);
@@ -35,6 +36,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
+import orbax.checkpoint as ocp
 
 from tupe import checkpoint as checkpoint_lib
 from tupe import hf
@@ -161,6 +163,26 @@ def check_backbone(cfg, model_cfg, vocab_size: int, source: str) -> None:
   if cfg.max_seq_len > model_cfg.max_position_embeddings:
     raise UserError(f"max_seq_len={cfg.max_seq_len} exceeds the {model_cfg.max_position_embeddings} positions "
                     f"of {source}: lower --config.max_seq_len")
+
+
+def tokenizer_lowercase(cfg) -> bool:
+  """Whether GLUE text is lowercased: as a train.py checkpoint was pre-trained (its data.lowercase), else
+  --config.lowercase, by default True (an uncased BERT vocab) for HF ConvBERT and random weights.
+
+  Raises:
+    UserError: --config.lowercase contradicts the checkpoint's setting.
+  """
+  if cfg.init == "pretrained" and cfg.init_checkpoint and not cfg.init_hf:
+    step_dir = checkpoint_lib.latest_step_dir(cfg.init_checkpoint)
+    meta = ocp.Checkpointer(ocp.JsonCheckpointHandler()).restore(step_dir / "meta")
+    if meta["vocab"]:  # Without a vocab (synthetic pre-training data) its text setting says nothing.
+      trained = bool(meta["config"]["data"].get("lowercase", True))
+      if cfg.lowercase is not None and cfg.lowercase != trained:
+        raise UserError(f"lowercase={cfg.lowercase}, but checkpoint {step_dir} was pre-trained on "
+                        f"{'lowercased' if trained else 'cased'} text: drop --config.lowercase to tokenize as in "
+                        f"pre-training")
+      return trained
+  return True if cfg.lowercase is None else cfg.lowercase
 
 
 def check_config(cfg) -> None:
@@ -557,6 +579,8 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
   if not tasks:
     raise UserError("no GLUE task selected: set --config.tasks, e.g. cola,sst2")
   parse_tasks(cfg.swap_pairs)
+  cfg = cfg.copy_and_resolve_references()
+  cfg.lowercase = tokenizer_lowercase(cfg)  # Recorded in config.json: a workdir's runs share one setting.
   check_resume(cfg, workdir)
   jax.config.update("jax_default_prng_impl", cfg.prng_impl)
   backbone = load_backbone(cfg, workdir)
