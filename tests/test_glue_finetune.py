@@ -268,3 +268,23 @@ def test_lowercase_follows_the_checkpoint(pretrained, tmp_path):
   # Before anything else that needs the data.
   with pytest.raises(UserError, match="pre-trained on lowercased text: drop --config.lowercase"):
     finetune.run(glue_cfg(init_checkpoint=str(pretrained), tasks="rte", lowercase=False), str(tmp_path / "out"))
+
+
+def test_schedule_errors_come_before_any_run(pretrained, glue_dir, tmp_path):
+  run = lambda cfg: finetune.run(cfg, str(tmp_path / "out"), devices=jax.devices()[:1])
+  base = dict(init_checkpoint=str(pretrained), tasks="sst2,rte", mesh=dict(data=1, fsdp=1, tensor=1))
+  cfg = glue_cfg(**base)
+  cfg.epochs.rte = 0
+  with pytest.raises(UserError, match=r"^epochs.rte=0: RTE needs at least one epoch; set --config.epochs.rte to 1 "
+                                      r"or more, or drop it from --config.tasks$"):
+    run(cfg)
+  with pytest.raises(UserError, match=r"seeds=\(0, -1\): give distinct non-negative seeds"):
+    run(glue_cfg(seeds=(0, -1), **base))
+  cfg = glue_cfg(data_dir=str(glue_dir), max_train_examples=10, learning_rates=(1e-3,), seeds=(0,), **base)
+  cfg.epochs.rte = 1
+  with pytest.raises(UserError, match=r"^RTE: 10 examples / batch_size 32 x epochs.rte=1 give 1 training step\(s\), "
+                                      r"none left after the 1-step warmup \(warmup_ratio=0.06, at least 1 step\): "
+                                      r"raise --config.epochs.rte or lower --config.batch_size \(or warmup_ratio\) "
+                                      r"to train 2 steps or more$"):
+    run(cfg)
+  assert not (tmp_path / "out" / "runs.jsonl").exists()  # SST-2, selected first, did not run either.

@@ -3,7 +3,8 @@
 The flow (eval_glue.py calls `run`):
   1. the backbone: a train.py checkpoint (with its own vocab), an imported HF ConvBERT, or random weights;
      its architecture, vocab size and positions checked against the config; the vocab written to the workdir;
-     text cased or lowercased as the checkpoint was pre-trained (`tokenizer_lowercase`);
+     text cased or lowercased as the checkpoint was pre-trained (`tokenizer_lowercase`); every selected task's
+     schedule checked (`schedule`) before the first run;
   2. per task with runs left: the data (GLUE TSVs or TFDS) and a `TaskSetup`: the classifier and optimizer
      with parameters and optimizer state in their mesh shardings, and jitted init, train and eval steps,
      compiled once per task (the peak learning rate is an argument of the train step, so the grid reuses them);
@@ -189,8 +190,12 @@ def check_config(cfg) -> None:
   """Value checks that need no data or model."""
   if cfg.head not in models.CLASSIFIER_STYLES:
     raise UserError(f"head={cfg.head!r}; use one of {', '.join(models.CLASSIFIER_STYLES)}")
-  if not cfg.seeds or len(set(cfg.seeds)) != len(cfg.seeds):
-    raise UserError(f"seeds={cfg.seeds}: give distinct seeds, e.g. --config.seeds=0,1,2")
+  if not cfg.seeds or len(set(cfg.seeds)) != len(cfg.seeds) or min(cfg.seeds) < 0:
+    raise UserError(f"seeds={cfg.seeds}: give distinct non-negative seeds, e.g. --config.seeds=0,1,2")
+  for task in parse_tasks(cfg.tasks):
+    if cfg.epochs[task_key(task)] <= 0:
+      raise UserError(f"epochs.{task_key(task)}={cfg.epochs[task_key(task)]}: {task.name} needs at least one "
+                      f"epoch; set --config.epochs.{task_key(task)} to 1 or more, or drop it from --config.tasks")
   if any(lr <= 0 for lr in cfg.learning_rates):
     raise UserError(f"learning_rates={cfg.learning_rates}: give positive learning rates")
   for field in ("batch_size", "eval_batch_size", "max_seq_len", "log_every"):
@@ -214,6 +219,24 @@ def parse_tasks(names: str) -> list[glue.Task]:
 
 def task_key(task: glue.Task) -> str:
   return task.name.lower().replace("-", "")
+
+
+def schedule(cfg, task: glue.Task, num_train: int) -> tuple[int, int, int]:
+  """(steps per epoch, total steps, warmup steps) of the task's training on `num_train` rows.
+
+  Raises:
+    UserError: no step would be left after the warmup (the schedule needs two steps or more).
+  """
+  key = task_key(task)
+  steps_per_epoch = math.ceil(num_train / cfg.batch_size)
+  total = steps_per_epoch * cfg.epochs[key]
+  warmup = max(1, round(cfg.warmup_ratio * total))  # The warmup's first step has learning rate 0.
+  if warmup >= total:
+    raise UserError(f"{task.name}: {num_train} examples / batch_size {cfg.batch_size} x epochs.{key}="
+                    f"{cfg.epochs[key]} give {total} training step(s), none left after the {warmup}-step warmup "
+                    f"(warmup_ratio={cfg.warmup_ratio:g}, at least 1 step): raise --config.epochs.{key} or lower "
+                    f"--config.batch_size (or warmup_ratio) to train {warmup + 1} steps or more")
+  return steps_per_epoch, total, warmup
 
 
 def learning_rates(cfg, model_cfg) -> tuple[float, ...]:
@@ -258,6 +281,17 @@ class TaskData:
   test: list[tuple[glue.Evaluation, dict]]
 
 
+def train_examples(cfg, task: glue.Task) -> list[glue.Example]:
+  """The task's training examples: the first max_train_examples if that is > 0."""
+  train = load_examples(cfg, task.name, "train")
+  return train[:cfg.max_train_examples] if cfg.max_train_examples > 0 else train
+
+
+def swapped(cfg, task: glue.Task) -> bool:
+  """Whether the task also trains on (b, a) pairs: twice as many rows as training examples."""
+  return task in parse_tasks(cfg.swap_pairs)
+
+
 def load_task_data(cfg, task: glue.Task, vocab_file, with_test: bool) -> TaskData:
   tokenizer, _ = tokenizer_lib.load_tokenizer(vocab_file, lowercase=cfg.lowercase)
   label_dtype = np.float32 if task.is_regression else np.int32  # Also for unlabelled (-1) test splits.
@@ -266,14 +300,10 @@ def load_task_data(cfg, task: glue.Task, vocab_file, with_test: bool) -> TaskDat
     arrays = glue.encode(tokenizer, examples, cfg.max_seq_len, swap)
     return dict(arrays, labels=arrays["labels"].astype(label_dtype))
 
-  train = load_examples(cfg, task.name, "train")
-  if cfg.max_train_examples > 0:
-    train = train[:cfg.max_train_examples]
-  swap = task in parse_tasks(cfg.swap_pairs)
   dev = [(ev, encode(load_examples(cfg, ev.task, ev.dev_split))) for ev in dev_evaluations(task)]
   test = [(ev, encode(load_examples(cfg, ev.task, ev.test_split)))
           for ev in (test_evaluations(task) if with_test else [])]
-  return TaskData(task, encode(train, swap), dev, test)
+  return TaskData(task, encode(train_examples(cfg, task), swapped(cfg, task)), dev, test)
 
 
 def batch_rows(arrays: dict, rows: np.ndarray, size: int, regression_scale: float) -> dict:
@@ -337,13 +367,11 @@ def build_task(cfg, backbone: Backbone, task: glue.Task, num_train: int, mesh, r
   boxed = jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), *dummy)["params"])
   param_sharding = sharding.logical_shardings(boxed, mesh, rules)
   abstract_params = nn.meta.unbox(boxed)
-  epochs = cfg.epochs[task_key(task)]
-  steps_per_epoch = math.ceil(num_train / cfg.batch_size)
-  total = steps_per_epoch * epochs
+  steps_per_epoch, total, warmup = schedule(cfg, task, num_train)
   # A linear or polynomial decay to 0 scales with its peak: the schedule peaks at 1 and each step multiplies
   # the update by its run's learning rate, so all learning rates share one compiled step.
   opt_cfg = ml_collections.ConfigDict(dict(cfg.optimizer.to_dict(), learning_rate=1.0, end_learning_rate=0.0,
-                                           warmup_steps=round(cfg.warmup_ratio * total)))
+                                           warmup_steps=warmup))
   tx, _ = optim.make_optimizer(opt_cfg, abstract_params, total, backbone.cfg.num_layers)
   state_sharding = trainer.state_shardings(tx, abstract_params, param_sharding, mesh)
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
@@ -379,7 +407,7 @@ def build_task(cfg, backbone: Backbone, task: glue.Task, num_train: int, mesh, r
 
   batch_sharding = sharding.batch_sharding(mesh)
   return TaskSetup(
-      mesh=mesh, epochs=epochs, steps_per_epoch=steps_per_epoch, total_steps=total,
+      mesh=mesh, epochs=cfg.epochs[task_key(task)], steps_per_epoch=steps_per_epoch, total_steps=total,
       init_state=jax.jit(init_state, out_shardings=state_sharding),
       train_step=jax.jit(train_step, in_shardings=(state_sharding, batch_sharding, replicated),
                          out_shardings=(state_sharding, replicated), donate_argnums=(0,)),
@@ -588,8 +616,8 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
   done = {(run["task"], run["lr"], run["seed"]) for run in read_runs(workdir)}
   pending = {task.name: [(lr, seed) for lr in lrs for seed in cfg.seeds if (task.name, lr, seed) not in done]
              for task in tasks}
-  for task in (task for task in tasks if pending[task.name]):  # Fail on missing data before the first run.
-    load_examples(cfg, task.name, "train")
+  for task in (task for task in tasks if pending[task.name]):  # Fail on missing data or steps before any run.
+    schedule(cfg, task, len(train_examples(cfg, task)) * (2 if swapped(cfg, task) else 1))
     for ev in dev_evaluations(task):
       load_examples(cfg, ev.task, ev.dev_split)
     for ev in test_evaluations(task) if cfg.predict_test else []:
