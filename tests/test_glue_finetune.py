@@ -85,6 +85,11 @@ def test_finetune_sst2_end_to_end(pretrained, glue_dir, bert_vocab, tmp_path, ca
   assert (workdir / "vocab.txt").read_text().splitlines() == bert_vocab.read_text().splitlines()
 
   assert json.loads((workdir / "config.json").read_text())["lowercase"] is True  # As the checkpoint's text.
+  assert ("(2 of 11; WNLI.tsv: the majority class 0 for every row, as BERT's authors submitted; missing CoLA.tsv, "
+          "MRPC.tsv, STS-B.tsv, QQP.tsv, MNLI-m.tsv, MNLI-mm.tsv, QNLI.tsv, RTE.tsv, AX.tsv: add their tasks to "
+          "--config.tasks)") in out
+  assert (workdir / "submission" / "WNLI.tsv").read_text() == "index\tprediction\n" + "".join(
+      f"{i}\t0\n" for i in range(146))
   lines = (workdir / "submission" / "SST-2.tsv").read_text().splitlines()
   assert lines[0] == "index\tprediction" and len(lines) == 1 + 1821
   rows = [line.split("\t") for line in lines[1:]]
@@ -244,6 +249,20 @@ def test_one_learning_rate_per_task_for_mnli():
   assert matched["by_lr"][1]["selection_median"] == 83.0 and matched["by_lr"][0]["median"] == 84.0
   assert finetune.best_run(runs)["seed"] == 2
   assert content["averages"]["tupe_average"]["tasks"] == ["MNLI-m", "MNLI-mm"]
+
+
+def test_submission_note_names_every_missing_file(tmp_path):
+  trained = ["CoLA", "SST-2", "MRPC", "STS-B", "QQP", "MNLI", "QNLI", "RTE"]
+  runs = [{"task": task} for task in trained]
+  every = [tmp_path / f"{name}.tsv" for name in glue.EVALUATIONS]
+  assert finetune.submission_note(runs, every) == (
+      "11 of 11; WNLI.tsv: the majority class 0 for every row, as BERT's authors submitted; zip them together")
+  some = [path for path in every if path.stem not in ("RTE", "MNLI-m", "MNLI-mm", "AX", "QQP")]
+  assert finetune.submission_note(runs[:4] + runs[5:], some) == (
+      "6 of 11; WNLI.tsv: the majority class 0 for every row, as BERT's authors submitted; missing QQP.tsv: add "
+      "their tasks to --config.tasks; missing MNLI-m.tsv, MNLI-mm.tsv, RTE.tsv, AX.tsv: the chosen run has no "
+      "finite test predictions (diverged, or run with predict_test=False)")
+  assert finetune.submission_note(runs + [{"task": "WNLI"}], every) == "11 of 11; zip them together"
 
 
 def write_meta(root, lowercase, vocab=("[PAD]", "[UNK]")):

@@ -11,7 +11,8 @@ The flow (eval_glue.py calls `run`):
   3. per (lr, seed) not yet in runs.jsonl: training with dev evaluations (twice per epoch, keeping the best
      parameters, or once at the end), test predictions from the kept parameters, one line in runs.jsonl;
   4. the report: results.json, results.md, results.png, and GLUE server files from each task's model at its
-     best learning rate (median over seeds) with its best seed.
+     best learning rate (median over seeds) with its best seed. WNLI, unless fine-tuned, gets the majority
+     class (as BERT's authors submitted it); the log names any of the 11 server files not written.
 A restart skips finished runs; a run cut short is run again from its start.
 
 Diverged runs (a learning rate too high: NaN or inf logits) do not stop the grid. Rows with non-finite logits
@@ -63,6 +64,8 @@ PAPER_DEV = {
 # Fields that may change when a workdir is resumed: which runs to add, and how to run them.
 RESUMABLE_FIELDS = ("tasks", "learning_rates", "seeds", "data_dir", "tfds_data_dir", "predict_test",
                     "plot_reference", "log_every", "eval_batch_size", "mesh", "sharding_rules", "distributed")
+# WNLI's majority class (0, not_entailment, in train and dev), which BERT's authors submitted instead of a model.
+WNLI_MAJORITY_CLASS = 0
 _HOW_TO_GET_GLUE = ("set --config.data_dir to the folder written by GLUE's download script "
                     "(download_glue_data.py, linked from gluebenchmark.com/tasks), or --config.tfds_data_dir to a "
                     "TFDS folder with glue/<task> prepared (`tfds build glue`)")
@@ -574,14 +577,9 @@ def best_run(runs: list[dict]) -> dict:
              key=lambda run: (glue_metrics.ranking_score(run["score"]), -run["seed"]))
 
 
-def write_outputs(cfg, workdir: pathlib.Path, backbone: Backbone) -> None:
-  """results.json/.md/.png of every finished run, and submission/ files from each task's best run."""
-  runs = read_runs(workdir)
-  if not runs or jax.process_index() != 0:
-    return
-  paper = PAPER_DEV.get(backbone.cfg.name) if cfg.plot_reference else None
-  reference = dict(zip(glue_metrics.TUPE_AVERAGE_TASKS, paper)) if paper else None
-  paths = report.write_report(workdir, run_records(runs), reference)
+def submission_predictions(workdir: pathlib.Path, runs: list[dict]) -> dict:
+  """Test predictions {evaluation: (idx, values)} of each task's best run (`best_run`), where it saved finite
+  ones, and WNLI's majority class when WNLI was not fine-tuned."""
   predictions = {}
   for task in dict.fromkeys(run["task"] for run in runs):
     chosen = best_run([run for run in runs if run["task"] == task])
@@ -591,10 +589,43 @@ def write_outputs(cfg, workdir: pathlib.Path, backbone: Backbone) -> None:
         for ev in test_evaluations(glue.TASKS[task]):
           if f"{ev.name}.idx" in saved and np.isfinite(saved[f"{ev.name}.values"]).all():
             predictions[ev.name] = (saved[f"{ev.name}.idx"], saved[f"{ev.name}.values"])
+  if predictions and "WNLI" not in {run["task"] for run in runs}:
+    rows = glue.EVALUATIONS["WNLI"].test_rows
+    predictions["WNLI"] = (np.arange(rows), np.full(rows, WNLI_MAJORITY_CLASS))
+  return predictions
+
+
+def submission_note(runs: list[dict], written: list[pathlib.Path]) -> str:
+  """The log's account of the server files: how many of 11, WNLI's majority class, and the missing ones."""
+  tasks = {run["task"] for run in runs}
+  written_names = {path.stem for path in written}
+  missing = {name: glue.TASKS[ev.task].model_task or ev.task  # The task whose model predicts it.
+             for name, ev in glue.EVALUATIONS.items() if name not in written_names}
+  note = f"{len(written)} of {len(glue.EVALUATIONS)}"
+  if "WNLI" not in tasks:
+    note += f"; WNLI.tsv: the majority class {WNLI_MAJORITY_CLASS} for every row, as BERT's authors submitted"
+  untrained = [f"{name}.tsv" for name, task in missing.items() if task not in tasks]
+  unpredicted = [f"{name}.tsv" for name, task in missing.items() if task in tasks]
+  if untrained:
+    note += f"; missing {', '.join(untrained)}: add their tasks to --config.tasks"
+  if unpredicted:
+    note += (f"; missing {', '.join(unpredicted)}: the chosen run has no finite test predictions (diverged, "
+             f"or run with predict_test=False)")
+  return note + ("" if missing else "; zip them together")
+
+
+def write_outputs(cfg, workdir: pathlib.Path, backbone: Backbone) -> None:
+  """results.json/.md/.png of every finished run, and submission/ files from each task's best run."""
+  runs = read_runs(workdir)
+  if not runs or jax.process_index() != 0:
+    return
+  paper = PAPER_DEV.get(backbone.cfg.name) if cfg.plot_reference else None
+  reference = dict(zip(glue_metrics.TUPE_AVERAGE_TASKS, paper)) if paper else None
+  paths = report.write_report(workdir, run_records(runs), reference)
+  predictions = submission_predictions(workdir, runs)
   files = report.write_submission(workdir / "submission", predictions) if predictions else []
   logs.log(f"wrote {', '.join(str(p) for p in paths.values())}"
-           + (f"; GLUE server files in {workdir / 'submission'} ({len(files)} of 11; zip them together)"
-              if files else ""))
+           + (f"; GLUE server files in {workdir / 'submission'} ({submission_note(runs, files)})" if files else ""))
 
 
 def run(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
