@@ -334,12 +334,6 @@ def eval_batches(arrays: dict, batch_size: int, regression_scale: float):
     yield len(rows), batch_rows(arrays, rows, batch_size, regression_scale)
 
 
-def host_rows(batch: dict) -> dict:
-  """This host's contiguous share of a global batch (all of it on one host)."""
-  hosts, host = jax.process_count(), jax.process_index()
-  return {k: np.split(v, hosts)[host] for k, v in batch.items()}
-
-
 # -------------------------------------------------------------------------------------------- the model
 
 
@@ -434,7 +428,7 @@ def predict(setup: TaskSetup, params, arrays: dict, cfg) -> tuple[np.ndarray, fl
   """Predictions [n] for every row (`prediction_values`) and the mean loss over labelled rows."""
   outputs, loss, weight = [], 0.0, 0.0
   for real, batch in eval_batches(arrays, cfg.eval_batch_size, cfg.regression_scale):
-    out = jax.device_get(setup.eval_step(params, sharding.global_batch(host_rows(batch), setup.mesh)))
+    out = jax.device_get(setup.eval_step(params, sharding.shard_batch(batch, setup.mesh)))
     outputs.append(out["logits"][:real])
     loss, weight = loss + float(out["loss_sum"]), weight + float(out["weight_sum"])
   return prediction_values(np.concatenate(outputs), cfg.regression_scale), loss / max(weight, 1.0)
@@ -477,7 +471,7 @@ def finetune(cfg, setup: TaskSetup, data: TaskData, encoder, lr: float, seed: in
     for b in range(setup.steps_per_epoch):
       rows = order[b * cfg.batch_size:(b + 1) * cfg.batch_size]
       batch = batch_rows(train, rows, cfg.batch_size, cfg.regression_scale)
-      state, loss = setup.train_step(state, sharding.global_batch(host_rows(batch), setup.mesh), lr_array)
+      state, loss = setup.train_step(state, sharding.shard_batch(batch, setup.mesh), lr_array)
       losses.append(loss)
       step += 1
       if step % cfg.log_every == 0 or step == setup.total_steps:
