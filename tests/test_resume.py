@@ -213,6 +213,17 @@ def test_resume_with_data_worker_processes(tmp_path, reference):
   resume_and_compare(workdir, reference, STEPS - EVERY, {"data.num_workers": 1})
 
 
+def test_resume_at_the_last_step_trains_nothing(tmp_path, reference):
+  ref_dir, _, _ = reference
+  workdir = tmp_path / "run"
+  shutil.copytree(ref_dir, workdir)
+  logged = len(metric_records(workdir))
+  proc = run_train(workdir, {"num_train_steps": STEPS - EVERY})
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert f"checkpoint {STEPS} has reached num_train_steps={STEPS - EVERY}: nothing to train" in proc.stdout
+  assert len(metric_records(workdir)) == logged and finished_steps(workdir) == [4, 8, 12]
+
+
 def test_no_restorable_checkpoint_is_an_error(tmp_path, reference):
   """Every checkpoint corrupted: an error, not a silent fresh start; nothing is renamed."""
   ref_dir, _, _ = reference

@@ -34,6 +34,9 @@ def _first_cause(e: BaseException) -> BaseException:
 
 def flag_error(e: Exception, argv: list[str]) -> str:
   """The problem and its fix in one line; an unknown config field is named with the override that used it."""
+  if isinstance(e, OSError):  # The config file did not load.
+    return (f"--config: cannot load the config file: {str(e).strip().splitlines()[-1].strip()}; give an existing "
+            f"configs/<file>.py")
   if isinstance(e, flags.Error):
     cause = _first_cause(e)
     if isinstance(cause, UserError):  # Raised by the config file's get_config, e.g. an unknown model name.
@@ -52,7 +55,8 @@ def flag_error(e: Exception, argv: list[str]) -> str:
 def parse_flags(argv: list[str]) -> list[str]:
   try:
     return flags.FLAGS(argv)
-  except (flags.Error, AttributeError, KeyError) as e:  # Unknown config fields raise Attribute/KeyError.
+  # Unknown config fields raise Attribute/KeyError; an override of a config file that did not load, OSError.
+  except (flags.Error, AttributeError, KeyError, OSError) as e:
     if "--verbose" in argv:
       raise
     print(f"error: {flag_error(e, argv)}", file=sys.stderr)
@@ -66,7 +70,12 @@ def run(job: Callable[[object, str], object]) -> None:
       raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     logging.set_verbosity(logging.WARNING)  # Library INFO chatter (orbax) off; progress lines are printed.
     try:
-      job(flags.FLAGS.config, flags.FLAGS.workdir)
+      config = flags.FLAGS.config
+      try:
+        config.to_dict  # config_flags defers the error of a config file that failed to load to the first access.
+      except OSError as e:
+        raise UserError(flag_error(e, argv)) from e
+      job(config, flags.FLAGS.workdir)
     except UserError as e:
       if flags.FLAGS.verbose:
         raise

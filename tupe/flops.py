@@ -103,4 +103,8 @@ def peak_flops_per_device(configured: float = 0.0) -> tuple[float, str]:
   for prefix, peak in PEAK_BF16.items():
     if kind.startswith(prefix):
       return peak, f"{prefix} bf16 data sheet"
-  return measured_matmul_peak(), f"measured fp32 matmul on {kind}"
+  devices = jax.local_device_count()
+  if devices == 1:
+    return measured_matmul_peak(), f"measured fp32 matmul on {kind}"
+  # Host-platform devices (--xla_force_host_platform_device_count) share the cores that the matmul measured.
+  return measured_matmul_peak() / devices, f"measured fp32 matmul on {kind}, shared by {devices} devices"

@@ -137,10 +137,15 @@ def make_train_step(cfg, module, tx, lr_schedule):
     # whose norm overflows float32 (above ~1e19) counts as non-finite.
     finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm) & jnp.isfinite(optax.global_norm(updates))
     keep_finite = lambda new, old: jax.tree_util.tree_map(lambda n, o: jnp.where(finite, n, o), new, old)
+    # The learning-rate schedule's counter advances on a skipped step as state.step does, so the rate applied
+    # is always the one logged, lr_schedule(state.step); Adam's moments and counter keep their old values.
+    is_schedule = lambda x: isinstance(x, optax.ScaleByScheduleState)
+    opt_state = jax.tree_util.tree_map(lambda n, o: n if is_schedule(n) else keep_finite(n, o), opt_state,
+                                       state.opt_state, is_leaf=is_schedule)
     metrics = dict(metrics, grad_norm=grad_norm, learning_rate=lr_schedule(state.step),
                    nonfinite=1.0 - finite.astype(jnp.float32))
-    return TrainState(step=state.step + 1, params=keep_finite(params, state.params),
-                      opt_state=keep_finite(opt_state, state.opt_state), rng=state.rng), metrics
+    return TrainState(step=state.step + 1, params=keep_finite(params, state.params), opt_state=opt_state,
+                      rng=state.rng), metrics
 
   return train_step
 
@@ -257,9 +262,30 @@ def evaluate(setup: Setup, params, cfg, eval_data: pipeline.PretrainData, rows: 
   return {k: v / n for k, v in totals.items()}
 
 
+PRNG_IMPLS = ("rbg", "unsafe_rbg", "threefry2x32")
+
+
+def check_config(cfg) -> None:
+  """Value checks of the training loop's settings, before anything is loaded."""
+  positive = {"num_train_steps": cfg.num_train_steps, "global_batch_size": cfg.global_batch_size,
+              "grad_accum_steps": cfg.grad_accum_steps, "log_every": cfg.log_every,
+              "eval_batches": cfg.eval_batches, "checkpoint.every_steps": cfg.checkpoint.every_steps,
+              "checkpoint.keep_last": cfg.checkpoint.keep_last}
+  for name, value in positive.items():
+    if value < 1:
+      raise UserError(f"{name}={value} must be 1 or more")
+  if cfg.eval_every < 0:
+    raise UserError(f"eval_every={cfg.eval_every}: use 0 (no evaluation) or a number of steps")
+  if cfg.nonfinite not in ("skip", "stop"):
+    raise UserError(f"nonfinite={cfg.nonfinite!r}; use 'skip' or 'stop'")
+  if cfg.prng_impl not in PRNG_IMPLS:
+    raise UserError(f"prng_impl={cfg.prng_impl!r}; use one of {', '.join(PRNG_IMPLS)}")
+
+
 def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
   """Runs (or resumes) pre-training in `workdir`; returns the last step's metrics."""
   workdir = pathlib.Path(workdir)
+  check_config(cfg)
   maybe_initialize_distributed(cfg)
   check_workdir(workdir)
   hosts, host = jax.process_count(), jax.process_index()
@@ -276,7 +302,8 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
   logs.log(f"model {cfg.model.name} ({cfg.model.size}), {n_params / 1e6:.2f}M parameters, objective "
            f"{cfg.objective}; mesh {dict(setup.mesh.shape)} over {jax.device_count()} "
            f"{jax.devices()[0].platform} devices on {hosts} host(s); global batch {cfg.global_batch_size} "
-           f"({rows[1] - rows[0]} per host, {cfg.grad_accum_steps} accumulation steps) x {cfg.seq_len} tokens; "
+           f"({rows[1] - rows[0]} per host, {cfg.global_batch_size // sharding.data_parallel_size(setup.mesh)} "
+           f"per data-parallel device, {cfg.grad_accum_steps} accumulation steps) x {cfg.seq_len} tokens; "
            f"{len(train_data)} training examples")
 
   preempted = []
@@ -292,6 +319,10 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
     else:
       start, state = restored
       logs.log(f"resumed from checkpoint {start} in {ckpt.directory}")
+      if start >= cfg.num_train_steps:
+        logs.log(f"checkpoint {start} has reached num_train_steps={cfg.num_train_steps}: nothing to train (raise "
+                 f"--config.num_train_steps to train on)")
+        return {}
     train_iter = train_data.iterator(batch_size=cfg.global_batch_size, seed=cfg.seed, rows=rows, start_batch=start)
 
     compiled, report = compile_train_step(setup)
@@ -336,6 +367,9 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
         ckpt.save(step, state, meta)
         progress.restart_clock()
       if cfg.eval_every and step % cfg.eval_every == 0:
+        if pending is not None:  # Its rates are measured now, not after the evaluation restarts the clock.
+          finish(*pending)
+          pending = None
         eval_metrics = evaluate(setup, state.params, cfg, eval_data, rows)
         writer.write(step, eval_metrics, prefix="eval_")
         logs.log(f"eval at step {step}: " + " ".join(f"{k} {v:.4f}" for k, v in eval_metrics.items()))
