@@ -32,16 +32,18 @@ def synthetic_batches(cfg, steps: int, n_pred: int, seed: int = 0):
     positions = np.stack([rng.choice(np.arange(1, n), n_pred, replace=False) for n in lengths]).astype(np.int32)
     yield {"input_ids": ids, "attention_mask": mask, "token_type_ids": (np.arange(L)[None] >= lengths[:, None] // 2)
            .astype(np.int32) * mask, "masked_positions": positions,
-           "masked_ids": np.take_along_axis(ids, positions, 1), "masked_weights": np.ones((b, n_pred), np.float32)}
+           "masked_ids": np.take_along_axis(ids, positions, 1),
+           # Unused prediction slots, more in some rows than others, as packing leaves them.
+           "masked_weights": (rng.random((b, n_pred)) < rng.uniform(0.3, 1.0, (b, 1))).astype(np.float32)}
 
 
-def run(cfg, devices, steps):
+def run(cfg, devices, steps, metric="loss"):
   setup = trainer.build(cfg, devices)
   state = setup.init_state()
   losses = []
   for batch in synthetic_batches(cfg, steps, setup.num_predictions):
     state, metrics = setup.train_step(state, sharding.shard_batch(batch, setup.mesh))
-    losses.append(float(metrics["loss"]))
+    losses.append(float(metrics[metric]))
   return losses, jax.device_get(state.params)
 
 
@@ -83,11 +85,17 @@ def test_fsdp_shards_parameters():
 
 
 def test_gradient_accumulation_matches_full_batch():
-  cfg = tiny_config("bert_a")
+  """Microbatches with different numbers of predictions: the loss, the accuracy and the update are the whole
+  batch's (each microbatch normalized by the batch's counts, not its own). Not ELECTRA: its generator's samples
+  depend on the microbatch's random key."""
+  cfg, metric = tiny_config("bert_a"), "mlm_accuracy"
   cfg.model.update(hidden_dropout=0.0, attention_dropout=0.0)
   ref_losses, ref_params = run(cfg, jax.devices()[:1], 2)
+  ref_metric, _ = run(cfg, jax.devices()[:1], 1, metric)
   cfg.grad_accum_steps = 4
   losses, params = run(cfg, jax.devices()[:1], 2)
+  np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+  np.testing.assert_allclose(run(cfg, jax.devices()[:1], 1, metric)[0], ref_metric, rtol=1e-5)
   jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5), params, ref_params)
 
 

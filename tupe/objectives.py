@@ -28,10 +28,25 @@ def init_inputs(batch_size: int, seq_len: int, num_predictions: int):
   return ids, jnp.ones_like(ids), jnp.zeros_like(ids), jnp.zeros((batch_size, num_predictions), jnp.int32)
 
 
-def weighted_cross_entropy(logits, labels, weights):
-  """Mean cross entropy and accuracy over weighted positions. logits fp32 [..., vocab]; labels/weights [...]."""
+# Metrics that are not a sum over positions: a microbatch's value is averaged, not summed (`normalizers`).
+AVERAGED_METRICS = ("disc_auc",)
+
+
+def normalizers(batch) -> dict:
+  """The denominators of a batch's losses: its prediction count and real-token count (at least 1 each).
+
+  Gradient accumulation passes the whole batch's to every microbatch, whose losses and metrics are then its
+  shares of the batch's, and their sum is exactly the batch's value (except AVERAGED_METRICS).
+  """
+  return {"predictions": jnp.maximum(batch["masked_weights"].astype(jnp.float32).sum(), 1.0),
+          "tokens": jnp.maximum(batch["attention_mask"].astype(jnp.float32).sum(), 1.0)}
+
+
+def weighted_cross_entropy(logits, labels, weights, denom=None):
+  """Cross entropy and accuracy summed over weighted positions over `denom` (default: the weights' sum).
+  logits fp32 [..., vocab]; labels/weights [...]."""
   loss = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), labels)
-  denom = jnp.maximum(weights.sum(), 1.0)
+  denom = jnp.maximum(weights.sum(), 1.0) if denom is None else denom
   accuracy = ((jnp.argmax(logits, -1) == labels) * weights).sum() / denom
   return (loss * weights).sum() / denom, accuracy
 
@@ -48,22 +63,23 @@ def binary_auc(scores, labels, weights):
   return (pos_rank_sum - n_pos * (n_pos + 1) / 2) / jnp.maximum(n_pos * n_neg, 1.0)
 
 
-def mlm_loss(module, params, batch, rng, deterministic: bool):
+def mlm_loss(module, params, batch, rng, deterministic: bool, denoms: dict):
   logits = module.apply({"params": params}, batch["input_ids"], batch["attention_mask"],
                         batch["token_type_ids"], batch["masked_positions"], deterministic,
                         rngs={"dropout": rng})
-  loss, accuracy = weighted_cross_entropy(logits, batch["masked_ids"], batch["masked_weights"])
+  loss, accuracy = weighted_cross_entropy(logits, batch["masked_ids"], batch["masked_weights"],
+                                          denoms["predictions"])
   return loss, {"loss": loss, "mlm_loss": loss, "mlm_accuracy": accuracy}
 
 
-def electra_loss(module, params, batch, rng, deterministic: bool, disc_weight: float):
+def electra_loss(module, params, batch, rng, deterministic: bool, disc_weight: float, denoms: dict):
   """gen MLM loss + disc_weight * discriminator loss; replacements sampled by Gumbel-max, no gradient."""
   gen_rng, sample_rng, disc_rng = jax.random.split(rng, 3)
   inputs = (batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
   positions, original, weights = batch["masked_positions"], batch["masked_ids"], batch["masked_weights"]
   gen_logits = module.apply({"params": params}, *inputs, positions, deterministic,
                             method=module.generator_logits, rngs={"dropout": gen_rng})
-  gen_loss, gen_accuracy = weighted_cross_entropy(gen_logits, original, weights)
+  gen_loss, gen_accuracy = weighted_cross_entropy(gen_logits, original, weights, denoms["predictions"])
   gumbel = jax.random.gumbel(sample_rng, gen_logits.shape, jnp.float32)
   sampled = jnp.argmax(jax.lax.stop_gradient(gen_logits) + gumbel, axis=-1).astype(jnp.int32)
   current = jnp.take_along_axis(batch["input_ids"], positions, axis=1)
@@ -75,7 +91,7 @@ def electra_loss(module, params, batch, rng, deterministic: bool, disc_weight: f
   disc_logits = module.apply({"params": params}, corrupted, *inputs[1:], deterministic,
                              method=module.discriminator_logits, rngs={"dropout": disc_rng})
   token_weights = batch["attention_mask"].astype(jnp.float32)
-  denom = jnp.maximum(token_weights.sum(), 1.0)
+  denom = denoms["tokens"]
   disc_loss = (optax.sigmoid_binary_cross_entropy(disc_logits, labels) * token_weights).sum() / denom
   disc_accuracy = (((disc_logits > 0) == (labels > 0)) * token_weights).sum() / denom
   loss = gen_loss + disc_weight * disc_loss
@@ -84,8 +100,12 @@ def electra_loss(module, params, batch, rng, deterministic: bool, disc_weight: f
                 "replaced_fraction": (labels * token_weights).sum() / denom}
 
 
-def loss_fn(cfg, module, params, batch, rng, deterministic: bool = False):
-  """(scalar float32 loss, metrics dict of scalars) for the configured objective."""
+def loss_fn(cfg, module, params, batch, rng, deterministic: bool = False, denoms: dict | None = None):
+  """(scalar float32 loss, metrics dict of scalars) for the configured objective.
+
+  `denoms`: the loss denominators (`normalizers`), by default the batch's own.
+  """
+  denoms = normalizers(batch) if denoms is None else denoms
   if cfg.objective == "electra":
-    return electra_loss(module, params, batch, rng, deterministic, cfg.disc_weight)
-  return mlm_loss(module, params, batch, rng, deterministic)
+    return electra_loss(module, params, batch, rng, deterministic, cfg.disc_weight, denoms)
+  return mlm_loss(module, params, batch, rng, deterministic, denoms)

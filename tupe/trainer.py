@@ -105,24 +105,26 @@ def make_train_step(cfg, module, tx, lr_schedule):
 
   def grads_and_metrics(params, batch, rng):
     grad_fn = jax.value_and_grad(
-        lambda p, b, r: objectives.loss_fn(cfg, module, p, b, r, deterministic=False), has_aux=True)
+        lambda p, b, r, d=None: objectives.loss_fn(cfg, module, p, b, r, deterministic=False, denoms=d),
+        has_aux=True)
     if accum == 1:
       (_, metrics), grads = grad_fn(params, batch, rng)
       return grads, metrics
     # [batch, ...] -> [accum, batch / accum, ...], microbatch i = rows i, i + accum, ... (keeps the sharding).
     micro = jax.tree_util.tree_map(
         lambda x: x.reshape((x.shape[0] // accum, accum) + x.shape[1:]).swapaxes(0, 1), batch)
+    denoms = objectives.normalizers(batch)  # Each microbatch's loss is its share of the whole batch's mean.
 
     def body(carry, inputs):
       i, b = inputs
-      (_, metrics), grads = grad_fn(params, b, jax.random.fold_in(rng, i))
+      (_, metrics), grads = grad_fn(params, b, jax.random.fold_in(rng, i), denoms)
       return jax.tree_util.tree_map(jnp.add, carry, (grads, metrics)), None
 
     zeros = jax.tree_util.tree_map(jnp.zeros_like, jax.eval_shape(
         lambda: (params, objectives.loss_fn(cfg, module, params,
                                             jax.tree_util.tree_map(lambda x: x[0], micro), rng)[1])))
     (grads, metrics), _ = jax.lax.scan(body, zeros, (jnp.arange(accum), micro))
-    return jax.tree_util.tree_map(lambda x: x / accum, (grads, metrics))
+    return grads, {k: v / accum if k in objectives.AVERAGED_METRICS else v for k, v in metrics.items()}
 
   def train_step(state: TrainState, batch):
     rng = jax.random.fold_in(state.rng, state.step)
