@@ -92,6 +92,8 @@ class Checkpointer:
         restored = self.manager.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract_state)))
       except Exception as e:  # A truncated or corrupted checkpoint: fall back to an older one.
+        _ignore_reads_left_by_failed_restores()
+        _check_same_optimizer(step, self.directory, saved_meta["config"], meta["config"], e)
         skipped.append(self._skip(step, e))
         continue
       self._move_aside(skipped)
@@ -217,6 +219,19 @@ def _check_fits(step: int, directory: pathlib.Path, saved_params, params, saved_
     diff = [f"parameter {name} is {saved_shapes.get(name)} in the checkpoint, {current_shapes.get(name)} now"]
   raise UserError(f"{where} was written for another model ({'; '.join(diff[:3])}); resume with the same model "
                   f"config or use a new --workdir")
+
+
+def _check_same_optimizer(step: int, directory: pathlib.Path, saved_config: dict, config: dict,
+                          error: Exception) -> None:
+  """A checkpoint that fails to restore under another optimizer config is reported as such, not as corrupted:
+  its optimizer state has another structure (e.g. without the clipping stage) and the checkpoint is intact."""
+  saved, current = _flat(saved_config.get("optimizer", {})), _flat(config.get("optimizer", {}))
+  diff = [f"optimizer.{k}={saved.get(k)!r} in the checkpoint, {current.get(k)!r} now"
+          for k in sorted(saved.keys() | current.keys()) if saved.get(k) != current.get(k)]
+  if diff:
+    raise UserError(f"checkpoint {step} in {directory} could not be restored with another optimizer config "
+                    f"({'; '.join(diff[:3])}; {_reason(error)}); resume with its optimizer settings or use a new "
+                    f"--workdir") from error
 
 
 def _check_same_data(step: int, directory: pathlib.Path, saved_meta: dict, meta: dict) -> None:
