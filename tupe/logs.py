@@ -95,8 +95,9 @@ class Progress:
     eta = (self.total - step) / rates["steps_per_s"] if rates["steps_per_s"] else float("nan")
     shown = " ".join(f"{k} {float(metrics[k]):.4f}" for k in
                      ("loss", "mlm_accuracy", "disc_auc", "grad_norm", "learning_rate") if k in metrics)
+    real = f" ({rates['real_tokens_per_s']:,.0f} not padding)" if "real_tokens_per_s" in rates else ""
     return (f"step {step}/{self.total} {shown} | {rates['steps_per_s']:.2f} steps/s "
-            f"{rates['tokens_per_s']:,.0f} tokens/s MFU {100 * rates['mfu']:.1f}% | "
+            f"{rates['tokens_per_s']:,.0f} tokens/s{real} MFU {100 * rates['mfu']:.1f}% | "
             f"ETA {format_duration(eta) if math.isfinite(eta) else '?'}")
 
 

@@ -145,7 +145,8 @@ def make_train_step(cfg, module, tx, lr_schedule):
     opt_state = jax.tree_util.tree_map(lambda n, o: n if is_schedule(n) else keep_finite(n, o), opt_state,
                                        state.opt_state, is_leaf=is_schedule)
     metrics = dict(metrics, grad_norm=grad_norm, learning_rate=lr_schedule(state.step),
-                   nonfinite=1.0 - finite.astype(jnp.float32))
+                   nonfinite=1.0 - finite.astype(jnp.float32),
+                   real_tokens=batch["attention_mask"].sum(dtype=jnp.float32))
     return TrainState(step=state.step + 1, params=keep_finite(params, state.params), opt_state=opt_state,
                       rng=state.rng), metrics
 
@@ -344,6 +345,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
       nonlocal last
       metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
       metrics.update(progress.rates(step))
+      metrics["real_tokens_per_s"] = metrics["steps_per_s"] * metrics.pop("real_tokens")  # padding left out
       writer.write(step, metrics)
       if metrics["nonfinite"]:
         msg = (f"step {step}: non-finite loss, gradients or update (loss {metrics['loss']}); the "
