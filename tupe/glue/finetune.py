@@ -492,7 +492,8 @@ def finetune(cfg, setup: TaskSetup, data: TaskData, encoder, lr: float, seed: in
         shown = ", ".join(f"{name} {m['score']:.2f}" for name, m in results.items())
         logs.log(f"{label} | dev at step {step} (epoch {history[-1]['epoch']:g}): {shown}, loss {dev_loss:.4f} "
                  f"| best {best['score']:.2f} at step {best['step']}")
-        clock = time.perf_counter()
+        jax.block_until_ready(state)  # The rate restarts after the evaluation, from this step.
+        clock, clock_step = time.perf_counter(), step
     epoch_losses.append(float(np.mean(jax.device_get(losses))))
   diverged = not math.isfinite(best["score"])
   predictions = {}
