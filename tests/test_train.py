@@ -8,6 +8,7 @@ import sys
 import numpy as np
 
 from configs import pretrain
+from tupe import errors
 from tupe import logs
 from tupe import sweep
 from tupe import trainer
@@ -78,3 +79,7 @@ def test_sweep_prints_and_runs(tmp_path, capsys):
               "seed=0,1", "--print"])
   printed = capsys.readouterr().out.strip().splitlines()
   assert len(printed) == 2 and printed[0].endswith("--config.seed=0")
+  # A --verbose after "--" belongs to the runs' commands, not to the sweep.
+  errors.run_main(sweep.main, ["sweep", "--config", "configs/pretrain.py:tupe_a,tiny", "--root", str(tmp_path),
+                               "--grid", "seed=0", "--print", "--", "--verbose"])
+  assert capsys.readouterr().out.strip().endswith("--verbose")

@@ -14,7 +14,8 @@ class UserError(ValueError):
 def run_main(main, argv=None, verbose_flag: str = "--verbose") -> None:
   """Runs `main(argv)`, turning a `UserError` into one line on stderr and exit status 2."""
   argv = list(sys.argv if argv is None else argv)
-  verbose = verbose_flag in argv
+  ours = argv[:argv.index("--")] if "--" in argv else argv  # What follows "--" belongs to another command.
+  verbose = verbose_flag in ours
   if verbose:
     argv.remove(verbose_flag)
   try:
