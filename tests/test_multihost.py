@@ -8,6 +8,7 @@ import time
 
 import jax
 import numpy as np
+import pytest
 
 from configs import pretrain
 from tupe import checkpoint
@@ -34,10 +35,10 @@ def start_hosts(workdir, overrides=None) -> list[Run]:
                             **(overrides or {})), name=f"host{host}") for host in range(HOSTS)]
 
 
-def single_process_run():
+def single_process_run(mesh=None):
   """The same training in this process on 2 devices, each whole global batch made here."""
   cfg = pretrain.get_config("tupe_a,tiny")
-  cfg.update_from_flattened_dict(dict(TINY, **MULTI))
+  cfg.update_from_flattened_dict(dict(TINY, **MULTI, **(mesh or {})))
   it, info = pipeline.make_pretrain_iterator(cfg.data, seq_len=cfg.seq_len, batch_size=cfg.global_batch_size,
                                              seed=cfg.seed)
   cfg.model.vocab_size = info.vocab_size
@@ -49,14 +50,17 @@ def single_process_run():
   return losses, jax.device_get(state.params)
 
 
-def test_two_hosts_match_one_process(tmp_path):
+@pytest.mark.parametrize("mesh, per_host", [({}, 4), ({"mesh.data": 1, "mesh.tensor": 2}, 8)])
+def test_two_hosts_match_one_process(tmp_path, mesh, per_host):
+  """Data parallel over the hosts (each makes half of every batch), or tensor parallel across them (both make
+  the whole batch, as replicas must)."""
   workdir = tmp_path / "run"
-  hosts = start_hosts(workdir)
+  hosts = start_hosts(workdir, mesh)
   for host in hosts:
     assert host.wait(timeout=300) == 0, host.stderr()[-3000:]
-  assert "on 2 host(s); global batch 8 (4 per host" in hosts[0].stdout()
+  assert f"on 2 host(s); global batch 8 ({per_host} per host" in hosts[0].stdout()
   losses = [r["loss"] for r in metric_records(workdir)]
-  ref_losses, ref_params = single_process_run()
+  ref_losses, ref_params = single_process_run(mesh)
   assert len(losses) == STEPS and len(set(ref_losses)) == STEPS
   np.testing.assert_allclose(losses, ref_losses, rtol=1e-5, atol=1e-6)
   _, params = checkpoint.load_pretrained(workdir)
