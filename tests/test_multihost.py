@@ -50,7 +50,8 @@ def single_process_run(mesh=None):
   return losses, jax.device_get(state.params)
 
 
-@pytest.mark.parametrize("mesh, per_host", [({}, 4), ({"mesh.data": 1, "mesh.tensor": 2}, 8)])
+@pytest.mark.parametrize("mesh, per_host", [
+    ({}, 4), pytest.param({"mesh.data": 1, "mesh.tensor": 2}, 8, marks=pytest.mark.slow, id="tensor-across-hosts")])
 def test_two_hosts_match_one_process(tmp_path, mesh, per_host):
   """Data parallel over the hosts (each makes half of every batch), or tensor parallel across them (both make
   the whole batch, as replicas must)."""
