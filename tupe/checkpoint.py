@@ -261,10 +261,15 @@ def latest_step_dir(path: str | pathlib.Path) -> pathlib.Path:
   return steps[-1][1]
 
 
+def load_meta(path: str | pathlib.Path) -> dict:
+  """The meta item (resolved config, vocab, train_examples) of the newest finished checkpoint under `path`."""
+  return ocp.Checkpointer(ocp.JsonCheckpointHandler()).restore(latest_step_dir(path) / "meta")
+
+
 def load_pretrained(path: str | pathlib.Path) -> tuple[dict, dict]:
   """Loads (meta, params) of a finished checkpoint on the host, without optimizer state or sharding."""
   step_dir = latest_step_dir(path)
-  meta = ocp.Checkpointer(ocp.JsonCheckpointHandler()).restore(step_dir / "meta")
+  meta = load_meta(step_dir)
   # Onto this process's first device: the saved shardings may name devices of other hosts or a bigger mesh.
   device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
   target = jax.tree_util.tree_map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),

@@ -38,7 +38,6 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
-import orbax.checkpoint as ocp
 
 from tupe import checkpoint as checkpoint_lib
 from tupe import hf
@@ -178,7 +177,7 @@ def tokenizer_lowercase(cfg) -> bool:
   """
   if cfg.init == "pretrained" and cfg.init_checkpoint and not cfg.init_hf:
     step_dir = checkpoint_lib.latest_step_dir(cfg.init_checkpoint)
-    meta = ocp.Checkpointer(ocp.JsonCheckpointHandler()).restore(step_dir / "meta")
+    meta = checkpoint_lib.load_meta(step_dir)
     if meta["vocab"]:  # Without a vocab (synthetic pre-training data) its text setting says nothing.
       trained = bool(meta["config"]["data"].get("lowercase", True))
       if cfg.lowercase is not None and cfg.lowercase != trained:
