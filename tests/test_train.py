@@ -5,13 +5,16 @@ import pathlib
 import subprocess
 import sys
 
+import jax
 import numpy as np
 
 from configs import pretrain
 from tupe import errors
 from tupe import logs
+from tupe import objectives
 from tupe import sweep
 from tupe import trainer
+from tupe.data import pipeline
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -83,3 +86,27 @@ def test_sweep_prints_and_runs(tmp_path, capsys):
   errors.run_main(sweep.main, ["sweep", "--config", "configs/pretrain.py:tupe_a,tiny", "--root", str(tmp_path),
                                "--grid", "seed=0", "--print", "--", "--verbose"])
   assert capsys.readouterr().out.strip().endswith("--verbose")
+
+
+def test_eval_metrics_are_means_over_all_eval_predictions():
+  """Batches with different prediction counts: the eval loss is the mean over every prediction of them all, as
+  one batch of all their rows gives, not the mean of per-batch means."""
+  cfg = tiny("bert_a")
+  cfg.data.source = "demo"
+  cfg.update(global_batch_size=2, eval_batches=4)  # few rows per batch: prediction counts that differ
+  data = pipeline.PretrainData(cfg.data, seq_len=cfg.seq_len, split="eval")
+  trainer.resolve_vocab_size(cfg, data.info.vocab_size)
+  setup = trainer.build(cfg, devices=jax.devices()[:1])
+  # Larger weights than at initialization, so that the loss differs from position to position.
+  params = jax.tree_util.tree_map(lambda x: 8.0 * x, setup.init_state().params)
+  evaluator = trainer.Evaluator(setup, data, rows=(0, 2))
+  batches = [jax.device_get(b) for b in evaluator.batches()]
+  counts = [b["masked_weights"].sum() for b in batches]
+  assert len(set(counts)) > 1, counts  # else both means agree and this test could not fail
+  whole = {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
+  expected = objectives.loss_fn(cfg, setup.module, params, whole, jax.random.PRNGKey(0), deterministic=True)[1]
+  got = evaluator(params)
+  assert set(got) == set(expected)
+  for key in expected:
+    np.testing.assert_allclose(got[key], expected[key], rtol=1e-5, err_msg=key)  # per-batch means: 1.5% off
+  assert evaluator(params) == got  # the same batches, and denominators, at every evaluation

@@ -23,6 +23,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -154,8 +155,10 @@ def make_train_step(cfg, module, tx, lr_schedule):
 
 
 def make_eval_step(cfg, module):
-  def eval_step(params, batch):
-    return objectives.loss_fn(cfg, module, params, batch, jax.random.PRNGKey(0), deterministic=True)[1]
+  """(params, batch, denoms) -> the batch's shares of the metrics over all eval batches (`evaluate`)."""
+  def eval_step(params, batch, denoms):
+    return objectives.loss_fn(cfg, module, params, batch, jax.random.PRNGKey(0), deterministic=True,
+                              denoms=denoms)[1]
   return eval_step
 
 
@@ -181,7 +184,8 @@ class Setup:
   abstract_state: Any
   init_state: Any      # jitted () -> TrainState, already sharded
   train_step: Any      # jitted (state, batch) -> (state, metrics), state donated
-  eval_step: Any
+  eval_step: Any      # jitted (params, batch, denoms) -> metrics, replicated
+  normalizers: Any    # jitted batch -> objectives.normalizers(batch), replicated
   num_predictions: int
   flops_per_step: float
 
@@ -220,8 +224,9 @@ def build(cfg, devices=None) -> Setup:
       train_step=jax.jit(make_train_step(cfg, module, tx, lr_schedule),
                          in_shardings=(state_sharding, batch_sharding), out_shardings=(state_sharding, replicated),
                          donate_argnums=(0,)),
-      eval_step=jax.jit(make_eval_step(cfg, module), in_shardings=(param_sharding, batch_sharding),
+      eval_step=jax.jit(make_eval_step(cfg, module), in_shardings=(param_sharding, batch_sharding, replicated),
                         out_shardings=replicated),
+      normalizers=jax.jit(objectives.normalizers, in_shardings=(batch_sharding,), out_shardings=replicated),
       num_predictions=n_pred,
       flops_per_step=flops_lib.train_step_flops(cfg.model, cfg.seq_len, cfg.global_batch_size, n_pred, generator))
 
@@ -253,16 +258,35 @@ def checkpoint_meta(cfg, vocab_file: str, train_examples: int) -> dict:
   return {"config": json.loads(cfg.to_json_best_effort()), "vocab": vocab, "train_examples": train_examples}
 
 
-def evaluate(setup: Setup, params, cfg, eval_data: pipeline.PretrainData, rows: tuple[int, int]) -> dict:
-  """Mean MLM metrics over `eval_batches` held-out batches (the same batches at every evaluation)."""
-  it = eval_data.iterator(batch_size=cfg.global_batch_size, seed=cfg.seed, rows=rows)
-  totals, n = {}, 0
-  for _ in range(cfg.eval_batches):
-    batch = sharding.global_batch(next(it), setup.mesh, cfg.global_batch_size)
-    metrics = jax.device_get(setup.eval_step(params, batch))
-    totals = {k: totals.get(k, 0.0) + float(v) for k, v in metrics.items()}
-    n += 1
-  return {k: v / n for k, v in totals.items()}
+class Evaluator:
+  """Held-out metrics over the same `eval_batches` batches at every evaluation.
+
+  Each loss and accuracy is a mean over all the batches' predictions (or tokens, for the discriminator's), not a
+  mean of per-batch means, which would weigh a prediction in a batch with few of them more: the first
+  evaluation sums the batches' denominators (`objectives.normalizers`), and each batch then contributes its
+  share, as a microbatch does in gradient accumulation. AVERAGED_METRICS (ELECTRA's AUC) are per-batch means.
+  """
+
+  def __init__(self, setup: Setup, data: pipeline.PretrainData, rows: tuple[int, int]):
+    self.setup, self.data, self.rows = setup, data, rows
+    self.denoms = None
+
+  def batches(self):
+    cfg = self.setup.cfg
+    it = self.data.iterator(batch_size=cfg.global_batch_size, seed=cfg.seed, rows=self.rows)
+    for _ in range(cfg.eval_batches):
+      yield sharding.global_batch(next(it), self.setup.mesh, cfg.global_batch_size)
+
+  def __call__(self, params) -> dict:
+    if self.denoms is None:
+      counts = [jax.device_get(self.setup.normalizers(batch)) for batch in self.batches()]
+      self.denoms = {k: np.float32(sum(c[k] for c in counts)) for k in counts[0]}
+    totals = {}
+    for batch in self.batches():
+      metrics = jax.device_get(self.setup.eval_step(params, batch, self.denoms))
+      totals = {k: totals.get(k, 0.0) + float(v) for k, v in metrics.items()}
+    n = self.setup.cfg.eval_batches
+    return {k: v / n if k in objectives.AVERAGED_METRICS else v for k, v in totals.items()}
 
 
 PRNG_IMPLS = ("rbg", "unsafe_rbg", "threefry2x32")
@@ -299,6 +323,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
   resolve_vocab_size(cfg, info.vocab_size)
   setup = build(cfg)
   rows = sharding.host_rows(setup.mesh, cfg.global_batch_size)
+  evaluate = Evaluator(setup, eval_data, rows) if eval_data is not None else None
   if host == 0:
     (workdir / "config.json").write_text(cfg.to_json_best_effort(indent=2))
   n_params = models.param_count(setup.abstract_state.params)
@@ -374,7 +399,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
         if pending is not None:  # Its rates are measured now, not after the evaluation restarts the clock.
           finish(*pending)
           pending = None
-        eval_metrics = evaluate(setup, state.params, cfg, eval_data, rows)
+        eval_metrics = evaluate(state.params)
         writer.write(step, eval_metrics, prefix="eval_")
         logs.log(f"eval at step {step}: " + " ".join(f"{k} {v:.4f}" for k, v in eval_metrics.items()))
         progress.restart_clock()
