@@ -207,7 +207,7 @@ def test_diverged_run_is_recorded_and_the_grid_goes_on(pretrained, glue_dir, tmp
   assert good["diverged"] is False and np.isfinite(good["score"])
   assert bad["diverged"] is True and bad["score"] is None and bad["evaluations"]["STS-B"] == {
       "pearson": None, "spearman": None, "score": None}
-  assert bad["dev_history"][0]["score"] is None
+  assert bad["dev_history"][0]["score"] is None and good["train_loss_nonfinite_from_step"] is None
   assert not finetune.predictions_path(workdir, "STS-B", 1e38, 0).exists()
 
   stsb = results["tasks"]["STS-B"]
@@ -220,6 +220,22 @@ def test_diverged_run_is_recorded_and_the_grid_goes_on(pretrained, glue_dir, tmp
   (workdir / "runs.jsonl").write_text("\n".join(lines).replace("null", "NaN") + "\n")
   assert finetune.run(cfg, str(workdir), devices=jax.devices()[:1]) == results
   assert "STS-B: all 2 runs finished, skipped" in capsys.readouterr().out
+
+
+def test_run_that_diverges_after_a_finite_evaluation_says_so(pretrained, glue_dir, tmp_path, capsys):
+  """The warmup's first step has lr 0, so the first evaluation (step 1) is finite and lr 1e38 diverges after it:
+  the run keeps step 1's parameters and score, and its record and log say from which step the loss was NaN."""
+  cfg = glue_cfg(init_checkpoint=str(pretrained), data_dir=str(glue_dir), tasks="stsb", max_train_examples=32,
+                 max_seq_len=32, batch_size=16, eval_batch_size=512, learning_rates=(1e38,), seeds=(0,),
+                 evals_per_epoch=2, predict_test=False, mesh=dict(data=1, fsdp=1, tensor=1))
+  cfg.epochs.stsb = 2
+  finetune.run(cfg, str(tmp_path), devices=jax.devices()[:1])
+  (record,) = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
+  assert [h["score"] is None for h in record["dev_history"]] == [False, True, True, True]
+  assert record["diverged"] is False and record["best_step"] == 1 and np.isfinite(record["score"])
+  assert record["train_loss_nonfinite_from_step"] == 3  # step 2's update overflows: step 3's loss is NaN
+  assert ("the training loss was non-finite from step 3; the kept parameters are from step 1"
+          in capsys.readouterr().out)
 
 
 def test_prediction_values_mark_non_finite_rows():

@@ -455,14 +455,16 @@ def finetune(cfg, setup: TaskSetup, data: TaskData, encoder, lr: float, seed: in
   """One run. Returns (its runs.jsonl record, test predictions {evaluation: (idx, values)} of the kept params).
 
   The kept parameters are those of the best dev evaluation, a non-finite score ranking below every finite one.
-  When no evaluation was finite the record says "diverged": true and there are no test predictions.
+  When no evaluation was finite the record says "diverged": true and there are no test predictions. A run that
+  diverged after a finite evaluation keeps that evaluation's parameters and score; its record's
+  "train_loss_nonfinite_from_step" (None when every training loss was finite) says from which step it had.
   """
   start = time.perf_counter()
   state = setup.init_state(encoder, jax.random.PRNGKey(seed))
   train, n = data.train, len(data.train["idx"])
   points, epochs = eval_points(setup, cfg.evals_per_epoch), setup.epochs
   lr_array = jnp.asarray(lr, jnp.float32)
-  best, best_params, history, epoch_losses = None, None, [], []
+  best, best_params, history, epoch_losses, nonfinite_step = None, None, [], [], None
   clock, clock_step, step = time.perf_counter(), 0, 0
   for epoch in range(epochs):
     order = np.random.default_rng([seed, epoch]).permutation(n)
@@ -493,7 +495,10 @@ def finetune(cfg, setup: TaskSetup, data: TaskData, encoder, lr: float, seed: in
                  f"| best {best['score']:.2f} at step {best['step']}")
         jax.block_until_ready(state)  # The rate restarts after the evaluation, from this step.
         clock, clock_step = time.perf_counter(), step
-    epoch_losses.append(float(np.mean(jax.device_get(losses))))
+    epoch_loss = np.asarray(jax.device_get(losses))
+    epoch_losses.append(float(epoch_loss.mean()))
+    if nonfinite_step is None and not np.isfinite(epoch_loss).all():
+      nonfinite_step = epoch * setup.steps_per_epoch + int(np.argmin(np.isfinite(epoch_loss))) + 1
   diverged = not math.isfinite(best["score"])
   predictions = {}
   for ev, arrays in [] if diverged else data.test:
@@ -502,7 +507,8 @@ def finetune(cfg, setup: TaskSetup, data: TaskData, encoder, lr: float, seed: in
   record = {"task": data.task.name, "lr": lr, "seed": seed, "score": best["score"], "diverged": diverged,
             "evaluations": best["metrics"],
             "best_step": best["step"], "total_steps": setup.total_steps, "epochs": epochs,
-            "train_examples": n, "train_loss": epoch_losses, "dev_history": history,
+            "train_examples": n, "train_loss": epoch_losses, "train_loss_nonfinite_from_step": nonfinite_step,
+            "dev_history": history,
             "seconds": round(time.perf_counter() - start, 1)}
   return record, predictions
 
@@ -682,6 +688,9 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
         append_run(workdir, record)
       outcome = ("diverged: no finite dev score, no test predictions" if record["diverged"]
                  else f"score {record['score']:.2f} at step {record['best_step']}")
+      if record["train_loss_nonfinite_from_step"] and not record["diverged"]:
+        outcome += (f" (warning: the training loss was non-finite from step {record['train_loss_nonfinite_from_step']}"
+                    f"; the kept parameters are from step {record['best_step']}, before it)")
       logs.log(f"{label} | finished in {logs.format_duration(record['seconds'])}: {outcome}")
     write_outputs(cfg, workdir, backbone)
   if not total:
