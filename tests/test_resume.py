@@ -210,7 +210,8 @@ def test_resume_with_data_worker_processes(tmp_path, reference):
   workdir = tmp_path / "run"
   shutil.copytree(ref_dir, workdir)
   shutil.rmtree(workdir / "checkpoints" / str(STEPS))
-  resume_and_compare(workdir, reference, STEPS - EVERY, {"data.num_workers": 1})
+  proc = resume_and_compare(workdir, reference, STEPS - EVERY, {"data.num_workers": 1})
+  assert "other settings" not in proc.stderr  # the worker count does not change what is trained
 
 
 def test_resume_at_the_last_step_trains_nothing(tmp_path, reference):
@@ -221,6 +222,8 @@ def test_resume_at_the_last_step_trains_nothing(tmp_path, reference):
   proc = run_train(workdir, {"num_train_steps": STEPS - EVERY})
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert f"checkpoint {STEPS} has reached num_train_steps={STEPS - EVERY}: nothing to train" in proc.stdout
+  assert (f"resuming checkpoint {STEPS} with other settings than it was written with: num_train_steps={STEPS} in "
+          f"the checkpoint, {STEPS - EVERY} now" in proc.stderr)
   assert len(metric_records(workdir)) == logged and finished_steps(workdir) == [4, 8, 12]
 
 

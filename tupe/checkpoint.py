@@ -7,7 +7,8 @@ A checkpoint step directory holds:
 The input pipeline needs no state: batch s is a function of the seed and s (`tupe.data.pipeline`), so a run
 resumed at step s continues with batch s, whatever its number of hosts or data workers. A resumed run must see
 the same stream: a checkpoint written with other data settings (the data config less locations and worker
-count, seq_len, global_batch_size, seed) or over another number of training examples is an error.
+count, seq_len, global_batch_size, seed) or over another number of training examples is an error. Other
+settings may change (e.g. num_train_steps, to extend a run); a warning lists them against the checkpoint's.
 Orbax writes into a temporary directory and renames it when complete, so a killed save never leaves a
 checkpoint that looks finished. Restoring walks from the newest step down and skips (with a warning) any
 checkpoint that fails to load; once an older one loads, the skipped ones are renamed to `<step>.corrupt-<time>`
@@ -97,6 +98,9 @@ class Checkpointer:
         skipped.append(self._skip(step, e))
         continue
       self._move_aside(skipped)
+      if changed := changed_settings(saved_meta["config"], meta["config"]):
+        logging.warning("resuming checkpoint %d with other settings than it was written with: %s", step,
+                        "; ".join(changed))
       return step, restored["state"]
     if skipped:
       raise UserError(f"no checkpoint in {self.directory} could be restored (see the warnings above); "
@@ -196,6 +200,25 @@ def _flat(tree: dict, prefix: str = "") -> dict:
   return flat
 
 
+def _differences(saved: dict, current: dict, keys=None) -> list[str]:
+  """"key=<saved> in the checkpoint, <current> now" for each of `keys` (default: all) whose flat values differ."""
+  saved, current = _flat(saved), _flat(current)
+  keys = sorted(saved.keys() | current.keys()) if keys is None else keys
+  return [f"{k}={saved.get(k)!r} in the checkpoint, {current.get(k)!r} now" for k in keys
+          if saved.get(k) != current.get(k)]
+
+
+# Settings that may change on resume without changing what is trained: reported, not refused.
+_PER_PROCESS = ("distributed.",)
+
+
+def changed_settings(saved_config: dict, config: dict) -> list[str]:
+  """The differences between a checkpoint's config and the resumed run's, less data locations and per-process
+  settings (model, data and optimizer-structure differences are errors, raised before)."""
+  ignored = tuple(f"data.{k}" for k in _DATA_LOCATIONS) + _PER_PROCESS
+  return [d for d in _differences(saved_config, config) if not d.startswith(ignored)]
+
+
 def _check_fits(step: int, directory: pathlib.Path, saved_params, params, saved_config: dict,
                 config: dict) -> None:
   """Raises a UserError naming the difference when a checkpoint's parameters do not fit the model's."""
@@ -209,10 +232,8 @@ def _check_fits(step: int, directory: pathlib.Path, saved_params, params, saved_
   if saved_vocab != vocab:
     raise UserError(f"{where} has a {saved_vocab}-token vocabulary but the tokenizer has {vocab} tokens; use the "
                     f"checkpoint's vocab (data.vocab_file) or a new --workdir")
-  keys = lambda c: _flat({"model": c["model"], "objective": c["objective"]})
-  saved_fields, fields = keys(saved_config), keys(config)
-  diff = [f"{k}={saved_fields.get(k)!r} in the checkpoint, {fields.get(k)!r} now"
-          for k in sorted(set(saved_fields) | set(fields)) if saved_fields.get(k) != fields.get(k)]
+  fields = lambda c: {"model": c["model"], "objective": c["objective"]}
+  diff = _differences(fields(saved_config), fields(config))
   if not diff:
     name = next(k for k in sorted(set(saved_shapes) | set(current_shapes))
                 if saved_shapes.get(k) != current_shapes.get(k))
@@ -225,9 +246,7 @@ def _check_same_optimizer(step: int, directory: pathlib.Path, saved_config: dict
                           error: Exception) -> None:
   """A checkpoint that fails to restore under another optimizer config is reported as such, not as corrupted:
   its optimizer state has another structure (e.g. without the clipping stage) and the checkpoint is intact."""
-  saved, current = _flat(saved_config.get("optimizer", {})), _flat(config.get("optimizer", {}))
-  diff = [f"optimizer.{k}={saved.get(k)!r} in the checkpoint, {current.get(k)!r} now"
-          for k in sorted(saved.keys() | current.keys()) if saved.get(k) != current.get(k)]
+  diff = _differences({"optimizer": saved_config.get("optimizer", {})}, {"optimizer": config.get("optimizer", {})})
   if diff:
     raise UserError(f"checkpoint {step} in {directory} could not be restored with another optimizer config "
                     f"({'; '.join(diff[:3])}; {_reason(error)}); resume with its optimizer settings or use a new "
@@ -241,8 +260,7 @@ def _check_same_data(step: int, directory: pathlib.Path, saved_meta: dict, meta:
     return dict(_flat(data, "data."), **{k: m["config"][k] for k in ("seq_len", "global_batch_size", "seed")},
                 **{k: m[k] for k in ("train_examples",) if k in m})
   saved, current = stream(saved_meta), stream(meta)
-  diff = [f"{k}={saved.get(k)!r} in the checkpoint, {current.get(k)!r} now"
-          for k in sorted(saved.keys() & current.keys()) if saved[k] != current[k]]
+  diff = _differences(saved, current, sorted(saved.keys() & current.keys()))
   if diff:
     raise UserError(f"checkpoint {step} in {directory} was trained on other batches ({'; '.join(diff[:3])}); "
                     f"resume with the same data settings and corpus, or use a new --workdir")
