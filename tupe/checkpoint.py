@@ -208,15 +208,13 @@ def _differences(saved: dict, current: dict, keys=None) -> list[str]:
           if saved.get(k) != current.get(k)]
 
 
-# Settings that may change on resume without changing what is trained: reported, not refused.
-_PER_PROCESS = ("distributed.",)
-
-
 def changed_settings(saved_config: dict, config: dict) -> list[str]:
-  """The differences between a checkpoint's config and the resumed run's, less data locations and per-process
-  settings (model, data and optimizer-structure differences are errors, raised before)."""
-  ignored = tuple(f"data.{k}" for k in _DATA_LOCATIONS) + _PER_PROCESS
-  return [d for d in _differences(saved_config, config) if not d.startswith(ignored)]
+  """The differences between a checkpoint's config and the resumed run's, less the data locations and worker
+  count and the per-host `distributed` settings (model, data and optimizer-structure differences are errors,
+  raised before)."""
+  ignored = tuple(f"data.{k}" for k in _DATA_LOCATIONS) + ("distributed.",)
+  keys = sorted(k for k in _flat(saved_config).keys() | _flat(config).keys() if not k.startswith(ignored))
+  return _differences(saved_config, config, keys)
 
 
 def _check_fits(step: int, directory: pathlib.Path, saved_params, params, saved_config: dict,
