@@ -121,9 +121,10 @@ def sentences_file(tmp_path_factory) -> pathlib.Path:
   return path
 
 
-def test_analyze_tupe_checkpoint(tupe_checkpoint, sentences_file, tmp_path, capsys):
+def test_analyze_tupe_checkpoint(tupe_checkpoint, sentences_file, tmp_path, capsys, monkeypatch):
   out = tmp_path / "analysis"
-  analyze.main(["analyze", "--checkpoint", str(tupe_checkpoint), "--text-file", str(sentences_file), "--out",
+  monkeypatch.chdir(tupe_checkpoint.parent)  # a relative checkpoint path, as the README writes them
+  analyze.main(["analyze", "--checkpoint", tupe_checkpoint.name, "--text-file", str(sentences_file), "--out",
                 str(out), "--sentence-index", "1"])
   assert "wrote 11 files" in capsys.readouterr().out
   cfg, params, _ = checkpoint.load_encoder(tupe_checkpoint)

@@ -265,8 +265,9 @@ def _check_same_data(step: int, directory: pathlib.Path, saved_meta: dict, meta:
 
 
 def latest_step_dir(path: str | pathlib.Path) -> pathlib.Path:
-  """The newest finished step directory under a workdir, its checkpoints/ folder, or a step directory."""
-  path = pathlib.Path(path)
+  """The newest finished step directory (an absolute path) under a workdir, its checkpoints/ folder, or a step
+  directory."""
+  path = pathlib.Path(path).expanduser().absolute()  # orbax reads absolute paths only
   if (path / "meta").is_dir():
     return path
   root = path / "checkpoints" if (path / "checkpoints").is_dir() else path
