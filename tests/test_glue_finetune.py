@@ -3,6 +3,7 @@ real SST-2 over a 2-device mesh, its outputs and submission file, resuming, and 
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -64,6 +65,9 @@ def test_finetune_sst2_end_to_end(pretrained, glue_dir, bert_vocab, tmp_path, ca
   out = capsys.readouterr().out
   assert "[2/2] SST-2 lr 0.01 seed 1 | epoch 3/3 step 48/48 | loss" in out
   assert "examples/s | ETA" in out and "dev at step 8 (epoch 0.5)" in out
+  # Each rate times its steps' computation (not their dispatch) and none includes compilation.
+  rates = [float(x) for x in re.findall(r"\| ([0-9.]+) examples/s", out)]
+  assert len(rates) == 12 and np.median(rates) / 3 < min(rates) <= max(rates) < 3 * np.median(rates), rates
 
   runs = finetune.read_runs(workdir)
   assert [(r["task"], r["lr"], r["seed"]) for r in runs] == [("SST-2", 0.01, 0), ("SST-2", 0.01, 1)]

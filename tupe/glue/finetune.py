@@ -465,7 +465,7 @@ def finetune(cfg, setup: TaskSetup, data: TaskData, encoder, lr: float, seed: in
   points, epochs = eval_points(setup, cfg.evals_per_epoch), setup.epochs
   lr_array = jnp.asarray(lr, jnp.float32)
   best, best_params, history, epoch_losses, nonfinite_step = None, None, [], [], None
-  clock, clock_step, step = time.perf_counter(), 0, 0
+  clock, clock_step, step = None, 0, 0
   for epoch in range(epochs):
     order = np.random.default_rng([seed, epoch]).permutation(n)
     losses = []
@@ -475,13 +475,17 @@ def finetune(cfg, setup: TaskSetup, data: TaskData, encoder, lr: float, seed: in
       state, loss = setup.train_step(state, sharding.shard_batch(batch, setup.mesh), lr_array)
       losses.append(loss)
       step += 1
+      if step == 1:  # The rate leaves out the first step, which compiles (the task's first run) and warms up.
+        jax.block_until_ready(loss)
+        clock, clock_step = time.perf_counter(), step
       if step % cfg.log_every == 0 or step == setup.total_steps:
+        recent = float(np.mean(jax.device_get(losses[-min(cfg.log_every, len(losses)):])))  # waits for the step
         now = time.perf_counter()
-        per_s = (step - clock_step) / (now - clock)
-        recent = float(np.mean(jax.device_get(losses[-min(cfg.log_every, len(losses)):])))
+        per_s = (step - clock_step) / (now - clock) if step > clock_step else math.nan
+        rate, eta = ((f"{per_s * cfg.batch_size:.1f}", logs.format_duration((setup.total_steps - step) / per_s))
+                     if per_s > 0 else ("?", "?"))
         logs.log(f"{label} | epoch {epoch + 1}/{epochs} step {step}/{setup.total_steps} | loss {recent:.4f} | "
-                 f"{per_s * cfg.batch_size:.1f} examples/s | ETA "
-                 f"{logs.format_duration((setup.total_steps - step) / per_s)}")
+                 f"{rate} examples/s | ETA {eta}")
         clock, clock_step = now, step
       if step in points:
         score, results, dev_loss = evaluate(setup, state.params, data, cfg)
