@@ -211,7 +211,7 @@ def test_resume_with_data_worker_processes(tmp_path, reference):
   shutil.copytree(ref_dir, workdir)
   shutil.rmtree(workdir / "checkpoints" / str(STEPS))
   proc = resume_and_compare(workdir, reference, STEPS - EVERY, {"data.num_workers": 1})
-  assert "other settings" not in proc.stderr  # the worker count does not change what is trained
+  assert "other settings" not in proc.stdout  # the worker count does not change what is trained
 
 
 def test_resume_at_the_last_step_trains_nothing(tmp_path, reference):
@@ -222,8 +222,9 @@ def test_resume_at_the_last_step_trains_nothing(tmp_path, reference):
   proc = run_train(workdir, {"num_train_steps": STEPS - EVERY})
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert f"checkpoint {STEPS} has reached num_train_steps={STEPS - EVERY}: nothing to train" in proc.stdout
-  assert (f"resuming checkpoint {STEPS} with other settings than it was written with: num_train_steps={STEPS} in "
-          f"the checkpoint, {STEPS - EVERY} now" in proc.stderr)
+  assert (f"warning: resuming checkpoint {STEPS} with other settings than it was written with: num_train_steps="
+          f"{STEPS} in the checkpoint, {STEPS - EVERY} now; the learning-rate schedule is recomputed with the new "
+          f"values: 0.000e+00 at step {STEPS}" in proc.stdout)
   assert len(metric_records(workdir)) == logged and finished_steps(workdir) == [4, 8, 12]
 
 

@@ -8,7 +8,7 @@ The input pipeline needs no state: batch s is a function of the seed and s (`tup
 resumed at step s continues with batch s, whatever its number of hosts or data workers. A resumed run must see
 the same stream: a checkpoint written with other data settings (the data config less locations and worker
 count, seq_len, global_batch_size, seed) or over another number of training examples is an error. Other
-settings may change (e.g. num_train_steps, to extend a run); a warning lists them against the checkpoint's.
+settings may change (e.g. num_train_steps, to extend a run); the trainer warns about them (`changed_settings`).
 Orbax writes into a temporary directory and renames it when complete, so a killed save never leaves a
 checkpoint that looks finished. Restoring walks from the newest step down and skips (with a warning) any
 checkpoint that fails to load; once an older one loads, the skipped ones are renamed to `<step>.corrupt-<time>`
@@ -69,7 +69,7 @@ class Checkpointer:
                      f"permissions, then rerun to resume from the last good checkpoint")
 
   def restore_latest(self, abstract_state, meta: dict):
-    """Restores the newest loadable checkpoint; returns (step, state) or None.
+    """Restores the newest loadable checkpoint; returns (step, state, its meta) or None.
 
     Args:
       abstract_state: the TrainState's shapes, dtypes and shardings.
@@ -98,10 +98,7 @@ class Checkpointer:
         skipped.append(self._skip(step, e))
         continue
       self._move_aside(skipped)
-      if changed := changed_settings(saved_meta["config"], meta["config"]):
-        logging.warning("resuming checkpoint %d with other settings than it was written with: %s", step,
-                        "; ".join(changed))
-      return step, restored["state"]
+      return step, restored["state"], saved_meta
     if skipped:
       raise UserError(f"no checkpoint in {self.directory} could be restored (see the warnings above); "
                       f"repair it or move it away to start afresh")
@@ -208,11 +205,16 @@ def _differences(saved: dict, current: dict, keys=None) -> list[str]:
           if saved.get(k) != current.get(k)]
 
 
+# Settings that change neither what is trained nor what is evaluated: not reported when they differ on resume.
+_BOOKKEEPING = tuple(f"data.{k}" for k in _DATA_LOCATIONS) + (
+    "distributed.", "checkpoint.", "log_every", "eval_every", "tensorboard", "peak_flops")
+
+
 def changed_settings(saved_config: dict, config: dict) -> list[str]:
-  """The differences between a checkpoint's config and the resumed run's, less the data locations and worker
-  count and the per-host `distributed` settings (model, data and optimizer-structure differences are errors,
-  raised before)."""
-  ignored = tuple(f"data.{k}" for k in _DATA_LOCATIONS) + ("distributed.",)
+  """The differences between a checkpoint's config and the resumed run's, less bookkeeping (where files are,
+  how often to log, evaluate and save). Model, data and optimizer-structure differences are errors, raised
+  when restoring."""
+  ignored = _BOOKKEEPING
   keys = sorted(k for k in _flat(saved_config).keys() | _flat(config).keys() if not k.startswith(ignored))
   return _differences(saved_config, config, keys)
 

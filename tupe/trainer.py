@@ -309,6 +309,18 @@ def check_config(cfg) -> None:
     raise UserError(f"prng_impl={cfg.prng_impl!r}; use one of {', '.join(PRNG_IMPLS)}")
 
 
+def warn_changed_settings(setup: Setup, step: int, saved_config: dict, config: dict) -> None:
+  """Logs the settings that differ from the checkpoint's, and the learning rate a schedule change gives."""
+  changed = checkpoint_lib.changed_settings(saved_config, config)
+  if not changed:
+    return
+  schedule = any(c.startswith(("num_train_steps=", "optimizer.")) for c in changed)
+  note = (f"; the learning-rate schedule is recomputed with the new values: {float(setup.lr_schedule(step)):.3e} "
+          f"at step {step}" if schedule else "")
+  logs.log(f"warning: resuming checkpoint {step} with other settings than it was written with: "
+           f"{'; '.join(changed)}{note}")
+
+
 def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
   """Runs (or resumes) pre-training in `workdir`; returns the last step's metrics."""
   workdir = pathlib.Path(workdir)
@@ -345,8 +357,9 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
     if restored is None:
       state, start = setup.init_state(), 0
     else:
-      start, state = restored
+      start, state, saved_meta = restored
       logs.log(f"resumed from checkpoint {start} in {ckpt.directory}")
+      warn_changed_settings(setup, start, saved_meta["config"], meta["config"])
       if start >= cfg.num_train_steps:
         logs.log(f"checkpoint {start} has reached num_train_steps={cfg.num_train_steps}: nothing to train (raise "
                  f"--config.num_train_steps to train on)")
