@@ -2,6 +2,7 @@
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -32,6 +33,7 @@ def test_demo_mlm_loss_falls(tmp_path):
   assert proc.returncode == 0, proc.stderr[-3000:]
   out = proc.stdout
   assert "tokens/s" in out and "MFU" in out and "ETA" in out and "memory per device" in out
+  assert re.search(r"step 20/40 .*learning_rate [1-9]\.\d{3}e-0\d \|", out), out  # not 0.0000 for rates < 5e-5
   records = [r for r in logs.read_metrics(tmp_path) if "loss" in r]
   losses = [r["loss"] for r in records]
   assert len(losses) == 40 and np.all(np.isfinite(losses))

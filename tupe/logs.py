@@ -93,8 +93,10 @@ class Progress:
 
   def line(self, step: int, metrics: dict, rates: dict) -> str:
     eta = (self.total - step) / rates["steps_per_s"] if rates["steps_per_s"] else float("nan")
-    shown = " ".join(f"{k} {float(metrics[k]):.4f}" for k in
-                     ("loss", "mlm_accuracy", "disc_auc", "grad_norm", "learning_rate") if k in metrics)
+    shown = " ".join(f"{k} {float(metrics[k]):.4f}" for k in ("loss", "mlm_accuracy", "disc_auc", "grad_norm")
+                     if k in metrics)
+    if "learning_rate" in metrics:  # Peak rates of 1e-4 and below: four decimals would show warmup as 0.0000.
+      shown += f" learning_rate {float(metrics['learning_rate']):.3e}"
     real = f" ({rates['real_tokens_per_s']:,.0f} not padding)" if "real_tokens_per_s" in rates else ""
     return (f"step {step}/{self.total} {shown} | {rates['steps_per_s']:.2f} steps/s "
             f"{rates['tokens_per_s']:,.0f} tokens/s{real} MFU {100 * rates['mfu']:.1f}% | "
