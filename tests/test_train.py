@@ -8,6 +8,7 @@ import sys
 
 import jax
 import numpy as np
+import pytest
 
 from configs import pretrain
 from tupe import errors
@@ -88,6 +89,14 @@ def test_sweep_prints_and_runs(tmp_path, capsys):
   errors.run_main(sweep.main, ["sweep", "--config", "configs/pretrain.py:tupe_a,tiny", "--root", str(tmp_path),
                                "--grid", "seed=0", "--print", "--", "--verbose"])
   assert capsys.readouterr().out.strip().endswith("--verbose")
+  # Every run's overrides are checked before anything is printed or run.
+  with pytest.raises(errors.UserError, match="--config.optimizer.learning_rat: the config has no field"):
+    sweep.main(["sweep", "--config", "configs/pretrain.py:tupe_a,tiny", "--root", str(tmp_path), "--grid",
+                "optimizer.learning_rat=1e-3", "--print"])
+  with pytest.raises(errors.UserError, match="--config.seed=x: invalid literal"):
+    sweep.main(["sweep", "--config", "configs/pretrain.py:tupe_a,tiny", "--root", str(tmp_path), "--grid",
+                "seed=0,x"])
+  assert not capsys.readouterr().out
 
 
 def test_eval_metrics_are_means_over_all_eval_predictions():

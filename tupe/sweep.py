@@ -5,7 +5,8 @@
 
 Each run gets its own workdir, named after its grid values (e.g. runs/lr/optimizer.learning_rate=1e-4,seed=0),
 so rerunning the sweep resumes every run from its checkpoints. Arguments after `--` go to every run.
---print writes the train.py commands (one per line) instead of running them, for a cluster scheduler.
+--print writes the train.py commands (one per line) instead of running them, for a cluster scheduler. Every
+run's config and overrides are loaded first, so a typo is an error before anything runs or is printed.
 """
 from __future__ import annotations
 
@@ -16,6 +17,10 @@ import shlex
 import subprocess
 import sys
 
+from absl import flags
+from ml_collections import config_flags
+
+from tupe import cli
 from tupe.errors import UserError, run_main
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -44,6 +49,20 @@ def runs(config: str, root: str, grid, extra: list[str]) -> list[list[str]]:
   return commands
 
 
+def check(commands: list[list[str]]) -> None:
+  """Loads every run's config with its overrides as train.py will, so that a typo in a key or a value of the
+  wrong type is a one-line error here, before anything runs or is printed for a scheduler."""
+  for command in commands:
+    argv = ["train.py"] + [a for a in command[2:] if a.startswith("--config")]
+    values = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", None, flag_values=values, lock_config=True, sys_argv=argv)
+    try:
+      values(argv)
+      values.config.to_dict()  # config_flags defers a config file's loading error to the first access
+    except (flags.Error, AttributeError, KeyError, OSError) as e:
+      raise UserError(cli.flag_error(e, argv)) from None
+
+
 def main(argv: list[str]) -> None:
   argv = argv[1:]
   extra = []
@@ -56,6 +75,7 @@ def main(argv: list[str]) -> None:
   parser.add_argument("--print", action="store_true", help="print the commands instead of running them")
   args = parser.parse_args(argv)
   commands = runs(args.config, args.root, parse_grid(args.grid), extra)
+  check(commands)
   for i, command in enumerate(commands):
     if args.print:
       print(shlex.join(command))
