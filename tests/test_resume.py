@@ -158,7 +158,7 @@ def resume_and_compare(workdir, reference, expected_start: int, overrides=None) 
 def test_sigterm_then_sigkill_while_an_async_checkpoint_is_written(tmp_path, reference):
   """Preempted, then crashed mid-save, then run to the end: the uninterrupted run's state and losses.
 
-  SIGTERM after the first step: exit 0 with a checkpoint at the step reached. The resumed run is killed with
+  SIGTERM after the first step: exit 143 (not a success, for schedulers) with a checkpoint at the step reached. The resumed run is killed with
   SIGKILL while orbax writes its next periodic checkpoint into a temporary directory: the last run ignores
   that partial checkpoint and resumes from the SIGTERM one.
   """
@@ -166,10 +166,11 @@ def test_sigterm_then_sigkill_while_an_async_checkpoint_is_written(tmp_path, ref
   run = Run(workdir, name="preempted")
   run.wait_until(lambda: last_logged_step(workdir) >= 1)
   run.signal(signal.SIGTERM)
-  assert run.wait() == 0, run.stderr()[-3000:]
+  assert run.wait() == 143, run.stderr()[-3000:]
   stopped = last_logged_step(workdir)
   assert stopped < STEPS, "the run ended before the signal arrived"
   assert f"SIGTERM: saving a checkpoint at step {stopped} " in run.stdout()
+  assert f"stopped by SIGTERM at step {stopped} of {STEPS}, with a checkpoint there; rerun" in run.stderr()
   assert finished_steps(workdir)[-1] == stopped
 
   next_save = (stopped // EVERY + 1) * EVERY

@@ -2,7 +2,8 @@
 and one-line errors.
 
 A bad flag, an unknown config field or a wrong type in a --config override, and any `UserError` raised by
-the job print one `error: ...` line and exit with status 2; --verbose shows the traceback instead.
+the job print one `error: ...` line and exit with status 2; --verbose shows the traceback instead. A job
+stopped by SIGTERM (`Preempted`) exits with status 143.
 """
 import os
 import re
@@ -14,7 +15,7 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
-from tupe.errors import UserError
+from tupe.errors import Preempted, UserError
 
 
 def define_flags(config_help: str, workdir_help: str) -> None:
@@ -76,6 +77,9 @@ def run(job: Callable[[object, str], object]) -> None:
       except OSError as e:
         raise UserError(flag_error(e, argv)) from e
       job(config, flags.FLAGS.workdir)
+    except Preempted as e:
+      print(e, file=sys.stderr)
+      sys.exit(Preempted.EXIT_STATUS)
     except UserError as e:
       if flags.FLAGS.verbose:
         raise

@@ -11,6 +11,13 @@ class UserError(ValueError):
   """A problem with the user's input or environment, explained in one line (a ValueError to library callers)."""
 
 
+class Preempted(Exception):
+  """A run stopped by SIGTERM after saving a checkpoint: train.py exits with status 143 (128 + SIGTERM), as a
+  process killed by the signal would, so that a scheduler does not count the run as finished."""
+
+  EXIT_STATUS = 143
+
+
 def run_main(main, argv=None, verbose_flag: str = "--verbose") -> None:
   """Runs `main(argv)`, turning a `UserError` into one line on stderr and exit status 2."""
   argv = list(sys.argv if argv is None else argv)

@@ -7,7 +7,7 @@ The flow (train.py calls `train`):
   4. the train step compiled ahead of time, its memory analysis printed before step 1;
   5. the loop: step, metrics every step (loss, accuracy, grad norm, lr, tokens/s, MFU) to metrics.jsonl and
      TensorBoard, a progress line every `log_every`, held-out MLM eval every `eval_every`, checkpoints every
-     `checkpoint.every_steps`, and a checkpoint at the current step on SIGTERM (preemption).
+     `checkpoint.every_steps`, and a checkpoint at the current step on SIGTERM (preemption; then `Preempted`).
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ from tupe import optim
 from tupe import sharding
 from tupe.data import masking
 from tupe.data import pipeline
-from tupe.errors import UserError
+from tupe.errors import Preempted, UserError
 
 
 @flax.struct.dataclass
@@ -421,4 +421,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
     if preempted:
       logs.log(f"SIGTERM: saving a checkpoint at step {step} before exiting")
       ckpt.save(step, state, meta, force=True)
+  if preempted and step < cfg.num_train_steps:  # Raised once the checkpointer has closed: the save is complete.
+    raise Preempted(f"stopped by SIGTERM at step {step} of {cfg.num_train_steps}, with a checkpoint there; rerun "
+                    f"the same command to resume")
   return last
