@@ -75,7 +75,7 @@ def get_config(recipe: str = "tupe") -> ml_collections.ConfigDict:
       weight_decay_mask="all" if recipe == "tupe" else "no_ln_bias",
       layerwise_decay=1.0 if recipe == "tupe" else 0.8))
   c.predict_test = True            # GLUE test-server files from each task's best model
-  c.plot_reference = True          # TUPE paper numbers in results.png for TUPE/BERT models
+  c.plot_reference = True          # TUPE paper numbers in results.png for TUPE/BERT base models
   c.log_every = 50
   c.prng_impl = common.prng_impl
   c.mesh = common.mesh

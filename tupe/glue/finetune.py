@@ -623,9 +623,10 @@ def write_outputs(cfg, workdir: pathlib.Path, backbone: Backbone) -> None:
   runs = read_runs(workdir)
   if not runs or jax.process_index() != 0:
     return
-  paper = PAPER_DEV.get(backbone.cfg.name) if cfg.plot_reference else None
+  # The TUPE paper's numbers are for base models: drawn beside a base model's bars only.
+  paper = PAPER_DEV.get(backbone.cfg.name) if cfg.plot_reference and backbone.cfg.get("size") == "base" else None
   reference = dict(zip(glue_metrics.TUPE_AVERAGE_TASKS, paper)) if paper else None
-  paths = report.write_report(workdir, run_records(runs), reference)
+  paths = report.write_report(workdir, run_records(runs), reference, f"TUPE paper, {backbone.cfg.name} base")
   predictions = submission_predictions(workdir, runs)
   files = report.write_submission(workdir / "submission", predictions) if predictions else []
   logs.log(f"wrote {', '.join(str(p) for p in paths.values())}"

@@ -238,13 +238,15 @@ def plot(records: Iterable[RunRecord], path: str | os.PathLike, reference: Mappi
   axes.set_xticks(x, [f"{result.task}\n{glue_metrics.score_metric(result.task)}" for result in summary], fontsize=8)
   axes.set_ylabel("score (points)")
   axes.set_title(title)
-  axes.legend(fontsize=8, loc="lower left")
+  # Below the axes, where no bar or label can be under it.
+  axes.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False)
   figure.tight_layout()
   figure.savefig(path, format="png")
 
 
 def write_report(out_dir: str | os.PathLike, records: Iterable[RunRecord],
-                 reference: Mapping[str, float] | None = None) -> dict[str, pathlib.Path]:
+                 reference: Mapping[str, float] | None = None,
+                 reference_label: str = "paper") -> dict[str, pathlib.Path]:
   """Writes results.json, results.md and results.png into `out_dir`; returns their paths by kind."""
   records = list(records)
   out_dir = pathlib.Path(out_dir)
@@ -252,7 +254,7 @@ def write_report(out_dir: str | os.PathLike, records: Iterable[RunRecord],
   paths = {"json": out_dir / "results.json", "markdown": out_dir / "results.md", "png": out_dir / "results.png"}
   paths["json"].write_text(json.dumps(results_json(records), indent=2, allow_nan=False) + "\n", encoding="utf-8")
   paths["markdown"].write_text(markdown_table(records), encoding="utf-8")
-  plot(records, paths["png"], reference)
+  plot(records, paths["png"], reference, reference_label)
   return paths
 
 
