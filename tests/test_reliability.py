@@ -179,7 +179,7 @@ def bad_input_runs(tmp_path_factory, inputs, skipped_run):
     elif where == "checkpoints_is_a_file":
       workdir.mkdir()
       (workdir / "checkpoints").write_text("a file\n")
-    return run_train(workdir, overrides, extra + ["--verbose"] * verbose, devices=devices, timeout=120)
+    return run_train(workdir, overrides, extra + ["--verbose"] * verbose, devices=devices, timeout=120), workdir
 
   keys = [(name, False) for name in BAD_INPUTS] + [(name, True) for name in VERBOSE]
   with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
@@ -188,15 +188,17 @@ def bad_input_runs(tmp_path_factory, inputs, skipped_run):
 
 @pytest.mark.parametrize("name", list(BAD_INPUTS))
 def test_bad_input_is_one_line(name, bad_input_runs):
-  proc = bad_input_runs[name, False]
+  proc, workdir = bad_input_runs[name, False]
   assert proc.returncode == 2, proc.stderr[-3000:]
   line = error_line(proc)
   for words in BAD_INPUTS[name][-1]:
     assert words in line, line
+  if BAD_INPUTS[name][3] == "fresh":
+    assert not workdir.exists(), "a run stopped by bad input left a workdir behind"
 
 
 @pytest.mark.parametrize("name", VERBOSE)
 def test_verbose_shows_the_traceback(name, bad_input_runs):
-  proc = bad_input_runs[name, True]
+  proc, _ = bad_input_runs[name, True]
   assert proc.returncode != 0
   assert proc.stderr.startswith("Traceback (most recent call last):") and f'File "{REPO / "train.py"}"' in proc.stderr

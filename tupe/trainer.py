@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import pathlib
 import signal
 from typing import Any
@@ -65,12 +66,21 @@ def maybe_initialize_distributed(cfg) -> None:
 
 
 def check_workdir(workdir: pathlib.Path) -> None:
-  """Fails before training when the workdir cannot be written."""
+  """Fails early when the workdir cannot be created or written; creates nothing (`make_workdir` does, once the
+  run's inputs have been checked, so that a run stopped by bad input leaves no empty workdir behind)."""
+  existing = workdir.absolute()
+  while not existing.exists():
+    existing = existing.parent
+  if not existing.is_dir():
+    raise UserError(f"workdir {workdir} is not writable ({existing} is a file: Not a directory); choose another "
+                    f"--workdir")
+  if not os.access(existing, os.W_OK | os.X_OK):
+    raise UserError(f"workdir {workdir} is not writable ({existing}: Permission denied); choose another --workdir")
+
+
+def make_workdir(workdir: pathlib.Path) -> None:
   try:
     workdir.mkdir(parents=True, exist_ok=True)
-    probe = workdir / f".write_test_{jax.process_index()}"
-    probe.write_text("ok")
-    probe.unlink()
   except OSError as e:
     raise UserError(f"workdir {workdir} is not writable ({e.strerror or e}); choose another --workdir")
 
@@ -336,6 +346,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
   setup = build(cfg)
   rows = sharding.host_rows(setup.mesh, cfg.global_batch_size)
   evaluate = Evaluator(setup, eval_data, rows) if eval_data is not None else None
+  make_workdir(workdir)
   if host == 0:
     (workdir / "config.json").write_text(cfg.to_json_best_effort(indent=2))
   n_params = models.param_count(setup.abstract_state.params)

@@ -645,6 +645,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
   parse_tasks(cfg.swap_pairs)
   cfg = cfg.copy_and_resolve_references()
   cfg.lowercase = tokenizer_lowercase(cfg)  # Recorded in config.json: a workdir's runs share one setting.
+  trainer.make_workdir(workdir)
   check_resume(cfg, workdir)
   jax.config.update("jax_default_prng_impl", cfg.prng_impl)
   backbone = load_backbone(cfg, workdir)
