@@ -200,7 +200,7 @@ def test_corrupted_newest_checkpoint_falls_back(tmp_path, reference):
   assert f"skipping checkpoint {STEPS} in {workdir / 'checkpoints'}: it could not be restored" in proc.stderr
   moved = [p.name for p in (workdir / "checkpoints").iterdir() if p.name.startswith(f"{STEPS}.corrupt-")]
   assert len(moved) == 1 and moved[0] in proc.stderr
-  assert "Traceback" not in proc.stderr
+  assert "Traceback" not in proc.stderr, proc.stderr
   assert finished_steps(workdir) == [4, 8, 12]
 
 

@@ -80,6 +80,8 @@ class Checkpointer:
         other data, or none loads.
     """
     skipped = []
+    # Before any restore: a failed one's leftover reads can report before its exception reaches us.
+    _ignore_reads_left_by_failed_restores()
     for step in sorted(self.manager.all_steps(), reverse=True):
       try:
         saved = ocp.StandardCheckpointHandler().metadata(self._step_dir(step) / "state")["params"]
@@ -93,7 +95,6 @@ class Checkpointer:
         restored = self.manager.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract_state)))
       except Exception as e:  # A truncated or corrupted checkpoint: fall back to an older one.
-        _ignore_reads_left_by_failed_restores()
         _check_same_optimizer(step, self.directory, saved_meta["config"], meta["config"], e)
         skipped.append(self._skip(step, e))
         continue
@@ -108,7 +109,6 @@ class Checkpointer:
     return self.directory / str(step)
 
   def _skip(self, step: int, e: Exception) -> int:
-    _ignore_reads_left_by_failed_restores()
     logging.warning("skipping checkpoint %d in %s: it could not be restored (%s: %s)", step, self.directory,
                     type(e).__name__, _reason(e))
     return step
@@ -140,14 +140,15 @@ class Checkpointer:
 
 
 def _ignore_reads_left_by_failed_restores() -> None:
-  """Silences the noise that the reads of a failed restore leave behind.
+  """Silences the noise that the reads of a failed restore leave behind (installed before restoring: the
+  leftover reads can report before the failed restore's exception reaches its caller).
 
   Orbax runs each restore on a fresh asyncio loop and closes it as soon as the first TensorStore read fails.
   The reads still in flight end later, dozens of tracebacks around our one-line message: callbacks aimed at
   the closed loop raise RuntimeError('Event loop is closed') and read coroutines closed while waiting raise
   what their read hit (orbax's "Encountered error while reading array index", TensorStore's NOT_FOUND, ...),
-  both through sys.unraisablehook; read tasks whose exception nobody retrieved are logged by asyncio. Once a
-  restore has failed, exceptions raised in orbax's code are dropped from both; everything else still shows.
+  both through sys.unraisablehook; read tasks whose exception nobody retrieved are logged by asyncio. Exceptions
+  raised in orbax's code (and "Event loop is closed") are dropped from both; everything else still shows.
   """
   previous = sys.unraisablehook
   if getattr(previous, "_tupe_filter", False):
