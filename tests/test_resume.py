@@ -158,9 +158,9 @@ def resume_and_compare(workdir, reference, expected_start: int, overrides=None) 
 def test_sigterm_then_sigkill_while_an_async_checkpoint_is_written(tmp_path, reference):
   """Preempted, then crashed mid-save, then run to the end: the uninterrupted run's state and losses.
 
-  SIGTERM after the first step: exit 143 (not a success, for schedulers) with a checkpoint at the step reached. The resumed run is killed with
-  SIGKILL while orbax writes its next periodic checkpoint into a temporary directory: the last run ignores
-  that partial checkpoint and resumes from the SIGTERM one.
+  SIGTERM after the first step: exit 143 (not a success, for schedulers) with a checkpoint at the step
+  reached. The resumed run is killed with SIGKILL while orbax writes its next periodic checkpoint into a
+  temporary directory: the last run ignores that partial checkpoint and resumes from the SIGTERM one.
   """
   workdir = tmp_path / "run"
   run = Run(workdir, name="preempted")

@@ -165,7 +165,7 @@ def make_train_step(cfg, module, tx, lr_schedule):
 
 
 def make_eval_step(cfg, module):
-  """(params, batch, denoms) -> the batch's shares of the metrics over all eval batches (`evaluate`)."""
+  """(params, batch, denoms) -> the batch's shares of the metrics over all eval batches (`Evaluator`)."""
   def eval_step(params, batch, denoms):
     return objectives.loss_fn(cfg, module, params, batch, jax.random.PRNGKey(0), deterministic=True,
                               denoms=denoms)[1]
