@@ -14,9 +14,10 @@ for base), loss = gen + 50 * disc, batch 128 (256 for base), lr 3e-4 small / 5e-
 import ml_collections
 
 from tupe import models
-from tupe.errors import UserError
 from tupe.data import pipeline
+from tupe.errors import UserError
 
+NAMES = models.MODELS + ("convbert_mlm",)  # convbert_mlm: ConvBERT's model with the MLM objective
 CONVBERT_LR = {"tiny": 1e-3, "small": 3e-4, "medium_small": 5e-4, "base": 2e-4, "large": 2e-4}
 
 
@@ -55,8 +56,8 @@ def common() -> ml_collections.ConfigDict:
 def get_config(arg: str = "tupe_a,base") -> ml_collections.ConfigDict:
   name, _, size = arg.partition(",")
   size = size or "base"
-  if name not in models.MODELS + ("convbert_mlm",):
-    raise UserError(f"unknown model {name!r}; choose one of {', '.join(models.MODELS + ('convbert_mlm',))}")
+  if name not in NAMES:
+    raise UserError(f"unknown model {name!r}; choose one of {', '.join(NAMES)}")
   c = common()
   model = "convbert" if name == "convbert_mlm" else name
   c.model = models.get_config(model, size)

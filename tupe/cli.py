@@ -53,11 +53,28 @@ def flag_error(e: Exception, argv: list[str]) -> str:
           + "; see the fields in the config file")
 
 
+# What parsing --config and its overrides raises: a bad flag or value, an unknown config field (Attribute/KeyError),
+# an override of a config file that did not load (OSError).
+FLAG_ERRORS = (flags.Error, AttributeError, KeyError, OSError)
+
+
+def check_config_flags(argv: list[str]) -> None:
+  """Loads the config of a command line's --config flags (others ignored) as train.py will; a UserError names
+  what is wrong. Used to check commands before they run (`tupe.sweep`)."""
+  argv = argv[:1] + [a for a in argv[1:] if a.startswith("--config")]
+  values = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, flag_values=values, lock_config=True, sys_argv=argv)
+  try:
+    values(argv)
+    values.config.to_dict()  # config_flags defers a config file's loading error to the first access
+  except FLAG_ERRORS as e:
+    raise UserError(flag_error(e, argv)) from None
+
+
 def parse_flags(argv: list[str]) -> list[str]:
   try:
     return flags.FLAGS(argv)
-  # Unknown config fields raise Attribute/KeyError; an override of a config file that did not load, OSError.
-  except (flags.Error, AttributeError, KeyError, OSError) as e:
+  except FLAG_ERRORS as e:
     if "--verbose" in argv:
       raise
     print(f"error: {flag_error(e, argv)}", file=sys.stderr)

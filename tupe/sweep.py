@@ -17,9 +17,6 @@ import shlex
 import subprocess
 import sys
 
-from absl import flags
-from ml_collections import config_flags
-
 from tupe import cli
 from tupe.errors import UserError, run_main
 
@@ -53,14 +50,7 @@ def check(commands: list[list[str]]) -> None:
   """Loads every run's config with its overrides as train.py will, so that a typo in a key or a value of the
   wrong type is a one-line error here, before anything runs or is printed for a scheduler."""
   for command in commands:
-    argv = ["train.py"] + [a for a in command[2:] if a.startswith("--config")]
-    values = flags.FlagValues()
-    config_flags.DEFINE_config_file("config", None, flag_values=values, lock_config=True, sys_argv=argv)
-    try:
-      values(argv)
-      values.config.to_dict()  # config_flags defers a config file's loading error to the first access
-    except (flags.Error, AttributeError, KeyError, OSError) as e:
-      raise UserError(cli.flag_error(e, argv)) from None
+    cli.check_config_flags(["train.py"] + command[2:])
 
 
 def main(argv: list[str]) -> None:

@@ -24,8 +24,9 @@ from tupe.errors import UserError, run_main
 # (metric, panel title, smoothed)
 PANELS = (("loss", "loss", True), ("mlm_accuracy", "MLM accuracy", True),
           ("learning_rate", "learning rate", False), ("tokens_per_s", "tokens/s", True))
-ELECTRA_PANELS = (("mlm_loss", "MLM loss (ELECTRA: the generator's)", True), ("disc_loss", "discriminator loss", True),
-                  ("disc_accuracy", "discriminator accuracy", True), ("disc_auc", "discriminator AUC", True))
+ELECTRA_PANELS = (("mlm_loss", "MLM loss (ELECTRA: the generator's)", True),
+                  ("disc_loss", "discriminator loss", True), ("disc_accuracy", "discriminator accuracy", True),
+                  ("disc_auc", "discriminator AUC", True))
 
 
 def smooth(values: np.ndarray, weight: float) -> np.ndarray:
