@@ -114,7 +114,9 @@ def assert_round_trip(workdir, directory):
 def assert_tokenizer(cfg, directory):
   """AutoTokenizer gives our ids: single texts, and [CLS] a [SEP] b [SEP] pairs with types and padding."""
   ours, _ = tokenizer_lib.load_tokenizer(cfg.data.vocab_file, lowercase=cfg.data.lowercase)
-  theirs = transformers.AutoTokenizer.from_pretrained(directory)
+  # AutoTokenizer reads config.json, whose class is remote code for the TUPE family.
+  remote = json.loads((directory / "config.json").read_text())["model_type"] == "tupe"
+  theirs = transformers.AutoTokenizer.from_pretrained(directory, trust_remote_code=remote)
   for text in SENTENCES:
     assert theirs(text, add_special_tokens=False)["input_ids"] == ours.encode(text, add_special_tokens=False).ids
   # A special token's text is that token in HF (as fill-mask needs) and text here, unless HF is told to split it.
@@ -122,7 +124,7 @@ def assert_tokenizer(cfg, directory):
   mask_id = tokenizer_lib.read_vocab(cfg.data.vocab_file).index("[MASK]")
   assert mask_id in theirs(text, add_special_tokens=False)["input_ids"]
   assert mask_id not in ours.encode(text, add_special_tokens=False).ids
-  split = transformers.AutoTokenizer.from_pretrained(directory, split_special_tokens=True)
+  split = transformers.AutoTokenizer.from_pretrained(directory, trust_remote_code=remote, split_special_tokens=True)
   assert split(text, add_special_tokens=False)["input_ids"] == ours.encode(text, add_special_tokens=False).ids
   pairs = [glue.Example(idx=i, text_a=a, text_b=b, label=0) for i, (a, b) in enumerate(zip(SENTENCES, SENTENCES[1:]))]
   expected = glue.encode(ours, pairs, 64)
