@@ -90,6 +90,8 @@ def hf_config(cfg, family_name: str, objective: str) -> dict:
 CLASSES = {"bert": ("BertForMaskedLM", "BertModel"), "convbert": ("ConvBertForMaskedLM", "ConvBertModel"),
            "tupe": ("TupeForMaskedLM", "TupeModel")}
 PREFIXES = {"bert": "bert.", "convbert": "convbert.", "tupe": "tupe."}
+# Output embeddings tied to the word embeddings (and BERT's decoder bias to its head's bias), if saved at all.
+TIED = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias", "generator_lm_head.weight")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -271,12 +273,14 @@ def export_tensors(flat: dict[str, np.ndarray], keys: list[Key]) -> dict[str, np
 
 def import_tensors(tensors: dict[str, np.ndarray], keys: list[Key], shapes: dict[str, tuple],
                    source: str) -> dict[str, np.ndarray]:
-  """{HF name: array} -> our flat params for `keys` (shapes: our path -> shape); UserError naming missing
-  keys."""
-  missing = [key.hf for key in keys if key.hf not in tensors]
-  if missing:
-    raise UserError(f"{source} lacks {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}; it was not "
-                    "written by tupe.tools.export_hf for this config")
+  """{HF name: array} -> our flat params for `keys` (shapes: our path -> shape); UserError naming missing or
+  unexpected tensors."""
+  names = {key.hf for key in keys}
+  for what, wrong in (("lacks", [key.hf for key in keys if key.hf not in tensors]),
+                      ("has unexpected", sorted(set(tensors) - names - set(TIED)))):
+    if wrong:
+      raise UserError(f"{source} {what} {', '.join(wrong[:5])}{' ...' if len(wrong) > 5 else ''}; it was not "
+                      "written by tupe.tools.export_hf for this config")
   out = {}
   for key in keys:
     x = from_hf(key, tensors[key.hf], shapes.get(key.ours, ()))
