@@ -21,7 +21,7 @@ from tupe import models
 from tupe import trainer
 from tupe.data import glue
 from tupe.data import tokenizer as tokenizer_lib
-from tupe.errors import UserError, run_main
+from tupe.errors import run_main
 from tupe.hf_models import modeling_tupe
 from tupe.models import position
 from tupe.tools import export_hf
@@ -56,20 +56,21 @@ def tiny_config(name, corpus_file, vocab_file, lowercase=True):
   return cfg
 
 
-EXPORTS = {}  # name -> (cfg, workdir, export dir): each model is trained and exported once per module.
-
-
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory, corpus):
+  """name -> (config, workdir, export dir) of the model trained 2 steps and exported (once per module); BERT-A
+  is cased, the others uncased."""
+  done = {}
+
   def get(name):
-    if name not in EXPORTS:
-      lowercase = name != "bert_a"  # one cased model
+    if name not in done:
+      lowercase = name != "bert_a"
       cfg = tiny_config(name, corpus[0], corpus[1][lowercase], lowercase)
       workdir = tmp_path_factory.mktemp(name)
       trainer.train(cfg, str(workdir / "run"))
       run_main(export_hf.main, ["export_hf", "--checkpoint", str(workdir / "run"), "--out", str(workdir / "hf")])
-      EXPORTS[name] = (cfg, workdir / "run", workdir / "hf")
-    return EXPORTS[name]
+      done[name] = (cfg, workdir / "run", workdir / "hf")
+    return done[name]
   return get
 
 
@@ -145,7 +146,7 @@ def test_masked_lm_export(name, exported):
   batch = padded_batch(cfg)
   with torch.no_grad():
     out = model(**torch_inputs(*batch), output_hidden_states=True)
-  meta, params = checkpoint.load_pretrained(workdir)
+  _, params = checkpoint.load_pretrained(workdir)
   ours = models.encode(cfg.model, params["encoder"], *batch)
   assert_close(ours["hidden_states"], out.hidden_states)
   logits = models.MaskedLM(cfg.model).apply({"params": params}, *map(jnp.asarray, batch))
@@ -161,7 +162,7 @@ def test_masked_lm_export(name, exported):
 def test_convbert_electra_export(exported):
   cfg, workdir, directory = exported("convbert")
   assert cfg.objective == "electra"
-  meta, params = checkpoint.load_pretrained(workdir)
+  _, params = checkpoint.load_pretrained(workdir)
   module = models.Electra(cfg.model, models.generator_config(cfg.model, cfg.generator_fraction))
   batch = padded_batch(cfg)
   inputs = torch_inputs(*batch)

@@ -110,6 +110,8 @@ def main(argv: list[str]) -> None:
                       "directory")
   parser.add_argument("--out", required=True, help="the directory to write (new or empty)")
   args = parser.parse_args(argv[1:])
+  import transformers
+  transformers.utils.logging.disable_progress_bar()
   for directory in export(args.checkpoint, args.out):
     print(f"wrote {directory}")
 
