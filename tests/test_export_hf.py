@@ -3,11 +3,13 @@
 (hidden states, masked-LM and discriminator logits within 1e-5 in float32); tokenization compared with ours;
 the export imported back bit-identically; an option without HF counterpart refused in one line."""
 import json
+import shutil
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import safetensors.numpy
 import safetensors.torch
 import torch
 import transformers
@@ -21,7 +23,7 @@ from tupe import models
 from tupe import trainer
 from tupe.data import glue
 from tupe.data import tokenizer as tokenizer_lib
-from tupe.errors import run_main
+from tupe.errors import UserError, run_main
 from tupe.hf_models import modeling_tupe
 from tupe.models import position
 from tupe.tools import export_hf
@@ -188,6 +190,20 @@ def test_convbert_electra_export(exported):
   assert_tokenizer(cfg, directory)
   assert_tokenizer(cfg, directory / hf_layout.GENERATOR_DIR)
   assert_round_trip(workdir, directory)
+
+
+def test_import_names_missing_and_unexpected_tensors(exported, tmp_path):
+  directory = shutil.copytree(exported("tupe_r")[2], tmp_path / "hf")
+  file = directory / "model.safetensors"
+  tensors = safetensors.numpy.load_file(file)
+  tensors["tupe.encoder.layer.2.output.dense.bias"] = tensors.pop("tupe.untied_position.key.bias")
+  safetensors.numpy.save_file(tensors, file)
+  with pytest.raises(UserError, match=r"lacks tupe\.untied_position\.key\.bias;"):
+    hf_layout.import_pretrained(directory)
+  tensors["tupe.untied_position.key.bias"] = tensors["tupe.encoder.layer.2.output.dense.bias"]
+  safetensors.numpy.save_file(tensors, file)
+  with pytest.raises(UserError, match=r"unexpected tupe\.encoder\.layer\.2\.output\.dense\.bias;"):
+    hf_layout.import_pretrained(directory)
 
 
 def test_unexportable_option_is_one_line(tmp_path, corpus, capsys):
