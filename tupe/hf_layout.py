@@ -30,7 +30,6 @@ import numpy as np
 from tupe import models
 from tupe.errors import UserError
 
-FAMILIES = ("bert", "convbert", "tupe")
 # config.json keys (beside HF's) that carry our resolved model config and pre-training objective.
 MODEL_KEY, OBJECTIVE_KEY = "tupe_model", "tupe_objective"
 DISCRIMINATOR_HEAD_FILE = "discriminator_head.safetensors"
@@ -268,6 +267,10 @@ def nested(flat: dict[str, np.ndarray]) -> dict:
 
 def export_tensors(flat: dict[str, np.ndarray], keys: list[Key]) -> dict[str, np.ndarray]:
   """Our flat params -> {HF name: float32 array} for `keys`."""
+  missing = [key.ours for key in keys if key.ours is not None and key.ours not in flat]
+  if missing:
+    raise UserError(f"the checkpoint has no parameter {missing[0]}; the exporter maps the unrolled layout (one "
+                    "layer_<i> per layer), so convert the checkpoint's parameters to it first")
   return {key.hf: to_hf(key, None if key.ours is None else flat[key.ours]) for key in keys}
 
 

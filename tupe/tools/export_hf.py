@@ -82,23 +82,28 @@ def export(checkpoint_path, out) -> list[pathlib.Path]:
   flat = hf_layout.flat_params(params)
   masked_lm, backbone = hf_layout.CLASSES[family]
   if objective == "mlm":
-    parts = [(out, masked_lm, cfg, hf_layout.export_tensors(flat, hf_layout.masked_lm_keys(cfg, family)))]
+    keys = {"masked_lm": hf_layout.masked_lm_keys(cfg, family)}
+    parts = [(out, masked_lm, cfg, "masked_lm")]
   else:
     generator_cfg = models.generator_config(cfg, config["generator_fraction"])
     keys = hf_layout.electra_keys(cfg, generator_cfg, family)
-    parts = [(out, backbone, cfg, hf_layout.export_tensors(flat, keys["discriminator"])),
-             (out / hf_layout.GENERATOR_DIR, masked_lm, generator_cfg,
-              hf_layout.export_tensors(flat, keys["generator"]))]
-  for directory, class_name, part_cfg, tensors in parts:
+    parts = [(out, backbone, cfg, "discriminator"),
+             (out / hf_layout.GENERATOR_DIR, masked_lm, generator_cfg, "generator")]
+  unmapped = sorted(set(flat) - {key.ours for part_keys in keys.values() for key in part_keys})
+  if unmapped:
+    raise UserError(f"the checkpoint has parameters that the export does not map ({', '.join(unmapped[:3])}); "
+                    "this model cannot be exported")
+  tensors = {part: hf_layout.export_tensors(flat, part_keys) for part, part_keys in keys.items()}
+  for directory, class_name, part_cfg, part in parts:
     directory.mkdir(parents=True, exist_ok=True)
     part_objective = objective if directory == out else "mlm"
-    save_model(family, class_name, hf_layout.hf_config(part_cfg, family, part_objective), tensors, directory)
+    save_model(family, class_name, hf_layout.hf_config(part_cfg, family, part_objective), tensors[part], directory)
     if meta["vocab"]:
       save_tokenizer(meta["vocab"], config["data"]["lowercase"], cfg.max_position_embeddings, directory)
-  if objective == "electra":
+  if "discriminator_head" in tensors:
     import safetensors.numpy
-    safetensors.numpy.save_file(hf_layout.export_tensors(flat, keys["discriminator_head"]),
-                                out / hf_layout.DISCRIMINATOR_HEAD_FILE, metadata={"format": "pt"})
+    safetensors.numpy.save_file(tensors["discriminator_head"], out / hf_layout.DISCRIMINATOR_HEAD_FILE,
+                                metadata={"format": "pt"})
   if not meta["vocab"]:
     print(f"note: the checkpoint has no vocab (pre-trained on synthetic data), so {out} has no tokenizer")
   return [directory for directory, *_ in parts]
