@@ -1,6 +1,7 @@
 """Command-line tools for trained models and runs, and the tables and figures they share.
 
   python -m tupe.tools.analyze   attention maps, diagonal concentration, TUPE's positional terms
+  python -m tupe.tools.export_hf a checkpoint as a HF transformers directory (weights, config, tokenizer)
   python -m tupe.tools.plot      training curves of one or more runs
   python -m tupe.tools.summary   parameters per component and FLOPs per token of the named configs
 """

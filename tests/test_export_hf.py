@@ -1,0 +1,229 @@
+"""Export to HF transformers: each model family trained 2 steps at tiny size, exported with
+`python -m tupe.tools.export_hf`, loaded with transformers and compared with this package on a padded batch
+(hidden states, masked-LM and discriminator logits within 1e-5 in float32); tokenization compared with ours;
+the export imported back bit-identically; an option without HF counterpart refused in one line."""
+import json
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import safetensors.numpy
+import safetensors.torch
+import torch
+import transformers
+from transformers.models.electra import modeling_electra
+
+from configs import pretrain
+from tupe import checkpoint
+from tupe import hf
+from tupe import hf_layout
+from tupe import models
+from tupe import trainer
+from tupe.data import glue
+from tupe.data import tokenizer as tokenizer_lib
+from tupe.errors import UserError, run_main
+from tupe.hf_models import modeling_tupe
+from tupe.models import position
+from tupe.tools import export_hf
+
+TOLERANCE = 1e-5
+CORPUS = ("The quick brown fox jumps over the lazy dog. A café in Zürich serves naïve Crème brûlée.\n"
+          "Attention maps show which tokens each position reads, layer by layer. Positions are untied.\n\n"
+          "Another document: numbers 1234 and 56, punctuation (brackets), quotes \"here\"; and more.\n")
+SENTENCES = ["Héllo, WÖRLD! A café in Zürich, naïve.", "unknownish qqqzzz ☃ words... (really?) 中文",
+             "Mixed CASE Text with   spaces\tand\ttabs"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+  """A small text corpus and an uncased and a cased WordPiece vocab trained on it."""
+  root = tmp_path_factory.mktemp("corpus")
+  (root / "corpus.txt").write_text(CORPUS * 20, encoding="utf-8")
+  vocabs = {lowercase: tokenizer_lib.train_wordpiece([CORPUS], 160, root / f"vocab-{lowercase}.txt", lowercase)
+            for lowercase in (True, False)}
+  return root / "corpus.txt", vocabs
+
+
+def tiny_config(name, corpus_file, vocab_file, lowercase=True):
+  cfg = pretrain.get_config(f"{name},tiny")
+  cfg.model.update(hidden_size=32, intermediate_size=64, num_layers=2, vocab_size=0, max_position_embeddings=32)
+  cfg.model.embedding_size = 16 if name.startswith("convbert") else 32
+  cfg.data.update(source="text", files=str(corpus_file), vocab_file=str(vocab_file), lowercase=lowercase,
+                  eval_fraction=0.0)
+  cfg.update(seq_len=32, global_batch_size=8, num_train_steps=2, log_every=1, eval_every=0, tensorboard=False)
+  cfg.optimizer.update(warmup_steps=1, learning_rate=3e-2)  # large enough to move biases and LayerNorms
+  cfg.checkpoint.async_save = False
+  return cfg
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory, corpus):
+  """name -> (config, workdir, export dir) of the model trained 2 steps and exported (once per module); BERT-A
+  is cased, the others uncased."""
+  done = {}
+
+  def get(name):
+    if name not in done:
+      lowercase = name != "bert_a"
+      cfg = tiny_config(name, corpus[0], corpus[1][lowercase], lowercase)
+      workdir = tmp_path_factory.mktemp(name)
+      trainer.train(cfg, str(workdir / "run"))
+      run_main(export_hf.main, ["export_hf", "--checkpoint", str(workdir / "run"), "--out", str(workdir / "hf")])
+      done[name] = (cfg, workdir / "run", workdir / "hf")
+    return done[name]
+  return get
+
+
+def padded_batch(cfg, lengths=(13, 9, 4), seed=0):
+  """Right-padded ids ([CLS] first), mask and token types (0 then 1 where the model has types): B=3, L=13."""
+  rng = np.random.default_rng(seed)
+  ids = np.zeros((len(lengths), max(lengths)), np.int64)
+  mask, types = np.zeros_like(ids), np.zeros_like(ids)
+  for row, n in enumerate(lengths):
+    ids[row, :n] = rng.integers(5, cfg.model.vocab_size, n)
+    ids[row, 0] = 2
+    mask[row, :n] = 1
+    if cfg.model.type_vocab_size:
+      types[row, n // 2:n] = 1
+  return ids, mask, types
+
+
+def torch_inputs(ids, mask, types):
+  return dict(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
+              token_type_ids=torch.from_numpy(types))
+
+
+def max_diff(ours, theirs) -> float:
+  return float(np.max(np.abs(np.asarray(ours, np.float64) - theirs.detach().numpy().astype(np.float64))))
+
+
+def assert_close(ours_states, hf_states):
+  assert len(ours_states) == len(hf_states)
+  diffs = [max_diff(a, b) for a, b in zip(ours_states, hf_states)]
+  assert max(diffs) < TOLERANCE, diffs
+
+
+def assert_round_trip(workdir, directory):
+  _, params = checkpoint.load_pretrained(workdir)
+  _, _, imported = hf_layout.import_pretrained(directory)
+  ours, theirs = hf_layout.flat_params(params), hf_layout.flat_params(imported)
+  assert ours.keys() == theirs.keys()
+  for path in ours:
+    assert ours[path].dtype == theirs[path].dtype and np.array_equal(ours[path], theirs[path]), path
+
+
+def assert_tokenizer(cfg, directory):
+  """AutoTokenizer gives our ids: single texts, and [CLS] a [SEP] b [SEP] pairs with types and padding."""
+  ours, _ = tokenizer_lib.load_tokenizer(cfg.data.vocab_file, lowercase=cfg.data.lowercase)
+  # AutoTokenizer reads config.json, whose class is remote code for the TUPE family.
+  remote = json.loads((directory / "config.json").read_text())["model_type"] == "tupe"
+  theirs = transformers.AutoTokenizer.from_pretrained(directory, trust_remote_code=remote)
+  for text in SENTENCES:
+    assert theirs(text, add_special_tokens=False)["input_ids"] == ours.encode(text, add_special_tokens=False).ids
+  # A special token's text is that token in HF (as fill-mask needs) and text here, unless HF is told to split it.
+  text = "fill the [MASK] in, [SEP]"
+  mask_id = tokenizer_lib.read_vocab(cfg.data.vocab_file).index("[MASK]")
+  assert mask_id in theirs(text, add_special_tokens=False)["input_ids"]
+  assert mask_id not in ours.encode(text, add_special_tokens=False).ids
+  split = transformers.AutoTokenizer.from_pretrained(directory, trust_remote_code=remote, split_special_tokens=True)
+  assert split(text, add_special_tokens=False)["input_ids"] == ours.encode(text, add_special_tokens=False).ids
+  pairs = [glue.Example(idx=i, text_a=a, text_b=b, label=0) for i, (a, b) in enumerate(zip(SENTENCES, SENTENCES[1:]))]
+  expected = glue.encode(ours, pairs, 64)
+  got = theirs([p.text_a for p in pairs], [p.text_b for p in pairs], padding="max_length", max_length=64,
+               return_tensors="np")
+  for key in ("input_ids", "attention_mask", "token_type_ids"):
+    np.testing.assert_array_equal(got[key], expected[key])
+
+
+@pytest.mark.parametrize("name", ["bert_a", "bert_r", "tupe_a", "tupe_a_tie_cls", "tupe_r", "convbert_mlm"])
+def test_masked_lm_export(name, exported):
+  cfg, workdir, directory = exported(name)
+  expected_class = {"bert_a": "BertForMaskedLM", "convbert_mlm": "ConvBertForMaskedLM"}.get(name, "TupeForMaskedLM")
+  assert json.loads((directory / "config.json").read_text())["architectures"] == [expected_class]
+  remote = expected_class == "TupeForMaskedLM"
+  model = transformers.AutoModelForMaskedLM.from_pretrained(directory, trust_remote_code=remote).eval()
+  assert type(model).__name__ == expected_class
+  batch = padded_batch(cfg)
+  with torch.no_grad():
+    out = model(**torch_inputs(*batch), output_hidden_states=True)
+  _, params = checkpoint.load_pretrained(workdir)
+  ours = models.encode(cfg.model, params["encoder"], *batch)
+  assert_close(ours["hidden_states"], out.hidden_states)
+  logits = models.MaskedLM(cfg.model).apply({"params": params}, *map(jnp.asarray, batch))
+  assert max_diff(logits, out.logits) < TOLERANCE
+  assert_tokenizer(cfg, directory)
+  assert_round_trip(workdir, directory)
+  if name == "convbert_mlm":  # The HF ConvBERT importer reads the export as well.
+    _, imported = hf.import_convbert_mlm(directory)
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree_util.tree_leaves(imported),
+                                                   jax.tree_util.tree_leaves(params)))
+
+
+def test_convbert_electra_export(exported):
+  cfg, workdir, directory = exported("convbert")
+  assert cfg.objective == "electra"
+  _, params = checkpoint.load_pretrained(workdir)
+  module = models.Electra(cfg.model, models.generator_config(cfg.model, cfg.generator_fraction))
+  batch = padded_batch(cfg)
+  inputs = torch_inputs(*batch)
+
+  discriminator = transformers.AutoModel.from_pretrained(directory).eval()
+  assert type(discriminator).__name__ == "ConvBertModel"
+  head = modeling_electra.ElectraDiscriminatorPredictions(discriminator.config)
+  head.load_state_dict(safetensors.torch.load_file(directory / hf_layout.DISCRIMINATOR_HEAD_FILE))
+  with torch.no_grad():
+    out = discriminator(**inputs, output_hidden_states=True)
+    disc_logits = head.eval()(out.last_hidden_state)
+  backbone = {"embeddings": params["embeddings"], "stack": params["discriminator"]}
+  assert_close(models.encode(cfg.model, backbone, *batch)["hidden_states"], out.hidden_states)
+  ours = module.apply({"params": params}, *map(jnp.asarray, batch), method=module.discriminator_logits)
+  assert max_diff(ours, disc_logits) < TOLERANCE
+
+  generator = transformers.AutoModelForMaskedLM.from_pretrained(directory / hf_layout.GENERATOR_DIR).eval()
+  assert type(generator).__name__ == "ConvBertForMaskedLM"
+  everywhere = jnp.broadcast_to(jnp.arange(batch[0].shape[1]), batch[0].shape)
+  ours = module.apply({"params": params}, *map(jnp.asarray, batch), everywhere, method=module.generator_logits)
+  with torch.no_grad():
+    assert max_diff(ours, generator(**inputs).logits) < TOLERANCE
+  assert_tokenizer(cfg, directory)
+  assert_tokenizer(cfg, directory / hf_layout.GENERATOR_DIR)
+  assert_round_trip(workdir, directory)
+
+
+def test_import_names_missing_and_unexpected_tensors(exported, tmp_path):
+  directory = shutil.copytree(exported("tupe_r")[2], tmp_path / "hf")
+  file = directory / "model.safetensors"
+  tensors = safetensors.numpy.load_file(file)
+  tensors["tupe.encoder.layer.2.output.dense.bias"] = tensors.pop("tupe.untied_position.key.bias")
+  safetensors.numpy.save_file(tensors, file)
+  with pytest.raises(UserError, match=r"lacks tupe\.untied_position\.key\.bias;"):
+    hf_layout.import_pretrained(directory)
+  tensors["tupe.untied_position.key.bias"] = tensors["tupe.encoder.layer.2.output.dense.bias"]
+  safetensors.numpy.save_file(tensors, file)
+  with pytest.raises(UserError, match=r"unexpected tupe\.encoder\.layer\.2\.output\.dense\.bias;"):
+    hf_layout.import_pretrained(directory)
+
+
+def test_unexportable_option_is_one_line(tmp_path, corpus, capsys):
+  """ConvBERT with TUPE's untied positions: HF ConvBERT has no such option."""
+  cfg = tiny_config("convbert_mlm", corpus[0], corpus[1][True])
+  cfg.model.update(position="untied", cls_reset=True, vocab_size=160)
+  params = jax.jit(lambda: models.init_module(models.MaskedLM(cfg.model), cfg.model))()
+  state = trainer.TrainState(step=jnp.array(1, jnp.int32), params=params, opt_state={}, rng=jax.random.PRNGKey(0))
+  with checkpoint.Checkpointer(tmp_path / "run" / "checkpoints", cfg.checkpoint) as saver:
+    saver.save(1, state, trainer.checkpoint_meta(cfg, cfg.data.vocab_file, 1), force=True)
+  with pytest.raises(SystemExit) as exit_info:
+    run_main(export_hf.main, ["export_hf", "--checkpoint", str(tmp_path / "run"), "--out", str(tmp_path / "hf")])
+  assert exit_info.value.code == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and "model.position='untied'" in err and "ConvBERT" in err, err
+  assert not (tmp_path / "hf").exists()
+
+
+def test_relative_buckets_match_ours():
+  """The PyTorch buckets equal tupe.models.position's, edges included, for several bucket settings."""
+  for num_buckets, max_distance in ((32, 128), (16, 64), (64, 256), (32, 512)):
+    np.testing.assert_array_equal(modeling_tupe.relative_buckets(600, num_buckets, max_distance).numpy(),
+                                  position.relative_buckets(600, num_buckets, max_distance))

@@ -1,0 +1,360 @@
+"""Our models in HF transformers' terms: which class, which config.json, and every parameter's HF name and layout.
+
+The mapping lives here once and serves both directions: `tupe.tools.export_hf` writes our parameters as HF
+tensors (`to_hf`), and `import_pretrained` reads an export back (`from_hf`), bit-identically: every conversion
+is a reshape or transpose.
+
+Families (`family`):
+  bert:     BERT-A -> BertForMaskedLM / BertModel;
+  convbert: ConvBERT -> ConvBertForMaskedLM / ConvBertModel;
+  tupe:     TUPE-A, TUPE-R, tupe_a_tie_cls, BERT-R -> TupeForMaskedLM / TupeModel of `tupe.hf_models`, loaded
+            with trust_remote_code=True.
+Options that the family's HF class cannot express raise a one-line UserError naming the option. A model
+without token types (type_vocab_size 0) is exported to BERT and ConvBERT with one all-zero token-type row,
+which adds exactly nothing.
+
+Parameters are addressed by their "/"-joined paths in our tree, in the unrolled layout (one `layer_<i>` per
+layer) that `flat_params` produces; another layout is to be converted there.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import pathlib
+
+import jax
+import ml_collections
+import numpy as np
+
+from tupe import models
+from tupe.errors import UserError
+
+# config.json keys (beside HF's) that carry our resolved model config and pre-training objective.
+MODEL_KEY, OBJECTIVE_KEY = "tupe_model", "tupe_objective"
+DISCRIMINATOR_HEAD_FILE = "discriminator_head.safetensors"
+GENERATOR_DIR = "generator"
+
+
+def family(cfg, objective: str = "mlm") -> str:
+  """The HF family that expresses model config `cfg`; UserError naming the first option none can."""
+  def refuse(option, why):
+    raise UserError(f"model.{option} has no counterpart in HF transformers' {why}; this model cannot be exported")
+  if cfg.head_ratio > 1:
+    if cfg.position != "absolute":
+      refuse(f"position={cfg.position!r}", "ConvBERT (absolute positions only)")
+    if cfg.relative_bias:
+      refuse("relative_bias=True", "ConvBERT")
+    if cfg.zero_pad_embeddings:
+      refuse("zero_pad_embeddings=True", "ConvBERT")
+    if cfg.head_ratio != 2:
+      refuse(f"head_ratio={cfg.head_ratio}", "ConvBERT (its attention and conv heads together span hidden_size: "
+             "head_ratio 2)")
+    return "convbert"
+  if cfg.ffn_groups != 1:
+    refuse(f"ffn_groups={cfg.ffn_groups}", "models without conv heads (grouped FFNs are ConvBERT's)")
+  if cfg.position == "absolute" and not cfg.relative_bias:
+    if cfg.embedding_size != cfg.hidden_size:
+      refuse(f"embedding_size={cfg.embedding_size}", f"BERT (embeddings as wide as hidden_size={cfg.hidden_size})")
+    if cfg.zero_pad_embeddings:
+      refuse("zero_pad_embeddings=True", "BERT")
+    if objective == "electra":
+      raise UserError("objective='electra' with a BERT model cannot be exported (BertModel has no ELECTRA "
+                      "discriminator); export MLM-trained BERT models")
+    return "bert"
+  return "tupe"
+
+
+def hf_config(cfg, family_name: str, objective: str) -> dict:
+  """The config.json fields (model_type and architecture) of `cfg` in its family, with our config alongside."""
+  common = dict(
+      vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
+      num_attention_heads=cfg.num_heads, intermediate_size=cfg.intermediate_size, hidden_act="gelu",
+      max_position_embeddings=cfg.max_position_embeddings, layer_norm_eps=cfg.layer_norm_eps,
+      hidden_dropout_prob=cfg.hidden_dropout, attention_probs_dropout_prob=cfg.attention_dropout,
+      initializer_range=cfg.initializer_range, pad_token_id=cfg.pad_token_id, tie_word_embeddings=True,
+      **{MODEL_KEY: cfg.to_dict(), OBJECTIVE_KEY: objective})
+  types = max(cfg.type_vocab_size, 1)
+  if family_name == "bert":
+    return dict(common, model_type="bert", type_vocab_size=types)
+  if family_name == "convbert":
+    return dict(common, model_type="convbert", type_vocab_size=types, embedding_size=cfg.embedding_size,
+                head_ratio=2, conv_kernel_size=cfg.conv_kernel_size, num_groups=cfg.ffn_groups)
+  return dict(common, model_type="tupe", type_vocab_size=cfg.type_vocab_size, embedding_size=cfg.embedding_size,
+              position=cfg.position, relative_bias=cfg.relative_bias, num_buckets=cfg.num_buckets,
+              max_distance=cfg.max_distance, cls_reset=cfg.cls_reset, zero_pad_embeddings=cfg.zero_pad_embeddings)
+
+
+# The HF classes per family: (masked LM, backbone), and the prefix of the backbone inside the masked LM.
+CLASSES = {"bert": ("BertForMaskedLM", "BertModel"), "convbert": ("ConvBertForMaskedLM", "ConvBertModel"),
+           "tupe": ("TupeForMaskedLM", "TupeModel")}
+PREFIXES = {"bert": "bert.", "convbert": "convbert.", "tupe": "tupe."}
+# Output embeddings tied to the word embeddings (and BERT's decoder bias to its head's bias), if saved at all.
+TIED = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias", "generator_lm_head.weight")
+
+
+@dataclasses.dataclass(frozen=True)
+class Key:
+  """One parameter: our path, its HF name, and how the layouts differ.
+
+  kind: "copy" (same shape); "flat" (ours [*out] -> [prod(out)]); "column" (-> [prod, 1]); "linear" (our kernel
+    [*in, *out], n_in input axes -> torch Linear weight [prod(out), prod(in)]); "depthwise" ([K, d] -> Conv1d
+    weight [d, 1, K]); "pointwise" ([d, heads, head_dim] -> Conv1d weight [heads * head_dim, d, 1]); "zeros"
+    (nothing of ours: an all-zero [1, width] table).
+  """
+  ours: str | None
+  hf: str
+  kind: str = "copy"
+  n_in: int = 1
+  width: int = 0
+
+
+def to_hf(key: Key, x: np.ndarray | None) -> np.ndarray:
+  """Our float32 array -> the HF tensor (a new contiguous array)."""
+  if key.kind == "zeros":
+    return np.zeros((1, key.width), np.float32)
+  x = np.asarray(x, np.float32)
+  converted = {
+      "copy": lambda: x,
+      "flat": lambda: x.reshape(-1),
+      "column": lambda: x.reshape(-1, 1),
+      "linear": lambda: x.reshape(math.prod(x.shape[:key.n_in]), -1).T,
+      "depthwise": lambda: x.T[:, None, :],
+      "pointwise": lambda: x.reshape(x.shape[0], -1).T[:, :, None],
+  }[key.kind]()
+  return np.ascontiguousarray(converted)
+
+
+def from_hf(key: Key, t: np.ndarray, shape: tuple) -> np.ndarray:
+  """The HF tensor -> our array of `shape`; UserError if it has the wrong size."""
+  t = np.asarray(t, np.float32)
+  if key.kind == "zeros":
+    if t.shape != (1, key.width) or np.any(t):
+      raise UserError(f"{key.hf} should be a [1, {key.width}] table of zeros (our model has no token types)")
+    return t
+  expected = to_hf(key, np.zeros(shape, np.float32)).shape
+  if t.shape != expected:
+    raise UserError(f"{key.hf} is {list(t.shape)}, not {list(expected)} as its config.json implies")
+  converted = {
+      "copy": lambda: t,
+      "flat": lambda: t,
+      "column": lambda: t,
+      "linear": lambda: t.T,
+      "depthwise": lambda: t[:, 0, :].T,
+      "pointwise": lambda: t[:, :, 0].T,
+  }[key.kind]()
+  return np.ascontiguousarray(converted).reshape(shape)
+
+
+def _dense(ours: str, hf: str, n_in: int = 1) -> list[Key]:
+  return [Key(f"{ours}/kernel", f"{hf}.weight", "linear", n_in), Key(f"{ours}/bias", f"{hf}.bias", "flat")]
+
+
+def _layer_norm(ours: str, hf: str) -> list[Key]:
+  return [Key(f"{ours}/scale", f"{hf}.weight"), Key(f"{ours}/bias", f"{hf}.bias")]
+
+
+def embedding_keys(cfg, family_name: str, ours: str, hf: str) -> list[Key]:
+  """Our `Embeddings` params under `ours` (e.g. "encoder/embeddings") -> HF `{hf}embeddings.*`."""
+  keys = [Key(f"{ours}/word_embeddings", f"{hf}embeddings.word_embeddings.weight")]
+  if cfg.position == "absolute":
+    keys.append(Key(f"{ours}/position_embeddings", f"{hf}embeddings.position_embeddings.weight"))
+  if cfg.type_vocab_size:
+    keys.append(Key(f"{ours}/token_type_embeddings", f"{hf}embeddings.token_type_embeddings.weight"))
+  elif family_name != "tupe":
+    keys.append(Key(None, f"{hf}embeddings.token_type_embeddings.weight", "zeros", width=cfg.embedding_size))
+  return keys + _layer_norm(f"{ours}/layer_norm", f"{hf}embeddings.LayerNorm")
+
+
+def _ffn_dense(cfg, ours: str, hf: str) -> list[Key]:
+  if cfg.ffn_groups == 1:
+    return _dense(f"{ours}/dense", hf)
+  return [Key(f"{ours}/kernel", f"{hf}.weight"), Key(f"{ours}/bias", f"{hf}.bias")]
+
+
+def layer_keys(cfg, family_name: str, ours: str, hf: str) -> list[Key]:
+  """One `Layer` under `ours` (e.g. ".../layer_3") -> HF `{hf}` (e.g. "bert.encoder.layer.3.")."""
+  attention = [key for name in ("query", "key", "value")
+               for key in _dense(f"{ours}/attention/{name}", f"{hf}attention.self.{name}")]
+  if family_name == "convbert":
+    conv, separable = f"{ours}/attention/conv", f"{hf}attention.self.key_conv_attn_layer"
+    attention += [
+        Key(f"{conv}/depthwise_kernel", f"{separable}.depthwise.weight", "depthwise"),
+        Key(f"{conv}/pointwise/kernel", f"{separable}.pointwise.weight", "pointwise"),
+        Key(f"{conv}/pointwise/bias", f"{separable}.bias", "column"),
+        *_dense(f"{conv}/kernel", f"{hf}attention.self.conv_kernel_layer"),
+        *_dense(f"{conv}/value", f"{hf}attention.self.conv_out_layer")]
+  return attention + [
+      *_dense(f"{ours}/attention/output", f"{hf}attention.output.dense", n_in=2),
+      *_layer_norm(f"{ours}/attention/layer_norm", f"{hf}attention.output.LayerNorm"),
+      *_ffn_dense(cfg, f"{ours}/ffn/intermediate", f"{hf}intermediate.dense"),
+      *_ffn_dense(cfg, f"{ours}/ffn/output", f"{hf}output.dense"),
+      *_layer_norm(f"{ours}/ffn/layer_norm", f"{hf}output.LayerNorm")]
+
+
+def stack_keys(cfg, family_name: str, ours: str, hf: str) -> list[Key]:
+  """Our `EncoderStack` params under `ours` -> HF: projection, positional terms (tupe) and layers."""
+  keys = []
+  if cfg.embedding_size != cfg.hidden_size:
+    keys += _dense(f"{ours}/embeddings_project", f"{hf}embeddings_project")
+  if cfg.position == "untied":
+    keys += [Key(f"{ours}/untied_position/position_embeddings", f"{hf}untied_position.position_embeddings.weight"),
+             *_layer_norm(f"{ours}/untied_position/layer_norm", f"{hf}untied_position.LayerNorm"),
+             *_dense(f"{ours}/untied_position/query", f"{hf}untied_position.query"),
+             *_dense(f"{ours}/untied_position/key", f"{hf}untied_position.key")]
+  if cfg.relative_bias:
+    keys.append(Key(f"{ours}/relative_position/relative_attention_bias",
+                    f"{hf}relative_position.relative_attention_bias.weight"))
+  for i in range(cfg.num_layers):
+    keys += layer_keys(cfg, family_name, f"{ours}/layer_{i}", f"{hf}encoder.layer.{i}.")
+  return keys
+
+
+def mlm_head_keys(family_name: str, ours: str) -> list[Key]:
+  """Our `MLMHead` under `ours` -> the HF masked LM's head (its output embeddings are tied, not stored)."""
+  hf = {"bert": ("cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm", "cls.predictions.bias"),
+        "convbert": ("generator_predictions.dense", "generator_predictions.LayerNorm", "generator_lm_head.bias"),
+        "tupe": ("lm_head.dense", "lm_head.LayerNorm", "lm_head.bias")}[family_name]
+  return [*_dense(f"{ours}/transform", hf[0]), *_layer_norm(f"{ours}/layer_norm", hf[1]), Key(f"{ours}/bias", hf[2])]
+
+
+def discriminator_head_keys(ours: str = "discriminator_head") -> list[Key]:
+  """Our `DiscriminatorHead` -> HF's ElectraDiscriminatorPredictions (dense, GELU, dense_prediction)."""
+  return [*_dense(f"{ours}/dense", "dense"), *_dense(f"{ours}/out", "dense_prediction")]
+
+
+def masked_lm_keys(cfg, family_name: str) -> list[Key]:
+  """`models.MaskedLM` params -> the family's masked-LM class."""
+  prefix = PREFIXES[family_name]
+  return (embedding_keys(cfg, family_name, "encoder/embeddings", prefix)
+          + stack_keys(cfg, family_name, "encoder/stack", prefix) + mlm_head_keys(family_name, "mlm_head"))
+
+
+def electra_keys(cfg, generator_cfg, family_name: str) -> dict[str, list[Key]]:
+  """`models.Electra` params -> {"discriminator": the backbone class (no prefix), "discriminator_head":
+  ElectraDiscriminatorPredictions, "generator": the masked-LM class (with its own copy of the shared
+  embeddings)}."""
+  prefix = PREFIXES[family_name]
+  return {
+      "discriminator": (embedding_keys(cfg, family_name, "embeddings", "")
+                        + stack_keys(cfg, family_name, "discriminator", "")),
+      "discriminator_head": discriminator_head_keys(),
+      "generator": (embedding_keys(generator_cfg, family_name, "embeddings", prefix)
+                    + stack_keys(generator_cfg, family_name, "generator", prefix)
+                    + mlm_head_keys(family_name, "generator_head")),
+  }
+
+
+def _by_path(tree) -> dict:
+  return {"/".join(str(k.key) for k in path): x for path, x in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def flat_params(params) -> dict[str, np.ndarray]:
+  """{"a/b/c": array} of a params tree in the unrolled layout (one `layer_<i>` subtree per layer)."""
+  return {path: np.asarray(x) for path, x in _by_path(params).items()}
+
+
+def nested(flat: dict[str, np.ndarray]) -> dict:
+  tree = {}
+  for path, x in flat.items():
+    *parents, leaf = path.split("/")
+    node = tree
+    for name in parents:
+      node = node.setdefault(name, {})
+    node[leaf] = x
+  return tree
+
+
+def export_tensors(flat: dict[str, np.ndarray], keys: list[Key]) -> dict[str, np.ndarray]:
+  """Our flat params -> {HF name: float32 array} for `keys`."""
+  missing = [key.ours for key in keys if key.ours is not None and key.ours not in flat]
+  if missing:
+    raise UserError(f"the checkpoint has no parameter {missing[0]}; the exporter maps the unrolled layout (one "
+                    "layer_<i> per layer), so convert the checkpoint's parameters to it first")
+  return {key.hf: to_hf(key, None if key.ours is None else flat[key.ours]) for key in keys}
+
+
+def import_tensors(tensors: dict[str, np.ndarray], keys: list[Key], shapes: dict[str, tuple],
+                   source: str) -> dict[str, np.ndarray]:
+  """{HF name: array} -> our flat params for `keys` (shapes: our path -> shape); UserError naming missing or
+  unexpected tensors."""
+  names = {key.hf for key in keys}
+  for what, wrong in (("lacks", [key.hf for key in keys if key.hf not in tensors]),
+                      ("has unexpected", sorted(set(tensors) - names - set(TIED)))):
+    if wrong:
+      raise UserError(f"{source} {what} {', '.join(wrong[:5])}{' ...' if len(wrong) > 5 else ''}; it was not "
+                      "written by tupe.tools.export_hf for this config")
+  out = {}
+  for key in keys:
+    x = from_hf(key, tensors[key.hf], shapes.get(key.ours, ()))
+    if key.ours is not None:
+      out[key.ours] = x
+  return out
+
+
+# Reading an export back.
+
+def _read_config(directory: pathlib.Path) -> tuple[dict, ml_collections.ConfigDict]:
+  config_file = directory / "config.json"
+  if not config_file.is_file():
+    raise UserError(f"{directory} has no config.json; pass a directory written by tupe.tools.export_hf")
+  config = json.loads(config_file.read_text())
+  if MODEL_KEY not in config:
+    raise UserError(f"{config_file} has no {MODEL_KEY!r} entry, so it was not written by tupe.tools.export_hf; HF "
+                    "ConvBERT checkpoints import with tupe.hf.import_convbert")
+  cfg = ml_collections.ConfigDict(config[MODEL_KEY])
+  models.validate(cfg)
+  return config, cfg
+
+
+def _read_safetensors(file: pathlib.Path) -> dict[str, np.ndarray]:
+  import safetensors.numpy
+  if not file.is_file():
+    raise UserError(f"{file} does not exist; pass a directory written by tupe.tools.export_hf")
+  return safetensors.numpy.load_file(file)
+
+
+def _shapes(module, cfg, *extra) -> dict[str, tuple]:
+  abstract = jax.eval_shape(lambda: models.init_module(module, cfg, 0, *extra))
+  return {path: tuple(x.shape) for path, x in _by_path(abstract).items()}
+
+
+def _check_complete(flat: dict, shapes: dict, source: str) -> None:
+  missing = sorted(set(shapes) - set(flat))
+  if missing:
+    raise UserError(f"{source} does not provide our parameters {', '.join(missing[:5])}")
+
+
+def import_pretrained(path) -> tuple[ml_collections.ConfigDict, str, dict]:
+  """Reads a directory written by `python -m tupe.tools.export_hf` back into our parameters.
+
+  Returns:
+    (model config, objective, params): params structured as the pre-training module's, `models.MaskedLM` for
+    objective "mlm" and `models.Electra` (generator from DIR/generator) for "electra", bit-identical to the
+    exported checkpoint's.
+  """
+  directory = pathlib.Path(path)
+  config, cfg = _read_config(directory)
+  objective = config.get(OBJECTIVE_KEY, "mlm")
+  name = family(cfg, objective)
+  if objective == "mlm":
+    shapes = _shapes(models.MaskedLM(cfg), cfg)
+    flat = import_tensors(_read_safetensors(directory / "model.safetensors"), masked_lm_keys(cfg, name), shapes,
+                          str(directory))
+  else:
+    _, generator_cfg = _read_config(directory / GENERATOR_DIR)
+    shapes = _shapes(models.Electra(cfg, generator_cfg), cfg, np.zeros((1, 1), np.int32))
+    keys = electra_keys(cfg, generator_cfg, name)
+    files = {"discriminator": directory / "model.safetensors",
+             "discriminator_head": directory / DISCRIMINATOR_HEAD_FILE,
+             "generator": directory / GENERATOR_DIR / "model.safetensors"}
+    flat = {}
+    for part, file in files.items():
+      imported = import_tensors(_read_safetensors(file), keys[part], shapes, str(file))
+      shared = {k: v for k, v in imported.items() if k in flat}
+      if any(not np.array_equal(flat[k], v) for k, v in shared.items()):
+        raise UserError(f"{file}: the generator's embeddings differ from the discriminator's, which ELECTRA "
+                        "shares; re-export the checkpoint")
+      flat.update(imported)
+  _check_complete(flat, shapes, str(directory))
+  return cfg, objective, nested(flat)

@@ -1,0 +1,125 @@
+"""Exports a train.py checkpoint to a HF transformers directory: config, safetensors weights and tokenizer.
+
+  python -m tupe.tools.export_hf --checkpoint WORKDIR --out DIR
+
+What DIR holds (`tupe.hf_layout` has the mapping):
+  BERT-A (MLM):        BertForMaskedLM;
+  ConvBERT (MLM):      ConvBertForMaskedLM;
+  ConvBERT (ELECTRA):  the discriminator as ConvBertModel, its head in discriminator_head.safetensors (the
+                       weights of transformers' ElectraDiscriminatorPredictions), and the generator as
+                       ConvBertForMaskedLM in DIR/generator;
+  TUPE-A, TUPE-R, tupe_a_tie_cls, BERT-R: TupeForMaskedLM with configuration_tupe.py and modeling_tupe.py,
+                       loaded with trust_remote_code=True.
+Each directory also holds the tokenizer (vocab.txt, tokenizer.json, tokenizer_config.json), cased or uncased as
+pre-trained, so AutoTokenizer.from_pretrained(DIR) tokenizes as this package does. A model with an option that
+HF's class cannot express is refused with one line naming the option.
+"""
+from __future__ import annotations
+
+import argparse
+import pathlib
+import shutil
+
+import ml_collections
+
+from tupe import checkpoint
+from tupe import hf_layout
+from tupe import models
+from tupe.data import tokenizer as tokenizer_lib
+from tupe.errors import UserError, run_main
+
+REMOTE_CODE_FILES = ("configuration_tupe.py", "modeling_tupe.py")
+REMOTE_AUTO_MAP = {"AutoConfig": "configuration_tupe.TupeConfig", "AutoModel": "modeling_tupe.TupeModel",
+                   "AutoModelForMaskedLM": "modeling_tupe.TupeForMaskedLM"}
+
+
+def save_model(family: str, class_name: str, hf_config: dict, tensors: dict, directory: pathlib.Path) -> None:
+  """Writes `tensors` as HF model `class_name` of `family` with `save_pretrained` (config.json, safetensors),
+  after loading them into the class: a name the class does not have, or a parameter left out other than its
+  tied output embeddings, is an error."""
+  import torch
+  import transformers
+  if family == "tupe":
+    from tupe.hf_models import configuration_tupe, modeling_tupe
+    config = configuration_tupe.TupeConfig(**{k: v for k, v in hf_config.items() if k != "model_type"},
+                                           auto_map=REMOTE_AUTO_MAP)
+    model_cls = getattr(modeling_tupe, class_name)
+  else:
+    config = transformers.AutoConfig.for_model(**hf_config)
+    model_cls = getattr(transformers, class_name)
+  model = model_cls(config).eval()
+  missing, unexpected = model.load_state_dict({k: torch.tensor(v) for k, v in tensors.items()}, strict=False)
+  tied = set(getattr(model, "_tied_weights_keys", None) or ())
+  if unexpected or set(missing) - tied:
+    raise RuntimeError(f"the mapping to {class_name} is incomplete: missing {sorted(set(missing) - tied)}, "
+                       f"unexpected {sorted(unexpected)}")
+  model.save_pretrained(directory)
+  if family == "tupe":
+    source = pathlib.Path(modeling_tupe.__file__).parent
+    for name in REMOTE_CODE_FILES:
+      shutil.copyfile(source / name, directory / name)
+
+
+def save_tokenizer(vocab: list[str], lowercase: bool, max_length: int, directory: pathlib.Path) -> None:
+  """The WordPiece tokenizer of `tupe.data.tokenizer` as HF's BertTokenizer: the same vocab (the first line wins
+  for a duplicated token), normalizer (lowercasing and accent stripping as pre-trained) and pre-tokenizer."""
+  import transformers
+  ids = {token: i for i, token in reversed(list(enumerate(vocab)))}
+  tokenizer = transformers.BertTokenizer(vocab=ids, do_lower_case=lowercase, model_max_length=max_length)
+  tokenizer.save_pretrained(directory)
+  tokenizer_lib.write_vocab(vocab, directory / "vocab.txt")
+
+
+def export(checkpoint_path, out) -> list[pathlib.Path]:
+  """Exports the newest checkpoint under `checkpoint_path` to `out`; returns the model directories written."""
+  out = pathlib.Path(out)
+  if out.exists() and (not out.is_dir() or any(out.iterdir())):
+    raise UserError(f"--out {out} exists and is not an empty directory; choose a new one")
+  meta, params = checkpoint.load_pretrained(checkpoint_path)
+  config = meta["config"]
+  cfg, objective = ml_collections.ConfigDict(config["model"]), config["objective"]
+  family = hf_layout.family(cfg, objective)
+  flat = hf_layout.flat_params(params)
+  masked_lm, backbone = hf_layout.CLASSES[family]
+  if objective == "mlm":
+    keys = {"masked_lm": hf_layout.masked_lm_keys(cfg, family)}
+    parts = [(out, masked_lm, cfg, "masked_lm")]
+  else:
+    generator_cfg = models.generator_config(cfg, config["generator_fraction"])
+    keys = hf_layout.electra_keys(cfg, generator_cfg, family)
+    parts = [(out, backbone, cfg, "discriminator"),
+             (out / hf_layout.GENERATOR_DIR, masked_lm, generator_cfg, "generator")]
+  unmapped = sorted(set(flat) - {key.ours for part_keys in keys.values() for key in part_keys})
+  if unmapped:
+    raise UserError(f"the checkpoint has parameters that the export does not map ({', '.join(unmapped[:3])}); "
+                    "this model cannot be exported")
+  tensors = {part: hf_layout.export_tensors(flat, part_keys) for part, part_keys in keys.items()}
+  for directory, class_name, part_cfg, part in parts:
+    directory.mkdir(parents=True, exist_ok=True)
+    part_objective = objective if directory == out else "mlm"
+    save_model(family, class_name, hf_layout.hf_config(part_cfg, family, part_objective), tensors[part], directory)
+    if meta["vocab"]:
+      save_tokenizer(meta["vocab"], config["data"]["lowercase"], cfg.max_position_embeddings, directory)
+  if "discriminator_head" in tensors:
+    import safetensors.numpy
+    safetensors.numpy.save_file(tensors["discriminator_head"], out / hf_layout.DISCRIMINATOR_HEAD_FILE,
+                                metadata={"format": "pt"})
+  if not meta["vocab"]:
+    print(f"note: the checkpoint has no vocab (pre-trained on synthetic data), so {out} has no tokenizer")
+  return [directory for directory, *_ in parts]
+
+
+def main(argv: list[str]) -> None:
+  parser = argparse.ArgumentParser(prog="python -m tupe.tools.export_hf", description=__doc__.splitlines()[0])
+  parser.add_argument("--checkpoint", required=True, help="train.py workdir, its checkpoints/ folder or one step "
+                      "directory")
+  parser.add_argument("--out", required=True, help="the directory to write (new or empty)")
+  args = parser.parse_args(argv[1:])
+  import transformers
+  transformers.utils.logging.disable_progress_bar()
+  for directory in export(args.checkpoint, args.out):
+    print(f"wrote {directory}")
+
+
+if __name__ == "__main__":
+  run_main(main)
