@@ -47,14 +47,19 @@ def default_data_config() -> ml_collections.ConfigDict:
     mask_prob: share of tokens selected for prediction.
     whole_word: mask whole words.
     max_predictions: predictions per example P; 0 for ceil(mask_prob * seq_len).
-    eval_fraction: share of documents held out for the eval split.
+    documents: a text file's documents: "paragraphs" (each block between blank lines) or "files" (the whole file,
+      its blocks its paragraphs; then the last eval_fraction of each document's paragraphs is held out).
+    fill_examples: split a sentence that does not fit in the rest of an example (its head fills it, its tail starts
+      the next), so that only a document's or the corpus's last example is shorter than seq_len.
+    eval_fraction: share of documents (documents "files": of each document's paragraphs) held out for eval.
     num_workers: worker processes for masking and batching (0: threads in this process).
     synthetic_vocab_size: vocab size of the synthetic source.
   """
   return ml_collections.ConfigDict(dict(
       source="demo", files="", tfds_name="", tfds_split="train", tfds_data_dir="", tfds_text_key="text",
       vocab_file="", cache_dir="", lowercase=True, packing="full_sentences", masking="bert", mask_prob=0.15,
-      whole_word=False, max_predictions=0, eval_fraction=0.01, num_workers=0, synthetic_vocab_size=30522))
+      whole_word=False, max_predictions=0, documents="paragraphs",
+      fill_examples=False, eval_fraction=0.01, num_workers=0, synthetic_vocab_size=30522))
 
 
 def checked_config(data_cfg, seq_len: int) -> ml_collections.ConfigDict:
@@ -71,7 +76,8 @@ def checked_config(data_cfg, seq_len: int) -> ml_collections.ConfigDict:
     cfg.update(data_cfg)
   except TypeError as e:
     raise UserError(f"data config: {e}") from None
-  choices = (("source", examples_lib.SOURCES), ("packing", packing.PACKINGS), ("masking", tuple(masking.MASKINGS)))
+  choices = (("source", examples_lib.SOURCES), ("packing", packing.PACKINGS), ("masking", tuple(masking.MASKINGS)),
+             ("documents", corpus.DOCUMENTS))
   for field, allowed in choices:
     if cfg[field] not in allowed:
       raise UserError(f"data.{field} is {cfg[field]!r}: use one of {', '.join(allowed)}")
@@ -138,6 +144,20 @@ class PretrainData:
 
   def __len__(self) -> int:
     return len(self.examples)
+
+  @property
+  def fill(self) -> float | None:
+    """Share of the split's example positions that hold tokens, not padding; None where unknown."""
+    tokens = self.examples.num_tokens
+    return None if tokens is None else tokens / (len(self.examples) * self.seq_len)
+
+  def fill_line(self) -> str:
+    """One line for the log: the split's examples, tokens and fill."""
+    fill = self.fill
+    tokens = self.examples.num_tokens
+    return (f"{self.split} data: {len(self)} examples of up to {self.seq_len} tokens, "
+            + ("fill unknown (written before token counts were stored)" if fill is None else
+               f"{tokens:,} tokens, {fill:.1%} of the positions filled (the rest padding)"))
 
   def iterator(self, *, batch_size: int, seed: int, rows: tuple[int, int] | None = None,
                start_batch: int = 0) -> grain.DatasetIterator:
