@@ -159,6 +159,13 @@ class PretrainData:
             + ("fill unknown (written before token counts were stored)" if fill is None else
                f"{tokens:,} tokens, {fill:.1%} of the positions filled (the rest padding)"))
 
+  def batch(self, indices: np.ndarray, seed: int, epoch: int = 0) -> dict[str, np.ndarray]:
+    """The padded, masked batch of examples `indices` ([batch], any order), masks drawn as in epoch `epoch` of a
+    run with `seed`: the same examples and seed give the same masks on any checkpoint (`tupe.tools.evaluate`)."""
+    indices = np.asarray(indices, np.int64)
+    ids = self.examples.padded_batch(indices, self.seq_len, self.info.pad_id)
+    return self.masker(ids, counter_rng.example_keys(int(seed) % 2**64, indices, epoch))
+
   def iterator(self, *, batch_size: int, seed: int, rows: tuple[int, int] | None = None,
                start_batch: int = 0) -> grain.DatasetIterator:
     """An endless iterator over this host's rows of global batches start_batch, start_batch + 1, ...
