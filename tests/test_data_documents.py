@@ -3,7 +3,7 @@ positions that hold tokens."""
 import numpy as np
 import pytest
 
-from tupe.data import corpus, examples, packing, pipeline
+from tupe.data import corpus, packing, pipeline
 
 SEQ_LEN = 64
 

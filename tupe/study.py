@@ -5,8 +5,10 @@
 
 For each variant of the study (configs/study.py), in DIR/<variant>/:
   1. pretrain/: `train.py` with the study's recipe at the scale and the variant's overrides;
-  2. heldout/step_<N>.json: `python -m tupe.tools.evaluate` of the final checkpoint on the held-out text;
-  3. glue/: `eval_glue.py` on the final checkpoint, over the study's tasks, learning rates and seeds.
+  2. glue/: `eval_glue.py` on the final checkpoint, over the study's tasks, learning rates and seeds;
+  3. heldout/step_<N>.json: `tupe.tools.evaluate` of the final checkpoint on the held-out text, in this process
+     (a short evaluation, not worth another start of JAX; last, so that the memory this process then holds on an
+     accelerator is not taken from a command; --print gives its command line).
 Stage 1 runs for every variant first (the pre-training comparison is complete before any fine-tuning), then
 stage 2, then stage 3; then DIR/report.md, report.json and curves.png (`tupe.study_report`).
 
@@ -36,9 +38,10 @@ from tupe import study_report
 from tupe.data import corpus
 from tupe.errors import UserError, run_main
 from tupe.glue import finetune
+from tupe.tools import evaluate
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-STAGES = ("pre-train", "held-out score", "GLUE")
+STAGES = ("pre-train", "GLUE", "held-out score")
 
 
 @dataclasses.dataclass
@@ -121,7 +124,8 @@ def plan(cfg, root: pathlib.Path) -> list[Variant]:
 
 
 def evaluate_command(cfg, variant: Variant, step: int) -> list[str]:
-  """The held-out score of `variant`'s checkpoint `step`, written to its heldout/step_<step>.json."""
+  """The command line of the held-out score of `variant`'s checkpoint `step` (written to heldout/step_<step>.json);
+  `run` calls the same function, `evaluate.evaluate`, in its own process."""
   return [sys.executable, "-m", "tupe.tools.evaluate", f"--checkpoint={variant.pretrain_dir}",
           f"--text-file={data_path(cfg, cfg.heldout_file)}", f"--seed={cfg.heldout_seed}",
           f"--max-examples={cfg.heldout_max_examples}", f"--batch-size={cfg.heldout_batch_size}",
@@ -162,7 +166,7 @@ def _run(command: list[str], label: str) -> None:
 
 
 def run(cfg, root: pathlib.Path, variants: list[Variant]) -> int:
-  """Runs what is not finished, stage by stage; returns the number of commands run."""
+  """Runs what is not finished, stage by stage; returns the number of (stage, variant) steps run."""
   total, ran = len(STAGES) * len(variants), 0
   for s, stage in enumerate(STAGES):
     for v, variant in enumerate(variants):
@@ -179,8 +183,12 @@ def run(cfg, root: pathlib.Path, variants: list[Variant]) -> int:
         if heldout_done(cfg, variant, step):
           logs.log(f"[study] {label}: done ({variant.heldout_file(step)}), skipped")
           continue
-        logs.log(f"[study] {label}: checkpoint {step}")
-        _run(evaluate_command(cfg, variant, step), label)
+        logs.log(f"[study] {label}: checkpoint {step} on {data_path(cfg, cfg.heldout_file)}")
+        start = time.time()
+        evaluate.write(evaluate.evaluate(str(variant.pretrain_dir), data_path(cfg, cfg.heldout_file),
+                                         cfg.heldout_seed, cfg.heldout_max_examples, cfg.heldout_batch_size),
+                       variant.heldout_file(step))
+        logs.log(f"[study] {label}: finished in {logs.format_duration(time.time() - start)}")
       else:
         pending = glue_pending(variant)
         if not pending and (variant.glue_dir / "results.json").is_file():
@@ -214,9 +222,9 @@ def main(argv: list[str]) -> None:
     for variant in variants:
       print(shlex.join(variant.pretrain))
     for variant in variants:
-      print(f"PYTHONPATH={shlex.quote(str(REPO))} " + shlex.join(evaluate_command(cfg, variant, variant.steps)))
-    for variant in variants:
       print(shlex.join(variant.glue))
+    for variant in variants:
+      print(f"PYTHONPATH={shlex.quote(str(REPO))} " + shlex.join(evaluate_command(cfg, variant, variant.steps)))
     spec_file, _, spec_arg = args.config.partition(":")
     spec = f"{pathlib.Path(spec_file).absolute()}:{spec_arg}" if spec_arg else str(pathlib.Path(spec_file).absolute())
     print(f"PYTHONPATH={shlex.quote(str(REPO))} " + shlex.join(
@@ -226,7 +234,7 @@ def main(argv: list[str]) -> None:
     logs.log(f"[study] {cfg.study} at scale {cfg.scale}: {len(variants)} variants "
              f"({', '.join(v.name for v in variants)}) in {root}")
     ran = run(cfg, root, variants)
-    logs.log(f"[study] {ran} command(s) run, {len(STAGES) * len(variants) - ran} already done")
+    logs.log(f"[study] {ran} stage(s) run, {len(STAGES) * len(variants) - ran} already done")
   paths = study_report.write(cfg, root, variants)
   logs.log(f"[study] wrote {', '.join(str(p) for p in paths)}")
 

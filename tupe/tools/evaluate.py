@@ -92,14 +92,18 @@ def main(argv: list[str]) -> None:
   parser.add_argument("--out", default="", help="also write the JSON to this file")
   args = parser.parse_args(argv[1:])
   result = evaluate(args.checkpoint, args.text_file, args.seed, args.max_examples, args.batch_size)
-  line = json.dumps(result)
   if args.out:
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(line + "\n", encoding="utf-8")
-    tmp.replace(out)
-  print(line)
+    write(result, args.out)
+  print(json.dumps(result))
+
+
+def write(result: dict, path: str | pathlib.Path) -> None:
+  """Writes `result` as one JSON line to `path`, atomically (a file renamed when complete)."""
+  path = pathlib.Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = path.with_name(path.name + ".tmp")
+  tmp.write_text(json.dumps(result) + "\n", encoding="utf-8")
+  tmp.replace(path)
 
 
 if __name__ == "__main__":
