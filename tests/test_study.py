@@ -3,6 +3,7 @@ import json
 import math
 import os
 import pathlib
+import shlex
 import subprocess
 import sys
 
@@ -92,10 +93,11 @@ def test_second_invocation_redoes_nothing(studies):
 
 def test_print_lists_every_command(studies):
   out, _ = finish(start_study("convbert", studies["convbert"], "--print"))
-  lines = out.splitlines()
-  assert [sum(f" {part}" in line for line in lines) for part in ("train.py", "tupe.tools.evaluate", "eval_glue.py")] \
-      == [4, 4, 4]
-  assert lines[-1].endswith("--report-only")
+  commands = [shlex.split(line) for line in out.splitlines()]
+  programs = [next(word.rsplit("/", 1)[-1] for word in words if word.endswith((".py", "tupe.tools.evaluate")))
+              for words in commands[:-1]]
+  assert programs == ["train.py"] * 4 + ["eval_glue.py"] * 4 + ["tupe.tools.evaluate"] * 4
+  assert commands[-1][-1] == "--report-only"
 
 
 def test_evaluate_is_deterministic_and_tells_checkpoints_apart(studies, shared_data):
@@ -104,9 +106,10 @@ def test_evaluate_is_deterministic_and_tells_checkpoints_apart(studies, shared_d
   first = evaluate.evaluate(str(root / "tupe_a" / "pretrain"), str(text), seed=3, max_examples=16, batch_size=8)
   again = evaluate.evaluate(str(root / "tupe_a" / "pretrain"), str(text), seed=3, max_examples=16, batch_size=8)
   other = evaluate.evaluate(str(root / "bert_a" / "pretrain"), str(text), seed=3, max_examples=16, batch_size=8)
+  reseeded = evaluate.evaluate(str(root / "tupe_a" / "pretrain"), str(text), seed=4, max_examples=16, batch_size=8)
   assert first == again
   assert first["predicted_tokens"] == other["predicted_tokens"] > 0  # the same masks
-  assert first["mlm_loss"] != other["mlm_loss"]
+  assert first["mlm_loss"] != other["mlm_loss"] and first["mlm_loss"] != reseeded["mlm_loss"]
   assert first["examples"] == 16 and first["step"] == 4
 
 

@@ -101,9 +101,11 @@ def markdown(report: dict) -> str:
   tasks = report["glue_tasks"]
   lines = [f"# Study {report['study']} at scale {report['scale']}", "",
            "## GLUE dev", "",
-           "Median over seeds at the best learning rate (min-max over seeds)."
-           + (" Rows marked *paper* are the TUPE paper's Table 1 numbers for BERT-base-size models pre-trained "
-              "for 1M steps, not this study's." if report["study"] == "tupe" else ""), ""]
+           "Median over seeds at the best learning rate (min-max over seeds); avg: the mean of the task medians "
+           "(blank until every run of the grid has finished)."
+           + (" Rows \"(paper, base)\" are the TUPE paper's Table 1 numbers for BERT-base-size models pre-trained "
+              "for 1M steps, not this study's; their avg is over the same tasks." if report["study"] == "tupe"
+              else ""), ""]
   header = ["variant"] + tasks + ["avg"]
   rows = []
   for name, entry in report["variants"].items():
