@@ -94,6 +94,13 @@ def checked_config(data_cfg, seq_len: int) -> ml_collections.ConfigDict:
   return cfg
 
 
+def _masked_batch(examples: packing.ExampleSource, masker: masking.Masker, seq_len: int, pad_id: int, seed: int,
+                  indices: np.ndarray, epoch) -> dict[str, np.ndarray]:
+  """Examples `indices` padded to seq_len and masked with the keys of (seed, index, epoch)."""
+  ids = examples.padded_batch(indices, seq_len, pad_id)
+  return masker(ids, counter_rng.example_keys(seed, indices, epoch))
+
+
 class _Batch:
   """Maps a batch number to this host's rows of that padded, masked global batch.
 
@@ -113,8 +120,7 @@ class _Batch:
     epoch, example = np.divmod(batch * self._batch_size + np.arange(*self._rows), n)
     if self._shuffle:
       example = counter_rng.permute(example, n, counter_rng.epoch_keys(self._seed, epoch))
-    ids = self._examples.padded_batch(example, self._seq_len, self._pad_id)
-    return self._masker(ids, counter_rng.example_keys(self._seed, example, epoch))
+    return _masked_batch(self._examples, self._masker, self._seq_len, self._pad_id, self._seed, example, epoch)
 
 
 class PretrainData:
@@ -153,18 +159,15 @@ class PretrainData:
 
   def fill_line(self) -> str:
     """One line for the log: the split's examples, tokens and fill."""
-    fill = self.fill
-    tokens = self.examples.num_tokens
     return (f"{self.split} data: {len(self)} examples of up to {self.seq_len} tokens, "
-            + ("fill unknown (written before token counts were stored)" if fill is None else
-               f"{tokens:,} tokens, {fill:.1%} of the positions filled (the rest padding)"))
+            + ("fill unknown (written before token counts were stored)" if self.fill is None else
+               f"{self.examples.num_tokens:,} tokens, {self.fill:.1%} of the positions filled (the rest padding)"))
 
   def batch(self, indices: np.ndarray, seed: int, epoch: int = 0) -> dict[str, np.ndarray]:
     """The padded, masked batch of examples `indices` ([batch], any order), masks drawn as in epoch `epoch` of a
     run with `seed`: the same examples and seed give the same masks on any checkpoint (`tupe.tools.evaluate`)."""
-    indices = np.asarray(indices, np.int64)
-    ids = self.examples.padded_batch(indices, self.seq_len, self.info.pad_id)
-    return self.masker(ids, counter_rng.example_keys(int(seed) % 2**64, indices, epoch))
+    return _masked_batch(self.examples, self.masker, self.seq_len, self.info.pad_id, int(seed) % 2**64,
+                         np.asarray(indices, np.int64), epoch)
 
   def iterator(self, *, batch_size: int, seed: int, rows: tuple[int, int] | None = None,
                start_batch: int = 0) -> grain.DatasetIterator:
