@@ -45,6 +45,7 @@ def test_shards_hold_the_in_memory_examples(text_cfg, shard_dir, split):
   in_memory, _ = examples.load_examples(text_cfg, SEQ_LEN, split)
   on_disk, info = examples.load_examples(arrayrecord_cfg(text_cfg, shard_dir), SEQ_LEN, split)
   assert len(on_disk) == len(in_memory) > 0 and info.vocab_file == str(shard_dir / "vocab.txt")
+  assert on_disk.num_tokens == in_memory.num_tokens  # the fill logged at start
   for i in range(len(in_memory)):
     np.testing.assert_array_equal(on_disk[i], in_memory[i])
   assert sorted(p.name for p in shard_dir.glob(f"{split}-*")) == [
@@ -69,6 +70,9 @@ def test_mismatched_settings_are_refused(text_cfg, shard_dir, bert_vocab, tmp_pa
     pipeline.make_pretrain_iterator(cfg, seq_len=128, batch_size=8, seed=0)
   with pytest.raises(UserError, match="preprocessed with packing='segment_pair'"):
     pipeline.make_pretrain_iterator(dict(cfg, packing="full_sentences"), seq_len=SEQ_LEN, batch_size=8, seed=0)
+  for field, value in (("documents", "files"), ("fill_examples", True)):
+    with pytest.raises(UserError, match=f"preprocessed with {field}="):
+      pipeline.make_pretrain_iterator(dict(cfg, **{field: value}), seq_len=SEQ_LEN, batch_size=8, seed=0)
   other_vocab = tmp_path / "vocab.txt"
   other_vocab.write_text(bert_vocab.read_text().replace("[unused0]", "[unused-zero]"))
   with pytest.raises(UserError, match="tokenized with another vocab"):

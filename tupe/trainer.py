@@ -356,6 +356,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
            f"({rows[1] - rows[0]} per host, {cfg.global_batch_size // sharding.data_parallel_size(setup.mesh)} "
            f"per data-parallel device, {cfg.grad_accum_steps} accumulation steps) x {cfg.seq_len} tokens; "
            f"{len(train_data)} training examples")
+  logs.log(train_data.fill_line())
 
   preempted = []
   with contextlib.ExitStack() as cleanup:  # Unwinds on any error too: no asynchronous save is left behind.

@@ -1,7 +1,12 @@
-"""Text sources: plain-text files, TFDS text datasets; documents, sentences and the train/eval document split.
+"""Text sources: plain-text files, TFDS text datasets; documents, sentences and the train/eval split.
 
-A document is a string whose lines are paragraphs. Plain-text files hold one document per block of lines between
-blank lines (each block is one paragraph; hard-wrapped lines are joined). TFDS records are one document each.
+A document is a string whose lines are paragraphs. A block of lines between blank lines in a plain-text file is
+one paragraph (hard-wrapped lines are joined); with the documents setting "paragraphs" each block is a document,
+with "files" each file is one document. TFDS records are one document each.
+
+The eval split holds out either whole documents (every (1/eval_fraction)-th, `is_eval_document`) or the last
+eval_fraction of every document's paragraphs (`held_out_tail`), which still holds out text from a corpus of a
+few long documents (whole books).
 """
 import glob
 import math
@@ -12,7 +17,8 @@ from typing import Iterator
 
 from tupe.errors import UserError
 
-SPLITS = ("train", "eval")  # Documents are held out for eval by `is_eval_document`.
+SPLITS = ("train", "eval")
+DOCUMENTS = ("paragraphs", "files")  # What a text file's document is: each block between blank lines, or the file.
 _GUTENBERG_START = re.compile(r"^\*\*\*\s*START OF.*$", re.MULTILINE)
 _GUTENBERG_END = re.compile(r"^(\*\*\*\s*END OF|End of (the |this )?Project Gutenberg).*$",
                             re.MULTILINE | re.IGNORECASE)
@@ -77,6 +83,12 @@ def text_documents(patterns: str) -> Iterator[str]:
     yield from paragraphs(read_text(path))
 
 
+def text_files(patterns: str) -> Iterator[str]:
+  """Documents (one per file, its lines the file's paragraphs) of the text files matching comma-separated globs."""
+  for path in expand_globs(patterns):
+    yield "\n".join(paragraphs(read_text(path)))
+
+
 def split_sentences(paragraph: str) -> list[str]:
   """Splits one paragraph into sentences at . ! ? followed by a capital, keeping abbreviations and initials whole."""
   sentences, start = [], 0
@@ -100,6 +112,28 @@ def document_sentences(document: str) -> list[str]:
 def is_eval_document(index: int, eval_fraction: float) -> bool:
   """Whether document `index` is held out for eval: every (1/eval_fraction)-th document, spread evenly."""
   return math.floor((index + 1) * eval_fraction) > math.floor(index * eval_fraction)
+
+
+def held_out_tail(num_paragraphs: int, eval_fraction: float) -> int:
+  """How many of a document's last paragraphs are held out for eval: ceil(eval_fraction * num_paragraphs), at
+  least one, but never the whole document (a one-paragraph document stays in train)."""
+  if eval_fraction <= 0 or num_paragraphs < 2:
+    return 0
+  return min(max(1, math.ceil(eval_fraction * num_paragraphs)), num_paragraphs - 1)
+
+
+def split_documents(documents: Iterator[str], eval_fraction: float, tails: bool) -> Iterator[tuple[str, str]]:
+  """("train" or "eval", document) pairs: whole documents held out (`is_eval_document`), or with `tails` each
+  document's last paragraphs (`held_out_tail`) held out as a document of their own, after its train part."""
+  for index, document in enumerate(documents):
+    if not tails:
+      yield ("eval" if is_eval_document(index, eval_fraction) else "train"), document
+      continue
+    lines = document.split("\n")
+    cut = len(lines) - held_out_tail(len(lines), eval_fraction)
+    yield "train", "\n".join(lines[:cut])
+    if cut < len(lines):
+      yield "eval", "\n".join(lines[cut:])
 
 
 def tfds_documents(name: str, split: str, data_dir: str, text_key: str) -> Iterator[str]:

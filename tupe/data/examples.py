@@ -2,7 +2,8 @@
 
 Sources:
   demo, text, tfds: documents are split into sentences, tokenized with `encode_batch` and packed in memory, once
-    per process (cached). Every (1/eval_fraction)-th document is held out for the eval split.
+    per process (cached). Every (1/eval_fraction)-th document is held out for the eval split, or with
+    data.documents "files" the last eval_fraction of each document's paragraphs.
   arrayrecord: examples written by `tupe.data.preprocess` (the same examples, streamed to disk), read lazily.
   synthetic: random token ids, full-length examples, for benchmarks (no tokenizer work).
 """
@@ -23,6 +24,7 @@ _SYNTHETIC_SEED = 0x5EED
 _BLOCK_CHARS = 1 << 20  # Text tokenized per `encode_batch` call.
 _CACHE: dict[tuple, dict[str, PackedExamples]] = {}
 _CACHE_ENTRIES = 4
+_BEFORE_FIELD = {"documents": "paragraphs", "fill_examples": False}  # Shards written before these fields existed.
 
 
 def load_tokenizer_for(data_cfg) -> tuple[tokenizers.Tokenizer, TokenizerInfo]:
@@ -37,10 +39,12 @@ def load_tokenizer_for(data_cfg) -> tuple[tokenizers.Tokenizer, TokenizerInfo]:
 
 
 def source_documents(data_cfg) -> Iterable[str]:
-  """Documents of a text source (demo, text or tfds), in a fixed order."""
+  """Documents of a text source (demo, text or tfds), in a fixed order (text: as data.documents says)."""
   if data_cfg.source == "demo":
     return demo.demo_documents(data_cfg.cache_dir)
   if data_cfg.source == "text":
+    if data_cfg.documents == "files":
+      return corpus.text_files(data_cfg.files)
     return corpus.text_documents(data_cfg.files)
   if data_cfg.source == "tfds":
     if not data_cfg.tfds_name:
@@ -51,7 +55,8 @@ def source_documents(data_cfg) -> Iterable[str]:
 
 
 def pack_documents(documents: Iterable[str], tokenizer: tokenizers.Tokenizer, info: TokenizerInfo, seq_len: int,
-                   packing: str, eval_fraction: float) -> Iterator[tuple[str, np.ndarray]]:
+                   packing: str, eval_fraction: float, tails: bool = False,
+                   fill: bool = False) -> Iterator[tuple[str, np.ndarray]]:
   """Splits, tokenizes and packs documents, streaming.
 
   Args:
@@ -60,7 +65,10 @@ def pack_documents(documents: Iterable[str], tokenizer: tokenizers.Tokenizer, in
     info: its `TokenizerInfo`.
     seq_len: example length.
     packing: "full_sentences" or "segment_pair".
-    eval_fraction: share of documents held out for eval.
+    eval_fraction: share of the text held out for eval.
+    tails: hold out the last eval_fraction of each document's paragraphs (data.documents "files"), not every
+      (1/eval_fraction)-th document (see `tupe.data.corpus.split_documents`).
+    fill: split sentences to fill every example (data.fill_examples, see `tupe.data.packing`).
 
   Yields:
     ("train" or "eval", int32 [n <= seq_len]) in packing order (see `tupe.data.packing` for document boundaries).
@@ -69,17 +77,18 @@ def pack_documents(documents: Iterable[str], tokenizer: tokenizers.Tokenizer, in
     UserError: at the end, when the documents held no text at all.
   """
   empty = True
-  for split, example in _pack_documents(documents, tokenizer, info, seq_len, packing, eval_fraction):
+  for split, example in _pack_documents(corpus.split_documents(documents, eval_fraction, tails), tokenizer, info,
+                                        seq_len, packing, fill):
     empty = False
     yield split, example
   if empty:
     raise UserError("the corpus holds no text: check the input files or dataset")
 
 
-def _pack_documents(documents: Iterable[str], tokenizer: tokenizers.Tokenizer, info: TokenizerInfo, seq_len: int,
-                    packing: str, eval_fraction: float) -> Iterator[tuple[str, np.ndarray]]:
-  """`pack_documents` without the check for an empty corpus."""
-  packers = {s: Packer(packing, seq_len, info.cls_id, info.sep_id) for s in corpus.SPLITS}
+def _pack_documents(documents: Iterable[tuple[str, str]], tokenizer: tokenizers.Tokenizer, info: TokenizerInfo,
+                    seq_len: int, packing: str, fill: bool) -> Iterator[tuple[str, np.ndarray]]:
+  """`pack_documents` of (split, document) pairs, without the check for an empty corpus."""
+  packers = {s: Packer(packing, seq_len, info.cls_id, info.sep_id, fill=fill) for s in corpus.SPLITS}
   splits, counts, texts = [], [], []
   block_chars = 0
 
@@ -93,9 +102,9 @@ def _pack_documents(documents: Iterable[str], tokenizer: tokenizers.Tokenizer, i
         yield split, example
     splits.clear(), counts.clear(), texts.clear()
 
-  for index, document in enumerate(documents):
+  for split, document in documents:
     sentences = corpus.document_sentences(document)
-    splits.append("eval" if corpus.is_eval_document(index, eval_fraction) else "train")
+    splits.append(split)
     counts.append(len(sentences))
     texts.extend(sentences)
     block_chars += len(document)
@@ -115,11 +124,12 @@ def _in_memory_examples(data_cfg, seq_len: int) -> tuple[dict[str, PackedExample
     files = tuple((str(p), os.path.getmtime(p), os.path.getsize(p)) for p in corpus.expand_globs(data_cfg.files))
   key = (data_cfg.source, files, data_cfg.tfds_name, data_cfg.tfds_split, data_cfg.tfds_data_dir,
          data_cfg.tfds_text_key, info, os.path.getmtime(info.vocab_file), seq_len, data_cfg.packing,
-         data_cfg.eval_fraction)
+         data_cfg.eval_fraction, data_cfg.documents, data_cfg.fill_examples)
   if key not in _CACHE:
     examples = {s: [] for s in corpus.SPLITS}
     for split, example in pack_documents(source_documents(data_cfg), tokenizer, info, seq_len, data_cfg.packing,
-                                         data_cfg.eval_fraction):
+                                         data_cfg.eval_fraction, tails=data_cfg.documents == "files",
+                                         fill=data_cfg.fill_examples):
       examples[split].append(example)
     while len(_CACHE) >= _CACHE_ENTRIES:
       del _CACHE[next(iter(_CACHE))]
@@ -146,6 +156,10 @@ class SyntheticExamples(ExampleSource):
 
   def __len__(self) -> int:
     return self._length
+
+  @property
+  def num_tokens(self) -> int:
+    return self._length * self._seq_len
 
   def __getitem__(self, index: int) -> np.ndarray:
     return self.padded_batch(np.array([index]), self._seq_len, self._info.pad_id)[0]
@@ -174,8 +188,9 @@ def _sharded_examples(data_cfg, seq_len: int, split: str) -> tuple[shards.Sharde
   metadata = shards.read_metadata(folder)
   fix = "preprocess again with the settings you want, or change the data config"
   for field, wanted in (("seq_len", seq_len), ("packing", data_cfg.packing), ("lowercase", data_cfg.lowercase),
-                        ("eval_fraction", data_cfg.eval_fraction)):
-    if metadata[field] != wanted:
+                        ("eval_fraction", data_cfg.eval_fraction), ("documents", data_cfg.documents),
+                        ("fill_examples", data_cfg.fill_examples)):
+    if metadata.get(field, _BEFORE_FIELD.get(field)) != wanted:
       raise UserError(f"{folder} was preprocessed with {field}={metadata[field]!r}, the config asks for "
                       f"{wanted!r}: {fix}")
   vocab_file = os.path.join(folder, shards.VOCAB)

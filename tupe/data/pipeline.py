@@ -47,14 +47,19 @@ def default_data_config() -> ml_collections.ConfigDict:
     mask_prob: share of tokens selected for prediction.
     whole_word: mask whole words.
     max_predictions: predictions per example P; 0 for ceil(mask_prob * seq_len).
-    eval_fraction: share of documents held out for the eval split.
+    documents: a text file's documents: "paragraphs" (each block between blank lines) or "files" (the whole file,
+      its blocks its paragraphs; then the last eval_fraction of each document's paragraphs is held out).
+    fill_examples: split a sentence that does not fit in the rest of an example (its head fills it, its tail starts
+      the next), so that only a document's or the corpus's last example is shorter than seq_len.
+    eval_fraction: share of documents (documents "files": of each document's paragraphs) held out for eval.
     num_workers: worker processes for masking and batching (0: threads in this process).
     synthetic_vocab_size: vocab size of the synthetic source.
   """
   return ml_collections.ConfigDict(dict(
       source="demo", files="", tfds_name="", tfds_split="train", tfds_data_dir="", tfds_text_key="text",
       vocab_file="", cache_dir="", lowercase=True, packing="full_sentences", masking="bert", mask_prob=0.15,
-      whole_word=False, max_predictions=0, eval_fraction=0.01, num_workers=0, synthetic_vocab_size=30522))
+      whole_word=False, max_predictions=0, documents="paragraphs",
+      fill_examples=False, eval_fraction=0.01, num_workers=0, synthetic_vocab_size=30522))
 
 
 def checked_config(data_cfg, seq_len: int) -> ml_collections.ConfigDict:
@@ -71,7 +76,8 @@ def checked_config(data_cfg, seq_len: int) -> ml_collections.ConfigDict:
     cfg.update(data_cfg)
   except TypeError as e:
     raise UserError(f"data config: {e}") from None
-  choices = (("source", examples_lib.SOURCES), ("packing", packing.PACKINGS), ("masking", tuple(masking.MASKINGS)))
+  choices = (("source", examples_lib.SOURCES), ("packing", packing.PACKINGS), ("masking", tuple(masking.MASKINGS)),
+             ("documents", corpus.DOCUMENTS))
   for field, allowed in choices:
     if cfg[field] not in allowed:
       raise UserError(f"data.{field} is {cfg[field]!r}: use one of {', '.join(allowed)}")
@@ -86,6 +92,13 @@ def checked_config(data_cfg, seq_len: int) -> ml_collections.ConfigDict:
   if cfg.num_workers < 0:
     raise UserError(f"data.num_workers is {cfg.num_workers}: use 0 or more")
   return cfg
+
+
+def _masked_batch(examples: packing.ExampleSource, masker: masking.Masker, seq_len: int, pad_id: int, seed: int,
+                  indices: np.ndarray, epoch) -> dict[str, np.ndarray]:
+  """Examples `indices` padded to seq_len and masked with the keys of (seed, index, epoch)."""
+  ids = examples.padded_batch(indices, seq_len, pad_id)
+  return masker(ids, counter_rng.example_keys(seed, indices, epoch))
 
 
 class _Batch:
@@ -107,8 +120,7 @@ class _Batch:
     epoch, example = np.divmod(batch * self._batch_size + np.arange(*self._rows), n)
     if self._shuffle:
       example = counter_rng.permute(example, n, counter_rng.epoch_keys(self._seed, epoch))
-    ids = self._examples.padded_batch(example, self._seq_len, self._pad_id)
-    return self._masker(ids, counter_rng.example_keys(self._seed, example, epoch))
+    return _masked_batch(self._examples, self._masker, self._seq_len, self._pad_id, self._seed, example, epoch)
 
 
 class PretrainData:
@@ -138,6 +150,24 @@ class PretrainData:
 
   def __len__(self) -> int:
     return len(self.examples)
+
+  @property
+  def fill(self) -> float | None:
+    """Share of the split's example positions that hold tokens, not padding; None where unknown."""
+    tokens = self.examples.num_tokens
+    return None if tokens is None else tokens / (len(self.examples) * self.seq_len)
+
+  def fill_line(self) -> str:
+    """One line for the log: the split's examples, tokens and fill."""
+    return (f"{self.split} data: {len(self)} examples of up to {self.seq_len} tokens, "
+            + ("fill unknown (written before token counts were stored)" if self.fill is None else
+               f"{self.examples.num_tokens:,} tokens, {self.fill:.1%} of the positions filled (the rest padding)"))
+
+  def batch(self, indices: np.ndarray, seed: int, epoch: int = 0) -> dict[str, np.ndarray]:
+    """The padded, masked batch of examples `indices` ([batch], any order), masks drawn as in epoch `epoch` of a
+    run with `seed`: the same examples and seed give the same masks on any checkpoint (`tupe.tools.evaluate`)."""
+    return _masked_batch(self.examples, self.masker, self.seq_len, self.info.pad_id, int(seed) % 2**64,
+                         np.asarray(indices, np.int64), epoch)
 
   def iterator(self, *, batch_size: int, seed: int, rows: tuple[int, int] | None = None,
                start_batch: int = 0) -> grain.DatasetIterator:

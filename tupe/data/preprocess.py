@@ -29,10 +29,12 @@ def preprocess(data_cfg, seq_len: int, output: str, num_shards: int) -> dict:
   cfg = pipeline.checked_config(data_cfg, seq_len)
   tokenizer, info = examples.load_tokenizer_for(cfg)
   packed = examples.pack_documents(examples.source_documents(cfg), tokenizer, info, seq_len, cfg.packing,
-                                   cfg.eval_fraction)
+                                   cfg.eval_fraction, tails=cfg.documents == "files",
+                                   fill=cfg.fill_examples)
   source = {"demo": "demo", "text": cfg.files, "tfds": f"tfds:{cfg.tfds_name}"}[cfg.source]
   return shards.write_shards(output, packed, num_shards, info.vocab_file, dict(
-      input=source, seq_len=seq_len, packing=cfg.packing, lowercase=cfg.lowercase, eval_fraction=cfg.eval_fraction))
+      input=source, seq_len=seq_len, packing=cfg.packing, lowercase=cfg.lowercase, eval_fraction=cfg.eval_fraction,
+      documents=cfg.documents, fill_examples=cfg.fill_examples))
 
 
 def main(argv: list[str]) -> None:
@@ -43,6 +45,8 @@ def main(argv: list[str]) -> None:
   parser.add_argument("--seq-len", type=int, required=True)
   parser.add_argument("--packing", default="full_sentences", help=" or ".join(packing.PACKINGS))
   parser.add_argument("--eval-fraction", type=float, default=pipeline.default_data_config().eval_fraction)
+  parser.add_argument("--documents", default="paragraphs", help="a text file's documents: paragraphs or files")
+  parser.add_argument("--fill-examples", action="store_true", help="split sentences to fill every example")
   parser.add_argument("--output", required=True, help="new folder for the shards")
   parser.add_argument("--num-shards", type=int, default=8)
   parser.add_argument("--tfds-split", default="train")
@@ -53,6 +57,7 @@ def main(argv: list[str]) -> None:
 
   cfg = pipeline.default_data_config()
   cfg.update(vocab_file=args.vocab, lowercase=not args.cased, packing=args.packing, eval_fraction=args.eval_fraction,
+             documents=args.documents, fill_examples=args.fill_examples,
              tfds_split=args.tfds_split, tfds_data_dir=args.tfds_data_dir, tfds_text_key=args.tfds_text_key,
              cache_dir=args.cache_dir)
   if args.input == "demo":

@@ -58,11 +58,12 @@ def write_shards(folder: str | os.PathLike, examples: Iterable[tuple[str, np.nda
   partial.mkdir(parents=True)
   writers = {s: [ArrayRecordWriter(str(_shard_path(partial, s, k, num_shards)), "group_size:1")
                  for k in range(num_shards)] for s in corpus.SPLITS}
-  counts = dict.fromkeys(corpus.SPLITS, 0)
+  counts, tokens = dict.fromkeys(corpus.SPLITS, 0), dict.fromkeys(corpus.SPLITS, 0)
   try:
     for split, example in examples:
       writers[split][counts[split] % num_shards].write(np.asarray(example, "<i4").tobytes())
       counts[split] += 1
+      tokens[split] += len(example)
   except BaseException:
     for writer in (w for ws in writers.values() for w in ws):
       writer.close()
@@ -71,7 +72,7 @@ def write_shards(folder: str | os.PathLike, examples: Iterable[tuple[str, np.nda
   for writer in (w for ws in writers.values() for w in ws):
     writer.close()
   shutil.copyfile(vocab_file, partial / VOCAB)
-  metadata = dict(metadata, format=FORMAT, num_shards=num_shards, num_examples=counts,
+  metadata = dict(metadata, format=FORMAT, num_shards=num_shards, num_examples=counts, num_tokens=tokens,
                   vocab_sha256=file_sha256(vocab_file))
   (partial / METADATA).write_text(json.dumps(metadata, indent=2) + "\n")
   partial.replace(folder)
@@ -104,6 +105,7 @@ class ShardedExamples(ExampleSource):
     metadata = read_metadata(folder)
     self._num_shards = metadata["num_shards"]
     self._length = metadata["num_examples"][split]
+    self._num_tokens = metadata.get("num_tokens", {}).get(split)  # Not in folders written before it was counted.
     paths = [_shard_path(folder, split, k, self._num_shards) for k in range(self._num_shards)]
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
@@ -115,6 +117,10 @@ class ShardedExamples(ExampleSource):
 
   def __len__(self) -> int:
     return self._length
+
+  @property
+  def num_tokens(self) -> int | None:
+    return self._num_tokens
 
   def _record(self, index: int) -> int:
     """Index of example `index` in the concatenated shards."""

@@ -1,0 +1,85 @@
+"""The documents setting and fill_examples: whole files as documents, their held-out tails, the share of
+positions that hold tokens."""
+import numpy as np
+import pytest
+
+from tupe.data import corpus, packing, pipeline
+
+SEQ_LEN = 64
+
+
+@pytest.fixture(scope="module")
+def book_files(shared_data, tmp_path_factory):
+  """Three 'books' cut from real wikitext: blocks of short paragraphs (one to three sentences), as in novels."""
+  paragraphs = corpus.paragraphs(corpus.read_text(shared_data / "corpus" / "wikitext" / "wiki.valid.raw.txt"))
+  sentences = [s for p in paragraphs[:300] for s in corpus.split_sentences(p)]
+  blocks = [" ".join(sentences[i:i + 1 + i % 3]) for i in range(0, len(sentences), 3)]
+  folder = tmp_path_factory.mktemp("books")
+  third = len(blocks) // 3
+  for k in range(3):
+    (folder / f"book{k}.txt").write_text("\n\n".join(blocks[k * third:(k + 1) * third]) + "\n")
+  return str(folder / "book*.txt")
+
+
+def data_cfg(files, bert_vocab, packing_name: str, documents: str, fill: bool):
+  cfg = pipeline.default_data_config()
+  cfg.update(source="text", files=files, vocab_file=str(bert_vocab), packing=packing_name, documents=documents,
+             fill_examples=fill, eval_fraction=0.02)
+  return cfg
+
+
+@pytest.mark.parametrize("packing_name", packing.PACKINGS)
+def test_files_with_fill_fill_90_percent(book_files, bert_vocab, packing_name):
+  """Whole files as documents with fill_examples: at least 90% of positions are tokens (both packings); the
+  paragraphs of a novel as documents leave segment pairs mostly padding, and unsplit sentences leave gaps."""
+  fill = {(documents, fill): pipeline.PretrainData(data_cfg(book_files, bert_vocab, packing_name, documents, fill),
+                                                    seq_len=SEQ_LEN).fill
+          for documents in corpus.DOCUMENTS for fill in (False, True)}
+  assert fill["files", True] >= 0.9, fill
+  assert fill["files", True] > fill["files", False] >= fill["paragraphs", False], fill
+  if packing_name == "segment_pair":
+    assert fill["paragraphs", False] < 0.6, fill
+
+
+def test_files_hold_out_each_documents_tail(book_files, bert_vocab):
+  """documents=files: each file's last eval_fraction of paragraphs is the eval split; train has the rest."""
+  cfg = data_cfg(book_files, bert_vocab, "full_sentences", "files", True)
+  files = corpus.expand_globs(book_files)
+  train = list(corpus.split_documents(corpus.text_files(book_files), cfg.eval_fraction, tails=True))
+  assert [split for split, _ in train] == ["train", "eval"] * len(files)
+  for (_, head), (_, tail), path in zip(train[::2], train[1::2], files):
+    lines = corpus.paragraphs(corpus.read_text(path))
+    assert head.split("\n") + tail.split("\n") == lines
+    assert len(tail.split("\n")) == corpus.held_out_tail(len(lines), cfg.eval_fraction) > 0
+  assert len(pipeline.PretrainData(cfg, seq_len=SEQ_LEN, split="eval")) > 0
+
+
+def test_held_out_tail_bounds():
+  assert corpus.held_out_tail(100, 0.01) == 1 and corpus.held_out_tail(101, 0.01) == 2
+  assert corpus.held_out_tail(1, 0.5) == 0 and corpus.held_out_tail(2, 0.9) == 1 and corpus.held_out_tail(50, 0) == 0
+
+
+def test_fill_splits_sentences_and_keeps_every_token():
+  """fill_examples: a sentence that does not fit fills the example, its tail starts the next; no token is lost."""
+  def packed(name: str, fill: bool) -> list[list[int]]:
+    packer, done = packing.Packer(name, 10, cls_id=2, sep_id=3, fill=fill), []
+    for document in ([[10, 11, 12, 13, 14], [20, 21, 22, 23, 24, 25]], [[30, 31, 32]]):
+      for sentence in document:
+        done += packer.add(np.array(sentence, np.int32))
+      done += packer.end_document()
+    return [e.tolist() for e in done + packer.finish()]
+
+  assert packed("full_sentences", False) == [[2, 10, 11, 12, 13, 14, 3], [2, 20, 21, 22, 23, 24, 25, 3],
+                                             [2, 30, 31, 32, 3]]
+  assert packed("full_sentences", True) == [[2, 10, 11, 12, 13, 14, 20, 21, 22, 3],
+                                            [2, 23, 24, 25, 3, 30, 31, 32, 3]]
+  segment_pair = packed("segment_pair", True)
+  assert [len(e) for e in segment_pair] == [10, 6, 5]
+  assert [t for e in segment_pair for t in e if t > 3] == [10, 11, 12, 13, 14, 20, 21, 22, 23, 24, 25, 30, 31, 32]
+
+
+def test_fill_fraction_of_a_split(book_files, bert_vocab):
+  data = pipeline.PretrainData(data_cfg(book_files, bert_vocab, "segment_pair", "files", True), seq_len=SEQ_LEN)
+  lengths = [len(data.examples[i]) for i in range(len(data))]
+  assert data.fill == pytest.approx(sum(lengths) / (len(data) * SEQ_LEN))
+  assert f"{data.fill:.1%} of the positions filled" in data.fill_line()

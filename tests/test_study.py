@@ -1,0 +1,126 @@
+"""The study runner end to end at the micro scale (both studies), its resume, its errors; tools.evaluate."""
+import json
+import math
+import os
+import pathlib
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from tupe import study
+from tupe.errors import UserError
+from tupe.tools import evaluate
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+VARIANTS = {"tupe": ["bert_a", "bert_r", "tupe_a", "tupe_r", "tupe_a_tie_cls"],
+            "convbert": ["electra", "convbert", "bert_a", "convbert_mlm"]}
+
+
+def start_study(name: str, root: pathlib.Path, *extra: str) -> subprocess.Popen:
+  env = dict(os.environ)
+  env.pop("XLA_FLAGS", None)  # One CPU device, as on the command line (the suite fakes eight).
+  return subprocess.Popen([sys.executable, "-m", "tupe.study", f"--config=configs/study.py:{name},micro",
+                           f"--root={root}", *extra], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, env=env)
+
+
+def finish(proc: subprocess.Popen) -> tuple[str, str]:
+  out, err = proc.communicate(timeout=900)
+  assert proc.returncode == 0, out[-3000:] + err[-3000:]
+  return out, err
+
+
+@pytest.fixture(scope="module")
+def studies(shared_data, tmp_path_factory):
+  """Both studies run at the micro scale, side by side (their commands mostly wait on one core): {study: root}."""
+  roots = {name: tmp_path_factory.mktemp(f"study_{name}") for name in VARIANTS}
+  procs = {name: start_study(name, root) for name, root in roots.items()}
+  for name, proc in procs.items():
+    out, _ = finish(proc)
+    assert f"{3 * len(VARIANTS[name])} stage(s) run, 0 already done" in out
+  return roots
+
+
+def finite_leaves(value, path="report"):
+  """Every number under `value` is finite (and none is null)."""
+  if isinstance(value, dict):
+    for key, item in value.items():
+      finite_leaves(item, f"{path}.{key}")
+  elif isinstance(value, list):
+    for i, item in enumerate(value):
+      finite_leaves(item, f"{path}[{i}]")
+  else:
+    assert value is not None, path
+    assert not isinstance(value, float) or math.isfinite(value), path
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_micro_report_has_every_variant_and_finite_fields(studies, name):
+  root = studies[name]
+  report = json.loads((root / "report.json").read_text())
+  assert list(report["variants"]) == VARIANTS[name]
+  for variant, entry in report["variants"].items():
+    finite_leaves(entry, variant)
+    pre = entry["pretrain"]
+    assert pre["steps"] == pre["planned_steps"] and pre["tokens"] == pre["steps"] * 4 * 32
+    electra = name == "convbert" and variant in ("electra", "convbert")
+    assert set(pre["eval"]) == ({"mlm_loss", "mlm_accuracy"} | ({"disc_loss", "disc_accuracy", "disc_auc"}
+                                                                if electra else set()))
+    assert ("disc_auc" in entry["heldout"]) == electra and entry["heldout"]["predicted_tokens"] > 0
+    assert entry["glue"]["complete"] and list(entry["glue"]["tasks"]) == ["RTE"]
+    assert entry["glue"]["tasks"]["RTE"]["n_seeds"] == 2
+    assert len(pre["curve"]) == 2
+    if name == "tupe":
+      assert entry["paper_base"]["tasks"] == {"RTE": pytest.approx(entry["paper_base"]["average"])}
+  table = (root / "report.md").read_text()
+  assert all(f"| {variant} |" in table for variant in VARIANTS[name])
+  assert ("(paper, base)" in table) == (name == "tupe")
+  assert (root / "curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_second_invocation_redoes_nothing(studies):
+  root = studies["tupe"]
+  outputs = [p for p in root.rglob("*") if p.is_file() and p.parent != root]
+  before = {p: p.stat().st_mtime_ns for p in outputs}
+  out, _ = finish(start_study("tupe", root))
+  assert "0 stage(s) run, 15 already done" in out
+  assert "starting" not in out and "runs to go" not in out and "checkpoint 4 on" not in out
+  assert {p: p.stat().st_mtime_ns for p in outputs} == before
+  assert sorted(p for p in root.rglob("*") if p.is_file() and p.parent != root) == sorted(outputs)
+
+
+def test_print_lists_every_command(studies):
+  out, _ = finish(start_study("convbert", studies["convbert"], "--print"))
+  commands = [shlex.split(line) for line in out.splitlines()]
+  programs = [next(word.rsplit("/", 1)[-1] for word in words if word.endswith((".py", "tupe.tools.evaluate")))
+              for words in commands[:-1]]
+  assert programs == ["train.py"] * 4 + ["eval_glue.py"] * 4 + ["tupe.tools.evaluate"] * 4
+  assert commands[-1][-1] == "--report-only"
+
+
+def test_evaluate_is_deterministic_and_tells_checkpoints_apart(studies, shared_data):
+  text = shared_data / "corpus" / "wikitext" / "wiki.valid.raw.txt"
+  root = studies["tupe"]
+  first = evaluate.evaluate(str(root / "tupe_a" / "pretrain"), str(text), seed=3, max_examples=16, batch_size=8)
+  again = evaluate.evaluate(str(root / "tupe_a" / "pretrain"), str(text), seed=3, max_examples=16, batch_size=8)
+  other = evaluate.evaluate(str(root / "bert_a" / "pretrain"), str(text), seed=3, max_examples=16, batch_size=8)
+  reseeded = evaluate.evaluate(str(root / "tupe_a" / "pretrain"), str(text), seed=4, max_examples=16, batch_size=8)
+  assert first == again
+  assert first["predicted_tokens"] == other["predicted_tokens"] > 0  # the same masks
+  assert first["mlm_loss"] != other["mlm_loss"] and first["mlm_loss"] != reseeded["mlm_loss"]
+  assert first["examples"] == 16 and first["step"] == 4
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--config=configs/study.py:bert,micro"], "unknown study 'bert'"),
+    (["--config=configs/study.py:tupe,huge"], "unknown scale 'huge'"),
+    (["--config=configs/study.py:tupe,micro", "--config.heldout_file=missing.txt"], "held-out text file .* does not"),
+    (["--config=configs/study.py:tupe,micro", "--config.glue_dir=/nonexistent"], "GLUE data folder /nonexistent"),
+    (["--config=configs/study.py:tupe,micro", "--config.glue.overrides=('epochs.rte=x',)"], "epochs.rte"),
+])
+def test_bad_input_is_one_line(shared_data, tmp_path, argv, message):
+  with pytest.raises(UserError, match=message):
+    study.main(["tupe.study", f"--root={tmp_path}", *argv, "--print"])
+  assert not any(tmp_path.iterdir())

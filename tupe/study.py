@@ -1,0 +1,243 @@
+"""A study: pre-train every variant, score it on held-out text, fine-tune it on GLUE, and report, in one command.
+
+  python -m tupe.study --config configs/study.py:<study>,<scale> --root DIR [--print | --report-only]
+      [--config.field=value ...]
+
+For each variant of the study (configs/study.py), in DIR/<variant>/:
+  1. pretrain/: `train.py` with the study's recipe at the scale and the variant's overrides;
+  2. glue/: `eval_glue.py` on the final checkpoint, over the study's tasks, learning rates and seeds;
+  3. heldout/step_<N>.json: `tupe.tools.evaluate` of the final checkpoint on the held-out text, in this process
+     (a short evaluation, not worth another start of JAX; last, so that the memory this process then holds on an
+     accelerator is not taken from a command; --print gives its command line).
+Stage 1 runs for every variant first (the pre-training comparison is complete before any fine-tuning), then
+stage 2, then stage 3; then DIR/report.md, report.json and curves.png (`tupe.study_report`).
+
+Rerunning resumes at every level and redoes nothing: a variant whose newest checkpoint has reached
+num_train_steps is not started again (an interrupted one resumes from its checkpoint), a held-out score is kept
+per checkpoint step, and a GLUE grid whose runs are all in runs.jsonl is skipped (an interrupted one resumes
+at its first missing run). Every command's config is loaded and checked before anything runs or is printed.
+--print writes the commands, one per line in order, for a scheduler (the last one writes the report);
+--report-only writes the report from what is finished.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import pathlib
+import shlex
+import subprocess
+import sys
+import time
+
+from tupe import checkpoint
+from tupe import cli
+from tupe import logs
+from tupe import study_report
+from tupe.data import corpus
+from tupe.errors import UserError, run_main
+from tupe.glue import finetune
+from tupe.tools import evaluate
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+STAGES = ("pre-train", "GLUE", "held-out score")
+
+
+@dataclasses.dataclass
+class Variant:
+  """One variant's commands and workdirs.
+
+  Attributes:
+    name: the variant's name in the study.
+    pretrain_cfg: the resolved train.py config (model, steps, data).
+    lrs: the GLUE learning rates; tasks: the GLUE task names (as runs.jsonl has them); seeds: the GLUE seeds.
+  """
+  name: str
+  pretrain_dir: pathlib.Path
+  glue_dir: pathlib.Path
+  heldout_dir: pathlib.Path
+  pretrain: list[str]
+  glue: list[str]
+  pretrain_cfg: object
+  tasks: tuple[str, ...]
+  lrs: tuple[float, ...]
+  seeds: tuple[int, ...]
+
+  @property
+  def steps(self) -> int:
+    return self.pretrain_cfg.num_train_steps
+
+  def heldout_file(self, step: int) -> pathlib.Path:
+    return self.heldout_dir / f"step_{step}.json"
+
+
+def load_study(spec: str, overrides: list[str]):
+  """The study config of `--config spec` with its `--config.` overrides; a UserError for a bad one."""
+  return cli.check_config_flags(["tupe.study", f"--config={spec}"] + overrides)
+
+
+def data_path(cfg, path: str) -> str:
+  """`path` (or each of comma-separated globs) under cfg.data_root unless absolute."""
+  return ",".join(str(pathlib.Path(cfg.data_root).expanduser() / p.strip()) for p in path.split(",") if p.strip())
+
+
+def check_inputs(cfg) -> None:
+  """The corpus, vocab, held-out file and GLUE folder exist: one line naming the first that does not."""
+  corpus.expand_globs(data_path(cfg, cfg.corpus))
+  for what, path, fix in (("vocab", cfg.vocab, "--config.vocab"),
+                          ("held-out text file", cfg.heldout_file, "--config.heldout_file"),
+                          ("GLUE data folder", cfg.glue_dir, "--config.glue_dir")):
+    resolved = pathlib.Path(data_path(cfg, path))
+    if not (resolved.is_dir() if what.startswith("GLUE") else resolved.is_file()):
+      raise UserError(f"{what} {resolved} does not exist: set {fix} (relative to data_root {cfg.data_root}, or "
+                      f"absolute)")
+
+
+def plan(cfg, root: pathlib.Path) -> list[Variant]:
+  """Every variant's commands, each config loaded and checked (a UserError for the first bad one)."""
+  pretrain_config = REPO / "configs" / "pretrain.py"
+  glue_config = REPO / "configs" / "glue.py"
+  variants = []
+  for name, model, overrides in cfg.variants:
+    workdir = root / name
+    pretrain = ([sys.executable, str(REPO / "train.py"), f"--config={pretrain_config}:{model},{cfg.size}",
+                 f"--workdir={workdir / 'pretrain'}", f"--config.seed={cfg.seed}",
+                 f"--config.data.files={data_path(cfg, cfg.corpus)}",
+                 f"--config.data.vocab_file={data_path(cfg, cfg.vocab)}"]
+                + [f"--config.{o}" for o in tuple(cfg.pretrain_overrides) + tuple(overrides)])
+    pretrain_cfg = cli.check_config_flags(["train.py"] + pretrain[2:])
+    glue = ([sys.executable, str(REPO / "eval_glue.py"), f"--config={glue_config}:{cfg.glue.recipe}",
+             f"--workdir={workdir / 'glue'}", f"--config.init_checkpoint={workdir / 'pretrain'}",
+             f"--config.data_dir={data_path(cfg, cfg.glue_dir)}", f"--config.tasks={cfg.glue.tasks}",
+             f"--config.seeds={','.join(map(str, cfg.glue.seeds))}",
+             f"--config.architectures={pretrain_cfg.model.name}"]
+            + ([f"--config.learning_rates={','.join(f'{lr:g}' for lr in cfg.glue.learning_rates)}"]
+               if cfg.glue.learning_rates else [])
+            + [f"--config.{o}" for o in cfg.glue.overrides])
+    glue_cfg = cli.check_config_flags(["eval_glue.py"] + glue[2:])
+    tasks = tuple(task.name for task in finetune.parse_tasks(glue_cfg.tasks))
+    variants.append(Variant(name, workdir / "pretrain", workdir / "glue", workdir / "heldout", pretrain, glue,
+                            pretrain_cfg, tasks, finetune.learning_rates(glue_cfg, pretrain_cfg.model),
+                            tuple(glue_cfg.seeds)))
+  return variants
+
+
+def evaluate_command(cfg, variant: Variant, step: int) -> list[str]:
+  """The command line of the held-out score of `variant`'s checkpoint `step` (written to heldout/step_<step>.json);
+  `run` calls the same function, `evaluate.evaluate`, in its own process."""
+  return [sys.executable, "-m", "tupe.tools.evaluate", f"--checkpoint={variant.pretrain_dir}",
+          f"--text-file={data_path(cfg, cfg.heldout_file)}", f"--seed={cfg.heldout_seed}",
+          f"--max-examples={cfg.heldout_max_examples}", f"--batch-size={cfg.heldout_batch_size}",
+          f"--out={variant.heldout_file(step)}"]
+
+
+def finished_step(variant: Variant) -> int:
+  """The newest finished checkpoint step of a variant's pre-training (0 when it has none)."""
+  try:
+    return int(checkpoint.latest_step_dir(variant.pretrain_dir).name)
+  except UserError:
+    return 0
+
+
+def heldout_done(cfg, variant: Variant, step: int) -> bool:
+  """Whether the held-out score of checkpoint `step` is there, for this text file, seed and size."""
+  path = variant.heldout_file(step)
+  if not path.is_file():
+    return False
+  saved = json.loads(path.read_text())
+  return (saved.get("text_file") == data_path(cfg, cfg.heldout_file) and saved.get("seed") == cfg.heldout_seed
+          and saved.get("max_examples") == cfg.heldout_max_examples)
+
+
+def glue_pending(variant: Variant) -> int:
+  """How many (task, lr, seed) runs of a variant's grid are not in its runs.jsonl."""
+  done = {(run["task"], run["lr"], run["seed"]) for run in finetune.read_runs(variant.glue_dir)}
+  return sum((task, lr, seed) not in done for task in variant.tasks for lr in variant.lrs for seed in variant.seeds)
+
+
+def _run(command: list[str], label: str) -> None:
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+  start = time.time()
+  code = subprocess.call(command, env=env)
+  if code:
+    raise UserError(f"{label} exited with status {code}; rerun the study to resume: {shlex.join(command)}")
+  logs.log(f"[study] {label}: finished in {logs.format_duration(time.time() - start)}")
+
+
+def run(cfg, root: pathlib.Path, variants: list[Variant]) -> int:
+  """Runs what is not finished, stage by stage; returns the number of (stage, variant) steps run."""
+  total, ran = len(STAGES) * len(variants), 0
+  for s, stage in enumerate(STAGES):
+    for v, variant in enumerate(variants):
+      label = f"{s * len(variants) + v + 1}/{total} {stage} {variant.name}"
+      step = finished_step(variant)
+      if stage == "pre-train":
+        if step >= variant.steps:
+          logs.log(f"[study] {label}: done (checkpoint {step} of {variant.steps} steps), skipped")
+          continue
+        logs.log(f"[study] {label}: {'resuming at step ' + str(step) if step else 'starting'}, "
+                 f"{variant.steps} steps in {variant.pretrain_dir}")
+        _run(variant.pretrain, label)
+      elif stage == "held-out score":
+        if heldout_done(cfg, variant, step):
+          logs.log(f"[study] {label}: done ({variant.heldout_file(step)}), skipped")
+          continue
+        logs.log(f"[study] {label}: checkpoint {step} on {data_path(cfg, cfg.heldout_file)}")
+        start = time.time()
+        evaluate.write(evaluate.evaluate(str(variant.pretrain_dir), data_path(cfg, cfg.heldout_file),
+                                         cfg.heldout_seed, cfg.heldout_max_examples, cfg.heldout_batch_size),
+                       variant.heldout_file(step))
+        logs.log(f"[study] {label}: finished in {logs.format_duration(time.time() - start)}")
+      else:
+        pending = glue_pending(variant)
+        if not pending and (variant.glue_dir / "results.json").is_file():
+          logs.log(f"[study] {label}: done ({variant.glue_dir / 'results.json'}), skipped")
+          continue
+        logs.log(f"[study] {label}: {pending} of {len(variant.tasks) * len(variant.lrs) * len(variant.seeds)} "
+                 f"runs to go ({', '.join(variant.tasks)}) in {variant.glue_dir}")
+        _run(variant.glue, label)
+      ran += 1
+  return ran
+
+
+def main(argv: list[str]) -> None:
+  parser = argparse.ArgumentParser(prog="python -m tupe.study", description=__doc__.splitlines()[0])
+  parser.add_argument("--config", required=True, help="configs/study.py:<study>,<scale> (tupe|convbert, "
+                                                      "micro|mini|base)")
+  parser.add_argument("--root", required=True, help="folder of the study's workdirs and report")
+  mode = parser.add_mutually_exclusive_group()
+  mode.add_argument("--print", action="store_true", help="print the commands instead of running them")
+  mode.add_argument("--report-only", action="store_true", help="write the report from what is finished")
+  args, overrides = parser.parse_known_args(argv[1:])
+  unknown = [o for o in overrides if not o.startswith("--config.")]
+  if unknown:
+    raise UserError(f"unknown arguments {' '.join(unknown)}: the study takes --config, --root, --print, "
+                    f"--report-only and --config.<field>=<value> overrides")
+  cfg = load_study(args.config, overrides)
+  check_inputs(cfg)
+  root = pathlib.Path(args.root).expanduser().absolute()
+  variants = plan(cfg, root)
+  if args.print:
+    for variant in variants:
+      print(shlex.join(variant.pretrain))
+    for variant in variants:
+      print(shlex.join(variant.glue))
+    for variant in variants:
+      print(f"PYTHONPATH={shlex.quote(str(REPO))} " + shlex.join(evaluate_command(cfg, variant, variant.steps)))
+    spec_file, _, spec_arg = args.config.partition(":")
+    spec = f"{pathlib.Path(spec_file).absolute()}:{spec_arg}" if spec_arg else str(pathlib.Path(spec_file).absolute())
+    print(f"PYTHONPATH={shlex.quote(str(REPO))} " + shlex.join(
+        [sys.executable, "-m", "tupe.study", f"--config={spec}", f"--root={root}", "--report-only"] + overrides))
+    return
+  if not args.report_only:
+    logs.log(f"[study] {cfg.study} at scale {cfg.scale}: {len(variants)} variants "
+             f"({', '.join(v.name for v in variants)}) in {root}")
+    ran = run(cfg, root, variants)
+    logs.log(f"[study] {ran} stage(s) run, {len(STAGES) * len(variants) - ran} already done")
+  paths = study_report.write(cfg, root, variants)
+  logs.log(f"[study] wrote {', '.join(str(p) for p in paths)}")
+
+
+if __name__ == "__main__":
+  run_main(main)

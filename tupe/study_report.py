@@ -1,0 +1,169 @@
+"""A study's report: report.json, report.md (TUPE Table 1's layout) and curves.png, from its variants' workdirs.
+
+Per variant: pre-training steps and tokens (steps x global batch x seq_len), the final evaluation on the
+pre-training eval split (MLM loss and accuracy; ELECTRA: the generator's MLM and the discriminator's loss,
+accuracy and AUC), the held-out score (`tupe.tools.evaluate`), and per GLUE task the median over seeds at the
+best learning rate with its min-max spread (`tupe.glue.report.summarize`), and their average. Where a stage
+has not finished its fields are null (report.md: "-"). The TUPE study's rows show the TUPE paper's base-model
+numbers (1M steps of BERT-base) beside them, labelled as such.
+"""
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+
+from tupe import logs
+from tupe import tools
+from tupe.glue import finetune
+from tupe.glue import metrics as glue_metrics
+from tupe.glue import report as glue_report
+
+EVAL_KEYS = ("mlm_loss", "mlm_accuracy", "disc_loss", "disc_accuracy", "disc_auc")
+
+
+def pretrain_summary(variant) -> dict:
+  """Steps, tokens, the final step's eval metrics and the eval curve [(tokens, eval MLM loss)] of a variant."""
+  cfg = variant.pretrain_cfg
+  tokens_per_step = cfg.global_batch_size * cfg.seq_len
+  path = variant.pretrain_dir / "metrics.jsonl"
+  records = logs.read_metrics(variant.pretrain_dir) if path.is_file() else []
+  evals = [r for r in records if "eval_mlm_loss" in r]
+  steps = max((r["step"] for r in records), default=0)
+  final = evals[-1] if evals and evals[-1]["step"] == steps else {}
+  return {"model": cfg.model.name, "objective": cfg.objective, "steps": steps, "tokens": steps * tokens_per_step,
+          "planned_steps": cfg.num_train_steps, "seq_len": cfg.seq_len, "global_batch_size": cfg.global_batch_size,
+          "eval": {key: glue_report.json_number(_float(final.get(f"eval_{key}"))) for key in EVAL_KEYS
+                   if key.startswith("mlm") or cfg.objective == "electra"},
+          "curve": [[r["step"] * tokens_per_step, glue_report.json_number(_float(r["eval_mlm_loss"]))]
+                    for r in evals]}
+
+
+def _float(value) -> float | None:
+  """A metrics.jsonl number (non-finite ones are logged as text) as a float; None when absent."""
+  return None if value is None else float(value)
+
+
+def heldout_summary(variant, step: int) -> dict | None:
+  path = variant.heldout_file(step)
+  return json.loads(path.read_text()) if step and path.is_file() else None
+
+
+def glue_summary(variant) -> dict:
+  """Per task: best-lr median, min, max, spread (max - min), best lr, seeds; and the average of the medians."""
+  runs = finetune.read_runs(variant.glue_dir)
+  summary = glue_report.summarize(finetune.run_records(runs))
+  tasks = {}
+  for result in summary:
+    best = result.best
+    tasks[result.task] = {"median": glue_report.json_number(best.median), "min": best.min, "max": best.max,
+                          "spread": None if best.min is None else best.max - best.min, "best_lr": best.lr,
+                          "n_seeds": len(best.seeds), "n_diverged": best.n_diverged,
+                          "metric": glue_metrics.score_metric(result.task)}
+  average = glue_report.averages(summary)[0]
+  complete = len(runs) == len(variant.tasks) * len(variant.lrs) * len(variant.seeds)
+  return {"tasks": tasks, "average": average.value if complete else None, "average_tasks": list(average.tasks),
+          "runs": len(runs), "complete": complete}
+
+
+def paper_numbers(name: str, tasks: list[str]) -> dict | None:
+  """The TUPE paper's base-model dev numbers of a TUPE-table model on `tasks`, and their average."""
+  paper = finetune.PAPER_DEV.get(name)
+  if paper is None:
+    return None
+  by_task = dict(zip(glue_metrics.TUPE_AVERAGE_TASKS, paper))
+  chosen = {task: by_task[task] for task in tasks if task in by_task}
+  average = glue_metrics.tupe_average({task: {glue_metrics.score_metric(task): value}
+                                       for task, value in chosen.items()})
+  return {"tasks": chosen, "average": average.value}
+
+
+def build(cfg, variants) -> dict:
+  """The content of report.json."""
+  out = {"study": cfg.study, "scale": cfg.scale, "heldout_file": cfg.heldout_file, "heldout_seed": cfg.heldout_seed,
+         "glue_tasks": list(variants[0].tasks) if variants else [], "variants": {}}
+  for variant in variants:
+    pretrain = pretrain_summary(variant)
+    glue = glue_summary(variant)
+    entry = {"pretrain": pretrain, "heldout": heldout_summary(variant, pretrain["steps"]), "glue": glue}
+    if cfg.study == "tupe":
+      entry["paper_base"] = paper_numbers(variant.name, list(variant.tasks))
+    out["variants"][variant.name] = entry
+  return glue_report.json_safe(out)
+
+
+def _number(value, digits: int = 2) -> str:
+  return "-" if value is None else f"{value:.{digits}f}"
+
+
+def markdown(report: dict) -> str:
+  """report.md: GLUE table (TUPE Table 1's layout: variants by tasks, then the average), pre-training table."""
+  tasks = report["glue_tasks"]
+  lines = [f"# Study {report['study']} at scale {report['scale']}", "",
+           "## GLUE dev", "",
+           "Median over seeds at the best learning rate (min-max over seeds); avg: the mean of the task medians "
+           "(blank until every run of the grid has finished)."
+           + (" Rows \"(paper, base)\" are the TUPE paper's Table 1 numbers for BERT-base-size models pre-trained "
+              "for 1M steps, not this study's; their avg is over the same tasks." if report["study"] == "tupe"
+              else ""), ""]
+  header = ["variant"] + tasks + ["avg"]
+  rows = []
+  for name, entry in report["variants"].items():
+    glue = entry["glue"]
+    cells = []
+    for task in tasks:
+      result = glue["tasks"].get(task)
+      cells.append("-" if result is None else f"{_number(result['median'])} "
+                   f"({_number(result['min'])}-{_number(result['max'])})")
+    rows.append([name] + cells + [_number(glue["average"])])
+    paper = entry.get("paper_base")
+    if paper:
+      rows.append([f"{name} (paper, base)"] + [_number(paper["tasks"].get(task)) for task in tasks]
+                  + [_number(paper["average"])])
+  lines.append(tools.markdown_table(header, rows))
+  lines += ["## Pre-training", "",
+            f"Final evaluation on the pre-training eval split and on the held-out text {report['heldout_file']} "
+            f"(masks drawn with seed {report['heldout_seed']}, the same for every variant). ELECTRA: the MLM numbers "
+            "are the generator's.", ""]
+  header = ["variant", "objective", "steps", "tokens", "eval MLM loss", "eval MLM acc", "held-out MLM loss",
+            "held-out MLM acc", "disc loss", "disc acc", "disc AUC"]
+  rows = []
+  for name, entry in report["variants"].items():
+    pre, held = entry["pretrain"], entry["heldout"] or {}
+    ev = pre["eval"]
+    rows.append([name, pre["objective"], str(pre["steps"]), f"{pre['tokens']:,}", _number(ev.get("mlm_loss"), 4),
+                 _number(ev.get("mlm_accuracy"), 4), _number(held.get("mlm_loss"), 4),
+                 _number(held.get("mlm_accuracy"), 4), _number(ev.get("disc_loss"), 4),
+                 _number(ev.get("disc_accuracy"), 4), _number(ev.get("disc_auc"), 4)])
+  lines.append(tools.markdown_table(header, rows))
+  return "\n".join(lines)
+
+
+def plot_curves(report: dict, path: pathlib.Path) -> None:
+  """curves.png: every variant's eval MLM loss against pre-training tokens."""
+  figure = tools.new_figure(7.0, 4.4)
+  axes = figure.subplots()
+  for name, entry in report["variants"].items():
+    curve = [(tokens, loss) for tokens, loss in entry["pretrain"]["curve"] if loss is not None]
+    if curve:
+      axes.plot(*zip(*curve), marker="o", markersize=3, linewidth=1.4, label=name)
+  axes.set_xlabel("pre-training tokens (positions)")
+  axes.set_ylabel("eval MLM loss" + (" (ELECTRA: generator)" if report["study"] == "convbert" else ""))
+  axes.set_title(f"study {report['study']}, scale {report['scale']}: held-out MLM loss", fontsize=10)
+  axes.grid(alpha=0.3)
+  if any(math.isfinite(loss) for entry in report["variants"].values()
+         for _, loss in entry["pretrain"]["curve"] if loss is not None):
+    axes.legend(fontsize=8)
+  figure.tight_layout()
+  figure.savefig(path, format="png")
+
+
+def write(cfg, root: pathlib.Path, variants) -> list[pathlib.Path]:
+  """Writes report.json, report.md and curves.png into `root`; returns their paths."""
+  report = build(cfg, variants)
+  root.mkdir(parents=True, exist_ok=True)
+  paths = [root / "report.json", root / "report.md", root / "curves.png"]
+  paths[0].write_text(json.dumps(report, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+  paths[1].write_text(markdown(report), encoding="utf-8")
+  plot_curves(report, paths[2])
+  return paths
