@@ -29,6 +29,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from tupe import checkpoint as checkpoint_lib
+from tupe import errors
 from tupe import flops as flops_lib
 from tupe import logs
 from tupe import models
@@ -347,8 +348,6 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
   rows = sharding.host_rows(setup.mesh, cfg.global_batch_size)
   evaluate = Evaluator(setup, eval_data, rows) if eval_data is not None else None
   make_workdir(workdir)
-  if host == 0:
-    (workdir / "config.json").write_text(cfg.to_json_best_effort(indent=2))
   n_params = models.param_count(setup.abstract_state.params)
   logs.log(f"model {cfg.model.name} ({cfg.model.size}), {n_params / 1e6:.2f}M parameters, objective "
            f"{cfg.objective}; mesh {dict(setup.mesh.shape)} over {jax.device_count()} "
@@ -359,12 +358,15 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
 
   preempted = []
   with contextlib.ExitStack() as cleanup:  # Unwinds on any error too: no asynchronous save is left behind.
-    previous_handler = signal.signal(signal.SIGTERM, lambda *_: preempted.append(True))
-    cleanup.callback(signal.signal, signal.SIGTERM, previous_handler)
-    # Closed while the SIGTERM handler is still ours: a preemption then lets the last asynchronous save finish.
+    for signum in (signal.SIGTERM, signal.SIGINT):  # Preemption, Ctrl-C: a checkpoint at the current step.
+      previous_handler = signal.signal(signum, lambda signum, _: preempted.append(signum))
+      cleanup.callback(signal.signal, signum, previous_handler)
+    # Closed while the signal handlers are still ours: a preemption then lets the last asynchronous save finish.
     ckpt = cleanup.enter_context(checkpoint_lib.Checkpointer(workdir / "checkpoints", cfg.checkpoint))
     meta = checkpoint_meta(cfg, info.vocab_file, len(train_data))
     restored = ckpt.restore_latest(setup.abstract_state, meta)
+    if host == 0:  # Once the checkpoint is accepted: a rejected resume leaves the workdir as it was.
+      (workdir / "config.json").write_text(cfg.to_json_best_effort(indent=2))
     if restored is None:
       state, start = setup.init_state(), 0
     else:
@@ -411,6 +413,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
       batch = sharding.global_batch(next(train_iter), setup.mesh, cfg.global_batch_size)
       state, metrics = compiled(state, batch)
       step += 1
+      ckpt.check()  # A failed asynchronous save stops the run at once.
       if pending is not None:
         finish(*pending)
       pending = (step, metrics)
@@ -430,9 +433,9 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
     if pending is not None:
       finish(*pending)
     if preempted:
-      logs.log(f"SIGTERM: saving a checkpoint at step {step} before exiting")
+      logs.log(f"{errors.signal_name(preempted[0])}: saving a checkpoint at step {step} before exiting")
       ckpt.save(step, state, meta, force=True)
   if preempted and step < cfg.num_train_steps:  # Raised once the checkpointer has closed: the save is complete.
-    raise Preempted(f"stopped by SIGTERM at step {step} of {cfg.num_train_steps}, with a checkpoint there; rerun "
-                    f"the same command to resume")
+    raise Preempted(f"stopped by {errors.signal_name(preempted[0])} at step {step} of {cfg.num_train_steps}, with a "
+                    f"checkpoint there; rerun the same command to resume", preempted[0])
   return last
