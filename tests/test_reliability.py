@@ -8,6 +8,7 @@ only with --verbose.
 import concurrent.futures
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -15,8 +16,8 @@ import jax
 import numpy as np
 import pytest
 
-from test_resume import (EVERY, REPO, STEPS, checkpoint_state, finished_steps, last_logged_step, metric_records,
-                         run_train, train_command, train_env)
+from test_resume import (EVERY, REPO, STEPS, Run, checkpoint_state, finished_steps, last_logged_step,
+                         metric_records, run_train, train_command, train_env)
 
 
 def error_line(proc) -> str:
@@ -80,6 +81,21 @@ def test_nonfinite_stop_names_the_step(tmp_path):
   assert line.startswith(f"error: step {first_bad}: non-finite loss") and "nonfinite='stop'" in line
   assert finished_steps(workdir) == list(range(2, first_bad, 2))
   assert_all_finite(checkpoint_state(workdir, finished_steps(workdir)[-1]))
+
+
+def test_ctrl_c_saves_a_checkpoint_and_exits_130(tmp_path):
+  """Ctrl-C (SIGINT) is a preemption: a checkpoint at the step reached, one line, exit 130 (128 + SIGINT)."""
+  workdir = tmp_path / "run"
+  run = Run(workdir, name="interrupted")
+  run.wait_until(lambda: last_logged_step(workdir) >= 1)
+  run.signal(signal.SIGINT)
+  assert run.wait() == 130, run.stderr()[-3000:]
+  stopped = last_logged_step(workdir)
+  assert stopped < STEPS, "the run ended before the signal arrived"
+  assert f"Ctrl-C (SIGINT): saving a checkpoint at step {stopped} before exiting" in run.stdout()
+  assert run.stderr().strip().splitlines() == [f"stopped by Ctrl-C (SIGINT) at step {stopped} of {STEPS}, with a "
+                                               f"checkpoint there; rerun the same command to resume"]
+  assert finished_steps(workdir)[-1] == stopped
 
 
 # Runs the rest of its command line with files capped at 20 kB (RLIMIT_FSIZE, effective also for root): above
@@ -150,6 +166,8 @@ BAD_INPUTS = {
     "checkpoint of another optimizer": ({"optimizer.clip_norm": 0.0}, [], 1, "trained",
                                         ["could not be restored with another optimizer config",
                                          "optimizer.clip_norm=1.0 in the checkpoint, 0.0 now", "new --workdir"]),
+    "checkpoint of another batch size": ({"global_batch_size": 16}, [], 1, "trained",
+                                         ["trained on other batches", "global_batch_size=8 in the checkpoint, 16 now"]),
     "checkpoint of another architecture": ({"model.hidden_size": 64, "model.embedding_size": 64}, [], 1, "trained",
                                            ["another model", "model.hidden_size=32 in the checkpoint, 64 now",
                                             "new --workdir"]),
