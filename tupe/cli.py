@@ -59,9 +59,9 @@ def flag_error(e: Exception, argv: list[str]) -> str:
 FLAG_ERRORS = (flags.Error, AttributeError, KeyError, OSError)
 
 
-def check_config_flags(argv: list[str]) -> None:
-  """Loads the config of a command line's --config flags (others ignored) as train.py will; a UserError names
-  what is wrong. Used to check commands before they run (`tupe.sweep`)."""
+def check_config_flags(argv: list[str]):
+  """Loads and returns the config of a command line's --config flags (others ignored) as train.py will; a
+  UserError names what is wrong. Used to check commands before they run (`tupe.sweep`)."""
   argv = argv[:1] + [a for a in argv[1:] if a.startswith("--config")]
   values = flags.FlagValues()
   config_flags.DEFINE_config_file("config", None, flag_values=values, lock_config=True, sys_argv=argv)
@@ -70,6 +70,7 @@ def check_config_flags(argv: list[str]) -> None:
     values.config.to_dict()  # config_flags defers a config file's loading error to the first access
   except FLAG_ERRORS as e:
     raise UserError(flag_error(e, argv)) from None
+  return values.config
 
 
 def parse_flags(argv: list[str]) -> list[str]:

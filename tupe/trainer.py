@@ -101,14 +101,11 @@ def resolve_vocab_size(cfg, vocab_size: int) -> None:
 
 def check_batch(cfg, mesh) -> None:
   """The global batch must split evenly over data-parallel devices and accumulation steps (and so over the
-  hosts' row blocks, `sharding.host_rows`); sequences must fit the position tables."""
+  hosts' row blocks, `sharding.host_rows`)."""
   dp, gb, accum = sharding.data_parallel_size(mesh), cfg.global_batch_size, cfg.grad_accum_steps
   if gb % (dp * accum):
     raise UserError(f"global_batch_size={gb} is not divisible by data-parallel size {dp} x grad_accum_steps "
                     f"{accum}; pick a multiple of {dp * accum}")
-  if cfg.seq_len > cfg.model.max_position_embeddings:
-    raise UserError(f"seq_len={cfg.seq_len} exceeds model.max_position_embeddings="
-                    f"{cfg.model.max_position_embeddings}; lower --config.seq_len")
 
 
 def make_train_step(cfg, module, tx, lr_schedule):
@@ -304,7 +301,20 @@ PRNG_IMPLS = ("rbg", "unsafe_rbg", "threefry2x32")
 
 
 def check_config(cfg) -> None:
-  """Value checks of the training loop's settings, before anything is loaded."""
+  """Every check of a config that needs neither data nor devices (the loop's settings, the data config, the
+  model's flags, the optimizer's schedule), made by `train` before anything is loaded and by `tupe.sweep` on
+  every grid point before anything runs."""
+  check_loop(cfg)
+  pipeline.checked_config(cfg.data, cfg.seq_len)
+  models.validate(cfg.model)
+  if cfg.seq_len > cfg.model.max_position_embeddings:
+    raise UserError(f"seq_len={cfg.seq_len} exceeds model.max_position_embeddings="
+                    f"{cfg.model.max_position_embeddings}; lower --config.seq_len")
+  optim.schedule(cfg.optimizer, cfg.num_train_steps)
+
+
+def check_loop(cfg) -> None:
+  """Value checks of the training loop's and optimizer's settings."""
   positive = {"num_train_steps": cfg.num_train_steps, "global_batch_size": cfg.global_batch_size,
               "grad_accum_steps": cfg.grad_accum_steps, "log_every": cfg.log_every,
               "eval_batches": cfg.eval_batches, "checkpoint.every_steps": cfg.checkpoint.every_steps,
@@ -318,6 +328,9 @@ def check_config(cfg) -> None:
     raise UserError(f"nonfinite={cfg.nonfinite!r}; use 'skip' or 'stop'")
   if cfg.prng_impl not in PRNG_IMPLS:
     raise UserError(f"prng_impl={cfg.prng_impl!r}; use one of {', '.join(PRNG_IMPLS)}")
+  for name in ("learning_rate", "end_learning_rate", "weight_decay", "clip_norm"):
+    if cfg.optimizer[name] < 0:
+      raise UserError(f"optimizer.{name}={cfg.optimizer[name]} is negative; use 0 or more")
 
 
 def warn_changed_settings(setup: Setup, step: int, saved_config: dict, config: dict) -> None:
