@@ -34,6 +34,7 @@ import pathlib
 import re
 import sys
 import time
+import warnings
 
 import jax
 import orbax.checkpoint as ocp
@@ -112,6 +113,7 @@ class Checkpointer:
 
   def _write_error(self, e: Exception, step: int | None) -> UserError:
     """The failed save's step (None: unknown) and OS error, and what to do, in one line."""
+    _silence_abandoned_writes()
     which = "a checkpoint" if step is None else f"checkpoint {step}"
     return UserError(f"could not write {which} to {self.directory}: {_reason(e)}; free space or fix permissions, "
                      f"then rerun to resume from the last good checkpoint")
@@ -234,6 +236,14 @@ def _drop_orbax_tracebacks() -> None:
                                and _is_orbax_file(record.pathname))
     drop._tupe_orbax = True
     logger.addFilter(drop)
+
+
+def _silence_abandoned_writes() -> None:
+  """Once a save has failed (and the run stops with its one line), the writes it left in flight report again as
+  they are collected at exit: asyncio's "Future exception was never retrieved" and Python's "coroutine ... was
+  never awaited". Both are dropped from then on."""
+  logging.getLogger("asyncio").addFilter(lambda record: "was never retrieved" not in record.getMessage())
+  warnings.filterwarnings("ignore", message="coroutine .* was never awaited", category=RuntimeWarning)
 
 
 def _is_orbax_file(filename: str) -> bool:

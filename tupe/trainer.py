@@ -77,6 +77,9 @@ def check_workdir(workdir: pathlib.Path) -> None:
                     f"--workdir")
   if not os.access(existing, os.W_OK | os.X_OK):
     raise UserError(f"workdir {workdir} is not writable ({existing}: Permission denied); choose another --workdir")
+  for name in ("config.json", "metrics.jsonl"):
+    if (workdir / name).exists() and not (workdir / name).is_file():
+      raise UserError(f"{workdir / name} is not a file; move it away or choose another --workdir")
 
 
 def make_workdir(workdir: pathlib.Path) -> None:
@@ -298,6 +301,7 @@ class Evaluator:
 
 
 PRNG_IMPLS = ("rbg", "unsafe_rbg", "threefry2x32")
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def check_config(cfg) -> None:
@@ -331,6 +335,8 @@ def check_loop(cfg) -> None:
   for name in ("learning_rate", "end_learning_rate", "weight_decay", "clip_norm"):
     if cfg.optimizer[name] < 0:
       raise UserError(f"optimizer.{name}={cfg.optimizer[name]} is negative; use 0 or more")
+    if cfg.optimizer[name] > _FLOAT32_MAX:
+      raise UserError(f"optimizer.{name}={cfg.optimizer[name]} overflows float32 (at most {_FLOAT32_MAX:.3g})")
 
 
 def warn_changed_settings(setup: Setup, step: int, saved_config: dict, config: dict) -> None:
@@ -415,7 +421,9 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
         msg = (f"step {step}: non-finite loss, gradients or update (loss {metrics['loss']}); the "
                f"update was skipped")
         if cfg.nonfinite == "stop":
-          raise NonFiniteError(msg + "; stopping (nonfinite='stop'): the last checkpoint is intact")
+          saved = ckpt.manager.latest_step()
+          raise NonFiniteError(msg + "; stopping (nonfinite='stop'): " + (
+              f"checkpoint {saved} is intact" if saved is not None else "no checkpoint was saved before it"))
         logs.log("warning: " + msg)
       if step % cfg.log_every == 0 or step == cfg.num_train_steps:
         logs.log(progress.line(step, metrics, metrics))  # metrics include the rates
