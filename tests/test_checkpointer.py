@@ -31,3 +31,15 @@ def test_a_failed_asynchronous_save_is_reported_by_the_next_check(tmp_path, capl
     assert not [r for r in caplog.records if r.exc_info], "orbax's tracebacks were logged"
   checkpoint.verify(tmp_path / "1")
   assert sorted(p.name for p in tmp_path.iterdir() if p.name.isdigit()) == ["1"]
+
+
+def test_an_interrupted_first_save_is_reported(tmp_path, caplog):
+  """A run killed during its first save leaves only orbax's temporary directory: resuming says so."""
+  (tmp_path / "4.orbax-checkpoint-tmp-1700000000").mkdir()
+  cfg = ml_collections.ConfigDict(dict(keep_last=3, keep_every=0, async_save=True))
+  with checkpoint.Checkpointer(tmp_path, cfg) as ckpt, caplog.at_level(logging.WARNING):
+    assert ckpt.restore_latest(None, {}) is None
+  assert ckpt.interrupted == [4]
+  assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == [
+      f"the save of checkpoint 4 in {tmp_path} was interrupted (its partial files are removed); resuming from the "
+      f"newest finished checkpoint, if any"]

@@ -58,6 +58,9 @@ class Checkpointer:
     except OSError as e:
       raise UserError(f"cannot create the checkpoint directory {self.directory} ({_reason(e)}); choose another "
                       f"--workdir") from e
+    # Partial saves of a run killed while saving (orbax removes them): said when resuming.
+    self.interrupted = sorted(int(p.name.split(".")[0]) for p in self.directory.glob("*.orbax-checkpoint-tmp*")
+                               if p.name.split(".")[0].isdigit())
     self._async = bool(ckpt_cfg.async_save)
     self._in_flight: list[int] = []  # steps whose asynchronous save has no checksums yet, oldest first
     self._committing: list[int] = []  # steps with checksums of all files but _REWRITTEN_ON_COMMIT
@@ -129,6 +132,10 @@ class Checkpointer:
       UserError: if a checkpoint holds parameters of other shapes than `abstract_state` or was written for
         other data, or none loads.
     """
+    if self.interrupted:
+      logging.warning("the save of checkpoint %s in %s was interrupted (its partial files are removed); resuming "
+                      "from the newest finished checkpoint, if any", ", ".join(map(str, self.interrupted)),
+                      self.directory)
     skipped = []
     # Before any restore: a failed one's leftover reads can report before its exception reaches us.
     _ignore_reads_left_by_failed_restores()

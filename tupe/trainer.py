@@ -388,6 +388,8 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
       (workdir / "config.json").write_text(cfg.to_json_best_effort(indent=2))
     if restored is None:
       state, start = setup.init_state(), 0
+      if ckpt.interrupted or (workdir / "metrics.jsonl").exists():  # Trained before, but saved nothing.
+        logs.log(f"warning: no finished checkpoint in {ckpt.directory}: training starts again from step 0")
     else:
       start, state, saved_meta = restored
       logs.log(f"resumed from checkpoint {start} in {ckpt.directory}")
