@@ -1,6 +1,6 @@
 """What checkpoint checksums cost: save and restore of a base-size TrainState with and without them.
 
-  python -m bench.checkpoint_integrity [--model tupe_a,base] [--repeats 3]
+  python -m bench.checkpoint_integrity [--model tupe_a,base] [--repeats 3] [--tiny]
 
 Builds the trainer's TrainState for the model (parameters + AdamW moments, fp32, on one CPU device; filled with
 random values, not trained) and times, best of `--repeats`:
@@ -37,11 +37,14 @@ def _best(fn, repeats: int) -> float:
   return min(times)
 
 
-def main(argv=None) -> dict:
+def main(argv=None) -> list[dict]:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--model", default="tupe_a,base")
   parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--tiny", action="store_true", help="a seconds-long smoke run: tupe_a,tiny, one repeat")
   args = parser.parse_args(argv)
+  if args.tiny:
+    args.model, args.repeats = "tupe_a,tiny", 1
   cfg = pretrain.get_config(args.model)
   cfg.model.vocab_size = 30522
   cfg.update(seq_len=128, global_batch_size=8, mesh=dict(data=1, fsdp=1, tensor=1))
@@ -86,7 +89,7 @@ def main(argv=None) -> dict:
       "restore_ratio": round(restore_verified / restore_plain, 3), "verify_s": round(verify_alone, 3),
       "hash_gb_per_s": round(nbytes / checksums / 1e9, 3), **bench.machine()}
   print(json.dumps(result))
-  return result
+  return [result]
 
 
 if __name__ == "__main__":
