@@ -126,6 +126,12 @@ def reference_run(workdir) -> tuple:
   records = {r["step"]: r for r in metric_records(workdir)}
   assert sorted(records) == list(range(1, STEPS + 1))
   assert finished_steps(workdir) == [4, 8, 12]
+  # Compilation is announced and timed; the last line says where everything is, and the curves are drawn.
+  assert "compiling the train step...\ncompiled in " in proc.stdout
+  assert proc.stdout.strip().splitlines()[-1] == (
+      f"finished at step {STEPS}: checkpoint {workdir / 'checkpoints' / str(STEPS)}, metrics "
+      f"{workdir / 'metrics.jsonl'}, curves {workdir / 'curves.png'}")
+  assert (workdir / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   return workdir, records, checkpoint_state(workdir, STEPS)
 
 

@@ -17,6 +17,7 @@ import json
 import os
 import pathlib
 import signal
+import time
 from typing import Any
 
 import flax
@@ -400,7 +401,10 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
         return {}
     train_iter = train_data.iterator(batch_size=cfg.global_batch_size, seed=cfg.seed, rows=rows, start_batch=start)
 
+    logs.log("compiling the train step...")
+    compile_start = time.perf_counter()
     compiled, report = compile_train_step(setup)
+    logs.log(f"compiled in {time.perf_counter() - compile_start:.1f} s")
     for line in report:
       logs.log(line)
     peak, peak_source = flops_lib.peak_flops_per_device(cfg.peak_flops)
@@ -461,4 +465,21 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
   if preempted and step < cfg.num_train_steps:  # Raised once the checkpointer has closed: the save is complete.
     raise Preempted(f"stopped by {errors.signal_name(preempted[0])} at step {step} of {cfg.num_train_steps}, with a "
                     f"checkpoint there; rerun the same command to resume", preempted[0])
+  if host == 0:
+    curves = write_curves(workdir)
+    logs.log(f"finished at step {step}: checkpoint {ckpt.directory / str(step)}, metrics {writer.path}"
+             + (f", curves {curves}" if curves else "")
+             + (f", TensorBoard {workdir / 'tensorboard'}" if cfg.tensorboard else ""))
   return last
+
+
+def write_curves(workdir: pathlib.Path) -> pathlib.Path | None:
+  """Draws the run's training curves into <workdir>/curves.png (`tupe.tools.plot`); None if it could not."""
+  from tupe.tools import plot  # matplotlib: only once the run is over
+  path = workdir / "curves.png"
+  try:
+    plot.plot_runs({workdir.name: plot.read_run(workdir)}, path)
+  except (UserError, OSError) as e:
+    logs.log(f"warning: no curves drawn ({e})")
+    return None
+  return path
