@@ -62,8 +62,11 @@ class Checkpointer:
     self.interrupted = sorted(int(p.name.split(".")[0]) for p in self.directory.glob("*.orbax-checkpoint-tmp*")
                                if p.name.split(".")[0].isdigit())
     self._async = bool(ckpt_cfg.async_save)
-    self._in_flight: list[int] = []  # steps whose asynchronous save has no checksums yet, oldest first
-    self._committing: list[int] = []  # steps with checksums of all files but _REWRITTEN_ON_COMMIT
+    self._pending: int | None = None  # the step of the asynchronous save that may still be in flight
+    # Process 0: steps whose asynchronous save has no checksums yet (oldest first), and those with the
+    # checksums of all files but _REWRITTEN_ON_COMMIT.
+    self._in_flight: list[int] = []
+    self._committing: list[int] = []
     options = ocp.CheckpointManagerOptions(
         max_to_keep=ckpt_cfg.keep_last, keep_period=ckpt_cfg.keep_every or None,
         enable_async_checkpointing=self._async, create=True, cleanup_tmp_directories=True,
@@ -81,18 +84,21 @@ class Checkpointer:
     args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
     if force and step in self.manager.all_steps():
       return False  # Already saved, e.g. a SIGTERM right after a periodic checkpoint.
-    if self._async:
+    primary = jax.process_index() == 0
+    if self._async and primary:
       self._in_flight.append(step)
     try:
       saved = self.manager.save(step, args=args, force=force)  # Waits for the previous save first.
       if not saved and step in self._in_flight:
         self._in_flight.remove(step)
-      if saved and not self._async and jax.process_index() == 0:
+      if saved and not self._async and primary:
         write_checksums(self._step_dir(step))
       self._seal_committed(but=step)
-      return saved
     except Exception as e:  # Also the failure of the previous asynchronous save, re-raised here.
-      raise self._write_error(e, self._in_flight[0] if self._in_flight else step) from e
+      raise self._write_error(e, step if self._pending is None else self._pending) from e
+    if saved:
+      self._pending = step if self._async else None
+    return saved
 
   def _seal_in_flight(self) -> None:
     """Records the checksums of the asynchronous save being finalized (orbax calls this on the primary host
@@ -186,7 +192,7 @@ class Checkpointer:
   def check(self) -> None:
     """Raises the one-line error of an asynchronous save that failed as soon as it has ended, and records the
     last checksums of one that succeeded (cheap: called after every step)."""
-    if (self._in_flight or self._committing) and not self.manager.is_saving_in_progress():
+    if (self._pending is not None or self._committing) and not self.manager.is_saving_in_progress():
       self.wait()
 
   def wait(self):
@@ -194,7 +200,8 @@ class Checkpointer:
       self.manager.wait_until_finished()
       self._seal_committed()
     except Exception as e:
-      raise self._write_error(e, self._in_flight[0] if self._in_flight else None) from e
+      raise self._write_error(e, self._pending) from e
+    self._pending = None
 
   def close(self):
     try:
