@@ -401,7 +401,9 @@ def write_checksums(step_dir: str | pathlib.Path, leave_out: tuple[str, ...] = (
   os.replace(tmp, record)
 
 
-_verified: set = set()      # (step directory, (name, size, mtime) of its files) already verified by this process
+# (step directory, (name, size, mtime) of its files) -> what its verification found (None: intact), so that the
+# readers called one after another (eval_glue.py loads the encoder, then the meta) hash a checkpoint once.
+_verified: dict = {}
 _unverified_noted: set = set()  # checkpoint roots whose lack of checksums was reported
 
 
@@ -427,14 +429,16 @@ def verify(step_dir: pathlib.Path) -> None:
   if missing:
     raise DamagedCheckpoint(f"{missing[0]} is missing")
   signature = (step_dir, tuple((n, (step_dir / n).stat().st_size, (step_dir / n).stat().st_mtime_ns) for n in names))
-  if signature in _verified:
-    return
-  actual = _digests(step_dir, names)
-  bad = [name for name in names if actual[name] != expected[name]]
-  if bad:
+  if signature not in _verified:
+    actual = _digests(step_dir, names)
+    bad = [name for name in names if actual[name] != expected[name]]
     more = f" (and {len(bad) - 1} more files)" if len(bad) > 1 else ""
-    raise DamagedCheckpoint(f"{bad[0]}{more} has other bytes than when it was saved")
-  _verified.add(signature)
+    _verified[signature] = f"{bad[0]}{more} has other bytes than when it was saved" if bad else None
+  if _verified[signature]:
+    raise DamagedCheckpoint(_verified[signature])
+
+
+_skipped: set = set()  # step directories that a reader skipped with a warning
 
 
 def _load_newest(path: str | pathlib.Path, load):
@@ -469,7 +473,9 @@ def _load_newest(path: str | pathlib.Path, load):
       if explicit:
         raise UserError(f"checkpoint {step_dir} is damaged ({_why(e)}); give an intact step directory, or the "
                         f"workdir to use its newest intact checkpoint") from e
-      _warn_skipped(int(step_dir.name), root, e)
+      if step_dir not in _skipped:  # Said once, however many readers look.
+        _skipped.add(step_dir)
+        _warn_skipped(int(step_dir.name), root, e)
   raise UserError(f"no checkpoint in {root} could be restored (see the warnings above); give another workdir")
 
 
