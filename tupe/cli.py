@@ -100,7 +100,7 @@ def run(job: Callable[[object, str], object]) -> None:
       print(e, file=sys.stderr)
       sys.exit(e.exit_status)
     except KeyboardInterrupt:  # Ctrl-C before the job installed its own handler (or a job without one).
-      print("error: interrupted (Ctrl-C) before any checkpoint was saved; rerun the same command", file=sys.stderr)
+      print("error: interrupted (Ctrl-C) before anything was saved; rerun the same command", file=sys.stderr)
       sys.exit(128 + signal.SIGINT)
     except UserError as e:
       if flags.FLAGS.verbose:
