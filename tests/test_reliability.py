@@ -7,11 +7,13 @@ only with --verbose.
 """
 import concurrent.futures
 import json
+import os
 import pathlib
 import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import jax
 import numpy as np
@@ -107,6 +109,21 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_130(tmp_path):
   assert run.stderr().strip().splitlines() == [f"stopped by Ctrl-C (SIGINT) at step {stopped} of {STEPS}, with a "
                                                f"checkpoint there; rerun the same command to resume"]
   assert finished_steps(workdir)[-1] == stopped
+
+  # A terminal sends Ctrl-C to the whole process group, data worker processes included: they leave it to the
+  # main process (no KeyboardInterrupt traceback from a worker), which saves and stops them.
+  with open(tmp_path / "group.err", "w+") as err:
+    proc = subprocess.Popen(train_command(workdir, {"data.num_workers": 1, "num_train_steps": 100 * STEPS}), cwd=REPO,
+                            env=train_env(), stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+    deadline = time.monotonic() + 240
+    while last_logged_step(workdir) <= stopped and proc.poll() is None and time.monotonic() < deadline:
+      time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGINT)
+    assert proc.wait(timeout=120) == 130
+    err.seek(0)
+    stderr = err.read()
+  assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
+  assert f"stopped by Ctrl-C (SIGINT) at step {last_logged_step(workdir)} of {100 * STEPS}" in stderr
 
 
 # Runs the rest of its command line with files capped at 20 kB (RLIMIT_FSIZE, effective also for root): above

@@ -286,8 +286,12 @@ class Evaluator:
   def batches(self):
     cfg = self.setup.cfg
     it = self.data.iterator(batch_size=cfg.global_batch_size, seed=cfg.seed, rows=self.rows)
-    for _ in range(cfg.eval_batches):
-      yield sharding.global_batch(next(it), self.setup.mesh, cfg.global_batch_size)
+    try:
+      for _ in range(cfg.eval_batches):
+        yield sharding.global_batch(next(it), self.setup.mesh, cfg.global_batch_size)
+    finally:
+      if hasattr(it, "close"):  # Its data worker processes, if any.
+        it.close()
 
   def __call__(self, params) -> dict:
     if self.denoms is None:
@@ -400,6 +404,8 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
                  f"--config.num_train_steps to train on)")
         return {}
     train_iter = train_data.iterator(batch_size=cfg.global_batch_size, seed=cfg.seed, rows=rows, start_batch=start)
+    if hasattr(train_iter, "close"):  # Data worker processes and their shared memory, stopped on any exit.
+      cleanup.callback(train_iter.close)
 
     logs.log("compiling the train step...")
     compile_start = time.perf_counter()
