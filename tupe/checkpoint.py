@@ -18,14 +18,17 @@ being trained (another architecture or vocabulary) is an error, as is a director
 Integrity: once a save is complete, process 0 records the sha256 of every file of the step directory in
 `checksums.json` there (for an asynchronous save, inside the temporary directory just before orbax renames it
 into place, so that the checksums appear with the checkpoint). Every reader goes through one policy
-(`restore_latest` for train.py's resume, `newest_intact` for eval_glue.py and tupe.tools.*): a checkpoint whose
-files differ from their checksums, or whose metadata does not load, is skipped with a one-line warning naming
-the step and the file, and the newest intact one is used; a damaged checkpoint named explicitly (a step
-directory) is a one-line error. A checkpoint written before checksums were recorded loads, with a one-line note.
+(`restore_latest` for train.py's resume; `_load_newest`, behind load_meta, load_pretrained, load_encoder and
+latest_step_dir, for eval_glue.py and tupe.tools.*): a checkpoint whose files differ from their checksums, or
+whose metadata or state does not load, is skipped with a one-line warning naming the step and the file, and the
+newest intact one is used (only train.py, which owns the workdir, renames it aside); a damaged checkpoint named
+explicitly (a step directory) is a one-line error. A checkpoint written before checksums were recorded loads,
+with a one-line note.
 """
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import hashlib
 import json
 import logging
@@ -206,12 +209,14 @@ class Checkpointer:
   def close(self):
     try:
       self.wait()
-    finally:
-      try:
+    except UserError:
+      with contextlib.suppress(Exception):  # The failed save that wait() reports, raised again by orbax.
         self.manager.close()
-      except Exception:  # The failed save that wait() has just reported (or will report, below).
-        if sys.exc_info()[0] is None:
-          raise
+      raise
+    try:
+      self.manager.close()
+    except Exception as e:
+      raise self._write_error(e, None) from e
 
 
 def _ignore_reads_left_by_failed_restores() -> None:
