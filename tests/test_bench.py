@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import bench
-from bench import ablations, compare_hf, dynamic_conv, memory, pipeline, plot, profile, train_step
+from bench import (ablations, checkpoint_integrity, compare_hf, dynamic_conv, memory, pipeline, plot, profile,
+                   train_step)
 from tupe import models
 from tupe.errors import UserError
 from tupe.models import layers
@@ -224,6 +225,12 @@ def test_memory(capsys, tmp_path):
   assert data["state_bytes_per_device"] >= data["params_bytes_per_device"] + data["opt_state_bytes_per_device"]
   assert 6 < ratio["data_over_fsdp"]["state_bytes_per_device"] <= 8
   plotted(lines, tmp_path, "memory")
+
+
+def test_checkpoint_integrity(capsys):
+  (line,) = printed(capsys, checkpoint_integrity.main(["--tiny"]))
+  assert line["checkpoint_bytes"] > 0 and 0 < line["checksums_s"] < line["save_s"] and line["verify_s"] > 0
+  assert line["restore_s"] > 0 and line["restore_without_verify_s"] > 0
 
 
 def test_plot_rejects_what_is_not_benchmark_output(tmp_path):

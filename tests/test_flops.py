@@ -118,3 +118,13 @@ def test_training_count_equals_the_matmuls_of_the_gradient(name):
   if name == "convbert":
     counted += 3 * B * LAYERS * L * 2 * cfg.model.conv_kernel_size * D
   assert counted == flops.train_step_flops(cfg.model, L, B, P)
+
+
+def test_the_measured_cpu_peak_is_cached_per_machine(tmp_path, monkeypatch):
+  """Measured once, then read back: the MFU of runs on one machine uses one peak, and says where it came from."""
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+  peak, source = flops.peak_flops_per_device()
+  assert peak > 0 and "measured now, cached in" in source and (tmp_path / "tupe" / "peak_flops.json").is_file()
+  monkeypatch.setattr(flops, "measured_matmul_peak", lambda: pytest.fail("measured again"))
+  again, source = flops.peak_flops_per_device()
+  assert again == peak and f"cached in {tmp_path / 'tupe' / 'peak_flops.json'}" in source

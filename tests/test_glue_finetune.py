@@ -4,8 +4,10 @@ import json
 import os
 import pathlib
 import re
+import signal
 import subprocess
 import sys
+import time
 
 import jax
 import matplotlib.image
@@ -139,6 +141,39 @@ def test_user_errors(pretrained, glue_dir, tmp_path):
     run(glue_cfg(data_dir=str(glue_dir), **dict(base, tasks="ax")))
   with pytest.raises(UserError, match="set one of --config.init_checkpoint"):
     run(glue_cfg(data_dir=str(glue_dir), init_hf="x", **base))
+  with pytest.raises(UserError, match=r"^learning_rates=\(3e-05, 'abc'\): give positive numbers"):
+    run(glue_cfg(data_dir=str(glue_dir), learning_rates=(3e-5, "abc"), **base))
+  with pytest.raises(UserError, match=r"^seeds=\('a',\): give integers"):
+    run(glue_cfg(data_dir=str(glue_dir), seeds=("a",), **base))
+  partial = tmp_path / "partial"  # A GLUE folder with RTE only, and every task selected (the default).
+  partial.mkdir()
+  (partial / "RTE").symlink_to(glue_dir / "RTE")
+  with pytest.raises(UserError, match=r"CoLA.*not found .*; or fine-tune only the tasks you have: --config.tasks"):
+    run(glue_cfg(data_dir=str(partial), init_checkpoint=str(pretrained), mesh=dict(data=1, fsdp=1, tensor=1)))
+  assert not (tmp_path / "out").exists()  # Stopped by bad input: no workdir left behind.
+
+
+def test_sigterm_names_the_interrupted_run(pretrained, glue_dir, tmp_path):
+  """eval_glue.py stopped by SIGTERM during a run: one line naming it and saying that a rerun resumes; exit 143."""
+  workdir, out = tmp_path / "glue", tmp_path / "stdout.txt"
+  flags = [f"--config.{key}={','.join(map(str, value)) if isinstance(value, tuple) else value}"
+           for key, value in OVERRIDES.items()]
+  with open(out, "w") as stdout:
+    proc = subprocess.Popen([sys.executable, "eval_glue.py", "--config", "configs/glue.py:tupe", "--workdir",
+                             str(workdir), *flags, f"--config.init_checkpoint={pretrained}",
+                             f"--config.data_dir={glue_dir}", "--config.epochs.sst2=100"],  # still running
+                            cwd=REPO, stdout=stdout, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    deadline = time.monotonic() + 240
+    while "[1/2] SST-2 lr 0.01 seed 0 | epoch" not in out.read_text():
+      assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else "timeout"
+      time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+  assert proc.returncode == 143
+  assert stderr.strip().splitlines() == ["stopped by SIGTERM during [1/2] SST-2 lr 0.01 seed 0, which is not "
+                                         "recorded; rerun the same command to resume after the finished runs"]
+  assert finetune.read_runs(workdir) == []
 
 
 def test_random_and_hf_backbones(bert_vocab, tmp_path):

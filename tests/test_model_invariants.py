@@ -396,3 +396,12 @@ def test_tied_output_projection_pads_the_vocabulary_only_inside():
   table_grad = jax.grad(lambda p: emb.apply({"params": p}, h, method=emb.attend).sum())(params)
   np.testing.assert_allclose(table_grad["word_embeddings"],
                              np.broadcast_to(h.sum((0, 1)), (100, cfg.embedding_size)), atol=1e-4)
+
+
+def test_encode_without_a_mask_leaves_padding_out():
+  """attention_mask=None is derived from the pad id (as the official TUPE code does), not all ones."""
+  input_ids, mask = padded_batch()
+  derived = encode("tupe_a", input_ids, None)["last_hidden_state"]
+  np.testing.assert_array_equal(derived, encode("tupe_a", input_ids, mask)["last_hidden_state"])
+  everything = encode("tupe_a", input_ids, np.ones_like(mask))["last_hidden_state"]
+  assert not np.allclose(derived[1, :4], everything[1, :4])

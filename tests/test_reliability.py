@@ -6,16 +6,21 @@ never a silent loss; bad input of every kind is one 'error:' line on stderr with
 only with --verbose.
 """
 import concurrent.futures
+import json
+import os
+import pathlib
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import jax
 import numpy as np
 import pytest
 
-from test_resume import (EVERY, REPO, STEPS, checkpoint_state, finished_steps, last_logged_step, metric_records,
-                         run_train, train_command, train_env)
+from test_resume import (EVERY, REPO, STEPS, Run, checkpoint_state, finished_steps, last_logged_step,
+                         metric_records, run_train, train_command, train_env)
 
 
 def error_line(proc) -> str:
@@ -26,6 +31,11 @@ def error_line(proc) -> str:
   return lines[0]
 
 
+def file_contents(root) -> dict:
+  """{path relative to root: bytes} of every file under root."""
+  return {str(p.relative_to(root)): p.read_bytes() for p in sorted(pathlib.Path(root).rglob("*")) if p.is_file()}
+
+
 def assert_all_finite(state: dict) -> None:
   for path, x in jax.tree_util.tree_leaves_with_path(state):
     assert np.all(np.isfinite(x)), jax.tree_util.keystr(path)
@@ -33,47 +43,87 @@ def assert_all_finite(state: dict) -> None:
 
 @pytest.fixture(scope="module")
 def skipped_run(tmp_path_factory):
-  """A learning rate that overflows float32 (1e39): every update is non-finite and skipped ("skip" policy).
+  """A learning rate of 1e30: warmup's first step applies a rate of 0 (a zero update), every later update's norm
+  overflows float32, so it is non-finite and skipped ("skip" policy).
 
   Its checkpoints hold the tiny model with finite parameters; the bad-input tests resume them with other
   configs.
   """
   workdir = tmp_path_factory.mktemp("nonfinite") / "skip"
-  proc = run_train(workdir, {"optimizer.learning_rate": 1e39, "nonfinite": "skip"})
+  proc = run_train(workdir, {"optimizer.learning_rate": 1e30, "nonfinite": "skip"})
   return workdir, proc
 
 
 def test_nonfinite_updates_are_skipped(skipped_run):
   workdir, proc = skipped_run
   assert proc.returncode == 0, proc.stderr[-3000:]
+  assert not proc.stderr, proc.stderr  # no numpy RuntimeWarning either
   records = metric_records(workdir)
   assert [r["step"] for r in records] == list(range(1, STEPS + 1))
-  assert all(r["nonfinite"] == 1.0 for r in records)
-  assert "warning: step 1: non-finite loss, gradients or update" in proc.stdout
+  assert [r["nonfinite"] for r in records] == [0.0] + [1.0] * (STEPS - 1)
+  assert "warning: step 2: non-finite loss, gradients or update" in proc.stdout
   assert finished_steps(workdir) == [4, 8, 12]
   states = [checkpoint_state(workdir, step) for step in (4, 8, 12)]
   for state in states:
     assert_all_finite(state)
-    # Adam's counter stays at 0 (no update applied); the schedule's follows the step.
+    # Adam's counter stays at 1 (only the first, zero update applied); the schedule's follows the step.
     counters = sorted(int(x) for x in jax.tree_util.tree_leaves(state["opt_state"]) if x.dtype.kind == "i")
-    assert counters == [0, int(state["step"])], counters
+    assert counters == [1, int(state["step"])], counters
     jax.tree_util.tree_map(np.testing.assert_array_equal, state["params"], states[0]["params"])
   assert [int(s["step"]) for s in states] == [4, 8, 12]
 
 
 def test_nonfinite_stop_names_the_step(tmp_path):
   """A learning rate of 1e15 gives finite updates but parameters that overflow the activations a step or two
-  later; "stop" ends the run at the first non-finite step, its checkpoints before that intact."""
+  later; "stop" ends the run at the first non-finite step, its checkpoints before that intact (and says so only
+  when there is one). metrics.jsonl stays strict JSON: the non-finite values are null."""
   workdir = tmp_path / "run"
-  proc = run_train(workdir, {"optimizer.learning_rate": 1e15, "nonfinite": "stop", "checkpoint.every_steps": 2})
+  settings = {"optimizer.learning_rate": 1e15, "nonfinite": "stop", "checkpoint.every_steps": 2}
+  proc = run_train(workdir, settings)
   assert proc.returncode == 2
-  records = metric_records(workdir)
+  lines = (workdir / "metrics.jsonl").read_text().splitlines()
+  records = [json.loads(line, parse_constant=lambda name: pytest.fail(f"{name} in metrics.jsonl")) for line in lines]
   first_bad = next(r["step"] for r in records if r["nonfinite"])
   assert first_bad == records[-1]["step"] and first_bad >= 3
-  line = error_line(proc)
-  assert line.startswith(f"error: step {first_bad}: non-finite loss") and "nonfinite='stop'" in line
+  assert records[-1]["loss"] is None and all(not isinstance(v, str) for r in records for v in r.values())
   assert finished_steps(workdir) == list(range(2, first_bad, 2))
+  last_saved = finished_steps(workdir)[-1]
+  assert error_line(proc) == (f"error: step {first_bad}: non-finite loss, gradients or update (loss nan); the update "
+                              f"was skipped; stopping (nonfinite='stop'): checkpoint {last_saved} is intact")
   assert_all_finite(checkpoint_state(workdir, finished_steps(workdir)[-1]))
+
+  proc = run_train(tmp_path / "unsaved", dict(settings, **{"checkpoint.every_steps": 100}))
+  assert error_line(proc).endswith(f"stopping (nonfinite='stop'): no checkpoint was saved before it")
+
+
+def test_ctrl_c_saves_a_checkpoint_and_exits_130(tmp_path):
+  """Ctrl-C (SIGINT) is a preemption: a checkpoint at the step reached, one line, exit 130 (128 + SIGINT)."""
+  workdir = tmp_path / "run"
+  run = Run(workdir, name="interrupted")
+  run.wait_until(lambda: last_logged_step(workdir) >= 1)
+  run.signal(signal.SIGINT)
+  assert run.wait() == 130, run.stderr()[-3000:]
+  stopped = last_logged_step(workdir)
+  assert stopped < STEPS, "the run ended before the signal arrived"
+  assert f"Ctrl-C (SIGINT): saving a checkpoint at step {stopped} before exiting" in run.stdout()
+  assert run.stderr().strip().splitlines() == [f"stopped by Ctrl-C (SIGINT) at step {stopped} of {STEPS}, with a "
+                                               f"checkpoint there; rerun the same command to resume"]
+  assert finished_steps(workdir)[-1] == stopped
+
+  # A terminal sends Ctrl-C to the whole process group, data worker processes included: they leave it to the
+  # main process (no KeyboardInterrupt traceback from a worker), which saves and stops them.
+  with open(tmp_path / "group.err", "w+") as err:
+    proc = subprocess.Popen(train_command(workdir, {"data.num_workers": 1, "num_train_steps": 100 * STEPS}), cwd=REPO,
+                            env=train_env(), stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+    deadline = time.monotonic() + 240
+    while last_logged_step(workdir) <= stopped and proc.poll() is None and time.monotonic() < deadline:
+      time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGINT)
+    assert proc.wait(timeout=120) == 130
+    err.seek(0)
+    stderr = err.read()
+  assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
+  assert f"stopped by Ctrl-C (SIGINT) at step {last_logged_step(workdir)} of {100 * STEPS}" in stderr
 
 
 # Runs the rest of its command line with files capped at 20 kB (RLIMIT_FSIZE, effective also for root): above
@@ -85,18 +135,15 @@ LIMIT_FILE_SIZE = ("import os, resource, sys; resource.setrlimit(resource.RLIMIT
 
 
 def test_failing_checkpoint_write_is_an_error(tmp_path):
-  """The first checkpoint's files exceed the size limit: its (asynchronous) write fails, train.py stops."""
+  """The first checkpoint's files exceed the size limit: its (asynchronous) write fails, train.py stops with one
+  line naming that checkpoint, and none of orbax's tracebacks."""
   workdir = tmp_path / "run"
   proc = subprocess.run([sys.executable, "-c", LIMIT_FILE_SIZE, *train_command(workdir)[1:]], cwd=REPO,
                         env=train_env(), capture_output=True, text=True, timeout=300)
   assert proc.returncode == 2, proc.stderr[-3000:]
-  # Orbax's background threads log their own lines (with tracebacks) to the same stderr, and may write them
-  # right after ours without a line break in between: look for our line's text, exactly once.
-  expected = (f"error: could not write a checkpoint to {workdir / 'checkpoints'}: File too large; free "
-              f"space or fix permissions, then rerun to resume from the last good checkpoint")
-  errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
-  assert len(errors) == 1 and errors[0].startswith(expected), proc.stderr[-3000:]
-  assert f'File "{REPO / "train.py"}"' not in proc.stderr
+  assert error_line(proc) == (f"error: could not write checkpoint {EVERY} to {workdir / 'checkpoints'}: File too "
+                              f"large; free space or fix permissions, then rerun to resume from the last good "
+                              f"checkpoint")
   assert finished_steps(workdir) == [] and last_logged_step(workdir) >= EVERY
 
 
@@ -107,17 +154,18 @@ def inputs(tmp_path_factory):
   (root / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "a"]) + "\n")
   (root / "empty.txt").write_text("")
   (root / "latin1.txt").write_bytes("caf\xe9 cr\xe8me\n".encode("latin-1"))
+  (root / "text.txt").write_text("the a the\n\na the a\n")
   (root / "no_corpus").mkdir()
   (root / "a_file").write_text("not a directory\n")
   return root
 
 
-def text(inputs, files: str) -> dict:
-  return {"data.source": "text", "data.files": str(inputs / files), "data.vocab_file": str(inputs / "vocab.txt")}
+def text(inputs, files: str, vocab: str = "vocab.txt") -> dict:
+  return {"data.source": "text", "data.files": str(inputs / files), "data.vocab_file": str(inputs / vocab)}
 
 
-# name: (config overrides, extra flags, devices, workdir: "fresh" | "trained" | "under_a_file" |
-#        "checkpoints_is_a_file", words of the error line)
+# name: (config overrides (or text files, or (text files, vocab)), extra flags, devices, workdir: "fresh" |
+#        "trained" | "under_a_file" | "checkpoints_is_a_file" | "metrics_is_a_dir", words of the error line)
 BAD_INPUTS = {
     "unknown config field": ({}, ["--config.model.hiden_size=3"], 1, "fresh",
                              ["--config.model.hiden_size", "no field 'hiden_size'", "did you mean 'hidden_size'"]),
@@ -147,12 +195,18 @@ BAD_INPUTS = {
     "checkpoint of another optimizer": ({"optimizer.clip_norm": 0.0}, [], 1, "trained",
                                         ["could not be restored with another optimizer config",
                                          "optimizer.clip_norm=1.0 in the checkpoint, 0.0 now", "new --workdir"]),
+    "checkpoint of another batch size": ({"global_batch_size": 16}, [], 1, "trained",
+                                         ["trained on other batches", "global_batch_size=8 in the checkpoint, 16 now"]),
     "checkpoint of another architecture": ({"model.hidden_size": 64, "model.embedding_size": 64}, [], 1, "trained",
                                            ["another model", "model.hidden_size=32 in the checkpoint, 64 now",
                                             "new --workdir"]),
     "empty corpus": ("no_corpus/*.txt", [], 1, "fresh", ["no files match", "no_corpus/*.txt"]),
     "empty file": ("empty.txt", [], 1, "fresh", ["empty.txt holds no text", "remove it"]),
     "non-UTF-8 text": ("latin1.txt", [], 1, "fresh", ["latin1.txt is not UTF-8", "iconv"]),
+    "vocab not UTF-8": (("text.txt", "latin1.txt"), [], 1, "fresh", ["vocab file", "latin1.txt is not UTF-8 (byte 3)",
+                                                                     "iconv"]),
+    "vocab is a directory": (("text.txt", "no_corpus"), [], 1, "fresh", ["vocab file", "no_corpus is a directory"]),
+    "metrics.jsonl is a directory": ({}, [], 1, "metrics_is_a_dir", ["metrics.jsonl is not a file", "move it away"]),
     "unwritable workdir": ({}, [], 1, "under_a_file", ["is not writable", "Not a directory", "another --workdir"]),
     "checkpoint dir is a file": ({}, [], 1, "checkpoints_is_a_file",
                                  ["cannot create the checkpoint directory", "another --workdir"]),
@@ -169,13 +223,15 @@ def bad_input_runs(tmp_path_factory, inputs, skipped_run):
   def run(numbered):
     number, (name, verbose) = numbered
     overrides, extra, devices, where, _ = BAD_INPUTS[name]
-    if isinstance(overrides, str):
-      overrides = text(inputs, overrides)
+    if isinstance(overrides, (str, tuple)):
+      overrides = text(inputs, *((overrides,) if isinstance(overrides, str) else overrides))
     workdir = root / str(number)
     if where == "trained":
       shutil.copytree(trained, workdir)
     elif where == "under_a_file":
       workdir = inputs / "a_file" / "run"
+    elif where == "metrics_is_a_dir":
+      (workdir / "metrics.jsonl").mkdir(parents=True)
     elif where == "checkpoints_is_a_file":
       workdir.mkdir()
       (workdir / "checkpoints").write_text("a file\n")
@@ -187,7 +243,7 @@ def bad_input_runs(tmp_path_factory, inputs, skipped_run):
 
 
 @pytest.mark.parametrize("name", list(BAD_INPUTS))
-def test_bad_input_is_one_line(name, bad_input_runs):
+def test_bad_input_is_one_line(name, bad_input_runs, skipped_run):
   proc, workdir = bad_input_runs[name, False]
   assert proc.returncode == 2, proc.stderr[-3000:]
   line = error_line(proc)
@@ -195,6 +251,8 @@ def test_bad_input_is_one_line(name, bad_input_runs):
     assert words in line, line
   if BAD_INPUTS[name][3] == "fresh":
     assert not workdir.exists(), "a run stopped by bad input left a workdir behind"
+  if BAD_INPUTS[name][3] == "trained":  # A rejected resume changes nothing.
+    assert file_contents(workdir) == file_contents(skipped_run[0])
 
 
 @pytest.mark.parametrize("name", VERBOSE)

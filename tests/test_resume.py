@@ -126,6 +126,12 @@ def reference_run(workdir) -> tuple:
   records = {r["step"]: r for r in metric_records(workdir)}
   assert sorted(records) == list(range(1, STEPS + 1))
   assert finished_steps(workdir) == [4, 8, 12]
+  # Compilation is announced and timed; the last line says where everything is, and the curves are drawn.
+  assert "compiling the train step...\ncompiled in " in proc.stdout
+  assert proc.stdout.strip().splitlines()[-1] == (
+      f"finished at step {STEPS}: checkpoint {workdir / 'checkpoints' / str(STEPS)}, metrics "
+      f"{workdir / 'metrics.jsonl'}, curves {workdir / 'curves.png'}")
+  assert (workdir / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   return workdir, records, checkpoint_state(workdir, STEPS)
 
 
@@ -188,16 +194,19 @@ def test_sigterm_then_sigkill_while_an_async_checkpoint_is_written(tmp_path, ref
 
 
 def test_corrupted_newest_checkpoint_falls_back(tmp_path, reference):
-  """The largest file of step 12's state truncated: a warning names step 12, resume from 8, same result."""
+  """Bytes flipped in the largest file of step 12's state (its size unchanged; orbax alone loads it without a
+  word): a warning names step 12 and the file, resume from 8, same result."""
   ref_dir, _, _ = reference
   workdir = tmp_path / "run"
   shutil.copytree(ref_dir, workdir)
-  largest = max((p for p in (workdir / "checkpoints" / str(STEPS) / "state").rglob("*") if p.is_file()),
-                key=lambda p: p.stat().st_size)
-  with open(largest, "r+b") as f:
-    f.truncate(largest.stat().st_size // 2)
+  step_dir = workdir / "checkpoints" / str(STEPS)
+  largest = max((p for p in (step_dir / "state").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+  data = bytearray(largest.read_bytes())
+  data[len(data) // 2] ^= 0xFF
+  largest.write_bytes(bytes(data))
   proc = resume_and_compare(workdir, reference, STEPS - EVERY)
-  assert f"skipping checkpoint {STEPS} in {workdir / 'checkpoints'}: it could not be restored" in proc.stderr
+  assert (f"skipping checkpoint {STEPS} in {workdir / 'checkpoints'}: it could not be restored ("
+          f"{largest.relative_to(step_dir)} has other bytes than when it was saved)") in proc.stderr
   moved = [p.name for p in (workdir / "checkpoints").iterdir() if p.name.startswith(f"{STEPS}.corrupt-")]
   assert len(moved) == 1 and moved[0] in proc.stderr
   assert "Traceback" not in proc.stderr, proc.stderr

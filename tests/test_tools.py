@@ -288,3 +288,21 @@ def test_summary_command(tmp_path, capsys):
   assert total == summary.summarize(pretrain.get_config("bert_a,tiny"))["total"]
   with pytest.raises(UserError, match="does not exist"):
     summary.load_config("configs/missing.py:tupe_a,tiny")
+
+
+@pytest.mark.parametrize("heads", [2, 12])
+def test_head_grid_keeps_its_title_inside_and_ticks_on_positions(heads):
+  """positional_correlation.png's layout: a long title wrapped inside the figure, ticks on whole positions."""
+  title = ("tupe_a (tiny): untied positional term (p_i Uq)(p_j Uk)^T / sqrt(2 dh), shared by all layers, with the "
+           "[CLS] reset")
+  maps = np.random.default_rng(0).normal(size=(heads, 6, 6))
+  figure = analyze.head_grid(maps, title, [f"head {h}" for h in range(heads)], colorbar_label="logit", signed=True)
+  figure.canvas.draw()
+  renderer = figure.canvas.get_renderer()
+  box, page = figure._suptitle.get_window_extent(renderer), figure.bbox
+  assert page.x0 <= box.x0 and box.x1 <= page.x1 and box.y1 <= page.y1, (box, page)
+  top_of_panels = max(a.get_tightbbox(renderer).y1 for a in figure.axes)
+  assert top_of_panels <= box.y0
+  for axes in figure.axes[:heads]:
+    for ticks in (axes.get_xticks(), axes.get_yticks()):
+      assert all(float(t).is_integer() for t in ticks), ticks

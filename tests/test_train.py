@@ -96,6 +96,17 @@ def test_sweep_prints_and_runs(tmp_path, capsys):
   with pytest.raises(errors.UserError, match="--config.seed=x: invalid literal"):
     sweep.main(["sweep", "--config", "configs/pretrain.py:tupe_a,tiny", "--root", str(tmp_path), "--grid",
                 "seed=0,x"])
+  # ... and every grid point's complete config is checked as train.py checks it: values, and settings that do not
+  # fit together.
+  for grid, words in (("model.num_heads=4,5", "run 2/2 (model.num_heads=5): model.hidden_size=64 is not divisible "
+                                              "by model.num_heads=5"),
+                      ("model.dtype=float32,flaot32", "run 2/2 (model.dtype=flaot32): model.dtype='flaot32'; use "
+                                                      "float32, bfloat16 or float16"),
+                      ("optimizer.warmup_steps=10,1000", "run 2/2 (optimizer.warmup_steps=1000): optimizer."
+                                                         "warmup_steps=1000 must be below the 1000 training steps")):
+    with pytest.raises(errors.UserError, match=f"^{re.escape(words)}"):
+      sweep.main(["sweep", "--config", "configs/pretrain.py:tupe_a,tiny", "--root", str(tmp_path), "--grid", grid,
+                  "--print", "--", "--config.num_train_steps=1000"])
   assert not capsys.readouterr().out
 
 

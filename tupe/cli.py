@@ -3,10 +3,11 @@ and one-line errors.
 
 A bad flag, an unknown config field or a wrong type in a --config override, and any `UserError` raised by
 the job print one `error: ...` line and exit with status 2; --verbose shows the traceback instead. A job
-stopped by SIGTERM (`Preempted`) exits with status 143.
+stopped by SIGTERM or Ctrl-C (`Preempted`) exits with status 143 or 130.
 """
 import os
 import re
+import signal
 import sys
 from typing import Callable
 
@@ -97,7 +98,10 @@ def run(job: Callable[[object, str], object]) -> None:
       job(config, flags.FLAGS.workdir)
     except Preempted as e:
       print(e, file=sys.stderr)
-      sys.exit(Preempted.EXIT_STATUS)
+      sys.exit(e.exit_status)
+    except KeyboardInterrupt:  # Ctrl-C before the job installed its own handler (or a job without one).
+      print("error: interrupted (Ctrl-C) before anything was saved; rerun the same command", file=sys.stderr)
+      sys.exit(128 + signal.SIGINT)
     except UserError as e:
       if flags.FLAGS.verbose:
         raise

@@ -4,6 +4,7 @@ Bad input (a missing file, a malformed row, a config that does not fit the machi
 one-line message that says what is wrong and how to fix it. Command-line entry points print that line and exit
 with status 2; the traceback is shown only with --verbose.
 """
+import signal
 import sys
 
 
@@ -12,10 +13,19 @@ class UserError(ValueError):
 
 
 class Preempted(Exception):
-  """A run stopped by SIGTERM after saving a checkpoint: train.py exits with status 143 (128 + SIGTERM), as a
-  process killed by the signal would, so that a scheduler does not count the run as finished."""
+  """A run stopped by SIGTERM (preemption) or SIGINT (Ctrl-C) after saving a checkpoint: the entry point exits
+  with status 128 + the signal's number (143, 130), as a process killed by the signal would, so that a scheduler
+  does not count the run as finished."""
 
-  EXIT_STATUS = 143
+  def __init__(self, message: str, signum: int = signal.SIGTERM):
+    super().__init__(message)
+    self.exit_status = 128 + int(signum)
+
+
+def signal_name(signum: int) -> str:
+  """'SIGTERM', or 'Ctrl-C (SIGINT)'."""
+  name = signal.Signals(signum).name
+  return f"Ctrl-C ({name})" if signum == signal.SIGINT else name
 
 
 def run_main(main, argv=None, verbose_flag: str = "--verbose") -> None:

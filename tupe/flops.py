@@ -17,6 +17,10 @@ A = attention heads * head_dim, W = A (or 2A with conv heads), K = conv kernel, 
 """
 from __future__ import annotations
 
+import json
+import os
+import pathlib
+import platform
 import time
 
 import jax
@@ -96,15 +100,53 @@ def measured_matmul_peak(size: int = 2048, dtype=jnp.float32, repeats: int = 5) 
 
 
 def peak_flops_per_device(configured: float = 0.0) -> tuple[float, str]:
-  """(peak FLOP/s per device, where it came from): the config's value, the data sheet, or a measured matmul."""
+  """(peak FLOP/s per device, where it came from): the config's value, the data sheet, or a matmul measured
+  once per machine and cached (`cached_matmul_peak`), so that the MFU of runs on one machine compare."""
   if configured:
     return float(configured), "config"
   kind = jax.devices()[0].device_kind
   for prefix, peak in PEAK_BF16.items():
     if kind.startswith(prefix):
       return peak, f"{prefix} bf16 data sheet"
+  peak, source = cached_matmul_peak(kind)
   devices = jax.local_device_count()
   if devices == 1:
-    return measured_matmul_peak(), f"measured fp32 matmul on {kind}"
+    return peak, source
   # Host-platform devices (--xla_force_host_platform_device_count) share the cores that the matmul measured.
-  return measured_matmul_peak() / devices, f"measured fp32 matmul on {kind}, shared by {devices} devices"
+  return peak / devices, f"{source}, shared by {devices} devices"
+
+
+def _machine() -> str:
+  """The CPU model and the cores this process may use: what a measured CPU peak depends on."""
+  try:
+    model = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+  except (OSError, StopIteration):
+    model = platform.processor() or platform.machine()
+  return f"{model}, {len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()} cores"
+
+
+def cached_matmul_peak(kind: str) -> tuple[float, str]:
+  """A device's measured matmul peak, measured once per machine and device kind and kept in
+  $XDG_CACHE_HOME/tupe/peak_flops.json (~/.cache by default; delete the file to measure again).
+
+  A measurement on a shared CPU varies several-fold from one start to the next, which made MFU incomparable
+  between runs; the cache fixes the peak that every run on the machine uses.
+  """
+  path = pathlib.Path(os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache") / "tupe" / "peak_flops.json"
+  key = f"{kind}, {_machine()}"
+  try:
+    cache = json.loads(path.read_text())
+  except (OSError, ValueError):
+    cache = {}
+  if isinstance(cache.get(key), dict) and isinstance(cache[key].get("peak_flops"), (int, float)):
+    return float(cache[key]["peak_flops"]), f"fp32 matmul on {kind} measured {cache[key].get('date')}, cached in {path}"
+  peak = measured_matmul_peak()
+  cache[key] = {"peak_flops": peak, "date": time.strftime("%Y-%m-%d")}
+  try:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(cache, indent=1))
+    os.replace(tmp, path)
+  except OSError:
+    return peak, f"fp32 matmul on {kind} measured now (not cached: {path} is not writable)"
+  return peak, f"fp32 matmul on {kind} measured now, cached in {path}"

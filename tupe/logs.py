@@ -9,21 +9,29 @@ import time
 
 import jax
 
+from tupe.errors import UserError
 
-def _scalar(v):
+
+def _scalar(v) -> float | None:
+  """A metric as JSON allows it: a non-finite value (a skipped step's NaN loss) is null."""
   v = float(v)
-  return v if math.isfinite(v) else str(v)
+  return v if math.isfinite(v) else None
 
 
 class MetricWriter:
-  """Writes scalars to <workdir>/metrics.jsonl (one JSON object per step) and TensorBoard; process 0 only."""
+  """Writes scalars to <workdir>/metrics.jsonl (one strict JSON object per step; null for NaN and infinities)
+  and TensorBoard; process 0 only."""
 
   def __init__(self, workdir: str | pathlib.Path, tensorboard: bool = True):
     self.active = jax.process_index() == 0
     self.path = pathlib.Path(workdir) / "metrics.jsonl"
     self._tb = None
     if self.active:
-      self._file = open(self.path, "a")
+      try:
+        self._file = open(self.path, "a")
+      except OSError as e:
+        raise UserError(f"cannot write {self.path} ({e.strerror or e}); move it away or choose another "
+                        f"--workdir") from e
       if tensorboard:
         from tensorboardX import SummaryWriter
         self._tb = SummaryWriter(str(pathlib.Path(workdir) / "tensorboard"))

@@ -6,7 +6,8 @@
 Each run gets its own workdir, named after its grid values (e.g. runs/lr/optimizer.learning_rate=1e-4,seed=0),
 so rerunning the sweep resumes every run from its checkpoints. Arguments after `--` go to every run.
 --print writes the train.py commands (one per line) instead of running them, for a cluster scheduler. Every
-run's config and overrides are loaded first, so a typo is an error before anything runs or is printed.
+run's complete config is loaded and checked first, as train.py checks it (keys, types, values, settings that
+do not fit together), so that a bad grid point is an error before anything runs or is printed.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import subprocess
 import sys
 
 from tupe import cli
+from tupe import trainer
 from tupe.errors import UserError, run_main
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -47,10 +49,15 @@ def runs(config: str, root: str, grid, extra: list[str]) -> list[list[str]]:
 
 
 def check(commands: list[list[str]]) -> None:
-  """Loads every run's config with its overrides as train.py will, so that a typo in a key or a value of the
-  wrong type is a one-line error here, before anything runs or is printed for a scheduler."""
-  for command in commands:
-    cli.check_config_flags(["train.py"] + command[2:])
+  """Loads every run's complete config with its overrides and checks its values as train.py will
+  (`trainer.check_config`), so that a typo in a key, a value of the wrong type or out of range, or settings that
+  do not fit together (e.g. warmup past the last step) is a one-line error here, before anything runs or is
+  printed for a scheduler."""
+  for i, command in enumerate(commands):
+    try:
+      trainer.check_config(cli.check_config_flags(["train.py"] + command[2:]))
+    except UserError as e:
+      raise UserError(f"run {i + 1}/{len(commands)} ({pathlib.Path(command[3].split('=', 1)[1]).name}): {e}") from e
 
 
 def main(argv: list[str]) -> None:

@@ -17,6 +17,7 @@ import json
 import os
 import pathlib
 import signal
+import time
 from typing import Any
 
 import flax
@@ -29,6 +30,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from tupe import checkpoint as checkpoint_lib
+from tupe import errors
 from tupe import flops as flops_lib
 from tupe import logs
 from tupe import models
@@ -76,6 +78,9 @@ def check_workdir(workdir: pathlib.Path) -> None:
                     f"--workdir")
   if not os.access(existing, os.W_OK | os.X_OK):
     raise UserError(f"workdir {workdir} is not writable ({existing}: Permission denied); choose another --workdir")
+  for name in ("config.json", "metrics.jsonl"):
+    if (workdir / name).exists() and not (workdir / name).is_file():
+      raise UserError(f"{workdir / name} is not a file; move it away or choose another --workdir")
 
 
 def make_workdir(workdir: pathlib.Path) -> None:
@@ -100,14 +105,11 @@ def resolve_vocab_size(cfg, vocab_size: int) -> None:
 
 def check_batch(cfg, mesh) -> None:
   """The global batch must split evenly over data-parallel devices and accumulation steps (and so over the
-  hosts' row blocks, `sharding.host_rows`); sequences must fit the position tables."""
+  hosts' row blocks, `sharding.host_rows`)."""
   dp, gb, accum = sharding.data_parallel_size(mesh), cfg.global_batch_size, cfg.grad_accum_steps
   if gb % (dp * accum):
     raise UserError(f"global_batch_size={gb} is not divisible by data-parallel size {dp} x grad_accum_steps "
                     f"{accum}; pick a multiple of {dp * accum}")
-  if cfg.seq_len > cfg.model.max_position_embeddings:
-    raise UserError(f"seq_len={cfg.seq_len} exceeds model.max_position_embeddings="
-                    f"{cfg.model.max_position_embeddings}; lower --config.seq_len")
 
 
 def make_train_step(cfg, module, tx, lr_schedule):
@@ -284,8 +286,12 @@ class Evaluator:
   def batches(self):
     cfg = self.setup.cfg
     it = self.data.iterator(batch_size=cfg.global_batch_size, seed=cfg.seed, rows=self.rows)
-    for _ in range(cfg.eval_batches):
-      yield sharding.global_batch(next(it), self.setup.mesh, cfg.global_batch_size)
+    try:
+      for _ in range(cfg.eval_batches):
+        yield sharding.global_batch(next(it), self.setup.mesh, cfg.global_batch_size)
+    finally:
+      if hasattr(it, "close"):  # Its data worker processes, if any.
+        it.close()
 
   def __call__(self, params) -> dict:
     if self.denoms is None:
@@ -300,10 +306,24 @@ class Evaluator:
 
 
 PRNG_IMPLS = ("rbg", "unsafe_rbg", "threefry2x32")
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def check_config(cfg) -> None:
-  """Value checks of the training loop's settings, before anything is loaded."""
+  """Every check of a config that needs neither data nor devices (the loop's settings, the data config, the
+  model's flags, the optimizer's schedule), made by `train` before anything is loaded and by `tupe.sweep` on
+  every grid point before anything runs."""
+  check_loop(cfg)
+  pipeline.checked_config(cfg.data, cfg.seq_len)
+  models.validate(cfg.model)
+  if cfg.seq_len > cfg.model.max_position_embeddings:
+    raise UserError(f"seq_len={cfg.seq_len} exceeds model.max_position_embeddings="
+                    f"{cfg.model.max_position_embeddings}; lower --config.seq_len")
+  optim.schedule(cfg.optimizer, cfg.num_train_steps)
+
+
+def check_loop(cfg) -> None:
+  """Value checks of the training loop's and optimizer's settings."""
   positive = {"num_train_steps": cfg.num_train_steps, "global_batch_size": cfg.global_batch_size,
               "grad_accum_steps": cfg.grad_accum_steps, "log_every": cfg.log_every,
               "eval_batches": cfg.eval_batches, "checkpoint.every_steps": cfg.checkpoint.every_steps,
@@ -317,6 +337,11 @@ def check_config(cfg) -> None:
     raise UserError(f"nonfinite={cfg.nonfinite!r}; use 'skip' or 'stop'")
   if cfg.prng_impl not in PRNG_IMPLS:
     raise UserError(f"prng_impl={cfg.prng_impl!r}; use one of {', '.join(PRNG_IMPLS)}")
+  for name in ("learning_rate", "end_learning_rate", "weight_decay", "clip_norm"):
+    if cfg.optimizer[name] < 0:
+      raise UserError(f"optimizer.{name}={cfg.optimizer[name]} is negative; use 0 or more")
+    if cfg.optimizer[name] > _FLOAT32_MAX:
+      raise UserError(f"optimizer.{name}={cfg.optimizer[name]} overflows float32 (at most {_FLOAT32_MAX:.3g})")
 
 
 def warn_changed_settings(setup: Setup, step: int, saved_config: dict, config: dict) -> None:
@@ -347,8 +372,6 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
   rows = sharding.host_rows(setup.mesh, cfg.global_batch_size)
   evaluate = Evaluator(setup, eval_data, rows) if eval_data is not None else None
   make_workdir(workdir)
-  if host == 0:
-    (workdir / "config.json").write_text(cfg.to_json_best_effort(indent=2))
   n_params = models.param_count(setup.abstract_state.params)
   logs.log(f"model {cfg.model.name} ({cfg.model.size}), {n_params / 1e6:.2f}M parameters, objective "
            f"{cfg.objective}; mesh {dict(setup.mesh.shape)} over {jax.device_count()} "
@@ -360,14 +383,19 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
 
   preempted = []
   with contextlib.ExitStack() as cleanup:  # Unwinds on any error too: no asynchronous save is left behind.
-    previous_handler = signal.signal(signal.SIGTERM, lambda *_: preempted.append(True))
-    cleanup.callback(signal.signal, signal.SIGTERM, previous_handler)
-    # Closed while the SIGTERM handler is still ours: a preemption then lets the last asynchronous save finish.
+    for signum in (signal.SIGTERM, signal.SIGINT):  # Preemption, Ctrl-C: a checkpoint at the current step.
+      previous_handler = signal.signal(signum, lambda signum, _: preempted.append(signum))
+      cleanup.callback(signal.signal, signum, previous_handler)
+    # Closed while the signal handlers are still ours: a preemption then lets the last asynchronous save finish.
     ckpt = cleanup.enter_context(checkpoint_lib.Checkpointer(workdir / "checkpoints", cfg.checkpoint))
     meta = checkpoint_meta(cfg, info.vocab_file, len(train_data))
     restored = ckpt.restore_latest(setup.abstract_state, meta)
+    if host == 0:  # Once the checkpoint is accepted: a rejected resume leaves the workdir as it was.
+      (workdir / "config.json").write_text(cfg.to_json_best_effort(indent=2))
     if restored is None:
       state, start = setup.init_state(), 0
+      if ckpt.interrupted or (workdir / "metrics.jsonl").exists():  # Trained before, but saved nothing.
+        logs.log(f"warning: no finished checkpoint in {ckpt.directory}: training starts again from step 0")
     else:
       start, state, saved_meta = restored
       logs.log(f"resumed from checkpoint {start} in {ckpt.directory}")
@@ -377,8 +405,13 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
                  f"--config.num_train_steps to train on)")
         return {}
     train_iter = train_data.iterator(batch_size=cfg.global_batch_size, seed=cfg.seed, rows=rows, start_batch=start)
+    if hasattr(train_iter, "close"):  # Data worker processes and their shared memory, stopped on any exit.
+      cleanup.callback(train_iter.close)
 
+    logs.log("compiling the train step...")
+    compile_start = time.perf_counter()
     compiled, report = compile_train_step(setup)
+    logs.log(f"compiled in {time.perf_counter() - compile_start:.1f} s")
     for line in report:
       logs.log(line)
     peak, peak_source = flops_lib.peak_flops_per_device(cfg.peak_flops)
@@ -401,7 +434,9 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
         msg = (f"step {step}: non-finite loss, gradients or update (loss {metrics['loss']}); the "
                f"update was skipped")
         if cfg.nonfinite == "stop":
-          raise NonFiniteError(msg + "; stopping (nonfinite='stop'): the last checkpoint is intact")
+          saved = ckpt.manager.latest_step()
+          raise NonFiniteError(msg + "; stopping (nonfinite='stop'): " + (
+              f"checkpoint {saved} is intact" if saved is not None else "no checkpoint was saved before it"))
         logs.log("warning: " + msg)
       if step % cfg.log_every == 0 or step == cfg.num_train_steps:
         logs.log(progress.line(step, metrics, metrics))  # metrics include the rates
@@ -412,6 +447,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
       batch = sharding.global_batch(next(train_iter), setup.mesh, cfg.global_batch_size)
       state, metrics = compiled(state, batch)
       step += 1
+      ckpt.check()  # A failed asynchronous save stops the run at once.
       if pending is not None:
         finish(*pending)
       pending = (step, metrics)
@@ -431,9 +467,26 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
     if pending is not None:
       finish(*pending)
     if preempted:
-      logs.log(f"SIGTERM: saving a checkpoint at step {step} before exiting")
+      logs.log(f"{errors.signal_name(preempted[0])}: saving a checkpoint at step {step} before exiting")
       ckpt.save(step, state, meta, force=True)
   if preempted and step < cfg.num_train_steps:  # Raised once the checkpointer has closed: the save is complete.
-    raise Preempted(f"stopped by SIGTERM at step {step} of {cfg.num_train_steps}, with a checkpoint there; rerun "
-                    f"the same command to resume")
+    raise Preempted(f"stopped by {errors.signal_name(preempted[0])} at step {step} of {cfg.num_train_steps}, with a "
+                    f"checkpoint there; rerun the same command to resume", preempted[0])
+  if host == 0:
+    curves = write_curves(workdir)
+    logs.log(f"finished at step {step}: checkpoint {ckpt.directory / str(step)}, metrics {writer.path}"
+             + (f", curves {curves}" if curves else "")
+             + (f", TensorBoard {workdir / 'tensorboard'}" if cfg.tensorboard else ""))
   return last
+
+
+def write_curves(workdir: pathlib.Path) -> pathlib.Path | None:
+  """Draws the run's training curves into <workdir>/curves.png (`tupe.tools.plot`); None if it could not."""
+  from tupe.tools import plot  # matplotlib: only once the run is over
+  path = workdir / "curves.png"
+  try:
+    plot.plot_runs({workdir.name: plot.read_run(workdir)}, path)
+  except (UserError, OSError) as e:
+    logs.log(f"warning: no curves drawn ({e})")
+    return None
+  return path

@@ -15,6 +15,7 @@ batches are the same on one host or many, with or without worker processes; a ru
 batch s, and nothing about the pipeline needs saving. Both splits repeat endlessly: for eval, take as many
 batches as wanted from a fresh iterator.
 """
+import signal
 import sys
 
 import grain
@@ -193,8 +194,16 @@ class PretrainData:
     if self.cfg.num_workers:
       if not flags.FLAGS.is_parsed():  # grain's worker processes read absl flags; a plain script has not parsed them.
         flags.FLAGS.mark_as_parsed()
-      ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=self.cfg.num_workers))
+      ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=self.cfg.num_workers),
+                          worker_init_fn=_leave_ctrl_c_to_the_main_process)
     return iter(ds)
+
+
+def _leave_ctrl_c_to_the_main_process(worker_index: int, worker_count: int) -> None:
+  """In each data worker process: Ctrl-C (SIGINT, sent to the whole process group by a terminal) is ignored, so
+  that the main process alone handles it (a checkpoint, then one line) and stops its workers."""
+  del worker_index, worker_count
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def make_pretrain_iterator(data_cfg, *, seq_len: int, batch_size: int, seed: int, rows: tuple[int, int] | None = None,

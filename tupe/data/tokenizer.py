@@ -51,8 +51,13 @@ def read_vocab(vocab_file: str | os.PathLike) -> list[str]:
   """Reads a BERT vocab file (one token per line, the id is the line number) and checks the special tokens."""
   path = pathlib.Path(vocab_file)
   if not path.is_file():
-    raise UserError(f"vocab file {path} does not exist: pass the path of a BERT-style vocab.txt")
-  tokens = path.read_text(encoding="utf-8").splitlines()
+    what = "is a directory" if path.is_dir() else "does not exist"
+    raise UserError(f"vocab file {path} {what}: pass the path of a BERT-style vocab.txt")
+  try:
+    tokens = path.read_text(encoding="utf-8").splitlines()
+  except UnicodeDecodeError as e:
+    raise UserError(f"vocab file {path} is not UTF-8 (byte {e.start}): convert it (e.g. iconv -f latin1 -t utf-8) "
+                    f"or pass a BERT-style vocab.txt") from None
   missing = [t for t in SPECIAL_TOKENS if t not in tokens]
   if missing:
     raise UserError(f"vocab file {path} lacks the special tokens {' '.join(missing)}: "

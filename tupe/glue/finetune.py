@@ -24,11 +24,15 @@ the worst score (`tupe.glue.report`), so the submission comes from a run that tr
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import os
 import pathlib
+import shutil
+import signal
+import threading
 import time
 from typing import Any
 
@@ -40,6 +44,7 @@ import numpy as np
 import optax
 
 from tupe import checkpoint as checkpoint_lib
+from tupe import errors
 from tupe import hf
 from tupe import logs
 from tupe import models
@@ -48,7 +53,7 @@ from tupe import sharding
 from tupe import trainer
 from tupe.data import glue
 from tupe.data import tokenizer as tokenizer_lib
-from tupe.errors import UserError
+from tupe.errors import Preempted, UserError
 from tupe.glue import metrics as glue_metrics
 from tupe.glue import report
 
@@ -192,6 +197,12 @@ def check_config(cfg) -> None:
   """Value checks that need no data or model."""
   if cfg.head not in models.CLASSIFIER_STYLES:
     raise UserError(f"head={cfg.head!r}; use one of {', '.join(models.CLASSIFIER_STYLES)}")
+  is_number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+  if not all(is_number(lr) and lr > 0 for lr in cfg.learning_rates):
+    raise UserError(f"learning_rates={cfg.learning_rates}: give positive numbers, e.g. "
+                    f"--config.learning_rates=2e-5,3e-5")
+  if not all(isinstance(seed, int) and not isinstance(seed, bool) for seed in cfg.seeds):
+    raise UserError(f"seeds={cfg.seeds}: give integers, e.g. --config.seeds=0,1,2")
   if not cfg.seeds or len(set(cfg.seeds)) != len(cfg.seeds) or min(cfg.seeds) < 0:
     raise UserError(f"seeds={cfg.seeds}: give distinct non-negative seeds, e.g. --config.seeds=0,1,2")
   for task in parse_tasks(cfg.tasks):
@@ -645,35 +656,89 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
   parse_tasks(cfg.swap_pairs)
   cfg = cfg.copy_and_resolve_references()
   cfg.lowercase = tokenizer_lowercase(cfg)  # Recorded in config.json: a workdir's runs share one setting.
+  created = not workdir.exists()
   trainer.make_workdir(workdir)
-  check_resume(cfg, workdir)
-  jax.config.update("jax_default_prng_impl", cfg.prng_impl)
-  backbone = load_backbone(cfg, workdir)
-  lrs = learning_rates(cfg, backbone.cfg)
-  done = {(run["task"], run["lr"], run["seed"]) for run in read_runs(workdir)}
-  pending = {task.name: [(lr, seed) for lr in lrs for seed in cfg.seeds if (task.name, lr, seed) not in done]
-             for task in tasks}
-  for task in (task for task in tasks if pending[task.name]):  # Fail on missing data or steps before any run.
-    schedule(cfg, task, len(train_examples(cfg, task)) * (2 if swapped(cfg, task) else 1))
-    for ev in dev_evaluations(task):
-      load_examples(cfg, ev.task, ev.dev_split)
-    for ev in test_evaluations(task) if cfg.predict_test else []:
-      load_examples(cfg, ev.task, ev.test_split)
-  mesh = sharding.make_mesh(cfg.mesh, devices)
-  dp = sharding.data_parallel_size(mesh)
-  for field in ("batch_size", "eval_batch_size"):
-    if cfg[field] % (dp * jax.process_count()):
-      raise UserError(f"{field}={cfg[field]} does not split over {dp} data-parallel devices and "
-                      f"{jax.process_count()} hosts: use a multiple of {dp * jax.process_count()}")
-  rules = sharding.rules_from_config(cfg.sharding_rules)
-  logs.log(f"fine-tuning {backbone.source}: {backbone.cfg.name} ({backbone.cfg.size}), head {cfg.head}; mesh "
-           f"{dict(mesh.shape)} over {jax.device_count()} {jax.devices()[0].platform} devices; batch "
-           f"{cfg.batch_size} x {cfg.max_seq_len} tokens; lrs {', '.join(f'{lr:g}' for lr in lrs)} x seeds "
-           f"{', '.join(map(str, cfg.seeds))}; {len(done)} runs already in {workdir / 'runs.jsonl'}")
-  encoder = None
-  if backbone.params is not None:
-    abstract = jax.eval_shape(lambda: models.init_module(models.Encoder(backbone.cfg), backbone.cfg, boxed=True))
-    encoder = jax.device_put(backbone.params, sharding.logical_shardings(abstract, mesh, rules))
+  try:
+    check_resume(cfg, workdir)
+    jax.config.update("jax_default_prng_impl", cfg.prng_impl)
+    backbone = load_backbone(cfg, workdir)
+    lrs = learning_rates(cfg, backbone.cfg)
+    done = {(run["task"], run["lr"], run["seed"]) for run in read_runs(workdir)}
+    pending = {task.name: [(lr, seed) for lr in lrs for seed in cfg.seeds if (task.name, lr, seed) not in done]
+               for task in tasks}
+    for task in (task for task in tasks if pending[task.name]):  # Fail on missing data or steps before any run.
+      try:
+        schedule(cfg, task, len(train_examples(cfg, task)) * (2 if swapped(cfg, task) else 1))
+        for ev in dev_evaluations(task):
+          load_examples(cfg, ev.task, ev.dev_split)
+        for ev in test_evaluations(task) if cfg.predict_test else []:
+          load_examples(cfg, ev.task, ev.test_split)
+      except UserError as e:
+        if " not found (GLUE " not in str(e):
+          raise
+        raise UserError(f"{e}; or fine-tune only the tasks you have: --config.tasks (now {cfg.tasks}), e.g. "
+                        f"--config.tasks=rte,mrpc") from e
+    mesh = sharding.make_mesh(cfg.mesh, devices)
+    dp = sharding.data_parallel_size(mesh)
+    for field in ("batch_size", "eval_batch_size"):
+      if cfg[field] % (dp * jax.process_count()):
+        raise UserError(f"{field}={cfg[field]} does not split over {dp} data-parallel devices and "
+                        f"{jax.process_count()} hosts: use a multiple of {dp * jax.process_count()}")
+    rules = sharding.rules_from_config(cfg.sharding_rules)
+    logs.log(f"fine-tuning {backbone.source}: {backbone.cfg.name} ({backbone.cfg.size}), head {cfg.head}; mesh "
+             f"{dict(mesh.shape)} over {jax.device_count()} {jax.devices()[0].platform} devices; batch "
+             f"{cfg.batch_size} x {cfg.max_seq_len} tokens; lrs {', '.join(f'{lr:g}' for lr in lrs)} x seeds "
+             f"{', '.join(map(str, cfg.seeds))}; {len(done)} runs already in {workdir / 'runs.jsonl'}")
+    encoder = None
+    if backbone.params is not None:
+      abstract = jax.eval_shape(lambda: models.init_module(models.Encoder(backbone.cfg), backbone.cfg, boxed=True))
+      encoder = jax.device_put(backbone.params, sharding.logical_shardings(abstract, mesh, rules))
+  except UserError:
+    if created:  # Stopped by bad input before any run: no workdir is left behind.
+      shutil.rmtree(workdir, ignore_errors=True)
+    raise
+  with _stopped_by_signals() as current:
+    _run_grid(cfg, workdir, tasks, pending, lrs, backbone, encoder, mesh, rules, current)
+  results = workdir / "results.json"
+  return json.loads(results.read_text()) if results.exists() else {}
+
+
+@contextlib.contextmanager
+def _stopped_by_signals():
+  """SIGTERM (preemption) and Ctrl-C stop the grid at once with one line naming the run in flight (`Preempted`:
+  exit 143 or 130); a rerun resumes after the finished runs. Yields a dict whose "label" names the run in flight
+  (None between runs); the writes of a finished run's results are not interrupted (`_uninterrupted`)."""
+  current = {"label": None}
+
+  def stop(signum, _):
+    when = f"during {current['label']}, which is not recorded" if current["label"] else "between runs"
+    raise Preempted(f"stopped by {errors.signal_name(signum)} {when}; rerun the same command to resume after the "
+                    f"finished runs", signum)
+
+  if threading.current_thread() is not threading.main_thread():  # Only the main thread handles signals.
+    yield current
+    return
+  previous = {signum: signal.signal(signum, stop) for signum in (signal.SIGTERM, signal.SIGINT)}
+  try:
+    yield current
+  finally:
+    for signum, handler in previous.items():
+      signal.signal(signum, handler)
+
+
+@contextlib.contextmanager
+def _uninterrupted():
+  """Holds SIGTERM and SIGINT back while a finished run's results are written (delivered right after)."""
+  signals = {signal.SIGTERM, signal.SIGINT}
+  signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+  try:
+    yield
+  finally:
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
+
+
+def _run_grid(cfg, workdir, tasks, pending, lrs, backbone, encoder, mesh, rules, current) -> None:
+  """Runs every pending (task, lr, seed) and writes each task's outputs; current["label"] names the run."""
   total = sum(len(runs) for runs in pending.values())
   count = 0
   for task in tasks:
@@ -686,12 +751,14 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
              f"({setup.steps_per_epoch} per epoch), dev {', '.join(ev.name for ev, _ in data.dev)}")
     for lr, seed in pending[task.name]:
       count += 1
-      label = f"[{count}/{total}] {task.name} lr {lr:g} seed {seed}"
+      label = current["label"] = f"[{count}/{total}] {task.name} lr {lr:g} seed {seed}"
       record, predictions = finetune(cfg, setup, data, encoder, lr, seed, label)
-      if jax.process_index() == 0:
-        if predictions:
-          save_predictions(predictions_path(workdir, task.name, lr, seed), predictions)
-        append_run(workdir, record)
+      with _uninterrupted():
+        if jax.process_index() == 0:
+          if predictions:
+            save_predictions(predictions_path(workdir, task.name, lr, seed), predictions)
+          append_run(workdir, record)
+        current["label"] = None
       outcome = ("diverged: no finite dev score, no test predictions" if record["diverged"]
                  else f"score {record['score']:.2f} at step {record['best_step']}")
       if record["train_loss_nonfinite_from_step"] and not record["diverged"]:
@@ -701,5 +768,3 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
     write_outputs(cfg, workdir, backbone)
   if not total:
     write_outputs(cfg, workdir, backbone)
-  results = workdir / "results.json"
-  return json.loads(results.read_text()) if results.exists() else {}

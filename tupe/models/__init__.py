@@ -63,9 +63,15 @@ def init(cfg, seed: int = 0):
 
 def encode(cfg, params, input_ids, attention_mask=None, token_type_ids=None, output_attentions: bool = False,
            deterministic: bool = True, rngs=None) -> dict:
-  """Runs the backbone; see `EncoderStack` for the outputs."""
-  return Encoder(cfg).apply({"params": params}, jnp.asarray(input_ids),
-                            None if attention_mask is None else jnp.asarray(attention_mask),
+  """Runs the backbone on input_ids [batch, length]; see `EncoderStack` for the outputs.
+
+  attention_mask [batch, length] (1 = attend) defaults to the tokens that are not cfg.pad_token_id, as in the
+  official TUPE code, so that padding is never attended to.
+  """
+  input_ids = jnp.asarray(input_ids)
+  if attention_mask is None:
+    attention_mask = (input_ids != cfg.pad_token_id).astype(jnp.int32)
+  return Encoder(cfg).apply({"params": params}, input_ids, jnp.asarray(attention_mask),
                             None if token_type_ids is None else jnp.asarray(token_type_ids),
                             deterministic, output_attentions, rngs=rngs)
 

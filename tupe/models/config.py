@@ -101,6 +101,8 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
       raise UserError(msg)
   need(cfg.position in ("absolute", "untied", "none"),
        f"model.position={cfg.position!r}; use 'absolute', 'untied' or 'none'")
+  for name in ("hidden_size", "num_heads", "num_layers", "intermediate_size", "ffn_groups"):
+    need(cfg[name] >= 1, f"model.{name}={cfg[name]} must be 1 or more")
   need(cfg.hidden_size % cfg.num_heads == 0,
        f"model.hidden_size={cfg.hidden_size} is not divisible by model.num_heads={cfg.num_heads}")
   need(cfg.head_ratio >= 1 and cfg.num_heads % cfg.head_ratio == 0,
@@ -112,7 +114,7 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
   need(not cfg.cls_reset or cfg.position == "untied" or cfg.relative_bias,
        "model.cls_reset needs position='untied' or relative_bias=True")
   need(cfg.num_buckets % 2 == 0, f"model.num_buckets={cfg.num_buckets} must be even")
-  need(cfg.dtype in ("float32", "bfloat16", "float16"), f"model.dtype={cfg.dtype!r}; use float32 or bfloat16")
+  need(cfg.dtype in ("float32", "bfloat16", "float16"), f"model.dtype={cfg.dtype!r}; use float32, bfloat16 or float16")
   need(cfg.attention_impl in ("auto", "reference"),
        f"model.attention_impl={cfg.attention_impl!r}; use 'auto' or 'reference'")
   need(cfg.attention_backend in ("", "xla", "cudnn"),

@@ -23,10 +23,12 @@ import argparse
 import math
 import pathlib
 import tempfile
+import textwrap
 
 import jax
 import jax.numpy as jnp
 import matplotlib
+import matplotlib.ticker
 import numpy as np
 from matplotlib import patheffects
 
@@ -119,7 +121,10 @@ def head_grid(maps: np.ndarray, title: str, head_titles: list[str], tokens: list
   cols = min(4, math.ceil(math.sqrt(heads)))
   rows = math.ceil(heads / cols)
   panel = max(3.2, 0.09 * length + 1.5) if tokens else 3.2
-  figure = tools.new_figure(cols * (panel + 0.9), rows * panel + 0.8)
+  width = cols * (panel + 0.9)
+  title = textwrap.fill(title, max(30, int(width * 11)))  # ~11 characters of an 11-point title per inch
+  title_lines = title.count("\n") + 1
+  figure = tools.new_figure(width, rows * panel + 0.5 + 0.25 * title_lines)
   figure.suptitle(title, fontsize=11)
   grid = figure.subplots(rows, cols, squeeze=False)
   cmap = matplotlib.colormaps["RdBu_r" if signed else "viridis"].with_extremes(bad="lightgray")
@@ -138,11 +143,13 @@ def head_grid(maps: np.ndarray, title: str, head_titles: list[str], tokens: list
       fontsize = max(4.0, min(8.0, 300.0 / length))
       axes.set_xticks(range(length), tokens, rotation=90, fontsize=fontsize)
       axes.set_yticks(range(length), tokens, fontsize=fontsize)
-    else:
+    else:  # Positions: whole numbers only.
       axes.tick_params(labelsize=7)
+      axes.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+      axes.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     axes.set_xlabel("key j", fontsize=8)
     axes.set_ylabel("query i", fontsize=8)
-  figure.tight_layout()
+  figure.tight_layout(rect=(0, 0, 1, 1 - (0.25 * title_lines + 0.1) / figure.get_figheight()))
   return figure
 
 

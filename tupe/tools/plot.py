@@ -44,8 +44,8 @@ def smooth(values: np.ndarray, weight: float) -> np.ndarray:
 
 
 def series(records: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
-  """(steps, values) of one metric over the records that have it; non-finite values logged as text become nan."""
-  rows = [(r["step"], float(r[key])) for r in records if key in r]
+  """(steps, values) of one metric over the records that have it; non-finite values (logged as null) are nan."""
+  rows = [(r["step"], float("nan") if r[key] is None else float(r[key])) for r in records if key in r]
   return np.array([s for s, _ in rows], np.int64), np.array([v for _, v in rows], np.float64)
 
 

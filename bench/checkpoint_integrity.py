@@ -1,0 +1,96 @@
+"""What checkpoint checksums cost: save and restore of a base-size TrainState with and without them.
+
+  python -m bench.checkpoint_integrity [--model tupe_a,base] [--repeats 3] [--tiny]
+
+Builds the trainer's TrainState for the model (parameters + AdamW moments, fp32, on one CPU device; filled with
+random values, not trained) and times, best of `--repeats`:
+  save:    `tupe.checkpoint.Checkpointer.save` + `wait` (synchronous orbax save, then the checksums of every file),
+           against orbax's save alone (the checksums' share measured as `write_checksums` of the same directory);
+  restore: `Checkpointer.restore_latest` (verifies every file, then restores), against the same without the
+           verification, and the verification alone (`checkpoint.verify`: hashing every file).
+Prints one JSON line with the bytes saved, the times in seconds, the ratios and the machine.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import shutil
+import tempfile
+import time
+
+import jax
+import numpy as np
+
+import bench
+from configs import pretrain
+from tupe import checkpoint
+from tupe import trainer
+
+
+def _best(fn, repeats: int) -> float:
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - start)
+  return min(times)
+
+
+def main(argv=None) -> list[dict]:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--model", default="tupe_a,base")
+  parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--tiny", action="store_true", help="a seconds-long smoke run: tupe_a,tiny, one repeat")
+  args = parser.parse_args(argv)
+  if args.tiny:
+    args.model, args.repeats = "tupe_a,tiny", 1
+  cfg = pretrain.get_config(args.model)
+  cfg.model.vocab_size = 30522
+  cfg.update(seq_len=128, global_batch_size=8, mesh=dict(data=1, fsdp=1, tensor=1))
+  cfg.checkpoint.update(async_save=False, keep_last=1, keep_every=0)
+  setup = trainer.build(cfg, jax.devices()[:1])
+  rng = np.random.default_rng(0)
+  state = jax.tree_util.tree_map(
+      lambda x: jax.device_put(rng.standard_normal(x.shape).astype(x.dtype) if x.dtype.kind == "f"
+                               else np.zeros(x.shape, x.dtype), x.sharding), setup.abstract_state)
+  meta = {"config": json.loads(cfg.to_json_best_effort()), "vocab": [], "train_examples": 0}
+  root = pathlib.Path(tempfile.mkdtemp(prefix="ckpt-bench-"))
+  try:
+    steps = iter(range(1, 1_000_000))
+    with checkpoint.Checkpointer(root, cfg.checkpoint) as ckpt:
+      save = _best(lambda: (ckpt.save(next(steps), state, meta), ckpt.wait()), args.repeats)
+      step_dir = checkpoint.latest_step_dir(root)
+      nbytes = sum(p.stat().st_size for p in step_dir.rglob("*") if p.is_file())
+
+      def rehash():
+        (step_dir / checkpoint.CHECKSUMS).unlink()
+        checkpoint.write_checksums(step_dir)
+      checksums = _best(rehash, args.repeats)
+
+      def restore(verified: bool):
+        checkpoint._verified.clear()  # a verification measured again hashes again
+        verify = checkpoint.verify
+        if not verified:
+          checkpoint.verify = lambda step_dir: None
+        try:
+          return ckpt.restore_latest(setup.abstract_state, meta)[1]
+        finally:
+          checkpoint.verify = verify
+      restore_plain = _best(lambda: jax.block_until_ready(restore(False)), args.repeats)
+      restore_verified = _best(lambda: jax.block_until_ready(restore(True)), args.repeats)
+      verify_alone = _best(lambda: (checkpoint._verified.clear(), checkpoint.verify(step_dir)), args.repeats)
+  finally:
+    shutil.rmtree(root)
+  result = {
+      "model": args.model, "checkpoint_bytes": nbytes, "save_s": round(save, 3), "checksums_s": round(checksums, 3),
+      "save_without_checksums_s": round(save - checksums, 3), "save_ratio": round(save / (save - checksums), 3),
+      "restore_s": round(restore_verified, 3), "restore_without_verify_s": round(restore_plain, 3),
+      "restore_ratio": round(restore_verified / restore_plain, 3), "verify_s": round(verify_alone, 3),
+      "hash_gb_per_s": round(nbytes / checksums / 1e9, 3), **bench.machine()}
+  print(json.dumps(result))
+  return [result]
+
+
+if __name__ == "__main__":
+  main()

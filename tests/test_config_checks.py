@@ -1,0 +1,37 @@
+"""Config values that train.py (and tupe.sweep, for every grid point) rejects in one line before anything loads:
+`trainer.check_config`. The same checks through the real command: tests/test_reliability.py."""
+import re
+
+import pytest
+
+from configs import pretrain
+from tupe import trainer
+from tupe.errors import UserError
+
+# (field, value, the error line's start)
+BAD_VALUES = (
+    ("model.num_heads", 0, "model.num_heads=0 must be 1 or more"),
+    ("model.ffn_groups", 0, "model.ffn_groups=0 must be 1 or more"),
+    ("model.dtype", "float8", "model.dtype='float8'; use float32, bfloat16 or float16"),
+    ("optimizer.learning_rate", -1e-4, "optimizer.learning_rate=-0.0001 is negative; use 0 or more"),
+    ("optimizer.learning_rate", 1e39, "optimizer.learning_rate=1e+39 overflows float32 (at most 3.4e+38)"),
+    ("optimizer.warmup_steps", 1000, "optimizer.warmup_steps=1000 must be below the 1000 training steps"),
+    ("seq_len", 4096, "seq_len=4096 exceeds model.max_position_embeddings=512"),
+    ("data.mask_prob", 1.5, "data.mask_prob is 1.5: use a share between 0 and 1"),
+)
+
+
+@pytest.mark.parametrize("field,value,words", BAD_VALUES, ids=[case[0] for case in BAD_VALUES])
+def test_bad_values_are_one_line(field, value, words):
+  cfg = pretrain.get_config("tupe_a,base")
+  cfg.num_train_steps = 1000
+  parent, _, name = field.rpartition(".")
+  (cfg[parent] if parent else cfg)[name] = value
+  with pytest.raises(UserError, match=f"^{re.escape(words)}"):
+    trainer.check_config(cfg)
+
+
+def test_float16_is_accepted():
+  cfg = pretrain.get_config("tupe_a,base")
+  cfg.model.dtype = "float16"
+  trainer.check_config(cfg)
