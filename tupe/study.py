@@ -15,7 +15,8 @@ stage 2, then stage 3; then DIR/report.md, report.json and curves.png (`tupe.stu
 Rerunning resumes at every level and redoes nothing: a variant whose newest checkpoint has reached
 num_train_steps is not started again (an interrupted one resumes from its checkpoint), a held-out score is kept
 per checkpoint step, and a GLUE grid whose runs are all in runs.jsonl is skipped (an interrupted one resumes
-at its first missing run). Every command's config is loaded and checked before anything runs or is printed.
+at its first missing run). Every command's config is loaded and checked, values included, as train.py and
+eval_glue.py check them, before anything runs or is printed.
 --print writes the commands, one per line in order, for a scheduler (the last one writes the report);
 --report-only writes the report from what is finished.
 """
@@ -35,6 +36,7 @@ from tupe import checkpoint
 from tupe import cli
 from tupe import logs
 from tupe import study_report
+from tupe import trainer
 from tupe.data import corpus
 from tupe.errors import UserError, run_main
 from tupe.glue import finetune
@@ -107,6 +109,7 @@ def plan(cfg, root: pathlib.Path) -> list[Variant]:
                  f"--config.data.vocab_file={data_path(cfg, cfg.vocab)}"]
                 + [f"--config.{o}" for o in tuple(cfg.pretrain_overrides) + tuple(overrides)])
     pretrain_cfg = cli.check_config_flags(["train.py"] + pretrain[2:])
+    trainer.check_config(pretrain_cfg)
     glue = ([sys.executable, str(REPO / "eval_glue.py"), f"--config={glue_config}:{cfg.glue.recipe}",
              f"--workdir={workdir / 'glue'}", f"--config.init_checkpoint={workdir / 'pretrain'}",
              f"--config.data_dir={data_path(cfg, cfg.glue_dir)}", f"--config.tasks={cfg.glue.tasks}",
@@ -116,6 +119,7 @@ def plan(cfg, root: pathlib.Path) -> list[Variant]:
                if cfg.glue.learning_rates else [])
             + [f"--config.{o}" for o in cfg.glue.overrides])
     glue_cfg = cli.check_config_flags(["eval_glue.py"] + glue[2:])
+    finetune.check_config(glue_cfg)
     tasks = tuple(task.name for task in finetune.parse_tasks(glue_cfg.tasks))
     variants.append(Variant(name, workdir / "pretrain", workdir / "glue", workdir / "heldout", pretrain, glue,
                             pretrain_cfg, tasks, finetune.learning_rates(glue_cfg, pretrain_cfg.model),

@@ -209,8 +209,6 @@ def check_config(cfg) -> None:
     if cfg.epochs[task_key(task)] <= 0:
       raise UserError(f"epochs.{task_key(task)}={cfg.epochs[task_key(task)]}: {task.name} needs at least one "
                       f"epoch; set --config.epochs.{task_key(task)} to 1 or more, or drop it from --config.tasks")
-  if any(lr <= 0 for lr in cfg.learning_rates):
-    raise UserError(f"learning_rates={cfg.learning_rates}: give positive learning rates")
   for field in ("batch_size", "eval_batch_size", "max_seq_len", "log_every"):
     if cfg[field] <= 0:
       raise UserError(f"{field}={cfg[field]} must be positive")
