@@ -258,7 +258,9 @@ def test_only_the_abandoned_reads_of_a_failed_restore_are_silenced(monkeypatch):
   """What orbax's leftover reads report after a failed restore is dropped; any other unraisable still shows."""
   from tupe import checkpoint
   asyncio_logger = logging.getLogger("asyncio")
-  monkeypatch.setattr(asyncio_logger, "filters", list(asyncio_logger.filters))  # the filter goes again after
+  # Only this filter (others that earlier tests installed in this process, such as the one a failed save adds,
+  # are left out), and it goes again after.
+  monkeypatch.setattr(asyncio_logger, "filters", [])
   seen = []
   monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: seen.append(str(unraisable.exc_value)))
   checkpoint._ignore_reads_left_by_failed_restores()
