@@ -8,7 +8,8 @@ import pytest
 import transformers
 
 import test_hf_parity as parity
-from tupe import hf, models, optim
+from tupe import analysis, hf, models, optim
+from tupe.tools import analyze
 
 
 def configs(name: str, remat: str):
@@ -73,6 +74,17 @@ def test_scanned_equals_unrolled(name, remat):
   assert_trees_close(s_hidden, hidden)
   assert_trees_close(s_attentions, attentions)
   assert_trees_close(models.unstack_layers(s_grads), grads, rtol=1e-4, atol=1e-5)
+
+
+def test_analysis_under_scan():
+  """tupe.tools.analyze's attention statistics and tupe.analysis's positional terms from scanned params."""
+  unrolled, scanned = configs("tupe_r", "none")
+  params = models.init(unrolled, seed=2)
+  stacked = models.stack_layers(params)
+  ids, mask, _ = inputs(unrolled, batch=3)
+  assert_trees_close(analyze.attention_statistics(scanned, stacked, ids, mask, 1),
+                     analyze.attention_statistics(unrolled, params, ids, mask, 1))
+  assert_trees_close(analysis.cls_values(scanned, stacked["stack"]), analysis.cls_values(unrolled, params["stack"]))
 
 
 def test_config_without_the_flag_is_unrolled():
