@@ -8,7 +8,8 @@ import pytest
 import transformers
 
 import test_hf_parity as parity
-from tupe import analysis, hf, models, optim
+from tupe import analysis, checkpoint, hf, models, optim
+from tupe.errors import UserError
 from tupe.tools import analyze
 
 
@@ -140,3 +141,15 @@ def test_hf_import_into_the_scanned_layout(tmp_path):
   parity.assert_backbone_parity(cfg, params, hf_out, ids, mask, types)
   cfg, params = hf.import_convbert_mlm(tmp_path, scan_layers=True)
   assert parity.max_diff(parity.our_masked_lm(cfg, params, ids, mask, types), hf_out.logits) < parity.TOLERANCE
+
+
+def test_resuming_with_the_other_layout_is_a_one_line_error(tmp_path):
+  """A workdir written unrolled (before the flag existed: no key) resumed with scan_layers=True: the error names
+  the flag before anything is restored."""
+  unrolled, scanned = configs("bert_a", "none")
+  old = {k: v for k, v in unrolled.to_dict().items() if k != "scan_layers"}
+  shapes = lambda cfg: jax.eval_shape(lambda: models.init(cfg))
+  with pytest.raises(UserError, match=r"written for another model \(model.scan_layers=None in the checkpoint, "
+                                      r"True now\); resume with the same model config"):
+    checkpoint._check_fits(7, tmp_path, shapes(unrolled), shapes(scanned), {"model": old, "objective": "mlm"},
+                           {"model": scanned.to_dict(), "objective": "mlm"})
