@@ -77,9 +77,10 @@ def plot_train_step(records: list[dict], figure) -> str:
   steps = [r for r in records if "tokens_per_s" in r]
   ratios = {(r["seq"], model): ratio for r in records if "step_time_ratio" in r
             for model, ratio in r["step_time_ratio"].items()}
-  models = list(dict.fromkeys(r["model"] for r in steps))
+  label = lambda r: r["model"] + (f" {r['variant']}" if r.get("variant") else "")  # as train_step's summary
+  models = list(dict.fromkeys(label(r) for r in steps))
   lengths = sorted({r["seq"] for r in steps})
-  value = lambda key, seq, model: next((r[key] for r in steps if (r["seq"], r["model"]) == (seq, model)), np.nan)
+  value = lambda key, seq, model: next((r[key] for r in steps if (r["seq"], label(r)) == (seq, model)), np.nan)
   groups = [f"length {seq}" for seq in lengths]
   left, right = figure.subplots(1, 2)
   bars = grouped_bars(left, groups, {m: [value("tokens_per_s", s, m) for s in lengths] for m in models}, "{:.4g}")

@@ -17,6 +17,13 @@ device kind.
 runs the other models at the same size in the same process, interleaved (r repeats of the models in turn, each
 repeat starting with the next model), and prints one line per model, then one with each model's step time
 relative to the first (the median of the per-repeat ratios, and those ratios): TUPE's overhead over BERT-A.
+
+  python -m bench.train_step --config configs/pretrain.py:convbert_mlm,small --batch 16 --seq 128 --steps 5 \
+      --variant model.scan_layers=True --repeats 5
+
+does the same for the --config model under other settings (each --variant a comma-separated list of
+KEY=VALUE overrides, labelled by it), and its summary line also gives each one's compile time relative to the
+first: what scanning the layers saves in compilation and costs per step.
 """
 from __future__ import annotations
 
@@ -149,20 +156,26 @@ def parse_args(argv=None):
   p.add_argument("--steps", type=int, default=10, help="timed steps (per repeat with --compare)")
   p.add_argument("--warmup", type=int, default=2, help="untimed steps after compilation")
   p.add_argument("--compare", default="", help="comma-separated models to time against --config's, same size")
-  p.add_argument("--repeats", type=int, default=3, help="interleaved repeats with --compare")
+  p.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE[,KEY=VALUE]",
+                 help="time --config's model under these overrides too, interleaved (repeatable)")
+  p.add_argument("--repeats", type=int, default=3, help="interleaved repeats with --compare or --variant")
   return bench.parse_args_with_overrides(p, argv)
 
 
 def main(argv=None) -> list[dict]:
   args = parse_args(argv)
-  specs = [args.config] + compare_specs(args.config, args.compare)
-  runners = [Runner(args_config(args, s))
-             for s in specs]
+  specs = [(args.config, "")] + [(s, "") for s in compare_specs(args.config, args.compare)]
+  specs += [(args.config, variant) for variant in args.variant]
+  runners = [Runner(make_config(spec, args.batch, args.seq, args.dtype,
+                                args.config_override + (variant.split(",") if variant else []), args.tiny))
+             for spec, variant in specs]
+  labels = [r.cfg.model.name + (f" {variant}" if variant else "") for r, (_, variant) in zip(runners, specs)]
   peak = device_peak(runners[0].cfg, 512 if args.tiny else 2048)
   for r in runners:
     for _ in range(args.warmup):
       r.step()
-  repeats = args.repeats if args.compare else 1
+  compared = len(runners) > 1
+  repeats = args.repeats if compared else 1
   times = [[] for _ in runners]
   tokens = args.batch * args.seq
   for i in range(repeats):
@@ -170,8 +183,9 @@ def main(argv=None) -> list[dict]:
       k = (i + j) % len(runners)
       times[k].append(bench.time_calls(runners[k].step, args.steps))
     bench.progress(f"repeat {i + 1}/{repeats}: " + ", ".join(
-        f"{r.cfg.model.name} {tokens / bench.median(t[-1]):.0f} tokens/s" for r, t in zip(runners, times)))
-  records = [dict(r.record(sum(t, []), peak), **bench.machine()) for r, t in zip(runners, times)]
+        f"{label} {tokens / bench.median(t[-1]):.0f} tokens/s" for label, t in zip(labels, times)))
+  records = [dict(r.record(sum(t, []), peak), **bench.machine(), **({"variant": v} if v else {}))
+             for r, t, (_, v) in zip(runners, times, specs)]
   if peak[1].startswith("measured"):  # On a shared CPU, the best of the matmuls before and after the steps.
     after = flops_lib.measured_matmul_peak(512 if args.tiny else 2048)
     for record in records:
@@ -179,14 +193,17 @@ def main(argv=None) -> list[dict]:
       record.update(peak_flops_per_device=best, mfu=record["mfu"] * record["peak_flops_per_device"] / best)
   for record in records:
     bench.emit(record)
-  if args.compare:
+  if compared:
     per_repeat = lambda t: np.array([bench.median(x) for x in t])
     base = per_repeat(times[0])
-    ratios = {r["model"]: per_repeat(t) / base for r, t in zip(records[1:], times[1:])}
-    summary = {"compare": [r["model"] for r in records], "size": records[0]["size"], "batch": args.batch,
+    ratios = {label: per_repeat(t) / base for label, t in zip(labels[1:], times[1:])}
+    summary = {"compare": labels, "size": records[0]["size"], "batch": args.batch,
                "seq": args.seq, "repeats": repeats,
-               "step_time_ratio": {model: bench.median(ratio) for model, ratio in ratios.items()},
-               "step_time_ratio_per_repeat": {model: ratio.tolist() for model, ratio in ratios.items()}}
+               "step_time_ratio": {label: bench.median(ratio) for label, ratio in ratios.items()},
+               "step_time_ratio_per_repeat": {label: ratio.tolist() for label, ratio in ratios.items()}}
+    if args.variant:
+      summary["compile_time_ratio"] = {label: r.compile_time_s / runners[0].compile_time_s
+                                       for label, r in zip(labels[1:], runners[1:])}
     bench.emit(summary)
     records.append(summary)
   return records

@@ -14,6 +14,7 @@ for base), loss = gen + 50 * disc, batch 128 (256 for base), lr 3e-4 small / 5e-
 import ml_collections
 
 from tupe import models
+from tupe import sharding
 from tupe.data import pipeline
 from tupe.errors import UserError
 
@@ -37,7 +38,8 @@ def common() -> ml_collections.ConfigDict:
       learning_rate=1e-4, end_learning_rate=0.0, warmup_steps=10_000, decay="linear", power=1.0,
       b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01, weight_decay_mask="all", clip_norm=1.0))
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
-  c.sharding_rules = ()            # () = tupe.sharding.DEFAULT_RULES; else [[logical, mesh axes], ...]
+  # [logical axis name, mesh axis | [mesh axes] | None] pairs (tupe.sharding); () also means these defaults.
+  c.sharding_rules = sharding.DEFAULT_RULES
   c.checkpoint = ml_collections.ConfigDict(dict(every_steps=10_000, keep_last=3, keep_every=100_000,
                                                 async_save=True))
   c.log_every = 100

@@ -64,6 +64,19 @@ def test_train_step(capsys, tmp_path):
   assert plotted(lines, tmp_path, "train_step").shape[2] in (3, 4)
 
 
+def test_train_step_variant(capsys):
+  """--variant: the same model under other settings, with compile-time ratios beside the step-time ratios."""
+  lines = printed(capsys, train_step.main(TINY + ["--config", BERT, "--variant", "model.scan_layers=True",
+                                                  "--repeats", "2"]))
+  record, scanned, summary = lines
+  label = "bert_a model.scan_layers=True"
+  assert ("variant" not in record, scanned["variant"], summary["compare"]) == (True, "model.scan_layers=True",
+                                                                                ["bert_a", label])
+  assert summary["compile_time_ratio"][label] == pytest.approx(scanned["compile_time_s"] / record["compile_time_s"],
+                                                              rel=1e-4)
+  assert len(summary["step_time_ratio_per_repeat"][label]) == 2
+
+
 def test_profile(capsys, monkeypatch, tmp_path):
   """The traced operations of the tiny step, matched to their HLO: categories, module paths, shares."""
   monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))  # profile.main adds a GPU flag

@@ -2,11 +2,14 @@
 give the same losses and parameters (fp32 tolerance)."""
 import functools
 
+import json
+
 import jax
 import numpy as np
 import pytest
 
-from configs import pretrain
+from configs import glue, pretrain
+from tupe import models
 from tupe import sharding
 from tupe import trainer
 from tupe.errors import UserError
@@ -37,9 +40,12 @@ def synthetic_batches(cfg, steps: int, n_pred: int, seed: int = 0):
            "masked_weights": (rng.random((b, n_pred)) < rng.uniform(0.3, 1.0, (b, 1))).astype(np.float32)}
 
 
-def run(cfg, devices, steps, metric="loss"):
+def run(cfg, devices, steps, metric="loss", params=None):
+  """Losses and final params of `steps` steps from the initial `params` (default: the model's own)."""
   setup = trainer.build(cfg, devices)
   state = setup.init_state()
+  if params is not None:  # Adam's initial state holds zeros whatever the params.
+    state = state.replace(params=jax.device_put(params, setup.state_sharding.params))
   losses = []
   for batch in synthetic_batches(cfg, steps, setup.num_predictions):
     state, metrics = setup.train_step(state, sharding.shard_batch(batch, setup.mesh))
@@ -125,3 +131,49 @@ def test_fsdp_shards_convbert_kernel_generator():
   cfg.mesh.update(data=1, fsdp=8, tensor=1)
   conv = trainer.build(cfg, jax.devices()).state_sharding.params["encoder"]["stack"]["layer_0"]["attention"]["conv"]
   assert conv["kernel"]["kernel"].spec[0] == conv["value"]["kernel"].spec[0] == "fsdp"
+
+
+def test_scanned_sharded_matches_unrolled_single_device():
+  """model.scan_layers on a data x fsdp x tensor mesh, the [batch, length, hidden] activations constrained
+  between layers: the losses and parameters of the unrolled model on one device from the same weights (dropout
+  off: scan draws other dropout keys per layer)."""
+  cfg = tiny_config("tupe_r", STEPS)
+  cfg.model.update(num_layers=2, hidden_dropout=0.0, attention_dropout=0.0)
+  params = jax.device_get(trainer.build(cfg, jax.devices()[:1]).init_state().params)
+  ref_losses, ref_params = run(cfg, jax.devices()[:1], STEPS, params=params)
+  cfg.model.scan_layers = True
+  cfg.mesh.update(data=2, fsdp=2, tensor=2)
+  setup = trainer.build(cfg, jax.devices())
+  lowered = setup.train_step.lower(setup.abstract_state, trainer.abstract_batch(setup)).as_text()
+  assert lowered.count("sharding_constraint") >= 2  # before the layers and in the scanned layer
+  losses, scanned = run(cfg, jax.devices(), STEPS, params=models.stack_layers(params))
+  assert len(set(ref_losses)) == STEPS
+  np.testing.assert_allclose(losses, ref_losses, rtol=2e-5, atol=2e-5)
+  jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5),
+                         models.unstack_layers(scanned), ref_params)
+
+
+def test_config_json_shows_the_rules():
+  """The default rules are written into the configs, so config.json shows them; () (configs written before)
+  still means them."""
+  for cfg in (pretrain.get_config("tupe_a,tiny"), glue.get_config("convbert")):
+    written = json.loads(cfg.to_json_best_effort())["sharding_rules"]
+    assert sharding.rules_from_config(written) == sharding.DEFAULT_RULES
+    assert ["batch", ["data", "fsdp"]] in written and ["heads", "tensor"] in written
+  assert sharding.rules_from_config(()) == sharding.DEFAULT_RULES
+
+
+def test_rule_naming_an_unknown_mesh_axis_is_an_error():
+  with pytest.raises(UserError, match="maps 'mlp' to mesh axis 'model'; the mesh axes are data, fsdp, tensor"):
+    sharding.rules_from_config([["embed", "fsdp"], ["mlp", "model"]])
+
+
+def test_mesh_axis_that_does_not_divide_a_dimension_warns(capsys):
+  """97 vocabulary rows over tensor=2: replicated, with one line naming the parameter, dimension and axis."""
+  cfg = tiny_config("bert_a")
+  cfg.mesh.update(data=4, fsdp=1, tensor=2)
+  trainer.build(cfg, jax.devices())
+  warnings = [line for line in capsys.readouterr().out.splitlines() if line.startswith("warning: mesh axis")]
+  assert warnings == ["warning: mesh axis tensor of size 2 does not divide dimension 0 (size 97) of "
+                      "encoder/embeddings/word_embeddings [97, 32] (and 1 more); that dimension is replicated "
+                      "instead: change --config.mesh.* or --config.sharding_rules"]

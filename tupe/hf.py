@@ -4,6 +4,7 @@
     cfg, params = hf.import_convbert("path/to/conv-bert-base")      # models.Encoder params
     out = models.encode(cfg, params, input_ids, attention_mask, token_type_ids)
     cfg, params = hf.import_convbert_mlm("path/to/convbert-mlm")     # models.MaskedLM params
+    cfg, params = hf.import_convbert(path, scan_layers=True)         # layers stacked for model.scan_layers
 
 A checkpoint is a directory written by `save_pretrained`: config.json plus model.safetensors or
 pytorch_model.bin (or a sharded set with its .index.json). Any ConvBert* model is accepted: the backbone's keys
@@ -41,34 +42,36 @@ _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_m
                  "pytorch_model.bin.index.json")
 
 
-def import_convbert(path) -> tuple:
+def import_convbert(path, scan_layers: bool | None = None) -> tuple:
   """Reads a HF ConvBERT checkpoint as our backbone.
 
   Args:
     path: a directory written by `save_pretrained` of any ConvBert* model.
+    scan_layers: the returned config's model.scan_layers, and so the params' layout (None: the default).
 
   Returns:
     (cfg, params): `models.get_config("convbert", ...)` adjusted to config.json, and float32 numpy params of
     `models.Encoder(cfg)`, structured exactly as `models.init(cfg)`.
   """
-  cfg, checkpoint = _Checkpoint.open(path)
+  cfg, checkpoint = _Checkpoint.open(path, scan_layers)
   params = _encoder_params(cfg, checkpoint)
   checkpoint.finish(backbone_only=True)
   _check_structure(params, jax.eval_shape(lambda: models.init(cfg)), "models.Encoder", checkpoint.source)
   return cfg, params
 
 
-def import_convbert_mlm(path) -> tuple:
+def import_convbert_mlm(path, scan_layers: bool | None = None) -> tuple:
   """Reads a HF ConvBertForMaskedLM checkpoint as our `models.MaskedLM`.
 
   Args:
     path: a directory written by `ConvBertForMaskedLM.save_pretrained`.
+    scan_layers: as in `import_convbert`.
 
   Returns:
     (cfg, params): the config as in `import_convbert`, and float32 numpy params of `models.MaskedLM(cfg)`
     (call it with masked_positions=None for HF's full [batch, length, vocab] logits).
   """
-  cfg, checkpoint = _Checkpoint.open(path)
+  cfg, checkpoint = _Checkpoint.open(path, scan_layers)
   if not any(key.startswith("generator_") for key in checkpoint.tensors):
     raise UserError(f"{checkpoint.source} has no masked-LM head (generator_predictions.*); "
                     "import its backbone with tupe.hf.import_convbert instead")
@@ -103,8 +106,8 @@ class _Checkpoint:
     self.taken, self.missing, self.misshapen = set(), [], []
 
   @classmethod
-  def open(cls, path) -> tuple:
-    """Returns (our config, checkpoint) for the `save_pretrained` directory `path`."""
+  def open(cls, path, scan_layers: bool | None) -> tuple:
+    """Returns (our config, checkpoint) for the `save_pretrained` directory `path` (`import_convbert`'s args)."""
     directory = pathlib.Path(path)
     config_file = directory / "config.json"
     if not config_file.is_file():
@@ -115,6 +118,8 @@ class _Checkpoint:
       raise UserError(f"{config_file} is not valid JSON ({e}); re-save the checkpoint") from e
     hf_config = {**_HF_DEFAULTS, **hf_config}
     cfg = _our_config(hf_config, str(config_file))
+    if scan_layers is not None:
+      cfg.scan_layers = scan_layers
     return cfg, cls(str(directory), hf_config, _read_tensors(directory))
 
   def taker(self, prefix: str):
@@ -270,7 +275,8 @@ def _layer_params(cfg, take) -> dict:
 
 
 def _encoder_params(cfg, checkpoint: _Checkpoint) -> dict:
-  """ConvBertModel keys (under the checkpoint's prefix) -> our `Encoder` params."""
+  """ConvBertModel keys (under the checkpoint's prefix) -> our `Encoder` params (layers stacked under
+  model.scan_layers)."""
   take = checkpoint.taker(checkpoint.prefix)
   e = cfg.embedding_size
   embeddings = {
@@ -284,7 +290,8 @@ def _encoder_params(cfg, checkpoint: _Checkpoint) -> dict:
     stack["embeddings_project"] = _linear(take, "embeddings_project", (e,), (cfg.hidden_size,))
   for i in range(cfg.num_layers):
     stack[f"layer_{i}"] = _layer_params(cfg, checkpoint.taker(f"{checkpoint.prefix}encoder.layer.{i}."))
-  return {"embeddings": embeddings, "stack": stack}
+  params = {"embeddings": embeddings, "stack": stack}
+  return models.stack_layers(params) if cfg.scan_layers else params
 
 
 def _check_structure(params, expected, model: str, source: str) -> None:

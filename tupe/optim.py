@@ -10,9 +10,11 @@ import re
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from tupe.errors import UserError
+from tupe.models.encoder import STACKED
 
 
 def schedule(opt_cfg, total_steps: int) -> optax.Schedule:
@@ -59,9 +61,17 @@ def layer_index(name: str, num_layers: int) -> int:
 
 
 def layerwise_scales(params, num_layers: int, decay: float):
-  """ConvBERT fine-tuning: the head at lr, layer i (from 0) at lr * decay^(L + 1 - i), embeddings lr * decay^(L + 2)."""
-  def scale(path, _):
-    return decay ** (num_layers + 2 - layer_index(_path_name(path), num_layers))
+  """ConvBERT fine-tuning: the head at lr, layer i (from 0) at lr * decay^(L + 1 - i), embeddings lr * decay^(L + 2).
+
+  A leaf of scanned layers (`.../layers/...`, [L, ...]) gets one scale per layer: float32 [L, 1, ...], which
+  broadcasts against its updates. Other leaves get a Python float.
+  """
+  def scale(path, x):
+    name = _path_name(path)
+    if f"/{STACKED}/" in f"/{name}":
+      depth = np.arange(1, num_layers + 1, dtype=np.float32).reshape((-1,) + (1,) * (len(x.shape) - 1))
+      return (decay ** (num_layers + 2 - depth)).astype(np.float32)
+    return decay ** (num_layers + 2 - layer_index(name, num_layers))
   return jax.tree_util.tree_map_with_path(scale, params)
 
 

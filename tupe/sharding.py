@@ -4,9 +4,14 @@ The mesh has three axes: `data` (pure data parallelism), `fsdp` (data parallelis
 optimizer state sharded) and `tensor` (tensor parallelism over heads and the FFN width). Model parameters
 carry logical axis names (embed, mlp, heads, ...); `rules` map them to mesh axes, so changing the parallelism
 is a config change, never a model edit. The batch is split over (data, fsdp).
+
+The rules are data: the configs hold DEFAULT_RULES explicitly (config.json shows them), and the encoder
+constrains its [batch, length, hidden] activations between layers by the same rules (`activation_context`).
+A mesh axis that does not divide the dimension it is given is dropped from it with a warning (`_fit`).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import flax.linen as nn
@@ -14,6 +19,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from tupe import logs
 from tupe.errors import UserError
 
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -32,6 +38,9 @@ DEFAULT_RULES = (
     ("buckets", None),
     ("conv_kernel", None),
     ("groups", None),
+    ("layers", None),                # the leading axis of scanned layers' params (model.scan_layers)
+    ("length", None),                # activations [batch, length, hidden] between layers: rows split as the
+    ("activation_embed", None),      #   batch, hidden replicated (tupe.models.encoder.ACTIVATION_AXES)
 )
 
 
@@ -64,29 +73,87 @@ def make_mesh(mesh_cfg, devices=None) -> Mesh:
 
 
 def rules_from_config(rules_cfg) -> tuple:
-  """Config rules are a list of [logical_name, mesh_axis | [mesh_axes] | None]."""
+  """Config rules are a list of [logical_name, mesh_axis | [mesh_axes] | None]; empty (configs written before
+  the rules were explicit) means DEFAULT_RULES.
+
+  Raises:
+    UserError: for a rule that is not a pair or names a mesh axis other than data, fsdp and tensor.
+  """
   if not rules_cfg:
     return DEFAULT_RULES
-  return tuple((name, tuple(axes) if isinstance(axes, (list, tuple)) else axes) for name, axes in rules_cfg)
+  rules = []
+  for rule in rules_cfg:
+    if not isinstance(rule, (list, tuple)) or len(rule) != 2 or not isinstance(rule[0], str):
+      raise UserError(f"sharding_rules entry {rule!r} is not a pair [logical name, mesh axis | [mesh axes] | None]")
+    name, axes = rule
+    axes = tuple(axes) if isinstance(axes, (list, tuple)) else axes
+    unknown = [a for a in ((axes,) if isinstance(axes, str) else axes or ()) if a not in MESH_AXES]
+    if unknown:
+      raise UserError(f"sharding_rules maps {name!r} to mesh axis {unknown[0]!r}; the mesh axes are "
+                      f"{', '.join(MESH_AXES)}")
+    rules.append((name, axes))
+  return tuple(rules)
 
 
-def _fit(spec: P, shape, mesh: Mesh) -> P:
-  """Drops mesh axes from dimensions they do not divide (those dimensions are replicated instead)."""
+def _fit(spec: P, shape, mesh: Mesh, misfits: list | None = None, where: str = "") -> P:
+  """Drops mesh axes from dimensions they do not divide (those dimensions are replicated instead), noting
+  each in `misfits` as (where, dimension index, shape, mesh axes, their size)."""
   fitted = []
-  for dim, axes in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
+  for i, (dim, axes) in enumerate(zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec)))):
     names = (axes,) if isinstance(axes, str) else tuple(axes or ())
     size = math.prod(mesh.shape[n] for n in names)
-    fitted.append(axes if size and dim % size == 0 else None)
+    fits = dim % size == 0
+    fitted.append(axes if fits else None)
+    if not fits and misfits is not None:
+      misfits.append((where, i, tuple(shape), names, size))
   return P(*fitted)
 
 
+def _warn_misfits(misfits: list) -> None:
+  """One warning line per mesh axes and dimension size that did not fit, naming the first parameter."""
+  groups = {}
+  for where, i, shape, names, size in misfits:
+    groups.setdefault((names, size, shape[i]), []).append((where, i, shape))
+  for (names, size, dim), found in groups.items():
+    where, i, shape = found[0]
+    more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+    logs.log(f"warning: mesh axis {'x'.join(names)} of size {size} does not divide dimension {i} (size {dim}) of "
+             f"{where} {list(shape)}{more}; that dimension is replicated instead: change --config.mesh.* or "
+             f"--config.sharding_rules")
+
+
 def logical_shardings(abstract_tree, mesh: Mesh, rules):
-  """NamedShardings for a tree whose leaves may be `nn.LogicallyPartitioned` boxes (others replicate)."""
+  """NamedShardings for a tree whose leaves may be `nn.LogicallyPartitioned` boxes (others replicate).
+
+  A mesh axis that does not divide the dimension its rule gives it is dropped from that dimension, with a
+  one-line warning naming the parameter, the dimension and the mesh axis.
+  """
   specs = nn.get_partition_spec(abstract_tree)
   mesh_specs = nn.logical_to_mesh(specs, rules)
   shapes = nn.meta.unbox(abstract_tree)
-  return jax.tree_util.tree_map(lambda spec, x: NamedSharding(mesh, _fit(spec, x.shape, mesh)),
-                                mesh_specs, shapes, is_leaf=lambda s: isinstance(s, P))
+  misfits = []
+  name = lambda path: jax.tree_util.keystr(path, simple=True, separator="/")
+  shardings = jax.tree_util.tree_map_with_path(
+      lambda path, spec, x: NamedSharding(mesh, _fit(spec, x.shape, mesh, misfits, name(path))),
+      mesh_specs, shapes, is_leaf=lambda s: isinstance(s, P))
+  _warn_misfits(misfits)
+  return shardings
+
+
+@contextlib.contextmanager
+def activation_context(mesh: Mesh, rules):
+  """While tracing a step: the mesh and logical-axis rules that the model's activation constraints
+  (`nn.with_logical_constraint`) resolve against. Without it they do nothing."""
+  with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), nn.logical_axis_rules(rules):
+    yield
+
+
+def under_rules(fn, mesh: Mesh, rules):
+  """fn run inside `activation_context(mesh, rules)`: wrap a step with it before jitting it."""
+  def wrapped(*args, **kwargs):
+    with activation_context(mesh, rules):
+      return fn(*args, **kwargs)
+  return wrapped
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:

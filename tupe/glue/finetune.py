@@ -414,9 +414,11 @@ def build_task(cfg, backbone: Backbone, task: glue.Task, num_train: int, mesh, r
   return TaskSetup(
       mesh=mesh, epochs=cfg.epochs[task_key(task)], steps_per_epoch=steps_per_epoch, total_steps=total,
       init_state=jax.jit(init_state, out_shardings=state_sharding),
-      train_step=jax.jit(train_step, in_shardings=(state_sharding, batch_sharding, replicated),
+      train_step=jax.jit(sharding.under_rules(train_step, mesh, rules),
+                         in_shardings=(state_sharding, batch_sharding, replicated),
                          out_shardings=(state_sharding, replicated), donate_argnums=(0,)),
-      eval_step=jax.jit(eval_step, in_shardings=(param_sharding, batch_sharding), out_shardings=replicated))
+      eval_step=jax.jit(sharding.under_rules(eval_step, mesh, rules), in_shardings=(param_sharding, batch_sharding),
+                        out_shardings=replicated))
 
 
 # ------------------------------------------------------------------------------------------------- runs

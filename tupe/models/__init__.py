@@ -18,14 +18,14 @@ import numpy as np
 
 from tupe.errors import UserError
 from tupe.models.config import MODELS, SIZES, attention_heads, base_config, get_config, head_dim, validate
-from tupe.models.encoder import Encoder, EncoderStack
+from tupe.models.encoder import Encoder, EncoderStack, stack_layers, unstack_layers
 from tupe.models.heads import CLASSIFIER_STYLES
 from tupe.models.tasks import Classifier, Electra, MaskedLM, gather_positions
 
 __all__ = [
     "MODELS", "SIZES", "CLASSIFIER_STYLES", "get_config", "base_config", "validate", "head_dim",
     "attention_heads", "generator_config", "Encoder", "EncoderStack", "MaskedLM", "Electra", "Classifier",
-    "gather_positions", "init", "init_module", "encode", "param_count",
+    "gather_positions", "init", "init_module", "encode", "param_count", "stack_layers", "unstack_layers",
 ]
 
 

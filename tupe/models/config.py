@@ -12,6 +12,10 @@ Flags:
     heads plus as many span-based dynamic convolution heads.
   ffn_groups: ConvBERT's grouped (block-diagonal) feed-forward layers.
   embedding_size: E; when E != hidden_size the embeddings are projected E -> hidden_size.
+  scan_layers: the layers as one `nn.scan` over parameters stacked on a leading [num_layers] axis (under
+    `stack/layers`) instead of a Python loop over `stack/layer_{i}`; `models.stack_layers` and
+    `models.unstack_layers` convert between the two layouts. A config without the key (checkpoints written
+    before it existed) means unrolled.
 """
 from __future__ import annotations
 
@@ -64,6 +68,7 @@ def base_config() -> ml_collections.ConfigDict:
                                   # returned or dropped out (then "reference"); "reference": always explicit
       attention_backend="",       # "" (let JAX choose), "xla" or "cudnn" (GPU, bf16/fp16, right-padded inputs)
       remat="none",               # "none", "full" or "dots" (per-layer rematerialization policy)
+      scan_layers=False,          # the layers under nn.scan: one compiled layer, params stacked [layers, ...]
   ))
 
 
