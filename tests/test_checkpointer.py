@@ -2,6 +2,7 @@
 `check()` (called after every training step) as one line naming the step, with no orbax traceback logged, and
 the previous checkpoint stays intact. End to end through train.py:
 tests/test_reliability.py::test_failing_checkpoint_write_is_an_error."""
+import json
 import logging
 import resource
 import time
@@ -10,7 +11,9 @@ import jax.numpy as jnp
 import ml_collections
 import pytest
 
+from configs import pretrain
 from tupe import checkpoint
+from tupe import trainer
 from tupe.errors import UserError
 
 
@@ -46,3 +49,18 @@ def test_an_interrupted_first_save_is_reported(tmp_path, caplog):
   assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == [
       f"the save of checkpoint 4 in {tmp_path} was interrupted (its partial files are removed); resuming from the "
       f"newest finished checkpoint, if any"]
+
+
+def test_settings_older_configs_left_implicit_are_not_reported_as_changed():
+  """A checkpoint whose config predates explicit sharding rules and model.scan_layers resumes without a warning
+  about them; a real difference is still reported."""
+  current = json.loads(pretrain.get_config("tupe_a,tiny").to_json_best_effort())
+  old = json.loads(json.dumps(current))
+  old["sharding_rules"] = []
+  del old["model"]["scan_layers"]
+  compare = lambda a, b: checkpoint.changed_settings(trainer._with_implicit_defaults(a),
+                                                     trainer._with_implicit_defaults(b))
+  assert checkpoint.changed_settings(old, current)  # what the comparison reported before
+  assert compare(old, current) == []
+  current["model"]["scan_layers"] = True
+  assert compare(old, current) == ["model.scan_layers=False in the checkpoint, True now"]

@@ -345,9 +345,18 @@ def check_loop(cfg) -> None:
       raise UserError(f"optimizer.{name}={cfg.optimizer[name]} overflows float32 (at most {_FLOAT32_MAX:.3g})")
 
 
+def _with_implicit_defaults(config: dict) -> dict:
+  """A config as JSON with the settings that older configs left implicit spelled out, so that a checkpoint
+  written before they were explicit is not reported as changed: `sharding_rules` () meaning the default rules,
+  and no `model.scan_layers` meaning unrolled layers."""
+  rules = [[name, list(axes) if isinstance(axes, tuple) else axes]
+           for name, axes in sharding.rules_from_config(config.get("sharding_rules"))]
+  return dict(config, sharding_rules=rules, model=dict({"scan_layers": False}, **config.get("model", {})))
+
+
 def warn_changed_settings(setup: Setup, step: int, saved_config: dict, config: dict) -> None:
   """Logs the settings that differ from the checkpoint's, and the learning rate a schedule change gives."""
-  changed = checkpoint_lib.changed_settings(saved_config, config)
+  changed = checkpoint_lib.changed_settings(_with_implicit_defaults(saved_config), _with_implicit_defaults(config))
   if not changed:
     return
   schedule = any(c.startswith(("num_train_steps=", "optimizer.")) for c in changed)
