@@ -1,7 +1,8 @@
 """Export to HF transformers: each model family trained 2 steps at tiny size, exported with
 `python -m tupe.tools.export_hf`, loaded with transformers and compared with this package on a padded batch
 (hidden states, masked-LM and discriminator logits within 1e-5 in float32); tokenization compared with ours;
-the export imported back bit-identically; an option without HF counterpart refused in one line."""
+the export imported back bit-identically; a checkpoint with scanned layers exported as the unrolled one; an
+option without HF counterpart refused in one line."""
 import json
 import shutil
 
@@ -190,6 +191,34 @@ def test_convbert_electra_export(exported):
   assert_tokenizer(cfg, directory)
   assert_tokenizer(cfg, directory / hf_layout.GENERATOR_DIR)
   assert_round_trip(workdir, directory)
+
+
+def assert_same_tree(a, b):
+  assert jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b)
+  assert all(np.array_equal(x, y) for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))
+
+
+def test_scanned_checkpoint_export(exported, tmp_path):
+  """The trained ConvBERT saved with model.scan_layers=True (layers stacked) exports to the very tensors of its
+  unrolled export, and imports back stacked (unrolled when asked)."""
+  cfg, workdir, directory = exported("convbert_mlm")
+  _, params = checkpoint.load_pretrained(workdir)
+  cfg = cfg.copy_and_resolve_references()
+  cfg.model.scan_layers = True
+  stacked = models.stack_layers(params)
+  state = trainer.TrainState(step=jnp.array(2, jnp.int32), params=stacked, opt_state={}, rng=jax.random.PRNGKey(0))
+  with checkpoint.Checkpointer(tmp_path / "run" / "checkpoints", cfg.checkpoint) as saver:
+    saver.save(2, state, trainer.checkpoint_meta(cfg, cfg.data.vocab_file, 2), force=True)
+  run_main(export_hf.main, ["export_hf", "--checkpoint", str(tmp_path / "run"), "--out", str(tmp_path / "hf")])
+  ours = safetensors.numpy.load_file(tmp_path / "hf" / "model.safetensors")
+  unrolled = safetensors.numpy.load_file(directory / "model.safetensors")
+  assert ours.keys() == unrolled.keys() and all(np.array_equal(ours[k], unrolled[k]) for k in ours)
+  cfg_back, _, imported = hf_layout.import_pretrained(tmp_path / "hf")
+  assert cfg_back.scan_layers
+  assert_same_tree(imported, stacked)
+  assert_same_tree(hf_layout.import_pretrained(tmp_path / "hf", scan_layers=False)[2], params)
+  assert_same_tree(hf_layout.import_pretrained(directory, scan_layers=True)[2], stacked)
+  assert_same_tree(hf.import_convbert_mlm(tmp_path / "hf", scan_layers=True)[1], stacked)
 
 
 def test_import_names_missing_and_unexpected_tensors(exported, tmp_path):

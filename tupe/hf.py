@@ -10,6 +10,7 @@ A checkpoint is a directory written by `save_pretrained`: config.json plus model
 pytorch_model.bin (or a sharded set with its .index.json). Any ConvBert* model is accepted: the backbone's keys
 carry the prefix "convbert." in task models and none in ConvBertModel; task-head keys are ignored by
 `import_convbert`. Only exact-GELU checkpoints (hidden_act "gelu") are accepted, as our layers use exact GELU.
+Each tensor's name and layout comes from `tupe.hf_layout`, the mapping that `tupe.tools.export_hf` writes with.
 
 HF ConvBERT with (num_attention_heads H, head_ratio r) has max(1, H // r) self-attention heads and as many conv
 heads, each of size hidden / (2 * max(1, H // r)); our config counts both kinds in num_heads, so it becomes
@@ -19,13 +20,12 @@ HF ConvBERT does not mask pads inside the conv heads; neither do we, so outputs 
 from __future__ import annotations
 
 import json
-import math
 import pathlib
 
-import jax
 import numpy as np
 import safetensors.numpy
 
+from tupe import hf_layout
 from tupe import models
 from tupe.errors import UserError
 
@@ -53,11 +53,12 @@ def import_convbert(path, scan_layers: bool | None = None) -> tuple:
     (cfg, params): `models.get_config("convbert", ...)` adjusted to config.json, and float32 numpy params of
     `models.Encoder(cfg)`, structured exactly as `models.init(cfg)`.
   """
-  cfg, checkpoint = _Checkpoint.open(path, scan_layers)
-  params = _encoder_params(cfg, checkpoint)
-  checkpoint.finish(backbone_only=True)
-  _check_structure(params, jax.eval_shape(lambda: models.init(cfg)), "models.Encoder", checkpoint.source)
-  return cfg, params
+  cfg, config, tensors, source = _open(path, scan_layers)
+  prefix = _prefix(tensors)
+  backbone = {key: x for key, x in tensors.items() if key.startswith(prefix)}  # task heads are left alone
+  keys = (hf_layout.embedding_keys(cfg, "convbert", "embeddings", prefix)
+          + hf_layout.stack_keys(cfg, "convbert", "stack", prefix))
+  return cfg, _params(cfg, models.Encoder(cfg), backbone, keys, source)
 
 
 def import_convbert_mlm(path, scan_layers: bool | None = None) -> tuple:
@@ -71,93 +72,52 @@ def import_convbert_mlm(path, scan_layers: bool | None = None) -> tuple:
     (cfg, params): the config as in `import_convbert`, and float32 numpy params of `models.MaskedLM(cfg)`
     (call it with masked_positions=None for HF's full [batch, length, vocab] logits).
   """
-  cfg, checkpoint = _Checkpoint.open(path, scan_layers)
-  if not any(key.startswith("generator_") for key in checkpoint.tensors):
-    raise UserError(f"{checkpoint.source} has no masked-LM head (generator_predictions.*); "
-                    "import its backbone with tupe.hf.import_convbert instead")
-  encoder = _encoder_params(cfg, checkpoint)
-  take = checkpoint.taker("")
-  lm_weight = checkpoint.tensors.get("generator_lm_head.weight")
-  if lm_weight is not None:
-    take("generator_lm_head.weight", (cfg.vocab_size, cfg.embedding_size))
-    if not np.array_equal(np.asarray(lm_weight, np.float32), encoder["embeddings"]["word_embeddings"]):
-      raise UserError(f"{checkpoint.source}: generator_lm_head.weight differs from the word embeddings; only "
-                      "tied output embeddings (tie_word_embeddings=true) can be imported")
-  elif not checkpoint.config["tie_word_embeddings"]:
-    take("generator_lm_head.weight", (cfg.vocab_size, cfg.embedding_size))
-  head = {
-      "transform": _linear(take, "generator_predictions.dense", (cfg.hidden_size,), (cfg.embedding_size,)),
-      "layer_norm": _layer_norm(take, "generator_predictions.LayerNorm", cfg.embedding_size),
-      "bias": take("generator_lm_head.bias", (cfg.vocab_size,)),
-  }
-  params = {"encoder": encoder, "mlm_head": head}
-  checkpoint.finish(backbone_only=False)
-  expected = jax.eval_shape(lambda: models.init_module(models.MaskedLM(cfg), cfg))
-  _check_structure(params, expected, "models.MaskedLM", checkpoint.source)
-  return cfg, params
+  cfg, config, tensors, source = _open(path, scan_layers)
+  if not any(key.startswith("generator_") for key in tensors):
+    raise UserError(f"{source} has no masked-LM head (generator_predictions.*); import its backbone with "
+                    "tupe.hf.import_convbert instead")
+  lm_weight = tensors.get("generator_lm_head.weight")
+  words = tensors.get(f"{_prefix(tensors)}embeddings.word_embeddings.weight")
+  if lm_weight is None and not config["tie_word_embeddings"]:
+    raise UserError(f"{source} lacks generator_lm_head.weight, and its config.json does not tie it to the word "
+                    "embeddings (tie_word_embeddings=false)")
+  if lm_weight is not None and words is not None and not np.array_equal(np.asarray(lm_weight, np.float32),
+                                                                         np.asarray(words, np.float32)):
+    raise UserError(f"{source}: generator_lm_head.weight differs from the word embeddings; only tied output "
+                    "embeddings (tie_word_embeddings=true) can be imported")
+  return cfg, _params(cfg, models.MaskedLM(cfg), tensors, hf_layout.masked_lm_keys(cfg, "convbert"), source)
 
 
-class _Checkpoint:
-  """The tensors of one checkpoint; records which keys were taken, and which were missing or misshapen."""
-
-  def __init__(self, source: str, config: dict, tensors: dict):
-    self.source, self.config, self.tensors = source, config, tensors
-    self.prefix = "convbert." if any(key.startswith("convbert.") for key in tensors) else ""
-    self.taken, self.missing, self.misshapen = set(), [], []
-
-  @classmethod
-  def open(cls, path, scan_layers: bool | None) -> tuple:
-    """Returns (our config, checkpoint) for the `save_pretrained` directory `path` (`import_convbert`'s args)."""
-    directory = pathlib.Path(path)
-    config_file = directory / "config.json"
-    if not config_file.is_file():
-      raise UserError(f"{directory} has no config.json; pass a directory written by HF save_pretrained")
-    try:
-      hf_config = json.loads(config_file.read_text())
-    except json.JSONDecodeError as e:
-      raise UserError(f"{config_file} is not valid JSON ({e}); re-save the checkpoint") from e
-    hf_config = {**_HF_DEFAULTS, **hf_config}
-    cfg = _our_config(hf_config, str(config_file))
-    if scan_layers is not None:
-      cfg.scan_layers = scan_layers
-    return cfg, cls(str(directory), hf_config, _read_tensors(directory))
-
-  def taker(self, prefix: str):
-    """A function (key, torch shape) -> float32 array of the tensor `prefix + key`.
-
-    A missing or misshapen tensor is recorded (and zeros of the shape returned) so that `finish` can name
-    every problem at once.
-    """
-    def take(key: str, shape: tuple) -> np.ndarray:
-      full = prefix + key
-      if full not in self.tensors:
-        self.missing.append(full)
-        return np.zeros(shape, np.float32)
-      self.taken.add(full)
-      x = np.asarray(self.tensors[full], np.float32)
-      if x.shape != tuple(shape):
-        self.misshapen.append(f"{full} {list(x.shape)} (config.json implies {list(shape)})")
-        return np.zeros(shape, np.float32)
-      return x
-    return take
-
-  def finish(self, backbone_only: bool) -> None:
-    """Raises UserError naming missing, misshapen and unexpected keys (task-head keys are fine when
-    `backbone_only`)."""
-    scope = self.prefix if backbone_only else ""
-    ignored = {self.prefix + name for name in _BUFFERS}
-    unexpected = sorted(key for key in self.tensors
-                        if key.startswith(scope) and key not in self.taken and key not in ignored)
-    for what, keys in (("lacks", self.missing), ("has misshapen", self.misshapen),
-                       ("has unexpected", unexpected)):
-      if keys:
-        raise UserError(f"{self.source} {what} HF ConvBERT key(s) {_listed(keys)}; it does not match its "
-                        "config.json or is not a ConvBERT checkpoint")
+def _open(path, scan_layers: bool | None) -> tuple:
+  """(our config, HF config with defaults filled in, tensors, source) of the `save_pretrained` directory `path`
+  (`import_convbert`'s args)."""
+  directory = pathlib.Path(path)
+  config_file = directory / "config.json"
+  if not config_file.is_file():
+    raise UserError(f"{directory} has no config.json; pass a directory written by HF save_pretrained")
+  try:
+    hf_config = json.loads(config_file.read_text())
+  except json.JSONDecodeError as e:
+    raise UserError(f"{config_file} is not valid JSON ({e}); re-save the checkpoint") from e
+  hf_config = {**_HF_DEFAULTS, **hf_config}
+  cfg = _our_config(hf_config, str(config_file))
+  if scan_layers is not None:
+    cfg.scan_layers = scan_layers
+  return cfg, hf_config, _read_tensors(directory), str(directory)
 
 
-def _listed(keys) -> str:
-  shown = ", ".join(keys[:5])
-  return shown + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
+def _prefix(tensors: dict) -> str:
+  """The backbone's key prefix: "convbert." in task models, none in ConvBertModel."""
+  return "convbert." if any(key.startswith("convbert.") for key in tensors) else ""
+
+
+def _params(cfg, module, tensors: dict, keys: list, source: str) -> dict:
+  """`module`'s params (layout as cfg.scan_layers) from `tensors` named by `keys` (hf_layout), buffers aside."""
+  prefix = _prefix(tensors)
+  tensors = {key: x for key, x in tensors.items() if key.removeprefix(prefix) not in _BUFFERS}
+  shapes = hf_layout.param_shapes(module, cfg)
+  flat = hf_layout.import_tensors(tensors, keys, shapes, source)
+  return hf_layout.our_params(flat, shapes, cfg.scan_layers, source)
 
 
 def _our_config(hf: dict, source: str):
@@ -221,84 +181,3 @@ def _read_torch(file: pathlib.Path) -> dict:
   state = torch.load(file, map_location="cpu", weights_only=True)
   return {key: value.detach().to(torch.float32).numpy() if value.is_floating_point() else value.numpy()
           for key, value in state.items()}
-
-
-def _linear(take, name: str, in_shape: tuple, out_shape: tuple) -> dict:
-  """torch Linear `name` (weight [out, in]) -> layers.Dense {kernel: in_shape + out_shape, bias: out_shape}."""
-  weight = take(f"{name}.weight", (math.prod(out_shape), math.prod(in_shape)))
-  bias = take(f"{name}.bias", (math.prod(out_shape),))
-  return {"kernel": weight.T.reshape(in_shape + out_shape), "bias": bias.reshape(out_shape)}
-
-
-def _layer_norm(take, name: str, size: int) -> dict:
-  return {"scale": take(f"{name}.weight", (size,)), "bias": take(f"{name}.bias", (size,))}
-
-
-def _ffn_dense(cfg, take, name: str, d_in: int, d_out: int) -> dict:
-  """ConvBERT's FFN layer: torch Linear (groups 1) or GroupedLinearLayer (weight [g, in/g, out/g], as ours)."""
-  if cfg.ffn_groups == 1:
-    return {"dense": _linear(take, name, (d_in,), (d_out,))}
-  g = cfg.ffn_groups
-  return {"kernel": take(f"{name}.weight", (g, d_in // g, d_out // g)), "bias": take(f"{name}.bias", (d_out,))}
-
-
-def _layer_params(cfg, take) -> dict:
-  """One ConvBertLayer (keys relative to encoder.layer.{i}.) -> our `Layer` params."""
-  d, size = cfg.hidden_size, cfg.conv_kernel_size
-  heads, dh = models.attention_heads(cfg), models.head_dim(cfg)
-  joined = heads * dh
-  per_head = lambda name: _linear(take, f"attention.self.{name}", (d,), (heads, dh))
-  separable = "attention.self.key_conv_attn_layer"
-  conv = {
-      # depthwise Conv1d weight [d, 1, K] -> [K, d]; pointwise [A, d, 1] and its separate bias [A, 1].
-      "depthwise_kernel": take(f"{separable}.depthwise.weight", (d, 1, size))[:, 0, :].T,
-      "pointwise": {
-          "kernel": take(f"{separable}.pointwise.weight", (joined, d, 1))[:, :, 0].T.reshape(d, heads, dh),
-          "bias": take(f"{separable}.bias", (joined, 1)).reshape(heads, dh),
-      },
-      # conv_kernel_layer output [H' * K] is viewed per head as K contiguous values.
-      "kernel": _linear(take, "attention.self.conv_kernel_layer", (joined,), (heads, size)),
-      "value": per_head("conv_out_layer"),
-  }
-  attention = {
-      "query": per_head("query"), "key": per_head("key"), "value": per_head("value"), "conv": conv,
-      # The output dense reads [attention heads ; conv heads], each dh wide.
-      "output": _linear(take, "attention.output.dense", (2 * heads, dh), (d,)),
-      "layer_norm": _layer_norm(take, "attention.output.LayerNorm", d),
-  }
-  ffn = {
-      "intermediate": _ffn_dense(cfg, take, "intermediate.dense", d, cfg.intermediate_size),
-      "output": _ffn_dense(cfg, take, "output.dense", cfg.intermediate_size, d),
-      "layer_norm": _layer_norm(take, "output.LayerNorm", d),
-  }
-  return {"attention": attention, "ffn": ffn}
-
-
-def _encoder_params(cfg, checkpoint: _Checkpoint) -> dict:
-  """ConvBertModel keys (under the checkpoint's prefix) -> our `Encoder` params (layers stacked under
-  model.scan_layers)."""
-  take = checkpoint.taker(checkpoint.prefix)
-  e = cfg.embedding_size
-  embeddings = {
-      "word_embeddings": take("embeddings.word_embeddings.weight", (cfg.vocab_size, e)),
-      "position_embeddings": take("embeddings.position_embeddings.weight", (cfg.max_position_embeddings, e)),
-      "token_type_embeddings": take("embeddings.token_type_embeddings.weight", (cfg.type_vocab_size, e)),
-      "layer_norm": _layer_norm(take, "embeddings.LayerNorm", e),
-  }
-  stack = {}
-  if e != cfg.hidden_size:
-    stack["embeddings_project"] = _linear(take, "embeddings_project", (e,), (cfg.hidden_size,))
-  for i in range(cfg.num_layers):
-    stack[f"layer_{i}"] = _layer_params(cfg, checkpoint.taker(f"{checkpoint.prefix}encoder.layer.{i}."))
-  params = {"embeddings": embeddings, "stack": stack}
-  return models.stack_layers(params) if cfg.scan_layers else params
-
-
-def _check_structure(params, expected, model: str, source: str) -> None:
-  """Raises UserError unless `params` has exactly the leaf paths and shapes of `expected`."""
-  got = {jax.tree_util.keystr(path): x.shape for path, x in jax.tree_util.tree_leaves_with_path(params)}
-  want = {jax.tree_util.keystr(path): x.shape for path, x in jax.tree_util.tree_leaves_with_path(expected)}
-  wrong = sorted(path for path in got.keys() | want.keys() if got.get(path) != want.get(path))
-  if wrong:
-    raise UserError(f"params imported from {source} do not fit {model} at {_listed(wrong)}; the checkpoint "
-                    "does not match its config.json")

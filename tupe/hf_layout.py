@@ -14,7 +14,8 @@ without token types (type_vocab_size 0) is exported to BERT and ConvBERT with on
 which adds exactly nothing.
 
 Parameters are addressed by their "/"-joined paths in our tree, in the unrolled layout (one `layer_<i>` per
-layer) that `flat_params` produces; another layout is to be converted there.
+layer): `flat_params` unrolls the layers of model.scan_layers (`models.unstack_layers`), and `our_params` stacks
+them back where the config asks for that layout (`models.stack_layers`).
 """
 from __future__ import annotations
 
@@ -125,16 +126,17 @@ def to_hf(key: Key, x: np.ndarray | None) -> np.ndarray:
   return np.ascontiguousarray(converted)
 
 
-def from_hf(key: Key, t: np.ndarray, shape: tuple) -> np.ndarray:
-  """The HF tensor -> our array of `shape`; UserError if it has the wrong size."""
+def from_hf(key: Key, t: np.ndarray, shape: tuple, source: str) -> np.ndarray:
+  """The HF tensor (from file or directory `source`) -> our array of `shape`; UserError if it has the wrong size."""
   t = np.asarray(t, np.float32)
   if key.kind == "zeros":
     if t.shape != (1, key.width) or np.any(t):
-      raise UserError(f"{key.hf} should be a [1, {key.width}] table of zeros (our model has no token types)")
+      raise UserError(f"{source}: {key.hf} should be a [1, {key.width}] table of zeros (our model has no token "
+                      "types)")
     return t
   expected = to_hf(key, np.zeros(shape, np.float32)).shape
   if t.shape != expected:
-    raise UserError(f"{key.hf} is {list(t.shape)}, not {list(expected)} as its config.json implies")
+    raise UserError(f"{source}: {key.hf} is {list(t.shape)}, not {list(expected)} as its config.json implies")
   converted = {
       "copy": lambda: t,
       "flat": lambda: t,
@@ -250,8 +252,8 @@ def _by_path(tree) -> dict:
 
 
 def flat_params(params) -> dict[str, np.ndarray]:
-  """{"a/b/c": array} of a params tree in the unrolled layout (one `layer_<i>` subtree per layer)."""
-  return {path: np.asarray(x) for path, x in _by_path(params).items()}
+  """{"a/b/c": array} of a params tree in either layout, as the unrolled layout (one `layer_<i>` per layer)."""
+  return {path: np.asarray(x) for path, x in _by_path(models.unstack_layers(params)).items()}
 
 
 def nested(flat: dict[str, np.ndarray]) -> dict:
@@ -269,24 +271,23 @@ def export_tensors(flat: dict[str, np.ndarray], keys: list[Key]) -> dict[str, np
   """Our flat params -> {HF name: float32 array} for `keys`."""
   missing = [key.ours for key in keys if key.ours is not None and key.ours not in flat]
   if missing:
-    raise UserError(f"the checkpoint has no parameter {missing[0]}; the exporter maps the unrolled layout (one "
-                    "layer_<i> per layer), so convert the checkpoint's parameters to it first")
+    raise UserError(f"the checkpoint has no parameter {missing[0]}; it does not match its model config")
   return {key.hf: to_hf(key, None if key.ours is None else flat[key.ours]) for key in keys}
 
 
 def import_tensors(tensors: dict[str, np.ndarray], keys: list[Key], shapes: dict[str, tuple],
                    source: str) -> dict[str, np.ndarray]:
-  """{HF name: array} -> our flat params for `keys` (shapes: our path -> shape); UserError naming missing or
-  unexpected tensors."""
+  """{HF name: array} -> our flat params for `keys` (shapes: our path -> shape, as `param_shapes`); UserError
+  naming missing, unexpected (tied output embeddings aside) or misshapen tensors."""
   names = {key.hf for key in keys}
   for what, wrong in (("lacks", [key.hf for key in keys if key.hf not in tensors]),
                       ("has unexpected", sorted(set(tensors) - names - set(TIED)))):
     if wrong:
-      raise UserError(f"{source} {what} {', '.join(wrong[:5])}{' ...' if len(wrong) > 5 else ''}; it was not "
-                      "written by tupe.tools.export_hf for this config")
+      raise UserError(f"{source} {what} {', '.join(wrong[:5])}{' ...' if len(wrong) > 5 else ''}; its tensors do "
+                      "not match its config.json")
   out = {}
   for key in keys:
-    x = from_hf(key, tensors[key.hf], shapes.get(key.ours, ()))
+    x = from_hf(key, tensors[key.hf], shapes.get(key.ours, ()), source)
     if key.ours is not None:
       out[key.ours] = x
   return out
@@ -314,36 +315,50 @@ def _read_safetensors(file: pathlib.Path) -> dict[str, np.ndarray]:
   return safetensors.numpy.load_file(file)
 
 
-def _shapes(module, cfg, *extra) -> dict[str, tuple]:
-  abstract = jax.eval_shape(lambda: models.init_module(module, cfg, 0, *extra))
+def param_shapes(module, cfg, *extra) -> dict[str, tuple]:
+  """Our path -> shape of every parameter of `module` (built from `cfg`; `extra`: init inputs beyond the dummy
+  ids, mask and types), in the unrolled layout."""
+  abstract = jax.eval_shape(lambda: models.unstack_layers(models.init_module(module, cfg, 0, *extra)))
   return {path: tuple(x.shape) for path, x in _by_path(abstract).items()}
 
 
-def _check_complete(flat: dict, shapes: dict, source: str) -> None:
+def our_params(flat: dict[str, np.ndarray], shapes: dict[str, tuple], scan_layers: bool, source: str) -> dict:
+  """Imported flat params (`import_tensors`) -> our params tree, layers stacked if `scan_layers`; UserError if a
+  parameter of `shapes` (`param_shapes`) was not provided."""
   missing = sorted(set(shapes) - set(flat))
   if missing:
     raise UserError(f"{source} does not provide our parameters {', '.join(missing[:5])}")
+  params = nested(flat)
+  return models.stack_layers(params) if scan_layers else params
 
 
-def import_pretrained(path) -> tuple[ml_collections.ConfigDict, str, dict]:
+def import_pretrained(path, scan_layers: bool | None = None) -> tuple[ml_collections.ConfigDict, str, dict]:
   """Reads a directory written by `python -m tupe.tools.export_hf` back into our parameters.
+
+  Args:
+    path: the export's directory.
+    scan_layers: the returned config's model.scan_layers, and so the params' layout (None: the exported
+      checkpoint's).
 
   Returns:
     (model config, objective, params): params structured as the pre-training module's, `models.MaskedLM` for
     objective "mlm" and `models.Electra` (generator from DIR/generator) for "electra", bit-identical to the
-    exported checkpoint's.
+    exported checkpoint's (in the layout asked for).
   """
   directory = pathlib.Path(path)
   config, cfg = _read_config(directory)
+  if scan_layers is not None:
+    cfg.scan_layers = scan_layers
   objective = config.get(OBJECTIVE_KEY, "mlm")
   name = family(cfg, objective)
   if objective == "mlm":
-    shapes = _shapes(models.MaskedLM(cfg), cfg)
+    shapes = param_shapes(models.MaskedLM(cfg), cfg)
     flat = import_tensors(_read_safetensors(directory / "model.safetensors"), masked_lm_keys(cfg, name), shapes,
                           str(directory))
   else:
     _, generator_cfg = _read_config(directory / GENERATOR_DIR)
-    shapes = _shapes(models.Electra(cfg, generator_cfg), cfg, np.zeros((1, 1), np.int32))
+    generator_cfg.scan_layers = cfg.get("scan_layers", False)
+    shapes = param_shapes(models.Electra(cfg, generator_cfg), cfg, np.zeros((1, 1), np.int32))
     keys = electra_keys(cfg, generator_cfg, name)
     files = {"discriminator": directory / "model.safetensors",
              "discriminator_head": directory / DISCRIMINATOR_HEAD_FILE,
@@ -356,5 +371,4 @@ def import_pretrained(path) -> tuple[ml_collections.ConfigDict, str, dict]:
         raise UserError(f"{file}: the generator's embeddings differ from the discriminator's, which ELECTRA "
                         "shares; re-export the checkpoint")
       flat.update(imported)
-  _check_complete(flat, shapes, str(directory))
-  return cfg, objective, nested(flat)
+  return cfg, objective, our_params(flat, shapes, cfg.get("scan_layers", False), str(directory))
