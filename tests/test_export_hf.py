@@ -5,6 +5,7 @@ the export imported back bit-identically; a checkpoint with scanned layers expor
 option without HF counterpart refused in one line."""
 import json
 import shutil
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -249,6 +250,16 @@ def test_unexportable_option_is_one_line(tmp_path, corpus, capsys):
   err = capsys.readouterr().err
   assert err.count("\n") == 1 and "model.position='untied'" in err and "ConvBERT" in err, err
   assert not (tmp_path / "hf").exists()
+
+
+def test_missing_transformers_is_one_line(tmp_path, monkeypatch, capsys):
+  """Without transformers (it is a test requirement, not a runtime one) the exporter says what to install."""
+  monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers raises ImportError
+  with pytest.raises(SystemExit) as exit_info:
+    run_main(export_hf.main, ["export_hf", "--checkpoint", str(tmp_path), "--out", str(tmp_path / "hf")])
+  assert exit_info.value.code == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and "needs PyTorch and transformers" in err, err
 
 
 def test_relative_buckets_match_ours():

@@ -115,7 +115,12 @@ def main(argv: list[str]) -> None:
                       "directory")
   parser.add_argument("--out", required=True, help="the directory to write (new or empty)")
   args = parser.parse_args(argv[1:])
-  import transformers
+  try:
+    import torch  # noqa: F401  (save_pretrained writes through the PyTorch classes)
+    import transformers
+  except ImportError as e:
+    raise UserError(f"the exporter needs PyTorch and transformers ({e}); install them, e.g. "
+                    f"`pip install -r requirements-test.txt`") from None
   transformers.utils.logging.disable_progress_bar()
   for directory in export(args.checkpoint, args.out):
     print(f"wrote {directory}")
