@@ -23,6 +23,7 @@ from tupe import hf
 from tupe import hf_layout
 from tupe import models
 from tupe import trainer
+from tupe import training
 from tupe.data import glue
 from tupe.data import tokenizer as tokenizer_lib
 from tupe.errors import UserError, run_main
@@ -207,7 +208,7 @@ def test_scanned_checkpoint_export(exported, tmp_path):
   cfg = cfg.copy_and_resolve_references()
   cfg.model.scan_layers = True
   stacked = models.stack_layers(params)
-  state = trainer.TrainState(step=jnp.array(2, jnp.int32), params=stacked, opt_state={}, rng=jax.random.PRNGKey(0))
+  state = training.TrainState(step=jnp.array(2, jnp.int32), params=stacked, opt_state={}, rng=jax.random.PRNGKey(0))
   with checkpoint.Checkpointer(tmp_path / "run" / "checkpoints", cfg.checkpoint) as saver:
     saver.save(2, state, trainer.checkpoint_meta(cfg, cfg.data.vocab_file, 2), force=True)
   run_main(export_hf.main, ["export_hf", "--checkpoint", str(tmp_path / "run"), "--out", str(tmp_path / "hf")])
@@ -241,7 +242,7 @@ def test_unexportable_option_is_one_line(tmp_path, corpus, capsys):
   cfg = tiny_config("convbert_mlm", corpus[0], corpus[1][True])
   cfg.model.update(position="untied", cls_reset=True, vocab_size=160)
   params = jax.jit(lambda: models.init_module(models.MaskedLM(cfg.model), cfg.model))()
-  state = trainer.TrainState(step=jnp.array(1, jnp.int32), params=params, opt_state={}, rng=jax.random.PRNGKey(0))
+  state = training.TrainState(step=jnp.array(1, jnp.int32), params=params, opt_state={}, rng=jax.random.PRNGKey(0))
   with checkpoint.Checkpointer(tmp_path / "run" / "checkpoints", cfg.checkpoint) as saver:
     saver.save(1, state, trainer.checkpoint_meta(cfg, cfg.data.vocab_file, 1), force=True)
   with pytest.raises(SystemExit) as exit_info:

@@ -24,6 +24,7 @@ from tupe import logs
 from tupe import models
 from tupe import objectives
 from tupe import trainer
+from tupe import training
 from tupe.data import pipeline
 from tupe.data import tokenizer as tokenizer_lib
 from tupe.errors import UserError, run_main
@@ -107,7 +108,7 @@ def tupe_checkpoint(tmp_path_factory, bert_vocab) -> pathlib.Path:
   data = pipeline.PretrainData(cfg.data, seq_len=cfg.seq_len)
   trainer.resolve_vocab_size(cfg, data.info.vocab_size)
   params = jax.jit(lambda: models.init_module(models.MaskedLM(cfg.model), cfg.model, 1))()
-  state = trainer.TrainState(step=jnp.array(3, jnp.int32), params=params, opt_state={}, rng=jax.random.PRNGKey(0))
+  state = training.TrainState(step=jnp.array(3, jnp.int32), params=params, opt_state={}, rng=jax.random.PRNGKey(0))
   saver = checkpoint.Checkpointer(workdir / "checkpoints", cfg.checkpoint)
   saver.save(3, state, trainer.checkpoint_meta(cfg, data.info.vocab_file, len(data)), force=True)
   saver.close()

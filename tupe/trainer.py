@@ -14,13 +14,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
 import pathlib
 import signal
 import time
 from typing import Any
 
-import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -37,57 +35,14 @@ from tupe import models
 from tupe import objectives
 from tupe import optim
 from tupe import sharding
+from tupe import training
 from tupe.data import masking
 from tupe.data import pipeline
 from tupe.errors import Preempted, UserError
 
 
-@flax.struct.dataclass
-class TrainState:
-  step: jax.Array
-  params: Any
-  opt_state: Any
-  rng: jax.Array  # Base key; step t uses fold_in(rng, t), so a resumed run draws the same dropout masks.
-
-
 class NonFiniteError(UserError):
   """Raised under nonfinite='stop' when a step's loss, gradients or updated state are not finite."""
-
-
-def maybe_initialize_distributed(cfg) -> None:
-  """jax.distributed.initialize for multi-host runs (explicit coordinator, or auto-detected on TPU pods)."""
-  dist = cfg.distributed
-  if dist.coordinator_address:
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(dist.coordinator_address, num_processes=dist.num_processes,
-                               process_id=dist.process_id,
-                               initialization_timeout=dist.initialization_timeout_s,
-                               heartbeat_timeout_seconds=dist.heartbeat_timeout_s)
-  elif dist.auto:
-    jax.distributed.initialize(heartbeat_timeout_seconds=dist.heartbeat_timeout_s)
-
-
-def check_workdir(workdir: pathlib.Path) -> None:
-  """Fails early when the workdir cannot be created or written; creates nothing (`make_workdir` does, once the
-  run's inputs have been checked, so that a run stopped by bad input leaves no empty workdir behind)."""
-  existing = workdir.absolute()
-  while not existing.exists():
-    existing = existing.parent
-  if not existing.is_dir():
-    raise UserError(f"workdir {workdir} is not writable ({existing} is a file: Not a directory); choose another "
-                    f"--workdir")
-  if not os.access(existing, os.W_OK | os.X_OK):
-    raise UserError(f"workdir {workdir} is not writable ({existing}: Permission denied); choose another --workdir")
-  for name in ("config.json", "metrics.jsonl"):
-    if (workdir / name).exists() and not (workdir / name).is_file():
-      raise UserError(f"{workdir / name} is not a file; move it away or choose another --workdir")
-
-
-def make_workdir(workdir: pathlib.Path) -> None:
-  try:
-    workdir.mkdir(parents=True, exist_ok=True)
-  except OSError as e:
-    raise UserError(f"workdir {workdir} is not writable ({e.strerror or e}); choose another --workdir")
 
 
 def num_predictions(cfg) -> int:
@@ -139,7 +94,7 @@ def make_train_step(cfg, module, tx, lr_schedule):
     (grads, metrics), _ = jax.lax.scan(body, zeros, (jnp.arange(accum), micro))
     return grads, {k: v / accum if k in objectives.AVERAGED_METRICS else v for k, v in metrics.items()}
 
-  def train_step(state: TrainState, batch):
+  def train_step(state: training.TrainState, batch):
     rng = jax.random.fold_in(state.rng, state.step)
     grads, metrics = grads_and_metrics(state.params, batch, rng)
     grad_norm = optax.global_norm(grads)
@@ -160,8 +115,8 @@ def make_train_step(cfg, module, tx, lr_schedule):
     metrics = dict(metrics, grad_norm=grad_norm, learning_rate=lr_schedule(state.step),
                    nonfinite=1.0 - finite.astype(jnp.float32),
                    real_tokens=batch["attention_mask"].sum(dtype=jnp.float32))
-    return TrainState(step=state.step + 1, params=keep_finite(params, state.params), opt_state=opt_state,
-                      rng=state.rng), metrics
+    return training.TrainState(step=state.step + 1, params=keep_finite(params, state.params),
+                               opt_state=opt_state, rng=state.rng), metrics
 
   return train_step
 
@@ -172,15 +127,6 @@ def make_eval_step(cfg, module):
     return objectives.loss_fn(cfg, module, params, batch, jax.random.PRNGKey(0), deterministic=True,
                               denoms=denoms)[1]
   return eval_step
-
-
-def state_shardings(tx, abstract_params, param_sharding, mesh) -> TrainState:
-  """Shardings of a TrainState: optimizer moments as their parameters, step, RNG and counters replicated."""
-  replicated = NamedSharding(mesh, P())
-  abstract_opt = jax.eval_shape(tx.init, abstract_params)
-  opt_sharding = optax.tree_map_params(tx, lambda _, s: s, abstract_opt, param_sharding,
-                                       transform_non_params=lambda _: replicated)
-  return TrainState(step=replicated, params=param_sharding, opt_state=opt_sharding, rng=replicated)
 
 
 @dataclasses.dataclass
@@ -218,11 +164,11 @@ def build(cfg, devices=None) -> Setup:
   abstract_params = nn.meta.unbox(boxed)
   tx, lr_schedule = optim.make_optimizer(cfg.optimizer, abstract_params, cfg.num_train_steps)
   replicated = NamedSharding(mesh, P())
-  state_sharding = state_shardings(tx, abstract_params, param_sharding, mesh)
+  state_sharding = training.state_shardings(tx, abstract_params, param_sharding, mesh)
 
   def init_state():
     params = nn.meta.unbox(module.init(jax.random.fold_in(rng, 1), *inputs)["params"])
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params), rng=rng)
+    return training.new_state(params, tx, rng)
 
   abstract_state = jax.eval_shape(init_state)
   abstract_state = jax.tree_util.tree_map(
@@ -370,8 +316,8 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
   """Runs (or resumes) pre-training in `workdir`; returns the last step's metrics."""
   workdir = pathlib.Path(workdir)
   check_config(cfg)
-  maybe_initialize_distributed(cfg)
-  check_workdir(workdir)
+  training.maybe_initialize_distributed(cfg)
+  training.check_workdir(workdir)
   hosts, host = jax.process_count(), jax.process_index()
   train_data = pipeline.PretrainData(cfg.data, seq_len=cfg.seq_len, split="train")
   # Loaded up front, so that a held-out split too small to evaluate fails before training.
@@ -381,7 +327,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
   setup = build(cfg)
   rows = sharding.host_rows(setup.mesh, cfg.global_batch_size)
   evaluate = Evaluator(setup, eval_data, rows) if eval_data is not None else None
-  make_workdir(workdir)
+  training.make_workdir(workdir)
   n_params = models.param_count(setup.abstract_state.params)
   logs.log(f"model {cfg.model.name} ({cfg.model.size}), {n_params / 1e6:.2f}M parameters, objective "
            f"{cfg.objective}; mesh {dict(setup.mesh.shape)} over {jax.device_count()} "

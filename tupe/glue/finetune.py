@@ -50,7 +50,7 @@ from tupe import logs
 from tupe import models
 from tupe import optim
 from tupe import sharding
-from tupe import trainer
+from tupe import training
 from tupe.data import glue
 from tupe.data import tokenizer as tokenizer_lib
 from tupe.errors import Preempted, UserError
@@ -378,15 +378,14 @@ def build_task(cfg, backbone: Backbone, task: glue.Task, num_train: int, mesh, r
   opt_cfg = ml_collections.ConfigDict(dict(cfg.optimizer.to_dict(), learning_rate=1.0, end_learning_rate=0.0,
                                            warmup_steps=warmup))
   tx, _ = optim.make_optimizer(opt_cfg, abstract_params, total, backbone.cfg.num_layers)
-  state_sharding = trainer.state_shardings(tx, abstract_params, param_sharding, mesh)
+  state_sharding = training.state_shardings(tx, abstract_params, param_sharding, mesh)
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
 
   def init_state(encoder_params, key):
     params = nn.meta.unbox(module.init(key, *dummy)["params"])
     if encoder_params is not None:
       params = dict(params, encoder=encoder_params)
-    return trainer.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-                              rng=jax.random.fold_in(key, 1))
+    return training.new_state(params, tx, jax.random.fold_in(key, 1))
 
   def loss_sum(params, batch, deterministic, rng=None):
     logits = module.apply({"params": params}, batch["input_ids"], batch["attention_mask"],
@@ -403,8 +402,8 @@ def build_task(cfg, backbone: Backbone, task: glue.Task, num_train: int, mesh, r
     loss, grads = jax.value_and_grad(mean_loss)(state.params)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     updates = jax.tree_util.tree_map(lambda u: lr * u, updates)
-    return trainer.TrainState(step=state.step + 1, params=optax.apply_updates(state.params, updates),
-                              opt_state=opt_state, rng=state.rng), loss
+    return training.TrainState(step=state.step + 1, params=optax.apply_updates(state.params, updates),
+                               opt_state=opt_state, rng=state.rng), loss
 
   def eval_step(params, batch):
     total, logits = loss_sum(params, batch, True)
@@ -647,8 +646,8 @@ def write_outputs(cfg, workdir: pathlib.Path, backbone: Backbone) -> None:
 def run(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
   """Runs (or resumes) the grid in `workdir`; returns the content of results.json."""
   workdir = pathlib.Path(workdir)
-  trainer.maybe_initialize_distributed(cfg)
-  trainer.check_workdir(workdir)
+  training.maybe_initialize_distributed(cfg)
+  training.check_workdir(workdir)
   check_config(cfg)
   tasks = parse_tasks(cfg.tasks)
   if not tasks:
@@ -657,7 +656,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
   cfg = cfg.copy_and_resolve_references()
   cfg.lowercase = tokenizer_lowercase(cfg)  # Recorded in config.json: a workdir's runs share one setting.
   created = not workdir.exists()
-  trainer.make_workdir(workdir)
+  training.make_workdir(workdir)
   try:
     check_resume(cfg, workdir)
     jax.config.update("jax_default_prng_impl", cfg.prng_impl)

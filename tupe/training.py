@@ -1,0 +1,79 @@
+"""What pre-training (`tupe.trainer`) and fine-tuning (`tupe.glue`) share: the train state and its shardings,
+distributed initialization and the workdir checks.
+
+Both build their state the same way: parameters sharded by the logical-axis rules (`tupe.sharding`), optimizer
+moments sharded as their parameters, the step and RNG replicated, and the whole state created directly in those
+shardings by a jitted init (`jax.jit(init, out_shardings=state_shardings(...))`), so no full state ever lands
+on one device.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from tupe.errors import UserError
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array
+  params: Any
+  opt_state: Any
+  rng: jax.Array  # Base key; step t uses fold_in(rng, t), so a resumed run draws the same dropout masks.
+
+
+def new_state(params, tx, rng: jax.Array) -> TrainState:
+  """The state at step 0: `params` with fresh optimizer moments."""
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params), rng=rng)
+
+
+def state_shardings(tx, abstract_params, param_sharding, mesh) -> TrainState:
+  """Shardings of a TrainState: optimizer moments as their parameters, step, RNG and counters replicated."""
+  replicated = NamedSharding(mesh, P())
+  abstract_opt = jax.eval_shape(tx.init, abstract_params)
+  opt_sharding = optax.tree_map_params(tx, lambda _, s: s, abstract_opt, param_sharding,
+                                       transform_non_params=lambda _: replicated)
+  return TrainState(step=replicated, params=param_sharding, opt_state=opt_sharding, rng=replicated)
+
+
+def maybe_initialize_distributed(cfg) -> None:
+  """jax.distributed.initialize for multi-host runs (explicit coordinator, or auto-detected on TPU pods)."""
+  dist = cfg.distributed
+  if dist.coordinator_address:
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(dist.coordinator_address, num_processes=dist.num_processes,
+                               process_id=dist.process_id,
+                               initialization_timeout=dist.initialization_timeout_s,
+                               heartbeat_timeout_seconds=dist.heartbeat_timeout_s)
+  elif dist.auto:
+    jax.distributed.initialize(heartbeat_timeout_seconds=dist.heartbeat_timeout_s)
+
+
+def check_workdir(workdir: pathlib.Path) -> None:
+  """Fails early when the workdir cannot be created or written; creates nothing (`make_workdir` does, once the
+  run's inputs have been checked, so that a run stopped by bad input leaves no empty workdir behind)."""
+  existing = workdir.absolute()
+  while not existing.exists():
+    existing = existing.parent
+  if not existing.is_dir():
+    raise UserError(f"workdir {workdir} is not writable ({existing} is a file: Not a directory); choose another "
+                    f"--workdir")
+  if not os.access(existing, os.W_OK | os.X_OK):
+    raise UserError(f"workdir {workdir} is not writable ({existing}: Permission denied); choose another --workdir")
+  for name in ("config.json", "metrics.jsonl"):
+    if (workdir / name).exists() and not (workdir / name).is_file():
+      raise UserError(f"{workdir / name} is not a file; move it away or choose another --workdir")
+
+
+def make_workdir(workdir: pathlib.Path) -> None:
+  try:
+    workdir.mkdir(parents=True, exist_ok=True)
+  except OSError as e:
+    raise UserError(f"workdir {workdir} is not writable ({e.strerror or e}); choose another --workdir")
