@@ -77,6 +77,8 @@ def get_config(recipe: str = "tupe") -> ml_collections.ConfigDict:
   c.predict_test = True            # GLUE test-server files from each task's best model
   c.plot_reference = True          # TUPE paper numbers in results.png for TUPE/BERT base models
   c.log_every = 50
+  c.tensorboard = True            # each run's TensorBoard events beside its metrics.jsonl
+  c.peak_flops = 0.0               # per-device peak FLOP/s for MFU; 0 = data sheet or measured matmul
   c.prng_impl = common.prng_impl
   c.mesh = common.mesh
   c.sharding_rules = common.sharding_rules

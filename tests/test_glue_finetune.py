@@ -28,7 +28,7 @@ from tupe.glue import report
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # A fast, clearly learning setting: 256 examples, 3 epochs of 16 steps, one high learning rate, two seeds.
 OVERRIDES = dict(tasks="sst2", max_train_examples=256, max_seq_len=32, batch_size=16, learning_rates=(1e-2,),
-                 seeds=(0, 1), eval_batch_size=256, log_every=8)
+                 seeds=(0, 1), eval_batch_size=256, log_every=8, peak_flops=1e12)
 
 
 @pytest.fixture(scope="module")
@@ -65,11 +65,27 @@ def test_finetune_sst2_end_to_end(pretrained, glue_dir, bert_vocab, tmp_path, ca
   cfg.mesh.data = 2
   results = finetune.run(cfg, str(workdir), devices=jax.devices()[:2])
   out = capsys.readouterr().out
-  assert "[2/2] SST-2 lr 0.01 seed 1 | epoch 3/3 step 48/48 | loss" in out
-  assert "examples/s | ETA" in out and "dev at step 8 (epoch 0.5)" in out
+  assert "[2/2] SST-2 lr 0.01 seed 1 | epoch 3/3 step 48/48 loss" in out
+  assert "examples/s" in out and "MFU" in out and "| ETA" in out and "dev at step 8 (epoch 0.5)" in out
   # Each rate times its steps' computation (not their dispatch) and none includes compilation.
-  rates = [float(x) for x in re.findall(r"\| ([0-9.]+) examples/s", out)]
+  rates = [float(x.replace(",", "")) for x in re.findall(r"steps/s ([0-9.,]+) examples/s", out)]
   assert len(rates) == 12 and np.median(rates) / 3 < min(rates) <= max(rates) < 3 * np.median(rates), rates
+
+  # Each run's metrics, as pre-training writes them: strict JSON, every step's loss and learning rate, the rates
+  # every log_every steps, each dev evaluation with an eval_ prefix; and TensorBoard events beside them.
+  for seed in (0, 1):
+    run_dir = workdir / "runs" / f"SST-2_lr0.01_seed{seed}"
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    rows = [json.loads(line, parse_constant=pytest.fail) for line in lines]
+    train_rows = [r for r in rows if "loss" in r]
+    assert [r["step"] for r in train_rows] == list(range(1, 49))
+    assert all(np.isfinite(r["loss"]) and 0 <= r["learning_rate"] <= 1e-2 for r in train_rows)
+    assert max(r["learning_rate"] for r in train_rows) == pytest.approx(1e-2, rel=0.05)
+    assert [r["step"] for r in train_rows if "examples_per_s" in r] == list(range(8, 49, 8))
+    evals = [r for r in rows if "eval_score" in r]
+    assert [r["step"] for r in evals] == [8, 16, 24, 32, 40, 48]
+    assert all(r["eval_SST-2_accuracy"] == r["eval_score"] and r["eval_loss"] > 0 for r in evals)
+    assert list((run_dir / "tensorboard").iterdir())
 
   runs = finetune.read_runs(workdir)
   assert [(r["task"], r["lr"], r["seed"]) for r in runs] == [("SST-2", 0.01, 0), ("SST-2", 0.01, 1)]

@@ -87,17 +87,23 @@ class Progress:
     self._t, self._step = time.perf_counter(), start_step
 
   def rates(self, step: int) -> dict:
-    """Throughput since the previous call: steps/s, tokens/s, MFU (fraction of `peak_flops`)."""
+    """Throughput since the previous call: steps/s, tokens/s, and MFU (fraction of `peak_flops`) when the
+    FLOPs per step and the peak are known."""
     now = time.perf_counter()
     dt, dsteps = now - self._t, step - self._step
     self._t, self._step = now, step
     sps = dsteps / dt if dt > 0 and dsteps > 0 else 0.0
-    return {"steps_per_s": sps, "tokens_per_s": sps * self.tokens,
-            "mfu": sps * self.flops / self.peak if self.peak else 0.0}
+    rates = {"steps_per_s": sps, "tokens_per_s": sps * self.tokens}
+    if self.flops and self.peak:
+      rates["mfu"] = sps * self.flops / self.peak
+    return rates
 
-  def restart_clock(self):
-    """Leaves the time spent since the last call (evaluation, checkpointing) out of the next rates."""
+  def restart_clock(self, step: int | None = None):
+    """Leaves the time spent since the last call (compilation, evaluation, checkpointing) out of the next rates;
+    `step`: the step the next rates count from, if not the last one measured."""
     self._t = time.perf_counter()
+    if step is not None:
+      self._step = step
 
   def line(self, step: int, metrics: dict, rates: dict) -> str:
     eta = (self.total - step) / rates["steps_per_s"] if rates["steps_per_s"] else float("nan")
@@ -106,8 +112,10 @@ class Progress:
     if "learning_rate" in metrics:  # Peak rates of 1e-4 and below: four decimals would show warmup as 0.0000.
       shown += f" learning_rate {float(metrics['learning_rate']):.3e}"
     real = f" ({rates['real_tokens_per_s']:,.0f} not padding)" if "real_tokens_per_s" in rates else ""
-    return (f"step {step}/{self.total} {shown} | {rates['steps_per_s']:.2f} steps/s "
-            f"{rates['tokens_per_s']:,.0f} tokens/s{real} MFU {100 * rates['mfu']:.1f}% | "
+    examples = f" {rates['examples_per_s']:,.1f} examples/s" if "examples_per_s" in rates else ""
+    mfu = f" MFU {100 * rates['mfu']:.1f}%" if "mfu" in rates else ""
+    return (f"step {step}/{self.total} {shown} | {rates['steps_per_s']:.2f} steps/s{examples} "
+            f"{rates['tokens_per_s']:,.0f} tokens/s{real}{mfu} | "
             f"ETA {format_duration(eta) if math.isfinite(eta) else '?'}")
 
 

@@ -45,6 +45,7 @@ import optax
 
 from tupe import checkpoint as checkpoint_lib
 from tupe import errors
+from tupe import flops as flops_lib
 from tupe import hf
 from tupe import logs
 from tupe import models
@@ -66,8 +67,9 @@ PAPER_DEV = {
     "tupe_a_tie_cls": (85.91, 85.73, 91.90, 91.05, 93.17, 59.46, 88.53, 69.54, 88.97),
 }
 # Fields that may change when a workdir is resumed: which runs to add, and how to run them.
-RESUMABLE_FIELDS = ("tasks", "learning_rates", "seeds", "data_dir", "tfds_data_dir", "predict_test",
-                    "plot_reference", "log_every", "eval_batch_size", "mesh", "sharding_rules", "distributed")
+RESUMABLE_FIELDS = ("tasks", "learning_rates", "seeds", "data_dir", "tfds_data_dir", "predict_test", "plot_reference",
+                    "log_every", "tensorboard", "peak_flops", "eval_batch_size", "mesh", "sharding_rules",
+                    "distributed")
 # WNLI's majority class (0, not_entailment, in train and dev), which BERT's authors submitted instead of a model.
 WNLI_MAJORITY_CLASS = 0
 _HOW_TO_GET_GLUE = ("set --config.data_dir to the folder written by GLUE's download script "
@@ -362,6 +364,8 @@ class TaskSetup:
   init_state: Any   # jitted (encoder params or None, key) -> TrainState, sharded
   train_step: Any   # jitted (state, batch, peak lr) -> (state, loss), state donated
   eval_step: Any    # jitted (params, batch) -> {logits [b, labels], loss_sum, weight_sum}, replicated
+  lr_factors: np.ndarray  # [total_steps] the schedule's factor (peak 1) on a run's learning rate, per step
+  flops_per_step: float
 
 
 def build_task(cfg, backbone: Backbone, task: glue.Task, num_train: int, mesh, rules) -> TaskSetup:
@@ -377,7 +381,7 @@ def build_task(cfg, backbone: Backbone, task: glue.Task, num_train: int, mesh, r
   # the update by its run's learning rate, so all learning rates share one compiled step.
   opt_cfg = ml_collections.ConfigDict(dict(cfg.optimizer.to_dict(), learning_rate=1.0, end_learning_rate=0.0,
                                            warmup_steps=warmup))
-  tx, _ = optim.make_optimizer(opt_cfg, abstract_params, total, backbone.cfg.num_layers)
+  tx, lr_schedule = optim.make_optimizer(opt_cfg, abstract_params, total, backbone.cfg.num_layers)
   state_sharding = training.state_shardings(tx, abstract_params, param_sharding, mesh)
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
 
@@ -417,7 +421,10 @@ def build_task(cfg, backbone: Backbone, task: glue.Task, num_train: int, mesh, r
                          in_shardings=(state_sharding, batch_sharding, replicated),
                          out_shardings=(state_sharding, replicated), donate_argnums=(0,)),
       eval_step=jax.jit(sharding.under_rules(eval_step, mesh, rules), in_shardings=(param_sharding, batch_sharding),
-                        out_shardings=replicated))
+                        out_shardings=replicated),
+      lr_factors=np.asarray(jax.vmap(lr_schedule)(jnp.arange(total))),
+      # Forward and backward (3x) through the encoder; the classifier head's FLOPs are negligible.
+      flops_per_step=3.0 * cfg.batch_size * flops_lib.encoder_forward_flops(backbone.cfg, cfg.max_seq_len))
 
 
 # ------------------------------------------------------------------------------------------------- runs
@@ -461,58 +468,87 @@ def eval_points(setup: TaskSetup, evals_per_epoch: int) -> set[int]:
   return {p for p in points if p > 0} | {setup.total_steps}
 
 
-def finetune(cfg, setup: TaskSetup, data: TaskData, encoder, lr: float, seed: int, label: str):
+def finetune(cfg, setup: TaskSetup, data: TaskData, encoder, lr: float, seed: int, label: str,
+             run_dir: pathlib.Path, peak_flops: float):
   """One run. Returns (its runs.jsonl record, test predictions {evaluation: (idx, values)} of the kept params).
 
   The kept parameters are those of the best dev evaluation, a non-finite score ranking below every finite one.
   When no evaluation was finite the record says "diverged": true and there are no test predictions. A run that
   diverged after a finite evaluation keeps that evaluation's parameters and score; its record's
   "train_loss_nonfinite_from_step" (None when every training loss was finite) says from which step it had.
+
+  Metrics go to run_dir/metrics.jsonl (and run_dir/tensorboard), as pre-training writes them: every step's
+  loss and learning rate, the rates (steps/s, examples/s, tokens/s, MFU against `peak_flops` for all devices)
+  every `log_every` steps, and each dev evaluation with an `eval_` prefix. An interrupted run starts again from
+  step 0, so its directory is emptied first.
   """
   start = time.perf_counter()
+  shutil.rmtree(run_dir, ignore_errors=True)
+  if jax.process_index() == 0:
+    run_dir.mkdir(parents=True)
   state = setup.init_state(encoder, jax.random.PRNGKey(seed))
   train, n = data.train, len(data.train["idx"])
   points, epochs = eval_points(setup, cfg.evals_per_epoch), setup.epochs
   lr_array = jnp.asarray(lr, jnp.float32)
   best, best_params, history, epoch_losses, nonfinite_step = None, None, [], [], None
-  clock, clock_step, step = None, 0, 0
-  for epoch in range(epochs):
-    order = np.random.default_rng([seed, epoch]).permutation(n)
-    losses = []
-    for b in range(setup.steps_per_epoch):
-      rows = order[b * cfg.batch_size:(b + 1) * cfg.batch_size]
-      batch = batch_rows(train, rows, cfg.batch_size, cfg.regression_scale)
-      state, loss = setup.train_step(state, sharding.shard_batch(batch, setup.mesh), lr_array)
-      losses.append(loss)
-      step += 1
-      if step == 1:  # The rate leaves out the first step, which compiles (the task's first run) and warms up.
-        jax.block_until_ready(loss)
-        clock, clock_step = time.perf_counter(), step
-      if step % cfg.log_every == 0 or step == setup.total_steps:
-        recent = float(np.mean(jax.device_get(losses[-min(cfg.log_every, len(losses)):])))  # waits for the step
-        now = time.perf_counter()
-        per_s = (step - clock_step) / (now - clock) if step > clock_step else math.nan
-        rate, eta = ((f"{per_s * cfg.batch_size:.1f}", logs.format_duration((setup.total_steps - step) / per_s))
-                     if per_s > 0 else ("?", "?"))
-        logs.log(f"{label} | epoch {epoch + 1}/{epochs} step {step}/{setup.total_steps} | loss {recent:.4f} | "
-                 f"{rate} examples/s | ETA {eta}")
-        clock, clock_step = now, step
-      if step in points:
-        score, results, dev_loss = evaluate(setup, state.params, data, cfg)
-        history.append({"step": step, "epoch": round(step / setup.steps_per_epoch, 3), "score": score,
-                        "dev_loss": dev_loss})
-        if best is None or glue_metrics.ranking_score(score) > glue_metrics.ranking_score(best["score"]):
-          best = dict(history[-1], metrics=results)
-          best_params = jax.tree_util.tree_map(lambda x: x.copy(), state.params)
-        shown = ", ".join(f"{name} {m['score']:.2f}" for name, m in results.items())
-        logs.log(f"{label} | dev at step {step} (epoch {history[-1]['epoch']:g}): {shown}, loss {dev_loss:.4f} "
-                 f"| best {best['score']:.2f} at step {best['step']}")
-        jax.block_until_ready(state)  # The rate restarts after the evaluation, from this step.
-        clock, clock_step = time.perf_counter(), step
-    epoch_loss = np.asarray(jax.device_get(losses))
-    epoch_losses.append(float(epoch_loss.mean()))
-    if nonfinite_step is None and not np.isfinite(epoch_loss).all():
-      nonfinite_step = epoch * setup.steps_per_epoch + int(np.argmin(np.isfinite(epoch_loss))) + 1
+  progress = logs.Progress(setup.total_steps, cfg.batch_size * cfg.max_seq_len, setup.flops_per_step, peak_flops)
+  unwritten = []  # (step, loss on device) of the steps since the last write
+  step = 0
+  with logs.MetricWriter(run_dir, tensorboard=cfg.tensorboard) as writer:
+
+    def write_steps(rates=None) -> dict:
+      """Writes the unwritten steps' rows (the rates on the last one); returns the last row."""
+      losses = jax.device_get([loss for _, loss in unwritten])  # waits for the steps
+      row = {}
+      for i, ((s, _), loss) in enumerate(zip(unwritten, losses)):
+        row = {"loss": loss, "learning_rate": lr * float(setup.lr_factors[s - 1]),
+               "epoch": s / setup.steps_per_epoch}
+        writer.write(s, dict(row, **rates) if rates and i == len(losses) - 1 else row)
+      unwritten.clear()
+      return row
+
+    for epoch in range(epochs):
+      order = np.random.default_rng([seed, epoch]).permutation(n)
+      losses = []
+      for b in range(setup.steps_per_epoch):
+        rows = order[b * cfg.batch_size:(b + 1) * cfg.batch_size]
+        batch = batch_rows(train, rows, cfg.batch_size, cfg.regression_scale)
+        state, loss = setup.train_step(state, sharding.shard_batch(batch, setup.mesh), lr_array)
+        losses.append(loss)
+        step += 1
+        unwritten.append((step, loss))
+        if step == 1:  # The rates leave out the first step, which compiles (the task's first run) and warms up.
+          jax.block_until_ready(loss)
+          progress.restart_clock(step)
+        if step % cfg.log_every == 0 or step == setup.total_steps:
+          rates = progress.rates(step) if step > 1 else {}
+          if rates:
+            rates["examples_per_s"] = rates["steps_per_s"] * cfg.batch_size
+          row = write_steps(rates)
+          logs.log(f"{label} | epoch {epoch + 1}/{epochs} "
+                   + progress.line(step, row, rates or {"steps_per_s": 0.0, "tokens_per_s": 0.0}))
+        if step in points:
+          write_steps()
+          score, results, dev_loss = evaluate(setup, state.params, data, cfg)
+          history.append({"step": step, "epoch": round(step / setup.steps_per_epoch, 3), "score": score,
+                          "dev_loss": dev_loss})
+          writer.write(step, {"score": score, "loss": dev_loss, **{
+              f"{name}_{metric}": value for name, metrics in results.items() for metric, value in metrics.items()
+              if metric != "score"}}, prefix="eval_")
+          if best is None or glue_metrics.ranking_score(score) > glue_metrics.ranking_score(best["score"]):
+            best = dict(history[-1], metrics=results)
+            best_params = jax.tree_util.tree_map(lambda x: x.copy(), state.params)
+          shown = ", ".join(f"{name} {m['score']:.2f}" for name, m in results.items())
+          logs.log(f"{label} | dev at step {step} (epoch {history[-1]['epoch']:g}): {shown}, loss {dev_loss:.4f} "
+                   f"| best {best['score']:.2f} at step {best['step']}")
+          jax.block_until_ready(state)  # The rates restart after the evaluation, from this step.
+          progress.restart_clock()
+      epoch_loss = np.asarray(jax.device_get(losses))
+      epoch_losses.append(float(epoch_loss.mean()))
+      if nonfinite_step is None and not np.isfinite(epoch_loss).all():
+        nonfinite_step = epoch * setup.steps_per_epoch + int(np.argmin(np.isfinite(epoch_loss))) + 1
+    if unwritten:
+      write_steps()
   diverged = not math.isfinite(best["score"])
   predictions = {}
   for ev, arrays in [] if diverged else data.test:
@@ -545,6 +581,11 @@ def append_run(workdir: pathlib.Path, record: dict) -> None:
     f.write(json.dumps(report.json_safe(record), allow_nan=False) + "\n")
     f.flush()
     os.fsync(f.fileno())
+
+
+def run_dir(workdir: pathlib.Path, task: str, lr: float, seed: int) -> pathlib.Path:
+  """A run's metrics.jsonl and TensorBoard events."""
+  return workdir / "runs" / f"{task}_lr{lr:g}_seed{seed}"
 
 
 def predictions_path(workdir: pathlib.Path, task: str, lr: float, seed: int) -> pathlib.Path:
@@ -740,6 +781,11 @@ def _run_grid(cfg, workdir, tasks, pending, lrs, backbone, encoder, mesh, rules,
   """Runs every pending (task, lr, seed) and writes each task's outputs; current["label"] names the run."""
   total = sum(len(runs) for runs in pending.values())
   count = 0
+  peak, peak_source = flops_lib.peak_flops_per_device(cfg.peak_flops) if total else (0.0, "")
+  if total:
+    logs.log(f"MFU against {peak / 1e12:.2f} TFLOP/s per device ({peak_source}); each run's metrics in "
+             f"{workdir / 'runs'}/<task>_lr<lr>_seed<seed>/metrics.jsonl")
+  peak_flops = peak * mesh.devices.size
   for task in tasks:
     if not pending[task.name]:
       logs.log(f"{task.name}: all {len(lrs) * len(cfg.seeds)} runs finished, skipped")
@@ -751,7 +797,8 @@ def _run_grid(cfg, workdir, tasks, pending, lrs, backbone, encoder, mesh, rules,
     for lr, seed in pending[task.name]:
       count += 1
       label = current["label"] = f"[{count}/{total}] {task.name} lr {lr:g} seed {seed}"
-      record, predictions = finetune(cfg, setup, data, encoder, lr, seed, label)
+      record, predictions = finetune(cfg, setup, data, encoder, lr, seed, label,
+                                     run_dir(workdir, task.name, lr, seed), peak_flops)
       with _uninterrupted():
         if jax.process_index() == 0:
           if predictions:
