@@ -109,7 +109,8 @@ def _glue(study: str, scale: str) -> ml_collections.ConfigDict:
     g.learning_rates = (1e-3,)
     g.seeds = (0, 1)
     g.overrides = ("max_train_examples=32", "epochs.rte=1", "batch_size=8", "eval_batch_size=64",
-                   "max_seq_len=32", "evals_per_epoch=0", "log_every=100")
+                   "max_seq_len=32", "evals_per_epoch=0", "log_every=100", "tensorboard=False",
+                   "peak_flops=1e11")
   elif scale == "mini":
     g.tasks = "cola,sst2,mrpc,stsb,rte"
     g.learning_rates = (1e-4, 3e-4)

@@ -24,9 +24,10 @@ from tupe import hf_layout
 from tupe import models
 from tupe import trainer
 from tupe import training
-from tupe.data import glue
 from tupe.data import tokenizer as tokenizer_lib
 from tupe.errors import UserError, run_main
+from tupe.glue import encoding
+from tupe.glue import tasks as glue
 from tupe.hf_models import modeling_tupe
 from tupe.models import position
 from tupe.tools import export_hf
@@ -109,7 +110,7 @@ def assert_close(ours_states, hf_states):
 
 
 def assert_round_trip(workdir, directory):
-  _, params = checkpoint.load_pretrained(workdir)
+  _, params = checkpoint.load_params(workdir)
   _, _, imported = hf_layout.import_pretrained(directory)
   ours, theirs = hf_layout.flat_params(params), hf_layout.flat_params(imported)
   assert ours.keys() == theirs.keys()
@@ -133,7 +134,7 @@ def assert_tokenizer(cfg, directory):
   split = transformers.AutoTokenizer.from_pretrained(directory, trust_remote_code=remote, split_special_tokens=True)
   assert split(text, add_special_tokens=False)["input_ids"] == ours.encode(text, add_special_tokens=False).ids
   pairs = [glue.Example(idx=i, text_a=a, text_b=b, label=0) for i, (a, b) in enumerate(zip(SENTENCES, SENTENCES[1:]))]
-  expected = glue.encode(ours, pairs, 64)
+  expected = encoding.encode(ours, pairs, 64)
   got = theirs([p.text_a for p in pairs], [p.text_b for p in pairs], padding="max_length", max_length=64,
                return_tensors="np")
   for key in ("input_ids", "attention_mask", "token_type_ids"):
@@ -151,7 +152,7 @@ def test_masked_lm_export(name, exported):
   batch = padded_batch(cfg)
   with torch.no_grad():
     out = model(**torch_inputs(*batch), output_hidden_states=True)
-  _, params = checkpoint.load_pretrained(workdir)
+  _, params = checkpoint.load_params(workdir)
   ours = models.encode(cfg.model, params["encoder"], *batch)
   assert_close(ours["hidden_states"], out.hidden_states)
   logits = models.MaskedLM(cfg.model).apply({"params": params}, *map(jnp.asarray, batch))
@@ -167,7 +168,7 @@ def test_masked_lm_export(name, exported):
 def test_convbert_electra_export(exported):
   cfg, workdir, directory = exported("convbert")
   assert cfg.objective == "electra"
-  _, params = checkpoint.load_pretrained(workdir)
+  _, params = checkpoint.load_params(workdir)
   module = models.Electra(cfg.model, models.generator_config(cfg.model, cfg.generator_fraction))
   batch = padded_batch(cfg)
   inputs = torch_inputs(*batch)
@@ -204,7 +205,7 @@ def test_scanned_checkpoint_export(exported, tmp_path):
   """The trained ConvBERT saved with model.scan_layers=True (layers stacked) exports to the very tensors of its
   unrolled export, and imports back stacked (unrolled when asked)."""
   cfg, workdir, directory = exported("convbert_mlm")
-  _, params = checkpoint.load_pretrained(workdir)
+  _, params = checkpoint.load_params(workdir)
   cfg = cfg.copy_and_resolve_references()
   cfg.model.scan_layers = True
   stacked = models.stack_layers(params)

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 import tokenizers
 
-from tupe.data import glue
 from tupe.errors import UserError
+from tupe.glue import encoding
+from tupe.glue import tasks as glue
 
 # Rows per file (header excluded), as listed in shared/data/SOURCES.md.
 ROWS = {
@@ -257,25 +258,25 @@ def truncate_seq_pair(a, b, budget):
 
 def test_truncated_lengths_match_bert_loop():
   for len_a, len_b, budget in itertools.product(range(12), range(12), range(15)):
-    assert glue.truncated_lengths(len_a, len_b, budget) == truncate_seq_pair(range(len_a), range(len_b), budget)
+    assert encoding.truncated_lengths(len_a, len_b, budget) == truncate_seq_pair(range(len_a), range(len_b), budget)
 
 
 def test_encode_layout(tokenizer):
   cat, dog, cls, sep = (tokenizer.token_to_id(t) for t in ("cat", "dog", "[CLS]", "[SEP]"))
   examples = [glue.Example("cat cat", None, 1, 5), glue.Example("Cat " * 10, "dog dog dog", 0, 6),
               glue.Example("cat", "dog " * 10, 1, 7)]
-  pair = glue.encode(tokenizer, examples[1:], 12)
+  pair = encoding.encode(tokenizer, examples[1:], 12)
   # budget 9: a (10 tokens) is cut to 6, b keeps its 3; then a keeps 1 and b is cut to 8.
   assert pair["input_ids"].tolist() == [[cls] + [cat] * 6 + [sep] + [dog] * 3 + [sep],
                                         [cls, cat, sep] + [dog] * 8 + [sep]]
   assert pair["token_type_ids"].tolist() == [[0] * 8 + [1] * 4, [0] * 3 + [1] * 9]
   assert pair["attention_mask"].tolist() == [[1] * 12] * 2
-  single = glue.encode(tokenizer, examples[:1], 8)
+  single = encoding.encode(tokenizer, examples[:1], 8)
   assert single["input_ids"].tolist() == [[cls, cat, cat, sep, 0, 0, 0, 0]]
   assert single["attention_mask"].tolist() == [[1, 1, 1, 1, 0, 0, 0, 0]]
   assert single["token_type_ids"].tolist() == [[0] * 8]
-  assert glue.encode(tokenizer, examples[:1], 3)["input_ids"].tolist() == [[cls, cat, sep]]
-  mixed = glue.encode(tokenizer, examples, 16)
+  assert encoding.encode(tokenizer, examples[:1], 3)["input_ids"].tolist() == [[cls, cat, sep]]
+  mixed = encoding.encode(tokenizer, examples, 16)
   assert mixed["labels"].tolist() == [1, 0, 1] and mixed["labels"].dtype == np.int32
   assert mixed["idx"].tolist() == [5, 6, 7]
   for key in ("input_ids", "attention_mask", "token_type_ids"):
@@ -285,41 +286,41 @@ def test_encode_layout(tokenizer):
 
 def test_encode_swapped_pairs_and_labels(tokenizer):
   examples = [glue.Example("a cat", "the dog sat", 4.5, 0), glue.Example("dogs", "cats", 1.0, 1)]
-  plain = glue.encode(tokenizer, examples, 10)
-  both = glue.encode(tokenizer, examples, 10, swap=True)
-  swapped = glue.encode(tokenizer, [glue.Example(e.text_b, e.text_a, e.label, e.idx) for e in examples], 10)
+  plain = encoding.encode(tokenizer, examples, 10)
+  both = encoding.encode(tokenizer, examples, 10, swap=True)
+  swapped = encoding.encode(tokenizer, [glue.Example(e.text_b, e.text_a, e.label, e.idx) for e in examples], 10)
   for key in plain:
     np.testing.assert_array_equal(both[key], np.concatenate([plain[key], swapped[key]]))
   assert both["labels"].dtype == np.float32 and both["labels"].tolist() == [4.5, 1.0, 4.5, 1.0]
   assert both["idx"].tolist() == [0, 1, 0, 1]
   assert both["token_type_ids"][2].tolist() == [0] * 5 + [1] * 3 + [0] * 2  # [CLS] the dog sat [SEP] a cat [SEP]
   with pytest.raises(UserError, match="swap=True needs sentence pairs"):
-    glue.encode(tokenizer, [glue.Example("cats", None, 1, 0)], 10, swap=True)
+    encoding.encode(tokenizer, [glue.Example("cats", None, 1, 0)], 10, swap=True)
   with pytest.raises(UserError, match="max_len 2 leaves no room"):
-    glue.encode(tokenizer, examples, 2)
-  unlabelled = glue.encode(tokenizer, [glue.Example("cats", None, None, 3)], 4)
+    encoding.encode(tokenizer, examples, 2)
+  unlabelled = encoding.encode(tokenizer, [glue.Example("cats", None, None, 3)], 4)
   assert unlabelled["labels"].tolist() == [-1]
 
 
 def test_encode_special_ids_and_tokenizer_settings(tokenizer, bert_vocab):
   example = [glue.Example("cat " * 20, None, 0, 0)]
-  custom = glue.encode(tokenizer, example, 6, cls_id=1, sep_id=2, pad_id=3)["input_ids"]
+  custom = encoding.encode(tokenizer, example, 6, cls_id=1, sep_id=2, pad_id=3)["input_ids"]
   assert custom[0, 0] == 1 and custom[0, 5] == 2
   truncating = bert_tokenizer(bert_vocab)
   truncating.enable_truncation(4)
   truncating.enable_padding(length=30)
-  np.testing.assert_array_equal(glue.encode(truncating, example, 16)["input_ids"],
-                                glue.encode(tokenizer, example, 16)["input_ids"])
+  np.testing.assert_array_equal(encoding.encode(truncating, example, 16)["input_ids"],
+                                encoding.encode(tokenizer, example, 16)["input_ids"])
   assert truncating.truncation["max_length"] == 4 and truncating.padding["length"] == 30
   bare = tokenizers.Tokenizer(tokenizers.models.WordPiece({"[UNK]": 0, "cat": 1}, unk_token="[UNK]"))
   with pytest.raises(UserError, match=r"no \[CLS\] token"):
-    glue.encode(bare, example, 8)
+    encoding.encode(bare, example, 8)
 
 
 def test_encode_sst2_train_is_fast(glue_dir, tokenizer):
   examples = glue.load_split(glue_dir, "SST-2", "train")
   start = time.perf_counter()
-  encoded = glue.encode(tokenizer, examples, 66)
+  encoded = encoding.encode(tokenizer, examples, 66)
   elapsed = time.perf_counter() - start
   assert encoded["input_ids"].shape == (67349, 66)
   assert (encoded["input_ids"][:, 0] == 101).all()

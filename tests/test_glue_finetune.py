@@ -20,10 +20,16 @@ from configs import pretrain
 from tupe import models
 from tupe import optim
 from tupe import trainer
-from tupe.data import glue
 from tupe.errors import UserError
+from tupe.glue import backbone as backbone_lib
+from tupe.glue import data as glue_data
+from tupe.glue import encoding
 from tupe.glue import finetune
+from tupe.glue import model as task_model
+from tupe.glue import outputs
 from tupe.glue import report
+from tupe.glue import runs as runs_lib
+from tupe.glue import tasks as glue
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # A fast, clearly learning setting: 256 examples, 3 epochs of 16 steps, one high learning rate, two seeds.
@@ -87,7 +93,7 @@ def test_finetune_sst2_end_to_end(pretrained, glue_dir, bert_vocab, tmp_path, ca
     assert all(r["eval_SST-2_accuracy"] == r["eval_score"] and r["eval_loss"] > 0 for r in evals)
     assert list((run_dir / "tensorboard").iterdir())
 
-  runs = finetune.read_runs(workdir)
+  runs = runs_lib.read_runs(workdir)
   assert [(r["task"], r["lr"], r["seed"]) for r in runs] == [("SST-2", 0.01, 0), ("SST-2", 0.01, 1)]
   for run in runs:
     assert run["train_examples"] == 256 and run["total_steps"] == 48 and len(run["train_loss"]) == 3
@@ -116,8 +122,8 @@ def test_finetune_sst2_end_to_end(pretrained, glue_dir, bert_vocab, tmp_path, ca
   assert lines[0] == "index\tprediction" and len(lines) == 1 + 1821
   rows = [line.split("\t") for line in lines[1:]]
   assert [int(i) for i, _ in rows] == list(range(1821)) and {p for _, p in rows} <= {"0", "1"}
-  best = finetune.best_run(runs)
-  with np.load(finetune.predictions_path(workdir, "SST-2", best["lr"], best["seed"])) as saved:
+  best = runs_lib.best_run(runs)
+  with np.load(runs_lib.predictions_path(workdir, "SST-2", best["lr"], best["seed"])) as saved:
     assert [p for _, p in rows] == [str(v) for v in saved["SST-2.values"][np.argsort(saved["SST-2.idx"])]]
 
   # The command line, resuming: both runs are finished, so nothing is trained again.
@@ -129,7 +135,7 @@ def test_finetune_sst2_end_to_end(pretrained, glue_dir, bert_vocab, tmp_path, ca
                         env=dict(os.environ))
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "SST-2: all 2 runs finished, skipped" in proc.stdout and "results.png" in proc.stdout
-  assert len(finetune.read_runs(workdir)) == 2
+  assert len(runs_lib.read_runs(workdir)) == 2
 
   cfg.max_seq_len = 64
   with pytest.raises(UserError, match="holds runs of another config \\(changed: max_seq_len\\)"):
@@ -189,15 +195,15 @@ def test_sigterm_names_the_interrupted_run(pretrained, glue_dir, tmp_path):
   assert proc.returncode == 143
   assert stderr.strip().splitlines() == ["stopped by SIGTERM during [1/2] SST-2 lr 0.01 seed 0, which is not "
                                          "recorded; rerun the same command to resume after the finished runs"]
-  assert finetune.read_runs(workdir) == []
+  assert runs_lib.read_runs(workdir) == []
 
 
 def test_random_and_hf_backbones(bert_vocab, tmp_path):
   cfg = glue_cfg(init="random", model="tupe_r,tiny", vocab_file=str(bert_vocab))
-  backbone = finetune.load_backbone(cfg, tmp_path)
+  backbone = backbone_lib.load_backbone(cfg, tmp_path)
   assert backbone.params is None and backbone.cfg.relative_bias and backbone.cfg.vocab_size == 30522
   with pytest.raises(UserError, match="init=random needs the architecture"):
-    finetune.load_backbone(glue_cfg(init="random", vocab_file=str(bert_vocab)), tmp_path)
+    backbone_lib.load_backbone(glue_cfg(init="random", vocab_file=str(bert_vocab)), tmp_path)
 
   transformers = pytest.importorskip("transformers")
   hf_dir = tmp_path / "hf"
@@ -205,13 +211,13 @@ def test_random_and_hf_backbones(bert_vocab, tmp_path):
                                        intermediate_size=64, embedding_size=16, pad_token_id=0)
   transformers.ConvBertModel(config).save_pretrained(hf_dir)
   with pytest.raises(UserError, match="is a convbert model, but this recipe fine-tunes bert_a"):
-    finetune.load_backbone(glue_cfg(init_hf=str(hf_dir), vocab_file=str(bert_vocab)), tmp_path)
+    backbone_lib.load_backbone(glue_cfg(init_hf=str(hf_dir), vocab_file=str(bert_vocab)), tmp_path)
   with pytest.raises(UserError, match="no vocab.txt there.* set --config.vocab_file"):
-    finetune.load_backbone(glue_cfg("convbert", init_hf=str(hf_dir)), tmp_path)
+    backbone_lib.load_backbone(glue_cfg("convbert", init_hf=str(hf_dir)), tmp_path)
   (hf_dir / "vocab.txt").write_text(bert_vocab.read_text())
-  backbone = finetune.load_backbone(glue_cfg("convbert", init_hf=str(hf_dir)), tmp_path)
+  backbone = backbone_lib.load_backbone(glue_cfg("convbert", init_hf=str(hf_dir)), tmp_path)
   assert backbone.cfg.name == "convbert" and backbone.params["embeddings"]["word_embeddings"].shape == (30522, 16)
-  assert finetune.learning_rates(glue_cfg("convbert"), backbone.cfg) == (3e-4,)
+  assert glue_data.learning_rates(glue_cfg("convbert"), backbone.cfg) == (3e-4,)
 
 
 def test_layerwise_decay_on_the_classifier():
@@ -235,7 +241,7 @@ def test_eval_batches_score_every_row_once():
   arrays = {"input_ids": np.arange(n)[:, None] * np.ones((1, 3), np.int32), "attention_mask": np.ones((n, 3)),
             "token_type_ids": np.zeros((n, 3)), "labels": np.linspace(0, 5, n).astype(np.float32),
             "idx": np.arange(n)}
-  batches = list(finetune.eval_batches(arrays, size, regression_scale=5.0))
+  batches = list(encoding.eval_batches(arrays, size, regression_scale=5.0))
   assert [real for real, _ in batches] == [4, 4, 2]
   assert all(batch["input_ids"].shape == (size, 3) for _, batch in batches)
   scored = np.concatenate([batch["input_ids"][:real, 0] for real, batch in batches])
@@ -243,7 +249,7 @@ def test_eval_batches_score_every_row_once():
   np.testing.assert_array_equal(batches[-1][1]["weights"], [1, 1, 0, 0])
   np.testing.assert_allclose(batches[0][1]["labels"], arrays["labels"][:4] / 5.0)
   unlabelled = dict(arrays, labels=np.full(n, -1, np.int32))
-  assert sum(batch["weights"].sum() for _, batch in finetune.eval_batches(unlabelled, size, 1.0)) == 0
+  assert sum(batch["weights"].sum() for _, batch in encoding.eval_batches(unlabelled, size, 1.0)) == 0
 
 
 def test_diverged_run_is_recorded_and_the_grid_goes_on(pretrained, glue_dir, tmp_path, capsys):
@@ -263,7 +269,7 @@ def test_diverged_run_is_recorded_and_the_grid_goes_on(pretrained, glue_dir, tmp
   assert bad["diverged"] is True and bad["score"] is None and bad["evaluations"]["STS-B"] == {
       "pearson": None, "spearman": None, "score": None}
   assert bad["dev_history"][0]["score"] is None and good["train_loss_nonfinite_from_step"] is None
-  assert not finetune.predictions_path(workdir, "STS-B", 1e38, 0).exists()
+  assert not runs_lib.predictions_path(workdir, "STS-B", 1e38, 0).exists()
 
   stsb = results["tasks"]["STS-B"]
   assert stsb["best_lr"] == 1e-3 and [r["median"] for r in stsb["by_lr"]] == [good["score"], None]
@@ -295,10 +301,10 @@ def test_run_that_diverges_after_a_finite_evaluation_says_so(pretrained, glue_di
 
 def test_prediction_values_mark_non_finite_rows():
   logits = np.array([[0.0, 1.0], [np.nan, 0.0], [2.0, np.inf], [3.0, -1.0]], np.float32)
-  values = finetune.prediction_values(logits, 5.0)
+  values = task_model.prediction_values(logits, 5.0)
   np.testing.assert_array_equal(values, [1, np.nan, np.nan, 0])  # argmax alone would give 1, 0, 1, 0
-  assert finetune.prediction_values(logits[[0, 3]], 5.0).dtype.kind == "i"  # class ids for the submission
-  np.testing.assert_allclose(finetune.prediction_values(np.array([[0.5], [np.nan]]), 5.0), [2.5, np.nan])
+  assert task_model.prediction_values(logits[[0, 3]], 5.0).dtype.kind == "i"  # class ids for the submission
+  np.testing.assert_allclose(task_model.prediction_values(np.array([[0.5], [np.nan]]), 5.0), [2.5, np.nan])
 
 
 def mnli_run(lr, seed, matched, mismatched):
@@ -313,12 +319,12 @@ def test_one_learning_rate_per_task_for_mnli():
   runs = [mnli_run(2e-5, seed, 84.0, 80.0 + seed) for seed in range(3)]
   runs += [mnli_run(3e-5, seed, 82.0 + seed, 83.0) for seed in range(3)]
   runs += [mnli_run(4e-5, seed, 75.0, 85.0) for seed in range(3)]
-  content = report.results_json(finetune.run_records(runs))
+  content = report.results_json(runs_lib.run_records(runs))
   matched, mismatched = content["tasks"]["MNLI-m"], content["tasks"]["MNLI-mm"]
-  assert matched["best_lr"] == mismatched["best_lr"] == finetune.best_run(runs)["lr"] == 3e-5
+  assert matched["best_lr"] == mismatched["best_lr"] == runs_lib.best_run(runs)["lr"] == 3e-5
   assert (matched["median"], matched["min"], matched["max"], mismatched["median"]) == (83.0, 82.0, 84.0, 83.0)
   assert matched["by_lr"][1]["selection_median"] == 83.0 and matched["by_lr"][0]["median"] == 84.0
-  assert finetune.best_run(runs)["seed"] == 2
+  assert runs_lib.best_run(runs)["seed"] == 2
   assert content["averages"]["tupe_average"]["tasks"] == ["MNLI-m", "MNLI-mm"]
 
 
@@ -326,14 +332,14 @@ def test_submission_note_names_every_missing_file(tmp_path):
   trained = ["CoLA", "SST-2", "MRPC", "STS-B", "QQP", "MNLI", "QNLI", "RTE"]
   runs = [{"task": task} for task in trained]
   every = [tmp_path / f"{name}.tsv" for name in glue.EVALUATIONS]
-  assert finetune.submission_note(runs, every) == (
+  assert outputs.submission_note(runs, every) == (
       "11 of 11; WNLI.tsv: the majority class 0 for every row, as BERT's authors submitted; zip them together")
   some = [path for path in every if path.stem not in ("RTE", "MNLI-m", "MNLI-mm", "AX", "QQP")]
-  assert finetune.submission_note(runs[:4] + runs[5:], some) == (
+  assert outputs.submission_note(runs[:4] + runs[5:], some) == (
       "6 of 11; WNLI.tsv: the majority class 0 for every row, as BERT's authors submitted; missing QQP.tsv: add "
       "their tasks to --config.tasks; missing MNLI-m.tsv, MNLI-mm.tsv, RTE.tsv, AX.tsv: the chosen run has no "
       "finite test predictions (diverged, or run with predict_test=False)")
-  assert finetune.submission_note(runs + [{"task": "WNLI"}], every) == "11 of 11; zip them together"
+  assert outputs.submission_note(runs + [{"task": "WNLI"}], every) == "11 of 11; zip them together"
 
 
 def write_meta(root, lowercase, vocab=("[PAD]", "[UNK]")):
@@ -345,7 +351,7 @@ def write_meta(root, lowercase, vocab=("[PAD]", "[UNK]")):
 
 def test_lowercase_follows_the_checkpoint(pretrained, tmp_path):
   cased = write_meta(tmp_path / "cased", False)
-  lowercase = lambda root, **overrides: finetune.tokenizer_lowercase(glue_cfg(init_checkpoint=str(root), **overrides))
+  lowercase = lambda root, **overrides: backbone_lib.tokenizer_lowercase(glue_cfg(init_checkpoint=str(root), **overrides))
   assert lowercase(cased) is False and lowercase(cased, lowercase=False) is False
   with pytest.raises(UserError, match=r"^lowercase=True, but checkpoint .*/7 was pre-trained on cased text: drop "
                                       r"--config.lowercase to tokenize as in pre-training$"):
@@ -353,8 +359,8 @@ def test_lowercase_follows_the_checkpoint(pretrained, tmp_path):
   assert lowercase(pretrained) is True
   synthetic = write_meta(tmp_path / "synthetic", False, vocab=())  # No vocab: --config.vocab_file says the text.
   assert lowercase(synthetic) is True and lowercase(synthetic, lowercase=False) is False
-  assert finetune.tokenizer_lowercase(glue_cfg(init_hf="hf")) is True
-  assert finetune.tokenizer_lowercase(glue_cfg(init="random", lowercase=False)) is False
+  assert backbone_lib.tokenizer_lowercase(glue_cfg(init_hf="hf")) is True
+  assert backbone_lib.tokenizer_lowercase(glue_cfg(init="random", lowercase=False)) is False
   # Before anything else that needs the data.
   with pytest.raises(UserError, match="pre-trained on lowercased text: drop --config.lowercase"):
     finetune.run(glue_cfg(init_checkpoint=str(pretrained), tasks="rte", lowercase=False), str(tmp_path / "out"))

@@ -5,7 +5,7 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from tupe.data import glue
+from tupe.glue import tasks as glue
 from tupe.errors import UserError
 from tupe.glue import metrics, report
 

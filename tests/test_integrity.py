@@ -73,12 +73,12 @@ def test_flipped_bytes_are_found_by_every_reader(kind, workdir, tmp_path, caplog
     checkpoint.verify(copy / "checkpoints" / "2")
   # A workdir: one warning naming the step and the file; the older checkpoint is used, nothing is renamed.
   with caplog.at_level(logging.WARNING):
-    meta, params = checkpoint.load_pretrained(copy)
+    meta, params = checkpoint.load_params(copy)
     assert checkpoint.latest_step_dir(copy) == copy / "checkpoints" / "1"  # eval_glue.py asks again: no new line
   warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
   assert warnings == [f"skipping checkpoint 2 in {copy / 'checkpoints'}: it could not be restored ({name} has "
                       f"other bytes than when it was saved)"]
-  expected = checkpoint.load_pretrained(workdir / "checkpoints" / "1")[1]
+  expected = checkpoint.load_params(workdir / "checkpoints" / "1")[1]
   jax.tree_util.tree_map(np.testing.assert_array_equal, params, expected)
   assert sorted(p.name for p in (copy / "checkpoints").iterdir()) == ["1", "2"]
   # The damaged step directory named explicitly: an error naming the file.

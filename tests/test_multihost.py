@@ -64,7 +64,7 @@ def test_two_hosts_match_one_process(tmp_path, mesh, per_host):
   ref_losses, ref_params = single_process_run(mesh)
   assert len(losses) == STEPS and len(set(ref_losses)) == STEPS
   np.testing.assert_allclose(losses, ref_losses, rtol=1e-5, atol=1e-6)
-  _, params = checkpoint.load_pretrained(workdir)
+  _, params = checkpoint.load_params(workdir)
   jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), params, ref_params)
 
 

@@ -18,8 +18,8 @@ being trained (another architecture or vocabulary) is an error, as is a director
 Integrity: once a save is complete, process 0 records the sha256 of every file of the step directory in
 `checksums.json` there (for an asynchronous save, inside the temporary directory just before orbax renames it
 into place, so that the checksums appear with the checkpoint). Every reader goes through one policy
-(`restore_latest` for train.py's resume; `_load_newest`, behind load_meta, load_pretrained, load_encoder and
-latest_step_dir, for eval_glue.py and tupe.tools.*): a checkpoint whose files differ from their checksums, or
+(`restore_latest` for train.py's resume; `_load_newest`, behind load_meta, load_params (and so
+`objectives.load_encoder`) and latest_step_dir, for eval_glue.py and tupe.tools.*): a checkpoint whose files differ from their checksums, or
 whose metadata or state does not load, is skipped with a one-line warning naming the step and the file, and the
 newest intact one is used (only train.py, which owns the workdir, renames it aside); a damaged checkpoint named
 explicitly (a step directory) is a one-line error. A checkpoint written before checksums were recorded loads,
@@ -495,33 +495,73 @@ def load_meta(path: str | pathlib.Path) -> dict:
   return _load_newest(path, lambda step_dir, meta: None)[1]
 
 
-def _host_params(step_dir: pathlib.Path, meta: dict) -> dict:
-  """A step directory's parameters on the host, without optimizer state or sharding."""
-  # Onto this process's first device: the saved shardings may name devices of other hosts or a bigger mesh.
-  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-  target = jax.tree_util.tree_map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
-                                  ocp.StandardCheckpointHandler().metadata(step_dir / "state").tree)
-  state = ocp.StandardCheckpointer().restore(step_dir / "state", target)
-  return jax.device_get(state["params"])
+def _restore_params(step_dir: pathlib.Path, select: dict | None, shardings) -> dict:
+  """The saved parameters at the paths `select` names ({name: path of keys in the saved params}; None: all of
+  them), read directly into `shardings` (a tree matching the result) or onto this process's first device. Only
+  those arrays are read: no optimizer state, step or RNG key."""
+  saved = ocp.StandardCheckpointHandler().metadata(step_dir / "state").tree["params"]
+  select = {name: (name,) for name in saved} if select is None else select
+  wanted = {}
+  for name, keys in select.items():
+    tree = saved
+    for key in keys:
+      if not isinstance(tree, dict) or key not in tree:
+        raise UserError(f"checkpoint {step_dir} has no parameters {'/'.join(keys)}: it was written by another "
+                        f"model")
+      tree = tree[key]
+    wanted[name] = tree
+  if shardings is None:
+    # This process's first device: the saved shardings may name devices of other hosts or a bigger mesh.
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    shardings = jax.tree_util.tree_map(lambda _: device, wanted)
+  try:
+    target = jax.tree_util.tree_map(lambda m, s: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=s), wanted,
+                                    shardings)
+  except ValueError as e:
+    raise UserError(f"checkpoint {step_dir} holds other parameters than the model they are loaded into ({e})")
+
+  def nest(keys, leaf):  # {name: tree} as the saved params' nesting, for orbax's partial restore
+    for key in reversed(keys):
+      leaf = {key: leaf}
+    return leaf
+
+  item, args = {}, {}
+  for name, keys in select.items():
+    _merge(item, nest(keys, target[name]))
+    _merge(args, nest(keys, jax.tree_util.tree_map(lambda t: ocp.ArrayRestoreArgs(sharding=t.sharding),
+                                                   target[name])))
+  restored = ocp.PyTreeCheckpointer().restore(step_dir / "state", args=ocp.args.PyTreeRestore(
+      item={"params": item}, restore_args={"params": args}, partial_restore=True))["params"]
+  params = {}
+  for name, keys in select.items():
+    tree = restored
+    for key in keys:
+      tree = tree[key]
+    params[name] = tree
+  return params
 
 
-def load_pretrained(path: str | pathlib.Path) -> tuple[dict, dict]:
-  """(meta, params) of the newest intact checkpoint under `path` (`_load_newest`), on the host."""
-  _, meta, params = _load_newest(path, _host_params)
-  return meta, params
+def _merge(into: dict, tree: dict) -> None:
+  for key, value in tree.items():
+    if isinstance(value, dict) and isinstance(into.get(key), dict):
+      _merge(into[key], value)
+    else:
+      into[key] = value
 
 
-def load_encoder(path: str | pathlib.Path):
-  """A train.py checkpoint as (model config, backbone `Encoder` params, vocab tokens).
+def load_params(path: str | pathlib.Path, select=None, shardings=None) -> tuple[dict, dict]:
+  """(meta, params) of the newest intact checkpoint under `path` (`_load_newest`): the parameters only.
 
-  For ELECTRA checkpoints the backbone is the discriminator (what the papers fine-tune).
+  Args:
+    select: None for all the parameters, or meta -> {name: path of keys in the saved params}, to read some of
+      them (e.g. a backbone within a pre-training model) as {name: subtree}.
+    shardings: None: numpy arrays on the host. Else a tree of `jax.sharding.Sharding`s matching the result:
+      each array is read directly into its sharding (each device reads its shards; no whole array, and no
+      optimizer state, lands anywhere), as training lays its parameters out.
   """
-  import ml_collections
-  meta, params = load_pretrained(path)
-  config = meta["config"]
-  model_cfg = ml_collections.ConfigDict(config["model"])
-  if config["objective"] == "electra":
-    encoder = {"embeddings": params["embeddings"], "stack": params["discriminator"]}
-  else:
-    encoder = params["encoder"]
-  return model_cfg, encoder, meta["vocab"]
+  def load(step_dir, meta):
+    params = _restore_params(step_dir, None if select is None else select(meta), shardings)
+    return jax.device_get(params) if shardings is None else params
+
+  _, meta, params = _load_newest(path, load)
+  return meta, params

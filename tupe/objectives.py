@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import optax
 
+from tupe import checkpoint
 from tupe import models
 from tupe.errors import UserError
 
@@ -109,3 +111,21 @@ def loss_fn(cfg, module, params, batch, rng, deterministic: bool = False, denoms
   if cfg.objective == "electra":
     return electra_loss(module, params, batch, rng, deterministic, cfg.disc_weight, denoms)
   return mlm_loss(module, params, batch, rng, deterministic, denoms)
+
+
+def backbone_paths(config: dict) -> dict[str, tuple[str, ...]]:
+  """Where a pre-training model keeps the `Encoder` ({embeddings, stack}) that fine-tuning and analysis use:
+  MLM models under `encoder`; ELECTRA's discriminator (what the papers fine-tune) is its shared `embeddings`
+  and its `discriminator` stack (`models.Electra`)."""
+  if config["objective"] == "electra":
+    return {"embeddings": ("embeddings",), "stack": ("discriminator",)}
+  return {"embeddings": ("encoder", "embeddings"), "stack": ("encoder", "stack")}
+
+
+def load_encoder(path, shardings=None):
+  """A train.py checkpoint's backbone as (model config, `Encoder` params, vocab tokens): the newest intact
+  checkpoint under `path`, its backbone's parameters only, on the host or read directly into `shardings` (a
+  tree of shardings of an `Encoder`'s params; `checkpoint.load_params`)."""
+  meta, params = checkpoint.load_params(path, select=lambda meta: backbone_paths(meta["config"]),
+                                        shardings=shardings)
+  return ml_collections.ConfigDict(meta["config"]["model"]), params, meta["vocab"]

@@ -39,7 +39,9 @@ from tupe import study_report
 from tupe import trainer
 from tupe.data import corpus
 from tupe.errors import UserError, run_main
+from tupe.glue import data as glue_data
 from tupe.glue import finetune
+from tupe.glue import runs as runs_lib
 from tupe.tools import evaluate
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -120,9 +122,9 @@ def plan(cfg, root: pathlib.Path) -> list[Variant]:
             + [f"--config.{o}" for o in cfg.glue.overrides])
     glue_cfg = cli.check_config_flags(["eval_glue.py"] + glue[2:])
     finetune.check_config(glue_cfg)
-    tasks = tuple(task.name for task in finetune.parse_tasks(glue_cfg.tasks))
+    tasks = tuple(task.name for task in glue_data.parse_tasks(glue_cfg.tasks))
     variants.append(Variant(name, workdir / "pretrain", workdir / "glue", workdir / "heldout", pretrain, glue,
-                            pretrain_cfg, tasks, finetune.learning_rates(glue_cfg, pretrain_cfg.model),
+                            pretrain_cfg, tasks, glue_data.learning_rates(glue_cfg, pretrain_cfg.model),
                             tuple(glue_cfg.seeds)))
   return variants
 
@@ -156,7 +158,7 @@ def heldout_done(cfg, variant: Variant, step: int) -> bool:
 
 def glue_pending(variant: Variant) -> int:
   """How many (task, lr, seed) runs of a variant's grid are not in its runs.jsonl."""
-  done = {(run["task"], run["lr"], run["seed"]) for run in finetune.read_runs(variant.glue_dir)}
+  done = {(run["task"], run["lr"], run["seed"]) for run in runs_lib.read_runs(variant.glue_dir)}
   return sum((task, lr, seed) not in done for task in variant.tasks for lr in variant.lrs for seed in variant.seeds)
 
 

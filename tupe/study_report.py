@@ -15,9 +15,10 @@ import pathlib
 
 from tupe import logs
 from tupe import tools
-from tupe.glue import finetune
+from tupe.glue import outputs
 from tupe.glue import metrics as glue_metrics
 from tupe.glue import report as glue_report
+from tupe.glue import runs as runs_lib
 
 EVAL_KEYS = ("mlm_loss", "mlm_accuracy", "disc_loss", "disc_accuracy", "disc_auc")
 
@@ -51,8 +52,8 @@ def heldout_summary(variant, step: int) -> dict | None:
 
 def glue_summary(variant) -> dict:
   """Per task: best-lr median, min, max, spread (max - min), best lr, seeds; and the average of the medians."""
-  runs = finetune.read_runs(variant.glue_dir)
-  summary = glue_report.summarize(finetune.run_records(runs))
+  runs = runs_lib.read_runs(variant.glue_dir)
+  summary = glue_report.summarize(runs_lib.run_records(runs))
   tasks = {}
   for result in summary:
     best = result.best
@@ -68,7 +69,7 @@ def glue_summary(variant) -> dict:
 
 def paper_numbers(name: str, tasks: list[str]) -> dict | None:
   """The TUPE paper's base-model dev numbers of a TUPE-table model on `tasks`, and their average."""
-  paper = finetune.PAPER_DEV.get(name)
+  paper = outputs.PAPER_DEV.get(name)
   if paper is None:
     return None
   by_task = dict(zip(glue_metrics.TUPE_AVERAGE_TASKS, paper))

@@ -23,7 +23,7 @@ from typing import Mapping
 
 import numpy as np
 
-from tupe.data import glue
+from tupe.glue import tasks as glue
 
 # The 9 numbers of the TUPE table average (MNLI matched and mismatched separately, no WNLI).
 TUPE_AVERAGE_TASKS = ("MNLI-m", "MNLI-mm", "QNLI", "QQP", "SST-2", "CoLA", "MRPC", "RTE", "STS-B")
@@ -132,7 +132,7 @@ def task_metrics(task: str, predictions, labels) -> dict[str, float]:
   """GLUE's metrics for one evaluation, in points, plus "score" (TUPE convention).
 
   Args:
-    task: evaluation name ("CoLA", "MNLI-m", "STS-B", ...; see tupe.data.glue.EVALUATIONS).
+    task: evaluation name ("CoLA", "MNLI-m", "STS-B", ...; see tupe.glue.tasks.EVALUATIONS).
     predictions: [n] predicted class ids, or scores for STS-B.
     labels: [n] gold class ids, or scores for STS-B.
 

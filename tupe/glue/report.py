@@ -22,7 +22,7 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
-from tupe.data import glue
+from tupe.glue import tasks as glue
 from tupe.errors import UserError
 from tupe.glue import metrics as glue_metrics
 

@@ -36,6 +36,7 @@ from tupe import analysis
 from tupe import checkpoint
 from tupe import hf
 from tupe import models
+from tupe import objectives
 from tupe import tools
 from tupe.data import tokenizer as tokenizer_lib
 from tupe.errors import UserError, run_main
@@ -207,7 +208,7 @@ def load_model(args, workspace: pathlib.Path):
       raise UserError(f"{args.hf_convbert} has no vocab.txt: pass the model's vocab with --vocab")
     lowercase, label = not args.cased, f"HF ConvBERT {pathlib.Path(args.hf_convbert).name}"
   else:
-    cfg, params, vocab = checkpoint.load_encoder(args.checkpoint)
+    cfg, params, vocab = objectives.load_encoder(args.checkpoint)
     step_dir = checkpoint.latest_step_dir(args.checkpoint)
     lowercase = not args.cased and _checkpoint_lowercase(step_dir)
     if args.vocab:

@@ -54,7 +54,7 @@ def evaluate(checkpoint_path: str, text_file: str, seed: int = 0, max_examples: 
   if not pathlib.Path(text_file).is_file():
     raise UserError(f"--text-file {text_file} does not exist: give a UTF-8 text file")
   step_dir = checkpoint.latest_step_dir(checkpoint_path)
-  meta, params = checkpoint.load_pretrained(step_dir)
+  meta, params = checkpoint.load_params(step_dir)
   cfg = ml_collections.ConfigDict(meta["config"])
   if not meta["vocab"]:
     raise UserError(f"{step_dir} holds no vocab (pre-trained on synthetic data): it cannot read text")

@@ -75,7 +75,7 @@ def export(checkpoint_path, out) -> list[pathlib.Path]:
   out = pathlib.Path(out)
   if out.exists() and (not out.is_dir() or any(out.iterdir())):
     raise UserError(f"--out {out} exists and is not an empty directory; choose a new one")
-  meta, params = checkpoint.load_pretrained(checkpoint_path)
+  meta, params = checkpoint.load_params(checkpoint_path)
   config = meta["config"]
   cfg, objective = ml_collections.ConfigDict(config["model"]), config["objective"]
   family = hf_layout.family(cfg, objective)

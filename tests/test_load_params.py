@@ -1,0 +1,79 @@
+"""Parameter-only loading (`checkpoint.load_params`, `objectives.load_encoder`): each array read directly into
+its target sharding on 8 fake devices, and no optimizer state read."""
+import re
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from configs import pretrain
+from test_resume import TINY
+from tupe import checkpoint
+from tupe import models
+from tupe import objectives
+from tupe import sharding
+from tupe import trainer
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+  """A small TUPE-A trained 2 steps: 128 wide, its dimensions split over 4-way FSDP and 2-way tensor
+  parallelism; a 4096-token vocab, so that its 3 MB of arrays outweigh the checkpoint's metadata files."""
+  cfg = pretrain.get_config("tupe_a,tiny")
+  overrides = {"num_train_steps": 2, "checkpoint.every_steps": 2, "optimizer.warmup_steps": 1,
+               "checkpoint.async_save": False, "model.hidden_size": 128, "model.embedding_size": 128,
+               "model.intermediate_size": 256, "data.synthetic_vocab_size": 4096}
+  for key, value in dict(TINY, **overrides).items():
+    parent, _, field = key.rpartition(".")
+    (cfg[parent] if parent else cfg)[field] = value
+  root = tmp_path_factory.mktemp("load_params") / "run"
+  trainer.train(cfg, str(root))
+  return root
+
+
+def bytes_read() -> int:
+  """Bytes this process has read through system calls (Linux)."""
+  return int(re.search(r"rchar: (\d+)", open("/proc/self/io").read()).group(1))
+
+
+def test_encoder_params_land_in_their_target_shardings(workdir):
+  assert len(jax.devices()) == 8
+  model_cfg, host, _ = objectives.load_encoder(workdir)
+  mesh = sharding.make_mesh({"data": 1, "fsdp": 4, "tensor": 2}, jax.devices())
+  abstract = jax.eval_shape(lambda: models.init_module(models.Encoder(model_cfg), model_cfg, boxed=True))
+  targets = sharding.logical_shardings(abstract, mesh, sharding.rules_from_config(()))
+  _, params, _ = objectives.load_encoder(workdir, targets)
+
+  leaves = jax.tree_util.tree_leaves_with_path(params)
+  split = 0
+  for (path, leaf), target, expected in zip(leaves, jax.tree_util.tree_leaves(targets),
+                                            jax.tree_util.tree_leaves(host)):
+    assert leaf.sharding.is_equivalent_to(target, leaf.ndim), jax.tree_util.keystr(path)
+    np.testing.assert_array_equal(np.asarray(leaf), expected)
+    split += any(axis is not None for axis in target.spec)
+    # Each device holds its shard only, not the whole array.
+    assert {shard.data.shape for shard in leaf.addressable_shards} == {target.shard_shape(leaf.shape)}
+  assert len(leaves) == len(jax.tree_util.tree_leaves(host)) and split >= 10  # Most matrices are split.
+
+
+def test_only_the_parameters_are_read(workdir):
+  state = checkpoint.latest_step_dir(workdir) / "state"
+  saved = ocp.StandardCheckpointHandler().metadata(state).tree
+  nbytes = lambda tree: sum(int(np.prod(m.shape)) * np.dtype(m.dtype).itemsize
+                            for m in jax.tree_util.tree_leaves(tree))
+  before = bytes_read()
+  _, params = checkpoint.load_params(workdir)
+  read = bytes_read() - before
+  assert jax.tree_util.tree_structure(params) == jax.tree_util.tree_structure(jax.device_get(saved["params"]))
+  # Adam's two moments make a whole state about 3x its parameters; restoring it reads them all.
+  before = bytes_read()
+  ocp.StandardCheckpointer().restore(state)
+  whole = bytes_read() - before
+  assert whole > 2.5 * nbytes(saved["params"]), (whole, nbytes(saved["params"]))
+  assert read < 1.3 * nbytes(saved["params"]), (read, nbytes(saved["params"]), whole)
+
+
+def test_a_path_the_checkpoint_lacks_is_one_line(workdir):
+  with pytest.raises(checkpoint.UserError, match="has no parameters discriminator: it was written by another"):
+    checkpoint.load_params(workdir, select=lambda meta: {"stack": ("discriminator",)})

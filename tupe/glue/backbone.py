@@ -1,0 +1,156 @@
+"""The encoder a GLUE grid fine-tunes: a train.py checkpoint (with its own vocab), an imported HF ConvBERT
+or random weights, checked against the config, with the text casing it was pre-trained with.
+"""
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from typing import Any
+
+import jax
+import ml_collections
+
+from tupe import checkpoint as checkpoint_lib
+from tupe import hf
+from tupe import models
+from tupe import objectives
+from tupe import sharding
+from tupe.data import tokenizer as tokenizer_lib
+from tupe.errors import UserError
+
+
+@dataclasses.dataclass
+class Backbone:
+  """The encoder to fine-tune.
+
+  Attributes:
+    cfg: model config (vocab_size = rows of the embedding table).
+    params: imported HF `models.Encoder` params on the host; None for a checkpoint (read by `encoder_params`,
+      directly into the mesh) and for random initialization (drawn per seed).
+    vocab_file: the vocab, a copy in the workdir.
+    source: where it came from, for logs.
+    checkpoint: the train.py step directory, for a checkpoint.
+  """
+  cfg: ml_collections.ConfigDict
+  params: Any
+  vocab_file: pathlib.Path
+  source: str
+  checkpoint: pathlib.Path | None = None
+
+
+def _vocab_tokens(vocab_file: str, purpose: str) -> list[str]:
+  if not vocab_file:
+    raise UserError(f"{purpose} needs a vocab: set --config.vocab_file to its WordPiece vocab.txt")
+  return tokenizer_lib.read_vocab(vocab_file)
+
+
+def _random_backbone(cfg):
+  if cfg.init_checkpoint or cfg.init_hf:
+    raise UserError("init=random starts from random weights: drop --config.init_checkpoint/--config.init_hf")
+  name, _, size = cfg.model.partition(",")
+  if not name:
+    raise UserError("init=random needs the architecture: set --config.model=<name>,<size>, e.g. tupe_a,base")
+  try:
+    model_cfg = models.get_config(name, size or "base")
+  except ValueError as e:
+    raise UserError(f"--config.model={cfg.model}: {e}") from None
+  tokens = _vocab_tokens(cfg.vocab_file, "init=random")
+  model_cfg.vocab_size = len(tokens)
+  source = f"random {name} ({model_cfg.size})"
+  check_backbone(cfg, model_cfg, len(tokens), source)
+  return model_cfg, None, tokens, source
+
+
+def _checkpoint_backbone(cfg):
+  step_dir = checkpoint_lib.latest_step_dir(cfg.init_checkpoint)
+  meta = checkpoint_lib.load_meta(step_dir)
+  model_cfg, trained_tokens = ml_collections.ConfigDict(meta["config"]["model"]), meta["vocab"]
+  source = f"checkpoint {step_dir}"
+  if not (trained_tokens or cfg.vocab_file):
+    raise UserError(f"{source} holds no vocab (pre-trained on synthetic data): set --config.vocab_file")
+  tokens = tokenizer_lib.read_vocab(cfg.vocab_file) if cfg.vocab_file else trained_tokens
+  check_backbone(cfg, model_cfg, len(tokens), source)
+  if trained_tokens and tokens != trained_tokens:
+    raise UserError(f"{cfg.vocab_file} is not the vocab of {source}, which carries its own: drop "
+                    f"--config.vocab_file")
+  return model_cfg, None, tokens, source
+
+
+def _hf_backbone(cfg):
+  model_cfg, params = hf.import_convbert(cfg.init_hf)
+  source = f"HF ConvBERT {cfg.init_hf}"
+  default_vocab = pathlib.Path(cfg.init_hf) / "vocab.txt"
+  tokens = _vocab_tokens(cfg.vocab_file or (str(default_vocab) if default_vocab.is_file() else ""),
+                         f"init_hf={cfg.init_hf} (no vocab.txt there)")
+  check_backbone(cfg, model_cfg, len(tokens), source)
+  return model_cfg, params, tokens, source
+
+
+def load_backbone(cfg, workdir: pathlib.Path) -> Backbone:
+  """Loads and checks the encoder named by the config; writes its vocab to <workdir>/vocab.txt.
+
+  Raises:
+    UserError: no or two sources, a missing vocab, an architecture the config does not expect, a vocab whose
+      size differs from the embedding table, or max_seq_len beyond the model's positions.
+  """
+  if cfg.init == "random":
+    model_cfg, params, tokens, source = _random_backbone(cfg)
+  elif cfg.init != "pretrained":
+    raise UserError(f"init={cfg.init!r}; use 'pretrained' (init_checkpoint or init_hf) or 'random'")
+  elif bool(cfg.init_checkpoint) == bool(cfg.init_hf):
+    raise UserError("set one of --config.init_checkpoint (a train.py workdir or step directory) and "
+                    "--config.init_hf (a HF ConvBERT directory), or --config.init=random for a baseline")
+  elif cfg.init_checkpoint:
+    model_cfg, params, tokens, source = _checkpoint_backbone(cfg)
+  else:
+    model_cfg, params, tokens, source = _hf_backbone(cfg)
+  step_dir = checkpoint_lib.latest_step_dir(cfg.init_checkpoint) if cfg.init_checkpoint else None
+  return Backbone(model_cfg, params, tokenizer_lib.write_vocab(tokens, workdir / "vocab.txt"), source, step_dir)
+
+
+def encoder_params(backbone: Backbone, mesh, rules):
+  """The backbone's `models.Encoder` params in their shardings over the mesh (logical-axis rules), as
+  fine-tuning lays them out; a checkpoint's are read directly into them, parameters only. None for random
+  weights."""
+  if backbone.checkpoint is None and backbone.params is None:
+    return None
+  abstract = jax.eval_shape(lambda: models.init_module(models.Encoder(backbone.cfg), backbone.cfg, boxed=True))
+  shardings = sharding.logical_shardings(abstract, mesh, rules)
+  if backbone.checkpoint is not None:
+    return objectives.load_encoder(backbone.checkpoint, shardings)[1]
+  return jax.device_put(backbone.params, shardings)
+
+
+def check_backbone(cfg, model_cfg, vocab_size: int, source: str) -> None:
+  """The config's expectations of the backbone: architecture, vocab size, positions."""
+  accepted = [name for name in cfg.architectures.split(",") if name]
+  if model_cfg.name not in accepted:
+    raise UserError(f"{source} is a {model_cfg.name} model, but this recipe fine-tunes {', '.join(accepted)}: "
+                    f"use the recipe of that model (configs/glue.py:tupe or :convbert), or add it to "
+                    f"--config.architectures")
+  if vocab_size != model_cfg.vocab_size:
+    raise UserError(f"the vocab has {vocab_size} tokens but {source} has {model_cfg.vocab_size} embedding rows: "
+                    f"use the vocab the model was pre-trained with")
+  if cfg.max_seq_len > model_cfg.max_position_embeddings:
+    raise UserError(f"max_seq_len={cfg.max_seq_len} exceeds the {model_cfg.max_position_embeddings} positions "
+                    f"of {source}: lower --config.max_seq_len")
+
+
+def tokenizer_lowercase(cfg) -> bool:
+  """Whether GLUE text is lowercased: as a train.py checkpoint was pre-trained (its data.lowercase), else
+  --config.lowercase, by default True (an uncased BERT vocab) for HF ConvBERT and random weights.
+
+  Raises:
+    UserError: --config.lowercase contradicts the checkpoint's setting.
+  """
+  if cfg.init == "pretrained" and cfg.init_checkpoint and not cfg.init_hf:
+    step_dir = checkpoint_lib.latest_step_dir(cfg.init_checkpoint)
+    meta = checkpoint_lib.load_meta(step_dir)
+    if meta["vocab"]:  # Without a vocab (synthetic pre-training data) its text setting says nothing.
+      trained = bool(meta["config"]["data"].get("lowercase", True))
+      if cfg.lowercase is not None and cfg.lowercase != trained:
+        raise UserError(f"lowercase={cfg.lowercase}, but checkpoint {step_dir} was pre-trained on "
+                        f"{'lowercased' if trained else 'cased'} text: drop --config.lowercase to tokenize as in "
+                        f"pre-training")
+      return trained
+  return True if cfg.lowercase is None else cfg.lowercase

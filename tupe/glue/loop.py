@@ -1,0 +1,113 @@
+"""One fine-tuning run: a (task, lr, seed) trained with dev evaluations, logged as pre-training logs."""
+from __future__ import annotations
+
+import math
+import pathlib
+import shutil
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tupe import logs
+from tupe import sharding
+from tupe.glue import data as glue_data
+from tupe.glue import encoding
+from tupe.glue import metrics as glue_metrics
+from tupe.glue import model as task_model
+
+
+def finetune(cfg, setup: task_model.TaskSetup, data: glue_data.TaskData, encoder, lr: float, seed: int, label: str,
+             run_dir: pathlib.Path, peak_flops: float):
+  """One run. Returns (its runs.jsonl record, test predictions {evaluation: (idx, values)} of the kept params).
+
+  The kept parameters are those of the best dev evaluation, a non-finite score ranking below every finite one.
+  When no evaluation was finite the record says "diverged": true and there are no test predictions. A run that
+  diverged after a finite evaluation keeps that evaluation's parameters and score; its record's
+  "train_loss_nonfinite_from_step" (None when every training loss was finite) says from which step it had.
+
+  Metrics go to run_dir/metrics.jsonl (and run_dir/tensorboard), as pre-training writes them: every step's
+  loss and learning rate, the rates (steps/s, examples/s, tokens/s, MFU against `peak_flops` for all devices)
+  every `log_every` steps, and each dev evaluation with an `eval_` prefix. An interrupted run starts again from
+  step 0, so its directory is emptied first.
+  """
+  start = time.perf_counter()
+  shutil.rmtree(run_dir, ignore_errors=True)
+  if jax.process_index() == 0:
+    run_dir.mkdir(parents=True)
+  state = setup.init_state(encoder, jax.random.PRNGKey(seed))
+  train, n = data.train, len(data.train["idx"])
+  points, epochs = task_model.eval_points(setup, cfg.evals_per_epoch), setup.epochs
+  lr_array = jnp.asarray(lr, jnp.float32)
+  best, best_params, history, epoch_losses, nonfinite_step = None, None, [], [], None
+  progress = logs.Progress(setup.total_steps, cfg.batch_size * cfg.max_seq_len, setup.flops_per_step, peak_flops)
+  unwritten = []  # (step, loss on device) of the steps since the last write
+  step = 0
+  with logs.MetricWriter(run_dir, tensorboard=cfg.tensorboard) as writer:
+
+    def write_steps(rates=None) -> dict:
+      """Writes the unwritten steps' rows (the rates on the last one); returns the last row."""
+      losses = jax.device_get([loss for _, loss in unwritten])  # waits for the steps
+      row = {}
+      for i, ((s, _), loss) in enumerate(zip(unwritten, losses)):
+        row = {"loss": loss, "learning_rate": lr * float(setup.lr_factors[s - 1]),
+               "epoch": s / setup.steps_per_epoch}
+        writer.write(s, dict(row, **rates) if rates and i == len(losses) - 1 else row)
+      unwritten.clear()
+      return row
+
+    for epoch in range(epochs):
+      order = np.random.default_rng([seed, epoch]).permutation(n)
+      losses = []
+      for b in range(setup.steps_per_epoch):
+        rows = order[b * cfg.batch_size:(b + 1) * cfg.batch_size]
+        batch = encoding.batch_rows(train, rows, cfg.batch_size, cfg.regression_scale)
+        state, loss = setup.train_step(state, sharding.shard_batch(batch, setup.mesh), lr_array)
+        losses.append(loss)
+        step += 1
+        unwritten.append((step, loss))
+        if step == 1:  # The rates leave out the first step, which compiles (the task's first run) and warms up.
+          jax.block_until_ready(loss)
+          progress.restart_clock(step)
+        if step % cfg.log_every == 0 or step == setup.total_steps:
+          rates = progress.rates(step) if step > 1 else {}
+          if rates:
+            rates["examples_per_s"] = rates["steps_per_s"] * cfg.batch_size
+          row = write_steps(rates)
+          logs.log(f"{label} | epoch {epoch + 1}/{epochs} "
+                   + progress.line(step, row, rates or {"steps_per_s": 0.0, "tokens_per_s": 0.0}))
+        if step in points:
+          write_steps()
+          score, results, dev_loss = task_model.evaluate(setup, state.params, data, cfg)
+          history.append({"step": step, "epoch": round(step / setup.steps_per_epoch, 3), "score": score,
+                          "dev_loss": dev_loss})
+          writer.write(step, {"score": score, "loss": dev_loss, **{
+              f"{name}_{metric}": value for name, metrics in results.items() for metric, value in metrics.items()
+              if metric != "score"}}, prefix="eval_")
+          if best is None or glue_metrics.ranking_score(score) > glue_metrics.ranking_score(best["score"]):
+            best = dict(history[-1], metrics=results)
+            best_params = jax.tree_util.tree_map(lambda x: x.copy(), state.params)
+          shown = ", ".join(f"{name} {m['score']:.2f}" for name, m in results.items())
+          logs.log(f"{label} | dev at step {step} (epoch {history[-1]['epoch']:g}): {shown}, loss {dev_loss:.4f} "
+                   f"| best {best['score']:.2f} at step {best['step']}")
+          jax.block_until_ready(state)  # The rates restart after the evaluation, from this step.
+          progress.restart_clock()
+      epoch_loss = np.asarray(jax.device_get(losses))
+      epoch_losses.append(float(epoch_loss.mean()))
+      if nonfinite_step is None and not np.isfinite(epoch_loss).all():
+        nonfinite_step = epoch * setup.steps_per_epoch + int(np.argmin(np.isfinite(epoch_loss))) + 1
+    if unwritten:
+      write_steps()
+  diverged = not math.isfinite(best["score"])
+  predictions = {}
+  for ev, arrays in [] if diverged else data.test:
+    values, _ = task_model.predict(setup, best_params, arrays, cfg)
+    predictions[ev.name] = (arrays["idx"], values)
+  record = {"task": data.task.name, "lr": lr, "seed": seed, "score": best["score"], "diverged": diverged,
+            "evaluations": best["metrics"],
+            "best_step": best["step"], "total_steps": setup.total_steps, "epochs": epochs,
+            "train_examples": n, "train_loss": epoch_losses, "train_loss_nonfinite_from_step": nonfinite_step,
+            "dev_history": history,
+            "seconds": round(time.perf_counter() - start, 1)}
+  return record, predictions
