@@ -11,6 +11,7 @@ import time
 
 import jax
 import matplotlib.image
+import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
@@ -18,13 +19,16 @@ import pytest
 from configs import glue as glue_config
 from configs import pretrain
 from tupe import models
+from tupe import objectives
 from tupe import optim
+from tupe import sharding
 from tupe import trainer
 from tupe.errors import UserError
 from tupe.glue import backbone as backbone_lib
 from tupe.glue import data as glue_data
 from tupe.glue import encoding
 from tupe.glue import finetune
+from tupe.glue import loop
 from tupe.glue import model as task_model
 from tupe.glue import outputs
 from tupe.glue import report
@@ -384,3 +388,27 @@ def test_schedule_errors_come_before_any_run(pretrained, glue_dir, tmp_path):
                                       r"to train 2 steps or more$"):
     run(cfg)
   assert not (tmp_path / "out" / "runs.jsonl").exists()  # SST-2, selected first, did not run either.
+
+
+def test_scanned_backbone_fine_tunes_as_the_unrolled_one(pretrained, glue_dir, bert_vocab, tmp_path):
+  """A backbone with model.scan_layers (stacked [layers, ...] params, as a scanned checkpoint holds them)
+  fine-tunes to the same losses, dev score and predictions as the same weights unrolled."""
+  cfg = glue_cfg(init_checkpoint=str(pretrained), data_dir=str(glue_dir), **dict(OVERRIDES, max_train_examples=64))
+  cfg.epochs.sst2 = 1
+  cfg.lowercase = True
+  mesh = sharding.make_mesh(cfg.mesh, jax.devices()[:1])
+  rules = sharding.rules_from_config(cfg.sharding_rules)
+  model_cfg, params, _ = objectives.load_encoder(pretrained)
+  model_cfg.num_layers = 2  # two layers, so that the scan runs over more than one
+  params = dict(params, stack=dict(params["stack"], layer_1=params["stack"]["layer_0"]))
+  scanned_cfg = ml_collections.ConfigDict(dict(model_cfg.to_dict(), scan_layers=True))
+  task = glue.get_task("sst2")
+  data = glue_data.load_task_data(cfg, task, bert_vocab, with_test=False)
+  results = []
+  for backbone_cfg, encoder in ((model_cfg, params), (scanned_cfg, models.stack_layers(params))):
+    backbone = backbone_lib.Backbone(backbone_cfg, None, bert_vocab, "test")
+    setup = task_model.build_task(cfg, backbone, task, len(data.train["idx"]), mesh, rules)
+    results.append(loop.finetune(cfg, setup, data, encoder, 1e-3, 0, "test", tmp_path / str(len(results)), 1e12))
+  (unrolled, _), (scanned, _) = results
+  np.testing.assert_allclose(scanned["train_loss"], unrolled["train_loss"], rtol=2e-5)
+  assert scanned["score"] == pytest.approx(unrolled["score"], abs=1e-6)
