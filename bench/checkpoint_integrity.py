@@ -25,6 +25,7 @@ import numpy as np
 import bench
 from configs import pretrain
 from tupe import checkpoint
+from tupe import resume
 from tupe import trainer
 
 
@@ -74,7 +75,7 @@ def main(argv=None) -> list[dict]:
         if not verified:
           checkpoint.verify = lambda step_dir: None
         try:
-          return ckpt.restore_latest(setup.abstract_state, meta)[1]
+          return ckpt.restore_latest(setup.abstract_state, resume.Compatibility(setup.abstract_state.params, meta))[1]
         finally:
           checkpoint.verify = verify
       restore_plain = _best(lambda: jax.block_until_ready(restore(False)), args.repeats)

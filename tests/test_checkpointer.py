@@ -13,7 +13,7 @@ import pytest
 
 from configs import pretrain
 from tupe import checkpoint
-from tupe import trainer
+from tupe import resume
 from tupe.errors import UserError
 
 
@@ -44,7 +44,7 @@ def test_an_interrupted_first_save_is_reported(tmp_path, caplog):
   (tmp_path / "4.orbax-checkpoint-tmp-1700000000").mkdir()
   cfg = ml_collections.ConfigDict(dict(keep_last=3, keep_every=0, async_save=True))
   with checkpoint.Checkpointer(tmp_path, cfg) as ckpt, caplog.at_level(logging.WARNING):
-    assert ckpt.restore_latest(None, {}) is None
+    assert ckpt.restore_latest(None) is None
   assert ckpt.interrupted == [4]
   assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == [
       f"the save of checkpoint 4 in {tmp_path} was interrupted (its partial files are removed); resuming from the "
@@ -58,9 +58,9 @@ def test_settings_older_configs_left_implicit_are_not_reported_as_changed():
   old = json.loads(json.dumps(current))
   old["sharding_rules"] = []
   del old["model"]["scan_layers"]
-  compare = lambda a, b: checkpoint.changed_settings(trainer._with_implicit_defaults(a),
-                                                     trainer._with_implicit_defaults(b))
-  assert checkpoint.changed_settings(old, current)  # what the comparison reported before
+  compare = lambda a, b: resume.changed_settings(resume._with_implicit_defaults(a),
+                                                 resume._with_implicit_defaults(b))
+  assert resume.changed_settings(old, current)  # what the comparison reported before
   assert compare(old, current) == []
   current["model"]["scan_layers"] = True
   assert compare(old, current) == ["model.scan_layers=False in the checkpoint, True now"]

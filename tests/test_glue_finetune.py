@@ -355,7 +355,8 @@ def write_meta(root, lowercase, vocab=("[PAD]", "[UNK]")):
 
 def test_lowercase_follows_the_checkpoint(pretrained, tmp_path):
   cased = write_meta(tmp_path / "cased", False)
-  lowercase = lambda root, **overrides: backbone_lib.tokenizer_lowercase(glue_cfg(init_checkpoint=str(root), **overrides))
+  lowercase = lambda root, **overrides: backbone_lib.tokenizer_lowercase(
+      glue_cfg(init_checkpoint=str(root), **overrides))
   assert lowercase(cased) is False and lowercase(cased, lowercase=False) is False
   with pytest.raises(UserError, match=r"^lowercase=True, but checkpoint .*/7 was pre-trained on cased text: drop "
                                       r"--config.lowercase to tokenize as in pre-training$"):

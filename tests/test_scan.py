@@ -8,7 +8,7 @@ import pytest
 import transformers
 
 import test_hf_parity as parity
-from tupe import analysis, checkpoint, hf, models, optim
+from tupe import analysis, hf, models, optim, resume
 from tupe.errors import UserError
 from tupe.tools import analyze
 
@@ -151,5 +151,5 @@ def test_resuming_with_the_other_layout_is_a_one_line_error(tmp_path):
   shapes = lambda cfg: jax.eval_shape(lambda: models.init(cfg))
   with pytest.raises(UserError, match=r"written for another model \(model.scan_layers=None in the checkpoint, "
                                       r"True now\); resume with the same model config"):
-    checkpoint._check_fits(7, tmp_path, shapes(unrolled), shapes(scanned), {"model": old, "objective": "mlm"},
+    resume._check_fits(7, tmp_path, shapes(unrolled), shapes(scanned), {"model": old, "objective": "mlm"},
                            {"model": scanned.to_dict(), "objective": "mlm"})

@@ -4,26 +4,23 @@ A checkpoint step directory holds:
   state: the TrainState (params, optimizer state, step, RNG key), sharded as in training;
   meta:  JSON with the resolved config, the vocabulary and the number of training examples, so a checkpoint
          is usable on its own.
-The input pipeline needs no state: batch s is a function of the seed and s (`tupe.data.pipeline`), so a run
-resumed at step s continues with batch s, whatever its number of hosts or data workers. A resumed run must see
-the same stream: a checkpoint written with other data settings (the data config less locations and worker
-count, seq_len, global_batch_size, seed) or over another number of training examples is an error. Other
-settings may change (e.g. num_train_steps, to extend a run); the trainer warns about them (`changed_settings`).
+This module is storage: what a resuming run requires of a checkpoint (the same model, data stream and
+optimizer structure) is the trainer's (`tupe.resume`), passed to `Checkpointer.restore_latest`.
 Orbax writes into a temporary directory and renames it when complete, so a killed save never leaves a
 checkpoint that looks finished. Restoring walks from the newest step down and skips (with a warning) any
 checkpoint that fails to load; once an older one loads, the skipped ones are renamed to `<step>.corrupt-<time>`
 so that the resumed run saves those steps anew. A checkpoint whose parameters have other shapes than the model
-being trained (another architecture or vocabulary) is an error, as is a directory where no checkpoint loads.
+rejected by the resuming run is an error, as is a directory where no checkpoint loads.
 
 Integrity: once a save is complete, process 0 records the sha256 of every file of the step directory in
 `checksums.json` there (for an asynchronous save, inside the temporary directory just before orbax renames it
 into place, so that the checksums appear with the checkpoint). Every reader goes through one policy
 (`restore_latest` for train.py's resume; `_load_newest`, behind load_meta, load_params (and so
-`objectives.load_encoder`) and latest_step_dir, for eval_glue.py and tupe.tools.*): a checkpoint whose files differ from their checksums, or
-whose metadata or state does not load, is skipped with a one-line warning naming the step and the file, and the
-newest intact one is used (only train.py, which owns the workdir, renames it aside); a damaged checkpoint named
-explicitly (a step directory) is a one-line error. A checkpoint written before checksums were recorded loads,
-with a one-line note.
+`objectives.load_encoder`) and latest_step_dir, for eval_glue.py and tupe.tools.*): a checkpoint whose files
+differ from their checksums, or whose metadata or state does not load, is skipped with a one-line warning
+naming the step and the file, and the newest intact one is used (only train.py, which owns the workdir, renames
+it aside); a damaged checkpoint named explicitly (a step directory) is a one-line error. A checkpoint written
+before checksums were recorded loads, with a one-line note.
 """
 from __future__ import annotations
 
@@ -48,7 +45,6 @@ ITEMS = ("state", "meta")
 CHECKSUMS = "checksums.json"  # {"sha256": {path relative to the step directory: hex digest}}
 _REWRITTEN_ON_COMMIT = "_CHECKPOINT_METADATA"  # orbax's step metadata, updated with the commit time
 # Data fields that do not change the batches: where files live, and how many processes make them.
-_DATA_LOCATIONS = ("files", "vocab_file", "cache_dir", "tfds_data_dir", "num_workers")
 
 
 class Checkpointer:
@@ -59,7 +55,7 @@ class Checkpointer:
     try:  # Orbax would create it in a background thread and only fail at the first save.
       self.directory.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-      raise UserError(f"cannot create the checkpoint directory {self.directory} ({_reason(e)}); choose another "
+      raise UserError(f"cannot create the checkpoint directory {self.directory} ({reason(e)}); choose another "
                       f"--workdir") from e
     # Partial saves of a run killed while saving (orbax removes them): said when resuming.
     self.interrupted = sorted(int(p.name.split(".")[0]) for p in self.directory.glob("*.orbax-checkpoint-tmp*")
@@ -127,19 +123,21 @@ class Checkpointer:
     """The failed save's step (None: unknown) and OS error, and what to do, in one line."""
     _silence_abandoned_writes()
     which = "a checkpoint" if step is None else f"checkpoint {step}"
-    return UserError(f"could not write {which} to {self.directory}: {_reason(e)}; free space or fix permissions, "
+    return UserError(f"could not write {which} to {self.directory}: {reason(e)}; free space or fix permissions, "
                      f"then rerun to resume from the last good checkpoint")
 
-  def restore_latest(self, abstract_state, meta: dict):
+  def restore_latest(self, abstract_state, compatibility=None):
     """Restores the newest loadable checkpoint; returns (step, state, its meta) or None.
 
     Args:
       abstract_state: the TrainState's shapes, dtypes and shardings.
-      meta: the run's own meta (resolved config, vocabulary, train_examples), to check the checkpoint's.
+      compatibility: what the resuming run requires of a checkpoint (`tupe.resume.Compatibility`): its
+        `check(step, directory, saved params metadata, saved meta)` raises a UserError before a checkpoint that
+        does not fit is restored, and `explain(step, directory, saved meta, error)` may turn a failed restore
+        into such an error (else the checkpoint counts as damaged and an older one is tried).
 
     Raises:
-      UserError: if a checkpoint holds parameters of other shapes than `abstract_state` or was written for
-        other data, or none loads.
+      UserError: if `compatibility` rejects the newest intact checkpoint, or none loads.
     """
     if self.interrupted:
       logging.warning("the save of checkpoint %s in %s was interrupted (its partial files are removed); resuming "
@@ -156,13 +154,14 @@ class Checkpointer:
       except Exception as e:  # Damaged files or unreadable metadata: a truncated or corrupted checkpoint.
         skipped.append(self._skip(step, e))
         continue
-      _check_fits(step, self.directory, saved, abstract_state.params, saved_meta["config"], meta["config"])
-      _check_same_data(step, self.directory, saved_meta, meta)
+      if compatibility is not None:
+        compatibility.check(step, self.directory, saved, saved_meta)
       try:
         restored = self.manager.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract_state)))
       except Exception as e:  # A truncated or corrupted checkpoint: fall back to an older one.
-        _check_same_optimizer(step, self.directory, saved_meta["config"], meta["config"], e)
+        if compatibility is not None:
+          compatibility.explain(step, self.directory, saved_meta, e)
         skipped.append(self._skip(step, e))
         continue
       self._move_aside(skipped)
@@ -280,14 +279,14 @@ def _raised_in_orbax(traceback) -> bool:
 
 def _why(e: Exception) -> str:
   """Why a checkpoint could not be restored, in a few words."""
-  return str(e) if isinstance(e, DamagedCheckpoint) else f"{type(e).__name__}: {_reason(e)}"
+  return str(e) if isinstance(e, DamagedCheckpoint) else f"{type(e).__name__}: {reason(e)}"
 
 
 def _warn_skipped(step: int, directory: pathlib.Path, e: Exception) -> None:
   logging.warning("skipping checkpoint %d in %s: it could not be restored (%s)", step, directory, _why(e))
 
 
-def _reason(e: Exception) -> str:
+def reason(e: Exception) -> str:
   """The OS error behind an exception if known (e.g. 'No space left on device'), else its first line."""
   if isinstance(e, OSError) and e.strerror:
     return e.strerror
@@ -296,83 +295,6 @@ def _reason(e: Exception) -> str:
     return os.strerror(int(code.group(1)))
   first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
   return first_line.split(" [tensorstore_spec=")[0]  # TensorStore appends its whole JSON spec.
-
-
-def _flat(tree: dict, prefix: str = "") -> dict:
-  """{"a.b": leaf} for a nested dict."""
-  flat = {}
-  for k, v in tree.items():
-    flat.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-  return flat
-
-
-def _differences(saved: dict, current: dict, keys=None) -> list[str]:
-  """"key=<saved> in the checkpoint, <current> now" for each of `keys` (default: all) whose flat values differ."""
-  saved, current = _flat(saved), _flat(current)
-  keys = sorted(saved.keys() | current.keys()) if keys is None else keys
-  return [f"{k}={saved.get(k)!r} in the checkpoint, {current.get(k)!r} now" for k in keys
-          if saved.get(k) != current.get(k)]
-
-
-# Settings that change neither what is trained nor what is evaluated: not reported when they differ on resume.
-_BOOKKEEPING = tuple(f"data.{k}" for k in _DATA_LOCATIONS) + (
-    "distributed.", "checkpoint.", "log_every", "eval_every", "tensorboard", "peak_flops")
-
-
-def changed_settings(saved_config: dict, config: dict) -> list[str]:
-  """The differences between a checkpoint's config and the resumed run's, less bookkeeping (where files are,
-  how often to log, evaluate and save). Model, data and optimizer-structure differences are errors, raised
-  when restoring."""
-  ignored = _BOOKKEEPING
-  keys = sorted(k for k in _flat(saved_config).keys() | _flat(config).keys() if not k.startswith(ignored))
-  return _differences(saved_config, config, keys)
-
-
-def _check_fits(step: int, directory: pathlib.Path, saved_params, params, saved_config: dict,
-                config: dict) -> None:
-  """Raises a UserError naming the difference when a checkpoint's parameters do not fit the model's."""
-  shapes = lambda tree: {jax.tree_util.keystr(k): tuple(x.shape)
-                         for k, x in jax.tree_util.tree_leaves_with_path(tree)}
-  saved_shapes, current_shapes = shapes(saved_params), shapes(params)
-  if saved_shapes == current_shapes:
-    return
-  where = f"checkpoint {step} in {directory}"
-  saved_vocab, vocab = saved_config["model"]["vocab_size"], config["model"]["vocab_size"]
-  if saved_vocab != vocab:
-    raise UserError(f"{where} has a {saved_vocab}-token vocabulary but the tokenizer has {vocab} tokens; use the "
-                    f"checkpoint's vocab (data.vocab_file) or a new --workdir")
-  fields = lambda c: {"model": c["model"], "objective": c["objective"]}
-  diff = _differences(fields(saved_config), fields(config))
-  if not diff:
-    name = next(k for k in sorted(set(saved_shapes) | set(current_shapes))
-                if saved_shapes.get(k) != current_shapes.get(k))
-    diff = [f"parameter {name} is {saved_shapes.get(name)} in the checkpoint, {current_shapes.get(name)} now"]
-  raise UserError(f"{where} was written for another model ({'; '.join(diff[:3])}); resume with the same model "
-                  f"config or use a new --workdir")
-
-
-def _check_same_optimizer(step: int, directory: pathlib.Path, saved_config: dict, config: dict,
-                          error: Exception) -> None:
-  """A checkpoint that fails to restore under another optimizer config is reported as such, not as corrupted:
-  its optimizer state has another structure (e.g. without the clipping stage) and the checkpoint is intact."""
-  diff = _differences({"optimizer": saved_config.get("optimizer", {})}, {"optimizer": config.get("optimizer", {})})
-  if diff:
-    raise UserError(f"checkpoint {step} in {directory} could not be restored with another optimizer config "
-                    f"({'; '.join(diff[:3])}; {_reason(error)}); resume with its optimizer settings or use a new "
-                    f"--workdir") from error
-
-
-def _check_same_data(step: int, directory: pathlib.Path, saved_meta: dict, meta: dict) -> None:
-  """Raises a UserError naming the difference when a checkpoint was trained on another stream of batches."""
-  def stream(m):
-    data = {k: v for k, v in m["config"]["data"].items() if k not in _DATA_LOCATIONS}
-    return dict(_flat(data, "data."), **{k: m["config"][k] for k in ("seq_len", "global_batch_size", "seed")},
-                **{k: m[k] for k in ("train_examples",) if k in m})
-  saved, current = stream(saved_meta), stream(meta)
-  diff = _differences(saved, current, sorted(saved.keys() & current.keys()))
-  if diff:
-    raise UserError(f"checkpoint {step} in {directory} was trained on other batches ({'; '.join(diff[:3])}); "
-                    f"resume with the same data settings and corpus, or use a new --workdir")
 
 
 class DamagedCheckpoint(UserError):
@@ -428,7 +350,7 @@ def verify(step_dir: pathlib.Path) -> None:
   try:
     expected = json.loads(record.read_text())["sha256"]
   except (OSError, ValueError, KeyError, TypeError) as e:
-    raise DamagedCheckpoint(f"{CHECKSUMS} is unreadable ({_reason(e)})") from e
+    raise DamagedCheckpoint(f"{CHECKSUMS} is unreadable ({reason(e)})") from e
   names = sorted(expected)
   missing = [name for name in names if not (step_dir / name).is_file()]
   if missing:

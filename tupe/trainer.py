@@ -34,6 +34,7 @@ from tupe import logs
 from tupe import models
 from tupe import objectives
 from tupe import optim
+from tupe import resume
 from tupe import sharding
 from tupe import training
 from tupe.data import masking
@@ -291,27 +292,6 @@ def check_loop(cfg) -> None:
       raise UserError(f"optimizer.{name}={cfg.optimizer[name]} overflows float32 (at most {_FLOAT32_MAX:.3g})")
 
 
-def _with_implicit_defaults(config: dict) -> dict:
-  """A config as JSON with the settings that older configs left implicit spelled out, so that a checkpoint
-  written before they were explicit is not reported as changed: `sharding_rules` () meaning the default rules,
-  and no `model.scan_layers` meaning unrolled layers."""
-  rules = [[name, list(axes) if isinstance(axes, tuple) else axes]
-           for name, axes in sharding.rules_from_config(config.get("sharding_rules"))]
-  return dict(config, sharding_rules=rules, model=dict({"scan_layers": False}, **config.get("model", {})))
-
-
-def warn_changed_settings(setup: Setup, step: int, saved_config: dict, config: dict) -> None:
-  """Logs the settings that differ from the checkpoint's, and the learning rate a schedule change gives."""
-  changed = checkpoint_lib.changed_settings(_with_implicit_defaults(saved_config), _with_implicit_defaults(config))
-  if not changed:
-    return
-  schedule = any(c.startswith(("num_train_steps=", "optimizer.")) for c in changed)
-  note = (f"; the learning-rate schedule is recomputed with the new values: {float(setup.lr_schedule(step)):.3e} "
-          f"at step {step}" if schedule else "")
-  logs.log(f"warning: resuming checkpoint {step} with other settings than it was written with: "
-           f"{'; '.join(changed)}{note}")
-
-
 def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
   """Runs (or resumes) pre-training in `workdir`; returns the last step's metrics."""
   workdir = pathlib.Path(workdir)
@@ -345,7 +325,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
     # Closed while the signal handlers are still ours: a preemption then lets the last asynchronous save finish.
     ckpt = cleanup.enter_context(checkpoint_lib.Checkpointer(workdir / "checkpoints", cfg.checkpoint))
     meta = checkpoint_meta(cfg, info.vocab_file, len(train_data))
-    restored = ckpt.restore_latest(setup.abstract_state, meta)
+    restored = ckpt.restore_latest(setup.abstract_state, resume.Compatibility(setup.abstract_state.params, meta))
     if host == 0:  # Once the checkpoint is accepted: a rejected resume leaves the workdir as it was.
       (workdir / "config.json").write_text(cfg.to_json_best_effort(indent=2))
     if restored is None:
@@ -355,7 +335,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
     else:
       start, state, saved_meta = restored
       logs.log(f"resumed from checkpoint {start} in {ckpt.directory}")
-      warn_changed_settings(setup, start, saved_meta["config"], meta["config"])
+      resume.warn_changed_settings(setup.lr_schedule, start, saved_meta["config"], meta["config"])
       if start >= cfg.num_train_steps:
         logs.log(f"checkpoint {start} has reached num_train_steps={cfg.num_train_steps}: nothing to train (raise "
                  f"--config.num_train_steps to train on)")
