@@ -6,9 +6,7 @@ seconds-long smoke run, which is what the tests use.
 """
 from __future__ import annotations
 
-import ast
 import datetime
-import importlib.util
 import json
 import os
 import pathlib
@@ -25,32 +23,14 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def load_config(spec: str, overrides: Sequence[str] = ()):
-  """The config of `path.py:arg` (as train.py's --config), with `key.sub=value` overrides applied.
-
-  Values are parsed as Python literals where they parse (numbers, booleans, tuples), else taken as strings.
-  """
-  path, _, arg = spec.partition(":")
-  module_spec = importlib.util.spec_from_file_location("bench_config", REPO / path if not os.path.isabs(path)
-                                                       else path)
-  module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
-  cfg = module.get_config(arg) if arg else module.get_config()
-  for override in overrides:
-    key, sep, text = override.partition("=")
-    if not sep:
-      raise SystemExit(f"--config-override {override!r}: use key=value, e.g. model.dtype=bfloat16")
-    try:
-      value = ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-      value = text
-    *parents, leaf = key.removeprefix("config.").split(".")
-    node = cfg
-    for name in parents:
-      node = node[name]
-    if leaf not in node:
-      raise SystemExit(f"--config-override {override!r}: the config has no field {key!r}")
-    node[leaf] = value
-  return cfg
+  """The config of `path.py:arg` with `key.sub=value` overrides, loaded and checked as train.py loads its
+  (`tupe.cli.load_config`); a bad spec or override exits with its one-line error."""
+  from tupe import cli
+  from tupe.errors import UserError
+  try:
+    return cli.load_config(spec, overrides)
+  except UserError as e:
+    raise SystemExit(f"error: {e}") from None
 
 
 def parse_args_with_overrides(parser, argv=None):

@@ -5,6 +5,7 @@ import re
 import pytest
 
 from configs import pretrain
+from tupe import cli
 from tupe import trainer
 from tupe.errors import UserError
 
@@ -35,3 +36,35 @@ def test_float16_is_accepted():
   cfg = pretrain.get_config("tupe_a,base")
   cfg.model.dtype = "float16"
   trainer.check_config(cfg)
+
+
+LOADER_ERRORS = [
+    (["model.hiden_size=3"], "--config.model.hiden_size: the config has no field 'hiden_size' (did you mean "
+                             "'hidden_size'?)"),
+    (["sed=1"], "--config.sed: the config has no field 'sed' (did you mean 'seed'?)"),
+    (["model.hidden_size.x=1"], "--config.model.hidden_size.x: the config has no field 'x'"),
+    (["model.hidden_size=abc"], "--config.model.hidden_size=abc: invalid literal for int()"),
+    (["optimizer.learning_rate=fast"], "--config.optimizer.learning_rate=fast: could not convert string to float"),
+]
+
+
+@pytest.mark.parametrize("overrides, message", LOADER_ERRORS)
+def test_the_config_loader_names_a_bad_override_in_one_line(overrides, message):
+  """One loader for every entry point, with the same checks for a command line (train.py, eval_glue.py, sweeps
+  and studies) and a programmatic caller (tools, benchmarks): keys are checked by the loader itself."""
+  with pytest.raises(UserError, match=re.escape(message)):
+    cli.load_config("configs/pretrain.py:tupe_a,tiny", overrides)
+  argv = ["train.py", "--config", "configs/pretrain.py:tupe_a,tiny", "--workdir", "w"]
+  with pytest.raises(UserError, match=re.escape(message)):
+    cli.check_config_flags(argv + [f"--config.{o}" for o in overrides])
+
+
+def test_the_config_loader_applies_typed_overrides():
+  cfg = cli.load_config("configs/glue.py:tupe", ["seeds=0,1,2", "learning_rates=1e-4,3e-4", "tasks=rte",
+                                                 "optimizer.layerwise_decay=0.8"])
+  assert cfg.seeds == (0, 1, 2) and cfg.learning_rates == (1e-4, 3e-4) and cfg.tasks == "rte"
+  assert cfg.optimizer.layerwise_decay == 0.8
+  with pytest.raises(UserError, match="No such file or directory: 'configs/nope.py'"):
+    cli.load_config("configs/nope.py:x")
+  with pytest.raises(UserError, match="unknown model 'nope'"):
+    cli.load_config("configs/pretrain.py:nope,tiny")

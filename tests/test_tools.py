@@ -17,6 +17,7 @@ import transformers
 
 from configs import pretrain
 from tupe import analysis
+from tupe import cli
 from tupe import checkpoint
 from tupe import flops
 from tupe import hf
@@ -287,8 +288,8 @@ def test_summary_command(tmp_path, capsys):
   assert len(lines) == 3 and lines[1].startswith("| bert_a,tiny |") and lines[2].startswith("| tupe_a,tiny |")
   total = int(lines[1].split("|")[10].strip().replace(",", ""))
   assert total == summary.summarize(pretrain.get_config("bert_a,tiny"))["total"]
-  with pytest.raises(UserError, match="does not exist"):
-    summary.load_config("configs/missing.py:tupe_a,tiny")
+  with pytest.raises(UserError, match="No such file or directory: 'configs/missing.py'"):
+    cli.load_config("configs/missing.py:tupe_a,tiny")
 
 
 @pytest.mark.parametrize("heads", [2, 12])

@@ -1,22 +1,29 @@
-"""Command-line plumbing shared by train.py and eval_glue.py: an ml_collections config file plus a workdir,
-and one-line errors.
+"""Command-line plumbing: the one config loader and the flags of train.py and eval_glue.py.
 
-A bad flag, an unknown config field or a wrong type in a --config override, and any `UserError` raised by
-the job print one `error: ...` line and exit with status 2; --verbose shows the traceback instead. A job
-stopped by SIGTERM or Ctrl-C (`Preempted`) exits with status 143 or 130.
+`check_config_flags` (a command line's --config flags) and `load_config` (a spec and `key=value` overrides, for
+tools and benchmarks) load every config of every entry point the same way: the config file must exist and
+load, each override must name a field (checked here, field by field, with a did-you-mean), and each value must
+parse as its field's type. `run` parses train.py's and eval_glue.py's flags and runs the job under
+`errors.run_main`, the one error wrapper: a bad flag or config and any `UserError` print one `error: ...` line
+and exit with status 2 (--verbose shows the traceback instead); a job stopped by SIGTERM or Ctrl-C
+(`Preempted`) exits with status 143 or 130.
 """
+import difflib
 import os
-import re
-import signal
+import pathlib
 import sys
-from typing import Callable
+from typing import Callable, Sequence
 
 from absl import app
 from absl import flags
 from absl import logging
+import ml_collections
 from ml_collections import config_flags
 
-from tupe.errors import Preempted, UserError
+from tupe import errors
+from tupe.errors import UserError
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def define_flags(config_help: str, workdir_help: str) -> None:
@@ -27,84 +34,111 @@ def define_flags(config_help: str, workdir_help: str) -> None:
 
 
 def _first_cause(e: BaseException) -> BaseException:
-  """The exception at the start of `e`'s chain (config_flags re-raises a config file's error with its traceback
-  pasted in the message, and absl wraps that again)."""
+  """The exception at the start of `e`'s chain (config_flags re-raises a config file's error inside a flags
+  error)."""
   while (e.__cause__ or e.__context__) is not None:
     e = e.__cause__ or e.__context__
   return e
 
 
-def flag_error(e: Exception, argv: list[str]) -> str:
-  """The problem and its fix in one line; an unknown config field is named with the override that used it."""
-  if isinstance(e, OSError):  # The config file did not load.
-    return (f"--config: cannot load the config file: {str(e).strip().splitlines()[-1].strip()}; give an existing "
-            f"configs/<file>.py")
-  if isinstance(e, flags.Error):
-    cause = _first_cause(e)
-    if isinstance(cause, UserError):  # Raised by the config file's get_config, e.g. an unknown model name.
-      return f"{str(e).split(': ', 1)[0]}: {cause}"
-    return f"{e}; fix the flag (python {os.path.basename(argv[0])} --helpfull lists them)"
-  message = str(e.args[0] if isinstance(e, AttributeError) and e.args else e)
-  key = re.search(r"'([^'\\]+)", message)
-  hint = re.search(r'Did you mean "([^"]+)"', message)
-  field = key.group(1) if key else message
-  overrides = [a.split("=")[0] for a in argv if a.startswith("--config.")]
-  culprit = next((a for a in overrides if field in a.split(".")[1:]), "a --config override")
-  return (f"{culprit}: the config has no field {field!r}" + (f" (did you mean {hint.group(1)!r}?)" if hint else "")
-          + "; see the fields in the config file")
+def _config_spec(argv: Sequence[str]) -> str | None:
+  """The value of --config (`--config=X` or `--config X`) in a command line."""
+  for i, arg in enumerate(argv):
+    if arg.startswith("--config="):
+      return arg.split("=", 1)[1]
+    if arg == "--config" and i + 1 < len(argv):
+      return argv[i + 1]
+  return None
 
 
-# What parsing --config and its overrides raises: a bad flag or value, an unknown config field (Attribute/KeyError),
-# an override of a config file that did not load (OSError).
-FLAG_ERRORS = (flags.Error, AttributeError, KeyError, OSError)
+def _check_override_keys(config: ml_collections.ConfigDict, argv: Sequence[str]) -> None:
+  """Every --config.a.b override names a field of the config (a UserError names the first that does not)."""
+  for arg in argv:
+    if not arg.startswith("--config."):
+      continue
+    override = arg.split("=", 1)[0]
+    node = config
+    for i, name in enumerate(override.removeprefix("--config.").split(".")):
+      if not isinstance(node, ml_collections.ConfigDict) or name not in node:
+        fields = list(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
+        close = difflib.get_close_matches(name, fields, n=1)
+        raise UserError(f"{override}: the config has no field {name!r}"
+                        + (f" (did you mean {close[0]!r}?)" if close else "") + "; see the fields in the config file")
+      node = node[name]
 
 
-def check_config_flags(argv: list[str]):
-  """Loads and returns the config of a command line's --config flags (others ignored) as train.py will; a
-  UserError names what is wrong. Used to check commands before they run (`tupe.sweep`, `tupe.study`)."""
-  argv = argv[:1] + [a for a in argv[1:] if a.startswith("--config")]
-  values = flags.FlagValues()
-  config_flags.DEFINE_config_file("config", None, flag_values=values, lock_config=True, sys_argv=argv)
-  try:
-    values(argv)
-    values.config.to_dict()  # config_flags defers a config file's loading error to the first access
-  except FLAG_ERRORS as e:
-    raise UserError(flag_error(e, argv)) from None
-  return values.config
+def _flags_error(e: flags.Error, argv: Sequence[str]) -> str:
+  cause = _first_cause(e)
+  if isinstance(cause, UserError):  # Raised by the config file's get_config, e.g. an unknown model name.
+    return f"{str(e).split(': ', 1)[0]}: {cause}"
+  return f"{e}; fix the flag (python {os.path.basename(argv[0])} --helpfull lists them)"
+
+
+def check_config_flags(argv: list[str]) -> ml_collections.ConfigDict:
+  """The config of a command line's --config flags (others ignored), loaded and checked as train.py and
+  eval_glue.py load theirs: the config file exists and loads, every override names a field (checked here,
+  field by field, before any is applied), and each value parses as its field's type. A UserError says what is
+  wrong. The one config loader of every entry point (`load_config`, `parse_flags`, `tupe.sweep`, `tupe.study`)."""
+  argv = argv[:1] + [a for i, a in enumerate(argv[1:], 1)
+                     if a.startswith("--config") or argv[i - 1] == "--config"]
+  spec = _config_spec(argv)
+  if spec is None:
+    raise UserError("--config is missing: give configs/<file>.py:<arg>")
+  file = spec.split(":", 1)[0]
+  if not os.path.isfile(file):
+    raise UserError(f"--config: cannot load the config file: No such file or directory: {file!r}; give an "
+                    f"existing configs/<file>.py")
+
+  def parse(args):
+    values = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", None, flag_values=values, lock_config=True, sys_argv=args)
+    try:
+      values(args)
+      values.config.to_dict()  # config_flags defers a config file's loading error to the first access
+    except flags.Error as e:
+      raise UserError(_flags_error(e, args)) from None
+    except OSError as e:  # The config file exists but does not load (e.g. a syntax error or no get_config).
+      cause = _first_cause(e)
+      raise UserError(f"--config: cannot load the config file {file}: {type(cause).__name__}: "
+                      f"{str(cause).strip().splitlines()[-1] if str(cause).strip() else ''}; fix the file") from None
+    return values.config
+
+  _check_override_keys(parse([argv[0], f"--config={spec}"]), argv)
+  return parse(argv)
+
+
+def load_config(spec: str, overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
+  """`check_config_flags` for a programmatic caller: `path.py[:arg]` (relative to the working directory or the
+  repository) with `key.sub=value` overrides (tupe.tools, bench)."""
+  file, sep, arg = spec.partition(":")
+  if not os.path.isfile(file) and (REPO / file).is_file():
+    file = str(REPO / file)
+  for override in overrides:
+    if "=" not in override:
+      raise UserError(f"override {override!r}: use key=value, e.g. model.dtype=bfloat16")
+  return check_config_flags(["tupe", f"--config={file}{sep}{arg}"]
+                            + [f"--config.{o.removeprefix('config.')}" for o in overrides])
 
 
 def parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parser for train.py and eval_glue.py, after `check_config_flags` has checked the config."""
   try:
+    check_config_flags(argv)
     return flags.FLAGS(argv)
-  except FLAG_ERRORS as e:
+  except (UserError, flags.Error) as e:
     if "--verbose" in argv:
       raise
-    print(f"error: {flag_error(e, argv)}", file=sys.stderr)
+    print(f"error: {e if isinstance(e, UserError) else _flags_error(e, argv)}", file=sys.stderr)
     sys.exit(2)
 
 
 def run(job: Callable[[object, str], object]) -> None:
-  """Parses the flags and runs `job(config, workdir)`, turning a UserError into one line and exit status 2."""
+  """Parses the flags and runs `job(config, workdir)` under `errors.run_main` (one-line errors, exit codes)."""
   def main(argv):
     if len(argv) > 1:
       raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     logging.set_verbosity(logging.WARNING)  # Library INFO chatter (orbax) off; progress lines are printed.
-    try:
-      config = flags.FLAGS.config
-      try:
-        config.to_dict  # config_flags defers the error of a config file that failed to load to the first access.
-      except OSError as e:
-        raise UserError(flag_error(e, argv)) from e
-      job(config, flags.FLAGS.workdir)
-    except Preempted as e:
-      print(e, file=sys.stderr)
-      sys.exit(e.exit_status)
-    except KeyboardInterrupt:  # Ctrl-C before the job installed its own handler (or a job without one).
-      print("error: interrupted (Ctrl-C) before anything was saved; rerun the same command", file=sys.stderr)
-      sys.exit(128 + signal.SIGINT)
-    except UserError as e:
-      if flags.FLAGS.verbose:
-        raise
-      print(f"error: {e}", file=sys.stderr)
-      sys.exit(2)
-  app.run(main, flags_parser=parse_flags)
+    job(flags.FLAGS.config, flags.FLAGS.workdir)
+
+  # absl parses sys.argv itself (--verbose included, which run_main also reads from it).
+  errors.run_main(lambda _: app.run(main, flags_parser=parse_flags))

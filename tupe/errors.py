@@ -29,7 +29,9 @@ def signal_name(signum: int) -> str:
 
 
 def run_main(main, argv=None, verbose_flag: str = "--verbose") -> None:
-  """Runs `main(argv)`, turning a `UserError` into one line on stderr and exit status 2."""
+  """The one error wrapper of every entry point: runs `main(argv)`. A `UserError` becomes one line on stderr
+  and exit status 2 (`verbose_flag` in argv: the traceback); `Preempted` its line and 128 + the signal's
+  number; Ctrl-C that reached no handler of the job one line and 130."""
   argv = list(sys.argv if argv is None else argv)
   ours = argv[:argv.index("--")] if "--" in argv else argv  # What follows "--" belongs to another command.
   verbose = verbose_flag in ours
@@ -37,6 +39,12 @@ def run_main(main, argv=None, verbose_flag: str = "--verbose") -> None:
     argv.remove(verbose_flag)
   try:
     main(argv)
+  except Preempted as e:
+    print(e, file=sys.stderr)
+    sys.exit(e.exit_status)
+  except KeyboardInterrupt:  # Before the job installed its own handler (or a job without one).
+    print("error: interrupted (Ctrl-C) before anything was saved; rerun the same command", file=sys.stderr)
+    sys.exit(128 + signal.SIGINT)
   except UserError as e:
     if verbose:
       raise

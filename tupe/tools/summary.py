@@ -20,21 +20,20 @@ and a training step (3 x forward, with the MLM head on the predicted positions o
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import pathlib
 
 import flax.linen as nn
 import jax
 
+from tupe import cli
 from tupe import flops
 from tupe import models
 from tupe import objectives
 from tupe import tools
 from tupe import trainer
 from tupe.data import examples
-from tupe.errors import UserError, run_main
+from tupe.errors import run_main
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
 BACKBONE = ("embeddings", "positional", "attention", "conv heads", "FFN")
 COMPONENTS = BACKBONE + ("heads", "generator")
 # The model names of configs/pretrain.py: the models, and ConvBERT trained with MLM.
@@ -91,23 +90,6 @@ def summarize(cfg) -> dict:
   return row
 
 
-def load_config(spec: str):
-  """The ConfigDict of 'path/to/config.py:arg' (path relative to the working directory or the repository)."""
-  file, _, arg = spec.partition(":")
-  path = pathlib.Path(file)
-  if not path.is_file() and (REPO / path).is_file():
-    path = REPO / path
-  if not path.is_file():
-    raise UserError(f"config file {file} does not exist: write e.g. configs/pretrain.py:tupe_r,base")
-  module_spec = importlib.util.spec_from_file_location(f"_summary_config_{path.stem}", path)
-  module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
-  try:
-    return module.get_config(arg) if arg else module.get_config()
-  except ValueError as e:
-    raise UserError(f"--config {spec}: {e}") from None
-
-
 def resolve_vocab_size(cfg) -> None:
   """model.vocab_size 0 means 'from the tokenizer' (as in training): the synthetic or text source's vocab."""
   if cfg.model.vocab_size == 0:
@@ -136,7 +118,7 @@ def main(argv: list[str]) -> None:
   specs = args.config or [f"configs/pretrain.py:{name},{size}" for name in PRETRAIN_MODELS for size in models.SIZES]
   rows = {}
   for spec in specs:
-    cfg = load_config(spec)
+    cfg = cli.load_config(spec)
     resolve_vocab_size(cfg)
     rows[spec.partition(":")[2] or spec] = summarize(cfg)
   table = markdown(rows)
