@@ -49,7 +49,7 @@ def per_example_loss(logits: jax.Array, labels: jax.Array) -> jax.Array:
 
 
 def build_task(cfg, backbone: backbone_lib.Backbone, task: glue.Task, num_train: int, mesh, rules) -> TaskSetup:
-  """Classifier, optimizer (peak lr 1, scaled in the step) and shardings as in pre-training (tupe.trainer)."""
+  """Classifier, optimizer (peak lr 1, scaled in the step) and shardings as in pre-training (tupe.training)."""
   module = models.Classifier(backbone.cfg, task.num_labels, cfg.head)
   ids = jnp.zeros((1, min(8, cfg.max_seq_len)), jnp.int32)
   dummy = (ids, jnp.ones_like(ids), jnp.zeros_like(ids))
