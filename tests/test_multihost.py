@@ -1,7 +1,8 @@
 """Multi-host pre-training: two train.py processes (jax.distributed on localhost, one CPU device each, gloo
 collectives) match a single process that trains on the same global batches; when one process is
-killed, the other stops with jax's error within the heartbeat timeout instead of hanging.
+killed, the other stops within the heartbeat timeout with one line naming the dead host (tupe/supervise.py).
 """
+import pathlib
 import socket
 import signal
 import time
@@ -13,9 +14,10 @@ import pytest
 from configs import pretrain
 from tupe import checkpoint
 from tupe import sharding
+from tupe import supervise
 from tupe import trainer
 from tupe.data import pipeline
-from test_resume import TINY, Run, last_logged_step, metric_records
+from test_resume import TINY, Run, finished_steps, last_logged_step, metric_records
 
 HOSTS, STEPS = 2, 6
 MULTI = {"num_train_steps": STEPS, "checkpoint.every_steps": 4}
@@ -68,25 +70,79 @@ def test_two_hosts_match_one_process(tmp_path, mesh, per_host):
   jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), params, ref_params)
 
 
-def kill_one_host(workdir, mid_training: bool) -> tuple[int, float, str]:
-  """Starts two hosts (10 s heartbeat timeout) and SIGKILLs host 1 once both have joined, or after a step.
+def kill_one_host(workdir, killed: int, mid_training: bool) -> tuple[int, float, str]:
+  """Starts two hosts (10 s heartbeat timeout) and SIGKILLs host `killed` once both have joined, or after a step.
 
-  Returns host 0's exit status, its seconds from the kill to its exit, and its stderr. Mid-training, a
+  Returns the other host's exit status, its seconds from the kill to its exit, and its stderr. Mid-training, a
   checkpoint every step keeps the run going (each is a multi-host save with barriers).
   """
   hosts = start_hosts(workdir, {"distributed.heartbeat_timeout_s": 10, "checkpoint.every_steps": 1})
+  survivor = hosts[1 - killed]
   if mid_training:
-    hosts[0].wait_until(lambda: last_logged_step(workdir) >= 1)
-  else:
-    hosts[0].wait_until(lambda: "on 2 host(s)" in hosts[0].stdout())
-  hosts[1].signal(signal.SIGKILL)
-  killed = time.monotonic()
-  returncode = hosts[0].wait(timeout=90)
-  return returncode, time.monotonic() - killed, hosts[0].stderr()
+    survivor.wait_until(lambda: last_logged_step(workdir) >= 1)
+  else:  # Host 0 prints the run's lines.
+    survivor.wait_until(lambda: "on 2 host(s)" in hosts[0].stdout())
+  hosts[killed].signal(signal.SIGKILL)  # The supervisor: its child, the training process, dies with it.
+  seconds = time.monotonic()
+  returncode = survivor.wait(timeout=90)
+  return returncode, time.monotonic() - seconds, survivor.stderr()
 
 
-def test_a_killed_host_stops_the_other(tmp_path):
-  """Host 1 dies before its (uncached, slow) compilation; slow/test_kill_points.py kills it mid-training."""
-  returncode, seconds, stderr = kill_one_host(tmp_path / "run", mid_training=False)
-  assert returncode != 0 and seconds < 60
-  assert "another task died" in stderr
+def assert_one_line_naming(stderr: str, killed: int) -> None:
+  """The survivor's last stderr line names the dead host; no C++ check failure, thread dump or Gloo error."""
+  last = stderr.strip().splitlines()[-1]
+  expected = "host 0 of 2, the coordinator, is unreachable" if killed == 0 else "host 1 of 2 died"
+  assert last.startswith(f"error: {expected}") and "Start every host again" in last, stderr[-3000:]
+  for noise in ("Check failure", "Fatal Python error", "Traceback", "coordination_service", "Gloo", "free space"):
+    assert noise not in stderr, stderr[-3000:]
+
+
+@pytest.mark.parametrize("killed", [1, 0], ids=["peer", "coordinator"])
+def test_a_killed_host_stops_the_other_with_one_line(tmp_path, killed):
+  """One host dies before its (uncached, slow) compilation; slow/test_kill_points.py kills one mid-training."""
+  returncode, seconds, stderr = kill_one_host(tmp_path / "run", killed, mid_training=False)
+  assert returncode == supervise.EXIT_PEER_DIED and seconds < 60
+  assert_one_line_naming(stderr, killed)
+  assert not supervised_children(), "the killed host's training process outlived its supervisor"
+
+
+def test_sigterm_to_every_host_saves_a_checkpoint_through_the_supervisors(tmp_path):
+  """A scheduler's preemption: SIGTERM reaches each host's supervisor, which passes it to its training process;
+  the hosts save a checkpoint at the current step together and exit 143 with the one line they print alone."""
+  workdir = tmp_path / "run"
+  hosts = start_hosts(workdir, {"num_train_steps": 1000, "checkpoint.every_steps": 1000})
+  hosts[0].wait_until(lambda: last_logged_step(workdir) >= 1)
+  for host in hosts:
+    host.signal(signal.SIGTERM)
+  for host in hosts:
+    assert host.wait(timeout=120) == 128 + signal.SIGTERM, host.stderr()[-3000:]
+  saved = finished_steps(workdir)
+  assert len(saved) == 1 and saved[0] >= 1
+  assert hosts[0].stderr().strip().splitlines()[-1].startswith(f"stopped by SIGTERM at step {saved[0]} of 1000")
+  assert not supervised_children()
+
+
+def supervised_children() -> list[str]:
+  """Command lines of live processes started by a supervisor (the TUPE_SUPERVISED marker in their environment)."""
+  found = []
+  for proc in pathlib.Path("/proc").iterdir():
+    try:
+      if proc.name.isdigit() and f"{supervise.ENV}=".encode() in (proc / "environ").read_bytes():
+        found.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+    except OSError:  # Exited meanwhile, or not ours.
+      pass
+  return found
+
+
+def test_failure_report_parsing():
+  """The dead host read from the distributed service's reports, as jaxlib 0.10 words them."""
+  unhealthy = ("E1124 coordination_service.cc:1549] Use error polling to propagate the following error to all "
+               "tasks: UNAVAILABLE: The following tasks are unhealthy (stopped sending heartbeats):\n3\nThe tasks "
+               "have crashed.")
+  assert supervise.dead_host(unhealthy) == 3
+  assert supervise.dead_host("INTERNAL: Barrier failed because: task is set to ERROR: UNAVAILABLE: Task 5 "
+                             "heartbeat timeout. This indicates that the remote task has failed") == 5
+  assert supervise.dead_host("absl::Status: UNAVAILABLE: Failed to send RPC to coordination service. Either the "
+                             "leader task was preempted/died/restarted unexpectedly") == 0
+  assert supervise.dead_host("Gloo AllGather failed: Read error [127.0.0.1]:1705: Connection reset by peer") is None
+  assert supervise.failure_line("", this_host=None, num_hosts=None).startswith("error: another host died")

@@ -6,7 +6,7 @@ load, each override must name a field (checked here, field by field, with a did-
 parse as its field's type. `run` parses train.py's and eval_glue.py's flags and runs the job under
 `errors.run_main`, the one error wrapper: a bad flag or config and any `UserError` print one `error: ...` line
 and exit with status 2 (--verbose shows the traceback instead); a job stopped by SIGTERM or Ctrl-C
-(`Preempted`) exits with status 143 or 130.
+(`Preempted`) exits with status 143 or 130. A multi-host job runs under `supervise` (a peer's death: one line).
 """
 import difflib
 import os
@@ -21,6 +21,7 @@ import ml_collections
 from ml_collections import config_flags
 
 from tupe import errors
+from tupe import supervise
 from tupe.errors import UserError
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -137,6 +138,9 @@ def run(job: Callable[[object, str], object]) -> None:
   def main(argv):
     if len(argv) > 1:
       raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    if supervise.needed(flags.FLAGS.config):  # Multi-host: a dead peer then ends the run with one line.
+      sys.exit(supervise.run(sys.argv, flags.FLAGS.config))
+    supervise.init_child()
     logging.set_verbosity(logging.WARNING)  # Library INFO chatter (orbax) off; progress lines are printed.
     job(flags.FLAGS.config, flags.FLAGS.workdir)
 

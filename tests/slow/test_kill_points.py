@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from test_multihost import kill_one_host
+from tupe import supervise
+from test_multihost import assert_one_line_naming, kill_one_host
 from test_resume import (STEPS, Run, assert_same_state, check_logged, checkpoint_state, finished_steps,
                          metric_records, partial_checkpoints, reference_run)
 
@@ -81,7 +82,8 @@ def test_random_kill_points(tmp_path, reference, seed):
 
 
 @pytest.mark.slow
-def test_a_host_killed_mid_training_stops_the_other(tmp_path):
-  returncode, seconds, stderr = kill_one_host(tmp_path / "run", mid_training=True)
-  assert returncode != 0 and seconds < 60
-  assert "another task died" in stderr
+@pytest.mark.parametrize("killed", [1, 0], ids=["peer", "coordinator"])
+def test_a_host_killed_mid_training_stops_the_other(tmp_path, killed):
+  returncode, seconds, stderr = kill_one_host(tmp_path / "run", killed, mid_training=True)
+  assert returncode == supervise.EXIT_PEER_DIED and seconds < 60
+  assert_one_line_naming(stderr, killed)
