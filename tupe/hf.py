@@ -23,19 +23,11 @@ import json
 import pathlib
 
 import numpy as np
-import safetensors.numpy
 
 from tupe import hf_layout
 from tupe import models
 from tupe.errors import UserError
 
-# ConvBertConfig defaults: save_pretrained leaves out values equal to them.
-_HF_DEFAULTS = dict(
-    vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
-    hidden_act="gelu", hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, max_position_embeddings=512,
-    type_vocab_size=2, initializer_range=0.02, layer_norm_eps=1e-12, pad_token_id=1, embedding_size=768,
-    head_ratio=2, conv_kernel_size=9, num_groups=1, tie_word_embeddings=True,
-)
 # Non-trainable buffers that older checkpoints store next to the weights.
 _BUFFERS = ("embeddings.position_ids", "embeddings.token_type_ids")
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -99,8 +91,8 @@ def _open(path, scan_layers: bool | None) -> tuple:
     hf_config = json.loads(config_file.read_text())
   except json.JSONDecodeError as e:
     raise UserError(f"{config_file} is not valid JSON ({e}); re-save the checkpoint") from e
-  hf_config = {**_HF_DEFAULTS, **hf_config}
-  cfg = _our_config(hf_config, str(config_file))
+  hf_config = {**hf_layout.CONVBERT_DEFAULTS, **hf_config}
+  cfg = hf_layout.convbert_config(hf_config, str(config_file))
   if scan_layers is not None:
     cfg.scan_layers = scan_layers
   return cfg, hf_config, _read_tensors(directory), str(directory)
@@ -120,38 +112,6 @@ def _params(cfg, module, tensors: dict, keys: list, source: str) -> dict:
   return hf_layout.our_params(flat, shapes, cfg.scan_layers, source)
 
 
-def _our_config(hf: dict, source: str):
-  """Our ConvBERT config for a HF ConvBertConfig dict (defaults filled in).
-
-  Every dimension comes from config.json; `size` is only a label, the named size with the same hidden size.
-  """
-  if hf.get("model_type") != "convbert":
-    raise UserError(f"{source} has model_type={hf.get('model_type')!r}; only 'convbert' checkpoints can be "
-                    "imported")
-  if hf["hidden_act"] != "gelu":
-    raise UserError(f"{source} has hidden_act={hf['hidden_act']!r}; only exact-GELU ConvBERT checkpoints "
-                    "(hidden_act 'gelu') can be imported")
-  attention_heads = max(1, hf["num_attention_heads"] // hf["head_ratio"])
-  if hf["hidden_size"] % (2 * attention_heads):
-    raise UserError(f"{source}: hidden_size={hf['hidden_size']} is not divisible by twice the "
-                    f"{attention_heads} attention heads; such ConvBERT checkpoints are not supported")
-  size = next((name for name, dims in models.SIZES.items() if dims[0] == hf["hidden_size"]), "base")
-  cfg = models.get_config("convbert", size)
-  cfg.update(
-      vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"], num_layers=hf["num_hidden_layers"],
-      num_heads=2 * attention_heads, head_ratio=2, intermediate_size=hf["intermediate_size"],
-      embedding_size=hf["embedding_size"], conv_kernel_size=hf["conv_kernel_size"], ffn_groups=hf["num_groups"],
-      max_position_embeddings=hf["max_position_embeddings"], type_vocab_size=hf["type_vocab_size"],
-      layer_norm_eps=hf["layer_norm_eps"], pad_token_id=0 if hf["pad_token_id"] is None else hf["pad_token_id"],
-      hidden_dropout=hf["hidden_dropout_prob"], attention_dropout=hf["attention_probs_dropout_prob"],
-      initializer_range=hf["initializer_range"])
-  try:
-    models.validate(cfg)
-  except ValueError as e:
-    raise UserError(f"{source} does not fit our ConvBERT: {e}") from e
-  return cfg
-
-
 def _read_tensors(directory: pathlib.Path) -> dict:
   """name -> array of every tensor in the directory's weights file (or shards)."""
   found = next((directory / name for name in _WEIGHT_FILES if (directory / name).is_file()), None)
@@ -165,15 +125,8 @@ def _read_tensors(directory: pathlib.Path) -> dict:
     files = [found]
   tensors = {}
   for file in files:
-    tensors.update(_read_safetensors(file) if file.suffix == ".safetensors" else _read_torch(file))
+    tensors.update(hf_layout.read_safetensors(file) if file.suffix == ".safetensors" else _read_torch(file))
   return tensors
-
-
-def _read_safetensors(file: pathlib.Path) -> dict:
-  try:
-    return safetensors.numpy.load_file(file)
-  except TypeError as e:
-    raise UserError(f"{file} holds a dtype numpy cannot read ({e}); re-save the model in float32") from e
 
 
 def _read_torch(file: pathlib.Path) -> dict:

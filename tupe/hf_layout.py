@@ -36,6 +36,14 @@ MODEL_KEY, OBJECTIVE_KEY = "tupe_model", "tupe_objective"
 DISCRIMINATOR_HEAD_FILE = "discriminator_head.safetensors"
 GENERATOR_DIR = "generator"
 
+# ConvBertConfig defaults: save_pretrained leaves out values equal to them.
+CONVBERT_DEFAULTS = dict(
+    vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
+    hidden_act="gelu", hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, max_position_embeddings=512,
+    type_vocab_size=2, initializer_range=0.02, layer_norm_eps=1e-12, pad_token_id=1, embedding_size=768,
+    head_ratio=2, conv_kernel_size=9, num_groups=1, tie_word_embeddings=True,
+)
+
 
 def family(cfg, objective: str = "mlm") -> str:
   """The HF family that expresses model config `cfg`; UserError naming the first option none can."""
@@ -84,6 +92,40 @@ def hf_config(cfg, family_name: str, objective: str) -> dict:
   return dict(common, model_type="tupe", type_vocab_size=cfg.type_vocab_size, embedding_size=cfg.embedding_size,
               position=cfg.position, relative_bias=cfg.relative_bias, num_buckets=cfg.num_buckets,
               max_distance=cfg.max_distance, cls_reset=cfg.cls_reset, zero_pad_embeddings=cfg.zero_pad_embeddings)
+
+
+def convbert_config(hf: dict, source: str) -> ml_collections.ConfigDict:
+  """Our ConvBERT config for a HF ConvBertConfig dict (`CONVBERT_DEFAULTS` filled in): `hf_config`'s inverse for
+  checkpoints that HF transformers wrote (`tupe.hf`), which carry no config of ours.
+
+  Every dimension comes from config.json; `size` is only a label, the named size with the same hidden size.
+  """
+  if hf.get("model_type") != "convbert":
+    raise UserError(f"{source} has model_type={hf.get('model_type')!r}; only 'convbert' checkpoints can be "
+                    "imported")
+  if hf["hidden_act"] != "gelu":
+    raise UserError(f"{source} has hidden_act={hf['hidden_act']!r}; only exact-GELU ConvBERT checkpoints "
+                    "(hidden_act 'gelu') can be imported")
+  attention_heads = max(1, hf["num_attention_heads"] // hf["head_ratio"])
+  if hf["hidden_size"] % (2 * attention_heads):
+    raise UserError(f"{source}: hidden_size={hf['hidden_size']} is not divisible by twice the "
+                    f"{attention_heads} attention heads; such ConvBERT checkpoints are not supported")
+  size = next((name for name, dims in models.SIZES.items() if dims[0] == hf["hidden_size"]), "base")
+  cfg = models.get_config("convbert", size)
+  cfg.update(
+      vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"], num_layers=hf["num_hidden_layers"],
+      num_heads=2 * attention_heads, head_ratio=2, intermediate_size=hf["intermediate_size"],
+      embedding_size=hf["embedding_size"], conv_kernel_size=hf["conv_kernel_size"], ffn_groups=hf["num_groups"],
+      max_position_embeddings=hf["max_position_embeddings"], type_vocab_size=hf["type_vocab_size"],
+      layer_norm_eps=hf["layer_norm_eps"], pad_token_id=0 if hf["pad_token_id"] is None else hf["pad_token_id"],
+      hidden_dropout=hf["hidden_dropout_prob"], attention_dropout=hf["attention_probs_dropout_prob"],
+      initializer_range=hf["initializer_range"])
+  try:
+    models.validate(cfg)
+  except ValueError as e:
+    raise UserError(f"{source} does not fit our ConvBERT: {e}") from e
+  return cfg
+
 
 
 # The HF classes per family: (masked LM, backbone), and the prefix of the backbone inside the masked LM.
@@ -308,11 +350,15 @@ def _read_config(directory: pathlib.Path) -> tuple[dict, ml_collections.ConfigDi
   return config, cfg
 
 
-def _read_safetensors(file: pathlib.Path) -> dict[str, np.ndarray]:
+def read_safetensors(file: pathlib.Path) -> dict[str, np.ndarray]:
+  """name -> array of every tensor in a .safetensors file; a UserError if it is missing or numpy cannot read it."""
   import safetensors.numpy
   if not file.is_file():
-    raise UserError(f"{file} does not exist; pass a directory written by tupe.tools.export_hf")
-  return safetensors.numpy.load_file(file)
+    raise UserError(f"{file} does not exist; pass a directory written by tupe.tools.export_hf or HF save_pretrained")
+  try:
+    return safetensors.numpy.load_file(file)
+  except TypeError as e:
+    raise UserError(f"{file} holds a dtype numpy cannot read ({e}); re-save the model in float32") from e
 
 
 def param_shapes(module, cfg, *extra) -> dict[str, tuple]:
@@ -353,7 +399,7 @@ def import_pretrained(path, scan_layers: bool | None = None) -> tuple[ml_collect
   name = family(cfg, objective)
   if objective == "mlm":
     shapes = param_shapes(models.MaskedLM(cfg), cfg)
-    flat = import_tensors(_read_safetensors(directory / "model.safetensors"), masked_lm_keys(cfg, name), shapes,
+    flat = import_tensors(read_safetensors(directory / "model.safetensors"), masked_lm_keys(cfg, name), shapes,
                           str(directory))
   else:
     _, generator_cfg = _read_config(directory / GENERATOR_DIR)
@@ -365,7 +411,7 @@ def import_pretrained(path, scan_layers: bool | None = None) -> tuple[ml_collect
              "generator": directory / GENERATOR_DIR / "model.safetensors"}
     flat = {}
     for part, file in files.items():
-      imported = import_tensors(_read_safetensors(file), keys[part], shapes, str(file))
+      imported = import_tensors(read_safetensors(file), keys[part], shapes, str(file))
       shared = {k: v for k, v in imported.items() if k in flat}
       if any(not np.array_equal(flat[k], v) for k, v in shared.items()):
         raise UserError(f"{file}: the generator's embeddings differ from the discriminator's, which ELECTRA "
