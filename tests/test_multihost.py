@@ -29,12 +29,25 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
+@pytest.fixture(autouse=True)
+def stop_hosts_left_running():
+  """A failed test's hosts are killed (each supervisor takes its training process with it)."""
+  yield
+  while STARTED:
+    STARTED.pop().proc.kill()
+
+
+STARTED: list[Run] = []
+
+
 def start_hosts(workdir, overrides=None) -> list[Run]:
   """One train.py process per host, all on `workdir` (shared storage, as on a real cluster)."""
   port = free_port()
-  return [Run(workdir, dict(MULTI, **{"distributed.coordinator_address": f"localhost:{port}",
+  hosts = [Run(workdir, dict(MULTI, **{"distributed.coordinator_address": f"localhost:{port}",
                                       "distributed.num_processes": HOSTS, "distributed.process_id": host},
                             **(overrides or {})), name=f"host{host}") for host in range(HOSTS)]
+  STARTED.extend(hosts)
+  return hosts
 
 
 def single_process_run(mesh=None):
@@ -103,32 +116,35 @@ def test_a_killed_host_stops_the_other_with_one_line(tmp_path, killed):
   returncode, seconds, stderr = kill_one_host(tmp_path / "run", killed, mid_training=False)
   assert returncode == supervise.EXIT_PEER_DIED and seconds < 60
   assert_one_line_naming(stderr, killed)
-  assert not supervised_children(), "the killed host's training process outlived its supervisor"
+  assert not supervised_children(tmp_path), "the killed host's training process outlived its supervisor"
 
 
-def test_sigterm_to_every_host_saves_a_checkpoint_through_the_supervisors(tmp_path):
-  """A scheduler's preemption: SIGTERM reaches each host's supervisor, which passes it to its training process;
-  the hosts save a checkpoint at the current step together and exit 143 with the one line they print alone."""
+def test_sigterm_to_one_host_stops_every_host_at_the_same_step(tmp_path):
+  """A preempted host (SIGTERM to its supervisor, passed on to its training process): every host stops after the
+  same step (they agree on it each step), saves one checkpoint there together and exits 143 with one line. A host
+  stopping alone would wait in the checkpoint's barriers while the other waits in the next step's collectives."""
   workdir = tmp_path / "run"
   hosts = start_hosts(workdir, {"num_train_steps": 1000, "checkpoint.every_steps": 1000})
   hosts[0].wait_until(lambda: last_logged_step(workdir) >= 1)
-  for host in hosts:
-    host.signal(signal.SIGTERM)
+  hosts[1].signal(signal.SIGTERM)
   for host in hosts:
     assert host.wait(timeout=120) == 128 + signal.SIGTERM, host.stderr()[-3000:]
   saved = finished_steps(workdir)
   assert len(saved) == 1 and saved[0] >= 1
-  assert hosts[0].stderr().strip().splitlines()[-1].startswith(f"stopped by SIGTERM at step {saved[0]} of 1000")
-  assert not supervised_children()
+  for host in hosts:
+    assert host.stderr().strip().splitlines()[-1].startswith(f"stopped by SIGTERM at step {saved[0]} of 1000")
+  assert not supervised_children(workdir)
 
 
-def supervised_children() -> list[str]:
-  """Command lines of live processes started by a supervisor (the TUPE_SUPERVISED marker in their environment)."""
+def supervised_children(workdir) -> list[str]:
+  """Command lines of live processes on `workdir` started by a supervisor (TUPE_SUPERVISED in their environment)."""
   found = []
   for proc in pathlib.Path("/proc").iterdir():
     try:
       if proc.name.isdigit() and f"{supervise.ENV}=".encode() in (proc / "environ").read_bytes():
-        found.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+        command = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        if str(workdir) in command:
+          found.append(command)
     except OSError:  # Exited meanwhile, or not ours.
       pass
   return found

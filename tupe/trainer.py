@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
+from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from tupe import checkpoint as checkpoint_lib
@@ -292,6 +293,17 @@ def check_loop(cfg) -> None:
       raise UserError(f"optimizer.{name}={cfg.optimizer[name]} overflows float32 (at most {_FLOAT32_MAX:.3g})")
 
 
+def agreed_signal(received: list[int]) -> int:
+  """The signal every host stops for after this step (0: none): this host's first one, or, on several hosts, the
+  largest any host received. Hosts get a scheduler's SIGTERM at different steps, and a host that stopped alone
+  would wait in the checkpoint's barriers while the others wait in the next step's collectives; so on several
+  hosts every step ends with this tiny all-gather, and all of them stop after the same step."""
+  local = received[0] if received else 0
+  if jax.process_count() == 1:
+    return local
+  return int(np.max(multihost_utils.process_allgather(np.int32(local))))
+
+
 def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
   """Runs (or resumes) pre-training in `workdir`; returns the last step's metrics."""
   workdir = pathlib.Path(workdir)
@@ -317,7 +329,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
            f"{len(train_data)} training examples")
   logs.log(train_data.fill_line())
 
-  preempted = []
+  preempted = []  # Signals received by this host; the loop stops on `agreed_signal`.
   with contextlib.ExitStack() as cleanup:  # Unwinds on any error too: no asynchronous save is left behind.
     for signum in (signal.SIGTERM, signal.SIGINT):  # Preemption, Ctrl-C: a checkpoint at the current step.
       previous_handler = signal.signal(signum, lambda signum, _: preempted.append(signum))
@@ -378,8 +390,8 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
         logs.log(progress.line(step, metrics, metrics))  # metrics include the rates
       last = metrics
 
-    step = start
-    while step < cfg.num_train_steps and not preempted:
+    step, stop = start, 0
+    while step < cfg.num_train_steps and not stop:
       batch = sharding.global_batch(next(train_iter), setup.mesh, cfg.global_batch_size)
       state, metrics = compiled(state, batch)
       step += 1
@@ -400,14 +412,15 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
         writer.write(step, eval_metrics, prefix="eval_")
         logs.log(f"eval at step {step}: " + " ".join(f"{k} {v:.4f}" for k, v in eval_metrics.items()))
         progress.restart_clock()
+      stop = agreed_signal(preempted)
     if pending is not None:
       finish(*pending)
-    if preempted:
-      logs.log(f"{errors.signal_name(preempted[0])}: saving a checkpoint at step {step} before exiting")
+    if stop:
+      logs.log(f"{errors.signal_name(stop)}: saving a checkpoint at step {step} before exiting")
       ckpt.save(step, state, meta, force=True)
-  if preempted and step < cfg.num_train_steps:  # Raised once the checkpointer has closed: the save is complete.
-    raise Preempted(f"stopped by {errors.signal_name(preempted[0])} at step {step} of {cfg.num_train_steps}, with a "
-                    f"checkpoint there; rerun the same command to resume", preempted[0])
+  if stop and step < cfg.num_train_steps:  # Raised once the checkpointer has closed: the save is complete.
+    raise Preempted(f"stopped by {errors.signal_name(stop)} at step {step} of {cfg.num_train_steps}, with a "
+                    f"checkpoint there; rerun the same command to resume", stop)
   if host == 0:
     curves = write_curves(workdir)
     logs.log(f"finished at step {step}: checkpoint {ckpt.directory / str(step)}, metrics {writer.path}"
