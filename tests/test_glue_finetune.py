@@ -79,7 +79,8 @@ def test_finetune_sst2_end_to_end(pretrained, glue_dir, bert_vocab, tmp_path, ca
   assert "examples/s" in out and "MFU" in out and "| ETA" in out and "dev at step 8 (epoch 0.5)" in out
   # Each rate times its steps' computation (not their dispatch) and none includes compilation.
   rates = [float(x.replace(",", "")) for x in re.findall(r"steps/s ([0-9.,]+) examples/s", out)]
-  assert len(rates) == 12 and np.median(rates) / 3 < min(rates) <= max(rates) < 3 * np.median(rates), rates
+  # Compilation in a rate makes it 100x lower, timing the dispatch only 100x higher; load on a shared machine 5x.
+  assert len(rates) == 12 and np.median(rates) / 10 < min(rates) <= max(rates) < 10 * np.median(rates), rates
 
   # Each run's metrics, as pre-training writes them: strict JSON, every step's loss and learning rate, the rates
   # every log_every steps, each dev evaluation with an eval_ prefix; and TensorBoard events beside them.

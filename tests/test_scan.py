@@ -74,7 +74,9 @@ def test_scanned_equals_unrolled(name, remat):
   assert len(s_hidden) == unrolled.num_layers + 1 and len(s_attentions) == unrolled.num_layers
   assert_trees_close(s_hidden, hidden)
   assert_trees_close(s_attentions, attentions)
-  assert_trees_close(models.unstack_layers(s_grads), grads, rtol=1e-4, atol=1e-5)
+  # fp32 sums in another order (XLA fuses the two programs differently, and differently on each CPU): a word
+  # embedding's gradient of about 0.1 sums terms of about 1 that cancel, and differed by 3e-5 on an AVX-512 CPU.
+  assert_trees_close(models.unstack_layers(s_grads), grads, rtol=1e-4, atol=1e-4)
 
 
 def test_analysis_under_scan():
