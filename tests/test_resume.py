@@ -222,6 +222,7 @@ def test_resume_with_data_worker_processes(tmp_path, reference):
   shutil.rmtree(workdir / "checkpoints" / str(STEPS))
   proc = resume_and_compare(workdir, reference, STEPS - EVERY, {"data.num_workers": 1})
   assert "other settings" not in proc.stdout  # the worker count does not change what is trained
+  assert "leaked shared_memory" not in proc.stderr, proc.stderr[-2000:]  # nothing left behind by the workers
 
 
 def test_resume_at_the_last_step_trains_nothing(tmp_path, reference):

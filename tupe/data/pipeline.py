@@ -192,6 +192,10 @@ class PretrainData:
         rows=rows, pad_id=self.info.pad_id, shuffle=self.split == "train"))
     ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=_THREADS, prefetch_buffer_size=_PREFETCH_BATCHES))
     if self.cfg.num_workers:
+      # Batches travel from the workers pickled, not in shared memory: a few MB per batch at most, and grain
+      # leaves the blocks of batches still in flight when the iterator closes to Python's resource_tracker,
+      # which then warns about "leaked shared_memory objects" at every exit.
+      ds = grain.experimental.WithOptionsIterDataset(ds, grain.experimental.DatasetOptions(min_shm_size=2**62))
       if not flags.FLAGS.is_parsed():  # grain's worker processes read absl flags; a plain script has not parsed them.
         flags.FLAGS.mark_as_parsed()
       ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=self.cfg.num_workers),
