@@ -31,3 +31,28 @@ def shared_data() -> pathlib.Path:
 @pytest.fixture(scope="session")
 def bert_vocab(shared_data) -> pathlib.Path:
   return shared_data / "vocab" / "bert-base-uncased-vocab.txt"
+
+
+@pytest.fixture(scope="session")
+def glue_dir(shared_data) -> pathlib.Path:
+  return shared_data / "glue"
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory, glue_dir, bert_vocab) -> pathlib.Path:
+  """A train.py workdir: a 1-layer TUPE-A, BERT vocab, 2 MLM steps on SST-2 dev sentences, one checkpoint."""
+  from configs import pretrain
+  from tupe import trainer
+  from tupe.glue import tasks as glue
+
+  root = tmp_path_factory.mktemp("pretrain")
+  corpus = root / "corpus.txt"
+  corpus.write_text("\n\n".join(e.text_a for e in glue.load_split(glue_dir, "sst2", "dev")[:300]) + "\n")
+  cfg = pretrain.get_config("tupe_a,tiny")
+  cfg.model.update(hidden_size=32, embedding_size=32, intermediate_size=64, num_layers=1)
+  cfg.data.update(source="text", files=str(corpus), vocab_file=str(bert_vocab), eval_fraction=0.0)
+  cfg.update(seq_len=32, global_batch_size=8, num_train_steps=2, eval_every=0, tensorboard=False, peak_flops=1e12)
+  cfg.optimizer.warmup_steps = 1
+  cfg.checkpoint.update(every_steps=2, async_save=False)
+  trainer.train(cfg, str(root / "workdir"))
+  return root / "workdir"

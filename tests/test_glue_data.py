@@ -45,11 +45,6 @@ def tokenizer(bert_vocab):
   return bert_tokenizer(bert_vocab)
 
 
-@pytest.fixture(scope="module")
-def glue_dir(shared_data):
-  return shared_data / "glue"
-
-
 def write(path, text, encoding="utf-8"):
   path.parent.mkdir(parents=True, exist_ok=True)
   path.write_bytes(text.encode(encoding))

@@ -1,5 +1,6 @@
-"""GLUE fine-tuning end to end: a tiny TUPE-A checkpoint written by train.py's trainer, fine-tuned on a slice of
-real SST-2 over a 2-device mesh, its outputs and submission file, resuming, and the user errors."""
+"""GLUE fine-tuning end to end: a tiny TUPE-A checkpoint written by train.py's trainer (conftest.py's
+`pretrained`), fine-tuned on a slice of real SST-2 over a 2-device mesh, its outputs and submission file,
+resuming, and the user errors. On two hosts: test_multihost.py."""
 import json
 import os
 import pathlib
@@ -17,12 +18,10 @@ import orbax.checkpoint as ocp
 import pytest
 
 from configs import glue as glue_config
-from configs import pretrain
 from tupe import models
 from tupe import objectives
 from tupe import optim
 from tupe import sharding
-from tupe import trainer
 from tupe.errors import UserError
 from tupe.glue import backbone as backbone_lib
 from tupe.glue import data as glue_data
@@ -39,27 +38,6 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 # A fast, clearly learning setting: 256 examples, 3 epochs of 16 steps, one high learning rate, two seeds.
 OVERRIDES = dict(tasks="sst2", max_train_examples=256, max_seq_len=32, batch_size=16, learning_rates=(1e-2,),
                  seeds=(0, 1), eval_batch_size=256, log_every=8, peak_flops=1e12)
-
-
-@pytest.fixture(scope="module")
-def glue_dir(shared_data):
-  return shared_data / "glue"
-
-
-@pytest.fixture(scope="module")
-def pretrained(tmp_path_factory, glue_dir, bert_vocab):
-  """A train.py workdir: a 1-layer TUPE-A, BERT vocab, 2 MLM steps on SST-2 dev sentences, one checkpoint."""
-  root = tmp_path_factory.mktemp("pretrain")
-  corpus = root / "corpus.txt"
-  corpus.write_text("\n\n".join(e.text_a for e in glue.load_split(glue_dir, "sst2", "dev")[:300]) + "\n")
-  cfg = pretrain.get_config("tupe_a,tiny")
-  cfg.model.update(hidden_size=32, embedding_size=32, intermediate_size=64, num_layers=1)
-  cfg.data.update(source="text", files=str(corpus), vocab_file=str(bert_vocab), eval_fraction=0.0)
-  cfg.update(seq_len=32, global_batch_size=8, num_train_steps=2, eval_every=0, tensorboard=False, peak_flops=1e12)
-  cfg.optimizer.warmup_steps = 1
-  cfg.checkpoint.update(every_steps=2, async_save=False)
-  trainer.train(cfg, str(root / "workdir"))
-  return root / "workdir"
 
 
 def glue_cfg(recipe="tupe", **overrides):
