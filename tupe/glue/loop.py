@@ -71,6 +71,7 @@ def finetune(cfg, setup: task_model.TaskSetup, data: glue_data.TaskData, encoder
           jax.block_until_ready(loss)
           progress.restart_clock(step)
         if step % cfg.log_every == 0 or step == setup.total_steps:
+          jax.block_until_ready(loss)  # The rates time the steps' computation, not only their dispatch.
           rates = progress.rates(step) if step > 1 else {}
           if rates:
             rates["examples_per_s"] = rates["steps_per_s"] * cfg.batch_size
