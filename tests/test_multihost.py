@@ -1,23 +1,30 @@
 """Multi-host pre-training: two train.py processes (jax.distributed on localhost, one CPU device each, gloo
 collectives) match a single process that trains on the same global batches; when one process is
 killed, the other stops within the heartbeat timeout with one line naming the dead host (tupe/supervise.py).
+A SIGTERM to one host stops every host after the same step, in pre-training and in GLUE fine-tuning, whose
+two-host runs match one process's too.
 """
 import pathlib
+import re
 import socket
 import signal
+import sys
 import time
 
 import jax
 import numpy as np
 import pytest
 
+from configs import glue as glue_config
 from configs import pretrain
 from tupe import checkpoint
 from tupe import sharding
 from tupe import supervise
 from tupe import trainer
 from tupe.data import pipeline
-from test_resume import TINY, Run, finished_steps, last_logged_step, metric_records
+from tupe.glue import finetune
+from tupe.glue import runs as runs_lib
+from test_resume import REPO, TINY, Run, finished_steps, last_logged_step, metric_records
 
 HOSTS, STEPS = 2, 6
 MULTI = {"num_train_steps": STEPS, "checkpoint.every_steps": 4}
@@ -134,6 +141,54 @@ def test_sigterm_to_one_host_stops_every_host_at_the_same_step(tmp_path):
   for host in hosts:
     assert host.stderr().strip().splitlines()[-1].startswith(f"stopped by SIGTERM at step {saved[0]} of 1000")
   assert not supervised_children(workdir)
+
+
+# SST-2: 256 training examples in batches of 16, one learning rate and seed.
+GLUE = {"tasks": "sst2", "max_train_examples": 256, "max_seq_len": 32, "batch_size": 16, "learning_rates": 0.01,
+        "seeds": 0, "eval_batch_size": 256, "log_every": 8, "peak_flops": 1e12}
+
+
+def start_glue_hosts(workdir, pretrained, glue_dir, epochs: int) -> list[Run]:
+  """One eval_glue.py process per host on `workdir`, fine-tuning conftest.py's `pretrained` checkpoint."""
+  flags = dict(GLUE, **{"init_checkpoint": pretrained, "data_dir": glue_dir, "epochs.sst2": epochs,
+                        "distributed.coordinator_address": f"localhost:{free_port()}",
+                        "distributed.num_processes": HOSTS})
+  hosts = [Run(workdir, name=f"host{host}", command=[
+      sys.executable, str(REPO / "eval_glue.py"), "--config", "configs/glue.py:tupe", "--workdir", str(workdir),
+      *(f"--config.{k}={v}" for k, v in dict(flags, **{"distributed.process_id": host}).items())])
+      for host in range(HOSTS)]
+  STARTED.extend(hosts)
+  return hosts
+
+
+def test_glue_on_two_hosts(tmp_path, pretrained, glue_dir):
+  """eval_glue.py on two hosts: a SIGTERM to one stops both at the same step of the run in flight (exit 143, the
+  same line on each, nothing recorded); a grid run to the end matches one process on two devices."""
+  hosts = start_glue_hosts(tmp_path / "stopped", pretrained, glue_dir, epochs=100)
+  hosts[0].wait_until(lambda: "[1/1] SST-2 lr 0.01 seed 0 | epoch" in hosts[0].stdout())
+  hosts[1].signal(signal.SIGTERM)
+  lines = []
+  for host in hosts:
+    assert host.wait(timeout=120) == 128 + signal.SIGTERM, host.stderr()[-3000:]
+    lines.append(host.stderr().strip().splitlines()[-1])
+  stopped = re.fullmatch(r"stopped by SIGTERM during \[1/1\] SST-2 lr 0.01 seed 0 at step (\d+) on every host, "
+                         r"which is not recorded; rerun the same command to resume after the finished runs", lines[0])
+  assert stopped and lines[1] == lines[0] and 8 <= int(stopped[1]) < 1600, lines
+  assert runs_lib.read_runs(tmp_path / "stopped") == []
+
+  for host in start_glue_hosts(tmp_path / "two_hosts", pretrained, glue_dir, epochs=2):
+    assert host.wait(timeout=300) == 0, host.stderr()[-3000:]
+  cfg = glue_config.get_config("tupe")
+  cfg.update(dict(GLUE, learning_rates=(0.01,), seeds=(0,), init_checkpoint=str(pretrained), data_dir=str(glue_dir)))
+  cfg.epochs.sst2 = 2
+  cfg.mesh.data = 2
+  finetune.run(cfg, str(tmp_path / "one_process"), devices=jax.devices()[:2])
+  (two,), (one,) = runs_lib.read_runs(tmp_path / "two_hosts"), runs_lib.read_runs(tmp_path / "one_process")
+  assert len(two["dev_history"]) == 4
+  np.testing.assert_allclose(two["train_loss"], one["train_loss"], rtol=1e-5)
+  # Dev accuracy on 872 examples: within one example (0.11 points), as near-tied logits may flip.
+  np.testing.assert_allclose([h["score"] for h in two["dev_history"]], [h["score"] for h in one["dev_history"]],
+                             atol=0.12)
 
 
 def supervised_children(workdir) -> list[str]:

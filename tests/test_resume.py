@@ -52,14 +52,14 @@ def run_train(workdir, overrides=None, extra=(), devices: int = 1, timeout: floa
 
 
 class Run:
-  """A train.py process in the background; its stdout and stderr go to files beside the workdir."""
+  """A train.py process (or `command`) in the background; its stdout and stderr go to files beside the workdir."""
 
-  def __init__(self, workdir, overrides=None, devices: int = 1, name: str = "run"):
+  def __init__(self, workdir, overrides=None, devices: int = 1, name: str = "run", command: list[str] | None = None):
     self.workdir = pathlib.Path(workdir)
     self.stdout_path = self.workdir.parent / f"{self.workdir.name}.{name}.out"
     self.stderr_path = self.workdir.parent / f"{self.workdir.name}.{name}.err"
     with open(self.stdout_path, "w") as out, open(self.stderr_path, "w") as err:
-      self.proc = subprocess.Popen(train_command(workdir, overrides), cwd=REPO, env=train_env(devices),
+      self.proc = subprocess.Popen(command or train_command(workdir, overrides), cwd=REPO, env=train_env(devices),
                                    stdout=out, stderr=err)
 
   def wait_until(self, condition, timeout: float = 240, poll: float = 0.001) -> None:
@@ -67,7 +67,8 @@ class Run:
     deadline = time.monotonic() + timeout
     while not condition():
       if self.proc.poll() is not None:
-        pytest.fail(f"train.py exited ({self.proc.returncode}) before the kill point:\n{self.stderr()[-3000:]}")
+        pytest.fail(f"{pathlib.Path(self.proc.args[1]).name} exited ({self.proc.returncode}) before the kill "
+                    f"point:\n{self.stderr()[-3000:]}")
       if time.monotonic() > deadline:
         self.proc.kill()
         pytest.fail(f"no kill point within {timeout} s")

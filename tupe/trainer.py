@@ -25,7 +25,6 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
-from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from tupe import checkpoint as checkpoint_lib
@@ -293,17 +292,6 @@ def check_loop(cfg) -> None:
       raise UserError(f"optimizer.{name}={cfg.optimizer[name]} overflows float32 (at most {_FLOAT32_MAX:.3g})")
 
 
-def agreed_signal(received: list[int]) -> int:
-  """The signal every host stops for after this step (0: none): this host's first one, or, on several hosts, the
-  largest any host received. Hosts get a scheduler's SIGTERM at different steps, and a host that stopped alone
-  would wait in the checkpoint's barriers while the others wait in the next step's collectives; so on several
-  hosts every step ends with this tiny all-gather, and all of them stop after the same step."""
-  local = received[0] if received else 0
-  if jax.process_count() == 1:
-    return local
-  return int(np.max(multihost_utils.process_allgather(np.int32(local))))
-
-
 def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
   """Runs (or resumes) pre-training in `workdir`; returns the last step's metrics."""
   workdir = pathlib.Path(workdir)
@@ -329,7 +317,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
            f"{len(train_data)} training examples")
   logs.log(train_data.fill_line())
 
-  preempted = []  # Signals received by this host; the loop stops on `agreed_signal`.
+  preempted = []  # Signals received by this host; the loop stops on `training.agreed_signal`.
   with contextlib.ExitStack() as cleanup:  # Unwinds on any error too: no asynchronous save is left behind.
     for signum in (signal.SIGTERM, signal.SIGINT):  # Preemption, Ctrl-C: a checkpoint at the current step.
       previous_handler = signal.signal(signum, lambda signum, _: preempted.append(signum))
@@ -412,7 +400,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
         writer.write(step, eval_metrics, prefix="eval_")
         logs.log(f"eval at step {step}: " + " ".join(f"{k} {v:.4f}" for k, v in eval_metrics.items()))
         progress.restart_clock()
-      stop = agreed_signal(preempted)
+      stop = training.agreed_signal(preempted)
     if pending is not None:
       finish(*pending)
     if stop:

@@ -1,5 +1,5 @@
 """What pre-training (`tupe.trainer`) and fine-tuning (`tupe.glue`) share: the train state and its shardings,
-distributed initialization and the workdir checks.
+distributed initialization, stopping every host after the same step on a signal, and the workdir checks.
 
 Both build their state the same way: parameters sharded by the logical-axis rules (`tupe.sharding`), optimizer
 moments sharded as their parameters, the step and RNG replicated, and the whole state created directly in those
@@ -15,7 +15,9 @@ from typing import Any
 import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
+from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from tupe.errors import UserError
@@ -54,6 +56,17 @@ def maybe_initialize_distributed(cfg) -> None:
                                heartbeat_timeout_seconds=dist.heartbeat_timeout_s)
   elif dist.auto:
     jax.distributed.initialize(heartbeat_timeout_seconds=dist.heartbeat_timeout_s)
+
+
+def agreed_signal(received: list[int]) -> int:
+  """The signal every host stops for after this step (0: none): this host's first one, or, on several hosts, the
+  largest any host received. Hosts get a scheduler's SIGTERM at different steps, and a host that stopped alone
+  would leave the others waiting in the next step's collectives (or itself in a checkpoint's barriers); so on
+  several hosts every step ends with this tiny all-gather, and all of them stop after the same step."""
+  local = received[0] if received else 0
+  if jax.process_count() == 1:
+    return local
+  return int(np.max(multihost_utils.process_allgather(np.int32(local))))
 
 
 def check_workdir(workdir: pathlib.Path) -> None:

@@ -129,30 +129,50 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
     if created:  # Stopped by bad input before any run: no workdir is left behind.
       shutil.rmtree(workdir, ignore_errors=True)
     raise
-  with _stopped_by_signals() as current:
-    _run_grid(cfg, workdir, tasks, pending, lrs, backbone, encoder, mesh, rules, current)
+  with _stopped_by_signals() as stop:
+    _run_grid(cfg, workdir, tasks, pending, lrs, backbone, encoder, mesh, rules, stop)
   results = workdir / "results.json"
   return json.loads(results.read_text()) if results.exists() else {}
 
 
-@contextlib.contextmanager
-def _stopped_by_signals():
-  """SIGTERM (preemption) and Ctrl-C stop the grid at once with one line naming the run in flight (`Preempted`:
-  exit 143 or 130); a rerun resumes after the finished runs. Yields a dict whose "label" names the run in flight
-  (None between runs); the writes of a finished run's results are not interrupted (`_uninterrupted`)."""
-  current = {"label": None}
+class _Stop:
+  """SIGTERM (preemption) and Ctrl-C during the grid: one line naming the run in flight (`Preempted`: exit 143 or
+  130), and a rerun resumes after the finished runs. On one host the signal stops the grid at once. On several,
+  each host records it and every host stops after the same training step (`after_step`, which agrees on it with
+  `training.agreed_signal`): a host that stopped alone would leave the others waiting in the next step's
+  collectives. A signal that arrives after the grid's last step lets the grid finish."""
 
-  def stop(signum, _):
-    when = f"during {current['label']}, which is not recorded" if current["label"] else "between runs"
+  def __init__(self):
+    self.label = None  # The run in flight; None between runs.
+    self.received = []  # On several hosts: this host's signals, acted on by `after_step`.
+
+  def handle(self, signum, _):
+    if jax.process_count() > 1:
+      self.received.append(signum)
+    else:
+      self.stop(signum, f"during {self.label}" if self.label else "between runs")
+
+  def after_step(self, step: int) -> None:
+    if jax.process_count() > 1 and (signum := training.agreed_signal(self.received)):
+      self.stop(signum, f"during {self.label} at step {step} on every host")
+
+  def stop(self, signum: int, when: str):
+    if self.label:
+      when += ", which is not recorded"
     raise Preempted(f"stopped by {errors.signal_name(signum)} {when}; rerun the same command to resume after the "
                     f"finished runs", signum)
 
-  if threading.current_thread() is not threading.main_thread():  # Only the main thread handles signals.
-    yield current
+
+@contextlib.contextmanager
+def _stopped_by_signals():
+  """A `_Stop` handling SIGTERM and SIGINT while the grid runs (only the main thread can handle signals)."""
+  stop = _Stop()
+  if threading.current_thread() is not threading.main_thread():
+    yield stop
     return
-  previous = {signum: signal.signal(signum, stop) for signum in (signal.SIGTERM, signal.SIGINT)}
+  previous = {signum: signal.signal(signum, stop.handle) for signum in (signal.SIGTERM, signal.SIGINT)}
   try:
-    yield current
+    yield stop
   finally:
     for signum, handler in previous.items():
       signal.signal(signum, handler)
@@ -169,8 +189,8 @@ def _uninterrupted():
     signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
 
 
-def _run_grid(cfg, workdir, tasks, pending, lrs, backbone, encoder, mesh, rules, current) -> None:
-  """Runs every pending (task, lr, seed) and writes each task's outputs; current["label"] names the run."""
+def _run_grid(cfg, workdir, tasks, pending, lrs, backbone, encoder, mesh, rules, stop: _Stop) -> None:
+  """Runs every pending (task, lr, seed) and writes each task's outputs; stop.label names the run in flight."""
   total = sum(len(runs) for runs in pending.values())
   count = 0
   peak, peak_source = flops_lib.peak_flops_per_device(cfg.peak_flops) if total else (0.0, "")
@@ -188,15 +208,15 @@ def _run_grid(cfg, workdir, tasks, pending, lrs, backbone, encoder, mesh, rules,
              f"({setup.steps_per_epoch} per epoch), dev {', '.join(ev.name for ev, _ in data.dev)}")
     for lr, seed in pending[task.name]:
       count += 1
-      label = current["label"] = f"[{count}/{total}] {task.name} lr {lr:g} seed {seed}"
+      label = stop.label = f"[{count}/{total}] {task.name} lr {lr:g} seed {seed}"
       record, predictions = loop.finetune(cfg, setup, data, encoder, lr, seed, label,
-                                     runs_lib.run_dir(workdir, task.name, lr, seed), peak_flops)
+                                          runs_lib.run_dir(workdir, task.name, lr, seed), peak_flops, stop.after_step)
       with _uninterrupted():
         if jax.process_index() == 0:
           if predictions:
             runs_lib.save_predictions(runs_lib.predictions_path(workdir, task.name, lr, seed), predictions)
           runs_lib.append_run(workdir, record)
-        current["label"] = None
+        stop.label = None
       outcome = ("diverged: no finite dev score, no test predictions" if record["diverged"]
                  else f"score {record['score']:.2f} at step {record['best_step']}")
       if record["train_loss_nonfinite_from_step"] and not record["diverged"]:

@@ -5,6 +5,7 @@ import math
 import pathlib
 import shutil
 import time
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -19,8 +20,9 @@ from tupe.glue import model as task_model
 
 
 def finetune(cfg, setup: task_model.TaskSetup, data: glue_data.TaskData, encoder, lr: float, seed: int, label: str,
-             run_dir: pathlib.Path, peak_flops: float):
+             run_dir: pathlib.Path, peak_flops: float, after_step: Callable[[int], None] = lambda step: None):
   """One run. Returns (its runs.jsonl record, test predictions {evaluation: (idx, values)} of the kept params).
+  `after_step(step)` is called after every training step (it may raise to stop the run).
 
   The kept parameters are those of the best dev evaluation, a non-finite score ranking below every finite one.
   When no evaluation was finite the record says "diverged": true and there are no test predictions. A run that
@@ -33,8 +35,8 @@ def finetune(cfg, setup: task_model.TaskSetup, data: glue_data.TaskData, encoder
   step 0, so its directory is emptied first.
   """
   start = time.perf_counter()
-  shutil.rmtree(run_dir, ignore_errors=True)
-  if jax.process_index() == 0:
+  if jax.process_index() == 0:  # One host owns the run's files, as pre-training's (the hosts may share them).
+    shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
   state = setup.init_state(encoder, jax.random.PRNGKey(seed))
   train, n = data.train, len(data.train["idx"])
@@ -94,6 +96,7 @@ def finetune(cfg, setup: task_model.TaskSetup, data: glue_data.TaskData, encoder
                    f"| best {best['score']:.2f} at step {best['step']}")
           jax.block_until_ready(state)  # The rates restart after the evaluation, from this step.
           progress.restart_clock()
+        after_step(step)
       epoch_loss = np.asarray(jax.device_get(losses))
       epoch_losses.append(float(epoch_loss.mean()))
       if nonfinite_step is None and not np.isfinite(epoch_loss).all():
