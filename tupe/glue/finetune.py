@@ -153,7 +153,7 @@ class _Stop:
       self.stop(signum, f"during {self.label}" if self.label else "between runs")
 
   def after_step(self, step: int) -> None:
-    if jax.process_count() > 1 and (signum := training.agreed_signal(self.received)):
+    if signum := training.agreed_signal(self.received):  # One host: nothing received (`handle` stopped at once).
       self.stop(signum, f"during {self.label} at step {step} on every host")
 
   def stop(self, signum: int, when: str):
