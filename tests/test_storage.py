@@ -1,0 +1,52 @@
+"""tupe.storage, the one path layer: the same calls on a local disk and in a bucket (a real GCS emulator)."""
+import pytest
+
+from tupe import storage
+
+
+@pytest.fixture(params=["local", "gs"])
+def root(request, tmp_path):
+  """A folder on the local disk (with a space and a non-ASCII name) or in a new emulator bucket."""
+  if request.param == "local":
+    return str(tmp_path / "run dé")
+  return request.getfixturevalue("gcs_bucket") + "/run"
+
+
+def test_write_read_append_list_remove(root):
+  storage.write_text(f"{root}/a.txt", "hello")
+  assert storage.read_text(f"{root}/a.txt") == "hello"
+  storage.write_text(f"{root}/a.txt", "replaced")
+  storage.append_text(f"{root}/a.txt", " world")
+  assert storage.read_text(f"{root}/a.txt") == "replaced world"
+  storage.write_bytes(f"{root}/sub/b.bin", b"\x00\x01")
+  assert storage.read_bytes(f"{root}/sub/b.bin") == b"\x00\x01"
+  assert storage.size(f"{root}/sub/b.bin") == 2
+  assert [p.name for p in storage.iterdir(root)] == ["a.txt", "sub"]
+  assert [p.name for p in storage.glob(f"{root}/*.txt")] == ["a.txt"]
+  assert storage.walk_files(root) == ["a.txt", "sub/b.bin"]
+  storage.copy(f"{root}/a.txt", f"{root}/c.txt")
+  assert storage.read_text(f"{root}/c.txt") == "replaced world"
+  storage.remove(f"{root}/sub")
+  assert storage.walk_files(root) == ["a.txt", "c.txt"]
+  assert storage.iterdir(f"{root}/missing") == []
+
+
+def test_local_paths_expand_and_leave_no_temporaries(tmp_path, monkeypatch):
+  monkeypatch.setenv("HOME", str(tmp_path))
+  storage.write_text("~/x/y.txt", "1")
+  assert (tmp_path / "x" / "y.txt").read_text() == "1"
+  assert sorted(p.name for p in (tmp_path / "x").iterdir()) == ["y.txt"]
+  monkeypatch.chdir(tmp_path)
+  assert storage.path("x/y.txt") == storage.path(tmp_path / "x" / "y.txt")
+  assert storage.is_remote("gs://b/x") and not storage.is_remote("x/gs://")
+
+
+def test_failures_are_one_line(gcs_bucket, tmp_path):
+  with pytest.raises(storage.StorageError, match=r"^cannot read gs://tupe-no-such-bucket/a: not found$"):
+    storage.read_text("gs://tupe-no-such-bucket/a")
+  with pytest.raises(storage.StorageError, match="not found"):
+    storage.read_text(tmp_path / "missing.txt")
+  with pytest.raises(storage.StorageError, match="empty path"):
+    storage.path("")
+  with pytest.raises(storage.StorageError, match="must be local"):
+    storage.local(gcs_bucket + "/x")

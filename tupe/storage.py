@@ -1,0 +1,238 @@
+"""The one path layer: every file tupe reads or writes goes through here, on a local disk or in a bucket.
+
+Paths are `etils.epath.Path`s, the layer orbax itself uses: a local path (relative, `~`, spaces, unicode) or a
+bucket URL (`gs://bucket/run`, `s3://bucket/run`, through fsspec's gcsfs/s3fs). Nothing outside this module
+touches `os.path`, `pathlib`, `shutil` or `open` for a user's path.
+
+Object stores have no rename, no append and no fsync, so the writes here are whole objects:
+
+- `write_text`/`write_bytes` are atomic on both: locally a temporary file, fsync and rename; in a bucket one
+  upload, which becomes visible whole or not at all.
+- `append_text` appends and fsyncs locally, and rewrites the object in a bucket (keep such files small:
+  `tupe.jsonlog` rotates segments for that reason).
+
+Errors from a store (no credentials, an unknown bucket, a permission refused, the endpoint gone) surface as
+`StorageError`, one line naming the path and the cause.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from typing import IO
+
+from etils import epath
+
+from tupe.errors import UserError
+
+Path = epath.Path
+PathLike = str | os.PathLike
+
+REMOTE_SCHEMES = ("gs://", "s3://")
+
+
+class StorageError(UserError):
+  """A read or write that the file system or the store refused: one line with the path and the cause."""
+
+
+def is_remote(p: PathLike) -> bool:
+  """Whether `p` names an object in a bucket (gs://, s3://) rather than a local file."""
+  return str(p).startswith(REMOTE_SCHEMES)
+
+
+def path(p: PathLike) -> Path:
+  """`p` as an absolute `epath.Path`: `~` expanded and made absolute locally, a bucket URL kept as it is."""
+  if isinstance(p, str) and not p:
+    raise StorageError("an empty path was given: name a file or folder (a local path or gs://bucket/...)")
+  if is_remote(p):
+    return Path(str(p))
+  return Path(os.path.abspath(os.path.expanduser(os.fspath(p))))
+
+
+def local(p: PathLike) -> str:
+  """`p` as a local filesystem path string, for libraries that take only those; refuses bucket URLs."""
+  if is_remote(p):
+    raise StorageError(f"{p}: this file must be local (a bucket URL is not supported here)")
+  return os.fspath(path(p))
+
+
+def describe(e: BaseException) -> str:
+  """One line for a storage exception: its class for the generic ones, and the message's first line."""
+  if isinstance(e, StorageError):
+    return str(e)
+  if isinstance(e, FileNotFoundError):
+    return "not found"
+  if isinstance(e, PermissionError) or getattr(e, "code", None) in (401, 403):
+    return f"permission refused ({_first_line(e)})"
+  if isinstance(e, OSError) and e.strerror:
+    return e.strerror
+  return f"{type(e).__name__}: {_first_line(e)}"
+
+
+def _first_line(e: BaseException) -> str:
+  text = str(e).strip().splitlines()
+  return text[0] if text else type(e).__name__
+
+
+@contextlib.contextmanager
+def errors(what: str, p: PathLike) -> Iterator[None]:
+  """Turns any storage exception raised inside into a `StorageError` "{what} {p}: {cause}"."""
+  try:
+    yield
+  except StorageError:
+    raise
+  except Exception as e:  # gcsfs and aiohttp raise their own classes, not only OSError
+    raise StorageError(f"cannot {what} {p}: {describe(e)}") from e
+
+
+def exists(p: PathLike) -> bool:
+  with errors("check", p):
+    return path(p).exists()
+
+
+def is_dir(p: PathLike) -> bool:
+  with errors("check", p):
+    return path(p).is_dir()
+
+
+def is_file(p: PathLike) -> bool:
+  with errors("check", p):
+    return path(p).is_file()
+
+
+def makedirs(p: PathLike) -> Path:
+  """Creates the folder `p` and its parents (a no-op in buckets, which have no folders); returns it."""
+  d = path(p)
+  with errors("create", d):
+    d.mkdir(parents=True, exist_ok=True)
+  return d
+
+
+def read_text(p: PathLike) -> str:
+  with errors("read", p):
+    return path(p).read_text()
+
+
+def read_bytes(p: PathLike) -> bytes:
+  with errors("read", p):
+    return path(p).read_bytes()
+
+
+def write_bytes(p: PathLike, data: bytes) -> None:
+  """Writes `data` to `p` atomically: readers see the old content or the new, never a part."""
+  target = path(p)
+  with errors("write", target):
+    if is_remote(target):
+      target.write_bytes(data)  # one upload: visible whole or not at all
+      return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=os.fspath(target.parent), prefix=f".{target.name}.", suffix=".tmp")
+    try:
+      with os.fdopen(fd, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+      os.replace(tmp, os.fspath(target))
+    except BaseException:
+      with contextlib.suppress(OSError):
+        os.unlink(tmp)
+      raise
+
+
+def write_text(p: PathLike, text: str) -> None:
+  """`write_bytes` for UTF-8 text."""
+  write_bytes(p, text.encode("utf-8"))
+
+
+def append_text(p: PathLike, text: str) -> None:
+  """Appends `text` to `p` durably: fsynced locally; in a bucket, a rewrite of the whole object."""
+  target = path(p)
+  with errors("append to", target):
+    if is_remote(target):
+      old = target.read_bytes() if target.exists() else b""
+      target.write_bytes(old + text.encode("utf-8"))
+      return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(os.fspath(target), "a", encoding="utf-8") as f:
+      f.write(text)
+      f.flush()
+      os.fsync(f.fileno())
+
+
+@contextlib.contextmanager
+def open_file(p: PathLike, mode: str = "r") -> Iterator[IO]:
+  """A streaming file object for reading (`r`, `rb`) a local file or an object, for files too big to hold."""
+  if mode not in ("r", "rb"):
+    raise ValueError(f"open_file reads only; write with write_text/write_bytes (mode {mode!r})")
+  with errors("read", p):
+    with path(p).open(mode) as f:
+      yield f
+
+
+def size(p: PathLike) -> int:
+  with errors("check", p):
+    return path(p).stat().length
+
+
+def iterdir(p: PathLike) -> list[Path]:
+  """The entries directly in folder `p`, sorted by name; [] when it does not exist."""
+  d = path(p)
+  with errors("list", d):
+    if not d.exists():
+      return []
+    return sorted(d.iterdir(), key=lambda e: e.name)
+
+
+def glob(pattern: PathLike) -> list[Path]:
+  """The paths matching a glob `pattern` (`*`, `?`, `[...]`; `**` for any depth), sorted."""
+  text = os.fspath(pattern)
+  parts = text.split("/")
+  wild = [i for i, part in enumerate(parts) if any(c in part for c in "*?[")]
+  if not wild:
+    return [path(text)] if exists(text) else []
+  root = "/".join(parts[:wild[0]]) or ("/" if text.startswith("/") else ".")
+  with errors("list", root):
+    return sorted(path(root).glob("/".join(parts[wild[0]:])), key=str)
+
+
+def walk_files(p: PathLike) -> list[str]:
+  """Every file under folder `p`, as paths relative to it with '/' separators, sorted."""
+  root = path(p)
+  with errors("list", root):
+    out = []
+    for dirpath, _, filenames in root.walk():
+      for name in filenames:
+        out.append(_bare(dirpath / name).removeprefix(_bare(root)).lstrip("/"))
+    return sorted(out)
+
+
+def _bare(p: PathLike) -> str:
+  """`p` without its scheme ("gs://b/x" -> "b/x"): walk() gives folders in bucket paths without one."""
+  text = os.fspath(p)
+  return text.split("://", 1)[-1]
+
+
+def remove(p: PathLike) -> None:
+  """Removes the file or folder tree `p`; nothing if it is not there."""
+  target = path(p)
+  with errors("remove", target):
+    if target.is_dir():
+      target.rmtree(missing_ok=True)
+    elif target.exists():
+      target.unlink(missing_ok=True)
+
+
+def copy(src: PathLike, dst: PathLike) -> None:
+  """Copies one file (local or object) to `dst`, atomically, as `write_bytes` does."""
+  write_bytes(dst, read_bytes(src))
+
+
+def check_writable(p: PathLike) -> None:
+  """Fails now, with one line, if folder `p` cannot be created or written (rather than at the first save)."""
+  d = makedirs(p)
+  probe = d / f".tupe-write-check-{os.getpid()}"
+  with errors("write in", d):
+    probe.write_text("")
+    probe.unlink()
