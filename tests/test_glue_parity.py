@@ -77,6 +77,7 @@ def test_bert_a_tupe_recipe(checkpoints, glue_dir, tmp_path):
   cfg = parity_config("tupe", checkpoints["bert_a"], glue_dir, "sst2,mrpc,stsb")
   result = glue_parity.run(cfg, tmp_path)
   check(result, ["SST-2", "MRPC", "STS-B"], learns=("MRPC", "STS-B"))
+  assert result["tasks"][0]["hf_param_groups"] == [{"lr_scale": 1.0, "weight_decay": 0.01, "tensors": 40}]
   assert result["tasks"][1]["tokenization"]["train"]["differing"] > 0  # MRPC at 48 tokens: truncated pairs
   assert json.loads((tmp_path / "parity.json").read_text())["passed"]
   assert "| STS-B | 100 |" in (tmp_path / "parity.md").read_text()
@@ -90,6 +91,9 @@ def test_convbert_recipe_layerwise_decay(checkpoints, glue_dir, tmp_path):
   assert cfg.optimizer.layerwise_decay == 0.8 and cfg.optimizer.weight_decay_mask == "no_ln_bias"
   result = glue_parity.run(cfg, tmp_path)
   check(result, ["CoLA", "RTE", "STS-B"], learns=("STS-B",))
+  groups = result["tasks"][0]["hf_param_groups"]  # embeddings 0.8^4, layer 0 0.8^3, layer 1 0.8^2, head 1
+  assert sorted({round(g["lr_scale"], 6) for g in groups}) == [0.4096, 0.512, 0.64, 1.0]
+  assert {g["weight_decay"] for g in groups} == {0.0, 0.01}
   assert result["tasks"][2]["train_rows"] == 400
 
 

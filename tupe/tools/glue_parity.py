@@ -39,6 +39,7 @@ import numpy as np
 
 from tupe import checkpoint
 from tupe import cli
+from tupe import flops as flops_lib
 from tupe import hf_layout
 from tupe import logs
 from tupe import sharding
@@ -107,7 +108,8 @@ def tokenization_check(tokenizer, examples, ours: dict, max_len: int) -> dict:
 
 
 def train_reference(cfg, hf_dir, family: str, task, setup, head: dict, lr: float, seed: int, data, model_cfg):
-  """PyTorch + transformers fine-tuning on our encoded rows: (per-step losses [steps], dev predictions [n])."""
+  """PyTorch + transformers fine-tuning on our encoded rows: (per-step losses [steps], dev predictions [n], the
+  AdamW parameter groups as {lr_scale, weight_decay, tensors})."""
   import torch
   import transformers
   regression = task.is_regression
@@ -124,8 +126,8 @@ def train_reference(cfg, hf_dir, family: str, task, setup, head: dict, lr: float
     model.base_model.embeddings.token_type_embeddings.weight.requires_grad_(False)
   model.train()  # dropout 0: the same as eval mode, and what a training loop runs
   opt_cfg = cfg.optimizer
-  optimizer = torch.optim.AdamW(param_groups(model, opt_cfg, model_cfg.num_layers, lr), lr=lr,
-                                betas=(opt_cfg.b1, opt_cfg.b2), eps=opt_cfg.eps)
+  groups = param_groups(model, opt_cfg, model_cfg.num_layers, lr)
+  optimizer = torch.optim.AdamW(groups, lr=lr, betas=(opt_cfg.b1, opt_cfg.b2), eps=opt_cfg.eps)
   warmup = glue_data.schedule(cfg, task, len(data.train["idx"]))[2]
   scheduler = transformers.get_linear_schedule_with_warmup(optimizer, warmup, setup.total_steps)
   scale = cfg.regression_scale if regression else 1.0
@@ -155,7 +157,9 @@ def train_reference(cfg, hf_dir, family: str, task, setup, head: dict, lr: float
   with torch.no_grad():
     logits = np.concatenate([model(**inputs(dev, np.arange(start, min(start + cfg.eval_batch_size, len(dev["idx"])))))
                              .logits.numpy() for start in range(0, len(dev["idx"]), cfg.eval_batch_size)])
-  return np.array(losses), logits[:, 0] * scale if regression else logits.argmax(-1)
+  groups = sorted((group["initial_lr"] / lr, group["weight_decay"], len(group["params"])) for group in groups)
+  return (np.array(losses), logits[:, 0] * scale if regression else logits.argmax(-1),
+          [{"lr_scale": scale, "weight_decay": decay, "tensors": n} for scale, decay, n in groups])
 
 
 def compare_task(cfg, workdir, backbone, encoder, mesh, rules, family: str, hf_dir, task, rtol: float) -> dict:
@@ -167,11 +171,13 @@ def compare_task(cfg, workdir, backbone, encoder, mesh, rules, family: str, hf_d
   head = jax.device_get(setup.init_state(encoder, jax.random.PRNGKey(seed)).params["head"])
   run_dir = workdir / "runs" / task.name
   # Our dev predictions come back as the "test" predictions of the kept (= final) parameters.
+  peak_flops = flops_lib.peak_flops_per_device(cfg.peak_flops)[0]
   record, predictions = loop.finetune(cfg, setup, dataclasses.replace(data, test=data.dev), encoder, lr, seed,
-                                      f"{task.name} (ours)", run_dir, peak_flops=1.0)
+                                      f"{task.name} (ours)", run_dir, peak_flops)
   ours_losses = np.array([row["loss"] for row in logs.read_metrics(run_dir) if "loss" in row], np.float64)
   logs.log(f"{task.name} (PyTorch + transformers): {setup.total_steps} steps")
-  theirs_losses, theirs_pred = train_reference(cfg, hf_dir, family, task, setup, head, lr, seed, data, backbone.cfg)
+  theirs_losses, theirs_pred, groups = train_reference(cfg, hf_dir, family, task, setup, head, lr, seed, data,
+                                                       backbone.cfg)
   (ev, dev_arrays), = data.dev
   tokenizer = transformers.AutoTokenizer.from_pretrained(hf_dir)
   train_examples = glue_data.train_examples(cfg, task)
@@ -196,16 +202,17 @@ def compare_task(cfg, workdir, backbone, encoder, mesh, rules, family: str, hf_d
             and loss_rel <= rtol and differ == 0 and metrics_equal)
   return {"task": task.name, "lr": lr, "seed": seed, "steps": setup.total_steps, "warmup_steps":
           glue_data.schedule(cfg, task, len(train_examples))[2], "train_rows": len(train_examples),
-          "tokenization": tokenization, "loss_max_rel_diff": loss_rel,
+          "tokenization": tokenization,
+          "hf_param_groups": groups, "loss_max_rel_diff": loss_rel,
           "losses": {"ours": ours_losses.tolist(), "theirs": theirs_losses.tolist()},
           "dev_rows": len(labels), "dev_predictions_differing": differ, "metrics": metrics,
           "metrics_equal_sklearn": metrics_equal, "passed": passed}
 
 
 def markdown(result: dict) -> str:
-  header = ["task", "steps", "train rows", "HF tokenizer: rows differing, train/dev (all truncated pairs)", "loss max rel diff",
-            "first loss", "last loss", "dev predictions differing", "ours = sklearn/scipy", "score ours", "score theirs",
-            "passed"]
+  header = ["task", "steps", "train rows", "HF tokenizer: rows differing, train/dev (all truncated pairs)",
+            "loss max rel diff", "first loss", "last loss", "dev predictions differing", "ours = sklearn/scipy",
+            "score ours", "score theirs", "passed"]
   rows = []
   for t in result["tasks"]:
     m = t["metrics"]
