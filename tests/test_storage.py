@@ -26,7 +26,11 @@ def test_write_read_append_list_remove(root):
   assert storage.walk_files(root) == ["a.txt", "sub/b.bin"]
   storage.copy(f"{root}/a.txt", f"{root}/c.txt")
   assert storage.read_text(f"{root}/c.txt") == "replaced world"
+  assert [str(p) for p in storage.copy_tree(root, f"{root}/copy")] == [f"{root}/copy/{name}" for name in
+                                                                      ("a.txt", "c.txt", "sub/b.bin")]
+  assert storage.read_bytes(f"{root}/copy/sub/b.bin") == b"\x00\x01"
   storage.remove(f"{root}/sub")
+  storage.remove(f"{root}/copy")
   assert storage.walk_files(root) == ["a.txt", "c.txt"]
   assert storage.iterdir(f"{root}/missing") == []
 
@@ -42,10 +46,21 @@ def test_local_paths_expand_and_leave_no_temporaries(tmp_path, monkeypatch):
 
 
 def test_failures_are_one_line(gcs_bucket, tmp_path):
-  with pytest.raises(storage.StorageError, match=r"^cannot read gs://tupe-no-such-bucket/a: not found$"):
+  missing_bucket = r"bucket gs://tupe-no-such-bucket does not exist \(create it, or fix its name\)$"
+  with pytest.raises(storage.StorageError, match=r"^cannot read gs://tupe-no-such-bucket/a: " + missing_bucket):
     storage.read_text("gs://tupe-no-such-bucket/a")
-  with pytest.raises(storage.StorageError, match="not found"):
+  with pytest.raises(storage.StorageError, match=r"^cannot read \S+/missing.txt: not found$"):
     storage.read_text(tmp_path / "missing.txt")
+  with pytest.raises(storage.StorageError, match=r"^cannot read gs://\S+/missing.txt: not found$"):
+    storage.read_text(gcs_bucket + "/missing.txt")
+  with pytest.raises(storage.StorageError, match=r"^cannot write in gs://tupe-no-such-bucket/run: " + missing_bucket):
+    storage.check_writable("gs://tupe-no-such-bucket/run")
+  storage.check_writable(gcs_bucket + "/run")
+  storage.check_writable(tmp_path / "new" / "run")
+  assert storage.walk_files(gcs_bucket) == [] and list(tmp_path.iterdir()) == []  # nothing left behind
+  (tmp_path / "file").write_text("")
+  with pytest.raises(storage.StorageError, match="is a file"):
+    storage.check_writable(tmp_path / "file" / "run")
   with pytest.raises(storage.StorageError, match="empty path"):
     storage.path("")
   with pytest.raises(storage.StorageError, match="must be local"):

@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import pathlib
-import shutil
 import signal
 import threading
 
@@ -42,6 +40,7 @@ from tupe import flops as flops_lib
 from tupe import logs
 from tupe import models
 from tupe import sharding
+from tupe import storage
 from tupe import training
 from tupe.errors import Preempted, UserError
 from tupe.glue import backbone as backbone_lib
@@ -79,8 +78,9 @@ def check_config(cfg) -> None:
 
 
 def run(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
-  """Runs (or resumes) the grid in `workdir`; returns the content of results.json."""
-  workdir = pathlib.Path(workdir)
+  """Runs (or resumes) the grid in `workdir` (a local folder or a bucket URL); returns the content of
+  results.json."""
+  workdir = storage.path(workdir)
   training.maybe_initialize_distributed(cfg)
   training.check_workdir(workdir)
   check_config(cfg)
@@ -90,7 +90,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
   glue_data.parse_tasks(cfg.swap_pairs)
   cfg = cfg.copy_and_resolve_references()
   cfg.lowercase = backbone_lib.tokenizer_lowercase(cfg)  # Recorded in config.json: a workdir's runs share one setting.
-  created = not workdir.exists()
+  created = not storage.exists(workdir)
   training.make_workdir(workdir)
   try:
     runs_lib.check_resume(cfg, workdir)
@@ -127,12 +127,12 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
     encoder = backbone_lib.encoder_params(backbone, mesh, rules)
   except UserError:
     if created:  # Stopped by bad input before any run: no workdir is left behind.
-      shutil.rmtree(workdir, ignore_errors=True)
+      storage.remove(workdir)
     raise
   with _stopped_by_signals() as stop:
     _run_grid(cfg, workdir, tasks, pending, lrs, backbone, encoder, mesh, rules, stop)
   results = workdir / "results.json"
-  return json.loads(results.read_text()) if results.exists() else {}
+  return json.loads(storage.read_text(results)) if storage.exists(results) else {}
 
 
 class _Stop:

@@ -19,12 +19,14 @@ from __future__ import annotations
 import argparse
 import pathlib
 import shutil
+import tempfile
 
 import ml_collections
 
 from tupe import checkpoint
 from tupe import hf_layout
 from tupe import models
+from tupe import storage
 from tupe.data import tokenizer as tokenizer_lib
 from tupe.errors import UserError, run_main
 
@@ -112,8 +114,8 @@ def export(checkpoint_path, out) -> list[pathlib.Path]:
 def main(argv: list[str]) -> None:
   parser = argparse.ArgumentParser(prog="python -m tupe.tools.export_hf", description=__doc__.splitlines()[0])
   parser.add_argument("--checkpoint", required=True, help="train.py workdir, its checkpoints/ folder or one step "
-                      "directory")
-  parser.add_argument("--out", required=True, help="the directory to write (new or empty)")
+                      "directory (local or gs://...)")
+  parser.add_argument("--out", required=True, help="the directory to write (new or empty; local or gs://...)")
   args = parser.parse_args(argv[1:])
   try:
     import torch  # noqa: F401  (save_pretrained writes through the PyTorch classes)
@@ -122,7 +124,17 @@ def main(argv: list[str]) -> None:
     raise UserError(f"the exporter needs PyTorch and transformers ({e}); install them, e.g. "
                     f"`pip install -r requirements-test.txt`") from None
   transformers.utils.logging.disable_progress_bar()
-  for directory in export(args.checkpoint, args.out):
+  out = storage.path(args.out)
+  if not storage.is_remote(out):
+    written = export(args.checkpoint, out)
+  else:  # save_pretrained writes to local folders: the export is staged in one, then copied to the bucket
+    if storage.iterdir(out):
+      raise UserError(f"--out {out} is not empty; choose a new one")
+    with tempfile.TemporaryDirectory() as staging:
+      written = [out / str(directory).removeprefix(staging).lstrip("/")
+                 for directory in export(args.checkpoint, staging)]
+      storage.copy_tree(staging, out)
+  for directory in written:
     print(f"wrote {directory}")
 
 
