@@ -308,7 +308,8 @@ def load_split_tfds(task: str, split: str, data_dir: storage.PathLike | None = N
   Args:
     task: task name (see `get_task`).
     split: our split name, as for `load_split`.
-    data_dir: TFDS data folder; None for TFDS's default (~/tensorflow_datasets or $TFDS_DATA_DIR).
+    data_dir: TFDS data folder, on a local disk; None for TFDS's default (~/tensorflow_datasets or
+      $TFDS_DATA_DIR).
 
   Returns:
     The examples sorted by idx (TFDS stores them shuffled); labels are None on test splits.
@@ -320,6 +321,10 @@ def load_split_tfds(task: str, split: str, data_dir: storage.PathLike | None = N
 
   spec = get_task(task)
   name, tsplit = f"glue/{spec.tfds_config}", tfds_split(spec, split)
+  if data_dir is not None and storage.is_remote(data_dir):  # array_record's reader hangs on a bucket URL
+    raise UserError(f"tfds_data_dir={data_dir}: TFDS's array_record reader reads local files only; copy the "
+                    f"prepared folder to a local disk (gcloud storage cp -r {data_dir} DIR) and pass "
+                    f"--config.tfds_data_dir=DIR, or read GLUE's TSVs from the bucket with --config.data_dir")
   try:
     source = tfds.data_source(name, split=tsplit, data_dir=None if data_dir is None else str(storage.path(data_dir)))
   except (ValueError, FileNotFoundError, NotImplementedError) as e:
