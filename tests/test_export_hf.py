@@ -267,5 +267,5 @@ def test_missing_transformers_is_one_line(tmp_path, monkeypatch, capsys):
 def test_relative_buckets_match_ours():
   """The PyTorch buckets equal tupe.models.position's, edges included, for several bucket settings."""
   for num_buckets, max_distance in ((32, 128), (16, 64), (64, 256), (32, 512)):
-    np.testing.assert_array_equal(modeling_tupe.relative_buckets(600, num_buckets, max_distance).numpy(),
+    np.testing.assert_array_equal(modeling_tupe.relative_buckets(torch.arange(600), num_buckets, max_distance).numpy(),
                                   position.relative_buckets(600, num_buckets, max_distance))

@@ -9,10 +9,13 @@ What DIR holds (`tupe.hf_layout` has the mapping):
                        weights of transformers' ElectraDiscriminatorPredictions), and the generator as
                        ConvBertForMaskedLM in DIR/generator;
   TUPE-A, TUPE-R, tupe_a_tie_cls, BERT-R: TupeForMaskedLM with configuration_tupe.py and modeling_tupe.py,
-                       loaded with trust_remote_code=True.
+                       loaded with trust_remote_code=True (which also map TupeModel and the
+                       sequence-classification, token-classification and multiple-choice heads in auto_map).
 Each directory also holds the tokenizer (vocab.txt, tokenizer.json, tokenizer_config.json), cased or uncased as
 pre-trained, so AutoTokenizer.from_pretrained(DIR) tokenizes as this package does. A model with an option that
 HF's class cannot express is refused with one line naming the option.
+
+A classifier fine-tuned here (`models.Classifier` params) exports with its head through `export_classifier`.
 """
 from __future__ import annotations
 
@@ -30,7 +33,10 @@ from tupe.errors import UserError, run_main
 
 REMOTE_CODE_FILES = ("configuration_tupe.py", "modeling_tupe.py")
 REMOTE_AUTO_MAP = {"AutoConfig": "configuration_tupe.TupeConfig", "AutoModel": "modeling_tupe.TupeModel",
-                   "AutoModelForMaskedLM": "modeling_tupe.TupeForMaskedLM"}
+                   "AutoModelForMaskedLM": "modeling_tupe.TupeForMaskedLM",
+                   "AutoModelForSequenceClassification": "modeling_tupe.TupeForSequenceClassification",
+                   "AutoModelForTokenClassification": "modeling_tupe.TupeForTokenClassification",
+                   "AutoModelForMultipleChoice": "modeling_tupe.TupeForMultipleChoice"}
 
 
 def save_model(family: str, class_name: str, hf_config: dict, tensors: dict, directory: pathlib.Path) -> None:
@@ -70,11 +76,17 @@ def save_tokenizer(vocab: list[str], lowercase: bool, max_length: int, directory
   tokenizer_lib.write_vocab(vocab, directory / "vocab.txt")
 
 
-def export(checkpoint_path, out) -> list[pathlib.Path]:
-  """Exports the newest checkpoint under `checkpoint_path` to `out`; returns the model directories written."""
+def new_directory(out) -> pathlib.Path:
+  """`out` as a path; UserError unless it is new or an empty directory."""
   out = pathlib.Path(out)
   if out.exists() and (not out.is_dir() or any(out.iterdir())):
     raise UserError(f"--out {out} exists and is not an empty directory; choose a new one")
+  return out
+
+
+def export(checkpoint_path, out) -> list[pathlib.Path]:
+  """Exports the newest checkpoint under `checkpoint_path` to `out`; returns the model directories written."""
+  out = new_directory(out)
   meta, params = checkpoint.load_params(checkpoint_path)
   config = meta["config"]
   cfg, objective = ml_collections.ConfigDict(config["model"]), config["objective"]
@@ -107,6 +119,24 @@ def export(checkpoint_path, out) -> list[pathlib.Path]:
   if not meta["vocab"]:
     print(f"note: the checkpoint has no vocab (pre-trained on synthetic data), so {out} has no tokenizer")
   return [directory for directory, *_ in parts]
+
+
+def export_classifier(model_cfg, params, style: str, out, vocab: list[str] | None = None,
+                      lowercase: bool = True) -> pathlib.Path:
+  """Exports a fine-tuned `models.Classifier(model_cfg, num_labels, style)`'s params to `out` (new or empty) as
+  the family's sequence-classification class (`hf_layout.SEQUENCE_CLASSES`), with the tokenizer when `vocab`
+  is given; num_labels (1: regression) is the head's width. Returns `out`."""
+  out = new_directory(out)
+  family = hf_layout.family(model_cfg)
+  keys = hf_layout.classifier_keys(model_cfg, family, style)
+  flat = hf_layout.flat_params(params)
+  num_labels = flat["head/out/kernel"].shape[-1]
+  out.mkdir(parents=True, exist_ok=True)
+  hf_config = dict(hf_layout.hf_config(model_cfg, family, hf_layout.CLASSIFIER_OBJECTIVE), num_labels=num_labels)
+  save_model(family, hf_layout.SEQUENCE_CLASSES[family], hf_config, hf_layout.export_tensors(flat, keys), out)
+  if vocab:
+    save_tokenizer(vocab, lowercase, model_cfg.max_position_embeddings, out)
+  return out
 
 
 def main(argv: list[str]) -> None:
