@@ -479,3 +479,14 @@ class TupeForMultipleChoice(TupePreTrainedModel):
     loss = None if labels is None else nn.functional.cross_entropy(logits.float(), labels)
     return self._outputs(MultipleChoiceModelOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
                                                    attentions=out.attentions), return_dict)
+
+
+# Each class under its Auto class: save_pretrained then writes this code and its auto_map entry beside the
+# weights (transformers 4 registers only the config when it loads remote code).
+AUTO_CLASSES = {"AutoModel": TupeModel, "AutoModelForMaskedLM": TupeForMaskedLM,
+                "AutoModelForSequenceClassification": TupeForSequenceClassification,
+                "AutoModelForTokenClassification": TupeForTokenClassification,
+                "AutoModelForMultipleChoice": TupeForMultipleChoice}
+TupeConfig.register_for_auto_class()
+for auto_class, model_class in AUTO_CLASSES.items():
+  model_class.register_for_auto_class(auto_class)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import pathlib
-import shutil
 
 import ml_collections
 
@@ -31,12 +30,6 @@ from tupe import models
 from tupe.data import tokenizer as tokenizer_lib
 from tupe.errors import UserError, run_main
 
-REMOTE_CODE_FILES = ("configuration_tupe.py", "modeling_tupe.py")
-REMOTE_AUTO_MAP = {"AutoConfig": "configuration_tupe.TupeConfig", "AutoModel": "modeling_tupe.TupeModel",
-                   "AutoModelForMaskedLM": "modeling_tupe.TupeForMaskedLM",
-                   "AutoModelForSequenceClassification": "modeling_tupe.TupeForSequenceClassification",
-                   "AutoModelForTokenClassification": "modeling_tupe.TupeForTokenClassification",
-                   "AutoModelForMultipleChoice": "modeling_tupe.TupeForMultipleChoice"}
 
 
 def save_model(family: str, class_name: str, hf_config: dict, tensors: dict, directory: pathlib.Path) -> None:
@@ -47,33 +40,37 @@ def save_model(family: str, class_name: str, hf_config: dict, tensors: dict, dir
   import transformers
   if family == "tupe":
     from tupe.hf_models import configuration_tupe, modeling_tupe
+    auto_map = {"AutoConfig": "configuration_tupe.TupeConfig",
+                **{auto: f"modeling_tupe.{cls.__name__}" for auto, cls in modeling_tupe.AUTO_CLASSES.items()}}
     config = configuration_tupe.TupeConfig(**{k: v for k, v in hf_config.items() if k != "model_type"},
-                                           auto_map=REMOTE_AUTO_MAP)
+                                           auto_map=auto_map)
     model_cls = getattr(modeling_tupe, class_name)
   else:
     config = transformers.AutoConfig.for_model(**hf_config)
     model_cls = getattr(transformers, class_name)
   model = model_cls(config).eval()
   missing, unexpected = model.load_state_dict({k: torch.tensor(v) for k, v in tensors.items()}, strict=False)
-  tied = set(getattr(model, "_tied_weights_keys", None) or ())
+  tied = set(hf_layout.TIED)  # named alike in transformers 4 and 5, whose _tied_weights_keys differ
   if unexpected or set(missing) - tied:
     raise RuntimeError(f"the mapping to {class_name} is incomplete: missing {sorted(set(missing) - tied)}, "
                        f"unexpected {sorted(unexpected)}")
-  model.save_pretrained(directory)
-  if family == "tupe":
-    source = pathlib.Path(modeling_tupe.__file__).parent
-    for name in REMOTE_CODE_FILES:
-      shutil.copyfile(source / name, directory / name)
+  model.save_pretrained(directory)  # with configuration_tupe.py and modeling_tupe.py for the TUPE family
 
 
 def save_tokenizer(vocab: list[str], lowercase: bool, max_length: int, directory: pathlib.Path) -> None:
   """The WordPiece tokenizer of `tupe.data.tokenizer` as HF's BertTokenizer: the same vocab (the first line wins
-  for a duplicated token), normalizer (lowercasing and accent stripping as pre-trained) and pre-tokenizer."""
+  for a duplicated token; under transformers 4, which reads vocab.txt, the last), normalizer (lowercasing and
+  accent stripping as pre-trained) and pre-tokenizer."""
   import transformers
-  ids = {token: i for i, token in reversed(list(enumerate(vocab)))}
-  tokenizer = transformers.BertTokenizer(vocab=ids, do_lower_case=lowercase, model_max_length=max_length)
-  tokenizer.save_pretrained(directory)
   tokenizer_lib.write_vocab(vocab, directory / "vocab.txt")
+  if transformers.__version__.startswith("4."):  # its fast BertTokenizer takes a vocab file, not a dict
+    tokenizer = transformers.BertTokenizerFast(vocab_file=str(directory / "vocab.txt"), do_lower_case=lowercase,
+                                               model_max_length=max_length)
+  else:
+    ids = {token: i for i, token in reversed(list(enumerate(vocab)))}
+    tokenizer = transformers.BertTokenizer(vocab=ids, do_lower_case=lowercase, model_max_length=max_length)
+  tokenizer.save_pretrained(directory)
+  tokenizer_lib.write_vocab(vocab, directory / "vocab.txt")  # as it was, whatever save_pretrained wrote
 
 
 def new_directory(out) -> pathlib.Path:
