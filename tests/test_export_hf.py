@@ -6,7 +6,9 @@ back bit-identically; a checkpoint with scanned layers exported as the unrolled 
 counterpart refused in one line; the TUPE family's task heads through the Auto classes; a GLUE classifier
 exported with its head; and a few fine-tuning steps of every kind with transformers' Trainer."""
 import json
+import os
 import shutil
+import subprocess
 import sys
 
 import jax
@@ -287,13 +289,12 @@ def test_relative_buckets_match_ours():
                                   position.relative_buckets(600, num_buckets, max_distance))
 
 
-@pytest.mark.parametrize("name", ["bert_a", "tupe_a", "convbert_mlm"])
-def test_sentence_pairs(name, exported):
-  """The exported tokenizer's pairs (second segment token type 1) run through the export as through ours."""
-  cfg, workdir, directory = exported(name)
-  remote = name == "tupe_a"
-  tokenizer = transformers.AutoTokenizer.from_pretrained(directory, trust_remote_code=remote)
-  model = transformers.AutoModel.from_pretrained(directory, trust_remote_code=remote).eval()
+def test_bert_a_sentence_pairs(exported):
+  """The exported tokenizer's pairs (second segment token type 1) run through the BERT-A export (pre-trained
+  without token types) as through ours."""
+  cfg, workdir, directory = exported("bert_a")
+  tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+  model = transformers.AutoModel.from_pretrained(directory).eval()
   pairs = tokenizer(SENTENCES, SENTENCES[1:] + SENTENCES[:1], padding=True, truncation=True, return_tensors="pt")
   assert pairs["token_type_ids"].max() == 1
   with torch.no_grad():
@@ -385,3 +386,43 @@ def test_fine_tuning_with_trainer(name, exported, tmp_path):
                                                                              trust_remote_code=remote)
   with torch.no_grad():
     assert torch.equal(reloaded.eval()(**batch).logits, model.eval()(**batch).logits)
+
+
+# Loads each export given on the command line, in whatever transformers the running python has, and saves the
+# masked-LM (ELECTRA: discriminator) outputs on a pair batch from its tokenizer to the file given first.
+OTHER_TRANSFORMERS_SCRIPT = """
+import json, sys, torch, transformers, safetensors.torch
+outputs = {}
+for directory in sys.argv[2:]:
+  config = json.load(open(directory + "/config.json"))
+  remote = config["model_type"] == "tupe"
+  auto = transformers.AutoModelForMaskedLM if config["tupe_objective"] == "mlm" else transformers.AutoModel
+  tokenizer = transformers.AutoTokenizer.from_pretrained(directory, trust_remote_code=remote)
+  model = auto.from_pretrained(directory, trust_remote_code=remote).eval()
+  batch = tokenizer(["a quick fox [MASK]", "a caf\u00e9"], ["the lazy dog", "br\u00fbl\u00e9e"], padding=True,
+                    return_tensors="pt")
+  with torch.no_grad():
+    outputs[directory] = model(**batch)[0].contiguous()
+safetensors.torch.save_file(outputs, sys.argv[1])
+print(transformers.__version__)
+"""
+
+
+@pytest.mark.slow
+def test_exports_load_under_other_transformers(exported, tmp_path):
+  """Exports written here (CI: transformers 5.x) load under the transformers of the python named by
+  TUPE_OTHER_TRANSFORMERS_PYTHON (e.g. 4.45, in a venv of its own) and compute the same outputs."""
+  python = os.environ.get("TUPE_OTHER_TRANSFORMERS_PYTHON")
+  if not python:
+    pytest.skip("set TUPE_OTHER_TRANSFORMERS_PYTHON to a python with another transformers version")
+  directories = [str(exported(name)[2]) for name in ("bert_a", "bert_r", "tupe_a", "tupe_a_tie_cls", "tupe_r",
+                                                      "convbert_mlm", "convbert")]
+  for python_here, file in ((python, tmp_path / "other.safetensors"), (sys.executable, tmp_path / "here.safetensors")):
+    run = subprocess.run([python_here, "-c", OTHER_TRANSFORMERS_SCRIPT, str(file), *directories],
+                         capture_output=True, text=True, check=True)
+    print(f"transformers {run.stdout.strip()}: {python_here}")
+  other, here = (safetensors.torch.load_file(tmp_path / f) for f in ("other.safetensors", "here.safetensors"))
+  assert other.keys() == here.keys() == set(directories)
+  for directory in directories:
+    diff = float((other[directory] - here[directory]).abs().max())
+    assert diff < 1e-6, (directory, diff)
