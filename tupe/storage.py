@@ -284,3 +284,17 @@ def check_writable(p: PathLike) -> None:
     raise StorageError(f"cannot write in {d}: {existing} is a file (Not a directory)")
   if not os.access(existing, os.W_OK | os.X_OK):
     raise StorageError(f"cannot write in {d}: {existing}: Permission denied")
+
+
+def version(p: PathLike) -> tuple:
+  """What changes whenever the file `p` is written again, without reading it: (size, modification time in ns,
+  inode) locally; (size, generation, or the ETag where a store has no generations) in a bucket."""
+  target = path(p)
+  with errors("check", target):
+    if is_remote(target):
+      import fsspec
+      fs, key = fsspec.core.url_to_fs(os.fspath(target))
+      info = fs.info(key)
+      return info.get("size"), info.get("generation") or info.get("ETag") or info.get("etag")
+    stat = os.stat(os.fspath(target))
+    return stat.st_size, stat.st_mtime_ns, stat.st_ino

@@ -213,9 +213,9 @@ def compile_train_step(setup: Setup):
   return compiled, report
 
 
-def checkpoint_meta(cfg, vocab_file: str, train_examples: int) -> dict:
+def checkpoint_meta(cfg, vocab_file: str, train_examples: int) -> checkpoint_lib.CheckpointMeta:
   vocab = storage.read_text(vocab_file).splitlines() if vocab_file else []
-  return {"config": json.loads(cfg.to_json_best_effort()), "vocab": vocab, "train_examples": train_examples}
+  return checkpoint_lib.create_meta(json.loads(cfg.to_json_best_effort()), vocab, train_examples)
 
 
 class Evaluator:
@@ -336,7 +336,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
     else:
       start, state, saved_meta = restored
       logs.log(f"resumed from checkpoint {start} in {ckpt.directory}")
-      resume.warn_changed_settings(setup.lr_schedule, start, saved_meta["config"], meta["config"])
+      resume.warn_changed_settings(setup.lr_schedule, start, saved_meta.config, meta.config)
       if start >= cfg.num_train_steps:
         logs.log(f"checkpoint {start} has reached num_train_steps={cfg.num_train_steps}: nothing to train (raise "
                  f"--config.num_train_steps to train on)")

@@ -64,7 +64,7 @@ def _random_backbone(cfg):
 def _checkpoint_backbone(cfg):
   step_dir = checkpoint_lib.latest_step_dir(cfg.init_checkpoint)
   meta = checkpoint_lib.load_meta(step_dir)
-  model_cfg, trained_tokens = ml_collections.ConfigDict(meta["config"]["model"]), meta["vocab"]
+  model_cfg, trained_tokens = ml_collections.ConfigDict(meta.config["model"]), meta.vocab
   source = f"checkpoint {step_dir}"
   if not (trained_tokens or cfg.vocab_file):
     raise UserError(f"{source} holds no vocab (pre-trained on synthetic data): set --config.vocab_file")
@@ -146,8 +146,8 @@ def tokenizer_lowercase(cfg) -> bool:
   if cfg.init == "pretrained" and cfg.init_checkpoint and not cfg.init_hf:
     step_dir = checkpoint_lib.latest_step_dir(cfg.init_checkpoint)
     meta = checkpoint_lib.load_meta(step_dir)
-    if meta["vocab"]:  # Without a vocab (synthetic pre-training data) its text setting says nothing.
-      trained = bool(meta["config"]["data"].get("lowercase", True))
+    if meta.vocab:  # Without a vocab (synthetic pre-training data) its text setting says nothing.
+      trained = bool(meta.config["data"]["lowercase"])
       if cfg.lowercase is not None and cfg.lowercase != trained:
         raise UserError(f"lowercase={cfg.lowercase}, but checkpoint {step_dir} was pre-trained on "
                         f"{'lowercased' if trained else 'cased'} text: drop --config.lowercase to tokenize as in "

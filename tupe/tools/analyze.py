@@ -227,7 +227,7 @@ def load_model(args, workspace: storage.Path):
 
 def _checkpoint_lowercase(step_dir: storage.Path) -> bool:
   """Whether the checkpoint's data config lowercased text (train.py records it in the meta item)."""
-  return bool(checkpoint.load_meta(step_dir)["config"]["data"].get("lowercase", True))
+  return bool(checkpoint.load_meta(step_dir).config["data"]["lowercase"])
 
 
 def analyze(cfg, params, tokenizer, info, sentences: list[str], out: storage.Path, index: int, max_len: int,

@@ -56,11 +56,11 @@ def evaluate(checkpoint_path: str, text_file: str, seed: int = 0, max_examples: 
     raise UserError(f"--text-file {text_file} does not exist: give a UTF-8 text file")
   step_dir = checkpoint.latest_step_dir(checkpoint_path)
   meta, params = checkpoint.load_params(step_dir)
-  cfg = ml_collections.ConfigDict(meta["config"])
-  if not meta["vocab"]:
+  cfg = ml_collections.ConfigDict(meta.config)
+  if not meta.vocab:
     raise UserError(f"{step_dir} holds no vocab (pre-trained on synthetic data): it cannot read text")
   with tempfile.TemporaryDirectory() as tmp:
-    vocab_file = tokenizer_lib.write_vocab(meta["vocab"], storage.path(tmp) / "vocab.txt")
+    vocab_file = tokenizer_lib.write_vocab(meta.vocab, storage.path(tmp) / "vocab.txt")
     data_cfg = ml_collections.ConfigDict(cfg.data.to_dict())
     data_cfg.update(source="text", files=str(text_file), vocab_file=str(vocab_file), documents="files",
                     fill_examples=True, eval_fraction=0.0, num_workers=0)

@@ -87,7 +87,7 @@ def export(checkpoint_path, out) -> list[pathlib.Path]:
   """Exports the newest checkpoint under `checkpoint_path` to `out`; returns the model directories written."""
   out = new_directory(out)
   meta, params = checkpoint.load_params(checkpoint_path)
-  config = meta["config"]
+  config = meta.config
   cfg, objective = ml_collections.ConfigDict(config["model"]), config["objective"]
   family = hf_layout.family(cfg, objective)
   flat = hf_layout.flat_params(params)
@@ -109,13 +109,13 @@ def export(checkpoint_path, out) -> list[pathlib.Path]:
     directory.mkdir(parents=True, exist_ok=True)
     part_objective = objective if directory == out else "mlm"
     save_model(family, class_name, hf_layout.hf_config(part_cfg, family, part_objective), tensors[part], directory)
-    if meta["vocab"]:
-      save_tokenizer(meta["vocab"], config["data"]["lowercase"], cfg.max_position_embeddings, directory)
+    if meta.vocab:
+      save_tokenizer(meta.vocab, config["data"]["lowercase"], cfg.max_position_embeddings, directory)
   if "discriminator_head" in tensors:
     import safetensors.numpy
     safetensors.numpy.save_file(tensors["discriminator_head"], out / hf_layout.DISCRIMINATOR_HEAD_FILE,
                                 metadata={"format": "pt"})
-  if not meta["vocab"]:
+  if not meta.vocab:
     print(f"note: the checkpoint has no vocab (pre-trained on synthetic data), so {out} has no tokenizer")
   return [directory for directory, *_ in parts]
 
