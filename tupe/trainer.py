@@ -29,6 +29,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from tupe import checkpoint as checkpoint_lib
 from tupe import errors
 from tupe import flops as flops_lib
+from tupe import lease
 from tupe import logs
 from tupe import models
 from tupe import objectives
@@ -320,6 +321,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
 
   preempted = []  # Signals received by this host; the loop stops on `training.agreed_signal`.
   with contextlib.ExitStack() as cleanup:  # Unwinds on any error too: no asynchronous save is left behind.
+    cleanup.enter_context(lease.hold(workdir))  # Another job on this workdir: one line, nothing written.
     for signum in (signal.SIGTERM, signal.SIGINT):  # Preemption, Ctrl-C: a checkpoint at the current step.
       previous_handler = signal.signal(signum, lambda signum, _: preempted.append(signum))
       cleanup.callback(signal.signal, signum, previous_handler)

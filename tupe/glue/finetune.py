@@ -37,6 +37,7 @@ import ml_collections
 
 from tupe import errors
 from tupe import flops as flops_lib
+from tupe import lease
 from tupe import logs
 from tupe import models
 from tupe import sharding
@@ -92,6 +93,12 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
   cfg.lowercase = backbone_lib.tokenizer_lowercase(cfg)  # Recorded in config.json: a workdir's runs share one setting.
   created = not storage.exists(workdir)
   training.make_workdir(workdir)
+  with lease.hold(workdir):  # Another job on this workdir: one line, nothing written.
+    return _run_held(cfg, workdir, tasks, created, devices)
+
+
+def _run_held(cfg, workdir, tasks, created: bool, devices) -> dict:
+  """`run`'s work once this job holds the workdir."""
   try:
     runs_lib.check_resume(cfg, workdir)
     jax.config.update("jax_default_prng_impl", cfg.prng_impl)
