@@ -120,11 +120,12 @@ def documents(source: dict, entry: dict, begin: int, end: int, tally: Tally) -> 
   if entry["kind"] == "demo":
     yield from demo.demo_documents(source["cache_dir"])[begin:end]
     return
-  book = (entry["start"], entry["stop"])
   with storage.open_file(entry["name"], "rb") as f:
     if entry["kind"] == "parquet":
       yield from _parquet_documents(f, entry["name"], source["text_field"], begin, end, tally)
-    elif source["format"] == "text":
+      return
+    book = (entry["start"], entry["stop"])
+    if source["format"] == "text":
       paragraphs = (" ".join(decode(b" ".join(p), tally).split()) for p in _paragraphs(f, begin, end, book))
       if source["documents"] == "files":
         yield "\n".join(paragraphs)
