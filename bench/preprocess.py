@@ -46,8 +46,18 @@ def build_corpus(folder: str, mb: float, beside: bool) -> str:
       f.write(block[:target - written])
       written += min(len(block), target - written)
   for f in files if beside else ():
+    if not _is_utf8(f):
+      continue  # (Stray Latin-1 bytes: today's code refuses the whole file.)
     shutil.copyfile(f, os.path.join(folder, f"{f.parent.name}-{f.name}"))
   return os.path.join(folder, "*.txt")
+
+
+def _is_utf8(path) -> bool:
+  try:
+    path.read_bytes().decode("utf-8")
+    return True
+  except UnicodeDecodeError:
+    return False
 
 
 def checkout(ref: str, folder: str) -> str:

@@ -6,6 +6,7 @@ import pytest
 
 from tupe.data import build, corpus, pipeline, readers, report, units
 from tupe.data.report import Tally
+from tupe.errors import UserError
 
 
 def documents_of(fmt: str, files: str, unit_bytes: int | None = None, text_field: str = "text"):
@@ -69,10 +70,19 @@ def test_parquet_row_groups(wiki_paragraphs, tmp_path):
 
 
 def test_undecodable_bytes_are_dropped_and_counted(tmp_path):
+  """Stray bytes that are not UTF-8 are dropped and counted; a file that starts with them is in another encoding,
+  and an empty one holds no text: one line each."""
   path = tmp_path / "mixed.txt"
-  path.write_bytes("Caf\u00e9 au lait.\n\nNa\u00efve ".encode("latin-1") + "caf\u00e9.\n".encode())
+  utf8 = "Plain text here.\n\n" * 200  # Two stray bytes in 3.6 kB: dropped, where a file in Latin-1 is refused.
+  path.write_bytes(utf8.encode() + "Caf\u00e9 au lait.\n\nNa\u00efve ".encode("latin-1") + "caf\u00e9.\n".encode())
   found, tallies = documents_of("text", str(path))
-  assert found == ["Caf au lait.", "Nave caf\u00e9."] and tallies[str(path)].undecodable_bytes == 2
+  assert found[-2:] == ["Caf au lait.", "Nave caf\u00e9."] and tallies[str(path)].undecodable_bytes == 2
+  path.write_bytes("Caf\u00e9 au lait.".encode("latin-1"))
+  with pytest.raises(UserError, match=r"mixed.txt is not UTF-8 text \(1 bad bytes in its first 13, the first 0xe9 at byte offset 3\): convert it"):
+    documents_of("text", str(path))
+  path.write_text(" \n\n")
+  with pytest.raises(UserError, match="mixed.txt holds no text .*: remove it from the input"):
+    documents_of("lines", str(path))
 
 
 def test_gutenberg_strip_only_with_its_licence_markers(shared_data, wiki_paragraphs, tmp_path, bert_vocab):

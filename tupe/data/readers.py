@@ -24,7 +24,7 @@ from tupe.data.report import Tally
 from tupe.errors import UserError
 
 FORMATS = ("text", "lines", "jsonl", "parquet")
-_UNDECODABLE = re.compile("[\udc80-\udcff]")  # What surrogateescape decodes bytes that are not UTF-8 to.
+UNDECODABLE = re.compile("[\udc80-\udcff]")  # What surrogateescape decodes bytes that are not UTF-8 to.
 _BOM = b"\xef\xbb\xbf"
 _PARQUET_BATCH = 1024
 
@@ -35,7 +35,7 @@ def decode(raw: bytes, tally: Tally) -> str:
     return raw.decode("utf-8")
   except UnicodeDecodeError:
     text = raw.decode("utf-8", "surrogateescape")
-    clean = _UNDECODABLE.sub("", text)
+    clean = UNDECODABLE.sub("", text)
     tally.undecodable_bytes += len(text) - len(clean)
     return clean
 

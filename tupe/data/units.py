@@ -16,24 +16,47 @@ from tupe.data.report import Tally
 from tupe.errors import UserError
 
 RECORD_BYTES = 4096  # What a TFDS or demo record counts for when units are cut (Wikipedia articles average ~3 KB).
+MAX_UNDECODABLE_SHARE = 0.001  # Of a file's first bytes: more is a file in another encoding, refused.
 _PLAN_THREADS = 16  # Files whose size and Gutenberg markers are read at once (they may be in a bucket).
 
 
 def _text_input(name: str) -> dict:
   """A text file as an input: its size, and the byte range of its book (all of it, but for a Project Gutenberg
-  file, whose licence header and footer are left out and their characters counted)."""
+  file, whose licence header and footer are left out and their characters counted).
+
+  Raises:
+    UserError: when the file holds no text, or more than MAX_UNDECODABLE_SHARE of its first bytes are not UTF-8
+      (a file in another encoding; stray bytes that are not UTF-8 are dropped and counted).
+  """
   size = storage.size(name)
   with storage.open_file(name, "rb") as f:
     head = f.read(gutenberg.WINDOW_BYTES)
     f.seek(max(0, size - gutenberg.WINDOW_BYTES))
     tail = f.read()
+  text = head.decode("utf-8", "surrogateescape")
+  undecodable = len(readers.UNDECODABLE.findall(text))
+  if undecodable > MAX_UNDECODABLE_SHARE * len(head) + (size > len(head)) * 3:  # (+3: a character cut at the end.)
+    first = readers.UNDECODABLE.search(text).start()
+    offset = len(text[:first].encode("utf-8", "surrogateescape"))
+    raise UserError(f"{name} is not UTF-8 text ({undecodable} bad bytes in its first {len(head):,}, the first 0x"
+                    f"{head[offset]:02x} at byte offset {offset}): convert it, e.g. `iconv -f latin1 -t utf-8`")
   book = gutenberg.book_range(head, tail, size) or (0, size)
+  if size <= len(head) and not head[book[0]:book[1]].decode("utf-8", "replace").removeprefix("\ufeff").strip():
+    raise UserError(f"{name} holds no text (after stripping a Project Gutenberg header and footer): "
+                    f"remove it from the input")
   stripped = 0
   if book != (0, size):
     tail_offset = size - len(tail)
     stripped = (len(head[:book[0]].decode("utf-8", "replace").removeprefix("\ufeff"))
                 + len(tail[book[1] - tail_offset:].decode("utf-8", "replace")))
-  return dict(name=name, kind="text", size=size, start=book[0], stop=book[1], gutenberg_characters=stripped)
+  return dict(name=name, kind="text", size=size, mtime=_mtime(name), start=book[0], stop=book[1],
+              gutenberg_characters=stripped)
+
+
+def _mtime(name: str) -> float:
+  """When a file was last changed (part of the plan, so that the shard cache sees an edited file)."""
+  with storage.errors("check", name):
+    return storage.path(name).stat().mtime
 
 
 def _parquet_input(name: str) -> dict:
@@ -41,7 +64,7 @@ def _parquet_input(name: str) -> dict:
 
   with storage.open_file(name, "rb") as f:
     metadata = pq.ParquetFile(f).metadata
-  return dict(name=name, kind="parquet", row_group_bytes=[metadata.row_group(g).total_byte_size
+  return dict(name=name, kind="parquet", mtime=_mtime(name), row_group_bytes=[metadata.row_group(g).total_byte_size
                                                           for g in range(metadata.num_row_groups)])
 
 
