@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 
@@ -175,3 +176,26 @@ def test_a_missing_bucket_or_path_is_one_line(gcs_bucket, bert_vocab):
                              "gs://tupe-no-such-bucket/summary.md"]))
   assert "bucket gs://tupe-no-such-bucket does not exist" in line
   assert storage.walk_files(gcs_bucket) == []
+
+
+def test_hf_convbert_imports_from_a_bucket(gcs_bucket, tmp_path):
+  """init_hf in a bucket: a HF ConvBERT directory (safetensors, or PyTorch's .bin) imports as from a local disk."""
+  transformers = pytest.importorskip("transformers")
+  import torch
+  from tupe import hf
+  config = transformers.ConvBertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                       intermediate_size=64, embedding_size=16, max_position_embeddings=32,
+                                       pad_token_id=0)
+  torch.manual_seed(0)
+  model = transformers.ConvBertModel(config).eval()
+  model.save_pretrained(tmp_path / "safetensors")
+  torch.save(model.state_dict(), tmp_path / "pytorch_model.bin")
+  (tmp_path / "bin").mkdir()
+  (tmp_path / "pytorch_model.bin").rename(tmp_path / "bin" / "pytorch_model.bin")
+  (tmp_path / "bin" / "config.json").write_text((tmp_path / "safetensors" / "config.json").read_text())
+  for name in ("safetensors", "bin"):
+    storage.copy_tree(tmp_path / name, f"{gcs_bucket}/{name}")
+    cfg, params = hf.import_convbert(f"{gcs_bucket}/{name}")
+    local_cfg, local_params = hf.import_convbert(tmp_path / name)
+    assert cfg == local_cfg
+    jax.tree_util.tree_map(np.testing.assert_array_equal, params, local_params)
