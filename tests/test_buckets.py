@@ -1,8 +1,9 @@
 """Pods and buckets end to end, against a real GCS emulator (conftest.py's `gcs_bucket`; the train.py,
 eval_glue.py and tool subprocesses inherit its environment): train.py into a bucket, killed with SIGKILL and
 resumed with the losses of an uninterrupted run, bit for bit; eval_glue.py from a bucket's checkpoint and GLUE
-files into a bucket; the tools reading from and writing to buckets; a missing bucket or path is one line and a
-non-zero exit. No test leaves a local folder named "gs:" behind.
+files into a bucket; the tools reading from and writing to buckets; HF ConvBERT imported from a bucket; the
+sweep's and study's roots in a bucket; a missing bucket or path is one line and a non-zero exit. No test leaves a
+local folder named "gs:" behind.
 """
 import json
 import signal
@@ -17,6 +18,8 @@ from test_resume import REPO, STEPS, Run, train_command, train_env
 from tupe import checkpoint
 from tupe import logs
 from tupe import storage
+from tupe import study
+from tupe import sweep
 from tupe.errors import UserError
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -199,3 +202,22 @@ def test_hf_convbert_imports_from_a_bucket(gcs_bucket, tmp_path):
     local_cfg, local_params = hf.import_convbert(tmp_path / name)
     assert cfg == local_cfg
     jax.tree_util.tree_map(np.testing.assert_array_equal, params, local_params)
+
+
+def test_sweep_and_study_roots_in_a_bucket(gcs_bucket):
+  """The sweep's and the study's workdirs, data and held-out files under bucket URLs (kept whole, not "gs:/")."""
+  commands = sweep.runs("configs/pretrain.py:tupe_a,tiny", f"{gcs_bucket}/sweep", sweep.parse_grid(["seed=0,1"]), [])
+  assert [command[3] for command in commands] == [f"--workdir={gcs_bucket}/sweep/seed={seed}" for seed in (0, 1)]
+
+  cfg = study.load_study("configs/study.py:tupe,micro", [f"--config.data_root={gcs_bucket}/data"])
+  assert study.data_path(cfg, "corpus/*.txt, /local/x.txt, gs://other/y.txt") == (
+      f"{gcs_bucket}/data/corpus/*.txt,/local/x.txt,gs://other/y.txt")
+  variant = study.plan(cfg, storage.path(f"{gcs_bucket}/study"))[0]
+  root = f"{gcs_bucket}/study/{variant.name}"
+  assert {f"--workdir={root}/pretrain", f"--config.data.vocab_file={gcs_bucket}/data/{cfg.vocab}"} <= set(
+      variant.pretrain)
+  assert {f"--workdir={root}/glue", f"--config.init_checkpoint={root}/pretrain",
+          f"--config.data_dir={gcs_bucket}/data/{cfg.glue_dir}"} <= set(variant.glue)
+  assert str(variant.heldout_file(4)) == f"{root}/heldout/step_4.json"
+  with pytest.raises(UserError, match=f"{gcs_bucket}/data/"):  # the bucket holds no data yet
+    study.check_inputs(cfg)
