@@ -14,15 +14,18 @@ import jax
 import numpy as np
 import pytest
 
-from test_resume import REPO, STEPS, Run, train_command, train_env
+from test_resume import EVERY, REPO, Run, train_command, train_env
 from tupe import checkpoint
 from tupe import logs
 from tupe import storage
 from tupe import study
 from tupe import sweep
 from tupe.errors import UserError
+from tupe.glue import runs as runs_lib
 
 PNG = b"\x89PNG\r\n\x1a\n"
+# test_resume.py's tiny run, longer: saves to a bucket take a while, and the kill must come before the last one.
+STEPS = 10 * EVERY
 
 
 @pytest.fixture(autouse=True)
@@ -62,21 +65,21 @@ def test_train_in_a_bucket_killed_and_resumed_is_bit_identical(gcs_bucket, tmp_p
   """train.py --workdir gs://...: an uninterrupted run, and a run killed (SIGKILL) after its first checkpoint and
   resumed, log the same losses and gradient norms and end with the same parameters, bit for bit."""
   reference, workdir = f"{gcs_bucket}/reference", f"{gcs_bucket}/run"
-  proc = run(train_command(reference)[1:])
+  proc = run(train_command(reference, {"num_train_steps": STEPS})[1:])
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert sorted(losses(reference)) == list(range(1, STEPS + 1))
   assert f"finished at step {STEPS}: checkpoint {reference}/checkpoints/{STEPS}" in proc.stdout
   assert storage.read_bytes(f"{reference}/curves.png").startswith(PNG)
   assert json.loads(storage.read_text(f"{reference}/config.json"))["num_train_steps"] == STEPS
 
-  killed = Run(tmp_path / "run", command=train_command(workdir))
+  killed = Run(tmp_path / "run", command=train_command(workdir, {"num_train_steps": STEPS}))
   killed.wait_until(lambda: newest_step(workdir) > 0, poll=0.05)
   killed.signal(signal.SIGKILL)
   assert killed.wait() == -signal.SIGKILL
   stopped = newest_step(workdir)
   assert 0 < stopped < STEPS, "the kill came too late: the run had finished"
 
-  proc = run(train_command(workdir)[1:])
+  proc = run(train_command(workdir, {"num_train_steps": STEPS})[1:])
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert f"resumed from checkpoint {stopped} " in proc.stdout
   assert losses(workdir) == losses(reference)
@@ -94,7 +97,8 @@ def glue_bucket(gcs_bucket, pretrained, glue_dir) -> tuple[str, str]:
 
 
 def test_eval_glue_from_a_bucket_into_a_bucket(gcs_bucket, pretrained, glue_dir):
-  """eval_glue.py with its checkpoint, GLUE TSVs and workdir in a bucket: runs, results and server files there."""
+  """eval_glue.py with its checkpoint, GLUE TSVs and workdir in a bucket: its runs, results and server files are
+  written there, and a rerun resumes from them."""
   init, data = glue_bucket(gcs_bucket, pretrained, glue_dir)
   workdir = f"{gcs_bucket}/glue_out"
   proc = run(["eval_glue.py", "--config", "configs/glue.py:tupe", "--workdir", workdir,
@@ -107,7 +111,7 @@ def test_eval_glue_from_a_bucket_into_a_bucket(gcs_bucket, pretrained, glue_dir)
   assert results["tasks"]["SST-2"]["n_seeds"] == 1
   assert "| SST-2 | accuracy |" in storage.read_text(f"{workdir}/results.md")
   assert storage.read_bytes(f"{workdir}/results.png").startswith(PNG)
-  assert [json.loads(line)["task"] for line in storage.read_text(f"{workdir}/runs.jsonl").splitlines()] == ["SST-2"]
+  assert [r["task"] for r in runs_lib.read_runs(workdir)] == ["SST-2"]
   lines = storage.read_text(f"{workdir}/submission/SST-2.tsv").splitlines()
   assert lines[0] == "index\tprediction" and len(lines) == 1 + 1821
   assert storage.is_file(f"{workdir}/submission/WNLI.tsv")

@@ -114,3 +114,19 @@ def test_no_file_api_outside_storage():
         found.append(f"{name}:{number}: {line.strip()}")
   assert not found, "file APIs outside tupe.storage (use it, or add the module to ALLOWED with a reason):\n" + \
       "\n".join(found)
+
+
+def test_listings_see_what_another_client_wrote(gcs_emulator, gcs_bucket):
+  """A bucket's listings are not cached: an object written by another process (here, a plain HTTP upload to the
+  emulator) shows in the next listing, as a checkpoint or a lease that another host writes must."""
+  import urllib.request
+
+  storage.write_text(f"{gcs_bucket}/d/0", "")
+  assert [p.name for p in storage.iterdir(f"{gcs_bucket}/d")] == ["0"] and not storage.exists(f"{gcs_bucket}/d/a")
+  bucket = gcs_bucket.removeprefix("gs://")
+  upload = urllib.request.Request(f"{gcs_emulator}/upload/storage/v1/b/{bucket}/o?uploadType=media&name=d/a",
+                                  data=b"x", method="POST")
+  with urllib.request.urlopen(upload) as response:
+    assert response.status == 200
+  assert [p.name for p in storage.iterdir(f"{gcs_bucket}/d")] == ["0", "a"] and storage.exists(f"{gcs_bucket}/d/a")
+  assert storage.walk_files(gcs_bucket) == ["d/0", "d/a"]

@@ -24,6 +24,7 @@ import tempfile
 from collections.abc import Iterator
 from typing import IO
 
+import fsspec
 from etils import epath
 
 from tupe.errors import UserError
@@ -32,6 +33,12 @@ Path = epath.Path
 PathLike = str | os.PathLike
 
 REMOTE_SCHEMES = ("gs://", "s3://")
+
+# A folder's listing comes from the store every time. fsspec's stores keep the first listing of a folder for the
+# life of the process, so a process polling a bucket (for a checkpoint, a lease, runs that another process writes)
+# would never see it change.
+for _protocol in ("gcs", "s3"):
+  fsspec.config.conf.setdefault(_protocol, {})["use_listings_cache"] = False
 
 
 class StorageError(UserError):
@@ -198,9 +205,10 @@ def iterdir(p: PathLike) -> list[Path]:
   """The entries directly in folder `p`, sorted by name; [] when it does not exist."""
   d = path(p)
   with errors("list", d):
-    if not d.exists():
+    try:
+      return sorted(d.iterdir(), key=lambda e: e.name)
+    except FileNotFoundError:
       return []
-    return sorted(d.iterdir(), key=lambda e: e.name)
 
 
 def glob(pattern: PathLike) -> list[Path]:
