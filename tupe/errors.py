@@ -4,8 +4,10 @@ Bad input (a missing file, a malformed row, a config that does not fit the machi
 one-line message that says what is wrong and how to fix it. Command-line entry points print that line and exit
 with status 2; the traceback is shown only with --verbose.
 """
+import contextlib
 import signal
 import sys
+import threading
 
 
 class UserError(ValueError):
@@ -26,6 +28,44 @@ def signal_name(signum: int) -> str:
   """'SIGTERM', or 'Ctrl-C (SIGINT)'."""
   name = signal.Signals(signum).name
   return f"Ctrl-C ({name})" if signum == signal.SIGINT else name
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_received: list[int] = []  # The stop signals received since `catch_signals`, in order.
+
+
+def _record(signum, _frame) -> None:
+  _received.append(signum)
+
+
+def catch_signals() -> None:
+  """From now on SIGTERM and SIGINT are recorded (`signals_caught` yields the list), never acted on inside the
+  handler: raising there, at whatever bytecode the main thread was running (say, inside JAX's compilation or its
+  cache), could be swallowed by a library's `except` or leave native code half-done (a segfault). The job acts on
+  a recorded signal at its next safe point. Called at the top of train.py and eval_glue.py, before the heavy
+  imports, so that no moment of a run is left to the default handlers."""
+  if threading.current_thread() is threading.main_thread():
+    for signum in STOP_SIGNALS:
+      signal.signal(signum, _record)
+
+
+@contextlib.contextmanager
+def signals_caught():
+  """Records SIGTERM and SIGINT while inside (the previous handlers restored after); yields the list of those
+  received, which a loop checks at its safe points. Nested uses share the list; the outermost starts it empty,
+  unless `catch_signals` was called first (then the signals received since are kept). Outside the main thread,
+  where no handler can be set, the list stays empty."""
+  if threading.current_thread() is not threading.main_thread():
+    yield []
+    return
+  previous = {signum: signal.signal(signum, _record) for signum in STOP_SIGNALS}
+  if all(handler is not _record for handler in previous.values()):
+    _received.clear()
+  try:
+    yield _received
+  finally:
+    for signum, handler in previous.items():
+      signal.signal(signum, handler)
 
 
 def run_main(main, argv=None, verbose_flag: str = "--verbose") -> None:

@@ -15,7 +15,6 @@ import contextlib
 import dataclasses
 import json
 import pathlib
-import signal
 import time
 from typing import Any
 
@@ -317,11 +316,9 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
            f"{len(train_data)} training examples")
   logs.log(train_data.fill_line())
 
-  preempted = []  # Signals received by this host; the loop stops on `training.agreed_signal`.
   with contextlib.ExitStack() as cleanup:  # Unwinds on any error too: no asynchronous save is left behind.
-    for signum in (signal.SIGTERM, signal.SIGINT):  # Preemption, Ctrl-C: a checkpoint at the current step.
-      previous_handler = signal.signal(signum, lambda signum, _: preempted.append(signum))
-      cleanup.callback(signal.signal, signum, previous_handler)
+    # Preemption, Ctrl-C: recorded by this host; the loop stops on `training.agreed_signal`, with a checkpoint.
+    preempted = cleanup.enter_context(errors.signals_caught())
     # Closed while the signal handlers are still ours: a preemption then lets the last asynchronous save finish.
     ckpt = cleanup.enter_context(checkpoint_lib.Checkpointer(workdir / "checkpoints", cfg.checkpoint))
     meta = checkpoint_meta(cfg, info.vocab_file, len(train_data))

@@ -73,16 +73,48 @@ def check_workdir(workdir: pathlib.Path) -> None:
   """Fails early when the workdir cannot be created or written; creates nothing (`make_workdir` does, once the
   run's inputs have been checked, so that a run stopped by bad input leaves no empty workdir behind)."""
   existing = workdir.absolute()
-  while not existing.exists():
+  while not _exists(existing):
     existing = existing.parent
+  check_path_length(workdir, existing)
   if not existing.is_dir():
     raise UserError(f"workdir {workdir} is not writable ({existing} is a file: Not a directory); choose another "
                     f"--workdir")
+  if os.statvfs(existing).f_flag & os.ST_RDONLY:
+    raise UserError(f"workdir {workdir} is not writable ({existing} is on a read-only filesystem); choose a "
+                    f"--workdir on a writable one")
   if not os.access(existing, os.W_OK | os.X_OK):
     raise UserError(f"workdir {workdir} is not writable ({existing}: Permission denied); choose another --workdir")
   for name in ("config.json", "metrics.jsonl"):
     if (workdir / name).exists() and not (workdir / name).is_file():
       raise UserError(f"{workdir / name} is not a file; move it away or choose another --workdir")
+
+
+def _exists(p: pathlib.Path) -> bool:
+  """Whether `p` exists; False for a name too long to look up (`check_path_length` then says so)."""
+  try:
+    return p.exists()
+  except OSError:
+    return False
+
+
+# Room for the longest path a run writes inside its workdir (an orbax temporary checkpoint's files, a GLUE run's
+# TensorBoard events: about 130 characters).
+WORKDIR_CONTENTS_CHARS = 200
+
+
+def check_path_length(workdir: pathlib.Path, existing: pathlib.Path) -> None:
+  """Fails now, not at the first checkpoint, when the filesystem holding `existing` (the workdir's nearest
+  existing folder) cannot take the workdir's names or the paths written inside it."""
+  absolute = str(workdir.absolute())
+  name_max, path_max = os.pathconf(existing, "PC_NAME_MAX"), os.pathconf(existing, "PC_PATH_MAX")
+  long_name = next((part for part in workdir.absolute().parts if len(part.encode()) > name_max), None)
+  if long_name is not None:
+    raise UserError(f"workdir {absolute[:60]}...: the name {long_name[:40]}... has {len(long_name.encode())} bytes, "
+                    f"more than the {name_max} this filesystem allows; choose a shorter --workdir")
+  if len(absolute.encode()) + WORKDIR_CONTENTS_CHARS > path_max:
+    raise UserError(f"workdir {absolute[:60]}... is {len(absolute.encode())} bytes long; with the "
+                    f"{WORKDIR_CONTENTS_CHARS} a run's files add, that passes this filesystem's {path_max}-byte limit "
+                    f"on paths: choose a --workdir of at most {path_max - WORKDIR_CONTENTS_CHARS} bytes")
 
 
 def make_workdir(workdir: pathlib.Path) -> None:

@@ -246,13 +246,14 @@ def plot(records: Iterable[RunRecord], path: str | os.PathLike, reference: Mappi
 
 def write_report(out_dir: str | os.PathLike, records: Iterable[RunRecord],
                  reference: Mapping[str, float] | None = None,
-                 reference_label: str = "paper") -> dict[str, pathlib.Path]:
-  """Writes results.json, results.md and results.png into `out_dir`; returns their paths by kind."""
+                 reference_label: str = "paper", about: Mapping | None = None) -> dict[str, pathlib.Path]:
+  """Writes results.json (with `about`'s entries, e.g. the init checkpoint's step), results.md and results.png
+  into `out_dir`; returns their paths by kind."""
   records = list(records)
   out_dir = pathlib.Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
   paths = {"json": out_dir / "results.json", "markdown": out_dir / "results.md", "png": out_dir / "results.png"}
-  paths["json"].write_text(json.dumps(results_json(records), indent=2, allow_nan=False) + "\n", encoding="utf-8")
+  paths["json"].write_text(json.dumps(dict(results_json(records), **(about or {})), indent=2, allow_nan=False) + "\n", encoding="utf-8")
   paths["markdown"].write_text(markdown_table(records), encoding="utf-8")
   plot(records, paths["png"], reference, reference_label)
   return paths
