@@ -122,8 +122,9 @@ def main(argv: list[str]) -> None:
     raise UserError(f"the exporter needs PyTorch and transformers ({e}); install them, e.g. "
                     f"`pip install -r requirements-test.txt`") from None
   transformers.utils.logging.disable_progress_bar()
-  for directory in export(args.checkpoint, args.out):
-    print(f"wrote {directory}")
+  step_dir = checkpoint.latest_step_dir(args.checkpoint)  # The newest intact one: a damaged one is skipped, said.
+  for directory in export(step_dir, args.out):
+    print(f"wrote {directory} from checkpoint {step_dir.name} ({step_dir})")
 
 
 if __name__ == "__main__":
