@@ -89,6 +89,22 @@ def last_wins(argv: Sequence[str]) -> list[str]:
   return [arg for k, arg in enumerate(args) if k not in drop]
 
 
+# Each entry point's configs, told apart by a field only they have: (field, the configs to give it).
+ENTRY_POINTS = {"train.py": ("num_train_steps", "configs/pretrain.py:<model>,<size>"),
+                "eval_glue.py": ("learning_rates", "configs/glue.py:<tupe|convbert>")}
+
+
+def _check_entry_point(config: ml_collections.ConfigDict, script: str, spec: str) -> None:
+  """A config made for another entry point (the pre-training config given to eval_glue.py, or a GLUE recipe to
+  train.py) is one line naming the right script, before its fields are read."""
+  if script not in ENTRY_POINTS or ENTRY_POINTS[script][0] in config:
+    return
+  for other, (field, _) in ENTRY_POINTS.items():
+    if other != script and field in config:
+      raise UserError(f"--config {spec} is a config for {other}, not {script}: run python {other} --config {spec} "
+                      f"..., or give {script} a {ENTRY_POINTS[script][1]} config")
+
+
 def _flags_error(e: flags.Error, argv: Sequence[str]) -> str:
   cause = _first_cause(e)
   if isinstance(cause, UserError):  # Raised by the config file's get_config, e.g. an unknown model name.
@@ -126,7 +142,9 @@ def check_config_flags(argv: list[str]) -> ml_collections.ConfigDict:
                       f"{str(cause).strip().splitlines()[-1] if str(cause).strip() else ''}; fix the file") from None
     return values.config
 
-  _check_override_keys(parse([argv[0], f"--config={spec}"]), argv)
+  base = parse([argv[0], f"--config={spec}"])
+  _check_entry_point(base, os.path.basename(argv[0]), spec)
+  _check_override_keys(base, argv)
   return parse(argv)
 
 
