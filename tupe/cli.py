@@ -8,7 +8,7 @@ parse as its field's type. `run` parses train.py's and eval_glue.py's flags and 
 and exit with status 2 (--verbose shows the traceback instead); a job stopped by SIGTERM or Ctrl-C
 (`Preempted`) exits with status 143 or 130. Signals are recorded from the entry point's first line
 (`errors.catch_signals`) and acted on by the job at its safe points; one that arrives before the job starts or
-after its last safe point still ends the process with 143 or 130 and one line. A multi-host job runs under `supervise` (a peer's death: one line).
+after its last safe point (`errors.run_main`) still ends the process with 143 or 130 and one line. A multi-host job runs under `supervise` (a peer's death: one line).
 """
 import difflib
 import os
@@ -187,9 +187,6 @@ def run(job: Callable[[object, str], object]) -> None:
         raise errors.Preempted(f"stopped by {errors.signal_name(received[0])} before the job started: nothing was "
                                f"done; rerun the same command", received[0])
       job(flags.FLAGS.config, flags.FLAGS.workdir)
-      if received:  # Arrived after the job's last safe point: all is saved, yet the scheduler must hear of it.
-        raise errors.Preempted(f"stopped by {errors.signal_name(received[0])} as the job finished: everything is "
-                               f"saved, and a rerun of the same command finds nothing left to do", received[0])
 
   # absl parses sys.argv itself (--verbose included, which run_main also reads from it).
   errors.run_main(lambda _: app.run(main, flags_parser=parse_flags))
