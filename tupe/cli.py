@@ -178,14 +178,14 @@ def run(job: Callable[[object, str], object]) -> None:
   def main(argv):
     if len(argv) > 1:
       raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    if supervise.needed(flags.FLAGS.config):  # Multi-host: a dead peer then ends the run with one line.
-      sys.exit(supervise.run(sys.argv, flags.FLAGS.config))
-    supervise.init_child()
-    logging.set_verbosity(logging.WARNING)  # Library INFO chatter (orbax) off; progress lines are printed.
     with errors.signals_caught() as received:  # Since `errors.catch_signals` at the top of the entry point.
       if received:
         raise errors.Preempted(f"stopped by {errors.signal_name(received[0])} before the job started: nothing was "
                                f"done; rerun the same command", received[0])
+      if supervise.needed(flags.FLAGS.config):  # Multi-host: a dead peer then ends the run with one line.
+        sys.exit(supervise.run(sys.argv, flags.FLAGS.config))
+      supervise.init_child()
+      logging.set_verbosity(logging.WARNING)  # Library INFO chatter (orbax) off; progress lines are printed.
       job(flags.FLAGS.config, flags.FLAGS.workdir)
 
   # absl parses sys.argv itself (--verbose included, which run_main also reads from it).
