@@ -3,9 +3,10 @@
   python -m tupe.sweep --config configs/pretrain.py:tupe_a,base --root runs/lr \\
       --grid optimizer.learning_rate=1e-4,2e-4 --grid seed=0,1 [--print] [-- --config.num_train_steps=1000]
 
-Each run gets its own workdir inside --root, named after its grid values (e.g.
-runs/lr/optimizer.learning_rate=1e-4,seed=0; values with "/" or other unsafe characters are replaced and a digest
-keeps the names distinct: `workdir_name`), so rerunning the sweep resumes every run from its checkpoints. Arguments after `--` go to every run.
+Each run gets its own workdir under --root (a local folder or a bucket URL, gs://...), named after its grid
+values (e.g. runs/lr/optimizer.learning_rate=1e-4,seed=0; values with "/" or other unsafe characters are
+replaced and a digest keeps the names distinct: `workdir_name`), so rerunning the sweep resumes every run from
+its checkpoints. Arguments after `--` go to every run.
 --print writes the train.py commands (one per line) instead of running them, for a cluster scheduler. Every
 run's complete config is loaded and checked first, as train.py checks it (keys, types, values, settings that
 do not fit together, the data it reads and the model's vocab size), so that a bad grid point is an error
@@ -17,18 +18,15 @@ import argparse
 import hashlib
 import itertools
 import json
-import pathlib
 import re
 import shlex
 import subprocess
 import sys
 
 from tupe import cli
+from tupe import storage
 from tupe import trainer
 from tupe.errors import UserError, run_main
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
-
 
 def parse_grid(specs: list[str]) -> list[tuple[str, list[str]]]:
   """["a.b=1,2", "seed=0"] -> [("a.b", ["1", "2"]), ("seed", ["0"])]."""
@@ -62,8 +60,8 @@ def runs(config: str, root: str, grid, extra: list[str]) -> list[list[str]]:
     if name in names:
       raise UserError(f"the grid gives {name} twice: list each value of a --grid key once")
     names.add(name)
-    commands.append([sys.executable, str(REPO / "train.py"), f"--config={config}",
-                     f"--workdir={pathlib.Path(root) / name}"]
+    commands.append([sys.executable, str(cli.REPO / "train.py"), f"--config={config}",
+                     f"--workdir={storage.path(root) / name}"]
                     + [f"--config.{k}={v}" for k, v in assignment] + list(extra))
   return commands
 
@@ -76,7 +74,7 @@ def check(commands: list[list[str]]) -> None:
   vocab the model does not match is a one-line error here, before anything runs or is printed for a
   scheduler."""
   def named(i: int, command: list[str], e: UserError) -> UserError:
-    return UserError(f"run {i + 1}/{len(commands)} ({pathlib.Path(command[3].split('=', 1)[1]).name}): {e}")
+    return UserError(f"run {i + 1}/{len(commands)} ({storage.path(command[3].split('=', 1)[1]).name}): {e}")
 
   configs = []
   for i, command in enumerate(commands):  # The cheap checks of every point first.
@@ -103,7 +101,7 @@ def main(argv: list[str]) -> None:
     extra, argv = argv[argv.index("--") + 1:], argv[:argv.index("--")]
   parser = argparse.ArgumentParser(prog="python -m tupe.sweep", description=__doc__.splitlines()[0])
   parser.add_argument("--config", required=True, help="configs/<file>.py:<arg>")
-  parser.add_argument("--root", required=True, help="parent folder of the runs' workdirs")
+  parser.add_argument("--root", required=True, help="parent folder of the runs' workdirs (local or gs://...)")
   parser.add_argument("--grid", action="append", default=[], help="KEY=V1,V2,... (repeatable)")
   parser.add_argument("--print", action="store_true", help="print the commands instead of running them")
   args = parser.parse_args(argv)

@@ -28,17 +28,17 @@ the worst score (`tupe.glue.report`), so the submission comes from a run that tr
 from __future__ import annotations
 
 import json
-import pathlib
-import shutil
 
 import jax
 import ml_collections
 
 from tupe import errors
 from tupe import flops as flops_lib
+from tupe import lease
 from tupe import logs
 from tupe import models
 from tupe import sharding
+from tupe import storage
 from tupe import training
 from tupe.errors import Preempted, UserError
 from tupe.glue import backbone as backbone_lib
@@ -121,8 +121,9 @@ def check_splits(cfg, task) -> None:
 
 
 def run(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
-  """Runs (or resumes) the grid in `workdir`; returns the content of results.json."""
-  workdir = pathlib.Path(workdir)
+  """Runs (or resumes) the grid in `workdir` (a local folder or a bucket URL); returns the content of
+  results.json."""
+  workdir = storage.path(workdir)
   training.maybe_initialize_distributed(cfg)
   training.check_workdir(workdir)
   check_config(cfg)
@@ -132,8 +133,14 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
   glue_data.parse_tasks(cfg.swap_pairs)
   cfg = cfg.copy_and_resolve_references()
   cfg.lowercase = backbone_lib.tokenizer_lowercase(cfg)  # Recorded in config.json: a workdir's runs share one setting.
-  created = not workdir.exists()
+  created = not storage.exists(workdir)
   training.make_workdir(workdir)
+  with lease.hold(workdir):  # Another job on this workdir: one line, nothing written.
+    return _run_held(cfg, workdir, tasks, created, devices)
+
+
+def _run_held(cfg, workdir, tasks, created: bool, devices) -> dict:
+  """`run`'s work once this job holds the workdir."""
   with errors.signals_caught() as received:
     stop = _Stop(received)
     try:
@@ -169,11 +176,11 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
         stop.before_run(first=True)
     except BaseException:  # Bad input, a signal, any failure before the first run: no workdir left behind.
       if created:
-        shutil.rmtree(workdir, ignore_errors=True)
+        storage.remove(workdir)
       raise
     _run_grid(cfg, workdir, tasks, pending, lrs, backbone, encoder, mesh, rules, stop)
   results = workdir / "results.json"
-  return json.loads(results.read_text()) if results.exists() else {}
+  return json.loads(storage.read_text(results)) if storage.exists(results) else {}
 
 
 class _Stop:

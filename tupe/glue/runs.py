@@ -4,6 +4,7 @@ directory and saved test predictions, the resume check of config.json, and the c
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import pathlib
@@ -44,21 +45,27 @@ def append_run(workdir: pathlib.Path, record: dict) -> None:
     os.fsync(f.fileno())
 
 
-def run_dir(workdir: pathlib.Path, task: str, lr: float, seed: int) -> pathlib.Path:
+def run_dir(workdir: storage.Path, task: str, lr: float, seed: int) -> storage.Path:
   """A run's metrics.jsonl and TensorBoard events."""
   return workdir / "runs" / f"{task}_lr{lr:g}_seed{seed}"
 
 
-def predictions_path(workdir: pathlib.Path, task: str, lr: float, seed: int) -> pathlib.Path:
+def predictions_path(workdir: storage.Path, task: str, lr: float, seed: int) -> storage.Path:
   return workdir / "predictions" / task / f"lr{lr:g}_seed{seed}.npz"
 
 
-def save_predictions(path: pathlib.Path, predictions: dict) -> None:
-  path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_name(path.stem + ".tmp.npz")
-  np.savez(tmp, **{f"{name}.{kind}": array for name, arrays in predictions.items()
-                   for kind, array in zip(("idx", "values"), arrays)})
-  tmp.replace(path)
+def save_predictions(path: storage.Path, predictions: dict) -> None:
+  """Writes {evaluation: (idx, values)} as one .npz file, atomically (`storage.write_bytes`)."""
+  buffer = io.BytesIO()
+  np.savez(buffer, **{f"{name}.{kind}": array for name, arrays in predictions.items()
+                      for kind, array in zip(("idx", "values"), arrays)})
+  storage.write_bytes(path, buffer.getvalue())
+
+
+def load_predictions(path: storage.Path) -> dict[str, np.ndarray]:
+  """The arrays of a file written by `save_predictions` ({"<evaluation>.idx": ..., "<evaluation>.values": ...})."""
+  with np.load(io.BytesIO(storage.read_bytes(path))) as saved:
+    return dict(saved)
 
 
 def settings_digest(cfg) -> str:
@@ -69,7 +76,7 @@ def settings_digest(cfg) -> str:
   return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def init_identity(step_dir: pathlib.Path | None) -> dict | None:
+def init_identity(step_dir: storage.Path | None) -> dict | None:
   """What a train.py init checkpoint is: its step directory, step and checksum (a digest of its checksums.json,
   which holds the sha256 of each of its files; None for a checkpoint saved before they were recorded). None for
   other backbones. Every runs.jsonl record and results.json carry it."""
@@ -81,15 +88,15 @@ def init_identity(step_dir: pathlib.Path | None) -> dict | None:
           "checksum": checksum}
 
 
-def check_resume(cfg, workdir: pathlib.Path) -> None:
+def check_resume(cfg, workdir: storage.Path) -> None:
   """A workdir holds the runs of one config: fields other than RESUMABLE_FIELDS and LOCATION_FIELDS must not
   change, whether config.json names them or, once it is gone, the runs' settings digests tell."""
   path = workdir / "config.json"
   new = json.loads(cfg.to_json_best_effort())
   runs = read_runs(workdir)
-  if path.exists() and runs:
+  if storage.exists(path) and runs:
     try:
-      old = json.loads(path.read_text())
+      old = json.loads(storage.read_text(path))
     except ValueError:
       raise UserError(f"{path} is not JSON (emptied or damaged): restore it, or delete it to have it rewritten "
                       f"from this command (the runs' settings digests are still checked)") from None
@@ -101,14 +108,15 @@ def check_resume(cfg, workdir: pathlib.Path) -> None:
   digest = settings_digest(cfg)
   other = [run for run in runs if run.get("settings", digest) != digest]
   if other:
+    why = "config.json is missing" if not storage.exists(path) else "config.json was replaced"
     raise UserError(f"{workdir} holds {len(other)} runs fine-tuned under other settings (digest "
-                    f"{other[0]['settings']}, now {digest}; {'config.json is missing, so' if not path.exists() else 'config.json was replaced, so'} "
-                    f"the fields cannot be named): use a new --workdir, or rerun with those runs' settings")
+                    f"{other[0]['settings']}, now {digest}; {why}, so the fields cannot be named): use a new "
+                    f"--workdir, or rerun with those runs' settings")
   if jax.process_index() == 0:
-    path.write_text(json.dumps(new, indent=2) + "\n")
+    storage.write_text(path, json.dumps(new, indent=2) + "\n")
 
 
-def check_init(workdir: pathlib.Path, identity: dict | None) -> None:
+def check_init(workdir: storage.Path, identity: dict | None) -> None:
   """The runs already in a workdir were fine-tuned from the init checkpoint this command reads (`init_identity`:
   the same step and checksum), so that one median never mixes two pre-training steps."""
   for run in read_runs(workdir):
