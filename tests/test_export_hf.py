@@ -176,6 +176,8 @@ def test_masked_lm_export(name, exported):
     assert max_diff(ours["hidden_states"][-1][0], unmasked[0]) < TOLERANCE
     assert max_diff(ours["hidden_states"][-1][1:], unmasked[1:]) > 1e-3
   assert_tokenizer(cfg, directory)
+  fill_mask = transformers.pipeline("fill-mask", model=str(directory), trust_remote_code=remote)
+  assert len(fill_mask("the quick [MASK] jumps")) == 5
   assert_round_trip(workdir, directory)
   if name == "convbert_mlm":  # The HF ConvBERT importer reads the export as well.
     _, imported = hf.import_convbert_mlm(directory)
