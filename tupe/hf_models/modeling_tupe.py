@@ -284,6 +284,7 @@ class TupePreTrainedModel(PreTrainedModel):
   base_model_prefix = "tupe"
   supports_gradient_checkpointing = True
   _supports_sdpa = True
+  _no_split_modules = ["TupeLayer"]  # accelerate's device_map places whole layers
 
   @torch.no_grad()
   def _init_weights(self, module):
