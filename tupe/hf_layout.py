@@ -33,6 +33,7 @@ import ml_collections
 import numpy as np
 
 from tupe import models
+from tupe import storage
 from tupe.errors import UserError
 
 # config.json keys (beside HF's) that carry our resolved model config and pre-training objective.
@@ -379,13 +380,14 @@ def _read_config(directory: pathlib.Path) -> tuple[dict, ml_collections.ConfigDi
   return config, cfg
 
 
-def read_safetensors(file: pathlib.Path) -> dict[str, np.ndarray]:
-  """name -> array of every tensor in a .safetensors file; a UserError if it is missing or numpy cannot read it."""
+def read_safetensors(file: storage.PathLike) -> dict[str, np.ndarray]:
+  """name -> array of every tensor in a .safetensors file (local or in a bucket); a UserError if it is missing or
+  numpy cannot read it."""
   import safetensors.numpy
-  if not file.is_file():
+  if not storage.is_file(file):
     raise UserError(f"{file} does not exist; pass a directory written by tupe.tools.export_hf or HF save_pretrained")
   try:
-    return safetensors.numpy.load_file(file)
+    return safetensors.numpy.load(storage.read_bytes(file))
   except TypeError as e:
     raise UserError(f"{file} holds a dtype numpy cannot read ({e}); re-save the model in float32") from e
 

@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import argparse
 import pathlib
+import tempfile
 
 import ml_collections
 
 from tupe import checkpoint
 from tupe import hf_layout
 from tupe import models
+from tupe import storage
 from tupe.data import tokenizer as tokenizer_lib
 from tupe.errors import UserError, run_main
 
@@ -84,7 +86,7 @@ def export(checkpoint_path, out) -> list[pathlib.Path]:
   """Exports the newest checkpoint under `checkpoint_path` to `out`; returns the model directories written."""
   out = new_directory(out)
   meta, params = checkpoint.load_params(checkpoint_path)
-  config = meta["config"]
+  config = meta.config
   cfg, objective = ml_collections.ConfigDict(config["model"]), config["objective"]
   family = hf_layout.family(cfg, objective)
   flat = hf_layout.flat_params(params)
@@ -106,13 +108,13 @@ def export(checkpoint_path, out) -> list[pathlib.Path]:
     directory.mkdir(parents=True, exist_ok=True)
     part_objective = objective if directory == out else "mlm"
     save_model(family, class_name, hf_layout.hf_config(part_cfg, family, part_objective), tensors[part], directory)
-    if meta["vocab"]:
-      save_tokenizer(meta["vocab"], config["data"]["lowercase"], cfg.max_position_embeddings, directory)
+    if meta.vocab:
+      save_tokenizer(meta.vocab, config["data"]["lowercase"], cfg.max_position_embeddings, directory)
   if "discriminator_head" in tensors:
     import safetensors.numpy
     safetensors.numpy.save_file(tensors["discriminator_head"], out / hf_layout.DISCRIMINATOR_HEAD_FILE,
                                 metadata={"format": "pt"})
-  if not meta["vocab"]:
+  if not meta.vocab:
     print(f"note: the checkpoint has no vocab (pre-trained on synthetic data), so {out} has no tokenizer")
   return [directory for directory, *_ in parts]
 
@@ -138,8 +140,8 @@ def export_classifier(model_cfg, params, style: str, out, vocab: list[str] | Non
 def main(argv: list[str]) -> None:
   parser = argparse.ArgumentParser(prog="python -m tupe.tools.export_hf", description=__doc__.splitlines()[0])
   parser.add_argument("--checkpoint", required=True, help="train.py workdir, its checkpoints/ folder or one step "
-                      "directory")
-  parser.add_argument("--out", required=True, help="the directory to write (new or empty)")
+                      "directory (local or gs://...)")
+  parser.add_argument("--out", required=True, help="the directory to write (new or empty; local or gs://...)")
   args = parser.parse_args(argv[1:])
   try:
     import torch  # noqa: F401  (save_pretrained writes through the PyTorch classes)
@@ -148,7 +150,17 @@ def main(argv: list[str]) -> None:
     raise UserError(f"the exporter needs PyTorch and transformers ({e}); install them, e.g. "
                     f"`pip install -r requirements-test.txt`") from None
   transformers.utils.logging.disable_progress_bar()
-  for directory in export(args.checkpoint, args.out):
+  out = storage.path(args.out)
+  if not storage.is_remote(out):
+    written = export(args.checkpoint, out)
+  else:  # save_pretrained writes to local folders: the export is staged in one, then copied to the bucket
+    if storage.iterdir(out):
+      raise UserError(f"--out {out} is not empty; choose a new one")
+    with tempfile.TemporaryDirectory() as staging:
+      written = [out / str(directory).removeprefix(staging).lstrip("/")
+                 for directory in export(args.checkpoint, staging)]
+      storage.copy_tree(staging, out)
+  for directory in written:
     print(f"wrote {directory}")
 
 
