@@ -338,7 +338,7 @@ def test_classifier_export(name, exported, tmp_path):
       lambda x: x + 0.1 * jax.random.normal(jax.random.PRNGKey(1), x.shape), params["head"]))
   with pytest.raises(UserError, match="fine-tune with --config.head=tupe"):
     export_hf.export_classifier(cfg.model, params, "convbert", tmp_path / "refused")
-  directory = export_hf.export_classifier(cfg.model, params, "tupe", tmp_path / "hf", meta["vocab"],
+  directory = export_hf.export_classifier(cfg.model, params, "tupe", tmp_path / "hf", meta.vocab,
                                           cfg.data.lowercase)
   remote = name != "bert_a"
   model = transformers.AutoModelForSequenceClassification.from_pretrained(directory, trust_remote_code=remote)
