@@ -180,9 +180,10 @@ def iterdir(p: PathLike) -> list[Path]:
   """The entries directly in folder `p`, sorted by name; [] when it does not exist."""
   d = path(p)
   with errors("list", d):
-    if not d.exists():
+    try:
+      return sorted(d.iterdir(), key=lambda e: e.name)
+    except FileNotFoundError:  # also a bucket prefix whose last object went between the listing's requests
       return []
-    return sorted(d.iterdir(), key=lambda e: e.name)
 
 
 def glob(pattern: PathLike) -> list[Path]:
