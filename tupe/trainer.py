@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import pathlib
 import signal
 import time
 from typing import Any
@@ -30,12 +29,14 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from tupe import checkpoint as checkpoint_lib
 from tupe import errors
 from tupe import flops as flops_lib
+from tupe import lease
 from tupe import logs
 from tupe import models
 from tupe import objectives
 from tupe import optim
 from tupe import resume
 from tupe import sharding
+from tupe import storage
 from tupe import training
 from tupe.data import masking
 from tupe.data import pipeline
@@ -214,7 +215,7 @@ def compile_train_step(setup: Setup):
 
 
 def checkpoint_meta(cfg, vocab_file: str, train_examples: int) -> checkpoint_lib.CheckpointMeta:
-  vocab = pathlib.Path(vocab_file).read_text(encoding="utf-8").splitlines() if vocab_file else []
+  vocab = storage.read_text(vocab_file).splitlines() if vocab_file else []
   return checkpoint_lib.create_meta(json.loads(cfg.to_json_best_effort()), vocab, train_examples)
 
 
@@ -293,8 +294,9 @@ def check_loop(cfg) -> None:
 
 
 def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
-  """Runs (or resumes) pre-training in `workdir`; returns the last step's metrics."""
-  workdir = pathlib.Path(workdir)
+  """Runs (or resumes) pre-training in `workdir` (a local folder or a bucket URL); returns the last step's
+  metrics."""
+  workdir = storage.path(workdir)
   check_config(cfg)
   training.maybe_initialize_distributed(cfg)
   training.check_workdir(workdir)
@@ -319,6 +321,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
 
   preempted = []  # Signals received by this host; the loop stops on `training.agreed_signal`.
   with contextlib.ExitStack() as cleanup:  # Unwinds on any error too: no asynchronous save is left behind.
+    cleanup.enter_context(lease.hold(workdir))  # Another job on this workdir: one line, nothing written.
     for signum in (signal.SIGTERM, signal.SIGINT):  # Preemption, Ctrl-C: a checkpoint at the current step.
       previous_handler = signal.signal(signum, lambda signum, _: preempted.append(signum))
       cleanup.callback(signal.signal, signum, previous_handler)
@@ -327,10 +330,10 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
     meta = checkpoint_meta(cfg, info.vocab_file, len(train_data))
     restored = ckpt.restore_latest(setup.abstract_state, resume.Compatibility(setup.abstract_state.params, meta))
     if host == 0:  # Once the checkpoint is accepted: a rejected resume leaves the workdir as it was.
-      (workdir / "config.json").write_text(cfg.to_json_best_effort(indent=2))
+      storage.write_text(workdir / "config.json", cfg.to_json_best_effort(indent=2))
     if restored is None:
       state, start = setup.init_state(), 0
-      if ckpt.interrupted or (workdir / "metrics.jsonl").exists():  # Trained before, but saved nothing.
+      if ckpt.interrupted or storage.exists(workdir / "metrics.jsonl"):  # Trained before, but saved nothing.
         logs.log(f"warning: no finished checkpoint in {ckpt.directory}: training starts again from step 0")
     else:
       start, state, saved_meta = restored
@@ -417,7 +420,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
   return last
 
 
-def write_curves(workdir: pathlib.Path) -> pathlib.Path | None:
+def write_curves(workdir: storage.Path) -> storage.Path | None:
   """Draws the run's training curves into <workdir>/curves.png (`tupe.tools.plot`); None if it could not."""
   from tupe.tools import plot  # matplotlib: only once the run is over
   path = workdir / "curves.png"

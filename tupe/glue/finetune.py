@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import pathlib
-import shutil
 import signal
 import threading
 
@@ -39,9 +37,11 @@ import ml_collections
 
 from tupe import errors
 from tupe import flops as flops_lib
+from tupe import lease
 from tupe import logs
 from tupe import models
 from tupe import sharding
+from tupe import storage
 from tupe import training
 from tupe.errors import Preempted, UserError
 from tupe.glue import backbone as backbone_lib
@@ -79,8 +79,9 @@ def check_config(cfg) -> None:
 
 
 def run(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
-  """Runs (or resumes) the grid in `workdir`; returns the content of results.json."""
-  workdir = pathlib.Path(workdir)
+  """Runs (or resumes) the grid in `workdir` (a local folder or a bucket URL); returns the content of
+  results.json."""
+  workdir = storage.path(workdir)
   training.maybe_initialize_distributed(cfg)
   training.check_workdir(workdir)
   check_config(cfg)
@@ -90,8 +91,14 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
   glue_data.parse_tasks(cfg.swap_pairs)
   cfg = cfg.copy_and_resolve_references()
   cfg.lowercase = backbone_lib.tokenizer_lowercase(cfg)  # Recorded in config.json: a workdir's runs share one setting.
-  created = not workdir.exists()
+  created = not storage.exists(workdir)
   training.make_workdir(workdir)
+  with lease.hold(workdir):  # Another job on this workdir: one line, nothing written.
+    return _run_held(cfg, workdir, tasks, created, devices)
+
+
+def _run_held(cfg, workdir, tasks, created: bool, devices) -> dict:
+  """`run`'s work once this job holds the workdir."""
   try:
     runs_lib.check_resume(cfg, workdir)
     jax.config.update("jax_default_prng_impl", cfg.prng_impl)
@@ -127,12 +134,12 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
     encoder = backbone_lib.encoder_params(backbone, mesh, rules)
   except UserError:
     if created:  # Stopped by bad input before any run: no workdir is left behind.
-      shutil.rmtree(workdir, ignore_errors=True)
+      storage.remove(workdir)
     raise
   with _stopped_by_signals() as stop:
     _run_grid(cfg, workdir, tasks, pending, lrs, backbone, encoder, mesh, rules, stop)
   results = workdir / "results.json"
-  return json.loads(results.read_text()) if results.exists() else {}
+  return json.loads(storage.read_text(results)) if storage.exists(results) else {}
 
 
 class _Stop:
