@@ -98,9 +98,11 @@ def hf_config(cfg, family_name: str, objective: str) -> dict:
   if family_name == "convbert":
     return dict(common, model_type="convbert", type_vocab_size=types, embedding_size=cfg.embedding_size,
                 head_ratio=2, conv_kernel_size=cfg.conv_kernel_size, num_groups=cfg.ffn_groups)
+  # tokenizer_class: transformers 4's pipelines load a tokenizer only for a config class they know or that names it.
   return dict(common, model_type="tupe", type_vocab_size=cfg.type_vocab_size, embedding_size=cfg.embedding_size,
               position=cfg.position, relative_bias=cfg.relative_bias, num_buckets=cfg.num_buckets,
-              max_distance=cfg.max_distance, cls_reset=cfg.cls_reset, zero_pad_embeddings=cfg.zero_pad_embeddings)
+              max_distance=cfg.max_distance, cls_reset=cfg.cls_reset, zero_pad_embeddings=cfg.zero_pad_embeddings,
+              tokenizer_class="BertTokenizer")
 
 
 def convbert_config(hf: dict, source: str) -> ml_collections.ConfigDict:
