@@ -107,9 +107,9 @@ def test_a_second_job_on_a_live_bucket_workdir_stops_touching_nothing(gcs_bucket
     holder.kill()
   # Killed on this host, its pid gone: taken over at once, with one warning naming the dead job.
   proc = try_hold(workdir)
-  assert proc.returncode == 0 and proc.stdout == "held\n", proc.stderr
-  assert proc.stderr.startswith(f"warning: took over the lease of {workdir} from a job that stopped without "
-                                f"releasing it (pid {holder.proc.pid} on host {socket.gethostname()}"), proc.stderr
+  assert proc.returncode == 0 and proc.stdout.endswith("\nheld\n"), proc.stderr
+  assert proc.stdout.startswith(f"warning: took over the lease of {workdir} from a job that stopped without "
+                                f"releasing it (pid {holder.proc.pid} on host {socket.gethostname()}"), proc.stdout
   assert not blob.exists()  # released when that job ended
 
 
@@ -142,7 +142,7 @@ def test_a_live_lease_of_another_host_is_respected_and_an_expired_one_taken_over
   with lease.hold(expired):
     held = json.loads(lease_blob(expired).download_as_bytes())
     assert (held["host"], held["pid"]) == (socket.gethostname(), os.getpid())
-  assert capsys.readouterr().err.startswith(
+  assert capsys.readouterr().out.startswith(
       f"warning: took over the lease of {expired} from a job that stopped without releasing it (pid 4242 on host "
       f"other-host, lease expired at ")
   assert not lease_blob(expired).exists()

@@ -34,6 +34,7 @@ import time
 
 from tupe import checkpoint
 from tupe import cli
+from tupe import compile_cache
 from tupe import logs
 from tupe import study_report
 from tupe import trainer
@@ -222,6 +223,7 @@ def main(argv: list[str]) -> None:
                     f"--report-only and --config.<field>=<value> overrides")
   cfg = load_study(args.config, overrides)
   check_inputs(cfg)
+  compile_cache.enable(cfg.compilation_cache_dir)
   root = pathlib.Path(args.root).expanduser().absolute()
   variants = plan(cfg, root)
   if args.print:

@@ -37,6 +37,7 @@ import threading
 import jax
 import ml_collections
 
+from tupe import compile_cache
 from tupe import errors
 from tupe import flops as flops_lib
 from tupe import lease
@@ -82,6 +83,7 @@ def check_config(cfg) -> None:
 def run(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
   """Runs (or resumes) the grid in `workdir`; returns the content of results.json."""
   workdir = pathlib.Path(workdir)
+  compile_cache.enable(cfg.get("compilation_cache_dir", compile_cache.DEFAULT_DIR))
   training.maybe_initialize_distributed(cfg)
   training.check_workdir(workdir)
   check_config(cfg)

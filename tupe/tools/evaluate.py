@@ -23,6 +23,7 @@ import ml_collections
 import numpy as np
 
 from tupe import checkpoint
+from tupe import compile_cache
 from tupe import trainer
 from tupe.data import pipeline
 from tupe.errors import UserError, run_main
@@ -91,6 +92,7 @@ def main(argv: list[str]) -> None:
   parser.add_argument("--batch-size", type=int, default=32, help="examples per batch (default 32)")
   parser.add_argument("--out", default="", help="also write the JSON to this file")
   args = parser.parse_args(argv[1:])
+  compile_cache.enable()  # the per-user cache (tupe.compile_cache)
   result = evaluate(args.checkpoint, args.text_file, args.seed, args.max_examples, args.batch_size)
   if args.out:
     write(result, args.out)
