@@ -26,7 +26,6 @@ import argparse
 import dataclasses
 import json
 import os
-import pathlib
 import shlex
 import subprocess
 import sys
@@ -36,6 +35,7 @@ from tupe import checkpoint
 from tupe import cli
 from tupe import compile_cache
 from tupe import logs
+from tupe import storage
 from tupe import study_report
 from tupe import trainer
 from tupe.data import corpus
@@ -45,7 +45,6 @@ from tupe.glue import finetune
 from tupe.glue import runs as runs_lib
 from tupe.tools import evaluate
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 STAGES = ("pre-train", "GLUE", "held-out score")
 
 
@@ -59,9 +58,9 @@ class Variant:
     lrs: the GLUE learning rates; tasks: the GLUE task names (as runs.jsonl has them); seeds: the GLUE seeds.
   """
   name: str
-  pretrain_dir: pathlib.Path
-  glue_dir: pathlib.Path
-  heldout_dir: pathlib.Path
+  pretrain_dir: storage.Path
+  glue_dir: storage.Path
+  heldout_dir: storage.Path
   pretrain: list[str]
   glue: list[str]
   pretrain_cfg: object
@@ -73,7 +72,7 @@ class Variant:
   def steps(self) -> int:
     return self.pretrain_cfg.num_train_steps
 
-  def heldout_file(self, step: int) -> pathlib.Path:
+  def heldout_file(self, step: int) -> storage.Path:
     return self.heldout_dir / f"step_{step}.json"
 
 
@@ -83,8 +82,10 @@ def load_study(spec: str, overrides: list[str]):
 
 
 def data_path(cfg, path: str) -> str:
-  """`path` (or each of comma-separated globs) under cfg.data_root unless absolute."""
-  return ",".join(str(pathlib.Path(cfg.data_root).expanduser() / p.strip()) for p in path.split(",") if p.strip())
+  """`path` (or each of comma-separated globs) under cfg.data_root (a local folder or a bucket URL) unless
+  absolute (or itself a bucket URL)."""
+  return ",".join(p if storage.is_remote(p) else str(storage.path(cfg.data_root) / p)
+                  for p in (p.strip() for p in path.split(",")) if p)
 
 
 def check_inputs(cfg) -> None:
@@ -93,27 +94,27 @@ def check_inputs(cfg) -> None:
   for what, path, fix in (("vocab", cfg.vocab, "--config.vocab"),
                           ("held-out text file", cfg.heldout_file, "--config.heldout_file"),
                           ("GLUE data folder", cfg.glue_dir, "--config.glue_dir")):
-    resolved = pathlib.Path(data_path(cfg, path))
-    if not (resolved.is_dir() if what.startswith("GLUE") else resolved.is_file()):
+    resolved = data_path(cfg, path)
+    if not (storage.is_dir(resolved) if what.startswith("GLUE") else storage.is_file(resolved)):
       raise UserError(f"{what} {resolved} does not exist: set {fix} (relative to data_root {cfg.data_root}, or "
                       f"absolute)")
 
 
-def plan(cfg, root: pathlib.Path) -> list[Variant]:
+def plan(cfg, root: storage.Path) -> list[Variant]:
   """Every variant's commands, each config loaded and checked (a UserError for the first bad one)."""
-  pretrain_config = REPO / "configs" / "pretrain.py"
-  glue_config = REPO / "configs" / "glue.py"
+  pretrain_config = cli.REPO / "configs" / "pretrain.py"
+  glue_config = cli.REPO / "configs" / "glue.py"
   variants = []
   for name, model, overrides in cfg.variants:
     workdir = root / name
-    pretrain = ([sys.executable, str(REPO / "train.py"), f"--config={pretrain_config}:{model},{cfg.size}",
+    pretrain = ([sys.executable, str(cli.REPO / "train.py"), f"--config={pretrain_config}:{model},{cfg.size}",
                  f"--workdir={workdir / 'pretrain'}", f"--config.seed={cfg.seed}",
                  f"--config.data.files={data_path(cfg, cfg.corpus)}",
                  f"--config.data.vocab_file={data_path(cfg, cfg.vocab)}"]
                 + [f"--config.{o}" for o in tuple(cfg.pretrain_overrides) + tuple(overrides)])
     pretrain_cfg = cli.check_config_flags(["train.py"] + pretrain[2:])
     trainer.check_config(pretrain_cfg)
-    glue = ([sys.executable, str(REPO / "eval_glue.py"), f"--config={glue_config}:{cfg.glue.recipe}",
+    glue = ([sys.executable, str(cli.REPO / "eval_glue.py"), f"--config={glue_config}:{cfg.glue.recipe}",
              f"--workdir={workdir / 'glue'}", f"--config.init_checkpoint={workdir / 'pretrain'}",
              f"--config.data_dir={data_path(cfg, cfg.glue_dir)}", f"--config.tasks={cfg.glue.tasks}",
              f"--config.seeds={','.join(map(str, cfg.glue.seeds))}",
@@ -150,9 +151,9 @@ def finished_step(variant: Variant) -> int:
 def heldout_done(cfg, variant: Variant, step: int) -> bool:
   """Whether the held-out score of checkpoint `step` is there, for this text file, seed and size."""
   path = variant.heldout_file(step)
-  if not path.is_file():
+  if not storage.is_file(path):
     return False
-  saved = json.loads(path.read_text())
+  saved = json.loads(storage.read_text(path))
   return (saved.get("text_file") == data_path(cfg, cfg.heldout_file) and saved.get("seed") == cfg.heldout_seed
           and saved.get("max_examples") == cfg.heldout_max_examples)
 
@@ -164,7 +165,7 @@ def glue_pending(variant: Variant) -> int:
 
 
 def _run(command: list[str], label: str) -> None:
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(cli.REPO), os.environ.get("PYTHONPATH")])))
   start = time.time()
   code = subprocess.call(command, env=env)
   if code:
@@ -172,7 +173,7 @@ def _run(command: list[str], label: str) -> None:
   logs.log(f"[study] {label}: finished in {logs.format_duration(time.time() - start)}")
 
 
-def run(cfg, root: pathlib.Path, variants: list[Variant]) -> int:
+def run(cfg, root: storage.Path, variants: list[Variant]) -> int:
   """Runs what is not finished, stage by stage; returns the number of (stage, variant) steps run."""
   total, ran = len(STAGES) * len(variants), 0
   for s, stage in enumerate(STAGES):
@@ -198,7 +199,7 @@ def run(cfg, root: pathlib.Path, variants: list[Variant]) -> int:
         logs.log(f"[study] {label}: finished in {logs.format_duration(time.time() - start)}")
       else:
         pending = glue_pending(variant)
-        if not pending and (variant.glue_dir / "results.json").is_file():
+        if not pending and storage.is_file(variant.glue_dir / "results.json"):
           logs.log(f"[study] {label}: done ({variant.glue_dir / 'results.json'}), skipped")
           continue
         logs.log(f"[study] {label}: {pending} of {len(variant.tasks) * len(variant.lrs) * len(variant.seeds)} "
@@ -212,7 +213,8 @@ def main(argv: list[str]) -> None:
   parser = argparse.ArgumentParser(prog="python -m tupe.study", description=__doc__.splitlines()[0])
   parser.add_argument("--config", required=True, help="configs/study.py:<study>,<scale> (tupe|convbert, "
                                                       "micro|mini|base)")
-  parser.add_argument("--root", required=True, help="folder of the study's workdirs and report")
+  parser.add_argument("--root", required=True, help="folder of the study's workdirs and report (local or "
+                                                         "gs://...)")
   mode = parser.add_mutually_exclusive_group()
   mode.add_argument("--print", action="store_true", help="print the commands instead of running them")
   mode.add_argument("--report-only", action="store_true", help="write the report from what is finished")
@@ -224,7 +226,7 @@ def main(argv: list[str]) -> None:
   cfg = load_study(args.config, overrides)
   check_inputs(cfg)
   compile_cache.enable(cfg.compilation_cache_dir)
-  root = pathlib.Path(args.root).expanduser().absolute()
+  root = storage.path(args.root)
   variants = plan(cfg, root)
   if args.print:
     for variant in variants:
@@ -232,10 +234,10 @@ def main(argv: list[str]) -> None:
     for variant in variants:
       print(shlex.join(variant.glue))
     for variant in variants:
-      print(f"PYTHONPATH={shlex.quote(str(REPO))} " + shlex.join(evaluate_command(cfg, variant, variant.steps)))
+      print(f"PYTHONPATH={shlex.quote(str(cli.REPO))} " + shlex.join(evaluate_command(cfg, variant, variant.steps)))
     spec_file, _, spec_arg = args.config.partition(":")
-    spec = f"{pathlib.Path(spec_file).absolute()}:{spec_arg}" if spec_arg else str(pathlib.Path(spec_file).absolute())
-    print(f"PYTHONPATH={shlex.quote(str(REPO))} " + shlex.join(
+    spec = f"{storage.local(spec_file)}:{spec_arg}" if spec_arg else storage.local(spec_file)
+    print(f"PYTHONPATH={shlex.quote(str(cli.REPO))} " + shlex.join(
         [sys.executable, "-m", "tupe.study", f"--config={spec}", f"--root={root}", "--report-only"] + overrides))
     return
   if not args.report_only:

@@ -3,8 +3,9 @@
   python -m tupe.sweep --config configs/pretrain.py:tupe_a,base --root runs/lr \\
       --grid optimizer.learning_rate=1e-4,2e-4 --grid seed=0,1 [--print] [-- --config.num_train_steps=1000]
 
-Each run gets its own workdir, named after its grid values (e.g. runs/lr/optimizer.learning_rate=1e-4,seed=0),
-so rerunning the sweep resumes every run from its checkpoints. Arguments after `--` go to every run.
+Each run gets its own workdir under --root (a local folder or a bucket URL, gs://...), named after its grid
+values (e.g. runs/lr/optimizer.learning_rate=1e-4,seed=0), so rerunning the sweep resumes every run from its
+checkpoints. Arguments after `--` go to every run.
 --print writes the train.py commands (one per line) instead of running them, for a cluster scheduler. Every
 run's complete config is loaded and checked first, as train.py checks it (keys, types, values, settings that
 do not fit together), so that a bad grid point is an error before anything runs or is printed.
@@ -13,17 +14,14 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import pathlib
 import shlex
 import subprocess
 import sys
 
 from tupe import cli
+from tupe import storage
 from tupe import trainer
 from tupe.errors import UserError, run_main
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
-
 
 def parse_grid(specs: list[str]) -> list[tuple[str, list[str]]]:
   """["a.b=1,2", "seed=0"] -> [("a.b", ["1", "2"]), ("seed", ["0"])]."""
@@ -42,8 +40,8 @@ def runs(config: str, root: str, grid, extra: list[str]) -> list[list[str]]:
   for values in itertools.product(*(v for _, v in grid)):
     assignment = list(zip((k for k, _ in grid), values))
     name = ",".join(f"{k}={v}" for k, v in assignment) or "run"
-    commands.append([sys.executable, str(REPO / "train.py"), f"--config={config}",
-                     f"--workdir={pathlib.Path(root) / name}"]
+    commands.append([sys.executable, str(cli.REPO / "train.py"), f"--config={config}",
+                     f"--workdir={storage.path(root) / name}"]
                     + [f"--config.{k}={v}" for k, v in assignment] + list(extra))
   return commands
 
@@ -57,7 +55,7 @@ def check(commands: list[list[str]]) -> None:
     try:
       trainer.check_config(cli.check_config_flags(["train.py"] + command[2:]))
     except UserError as e:
-      raise UserError(f"run {i + 1}/{len(commands)} ({pathlib.Path(command[3].split('=', 1)[1]).name}): {e}") from e
+      raise UserError(f"run {i + 1}/{len(commands)} ({storage.path(command[3].split('=', 1)[1]).name}): {e}") from e
 
 
 def main(argv: list[str]) -> None:
@@ -67,7 +65,7 @@ def main(argv: list[str]) -> None:
     extra, argv = argv[argv.index("--") + 1:], argv[:argv.index("--")]
   parser = argparse.ArgumentParser(prog="python -m tupe.sweep", description=__doc__.splitlines()[0])
   parser.add_argument("--config", required=True, help="configs/<file>.py:<arg>")
-  parser.add_argument("--root", required=True, help="parent folder of the runs' workdirs")
+  parser.add_argument("--root", required=True, help="parent folder of the runs' workdirs (local or gs://...)")
   parser.add_argument("--grid", action="append", default=[], help="KEY=V1,V2,... (repeatable)")
   parser.add_argument("--print", action="store_true", help="print the commands instead of running them")
   args = parser.parse_args(argv)

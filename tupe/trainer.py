@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import pathlib
 import signal
 from typing import Any
 
@@ -37,6 +36,7 @@ from tupe import objectives
 from tupe import optim
 from tupe import resume
 from tupe import sharding
+from tupe import storage
 from tupe import training
 from tupe.data import masking
 from tupe.data import pipeline
@@ -214,9 +214,9 @@ def compile_train_step(setup: Setup):
   return compiled, report
 
 
-def checkpoint_meta(cfg, vocab_file: str, train_examples: int) -> dict:
-  vocab = pathlib.Path(vocab_file).read_text(encoding="utf-8").splitlines() if vocab_file else []
-  return {"config": json.loads(cfg.to_json_best_effort()), "vocab": vocab, "train_examples": train_examples}
+def checkpoint_meta(cfg, vocab_file: str, train_examples: int) -> checkpoint_lib.CheckpointMeta:
+  vocab = storage.read_text(vocab_file).splitlines() if vocab_file else []
+  return checkpoint_lib.create_meta(json.loads(cfg.to_json_best_effort()), vocab, train_examples)
 
 
 class Evaluator:
@@ -294,8 +294,9 @@ def check_loop(cfg) -> None:
 
 
 def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
-  """Runs (or resumes) pre-training in `workdir`; returns the last step's metrics."""
-  workdir = pathlib.Path(workdir)
+  """Runs (or resumes) pre-training in `workdir` (a local folder or a bucket URL); returns the last step's
+  metrics."""
+  workdir = storage.path(workdir)
   check_config(cfg)
   compile_cache.enable(cfg.get("compilation_cache_dir", compile_cache.DEFAULT_DIR))
   training.maybe_initialize_distributed(cfg)
@@ -330,15 +331,15 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
     meta = checkpoint_meta(cfg, info.vocab_file, len(train_data))
     restored = ckpt.restore_latest(setup.abstract_state, resume.Compatibility(setup.abstract_state.params, meta))
     if host == 0:  # Once the checkpoint is accepted: a rejected resume leaves the workdir as it was.
-      (workdir / "config.json").write_text(cfg.to_json_best_effort(indent=2))
+      storage.write_text(workdir / "config.json", cfg.to_json_best_effort(indent=2))
     if restored is None:
       state, start = setup.init_state(), 0
-      if ckpt.interrupted or (workdir / "metrics.jsonl").exists():  # Trained before, but saved nothing.
+      if ckpt.interrupted or storage.exists(workdir / "metrics.jsonl"):  # Trained before, but saved nothing.
         logs.log(f"warning: no finished checkpoint in {ckpt.directory}: training starts again from step 0")
     else:
       start, state, saved_meta = restored
       logs.log(f"resumed from checkpoint {start} in {ckpt.directory}")
-      resume.warn_changed_settings(setup.lr_schedule, start, saved_meta["config"], meta["config"])
+      resume.warn_changed_settings(setup.lr_schedule, start, saved_meta.config, meta.config)
       if start >= cfg.num_train_steps:
         logs.log(f"checkpoint {start} has reached num_train_steps={cfg.num_train_steps}: nothing to train (raise "
                  f"--config.num_train_steps to train on)")
@@ -421,7 +422,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
   return last
 
 
-def write_curves(workdir: pathlib.Path) -> pathlib.Path | None:
+def write_curves(workdir: storage.Path) -> storage.Path | None:
   """Draws the run's training curves into <workdir>/curves.png (`tupe.tools.plot`); None if it could not."""
   from tupe.tools import plot  # matplotlib: only once the run is over
   path = workdir / "curves.png"

@@ -8,8 +8,6 @@ on one device.
 """
 from __future__ import annotations
 
-import os
-import pathlib
 from typing import Any
 
 import flax
@@ -20,6 +18,7 @@ import optax
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from tupe import storage
 from tupe.errors import UserError
 
 
@@ -69,24 +68,21 @@ def agreed_signal(received: list[int]) -> int:
   return int(np.max(multihost_utils.process_allgather(np.int32(local))))
 
 
-def check_workdir(workdir: pathlib.Path) -> None:
-  """Fails early when the workdir cannot be created or written; creates nothing (`make_workdir` does, once the
-  run's inputs have been checked, so that a run stopped by bad input leaves no empty workdir behind)."""
-  existing = workdir.absolute()
-  while not existing.exists():
-    existing = existing.parent
-  if not existing.is_dir():
-    raise UserError(f"workdir {workdir} is not writable ({existing} is a file: Not a directory); choose another "
-                    f"--workdir")
-  if not os.access(existing, os.W_OK | os.X_OK):
-    raise UserError(f"workdir {workdir} is not writable ({existing}: Permission denied); choose another --workdir")
-  for name in ("config.json", "metrics.jsonl"):
-    if (workdir / name).exists() and not (workdir / name).is_file():
-      raise UserError(f"{workdir / name} is not a file; move it away or choose another --workdir")
-
-
-def make_workdir(workdir: pathlib.Path) -> None:
+def check_workdir(workdir: storage.PathLike) -> None:
+  """Fails early when the workdir (a local folder or a bucket URL) cannot be created or written; creates nothing
+  (`make_workdir` does, once the run's inputs have been checked, so that a run stopped by bad input leaves no
+  empty workdir behind)."""
   try:
-    workdir.mkdir(parents=True, exist_ok=True)
-  except OSError as e:
-    raise UserError(f"workdir {workdir} is not writable ({e.strerror or e}); choose another --workdir")
+    storage.check_writable(workdir)
+  except storage.StorageError as e:
+    raise UserError(f"workdir {workdir} is not writable ({e}); choose another --workdir") from None
+  for name in ("config.json", "metrics.jsonl"):
+    if storage.is_dir(storage.path(workdir) / name):
+      raise UserError(f"{storage.path(workdir) / name} is not a file; move it away or choose another --workdir")
+
+
+def make_workdir(workdir: storage.PathLike) -> None:
+  try:
+    storage.makedirs(workdir)
+  except storage.StorageError as e:
+    raise UserError(f"workdir {workdir} is not writable ({e}); choose another --workdir") from None

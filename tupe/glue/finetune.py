@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import pathlib
-import shutil
 import signal
 import threading
 
@@ -44,6 +42,7 @@ from tupe import lease
 from tupe import logs
 from tupe import models
 from tupe import sharding
+from tupe import storage
 from tupe import training
 from tupe.errors import Preempted, UserError
 from tupe.glue import backbone as backbone_lib
@@ -81,8 +80,9 @@ def check_config(cfg) -> None:
 
 
 def run(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
-  """Runs (or resumes) the grid in `workdir`; returns the content of results.json."""
-  workdir = pathlib.Path(workdir)
+  """Runs (or resumes) the grid in `workdir` (a local folder or a bucket URL); returns the content of
+  results.json."""
+  workdir = storage.path(workdir)
   compile_cache.enable(cfg.get("compilation_cache_dir", compile_cache.DEFAULT_DIR))
   training.maybe_initialize_distributed(cfg)
   training.check_workdir(workdir)
@@ -93,7 +93,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
   glue_data.parse_tasks(cfg.swap_pairs)
   cfg = cfg.copy_and_resolve_references()
   cfg.lowercase = backbone_lib.tokenizer_lowercase(cfg)  # Recorded in config.json: a workdir's runs share one setting.
-  created = not workdir.exists()
+  created = not storage.exists(workdir)
   training.make_workdir(workdir)
   with lease.hold(workdir):  # Another job on this workdir: one line, nothing written.
     return _run_held(cfg, workdir, tasks, created, devices)
@@ -136,12 +136,12 @@ def _run_held(cfg, workdir, tasks, created: bool, devices) -> dict:
     encoder = backbone_lib.encoder_params(backbone, mesh, rules)
   except UserError:
     if created:  # Stopped by bad input before any run: no workdir is left behind.
-      shutil.rmtree(workdir, ignore_errors=True)
+      storage.remove(workdir)
     raise
   with _stopped_by_signals() as stop:
     _run_grid(cfg, workdir, tasks, pending, lrs, backbone, encoder, mesh, rules, stop)
   results = workdir / "results.json"
-  return json.loads(results.read_text()) if results.exists() else {}
+  return json.loads(storage.read_text(results)) if storage.exists(results) else {}
 
 
 class _Stop:

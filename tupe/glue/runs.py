@@ -3,8 +3,8 @@ directory and saved test predictions, the resume check of config.json, and the c
 """
 from __future__ import annotations
 
+import io
 import json
-import pathlib
 
 import jax
 import numpy as np
@@ -34,36 +34,42 @@ def append_run(workdir: storage.PathLike, record: dict) -> None:
   jsonlog.append(workdir, "runs", report.json_safe(record))
 
 
-def run_dir(workdir: pathlib.Path, task: str, lr: float, seed: int) -> pathlib.Path:
+def run_dir(workdir: storage.Path, task: str, lr: float, seed: int) -> storage.Path:
   """A run's metrics.jsonl and TensorBoard events."""
   return workdir / "runs" / f"{task}_lr{lr:g}_seed{seed}"
 
 
-def predictions_path(workdir: pathlib.Path, task: str, lr: float, seed: int) -> pathlib.Path:
+def predictions_path(workdir: storage.Path, task: str, lr: float, seed: int) -> storage.Path:
   return workdir / "predictions" / task / f"lr{lr:g}_seed{seed}.npz"
 
 
-def save_predictions(path: pathlib.Path, predictions: dict) -> None:
-  path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_name(path.stem + ".tmp.npz")
-  np.savez(tmp, **{f"{name}.{kind}": array for name, arrays in predictions.items()
-                   for kind, array in zip(("idx", "values"), arrays)})
-  tmp.replace(path)
+def save_predictions(path: storage.Path, predictions: dict) -> None:
+  """Writes {evaluation: (idx, values)} as one .npz file, atomically (`storage.write_bytes`)."""
+  buffer = io.BytesIO()
+  np.savez(buffer, **{f"{name}.{kind}": array for name, arrays in predictions.items()
+                      for kind, array in zip(("idx", "values"), arrays)})
+  storage.write_bytes(path, buffer.getvalue())
 
 
-def check_resume(cfg, workdir: pathlib.Path) -> None:
+def load_predictions(path: storage.Path) -> dict[str, np.ndarray]:
+  """The arrays of a file written by `save_predictions` ({"<evaluation>.idx": ..., "<evaluation>.values": ...})."""
+  with np.load(io.BytesIO(storage.read_bytes(path))) as saved:
+    return dict(saved)
+
+
+def check_resume(cfg, workdir: storage.Path) -> None:
   """A workdir holds the runs of one config: other fields than RESUMABLE_FIELDS must not change."""
   path = workdir / "config.json"
   new = json.loads(cfg.to_json_best_effort())
-  if path.exists() and read_runs(workdir):
-    old = json.loads(path.read_text())
+  if storage.exists(path) and read_runs(workdir):
+    old = json.loads(storage.read_text(path))
     changed = sorted(k for k in set(old) | set(new) if k not in RESUMABLE_FIELDS and old.get(k) != new.get(k))
     if changed:
       raise UserError(f"{workdir} holds runs of another config (changed: {', '.join(changed)}): use a new "
                       f"--workdir, or the same values")
   if jax.process_index() == 0:
     jsonlog.repair(workdir, "runs")  # a run cut while being recorded: dropped (and run again), with one warning
-    path.write_text(json.dumps(new, indent=2) + "\n")
+    storage.write_text(path, json.dumps(new, indent=2) + "\n")
 
 
 def run_records(runs: list[dict]) -> list[report.RunRecord]:
