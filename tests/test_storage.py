@@ -91,8 +91,6 @@ ALLOWED = {
     "tupe/flops.py": "the per-user peak-FLOPs cache in ~/.cache and /proc/cpuinfo, never a user's path",
     "tupe/checkpoint.py": "to convert: checkpoints",
     "tupe/resume.py": "to convert: checkpoints",
-    "tupe/logs.py": "to convert: metrics.jsonl and TensorBoard",
-    "tupe/glue/runs.py": "to convert: runs.jsonl's appends and reads",
     "tupe/data/": "to convert: the corpus, vocab and shard readers and writers",
     "tupe/hf_layout.py": "to convert: reading an export back (import_pretrained)",
     "tupe/tools/export_hf.py": "transformers' save_pretrained writes a local folder; main() stages a bucket's",
