@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import pathlib
 
 import jax
 import ml_collections
@@ -367,11 +366,11 @@ def import_tensors(tensors: dict[str, np.ndarray], keys: list[Key], shapes: dict
 
 # Reading an export back.
 
-def _read_config(directory: pathlib.Path) -> tuple[dict, ml_collections.ConfigDict]:
+def _read_config(directory: storage.Path) -> tuple[dict, ml_collections.ConfigDict]:
   config_file = directory / "config.json"
-  if not config_file.is_file():
+  if not storage.is_file(config_file):
     raise UserError(f"{directory} has no config.json; pass a directory written by tupe.tools.export_hf")
-  config = json.loads(config_file.read_text())
+  config = json.loads(storage.read_text(config_file))
   if MODEL_KEY not in config:
     raise UserError(f"{config_file} has no {MODEL_KEY!r} entry, so it was not written by tupe.tools.export_hf; HF "
                     "ConvBERT checkpoints import with tupe.hf.import_convbert")
@@ -422,7 +421,7 @@ def import_pretrained(path, scan_layers: bool | None = None) -> tuple[ml_collect
     objective "mlm" and `models.Electra` (generator from DIR/generator) for "electra", bit-identical to the
     exported checkpoint's (in the layout asked for).
   """
-  directory = pathlib.Path(path)
+  directory = storage.path(path)
   config, cfg = _read_config(directory)
   if scan_layers is not None:
     cfg.scan_layers = scan_layers
