@@ -3,7 +3,7 @@ positions that hold tokens."""
 import numpy as np
 import pytest
 
-from tupe.data import corpus, packing, pipeline
+from tupe.data import corpus, packing, pipeline, units
 
 SEQ_LEN = 64
 
@@ -45,7 +45,9 @@ def test_files_hold_out_each_documents_tail(book_files, bert_vocab):
   """documents=files: each file's last eval_fraction of paragraphs is the eval split; train has the rest."""
   cfg = data_cfg(book_files, bert_vocab, "full_sentences", "files", True)
   files = corpus.expand_globs(book_files)
-  train = list(corpus.split_documents(corpus.text_files(book_files), cfg.eval_fraction, tails=True))
+  source = dict(format="text", documents="files", files=book_files)
+  documents = ((None, d) for d in units.all_documents(source, units.plan_inputs(source)))
+  train = [(split, document) for split, _, document in corpus.split_documents(documents, cfg.eval_fraction, tails=True)]
   assert [split for split, _ in train] == ["train", "eval"] * len(files)
   for (_, head), (_, tail), path in zip(train[::2], train[1::2], files):
     lines = corpus.paragraphs(corpus.read_text(path))

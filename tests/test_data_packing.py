@@ -4,7 +4,7 @@ import itertools
 import numpy as np
 import pytest
 
-from tupe.data import corpus, counter_rng, examples, masking, packing, tokenizer
+from tupe.data import build, corpus, counter_rng, examples, masking, packing, tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,7 @@ def stream(wiki) -> tuple[list[np.ndarray], np.ndarray]:
 
 def pack(wiki, seq_len: int, packing_name: str) -> list[np.ndarray]:
   tok, info, documents, _ = wiki
-  return [e for _, e in examples.pack_documents(documents, tok, info, seq_len, packing_name, eval_fraction=0.0)]
+  return [e for _, e in build.pack_documents(documents, tok, info, seq_len, packing_name, eval_fraction=0.0)]
 
 
 def segments(example: np.ndarray, info) -> list[np.ndarray]:
@@ -117,7 +117,7 @@ def test_document_boundaries_in_text(bert_vocab):
 
   def decoded(packing_name):
     return [tok.decode(e.tolist(), skip_special_tokens=False)
-            for _, e in examples.pack_documents(documents, tok, info, 32, packing_name, eval_fraction=0.0)]
+            for _, e in build.pack_documents(documents, tok, info, 32, packing_name, eval_fraction=0.0)]
 
   assert decoded("full_sentences") == ["[CLS] the first document ends here. [SEP] a second, unrelated document. [SEP]"]
   assert decoded("segment_pair") == ["[CLS] the first document ends here. [SEP]",

@@ -1,5 +1,6 @@
 """The grain pipeline: batch format, determinism, starting at any batch, hosts' rows, eval split, errors."""
 import collections
+import pickle
 
 import numpy as np
 import pytest
@@ -121,6 +122,16 @@ def test_worker_processes_give_the_same_batches(text_cfg):
   cfg = text_cfg.copy_and_resolve_references()
   cfg.num_workers = 1
   assert_same(batches(cfg, 4), batches(text_cfg, 4))
+
+
+def test_workers_map_the_token_array(text_cfg):
+  """Pickled for a worker process, in-memory examples map one file of tokens rather than carry a copy."""
+  packed, _ = examples.load_examples(text_cfg, SEQ_LEN, "train")
+  once, twice = pickle.loads(pickle.dumps(packed)), pickle.loads(pickle.dumps(packed))
+  assert isinstance(once._tokens, np.memmap) and once._tokens.filename == twice._tokens.filename  # pylint: disable=protected-access
+  assert len(pickle.dumps(packed)) < packed.num_tokens  # Offsets only: not 4 bytes per token.
+  for i in (0, len(packed) // 2, len(packed) - 1):
+    np.testing.assert_array_equal(once[i], packed[i])
 
 
 @pytest.mark.parametrize("packing", ["full_sentences", "segment_pair"])

@@ -29,8 +29,7 @@ def text_cfg(shared_data, bert_vocab, tmp_path_factory):
 def shard_dir(text_cfg, tmp_path_factory):
   output = tmp_path_factory.mktemp("packed") / "emma-64"
   preprocess.main(["preprocess", "--input", text_cfg.files, "--vocab", text_cfg.vocab_file, "--seq-len", "64",
-                   "--packing", "segment_pair", "--eval-fraction", "0.05", "--output", str(output),
-                   "--num-shards", "3"])
+                   "--packing", "segment_pair", "--eval-fraction", "0.05", "--output", str(output), "--workers", "1"])
   return output
 
 
@@ -48,8 +47,7 @@ def test_shards_hold_the_in_memory_examples(text_cfg, shard_dir, split):
   assert on_disk.num_tokens == in_memory.num_tokens  # the fill logged at start
   for i in range(len(in_memory)):
     np.testing.assert_array_equal(on_disk[i], in_memory[i])
-  assert sorted(p.name for p in shard_dir.glob(f"{split}-*")) == [
-      f"{split}-0000{k}-of-00003.array_record" for k in range(3)]
+  assert sorted(p.name for p in shard_dir.glob(f"{split}-*")) == [f"{split}-00000.array_record"]
 
 
 def test_pipeline_over_shards_gives_the_same_batches(text_cfg, shard_dir):
@@ -79,15 +77,15 @@ def test_mismatched_settings_are_refused(text_cfg, shard_dir, bert_vocab, tmp_pa
     pipeline.make_pretrain_iterator(dict(cfg, vocab_file=str(other_vocab)), seq_len=SEQ_LEN, batch_size=8, seed=0)
   with pytest.raises(UserError, match="holds no preprocessed examples"):
     pipeline.make_pretrain_iterator(dict(cfg, files=str(tmp_path)), seq_len=SEQ_LEN, batch_size=8, seed=0)
-  with pytest.raises(UserError, match="already exists and is not empty"):
-    preprocess.preprocess(text_cfg, SEQ_LEN, str(shard_dir), 3)
+  with pytest.raises(UserError, match="holds a run with other inputs or settings"):
+    preprocess.preprocess(dict(text_cfg, eval_fraction=0.5), SEQ_LEN, str(shard_dir))
   with pytest.raises(UserError, match="seq_len 4 is too small"):
-    preprocess.preprocess(text_cfg, 4, str(tmp_path / "out"), 3)
+    preprocess.preprocess(text_cfg, 4, str(tmp_path / "out"))
   empty = tmp_path / "empty.txt"
   empty.write_text("\u200b \ufeff\n")  # Only characters the tokenizer drops.
   with pytest.raises(UserError, match="the corpus holds no text"):
-    preprocess.preprocess(dict(text_cfg, files=str(empty)), SEQ_LEN, str(tmp_path / "out"), 3)
-  assert not (tmp_path / "out").exists()
+    preprocess.preprocess(dict(text_cfg, files=str(empty)), SEQ_LEN, str(tmp_path / "out"))
+  assert not (tmp_path / "out" / "metadata.json").exists()
 
 
 def test_command_line_errors_are_one_line(tmp_path, bert_vocab):
@@ -102,7 +100,7 @@ def test_command_line_errors_are_one_line(tmp_path, bert_vocab):
 
 
 def test_shards_of_an_older_format_are_refused(tmp_path):
-  (tmp_path / "metadata.json").write_text('{"format": "tupe-packed-examples-v1"}\n')
-  with pytest.raises(UserError, match=r"in format 'tupe-packed-examples-v1', not tupe-packed-examples-v2 \(examples "
-                                      r"now respect document boundaries\): preprocess the corpus again"):
+  (tmp_path / "metadata.json").write_text('{"format": "tupe-packed-examples-v2"}\n')
+  with pytest.raises(UserError, match=r"in format 'tupe-packed-examples-v2', not tupe-packed-examples-v3 \(examples "
+                                      r"are now packed per unit of work\): preprocess the corpus again"):
     shards.read_metadata(tmp_path)

@@ -29,7 +29,6 @@ import argparse
 import dataclasses
 import json
 import os
-import pathlib
 import shlex
 import subprocess
 import sys
@@ -37,7 +36,9 @@ import time
 
 from tupe import checkpoint
 from tupe import cli
+from tupe import compile_cache
 from tupe import logs
+from tupe import storage
 from tupe import study_report
 from tupe import trainer
 from tupe.data import corpus
@@ -47,7 +48,6 @@ from tupe.glue import finetune
 from tupe.glue import runs as runs_lib
 from tupe.tools import evaluate
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 STAGES = ("pre-train", "GLUE", "held-out score")
 CONTROL = study_report.CONTROL
 
@@ -65,9 +65,9 @@ class Variant:
     lrs: the GLUE learning rates; tasks: the GLUE task names (as runs.jsonl has them); seeds: the GLUE seeds.
   """
   name: str
-  pretrain_dir: pathlib.Path
-  glue_dir: pathlib.Path
-  heldout_dir: pathlib.Path
+  pretrain_dir: storage.Path
+  glue_dir: storage.Path
+  heldout_dir: storage.Path
   pretrain: list[str]
   glue: list[str]
   pretrain_cfg: object
@@ -84,7 +84,7 @@ class Variant:
     """The stages this variant has: all of them, or GLUE alone for the control (no pre-training, no checkpoint)."""
     return STAGES if self.pretrain else ("GLUE",)
 
-  def heldout_file(self, step: int) -> pathlib.Path:
+  def heldout_file(self, step: int) -> storage.Path:
     return self.heldout_dir / f"step_{step}.json"
 
 
@@ -94,8 +94,10 @@ def load_study(spec: str, overrides: list[str]):
 
 
 def data_path(cfg, path: str) -> str:
-  """`path` (or each of comma-separated globs) under cfg.data_root unless absolute."""
-  return ",".join(str(pathlib.Path(cfg.data_root).expanduser() / p.strip()) for p in path.split(",") if p.strip())
+  """`path` (or each of comma-separated globs) under cfg.data_root (a local folder or a bucket URL) unless
+  absolute (or itself a bucket URL)."""
+  return ",".join(p if storage.is_remote(p) else str(storage.path(cfg.data_root) / p)
+                  for p in (p.strip() for p in path.split(",")) if p)
 
 
 def check_inputs(cfg) -> None:
@@ -104,17 +106,18 @@ def check_inputs(cfg) -> None:
   for what, path, fix in (("vocab", cfg.vocab, "--config.vocab"),
                           ("held-out text file", cfg.heldout_file, "--config.heldout_file"),
                           ("GLUE data folder", cfg.glue_dir, "--config.glue_dir")):
-    resolved = pathlib.Path(data_path(cfg, path))
-    if not (resolved.is_dir() if what.startswith("GLUE") else resolved.is_file()):
+    resolved = data_path(cfg, path)
+    if not (storage.is_dir(resolved) if what.startswith("GLUE") else storage.is_file(resolved)):
       raise UserError(f"{what} {resolved} does not exist: set {fix} (relative to data_root {cfg.data_root}, or "
                       f"absolute)")
 
 
-def glue_command(cfg, workdir: pathlib.Path, checkpoint_dir: pathlib.Path, architecture: str,
+def glue_command(cfg, workdir: storage.Path, checkpoint_dir: storage.Path, architecture: str,
                  init: str = "pretrained") -> list[str]:
   """The eval_glue.py command of a variant's grid: `init` "random" starts from random weights shaped as the
   checkpoint (the control)."""
-  return ([sys.executable, str(REPO / "eval_glue.py"), f"--config={REPO / 'configs' / 'glue.py'}:{cfg.glue.recipe}",
+  return ([sys.executable, str(cli.REPO / "eval_glue.py"),
+           f"--config={cli.REPO / 'configs' / 'glue.py'}:{cfg.glue.recipe}",
            f"--workdir={workdir}"] + ([f"--config.init={init}"] if init != "pretrained" else [])
           + [f"--config.init_checkpoint={checkpoint_dir}",
            f"--config.data_dir={data_path(cfg, cfg.glue_dir)}", f"--config.tasks={cfg.glue.tasks}",
@@ -124,14 +127,14 @@ def glue_command(cfg, workdir: pathlib.Path, checkpoint_dir: pathlib.Path, archi
           + [f"--config.{o}" for o in cfg.glue.overrides])
 
 
-def plan(cfg, root: pathlib.Path) -> list[Variant]:
+def plan(cfg, root: storage.Path) -> list[Variant]:
   """Every variant's commands, each config loaded and checked (a UserError for the first bad one), and the
   control (random_init) last when the study has one."""
-  pretrain_config = REPO / "configs" / "pretrain.py"
+  pretrain_config = cli.REPO / "configs" / "pretrain.py"
   variants = []
   for name, model, overrides in cfg.variants:
     workdir = root / name
-    pretrain = ([sys.executable, str(REPO / "train.py"), f"--config={pretrain_config}:{model},{cfg.size}",
+    pretrain = ([sys.executable, str(cli.REPO / "train.py"), f"--config={pretrain_config}:{model},{cfg.size}",
                  f"--workdir={workdir / 'pretrain'}", f"--config.seed={cfg.seed}",
                  f"--config.data.files={data_path(cfg, cfg.corpus)}",
                  f"--config.data.vocab_file={data_path(cfg, cfg.vocab)}"]
@@ -151,7 +154,7 @@ def plan(cfg, root: pathlib.Path) -> list[Variant]:
   return variants
 
 
-def _variant(name: str, workdir: pathlib.Path, pretrain: list[str], pretrain_cfg, glue: list[str]) -> Variant:
+def _variant(name: str, workdir: storage.Path, pretrain: list[str], pretrain_cfg, glue: list[str]) -> Variant:
   glue_cfg = cli.check_config_flags(["eval_glue.py"] + glue[2:])
   finetune.check_config(glue_cfg)
   tasks = tuple(task.name for task in glue_data.parse_tasks(glue_cfg.tasks))
@@ -179,9 +182,9 @@ def finished_step(variant: Variant) -> int:
 def heldout_done(cfg, variant: Variant, step: int) -> bool:
   """Whether the held-out score of checkpoint `step` is there, for this text file, seed and size."""
   path = variant.heldout_file(step)
-  if not path.is_file():
+  if not storage.is_file(path):
     return False
-  saved = json.loads(path.read_text())
+  saved = json.loads(storage.read_text(path))
   return (saved.get("text_file") == data_path(cfg, cfg.heldout_file) and saved.get("seed") == cfg.heldout_seed
           and saved.get("max_examples") == cfg.heldout_max_examples)
 
@@ -193,7 +196,7 @@ def glue_pending(variant: Variant) -> int:
 
 
 def _run(command: list[str], label: str) -> None:
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(cli.REPO), os.environ.get("PYTHONPATH")])))
   start = time.time()
   code = subprocess.call(command, env=env)
   if code:
@@ -201,7 +204,7 @@ def _run(command: list[str], label: str) -> None:
   logs.log(f"[study] {label}: finished in {logs.format_duration(time.time() - start)}")
 
 
-def run(cfg, root: pathlib.Path, variants: list[Variant]) -> int:
+def run(cfg, root: storage.Path, variants: list[Variant]) -> int:
   """Runs what is not finished, stage by stage; returns the number of (stage, variant) steps run."""
   total, ran, count = sum(len(variant.stages) for variant in variants), 0, 0
   for stage in STAGES:
@@ -228,7 +231,7 @@ def run(cfg, root: pathlib.Path, variants: list[Variant]) -> int:
         logs.log(f"[study] {label}: finished in {logs.format_duration(time.time() - start)}")
       else:
         pending = glue_pending(variant)
-        if not pending and (variant.glue_dir / "results.json").is_file():
+        if not pending and storage.is_file(variant.glue_dir / "results.json"):
           logs.log(f"[study] {label}: done ({variant.glue_dir / 'results.json'}), skipped")
           continue
         logs.log(f"[study] {label}: {pending} of {len(variant.tasks) * len(variant.lrs) * len(variant.seeds)} "
@@ -242,7 +245,8 @@ def main(argv: list[str]) -> None:
   parser = argparse.ArgumentParser(prog="python -m tupe.study", description=__doc__.splitlines()[0])
   parser.add_argument("--config", required=True, help="configs/study.py:<study>,<scale> (tupe|convbert, "
                                                       "micro|mini|base)")
-  parser.add_argument("--root", required=True, help="folder of the study's workdirs and report")
+  parser.add_argument("--root", required=True, help="folder of the study's workdirs and report (local or "
+                                                         "gs://...)")
   mode = parser.add_mutually_exclusive_group()
   mode.add_argument("--print", action="store_true", help="print the commands instead of running them")
   mode.add_argument("--report-only", action="store_true", help="write the report from what is finished")
@@ -253,7 +257,8 @@ def main(argv: list[str]) -> None:
                     f"--report-only and --config.<field>=<value> overrides")
   cfg = load_study(args.config, overrides)
   check_inputs(cfg)
-  root = pathlib.Path(args.root).expanduser().absolute()
+  compile_cache.enable(cfg.compilation_cache_dir)
+  root = storage.path(args.root)
   variants = plan(cfg, root)
   if args.print:
     for variant in (v for v in variants if v.pretrain):
@@ -261,10 +266,10 @@ def main(argv: list[str]) -> None:
     for variant in variants:
       print(shlex.join(variant.glue))
     for variant in (v for v in variants if v.pretrain):
-      print(f"PYTHONPATH={shlex.quote(str(REPO))} " + shlex.join(evaluate_command(cfg, variant, variant.steps)))
+      print(f"PYTHONPATH={shlex.quote(str(cli.REPO))} " + shlex.join(evaluate_command(cfg, variant, variant.steps)))
     spec_file, _, spec_arg = args.config.partition(":")
-    spec = f"{pathlib.Path(spec_file).absolute()}:{spec_arg}" if spec_arg else str(pathlib.Path(spec_file).absolute())
-    print(f"PYTHONPATH={shlex.quote(str(REPO))} " + shlex.join(
+    spec = f"{storage.local(spec_file)}:{spec_arg}" if spec_arg else storage.local(spec_file)
+    print(f"PYTHONPATH={shlex.quote(str(cli.REPO))} " + shlex.join(
         [sys.executable, "-m", "tupe.study", f"--config={spec}", f"--root={root}", "--report-only"] + overrides))
     return
   if not args.report_only:

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import json
 import math
-import pathlib
 
 from tupe import logs
+from tupe import storage
 from tupe import tools
 from tupe.glue import outputs
 from tupe.glue import metrics as glue_metrics
@@ -36,7 +36,7 @@ def pretrain_summary(variant) -> dict:
   cfg = variant.pretrain_cfg
   tokens_per_step = cfg.global_batch_size * cfg.seq_len
   path = variant.pretrain_dir / "metrics.jsonl"
-  records = logs.read_metrics(variant.pretrain_dir) if path.is_file() else []
+  records = logs.read_metrics(variant.pretrain_dir) if storage.is_file(path) else []
   evals = [r for r in records if "eval_mlm_loss" in r]
   steps = max((r["step"] for r in records), default=0)
   final = evals[-1] if evals and evals[-1]["step"] == steps else {}
@@ -56,7 +56,7 @@ def _float(value) -> float | None:
 
 def heldout_summary(variant, step: int) -> dict | None:
   path = variant.heldout_file(step)
-  return json.loads(path.read_text()) if step and path.is_file() else None
+  return json.loads(storage.read_text(path)) if step and storage.is_file(path) else None
 
 
 def glue_summary(variant) -> dict:
@@ -219,7 +219,7 @@ def gains_markdown(report: dict, tasks: list[str]) -> list[str]:
                                rows)]
 
 
-def plot_curves(report: dict, path: pathlib.Path) -> None:
+def plot_curves(report: dict, path: storage.Path) -> None:
   """curves.png: every variant's eval MLM loss against pre-training tokens."""
   figure = tools.new_figure(7.0, 4.4)
   axes = figure.subplots()
@@ -235,15 +235,14 @@ def plot_curves(report: dict, path: pathlib.Path) -> None:
          for _, loss in entry["pretrain"]["curve"] if loss is not None):
     axes.legend(fontsize=8)
   figure.tight_layout()
-  figure.savefig(path, format="png")
+  storage.write_png(path, figure)
 
 
-def write(cfg, root: pathlib.Path, variants) -> list[pathlib.Path]:
-  """Writes report.json, report.md and curves.png into `root`; returns their paths."""
+def write(cfg, root: storage.Path, variants) -> list[storage.Path]:
+  """Writes report.json, report.md and curves.png into `root` (local or in a bucket); returns their paths."""
   report = build(cfg, variants)
-  root.mkdir(parents=True, exist_ok=True)
   paths = [root / "report.json", root / "report.md", root / "curves.png"]
-  paths[0].write_text(json.dumps(report, indent=2, allow_nan=False) + "\n", encoding="utf-8")
-  paths[1].write_text(markdown(report), encoding="utf-8")
+  storage.write_text(paths[0], json.dumps(report, indent=2, allow_nan=False) + "\n")
+  storage.write_text(paths[1], markdown(report))
   plot_curves(report, paths[2])
   return paths

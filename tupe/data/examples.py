@@ -1,140 +1,87 @@
 """Packed examples of each data source, as random-access sequences of unpadded int32 [n <= seq_len] token ids.
 
 Sources:
-  demo, text, tfds: documents are split into sentences, tokenized with `encode_batch` and packed in memory, once
-    per process (cached). Every (1/eval_fraction)-th document is held out for the eval split, or with
-    data.documents "files" the last eval_fraction of each document's paragraphs.
-  arrayrecord: examples written by `tupe.data.preprocess` (the same examples, streamed to disk), read lazily.
+  demo, text, tfds: documents are split into sentences, tokenized and packed unit by unit (`tupe.data.build`):
+    in memory, once per process, for a small corpus; above data.shard_cache_mb (or with data.shard_cache
+    "always") once into a cache of shards, keyed by the corpus, tokenizer and packing, that later starts reuse.
+    Every (1/eval_fraction)-th document of a unit is held out for the eval split, or with data.documents "files"
+    the last eval_fraction of each document's paragraphs.
+  arrayrecord: examples written by `tupe.data.preprocess` (the same examples, on disk), read lazily.
   synthetic: random token ids, full-length examples, for benchmarks (no tokenizer work).
 """
-import os
-from typing import Iterable, Iterator
+import hashlib
 
 import numpy as np
 import tokenizers
 
-from tupe.data import corpus, counter_rng, demo, shards
-from tupe.data.packing import ExampleSource, PackedExamples, Packer
-from tupe.data.tokenizer import TokenizerInfo, encode, load_tokenizer
+from tupe import storage
+from tupe.data import build, corpus, counter_rng, demo, parallel, report, shards
+from tupe.data.packing import ExampleSource, PackedExamples
+from tupe.data.report import Tally
+from tupe.data.tokenizer import TokenizerInfo, load_tokenizer
 from tupe.errors import UserError
 
 SOURCES = ("demo", "text", "tfds", "arrayrecord", "synthetic")
+SHARD_CACHES = ("auto", "always", "never")
 SYNTHETIC_EXAMPLES = 1 << 20  # Train examples of the synthetic source.
 _SYNTHETIC_SEED = 0x5EED
-_BLOCK_CHARS = 1 << 20  # Text tokenized per `encode_batch` call.
-_CACHE: dict[tuple, dict[str, PackedExamples]] = {}
+_CACHE: dict[str, tuple[dict[str, ExampleSource], TokenizerInfo]] = {}
 _CACHE_ENTRIES = 4
-_BEFORE_FIELD = {"documents": "paragraphs", "fill_examples": False}  # Shards written before these fields existed.
 
 
 def load_tokenizer_for(data_cfg) -> tuple[tokenizers.Tokenizer, TokenizerInfo]:
   """The tokenizer of a text source: `vocab_file`, or for the demo source without one, the cached demo vocab."""
-  vocab_file = data_cfg.vocab_file
-  if not vocab_file:
-    if data_cfg.source != "demo":
-      raise UserError(f"no vocab file for source {data_cfg.source!r}: set data.vocab_file (--vocab) to a vocab.txt, or "
-                      f"train one with `python -m tupe.data.tokenizer`")
-    vocab_file = demo.demo_vocab(data_cfg.cache_dir, lowercase=data_cfg.lowercase)
-  return load_tokenizer(vocab_file, data_cfg.lowercase)
+  return load_tokenizer(build.vocab_file(data_cfg), data_cfg.lowercase)
 
 
-def source_documents(data_cfg) -> Iterable[str]:
-  """Documents of a text source (demo, text or tfds), in a fixed order (text: as data.documents says)."""
-  if data_cfg.source == "demo":
-    return demo.demo_documents(data_cfg.cache_dir)
-  if data_cfg.source == "text":
-    if data_cfg.documents == "files":
-      return corpus.text_files(data_cfg.files)
-    return corpus.text_documents(data_cfg.files)
-  if data_cfg.source == "tfds":
-    if not data_cfg.tfds_name:
-      raise UserError("data.tfds_name is empty for source 'tfds': set it, e.g. to 'wikipedia/20230601.en'")
-    return corpus.tfds_documents(data_cfg.tfds_name, data_cfg.tfds_split, data_cfg.tfds_data_dir,
-                                 data_cfg.tfds_text_key)
-  raise UserError(f"source {data_cfg.source!r} has no documents: use one of demo, text, tfds")
+def shard_cache_folder(data_cfg, plan: dict) -> storage.Path:
+  """Where a text source's examples are cached as shards: keyed by the corpus, the tokenizer and the packing."""
+  root = data_cfg.cache_dir or demo.default_cache_dir()
+  return storage.path(root) / "shards" / build.plan_key(plan)[:24]
 
 
-def pack_documents(documents: Iterable[str], tokenizer: tokenizers.Tokenizer, info: TokenizerInfo, seq_len: int,
-                   packing: str, eval_fraction: float, tails: bool = False,
-                   fill: bool = False) -> Iterator[tuple[str, np.ndarray]]:
-  """Splits, tokenizes and packs documents, streaming.
-
-  Args:
-    documents: documents (lines are paragraphs).
-    tokenizer: WordPiece tokenizer.
-    info: its `TokenizerInfo`.
-    seq_len: example length.
-    packing: "full_sentences" or "segment_pair".
-    eval_fraction: share of the text held out for eval.
-    tails: hold out the last eval_fraction of each document's paragraphs (data.documents "files"), not every
-      (1/eval_fraction)-th document (see `tupe.data.corpus.split_documents`).
-    fill: split sentences to fill every example (data.fill_examples, see `tupe.data.packing`).
-
-  Yields:
-    ("train" or "eval", int32 [n <= seq_len]) in packing order (see `tupe.data.packing` for document boundaries).
-
-  Raises:
-    UserError: at the end, when the documents held no text at all.
-  """
-  empty = True
-  for split, example in _pack_documents(corpus.split_documents(documents, eval_fraction, tails), tokenizer, info,
-                                        seq_len, packing, fill):
-    empty = False
-    yield split, example
-  if empty:
-    raise UserError("the corpus holds no text: check the input files or dataset")
+def _cached_shards(data_cfg, plan: dict) -> dict[str, ExampleSource]:
+  """The plan's examples from the shard cache, tokenized into it first (by all cores) if not there yet."""
+  folder = shard_cache_folder(data_cfg, plan)
+  if storage.exists(folder / shards.METADATA):
+    print(f"data: reusing the tokenized corpus in {folder}", flush=True)
+  else:
+    print(f"data: tokenizing {build.input_bytes(plan) / 2**20:,.0f} MB of text once into {folder} (later starts "
+          f"reuse it; `python -m tupe.data.preprocess` does the same ahead of time)", flush=True)
+    parallel.run(plan, folder, parallel.default_workers(), log=lambda line: print(f"data: {line}", flush=True))
+  return {s: shards.ShardedExamples(folder, s) for s in corpus.SPLITS}
 
 
-def _pack_documents(documents: Iterable[tuple[str, str]], tokenizer: tokenizers.Tokenizer, info: TokenizerInfo,
-                    seq_len: int, packing: str, fill: bool) -> Iterator[tuple[str, np.ndarray]]:
-  """`pack_documents` of (split, document) pairs, without the check for an empty corpus."""
-  packers = {s: Packer(packing, seq_len, info.cls_id, info.sep_id, fill=fill) for s in corpus.SPLITS}
-  splits, counts, texts = [], [], []
-  block_chars = 0
-
-  def flush():
-    ids = iter(encode(tokenizer, texts))
-    for split, count in zip(splits, counts):
-      for _ in range(count):
-        for example in packers[split].add(next(ids)):
-          yield split, example
-      for example in packers[split].end_document():
-        yield split, example
-    splits.clear(), counts.clear(), texts.clear()
-
-  for split, document in documents:
-    sentences = corpus.document_sentences(document)
-    splits.append(split)
-    counts.append(len(sentences))
-    texts.extend(sentences)
-    block_chars += len(document)
-    if block_chars >= _BLOCK_CHARS:
-      yield from flush()
-      block_chars = 0
-  yield from flush()
-  for split, packer in packers.items():
-    for example in packer.finish():
-      yield split, example
-
-
-def _in_memory_examples(data_cfg, seq_len: int) -> tuple[dict[str, PackedExamples], TokenizerInfo]:
-  tokenizer, info = load_tokenizer_for(data_cfg)
-  files = ()
-  if data_cfg.source == "text":
-    files = tuple((str(p), os.path.getmtime(p), os.path.getsize(p)) for p in corpus.expand_globs(data_cfg.files))
-  key = (data_cfg.source, files, data_cfg.tfds_name, data_cfg.tfds_split, data_cfg.tfds_data_dir,
-         data_cfg.tfds_text_key, info, os.path.getmtime(info.vocab_file), seq_len, data_cfg.packing,
-         data_cfg.eval_fraction, data_cfg.documents, data_cfg.fill_examples)
-  if key not in _CACHE:
-    examples = {s: [] for s in corpus.SPLITS}
-    for split, example in pack_documents(source_documents(data_cfg), tokenizer, info, seq_len, data_cfg.packing,
-                                         data_cfg.eval_fraction, tails=data_cfg.documents == "files",
-                                         fill=data_cfg.fill_examples):
+def _in_memory(plan: dict) -> dict[str, ExampleSource]:
+  """The plan's examples, made unit by unit in this process."""
+  tallies: dict[str, Tally] = {}
+  examples = {s: [] for s in corpus.SPLITS}
+  for unit in range(len(plan["units"])):
+    for split, example in build.unit_examples(plan, unit, tallies):
       examples[split].append(example)
+  totals = report.merged([build.gutenberg_tallies(plan), {n: t.as_dict() for n, t in tallies.items()}])
+  lines = report.lines({e["name"]: totals.get(e["name"], Tally()) for e in plan["inputs"]})
+  if not any(examples.values()):
+    raise UserError("the corpus holds no text: check the input files or dataset\n" + "\n".join(lines))
+  return {s: PackedExamples(e, report=lines) for s, e in examples.items()}
+
+
+def _text_examples(data_cfg, seq_len: int) -> tuple[dict[str, ExampleSource], TokenizerInfo]:
+  """The examples of a text source (demo, text, tfds): in memory for a small corpus; else (data.shard_cache)
+  from shards tokenized once into the cache."""
+  _, info = load_tokenizer_for(data_cfg)
+  plan = build.make_plan(data_cfg, seq_len, info.vocab_file)
+  key = build.plan_key(plan)
+  if key not in _CACHE:
+    large = build.input_bytes(plan) >= data_cfg.shard_cache_mb * 2**20
+    if data_cfg.shard_cache == "always" or (data_cfg.shard_cache == "auto" and large):
+      examples = _cached_shards(data_cfg, plan)
+    else:
+      examples = _in_memory(plan)
     while len(_CACHE) >= _CACHE_ENTRIES:
       del _CACHE[next(iter(_CACHE))]
-    _CACHE[key] = {s: PackedExamples(e) for s, e in examples.items()}
-  return _CACHE[key], info
+    _CACHE[key] = examples, info
+  return _CACHE[key]
 
 
 class SyntheticExamples(ExampleSource):
@@ -185,20 +132,22 @@ def synthetic_info(vocab_size: int) -> TokenizerInfo:
 
 def _sharded_examples(data_cfg, seq_len: int, split: str) -> tuple[shards.ShardedExamples, TokenizerInfo]:
   folder = data_cfg.files
+  examples = shards.ShardedExamples(folder, split)
   metadata = shards.read_metadata(folder)
   fix = "preprocess again with the settings you want, or change the data config"
   for field, wanted in (("seq_len", seq_len), ("packing", data_cfg.packing), ("lowercase", data_cfg.lowercase),
                         ("eval_fraction", data_cfg.eval_fraction), ("documents", data_cfg.documents),
                         ("fill_examples", data_cfg.fill_examples)):
-    if metadata.get(field, _BEFORE_FIELD.get(field)) != wanted:
+    if metadata[field] != wanted:
       raise UserError(f"{folder} was preprocessed with {field}={metadata[field]!r}, the config asks for "
                       f"{wanted!r}: {fix}")
-  vocab_file = os.path.join(folder, shards.VOCAB)
-  if data_cfg.vocab_file and shards.file_sha256(data_cfg.vocab_file) != metadata["vocab_sha256"]:
+  vocab_file = str(storage.path(folder) / shards.VOCAB)
+  if data_cfg.vocab_file and hashlib.sha256(storage.read_bytes(data_cfg.vocab_file)).hexdigest() != \
+      metadata["vocab_sha256"]:
     raise UserError(f"{folder} was tokenized with another vocab than {data_cfg.vocab_file}: "
                     f"leave data.vocab_file empty to use {vocab_file}, or {fix}")
   _, info = load_tokenizer(vocab_file, data_cfg.lowercase)
-  return shards.ShardedExamples(folder, split), info
+  return examples, info
 
 
 def load_examples(data_cfg, seq_len: int, split: str) -> tuple[ExampleSource, TokenizerInfo]:
@@ -220,5 +169,5 @@ def load_examples(data_cfg, seq_len: int, split: str) -> tuple[ExampleSource, To
     return SyntheticExamples(num_eval, SYNTHETIC_EXAMPLES, seq_len, data_cfg.packing, info), info
   if data_cfg.source == "arrayrecord":
     return _sharded_examples(data_cfg, seq_len, split)
-  examples, info = _in_memory_examples(data_cfg, seq_len)
+  examples, info = _text_examples(data_cfg, seq_len)
   return examples[split], info

@@ -18,6 +18,10 @@ example is padding, on average half a sentence per example (about 15% of 128 pos
 ELECTRA's builders fill the length too, by truncating the segments and dropping the overflow; splitting keeps every
 token. Only a document's last example (segment_pair) and the corpus's last one are then shorter.
 """
+import atexit
+import contextlib
+import os
+import tempfile
 from typing import Sequence
 
 import numpy as np
@@ -102,7 +106,13 @@ def token_type_ids(ids: np.ndarray, sep_id: int) -> np.ndarray:
 
 
 class ExampleSource:
-  """Random-access packed examples: `len(source)`, `source[i]` (int32 [n <= seq_len]) and padded batches."""
+  """Random-access packed examples: `len(source)`, `source[i]` (int32 [n <= seq_len]) and padded batches.
+
+  Attributes:
+    report: lines saying what became of each input (`tupe.data.report.lines`); empty where there are none.
+  """
+
+  report: tuple[str, ...] | list[str] = ()
 
   def __len__(self) -> int:
     raise NotImplementedError
@@ -127,14 +137,32 @@ class ExampleSource:
 class PackedExamples(ExampleSource):
   """In-memory examples: one flat int32 token array and offsets.
 
+  Pickled (for data worker processes), the token array goes to a temporary file once, and each worker maps it
+  (np.memmap) rather than holding a copy.
+
   Args:
     examples: unpadded examples, int32 [n_i] each.
+    report: what became of each input.
   """
 
-  def __init__(self, examples: Sequence[np.ndarray]):
+  def __init__(self, examples: Sequence[np.ndarray], report: Sequence[str] = ()):
     self._offsets = np.zeros(len(examples) + 1, np.int64)
     np.cumsum([len(e) for e in examples], out=self._offsets[1:])
     self._tokens = np.concatenate(examples).astype(np.int32) if examples else np.zeros(0, np.int32)
+    self.report = list(report)
+    self._spilled = ""  # The file holding the tokens, once pickled.
+
+  def __getstate__(self) -> dict:
+    if not self._spilled:
+      fd, self._spilled = tempfile.mkstemp(prefix="tupe-tokens-", suffix=".npy")
+      with os.fdopen(fd, "wb") as f:
+        np.save(f, self._tokens)
+      atexit.register(_remove_quietly, self._spilled, os.getpid())
+    return dict(self.__dict__, _tokens=None)
+
+  def __setstate__(self, state: dict) -> None:
+    self.__dict__.update(state)
+    self._tokens = np.load(self._spilled, mmap_mode="r")
 
   def __len__(self) -> int:
     return len(self._offsets) - 1
@@ -151,3 +179,10 @@ class PackedExamples(ExampleSource):
     position = np.arange(seq_len)
     real = position < (self._offsets[np.asarray(indices) + 1] - starts)[:, None]
     return np.where(real, self._tokens[np.where(real, starts[:, None] + position, 0)], pad_id).astype(np.int32)
+
+
+def _remove_quietly(path: str, owner: int) -> None:
+  """Removes a spilled token file at the exit of the process that wrote it (not of its workers)."""
+  if os.getpid() == owner:
+    with contextlib.suppress(OSError):
+      os.unlink(path)

@@ -24,7 +24,7 @@ import numpy as np
 from absl import flags
 
 from tupe.data import examples as examples_lib
-from tupe.data import corpus, counter_rng, masking, packing
+from tupe.data import corpus, counter_rng, masking, packing, readers
 from tupe.data.tokenizer import TokenizerInfo
 from tupe.errors import UserError
 
@@ -38,10 +38,16 @@ def default_data_config() -> ml_collections.ConfigDict:
 
   Fields:
     source: "demo" (stdlib docstrings, no download) | "text" | "tfds" | "arrayrecord" | "synthetic".
-    files: comma-separated globs of UTF-8 text files (text), or the preprocessed folder (arrayrecord).
+    files: comma-separated globs of input files, local or gs:// (text), or the preprocessed folder (arrayrecord).
+    format: how the text source's files hold documents: "text" (blank lines between documents) | "lines" (one
+      per line) | "jsonl" (one JSON object per line, text in text_field) | "parquet" (column text_field).
+    text_field: the JSONL field or Parquet column that holds the text.
     tfds_name, tfds_split, tfds_data_dir, tfds_text_key: the TFDS dataset (tfds), prepared as array_record.
     vocab_file: WordPiece vocab; empty with source demo: a demo vocab trained and cached in cache_dir.
-    cache_dir: where the demo vocab is cached ("" for ~/.cache/tupe).
+    cache_dir: where the demo vocab and the shard cache are kept ("" for ~/.cache/tupe).
+    shard_cache: "auto" (a demo, text or tfds corpus of shard_cache_mb or more is tokenized once into shards in
+      cache_dir, which later starts reuse; a smaller one in memory at each start) | "always" | "never".
+    shard_cache_mb: the corpus size from which "auto" caches.
     lowercase: uncased tokenization (lowercase, strip accents).
     packing: "full_sentences" (TUPE/RoBERTa) | "segment_pair" (BERT/ELECTRA/ConvBERT).
     masking: "bert" (80/10/10) | "electra" (85/15).
@@ -57,8 +63,8 @@ def default_data_config() -> ml_collections.ConfigDict:
     synthetic_vocab_size: vocab size of the synthetic source.
   """
   return ml_collections.ConfigDict(dict(
-      source="demo", files="", tfds_name="", tfds_split="train", tfds_data_dir="", tfds_text_key="text",
-      vocab_file="", cache_dir="", lowercase=True, packing="full_sentences", masking="bert", mask_prob=0.15,
+      source="demo", files="", format="text", text_field="text", tfds_name="", tfds_split="train", tfds_data_dir="", tfds_text_key="text",
+      vocab_file="", cache_dir="", shard_cache="auto", shard_cache_mb=64.0, lowercase=True, packing="full_sentences", masking="bert", mask_prob=0.15,
       whole_word=False, max_predictions=0, documents="paragraphs",
       fill_examples=False, eval_fraction=0.01, num_workers=0, synthetic_vocab_size=30522))
 
@@ -78,7 +84,8 @@ def checked_config(data_cfg, seq_len: int) -> ml_collections.ConfigDict:
   except TypeError as e:
     raise UserError(f"data config: {e}") from None
   choices = (("source", examples_lib.SOURCES), ("packing", packing.PACKINGS), ("masking", tuple(masking.MASKINGS)),
-             ("documents", corpus.DOCUMENTS))
+             ("documents", corpus.DOCUMENTS), ("format", readers.FORMATS),
+             ("shard_cache", examples_lib.SHARD_CACHES))
   for field, allowed in choices:
     if cfg[field] not in allowed:
       raise UserError(f"data.{field} is {cfg[field]!r}: use one of {', '.join(allowed)}")
@@ -159,10 +166,11 @@ class PretrainData:
     return None if tokens is None else tokens / (len(self.examples) * self.seq_len)
 
   def fill_line(self) -> str:
-    """One line for the log: the split's examples, tokens and fill."""
-    return (f"{self.split} data: {len(self)} examples of up to {self.seq_len} tokens, "
-            + ("fill unknown (written before token counts were stored)" if self.fill is None else
-               f"{self.examples.num_tokens:,} tokens, {self.fill:.1%} of the positions filled (the rest padding)"))
+    """For the log: the split's examples, tokens and fill, then a line per input (what was kept and dropped)."""
+    fill = ("fill unknown (written before token counts were stored)" if self.fill is None else
+            f"{self.examples.num_tokens:,} tokens, {self.fill:.1%} of the positions filled (the rest padding)")
+    return "\n".join([f"{self.split} data: {len(self)} examples of up to {self.seq_len} tokens, {fill}",
+                      *self.examples.report])
 
   def batch(self, indices: np.ndarray, seed: int, epoch: int = 0) -> dict[str, np.ndarray]:
     """The padded, masked batch of examples `indices` ([batch], any order), masks drawn as in epoch `epoch` of a

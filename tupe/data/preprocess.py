@@ -1,76 +1,94 @@
-"""Tokenizes and packs a corpus once, streaming, into ArrayRecord shards for the `arrayrecord` source.
+"""Tokenizes and packs a corpus into ArrayRecord shards for the `arrayrecord` source: in parallel, resumably.
 
   python -m tupe.data.preprocess --input 'corpus/*.txt' --vocab vocab.txt --seq-len 128 \\
-      --packing full_sentences --output /data/packed-128 --num-shards 16
+      --packing full_sentences --output /data/packed-128 [--workers N] [--task i/n]
 
---input is comma-separated globs of text files, `tfds:NAME` (e.g. tfds:wikipedia/20230601.en, with
---tfds-split, --tfds-data-dir, --tfds-text-key) or `demo`. The examples are exactly those the in-memory sources
-give for the same settings; train with data.source="arrayrecord", data.files=the output folder.
+--input is comma-separated globs of files (local or gs://), `tfds:NAME` (e.g. tfds:wikipedia/20230601.en, with
+--tfds-split, --tfds-data-dir, --tfds-text-key) or `demo`; --format says how files hold documents: text (blank
+lines between documents), lines (one per line), jsonl (the field --text-field of each line's object) or parquet
+(the column --text-field).
+
+The input is cut into units of about --unit-mb (`tupe.data.units`), each tokenized and packed on its own into its
+own shards by one of --workers processes (one core each: the tokenizer's own threads are limited to one). With
+--task i/n this run does units i, i+n, i+2n, ... only, so that n machines share the work into one --output
+folder. A manifest records each finished unit: rerun the same command after an interruption and it resumes; the
+run that finishes the last unit writes metadata.json. The examples are the same whatever the workers, tasks or
+interruptions. Train with data.source="arrayrecord", data.files=the output folder.
 """
 import argparse
 import time
 
-from tupe.data import examples, packing, pipeline, shards
-from tupe.errors import run_main
+from tupe import storage
+from tupe.data import build, parallel, pipeline
+from tupe.errors import UserError, run_main
 
 
-def preprocess(data_cfg, seq_len: int, output: str, num_shards: int) -> dict:
-  """Writes the packed train and eval examples of a text source (demo, text, tfds) as shards.
-
-  Args:
-    data_cfg: data config naming the source, vocab, lowercase, packing and eval_fraction.
-    seq_len: example length.
-    output: new folder for the shards.
-    num_shards: shards per split.
-
-  Returns:
-    The metadata written (with the example counts).
-  """
-  cfg = pipeline.checked_config(data_cfg, seq_len)
-  tokenizer, info = examples.load_tokenizer_for(cfg)
-  packed = examples.pack_documents(examples.source_documents(cfg), tokenizer, info, seq_len, cfg.packing,
-                                   cfg.eval_fraction, tails=cfg.documents == "files",
-                                   fill=cfg.fill_examples)
-  source = {"demo": "demo", "text": cfg.files, "tfds": f"tfds:{cfg.tfds_name}"}[cfg.source]
-  return shards.write_shards(output, packed, num_shards, info.vocab_file, dict(
-      input=source, seq_len=seq_len, packing=cfg.packing, lowercase=cfg.lowercase, eval_fraction=cfg.eval_fraction,
-      documents=cfg.documents, fill_examples=cfg.fill_examples))
+def _task(text: str) -> tuple[int, int]:
+  try:
+    index, count = (int(x) for x in text.split("/"))
+  except ValueError:
+    index, count = -1, 0
+  if not 0 <= index < count:
+    raise UserError(f"--task is {text!r}: use i/n with 0 <= i < n, e.g. 0/4")
+  return index, count
 
 
 def main(argv: list[str]) -> None:
   parser = argparse.ArgumentParser(prog="python -m tupe.data.preprocess", description=__doc__.splitlines()[0])
   parser.add_argument("--input", required=True, help="comma-separated globs, tfds:NAME or demo")
+  parser.add_argument("--format", default="text", help="text, lines, jsonl or parquet (files)")
+  parser.add_argument("--text-field", default="text", help="the text's field (jsonl) or column (parquet)")
   parser.add_argument("--vocab", default="", help="WordPiece vocab.txt (only the demo input may leave it out)")
   parser.add_argument("--cased", action="store_true", help="keep case and accents (default: uncased)")
   parser.add_argument("--seq-len", type=int, required=True)
-  parser.add_argument("--packing", default="full_sentences", help=" or ".join(packing.PACKINGS))
+  parser.add_argument("--packing", default="full_sentences", help="full_sentences or segment_pair")
   parser.add_argument("--eval-fraction", type=float, default=pipeline.default_data_config().eval_fraction)
   parser.add_argument("--documents", default="paragraphs", help="a text file's documents: paragraphs or files")
   parser.add_argument("--fill-examples", action="store_true", help="split sentences to fill every example")
-  parser.add_argument("--output", required=True, help="new folder for the shards")
-  parser.add_argument("--num-shards", type=int, default=8)
+  parser.add_argument("--output", required=True, help="folder for the shards (new, or a run to resume)")
+  parser.add_argument("--workers", type=int, default=parallel.default_workers(), help="processes (default: the cores)")
+  parser.add_argument("--task", default="0/1", help="i/n: this machine's share of the units")
+  parser.add_argument("--unit-mb", type=float, default=build.UNIT_BYTES / 2**20, help="size of a unit of work")
   parser.add_argument("--tfds-split", default="train")
   parser.add_argument("--tfds-data-dir", default="")
   parser.add_argument("--tfds-text-key", default="text")
   parser.add_argument("--cache-dir", default="", help="where the demo vocab is cached")
   args = parser.parse_args(argv[1:])
+  parallel.limit_threads()
 
   cfg = pipeline.default_data_config()
   cfg.update(vocab_file=args.vocab, lowercase=not args.cased, packing=args.packing, eval_fraction=args.eval_fraction,
-             documents=args.documents, fill_examples=args.fill_examples,
-             tfds_split=args.tfds_split, tfds_data_dir=args.tfds_data_dir, tfds_text_key=args.tfds_text_key,
-             cache_dir=args.cache_dir)
+             documents=args.documents, fill_examples=args.fill_examples, format=args.format,
+             text_field=args.text_field, tfds_split=args.tfds_split, tfds_data_dir=args.tfds_data_dir,
+             tfds_text_key=args.tfds_text_key, cache_dir=args.cache_dir)
   if args.input == "demo":
     cfg.source = "demo"
   elif args.input.startswith("tfds:"):
     cfg.update(source="tfds", tfds_name=args.input.removeprefix("tfds:"))
   else:
     cfg.update(source="text", files=args.input)
+  task = _task(args.task)
   start = time.time()
-  metadata = preprocess(cfg, args.seq_len, args.output, args.num_shards)
+  metadata = preprocess(cfg, args.seq_len, args.output, workers=args.workers, task=task,
+                        unit_bytes=int(args.unit_mb * 2**20))
+  if metadata is None:
+    return
+  for line in metadata["report"]:
+    print(line)
   counts = metadata["num_examples"]
   print(f"wrote {counts['train']} train and {counts['eval']} eval examples of length <= {args.seq_len} to "
         f"{args.output} in {time.time() - start:.0f} s")
+
+
+def preprocess(data_cfg, seq_len: int, output: storage.PathLike, workers: int = 1, task: tuple[int, int] = (0, 1),
+               unit_bytes: int = build.UNIT_BYTES, log=print) -> dict | None:
+  """Writes the packed examples of a text source (demo, text, tfds) as shards in `output` (see
+  `tupe.data.parallel.run`)."""
+  cfg = pipeline.checked_config(data_cfg, seq_len)
+  if cfg.source not in ("demo", "text", "tfds"):
+    raise UserError(f"source {cfg.source!r} has no documents to preprocess: use demo, text or tfds input")
+  plan = build.make_plan(cfg, seq_len, build.vocab_file(cfg), unit_bytes)
+  return parallel.run(plan, output, workers, task, log)
 
 
 if __name__ == "__main__":

@@ -1,137 +1,150 @@
-"""Packed examples on disk: ArrayRecord shards written by `tupe.data.preprocess`, read by random access.
+"""Packed examples on disk: one ArrayRecord shard per unit and split, written by `tupe.data.preprocess`, read by
+random access.
 
-A folder holds metadata.json, vocab.txt (a copy of the vocab used) and, for each split ("train", "eval"),
-SPLIT-00000-of-0000N.array_record shards. Each record is one unpadded example as little-endian int32 bytes.
-Example i of a split is record i // N of shard i % N (written round-robin), so the order is the order of packing.
+A folder (local or gs://) holds:
+  plan.json                      the run's plan (`tupe.data.build.make_plan`), written first;
+  SPLIT-UUUUU.array_record       unit UUUUU's examples of split "train" or "eval" (none if it has no example);
+  units/UUUUU.json               the manifest: written once unit UUUUU's shards are complete (counts, per input);
+  vocab.txt, metadata.json       written once every unit is done: the folder is then ready to train on.
+Each record is one unpadded example as little-endian int32 bytes. Example i of a split is record i of the units'
+shards in unit order, so the order is the plan's, whoever wrote the units.
 """
-import hashlib
 import json
 import os
-import pathlib
-import shutil
-from typing import Iterable
+import socket
+import tempfile
 
 import grain
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordWriter
 
+from tupe import storage
 from tupe.data import corpus
 from tupe.data.packing import ExampleSource
+from tupe.data.report import Tally
 from tupe.errors import UserError
 
-FORMAT = "tupe-packed-examples-v2"  # v2: examples end at (segment_pair) or mark (full_sentences) documents.
+FORMAT = "tupe-packed-examples-v3"  # v3: one shard per unit of work (v2: round-robin over --num-shards).
 METADATA = "metadata.json"
+PLAN = "plan.json"
 VOCAB = "vocab.txt"
+_UPLOAD_CHUNK = 8 << 20
 
 
-def file_sha256(path: str | os.PathLike) -> str:
-  return hashlib.sha256(pathlib.Path(path).read_bytes()).hexdigest()
+def shard_name(split: str, unit: int) -> str:
+  return f"{split}-{unit:05d}.array_record"
 
 
-def _shard_path(folder: pathlib.Path, split: str, shard: int, num_shards: int) -> pathlib.Path:
-  return folder / f"{split}-{shard:05d}-of-{num_shards:05d}.array_record"
+def unit_record_path(folder: storage.PathLike, unit: int) -> storage.Path:
+  return storage.path(folder) / "units" / f"{unit:05d}.json"
 
 
-def write_shards(folder: str | os.PathLike, examples: Iterable[tuple[str, np.ndarray]], num_shards: int,
-                 vocab_file: str, metadata: dict) -> dict:
-  """Writes (split, example) pairs as ArrayRecord shards, streaming.
+def _upload(local_file: str, target: storage.Path) -> None:
+  """Streams a local file to `target` (an object in a bucket) in chunks, then deletes it."""
+  with storage.errors("write", target):
+    with open(local_file, "rb") as src, target.open("wb") as dst:
+      while chunk := src.read(_UPLOAD_CHUNK):
+        dst.write(chunk)
+  os.unlink(local_file)
 
-  The shards are written to FOLDER.incomplete, renamed to `folder` once complete.
 
-  Args:
-    folder: output folder (new or empty).
-    examples: (split, int32 [n]) pairs, split "train" or "eval".
-    num_shards: shards per split.
-    vocab_file: vocab the examples were tokenized with (copied into the folder).
-    metadata: facts about the examples (seq_len, packing, lowercase, eval_fraction, input) to store.
+def write_unit(folder: storage.PathLike, unit: int, examples, tallies: dict[str, Tally]) -> dict:
+  """Writes one unit's (split, example) pairs as its shards, then its manifest record.
+
+  Shards are written under a temporary name (locally; in a temporary local folder for a bucket) and moved into
+  place once closed; the manifest record comes last, so a unit with a record is complete. At most two writers
+  (train, eval) are open.
 
   Returns:
-    The metadata written, with the example counts added.
+    The unit's record: example and token counts per split, counts per input.
   """
-  folder = pathlib.Path(folder)
-  if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
-    raise UserError(f"{folder} already exists and is not empty: pass a new --output folder or delete the old one")
-  if num_shards < 1:
-    raise UserError(f"--num-shards is {num_shards}: use 1 or more")
-  partial = folder.with_name(folder.name + ".incomplete")
-  shutil.rmtree(partial, ignore_errors=True)
-  partial.mkdir(parents=True)
-  writers = {s: [ArrayRecordWriter(str(_shard_path(partial, s, k, num_shards)), "group_size:1")
-                 for k in range(num_shards)] for s in corpus.SPLITS}
-  counts, tokens = dict.fromkeys(corpus.SPLITS, 0), dict.fromkeys(corpus.SPLITS, 0)
+  folder = storage.path(folder)
+  remote = storage.is_remote(folder)
+  scratch = tempfile.mkdtemp(prefix="tupe-shards-") if remote else storage.local(folder)
+  suffix = f".tmp-{socket.gethostname()}-{os.getpid()}"
+  writers, counts, tokens = {}, dict.fromkeys(corpus.SPLITS, 0), dict.fromkeys(corpus.SPLITS, 0)
   try:
     for split, example in examples:
-      writers[split][counts[split] % num_shards].write(np.asarray(example, "<i4").tobytes())
+      if split not in writers:
+        writers[split] = ArrayRecordWriter(os.path.join(scratch, shard_name(split, unit) + suffix), "group_size:1")
+      writers[split].write(np.asarray(example, "<i4").tobytes())
       counts[split] += 1
       tokens[split] += len(example)
-  except BaseException:
-    for writer in (w for ws in writers.values() for w in ws):
+  finally:
+    for writer in writers.values():
       writer.close()
-    shutil.rmtree(partial)
-    raise
-  for writer in (w for ws in writers.values() for w in ws):
-    writer.close()
-  shutil.copyfile(vocab_file, partial / VOCAB)
-  metadata = dict(metadata, format=FORMAT, num_shards=num_shards, num_examples=counts, num_tokens=tokens,
-                  vocab_sha256=file_sha256(vocab_file))
-  (partial / METADATA).write_text(json.dumps(metadata, indent=2) + "\n")
-  partial.replace(folder)
-  return metadata
+  for split in writers:
+    written = os.path.join(scratch, shard_name(split, unit) + suffix)
+    if remote:
+      _upload(written, folder / shard_name(split, unit))
+    else:
+      os.replace(written, os.path.join(scratch, shard_name(split, unit)))
+  if remote:
+    os.rmdir(scratch)
+  record = dict(unit=unit, num_examples=counts, num_tokens=tokens, inputs={n: t.as_dict() for n, t in tallies.items()})
+  storage.write_text(unit_record_path(folder, unit), json.dumps(record) + "\n")
+  return record
 
 
-def read_metadata(folder: str | os.PathLike) -> dict:
+def read_unit_record(folder: storage.PathLike, unit: int) -> dict | None:
+  """Unit `unit`'s manifest record, or None while the unit is not done."""
+  path = unit_record_path(folder, unit)
+  return json.loads(storage.read_text(path)) if storage.exists(path) else None
+
+
+def read_metadata(folder: storage.PathLike) -> dict:
   """The metadata of a shard folder."""
-  path = pathlib.Path(folder) / METADATA
-  if not path.is_file():
-    raise UserError(f"{folder} holds no preprocessed examples ({METADATA} is missing): "
+  path = storage.path(folder) / METADATA
+  if not storage.is_file(path):
+    where = storage.path(folder) / PLAN
+    half = " (a run was started there but is not finished: run it again to resume)" if storage.exists(where) else ""
+    raise UserError(f"{folder} holds no preprocessed examples ({METADATA} is missing){half}: "
                     f"write them with `python -m tupe.data.preprocess --output {folder} ...`")
-  metadata = json.loads(path.read_text())
+  metadata = json.loads(storage.read_text(path))
   if metadata.get("format") != FORMAT:
-    raise UserError(f"{path} is in format {metadata.get('format')!r}, not {FORMAT} (examples now respect "
-                    f"document boundaries): preprocess the corpus again")
+    raise UserError(f"{path} is in format {metadata.get('format')!r}, not {FORMAT} (examples are now packed per "
+                    f"unit of work): preprocess the corpus again")
   return metadata
 
 
 class ShardedExamples(ExampleSource):
-  """Examples of one split of a shard folder, read on demand (picklable, for worker processes).
+  """Examples of one split of a shard folder, read on demand (picklable, for worker processes, which share the
+  shards through the page cache rather than copies).
 
   Args:
-    folder: folder written by `write_shards`.
+    folder: folder written by `tupe.data.preprocess` (local: grain's ArrayRecord reader opens local files only).
     split: "train" or "eval".
   """
 
-  def __init__(self, folder: str | os.PathLike, split: str):
-    folder = pathlib.Path(folder)
+  def __init__(self, folder: storage.PathLike, split: str):
     metadata = read_metadata(folder)
-    self._num_shards = metadata["num_shards"]
+    if storage.is_remote(folder):
+      raise UserError(f"{folder} is in a bucket, and grain's ArrayRecord reader reads local files only: copy the "
+                      f"folder to local disk (`gcloud storage cp -r {folder} /data/`) or mount the bucket with "
+                      f"gcsfuse, and set data.files to that local folder")
     self._length = metadata["num_examples"][split]
-    self._num_tokens = metadata.get("num_tokens", {}).get(split)  # Not in folders written before it was counted.
-    paths = [_shard_path(folder, split, k, self._num_shards) for k in range(self._num_shards)]
-    missing = [str(p) for p in paths if not p.is_file()]
+    self._num_tokens = metadata["num_tokens"][split]
+    self.report = metadata["report"]
+    paths = [storage.local(storage.path(folder) / shard_name(split, unit))
+             for unit, count in enumerate(metadata["unit_examples"][split]) if count]
+    missing = [p for p in paths if not storage.is_file(p)]
     if missing:
       raise UserError(f"shard {missing[0]} is missing: preprocess the corpus again")
-    sizes = [self._length // self._num_shards + (k < self._length % self._num_shards)
-             for k in range(self._num_shards)]
-    self._starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-    self._source = grain.sources.ArrayRecordDataSource([str(p) for p in paths]) if self._length else None
+    self._source = grain.sources.ArrayRecordDataSource(paths) if self._length else None
 
   def __len__(self) -> int:
     return self._length
 
   @property
-  def num_tokens(self) -> int | None:
+  def num_tokens(self) -> int:
     return self._num_tokens
 
-  def _record(self, index: int) -> int:
-    """Index of example `index` in the concatenated shards."""
-    return int(self._starts[index % self._num_shards]) + index // self._num_shards
-
   def __getitem__(self, index: int) -> np.ndarray:
-    return np.frombuffer(self._source[self._record(index)], "<i4").astype(np.int32)
+    return np.frombuffer(self._source[int(index)], "<i4").astype(np.int32)
 
   def padded_batch(self, indices: np.ndarray, seq_len: int, pad_id: int) -> np.ndarray:
     ids = np.full((len(indices), seq_len), pad_id, np.int32)
-    for row, record in enumerate(self._source.__getitems__([self._record(int(i)) for i in indices])):
+    for row, record in enumerate(self._source.__getitems__([int(i) for i in indices])):
       example = np.frombuffer(record, "<i4")
       ids[row, :len(example)] = example
     return ids

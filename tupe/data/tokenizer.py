@@ -8,14 +8,14 @@ import argparse
 import dataclasses
 import functools
 import os
-import pathlib
 from typing import Iterable
 
 import numpy as np
 import tokenizers
 from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
-from tupe.data import corpus
+from tupe import storage
+from tupe.data import units
 from tupe.errors import UserError, run_main
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
@@ -49,12 +49,12 @@ class TokenizerInfo:
 
 def read_vocab(vocab_file: str | os.PathLike) -> list[str]:
   """Reads a BERT vocab file (one token per line, the id is the line number) and checks the special tokens."""
-  path = pathlib.Path(vocab_file)
-  if not path.is_file():
-    what = "is a directory" if path.is_dir() else "does not exist"
+  path = storage.path(vocab_file)
+  if not storage.is_file(path):
+    what = "is a directory" if storage.is_dir(path) else "does not exist"
     raise UserError(f"vocab file {path} {what}: pass the path of a BERT-style vocab.txt")
   try:
-    tokens = path.read_text(encoding="utf-8").splitlines()
+    tokens = storage.read_bytes(path).decode("utf-8").splitlines()
   except UnicodeDecodeError as e:
     raise UserError(f"vocab file {path} is not UTF-8 (byte {e.start}): convert it (e.g. iconv -f latin1 -t utf-8) "
                     f"or pass a BERT-style vocab.txt") from None
@@ -95,9 +95,10 @@ def load_tokenizer(vocab_file: str | os.PathLike, lowercase: bool = True,
   Returns:
     The tokenizer (encode without special tokens) and its `TokenizerInfo`.
   """
-  path = os.path.abspath(vocab_file)
-  mtime = os.path.getmtime(path) if os.path.isfile(path) else 0.0
-  return _load(path, lowercase, strip_accents, mtime)
+  path = storage.path(vocab_file)
+  with storage.errors("check", path):
+    mtime = path.stat().mtime if storage.is_file(path) else 0.0
+  return _load(str(path), lowercase, strip_accents, mtime)
 
 
 def bert_normalizer(lowercase: bool, strip_accents: bool | None) -> normalizers.Normalizer:
@@ -111,22 +112,18 @@ def is_continuation(vocab_file: str | os.PathLike) -> np.ndarray:
 
 
 def encode(tokenizer: tokenizers.Tokenizer, texts: list[str]) -> list[np.ndarray]:
-  """Token ids of each text, int32 [length_i], without special tokens (one `encode_batch` call)."""
-  return [np.asarray(e.ids, dtype=np.int32) for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
+  """Token ids of each text, int32 [length_i], without special tokens (one `encode_batch_fast` call: no offsets)."""
+  return [np.asarray(e.ids, dtype=np.int32) for e in tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
 
 
-def write_vocab(tokens: list[str], output: str | os.PathLike) -> pathlib.Path:
+def write_vocab(tokens: list[str], output: storage.PathLike) -> storage.Path:
   """Writes tokens as a vocab file, one per line (the id is the line number), atomically; returns its path."""
-  output = pathlib.Path(output)
-  output.parent.mkdir(parents=True, exist_ok=True)
-  tmp = output.with_name(output.name + f".tmp{os.getpid()}")
-  tmp.write_text("".join(t + "\n" for t in tokens), encoding="utf-8")
-  tmp.replace(output)
-  return output
+  storage.write_text(output, "".join(t + "\n" for t in tokens))
+  return storage.path(output)
 
 
 def train_wordpiece(texts: Iterable[str], vocab_size: int, output: str | os.PathLike,
-                    lowercase: bool = True) -> pathlib.Path:
+                    lowercase: bool = True) -> storage.Path:
   """Trains a WordPiece vocab with `tokenizers` and writes it as a BERT vocab.txt.
 
   The special tokens come first: [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4. Training is fast but not
@@ -161,8 +158,10 @@ def main(argv: list[str]) -> None:
   parser.add_argument("--output", required=True, help="vocab.txt to write")
   parser.add_argument("--cased", action="store_true", help="keep case and accents (default: uncased)")
   args = parser.parse_args(argv[1:])
-  path = train_wordpiece(corpus.text_documents(args.input), args.vocab_size, args.output, lowercase=not args.cased)
-  print(f"wrote {path} ({sum(1 for _ in path.open(encoding='utf-8'))} tokens)")
+  source = dict(format="text", documents="paragraphs", files=args.input)
+  path = train_wordpiece(units.all_documents(source, units.plan_inputs(source)), args.vocab_size, args.output,
+                         lowercase=not args.cased)
+  print(f"wrote {path} ({len(read_vocab(path))} tokens)")
 
 
 if __name__ == "__main__":

@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import math
-import pathlib
-import shutil
 import time
 from typing import Callable
 
@@ -13,6 +11,7 @@ import numpy as np
 
 from tupe import logs
 from tupe import sharding
+from tupe import storage
 from tupe.glue import data as glue_data
 from tupe.glue import encoding
 from tupe.glue import metrics as glue_metrics
@@ -26,7 +25,7 @@ def epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
 
 
 def finetune(cfg, setup: task_model.TaskSetup, data: glue_data.TaskData, encoder, lr: float, seed: int, label: str,
-             run_dir: pathlib.Path, peak_flops: float, after_step: Callable[[int], None] = lambda step: None):
+             run_dir: storage.Path, peak_flops: float, after_step: Callable[[int], None] = lambda step: None):
   """One run. Returns (its runs.jsonl record, test predictions {evaluation: (idx, values)} of the kept params).
   `after_step(step)` is called after every training step (it may raise to stop the run).
 
@@ -42,8 +41,8 @@ def finetune(cfg, setup: task_model.TaskSetup, data: glue_data.TaskData, encoder
   """
   start = time.perf_counter()
   if jax.process_index() == 0:  # One host owns the run's files, as pre-training's (the hosts may share them).
-    shutil.rmtree(run_dir, ignore_errors=True)
-    run_dir.mkdir(parents=True)
+    storage.remove(run_dir)
+    storage.makedirs(run_dir)
   state = setup.init_state(encoder, jax.random.PRNGKey(seed))
   train, n = data.train, len(data.train["idx"])
   points, epochs = task_model.eval_points(setup, cfg.evals_per_epoch), setup.epochs

@@ -10,22 +10,24 @@
 from __future__ import annotations
 
 import csv
-import os
-import pathlib
+import io
 from typing import Sequence
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from tupe import storage
 
-def write_csv(path: str | os.PathLike, header: Sequence[str], rows: Sequence[Sequence]) -> pathlib.Path:
-  """Writes a CSV file with a header row; floats keep full precision (inf and nan as `inf`, `nan`)."""
-  path = pathlib.Path(path)
-  with open(path, "w", newline="", encoding="utf-8") as f:
-    writer = csv.writer(f)
-    writer.writerow(header)
-    writer.writerows(rows)
-  return path
+
+def write_csv(path: storage.PathLike, header: Sequence[str], rows: Sequence[Sequence]) -> storage.Path:
+  """Writes a CSV file (local or in a bucket) with a header row; floats keep full precision (inf and nan as
+  `inf`, `nan`)."""
+  text = io.StringIO(newline="")
+  writer = csv.writer(text)
+  writer.writerow(header)
+  writer.writerows(rows)
+  storage.write_text(path, text.getvalue())
+  return storage.path(path)
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:

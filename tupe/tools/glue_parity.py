@@ -241,7 +241,7 @@ def run(cfg, workdir, rtol: float = 1e-4) -> dict:
   jax.config.update("jax_default_prng_impl", cfg.prng_impl)
   meta = checkpoint.load_meta(checkpoint.latest_step_dir(cfg.init_checkpoint))
   backbone = backbone_lib.load_backbone(cfg, workdir)
-  family = hf_layout.family(backbone.cfg, meta["config"]["objective"])
+  family = hf_layout.family(backbone.cfg, meta.config["objective"])
   if family not in HEADS:
     raise UserError(f"{backbone.cfg.name} exports to the remote-code TUPE classes; the parity covers the models "
                     f"transformers has classes for: BERT-A and ConvBERT")

@@ -1,0 +1,122 @@
+"""Parallel, resumable preprocessing: the same shards whatever the workers, tasks and interruptions; shards in a
+bucket; the shard cache of text sources reused by a later start."""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from tupe import storage
+from tupe.data import examples, pipeline, preprocess, shards
+from tupe.errors import UserError
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SEQ_LEN = 128
+UNIT_MB = "0.1"  # About 15 units of the corpus below.
+
+
+@pytest.fixture(scope="module")
+def corpus_glob(shared_data, tmp_path_factory):
+  """A real Project Gutenberg book (licence stripped), Blake's poems and the wikitext valid split: 1.5 MB."""
+  folder = tmp_path_factory.mktemp("corpus")
+  for name in ("gutenberg/frankenstein_84-0.txt", "nltk-gutenberg/blake-poems.txt", "wikitext/wiki.valid.raw.txt"):
+    shutil.copyfile(shared_data / "corpus" / name, folder / os.path.basename(name))
+  return f"{folder}/*.txt"
+
+
+def args(corpus_glob, vocab, output, *extra):
+  return ["preprocess", "--input", corpus_glob, "--vocab", str(vocab), "--seq-len", str(SEQ_LEN), "--packing",
+          "segment_pair", "--output", str(output), "--unit-mb", UNIT_MB, *extra]
+
+
+def contents(folder) -> dict[str, bytes]:
+  return {name: storage.read_bytes(storage.path(folder) / name) for name in storage.walk_files(folder)}
+
+
+@pytest.fixture(scope="module")
+def reference(corpus_glob, bert_vocab, tmp_path_factory):
+  """The shards written by one worker, in this process."""
+  output = tmp_path_factory.mktemp("reference") / "packed"
+  preprocess.main(args(corpus_glob, bert_vocab, output, "--workers", "1"))
+  return output
+
+
+def test_same_shards_whatever_the_workers_and_tasks(reference, corpus_glob, bert_vocab, tmp_path, capsys):
+  want = contents(reference)
+  assert len([n for n in want if n.startswith("train-")]) > 10  # Several units, so the split matters.
+  preprocess.main(args(corpus_glob, bert_vocab, tmp_path / "two", "--workers", "2"))
+  assert contents(tmp_path / "two") == want
+  for task in ("1/3", "0/3", "2/3"):  # Three machines, in any order, into one folder.
+    preprocess.main(args(corpus_glob, bert_vocab, tmp_path / "tasks", "--workers", "2", "--task", task))
+    assert (tmp_path / "tasks" / "metadata.json").exists() == (task == "2/3")
+  assert contents(tmp_path / "tasks") == want
+  assert "units remain for other tasks" in capsys.readouterr().out
+
+
+def test_resume_after_sigkill_gives_the_same_shards(reference, corpus_glob, bert_vocab, tmp_path):
+  output = tmp_path / "packed"
+  command = [sys.executable, "-m", "tupe.data.preprocess", *args(corpus_glob, bert_vocab, output, "--workers", "2")[1:]]
+  run = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True)
+  try:
+    while len(list((output / "units").glob("*.json"))) < 2 and run.poll() is None:
+      time.sleep(0.05)
+  finally:
+    os.killpg(run.pid, signal.SIGKILL)  # The whole run, workers too: as a machine that goes away.
+    run.wait()
+  done = len(list((output / "units").glob("*.json")))
+  assert 2 <= done < len(storage.walk_files(reference)) and not (output / "metadata.json").exists()
+  resumed = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=True, timeout=600)
+  assert f"({done} done before: resuming)" in resumed.stdout
+  assert contents(output) == contents(reference)
+
+
+def test_other_settings_in_a_started_folder_are_refused(reference, corpus_glob, bert_vocab):
+  with pytest.raises(UserError, match="holds a run with other inputs or settings"):
+    preprocess.main(args(corpus_glob, bert_vocab, reference, "--cased"))
+
+
+def test_shards_in_a_bucket(reference, corpus_glob, bert_vocab, gcs_bucket, tmp_path):
+  """Preprocess writes to gs://; training from there is refused in one line that names the remedy, and the copied
+  folder trains on the same examples."""
+  output = f"{gcs_bucket}/packed"
+  preprocess.main(args(corpus_glob, bert_vocab, output, "--workers", "2"))
+  written = contents(output)
+  assert written == contents(reference)
+  cfg = pipeline.default_data_config()
+  cfg.update(source="arrayrecord", files=output, packing="segment_pair")
+  with pytest.raises(UserError, match="grain's ArrayRecord reader reads local files only: copy the folder to local "
+                                      "disk .* or mount the bucket with gcsfuse"):
+    pipeline.PretrainData(cfg, seq_len=SEQ_LEN)
+  local = tmp_path / "copied"
+  for name, data in written.items():
+    storage.write_bytes(local / name, data)
+  data = pipeline.PretrainData(dict(cfg, files=str(local)), seq_len=SEQ_LEN)
+  assert len(data) == shards.read_metadata(reference)["num_examples"]["train"]
+
+
+def test_text_source_caches_its_shards_once(corpus_glob, bert_vocab, tmp_path, capsys):
+  """data.shard_cache: the first start tokenizes into the cache, a later one (a new process) reuses it; the batches
+  are those of the in-memory examples."""
+  cfg = pipeline.default_data_config()
+  cfg.update(source="text", files=corpus_glob, vocab_file=str(bert_vocab), packing="segment_pair",
+             cache_dir=str(tmp_path / "cache"), shard_cache="always")
+  first = pipeline.PretrainData(cfg, seq_len=SEQ_LEN)
+  assert "tokenizing 2 MB of text once into" in capsys.readouterr().out
+  (folder,) = (tmp_path / "cache" / "shards").iterdir()
+  written = (folder / "metadata.json").stat().st_mtime_ns
+  examples._CACHE.clear()  # pylint: disable=protected-access  (as in a new process)
+  second = pipeline.PretrainData(cfg, seq_len=SEQ_LEN)
+  assert f"reusing the tokenized corpus in {folder}" in capsys.readouterr().out
+  assert (folder / "metadata.json").stat().st_mtime_ns == written
+  in_memory = pipeline.PretrainData(dict(cfg, shard_cache="never"), seq_len=SEQ_LEN)
+  assert len(first) == len(second) == len(in_memory)
+  for a, b in zip(first.iterator(batch_size=8, seed=3), in_memory.iterator(batch_size=8, seed=3)):
+    for name in a:
+      np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+    break
+  assert "input " in second.fill_line() and "Project Gutenberg licence stripped from 1 files" in second.fill_line()

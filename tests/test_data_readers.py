@@ -1,0 +1,118 @@
+"""Input formats and what is kept or dropped: blank-line text, one document per line, JSONL, Parquet; byte ranges
+read apart give the whole file's documents; the Project Gutenberg strip only where its licence markers are."""
+import json
+
+import pytest
+
+from tupe.data import build, corpus, pipeline, readers, report, units
+from tupe.data.report import Tally
+from tupe.errors import UserError
+
+
+def documents_of(fmt: str, files: str, unit_bytes: int | None = None, text_field: str = "text"):
+  """(documents, tallies by input) of the files, read whole or in units of `unit_bytes`."""
+  source = dict(format=fmt, documents="paragraphs", files=files, text_field=text_field)
+  inputs = units.plan_inputs(source)
+  tallies = {e["name"]: Tally() for e in inputs}
+  pieces = ([[i, *units.whole(e)] for i, e in enumerate(inputs)] if unit_bytes is None else
+            [p for unit in units.plan_units(inputs, unit_bytes, False) for p in unit])
+  found = [d for i, begin, end in pieces
+           for d in readers.documents(source, inputs[i], begin, end, tallies[inputs[i]["name"]])]
+  return found, tallies
+
+
+@pytest.fixture(scope="module")
+def wiki_paragraphs(shared_data):
+  return corpus.paragraphs(corpus.read_text(shared_data / "corpus" / "wikitext" / "wiki.valid.raw.txt"))[:500]
+
+
+def test_byte_ranges_give_the_whole_files_documents(shared_data):
+  files = f"{shared_data}/corpus/gutenberg/frankenstein*.txt,{shared_data}/corpus/nltk-gutenberg/*.txt"
+  whole, _ = documents_of("text", files)
+  assert len(whole) > 10000
+  for unit_bytes in (997, 65536, 1 << 20):
+    assert documents_of("text", files, unit_bytes)[0] == whole
+
+
+def test_one_document_per_line(wiki_paragraphs, tmp_path):
+  path = tmp_path / "lines.txt"
+  path.write_bytes(("\n".join(wiki_paragraphs[:200]) + "\n\n  \r\n" + "\r\n".join(wiki_paragraphs[200:])).encode())
+  for unit_bytes in (None, 3001):
+    found, _ = documents_of("lines", str(path), unit_bytes)
+    assert found == wiki_paragraphs
+
+
+def test_jsonl_with_a_text_field(wiki_paragraphs, tmp_path):
+  """Each object's field is a document (its lines the paragraphs); lines that are not objects with the field are
+  dropped and counted."""
+  path = tmp_path / "wiki.jsonl"
+  records = [json.dumps({"id": i, "body": f"{a}\n\n{b}"}) for i, (a, b) in
+             enumerate(zip(wiki_paragraphs[::2], wiki_paragraphs[1::2]))]
+  path.write_text("\n".join(records[:100] + ['{"id": "no body"}', "not json", "[1, 2]"] + records[100:]) + "\n")
+  want = [f"{a}\n{b}" for a, b in zip(wiki_paragraphs[::2], wiki_paragraphs[1::2])]
+  for unit_bytes in (None, 5000):
+    found, tallies = documents_of("jsonl", str(path), unit_bytes, text_field="body")
+    assert found == want and tallies[str(path)].bad_records == 3
+  found, tallies = documents_of("jsonl", str(path), text_field="text")
+  assert found == [] and tallies[str(path)].bad_records == len(records) + 3
+
+
+def test_parquet_row_groups(wiki_paragraphs, tmp_path):
+  pa = pytest.importorskip("pyarrow")
+  import pyarrow.parquet as pq  # pylint: disable=import-outside-toplevel
+
+  path = tmp_path / "wiki.parquet"
+  texts = wiki_paragraphs + [None]
+  pq.write_table(pa.table({"text": texts, "n": list(range(len(texts)))}), path, row_group_size=64)
+  for unit_bytes in (None, 10_000):
+    found, tallies = documents_of("parquet", str(path), unit_bytes)
+    assert found == wiki_paragraphs and tallies[str(path)].bad_records == 1
+
+
+def test_undecodable_bytes_are_dropped_and_counted(tmp_path):
+  """Stray bytes that are not UTF-8 are dropped and counted; a file that starts with them is in another encoding,
+  and an empty one holds no text: one line each."""
+  path = tmp_path / "mixed.txt"
+  utf8 = "Plain text here.\n\n" * 200  # Two stray bytes in 3.6 kB: dropped, where a file in Latin-1 is refused.
+  path.write_bytes(utf8.encode() + "Caf\u00e9 au lait.\n\nNa\u00efve ".encode("latin-1") + "caf\u00e9.\n".encode())
+  found, tallies = documents_of("text", str(path))
+  assert found[-2:] == ["Caf au lait.", "Nave caf\u00e9."] and tallies[str(path)].undecodable_bytes == 2
+  path.write_bytes("Caf\u00e9 au lait.".encode("latin-1"))
+  with pytest.raises(UserError, match=r"mixed.txt is not UTF-8 text \(1 bad bytes in its first 13, the first 0xe9 at byte offset 3\): convert it"):
+    documents_of("text", str(path))
+  path.write_text(" \n\n")
+  with pytest.raises(UserError, match="mixed.txt holds no text .*: remove it from the input"):
+    documents_of("lines", str(path))
+
+
+def test_gutenberg_strip_only_with_its_licence_markers(shared_data, wiki_paragraphs, tmp_path, bert_vocab):
+  """A novel with a line "*** End of Part One ***" 5% of the way in keeps every paragraph; a Project Gutenberg
+  book loses its header and footer, and the run says how many files and characters."""
+  novel = tmp_path / "novel.txt"
+  cut = len(wiki_paragraphs) // 20
+  novel.write_text("\n\n".join(wiki_paragraphs[:cut] + ["*** End of Part One ***"] + wiki_paragraphs[cut:]) + "\n")
+  book = shared_data / "corpus" / "gutenberg" / "frankenstein_84-0.txt"
+  found, tallies = documents_of("text", f"{novel},{book}")
+  assert found[:len(wiki_paragraphs) + 1] == wiki_paragraphs[:cut] + ["*** End of Part One ***"] + wiki_paragraphs[cut:]
+  assert tallies[str(novel)].gutenberg_characters == 0
+  assert not any("Project Gutenberg" in d for d in found[len(wiki_paragraphs) + 1:])
+  cfg = pipeline.checked_config(dict(source="text", files=f"{novel},{book}", vocab_file=str(bert_vocab)), 128)
+  plan = build.make_plan(cfg, 128, str(bert_vocab))
+  stripped = build.gutenberg_tallies(plan)
+  assert list(stripped) == [str(book)] and 15000 < stripped[str(book)]["gutenberg_characters"] < 25000
+  data = pipeline.PretrainData(cfg, seq_len=128)
+  lines = data.fill_line().splitlines()
+  assert lines[1].startswith(f"input {novel}: kept {len(wiki_paragraphs) + 1:,} documents") and \
+      lines[1].endswith("dropped nothing")
+  assert "characters of Gutenberg licence" in lines[2]
+  assert lines[3].endswith(f"Project Gutenberg licence stripped from 1 files "
+                           f"({stripped[str(book)]['gutenberg_characters']:,} characters)")
+
+
+def test_report_counts_empty_documents():
+  tallies = {"a.txt": Tally()}
+  tallies["a.txt"].count_document(5, 0)
+  tallies["a.txt"].count_document(10, 3)
+  (line, total) = report.lines(tallies)
+  assert line == "input a.txt: kept 1 documents, 10 characters, 3 tokens; dropped 1 empty documents"
+  assert "dropped 1 empty documents, 0 undecodable bytes" in total

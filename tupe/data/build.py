@@ -1,0 +1,211 @@
+"""Tokenizing and packing a text source unit by unit: the plan of a run, and the examples of each unit.
+
+Each unit (see `tupe.data.units`) is split, tokenized and packed on its own: its own packers (examples never cross
+a unit's edge), segment_pair split points seeded by the unit's number, and its held-out documents every
+(1/eval_fraction)-th from a start drawn from that number. So a unit's examples are the same whichever process,
+machine or run makes them. Reading and sentence splitting run in a thread ahead of the tokenizer, which releases
+the GIL: tokenizing overlaps reading.
+"""
+import hashlib
+import json
+import queue
+import threading
+from typing import Iterable, Iterator
+
+import numpy as np
+import tokenizers
+
+from tupe import storage
+from tupe.data import corpus, demo, readers, units
+from tupe.data.packing import Packer
+from tupe.data.report import Tally
+from tupe.data.tokenizer import TokenizerInfo, encode, load_tokenizer
+from tupe.errors import UserError
+
+UNIT_BYTES = 64 << 20  # Default size of a unit of work.
+_BLOCK_CHARS = 1 << 20  # Text tokenized per `encode` call.
+_PREFETCH_BLOCKS = 2  # Blocks read and split ahead of the tokenizer.
+_GOLDEN = 0x9E3779B1  # Spreads unit numbers over the start of the held-out documents' cycle.
+
+
+def source_settings(data_cfg) -> dict:
+  """What a plan needs of the data config to find and read the documents (see `tupe.data.readers`)."""
+  fmt = data_cfg.format if data_cfg.source == "text" else data_cfg.source
+  if data_cfg.source == "tfds" and not data_cfg.tfds_name:
+    raise UserError("data.tfds_name is empty for source 'tfds': set it, e.g. to 'wikipedia/20230601.en'")
+  if data_cfg.documents == "files" and fmt != "text":
+    raise UserError(f"data.documents='files' makes each plain-text file one document; it does not apply to "
+                    f"{fmt!r} input: leave data.documents at 'paragraphs'")
+  return dict(format=fmt, documents=data_cfg.documents, files=data_cfg.files if data_cfg.source == "text" else "",
+              text_field=data_cfg.tfds_text_key if fmt == "tfds" else data_cfg.text_field,
+              tfds_name=data_cfg.tfds_name, tfds_split=data_cfg.tfds_split, tfds_data_dir=data_cfg.tfds_data_dir,
+              cache_dir=data_cfg.cache_dir)
+
+
+def vocab_file(data_cfg) -> str:
+  """The vocab of a text source: data.vocab_file, or for the demo source without one, the cached demo vocab."""
+  if data_cfg.vocab_file:
+    return data_cfg.vocab_file
+  if data_cfg.source != "demo":
+    raise UserError(f"no vocab file for source {data_cfg.source!r}: set data.vocab_file (--vocab) to a vocab.txt, or "
+                    f"train one with `python -m tupe.data.tokenizer`")
+  return str(demo.demo_vocab(data_cfg.cache_dir, lowercase=data_cfg.lowercase))
+
+
+def make_plan(data_cfg, seq_len: int, vocab_file: str, unit_bytes: int = UNIT_BYTES) -> dict:
+  """The plan of a run: the source, its inputs and units, and the tokenizer and packing settings (JSON).
+
+  Args:
+    data_cfg: a checked data config (`tupe.data.pipeline.checked_config`) of source demo, text or tfds.
+    seq_len: example length.
+    vocab_file: the vocab to tokenize with.
+    unit_bytes: size of a unit of work.
+  """
+  source = source_settings(data_cfg)
+  inputs = units.plan_inputs(source)
+  return dict(source=source, inputs=inputs, units=units.plan_units(inputs, unit_bytes, data_cfg.documents == "files"),
+              unit_bytes=unit_bytes, vocab_file=str(storage.path(vocab_file)),
+              vocab_sha256=hashlib.sha256(storage.read_bytes(vocab_file)).hexdigest(), lowercase=data_cfg.lowercase,
+              seq_len=seq_len, packing=data_cfg.packing, eval_fraction=data_cfg.eval_fraction,
+              fill_examples=data_cfg.fill_examples)
+
+
+def plan_key(plan: dict) -> str:
+  """A digest of what determines a plan's examples (the vocab by content, not by path)."""
+  return hashlib.sha256(json.dumps(dict(plan, vocab_file=""), sort_keys=True).encode()).hexdigest()
+
+
+def input_bytes(plan: dict) -> int:
+  """The size of a plan's inputs, as units count it."""
+  return sum(units.input_bytes(e) for e in plan["inputs"])
+
+
+def gutenberg_tallies(plan: dict) -> dict[str, dict[str, int]]:
+  """The characters of Project Gutenberg licences the plan leaves out, per input (counted when planning)."""
+  return {e["name"]: Tally(gutenberg_characters=e["gutenberg_characters"]).as_dict()
+          for e in plan["inputs"] if e.get("gutenberg_characters")}
+
+
+def unit_examples(plan: dict, unit: int, tallies: dict[str, Tally]) -> Iterator[tuple[str, np.ndarray]]:
+  """The packed examples of one unit of a plan, in order.
+
+  Args:
+    plan: from `make_plan`.
+    unit: the unit's number.
+    tallies: per-input counts, updated (kept documents, characters, tokens, and what was dropped).
+
+  Yields:
+    ("train" or "eval", int32 [n <= seq_len]).
+  """
+  tokenizer, info = load_tokenizer(plan["vocab_file"], plan["lowercase"])
+
+  def documents():
+    for index, begin, end in plan["units"][unit]:
+      entry = plan["inputs"][index]
+      tally = tallies.setdefault(entry["name"], Tally())
+      for document in readers.documents(plan["source"], entry, begin, end, tally):
+        yield tally, document
+
+  split = corpus.split_documents(documents(), plan["eval_fraction"], plan["source"]["documents"] == "files",
+                                 first=(unit * _GOLDEN) % (1 << 32))
+  yield from pack(split, tokenizer, info, plan["seq_len"], plan["packing"], plan["fill_examples"], seed=unit)
+
+
+def pack_documents(documents: Iterable[str], tokenizer: tokenizers.Tokenizer, info: TokenizerInfo, seq_len: int,
+                   packing: str, eval_fraction: float, tails: bool = False,
+                   fill: bool = False) -> Iterator[tuple[str, np.ndarray]]:
+  """Splits, tokenizes and packs documents as one unit (number 0), streaming.
+
+  Args:
+    documents: documents (lines are paragraphs).
+    tokenizer: WordPiece tokenizer.
+    info: its `TokenizerInfo`.
+    seq_len: example length.
+    packing: "full_sentences" or "segment_pair".
+    eval_fraction: share of the text held out for eval.
+    tails: hold out the last eval_fraction of each document's paragraphs (data.documents "files"), not every
+      (1/eval_fraction)-th document (see `tupe.data.corpus.split_documents`).
+    fill: split sentences to fill every example (data.fill_examples, see `tupe.data.packing`).
+
+  Yields:
+    ("train" or "eval", int32 [n <= seq_len]) in packing order (see `tupe.data.packing` for document boundaries).
+  """
+  tally = Tally()
+  split = corpus.split_documents(((tally, d) for d in documents), eval_fraction, tails)
+  yield from pack(split, tokenizer, info, seq_len, packing, fill, seed=0)
+
+
+def _blocks(documents: Iterable[tuple[str, Tally, str]]) -> Iterator[tuple[list, list[str]]]:
+  """Documents split into sentences, in blocks of about _BLOCK_CHARS: ([(split, tally, sentences, chars)], texts)."""
+  entries, texts, chars = [], [], 0
+  for split, tally, document in documents:
+    sentences = corpus.document_sentences(document)
+    entries.append((split, tally, len(sentences), len(document)))
+    texts.extend(sentences)
+    chars += len(document)
+    if chars >= _BLOCK_CHARS:
+      yield entries, texts
+      entries, texts, chars = [], [], 0
+  yield entries, texts
+
+
+def pack(documents: Iterable[tuple[str, Tally, str]], tokenizer: tokenizers.Tokenizer, info: TokenizerInfo,
+         seq_len: int, packing: str, fill: bool, seed: int) -> Iterator[tuple[str, np.ndarray]]:
+  """Packed examples of (split, tally, document) triples, each document counted in its tally (kept, or dropped
+  as empty when it has no token)."""
+  packers = {s: Packer(packing, seq_len, info.cls_id, info.sep_id, seed=seed, fill=fill) for s in corpus.SPLITS}
+  for entries, texts in _prefetch(_blocks(documents), _PREFETCH_BLOCKS):
+    ids = iter(encode(tokenizer, texts))
+    for split, tally, count, chars in entries:
+      tokens = 0
+      for _ in range(count):
+        sentence = next(ids)
+        tokens += len(sentence)
+        yield from ((split, e) for e in packers[split].add(sentence))
+      yield from ((split, e) for e in packers[split].end_document())
+      tally.count_document(chars, tokens)
+  for split, packer in packers.items():
+    yield from ((split, e) for e in packer.finish())
+
+
+class _Failed:
+  def __init__(self, error: BaseException):
+    self.error = error
+
+
+_DONE = object()
+
+
+def _prefetch(items: Iterator, depth: int) -> Iterator:
+  """`items`, produced by a thread up to `depth` ahead (its exceptions raised here)."""
+  ready: queue.Queue = queue.Queue(depth)
+  stop = threading.Event()
+
+  def put(item) -> bool:
+    while not stop.is_set():
+      try:
+        ready.put(item, timeout=0.1)
+        return True
+      except queue.Full:
+        continue
+    return False
+
+  def produce():
+    try:
+      for item in items:
+        if not put(item):
+          return
+      put(_DONE)
+    except BaseException as e:  # pylint: disable=broad-except  (handed to the consumer)
+      put(_Failed(e))
+
+  thread = threading.Thread(target=produce, daemon=True, name="tupe-read-ahead")
+  thread.start()
+  try:
+    while (item := ready.get()) is not _DONE:
+      if isinstance(item, _Failed):
+        raise item.error
+      yield item
+  finally:
+    stop.set()
+    thread.join()

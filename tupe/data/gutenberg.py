@@ -1,0 +1,31 @@
+"""The Project Gutenberg licence header and footer, found only in files that carry its licence markers.
+
+A Project Gutenberg book opens with a header that ends in a line "*** START OF THE (or THIS) PROJECT GUTENBERG
+EBOOK ... ***" and closes with "*** END OF ... PROJECT GUTENBERG EBOOK ..." (or "End of the Project Gutenberg
+EBook of ...") and the licence. The book is what lies between. A file without the START marker, e.g. a novel with a
+line "*** End of Part One ***", is not touched.
+"""
+import re
+
+WINDOW_BYTES = 1 << 18  # The header is read from a file's first bytes and the footer from its last ones.
+_START = re.compile(rb"^\*\*\*[ \t]*START OF (THE |THIS )?PROJECT GUTENBERG EBOOK[^\n]*\n", re.MULTILINE | re.IGNORECASE)
+_END = re.compile(rb"^(\*\*\*[ \t]*END OF (THE |THIS )?PROJECT GUTENBERG EBOOK|End of (the |this )?Project Gutenberg)",
+                  re.MULTILINE | re.IGNORECASE)
+
+
+def book_range(head: bytes, tail: bytes, size: int) -> tuple[int, int] | None:
+  """The byte range [begin, end) of the book in a file of `size` bytes, or None for a file without the markers.
+
+  Args:
+    head: the file's first bytes (up to WINDOW_BYTES).
+    tail: its last bytes (up to WINDOW_BYTES; may overlap `head` in a small file).
+    size: the file's size in bytes.
+  """
+  start = _START.search(head)
+  if start is None:
+    return None
+  tail_offset = size - len(tail)
+  for end in _END.finditer(tail):
+    if tail_offset + end.start() >= start.end():
+      return start.end(), tail_offset + end.start()
+  return start.end(), size

@@ -1,0 +1,117 @@
+"""Running a plan's units of work in worker processes into one shard folder, resumably, shared by tasks.
+
+Each unit is tokenized and packed by one of `workers` processes (one core each: the tokenizer's own threads are
+limited to one) into its own shards (`tupe.data.shards.write_unit`), whose manifest record marks it done. A run
+resumes where an interrupted one stopped, and n tasks (machines) can share the units of one folder; the run that
+finds every unit done writes metadata.json.
+"""
+import concurrent.futures
+import json
+import multiprocessing
+import os
+import time
+
+from tupe import storage
+from tupe.data import build, report, shards
+from tupe.errors import UserError
+
+_ONE_THREAD = {"RAYON_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def limit_threads() -> None:
+  """One core per process: the tokenizer's thread pool (rayon) gets one thread, and batches are not parallelized."""
+  os.environ.update(_ONE_THREAD)
+
+
+def default_workers() -> int:
+  return len(os.sched_getaffinity(0))
+
+
+def _prepare(plan: dict, output: storage.PathLike) -> None:
+  """Writes the plan into `output`, or checks it against the plan there (a run to resume)."""
+  path = storage.path(output) / shards.PLAN
+  text = json.dumps(plan, indent=1, sort_keys=True) + "\n"
+  if storage.exists(path):
+    if build.plan_key(json.loads(storage.read_text(path))) != build.plan_key(plan):
+      raise UserError(f"{output} holds a run with other inputs or settings ({shards.PLAN} differs): pass a new "
+                      f"--output folder, or delete the old one")
+    return
+  if storage.iterdir(output) and not storage.exists(path):  # (Another task may have just written the plan.)
+    raise UserError(f"{output} already exists and is not empty: pass a new --output folder or delete the old one")
+  storage.write_text(path, text)
+
+
+def _unit_job(plan: dict, output: str, unit: int) -> dict:
+  """Tokenizes, packs and writes one unit (in a worker process); returns its manifest record."""
+  tallies = {}
+  return shards.write_unit(output, unit, build.unit_examples(plan, unit, tallies), tallies)
+
+
+def _finish(plan: dict, output: storage.PathLike, records: list[dict]) -> dict:
+  """Writes the vocab and metadata.json from the units' records; removes temporary files left by killed runs."""
+  out = storage.path(output)
+  tallies = report.merged([build.gutenberg_tallies(plan)] + [r["inputs"] for r in records])
+  tallies = {e["name"]: tallies.get(e["name"], report.Tally()) for e in plan["inputs"]}  # In input order.
+  splits = records[0]["num_examples"].keys() if records else ()
+  metadata = dict(
+      format=shards.FORMAT, input=plan["source"]["files"] or plan["inputs"][0]["name"], source=plan["source"],
+      seq_len=plan["seq_len"], packing=plan["packing"], lowercase=plan["lowercase"],
+      eval_fraction=plan["eval_fraction"], documents=plan["source"]["documents"],
+      fill_examples=plan["fill_examples"], unit_bytes=plan["unit_bytes"], vocab_sha256=plan["vocab_sha256"],
+      num_examples={s: sum(r["num_examples"][s] for r in records) for s in splits},
+      num_tokens={s: sum(r["num_tokens"][s] for r in records) for s in splits},
+      unit_examples={s: [r["num_examples"][s] for r in records] for s in splits},
+      inputs={n: t.as_dict() for n, t in tallies.items()}, report=report.lines(tallies))
+  if not sum(metadata["num_examples"].values()):
+    raise UserError("the corpus holds no text: check the input files or dataset\n" + "\n".join(metadata["report"]))
+  storage.copy(plan["vocab_file"], out / shards.VOCAB)
+  for leftover in storage.glob(str(out / "*.tmp-*")):
+    storage.remove(leftover)
+  storage.write_text(out / shards.METADATA, json.dumps(metadata, indent=2) + "\n")
+  return metadata
+
+
+def run(plan: dict, output: storage.PathLike, workers: int, task: tuple[int, int] = (0, 1), log=print) -> dict | None:
+  """Makes the plan's units that belong to `task` and are not done yet in `output`, with `workers` processes.
+
+  Args:
+    plan: from `tupe.data.build.make_plan`.
+    output: the shard folder (new, or holding the same plan: a run to resume).
+    workers: processes (1: this process).
+    task: (i, n): do units i, i + n, ... only.
+    log: where progress lines go.
+
+  Returns:
+    The metadata, once every unit (of every task) is done; None while units of other tasks remain.
+  """
+  index, count = task
+  if workers < 1:
+    raise UserError(f"--workers is {workers}: use 1 or more")
+  _prepare(plan, output)
+  units = range(len(plan["units"]))
+  todo = [u for u in units if u % count == index and shards.read_unit_record(output, u) is None]
+  done = len([u for u in units if u % count == index]) - len(todo)
+  log(f"task {index}/{count}: {len(todo)} of {len(plan['units'])} units to do"
+      + (f" ({done} done before: resuming)" if done else "") + f", {min(workers, max(1, len(todo)))} workers")
+  start = time.time()
+  if workers == 1 or len(todo) <= 1:
+    results = (_unit_job(plan, str(output), u) for u in todo)
+    pool = None
+  else:
+    pool = concurrent.futures.ProcessPoolExecutor(min(workers, len(todo)), multiprocessing.get_context("spawn"),
+                                                  initializer=limit_threads)
+    results = (f.result() for f in concurrent.futures.as_completed(
+        [pool.submit(_unit_job, plan, str(output), u) for u in todo]))
+  try:
+    for finished, record in enumerate(results, 1):
+      log(f"unit {record['unit']} done ({finished}/{len(todo)}, {time.time() - start:.0f} s): "
+          f"{record['num_examples']['train']} train and {record['num_examples']['eval']} eval examples")
+  finally:
+    if pool is not None:
+      pool.shutdown(cancel_futures=True)
+  records = [shards.read_unit_record(output, u) for u in units]
+  if any(r is None for r in records):
+    log(f"task {index}/{count} done; {sum(r is None for r in records)} units remain for other tasks (rerun any "
+        f"task once they are done to finish the folder)")
+    return None
+  return _finish(plan, output, records)

@@ -1,0 +1,187 @@
+"""Documents of one piece of an input, streamed: a byte range of a text file, row groups of a Parquet file, or
+records of a TFDS dataset.
+
+Text formats (data.format):
+  text: plain text, paragraphs separated by blank lines (hard-wrapped lines are joined); with data.documents
+    "paragraphs" each paragraph is a document, with "files" the whole file is one (its lines the paragraphs).
+  lines: one document per line.
+  jsonl: one JSON object per line, its text in the field data.text_field.
+  parquet: the string column data.text_field, one document per row.
+
+A byte range [begin, end) of a text file owns the documents that start in it, so that ranges read apart give the
+documents of the whole file: a line belongs to the range holding its first byte; a paragraph to the range holding
+the blank line just before it (its file's first paragraph to the range at the start of the book). A reader starts
+at the first line at or after `begin` and reads past `end` to finish its last paragraph. Bytes that are not UTF-8
+are dropped and counted, a BOM dropped, line ends may be \\n or \\r\\n.
+"""
+import json
+import re
+from typing import Iterator
+
+from tupe import storage
+from tupe.data import demo
+from tupe.data.report import Tally
+from tupe.errors import UserError
+
+FORMATS = ("text", "lines", "jsonl", "parquet")
+UNDECODABLE = re.compile("[\udc80-\udcff]")  # What surrogateescape decodes bytes that are not UTF-8 to.
+_BOM = b"\xef\xbb\xbf"
+_PARQUET_BATCH = 1024
+
+
+def decode(raw: bytes, tally: Tally) -> str:
+  """`raw` as UTF-8 text, bytes that are not UTF-8 dropped and counted in `tally.undecodable_bytes`."""
+  try:
+    return raw.decode("utf-8")
+  except UnicodeDecodeError:
+    text = raw.decode("utf-8", "surrogateescape")
+    clean = UNDECODABLE.sub("", text)
+    tally.undecodable_bytes += len(text) - len(clean)
+    return clean
+
+
+def as_document(text: str) -> str:
+  """A text with paragraphs on lines as a document: one line per non-blank line, whitespace runs collapsed."""
+  return "\n".join(" ".join(line.split()) for line in text.replace("\r", "\n").split("\n") if line.strip())
+
+
+def _lines(f, begin: int, book_start: int) -> Iterator[tuple[int, bytes]]:
+  """(offset, line) of a file's lines from the first starting at or after `begin` (a line starts at the book's
+  first byte `book_start` by definition)."""
+  if begin == book_start:
+    f.seek(begin)
+    offset = begin
+  else:
+    f.seek(begin - 1)
+    offset = begin - 1 + len(f.readline())
+  for line in f:
+    yield offset, (line.removeprefix(_BOM) if offset == 0 else line)
+    offset += len(line)
+
+
+def _paragraphs(f, begin: int, end: int, book: tuple[int, int]) -> Iterator[list[bytes]]:
+  """The paragraphs (lists of stripped lines) that start in [begin, end) of the book's byte range `book`."""
+  paragraph: list[bytes] = []
+  blank_before = begin if begin == book[0] else None  # Offset of the line before this one, if blank.
+  for offset, line in _lines(f, begin, book[0]):
+    if offset >= book[1]:
+      break
+    line = line.strip()
+    if not line:
+      if paragraph:
+        yield paragraph
+        paragraph = []
+      blank_before = offset
+      continue
+    if blank_before is not None:
+      if blank_before >= end:
+        break  # The next range's first paragraph.
+      paragraph = [line]
+    elif paragraph:
+      paragraph.append(line)
+    blank_before = None  # (A paragraph that started before `begin` is the previous range's: skipped.)
+  if paragraph:
+    yield paragraph
+
+
+def _text_lines(f, begin: int, end: int, book: tuple[int, int]) -> Iterator[bytes]:
+  """The lines that start in [begin, end) of the book's byte range."""
+  for offset, line in _lines(f, begin, book[0]):
+    if offset >= min(end, book[1]):
+      break
+    yield line
+
+
+def _record_text(line: str, field: str, tally: Tally) -> str | None:
+  try:
+    record = json.loads(line)
+  except ValueError:
+    record = None
+  text = record.get(field) if isinstance(record, dict) else None
+  if not isinstance(text, str):
+    tally.bad_records += 1
+    return None
+  return text
+
+
+def documents(source: dict, entry: dict, begin: int, end: int, tally: Tally) -> Iterator[str]:
+  """The documents of piece [begin, end) of one input, in order.
+
+  Args:
+    source: the source settings: format, documents, text_field, tfds_split and tfds_data_dir (tfds), cache_dir
+      (demo).
+    entry: the input, as planned (`tupe.data.units.plan_inputs`): name, kind, and for files the book range.
+    begin, end: the piece: bytes (text formats), row groups (parquet) or records (tfds).
+    tally: the input's counts, updated with what is dropped.
+  """
+  if entry["kind"] == "tfds":
+    yield from _tfds_documents(source, entry["name"], begin, end)
+    return
+  if entry["kind"] == "demo":
+    yield from demo.demo_documents(source["cache_dir"])[begin:end]
+    return
+  with storage.open_file(entry["name"], "rb") as f:
+    if entry["kind"] == "parquet":
+      yield from _parquet_documents(f, entry["name"], source["text_field"], begin, end, tally)
+      return
+    book = (entry["start"], entry["stop"])
+    if source["format"] == "text":
+      paragraphs = (" ".join(decode(b" ".join(p), tally).split()) for p in _paragraphs(f, begin, end, book))
+      if source["documents"] == "files":
+        yield "\n".join(paragraphs)
+      else:
+        yield from paragraphs
+    else:
+      for line in _text_lines(f, begin, end, book):
+        if not line.strip():
+          continue
+        text = decode(line, tally)
+        if source["format"] == "lines":
+          yield " ".join(text.split())
+        elif (text := _record_text(text, source["text_field"], tally)) is not None:
+          yield as_document(text)
+
+
+def _parquet_documents(f, name: str, field: str, begin: int, end: int, tally: Tally) -> Iterator[str]:
+  import pyarrow.parquet as pq  # pylint: disable=import-outside-toplevel
+
+  parquet = pq.ParquetFile(f)
+  if field not in parquet.schema_arrow.names:
+    raise UserError(f"{name} has no column {field!r} (it has {parquet.schema_arrow.names}): set data.text_field "
+                    f"(--text-field)")
+  for batch in parquet.iter_batches(_PARQUET_BATCH, row_groups=list(range(begin, end)), columns=[field]):
+    for text in batch.column(0).to_pylist():
+      if isinstance(text, str):
+        yield as_document(text)
+      else:
+        tally.bad_records += 1
+
+
+def tfds_source(name: str, split: str, data_dir: str):
+  """The random-access source of a prepared TFDS dataset (array_record), no tensorflow needed.
+
+  Raises:
+    UserError: when the dataset is not prepared in `data_dir`.
+  """
+  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+
+  where = data_dir or "the default TFDS data dir"
+  fix = (f"prepare it once with `tfds build {name} --data_dir {data_dir or '~/tensorflow_datasets'} "
+         f"--file_format array_record`")
+  try:
+    return tfds.data_source(name, split=split, data_dir=data_dir or None, download=False)
+  except Exception as e:  # tfds raises a different type for each way a dataset can be missing.
+    raise UserError(f"TFDS dataset {name!r} (split {split!r}) is not prepared in {where} "
+                    f"({type(e).__name__}): {fix}") from None
+
+
+def _tfds_documents(source: dict, name: str, begin: int, end: int) -> Iterator[str]:
+  records = tfds_source(name.removeprefix("tfds:"), source["tfds_split"], source["tfds_data_dir"])
+  chunk, key = 1024, source["text_field"]
+  for first in range(begin, end, chunk):
+    for record in records.__getitems__(range(first, min(first + chunk, end))):
+      if key not in record:
+        raise UserError(f"TFDS dataset {name!r} has no feature {key!r} (it has {sorted(record)}): "
+                        f"set data.tfds_text_key")
+      text = record[key]
+      yield as_document(text.decode("utf-8") if isinstance(text, bytes) else str(text))

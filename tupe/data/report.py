@@ -1,0 +1,75 @@
+"""What became of each input: documents, characters and tokens kept, and what was dropped and why.
+
+Every preprocess run and every training start on a text source reports these counts per input, so that no text is
+lost without a word.
+"""
+import dataclasses
+
+
+@dataclasses.dataclass
+class Tally:
+  """Counts for one input (a file or a dataset).
+
+  Attributes:
+    documents: documents kept (that gave at least one token).
+    characters: their characters, after whitespace runs are collapsed.
+    tokens: their tokens (special tokens not counted).
+    empty_documents: documents dropped because they hold no token (e.g. only zero-width characters).
+    undecodable_bytes: bytes dropped because they are not UTF-8.
+    bad_records: JSONL lines or Parquet rows dropped: not a JSON object, or without the text field.
+    gutenberg_characters: characters of a Project Gutenberg licence header and footer dropped.
+  """
+  documents: int = 0
+  characters: int = 0
+  tokens: int = 0
+  empty_documents: int = 0
+  undecodable_bytes: int = 0
+  bad_records: int = 0
+  gutenberg_characters: int = 0
+
+  def count_document(self, characters: int, tokens: int) -> None:
+    """Counts one document: kept when it has tokens, else dropped as empty."""
+    if tokens:
+      self.documents += 1
+      self.characters += characters
+      self.tokens += tokens
+    else:
+      self.empty_documents += 1
+
+  def add(self, other: "Tally") -> None:
+    for field in dataclasses.fields(self):
+      setattr(self, field.name, getattr(self, field.name) + getattr(other, field.name))
+
+  def as_dict(self) -> dict[str, int]:
+    return dataclasses.asdict(self)
+
+
+def merged(tallies: list[dict[str, dict[str, int]]]) -> dict[str, Tally]:
+  """Sum of per-input tallies ({input: Tally fields}), inputs in first-seen order."""
+  total: dict[str, Tally] = {}
+  for part in tallies:
+    for name, counts in part.items():
+      total.setdefault(name, Tally()).add(Tally(**counts))
+  return total
+
+
+def lines(tallies: dict[str, Tally]) -> list[str]:
+  """One line per input, then a total line and the Project Gutenberg strip line."""
+  out = []
+  for name, t in tallies.items():
+    dropped = [f"{n:,} {what}" for n, what in ((t.empty_documents, "empty documents"),
+                                                (t.undecodable_bytes, "undecodable bytes (not UTF-8)"),
+                                                (t.bad_records, "records without the text field"),
+                                                (t.gutenberg_characters, "characters of Gutenberg licence"))
+               if n]
+    out.append(f"input {name}: kept {t.documents:,} documents, {t.characters:,} characters, {t.tokens:,} tokens; "
+               f"dropped {', '.join(dropped) if dropped else 'nothing'}")
+  total = Tally()
+  for t in tallies.values():
+    total.add(t)
+  stripped = sum(t.gutenberg_characters > 0 for t in tallies.values())
+  out.append(f"all {len(tallies)} inputs: kept {total.documents:,} documents, {total.characters:,} characters, "
+             f"{total.tokens:,} tokens; dropped {total.empty_documents:,} empty documents, "
+             f"{total.undecodable_bytes:,} undecodable bytes, {total.bad_records:,} bad records; "
+             f"Project Gutenberg licence stripped from {stripped} files ({total.gutenberg_characters:,} characters)")
+  return out

@@ -1,0 +1,161 @@
+"""The plan of a preprocess run: its inputs and their units of work.
+
+A unit is a list of pieces [input, begin, end] (bytes of a text file, row groups of a Parquet file, records of a
+TFDS dataset) of about `unit_bytes` in all: small files share a unit, a large file is cut into byte ranges (see
+`tupe.data.readers` for how a range owns its documents). Each unit is tokenized and packed on its own, so the plan,
+and with it every example, depends on the inputs and `unit_bytes` alone: not on how many workers or machines
+process the units, nor in which order.
+"""
+import concurrent.futures
+import dataclasses
+from typing import Iterator
+
+from tupe import storage
+from tupe.data import corpus, demo, gutenberg, readers
+from tupe.data.report import Tally
+from tupe.errors import UserError
+
+RECORD_BYTES = 4096  # What a TFDS or demo record counts for when units are cut (Wikipedia articles average ~3 KB).
+MAX_UNDECODABLE_SHARE = 0.001  # Of a file's first bytes: more is a file in another encoding, refused.
+_PLAN_THREADS = 16  # Files whose size and Gutenberg markers are read at once (they may be in a bucket).
+
+
+def _text_input(name: str) -> dict:
+  """A text file as an input: its size, and the byte range of its book (all of it, but for a Project Gutenberg
+  file, whose licence header and footer are left out and their characters counted).
+
+  Raises:
+    UserError: when the file holds no text, or more than MAX_UNDECODABLE_SHARE of its first bytes are not UTF-8
+      (a file in another encoding; stray bytes that are not UTF-8 are dropped and counted).
+  """
+  size = storage.size(name)
+  with storage.open_file(name, "rb") as f:
+    head = f.read(gutenberg.WINDOW_BYTES)
+    f.seek(max(0, size - gutenberg.WINDOW_BYTES))
+    tail = f.read()
+  text = head.decode("utf-8", "surrogateescape")
+  undecodable = len(readers.UNDECODABLE.findall(text))
+  if undecodable > MAX_UNDECODABLE_SHARE * len(head) + (size > len(head)) * 3:  # (+3: a character cut at the end.)
+    first = readers.UNDECODABLE.search(text).start()
+    offset = len(text[:first].encode("utf-8", "surrogateescape"))
+    raise UserError(f"{name} is not UTF-8 text ({undecodable} bad bytes in its first {len(head):,}, the first 0x"
+                    f"{head[offset]:02x} at byte offset {offset}): convert it, e.g. `iconv -f latin1 -t utf-8`")
+  book = gutenberg.book_range(head, tail, size) or (0, size)
+  if size <= len(head) and not head[book[0]:book[1]].decode("utf-8", "replace").removeprefix("\ufeff").strip():
+    raise UserError(f"{name} holds no text (after stripping a Project Gutenberg header and footer): "
+                    f"remove it from the input")
+  stripped = 0
+  if book != (0, size):
+    tail_offset = size - len(tail)
+    stripped = (len(head[:book[0]].decode("utf-8", "replace").removeprefix("\ufeff"))
+                + len(tail[book[1] - tail_offset:].decode("utf-8", "replace")))
+  return dict(name=name, kind="text", size=size, mtime=_mtime(name), start=book[0], stop=book[1],
+              gutenberg_characters=stripped)
+
+
+def _mtime(name: str) -> float:
+  """When a file was last changed (part of the plan, so that the shard cache sees an edited file)."""
+  with storage.errors("check", name):
+    return storage.path(name).stat().mtime
+
+
+def _parquet_input(name: str) -> dict:
+  import pyarrow.parquet as pq  # pylint: disable=import-outside-toplevel
+
+  with storage.open_file(name, "rb") as f:
+    metadata = pq.ParquetFile(f).metadata
+  return dict(name=name, kind="parquet", mtime=_mtime(name), row_group_bytes=[metadata.row_group(g).total_byte_size
+                                                          for g in range(metadata.num_row_groups)])
+
+
+def plan_inputs(source: dict) -> list[dict]:
+  """The inputs of a source (files, a TFDS dataset or the demo corpus), each a dict with name and kind.
+
+  Args:
+    source: format, files (comma-separated globs) or tfds_name, tfds_split, tfds_data_dir, or cache_dir (demo).
+  """
+  if source["format"] == "tfds":
+    records = readers.tfds_source(source["tfds_name"], source["tfds_split"], source["tfds_data_dir"])
+    return [dict(name=f"tfds:{source['tfds_name']}", kind="tfds", records=len(records))]
+  if source["format"] == "demo":
+    return [dict(name="demo", kind="demo", records=len(demo.demo_documents(source["cache_dir"])))]
+  read = _parquet_input if source["format"] == "parquet" else _text_input
+  with concurrent.futures.ThreadPoolExecutor(_PLAN_THREADS) as pool:
+    return list(pool.map(read, corpus.expand_globs(source["files"])))
+
+
+def whole(entry: dict) -> tuple[int, int]:
+  """The piece [begin, end) that covers one input."""
+  if entry["kind"] in ("tfds", "demo"):
+    return 0, entry["records"]
+  if entry["kind"] == "parquet":
+    return 0, len(entry["row_group_bytes"])
+  return entry["start"], entry["stop"]
+
+
+def input_bytes(entry: dict) -> int:
+  """The size of one input, as units count it."""
+  if entry["kind"] in ("tfds", "demo"):
+    return entry["records"] * RECORD_BYTES
+  if entry["kind"] == "parquet":
+    return sum(entry["row_group_bytes"])
+  return entry["stop"] - entry["start"]
+
+
+@dataclasses.dataclass
+class _Cutter:
+  """Cuts the pieces of the inputs, in order, into units of about `unit_bytes`."""
+  unit_bytes: int
+  units: list = dataclasses.field(default_factory=list)
+  current: list = dataclasses.field(default_factory=list)
+  room: int = 0
+
+  def __post_init__(self):
+    self.room = self.unit_bytes
+
+  def add(self, index: int, begin: int, end: int, bytes_each: int, splittable: bool) -> None:
+    """Adds [begin, end) of input `index`, each coordinate `bytes_each` bytes; cut where a unit fills up."""
+    while begin < end:
+      take = min(end - begin, max(1, self.room // bytes_each)) if splittable else end - begin
+      if self.current and self.current[-1][0] == index and self.current[-1][2] == begin:
+        self.current[-1][2] = begin + take
+      else:
+        self.current.append([index, begin, begin + take])
+      self.room -= take * bytes_each
+      begin += take
+      if self.room <= 0:
+        self.close()
+
+  def close(self) -> None:
+    if self.current:
+      self.units.append(self.current)
+    self.current, self.room = [], self.unit_bytes
+
+
+def plan_units(inputs: list[dict], unit_bytes: int, whole_files: bool) -> list[list[list[int]]]:
+  """The units of work: lists of pieces [input index, begin, end], about `unit_bytes` each.
+
+  Args:
+    inputs: from `plan_inputs`.
+    unit_bytes: the size of a unit.
+    whole_files: never cut a file (data.documents "files": a file is one document).
+  """
+  if unit_bytes < 1:
+    raise UserError(f"the unit size is {unit_bytes} bytes: use 1 MB or more")
+  cutter = _Cutter(unit_bytes)
+  for index, entry in enumerate(inputs):
+    if entry["kind"] in ("tfds", "demo"):
+      cutter.add(index, 0, entry["records"], RECORD_BYTES, splittable=True)
+    elif entry["kind"] == "parquet":
+      for group, size in enumerate(entry["row_group_bytes"]):
+        cutter.add(index, group, group + 1, max(1, size), splittable=False)
+    elif entry["start"] < entry["stop"]:
+      cutter.add(index, entry["start"], entry["stop"], 1, splittable=not whole_files)
+  cutter.close()
+  return cutter.units
+
+
+def all_documents(source: dict, inputs: list[dict]) -> Iterator[str]:
+  """Every document of the inputs, streamed in order (e.g. to train a vocab on)."""
+  for entry in inputs:
+    yield from readers.documents(source, entry, *whole(entry), Tally())
