@@ -16,7 +16,7 @@ Held equal: the rows (our encoding, the same batches in the same order: `tupe.gl
 initialised head copied into the HF model (our `tupe` head is BERT's pooler + classifier, our `hf` head
 ConvBERT's classification head, so --config.head must be the family's), dropout off in both models, every
 hyper-parameter, and one dev evaluation after the last step (evals_per_epoch=0). A model without token types is
-exported with one all-zero type row: the HF side gets no token types and that row is frozen (trained, it would
+exported with all-zero type rows: the HF side gets no token types and that table is frozen (trained, it would
 become a bias our model does not have).
 The export's tokenizer (AutoTokenizer) is compared with our encoding separately: they differ only on pairs longer
 than max_seq_len, where the tokenizers library and BERT's loop (ours) keep different lengths (`tokenization_check`).
@@ -122,7 +122,7 @@ def train_reference(cfg, hf_dir, family: str, task, setup, head: dict, lr: float
     for ours, theirs in HEADS[family][1].items():
       params[f"{theirs}.weight"].copy_(torch.from_numpy(np.array(head[ours]["kernel"]).T))
       params[f"{theirs}.bias"].copy_(torch.from_numpy(np.array(head[ours]["bias"])))
-  if not with_types:  # The exported all-zero row stands for "no token types": trained, it would become a bias.
+  if not with_types:  # The exported all-zero rows stand for "no token types": trained, they would become biases.
     model.base_model.embeddings.token_type_embeddings.weight.requires_grad_(False)
   model.train()  # dropout 0: the same as eval mode, and what a training loop runs
   opt_cfg = cfg.optimizer
