@@ -89,8 +89,6 @@ ALLOWED = {
     "tupe/storage.py": "the path layer itself",
     "tupe/cli.py": "config files are Python modules, imported from the local disk",
     "tupe/flops.py": "the per-user peak-FLOPs cache in ~/.cache and /proc/cpuinfo, never a user's path",
-    "tupe/checkpoint.py": "to convert: checkpoints",
-    "tupe/resume.py": "to convert: checkpoints",
     "tupe/logs.py": "to convert: metrics.jsonl and TensorBoard",
     "tupe/glue/runs.py": "to convert: runs.jsonl's appends and reads",
     "tupe/data/": "to convert: the corpus, vocab and shard readers and writers",
