@@ -33,6 +33,7 @@ import time
 
 from tupe import checkpoint
 from tupe import cli
+from tupe import compile_cache
 from tupe import logs
 from tupe import storage
 from tupe import study_report
@@ -224,6 +225,7 @@ def main(argv: list[str]) -> None:
                     f"--report-only and --config.<field>=<value> overrides")
   cfg = load_study(args.config, overrides)
   check_inputs(cfg)
+  compile_cache.enable(cfg.compilation_cache_dir)
   root = storage.path(args.root)
   variants = plan(cfg, root)
   if args.print:
