@@ -194,7 +194,8 @@ def test_checkpoints_in_a_bucket(gcs_bucket, async_save, caplog):
 
 def test_an_unknown_bucket_is_one_line(gcs_emulator):
   with pytest.raises(UserError, match=r"^cannot create the checkpoint directory gs://tupe-no-such-bucket/run/"
-                                      r"checkpoints \(.*\); choose another --workdir$"):
+                                      r"checkpoints \(bucket gs://tupe-no-such-bucket does not exist \(create it, or "
+                                      r"fix its name\)\); choose another --workdir$"):
     checkpoint.Checkpointer("gs://tupe-no-such-bucket/run/checkpoints", config())
 
 
