@@ -14,6 +14,9 @@ from tupe.errors import UserError
 from tupe.tools import evaluate
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+# Seconds after which a study's process counts as hung: far beyond its time on a busy 2-core machine (both micro
+# studies side by side took up to about 20 minutes there), so that only a hang, never slowness, fails a test.
+HANG = 3 * 3600
 VARIANTS = {"tupe": ["bert_a", "bert_r", "tupe_a", "tupe_r", "tupe_a_tie_cls"],
             "convbert": ["electra", "convbert", "bert_a", "convbert_mlm"]}
 
@@ -27,7 +30,7 @@ def start_study(name: str, root: pathlib.Path, *extra: str) -> subprocess.Popen:
 
 
 def finish(proc: subprocess.Popen) -> tuple[str, str]:
-  out, err = proc.communicate(timeout=900)
+  out, err = proc.communicate(timeout=HANG)
   assert proc.returncode == 0, out[-3000:] + err[-3000:]
   return out, err
 

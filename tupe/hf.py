@@ -132,6 +132,15 @@ def _read_tensors(directory: storage.Path) -> dict:
 
 def _read_torch(file: storage.Path) -> dict:
   import torch  # only needed for .bin checkpoints
-  state = torch.load(io.BytesIO(storage.read_bytes(file)), map_location="cpu", weights_only=True)
+  data = storage.read_bytes(file)  # An unreadable file: one line (StorageError)
+  try:
+    state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+  except Exception as e:  # Truncated, not a torch file, or a pickle that is not plain weights.
+    lines = str(e).strip().splitlines()
+    raise UserError(f"{file} cannot be read as PyTorch weights ({type(e).__name__}: {lines[0] if lines else ''}); "
+                    f"pass a directory written by HF save_pretrained") from None
+  if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+    raise UserError(f"{file} holds a {type(state).__name__}, not a state dict of tensors; pass a directory written "
+                    f"by HF save_pretrained")
   return {key: value.detach().to(torch.float32).numpy() if value.is_floating_point() else value.numpy()
           for key, value in state.items()}

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import signal
 from typing import Any
 
 import flax.linen as nn
@@ -264,11 +263,33 @@ def check_config(cfg) -> None:
   every grid point before anything runs."""
   check_loop(cfg)
   pipeline.checked_config(cfg.data, cfg.seq_len)
+  check_data_files(cfg.data)
   models.validate(cfg.model)
   if cfg.seq_len > cfg.model.max_position_embeddings:
     raise UserError(f"seq_len={cfg.seq_len} exceeds model.max_position_embeddings="
                     f"{cfg.model.max_position_embeddings}; lower --config.seq_len")
   optim.schedule(cfg.optimizer, cfg.num_train_steps)
+
+
+# The data sources that read data.files; the others (demo, synthetic, tfds) would ignore it.
+FILE_SOURCES = ("text", "arrayrecord")
+
+
+def check_data_files(data_cfg) -> None:
+  """Files given to a source that would ignore them (say, --config.data.files without data.source=text) are an
+  error, not a run on the built-in demo text."""
+  if data_cfg.get("files") and data_cfg.get("source") not in FILE_SOURCES:
+    raise UserError(f"data.files={data_cfg.files!r} is ignored by data.source={data_cfg.source!r}: add "
+                    f"--config.data.source=text (text files; arrayrecord for tupe.data.preprocess shards), or drop "
+                    f"--config.data.files")
+
+
+def load_data(cfg) -> tuple[pipeline.PretrainData, pipeline.PretrainData | None]:
+  """The training split and, when the run evaluates, the held-out split (loaded up front, so that one too small
+  to evaluate fails before training), as `train` reads them; `tupe.sweep` checks each grid point with them."""
+  train_data = pipeline.PretrainData(cfg.data, seq_len=cfg.seq_len, split="train")
+  eval_data = pipeline.PretrainData(cfg.data, seq_len=cfg.seq_len, split="eval") if cfg.eval_every else None
+  return train_data, eval_data
 
 
 def check_loop(cfg) -> None:
@@ -302,9 +323,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
   training.maybe_initialize_distributed(cfg)
   training.check_workdir(workdir)
   hosts, host = jax.process_count(), jax.process_index()
-  train_data = pipeline.PretrainData(cfg.data, seq_len=cfg.seq_len, split="train")
-  # Loaded up front, so that a held-out split too small to evaluate fails before training.
-  eval_data = pipeline.PretrainData(cfg.data, seq_len=cfg.seq_len, split="eval") if cfg.eval_every else None
+  train_data, eval_data = load_data(cfg)
   info = train_data.info
   resolve_vocab_size(cfg, info.vocab_size)
   setup = build(cfg)
@@ -320,12 +339,10 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
            f"{len(train_data)} training examples")
   logs.log(train_data.fill_line())
 
-  preempted = []  # Signals received by this host; the loop stops on `training.agreed_signal`.
   with contextlib.ExitStack() as cleanup:  # Unwinds on any error too: no asynchronous save is left behind.
     cleanup.enter_context(lease.hold(workdir))  # Another job on this workdir: one line, nothing written.
-    for signum in (signal.SIGTERM, signal.SIGINT):  # Preemption, Ctrl-C: a checkpoint at the current step.
-      previous_handler = signal.signal(signum, lambda signum, _: preempted.append(signum))
-      cleanup.callback(signal.signal, signum, previous_handler)
+    # Preemption, Ctrl-C: recorded by this host; the loop stops on `training.agreed_signal`, with a checkpoint.
+    preempted = cleanup.enter_context(errors.signals_caught())
     # Closed while the signal handlers are still ours: a preemption then lets the last asynchronous save finish.
     ckpt = cleanup.enter_context(checkpoint_lib.Checkpointer(workdir / "checkpoints", cfg.checkpoint))
     meta = checkpoint_meta(cfg, info.vocab_file, len(train_data))

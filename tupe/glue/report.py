@@ -245,13 +245,14 @@ def plot(records: Iterable[RunRecord], path: storage.PathLike, reference: Mappin
 
 def write_report(out_dir: storage.PathLike, records: Iterable[RunRecord],
                  reference: Mapping[str, float] | None = None,
-                 reference_label: str = "paper") -> dict[str, storage.Path]:
-  """Writes results.json, results.md and results.png into `out_dir` (local or in a bucket); returns their paths
-  by kind."""
+                 reference_label: str = "paper", about: Mapping | None = None) -> dict[str, storage.Path]:
+  """Writes results.json (with `about`'s entries, e.g. the init checkpoint's step), results.md and results.png
+  into `out_dir` (local or in a bucket); returns their paths by kind."""
   records = list(records)
   out_dir = storage.path(out_dir)
   paths = {"json": out_dir / "results.json", "markdown": out_dir / "results.md", "png": out_dir / "results.png"}
-  storage.write_text(paths["json"], json.dumps(results_json(records), indent=2, allow_nan=False) + "\n")
+  storage.write_text(paths["json"], json.dumps(dict(results_json(records), **(about or {})), indent=2,
+                                               allow_nan=False) + "\n")
   storage.write_text(paths["markdown"], markdown_table(records))
   plot(records, paths["png"], reference, reference_label)
   return paths

@@ -53,6 +53,9 @@ def evaluate(checkpoint_path: str, text_file: str, seed: int = 0, max_examples: 
   if batch_size < 1 or max_examples < 0:
     raise UserError(f"--batch-size {batch_size} / --max-examples {max_examples}: use a batch of 1 or more and 0 "
                     f"(all) or more examples")
+  if max_examples and max_examples < batch_size:
+    raise UserError(f"--max-examples {max_examples} is fewer than one batch of {batch_size} (--batch-size): give "
+                    f"--max-examples {batch_size} or more, or a smaller --batch-size")
   if not storage.is_file(text_file):
     raise UserError(f"--text-file {text_file} does not exist: give a UTF-8 text file")
   step_dir = checkpoint.latest_step_dir(checkpoint_path)
@@ -93,6 +96,8 @@ def main(argv: list[str]) -> None:
   parser.add_argument("--batch-size", type=int, default=32, help="examples per batch (default 32)")
   parser.add_argument("--out", default="", help="also write the JSON to this file (local or gs://...)")
   args = parser.parse_args(argv[1:])
+  if args.out and storage.is_dir(args.out):  # Found now, not after the scoring.
+    raise UserError(f"--out {args.out} is a directory: give a file name, e.g. {storage.path(args.out) / 'eval.json'}")
   compile_cache.enable()  # the per-user cache (tupe.compile_cache)
   result = evaluate(args.checkpoint, args.text_file, args.seed, args.max_examples, args.batch_size)
   if args.out:

@@ -33,7 +33,6 @@ from tupe.data import tokenizer as tokenizer_lib
 from tupe.errors import UserError, run_main
 
 
-
 def save_model(family: str, class_name: str, hf_config: dict, tensors: dict, directory: pathlib.Path) -> None:
   """Writes `tensors` as HF model `class_name` of `family` with `save_pretrained` (config.json, safetensors),
   after loading them into the class: a name the class does not have, or a parameter left out other than its
@@ -64,8 +63,8 @@ def save_tokenizer(vocab: list[str], lowercase: bool, max_length: int, directory
   for a duplicated token; under transformers 4, which reads vocab.txt, the last), normalizer (lowercasing and
   accent stripping as pre-trained) and pre-tokenizer."""
   import transformers
-  tokenizer_lib.write_vocab(vocab, directory / "vocab.txt")
   if transformers.__version__.startswith("4."):  # its fast BertTokenizer takes a vocab file, not a dict
+    tokenizer_lib.write_vocab(vocab, directory / "vocab.txt")
     tokenizer = transformers.BertTokenizerFast(vocab_file=str(directory / "vocab.txt"), do_lower_case=lowercase,
                                                model_max_length=max_length)
   else:
@@ -151,18 +150,19 @@ def main(argv: list[str]) -> None:
     raise UserError(f"the exporter needs PyTorch and transformers ({e}); install them, e.g. "
                     f"`pip install -r requirements-test.txt`") from None
   transformers.utils.logging.disable_progress_bar()
+  step_dir = checkpoint.latest_step_dir(args.checkpoint)  # The newest intact one: a damaged one is skipped, said.
   out = storage.path(args.out)
   if not storage.is_remote(out):
-    written = export(args.checkpoint, out)
+    written = export(step_dir, out)
   else:  # save_pretrained writes to local folders: the export is staged in one, then copied to the bucket
     if storage.iterdir(out):
       raise UserError(f"--out {out} is not empty; choose a new one")
     with tempfile.TemporaryDirectory() as staging:
       written = [out / str(directory).removeprefix(staging).lstrip("/")
-                 for directory in export(args.checkpoint, staging)]
+                 for directory in export(step_dir, staging)]
       storage.copy_tree(staging, out)
   for directory in written:
-    print(f"wrote {directory}")
+    print(f"wrote {directory} from checkpoint {step_dir.name} ({step_dir})")
 
 
 if __name__ == "__main__":
