@@ -19,6 +19,12 @@ from tupe.glue import metrics as glue_metrics
 from tupe.glue import model as task_model
 
 
+def epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
+  """The order of a run's n training rows in `epoch` (from 0): a function of (seed, epoch) alone, so a run
+  restarted from step 0 sees the same batches, and `tupe.tools.glue_parity` gives PyTorch the same ones."""
+  return np.random.default_rng([seed, epoch]).permutation(n)
+
+
 def finetune(cfg, setup: task_model.TaskSetup, data: glue_data.TaskData, encoder, lr: float, seed: int, label: str,
              run_dir: storage.Path, peak_flops: float, after_step: Callable[[int], None] = lambda step: None):
   """One run. Returns (its runs.jsonl record, test predictions {evaluation: (idx, values)} of the kept params).
@@ -60,7 +66,7 @@ def finetune(cfg, setup: task_model.TaskSetup, data: glue_data.TaskData, encoder
       return row
 
     for epoch in range(epochs):
-      order = np.random.default_rng([seed, epoch]).permutation(n)
+      order = epoch_order(seed, epoch, n)
       losses = []
       for b in range(setup.steps_per_epoch):
         rows = order[b * cfg.batch_size:(b + 1) * cfg.batch_size]
