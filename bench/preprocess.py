@@ -11,9 +11,9 @@ outside with wait4. Then tokenization alone, in this process on one thread: HF `
 
 Records (one JSON line each): {"bench": "preprocess", "code": "baseline"|"this", "workers", "mb", "wall_s",
 "cpu_s", "mb_per_cpu_s", "tokens_per_cpu_s", "speedup" (against this code's 1 worker), "efficiency" (speedup /
-workers), "main_process_cpu_s" (this code: the CPU of the process that plans and hands out units, the rest is
-the workers'), "amdahl_speedup" (the speed-up that split allows on idle cores), "peak_rss_bytes", ...} and {"bench": "tokenize", "hf_encode_batch_cpu_s", "tupe_encode_cpu_s",
-"ratio", ...}, each with the machine.
+workers), "main_process_cpu_s" (this code: the CPU of the process that plans and hands out units; the rest is
+the workers'), "amdahl_speedup" (the speed-up that split allows on idle cores), "peak_rss_bytes", ...} and
+{"bench": "tokenize", "hf_encode_batch_cpu_s", "tupe_encode_cpu_s", "ratio", ...}, each with the machine.
 """
 import argparse
 import glob
@@ -73,7 +73,8 @@ def checkout(ref: str, folder: str) -> str:
 
 # Runs preprocess's main in a process that then prints its own CPU seconds (its workers' not included) on stderr.
 _MAIN_CPU = ("import resource, sys; from tupe.data import preprocess; preprocess.main(sys.argv); "
-             "u = resource.getrusage(resource.RUSAGE_SELF); print('MAIN_CPU', u.ru_utime + u.ru_stime, file=sys.stderr)")
+             "u = resource.getrusage(resource.RUSAGE_SELF); "
+             "print('MAIN_CPU', u.ru_utime + u.ru_stime, file=sys.stderr)")
 
 
 def measure(command: list[str], cwd: str) -> dict:

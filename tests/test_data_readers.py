@@ -78,7 +78,8 @@ def test_undecodable_bytes_are_dropped_and_counted(tmp_path):
   found, tallies = documents_of("text", str(path))
   assert found[-2:] == ["Caf au lait.", "Nave caf\u00e9."] and tallies[str(path)].undecodable_bytes == 2
   path.write_bytes("Caf\u00e9 au lait.".encode("latin-1"))
-  with pytest.raises(UserError, match=r"mixed.txt is not UTF-8 text \(1 bad bytes in its first 13, the first 0xe9 at byte offset 3\): convert it"):
+  with pytest.raises(UserError, match=r"mixed.txt is not UTF-8 text \(1 bad bytes in its first 13, the first 0xe9 "
+                                      r"at byte offset 3\): convert it"):
     documents_of("text", str(path))
   path.write_text(" \n\n")
   with pytest.raises(UserError, match="mixed.txt holds no text .*: remove it from the input"):

@@ -8,12 +8,13 @@
 lines between documents), lines (one per line), jsonl (the field --text-field of each line's object) or parquet
 (the column --text-field).
 
-The input is cut into units of --unit-mb (default: 1/256 of the input, 1 to 64 MB; `tupe.data.units`), each tokenized and packed on its own into its
-own shards by one of --workers processes (one core each: the tokenizer's own threads are limited to one). With
---task i/n this run does units i, i+n, i+2n, ... only, so that n machines share the work into one --output
-folder. A manifest records each finished unit: rerun the same command after an interruption and it resumes; the
-run that finishes the last unit writes metadata.json. The examples are the same whatever the workers, tasks or
-interruptions. Train with data.source="arrayrecord", data.files=the output folder.
+The input is cut into units of --unit-mb (default: 1/256 of the input, 1 to 64 MB; `tupe.data.units`), each
+tokenized and packed on its own into its own shards by one of --workers processes (one core each: the
+tokenizer's own threads are limited to one). With --task i/n this run does units i, i+n, i+2n, ... only, so that
+n machines share the work into one --output folder. A manifest records each finished unit: rerun the same
+command after an interruption and it resumes; the run that finishes the last unit writes metadata.json. The
+examples are the same whatever the workers, tasks or interruptions. Train with data.source="arrayrecord",
+data.files=the output folder.
 """
 import argparse
 import time
