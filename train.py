@@ -4,8 +4,13 @@
 
 Resumes automatically from the newest checkpoint in DIR. Add --verbose for tracebacks on input errors.
 """
-from tupe import cli
-from tupe import trainer
+from tupe import errors
+
+if __name__ == "__main__":
+  errors.catch_signals()  # First, before the heavy imports: no moment is left to the default handlers.
+
+from tupe import cli  # noqa: E402
+from tupe import trainer  # noqa: E402
 
 cli.define_flags("Experiment config: configs/<file>.py:<arg>.", "Directory for checkpoints, logs and metrics.")
 

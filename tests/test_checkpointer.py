@@ -1,32 +1,76 @@
-"""The Checkpointer's failure handling in process: an asynchronous save that fails is reported by the next
-`check()` (called after every training step) as one line naming the step, with no orbax traceback logged, and
-the previous checkpoint stays intact. End to end through train.py:
-tests/test_reliability.py::test_failing_checkpoint_write_is_an_error."""
+"""The Checkpointer in process, on a local disk and in a bucket (a real GCS emulator).
+
+Failure handling: an asynchronous save that fails is reported by the next `check()` (called after every training
+step) as one line naming the step, with no orbax or gcsfs traceback logged, and the previous checkpoint stays
+intact; the storage endpoint going away during a save stops the run at that save, and the run resumes from the
+previous checkpoint once the endpoint is back. In a bucket: orbax's commit (a step without its commit object is not
+a checkpoint), checksums over every object, a damaged object skipped with one line, keep_last/keep_every, exact
+restore. End to end through train.py: tests/test_reliability.py::test_failing_checkpoint_write_is_an_error, and
+the two-host run into a bucket in tests/test_multihost.py.
+"""
+import contextlib
 import json
 import logging
+import os
 import resource
+import subprocess
 import time
 
+import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import pytest
 
+import gcs_emulator
 from configs import pretrain
 from tupe import checkpoint
+from tupe import checksums
 from tupe import resume
+from tupe import storage
+from tupe import training
 from tupe.errors import UserError
+
+META = checkpoint.create_meta({}, [], 0)
+
+
+def state_at(step: int, size: int = 1000) -> training.TrainState:
+  """A small TrainState whose every array depends on `step`."""
+  return training.TrainState(step=jnp.int32(step), params={"w": jnp.arange(size, dtype=jnp.float32) + step},
+                             opt_state={"mu": jnp.full((size,), step, jnp.float32)},
+                             rng=jnp.array([step, 7], jnp.uint32))
+
+
+def abstract(state: training.TrainState) -> training.TrainState:
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), state)
+
+
+def assert_state(restored, step: int, size: int = 1000) -> None:
+  jax.tree_util.tree_map(np.testing.assert_array_equal, restored, state_at(step, size))
+
+
+def config(keep_last=3, keep_every=0, async_save=True) -> ml_collections.ConfigDict:
+  return ml_collections.ConfigDict(dict(keep_last=keep_last, keep_every=keep_every, async_save=async_save))
+
+
+def verify_all(step_dir) -> None:
+  checksums.verify(step_dir, checksums.read(step_dir))
+
+
+def warnings_of(caplog) -> list[str]:
+  return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
 
 
 def test_a_failed_asynchronous_save_is_reported_by_the_next_check(tmp_path, caplog):
-  cfg = ml_collections.ConfigDict(dict(keep_last=3, keep_every=0, async_save=True))
-  state = {"params": {"w": jnp.arange(50_000, dtype=jnp.float32)}}  # 200 kB: over the limit below
+  state = state_at(1, 50_000)  # 400 kB: over the limit below
   soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-  with checkpoint.Checkpointer(tmp_path, cfg) as ckpt, caplog.at_level(logging.INFO):
-    ckpt.save(1, state, {"config": {}})
+  with checkpoint.Checkpointer(tmp_path, config()) as ckpt, caplog.at_level(logging.INFO):
+    ckpt.save(1, state, META)
     ckpt.wait()
     resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, hard))  # Python ignores SIGXFSZ: writes fail with EFBIG
     try:
-      ckpt.save(2, state, {"config": {}})
+      ckpt.save(2, state, META)
       with pytest.raises(UserError, match=f"^could not write checkpoint 2 to {tmp_path}: File too large; free space"):
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:  # A training loop calls check() after every step.
@@ -35,32 +79,157 @@ def test_a_failed_asynchronous_save_is_reported_by_the_next_check(tmp_path, capl
     finally:
       resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
     assert not [r for r in caplog.records if r.exc_info], "orbax's tracebacks were logged"
-  checkpoint.verify(tmp_path / "1")
+  verify_all(tmp_path / "1")
   assert sorted(p.name for p in tmp_path.iterdir() if p.name.isdigit()) == ["1"]
 
 
 def test_an_interrupted_first_save_is_reported(tmp_path, caplog):
   """A run killed during its first save leaves only orbax's temporary directory: resuming says so."""
   (tmp_path / "4.orbax-checkpoint-tmp-1700000000").mkdir()
-  cfg = ml_collections.ConfigDict(dict(keep_last=3, keep_every=0, async_save=True))
-  with checkpoint.Checkpointer(tmp_path, cfg) as ckpt, caplog.at_level(logging.WARNING):
+  with checkpoint.Checkpointer(tmp_path, config()) as ckpt, caplog.at_level(logging.WARNING):
     assert ckpt.restore_latest(None) is None
   assert ckpt.interrupted == [4]
-  assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == [
+  assert warnings_of(caplog) == [
       f"the save of checkpoint 4 in {tmp_path} was interrupted (its partial files are removed); resuming from the "
       f"newest finished checkpoint, if any"]
 
 
+@contextlib.contextmanager
+def writes_refused(folder):
+  """Nothing can be created in `folder` while inside: its mode, or for root (whom modes do not stop) its immutable
+  attribute."""
+  if os.geteuid() != 0:
+    folder.chmod(0o500)
+    try:
+      yield
+    finally:
+      folder.chmod(0o700)
+    return
+  if subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode:
+    pytest.skip("chattr +i is not supported here: root writes anywhere")
+  try:
+    yield
+  finally:
+    subprocess.run(["chattr", "-i", str(folder)], check=True)
+
+
+def test_a_refused_write_is_one_line(tmp_path, caplog):
+  """Permission refused at a save: one line naming the checkpoint and the cause; the previous one is intact."""
+  with checkpoint.Checkpointer(tmp_path, config(async_save=False)) as ckpt, caplog.at_level(logging.INFO):
+    ckpt.save(1, state_at(1), META)
+    with writes_refused(tmp_path):
+      with pytest.raises(UserError, match=f"^could not write checkpoint 2 to {tmp_path}: (Operation not permitted|"
+                                          f"Permission denied); free space or fix permissions, then rerun"):
+        ckpt.save(2, state_at(2), META)
+  assert not [r for r in caplog.records if r.exc_info], "tracebacks were logged"
+  verify_all(tmp_path / "1")
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["1"]
+
+
 def test_settings_older_configs_left_implicit_are_not_reported_as_changed():
-  """A checkpoint whose config predates explicit sharding rules and model.scan_layers resumes without a warning
-  about them; a real difference is still reported."""
+  """A checkpoint whose config predates explicit sharding rules, model.scan_layers and data.lowercase resumes
+  without a warning about them (`migrate` spells them out as they then meant); a real difference is reported."""
   current = json.loads(pretrain.get_config("tupe_a,tiny").to_json_best_effort())
   old = json.loads(json.dumps(current))
   old["sharding_rules"] = []
-  del old["model"]["scan_layers"]
-  compare = lambda a, b: resume.changed_settings(resume._with_implicit_defaults(a),
-                                                 resume._with_implicit_defaults(b))
-  assert resume.changed_settings(old, current)  # what the comparison reported before
-  assert compare(old, current) == []
+  del old["model"]["scan_layers"], old["data"]["lowercase"]
+  assert resume.changed_settings(old, current)  # what the comparison reports without the typed meta
+  saved = checkpoint.migrate({"config": old, "vocab": [], "train_examples": 1}).config
+  assert resume.changed_settings(saved, checkpoint.create_meta(current, [], 1).config) == []
   current["model"]["scan_layers"] = True
-  assert compare(old, current) == ["model.scan_layers=False in the checkpoint, True now"]
+  assert resume.changed_settings(saved, checkpoint.create_meta(current, [], 1).config) == [
+      "model.scan_layers=False in the checkpoint, True now"]
+
+
+@pytest.mark.parametrize("async_save", [True, False])
+def test_checkpoints_in_a_bucket(gcs_bucket, async_save, caplog):
+  """Saved through orbax's commit protocol (no rename): every object checksummed, keep_last=2 and keep_every=3
+  kept, an uncommitted step (a killed save) ignored by readers and removed on resume, a flipped byte in one
+  object skipped with one line, and the previous checkpoint restored exactly."""
+  root = f"{gcs_bucket}/run/checkpoints"
+  with checkpoint.Checkpointer(root, config(keep_last=2, keep_every=3, async_save=async_save)) as ckpt:
+    for step in range(1, 7):
+      ckpt.save(step, state_at(step), META)
+      ckpt.check()
+  steps = lambda: sorted(int(p.name) for p in storage.iterdir(root) if p.name.isdigit())
+  assert steps() == [3, 5, 6]
+  for step in steps():
+    step_dir = storage.path(f"{root}/{step}")
+    assert set(checksums.read(step_dir)) == set(storage.walk_files(step_dir)) - {checksums.CHECKSUMS}
+    verify_all(step_dir)
+  assert checkpoint.latest_step_dir(f"{gcs_bucket}/run") == storage.path(f"{root}/6")
+
+  # A killed save: step 7's objects, without orbax's commit object.
+  for name in storage.walk_files(f"{root}/6"):
+    if name != "commit_success.txt":
+      storage.copy(f"{root}/6/{name}", f"{root}/7/{name}")
+  assert checkpoint.latest_step_dir(f"{gcs_bucket}/run") == storage.path(f"{root}/6")
+  # One flipped byte in step 6's largest parameter object.
+  names = [n for n in storage.walk_files(f"{root}/6") if n.startswith("params/ocdbt.process_0/d/")]
+  name = max(names, key=lambda n: storage.size(f"{root}/6/{n}"))
+  data = bytearray(storage.read_bytes(f"{root}/6/{name}"))
+  data[len(data) // 2] ^= 0xFF
+  storage.write_bytes(f"{root}/6/{name}", bytes(data))
+  skipped = f"skipping checkpoint 6 in {root}: it could not be restored ({name} has other bytes than when it was saved)"
+  with caplog.at_level(logging.WARNING):
+    _, params = checkpoint.load_params(f"{gcs_bucket}/run")
+  jax.tree_util.tree_map(np.testing.assert_array_equal, params, jax.device_get(state_at(5).params))
+  assert warnings_of(caplog) == [skipped]
+
+  caplog.clear()
+  with checkpoint.Checkpointer(root, config()) as ckpt, caplog.at_level(logging.WARNING):
+    assert ckpt.interrupted == [7]
+    step, restored, meta = ckpt.restore_latest(abstract(state_at(5)))
+    assert step == 5 and meta == META
+    assert_state(restored, 5)
+    assert ckpt.save(6, state_at(6), META)  # the step set aside is saved again
+  warnings = warnings_of(caplog)
+  assert warnings[:2] == [f"the save of checkpoint 7 in {root} was interrupted (its partial files are removed); "
+                          f"resuming from the newest finished checkpoint, if any", skipped]
+  assert warnings[2].startswith(f"renamed the unrestorable checkpoint 6 to {root}/6.corrupt-") and len(warnings) == 3
+  assert [p.name for p in storage.iterdir(root) if p.name.isdigit()] == ["3", "5", "6"]
+  verify_all(storage.path(f"{root}/6"))
+
+
+def test_an_unknown_bucket_is_one_line(gcs_emulator):
+  with pytest.raises(UserError, match=r"^cannot create the checkpoint directory gs://tupe-no-such-bucket/run/"
+                                      r"checkpoints \(.*\); choose another --workdir$"):
+    checkpoint.Checkpointer("gs://tupe-no-such-bucket/run/checkpoints", config())
+
+
+def test_the_endpoint_going_away_during_a_save(tmp_path, caplog):
+  """The store stops answering while checkpoint 2 is being written: the run stops at that save with one line,
+  checkpoint 1 stays intact, and once the endpoint is back (the same emulator started again on its port and its
+  objects) the run resumes from checkpoint 1, bit for bit, and saves on."""
+  emulator = gcs_emulator.Emulator(tmp_path / "store", gcs_emulator.free_port())
+  emulator.start()
+  try:
+    with gcs_emulator.emulator_environment(emulator):
+      root = gcs_emulator.create_bucket(emulator.url, "tupe-endpoint") + "/run/checkpoints"
+      size = 1_000_000  # 4 MB per item: the save is still being written when the endpoint goes
+      ckpt = checkpoint.Checkpointer(root, config())
+      ckpt.save(1, state_at(1, size), META)
+      ckpt.wait()
+      with caplog.at_level(logging.INFO):
+        ckpt.save(2, state_at(2, size), META)
+        emulator.stop()
+        with pytest.raises(UserError, match=f"^could not write checkpoint 2 to {root}: .*; check the bucket, your "
+                                            f"permission to write there and the connection to it, then rerun to "
+                                            f"resume from the last good checkpoint$"):
+          while True:  # A training loop calls check() after every step.
+            ckpt.check()
+            time.sleep(0.05)
+        with pytest.raises(UserError):  # the same failure, once more on close
+          ckpt.close()
+      assert not [r for r in caplog.records if r.exc_info], "tracebacks were logged"
+
+      emulator.start()
+      verify_all(storage.path(f"{root}/1"))
+      with checkpoint.Checkpointer(root, config()) as ckpt:
+        step, restored, _ = ckpt.restore_latest(abstract(state_at(1, size)))
+        assert step == 1
+        assert_state(restored, 1, size)
+        assert ckpt.save(2, state_at(2, size), META)
+      verify_all(storage.path(f"{root}/2"))
+  finally:
+    emulator.stop()

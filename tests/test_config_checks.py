@@ -1,11 +1,13 @@
 """Config values that train.py (and tupe.sweep, for every grid point) rejects in one line before anything loads:
 `trainer.check_config`. The same checks through the real command: tests/test_reliability.py."""
+import pathlib
 import re
 
 import pytest
 
 from configs import pretrain
 from tupe import cli
+from tupe import sweep
 from tupe import trainer
 from tupe.errors import UserError
 
@@ -13,7 +15,9 @@ from tupe.errors import UserError
 BAD_VALUES = (
     ("model.num_heads", 0, "model.num_heads=0 must be 1 or more"),
     ("model.ffn_groups", 0, "model.ffn_groups=0 must be 1 or more"),
-    ("model.dtype", "float8", "model.dtype='float8'; use float32, bfloat16 or float16"),
+    ("model.dtype", "float8", "model.dtype='float8'; use float32 or bfloat16"),
+    ("model.dtype", "float16", "model.dtype='float16' is refused: no loss scaling is done, so small gradients "
+                               "would underflow to zero; use --config.model.dtype=bfloat16"),
     ("optimizer.learning_rate", -1e-4, "optimizer.learning_rate=-0.0001 is negative; use 0 or more"),
     ("optimizer.learning_rate", 1e39, "optimizer.learning_rate=1e+39 overflows float32 (at most 3.4e+38)"),
     ("optimizer.warmup_steps", 1000, "optimizer.warmup_steps=1000 must be below the 1000 training steps"),
@@ -22,7 +26,7 @@ BAD_VALUES = (
 )
 
 
-@pytest.mark.parametrize("field,value,words", BAD_VALUES, ids=[case[0] for case in BAD_VALUES])
+@pytest.mark.parametrize("field,value,words", BAD_VALUES, ids=[f"{case[0]}={case[1]}" for case in BAD_VALUES])
 def test_bad_values_are_one_line(field, value, words):
   cfg = pretrain.get_config("tupe_a,base")
   cfg.num_train_steps = 1000
@@ -30,12 +34,6 @@ def test_bad_values_are_one_line(field, value, words):
   (cfg[parent] if parent else cfg)[name] = value
   with pytest.raises(UserError, match=f"^{re.escape(words)}"):
     trainer.check_config(cfg)
-
-
-def test_float16_is_accepted():
-  cfg = pretrain.get_config("tupe_a,base")
-  cfg.model.dtype = "float16"
-  trainer.check_config(cfg)
 
 
 LOADER_ERRORS = [
@@ -68,3 +66,57 @@ def test_the_config_loader_applies_typed_overrides():
     cli.load_config("configs/nope.py:x")
   with pytest.raises(UserError, match="unknown model 'nope'"):
     cli.load_config("configs/pretrain.py:nope,tiny")
+
+
+def test_a_repeated_flag_replaces_the_earlier_one():
+  """The last of a repeated --config flag wins, for tuple-valued fields as for scalars (config_flags appends)."""
+  argv = ["eval_glue.py", "--config", "configs/glue.py:tupe", "--workdir", "w", "--config.learning_rates=1e-4",
+          "--config.seeds=0", "--config.batch_size=16", "--config.learning_rates=2e-4", "--config.seeds", "1,2",
+          "--config.batch_size=8"]
+  cfg = cli.check_config_flags(argv)
+  assert cfg.learning_rates == (2e-4,) and cfg.seeds == (1, 2) and cfg.batch_size == 8
+  assert cli.last_wins(argv) == argv[:5] + argv[8:]
+
+
+@pytest.mark.parametrize("script, spec, right", [
+    ("eval_glue.py", "configs/pretrain.py:tupe_a,tiny", "train.py"),
+    ("train.py", "configs/glue.py:tupe", "eval_glue.py")])
+def test_a_config_for_the_other_entry_point_names_the_right_script(script, spec, right):
+  """Even with an override that only the right script's config has (no "did you mean" on the wrong one)."""
+  argv = [script, "--config", spec, "--workdir", "w", "--config.init_checkpoint=runs/x"]
+  with pytest.raises(UserError, match=f"^--config {re.escape(spec)} is a config for {right}, not {script}: run "
+                                      f"python {right} --config {re.escape(spec)}"):
+    cli.check_config_flags(argv)
+
+
+def test_data_files_without_a_source_that_reads_them_is_an_error():
+  cfg = pretrain.get_config("tupe_a,tiny")
+  cfg.data.files = "corpus/*.txt"
+  with pytest.raises(UserError, match=r"^data.files='corpus/\*.txt' is ignored by data.source='demo': add "
+                                      r"--config.data.source=text"):
+    trainer.check_config(cfg)
+  cfg.data.source = "text"
+  trainer.check_config(cfg)
+
+
+def test_sweep_workdirs_stay_inside_the_root_and_apart(tmp_path):
+  grid = sweep.parse_grid(["data.files=a.txt,./a.txt,../../etc/x,/abs/a.txt", "seed=0"])
+  commands = sweep.runs("configs/pretrain.py:tupe_a,tiny", str(tmp_path / "root"), grid, [])
+  workdirs = [pathlib.Path(c[3].split("=", 1)[1]) for c in commands]
+  assert len(set(workdirs)) == 4 and all(w.parent == tmp_path / "root" for w in workdirs)
+  assert workdirs[0].name == "data.files=a.txt,seed=0" and ".." not in "".join(w.name for w in workdirs)
+  assert "--config.data.files=../../etc/x" in commands[2]  # the exact value reaches the run (and its config.json)
+  with pytest.raises(UserError, match="the grid gives seed=0 twice"):
+    sweep.runs("configs/pretrain.py:tupe_a,tiny", str(tmp_path), sweep.parse_grid(["seed=0,0"]), [])
+
+
+def test_sweep_print_checks_each_point_with_its_data(tmp_path, capsys):
+  """`--print` refuses a grid point that train.py would refuse once its data is read (the demo text's 8,192-token
+  vocab against the model's 30,522 rows), and prints the points that train.py accepts."""
+  argv = ["sweep", "--config", "configs/pretrain.py:tupe_a,tiny", "--root", str(tmp_path), "--print"]
+  with pytest.raises(UserError, match=r"^run 2/2 \(model.vocab_size=30522\): model.vocab_size=30522 but the "
+                                      r"tokenizer has 8192 tokens"):
+    sweep.main(argv + ["--grid", "model.vocab_size=0,30522"])
+  assert capsys.readouterr().out == ""
+  sweep.main(argv + ["--grid", "model.vocab_size=0,8192"])
+  assert len(capsys.readouterr().out.strip().splitlines()) == 2

@@ -1,10 +1,14 @@
 """Export to HF transformers: each model family trained 2 steps at tiny size, exported with
 `python -m tupe.tools.export_hf`, loaded with transformers and compared with this package on a padded batch
-(hidden states, masked-LM and discriminator logits within 1e-5 in float32); tokenization compared with ours;
-the export imported back bit-identically; a checkpoint with scanned layers exported as the unrolled one; an
-option without HF counterpart refused in one line."""
+(hidden states, masked-LM and discriminator logits within 1e-5 in float32), with and without an attention
+mask, and on sentence pairs from the exported tokenizer; tokenization compared with ours; the export imported
+back bit-identically; a checkpoint with scanned layers exported as the unrolled one; an option without HF
+counterpart refused in one line; the TUPE family's task heads through the Auto classes; a GLUE classifier
+exported with its head; and a few fine-tuning steps of every kind with transformers' Trainer."""
 import json
+import os
 import shutil
+import subprocess
 import sys
 
 import jax
@@ -126,13 +130,17 @@ def assert_tokenizer(cfg, directory):
   theirs = transformers.AutoTokenizer.from_pretrained(directory, trust_remote_code=remote)
   for text in SENTENCES:
     assert theirs(text, add_special_tokens=False)["input_ids"] == ours.encode(text, add_special_tokens=False).ids
-  # A special token's text is that token in HF (as fill-mask needs) and text here, unless HF is told to split it.
-  text = "fill the [MASK] in, [SEP]"
+  # A special token's text is that token in HF (as fill-mask needs) and text here, unless HF is told to split it
+  # (AutoTokenizer's tokenizer; transformers 4's slow BertTokenizer keeps a standalone special token whole).
   mask_id = tokenizer_lib.read_vocab(cfg.data.vocab_file).index("[MASK]")
-  assert mask_id in theirs(text, add_special_tokens=False)["input_ids"]
-  assert mask_id not in ours.encode(text, add_special_tokens=False).ids
   split = transformers.AutoTokenizer.from_pretrained(directory, trust_remote_code=remote, split_special_tokens=True)
-  assert split(text, add_special_tokens=False)["input_ids"] == ours.encode(text, add_special_tokens=False).ids
+  for text in ("fill the [MASK] in, [SEP]", "[MASK]"):
+    assert mask_id in theirs(text, add_special_tokens=False)["input_ids"]
+    assert mask_id not in ours.encode(text, add_special_tokens=False).ids
+    assert split(text, add_special_tokens=False)["input_ids"] == ours.encode(text, add_special_tokens=False).ids
+  if transformers.__version__.startswith("4."):
+    slow = transformers.AutoTokenizer.from_pretrained(directory, use_fast=False, split_special_tokens=True)
+    assert slow("[MASK]", add_special_tokens=False)["input_ids"] == [mask_id]
   pairs = [glue.Example(idx=i, text_a=a, text_b=b, label=0) for i, (a, b) in enumerate(zip(SENTENCES, SENTENCES[1:]))]
   expected = encoding.encode(ours, pairs, 64)
   got = theirs([p.text_a for p in pairs], [p.text_b for p in pairs], padding="max_length", max_length=64,
@@ -157,7 +165,19 @@ def test_masked_lm_export(name, exported):
   assert_close(ours["hidden_states"], out.hidden_states)
   logits = models.MaskedLM(cfg.model).apply({"params": params}, *map(jnp.asarray, batch))
   assert max_diff(logits, out.logits) < TOLERANCE
+  # Without attention_mask, the TUPE family derives it from the pad id, as this package does; transformers'
+  # BERT and ConvBERT attend to every token, padding included (rows 1 and 2 are padded).
+  ids, _, types = torch_inputs(*batch).values()
+  with torch.no_grad():
+    unmasked = model(input_ids=ids, token_type_ids=types, output_hidden_states=True).hidden_states[-1]
+  if remote:
+    assert max_diff(ours["hidden_states"][-1], unmasked) < TOLERANCE
+  else:
+    assert max_diff(ours["hidden_states"][-1][0], unmasked[0]) < TOLERANCE
+    assert max_diff(ours["hidden_states"][-1][1:], unmasked[1:]) > 1e-3
   assert_tokenizer(cfg, directory)
+  fill_mask = transformers.pipeline("fill-mask", model=str(directory), trust_remote_code=remote)
+  assert len(fill_mask("the quick [MASK] jumps")) == 5
   assert_round_trip(workdir, directory)
   if name == "convbert_mlm":  # The HF ConvBERT importer reads the export as well.
     _, imported = hf.import_convbert_mlm(directory)
@@ -267,5 +287,144 @@ def test_missing_transformers_is_one_line(tmp_path, monkeypatch, capsys):
 def test_relative_buckets_match_ours():
   """The PyTorch buckets equal tupe.models.position's, edges included, for several bucket settings."""
   for num_buckets, max_distance in ((32, 128), (16, 64), (64, 256), (32, 512)):
-    np.testing.assert_array_equal(modeling_tupe.relative_buckets(600, num_buckets, max_distance).numpy(),
+    np.testing.assert_array_equal(modeling_tupe.relative_buckets(torch.arange(600), num_buckets, max_distance).numpy(),
                                   position.relative_buckets(600, num_buckets, max_distance))
+
+
+def test_bert_a_sentence_pairs(exported):
+  """The exported tokenizer's pairs (second segment token type 1) run through the BERT-A export (pre-trained
+  without token types) as through ours."""
+  cfg, workdir, directory = exported("bert_a")
+  tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+  model = transformers.AutoModel.from_pretrained(directory).eval()
+  pairs = tokenizer(SENTENCES, SENTENCES[1:] + SENTENCES[:1], padding=True, truncation=True, return_tensors="pt")
+  assert pairs["token_type_ids"].max() == 1
+  with torch.no_grad():
+    theirs = model(**pairs).last_hidden_state
+  _, params = checkpoint.load_params(workdir)
+  ours = models.encode(cfg.model, params["encoder"], *(pairs[k].numpy() for k in
+                                                       ("input_ids", "attention_mask", "token_type_ids")))
+  assert max_diff(ours["last_hidden_state"], theirs) < TOLERANCE
+
+
+@pytest.mark.parametrize("name", ["tupe_a", "tupe_a_tie_cls", "tupe_r", "bert_r"])
+def test_task_heads_load_through_auto_classes(name, exported):
+  """Each head of auto_map loads from the masked-LM export, its encoder the exported one."""
+  cfg, _, directory = exported(name)
+  ids, mask, types = torch_inputs(*padded_batch(cfg)).values()
+  with torch.no_grad():
+    expected = transformers.AutoModel.from_pretrained(directory, trust_remote_code=True).eval()(ids, mask).last_hidden_state
+  for auto_class, head in (("AutoModelForSequenceClassification", "TupeForSequenceClassification"),
+                           ("AutoModelForTokenClassification", "TupeForTokenClassification"),
+                           ("AutoModelForMultipleChoice", "TupeForMultipleChoice")):
+    model = getattr(transformers, auto_class).from_pretrained(directory, trust_remote_code=True).eval()
+    assert type(model).__name__ == head
+    with torch.no_grad():
+      assert torch.equal(model.tupe(ids, mask).last_hidden_state, expected)
+      batch = (ids[None], mask[None], types[None]) if head == "TupeForMultipleChoice" else (ids, mask, types)
+      assert torch.isfinite(model(*batch).logits).all()
+
+
+@pytest.mark.parametrize("name", ["bert_a", "tupe_r"])
+def test_classifier_export(name, exported, tmp_path):
+  """A `tupe`-head classifier's params (the pre-trained encoder, a random head) export with the head:
+  AutoModelForSequenceClassification's logits are ours within 1e-5; another head is refused in one line."""
+  cfg, workdir, _ = exported(name)
+  meta, pretrained = checkpoint.load_params(workdir)
+  module = models.Classifier(cfg.model, 3, "tupe")
+  batch = padded_batch(cfg)
+  params = models.init_module(module, cfg.model)
+  params = dict(params, encoder=pretrained["encoder"], head=jax.tree_util.tree_map(
+      lambda x: x + 0.1 * jax.random.normal(jax.random.PRNGKey(1), x.shape), params["head"]))
+  with pytest.raises(UserError, match="fine-tune with --config.head=tupe"):
+    export_hf.export_classifier(cfg.model, params, "convbert", tmp_path / "refused")
+  directory = export_hf.export_classifier(cfg.model, params, "tupe", tmp_path / "hf", meta.vocab,
+                                          cfg.data.lowercase)
+  remote = name != "bert_a"
+  model = transformers.AutoModelForSequenceClassification.from_pretrained(directory, trust_remote_code=remote)
+  assert model.config.num_labels == 3
+  with torch.no_grad():
+    theirs = model.eval()(**torch_inputs(*batch)).logits
+  assert max_diff(module.apply({"params": params}, *map(jnp.asarray, batch)), theirs) < TOLERANCE
+  assert transformers.AutoTokenizer.from_pretrained(directory, trust_remote_code=remote)("a café")["input_ids"]
+  with pytest.raises(UserError, match="holds a fine-tuned classifier"):
+    hf_layout.import_pretrained(directory)
+
+
+MRPC_STYLE = [("The quick brown fox jumps over the lazy dog.", "A quick brown fox jumped over a lazy dog.", 1),
+              ("Attention maps show which tokens each position reads.", "Numbers 1234 and 56 appear here.", 0),
+              ("A café in Zürich serves Crème brûlée.", "Crème brûlée is served at a café in Zürich.", 1),
+              ("Positions are untied.", "Another document has punctuation (brackets).", 0)] * 2
+
+
+@pytest.mark.parametrize("name", ["bert_a", "bert_r", "tupe_a", "tupe_a_tie_cls", "tupe_r", "convbert_mlm",
+                                  "convbert"])
+def test_fine_tuning_with_trainer(name, exported, tmp_path):
+  """AutoModelForSequenceClassification on an MRPC-style pair batch, a few Trainer steps: the loss falls, and
+  save_pretrained and reload give the same logits."""
+  _, _, directory = exported(name)
+  remote = json.loads((directory / "config.json").read_text())["model_type"] == "tupe"
+  tokenizer = transformers.AutoTokenizer.from_pretrained(directory, trust_remote_code=remote)
+  torch.manual_seed(0)
+  model = transformers.AutoModelForSequenceClassification.from_pretrained(directory, num_labels=2,
+                                                                          trust_remote_code=remote)
+  a, b, labels = zip(*MRPC_STYLE)
+  batch = dict(tokenizer(list(a), list(b), padding=True, truncation=True, return_tensors="pt"),
+               labels=torch.tensor(labels))
+  rows = [{k: v[i] for k, v in batch.items()} for i in range(len(labels))]
+
+  def loss():
+    with torch.no_grad():
+      return float(model.eval()(**batch).loss)
+  before = loss()
+  args = transformers.TrainingArguments(
+      output_dir=str(tmp_path / "trainer"), per_device_train_batch_size=len(rows), max_steps=8,
+      learning_rate=1e-3, warmup_steps=0, save_strategy="no", report_to="none", use_cpu=True, seed=0,
+      logging_steps=1, disable_tqdm=True)
+  transformers.Trainer(model=model, args=args, train_dataset=rows).train()
+  assert loss() < before
+  model.save_pretrained(tmp_path / "tuned")
+  reloaded = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "tuned",
+                                                                             trust_remote_code=remote)
+  with torch.no_grad():
+    assert torch.equal(reloaded.eval()(**batch).logits, model.eval()(**batch).logits)
+
+
+# Loads each export given on the command line, in whatever transformers the running python has, and saves the
+# masked-LM (ELECTRA: discriminator) outputs on a pair batch from its tokenizer to the file given first.
+OTHER_TRANSFORMERS_SCRIPT = """
+import json, sys, torch, transformers, safetensors.torch
+outputs = {}
+for directory in sys.argv[2:]:
+  config = json.load(open(directory + "/config.json"))
+  remote = config["model_type"] == "tupe"
+  auto = transformers.AutoModelForMaskedLM if config["tupe_objective"] == "mlm" else transformers.AutoModel
+  tokenizer = transformers.AutoTokenizer.from_pretrained(directory, trust_remote_code=remote)
+  model = auto.from_pretrained(directory, trust_remote_code=remote).eval()
+  batch = tokenizer(["a quick fox [MASK]", "a caf\u00e9"], ["the lazy dog", "br\u00fbl\u00e9e"], padding=True,
+                    return_tensors="pt")
+  with torch.no_grad():
+    outputs[directory] = model(**batch)[0].contiguous()
+safetensors.torch.save_file(outputs, sys.argv[1])
+print(transformers.__version__)
+"""
+
+
+@pytest.mark.slow
+def test_exports_load_under_other_transformers(exported, tmp_path):
+  """Exports written here (CI: transformers 5.x) load under the transformers of the python named by
+  TUPE_OTHER_TRANSFORMERS_PYTHON (e.g. 4.45, in a venv of its own) and compute the same outputs."""
+  python = os.environ.get("TUPE_OTHER_TRANSFORMERS_PYTHON")
+  if not python:
+    pytest.skip("set TUPE_OTHER_TRANSFORMERS_PYTHON to a python with another transformers version")
+  directories = [str(exported(name)[2]) for name in ("bert_a", "bert_r", "tupe_a", "tupe_a_tie_cls", "tupe_r",
+                                                      "convbert_mlm", "convbert")]
+  for python_here, file in ((python, tmp_path / "other.safetensors"), (sys.executable, tmp_path / "here.safetensors")):
+    run = subprocess.run([python_here, "-c", OTHER_TRANSFORMERS_SCRIPT, str(file), *directories],
+                         capture_output=True, text=True, check=True)
+    print(f"transformers {run.stdout.strip()}: {python_here}")
+  other, here = (safetensors.torch.load_file(tmp_path / f) for f in ("other.safetensors", "here.safetensors"))
+  assert other.keys() == here.keys() == set(directories)
+  for directory in directories:
+    diff = float((other[directory] - here[directory]).abs().max())
+    assert diff < 1e-6, (directory, diff)

@@ -1,7 +1,6 @@
 """GLUE registry, TSV/TFDS loaders and pair encoding, on the real GLUE files and on small files written here."""
 import collections
 import itertools
-import time
 
 import numpy as np
 import pytest
@@ -312,13 +311,18 @@ def test_encode_special_ids_and_tokenizer_settings(tokenizer, bert_vocab):
     encoding.encode(bare, example, 8)
 
 
-def test_encode_sst2_train_is_fast(glue_dir, tokenizer):
+def test_encode_sst2_train(glue_dir, tokenizer):
+  """The whole split encodes correctly (its speed is measured by bench.glue_encoding, not asserted here)."""
   examples = glue.load_split(glue_dir, "SST-2", "train")
-  start = time.perf_counter()
   encoded = encoding.encode(tokenizer, examples, 66)
-  elapsed = time.perf_counter() - start
   assert encoded["input_ids"].shape == (67349, 66)
   assert (encoded["input_ids"][:, 0] == 101).all()
   lengths = encoded["attention_mask"].sum(1)
   assert (encoded["input_ids"][np.arange(len(lengths)), lengths - 1] == 102).all()
-  assert elapsed < 20, f"encoding SST-2 train took {elapsed:.1f} s"
+
+
+def test_the_encoding_benchmark_measures_what_the_test_no_longer_times(glue_dir, bert_vocab, capsys):
+  from bench import glue_encoding
+  [record] = glue_encoding.main(["--tiny", "--glue-dir", str(glue_dir), "--vocab", str(bert_vocab)])
+  assert record["rows"] == 256 and record["rows_per_s"] > 0 and record["task"] == "SST-2"
+  assert '"what": "glue encoding"' in capsys.readouterr().out

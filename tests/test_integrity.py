@@ -1,8 +1,9 @@
 """Checkpoint integrity: every file of a finished checkpoint has its sha256 recorded when the save completes, and
-every reader verifies it. A workdir's damaged checkpoint is skipped with a one-line warning naming the step and
-the file, and the newest intact one is used; a damaged step directory named explicitly is a one-line error;
-checkpoints saved before checksums were recorded still load, with one note. train.py's resume from a damaged
-checkpoint: tests/test_resume.py::test_corrupted_newest_checkpoint_falls_back.
+every reader checks the record both ways (no file missing, none unlisted, no bytes changed). A workdir's damaged
+checkpoint is skipped with a one-line warning naming the step and the file, and the newest intact one is used; a
+damaged step directory named explicitly is a one-line error; a checksums.json missing, emptied or partial is damage;
+checkpoints of an older layout without checksums still load, with one note. train.py's resume from a damaged
+checkpoint: tests/test_resume.py::test_corrupted_newest_checkpoint_falls_back. In a bucket: test_a_bucket_checkpoint.
 """
 import json
 import logging
@@ -14,16 +15,21 @@ import jax
 import numpy as np
 import pytest
 
+import ml_collections
+import orbax.checkpoint as ocp
+
 from configs import pretrain
-from test_resume import REPO, TINY
+from test_resume import REPO, TINY, checkpoint_state
 from tupe import checkpoint
+from tupe import checksums
 from tupe import trainer
+from tupe import training
 from tupe.errors import UserError
 
 # One file of each kind orbax writes into a step directory (glob patterns relative to it).
-KINDS = ("state/ocdbt.process_0/d/*", "state/d/*", "state/manifest.ocdbt", "state/ocdbt.process_0/manifest.ocdbt",
-         "state/_METADATA", "state/_sharding", "state/array_metadatas/process_0", "meta/metadata",
-         "_CHECKPOINT_METADATA", "commit_success.txt")
+KINDS = ("params/ocdbt.process_0/d/*", "params/d/*", "params/manifest.ocdbt", "params/ocdbt.process_0/manifest.ocdbt",
+         "params/_METADATA", "params/_sharding", "params/array_metadatas/process_0", "optimizer/ocdbt.process_0/d/*",
+         "optimizer/_METADATA", "meta/metadata", "_CHECKPOINT_METADATA", "commit_success.txt")
 
 
 @pytest.fixture(scope="module")
@@ -63,21 +69,33 @@ def test_every_file_is_checksummed(workdir):
     files = {str(p.relative_to(step_dir)) for p in step_dir.rglob("*") if p.is_file()}
     assert set(recorded) == files - {checkpoint.CHECKSUMS}
     assert all(any(step_dir.glob(kind)) for kind in KINDS)
-    checkpoint.verify(step_dir)
+    verify_all(step_dir)
+
+
+def verify_all(step_dir) -> None:
+  checksums.verify(step_dir, checksums.read(step_dir))
+
+
+def warnings_of(caplog) -> list[str]:
+  return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_flipped_bytes_are_found_by_every_reader(kind, workdir, tmp_path, caplog):
+  """A reader of parameters reads and verifies the params item (and the meta, and the step's own files), not the
+  optimizer's: a flipped byte there is found by train.py's resume (test_resume.py), which reads it."""
   copy, name = damaged_copy(workdir, tmp_path, kind)
   with pytest.raises(checkpoint.DamagedCheckpoint, match=f"^{name} has other bytes than when it was saved$"):
-    checkpoint.verify(copy / "checkpoints" / "2")
+    verify_all(copy / "checkpoints" / "2")
+  if name.startswith("optimizer/"):
+    assert checkpoint.latest_step_dir(copy) == copy / "checkpoints" / "2"
+    return
   # A workdir: one warning naming the step and the file; the older checkpoint is used, nothing is renamed.
   with caplog.at_level(logging.WARNING):
     meta, params = checkpoint.load_params(copy)
     assert checkpoint.latest_step_dir(copy) == copy / "checkpoints" / "1"  # eval_glue.py asks again: no new line
-  warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-  assert warnings == [f"skipping checkpoint 2 in {copy / 'checkpoints'}: it could not be restored ({name} has "
-                      f"other bytes than when it was saved)"]
+  assert warnings_of(caplog) == [f"skipping checkpoint 2 in {copy / 'checkpoints'}: it could not be restored "
+                                 f"({name} has other bytes than when it was saved)"]
   expected = checkpoint.load_params(workdir / "checkpoints" / "1")[1]
   jax.tree_util.tree_map(np.testing.assert_array_equal, params, expected)
   assert sorted(p.name for p in (copy / "checkpoints").iterdir()) == ["1", "2"]
@@ -86,28 +104,8 @@ def test_flipped_bytes_are_found_by_every_reader(kind, workdir, tmp_path, caplog
     checkpoint.load_meta(copy / "checkpoints" / "2")
 
 
-def test_unreadable_metadata_of_a_checkpoint_without_checksums_falls_back(workdir, tmp_path, caplog):
-  """Saved before checksums were recorded: loads with one note; its truncated metadata is skipped as train.py
-  skips it, not a JSONDecodeError."""
-  copy = tmp_path / "run"
-  shutil.copytree(workdir, copy)
-  for step in (1, 2):
-    (copy / "checkpoints" / str(step) / checkpoint.CHECKSUMS).unlink()
-  metadata = copy / "checkpoints" / "2" / "meta" / "metadata"
-  metadata.write_text(metadata.read_text()[:40])
-  with caplog.at_level(logging.WARNING):
-    assert checkpoint.latest_step_dir(copy) == copy / "checkpoints" / "1"
-    assert checkpoint.load_meta(copy)["config"]["model"]["name"] == "tupe_a"
-  warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-  assert len([w for w in warnings if "carry no checksums" in w]) == 1
-  assert [w for w in warnings if w.startswith("skipping checkpoint 2 ")][0].endswith(
-      "it could not be restored (JSONDecodeError: Unterminated string starting at: line 1 column 33 (char 32))")
-  with pytest.raises(UserError, match="is damaged \\(JSONDecodeError"):
-    checkpoint.load_meta(copy / "checkpoints" / "2")
-
-
 def test_eval_glue_names_a_damaged_checkpoint_in_one_line(workdir, tmp_path):
-  copy, name = damaged_copy(workdir, tmp_path, "state/ocdbt.process_0/d/*")
+  copy, name = damaged_copy(workdir, tmp_path, "params/ocdbt.process_0/d/*")
   step_dir = copy / "checkpoints" / "2"
   proc = subprocess.run([sys.executable, "eval_glue.py", "--config", "configs/glue.py:tupe", "--workdir",
                          str(tmp_path / "glue"), f"--config.init_checkpoint={step_dir}", "--config.tasks=rte"],
@@ -117,3 +115,144 @@ def test_eval_glue_names_a_damaged_checkpoint_in_one_line(workdir, tmp_path):
       f"error: checkpoint {step_dir} is damaged ({name} has other bytes than when it was saved); give an intact "
       f"step directory, or the workdir to use its newest intact checkpoint"]
   assert not (tmp_path / "glue").exists()
+
+
+def abstract_of(state: dict) -> training.TrainState:
+  """The TrainState's shapes and dtypes of a checkpoint_state() dict, on this process's first device."""
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  return training.TrainState(**jax.tree_util.tree_map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), state))
+
+
+CKPT = ml_collections.ConfigDict(dict(keep_last=3, keep_every=0, async_save=True))
+
+
+def resume(root, state: dict, caplog) -> tuple[int, list[str]]:
+  """train.py's resume of a checkpoints/ folder in process: (restored step, its warnings); the restored state is
+  checked against `state`, bit for bit."""
+  caplog.clear()
+  with caplog.at_level(logging.WARNING), checkpoint.Checkpointer(root, CKPT) as ckpt:
+    step, restored, _ = ckpt.restore_latest(abstract_of(state))
+  jax.tree_util.tree_map(np.testing.assert_array_equal, dict(params=restored.params, opt_state=restored.opt_state,
+                                                             step=restored.step, rng=restored.rng), state)
+  return step, warnings_of(caplog)
+
+
+def largest(step_dir, pattern: str) -> str:
+  return str(max(step_dir.glob(pattern), key=lambda p: p.stat().st_size).relative_to(step_dir))
+
+
+@pytest.mark.parametrize("damage", ["deleted", "emptied", "partial", "unlisted file"])
+def test_a_missing_emptied_or_partial_record_is_damage(damage, workdir, tmp_path, caplog):
+  """checksums.json deleted, emptied or listing only some files, or a file it does not list: every reader skips
+  the checkpoint with one line (no note about checkpoints "saved before checksums"), and train.py's resume falls
+  back to the previous one and sets the damaged one aside."""
+  copy = tmp_path / "run"
+  shutil.copytree(workdir, copy)
+  step_dir = copy / "checkpoints" / "2"
+  record = step_dir / checkpoint.CHECKSUMS
+  param_file = largest(step_dir, "params/ocdbt.process_0/d/*")
+  if damage == "deleted":
+    record.unlink()
+    why = "checksums.json is missing (its layout always has one)"
+  elif damage == "emptied":
+    record.write_text("")
+    why = "checksums.json is unreadable (JSONDecodeError: Expecting value: line 1 column 1 (char 0))"
+  elif damage == "partial":
+    recorded = json.loads(record.read_text())
+    del recorded["sha256"][param_file]
+    record.write_text(json.dumps(recorded))
+    why = f"{param_file} is not listed in checksums.json"
+  else:
+    (step_dir / "params" / "extra").write_bytes(b"\0")
+    why = "params/extra is not listed in checksums.json"
+  with caplog.at_level(logging.WARNING):
+    assert checkpoint.latest_step_dir(copy) == copy / "checkpoints" / "1"
+    checkpoint.load_params(copy)
+  assert warnings_of(caplog) == [f"skipping checkpoint 2 in {copy / 'checkpoints'}: it could not be restored "
+                                 f"({why})"]
+  step, warnings = resume(copy / "checkpoints", checkpoint_state(workdir, 1), caplog)
+  assert step == 1 and len(warnings) == 2 and "renamed the unrestorable checkpoint 2" in warnings[1]
+  assert warnings[0] == f"skipping checkpoint 2 in {copy / 'checkpoints'}: it could not be restored ({why})"
+
+
+def test_a_stray_empty_step_folder_is_one_quiet_line(workdir, tmp_path, caplog):
+  copy = tmp_path / "run"
+  shutil.copytree(workdir, copy)
+  (copy / "checkpoints" / "99").mkdir()
+  with caplog.at_level(logging.WARNING):
+    assert checkpoint.latest_step_dir(copy) == copy / "checkpoints" / "2"
+    checkpoint.load_params(copy)
+  line = f"ignoring {copy / 'checkpoints' / '99'}: an empty folder, not a checkpoint"
+  assert warnings_of(caplog) == [line]
+  checkpoint._noted.clear()  # said once per process: train.py says it again
+  assert resume(copy / "checkpoints", checkpoint_state(workdir, 2), caplog) == (2, [line])
+  assert sorted(p.name for p in (copy / "checkpoints").iterdir()) == ["1", "2"]  # nothing else to keep
+
+
+def write_old_layout(root, step: int, state: dict, meta: dict, layout: int) -> None:
+  """A checkpoint as tupe wrote it before the params/optimizer split (`tupe.checkpoint_meta`): layout 0 (items
+  state, data and meta {config, vocab}) or 1 (state and meta {config, vocab, train_examples}, with checksums),
+  through orbax as the old Checkpointer called it."""
+  items = ("state", "data", "meta") if layout == 0 else ("state", "meta")
+  args = dict(state=ocp.args.StandardSave(training.TrainState(**state)), meta=ocp.args.JsonSave(meta))
+  if layout == 0:
+    args["data"] = ocp.args.JsonSave({"next_index": 0})  # stands for grain's iterator state, which is ignored
+  with ocp.CheckpointManager(root, item_names=items) as manager:
+    manager.save(step, args=ocp.args.Composite(**args))
+  if layout == 1:
+    checksums.record(root / str(step))
+
+
+@pytest.mark.parametrize("layout", [0, 1])
+def test_checkpoints_of_older_layouts_load_and_resume(layout, workdir, tmp_path, caplog):
+  """Checkpoints written before the params/optimizer split and the typed meta: readers load their parameters and
+  their meta through `migrate` (the settings older configs left implicit filled in as they then meant), train.py
+  resumes from them bit for bit. Layout 0 has no checksums: one note; a layout-1 checkpoint without checksums
+  beside one that has them is damaged."""
+  saved = json.loads((workdir / "checkpoints" / "2" / "meta" / "metadata").read_text())
+  config = dict(saved["config"], sharding_rules=[], model={k: v for k, v in saved["config"]["model"].items()
+                                                         if k != "scan_layers"})
+  config["data"] = {k: v for k, v in config["data"].items() if k != "lowercase"}
+  meta = {"config": config, "vocab": saved["vocab"]}
+  if layout == 1:
+    meta["train_examples"] = saved["train_examples"]
+  root = tmp_path / "old" / "checkpoints"
+  for step in (1, 2):
+    write_old_layout(root, step, checkpoint_state(workdir, step), meta, layout)
+  with caplog.at_level(logging.WARNING):
+    meta, params = checkpoint.load_params(tmp_path / "old")
+  assert meta.version == layout and meta.train_examples == (None if layout == 0 else saved["train_examples"])
+  assert meta.config == saved["config"] and meta.vocab == saved["vocab"]
+  jax.tree_util.tree_map(np.testing.assert_array_equal, params, checkpoint_state(workdir, 2)["params"])
+  note = (f"checkpoints in {root} carry no checksums (layout 0, from before tupe recorded them): their bytes are not "
+          f"verified")
+  assert warnings_of(caplog) == ([note] if layout == 0 else [])
+  checkpoint._noted.clear()
+  assert resume(root, checkpoint_state(workdir, 2), caplog) == (2, [note] if layout == 0 else [])
+  if layout == 1:
+    (root / "2" / checkpoint.CHECKSUMS).unlink()
+    assert resume(root, checkpoint_state(workdir, 1), caplog)[1][0] == (
+        f"skipping checkpoint 2 in {root}: it could not be restored (checksums.json is missing (checkpoint 1 "
+        f"beside it has one))")
+  else:  # Unverified: its truncated metadata is skipped as train.py skips it, not a JSONDecodeError.
+    metadata = root / "2" / "meta" / "metadata"
+    metadata.write_text(metadata.read_text()[:40])
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+      assert checkpoint.latest_step_dir(root) == root / "1"
+    assert warnings_of(caplog)[0].startswith("skipping checkpoint 2 ") and "JSONDecodeError" in warnings_of(caplog)[0]
+    with pytest.raises(UserError, match="is damaged \\(JSONDecodeError"):
+      checkpoint.load_meta(root / "2")
+
+
+def test_a_newer_layout_is_one_line(workdir, tmp_path):
+  copy = tmp_path / "run"
+  shutil.copytree(workdir / "checkpoints" / "2", copy)
+  metadata = copy / "meta" / "metadata"
+  metadata.write_text(json.dumps(dict(json.loads(metadata.read_text()), version=99)))
+  (copy / checkpoint.CHECKSUMS).unlink()
+  checksums.record(copy)
+  with pytest.raises(UserError, match=rf"^checkpoint {copy} was written by a newer tupe \(checkpoint layout 99; this "
+                                      rf"one reads up to 2\): update tupe to load it$"):
+    checkpoint.load_meta(copy)

@@ -22,6 +22,8 @@ import pytest
 from test_resume import (EVERY, REPO, STEPS, Run, checkpoint_state, finished_steps, last_logged_step,
                          metric_records, run_train, train_command, train_env)
 
+HANG = 1800  # seconds: a subprocess that takes this long is hung, not slow
+
 
 def error_line(proc) -> str:
   """The only non-empty stderr line of a failed run, which must be an 'error:' line."""
@@ -115,11 +117,11 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_130(tmp_path):
   with open(tmp_path / "group.err", "w+") as err:
     proc = subprocess.Popen(train_command(workdir, {"data.num_workers": 1, "num_train_steps": 100 * STEPS}), cwd=REPO,
                             env=train_env(), stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
-    deadline = time.monotonic() + 240
+    deadline = time.monotonic() + HANG
     while last_logged_step(workdir) <= stopped and proc.poll() is None and time.monotonic() < deadline:
       time.sleep(0.01)
     os.killpg(proc.pid, signal.SIGINT)
-    assert proc.wait(timeout=120) == 130
+    assert proc.wait(timeout=HANG) == 130
     err.seek(0)
     stderr = err.read()
   assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
@@ -139,7 +141,7 @@ def test_failing_checkpoint_write_is_an_error(tmp_path):
   line naming that checkpoint, and none of orbax's tracebacks."""
   workdir = tmp_path / "run"
   proc = subprocess.run([sys.executable, "-c", LIMIT_FILE_SIZE, *train_command(workdir)[1:]], cwd=REPO,
-                        env=train_env(), capture_output=True, text=True, timeout=300)
+                        env=train_env(), capture_output=True, text=True, timeout=HANG)
   assert proc.returncode == 2, proc.stderr[-3000:]
   assert error_line(proc) == (f"error: could not write checkpoint {EVERY} to {workdir / 'checkpoints'}: File too "
                               f"large; free space or fix permissions, then rerun to resume from the last good "
@@ -235,7 +237,7 @@ def bad_input_runs(tmp_path_factory, inputs, skipped_run):
     elif where == "checkpoints_is_a_file":
       workdir.mkdir()
       (workdir / "checkpoints").write_text("a file\n")
-    return run_train(workdir, overrides, extra + ["--verbose"] * verbose, devices=devices, timeout=120), workdir
+    return run_train(workdir, overrides, extra + ["--verbose"] * verbose, devices=devices, timeout=HANG), workdir
 
   keys = [(name, False) for name in BAD_INPUTS] + [(name, True) for name in VERBOSE]
   with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:

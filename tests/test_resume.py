@@ -21,6 +21,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from tupe import storage
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 STEPS, EVERY = 12, 4
 # A tiny TUPE-A on synthetic tokens: one compiled train step shared by every run through the compilation cache.
@@ -52,12 +54,15 @@ def run_train(workdir, overrides=None, extra=(), devices: int = 1, timeout: floa
 
 
 class Run:
-  """A train.py process (or `command`) in the background; its stdout and stderr go to files beside the workdir."""
+  """A train.py process (or `command`) in the background; its stdout and stderr go to files in `logs` (default:
+  beside a local workdir)."""
 
-  def __init__(self, workdir, overrides=None, devices: int = 1, name: str = "run", command: list[str] | None = None):
-    self.workdir = pathlib.Path(workdir)
-    self.stdout_path = self.workdir.parent / f"{self.workdir.name}.{name}.out"
-    self.stderr_path = self.workdir.parent / f"{self.workdir.name}.{name}.err"
+  def __init__(self, workdir, overrides=None, devices: int = 1, name: str = "run", command: list[str] | None = None,
+               logs=None):
+    self.workdir = storage.path(workdir)
+    logs = pathlib.Path(logs or self.workdir.parent)
+    self.stdout_path = logs / f"{self.workdir.name}.{name}.out"
+    self.stderr_path = logs / f"{self.workdir.name}.{name}.err"
     with open(self.stdout_path, "w") as out, open(self.stderr_path, "w") as err:
       self.proc = subprocess.Popen(command or train_command(workdir, overrides), cwd=REPO, env=train_env(devices),
                                    stdout=out, stderr=err)
@@ -88,20 +93,22 @@ class Run:
 
 
 def finished_steps(workdir) -> list[int]:
-  """Steps with a finished (renamed into place) checkpoint."""
-  root = pathlib.Path(workdir) / "checkpoints"
-  return sorted(int(p.name) for p in root.iterdir() if p.name.isdigit()) if root.is_dir() else []
+  """Steps with a finished checkpoint (committed: renamed into place locally, with orbax's commit object in a
+  bucket), local or in a bucket."""
+  return sorted(int(p.name) for p in storage.iterdir(f"{workdir}/checkpoints")
+                if p.name.isdigit() and storage.exists(p / "commit_success.txt"))
 
 
 def partial_checkpoints(workdir) -> list[str]:
-  root = pathlib.Path(workdir) / "checkpoints"
-  return sorted(p.name for p in root.iterdir() if "tmp" in p.name) if root.is_dir() else []
+  """Uncommitted step directories: temporary ones locally, those without the commit object in a bucket."""
+  return sorted(p.name for p in storage.iterdir(f"{workdir}/checkpoints")
+                if "tmp" in p.name or (p.name.isdigit() and not storage.exists(p / "commit_success.txt")))
 
 
 def metric_records(workdir) -> list[dict]:
   """metrics.jsonl as written, in order (a resumed run appends the steps after its checkpoint again)."""
-  path = pathlib.Path(workdir) / "metrics.jsonl"
-  return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+  path = f"{workdir}/metrics.jsonl"
+  return [json.loads(line) for line in storage.read_text(path).splitlines()] if storage.exists(path) else []
 
 
 def last_logged_step(workdir) -> int:
@@ -110,9 +117,11 @@ def last_logged_step(workdir) -> int:
 
 
 def checkpoint_state(workdir, step: int) -> dict:
-  """The whole saved TrainState (params, optimizer state, step, RNG) of one checkpoint, as numpy arrays."""
-  state = ocp.StandardCheckpointer().restore(pathlib.Path(workdir) / "checkpoints" / str(step) / "state")
-  return jax.tree_util.tree_map(np.asarray, state)
+  """The whole saved TrainState (params, opt_state, step, rng) of one checkpoint, as numpy arrays, local or in a
+  bucket."""
+  step_dir = storage.path(f"{workdir}/checkpoints/{step}")
+  restore = lambda item: ocp.StandardCheckpointer().restore(step_dir / item)
+  return jax.tree_util.tree_map(np.asarray, dict(params=restore("params"), **restore("optimizer")))
 
 
 def assert_same_state(a: dict, b: dict) -> None:
@@ -195,13 +204,13 @@ def test_sigterm_then_sigkill_while_an_async_checkpoint_is_written(tmp_path, ref
 
 
 def test_corrupted_newest_checkpoint_falls_back(tmp_path, reference):
-  """Bytes flipped in the largest file of step 12's state (its size unchanged; orbax alone loads it without a
+  """Bytes flipped in the largest file of step 12's optimizer item (its size unchanged; orbax alone loads it without a
   word): a warning names step 12 and the file, resume from 8, same result."""
   ref_dir, _, _ = reference
   workdir = tmp_path / "run"
   shutil.copytree(ref_dir, workdir)
   step_dir = workdir / "checkpoints" / str(STEPS)
-  largest = max((p for p in (step_dir / "state").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+  largest = max((p for p in (step_dir / "optimizer").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
   data = bytearray(largest.read_bytes())
   data[len(data) // 2] ^= 0xFF
   largest.write_bytes(bytes(data))
@@ -246,7 +255,7 @@ def test_no_restorable_checkpoint_is_an_error(tmp_path, reference):
   workdir = tmp_path / "run"
   shutil.copytree(ref_dir, workdir)
   for step in finished_steps(workdir):
-    (workdir / "checkpoints" / str(step) / "state" / "manifest.ocdbt").unlink()
+    (workdir / "checkpoints" / str(step) / "params" / "manifest.ocdbt").unlink()
   proc = run_train(workdir)
   assert proc.returncode == 2
   lines = proc.stderr.strip().splitlines()

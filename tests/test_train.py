@@ -82,12 +82,12 @@ def test_sweep_prints_and_runs(tmp_path, capsys):
   assert commands[1][3] == f"--workdir={tmp_path}/optimizer.learning_rate=2e-3,seed=0"
   assert "--config.optimizer.learning_rate=2e-3" in commands[1] and commands[1][-1] == "--config.num_train_steps=2"
   sweep.main(["sweep", "--config", "configs/pretrain.py:tupe_a,tiny", "--root", str(tmp_path), "--grid",
-              "seed=0,1", "--print"])
+              "seed=0,1", "--print", "--", "--config.model.vocab_size=0"])
   printed = capsys.readouterr().out.strip().splitlines()
-  assert len(printed) == 2 and printed[0].endswith("--config.seed=0")
+  assert len(printed) == 2 and printed[0].endswith("--config.seed=0 --config.model.vocab_size=0")
   # A --verbose after "--" belongs to the runs' commands, not to the sweep.
   errors.run_main(sweep.main, ["sweep", "--config", "configs/pretrain.py:tupe_a,tiny", "--root", str(tmp_path),
-                               "--grid", "seed=0", "--print", "--", "--verbose"])
+                               "--grid", "seed=0", "--print", "--", "--config.model.vocab_size=0", "--verbose"])
   assert capsys.readouterr().out.strip().endswith("--verbose")
   # Every run's overrides are checked before anything is printed or run.
   with pytest.raises(errors.UserError, match="--config.optimizer.learning_rat: the config has no field"):
@@ -101,7 +101,7 @@ def test_sweep_prints_and_runs(tmp_path, capsys):
   for grid, words in (("model.num_heads=4,5", "run 2/2 (model.num_heads=5): model.hidden_size=64 is not divisible "
                                               "by model.num_heads=5"),
                       ("model.dtype=float32,flaot32", "run 2/2 (model.dtype=flaot32): model.dtype='flaot32'; use "
-                                                      "float32, bfloat16 or float16"),
+                                                      "float32 or bfloat16"),
                       ("optimizer.warmup_steps=10,1000", "run 2/2 (optimizer.warmup_steps=1000): optimizer."
                                                          "warmup_steps=1000 must be below the 1000 training steps")):
     with pytest.raises(errors.UserError, match=f"^{re.escape(words)}"):

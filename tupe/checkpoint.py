@@ -1,36 +1,37 @@
-"""Checkpoints: orbax CheckpointManager over {state, meta}, atomic and resumable.
+"""Checkpoints: orbax CheckpointManager over {params, optimizer, meta}, atomic and resumable, on a local disk or in
+a bucket (gs://, through `tupe.storage` and orbax's own path layer).
 
-A checkpoint step directory holds:
-  state: the TrainState (params, optimizer state, step, RNG key), sharded as in training;
-  meta:  JSON with the resolved config, the vocabulary and the number of training examples, so a checkpoint
-         is usable on its own.
+A checkpoint step directory holds (`tupe.checkpoint_meta` lists the older layouts, which still load):
+  params:    the parameters, sharded as in training: all that GLUE, the tools and export read;
+  optimizer: the rest of the TrainState (optimizer state, step, RNG key);
+  meta:      the typed `CheckpointMeta` (resolved config, vocabulary, number of training examples, layout version),
+             so that a checkpoint is usable on its own;
+  checksums.json: the sha256 of every other file (`tupe.checksums`).
 This module is storage: what a resuming run requires of a checkpoint (the same model, data stream and
 optimizer structure) is the trainer's (`tupe.resume`), passed to `Checkpointer.restore_latest`.
-Orbax writes into a temporary directory and renames it when complete, so a killed save never leaves a
-checkpoint that looks finished. Restoring walks from the newest step down and skips (with a warning) any
-checkpoint that fails to load; once an older one loads, the skipped ones are renamed to `<step>.corrupt-<time>`
-so that the resumed run saves those steps anew. A checkpoint whose parameters have other shapes than the model
-rejected by the resuming run is an error, as is a directory where no checkpoint loads.
 
-Integrity: once a save is complete, process 0 records the sha256 of every file of the step directory in
-`checksums.json` there (for an asynchronous save, inside the temporary directory just before orbax renames it
-into place, so that the checksums appear with the checkpoint). Every reader goes through one policy
-(`restore_latest` for train.py's resume; `_load_newest`, behind load_meta, load_params (and so
-`objectives.load_encoder`) and latest_step_dir, for eval_glue.py and tupe.tools.*): a checkpoint whose files
-differ from their checksums, or whose metadata or state does not load, is skipped with a one-line warning
-naming the step and the file, and the newest intact one is used (only train.py, which owns the workdir, renames
-it aside); a damaged checkpoint named explicitly (a step directory) is a one-line error. A checkpoint written
-before checksums were recorded loads, with a one-line note.
+Commit: orbax's own protocol. Locally it writes into a temporary directory and renames it when complete; in a
+bucket, which has no rename, it writes the step's objects in place and commits with a final commit_success.txt
+object, and a step without it is not a checkpoint. Either way a killed save never leaves a checkpoint that looks
+finished, and is removed when the run resumes. Every host writes its own shards; process 0 alone writes the meta,
+checksums and commit. Saves are asynchronous (orbax's background commit), or waited for (async_save=False).
+
+Integrity: process 0 records the checksums inside the uncommitted step just before orbax commits it, so that they
+appear with the checkpoint. Every reader goes through one policy (`restore_latest` for train.py's resume;
+`_load_newest`, behind load_meta, load_params (and so `objectives.load_encoder`) and latest_step_dir, for
+eval_glue.py and tupe.tools.*): a checkpoint whose files are missing, unlisted or differ from their checksums,
+whose checksums.json is missing (layout 2, or beside checkpoints that carry one) or unreadable, or whose metadata or
+arrays do not load, is skipped with a one-line warning naming the step and the file, and the newest intact one is
+used (only train.py, which owns the workdir, renames it aside); a damaged checkpoint named explicitly (a step
+directory) is a one-line error. A reader of parameters hashes the params item's files only. A checkpoint of an
+older layout without checksums (and none beside it with any) loads, with one note.
 """
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
-import hashlib
 import json
 import logging
 import os
-import pathlib
 import re
 import sys
 import time
@@ -39,37 +40,48 @@ import warnings
 import jax
 import orbax.checkpoint as ocp
 
+from tupe import checksums
+from tupe import storage
+from tupe.checkpoint_meta import CheckpointMeta, create as create_meta, migrate  # noqa: F401 (the API)
+from tupe.checksums import CHECKSUMS, DamagedCheckpoint
 from tupe.errors import UserError
 
-ITEMS = ("state", "meta")
-CHECKSUMS = "checksums.json"  # {"sha256": {path relative to the step directory: hex digest}}
-_REWRITTEN_ON_COMMIT = "_CHECKPOINT_METADATA"  # orbax's step metadata, updated with the commit time
-# Data fields that do not change the batches: where files live, and how many processes make them.
+ITEMS = ("params", "optimizer", "meta")
+_TMP = ".orbax-checkpoint-tmp"  # a local uncommitted step directory: <step>.orbax-checkpoint-tmp-<time>
 
 
 class Checkpointer:
   """Saves every `every_steps`, keeps the last `keep_last` plus every `keep_every`-th step."""
 
-  def __init__(self, directory: str | pathlib.Path, ckpt_cfg):
-    self.directory = pathlib.Path(directory).absolute()
+  def __init__(self, directory: storage.PathLike, ckpt_cfg):
+    self.directory = storage.path(directory)
     try:  # Orbax would create it in a background thread and only fail at the first save.
-      self.directory.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-      raise UserError(f"cannot create the checkpoint directory {self.directory} ({reason(e)}); choose another "
-                      f"--workdir") from e
+      storage.makedirs(self.directory)
+      storage.check_writable(self.directory)  # a bucket: credentials, the bucket and the permission to write
+    except storage.StorageError as e:
+      raise UserError(f"cannot create the checkpoint directory {self.directory} ({storage.describe(e.__cause__ or e)})"
+                      f"; choose another --workdir") from e
+    # Empty step folders (a stray mkdir) hold nothing to keep: removed, with one line, before orbax sees them.
+    empty = _drop_empty([p for p in storage.iterdir(self.directory) if p.name.isdigit()], self.directory)
+    if empty:
+      if jax.process_index() == 0:
+        for folder in empty:
+          storage.remove(folder)
+      ocp.multihost.sync_global_processes("tupe_checkpoint_drop_empty")
     # Partial saves of a run killed while saving (orbax removes them): said when resuming.
-    self.interrupted = sorted(int(p.name.split(".")[0]) for p in self.directory.glob("*.orbax-checkpoint-tmp*")
-                               if p.name.split(".")[0].isdigit())
+    self.interrupted = sorted(int(p.name.split(".")[0]) for p in self._uncommitted())
     self._async = bool(ckpt_cfg.async_save)
-    self._pending: int | None = None  # the step of the asynchronous save that may still be in flight
-    # Process 0: steps whose asynchronous save has no checksums yet (oldest first), and those with the
-    # checksums of all files but _REWRITTEN_ON_COMMIT.
+    self._pending: int | None = None  # the step of the save that may still be in flight
+    # Process 0: steps whose save has no checksums yet (oldest first), and those with the checksums of all files
+    # but the ones orbax writes on commit.
     self._in_flight: list[int] = []
     self._committing: list[int] = []
+    # Always orbax's background commit (async_save=False waits for it): one commit path, which records the
+    # checksums before the step is committed.
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=ckpt_cfg.keep_last, keep_period=ckpt_cfg.keep_every or None,
-        enable_async_checkpointing=self._async, create=True, cleanup_tmp_directories=True,
-        async_options=ocp.AsyncOptions(post_finalization_callback=self._seal_in_flight) if self._async else None)
+        max_to_keep=ckpt_cfg.keep_last, keep_period=ckpt_cfg.keep_every or None, enable_async_checkpointing=True,
+        create=True, cleanup_tmp_directories=True,
+        async_options=ocp.AsyncOptions(post_finalization_callback=self._seal_in_flight))
     self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
     _drop_orbax_tracebacks()
 
@@ -79,55 +91,67 @@ class Checkpointer:
   def __exit__(self, *exc):
     self.close()
 
-  def save(self, step: int, state, meta: dict, force: bool = False) -> bool:
-    args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
+  def _uncommitted(self) -> list[storage.Path]:
+    """Step directories that orbax has not committed: temporary ones locally, those without the commit object in
+    a bucket."""
+    entries = storage.iterdir(self.directory)
+    if storage.is_remote(self.directory):
+      return [p for p in entries if p.name.isdigit() and not storage.exists(p / checksums.COMMIT_FILES[1])]
+    return [p for p in entries if _TMP in p.name and p.name.split(".")[0].isdigit()]
+
+  def save(self, step: int, state, meta: CheckpointMeta, force: bool = False) -> bool:
+    args = ocp.args.Composite(params=ocp.args.StandardSave(state.params),
+                              optimizer=ocp.args.StandardSave(_rest(state)),
+                              meta=ocp.args.JsonSave(meta.to_json()))
     if force and step in self.manager.all_steps():
       return False  # Already saved, e.g. a SIGTERM right after a periodic checkpoint.
     primary = jax.process_index() == 0
-    if self._async and primary:
+    if primary:
       self._in_flight.append(step)
     try:
       saved = self.manager.save(step, args=args, force=force)  # Waits for the previous save first.
       if not saved and step in self._in_flight:
         self._in_flight.remove(step)
-      if saved and not self._async and primary:
-        write_checksums(self._step_dir(step))
       self._seal_committed(but=step)
-    except Exception as e:  # Also the failure of the previous asynchronous save, re-raised here.
+    except Exception as e:  # Also the failure of the previous save, re-raised here.
       raise self._write_error(e, step if self._pending is None else self._pending) from e
     if saved:
-      self._pending = step if self._async else None
+      self._pending = step
+      if not self._async:
+        self.wait()
     return saved
 
   def _seal_in_flight(self) -> None:
-    """Records the checksums of the asynchronous save being finalized (orbax calls this on the primary host
-    once every host's files are written, just before renaming the temporary directory into place). Orbax then
-    rewrites its step metadata (the commit time): that file's checksum is added once the save has finished."""
+    """Records the checksums of the save being finalized (orbax calls this on the primary host once every host's
+    files are written, just before it commits the step). Orbax then writes its commit files (COMMIT_FILES): their
+    checksums are added once the save has finished."""
     while self._in_flight:
       step = self._in_flight.pop(0)
-      tmp = sorted(self.directory.glob(f"{step}.orbax-checkpoint-tmp*"))
-      if tmp:  # Else that step was not saved (already there) or failed: the next one is being finalized.
-        write_checksums(tmp[-1], leave_out=(_REWRITTEN_ON_COMMIT,))
+      uncommitted = sorted((p for p in self._uncommitted() if p.name.split(".")[0] == str(step)), key=str)
+      if uncommitted:  # Else that step was not saved (already there) or failed: the next one is being finalized.
+        checksums.record(uncommitted[-1], leave_out=checksums.COMMIT_FILES)
         self._committing.append(step)
         return
 
   def _seal_committed(self, but: int | None = None) -> None:
-    """Adds the checksums of the files orbax wrote on commit to finished asynchronous saves (all but `but`,
-    which may still be in flight)."""
+    """Adds the checksums of the files orbax wrote on commit to finished saves (all but `but`, which may still be
+    in flight)."""
     for step in [s for s in self._committing if s != but]:
       self._committing.remove(step)
-      if (self._step_dir(step) / CHECKSUMS).exists():  # Else deleted since (keep_last).
-        write_checksums(self._step_dir(step))
+      if storage.exists(self._step_dir(step) / CHECKSUMS):  # Else deleted since (keep_last).
+        checksums.record(self._step_dir(step))
 
   def _write_error(self, e: Exception, step: int | None) -> UserError:
     """The failed save's step (None: unknown) and OS error, and what to do, in one line."""
     _silence_abandoned_writes()
     which = "a checkpoint" if step is None else f"checkpoint {step}"
-    return UserError(f"could not write {which} to {self.directory}: {reason(e)}; free space or fix permissions, "
-                     f"then rerun to resume from the last good checkpoint")
+    fix = ("check the bucket, your permission to write there and the connection to it" if
+           storage.is_remote(self.directory) else "free space or fix permissions")
+    return UserError(f"could not write {which} to {self.directory}: {reason(e)}; {fix}, then rerun to resume from "
+                     f"the last good checkpoint")
 
   def restore_latest(self, abstract_state, compatibility=None):
-    """Restores the newest loadable checkpoint; returns (step, state, its meta) or None.
+    """Restores the newest loadable checkpoint; returns (step, state, its CheckpointMeta) or None.
 
     Args:
       abstract_state: the TrainState's shapes, dtypes and shardings.
@@ -148,30 +172,28 @@ class Checkpointer:
     _ignore_reads_left_by_failed_restores()
     for step in sorted(self.manager.all_steps(), reverse=True):
       try:
-        verify(self._step_dir(step))
-        saved = ocp.StandardCheckpointHandler().metadata(self._step_dir(step) / "state")["params"]
-        saved_meta = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+        saved_meta = _verified_meta(self._step_dir(step), self.directory, items=None)
+        saved = _params_metadata(self._step_dir(step), saved_meta)
       except Exception as e:  # Damaged files or unreadable metadata: a truncated or corrupted checkpoint.
         skipped.append(self._skip(step, e))
         continue
       if compatibility is not None:
         compatibility.check(step, self.directory, saved, saved_meta)
       try:
-        restored = self.manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract_state)))
+        state = _restore_state(self._step_dir(step), saved_meta, abstract_state)
       except Exception as e:  # A truncated or corrupted checkpoint: fall back to an older one.
         if compatibility is not None:
           compatibility.explain(step, self.directory, saved_meta, e)
         skipped.append(self._skip(step, e))
         continue
       self._move_aside(skipped)
-      return step, restored["state"], saved_meta
+      return step, state, saved_meta
     if skipped:
       raise UserError(f"no checkpoint in {self.directory} could be restored (see the warnings above); "
                       f"repair it or move it away to start afresh")
     return None
 
-  def _step_dir(self, step: int) -> pathlib.Path:
+  def _step_dir(self, step: int) -> storage.Path:
     return self.directory / str(step)
 
   def _skip(self, step: int, e: Exception) -> int:
@@ -186,7 +208,7 @@ class Checkpointer:
     if jax.process_index() == 0:
       for step in steps:
         target = self.directory / f"{step}.corrupt-{stamp}"
-        self._step_dir(step).rename(target)
+        _rename(self._step_dir(step), target)
         logging.warning("renamed the unrestorable checkpoint %d to %s", step, target)
     ocp.multihost.sync_global_processes("tupe_checkpoint_move_aside")
     self.manager.reload()
@@ -218,6 +240,40 @@ class Checkpointer:
       raise self._write_error(e, None) from e
 
 
+def _rename(folder: storage.Path, target: storage.Path) -> None:
+  """Renames a folder; in a bucket, which has no rename, copies each object, then removes the originals."""
+  if storage.is_remote(folder):
+    for name in storage.walk_files(folder):
+      storage.copy(folder / name, target / name)
+    storage.remove(folder)
+    return
+  with storage.errors("rename", folder):
+    folder.rename(target)
+
+
+def _rest(state) -> dict:
+  """The optimizer item: the TrainState less its parameters."""
+  return {"opt_state": state.opt_state, "step": state.step, "rng": state.rng}
+
+
+def _restore_state(step_dir: storage.Path, meta: CheckpointMeta, abstract_state):
+  """The whole TrainState of a step directory of any layout, each array read into its sharding."""
+  restore = lambda item, target: ocp.StandardCheckpointer().restore(step_dir / item, target)
+  if meta.state_items == ("state",):
+    return restore("state", abstract_state)
+  rest = restore("optimizer", _rest(abstract_state))
+  return abstract_state.replace(params=restore("params", abstract_state.params), **rest)
+
+
+def _params_metadata(step_dir: storage.Path, meta: CheckpointMeta):
+  """The saved parameters' shapes and dtypes (a tree of orbax array metadata), read from metadata files only."""
+  item, keys = meta.params_item
+  tree = ocp.StandardCheckpointHandler().metadata(step_dir / item).tree
+  for key in keys:
+    tree = tree[key]
+  return tree
+
+
 def _ignore_reads_left_by_failed_restores() -> None:
   """Silences the noise that the reads of a failed restore leave behind (installed before restoring: the
   leftover reads can report before the failed restore's exception reaches its caller).
@@ -246,14 +302,16 @@ def _ignore_reads_left_by_failed_restores() -> None:
 
 
 def _drop_orbax_tracebacks() -> None:
-  """Drops the tracebacks that orbax logs from its threads when a save fails (a few hundred lines per failure):
-  every failure of a save reaches the caller of `save`, `check` or `wait`, which reports it in one line."""
-  logger = logging.getLogger("absl")  # absl.logging, which orbax logs to
-  if not any(getattr(f, "_tupe_orbax", False) for f in logger.filters):
-    drop = lambda record: not (record.exc_info and record.levelno >= logging.ERROR
-                               and _is_orbax_file(record.pathname))
-    drop._tupe_orbax = True
-    logger.addFilter(drop)
+  """Drops the tracebacks that orbax logs from its threads when a save fails (a few hundred lines per failure),
+  and those gcsfs logs when its retries of a request run out: every failure of a save reaches the caller of
+  `save`, `check` or `wait`, which reports it in one line."""
+  for name, origin in (("absl", _is_orbax_file), ("gcsfs", lambda pathname: True)):  # absl: orbax's logger
+    logger = logging.getLogger(name)
+    if not any(getattr(f, "_tupe_orbax", False) for f in logger.filters):
+      drop = lambda record, origin=origin: not (record.exc_info and record.levelno >= logging.ERROR
+                                                and origin(record.pathname))
+      drop._tupe_orbax = True
+      logger.addFilter(drop)
 
 
 def _silence_abandoned_writes() -> None:
@@ -282,7 +340,7 @@ def _why(e: Exception) -> str:
   return str(e) if isinstance(e, DamagedCheckpoint) else f"{type(e).__name__}: {reason(e)}"
 
 
-def _warn_skipped(step: int, directory: pathlib.Path, e: Exception) -> None:
+def _warn_skipped(step: int, directory: storage.Path, e: Exception) -> None:
   logging.warning("skipping checkpoint %d in %s: it could not be restored (%s)", step, directory, _why(e))
 
 
@@ -297,102 +355,85 @@ def reason(e: Exception) -> str:
   return first_line.split(" [tensorstore_spec=")[0]  # TensorStore appends its whole JSON spec.
 
 
-class DamagedCheckpoint(UserError):
-  """A checkpoint file whose bytes differ from the checksum recorded when it was saved, or that is missing."""
+_noted: set = set()  # what a reader has said once in this process: damaged steps, empty folders, unverified roots
 
 
-def _sha256(path: pathlib.Path) -> str:
-  with open(path, "rb") as f:
-    return hashlib.file_digest(f, "sha256").hexdigest()
+def _note_once(key, message: str, *args) -> None:
+  if key not in _noted:
+    _noted.add(key)
+    logging.warning(message, *args)
 
 
-def _digests(step_dir: pathlib.Path, names: list[str]) -> dict[str, str]:
-  """{name: sha256} of files under `step_dir`, hashed in parallel (hashlib releases the GIL)."""
-  with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
-    return dict(zip(names, pool.map(lambda name: _sha256(step_dir / name), names)))
+def _drop_empty(step_dirs: list[storage.Path], root: storage.Path) -> list[storage.Path]:
+  """The empty folders among `step_dirs` (a stray mkdir, not a checkpoint), each said once in one line. Buckets
+  have no empty folders."""
+  if storage.is_remote(root):
+    return []
+  empty = [d for d in step_dirs if not storage.walk_files(d)]
+  for d in empty:
+    _note_once(("empty", str(d)), "ignoring %s: an empty folder, not a checkpoint", d)
+  return empty
 
 
-def write_checksums(step_dir: str | pathlib.Path, leave_out: tuple[str, ...] = ()) -> None:
-  """Records the sha256 of every file under a step directory in its CHECKSUMS file, atomically; files already
-  recorded there keep their checksums, `leave_out` (names relative to the step directory) are not recorded."""
-  step_dir = pathlib.Path(step_dir)
-  record = step_dir / CHECKSUMS
-  known = json.loads(record.read_text())["sha256"] if record.exists() else {}
-  names = sorted(name for name in (str(p.relative_to(step_dir)) for p in step_dir.rglob("*") if p.is_file())
-                 if name not in known and name not in leave_out and not name.startswith(CHECKSUMS))
-  tmp = step_dir / f"{CHECKSUMS}.tmp"
-  with open(tmp, "w") as f:
-    json.dump({"sha256": dict(known, **_digests(step_dir, names))}, f, indent=0, sort_keys=True)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, record)
+# What a reader of parameters reads: the params item (layout 2) or the whole state (layouts 0 and 1), and the meta.
+_PARAMS_READ = ("params", "state", "meta")
 
 
-# (step directory, (name, size, mtime) of its files) -> what its verification found (None: intact), so that the
-# readers called one after another (eval_glue.py loads the encoder, then the meta) hash a checkpoint once.
-_verified: dict = {}
-_unverified_noted: set = set()  # checkpoint roots whose lack of checksums was reported
-
-
-def verify(step_dir: pathlib.Path) -> None:
-  """Checks every file of a step directory against its recorded checksums.
+def _verified_meta(step_dir: storage.Path, root: storage.Path, items: tuple[str, ...] | None) -> CheckpointMeta:
+  """The meta of a step directory whose files check out against its checksums.json: the whole listing, and the
+  bytes of the files of `items` (None: all) and those directly in the step directory.
 
   Raises:
-    DamagedCheckpoint: naming the first file that is missing or whose bytes differ (or an unreadable CHECKSUMS).
+    DamagedCheckpoint: a file missing, unlisted or changed; checksums.json unreadable, or missing where it must be
+      (layout 2, or beside checkpoints that carry one).
   """
-  record = step_dir / CHECKSUMS
-  if not record.exists():  # Saved before checksums were recorded: loads, unverified, said once per directory.
-    if step_dir.parent not in _unverified_noted:
-      _unverified_noted.add(step_dir.parent)
-      logging.warning("checkpoints in %s carry no checksums (saved before they were recorded): their bytes are "
-                      "not verified", step_dir.parent)
-    return
+  recorded = checksums.read(step_dir)
+  if recorded is not None:
+    checksums.verify(step_dir, recorded, items)
+  raw = json.loads(storage.read_text(step_dir / "meta" / "metadata"))
   try:
-    expected = json.loads(record.read_text())["sha256"]
-  except (OSError, ValueError, KeyError, TypeError) as e:
-    raise DamagedCheckpoint(f"{CHECKSUMS} is unreadable ({reason(e)})") from e
-  names = sorted(expected)
-  missing = [name for name in names if not (step_dir / name).is_file()]
-  if missing:
-    raise DamagedCheckpoint(f"{missing[0]} is missing")
-  signature = (step_dir, tuple((n, (step_dir / n).stat().st_size, (step_dir / n).stat().st_mtime_ns) for n in names))
-  if signature not in _verified:
-    actual = _digests(step_dir, names)
-    bad = [name for name in names if actual[name] != expected[name]]
-    more = f" (and {len(bad) - 1} more files)" if len(bad) > 1 else ""
-    _verified[signature] = f"{bad[0]}{more} has other bytes than when it was saved" if bad else None
-  if _verified[signature]:
-    raise DamagedCheckpoint(_verified[signature])
+    meta = migrate(raw)
+  except UserError as e:
+    raise UserError(f"checkpoint {step_dir} {e}") from None
+  if recorded is None:
+    beside = [p.parent.name for p in storage.glob(f"{root}/*/{CHECKSUMS}")
+              if p.parent.name.isdigit() and p.parent != step_dir]
+    if meta.has_checksums or beside:
+      why = "its layout always has one" if meta.has_checksums else f"checkpoint {beside[0]} beside it has one"
+      raise DamagedCheckpoint(f"{CHECKSUMS} is missing ({why})")
+    _note_once(("unverified", str(root)), "checkpoints in %s carry no checksums (layout %d, from before tupe "
+               "recorded them): their bytes are not verified", root, meta.version)
+  return meta
 
 
-_skipped: set = set()  # step directories that a reader skipped with a warning
-
-
-def _load_newest(path: str | pathlib.Path, load):
+def _load_newest(path: storage.PathLike, load):
   """The restore policy of every reader but train.py's resume (`Checkpointer.restore_latest`): `load(step_dir,
   meta)` of the newest intact step directory under a workdir, its checkpoints/ folder, or one step directory.
 
-  Under a workdir, a damaged checkpoint (files that differ from their checksums, metadata or state that do not
-  load) is skipped with a one-line warning naming the step and why, and the next older one is tried; the
-  workdir is left as it is (the run that owns it sets damaged steps aside when it resumes). A step directory
-  named explicitly that is damaged is an error.
+  Under a workdir, a damaged checkpoint (`_verified_meta`, or metadata or state that do not load) is skipped with a
+  one-line warning naming the step and why, and the next older one is tried; the workdir is left as it is (the
+  run that owns it sets damaged steps aside when it resumes). A step directory named explicitly that is damaged is
+  an error. In a bucket, a step without orbax's commit object is a save in progress (or killed): not a checkpoint.
 
   Returns:
-    (step_dir, meta, load's result).
+    (step_dir, CheckpointMeta, load's result).
   """
-  path = pathlib.Path(path).expanduser().absolute()  # orbax reads absolute paths only
-  explicit = (path / "meta").is_dir()
-  root = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+  path = storage.path(path)
+  explicit = storage.is_dir(path / "meta")
+  root = path.parent if explicit else path / "checkpoints" if storage.is_dir(path / "checkpoints") else path
   step_dirs = [path] if explicit else sorted(
-      (p for p in root.glob("*") if p.name.isdigit() and p.is_dir()), key=lambda p: int(p.name), reverse=True)
+      (p for p in storage.iterdir(root) if p.name.isdigit() and storage.is_dir(p)
+       and (not storage.is_remote(p) or storage.exists(p / checksums.COMMIT_FILES[1]))),
+      key=lambda p: int(p.name), reverse=True)
+  empty = _drop_empty(step_dirs, root)
+  step_dirs = [d for d in step_dirs if d not in empty]
   if not step_dirs:
     raise UserError(f"no checkpoint found in {path}; give a train.py workdir, its checkpoints/ folder or "
                     f"one step directory")
   _ignore_reads_left_by_failed_restores()
   for step_dir in step_dirs:
     try:
-      verify(step_dir)
-      meta = ocp.Checkpointer(ocp.JsonCheckpointHandler()).restore(step_dir / "meta")
+      meta = _verified_meta(step_dir, root, _PARAMS_READ)
       return step_dir, meta, load(step_dir, meta)
     except Exception as e:  # Damaged files, unreadable metadata or state: a truncated or corrupted checkpoint.
       if isinstance(e, UserError) and not isinstance(e, DamagedCheckpoint):
@@ -400,28 +441,28 @@ def _load_newest(path: str | pathlib.Path, load):
       if explicit:
         raise UserError(f"checkpoint {step_dir} is damaged ({_why(e)}); give an intact step directory, or the "
                         f"workdir to use its newest intact checkpoint") from e
-      if step_dir not in _skipped:  # Said once, however many readers look.
-        _skipped.add(step_dir)
-        _warn_skipped(int(step_dir.name), root, e)
+      _note_once(("skipped", str(step_dir)), "skipping checkpoint %d in %s: it could not be restored (%s)",
+                 int(step_dir.name), root, _why(e))
   raise UserError(f"no checkpoint in {root} could be restored (see the warnings above); give another workdir")
 
 
-def latest_step_dir(path: str | pathlib.Path) -> pathlib.Path:
-  """The newest intact step directory (an absolute path) under a workdir, its checkpoints/ folder, or a step
-  directory (`_load_newest`)."""
+def latest_step_dir(path: storage.PathLike) -> storage.Path:
+  """The newest intact step directory under a workdir, its checkpoints/ folder, or a step directory
+  (`_load_newest`)."""
   return _load_newest(path, lambda step_dir, meta: None)[0]
 
 
-def load_meta(path: str | pathlib.Path) -> dict:
-  """The meta item (resolved config, vocab, train_examples) of the newest intact checkpoint under `path`."""
+def load_meta(path: storage.PathLike) -> CheckpointMeta:
+  """The meta (resolved config, vocab, train_examples) of the newest intact checkpoint under `path`."""
   return _load_newest(path, lambda step_dir, meta: None)[1]
 
 
-def _restore_params(step_dir: pathlib.Path, select: dict | None, shardings) -> dict:
+def _restore_params(step_dir: storage.Path, meta: CheckpointMeta, select: dict | None, shardings) -> dict:
   """The saved parameters at the paths `select` names ({name: path of keys in the saved params}; None: all of
   them), read directly into `shardings` (a tree matching the result) or onto this process's first device. Only
   those arrays are read: no optimizer state, step or RNG key."""
-  saved = ocp.StandardCheckpointHandler().metadata(step_dir / "state").tree["params"]
+  item, prefix = meta.params_item
+  saved = _params_metadata(step_dir, meta)
   select = {name: (name,) for name in saved} if select is None else select
   wanted = {}
   for name, keys in select.items():
@@ -442,22 +483,22 @@ def _restore_params(step_dir: pathlib.Path, select: dict | None, shardings) -> d
   except ValueError as e:
     raise UserError(f"checkpoint {step_dir} holds other parameters than the model they are loaded into ({e})")
 
-  def nest(keys, leaf):  # {name: tree} as the saved params' nesting, for orbax's partial restore
+  def nest(keys, leaf):  # {name: tree} as the saved item's nesting, for orbax's partial restore
     for key in reversed(keys):
       leaf = {key: leaf}
     return leaf
 
-  item, args = {}, {}
+  tree, args = {}, {}
   for name, keys in select.items():
-    _merge(item, nest(keys, target[name]))
-    _merge(args, nest(keys, jax.tree_util.tree_map(lambda t: ocp.ArrayRestoreArgs(sharding=t.sharding),
-                                                   target[name])))
-  restored = ocp.PyTreeCheckpointer().restore(step_dir / "state", args=ocp.args.PyTreeRestore(
-      item={"params": item}, restore_args={"params": args}, partial_restore=True))["params"]
+    _merge(tree, nest(prefix + keys, target[name]))
+    _merge(args, nest(prefix + keys, jax.tree_util.tree_map(lambda t: ocp.ArrayRestoreArgs(sharding=t.sharding),
+                                                            target[name])))
+  restored = ocp.PyTreeCheckpointer().restore(step_dir / item, args=ocp.args.PyTreeRestore(
+      item=tree, restore_args=args, partial_restore=True))
   params = {}
   for name, keys in select.items():
     tree = restored
-    for key in keys:
+    for key in prefix + keys:
       tree = tree[key]
     params[name] = tree
   return params
@@ -471,18 +512,19 @@ def _merge(into: dict, tree: dict) -> None:
       into[key] = value
 
 
-def load_params(path: str | pathlib.Path, select=None, shardings=None) -> tuple[dict, dict]:
-  """(meta, params) of the newest intact checkpoint under `path` (`_load_newest`): the parameters only.
+def load_params(path: storage.PathLike, select=None, shardings=None) -> tuple[CheckpointMeta, dict]:
+  """(meta, params) of the newest intact checkpoint under `path` (`_load_newest`): the parameters only, of which
+  only the files are read and verified (with the meta's), not the optimizer state's.
 
   Args:
-    select: None for all the parameters, or meta -> {name: path of keys in the saved params}, to read some of
-      them (e.g. a backbone within a pre-training model) as {name: subtree}.
+    select: None for all the parameters, or CheckpointMeta -> {name: path of keys in the saved params}, to read
+      some of them (e.g. a backbone within a pre-training model) as {name: subtree}.
     shardings: None: numpy arrays on the host. Else a tree of `jax.sharding.Sharding`s matching the result:
       each array is read directly into its sharding (each device reads its shards; no whole array, and no
       optimizer state, lands anywhere), as training lays its parameters out.
   """
   def load(step_dir, meta):
-    params = _restore_params(step_dir, None if select is None else select(meta), shardings)
+    params = _restore_params(step_dir, meta, None if select is None else select(meta), shardings)
     return jax.device_get(params) if shardings is None else params
 
   _, meta, params = _load_newest(path, load)

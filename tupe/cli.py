@@ -6,7 +6,9 @@ load, each override must name a field (checked here, field by field, with a did-
 parse as its field's type. `run` parses train.py's and eval_glue.py's flags and runs the job under
 `errors.run_main`, the one error wrapper: a bad flag or config and any `UserError` print one `error: ...` line
 and exit with status 2 (--verbose shows the traceback instead); a job stopped by SIGTERM or Ctrl-C
-(`Preempted`) exits with status 143 or 130. A multi-host job runs under `supervise` (a peer's death: one line).
+(`Preempted`) exits with status 143 or 130. Signals are recorded from the entry point's first line
+(`errors.catch_signals`) and acted on by the job at its safe points; one that arrives before the job starts or
+after its last safe point (`errors.run_main`) still ends the process with 143 or 130 and one line. A multi-host job runs under `supervise` (a peer's death: one line).
 """
 import difflib
 import os
@@ -68,6 +70,41 @@ def _check_override_keys(config: ml_collections.ConfigDict, argv: Sequence[str])
       node = node[name]
 
 
+def last_wins(argv: Sequence[str]) -> list[str]:
+  """`argv` with each --config.<field> given once, at its last occurrence: a repeated override replaces the
+  earlier one, for tuple-valued fields (which config_flags would append to) as for scalars."""
+  args = list(argv)
+  spans = []  # (field, first index, last index + 1) of each override, `--config.f=v` or `--config.f v`
+  i = 0
+  while i < len(args):
+    arg = args[i]
+    if arg.startswith("--config.") and "=" in arg:
+      spans.append((arg.split("=", 1)[0], i, i + 1))
+    elif arg.startswith("--config.") and i + 1 < len(args) and not args[i + 1].startswith("--"):
+      spans.append((arg, i, i + 2))
+      i += 1
+    i += 1
+  last = {field: (start, end) for field, start, end in spans}
+  drop = {k for field, start, end in spans if last[field] != (start, end) for k in range(start, end)}
+  return [arg for k, arg in enumerate(args) if k not in drop]
+
+
+# Each entry point's configs, told apart by a field only they have: (field, the configs to give it).
+ENTRY_POINTS = {"train.py": ("num_train_steps", "configs/pretrain.py:<model>,<size>"),
+                "eval_glue.py": ("learning_rates", "configs/glue.py:<tupe|convbert>")}
+
+
+def _check_entry_point(config: ml_collections.ConfigDict, script: str, spec: str) -> None:
+  """A config made for another entry point (the pre-training config given to eval_glue.py, or a GLUE recipe to
+  train.py) is one line naming the right script, before its fields are read."""
+  if script not in ENTRY_POINTS or ENTRY_POINTS[script][0] in config:
+    return
+  for other, (field, _) in ENTRY_POINTS.items():
+    if other != script and field in config:
+      raise UserError(f"--config {spec} is a config for {other}, not {script}: run python {other} --config {spec} "
+                      f"..., or give {script} a {ENTRY_POINTS[script][1]} config")
+
+
 def _flags_error(e: flags.Error, argv: Sequence[str]) -> str:
   cause = _first_cause(e)
   if isinstance(cause, UserError):  # Raised by the config file's get_config, e.g. an unknown model name.
@@ -80,8 +117,9 @@ def check_config_flags(argv: list[str]) -> ml_collections.ConfigDict:
   eval_glue.py load theirs: the config file exists and loads, every override names a field (checked here,
   field by field, before any is applied), and each value parses as its field's type. A UserError says what is
   wrong. The one config loader of every entry point (`load_config`, `parse_flags`, `tupe.sweep`, `tupe.study`)."""
-  argv = argv[:1] + [a for i, a in enumerate(argv[1:], 1)
-                     if a.startswith("--config") or argv[i - 1] == "--config"]
+  argv = last_wins(argv[:1] + [a for i, a in enumerate(argv[1:], 1)
+                               if a.startswith("--config") or (argv[i - 1].startswith("--config") and
+                                                               "=" not in argv[i - 1] and not a.startswith("--"))])
   spec = _config_spec(argv)
   if spec is None:
     raise UserError("--config is missing: give configs/<file>.py:<arg>")
@@ -104,7 +142,9 @@ def check_config_flags(argv: list[str]) -> ml_collections.ConfigDict:
                       f"{str(cause).strip().splitlines()[-1] if str(cause).strip() else ''}; fix the file") from None
     return values.config
 
-  _check_override_keys(parse([argv[0], f"--config={spec}"]), argv)
+  base = parse([argv[0], f"--config={spec}"])
+  _check_entry_point(base, os.path.basename(argv[0]), spec)
+  _check_override_keys(base, argv)
   return parse(argv)
 
 
@@ -125,7 +165,7 @@ def parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parser for train.py and eval_glue.py, after `check_config_flags` has checked the config."""
   try:
     check_config_flags(argv)
-    return flags.FLAGS(argv)
+    return flags.FLAGS(last_wins(argv))
   except (UserError, flags.Error) as e:
     if "--verbose" in argv:
       raise
@@ -138,11 +178,15 @@ def run(job: Callable[[object, str], object]) -> None:
   def main(argv):
     if len(argv) > 1:
       raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    if supervise.needed(flags.FLAGS.config):  # Multi-host: a dead peer then ends the run with one line.
-      sys.exit(supervise.run(sys.argv, flags.FLAGS.config))
-    supervise.init_child()
-    logging.set_verbosity(logging.WARNING)  # Library INFO chatter (orbax) off; progress lines are printed.
-    job(flags.FLAGS.config, flags.FLAGS.workdir)
+    with errors.signals_caught() as received:  # Since `errors.catch_signals` at the top of the entry point.
+      if received:
+        raise errors.Preempted(f"stopped by {errors.signal_name(received[0])} before the job started: nothing was "
+                               f"done; rerun the same command", received[0])
+      if supervise.needed(flags.FLAGS.config):  # Multi-host: a dead peer then ends the run with one line.
+        sys.exit(supervise.run(sys.argv, flags.FLAGS.config))
+      supervise.init_child()
+      logging.set_verbosity(logging.WARNING)  # Library INFO chatter (orbax) off; progress lines are printed.
+      job(flags.FLAGS.config, flags.FLAGS.workdir)
 
   # absl parses sys.argv itself (--verbose included, which run_main also reads from it).
   errors.run_main(lambda _: app.run(main, flags_parser=parse_flags))

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import json
 import os
-import pathlib
 import platform
 import time
 
 import jax
 import jax.numpy as jnp
 
+from tupe import storage
 from tupe.models import config as config_lib
 
 # Dense bf16 peak FLOP/s per device, by jax device_kind prefix (vendor data sheets, no sparsity).
@@ -99,6 +99,21 @@ def measured_matmul_peak(size: int = 2048, dtype=jnp.float32, repeats: int = 5) 
   return 2 * size ** 3 / best
 
 
+# fp32 FLOP/s per core that any CPU with these vector units exceeds in a large matmul, even busy (a quarter or less
+# of what one core with one FMA unit at 2 GHz reaches): a measurement below it was taken under load.
+FLOOR_PER_CORE = {"avx512f": 16e9, "avx2": 8e9, "": 2e9}
+MEASURE_TRIES = 3  # measurements below the floor are taken again, up to this many in all
+
+
+def plausible_floor() -> tuple[float, str]:
+  """(the FLOP/s below which a CPU matmul measurement is rejected, what it assumes): FLOOR_PER_CORE by the
+  widest vector unit /proc/cpuinfo lists, times the cores this process may use."""
+  flags = next((line.split(":", 1)[1].split() for line in _cpuinfo() if line.startswith("flags")), [])
+  unit = next((u for u in FLOOR_PER_CORE if u and u in flags), "")
+  cores = _cores()
+  return FLOOR_PER_CORE[unit] * cores, f"{cores} cores" + (f" with {unit}" if unit else "")
+
+
 def peak_flops_per_device(configured: float = 0.0) -> tuple[float, str]:
   """(peak FLOP/s per device, where it came from): the config's value, the data sheet, or a matmul measured
   once per machine and cached (`cached_matmul_peak`), so that the MFU of runs on one machine compare."""
@@ -116,37 +131,59 @@ def peak_flops_per_device(configured: float = 0.0) -> tuple[float, str]:
   return peak / devices, f"{source}, shared by {devices} devices"
 
 
+def _cpuinfo() -> list[str]:
+  """The lines of /proc/cpuinfo (none where there is no such file)."""
+  try:
+    return storage.read_text("/proc/cpuinfo").splitlines()
+  except storage.StorageError:
+    return []
+
+
+def _cores() -> int:
+  return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def _machine() -> str:
   """The CPU model and the cores this process may use: what a measured CPU peak depends on."""
-  try:
-    model = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-  except (OSError, StopIteration):
-    model = platform.processor() or platform.machine()
-  return f"{model}, {len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()} cores"
+  model = next((line.split(":", 1)[1].strip() for line in _cpuinfo() if line.startswith("model name")),
+               platform.processor() or platform.machine())
+  return f"{model}, {_cores()} cores"
 
 
 def cached_matmul_peak(kind: str) -> tuple[float, str]:
-  """A device's measured matmul peak, measured once per machine and device kind and kept in
-  $XDG_CACHE_HOME/tupe/peak_flops.json (~/.cache by default; delete the file to measure again).
+  """A device's matmul peak: the best measurement this machine has given, kept in
+  $XDG_CACHE_HOME/tupe/peak_flops.json (~/.cache by default), and what it is.
 
-  A measurement on a shared CPU varies several-fold from one start to the next, which made MFU incomparable
-  between runs; the cache fixes the peak that every run on the machine uses.
+  A measurement on a shared CPU varies several-fold from one start to the next, and load only ever lowers it. So
+  every start measures once more (about a second), a measurement below the CPU's plausible floor is taken again
+  (up to MEASURE_TRIES in all) and never cached, and the cache keeps the highest: a peak measured under load is
+  replaced by the first better one, never kept for good, and a cached value below the floor is ignored.
   """
-  path = pathlib.Path(os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache") / "tupe" / "peak_flops.json"
+  path = storage.path(os.environ.get("XDG_CACHE_HOME") or "~/.cache") / "tupe" / "peak_flops.json"
   key = f"{kind}, {_machine()}"
+  floor, assumed = plausible_floor()
   try:
-    cache = json.loads(path.read_text())
-  except (OSError, ValueError):
+    cache = json.loads(storage.read_text(path))
+  except (storage.StorageError, ValueError):
     cache = {}
-  if isinstance(cache.get(key), dict) and isinstance(cache[key].get("peak_flops"), (int, float)):
-    return float(cache[key]["peak_flops"]), f"fp32 matmul on {kind} measured {cache[key].get('date')}, cached in {path}"
-  peak = measured_matmul_peak()
-  cache[key] = {"peak_flops": peak, "date": time.strftime("%Y-%m-%d")}
+  entry = cache.get(key)
+  cached = float(entry["peak_flops"]) if isinstance(entry, dict) and isinstance(entry.get("peak_flops"), (
+      int, float)) and entry["peak_flops"] >= floor else 0.0
+  for _ in range(MEASURE_TRIES):
+    measured = measured_matmul_peak()
+    if measured >= floor:
+      break
+  what = f"fp32 matmul on {kind}"
+  if measured < floor and not cached:
+    return measured, (f"{what} measured now under load ({measured / 1e12:.3f} TFLOP/s, below the plausible "
+                      f"{floor / 1e12:.3f} for {assumed}), not cached: MFU reads high; set --config.peak_flops")
+  if cached >= measured:
+    return cached, f"{what}, the best measured on this machine ({entry.get('date')}), cached in {path}"
+  cache[key] = {"peak_flops": measured, "date": time.strftime("%Y-%m-%d")}
+  replaced = f" (replacing {entry['peak_flops'] / 1e12:.3f} TFLOP/s, measured under load)" if isinstance(
+      entry, dict) and isinstance(entry.get("peak_flops"), (int, float)) else ""
   try:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(cache, indent=1))
-    os.replace(tmp, path)
-  except OSError:
-    return peak, f"fp32 matmul on {kind} measured now (not cached: {path} is not writable)"
-  return peak, f"fp32 matmul on {kind} measured now, cached in {path}"
+    storage.write_text(path, json.dumps(cache, indent=1))
+  except storage.StorageError:
+    return measured, f"{what} measured now (not cached: {path} is not writable)"
+  return measured, f"{what} measured now, cached in {path}{replaced}"

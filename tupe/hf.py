@@ -19,13 +19,14 @@ HF ConvBERT does not mask pads inside the conv heads; neither do we, so outputs 
 """
 from __future__ import annotations
 
+import io
 import json
-import pathlib
 
 import numpy as np
 
 from tupe import hf_layout
 from tupe import models
+from tupe import storage
 from tupe.errors import UserError
 
 # Non-trainable buffers that older checkpoints store next to the weights.
@@ -38,7 +39,7 @@ def import_convbert(path, scan_layers: bool | None = None) -> tuple:
   """Reads a HF ConvBERT checkpoint as our backbone.
 
   Args:
-    path: a directory written by `save_pretrained` of any ConvBert* model.
+    path: a directory written by `save_pretrained` of any ConvBert* model, local or in a bucket (gs://...).
     scan_layers: the returned config's model.scan_layers, and so the params' layout (None: the default).
 
   Returns:
@@ -83,12 +84,12 @@ def import_convbert_mlm(path, scan_layers: bool | None = None) -> tuple:
 def _open(path, scan_layers: bool | None) -> tuple:
   """(our config, HF config with defaults filled in, tensors, source) of the `save_pretrained` directory `path`
   (`import_convbert`'s args)."""
-  directory = pathlib.Path(path)
+  directory = storage.path(path)
   config_file = directory / "config.json"
-  if not config_file.is_file():
+  if not storage.is_file(config_file):
     raise UserError(f"{directory} has no config.json; pass a directory written by HF save_pretrained")
   try:
-    hf_config = json.loads(config_file.read_text())
+    hf_config = json.loads(storage.read_text(config_file))
   except json.JSONDecodeError as e:
     raise UserError(f"{config_file} is not valid JSON ({e}); re-save the checkpoint") from e
   hf_config = {**hf_layout.CONVBERT_DEFAULTS, **hf_config}
@@ -112,14 +113,14 @@ def _params(cfg, module, tensors: dict, keys: list, source: str) -> dict:
   return hf_layout.our_params(flat, shapes, cfg.scan_layers, source)
 
 
-def _read_tensors(directory: pathlib.Path) -> dict:
+def _read_tensors(directory: storage.Path) -> dict:
   """name -> array of every tensor in the directory's weights file (or shards)."""
-  found = next((directory / name for name in _WEIGHT_FILES if (directory / name).is_file()), None)
+  found = next((directory / name for name in _WEIGHT_FILES if storage.is_file(directory / name)), None)
   if found is None:
     raise UserError(f"{directory} has none of {', '.join(_WEIGHT_FILES)}; pass a directory written by HF "
                     "save_pretrained")
   if found.name.endswith(".index.json"):
-    shards = sorted(set(json.loads(found.read_text())["weight_map"].values()))
+    shards = sorted(set(json.loads(storage.read_text(found))["weight_map"].values()))
     files = [directory / shard for shard in shards]
   else:
     files = [found]
@@ -129,8 +130,17 @@ def _read_tensors(directory: pathlib.Path) -> dict:
   return tensors
 
 
-def _read_torch(file: pathlib.Path) -> dict:
+def _read_torch(file: storage.Path) -> dict:
   import torch  # only needed for .bin checkpoints
-  state = torch.load(file, map_location="cpu", weights_only=True)
+  data = storage.read_bytes(file)  # An unreadable file: one line (StorageError)
+  try:
+    state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+  except Exception as e:  # Truncated, not a torch file, or a pickle that is not plain weights.
+    lines = str(e).strip().splitlines()
+    raise UserError(f"{file} cannot be read as PyTorch weights ({type(e).__name__}: {lines[0] if lines else ''}); "
+                    f"pass a directory written by HF save_pretrained") from None
+  if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+    raise UserError(f"{file} holds a {type(state).__name__}, not a state dict of tensors; pass a directory written "
+                    f"by HF save_pretrained")
   return {key: value.detach().to(torch.float32).numpy() if value.is_floating_point() else value.numpy()
           for key, value in state.items()}

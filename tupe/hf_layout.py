@@ -10,8 +10,12 @@ Families (`family`):
   tupe:     TUPE-A, TUPE-R, tupe_a_tie_cls, BERT-R -> TupeForMaskedLM / TupeModel of `tupe.hf_models`, loaded
             with trust_remote_code=True.
 Options that the family's HF class cannot express raise a one-line UserError naming the option. A model
-without token types (type_vocab_size 0) is exported to BERT and ConvBERT with one all-zero token-type row,
-which adds exactly nothing.
+without token types (type_vocab_size 0) is exported to BERT and ConvBERT with two all-zero token-type rows,
+which add exactly nothing and take the tokenizer's types 0 and 1 of a sentence pair.
+
+A GLUE classifier (`models.Classifier`) maps to the family's sequence-classification class (`classifier_keys`),
+its head as that class has it: the `tupe` head (dense-tanh-dropout-out) is BertForSequenceClassification's
+pooler and classifier and TupeForSequenceClassification's classifier; the `hf` head is ConvBERT's.
 
 Parameters are addressed by their "/"-joined paths in our tree, in the unrolled layout (one `layer_<i>` per
 layer): `flat_params` unrolls the layers of model.scan_layers (`models.unstack_layers`), and `our_params` stacks
@@ -22,17 +26,21 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import pathlib
 
 import jax
 import ml_collections
 import numpy as np
 
 from tupe import models
+from tupe import storage
 from tupe.errors import UserError
 
 # config.json keys (beside HF's) that carry our resolved model config and pre-training objective.
 MODEL_KEY, OBJECTIVE_KEY = "tupe_model", "tupe_objective"
+# The objective recorded for a GLUE classifier's export (its config.json's OBJECTIVE_KEY).
+CLASSIFIER_OBJECTIVE = "classifier"
+# Token-type rows of a BERT or ConvBERT export of a model without token types: a sentence pair's 0 and 1.
+PAIR_TYPES = 2
 DISCRIMINATOR_HEAD_FILE = "discriminator_head.safetensors"
 GENERATOR_DIR = "generator"
 
@@ -83,15 +91,17 @@ def hf_config(cfg, family_name: str, objective: str) -> dict:
       hidden_dropout_prob=cfg.hidden_dropout, attention_probs_dropout_prob=cfg.attention_dropout,
       initializer_range=cfg.initializer_range, pad_token_id=cfg.pad_token_id, tie_word_embeddings=True,
       **{MODEL_KEY: cfg.to_dict(), OBJECTIVE_KEY: objective})
-  types = max(cfg.type_vocab_size, 1)
+  types = cfg.type_vocab_size or PAIR_TYPES
   if family_name == "bert":
     return dict(common, model_type="bert", type_vocab_size=types)
   if family_name == "convbert":
     return dict(common, model_type="convbert", type_vocab_size=types, embedding_size=cfg.embedding_size,
                 head_ratio=2, conv_kernel_size=cfg.conv_kernel_size, num_groups=cfg.ffn_groups)
+  # tokenizer_class: transformers 4's pipelines load a tokenizer only for a config class they know or that names it.
   return dict(common, model_type="tupe", type_vocab_size=cfg.type_vocab_size, embedding_size=cfg.embedding_size,
               position=cfg.position, relative_bias=cfg.relative_bias, num_buckets=cfg.num_buckets,
-              max_distance=cfg.max_distance, cls_reset=cfg.cls_reset, zero_pad_embeddings=cfg.zero_pad_embeddings)
+              max_distance=cfg.max_distance, cls_reset=cfg.cls_reset, zero_pad_embeddings=cfg.zero_pad_embeddings,
+              tokenizer_class="BertTokenizer")
 
 
 def convbert_config(hf: dict, source: str) -> ml_collections.ConfigDict:
@@ -131,9 +141,12 @@ def convbert_config(hf: dict, source: str) -> ml_collections.ConfigDict:
 # The HF classes per family: (masked LM, backbone), and the prefix of the backbone inside the masked LM.
 CLASSES = {"bert": ("BertForMaskedLM", "BertModel"), "convbert": ("ConvBertForMaskedLM", "ConvBertModel"),
            "tupe": ("TupeForMaskedLM", "TupeModel")}
+SEQUENCE_CLASSES = {"bert": "BertForSequenceClassification", "convbert": "ConvBertForSequenceClassification",
+                    "tupe": "TupeForSequenceClassification"}
 PREFIXES = {"bert": "bert.", "convbert": "convbert.", "tupe": "tupe."}
 # Output embeddings tied to the word embeddings (and BERT's decoder bias to its head's bias), if saved at all.
-TIED = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias", "generator_lm_head.weight")
+TIED = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias", "generator_lm_head.weight",
+        "lm_head.decoder.weight")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,7 +156,7 @@ class Key:
   kind: "copy" (same shape); "flat" (ours [*out] -> [prod(out)]); "column" (-> [prod, 1]); "linear" (our kernel
     [*in, *out], n_in input axes -> torch Linear weight [prod(out), prod(in)]); "depthwise" ([K, d] -> Conv1d
     weight [d, 1, K]); "pointwise" ([d, heads, head_dim] -> Conv1d weight [heads * head_dim, d, 1]); "zeros"
-    (nothing of ours: an all-zero [1, width] table).
+    (nothing of ours: an all-zero [PAIR_TYPES, width] table).
   """
   ours: str | None
   hf: str
@@ -155,7 +168,7 @@ class Key:
 def to_hf(key: Key, x: np.ndarray | None) -> np.ndarray:
   """Our float32 array -> the HF tensor (a new contiguous array)."""
   if key.kind == "zeros":
-    return np.zeros((1, key.width), np.float32)
+    return np.zeros((PAIR_TYPES, key.width), np.float32)
   x = np.asarray(x, np.float32)
   converted = {
       "copy": lambda: x,
@@ -172,9 +185,9 @@ def from_hf(key: Key, t: np.ndarray, shape: tuple, source: str) -> np.ndarray:
   """The HF tensor (from file or directory `source`) -> our array of `shape`; UserError if it has the wrong size."""
   t = np.asarray(t, np.float32)
   if key.kind == "zeros":
-    if t.shape != (1, key.width) or np.any(t):
-      raise UserError(f"{source}: {key.hf} should be a [1, {key.width}] table of zeros (our model has no token "
-                      "types)")
+    if t.ndim != 2 or t.shape[1] != key.width or np.any(t):  # Earlier exports had one row.
+      raise UserError(f"{source}: {key.hf} should be a [{PAIR_TYPES}, {key.width}] table of zeros (our model has "
+                      "no token types)")
     return t
   expected = to_hf(key, np.zeros(shape, np.float32)).shape
   if t.shape != expected:
@@ -258,7 +271,7 @@ def mlm_head_keys(family_name: str, ours: str) -> list[Key]:
   """Our `MLMHead` under `ours` -> the HF masked LM's head (its output embeddings are tied, not stored)."""
   hf = {"bert": ("cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm", "cls.predictions.bias"),
         "convbert": ("generator_predictions.dense", "generator_predictions.LayerNorm", "generator_lm_head.bias"),
-        "tupe": ("lm_head.dense", "lm_head.LayerNorm", "lm_head.bias")}[family_name]
+        "tupe": ("lm_head.dense", "lm_head.LayerNorm", "lm_head.decoder.bias")}[family_name]
   return [*_dense(f"{ours}/transform", hf[0]), *_layer_norm(f"{ours}/layer_norm", hf[1]), Key(f"{ours}/bias", hf[2])]
 
 
@@ -272,6 +285,22 @@ def masked_lm_keys(cfg, family_name: str) -> list[Key]:
   prefix = PREFIXES[family_name]
   return (embedding_keys(cfg, family_name, "encoder/embeddings", prefix)
           + stack_keys(cfg, family_name, "encoder/stack", prefix) + mlm_head_keys(family_name, "mlm_head"))
+
+
+def classifier_keys(cfg, family_name: str, style: str) -> list[Key]:
+  """`models.Classifier` params (head `style`) -> the family's sequence-classification class; UserError if that
+  class has another head."""
+  heads = {("bert", "tupe"): ("bert.pooler.dense", "classifier"), ("convbert", "hf"): ("classifier.dense",
+           "classifier.out_proj"), ("tupe", "tupe"): ("classifier.dense", "classifier.out_proj")}
+  if (family_name, style) not in heads:
+    usable = next(s for f, s in heads if f == family_name)
+    raise UserError(f"head={style!r} has no counterpart in {SEQUENCE_CLASSES[family_name]}, whose head is this "
+                    f"package's {usable!r} head; fine-tune with --config.head={usable} to export the classifier")
+  dense, out = heads[family_name, style]
+  prefix = PREFIXES[family_name]
+  return (embedding_keys(cfg, family_name, "encoder/embeddings", prefix)
+          + stack_keys(cfg, family_name, "encoder/stack", prefix)
+          + _dense("head/dense", dense) + _dense("head/out", out))
 
 
 def electra_keys(cfg, generator_cfg, family_name: str) -> dict[str, list[Key]]:
@@ -337,11 +366,11 @@ def import_tensors(tensors: dict[str, np.ndarray], keys: list[Key], shapes: dict
 
 # Reading an export back.
 
-def _read_config(directory: pathlib.Path) -> tuple[dict, ml_collections.ConfigDict]:
+def _read_config(directory: storage.Path) -> tuple[dict, ml_collections.ConfigDict]:
   config_file = directory / "config.json"
-  if not config_file.is_file():
+  if not storage.is_file(config_file):
     raise UserError(f"{directory} has no config.json; pass a directory written by tupe.tools.export_hf")
-  config = json.loads(config_file.read_text())
+  config = json.loads(storage.read_text(config_file))
   if MODEL_KEY not in config:
     raise UserError(f"{config_file} has no {MODEL_KEY!r} entry, so it was not written by tupe.tools.export_hf; HF "
                     "ConvBERT checkpoints import with tupe.hf.import_convbert")
@@ -350,13 +379,14 @@ def _read_config(directory: pathlib.Path) -> tuple[dict, ml_collections.ConfigDi
   return config, cfg
 
 
-def read_safetensors(file: pathlib.Path) -> dict[str, np.ndarray]:
-  """name -> array of every tensor in a .safetensors file; a UserError if it is missing or numpy cannot read it."""
+def read_safetensors(file: storage.PathLike) -> dict[str, np.ndarray]:
+  """name -> array of every tensor in a .safetensors file (local or in a bucket); a UserError if it is missing or
+  numpy cannot read it."""
   import safetensors.numpy
-  if not file.is_file():
+  if not storage.is_file(file):
     raise UserError(f"{file} does not exist; pass a directory written by tupe.tools.export_hf or HF save_pretrained")
   try:
-    return safetensors.numpy.load_file(file)
+    return safetensors.numpy.load(storage.read_bytes(file))
   except TypeError as e:
     raise UserError(f"{file} holds a dtype numpy cannot read ({e}); re-save the model in float32") from e
 
@@ -391,11 +421,13 @@ def import_pretrained(path, scan_layers: bool | None = None) -> tuple[ml_collect
     objective "mlm" and `models.Electra` (generator from DIR/generator) for "electra", bit-identical to the
     exported checkpoint's (in the layout asked for).
   """
-  directory = pathlib.Path(path)
+  directory = storage.path(path)
   config, cfg = _read_config(directory)
   if scan_layers is not None:
     cfg.scan_layers = scan_layers
   objective = config.get(OBJECTIVE_KEY, "mlm")
+  if objective == CLASSIFIER_OBJECTIVE:
+    raise UserError(f"{directory} holds a fine-tuned classifier; import_pretrained reads pre-trained exports")
   name = family(cfg, objective)
   if objective == "mlm":
     shapes = param_shapes(models.MaskedLM(cfg), cfg)

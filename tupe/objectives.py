@@ -126,6 +126,5 @@ def load_encoder(path, shardings=None):
   """A train.py checkpoint's backbone as (model config, `Encoder` params, vocab tokens): the newest intact
   checkpoint under `path`, its backbone's parameters only, on the host or read directly into `shardings` (a
   tree of shardings of an `Encoder`'s params; `checkpoint.load_params`)."""
-  meta, params = checkpoint.load_params(path, select=lambda meta: backbone_paths(meta["config"]),
-                                        shardings=shardings)
-  return ml_collections.ConfigDict(meta["config"]["model"]), params, meta["vocab"]
+  meta, params = checkpoint.load_params(path, select=lambda meta: backbone_paths(meta.config), shardings=shardings)
+  return ml_collections.ConfigDict(meta.config["model"]), params, meta.vocab

@@ -10,13 +10,11 @@ optimizer structure. Other settings may change (e.g. num_train_steps, to extend 
 """
 from __future__ import annotations
 
-import pathlib
-
 import jax
 
 from tupe import logs
-from tupe import sharding
-from tupe.checkpoint import reason
+from tupe import storage
+from tupe.checkpoint import CheckpointMeta, reason
 from tupe.errors import UserError
 
 _DATA_LOCATIONS = ("files", "vocab_file", "cache_dir", "tfds_data_dir", "num_workers")
@@ -52,7 +50,7 @@ def changed_settings(saved_config: dict, config: dict) -> list[str]:
   return _differences(saved_config, config, keys)
 
 
-def _check_fits(step: int, directory: pathlib.Path, saved_params, params, saved_config: dict,
+def _check_fits(step: int, directory: storage.Path, saved_params, params, saved_config: dict,
                 config: dict) -> None:
   """Raises a UserError naming the difference when a checkpoint's parameters do not fit the model's."""
   shapes = lambda tree: {jax.tree_util.keystr(k): tuple(x.shape)
@@ -75,23 +73,24 @@ def _check_fits(step: int, directory: pathlib.Path, saved_params, params, saved_
                   f"config or use a new --workdir")
 
 
-def _check_same_optimizer(step: int, directory: pathlib.Path, saved_config: dict, config: dict,
+def _check_same_optimizer(step: int, directory: storage.Path, saved_config: dict, config: dict,
                           error: Exception) -> None:
   """A checkpoint that fails to restore under another optimizer config is reported as such, not as corrupted:
   its optimizer state has another structure (e.g. without the clipping stage) and the checkpoint is intact."""
-  diff = _differences({"optimizer": saved_config.get("optimizer", {})}, {"optimizer": config.get("optimizer", {})})
+  diff = _differences({"optimizer": saved_config["optimizer"]}, {"optimizer": config["optimizer"]})
   if diff:
     raise UserError(f"checkpoint {step} in {directory} could not be restored with another optimizer config "
                     f"({'; '.join(diff[:3])}; {reason(error)}); resume with its optimizer settings or use a new "
                     f"--workdir") from error
 
 
-def _check_same_data(step: int, directory: pathlib.Path, saved_meta: dict, meta: dict) -> None:
-  """Raises a UserError naming the difference when a checkpoint was trained on another stream of batches."""
-  def stream(m):
-    data = {k: v for k, v in m["config"]["data"].items() if k not in _DATA_LOCATIONS}
-    return dict(_flat(data, "data."), **{k: m["config"][k] for k in ("seq_len", "global_batch_size", "seed")},
-                **{k: m[k] for k in ("train_examples",) if k in m})
+def _check_same_data(step: int, directory: storage.Path, saved_meta: CheckpointMeta, meta: CheckpointMeta) -> None:
+  """Raises a UserError naming the difference when a checkpoint was trained on another stream of batches (the
+  number of training examples is compared where the checkpoint recorded it)."""
+  def stream(m: CheckpointMeta):
+    data = {k: v for k, v in m.config["data"].items() if k not in _DATA_LOCATIONS}
+    return dict(_flat(data, "data."), **{k: m.config[k] for k in ("seq_len", "global_batch_size", "seed")},
+                **({} if saved_meta.train_examples is None else {"train_examples": m.train_examples}))
   saved, current = stream(saved_meta), stream(meta)
   diff = _differences(saved, current, sorted(saved.keys() & current.keys()))
   if diff:
@@ -99,18 +98,10 @@ def _check_same_data(step: int, directory: pathlib.Path, saved_meta: dict, meta:
                     f"resume with the same data settings and corpus, or use a new --workdir")
 
 
-def _with_implicit_defaults(config: dict) -> dict:
-  """A config as JSON with the settings that older configs left implicit spelled out, so that a checkpoint
-  written before they were explicit is not reported as changed: `sharding_rules` () meaning the default rules,
-  and no `model.scan_layers` meaning unrolled layers."""
-  rules = [[name, list(axes) if isinstance(axes, tuple) else axes]
-           for name, axes in sharding.rules_from_config(config.get("sharding_rules"))]
-  return dict(config, sharding_rules=rules, model=dict({"scan_layers": False}, **config.get("model", {})))
-
-
 def warn_changed_settings(lr_schedule, step: int, saved_config: dict, config: dict) -> None:
-  """Logs the settings that differ from the checkpoint's, and the learning rate a schedule change gives."""
-  changed = changed_settings(_with_implicit_defaults(saved_config), _with_implicit_defaults(config))
+  """Logs the settings that differ from the checkpoint's, and the learning rate a schedule change gives (both
+  configs as a CheckpointMeta holds them: every setting explicit)."""
+  changed = changed_settings(saved_config, config)
   if not changed:
     return
   schedule = any(c.startswith(("num_train_steps=", "optimizer.")) for c in changed)
@@ -128,12 +119,12 @@ class Compatibility:
     meta: the run's own meta (resolved config, vocabulary, train_examples).
   """
 
-  def __init__(self, params, meta: dict):
+  def __init__(self, params, meta: CheckpointMeta):
     self.params, self.meta = params, meta
 
-  def check(self, step: int, directory: pathlib.Path, saved_params, saved_meta: dict) -> None:
-    _check_fits(step, directory, saved_params, self.params, saved_meta["config"], self.meta["config"])
+  def check(self, step: int, directory: storage.Path, saved_params, saved_meta: CheckpointMeta) -> None:
+    _check_fits(step, directory, saved_params, self.params, saved_meta.config, self.meta.config)
     _check_same_data(step, directory, saved_meta, self.meta)
 
-  def explain(self, step: int, directory: pathlib.Path, saved_meta: dict, error: Exception) -> None:
-    _check_same_optimizer(step, directory, saved_meta["config"], self.meta["config"], error)
+  def explain(self, step: int, directory: storage.Path, saved_meta: CheckpointMeta, error: Exception) -> None:
+    _check_same_optimizer(step, directory, saved_meta.config, self.meta.config, error)

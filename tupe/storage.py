@@ -18,11 +18,13 @@ Errors from a store (no credentials, an unknown bucket, a permission refused, th
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import tempfile
 from collections.abc import Iterator
 from typing import IO
 
+import fsspec
 from etils import epath
 
 from tupe.errors import UserError
@@ -31,6 +33,12 @@ Path = epath.Path
 PathLike = str | os.PathLike
 
 REMOTE_SCHEMES = ("gs://", "s3://")
+
+# A folder's listing comes from the store every time. fsspec's stores keep the first listing of a folder for the
+# life of the process, so a process polling a bucket (for a checkpoint, a lease, runs that another process writes)
+# would never see it change.
+for _protocol in ("gcs", "s3"):
+  fsspec.config.conf.setdefault(_protocol, {})["use_listings_cache"] = False
 
 
 class StorageError(UserError):
@@ -84,7 +92,23 @@ def errors(what: str, p: PathLike) -> Iterator[None]:
   except StorageError:
     raise
   except Exception as e:  # gcsfs and aiohttp raise their own classes, not only OSError
-    raise StorageError(f"cannot {what} {p}: {describe(e)}") from e
+    cause = describe(e)
+    if isinstance(e, FileNotFoundError) and (bucket := _missing_bucket(p)):
+      cause = f"bucket {bucket} does not exist (create it, or fix its name)"
+    raise StorageError(f"cannot {what} {p}: {cause}") from e
+
+
+def _missing_bucket(p: PathLike) -> str | None:
+  """The bucket of URL `p` ("gs://name") when the store says it does not exist; None for a local path, an
+  existing bucket, or a store that cannot tell."""
+  if not is_remote(p):
+    return None
+  scheme, rest = os.fspath(p).split("://", 1)
+  bucket = f"{scheme}://{rest.split('/', 1)[0]}"
+  try:
+    return None if Path(bucket).exists() else bucket
+  except Exception:  # no credentials, the endpoint gone: the original cause stands
+    return None
 
 
 def exists(p: PathLike) -> bool:
@@ -111,8 +135,9 @@ def makedirs(p: PathLike) -> Path:
 
 
 def read_text(p: PathLike) -> str:
+  """The UTF-8 text of file `p`."""
   with errors("read", p):
-    return path(p).read_text()
+    return path(p).read_text(encoding="utf-8")
 
 
 def read_bytes(p: PathLike) -> bytes:
@@ -180,9 +205,10 @@ def iterdir(p: PathLike) -> list[Path]:
   """The entries directly in folder `p`, sorted by name; [] when it does not exist."""
   d = path(p)
   with errors("list", d):
-    if not d.exists():
+    try:
+      return sorted(d.iterdir(), key=lambda e: e.name)
+    except FileNotFoundError:
       return []
-    return sorted(d.iterdir(), key=lambda e: e.name)
 
 
 def glob(pattern: PathLike) -> list[Path]:
@@ -229,10 +255,54 @@ def copy(src: PathLike, dst: PathLike) -> None:
   write_bytes(dst, read_bytes(src))
 
 
+def copy_tree(src: PathLike, dst: PathLike) -> list[Path]:
+  """Copies every file under folder `src` to the same relative path under `dst` (`copy`); returns the copies.
+
+  For libraries that write only to a local folder (transformers' `save_pretrained`): they write into a
+  temporary folder, which is then copied to a bucket."""
+  copies = []
+  for name in walk_files(src):
+    copy(path(src) / name, path(dst) / name)
+    copies.append(path(dst) / name)
+  return copies
+
+
+def write_png(p: PathLike, figure) -> None:
+  """Writes a matplotlib figure as PNG to `p` (`write_bytes`: atomic, and into a bucket as well)."""
+  buffer = io.BytesIO()
+  figure.savefig(buffer, format="png")
+  write_bytes(p, buffer.getvalue())
+
+
 def check_writable(p: PathLike) -> None:
-  """Fails now, with one line, if folder `p` cannot be created or written (rather than at the first save)."""
-  d = makedirs(p)
-  probe = d / f".tupe-write-check-{os.getpid()}"
-  with errors("write in", d):
-    probe.write_text("")
-    probe.unlink()
+  """Fails now, with one line, if folder `p` cannot be created or written (rather than at the first save), and
+  leaves nothing behind: locally the nearest folder on the way that exists must be writable; in a bucket one
+  empty probe object is written and removed (so a missing bucket or a refused write fails here)."""
+  d = path(p)
+  if is_remote(d):
+    with errors("write in", d):
+      probe = d / f".tupe-write-check-{os.getpid()}"
+      probe.write_bytes(b"")
+      probe.unlink()
+    return
+  existing = d
+  while not exists(existing):
+    existing = existing.parent
+  if not is_dir(existing):
+    raise StorageError(f"cannot write in {d}: {existing} is a file (Not a directory)")
+  if not os.access(existing, os.W_OK | os.X_OK):
+    raise StorageError(f"cannot write in {d}: {existing}: Permission denied")
+
+
+def version(p: PathLike) -> tuple:
+  """What changes whenever the file `p` is written again, without reading it: (size, modification time in ns,
+  inode) locally; (size, generation, or the ETag where a store has no generations) in a bucket."""
+  target = path(p)
+  with errors("check", target):
+    if is_remote(target):
+      import fsspec
+      fs, key = fsspec.core.url_to_fs(os.fspath(target))
+      info = fs.info(key)
+      return info.get("size"), info.get("generation") or info.get("ETag") or info.get("etag")
+    stat = os.stat(os.fspath(target))
+    return stat.st_size, stat.st_mtime_ns, stat.st_ino

@@ -3,27 +3,30 @@
   python -m tupe.sweep --config configs/pretrain.py:tupe_a,base --root runs/lr \\
       --grid optimizer.learning_rate=1e-4,2e-4 --grid seed=0,1 [--print] [-- --config.num_train_steps=1000]
 
-Each run gets its own workdir, named after its grid values (e.g. runs/lr/optimizer.learning_rate=1e-4,seed=0),
-so rerunning the sweep resumes every run from its checkpoints. Arguments after `--` go to every run.
+Each run gets its own workdir under --root (a local folder or a bucket URL, gs://...), named after its grid
+values (e.g. runs/lr/optimizer.learning_rate=1e-4,seed=0; values with "/" or other unsafe characters are
+replaced and a digest keeps the names distinct: `workdir_name`), so rerunning the sweep resumes every run from
+its checkpoints. Arguments after `--` go to every run.
 --print writes the train.py commands (one per line) instead of running them, for a cluster scheduler. Every
 run's complete config is loaded and checked first, as train.py checks it (keys, types, values, settings that
-do not fit together), so that a bad grid point is an error before anything runs or is printed.
+do not fit together, the data it reads and the model's vocab size), so that a bad grid point is an error
+before anything runs or is printed.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import itertools
-import pathlib
+import json
+import re
 import shlex
 import subprocess
 import sys
 
 from tupe import cli
+from tupe import storage
 from tupe import trainer
 from tupe.errors import UserError, run_main
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
-
 
 def parse_grid(specs: list[str]) -> list[tuple[str, list[str]]]:
   """["a.b=1,2", "seed=0"] -> [("a.b", ["1", "2"]), ("seed", ["0"])]."""
@@ -36,28 +39,59 @@ def parse_grid(specs: list[str]) -> list[tuple[str, list[str]]]:
   return grid
 
 
+def workdir_name(assignment: list[tuple[str, str]]) -> str:
+  """A grid point's workdir name inside --root: "key=value,..." when every value is a plain word; otherwise the
+  characters that could leave the root or collide ("/", "..", spaces, ...) become "_" and a digest of the exact
+  values is appended, so that names stay inside the root and distinct (`a.txt` and `./a.txt` differ). The full
+  overrides are in each run's config.json."""
+  name = ",".join(f"{k}={v}" for k, v in assignment) or "run"
+  safe = re.sub(r"[^A-Za-z0-9_.,=+-]", "_", name).replace("..", "__")
+  if safe == name and not name.startswith("."):
+    return name
+  return f"{safe[:100]}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+
+
 def runs(config: str, root: str, grid, extra: list[str]) -> list[list[str]]:
   """The train.py command line of every grid point, in a fixed order."""
-  commands = []
+  commands, names = [], set()
   for values in itertools.product(*(v for _, v in grid)):
     assignment = list(zip((k for k, _ in grid), values))
-    name = ",".join(f"{k}={v}" for k, v in assignment) or "run"
-    commands.append([sys.executable, str(REPO / "train.py"), f"--config={config}",
-                     f"--workdir={pathlib.Path(root) / name}"]
+    name = workdir_name(assignment)
+    if name in names:
+      raise UserError(f"the grid gives {name} twice: list each value of a --grid key once")
+    names.add(name)
+    commands.append([sys.executable, str(cli.REPO / "train.py"), f"--config={config}",
+                     f"--workdir={storage.path(root) / name}"]
                     + [f"--config.{k}={v}" for k, v in assignment] + list(extra))
   return commands
 
 
 def check(commands: list[list[str]]) -> None:
-  """Loads every run's complete config with its overrides and checks its values as train.py will
-  (`trainer.check_config`), so that a typo in a key, a value of the wrong type or out of range, or settings that
-  do not fit together (e.g. warmup past the last step) is a one-line error here, before anything runs or is
-  printed for a scheduler."""
-  for i, command in enumerate(commands):
+  """Loads every run's complete config with its overrides and checks it as train.py will before its first step:
+  its values (`trainer.check_config`), then the data it will read (`trainer.load_data`, once per distinct data
+  setting) against the model (`trainer.resolve_vocab_size`), so that a typo in a key, a value of the wrong type
+  or out of range, settings that do not fit together (e.g. warmup past the last step), a missing corpus or a
+  vocab the model does not match is a one-line error here, before anything runs or is printed for a
+  scheduler."""
+  def named(i: int, command: list[str], e: UserError) -> UserError:
+    return UserError(f"run {i + 1}/{len(commands)} ({storage.path(command[3].split('=', 1)[1]).name}): {e}")
+
+  configs = []
+  for i, command in enumerate(commands):  # The cheap checks of every point first.
     try:
-      trainer.check_config(cli.check_config_flags(["train.py"] + command[2:]))
+      configs.append(cli.check_config_flags(["train.py"] + command[2:]))
+      trainer.check_config(configs[-1])
     except UserError as e:
-      raise UserError(f"run {i + 1}/{len(commands)} ({pathlib.Path(command[3].split('=', 1)[1]).name}): {e}") from e
+      raise named(i, command, e) from e
+  vocab_sizes = {}  # (data config, seq_len, evaluates) -> the training split's vocab size: each read once
+  for i, (command, cfg) in enumerate(zip(commands, configs)):
+    key = json.dumps([cfg.data.to_dict(), cfg.seq_len, bool(cfg.eval_every)], sort_keys=True)
+    try:
+      if key not in vocab_sizes:
+        vocab_sizes[key] = trainer.load_data(cfg)[0].info.vocab_size
+      trainer.resolve_vocab_size(cfg, vocab_sizes[key])
+    except UserError as e:
+      raise named(i, command, e) from e
 
 
 def main(argv: list[str]) -> None:
@@ -67,7 +101,7 @@ def main(argv: list[str]) -> None:
     extra, argv = argv[argv.index("--") + 1:], argv[:argv.index("--")]
   parser = argparse.ArgumentParser(prog="python -m tupe.sweep", description=__doc__.splitlines()[0])
   parser.add_argument("--config", required=True, help="configs/<file>.py:<arg>")
-  parser.add_argument("--root", required=True, help="parent folder of the runs' workdirs")
+  parser.add_argument("--root", required=True, help="parent folder of the runs' workdirs (local or gs://...)")
   parser.add_argument("--grid", action="append", default=[], help="KEY=V1,V2,... (repeatable)")
   parser.add_argument("--print", action="store_true", help="print the commands instead of running them")
   args = parser.parse_args(argv)

@@ -14,9 +14,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import pathlib
-import signal
-import time
 from typing import Any
 
 import flax.linen as nn
@@ -28,14 +25,17 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from tupe import checkpoint as checkpoint_lib
+from tupe import compile_cache
 from tupe import errors
 from tupe import flops as flops_lib
+from tupe import lease
 from tupe import logs
 from tupe import models
 from tupe import objectives
 from tupe import optim
 from tupe import resume
 from tupe import sharding
+from tupe import storage
 from tupe import training
 from tupe.data import masking
 from tupe.data import pipeline
@@ -213,9 +213,9 @@ def compile_train_step(setup: Setup):
   return compiled, report
 
 
-def checkpoint_meta(cfg, vocab_file: str, train_examples: int) -> dict:
-  vocab = pathlib.Path(vocab_file).read_text(encoding="utf-8").splitlines() if vocab_file else []
-  return {"config": json.loads(cfg.to_json_best_effort()), "vocab": vocab, "train_examples": train_examples}
+def checkpoint_meta(cfg, vocab_file: str, train_examples: int) -> checkpoint_lib.CheckpointMeta:
+  vocab = storage.read_text(vocab_file).splitlines() if vocab_file else []
+  return checkpoint_lib.create_meta(json.loads(cfg.to_json_best_effort()), vocab, train_examples)
 
 
 class Evaluator:
@@ -263,11 +263,33 @@ def check_config(cfg) -> None:
   every grid point before anything runs."""
   check_loop(cfg)
   pipeline.checked_config(cfg.data, cfg.seq_len)
+  check_data_files(cfg.data)
   models.validate(cfg.model)
   if cfg.seq_len > cfg.model.max_position_embeddings:
     raise UserError(f"seq_len={cfg.seq_len} exceeds model.max_position_embeddings="
                     f"{cfg.model.max_position_embeddings}; lower --config.seq_len")
   optim.schedule(cfg.optimizer, cfg.num_train_steps)
+
+
+# The data sources that read data.files; the others (demo, synthetic, tfds) would ignore it.
+FILE_SOURCES = ("text", "arrayrecord")
+
+
+def check_data_files(data_cfg) -> None:
+  """Files given to a source that would ignore them (say, --config.data.files without data.source=text) are an
+  error, not a run on the built-in demo text."""
+  if data_cfg.get("files") and data_cfg.get("source") not in FILE_SOURCES:
+    raise UserError(f"data.files={data_cfg.files!r} is ignored by data.source={data_cfg.source!r}: add "
+                    f"--config.data.source=text (text files; arrayrecord for tupe.data.preprocess shards), or drop "
+                    f"--config.data.files")
+
+
+def load_data(cfg) -> tuple[pipeline.PretrainData, pipeline.PretrainData | None]:
+  """The training split and, when the run evaluates, the held-out split (loaded up front, so that one too small
+  to evaluate fails before training), as `train` reads them; `tupe.sweep` checks each grid point with them."""
+  train_data = pipeline.PretrainData(cfg.data, seq_len=cfg.seq_len, split="train")
+  eval_data = pipeline.PretrainData(cfg.data, seq_len=cfg.seq_len, split="eval") if cfg.eval_every else None
+  return train_data, eval_data
 
 
 def check_loop(cfg) -> None:
@@ -293,15 +315,15 @@ def check_loop(cfg) -> None:
 
 
 def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
-  """Runs (or resumes) pre-training in `workdir`; returns the last step's metrics."""
-  workdir = pathlib.Path(workdir)
+  """Runs (or resumes) pre-training in `workdir` (a local folder or a bucket URL); returns the last step's
+  metrics."""
+  workdir = storage.path(workdir)
   check_config(cfg)
+  compile_cache.enable(cfg.get("compilation_cache_dir", compile_cache.DEFAULT_DIR))
   training.maybe_initialize_distributed(cfg)
   training.check_workdir(workdir)
   hosts, host = jax.process_count(), jax.process_index()
-  train_data = pipeline.PretrainData(cfg.data, seq_len=cfg.seq_len, split="train")
-  # Loaded up front, so that a held-out split too small to evaluate fails before training.
-  eval_data = pipeline.PretrainData(cfg.data, seq_len=cfg.seq_len, split="eval") if cfg.eval_every else None
+  train_data, eval_data = load_data(cfg)
   info = train_data.info
   resolve_vocab_size(cfg, info.vocab_size)
   setup = build(cfg)
@@ -317,25 +339,24 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
            f"{len(train_data)} training examples")
   logs.log(train_data.fill_line())
 
-  preempted = []  # Signals received by this host; the loop stops on `training.agreed_signal`.
   with contextlib.ExitStack() as cleanup:  # Unwinds on any error too: no asynchronous save is left behind.
-    for signum in (signal.SIGTERM, signal.SIGINT):  # Preemption, Ctrl-C: a checkpoint at the current step.
-      previous_handler = signal.signal(signum, lambda signum, _: preempted.append(signum))
-      cleanup.callback(signal.signal, signum, previous_handler)
+    cleanup.enter_context(lease.hold(workdir))  # Another job on this workdir: one line, nothing written.
+    # Preemption, Ctrl-C: recorded by this host; the loop stops on `training.agreed_signal`, with a checkpoint.
+    preempted = cleanup.enter_context(errors.signals_caught())
     # Closed while the signal handlers are still ours: a preemption then lets the last asynchronous save finish.
     ckpt = cleanup.enter_context(checkpoint_lib.Checkpointer(workdir / "checkpoints", cfg.checkpoint))
     meta = checkpoint_meta(cfg, info.vocab_file, len(train_data))
     restored = ckpt.restore_latest(setup.abstract_state, resume.Compatibility(setup.abstract_state.params, meta))
     if host == 0:  # Once the checkpoint is accepted: a rejected resume leaves the workdir as it was.
-      (workdir / "config.json").write_text(cfg.to_json_best_effort(indent=2))
+      storage.write_text(workdir / "config.json", cfg.to_json_best_effort(indent=2))
     if restored is None:
       state, start = setup.init_state(), 0
-      if ckpt.interrupted or (workdir / "metrics.jsonl").exists():  # Trained before, but saved nothing.
+      if ckpt.interrupted or storage.exists(workdir / "metrics.jsonl"):  # Trained before, but saved nothing.
         logs.log(f"warning: no finished checkpoint in {ckpt.directory}: training starts again from step 0")
     else:
       start, state, saved_meta = restored
       logs.log(f"resumed from checkpoint {start} in {ckpt.directory}")
-      resume.warn_changed_settings(setup.lr_schedule, start, saved_meta["config"], meta["config"])
+      resume.warn_changed_settings(setup.lr_schedule, start, saved_meta.config, meta.config)
       if start >= cfg.num_train_steps:
         logs.log(f"checkpoint {start} has reached num_train_steps={cfg.num_train_steps}: nothing to train (raise "
                  f"--config.num_train_steps to train on)")
@@ -345,9 +366,9 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
       cleanup.callback(train_iter.close)
 
     logs.log("compiling the train step...")
-    compile_start = time.perf_counter()
-    compiled, report = compile_train_step(setup)
-    logs.log(f"compiled in {time.perf_counter() - compile_start:.1f} s")
+    with compile_cache.Watch() as watch:
+      compiled, report = compile_train_step(setup)
+    logs.log(watch.line())  # the time, and whether it was compiled or loaded from the compilation cache
     for line in report:
       logs.log(line)
     peak, peak_source = flops_lib.peak_flops_per_device(cfg.peak_flops)
@@ -390,6 +411,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
       if step % cfg.checkpoint.every_steps == 0 or step == cfg.num_train_steps:
         finish(*pending)
         pending = None
+        writer.flush()  # The metrics up to a checkpoint are durable before it (in a bucket, uploaded).
         ckpt.save(step, state, meta)
         progress.restart_clock()
       if cfg.eval_every and step % cfg.eval_every == 0:
@@ -417,7 +439,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
   return last
 
 
-def write_curves(workdir: pathlib.Path) -> pathlib.Path | None:
+def write_curves(workdir: storage.Path) -> storage.Path | None:
   """Draws the run's training curves into <workdir>/curves.png (`tupe.tools.plot`); None if it could not."""
   from tupe.tools import plot  # matplotlib: only once the run is over
   path = workdir / "curves.png"

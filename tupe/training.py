@@ -9,7 +9,6 @@ on one device.
 from __future__ import annotations
 
 import os
-import pathlib
 from typing import Any
 
 import flax
@@ -20,6 +19,7 @@ import optax
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from tupe import storage
 from tupe.errors import UserError
 
 
@@ -69,24 +69,58 @@ def agreed_signal(received: list[int]) -> int:
   return int(np.max(multihost_utils.process_allgather(np.int32(local))))
 
 
-def check_workdir(workdir: pathlib.Path) -> None:
-  """Fails early when the workdir cannot be created or written; creates nothing (`make_workdir` does, once the
-  run's inputs have been checked, so that a run stopped by bad input leaves no empty workdir behind)."""
-  existing = workdir.absolute()
-  while not existing.exists():
-    existing = existing.parent
-  if not existing.is_dir():
-    raise UserError(f"workdir {workdir} is not writable ({existing} is a file: Not a directory); choose another "
-                    f"--workdir")
-  if not os.access(existing, os.W_OK | os.X_OK):
-    raise UserError(f"workdir {workdir} is not writable ({existing}: Permission denied); choose another --workdir")
-  for name in ("config.json", "metrics.jsonl"):
-    if (workdir / name).exists() and not (workdir / name).is_file():
-      raise UserError(f"{workdir / name} is not a file; move it away or choose another --workdir")
-
-
-def make_workdir(workdir: pathlib.Path) -> None:
+def check_workdir(workdir: storage.PathLike) -> None:
+  """Fails early when the workdir (a local folder or a bucket URL) cannot be created or written; creates nothing
+  (`make_workdir` does, once the run's inputs have been checked, so that a run stopped by bad input leaves no
+  empty workdir behind)."""
+  if not storage.is_remote(workdir):
+    check_local_filesystem(storage.path(workdir))
   try:
-    workdir.mkdir(parents=True, exist_ok=True)
-  except OSError as e:
-    raise UserError(f"workdir {workdir} is not writable ({e.strerror or e}); choose another --workdir")
+    storage.check_writable(workdir)
+  except storage.StorageError as e:
+    raise UserError(f"workdir {workdir} is not writable ({e}); choose another --workdir") from None
+  for name in ("config.json", "metrics.jsonl"):
+    if storage.is_dir(storage.path(workdir) / name):
+      raise UserError(f"{storage.path(workdir) / name} is not a file; move it away or choose another --workdir")
+
+
+def make_workdir(workdir: storage.PathLike) -> None:
+  try:
+    storage.makedirs(workdir)
+  except storage.StorageError as e:
+    raise UserError(f"workdir {workdir} is not writable ({e}); choose another --workdir") from None
+
+
+# Room for the longest path a run writes inside its workdir (an orbax temporary checkpoint's files, a GLUE run's
+# TensorBoard events: about 130 characters).
+WORKDIR_CONTENTS_CHARS = 200
+
+
+def check_local_filesystem(workdir: storage.Path) -> None:
+  """What the filesystem under a local workdir must allow, checked now rather than at the first checkpoint: its
+  names (NAME_MAX), its paths with room for a run's files (PATH_MAX), and writing at all (a read-only
+  filesystem is named as such, not as "Permission denied")."""
+  existing = workdir
+  while not _exists(existing):
+    existing = existing.parent
+  absolute = str(workdir)
+  name_max, path_max = os.pathconf(existing, "PC_NAME_MAX"), os.pathconf(existing, "PC_PATH_MAX")
+  long_name = next((part for part in workdir.parts if len(part.encode()) > name_max), None)
+  if long_name is not None:
+    raise UserError(f"workdir {absolute[:60]}...: the name {long_name[:40]}... has {len(long_name.encode())} bytes, "
+                    f"more than the {name_max} this filesystem allows; choose a shorter --workdir")
+  if len(absolute.encode()) + WORKDIR_CONTENTS_CHARS > path_max:
+    raise UserError(f"workdir {absolute[:60]}... is {len(absolute.encode())} bytes long; with the "
+                    f"{WORKDIR_CONTENTS_CHARS} a run's files add, that passes this filesystem's {path_max}-byte limit "
+                    f"on paths: choose a --workdir of at most {path_max - WORKDIR_CONTENTS_CHARS} bytes")
+  if os.statvfs(existing).f_flag & os.ST_RDONLY:
+    raise UserError(f"workdir {workdir} is not writable ({existing} is on a read-only filesystem); choose a "
+                    f"--workdir on a writable one")
+
+
+def _exists(p: storage.Path) -> bool:
+  """Whether local path `p` exists; False for a name too long to look up (`check_local_filesystem` says so)."""
+  try:
+    return storage.exists(p)
+  except storage.StorageError:
+    return False

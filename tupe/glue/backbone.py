@@ -4,7 +4,6 @@ or random weights, checked against the config, with the text casing it was pre-t
 from __future__ import annotations
 
 import dataclasses
-import pathlib
 from typing import Any
 
 import jax
@@ -15,6 +14,7 @@ from tupe import hf
 from tupe import models
 from tupe import objectives
 from tupe import sharding
+from tupe import storage
 from tupe.data import tokenizer as tokenizer_lib
 from tupe.errors import UserError
 
@@ -33,9 +33,9 @@ class Backbone:
   """
   cfg: ml_collections.ConfigDict
   params: Any
-  vocab_file: pathlib.Path
+  vocab_file: storage.Path
   source: str
-  checkpoint: pathlib.Path | None = None
+  checkpoint: storage.Path | None = None
 
 
 def _vocab_tokens(vocab_file: str, purpose: str) -> list[str]:
@@ -45,8 +45,14 @@ def _vocab_tokens(vocab_file: str, purpose: str) -> list[str]:
 
 
 def _random_backbone(cfg):
-  if cfg.init_checkpoint or cfg.init_hf:
-    raise UserError("init=random starts from random weights: drop --config.init_checkpoint/--config.init_hf")
+  if cfg.init_hf:
+    raise UserError("init=random starts from random weights: drop --config.init_hf (--config.init_checkpoint or "
+                    "--config.model gives the architecture)")
+  if cfg.init_checkpoint:  # The checkpoint's architecture, vocab and casing; its weights are not read.
+    if cfg.model:
+      raise UserError("init=random takes the architecture from --config.init_checkpoint or --config.model: drop one")
+    model_cfg, _, tokens, source = _checkpoint_backbone(cfg)
+    return model_cfg, None, tokens, f"random {model_cfg.name} ({model_cfg.size}) shaped as {source}"
   name, _, size = cfg.model.partition(",")
   if not name:
     raise UserError("init=random needs the architecture: set --config.model=<name>,<size>, e.g. tupe_a,base")
@@ -64,7 +70,7 @@ def _random_backbone(cfg):
 def _checkpoint_backbone(cfg):
   step_dir = checkpoint_lib.latest_step_dir(cfg.init_checkpoint)
   meta = checkpoint_lib.load_meta(step_dir)
-  model_cfg, trained_tokens = ml_collections.ConfigDict(meta["config"]["model"]), meta["vocab"]
+  model_cfg, trained_tokens = ml_collections.ConfigDict(meta.config["model"]), meta.vocab
   source = f"checkpoint {step_dir}"
   if not (trained_tokens or cfg.vocab_file):
     raise UserError(f"{source} holds no vocab (pre-trained on synthetic data): set --config.vocab_file")
@@ -79,14 +85,14 @@ def _checkpoint_backbone(cfg):
 def _hf_backbone(cfg):
   model_cfg, params = hf.import_convbert(cfg.init_hf)
   source = f"HF ConvBERT {cfg.init_hf}"
-  default_vocab = pathlib.Path(cfg.init_hf) / "vocab.txt"
-  tokens = _vocab_tokens(cfg.vocab_file or (str(default_vocab) if default_vocab.is_file() else ""),
+  default_vocab = storage.path(cfg.init_hf) / "vocab.txt"
+  tokens = _vocab_tokens(cfg.vocab_file or (str(default_vocab) if storage.is_file(default_vocab) else ""),
                          f"init_hf={cfg.init_hf} (no vocab.txt there)")
   check_backbone(cfg, model_cfg, len(tokens), source)
   return model_cfg, params, tokens, source
 
 
-def load_backbone(cfg, workdir: pathlib.Path) -> Backbone:
+def load_backbone(cfg, workdir: storage.Path) -> Backbone:
   """Loads and checks the encoder named by the config; writes its vocab to <workdir>/vocab.txt.
 
   Raises:
@@ -104,7 +110,8 @@ def load_backbone(cfg, workdir: pathlib.Path) -> Backbone:
     model_cfg, params, tokens, source = _checkpoint_backbone(cfg)
   else:
     model_cfg, params, tokens, source = _hf_backbone(cfg)
-  step_dir = checkpoint_lib.latest_step_dir(cfg.init_checkpoint) if cfg.init_checkpoint else None
+  pretrained = cfg.init == "pretrained" and cfg.init_checkpoint
+  step_dir = checkpoint_lib.latest_step_dir(cfg.init_checkpoint) if pretrained else None
   return Backbone(model_cfg, params, tokenizer_lib.write_vocab(tokens, workdir / "vocab.txt"), source, step_dir)
 
 
@@ -137,17 +144,18 @@ def check_backbone(cfg, model_cfg, vocab_size: int, source: str) -> None:
 
 
 def tokenizer_lowercase(cfg) -> bool:
-  """Whether GLUE text is lowercased: as a train.py checkpoint was pre-trained (its data.lowercase), else
+  """Whether GLUE text is lowercased: as a train.py checkpoint was pre-trained (its data.lowercase; also for
+  random weights shaped as it), else
   --config.lowercase, by default True (an uncased BERT vocab) for HF ConvBERT and random weights.
 
   Raises:
     UserError: --config.lowercase contradicts the checkpoint's setting.
   """
-  if cfg.init == "pretrained" and cfg.init_checkpoint and not cfg.init_hf:
+  if cfg.init_checkpoint and not cfg.init_hf:
     step_dir = checkpoint_lib.latest_step_dir(cfg.init_checkpoint)
     meta = checkpoint_lib.load_meta(step_dir)
-    if meta["vocab"]:  # Without a vocab (synthetic pre-training data) its text setting says nothing.
-      trained = bool(meta["config"]["data"].get("lowercase", True))
+    if meta.vocab:  # Without a vocab (synthetic pre-training data) its text setting says nothing.
+      trained = bool(meta.config["data"]["lowercase"])
       if cfg.lowercase is not None and cfg.lowercase != trained:
         raise UserError(f"lowercase={cfg.lowercase}, but checkpoint {step_dir} was pre-trained on "
                         f"{'lowercased' if trained else 'cased'} text: drop --config.lowercase to tokenize as in "

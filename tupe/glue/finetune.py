@@ -27,21 +27,19 @@ the worst score (`tupe.glue.report`), so the submission comes from a run that tr
 """
 from __future__ import annotations
 
-import contextlib
 import json
-import pathlib
-import shutil
-import signal
-import threading
 
 import jax
 import ml_collections
 
+from tupe import compile_cache
 from tupe import errors
 from tupe import flops as flops_lib
+from tupe import lease
 from tupe import logs
 from tupe import models
 from tupe import sharding
+from tupe import storage
 from tupe import training
 from tupe.errors import Preempted, UserError
 from tupe.glue import backbone as backbone_lib
@@ -60,6 +58,13 @@ def check_config(cfg) -> None:
   if not all(is_number(lr) and lr > 0 for lr in cfg.learning_rates):
     raise UserError(f"learning_rates={cfg.learning_rates}: give positive numbers, e.g. "
                     f"--config.learning_rates=2e-5,3e-5")
+  if len(set(cfg.learning_rates)) != len(cfg.learning_rates):
+    raise UserError(f"learning_rates={cfg.learning_rates} repeats a learning rate: give each once, e.g. "
+                    f"--config.learning_rates=2e-5,3e-5")
+  names = [task.name for task in glue_data.parse_tasks(cfg.tasks)]
+  if len(set(names)) != len(names):
+    twice = next(name for name in names if names.count(name) > 1)
+    raise UserError(f"tasks={cfg.tasks!r} names {twice} twice: give each task once, e.g. --config.tasks=rte,mrpc")
   if not all(isinstance(seed, int) and not isinstance(seed, bool) for seed in cfg.seeds):
     raise UserError(f"seeds={cfg.seeds}: give integers, e.g. --config.seeds=0,1,2")
   if not cfg.seeds or len(set(cfg.seeds)) != len(cfg.seeds) or min(cfg.seeds) < 0:
@@ -78,9 +83,49 @@ def check_config(cfg) -> None:
     raise UserError("evals_per_epoch must be >= 0 and regression_scale > 0")
 
 
+STSB_SCORES = (0.0, 5.0)  # The range of STS-B's similarity scores
+
+
+def check_splits(cfg, task) -> None:
+  """Every split a task's runs read, checked before the first run: the training schedule has steps, each dev
+  split has rows, each test split has one row per index the GLUE server wants (0 ... test_rows - 1), and
+  STS-B's scores lie in 0-5.
+
+  Raises:
+    UserError: naming the split and what to fix.
+  """
+  train = glue_data.train_examples(cfg, task)
+  glue_data.schedule(cfg, task, len(train) * (2 if glue_data.swapped(cfg, task) else 1))
+  scored = [("train", train)]
+  for ev in glue_data.dev_evaluations(task):
+    dev = glue_data.load_examples(cfg, ev.task, ev.dev_split)
+    if not dev:
+      raise UserError(f"{ev.task} {ev.dev_split}: the split has no rows, so no run could be scored: restore the "
+                      f"GLUE file, or drop {ev.task.lower()} from --config.tasks")
+    scored.append((ev.dev_split, dev))
+  if task.is_regression:
+    for split, examples in scored:
+      bad = next((e for e in examples if not STSB_SCORES[0] <= e.label <= STSB_SCORES[1]), None)
+      if bad is not None:
+        raise UserError(f"{task.name} {split}: the row with index {bad.idx} scores {bad.label:g}, outside "
+                        f"{STSB_SCORES[0]:g}-{STSB_SCORES[1]:g}: fix or drop the row")
+  for ev in glue_data.test_evaluations(task) if cfg.predict_test else []:
+    idx = sorted(e.idx for e in glue_data.load_examples(cfg, ev.task, ev.test_split))
+    twice = next((a for a, b in zip(idx, idx[1:]) if a == b), None)
+    if twice is not None:
+      raise UserError(f"{ev.name} {ev.test_split}: index {twice} appears twice; the GLUE server wants each index "
+                      f"0...{ev.test_rows - 1} once: restore the official test file, or set "
+                      f"--config.predict_test=false")
+    if idx != list(range(ev.test_rows)):
+      raise UserError(f"{ev.name} {ev.test_split}: {len(idx)} rows, but the GLUE server wants one for each index "
+                      f"0...{ev.test_rows - 1}: restore the official test file, or set --config.predict_test=false")
+
+
 def run(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
-  """Runs (or resumes) the grid in `workdir`; returns the content of results.json."""
-  workdir = pathlib.Path(workdir)
+  """Runs (or resumes) the grid in `workdir` (a local folder or a bucket URL); returns the content of
+  results.json."""
+  workdir = storage.path(workdir)
+  compile_cache.enable(cfg.get("compilation_cache_dir", compile_cache.DEFAULT_DIR))
   training.maybe_initialize_distributed(cfg)
   training.check_workdir(workdir)
   check_config(cfg)
@@ -90,103 +135,82 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
   glue_data.parse_tasks(cfg.swap_pairs)
   cfg = cfg.copy_and_resolve_references()
   cfg.lowercase = backbone_lib.tokenizer_lowercase(cfg)  # Recorded in config.json: a workdir's runs share one setting.
-  created = not workdir.exists()
+  created = not storage.exists(workdir)
   training.make_workdir(workdir)
-  try:
-    runs_lib.check_resume(cfg, workdir)
-    jax.config.update("jax_default_prng_impl", cfg.prng_impl)
-    backbone = backbone_lib.load_backbone(cfg, workdir)
-    lrs = glue_data.learning_rates(cfg, backbone.cfg)
-    done = {(run["task"], run["lr"], run["seed"]) for run in runs_lib.read_runs(workdir)}
-    pending = {task.name: [(lr, seed) for lr in lrs for seed in cfg.seeds if (task.name, lr, seed) not in done]
-               for task in tasks}
-    for task in (task for task in tasks if pending[task.name]):  # Fail on missing data or steps before any run.
-      try:
-        num_train = len(glue_data.train_examples(cfg, task)) * (2 if glue_data.swapped(cfg, task) else 1)
-        glue_data.schedule(cfg, task, num_train)
-        for ev in glue_data.dev_evaluations(task):
-          glue_data.load_examples(cfg, ev.task, ev.dev_split)
-        for ev in glue_data.test_evaluations(task) if cfg.predict_test else []:
-          glue_data.load_examples(cfg, ev.task, ev.test_split)
-      except UserError as e:
-        if " not found (GLUE " not in str(e):
-          raise
-        raise UserError(f"{e}; or fine-tune only the tasks you have: --config.tasks (now {cfg.tasks}), e.g. "
-                        f"--config.tasks=rte,mrpc") from e
-    mesh = sharding.make_mesh(cfg.mesh, devices)
-    dp = sharding.data_parallel_size(mesh)
-    for field in ("batch_size", "eval_batch_size"):
-      if cfg[field] % (dp * jax.process_count()):
-        raise UserError(f"{field}={cfg[field]} does not split over {dp} data-parallel devices and "
-                        f"{jax.process_count()} hosts: use a multiple of {dp * jax.process_count()}")
-    rules = sharding.rules_from_config(cfg.sharding_rules)
-    logs.log(f"fine-tuning {backbone.source}: {backbone.cfg.name} ({backbone.cfg.size}), head {cfg.head}; mesh "
-             f"{dict(mesh.shape)} over {jax.device_count()} {jax.devices()[0].platform} devices; batch "
-             f"{cfg.batch_size} x {cfg.max_seq_len} tokens; lrs {', '.join(f'{lr:g}' for lr in lrs)} x seeds "
-             f"{', '.join(map(str, cfg.seeds))}; {len(done)} runs already in {workdir / 'runs.jsonl'}")
-    encoder = backbone_lib.encoder_params(backbone, mesh, rules)
-  except UserError:
-    if created:  # Stopped by bad input before any run: no workdir is left behind.
-      shutil.rmtree(workdir, ignore_errors=True)
-    raise
-  with _stopped_by_signals() as stop:
+  with lease.hold(workdir):  # Another job on this workdir: one line, nothing written.
+    return _run_held(cfg, workdir, tasks, created, devices)
+
+
+def _run_held(cfg, workdir, tasks, created: bool, devices) -> dict:
+  """`run`'s work once this job holds the workdir."""
+  with errors.signals_caught() as received:
+    stop = _Stop(received)
+    try:
+      runs_lib.check_resume(cfg, workdir)
+      jax.config.update("jax_default_prng_impl", cfg.prng_impl)
+      backbone = backbone_lib.load_backbone(cfg, workdir)
+      runs_lib.check_init(workdir, runs_lib.init_identity(backbone.checkpoint))
+      lrs = glue_data.learning_rates(cfg, backbone.cfg)
+      done = {(run["task"], run["lr"], run["seed"]) for run in runs_lib.read_runs(workdir)}
+      pending = {task.name: [(lr, seed) for lr in lrs for seed in cfg.seeds if (task.name, lr, seed) not in done]
+                 for task in tasks}
+      for task in (task for task in tasks if pending[task.name]):  # Fail on missing data or steps before any run.
+        try:
+          check_splits(cfg, task)
+        except UserError as e:
+          if " not found (GLUE " not in str(e):
+            raise
+          raise UserError(f"{e}; or fine-tune only the tasks you have: --config.tasks (now {cfg.tasks}), e.g. "
+                          f"--config.tasks=rte,mrpc") from e
+      mesh = sharding.make_mesh(cfg.mesh, devices)
+      dp = sharding.data_parallel_size(mesh)
+      for field in ("batch_size", "eval_batch_size"):
+        if cfg[field] % (dp * jax.process_count()):
+          raise UserError(f"{field}={cfg[field]} does not split over {dp} data-parallel devices and "
+                          f"{jax.process_count()} hosts: use a multiple of {dp * jax.process_count()}")
+      rules = sharding.rules_from_config(cfg.sharding_rules)
+      logs.log(f"fine-tuning {backbone.source}: {backbone.cfg.name} ({backbone.cfg.size}), head {cfg.head}; mesh "
+               f"{dict(mesh.shape)} over {jax.device_count()} {jax.devices()[0].platform} devices; batch "
+               f"{cfg.batch_size} x {cfg.max_seq_len} tokens; lrs {', '.join(f'{lr:g}' for lr in lrs)} x seeds "
+               f"{', '.join(map(str, cfg.seeds))}; {len(done)} runs already in {workdir / 'runs.jsonl'}")
+      encoder = backbone_lib.encoder_params(backbone, mesh, rules)
+      if any(pending.values()):
+        stop.before_run(first=True)
+    except BaseException:  # Bad input, a signal, any failure before the first run: no workdir left behind.
+      if created:
+        storage.remove(workdir)
+      raise
     _run_grid(cfg, workdir, tasks, pending, lrs, backbone, encoder, mesh, rules, stop)
   results = workdir / "results.json"
-  return json.loads(results.read_text()) if results.exists() else {}
+  return json.loads(storage.read_text(results)) if storage.exists(results) else {}
 
 
 class _Stop:
-  """SIGTERM (preemption) and Ctrl-C during the grid: one line naming the run in flight (`Preempted`: exit 143 or
-  130), and a rerun resumes after the finished runs. On one host the signal stops the grid at once. On several,
-  each host records it and every host stops after the same training step (`after_step`, which agrees on it with
-  `training.agreed_signal`): a host that stopped alone would leave the others waiting in the next step's
-  collectives. A signal that arrives after the grid's last step lets the grid finish."""
+  """SIGTERM (preemption) and Ctrl-C during the grid: one line naming the run in flight, or saying that no run
+  was (`Preempted`: exit 143 or 130), and a rerun resumes after the finished runs. The handler only records the
+  signal (`errors.signals_caught`); the grid acts on it at its safe points: after every training step
+  (`after_step`) and before every run (`before_run`). On several hosts every host stops at the same point, which
+  `training.agreed_signal` agrees on: a host that stopped alone would leave the others waiting in the next
+  step's collectives. A signal after the grid's last step lets the grid finish (the entry point then exits with
+  the signal's status all the same)."""
 
-  def __init__(self):
+  def __init__(self, received: list[int]):
     self.label = None  # The run in flight; None between runs.
-    self.received = []  # On several hosts: this host's signals, acted on by `after_step`.
+    self.received = received
 
-  def handle(self, signum, _):
-    if jax.process_count() > 1:
-      self.received.append(signum)
-    else:
-      self.stop(signum, f"during {self.label}" if self.label else "between runs")
+  def before_run(self, first: bool) -> None:
+    if signum := training.agreed_signal(self.received):
+      self.stop(signum, "before the first run" if first else "between runs")
 
   def after_step(self, step: int) -> None:
-    if signum := training.agreed_signal(self.received):  # One host: nothing received (`handle` stopped at once).
-      self.stop(signum, f"during {self.label} at step {step} on every host")
+    if signum := training.agreed_signal(self.received):
+      self.stop(signum, f"during {self.label} at step {step}" + (" on every host" if jax.process_count() > 1 else ""))
 
   def stop(self, signum: int, when: str):
     if self.label:
       when += ", which is not recorded"
     raise Preempted(f"stopped by {errors.signal_name(signum)} {when}; rerun the same command to resume after the "
                     f"finished runs", signum)
-
-
-@contextlib.contextmanager
-def _stopped_by_signals():
-  """A `_Stop` handling SIGTERM and SIGINT while the grid runs (only the main thread can handle signals)."""
-  stop = _Stop()
-  if threading.current_thread() is not threading.main_thread():
-    yield stop
-    return
-  previous = {signum: signal.signal(signum, stop.handle) for signum in (signal.SIGTERM, signal.SIGINT)}
-  try:
-    yield stop
-  finally:
-    for signum, handler in previous.items():
-      signal.signal(signum, handler)
-
-
-@contextlib.contextmanager
-def _uninterrupted():
-  """Holds SIGTERM and SIGINT back while a finished run's results are written (delivered right after)."""
-  signals = {signal.SIGTERM, signal.SIGINT}
-  signal.pthread_sigmask(signal.SIG_BLOCK, signals)
-  try:
-    yield
-  finally:
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
 
 
 def _run_grid(cfg, workdir, tasks, pending, lrs, backbone, encoder, mesh, rules, stop: _Stop) -> None:
@@ -207,16 +231,18 @@ def _run_grid(cfg, workdir, tasks, pending, lrs, backbone, encoder, mesh, rules,
     logs.log(f"{task.name}: {len(data.train['idx'])} training examples, {setup.total_steps} steps "
              f"({setup.steps_per_epoch} per epoch), dev {', '.join(ev.name for ev, _ in data.dev)}")
     for lr, seed in pending[task.name]:
+      if count:
+        stop.before_run(first=False)
       count += 1
       label = stop.label = f"[{count}/{total}] {task.name} lr {lr:g} seed {seed}"
       record, predictions = loop.finetune(cfg, setup, data, encoder, lr, seed, label,
                                           runs_lib.run_dir(workdir, task.name, lr, seed), peak_flops, stop.after_step)
-      with _uninterrupted():
-        if jax.process_index() == 0:
-          if predictions:
-            runs_lib.save_predictions(runs_lib.predictions_path(workdir, task.name, lr, seed), predictions)
-          runs_lib.append_run(workdir, record)
-        stop.label = None
+      record.update(settings=runs_lib.settings_digest(cfg), init=runs_lib.init_identity(backbone.checkpoint))
+      if jax.process_index() == 0:
+        if predictions:
+          runs_lib.save_predictions(runs_lib.predictions_path(workdir, task.name, lr, seed), predictions)
+        runs_lib.append_run(workdir, record)
+      stop.label = None
       outcome = ("diverged: no finite dev score, no test predictions" if record["diverged"]
                  else f"score {record['score']:.2f} at step {record['best_step']}")
       if record["train_loss_nonfinite_from_step"] and not record["diverged"]:

@@ -3,12 +3,11 @@ numbers beside TUPE/BERT base models) and the GLUE server files from each task's
 """
 from __future__ import annotations
 
-import pathlib
-
 import jax
 import numpy as np
 
 from tupe import logs
+from tupe import storage
 from tupe.glue import backbone as backbone_lib
 from tupe.glue import data as glue_data
 from tupe.glue import metrics as glue_metrics
@@ -31,25 +30,25 @@ PAPER_DEV = {
 WNLI_MAJORITY_CLASS = 0
 
 
-def submission_predictions(workdir: pathlib.Path, runs: list[dict]) -> dict:
+def submission_predictions(workdir: storage.Path, runs: list[dict]) -> dict:
   """Test predictions {evaluation: (idx, values)} of each task's best run (`best_run`), where it saved finite
   ones, and WNLI's majority class when WNLI was not fine-tuned."""
   predictions = {}
   for task in dict.fromkeys(run["task"] for run in runs):
     chosen = runs_lib.best_run([run for run in runs if run["task"] == task])
     path = runs_lib.predictions_path(workdir, task, chosen["lr"], chosen["seed"])
-    if path.exists():
-      with np.load(path) as saved:
-        for ev in glue_data.test_evaluations(glue.TASKS[task]):
-          if f"{ev.name}.idx" in saved and np.isfinite(saved[f"{ev.name}.values"]).all():
-            predictions[ev.name] = (saved[f"{ev.name}.idx"], saved[f"{ev.name}.values"])
+    if storage.exists(path):
+      saved = runs_lib.load_predictions(path)
+      for ev in glue_data.test_evaluations(glue.TASKS[task]):
+        if f"{ev.name}.idx" in saved and np.isfinite(saved[f"{ev.name}.values"]).all():
+          predictions[ev.name] = (saved[f"{ev.name}.idx"], saved[f"{ev.name}.values"])
   if predictions and "WNLI" not in {run["task"] for run in runs}:
     rows = glue.EVALUATIONS["WNLI"].test_rows
     predictions["WNLI"] = (np.arange(rows), np.full(rows, WNLI_MAJORITY_CLASS))
   return predictions
 
 
-def submission_note(runs: list[dict], written: list[pathlib.Path]) -> str:
+def submission_note(runs: list[dict], written: list[storage.Path]) -> str:
   """The log's account of the server files: how many of 11, WNLI's majority class, and the missing ones."""
   tasks = {run["task"] for run in runs}
   written_names = {path.stem for path in written}
@@ -68,7 +67,7 @@ def submission_note(runs: list[dict], written: list[pathlib.Path]) -> str:
   return note + ("" if missing else "; zip them together")
 
 
-def write_outputs(cfg, workdir: pathlib.Path, backbone: backbone_lib.Backbone) -> None:
+def write_outputs(cfg, workdir: storage.Path, backbone: backbone_lib.Backbone) -> None:
   """results.json/.md/.png of every finished run, and submission/ files from each task's best run."""
   runs = runs_lib.read_runs(workdir)
   if not runs or jax.process_index() != 0:
@@ -76,7 +75,8 @@ def write_outputs(cfg, workdir: pathlib.Path, backbone: backbone_lib.Backbone) -
   # The TUPE paper's numbers are for base models: drawn beside a base model's bars only.
   paper = PAPER_DEV.get(backbone.cfg.name) if cfg.plot_reference and backbone.cfg.get("size") == "base" else None
   reference = dict(zip(glue_metrics.TUPE_AVERAGE_TASKS, paper)) if paper else None
-  paths = report.write_report(workdir, runs_lib.run_records(runs), reference, f"TUPE paper, {backbone.cfg.name} base")
+  paths = report.write_report(workdir, runs_lib.run_records(runs), reference, f"TUPE paper, {backbone.cfg.name} base",
+                              about={"init": runs_lib.init_identity(backbone.checkpoint)})
   predictions = submission_predictions(workdir, runs)
   files = report.write_submission(workdir / "submission", predictions) if predictions else []
   logs.log(f"wrote {', '.join(str(p) for p in paths.values())}"

@@ -16,12 +16,11 @@ leave a task out (as missing) when its best learning rate diverged.
 import dataclasses
 import json
 import math
-import os
-import pathlib
 from typing import Iterable, Mapping
 
 import numpy as np
 
+from tupe import storage
 from tupe.glue import tasks as glue
 from tupe.errors import UserError
 from tupe.glue import metrics as glue_metrics
@@ -202,7 +201,7 @@ def markdown_table(records: Iterable[RunRecord]) -> str:
   return "\n".join(lines) + "\n"
 
 
-def plot(records: Iterable[RunRecord], path: str | os.PathLike, reference: Mapping[str, float] | None = None,
+def plot(records: Iterable[RunRecord], path: storage.PathLike, reference: Mapping[str, float] | None = None,
          reference_label: str = "paper", title: str = "GLUE dev") -> None:
   """Writes a PNG bar chart: best-lr median per task, min-max error bars, reference numbers as markers.
 
@@ -241,19 +240,20 @@ def plot(records: Iterable[RunRecord], path: str | os.PathLike, reference: Mappi
   # Below the axes, where no bar or label can be under it.
   axes.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False)
   figure.tight_layout()
-  figure.savefig(path, format="png")
+  storage.write_png(path, figure)
 
 
-def write_report(out_dir: str | os.PathLike, records: Iterable[RunRecord],
+def write_report(out_dir: storage.PathLike, records: Iterable[RunRecord],
                  reference: Mapping[str, float] | None = None,
-                 reference_label: str = "paper") -> dict[str, pathlib.Path]:
-  """Writes results.json, results.md and results.png into `out_dir`; returns their paths by kind."""
+                 reference_label: str = "paper", about: Mapping | None = None) -> dict[str, storage.Path]:
+  """Writes results.json (with `about`'s entries, e.g. the init checkpoint's step), results.md and results.png
+  into `out_dir` (local or in a bucket); returns their paths by kind."""
   records = list(records)
-  out_dir = pathlib.Path(out_dir)
-  out_dir.mkdir(parents=True, exist_ok=True)
+  out_dir = storage.path(out_dir)
   paths = {"json": out_dir / "results.json", "markdown": out_dir / "results.md", "png": out_dir / "results.png"}
-  paths["json"].write_text(json.dumps(results_json(records), indent=2, allow_nan=False) + "\n", encoding="utf-8")
-  paths["markdown"].write_text(markdown_table(records), encoding="utf-8")
+  storage.write_text(paths["json"], json.dumps(dict(results_json(records), **(about or {})), indent=2,
+                                               allow_nan=False) + "\n")
+  storage.write_text(paths["markdown"], markdown_table(records))
   plot(records, paths["png"], reference, reference_label)
   return paths
 
@@ -268,8 +268,8 @@ def _prediction_strings(ev: glue.Evaluation, values: np.ndarray) -> list[str]:
   return [labels[value] for value in values.tolist()]
 
 
-def write_submission(out_dir: str | os.PathLike,
-                     predictions: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> list[pathlib.Path]:
+def write_submission(out_dir: storage.PathLike,
+                     predictions: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> list[storage.Path]:
   """Writes GLUE test-server files (`<task>.tsv`, header `index<TAB>prediction`), rows in index order.
 
   MNLI-m, MNLI-mm, AX, QNLI and RTE get label strings (entailment, neutral, contradiction, not_entailment);
@@ -277,7 +277,7 @@ def write_submission(out_dir: str | os.PathLike,
   wants all 11 files (AX predicted with the MNLI model) zipped together.
 
   Args:
-    out_dir: folder to write into (created if needed).
+    out_dir: folder to write into (created if needed), local or in a bucket.
     predictions: evaluation name -> (idx [n], predictions [n]): GLUE test indices and predicted class ids,
       or scores for STS-B.
 
@@ -287,8 +287,7 @@ def write_submission(out_dir: str | os.PathLike,
   Raises:
     UserError: a task's indices are not exactly those of its official test set.
   """
-  out_dir = pathlib.Path(out_dir)
-  out_dir.mkdir(parents=True, exist_ok=True)
+  out_dir = storage.path(out_dir)
   given = {glue.get_evaluation(name).name: arrays for name, arrays in predictions.items()}
   paths = []
   for name in (name for name in glue.EVALUATIONS if name in given):
@@ -303,7 +302,6 @@ def write_submission(out_dir: str | os.PathLike,
                       f"{ev.test_rows - 1} of the {ev.test_split} split: predict the whole official test file")
     rows = _prediction_strings(ev, values[order])
     path = out_dir / f"{name}.tsv"
-    path.write_text("index\tprediction\n" + "".join(f"{i}\t{row}\n" for i, row in enumerate(rows)),
-                    encoding="utf-8")
+    storage.write_text(path, "index\tprediction\n" + "".join(f"{i}\t{row}\n" for i, row in enumerate(rows)))
     paths.append(path)
   return paths

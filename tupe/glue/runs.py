@@ -3,13 +3,16 @@ directory and saved test predictions, the resume check of config.json, and the c
 """
 from __future__ import annotations
 
+import hashlib
+import io
 import json
-import os
-import pathlib
 
 import jax
 import numpy as np
 
+from tupe import checkpoint as checkpoint_lib
+from tupe import jsonlog
+from tupe import storage
 from tupe.errors import UserError
 from tupe.glue import metrics as glue_metrics
 from tupe.glue import report
@@ -19,54 +22,108 @@ from tupe.glue import report
 RESUMABLE_FIELDS = ("tasks", "learning_rates", "seeds", "data_dir", "tfds_data_dir", "predict_test", "plot_reference",
                     "log_every", "tensorboard", "peak_flops", "eval_batch_size", "mesh", "sharding_rules",
                     "distributed")
+# Where the init checkpoint is read from: not a setting of the runs, whose records carry the checkpoint's step and
+# checksum instead (`init_identity`), so that a grid started from DIR resumes with DIR/checkpoints/<step> pinned.
+LOCATION_FIELDS = ("init_checkpoint",)
 
 
-def read_runs(workdir: pathlib.Path) -> list[dict]:
-  """The finished runs; NaN, which older versions wrote for diverged runs, read as null."""
-  path = workdir / "runs.jsonl"
-  if not path.exists():
-    return []
-  runs = [report.json_safe(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+def read_runs(workdir: storage.PathLike) -> list[dict]:
+  """The finished runs (runs.jsonl, `tupe.jsonlog`); NaN, which older versions wrote for diverged runs, read as
+  null."""
+  runs = [report.json_safe(run) for run in jsonlog.read(workdir, "runs")]
   return [dict(run, diverged=run["score"] is None) for run in runs]
 
 
-def append_run(workdir: pathlib.Path, record: dict) -> None:
-  """Appends one run to runs.jsonl as strict JSON (non-finite numbers as null)."""
-  with open(workdir / "runs.jsonl", "a") as f:
-    f.write(json.dumps(report.json_safe(record), allow_nan=False) + "\n")
-    f.flush()
-    os.fsync(f.fileno())
+def append_run(workdir: storage.PathLike, record: dict) -> None:
+  """Appends one run to runs.jsonl, durably, as strict JSON (non-finite numbers as null)."""
+  jsonlog.append(workdir, "runs", report.json_safe(record))
 
 
-def run_dir(workdir: pathlib.Path, task: str, lr: float, seed: int) -> pathlib.Path:
+def run_dir(workdir: storage.Path, task: str, lr: float, seed: int) -> storage.Path:
   """A run's metrics.jsonl and TensorBoard events."""
   return workdir / "runs" / f"{task}_lr{lr:g}_seed{seed}"
 
 
-def predictions_path(workdir: pathlib.Path, task: str, lr: float, seed: int) -> pathlib.Path:
+def predictions_path(workdir: storage.Path, task: str, lr: float, seed: int) -> storage.Path:
   return workdir / "predictions" / task / f"lr{lr:g}_seed{seed}.npz"
 
 
-def save_predictions(path: pathlib.Path, predictions: dict) -> None:
-  path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_name(path.stem + ".tmp.npz")
-  np.savez(tmp, **{f"{name}.{kind}": array for name, arrays in predictions.items()
-                   for kind, array in zip(("idx", "values"), arrays)})
-  tmp.replace(path)
+def save_predictions(path: storage.Path, predictions: dict) -> None:
+  """Writes {evaluation: (idx, values)} as one .npz file, atomically (`storage.write_bytes`)."""
+  buffer = io.BytesIO()
+  np.savez(buffer, **{f"{name}.{kind}": array for name, arrays in predictions.items()
+                      for kind, array in zip(("idx", "values"), arrays)})
+  storage.write_bytes(path, buffer.getvalue())
 
 
-def check_resume(cfg, workdir: pathlib.Path) -> None:
-  """A workdir holds the runs of one config: other fields than RESUMABLE_FIELDS must not change."""
+def load_predictions(path: storage.Path) -> dict[str, np.ndarray]:
+  """The arrays of a file written by `save_predictions` ({"<evaluation>.idx": ..., "<evaluation>.values": ...})."""
+  with np.load(io.BytesIO(storage.read_bytes(path))) as saved:
+    return dict(saved)
+
+
+def settings_digest(cfg) -> str:
+  """A digest of the fine-tuning settings that determine a run's result: the config without RESUMABLE_FIELDS and
+  LOCATION_FIELDS. Every runs.jsonl record carries it."""
+  settings = {k: v for k, v in json.loads(cfg.to_json_best_effort()).items()
+              if k not in RESUMABLE_FIELDS + LOCATION_FIELDS}
+  return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def init_identity(step_dir: storage.Path | None) -> dict | None:
+  """What a train.py init checkpoint is: its step directory, step and checksum (a digest of its checksums.json,
+  which holds the sha256 of each of its files; None for a checkpoint saved before they were recorded). None for
+  other backbones. Every runs.jsonl record and results.json carry it."""
+  if step_dir is None:
+    return None
+  record = step_dir / checkpoint_lib.CHECKSUMS
+  checksum = hashlib.sha256(storage.read_bytes(record)).hexdigest()[:16] if storage.exists(record) else None
+  return {"checkpoint": str(step_dir), "step": int(step_dir.name) if step_dir.name.isdigit() else None,
+          "checksum": checksum}
+
+
+def check_resume(cfg, workdir: storage.Path) -> None:
+  """A workdir holds the runs of one config: fields other than RESUMABLE_FIELDS and LOCATION_FIELDS must not
+  change, whether config.json names them or, once it is gone, the runs' settings digests tell."""
   path = workdir / "config.json"
   new = json.loads(cfg.to_json_best_effort())
-  if path.exists() and read_runs(workdir):
-    old = json.loads(path.read_text())
-    changed = sorted(k for k in set(old) | set(new) if k not in RESUMABLE_FIELDS and old.get(k) != new.get(k))
+  runs = read_runs(workdir)
+  if storage.exists(path) and runs:
+    try:
+      old = json.loads(storage.read_text(path))
+    except ValueError:
+      raise UserError(f"{path} is not JSON (emptied or damaged): restore it, or delete it to have it rewritten "
+                      f"from this command (the runs' settings digests are still checked)") from None
+    changed = sorted(k for k in set(old) | set(new)
+                     if k not in RESUMABLE_FIELDS + LOCATION_FIELDS and old.get(k) != new.get(k))
     if changed:
       raise UserError(f"{workdir} holds runs of another config (changed: {', '.join(changed)}): use a new "
                       f"--workdir, or the same values")
+  digest = settings_digest(cfg)
+  other = [run for run in runs if run.get("settings", digest) != digest]
+  if other:
+    why = "config.json is missing" if not storage.exists(path) else "config.json was replaced"
+    raise UserError(f"{workdir} holds {len(other)} runs fine-tuned under other settings (digest "
+                    f"{other[0]['settings']}, now {digest}; {why}, so the fields cannot be named): use a new "
+                    f"--workdir, or rerun with those runs' settings")
   if jax.process_index() == 0:
-    path.write_text(json.dumps(new, indent=2) + "\n")
+    jsonlog.repair(workdir, "runs")  # a run cut while being recorded: dropped (and run again), with one warning
+    storage.write_text(path, json.dumps(new, indent=2) + "\n")
+
+
+def check_init(workdir: storage.Path, identity: dict | None) -> None:
+  """The runs already in a workdir were fine-tuned from the init checkpoint this command reads (`init_identity`:
+  the same step and checksum), so that one median never mixes two pre-training steps."""
+  for run in read_runs(workdir):
+    old = run.get("init")
+    if old is None or identity is None or (old["step"], old["checksum"]) == (identity["step"], identity["checksum"]):
+      continue
+    difference = (f"checkpoint {identity['step']}" if old["step"] != identity["step"] else
+                  f"checkpoint {identity['step']} with other bytes (checksum {identity['checksum']}, not "
+                  f"{old['checksum']})")
+    raise UserError(f"{workdir} holds runs fine-tuned from checkpoint {old['step']} ({old['checkpoint']}), but "
+                    f"--config.init_checkpoint now gives {difference} ({identity['checkpoint']}): use a new "
+                    f"--workdir, or pin the step of those runs: --config.init_checkpoint={old['checkpoint']}")
 
 
 def run_records(runs: list[dict]) -> list[report.RunRecord]:

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
-import pathlib
 from typing import Mapping, NamedTuple, Sequence
 
+from tupe import storage
 from tupe.errors import UserError
 
 
@@ -190,11 +189,10 @@ def _check_split(task: Task, split: str) -> None:
     raise UserError(f"GLUE {task.name} has no split {split!r}: choose one of {', '.join(task.files)}")
 
 
-def _read_lines(path: pathlib.Path) -> list[str]:
+def _read_lines(path: storage.Path) -> list[str]:
   """Lines of a UTF-8 file (a leading BOM dropped), split on '\\n' only, without line ends."""
   try:
-    with open(path, encoding="utf-8-sig", newline="") as f:
-      text = f.read()
+    text = storage.read_bytes(path).decode("utf-8-sig")
   except UnicodeDecodeError as e:
     raise UserError(f"{path} is not UTF-8 text (byte {e.start}): re-download the GLUE file") from e
   lines = text.split("\n")
@@ -203,14 +201,14 @@ def _read_lines(path: pathlib.Path) -> list[str]:
   return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
-def _column(path: pathlib.Path, columns: Sequence[str], name: str) -> int:
+def _column(path: storage.Path, columns: Sequence[str], name: str) -> int:
   if name not in columns:
     raise UserError(f"{path}:1: no column {name!r} in the header ({', '.join(columns)}): "
                     f"use the file from the GLUE download script")
   return columns.index(name)
 
 
-def _parse_label(task: Task, value: str, path: pathlib.Path, line_no: int) -> int | float:
+def _parse_label(task: Task, value: str, path: storage.Path, line_no: int) -> int | float:
   if task.labels is None:
     try:
       score = float(value)
@@ -226,11 +224,11 @@ def _parse_label(task: Task, value: str, path: pathlib.Path, line_no: int) -> in
                     f"fix or drop the row") from None
 
 
-def load_split(data_dir: str | os.PathLike, task: str, split: str) -> list[Example]:
+def load_split(data_dir: storage.PathLike, task: str, split: str) -> list[Example]:
   """Reads one split of a GLUE task from the original TSV files.
 
   Args:
-    data_dir: the GLUE folder (holding CoLA/, SST-2/, ..., diagnostic/).
+    data_dir: the GLUE folder (holding CoLA/, SST-2/, ..., diagnostic/), local or in a bucket (gs://...).
     task: task name (see `get_task`).
     split: "train", "dev" or "test"; MNLI has "dev_matched", "dev_mismatched", "test_matched" and
       "test_mismatched"; AX has only "test".
@@ -243,11 +241,11 @@ def load_split(data_dir: str | os.PathLike, task: str, split: str) -> list[Examp
   """
   spec = get_task(task)
   _check_split(spec, split)
-  data_dir = pathlib.Path(data_dir)
-  if not data_dir.is_dir():
+  data_dir = storage.path(data_dir)
+  if not storage.is_dir(data_dir):
     raise UserError(f"GLUE folder {data_dir} not found: {_HOW_TO_GET_GLUE}")
   path = data_dir / spec.folder / spec.files[split]
-  if not path.is_file():
+  if not storage.is_file(path):
     raise UserError(f"{path} not found (GLUE {spec.name} {split}): {_HOW_TO_GET_GLUE}")
   lines = _read_lines(path)
   columns = spec.headerless.get(split)
@@ -304,13 +302,14 @@ def example_from_tfds(task: Task, split: str, record: Mapping) -> Example:
                  int(record["idx"]))
 
 
-def load_split_tfds(task: str, split: str, data_dir: str | os.PathLike | None = None) -> list[Example]:
+def load_split_tfds(task: str, split: str, data_dir: storage.PathLike | None = None) -> list[Example]:
   """Reads one split of a GLUE task from a prepared TFDS `glue/<config>` dataset (array_record format).
 
   Args:
     task: task name (see `get_task`).
     split: our split name, as for `load_split`.
-    data_dir: TFDS data folder; None for TFDS's default (~/tensorflow_datasets or $TFDS_DATA_DIR).
+    data_dir: TFDS data folder, on a local disk; None for TFDS's default (~/tensorflow_datasets or
+      $TFDS_DATA_DIR).
 
   Returns:
     The examples sorted by idx (TFDS stores them shuffled); labels are None on test splits.
@@ -322,8 +321,12 @@ def load_split_tfds(task: str, split: str, data_dir: str | os.PathLike | None = 
 
   spec = get_task(task)
   name, tsplit = f"glue/{spec.tfds_config}", tfds_split(spec, split)
+  if data_dir is not None and storage.is_remote(data_dir):  # array_record's reader hangs on a bucket URL
+    raise UserError(f"tfds_data_dir={data_dir}: TFDS's array_record reader reads local files only; copy the "
+                    f"prepared folder to a local disk (gcloud storage cp -r {data_dir} DIR) and pass "
+                    f"--config.tfds_data_dir=DIR, or read GLUE's TSVs from the bucket with --config.data_dir")
   try:
-    source = tfds.data_source(name, split=tsplit, data_dir=None if data_dir is None else os.fspath(data_dir))
+    source = tfds.data_source(name, split=tsplit, data_dir=None if data_dir is None else str(storage.path(data_dir)))
   except (ValueError, FileNotFoundError, NotImplementedError) as e:
     reason = str(e).splitlines()[0] if str(e) else type(e).__name__
     raise UserError(f"TFDS {name} split {tsplit} is not available in {data_dir or 'the default TFDS folder'} "

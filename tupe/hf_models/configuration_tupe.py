@@ -23,12 +23,12 @@ class TupeConfig(PretrainedConfig):
                position="untied", relative_bias=False, num_buckets=32, max_distance=128, cls_reset=True,
                zero_pad_embeddings=True, layer_norm_eps=1e-5, hidden_dropout_prob=0.1,
                attention_probs_dropout_prob=0.1, initializer_range=0.02, hidden_act="gelu", pad_token_id=0,
-               **kwargs):
+               tie_word_embeddings=True, **kwargs):
     if position not in ("absolute", "untied", "none"):
       raise ValueError(f"position={position!r}; use 'absolute', 'untied' or 'none'")
     if hidden_act != "gelu":
       raise ValueError(f"hidden_act={hidden_act!r}; the TUPE family uses exact GELU ('gelu')")
-    super().__init__(pad_token_id=pad_token_id, **kwargs)
+    super().__init__(pad_token_id=pad_token_id, tie_word_embeddings=tie_word_embeddings, **kwargs)
     self.vocab_size = vocab_size
     self.hidden_size = hidden_size
     self.num_hidden_layers = num_hidden_layers

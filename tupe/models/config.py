@@ -119,13 +119,15 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
   need(not cfg.cls_reset or cfg.position == "untied" or cfg.relative_bias,
        "model.cls_reset needs position='untied' or relative_bias=True")
   need(cfg.num_buckets % 2 == 0, f"model.num_buckets={cfg.num_buckets} must be even")
-  need(cfg.dtype in ("float32", "bfloat16", "float16"), f"model.dtype={cfg.dtype!r}; use float32, bfloat16 or float16")
+  need(cfg.dtype != "float16", "model.dtype='float16' is refused: no loss scaling is done, so small gradients would "
+       "underflow to zero; use --config.model.dtype=bfloat16 (float32's range, the same speed on GPUs and TPUs)")
+  need(cfg.dtype in ("float32", "bfloat16"), f"model.dtype={cfg.dtype!r}; use float32 or bfloat16")
   need(cfg.attention_impl in ("auto", "reference"),
        f"model.attention_impl={cfg.attention_impl!r}; use 'auto' or 'reference'")
   need(cfg.attention_backend in ("", "xla", "cudnn"),
        f"model.attention_backend={cfg.attention_backend!r}; use '', 'xla' or 'cudnn'")
-  need(cfg.attention_backend != "cudnn" or cfg.dtype in ("bfloat16", "float16"),
-       f"model.attention_backend='cudnn' runs in bfloat16 or float16, not model.dtype={cfg.dtype!r}")
+  need(cfg.attention_backend != "cudnn" or cfg.dtype == "bfloat16",
+       f"model.attention_backend='cudnn' runs in bfloat16, not model.dtype={cfg.dtype!r}")
   need(cfg.remat in ("none", "full", "dots"), f"model.remat={cfg.remat!r}; use 'none', 'full' or 'dots'")
 
 

@@ -2,6 +2,7 @@
 
   python -m tupe.tools.analyze   attention maps, diagonal concentration, TUPE's positional terms
   python -m tupe.tools.export_hf a checkpoint as a HF transformers directory (weights, config, tokenizer)
+  python -m tupe.tools.glue_parity GLUE fine-tuning step for step against PyTorch + transformers on the export
   python -m tupe.tools.evaluate  MLM (and ELECTRA discriminator) scores of a checkpoint on a text file, fixed masks
   python -m tupe.tools.plot      training curves of one or more runs
   python -m tupe.tools.summary   parameters per component and FLOPs per token of the named configs
@@ -9,22 +10,24 @@
 from __future__ import annotations
 
 import csv
-import os
-import pathlib
+import io
 from typing import Sequence
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from tupe import storage
 
-def write_csv(path: str | os.PathLike, header: Sequence[str], rows: Sequence[Sequence]) -> pathlib.Path:
-  """Writes a CSV file with a header row; floats keep full precision (inf and nan as `inf`, `nan`)."""
-  path = pathlib.Path(path)
-  with open(path, "w", newline="", encoding="utf-8") as f:
-    writer = csv.writer(f)
-    writer.writerow(header)
-    writer.writerows(rows)
-  return path
+
+def write_csv(path: storage.PathLike, header: Sequence[str], rows: Sequence[Sequence]) -> storage.Path:
+  """Writes a CSV file (local or in a bucket) with a header row; floats keep full precision (inf and nan as
+  `inf`, `nan`)."""
+  text = io.StringIO(newline="")
+  writer = csv.writer(text)
+  writer.writerow(header)
+  writer.writerows(rows)
+  storage.write_text(path, text.getvalue())
+  return storage.path(path)
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import pathlib
 import tempfile
 import textwrap
 
@@ -32,11 +31,13 @@ import matplotlib.ticker
 import numpy as np
 from matplotlib import patheffects
 
+from tupe import compile_cache
 from tupe import analysis
 from tupe import checkpoint
 from tupe import hf
 from tupe import models
 from tupe import objectives
+from tupe import storage
 from tupe import tools
 from tupe.data import tokenizer as tokenizer_lib
 from tupe.errors import UserError, run_main
@@ -46,12 +47,12 @@ MAX_BATCH = 8
 BATCH_BYTES = 2 ** 28  # Attention maps of one batch stay under this (float32).
 
 
-def read_sentences(path: str | pathlib.Path, max_sentences: int) -> list[str]:
-  """The first `max_sentences` non-empty lines of a UTF-8 text file."""
-  path = pathlib.Path(path)
-  if not path.is_file():
+def read_sentences(path: storage.PathLike, max_sentences: int) -> list[str]:
+  """The first `max_sentences` non-empty lines of a UTF-8 text file (local or in a bucket)."""
+  path = storage.path(path)
+  if not storage.is_file(path):
     raise UserError(f"text file {path} does not exist: pass a UTF-8 file with one sentence per line")
-  sentences = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+  sentences = [line.strip() for line in storage.read_text(path).splitlines() if line.strip()]
   if not sentences:
     raise UserError(f"text file {path} has no sentences: write one sentence per line")
   return sentences[:max_sentences]
@@ -194,19 +195,19 @@ def _format_value(value: float) -> str:
   return "inf" if np.isposinf(value) else "nan" if np.isnan(value) else f"{value:.2f}"
 
 
-def _save(figure, path: pathlib.Path, written: list[pathlib.Path]) -> None:
-  figure.savefig(path, format="png")
+def _save(figure, path: storage.Path, written: list[storage.Path]) -> None:
+  storage.write_png(path, figure)
   written.append(path)
 
 
-def load_model(args, workspace: pathlib.Path):
+def load_model(args, workspace: storage.Path):
   """(model config, Encoder params, tokenizer, tokenizer info, label) from the command-line arguments."""
   if args.hf_convbert:
     cfg, params = hf.import_convbert(args.hf_convbert)
-    vocab_file = args.vocab or pathlib.Path(args.hf_convbert) / "vocab.txt"
-    if not pathlib.Path(vocab_file).is_file():
+    vocab_file = args.vocab or storage.path(args.hf_convbert) / "vocab.txt"
+    if not storage.is_file(vocab_file):
       raise UserError(f"{args.hf_convbert} has no vocab.txt: pass the model's vocab with --vocab")
-    lowercase, label = not args.cased, f"HF ConvBERT {pathlib.Path(args.hf_convbert).name}"
+    lowercase, label = not args.cased, f"HF ConvBERT {storage.path(args.hf_convbert).name}"
   else:
     cfg, params, vocab = objectives.load_encoder(args.checkpoint)
     step_dir = checkpoint.latest_step_dir(args.checkpoint)
@@ -225,21 +226,20 @@ def load_model(args, workspace: pathlib.Path):
   return cfg, params, tokenizer, info, label
 
 
-def _checkpoint_lowercase(step_dir: pathlib.Path) -> bool:
+def _checkpoint_lowercase(step_dir: storage.Path) -> bool:
   """Whether the checkpoint's data config lowercased text (train.py records it in the meta item)."""
-  return bool(checkpoint.load_meta(step_dir)["config"]["data"].get("lowercase", True))
+  return bool(checkpoint.load_meta(step_dir).config["data"]["lowercase"])
 
 
-def analyze(cfg, params, tokenizer, info, sentences: list[str], out: pathlib.Path, index: int, max_len: int,
-            label: str) -> list[pathlib.Path]:
+def analyze(cfg, params, tokenizer, info, sentences: list[str], out: storage.Path, index: int, max_len: int,
+            label: str) -> list[storage.Path]:
   """Writes every figure and table of the module docstring into `out`; returns their paths."""
   if not 0 <= index < len(sentences):
     raise UserError(f"--sentence-index {index} is out of range: the text file gave {len(sentences)} sentences")
   if not 3 <= max_len <= cfg.max_position_embeddings:
     raise UserError(f"--max-len {max_len} must be between 3 and the model's {cfg.max_position_embeddings} "
                     f"positions")
-  out.mkdir(parents=True, exist_ok=True)
-  written: list[pathlib.Path] = []
+  written: list[storage.Path] = []
   input_ids, attention_mask = encode_sentences(tokenizer, info, sentences, max_len)
   sums, counts, picked = attention_statistics(cfg, params, input_ids, attention_mask, index)
   mean = analysis.mean_maps(sums, counts)
@@ -265,9 +265,10 @@ def analyze(cfg, params, tokenizer, info, sentences: list[str], out: pathlib.Pat
                                  [[layer, *row] for layer, row in enumerate(concentration.tolist())]))
   table = tools.markdown_table(header, [[str(layer)] + [_format_value(v) for v in row]
                                         for layer, row in enumerate(concentration)])
-  (out / "diagonal_concentration.md").write_text(
+  storage.write_text(
+      out / "diagonal_concentration.md",
       f"Diagonal concentration C of {label} ({kind}), pooled over {len(sentences)} sentences: attention mass with "
-      f"|i - j| <= {analysis.DIAGONAL_WINDOW} over the mass farther away.\n\n{table}", encoding="utf-8")
+      f"|i - j| <= {analysis.DIAGONAL_WINDOW} over the mass farther away.\n\n{table}")
   written.append(out / "diagonal_concentration.md")
   _save(concentration_figure(concentration, f"{label}: diagonal concentration C"),
         out / "diagonal_concentration.png", written)
@@ -302,19 +303,20 @@ def main(argv: list[str]) -> None:
   parser.add_argument("--text-file", required=True, help="UTF-8 text, one sentence per line")
   parser.add_argument("--vocab", help="vocab.txt (default: the checkpoint's own, or vocab.txt in --hf-convbert)")
   parser.add_argument("--cased", action="store_true", help="do not lowercase the text (a cased vocab)")
-  parser.add_argument("--out", default="analysis", help="output folder (default: ./analysis)")
+  parser.add_argument("--out", default="analysis", help="output folder, local or gs://... (default: ./analysis)")
   parser.add_argument("--sentence-index", type=int, default=0, help="the sentence drawn alone (default 0)")
   parser.add_argument("--max-sentences", type=int, default=64, help="sentences read from the file (default 64)")
   parser.add_argument("--max-len", type=int, help="tokens per sentence incl. [CLS] and [SEP] (default: 128, or "
                       "the model's positions if fewer)")
   args = parser.parse_args(argv[1:])
+  compile_cache.enable()  # the per-user cache (tupe.compile_cache)
   if args.max_sentences < 1:
     raise UserError(f"--max-sentences {args.max_sentences}: use at least 1")
   sentences = read_sentences(args.text_file, args.max_sentences)
   with tempfile.TemporaryDirectory() as workspace:
-    cfg, params, tokenizer, info, label = load_model(args, pathlib.Path(workspace))
+    cfg, params, tokenizer, info, label = load_model(args, storage.path(workspace))
     max_len = args.max_len or min(DEFAULT_MAX_LEN, cfg.max_position_embeddings)
-    written = analyze(cfg, params, tokenizer, info, sentences, pathlib.Path(args.out), args.sentence_index,
+    written = analyze(cfg, params, tokenizer, info, sentences, storage.path(args.out), args.sentence_index,
                       max_len, label)
   print(f"wrote {len(written)} files to {args.out}: " + ", ".join(p.name for p in written))
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import pathlib
 import tempfile
 
 import jax
@@ -23,8 +22,11 @@ import ml_collections
 import numpy as np
 
 from tupe import checkpoint
+from tupe import compile_cache
+from tupe import storage
 from tupe import trainer
 from tupe.data import pipeline
+from tupe.data import tokenizer as tokenizer_lib
 from tupe.errors import UserError, run_main
 
 METRICS = ("mlm_loss", "mlm_accuracy", "disc_loss", "disc_accuracy", "disc_auc")
@@ -51,16 +53,18 @@ def evaluate(checkpoint_path: str, text_file: str, seed: int = 0, max_examples: 
   if batch_size < 1 or max_examples < 0:
     raise UserError(f"--batch-size {batch_size} / --max-examples {max_examples}: use a batch of 1 or more and 0 "
                     f"(all) or more examples")
-  if not pathlib.Path(text_file).is_file():
+  if max_examples and max_examples < batch_size:
+    raise UserError(f"--max-examples {max_examples} is fewer than one batch of {batch_size} (--batch-size): give "
+                    f"--max-examples {batch_size} or more, or a smaller --batch-size")
+  if not storage.is_file(text_file):
     raise UserError(f"--text-file {text_file} does not exist: give a UTF-8 text file")
   step_dir = checkpoint.latest_step_dir(checkpoint_path)
   meta, params = checkpoint.load_params(step_dir)
-  cfg = ml_collections.ConfigDict(meta["config"])
-  if not meta["vocab"]:
+  cfg = ml_collections.ConfigDict(meta.config)
+  if not meta.vocab:
     raise UserError(f"{step_dir} holds no vocab (pre-trained on synthetic data): it cannot read text")
   with tempfile.TemporaryDirectory() as tmp:
-    vocab_file = pathlib.Path(tmp) / "vocab.txt"
-    vocab_file.write_text("\n".join(meta["vocab"]) + "\n", encoding="utf-8")
+    vocab_file = tokenizer_lib.write_vocab(meta.vocab, storage.path(tmp) / "vocab.txt")
     data_cfg = ml_collections.ConfigDict(cfg.data.to_dict())
     data_cfg.update(source="text", files=str(text_file), vocab_file=str(vocab_file), documents="files",
                     fill_examples=True, eval_fraction=0.0, num_workers=0)
@@ -84,26 +88,26 @@ def evaluate(checkpoint_path: str, text_file: str, seed: int = 0, max_examples: 
 
 def main(argv: list[str]) -> None:
   parser = argparse.ArgumentParser(prog="python -m tupe.tools.evaluate", description=__doc__.splitlines()[0])
-  parser.add_argument("--checkpoint", required=True, help="train.py workdir, its checkpoints/ or a step directory")
+  parser.add_argument("--checkpoint", required=True, help="train.py workdir, its checkpoints/ or a step directory "
+                      "(local or gs://...)")
   parser.add_argument("--text-file", required=True, help="UTF-8 text file to score")
   parser.add_argument("--seed", type=int, default=0, help="seed of the masks (default 0)")
   parser.add_argument("--max-examples", type=int, default=0, help="score the first N examples only (0: all)")
   parser.add_argument("--batch-size", type=int, default=32, help="examples per batch (default 32)")
-  parser.add_argument("--out", default="", help="also write the JSON to this file")
+  parser.add_argument("--out", default="", help="also write the JSON to this file (local or gs://...)")
   args = parser.parse_args(argv[1:])
+  if args.out and storage.is_dir(args.out):  # Found now, not after the scoring.
+    raise UserError(f"--out {args.out} is a directory: give a file name, e.g. {storage.path(args.out) / 'eval.json'}")
+  compile_cache.enable()  # the per-user cache (tupe.compile_cache)
   result = evaluate(args.checkpoint, args.text_file, args.seed, args.max_examples, args.batch_size)
   if args.out:
     write(result, args.out)
   print(json.dumps(result))
 
 
-def write(result: dict, path: str | pathlib.Path) -> None:
-  """Writes `result` as one JSON line to `path`, atomically (a file renamed when complete)."""
-  path = pathlib.Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_name(path.name + ".tmp")
-  tmp.write_text(json.dumps(result) + "\n", encoding="utf-8")
-  tmp.replace(path)
+def write(result: dict, path: storage.PathLike) -> None:
+  """Writes `result` as one JSON line to `path` (local or in a bucket), atomically (`storage.write_text`)."""
+  storage.write_text(path, json.dumps(result) + "\n")
 
 
 if __name__ == "__main__":

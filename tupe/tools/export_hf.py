@@ -9,28 +9,28 @@ What DIR holds (`tupe.hf_layout` has the mapping):
                        weights of transformers' ElectraDiscriminatorPredictions), and the generator as
                        ConvBertForMaskedLM in DIR/generator;
   TUPE-A, TUPE-R, tupe_a_tie_cls, BERT-R: TupeForMaskedLM with configuration_tupe.py and modeling_tupe.py,
-                       loaded with trust_remote_code=True.
+                       loaded with trust_remote_code=True (which also map TupeModel and the
+                       sequence-classification, token-classification and multiple-choice heads in auto_map).
 Each directory also holds the tokenizer (vocab.txt, tokenizer.json, tokenizer_config.json), cased or uncased as
 pre-trained, so AutoTokenizer.from_pretrained(DIR) tokenizes as this package does. A model with an option that
 HF's class cannot express is refused with one line naming the option.
+
+A classifier fine-tuned here (`models.Classifier` params) exports with its head through `export_classifier`.
 """
 from __future__ import annotations
 
 import argparse
 import pathlib
-import shutil
+import tempfile
 
 import ml_collections
 
 from tupe import checkpoint
 from tupe import hf_layout
 from tupe import models
+from tupe import storage
 from tupe.data import tokenizer as tokenizer_lib
 from tupe.errors import UserError, run_main
-
-REMOTE_CODE_FILES = ("configuration_tupe.py", "modeling_tupe.py")
-REMOTE_AUTO_MAP = {"AutoConfig": "configuration_tupe.TupeConfig", "AutoModel": "modeling_tupe.TupeModel",
-                   "AutoModelForMaskedLM": "modeling_tupe.TupeForMaskedLM"}
 
 
 def save_model(family: str, class_name: str, hf_config: dict, tensors: dict, directory: pathlib.Path) -> None:
@@ -41,42 +41,52 @@ def save_model(family: str, class_name: str, hf_config: dict, tensors: dict, dir
   import transformers
   if family == "tupe":
     from tupe.hf_models import configuration_tupe, modeling_tupe
+    auto_map = {"AutoConfig": "configuration_tupe.TupeConfig",
+                **{auto: f"modeling_tupe.{cls.__name__}" for auto, cls in modeling_tupe.AUTO_CLASSES.items()}}
     config = configuration_tupe.TupeConfig(**{k: v for k, v in hf_config.items() if k != "model_type"},
-                                           auto_map=REMOTE_AUTO_MAP)
+                                           auto_map=auto_map)
     model_cls = getattr(modeling_tupe, class_name)
   else:
     config = transformers.AutoConfig.for_model(**hf_config)
     model_cls = getattr(transformers, class_name)
   model = model_cls(config).eval()
   missing, unexpected = model.load_state_dict({k: torch.tensor(v) for k, v in tensors.items()}, strict=False)
-  tied = set(getattr(model, "_tied_weights_keys", None) or ())
+  tied = set(hf_layout.TIED)  # named alike in transformers 4 and 5, whose _tied_weights_keys differ
   if unexpected or set(missing) - tied:
     raise RuntimeError(f"the mapping to {class_name} is incomplete: missing {sorted(set(missing) - tied)}, "
                        f"unexpected {sorted(unexpected)}")
-  model.save_pretrained(directory)
-  if family == "tupe":
-    source = pathlib.Path(modeling_tupe.__file__).parent
-    for name in REMOTE_CODE_FILES:
-      shutil.copyfile(source / name, directory / name)
+  model.save_pretrained(directory)  # with configuration_tupe.py and modeling_tupe.py for the TUPE family
 
 
 def save_tokenizer(vocab: list[str], lowercase: bool, max_length: int, directory: pathlib.Path) -> None:
   """The WordPiece tokenizer of `tupe.data.tokenizer` as HF's BertTokenizer: the same vocab (the first line wins
-  for a duplicated token), normalizer (lowercasing and accent stripping as pre-trained) and pre-tokenizer."""
+  for a duplicated token; under transformers 4, which reads vocab.txt, the last), normalizer (lowercasing and
+  accent stripping as pre-trained) and pre-tokenizer."""
   import transformers
-  ids = {token: i for i, token in reversed(list(enumerate(vocab)))}
-  tokenizer = transformers.BertTokenizer(vocab=ids, do_lower_case=lowercase, model_max_length=max_length)
+  if transformers.__version__.startswith("4."):  # its fast BertTokenizer takes a vocab file, not a dict
+    tokenizer_lib.write_vocab(vocab, directory / "vocab.txt")
+    tokenizer = transformers.BertTokenizerFast(vocab_file=str(directory / "vocab.txt"), do_lower_case=lowercase,
+                                               model_max_length=max_length)
+  else:
+    ids = {token: i for i, token in reversed(list(enumerate(vocab)))}
+    tokenizer = transformers.BertTokenizer(vocab=ids, do_lower_case=lowercase, model_max_length=max_length)
   tokenizer.save_pretrained(directory)
-  tokenizer_lib.write_vocab(vocab, directory / "vocab.txt")
+  tokenizer_lib.write_vocab(vocab, directory / "vocab.txt")  # as it was, whatever save_pretrained wrote
+
+
+def new_directory(out) -> pathlib.Path:
+  """`out` as a path; UserError unless it is new or an empty directory."""
+  out = pathlib.Path(out)
+  if out.exists() and (not out.is_dir() or any(out.iterdir())):
+    raise UserError(f"--out {out} exists and is not an empty directory; choose a new one")
+  return out
 
 
 def export(checkpoint_path, out) -> list[pathlib.Path]:
   """Exports the newest checkpoint under `checkpoint_path` to `out`; returns the model directories written."""
-  out = pathlib.Path(out)
-  if out.exists() and (not out.is_dir() or any(out.iterdir())):
-    raise UserError(f"--out {out} exists and is not an empty directory; choose a new one")
+  out = new_directory(out)
   meta, params = checkpoint.load_params(checkpoint_path)
-  config = meta["config"]
+  config = meta.config
   cfg, objective = ml_collections.ConfigDict(config["model"]), config["objective"]
   family = hf_layout.family(cfg, objective)
   flat = hf_layout.flat_params(params)
@@ -98,22 +108,40 @@ def export(checkpoint_path, out) -> list[pathlib.Path]:
     directory.mkdir(parents=True, exist_ok=True)
     part_objective = objective if directory == out else "mlm"
     save_model(family, class_name, hf_layout.hf_config(part_cfg, family, part_objective), tensors[part], directory)
-    if meta["vocab"]:
-      save_tokenizer(meta["vocab"], config["data"]["lowercase"], cfg.max_position_embeddings, directory)
+    if meta.vocab:
+      save_tokenizer(meta.vocab, config["data"]["lowercase"], cfg.max_position_embeddings, directory)
   if "discriminator_head" in tensors:
     import safetensors.numpy
     safetensors.numpy.save_file(tensors["discriminator_head"], out / hf_layout.DISCRIMINATOR_HEAD_FILE,
                                 metadata={"format": "pt"})
-  if not meta["vocab"]:
+  if not meta.vocab:
     print(f"note: the checkpoint has no vocab (pre-trained on synthetic data), so {out} has no tokenizer")
   return [directory for directory, *_ in parts]
+
+
+def export_classifier(model_cfg, params, style: str, out, vocab: list[str] | None = None,
+                      lowercase: bool = True) -> pathlib.Path:
+  """Exports a fine-tuned `models.Classifier(model_cfg, num_labels, style)`'s params to `out` (new or empty) as
+  the family's sequence-classification class (`hf_layout.SEQUENCE_CLASSES`), with the tokenizer when `vocab`
+  is given; num_labels (1: regression) is the head's width. Returns `out`."""
+  out = new_directory(out)
+  family = hf_layout.family(model_cfg)
+  keys = hf_layout.classifier_keys(model_cfg, family, style)
+  flat = hf_layout.flat_params(params)
+  num_labels = flat["head/out/kernel"].shape[-1]
+  out.mkdir(parents=True, exist_ok=True)
+  hf_config = dict(hf_layout.hf_config(model_cfg, family, hf_layout.CLASSIFIER_OBJECTIVE), num_labels=num_labels)
+  save_model(family, hf_layout.SEQUENCE_CLASSES[family], hf_config, hf_layout.export_tensors(flat, keys), out)
+  if vocab:
+    save_tokenizer(vocab, lowercase, model_cfg.max_position_embeddings, out)
+  return out
 
 
 def main(argv: list[str]) -> None:
   parser = argparse.ArgumentParser(prog="python -m tupe.tools.export_hf", description=__doc__.splitlines()[0])
   parser.add_argument("--checkpoint", required=True, help="train.py workdir, its checkpoints/ folder or one step "
-                      "directory")
-  parser.add_argument("--out", required=True, help="the directory to write (new or empty)")
+                      "directory (local or gs://...)")
+  parser.add_argument("--out", required=True, help="the directory to write (new or empty; local or gs://...)")
   args = parser.parse_args(argv[1:])
   try:
     import torch  # noqa: F401  (save_pretrained writes through the PyTorch classes)
@@ -122,8 +150,19 @@ def main(argv: list[str]) -> None:
     raise UserError(f"the exporter needs PyTorch and transformers ({e}); install them, e.g. "
                     f"`pip install -r requirements-test.txt`") from None
   transformers.utils.logging.disable_progress_bar()
-  for directory in export(args.checkpoint, args.out):
-    print(f"wrote {directory}")
+  step_dir = checkpoint.latest_step_dir(args.checkpoint)  # The newest intact one: a damaged one is skipped, said.
+  out = storage.path(args.out)
+  if not storage.is_remote(out):
+    written = export(step_dir, out)
+  else:  # save_pretrained writes to local folders: the export is staged in one, then copied to the bucket
+    if storage.iterdir(out):
+      raise UserError(f"--out {out} is not empty; choose a new one")
+    with tempfile.TemporaryDirectory() as staging:
+      written = [out / str(directory).removeprefix(staging).lstrip("/")
+                 for directory in export(step_dir, staging)]
+      storage.copy_tree(staging, out)
+  for directory in written:
+    print(f"wrote {directory} from checkpoint {step_dir.name} ({step_dir})")
 
 
 if __name__ == "__main__":

@@ -13,11 +13,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import pathlib
 
 import numpy as np
 
 from tupe import logs
+from tupe import storage
 from tupe import tools
 from tupe.errors import UserError, run_main
 
@@ -49,10 +49,10 @@ def series(records: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
   return np.array([s for s, _ in rows], np.int64), np.array([v for _, v in rows], np.float64)
 
 
-def read_run(workdir: str | pathlib.Path) -> list[dict]:
-  """The records of a run's metrics.jsonl (see `tupe.logs.read_metrics`)."""
-  path = pathlib.Path(workdir) / "metrics.jsonl"
-  if not path.is_file():
+def read_run(workdir: storage.PathLike) -> list[dict]:
+  """The records of a run's metrics.jsonl (see `tupe.logs.read_metrics`), in a local folder or a bucket."""
+  path = storage.path(workdir) / "metrics.jsonl"
+  if not storage.is_file(path):
     raise UserError(f"{path} does not exist: pass train.py workdirs (they hold metrics.jsonl)")
   try:
     records = logs.read_metrics(workdir)
@@ -65,12 +65,13 @@ def read_run(workdir: str | pathlib.Path) -> list[dict]:
 
 def run_labels(workdirs: list[str]) -> list[str]:
   """Each workdir's folder name, or its whole path when two runs share a folder name."""
-  names = [pathlib.Path(w).name or str(w) for w in workdirs]
+  names = [storage.path(w).name or str(w) for w in workdirs]
   return [name if names.count(name) == 1 else str(w) for name, w in zip(names, workdirs)]
 
 
-def plot_runs(runs: dict[str, list[dict]], path: str | pathlib.Path, smoothing: float = 0.6) -> list[str]:
-  """Writes the training curves of `runs` (label -> records) as one PNG; returns the panel titles drawn."""
+def plot_runs(runs: dict[str, list[dict]], path: storage.PathLike, smoothing: float = 0.6) -> list[str]:
+  """Writes the training curves of `runs` (label -> records) as one PNG (a local file or an object in a bucket);
+  returns the panel titles drawn."""
   if not 0.0 <= smoothing < 1.0:
     raise UserError(f"--smoothing {smoothing}: use a weight in [0, 1), e.g. 0.6 (0: no smoothing)")
   has = lambda key: any(key in r or f"eval_{key}" in r for records in runs.values() for r in records)
@@ -105,19 +106,20 @@ def plot_runs(runs: dict[str, list[dict]], path: str | pathlib.Path, smoothing: 
   if smoothing:
     figure.suptitle(f"training curves (smoothing {smoothing:g}; raw values faint)", fontsize=11)
   figure.tight_layout()
-  figure.savefig(path, format="png")
+  storage.write_png(path, figure)
   return [title for _, title, _ in panels]
 
 
 def main(argv: list[str]) -> None:
   parser = argparse.ArgumentParser(prog="python -m tupe.tools.plot", description=__doc__.splitlines()[0])
-  parser.add_argument("--workdir", nargs="+", required=True, help="train.py workdirs (each holds metrics.jsonl)")
-  parser.add_argument("--out", default="curves.png", help="PNG file to write (default: ./curves.png)")
+  parser.add_argument("--workdir", nargs="+", required=True, help="train.py workdirs, local or gs://... (each holds "
+                      "metrics.jsonl)")
+  parser.add_argument("--out", default="curves.png", help="PNG file to write, local or gs://... (default: "
+                      "./curves.png)")
   parser.add_argument("--smoothing", type=float, default=0.6,
                       help="moving-average weight in [0, 1) for training curves (default 0.6; 0: none)")
   args = parser.parse_args(argv[1:])
   runs = {label: read_run(w) for label, w in zip(run_labels(args.workdir), args.workdir)}
-  pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
   panels = plot_runs(runs, args.out, args.smoothing)
   print(f"wrote {args.out}: {len(runs)} run(s), panels {', '.join(panels)}")
 

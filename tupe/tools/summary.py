@@ -20,7 +20,6 @@ and a training step (3 x forward, with the MLM head on the predicted positions o
 from __future__ import annotations
 
 import argparse
-import pathlib
 
 import flax.linen as nn
 import jax
@@ -29,6 +28,7 @@ from tupe import cli
 from tupe import flops
 from tupe import models
 from tupe import objectives
+from tupe import storage
 from tupe import tools
 from tupe import trainer
 from tupe.data import examples
@@ -113,7 +113,8 @@ def main(argv: list[str]) -> None:
   which = parser.add_mutually_exclusive_group(required=True)
   which.add_argument("--config", action="append", help="configs/<file>.py:<arg> (repeatable)")
   which.add_argument("--all", action="store_true", help="every model x size of configs/pretrain.py")
-  parser.add_argument("--out", help="also write the table to this markdown file")
+  parser.add_argument("--out", help="also write the table to this markdown file (local or "
+                      "gs://...)")
   args = parser.parse_args(argv[1:])
   specs = args.config or [f"configs/pretrain.py:{name},{size}" for name in PRETRAIN_MODELS for size in models.SIZES]
   rows = {}
@@ -126,7 +127,7 @@ def main(argv: list[str]) -> None:
             "(a multiply-add = 2 FLOPs).\n")
   print(table, end="")
   if args.out:
-    pathlib.Path(args.out).write_text(table, encoding="utf-8")
+    storage.write_text(args.out, table)
 
 
 if __name__ == "__main__":

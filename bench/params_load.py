@@ -1,0 +1,111 @@
+"""What a parameters-only load reads: a base-size checkpoint loaded by `tupe.checkpoint.load_params` (GLUE, the
+tools, export), on a local disk and from a GCS emulator, against the whole-checkpoint verification that readers did
+before parameters and optimizer state were separate items.
+
+  python -m bench.params_load [--model tupe_a,base] [--tiny]
+
+Builds the trainer's TrainState for the model (parameters + AdamW moments, fp32, random values, not trained),
+saves it once with `tupe.checkpoint.Checkpointer` into a local folder and into a bucket of a fake-gcs-server
+emulator (tests/gcs_emulator.py) on this machine, and measures, each once and with no verification cached:
+  params_only: `load_params` (verifies the params item's files, the meta and the step's own files, and restores the
+               parameters);
+  whole:       the former readers: `checksums.verify` of every file of the checkpoint, then the parameters restored.
+Bytes read: locally, this process's read() bytes (/proc/self/io rchar, page-cache hits included); from the
+emulator, the bytes the emulator process read from its disk to serve the objects (its rchar). Prints one JSON line
+per storage, with the sizes, bytes read, seconds and the machine.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import re
+import shutil
+import sys
+import tempfile
+import time
+
+import jax
+import numpy as np
+
+import bench
+from configs import pretrain
+from tupe import checkpoint
+from tupe import checksums
+from tupe import storage
+from tupe import trainer
+
+sys.path.insert(0, str(bench.REPO / "tests"))
+import gcs_emulator  # noqa: E402
+
+
+def _rchar(pid: str = "self") -> int:
+  return int(re.search(r"rchar: (\d+)", pathlib.Path(f"/proc/{pid}/io").read_text()).group(1))
+
+
+def _measure(fn, pid: str) -> tuple[float, int]:
+  """(seconds, bytes read by process `pid`) of fn(), with no checksum cached."""
+  checksums._hashed.clear()
+  before, start = _rchar(pid), time.perf_counter()
+  jax.block_until_ready(fn())
+  return time.perf_counter() - start, _rchar(pid) - before
+
+
+def _whole(root: str):
+  """What a reader of parameters did before: every file verified, then the parameters restored."""
+  step_dir = checkpoint.latest_step_dir(root)
+  checksums.verify(step_dir, checksums.read(step_dir))
+  return checkpoint.load_params(step_dir)[1]
+
+
+def _run(storage_name: str, root: str, state, meta, ckpt_cfg, pid: str) -> dict:
+  with checkpoint.Checkpointer(f"{root}/checkpoints", ckpt_cfg) as ckpt:
+    ckpt.save(1, state, meta)
+  step_dir = storage.path(f"{root}/checkpoints/1")
+  sizes = {name: storage.size(step_dir / name) for name in storage.walk_files(step_dir)}
+  params_s, params_read = _measure(lambda: checkpoint.load_params(root)[1], pid)
+  whole_s, whole_read = _measure(lambda: _whole(root), pid)
+  return {"storage": storage_name, "checkpoint_bytes": sum(sizes.values()),
+          "params_item_bytes": sum(v for k, v in sizes.items() if k.startswith("params/")),
+          "params_only_read_bytes": params_read, "params_only_s": round(params_s, 3),
+          "whole_verify_read_bytes": whole_read, "whole_verify_s": round(whole_s, 3),
+          "read_ratio": round(whole_read / params_read, 2), "time_ratio": round(whole_s / params_s, 2)}
+
+
+def main(argv=None) -> list[dict]:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--model", default="tupe_a,base")
+  parser.add_argument("--tiny", action="store_true", help="a seconds-long smoke run: tupe_a,tiny")
+  args = parser.parse_args(argv)
+  if args.tiny:
+    args.model = "tupe_a,tiny"
+  cfg = pretrain.get_config(args.model)
+  cfg.model.vocab_size = 30522
+  cfg.update(seq_len=128, global_batch_size=8, mesh=dict(data=1, fsdp=1, tensor=1))
+  cfg.checkpoint.update(async_save=False, keep_last=1, keep_every=0)
+  setup = trainer.build(cfg, jax.devices()[:1])
+  rng = np.random.default_rng(0)
+  state = jax.tree_util.tree_map(
+      lambda x: jax.device_put(rng.standard_normal(x.shape).astype(x.dtype) if x.dtype.kind == "f"
+                               else np.zeros(x.shape, x.dtype), x.sharding), setup.abstract_state)
+  meta = checkpoint.create_meta(json.loads(cfg.to_json_best_effort()), [], 0)
+  tmp = pathlib.Path(tempfile.mkdtemp(prefix="params-load-bench-"))
+  emulator = gcs_emulator.Emulator(tmp / "store", gcs_emulator.free_port())
+  results = []
+  try:
+    results.append(_run("local", str(tmp / "run"), state, meta, cfg.checkpoint, "self"))
+    emulator.start()
+    with gcs_emulator.emulator_environment(emulator):
+      bucket = gcs_emulator.create_bucket(emulator.url, "tupe-params-load")
+      results.append(_run("gcs emulator", f"{bucket}/run", state, meta, cfg.checkpoint, str(emulator.proc.pid)))
+  finally:
+    emulator.stop()
+    shutil.rmtree(tmp)
+  for result in results:
+    result.update(model=args.model, **bench.machine())
+    print(json.dumps(result))
+  return results
+
+
+if __name__ == "__main__":
+  main()

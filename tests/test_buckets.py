@@ -1,0 +1,226 @@
+"""Pods and buckets end to end, against a real GCS emulator (conftest.py's `gcs_bucket`; the train.py,
+eval_glue.py and tool subprocesses inherit its environment): train.py into a bucket, killed with SIGKILL and
+resumed with the losses of an uninterrupted run, bit for bit; eval_glue.py from a bucket's checkpoint and GLUE
+files into a bucket; the tools reading from and writing to buckets; HF ConvBERT imported from a bucket; the
+sweep's and study's roots in a bucket; a missing bucket or path is one line and a non-zero exit. No test leaves a
+local folder named "gs:" behind.
+"""
+import json
+import signal
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from test_resume import EVERY, REPO, Run, train_command, train_env
+from tupe import checkpoint
+from tupe import logs
+from tupe import storage
+from tupe import study
+from tupe import sweep
+from tupe.errors import UserError
+from tupe.glue import runs as runs_lib
+
+PNG = b"\x89PNG\r\n\x1a\n"
+# test_resume.py's tiny run, longer: saves to a bucket take a while, and the kill must come before the last one.
+STEPS = 10 * EVERY
+
+
+@pytest.fixture(autouse=True)
+def no_local_gs_folder():
+  """A bucket URL handled as a local path leaves a folder named "gs:" in the working directory."""
+  yield
+  assert not (REPO / "gs:").exists(), "a bucket URL was written to the local disk"
+
+
+def run(args: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
+  """A command of this repository (`python ARGS...`) in a subprocess, with the emulator's environment."""
+  return subprocess.run([sys.executable, *args], cwd=REPO, env=train_env(), capture_output=True, text=True,
+                        timeout=timeout)
+
+
+def one_line_error(proc: subprocess.CompletedProcess) -> str:
+  """The single stderr line of a command that failed on bad input (exit 2, no traceback)."""
+  assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr[-3000:]
+  return lines[0]
+
+
+def losses(workdir) -> dict[int, tuple]:
+  """{step: (loss, grad_norm)} of a run's metrics (a resumed run's repeated steps: the latest record)."""
+  return {r["step"]: (r["loss"], r["grad_norm"]) for r in logs.read_metrics(workdir) if "loss" in r}
+
+
+def newest_step(workdir) -> int:
+  try:
+    return int(checkpoint.latest_step_dir(workdir).name)
+  except UserError:
+    return 0
+
+
+def test_train_in_a_bucket_killed_and_resumed_is_bit_identical(gcs_bucket, tmp_path):
+  """train.py --workdir gs://...: an uninterrupted run, and a run killed (SIGKILL) after its first checkpoint and
+  resumed, log the same losses and gradient norms and end with the same parameters, bit for bit."""
+  reference, workdir = f"{gcs_bucket}/reference", f"{gcs_bucket}/run"
+  proc = run(train_command(reference, {"num_train_steps": STEPS})[1:])
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert sorted(losses(reference)) == list(range(1, STEPS + 1))
+  assert f"finished at step {STEPS}: checkpoint {reference}/checkpoints/{STEPS}" in proc.stdout
+  assert storage.read_bytes(f"{reference}/curves.png").startswith(PNG)
+  assert json.loads(storage.read_text(f"{reference}/config.json"))["num_train_steps"] == STEPS
+
+  killed = Run(tmp_path / "run", command=train_command(workdir, {"num_train_steps": STEPS}))
+  killed.wait_until(lambda: newest_step(workdir) > 0, poll=0.05)
+  killed.signal(signal.SIGKILL)
+  assert killed.wait() == -signal.SIGKILL
+  stopped = newest_step(workdir)
+  assert 0 < stopped < STEPS, "the kill came too late: the run had finished"
+
+  proc = run(train_command(workdir, {"num_train_steps": STEPS})[1:])
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert f"resumed from checkpoint {stopped} " in proc.stdout
+  assert losses(workdir) == losses(reference)
+  (_, params), (_, ref_params) = checkpoint.load_params(workdir), checkpoint.load_params(reference)
+  assert jax.tree_util.tree_structure(params) == jax.tree_util.tree_structure(ref_params)
+  jax.tree_util.tree_map(np.testing.assert_array_equal, params, ref_params)
+
+
+def glue_bucket(gcs_bucket, pretrained, glue_dir) -> tuple[str, str]:
+  """The `pretrained` workdir and GLUE's SST-2 files copied to the bucket: (checkpoint URL, GLUE folder URL)."""
+  storage.copy_tree(pretrained, f"{gcs_bucket}/pretrain")
+  storage.copy_tree(glue_dir / "SST-2", f"{gcs_bucket}/glue/SST-2")
+  return f"{gcs_bucket}/pretrain", f"{gcs_bucket}/glue"
+
+
+def test_eval_glue_from_a_bucket_into_a_bucket(gcs_bucket, pretrained, glue_dir):
+  """eval_glue.py with its checkpoint, GLUE TSVs and workdir in a bucket: its runs, results and server files are
+  written there, and a rerun resumes from them."""
+  init, data = glue_bucket(gcs_bucket, pretrained, glue_dir)
+  workdir = f"{gcs_bucket}/glue_out"
+  proc = run(["eval_glue.py", "--config", "configs/glue.py:tupe", "--workdir", workdir,
+              f"--config.init_checkpoint={init}", f"--config.data_dir={data}", "--config.tasks=sst2",
+              "--config.max_train_examples=32", "--config.max_seq_len=32", "--config.batch_size=16",
+              "--config.eval_batch_size=256", "--config.learning_rates=1e-2", "--config.seeds=0",
+              "--config.epochs.sst2=1", "--config.peak_flops=1e12"])
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  results = json.loads(storage.read_text(f"{workdir}/results.json"))
+  assert results["tasks"]["SST-2"]["n_seeds"] == 1
+  assert "| SST-2 | accuracy |" in storage.read_text(f"{workdir}/results.md")
+  assert storage.read_bytes(f"{workdir}/results.png").startswith(PNG)
+  assert [r["task"] for r in runs_lib.read_runs(workdir)] == ["SST-2"]
+  lines = storage.read_text(f"{workdir}/submission/SST-2.tsv").splitlines()
+  assert lines[0] == "index\tprediction" and len(lines) == 1 + 1821
+  assert storage.is_file(f"{workdir}/submission/WNLI.tsv")
+  assert f"wrote {workdir}/results.json" in proc.stdout
+
+  # A rerun resumes from the bucket's runs.jsonl: nothing is trained again.
+  rerun = run(proc.args[1:])
+  assert rerun.returncode == 0, rerun.stderr[-3000:]
+  assert "SST-2: all 1 runs finished, skipped" in rerun.stdout
+
+
+def test_tools_read_and_write_buckets(gcs_bucket, pretrained, glue_dir):
+  """plot, evaluate, analyze, export_hf and summary with their inputs and outputs in a bucket."""
+  init, _ = glue_bucket(gcs_bucket, pretrained, glue_dir)
+  text = f"{gcs_bucket}/text/sentences.txt"
+  storage.write_text(text, "".join(line.split("\t")[0] + "\n"
+                                   for line in (glue_dir / "SST-2" / "dev.tsv").read_text().splitlines()[1:200]))
+  out = f"{gcs_bucket}/out"
+
+  proc = run(["-m", "tupe.tools.plot", "--workdir", init, "--out", f"{out}/curves.png"])
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert storage.read_bytes(f"{out}/curves.png").startswith(PNG)
+
+  proc = run(["-m", "tupe.tools.evaluate", "--checkpoint", init, "--text-file", text, "--batch-size", "4",
+              "--max-examples", "8", "--out", f"{out}/heldout.json"])
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  scored = json.loads(storage.read_text(f"{out}/heldout.json"))
+  assert scored["examples"] == 8 and np.isfinite(scored["mlm_loss"])
+
+  proc = run(["-m", "tupe.tools.analyze", "--checkpoint", init, "--text-file", text, "--max-sentences", "4",
+              "--max-len", "16", "--out", f"{out}/analysis"])
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  written = storage.walk_files(f"{out}/analysis")
+  assert "diagonal_concentration.csv" in written and "attention_mean_layer00.png" in written
+  assert storage.read_bytes(f"{out}/analysis/attention_mean_layer00.png").startswith(PNG)
+
+  proc = run(["-m", "tupe.tools.export_hf", "--checkpoint", init, "--out", f"{out}/hf"])
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  exported = storage.walk_files(f"{out}/hf")
+  assert {"config.json", "model.safetensors", "vocab.txt"} <= set(exported), exported
+  assert f"wrote {out}/hf" in proc.stdout
+
+  proc = run(["-m", "tupe.tools.summary", "--config", "configs/pretrain.py:tupe_a,tiny", "--out",
+              f"{out}/summary.md"])
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert storage.read_text(f"{out}/summary.md").startswith("| config |")
+
+
+def test_a_missing_bucket_or_path_is_one_line(gcs_bucket, bert_vocab):
+  """An unknown bucket, nothing at a bucket's path, or TFDS GLUE data in a bucket (which TFDS's array_record reader
+  cannot read: it hangs): one line naming it, exit 2, nothing written."""
+  vocab = bert_vocab
+  line = one_line_error(run(train_command("gs://tupe-no-such-bucket/run")[1:]))
+  assert "gs://tupe-no-such-bucket/run" in line and "bucket gs://tupe-no-such-bucket does not exist" in line
+
+  line = one_line_error(run(["eval_glue.py", "--config", "configs/glue.py:tupe", "--workdir", f"{gcs_bucket}/out",
+                             f"--config.init_checkpoint={gcs_bucket}/missing", f"--config.data_dir={gcs_bucket}"]))
+  assert f"{gcs_bucket}/missing" in line
+
+  line = one_line_error(run(["eval_glue.py", "--config", "configs/glue.py:tupe", "--workdir", f"{gcs_bucket}/out",
+                             "--config.init=random", "--config.model=tupe_a,tiny", f"--config.vocab_file={vocab}",
+                             f"--config.tfds_data_dir={gcs_bucket}/tfds", "--config.tasks=rte"]))
+  assert f"tfds_data_dir={gcs_bucket}/tfds: TFDS's array_record reader reads local files only" in line
+
+  line = one_line_error(run(["-m", "tupe.tools.plot", "--workdir", f"{gcs_bucket}/missing"]))
+  assert f"{gcs_bucket}/missing/metrics.jsonl does not exist" in line
+
+  line = one_line_error(run(["-m", "tupe.tools.summary", "--config", "configs/pretrain.py:tupe_a,tiny", "--out",
+                             "gs://tupe-no-such-bucket/summary.md"]))
+  assert "bucket gs://tupe-no-such-bucket does not exist" in line
+  assert storage.walk_files(gcs_bucket) == []
+
+
+def test_hf_convbert_imports_from_a_bucket(gcs_bucket, tmp_path):
+  """init_hf in a bucket: a HF ConvBERT directory (safetensors, or PyTorch's .bin) imports as from a local disk."""
+  transformers = pytest.importorskip("transformers")
+  import torch
+  from tupe import hf
+  config = transformers.ConvBertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                       intermediate_size=64, embedding_size=16, max_position_embeddings=32,
+                                       pad_token_id=0)
+  torch.manual_seed(0)
+  model = transformers.ConvBertModel(config).eval()
+  model.save_pretrained(tmp_path / "safetensors")
+  torch.save(model.state_dict(), tmp_path / "pytorch_model.bin")
+  (tmp_path / "bin").mkdir()
+  (tmp_path / "pytorch_model.bin").rename(tmp_path / "bin" / "pytorch_model.bin")
+  (tmp_path / "bin" / "config.json").write_text((tmp_path / "safetensors" / "config.json").read_text())
+  for name in ("safetensors", "bin"):
+    storage.copy_tree(tmp_path / name, f"{gcs_bucket}/{name}")
+    cfg, params = hf.import_convbert(f"{gcs_bucket}/{name}")
+    local_cfg, local_params = hf.import_convbert(tmp_path / name)
+    assert cfg == local_cfg
+    jax.tree_util.tree_map(np.testing.assert_array_equal, params, local_params)
+
+
+def test_sweep_and_study_roots_in_a_bucket(gcs_bucket):
+  """The sweep's and the study's workdirs, data and held-out files under bucket URLs (kept whole, not "gs:/")."""
+  commands = sweep.runs("configs/pretrain.py:tupe_a,tiny", f"{gcs_bucket}/sweep", sweep.parse_grid(["seed=0,1"]), [])
+  assert [command[3] for command in commands] == [f"--workdir={gcs_bucket}/sweep/seed={seed}" for seed in (0, 1)]
+
+  cfg = study.load_study("configs/study.py:tupe,micro", [f"--config.data_root={gcs_bucket}/data"])
+  assert study.data_path(cfg, "corpus/*.txt, /local/x.txt, gs://other/y.txt") == (
+      f"{gcs_bucket}/data/corpus/*.txt,/local/x.txt,gs://other/y.txt")
+  variant = study.plan(cfg, storage.path(f"{gcs_bucket}/study"))[0]
+  root = f"{gcs_bucket}/study/{variant.name}"
+  assert {f"--workdir={root}/pretrain", f"--config.data.vocab_file={gcs_bucket}/data/{cfg.vocab}"} <= set(
+      variant.pretrain)
+  assert {f"--workdir={root}/glue", f"--config.init_checkpoint={root}/pretrain",
+          f"--config.data_dir={gcs_bucket}/data/{cfg.glue_dir}"} <= set(variant.glue)
+  assert str(variant.heldout_file(4)) == f"{root}/heldout/step_4.json"
+  with pytest.raises(UserError, match=f"{gcs_bucket}/data/"):  # the bucket holds no data yet
+    study.check_inputs(cfg)

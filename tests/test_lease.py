@@ -1,0 +1,220 @@
+"""A workdir is owned by one job (tupe/lease.py), on a local disk and in a gs:// bucket (the GCS emulator).
+
+A second train.py or eval_glue.py on a live workdir (local or gs://) stops with one line naming the other job
+(pid and host), exit status 2, having touched nothing; a killed job's lock is released by the kernel, and a crashed job's bucket
+lease is taken over once it has expired (at once when its pid is gone from this host), by one taker only; a job
+whose lease was taken over stops at once.
+"""
+import json
+import os
+import pathlib
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from test_reliability import error_line
+from test_resume import REPO, train_command, train_env
+from tupe import lease
+from tupe import storage
+from tupe.errors import UserError
+
+# A real job holding `workdir` (argv[1], lease ttl argv[2]) until killed: prints "held" once it holds it.
+HOLDER = """
+import sys, time
+from tupe import errors, lease
+def main(argv):
+  with lease.hold(argv[1], ttl=float(argv[2])):
+    print("held", flush=True)
+    time.sleep(600)
+errors.run_main(main)
+"""
+
+
+class Holder:
+  """A process holding a workdir (`HOLDER`)."""
+
+  def __init__(self, workdir, ttl: float = lease.TTL_S):
+    self.proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(workdir), str(ttl)], cwd=REPO, env=train_env(),
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert self.proc.stdout.readline() == "held\n", self.proc.stderr.read()
+
+  def kill(self) -> None:
+    self.proc.kill()
+    self.proc.wait()
+
+
+def try_hold(workdir, ttl: float = lease.TTL_S) -> subprocess.CompletedProcess:
+  """A second job that takes `workdir` and gives it back at once (exit 0), or is refused (one line, exit 2)."""
+  script = HOLDER.replace('print("held", flush=True)\n    time.sleep(600)', 'print("held", flush=True)')
+  return subprocess.run([sys.executable, "-c", script, str(workdir), str(ttl)], cwd=REPO, env=train_env(),
+                        capture_output=True, text=True, timeout=120)
+
+
+def snapshot(root: pathlib.Path) -> dict:
+  """{relative path: (bytes, mtime)} of every file under root."""
+  return {str(p.relative_to(root)): (p.read_bytes(), p.stat().st_mtime_ns)
+          for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_a_second_job_on_a_live_local_workdir_stops_touching_nothing(tmp_path, pretrained, glue_dir):
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  (workdir / "metrics.jsonl").write_text('{"step": 1, "loss": 7.0}\n')
+  (workdir / "config.json").write_text("{}\n")
+  holder = Holder(workdir)
+  try:
+    before = snapshot(workdir)
+    train = subprocess.run(train_command(workdir), cwd=REPO, env=train_env(), capture_output=True, text=True,
+                           timeout=300)
+    glue = subprocess.run([sys.executable, "eval_glue.py", "--config", "configs/glue.py:tupe", "--workdir",
+                           str(workdir), f"--config.init_checkpoint={pretrained}", f"--config.data_dir={glue_dir}",
+                           "--config.tasks=rte"],
+                          cwd=REPO, env=train_env(), capture_output=True, text=True, timeout=300)
+    for proc in (train, glue):
+      assert proc.returncode == 2, proc.stderr[-3000:]
+      assert re.fullmatch(
+          re.escape(f"error: workdir {workdir} is in use by another job (pid {holder.proc.pid} on host "
+                    f"{socket.gethostname()}, since ") + r"[-0-9 :]+ UTC\): wait for it to finish or stop it, or "
+          r"choose another --workdir", error_line(proc)), error_line(proc)
+    assert snapshot(workdir) == before
+  finally:
+    holder.kill()
+  # Killed: the kernel released its lock, and the next job takes the workdir without any cleaning.
+  assert try_hold(workdir).stdout == "held\n"
+
+
+def test_a_second_job_on_a_live_bucket_workdir_stops_touching_nothing(gcs_bucket):
+  workdir = f"{gcs_bucket}/run"
+  storage.write_text(f"{workdir}/metrics.jsonl", '{"step": 1, "loss": 7.0}\n')
+  blob = lease_blob(workdir)
+  holder = Holder(workdir, ttl=2)  # renewed every 0.5 s
+  try:
+    before = bucket_snapshot(workdir)
+    train = subprocess.run(train_command(workdir), cwd=REPO, env=train_env(), capture_output=True, text=True,
+                           timeout=300)
+    assert train.returncode == 2, train.stderr[-3000:]
+    assert error_line(train).startswith(f"error: workdir {workdir} is in use by another job (pid "
+                                        f"{holder.proc.pid} on host {socket.gethostname()}, since "), train.stderr
+    assert bucket_snapshot(workdir) == before
+    time.sleep(3)  # longer than the ttl: the lease lives on because it is renewed
+    blob.reload()
+    before = blob.generation
+    proc = try_hold(workdir)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    line = error_line(proc)
+    assert line.startswith(f"error: workdir {workdir} is in use by another job (pid {holder.proc.pid} on host "
+                           f"{socket.gethostname()}, since "), line
+    assert "its lease expires at " in line and line.endswith("or choose another --workdir")
+    assert json.loads(blob.download_as_bytes())["pid"] == holder.proc.pid  # still the holder's lease
+    assert blob.generation != before  # renewed by the holder, not written by the refused job
+  finally:
+    holder.kill()
+  # Killed on this host, its pid gone: taken over at once, with one warning naming the dead job.
+  proc = try_hold(workdir)
+  assert proc.returncode == 0 and proc.stdout.endswith("\nheld\n"), proc.stderr
+  assert proc.stdout.startswith(f"warning: took over the lease of {workdir} from a job that stopped without "
+                                f"releasing it (pid {holder.proc.pid} on host {socket.gethostname()}"), proc.stdout
+  assert not blob.exists()  # released when that job ended
+
+
+def bucket_snapshot(workdir: str) -> dict:
+  """{object: bytes} under a bucket workdir, but for the lease (which its holder renews)."""
+  return {name: storage.read_bytes(f"{workdir}/{name}") for name in storage.walk_files(workdir)
+          if name != lease.LEASE_NAME}
+
+
+def lease_blob(workdir: str):
+  from google.cloud import storage as gcs
+  bucket, _, prefix = workdir.removeprefix("gs://").partition("/")
+  return gcs.Client().bucket(bucket).blob(f"{prefix}/{lease.LEASE_NAME}")
+
+
+def foreign_lease(workdir: str, expires_in: float):
+  """A lease of a job on another host (pid 4242), expiring in `expires_in` seconds; returns its blob."""
+  blob = lease_blob(workdir)
+  blob.upload_from_string(json.dumps({"host": "other-host", "pid": 4242, "since": time.time() - 100,
+                                      "expires": time.time() + expires_in}), if_generation_match=0)
+  return blob
+
+
+def test_a_live_lease_of_another_host_is_respected_and_an_expired_one_taken_over(gcs_bucket, capsys):
+  live, expired = f"{gcs_bucket}/live", f"{gcs_bucket}/expired"
+  blob = foreign_lease(live, expires_in=600)
+  with pytest.raises(lease.WorkdirInUse, match=r"in use by another job \(pid 4242 on host other-host, since .*\); "
+                                               r"its lease expires at "):
+    with lease.hold(live):
+      pytest.fail("held a live lease")
+  generation = blob.generation
+  blob.reload()
+  assert blob.generation == generation  # untouched
+
+  foreign_lease(expired, expires_in=-1)
+  with lease.hold(expired):
+    held = json.loads(lease_blob(expired).download_as_bytes())
+    assert (held["host"], held["pid"]) == (socket.gethostname(), os.getpid())
+  assert capsys.readouterr().out.startswith(
+      f"warning: took over the lease of {expired} from a job that stopped without releasing it (pid 4242 on host "
+      f"other-host, lease expired at ")
+  assert not lease_blob(expired).exists()
+
+
+def test_two_jobs_taking_over_an_expired_lease_one_wins(gcs_bucket):
+  workdir = f"{gcs_bucket}/run"
+  foreign_lease(workdir, expires_in=-1)
+  leases = [lease._BucketLease(workdir, ttl=60) for _ in range(2)]
+  outcomes = [None, None]
+
+  def take(i):
+    try:
+      leases[i].acquire(workdir)
+      outcomes[i] = "held"
+    except UserError as e:
+      outcomes[i] = str(e)
+
+  threads = [threading.Thread(target=take, args=(i,)) for i in range(2)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  assert outcomes.count("held") == 1, outcomes
+  (refused,) = [o for o in outcomes if o != "held"]
+  assert f"is in use by another job (pid {os.getpid()} on host {socket.gethostname()}" in refused, refused
+  for held, outcome in zip(leases, outcomes):
+    if outcome == "held":
+      held.release()
+
+
+def test_a_job_whose_lease_was_taken_over_stops_at_once(gcs_bucket):
+  workdir = f"{gcs_bucket}/run"
+  holder = Holder(workdir, ttl=2)
+  try:
+    blob = lease_blob(workdir)
+    blob.reload()
+    # What a job on another host does once this lease has expired (the holder seemed gone): it takes it over.
+    blob.upload_from_string(json.dumps({"host": "other-host", "pid": 4242, "since": time.time(),
+                                        "expires": time.time() + 600}), if_generation_match=blob.generation)
+    assert holder.proc.wait(timeout=60) == 2
+    assert holder.proc.stderr.read() == (
+        f"error: lost the lease {workdir}/{lease.LEASE_NAME} to another job (it was not renewed for 2 s and was "
+        f"taken over); stopping now so that two jobs do not write one workdir\n")
+    assert json.loads(blob.download_as_bytes())["host"] == "other-host"  # not overwritten by the stopped job
+  finally:
+    if holder.proc.poll() is None:
+      holder.kill()
+
+
+def test_the_lock_is_released_when_the_job_ends(tmp_path, gcs_bucket):
+  for workdir in (tmp_path, f"{gcs_bucket}/run"):
+    for _ in range(2):
+      with lease.hold(workdir, ttl=60):
+        pass
+    with pytest.raises(RuntimeError, match="inside"):
+      with lease.hold(workdir, ttl=60):
+        raise RuntimeError("inside")
+    with lease.hold(workdir, ttl=60):
+      assert try_hold(workdir).returncode == 2

@@ -1,0 +1,56 @@
+"""The tools tell the truth and fail before the work: tupe.tools.evaluate checks --out and --max-examples before
+scoring (and leaves no temporary file), and tupe.tools.export_hf names the step it exported when it fell back
+from a damaged checkpoint."""
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import ml_collections
+import pytest
+
+from tupe import checkpoint as checkpoint_lib
+from tupe import trainer
+from tupe.errors import UserError
+from tupe.tools import evaluate
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def text_file(tmp_path, glue_dir) -> pathlib.Path:
+  path = tmp_path / "valid.txt"
+  path.write_text("\n".join((glue_dir / "SST-2" / "dev.tsv").read_text().splitlines()[1:200]) + "\n")
+  return path
+
+
+def test_evaluate_names_the_flag_at_fault_before_scoring(pretrained, text_file, tmp_path):
+  with pytest.raises(UserError, match=r"^--max-examples 16 is fewer than one batch of 32 \(--batch-size\): give "
+                                      r"--max-examples 32 or more, or a smaller --batch-size$"):
+    evaluate.evaluate(str(pretrained), str(text_file), max_examples=16, batch_size=32)
+  out = tmp_path / "out"
+  out.mkdir()
+  with pytest.raises(UserError, match=f"^--out {out} is a directory: give a file name, e.g. {out}/eval.json$"):
+    evaluate.main(["evaluate", "--checkpoint", str(pretrained), "--text-file", str(text_file), "--out", str(out)])
+  assert list(tmp_path.glob("*.tmp")) == [] and list(out.iterdir()) == []
+  file = tmp_path / "eval.json"
+  evaluate.main(["evaluate", "--checkpoint", str(pretrained), "--text-file", str(text_file), "--out", str(file),
+                 "--batch-size", "8"])
+  assert '"step": 2' in file.read_text() and [p.name for p in tmp_path.iterdir() if "tmp" in p.name] == []
+
+
+def test_export_names_the_step_it_fell_back_to(pretrained, tmp_path):
+  pytest.importorskip("transformers")
+  init = tmp_path / "pretrain"
+  shutil.copytree(pretrained, init)
+  cfg = ml_collections.ConfigDict(checkpoint_lib.load_meta(init).config)
+  cfg.num_train_steps = cfg.checkpoint.every_steps = 4
+  trainer.train(cfg, str(init))  # checkpoints 2 and 4
+  damaged = next(p for p in sorted((init / "checkpoints" / "4").rglob("*")) if p.is_file() and p.stat().st_size
+                 and p.name != checkpoint_lib.CHECKSUMS)
+  damaged.write_bytes(b"x" * damaged.stat().st_size)
+  proc = subprocess.run([sys.executable, "-m", "tupe.tools.export_hf", "--checkpoint", str(init), "--out",
+                         str(tmp_path / "export")], cwd=REPO, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert f"wrote {tmp_path / 'export'} from checkpoint 2 ({init / 'checkpoints' / '2'})" in proc.stdout
+  assert f"skipping checkpoint 4 in {init / 'checkpoints'}: it could not be restored" in proc.stderr
