@@ -42,7 +42,8 @@ def get_config(recipe: str = "tupe") -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   # What to fine-tune: a train.py checkpoint or a HF ConvBERT (init "pretrained"), or random weights of `model`.
   c.init = "pretrained"            # "pretrained" or "random" (the no-pre-training baseline)
-  c.init_checkpoint = ""           # train.py workdir, its checkpoints/ folder or a step directory (has its vocab)
+  c.init_checkpoint = ""           # train.py workdir, its checkpoints/ folder or a step directory (has its vocab);
+                                   # with init "random": only its architecture, vocab and casing (a control)
   c.init_hf = ""                   # HF ConvBERT directory written by save_pretrained
   c.vocab_file = ""                # WordPiece vocab for init_hf (default <init_hf>/vocab.txt) and init "random"
   # Uncased tokenization? None: as the train.py checkpoint was pre-trained (its data.lowercase; contradicting it
@@ -79,6 +80,7 @@ def get_config(recipe: str = "tupe") -> ml_collections.ConfigDict:
   c.log_every = 50
   c.tensorboard = True            # each run's TensorBoard events beside its metrics.jsonl
   c.peak_flops = 0.0               # per-device peak FLOP/s for MFU; 0 = data sheet or measured matmul
+  c.compilation_cache_dir = common.compilation_cache_dir  # as in pre-training (configs/pretrain.py)
   c.prng_impl = common.prng_impl
   c.mesh = common.mesh
   c.sharding_rules = common.sharding_rules

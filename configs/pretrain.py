@@ -48,6 +48,9 @@ def common() -> ml_collections.ConfigDict:
   c.nonfinite = "skip"             # non-finite loss/grads: "skip" the update, or "stop" the run
   c.peak_flops = 0.0               # per-device peak FLOP/s for MFU; 0 = data sheet or measured matmul
   c.tensorboard = True
+  # JAX's persistent compilation cache (tupe.compile_cache): a second start loads its compiled step. A per-user
+  # folder; on a pod, a bucket all hosts share (gs://...); "" turns it off. JAX_COMPILATION_CACHE_DIR wins.
+  c.compilation_cache_dir = "~/.cache/tupe/jax"
   # Multi-host: a host that sends no heartbeat for heartbeat_timeout_s counts as dead and the others stop.
   c.distributed = ml_collections.ConfigDict(dict(coordinator_address="", num_processes=1, process_id=0,
                                                  auto=False, initialization_timeout_s=300, heartbeat_timeout_s=100))

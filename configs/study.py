@@ -13,6 +13,10 @@ Studies:
 Every variant of a study has the same data settings and seed, so it sees the same batches (the same tokens
 in the same order, with the same masks), and the same number of steps.
 
+Control: random_init, the same GLUE grid with no pre-training (random weights of one variant's encoder: bert_a in
+the tupe study, convbert in the convbert study; `--config.random_init`). The report shows every variant's GLUE
+gain over it; where no variant's gain exceeds the seed spread, it says that GLUE at this budget measures nothing.
+
 Scales:
   micro: a smoke test in minutes on a 2-core CPU: the tiny model (64 wide, 2 layers), 32-token examples of one
     book, 4 steps; GLUE RTE on its first 32 examples, one learning rate, two seeds; the held-out score on the
@@ -139,6 +143,9 @@ def get_config(arg: str = "tupe,micro") -> ml_collections.ConfigDict:
   c.scale = scale
   c.size = {"micro": "tiny", "mini": "small", "base": "base"}[scale]  # configs/pretrain.py size (then overridden)
   c.variants = variants(study)
+  # The no-pre-training control, row random_init: the same GLUE grid on random weights of this variant's encoder
+  # (architecture, size, vocab, casing); the report shows every variant's GLUE gain over it. "" for none.
+  c.random_init = "bert_a" if study == "tupe" else "convbert"
   c.pretrain_overrides = _pretrain(study, scale)
   c.seed = 0                        # pre-training seed of every variant: the same batches and masks
   c.data_root = str(DATA_ROOT)
@@ -150,4 +157,7 @@ def get_config(arg: str = "tupe,micro") -> ml_collections.ConfigDict:
   c.heldout_seed = 0                # masks of the held-out score (the same for every checkpoint)
   c.heldout_max_examples = 16 if scale == "micro" else 0  # 0: the whole file
   c.heldout_batch_size = 16 if scale == "micro" else 32
+  # The held-out scoring's compilation cache (tupe.compile_cache; the pre-training and GLUE jobs take theirs
+  # from configs/pretrain.py and configs/glue.py): a per-user folder, a bucket, or "" (off).
+  c.compilation_cache_dir = "~/.cache/tupe/jax"
   return c

@@ -84,9 +84,8 @@ def test_train_in_a_bucket_killed_and_resumed_is_bit_identical(gcs_bucket, tmp_p
   assert f"resumed from checkpoint {stopped} " in proc.stdout
   assert losses(workdir) == losses(reference)
   (_, params), (_, ref_params) = checkpoint.load_params(workdir), checkpoint.load_params(reference)
-  assert sorted(params) == sorted(ref_params)
-  for name in ref_params:
-    np.testing.assert_array_equal(params[name], ref_params[name])
+  assert jax.tree_util.tree_structure(params) == jax.tree_util.tree_structure(ref_params)
+  jax.tree_util.tree_map(np.testing.assert_array_equal, params, ref_params)
 
 
 def glue_bucket(gcs_bucket, pretrained, glue_dir) -> tuple[str, str]:

@@ -8,9 +8,12 @@ a checkpoint), checksums over every object, a damaged object skipped with one li
 restore. End to end through train.py: tests/test_reliability.py::test_failing_checkpoint_write_is_an_error, and
 the two-host run into a bucket in tests/test_multihost.py.
 """
+import contextlib
 import json
 import logging
+import os
 import resource
+import subprocess
 import time
 
 import jax
@@ -89,6 +92,38 @@ def test_an_interrupted_first_save_is_reported(tmp_path, caplog):
   assert warnings_of(caplog) == [
       f"the save of checkpoint 4 in {tmp_path} was interrupted (its partial files are removed); resuming from the "
       f"newest finished checkpoint, if any"]
+
+
+@contextlib.contextmanager
+def writes_refused(folder):
+  """Nothing can be created in `folder` while inside: its mode, or for root (whom modes do not stop) its immutable
+  attribute."""
+  if os.geteuid() != 0:
+    folder.chmod(0o500)
+    try:
+      yield
+    finally:
+      folder.chmod(0o700)
+    return
+  if subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode:
+    pytest.skip("chattr +i is not supported here: root writes anywhere")
+  try:
+    yield
+  finally:
+    subprocess.run(["chattr", "-i", str(folder)], check=True)
+
+
+def test_a_refused_write_is_one_line(tmp_path, caplog):
+  """Permission refused at a save: one line naming the checkpoint and the cause; the previous one is intact."""
+  with checkpoint.Checkpointer(tmp_path, config(async_save=False)) as ckpt, caplog.at_level(logging.INFO):
+    ckpt.save(1, state_at(1), META)
+    with writes_refused(tmp_path):
+      with pytest.raises(UserError, match=f"^could not write checkpoint 2 to {tmp_path}: (Operation not permitted|"
+                                          f"Permission denied); free space or fix permissions, then rerun"):
+        ckpt.save(2, state_at(2), META)
+  assert not [r for r in caplog.records if r.exc_info], "tracebacks were logged"
+  verify_all(tmp_path / "1")
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["1"]
 
 
 def test_settings_older_configs_left_implicit_are_not_reported_as_changed():

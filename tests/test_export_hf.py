@@ -176,6 +176,8 @@ def test_masked_lm_export(name, exported):
     assert max_diff(ours["hidden_states"][-1][0], unmasked[0]) < TOLERANCE
     assert max_diff(ours["hidden_states"][-1][1:], unmasked[1:]) > 1e-3
   assert_tokenizer(cfg, directory)
+  fill_mask = transformers.pipeline("fill-mask", model=str(directory), trust_remote_code=remote)
+  assert len(fill_mask("the quick [MASK] jumps")) == 5
   assert_round_trip(workdir, directory)
   if name == "convbert_mlm":  # The HF ConvBERT importer reads the export as well.
     _, imported = hf.import_convbert_mlm(directory)
@@ -336,7 +338,7 @@ def test_classifier_export(name, exported, tmp_path):
       lambda x: x + 0.1 * jax.random.normal(jax.random.PRNGKey(1), x.shape), params["head"]))
   with pytest.raises(UserError, match="fine-tune with --config.head=tupe"):
     export_hf.export_classifier(cfg.model, params, "convbert", tmp_path / "refused")
-  directory = export_hf.export_classifier(cfg.model, params, "tupe", tmp_path / "hf", meta["vocab"],
+  directory = export_hf.export_classifier(cfg.model, params, "tupe", tmp_path / "hf", meta.vocab,
                                           cfg.data.lowercase)
   remote = name != "bert_a"
   model = transformers.AutoModelForSequenceClassification.from_pretrained(directory, trust_remote_code=remote)

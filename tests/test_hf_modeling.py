@@ -160,7 +160,7 @@ def test_sdpa_is_the_default(tmp_path):
 @pytest.mark.parametrize("kind", ["tupe_r", "bert_r"])
 def test_resize_token_embeddings(kind, tmp_path):
   """The decoder stays tied to the larger word embeddings and its bias grows with it; the old tokens' logits
-  are unchanged, and the resized model saves and reloads."""
+  are unchanged, and the resized model saves and reloads (placed by accelerate: device_map="auto")."""
   model = tiny(modeling_tupe.TupeForMaskedLM, kind)
   with torch.no_grad():
     model.lm_head.decoder.bias.normal_()
@@ -177,7 +177,7 @@ def test_resize_token_embeddings(kind, tmp_path):
   assert after.shape[-1] == 67
   assert_close(after[..., :60], before, 1e-6)
   model.save_pretrained(tmp_path)
-  reloaded = modeling_tupe.TupeForMaskedLM.from_pretrained(tmp_path).eval()
+  reloaded = modeling_tupe.TupeForMaskedLM.from_pretrained(tmp_path, device_map="auto").eval()
   assert reloaded.get_output_embeddings().weight is reloaded.get_input_embeddings().weight
   with torch.no_grad():
     assert torch.equal(reloaded(ids, mask, types).logits, after)

@@ -172,8 +172,8 @@ def test_a_missing_emptied_or_partial_record_is_damage(damage, workdir, tmp_path
   assert warnings_of(caplog) == [f"skipping checkpoint 2 in {copy / 'checkpoints'}: it could not be restored "
                                  f"({why})"]
   step, warnings = resume(copy / "checkpoints", checkpoint_state(workdir, 1), caplog)
-  assert step == 1 and warnings[0] == f"skipping checkpoint 2 in {copy / 'checkpoints'}: it could not be restored " \
-                                      f"({why})" and len(warnings) == 2 and "renamed the unrestorable" in warnings[1]
+  assert step == 1 and len(warnings) == 2 and "renamed the unrestorable checkpoint 2" in warnings[1]
+  assert warnings[0] == f"skipping checkpoint 2 in {copy / 'checkpoints'}: it could not be restored ({why})"
 
 
 def test_a_stray_empty_step_folder_is_one_quiet_line(workdir, tmp_path, caplog):
@@ -225,7 +225,8 @@ def test_checkpoints_of_older_layouts_load_and_resume(layout, workdir, tmp_path,
   assert meta.version == layout and meta.train_examples == (None if layout == 0 else saved["train_examples"])
   assert meta.config == saved["config"] and meta.vocab == saved["vocab"]
   jax.tree_util.tree_map(np.testing.assert_array_equal, params, checkpoint_state(workdir, 2)["params"])
-  note = (f"checkpoints in {root} carry no checksums (layout 0, which predates them): their bytes are not verified")
+  note = (f"checkpoints in {root} carry no checksums (layout 0, from before tupe recorded them): their bytes are not "
+          f"verified")
   assert warnings_of(caplog) == ([note] if layout == 0 else [])
   checkpoint._noted.clear()
   assert resume(root, checkpoint_state(workdir, 2), caplog) == (2, [note] if layout == 0 else [])

@@ -1,7 +1,7 @@
 """A workdir is owned by one job (tupe/lease.py), on a local disk and in a gs:// bucket (the GCS emulator).
 
-A second train.py or eval_glue.py on a live workdir stops with one line naming the other job (pid and host),
-exit status 2, having touched nothing; a killed job's lock is released by the kernel, and a crashed job's bucket
+A second train.py or eval_glue.py on a live workdir (local or gs://) stops with one line naming the other job
+(pid and host), exit status 2, having touched nothing; a killed job's lock is released by the kernel, and a crashed job's bucket
 lease is taken over once it has expired (at once when its pid is gone from this host), by one taker only; a job
 whose lease was taken over stops at once.
 """
@@ -20,6 +20,7 @@ import pytest
 from test_reliability import error_line
 from test_resume import REPO, train_command, train_env
 from tupe import lease
+from tupe import storage
 from tupe.errors import UserError
 
 # A real job holding `workdir` (argv[1], lease ttl argv[2]) until killed: prints "held" once it holds it.
@@ -89,9 +90,17 @@ def test_a_second_job_on_a_live_local_workdir_stops_touching_nothing(tmp_path, p
 
 def test_a_second_job_on_a_live_bucket_workdir_stops_touching_nothing(gcs_bucket):
   workdir = f"{gcs_bucket}/run"
+  storage.write_text(f"{workdir}/metrics.jsonl", '{"step": 1, "loss": 7.0}\n')
   blob = lease_blob(workdir)
   holder = Holder(workdir, ttl=2)  # renewed every 0.5 s
   try:
+    before = bucket_snapshot(workdir)
+    train = subprocess.run(train_command(workdir), cwd=REPO, env=train_env(), capture_output=True, text=True,
+                           timeout=300)
+    assert train.returncode == 2, train.stderr[-3000:]
+    assert error_line(train).startswith(f"error: workdir {workdir} is in use by another job (pid "
+                                        f"{holder.proc.pid} on host {socket.gethostname()}, since "), train.stderr
+    assert bucket_snapshot(workdir) == before
     time.sleep(3)  # longer than the ttl: the lease lives on because it is renewed
     blob.reload()
     before = blob.generation
@@ -107,10 +116,16 @@ def test_a_second_job_on_a_live_bucket_workdir_stops_touching_nothing(gcs_bucket
     holder.kill()
   # Killed on this host, its pid gone: taken over at once, with one warning naming the dead job.
   proc = try_hold(workdir)
-  assert proc.returncode == 0 and proc.stdout == "held\n", proc.stderr
-  assert proc.stderr.startswith(f"warning: took over the lease of {workdir} from a job that stopped without "
-                                f"releasing it (pid {holder.proc.pid} on host {socket.gethostname()}"), proc.stderr
+  assert proc.returncode == 0 and proc.stdout.endswith("\nheld\n"), proc.stderr
+  assert proc.stdout.startswith(f"warning: took over the lease of {workdir} from a job that stopped without "
+                                f"releasing it (pid {holder.proc.pid} on host {socket.gethostname()}"), proc.stdout
   assert not blob.exists()  # released when that job ended
+
+
+def bucket_snapshot(workdir: str) -> dict:
+  """{object: bytes} under a bucket workdir, but for the lease (which its holder renews)."""
+  return {name: storage.read_bytes(f"{workdir}/{name}") for name in storage.walk_files(workdir)
+          if name != lease.LEASE_NAME}
 
 
 def lease_blob(workdir: str):
@@ -142,7 +157,7 @@ def test_a_live_lease_of_another_host_is_respected_and_an_expired_one_taken_over
   with lease.hold(expired):
     held = json.loads(lease_blob(expired).download_as_bytes())
     assert (held["host"], held["pid"]) == (socket.gethostname(), os.getpid())
-  assert capsys.readouterr().err.startswith(
+  assert capsys.readouterr().out.startswith(
       f"warning: took over the lease of {expired} from a job that stopped without releasing it (pid 4242 on host "
       f"other-host, lease expired at ")
   assert not lease_blob(expired).exists()

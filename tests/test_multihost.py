@@ -2,7 +2,8 @@
 collectives) match a single process that trains on the same global batches; when one process is
 killed, the other stops within the heartbeat timeout with one line naming the dead host (tupe/supervise.py).
 A SIGTERM to one host stops every host after the same step, in pre-training and in GLUE fine-tuning, whose
-two-host runs match one process's too.
+two-host runs match one process's too. Two hosts checkpoint into one gs:// folder (a GCS emulator), are killed, and
+resume bit-identically.
 """
 import pathlib
 import re
@@ -18,7 +19,9 @@ import pytest
 from configs import glue as glue_config
 from configs import pretrain
 from tupe import checkpoint
+from tupe import checksums
 from tupe import sharding
+from tupe import storage
 from tupe import supervise
 from tupe import trainer
 from tupe.data import pipeline
@@ -88,6 +91,41 @@ def test_two_hosts_match_one_process(tmp_path, mesh, per_host):
   np.testing.assert_allclose(losses, ref_losses, rtol=1e-5, atol=1e-6)
   _, params = checkpoint.load_params(workdir)
   jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), params, ref_params)
+
+
+def test_two_hosts_checkpoint_into_a_bucket_killed_and_resumed(gcs_bucket, tmp_path):
+  """Two processes (jax.distributed) save a state split over both hosts' devices into one gs:// folder at every
+  step (tests/multihost_checkpoints.py): each host writes its own shards, host 0 alone the meta, checksums and
+  commit. Both are killed (SIGKILL) mid-run; started again, both restore the newest checkpoint, bit for bit, and
+  save on."""
+  root = f"{gcs_bucket}/run/checkpoints"
+
+  def start(phase: str) -> list[Run]:
+    port = free_port()
+    hosts = [Run(tmp_path / "run", name=f"{phase}{host}", logs=tmp_path, command=[
+        sys.executable, str(REPO / "tests" / "multihost_checkpoints.py"), str(port), str(host), root, phase])
+        for host in range(HOSTS)]
+    STARTED.extend(hosts)
+    return hosts
+
+  hosts = start("save")
+  hosts[0].wait_until(lambda: "saved 4" in hosts[0].stdout(), poll=0.05)
+  for host in hosts:
+    host.signal(signal.SIGKILL)
+    host.wait()
+  committed = [p for p in storage.iterdir(root) if p.name.isdigit() and storage.exists(p / "commit_success.txt")]
+  assert len(committed) >= 2, storage.walk_files(root)
+  for step_dir in committed:
+    files = storage.walk_files(step_dir)
+    assert {f.split("/")[1] for f in files if f.startswith("params/ocdbt.process_")} == {"ocdbt.process_0",
+                                                                                           "ocdbt.process_1"}
+    assert set(checksums.read(step_dir)) == set(files) - {checksums.CHECKSUMS}
+    checksums.verify(step_dir, checksums.read(step_dir))
+  newest = max(int(p.name) for p in committed)
+  for host in start("resume"):
+    assert host.wait(timeout=120) == 0, host.stderr()[-3000:]
+    assert host.stdout().strip().splitlines()[-1] == f"resumed {newest} exactly"
+  assert checkpoint.latest_step_dir(f"{gcs_bucket}/run").name == str(newest + 1)
 
 
 def kill_one_host(workdir, killed: int, mid_training: bool) -> tuple[int, float, str]:

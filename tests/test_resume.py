@@ -54,12 +54,15 @@ def run_train(workdir, overrides=None, extra=(), devices: int = 1, timeout: floa
 
 
 class Run:
-  """A train.py process (or `command`) in the background; its stdout and stderr go to files beside the workdir."""
+  """A train.py process (or `command`) in the background; its stdout and stderr go to files in `logs` (default:
+  beside a local workdir)."""
 
-  def __init__(self, workdir, overrides=None, devices: int = 1, name: str = "run", command: list[str] | None = None):
-    self.workdir = pathlib.Path(workdir)
-    self.stdout_path = self.workdir.parent / f"{self.workdir.name}.{name}.out"
-    self.stderr_path = self.workdir.parent / f"{self.workdir.name}.{name}.err"
+  def __init__(self, workdir, overrides=None, devices: int = 1, name: str = "run", command: list[str] | None = None,
+               logs=None):
+    self.workdir = storage.path(workdir)
+    logs = pathlib.Path(logs or self.workdir.parent)
+    self.stdout_path = logs / f"{self.workdir.name}.{name}.out"
+    self.stderr_path = logs / f"{self.workdir.name}.{name}.err"
     with open(self.stdout_path, "w") as out, open(self.stderr_path, "w") as err:
       self.proc = subprocess.Popen(command or train_command(workdir, overrides), cwd=REPO, env=train_env(devices),
                                    stdout=out, stderr=err)

@@ -88,15 +88,8 @@ FORBIDDEN = re.compile("|".join([
 ALLOWED = {
     "tupe/storage.py": "the path layer itself",
     "tupe/cli.py": "config files are Python modules, imported from the local disk",
-    "tupe/flops.py": "the per-user peak-FLOPs cache in ~/.cache and /proc/cpuinfo, never a user's path",
-    "tupe/checkpoint.py": "to convert: checkpoints",
-    "tupe/resume.py": "to convert: checkpoints",
-    "tupe/logs.py": "to convert: metrics.jsonl and TensorBoard",
-    "tupe/glue/runs.py": "to convert: runs.jsonl's appends and reads",
     "tupe/data/": "to convert: the corpus, vocab and shard readers and writers",
-    "tupe/hf_layout.py": "to convert: reading an export back (import_pretrained)",
     "tupe/tools/export_hf.py": "transformers' save_pretrained writes a local folder; main() stages a bucket's",
-    "tupe/hf_models/": "the HF modeling code shipped with an export, which transformers loads",
 }
 
 

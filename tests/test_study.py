@@ -19,6 +19,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 HANG = 3 * 3600
 VARIANTS = {"tupe": ["bert_a", "bert_r", "tupe_a", "tupe_r", "tupe_a_tie_cls"],
             "convbert": ["electra", "convbert", "bert_a", "convbert_mlm"]}
+CONTROL = "random_init"  # GLUE only: no pre-training, no held-out score
 
 
 def start_study(name: str, root: pathlib.Path, *extra: str) -> subprocess.Popen:
@@ -42,7 +43,7 @@ def studies(shared_data, tmp_path_factory):
   procs = {name: start_study(name, root) for name, root in roots.items()}
   for name, proc in procs.items():
     out, _ = finish(proc)
-    assert f"{3 * len(VARIANTS[name])} stage(s) run, 0 already done" in out
+    assert f"{3 * len(VARIANTS[name]) + 1} stage(s) run, 0 already done" in out
   return roots
 
 
@@ -63,8 +64,12 @@ def finite_leaves(value, path="report"):
 def test_micro_report_has_every_variant_and_finite_fields(studies, name):
   root = studies[name]
   report = json.loads((root / "report.json").read_text())
-  assert list(report["variants"]) == VARIANTS[name]
+  assert list(report["variants"]) == VARIANTS[name] + [CONTROL]
   for variant, entry in report["variants"].items():
+    assert entry["glue"]["complete"] and list(entry["glue"]["tasks"]) == ["RTE"]
+    assert entry["glue"]["tasks"]["RTE"]["n_seeds"] == 2 and len(entry["glue"]["seed_averages"]) == 2
+    if variant == CONTROL:
+      continue
     finite_leaves(entry, variant)
     pre = entry["pretrain"]
     assert pre["steps"] == pre["planned_steps"] and pre["tokens"] == pre["steps"] * 4 * 32
@@ -72,15 +77,37 @@ def test_micro_report_has_every_variant_and_finite_fields(studies, name):
     assert set(pre["eval"]) == ({"mlm_loss", "mlm_accuracy"} | ({"disc_loss", "disc_accuracy", "disc_auc"}
                                                                 if electra else set()))
     assert ("disc_auc" in entry["heldout"]) == electra and entry["heldout"]["predicted_tokens"] > 0
-    assert entry["glue"]["complete"] and list(entry["glue"]["tasks"]) == ["RTE"]
-    assert entry["glue"]["tasks"]["RTE"]["n_seeds"] == 2
     assert len(pre["curve"]) == 2
     if name == "tupe":
       assert entry["paper_base"]["tasks"] == {"RTE": pytest.approx(entry["paper_base"]["average"])}
   table = (root / "report.md").read_text()
-  assert all(f"| {variant} |" in table for variant in VARIANTS[name])
+  assert all(f"| {variant} |" in table for variant in VARIANTS[name] + [CONTROL])
   assert ("(paper, base)" in table) == (name == "tupe")
   assert (root / "curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_micro_report_has_gains_over_random_init(studies, name):
+  """The control: GLUE on random weights of a variant's encoder (no pre-training, no held-out score), and every
+  variant's gain over it, with its seed range, in report.json and report.md."""
+  report = json.loads((studies[name] / "report.json").read_text())
+  control = report["variants"][CONTROL]
+  assert control["pretrain"]["steps"] == 0 and control["pretrain"]["objective"] == "none (random init)"
+  assert control["heldout"] is None and not (studies[name] / CONTROL / "pretrain").exists()
+  copied = report["variants"]["bert_a" if name == "tupe" else "convbert"]
+  assert control["pretrain"]["model"] == copied["pretrain"]["model"]
+  assert list(report["glue_gains"]) == VARIANTS[name]
+  for variant, gain in report["glue_gains"].items():
+    rte = gain["tasks"]["RTE"]
+    medians = report["variants"][variant]["glue"]["tasks"]["RTE"]["median"], control["glue"]["tasks"]["RTE"]["median"]
+    assert rte["gain"] == pytest.approx(medians[0] - medians[1])
+    assert rte["low"] <= rte["gain"] <= rte["high"]
+    assert gain["beats_random_init"] == (gain["average"]["low"] > 0)
+  beating = [v for v, gain in report["glue_gains"].items() if gain["beats_random_init"]]
+  assert ("measures nothing" in report["glue_verdict"]) == (not beating)
+  table = (studies[name] / "report.md").read_text()
+  assert "## GLUE gain over random initialisation" in table and report["glue_verdict"] in table
+  assert "| variant | RTE gain | avg gain | beats random init |" in table
 
 
 def test_second_invocation_redoes_nothing(studies):
@@ -88,7 +115,7 @@ def test_second_invocation_redoes_nothing(studies):
   outputs = [p for p in root.rglob("*") if p.is_file() and p.parent != root]
   before = {p: p.stat().st_mtime_ns for p in outputs}
   out, _ = finish(start_study("tupe", root))
-  assert "0 stage(s) run, 15 already done" in out
+  assert "0 stage(s) run, 16 already done" in out
   assert "starting" not in out and "runs to go" not in out and "checkpoint 4 on" not in out
   assert {p: p.stat().st_mtime_ns for p in outputs} == before
   assert sorted(p for p in root.rglob("*") if p.is_file() and p.parent != root) == sorted(outputs)
@@ -99,7 +126,9 @@ def test_print_lists_every_command(studies):
   commands = [shlex.split(line) for line in out.splitlines()]
   programs = [next(word.rsplit("/", 1)[-1] for word in words if word.endswith((".py", "tupe.tools.evaluate")))
               for words in commands[:-1]]
-  assert programs == ["train.py"] * 4 + ["eval_glue.py"] * 4 + ["tupe.tools.evaluate"] * 4
+  assert programs == ["train.py"] * 4 + ["eval_glue.py"] * 5 + ["tupe.tools.evaluate"] * 4
+  control = commands[8]
+  assert "--config.init=random" in control and any(w.endswith("convbert/pretrain") for w in control)
   assert commands[-1][-1] == "--report-only"
 
 
@@ -122,6 +151,7 @@ def test_evaluate_is_deterministic_and_tells_checkpoints_apart(studies, shared_d
     (["--config=configs/study.py:tupe,micro", "--config.heldout_file=missing.txt"], "held-out text file .* does not"),
     (["--config=configs/study.py:tupe,micro", "--config.glue_dir=/nonexistent"], "GLUE data folder /nonexistent"),
     (["--config=configs/study.py:tupe,micro", "--config.glue.overrides=('epochs.rte=x',)"], "epochs.rte"),
+    (["--config=configs/study.py:tupe,micro", "--config.random_init=electra"], "random_init='electra' is not a"),
 ])
 def test_bad_input_is_one_line(shared_data, tmp_path, argv, message):
   with pytest.raises(UserError, match=message):

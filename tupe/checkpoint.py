@@ -396,12 +396,13 @@ def _verified_meta(step_dir: storage.Path, root: storage.Path, items: tuple[str,
   except UserError as e:
     raise UserError(f"checkpoint {step_dir} {e}") from None
   if recorded is None:
-    beside = [p.parent.name for p in storage.glob(f"{root}/*/{CHECKSUMS}") if p.parent != step_dir]
+    beside = [p.parent.name for p in storage.glob(f"{root}/*/{CHECKSUMS}")
+              if p.parent.name.isdigit() and p.parent != step_dir]
     if meta.has_checksums or beside:
       why = "its layout always has one" if meta.has_checksums else f"checkpoint {beside[0]} beside it has one"
       raise DamagedCheckpoint(f"{CHECKSUMS} is missing ({why})")
-    _note_once(("unverified", str(root)), "checkpoints in %s carry no checksums (layout %d, which predates them): "
-               "their bytes are not verified", root, meta.version)
+    _note_once(("unverified", str(root)), "checkpoints in %s carry no checksums (layout %d, from before tupe "
+               "recorded them): their bytes are not verified", root, meta.version)
   return meta
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import pathlib
 
 import jax
 import ml_collections
@@ -98,9 +97,11 @@ def hf_config(cfg, family_name: str, objective: str) -> dict:
   if family_name == "convbert":
     return dict(common, model_type="convbert", type_vocab_size=types, embedding_size=cfg.embedding_size,
                 head_ratio=2, conv_kernel_size=cfg.conv_kernel_size, num_groups=cfg.ffn_groups)
+  # tokenizer_class: transformers 4's pipelines load a tokenizer only for a config class they know or that names it.
   return dict(common, model_type="tupe", type_vocab_size=cfg.type_vocab_size, embedding_size=cfg.embedding_size,
               position=cfg.position, relative_bias=cfg.relative_bias, num_buckets=cfg.num_buckets,
-              max_distance=cfg.max_distance, cls_reset=cfg.cls_reset, zero_pad_embeddings=cfg.zero_pad_embeddings)
+              max_distance=cfg.max_distance, cls_reset=cfg.cls_reset, zero_pad_embeddings=cfg.zero_pad_embeddings,
+              tokenizer_class="BertTokenizer")
 
 
 def convbert_config(hf: dict, source: str) -> ml_collections.ConfigDict:
@@ -365,11 +366,11 @@ def import_tensors(tensors: dict[str, np.ndarray], keys: list[Key], shapes: dict
 
 # Reading an export back.
 
-def _read_config(directory: pathlib.Path) -> tuple[dict, ml_collections.ConfigDict]:
+def _read_config(directory: storage.Path) -> tuple[dict, ml_collections.ConfigDict]:
   config_file = directory / "config.json"
-  if not config_file.is_file():
+  if not storage.is_file(config_file):
     raise UserError(f"{directory} has no config.json; pass a directory written by tupe.tools.export_hf")
-  config = json.loads(config_file.read_text())
+  config = json.loads(storage.read_text(config_file))
   if MODEL_KEY not in config:
     raise UserError(f"{config_file} has no {MODEL_KEY!r} entry, so it was not written by tupe.tools.export_hf; HF "
                     "ConvBERT checkpoints import with tupe.hf.import_convbert")
@@ -420,7 +421,7 @@ def import_pretrained(path, scan_layers: bool | None = None) -> tuple[ml_collect
     objective "mlm" and `models.Electra` (generator from DIR/generator) for "electra", bit-identical to the
     exported checkpoint's (in the layout asked for).
   """
-  directory = pathlib.Path(path)
+  directory = storage.path(path)
   config, cfg = _read_config(directory)
   if scan_layers is not None:
     cfg.scan_layers = scan_layers

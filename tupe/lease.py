@@ -38,6 +38,7 @@ from collections.abc import Iterator
 import jax
 import numpy as np
 
+from tupe import logs
 from tupe import storage
 from tupe.errors import UserError
 
@@ -163,9 +164,9 @@ class _BucketLease:
           self._put(generation)
         except exceptions.PreconditionFailed:
           continue  # another job took it over first: the next look names it
-        print(f"warning: took over the lease of {workdir} from a job that stopped without releasing it ("
-              + (f"pid {owner.get('pid')} on host {owner.get('host')}, lease expired at {_clock(owner['expires'])}"
-                 if owner and "expires" in owner else "an unreadable lease") + ")", file=sys.stderr, flush=True)
+        logs.log(f"warning: took over the lease of {workdir} from a job that stopped without releasing it ("
+                 + (f"pid {owner.get('pid')} on host {owner.get('host')}, lease expired at "
+                    f"{_clock(owner['expires'])}" if owner and "expires" in owner else "an unreadable lease") + ")")
         break
       else:
         refusal = _in_use(workdir, None)
@@ -218,8 +219,8 @@ def _one_host(workdir, ttl: float) -> Iterator[None]:
     with _bucket_lease(workdir, ttl):
       yield
   else:
-    print(f"warning: {workdir}: no lock on this store (only local disks and gs:// buckets have one); make sure "
-          f"no other job uses this workdir", file=sys.stderr, flush=True)
+    logs.log(f"warning: {workdir}: no lock on this store (only local disks and gs:// buckets have one); make "
+             f"sure no other job uses this workdir")
     yield
 
 

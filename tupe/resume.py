@@ -10,11 +10,10 @@ optimizer structure. Other settings may change (e.g. num_train_steps, to extend 
 """
 from __future__ import annotations
 
-import pathlib
-
 import jax
 
 from tupe import logs
+from tupe import storage
 from tupe.checkpoint import CheckpointMeta, reason
 from tupe.errors import UserError
 
@@ -51,7 +50,7 @@ def changed_settings(saved_config: dict, config: dict) -> list[str]:
   return _differences(saved_config, config, keys)
 
 
-def _check_fits(step: int, directory: pathlib.Path, saved_params, params, saved_config: dict,
+def _check_fits(step: int, directory: storage.Path, saved_params, params, saved_config: dict,
                 config: dict) -> None:
   """Raises a UserError naming the difference when a checkpoint's parameters do not fit the model's."""
   shapes = lambda tree: {jax.tree_util.keystr(k): tuple(x.shape)
@@ -74,7 +73,7 @@ def _check_fits(step: int, directory: pathlib.Path, saved_params, params, saved_
                   f"config or use a new --workdir")
 
 
-def _check_same_optimizer(step: int, directory: pathlib.Path, saved_config: dict, config: dict,
+def _check_same_optimizer(step: int, directory: storage.Path, saved_config: dict, config: dict,
                           error: Exception) -> None:
   """A checkpoint that fails to restore under another optimizer config is reported as such, not as corrupted:
   its optimizer state has another structure (e.g. without the clipping stage) and the checkpoint is intact."""
@@ -85,7 +84,7 @@ def _check_same_optimizer(step: int, directory: pathlib.Path, saved_config: dict
                     f"--workdir") from error
 
 
-def _check_same_data(step: int, directory: pathlib.Path, saved_meta: CheckpointMeta, meta: CheckpointMeta) -> None:
+def _check_same_data(step: int, directory: storage.Path, saved_meta: CheckpointMeta, meta: CheckpointMeta) -> None:
   """Raises a UserError naming the difference when a checkpoint was trained on another stream of batches (the
   number of training examples is compared where the checkpoint recorded it)."""
   def stream(m: CheckpointMeta):
@@ -123,9 +122,9 @@ class Compatibility:
   def __init__(self, params, meta: CheckpointMeta):
     self.params, self.meta = params, meta
 
-  def check(self, step: int, directory: pathlib.Path, saved_params, saved_meta: CheckpointMeta) -> None:
+  def check(self, step: int, directory: storage.Path, saved_params, saved_meta: CheckpointMeta) -> None:
     _check_fits(step, directory, saved_params, self.params, saved_meta.config, self.meta.config)
     _check_same_data(step, directory, saved_meta, self.meta)
 
-  def explain(self, step: int, directory: pathlib.Path, saved_meta: CheckpointMeta, error: Exception) -> None:
+  def explain(self, step: int, directory: storage.Path, saved_meta: CheckpointMeta, error: Exception) -> None:
     _check_same_optimizer(step, directory, saved_meta.config, self.meta.config, error)

@@ -11,6 +11,9 @@ For each variant of the study (configs/study.py), in DIR/<variant>/:
      accelerator is not taken from a command; --print gives its command line).
 Stage 1 runs for every variant first (the pre-training comparison is complete before any fine-tuning), then
 stage 2, then stage 3; then DIR/report.md, report.json and curves.png (`tupe.study_report`).
+The control, DIR/random_init/ (configs/study.py's `random_init`: the variant whose encoder it copies), has stage 2
+only: the same GLUE grid on random weights of that variant's architecture, vocab and casing (eval_glue.py's
+init=random with its checkpoint), so that the report can show what pre-training adds on GLUE.
 
 Rerunning resumes at every level and redoes nothing: a variant whose newest checkpoint has reached
 num_train_steps is not started again (an interrupted one resumes from its checkpoint), a held-out score is kept
@@ -33,6 +36,7 @@ import time
 
 from tupe import checkpoint
 from tupe import cli
+from tupe import compile_cache
 from tupe import logs
 from tupe import storage
 from tupe import study_report
@@ -45,6 +49,7 @@ from tupe.glue import runs as runs_lib
 from tupe.tools import evaluate
 
 STAGES = ("pre-train", "GLUE", "held-out score")
+CONTROL = study_report.CONTROL
 
 
 @dataclasses.dataclass
@@ -53,7 +58,10 @@ class Variant:
 
   Attributes:
     name: the variant's name in the study.
-    pretrain_cfg: the resolved train.py config (model, steps, data).
+    pretrain: the train.py command; empty for the control (random_init), whose GLUE grid starts from random
+      weights.
+    pretrain_cfg: the resolved train.py config (model, steps, data); the control's: that of the variant whose
+      encoder it copies.
     lrs: the GLUE learning rates; tasks: the GLUE task names (as runs.jsonl has them); seeds: the GLUE seeds.
   """
   name: str
@@ -69,7 +77,12 @@ class Variant:
 
   @property
   def steps(self) -> int:
-    return self.pretrain_cfg.num_train_steps
+    return self.pretrain_cfg.num_train_steps if self.pretrain else 0
+
+  @property
+  def stages(self) -> tuple[str, ...]:
+    """The stages this variant has: all of them, or GLUE alone for the control (no pre-training, no checkpoint)."""
+    return STAGES if self.pretrain else ("GLUE",)
 
   def heldout_file(self, step: int) -> storage.Path:
     return self.heldout_dir / f"step_{step}.json"
@@ -99,10 +112,25 @@ def check_inputs(cfg) -> None:
                       f"absolute)")
 
 
+def glue_command(cfg, workdir: storage.Path, checkpoint_dir: storage.Path, architecture: str,
+                 init: str = "pretrained") -> list[str]:
+  """The eval_glue.py command of a variant's grid: `init` "random" starts from random weights shaped as the
+  checkpoint (the control)."""
+  return ([sys.executable, str(cli.REPO / "eval_glue.py"),
+           f"--config={cli.REPO / 'configs' / 'glue.py'}:{cfg.glue.recipe}",
+           f"--workdir={workdir}"] + ([f"--config.init={init}"] if init != "pretrained" else [])
+          + [f"--config.init_checkpoint={checkpoint_dir}",
+           f"--config.data_dir={data_path(cfg, cfg.glue_dir)}", f"--config.tasks={cfg.glue.tasks}",
+           f"--config.seeds={','.join(map(str, cfg.glue.seeds))}", f"--config.architectures={architecture}"]
+          + ([f"--config.learning_rates={','.join(f'{lr:g}' for lr in cfg.glue.learning_rates)}"]
+             if cfg.glue.learning_rates else [])
+          + [f"--config.{o}" for o in cfg.glue.overrides])
+
+
 def plan(cfg, root: storage.Path) -> list[Variant]:
-  """Every variant's commands, each config loaded and checked (a UserError for the first bad one)."""
+  """Every variant's commands, each config loaded and checked (a UserError for the first bad one), and the
+  control (random_init) last when the study has one."""
   pretrain_config = cli.REPO / "configs" / "pretrain.py"
-  glue_config = cli.REPO / "configs" / "glue.py"
   variants = []
   for name, model, overrides in cfg.variants:
     workdir = root / name
@@ -113,21 +141,25 @@ def plan(cfg, root: storage.Path) -> list[Variant]:
                 + [f"--config.{o}" for o in tuple(cfg.pretrain_overrides) + tuple(overrides)])
     pretrain_cfg = cli.check_config_flags(["train.py"] + pretrain[2:])
     trainer.check_config(pretrain_cfg)
-    glue = ([sys.executable, str(cli.REPO / "eval_glue.py"), f"--config={glue_config}:{cfg.glue.recipe}",
-             f"--workdir={workdir / 'glue'}", f"--config.init_checkpoint={workdir / 'pretrain'}",
-             f"--config.data_dir={data_path(cfg, cfg.glue_dir)}", f"--config.tasks={cfg.glue.tasks}",
-             f"--config.seeds={','.join(map(str, cfg.glue.seeds))}",
-             f"--config.architectures={pretrain_cfg.model.name}"]
-            + ([f"--config.learning_rates={','.join(f'{lr:g}' for lr in cfg.glue.learning_rates)}"]
-               if cfg.glue.learning_rates else [])
-            + [f"--config.{o}" for o in cfg.glue.overrides])
-    glue_cfg = cli.check_config_flags(["eval_glue.py"] + glue[2:])
-    finetune.check_config(glue_cfg)
-    tasks = tuple(task.name for task in glue_data.parse_tasks(glue_cfg.tasks))
-    variants.append(Variant(name, workdir / "pretrain", workdir / "glue", workdir / "heldout", pretrain, glue,
-                            pretrain_cfg, tasks, glue_data.learning_rates(glue_cfg, pretrain_cfg.model),
-                            tuple(glue_cfg.seeds)))
+    variants.append(_variant(name, workdir, pretrain, pretrain_cfg,
+                             glue_command(cfg, workdir / "glue", workdir / "pretrain", pretrain_cfg.model.name)))
+  if cfg.random_init:
+    copied = {v.name: v for v in variants}.get(cfg.random_init)
+    if copied is None:
+      raise UserError(f"random_init={cfg.random_init!r} is not a variant of the {cfg.study} study: use one of "
+                      f"{', '.join(v.name for v in variants)}, or '' for no control")
+    workdir = root / CONTROL
+    variants.append(_variant(CONTROL, workdir, [], copied.pretrain_cfg, glue_command(
+        cfg, workdir / "glue", copied.pretrain_dir, copied.pretrain_cfg.model.name, init="random")))
   return variants
+
+
+def _variant(name: str, workdir: storage.Path, pretrain: list[str], pretrain_cfg, glue: list[str]) -> Variant:
+  glue_cfg = cli.check_config_flags(["eval_glue.py"] + glue[2:])
+  finetune.check_config(glue_cfg)
+  tasks = tuple(task.name for task in glue_data.parse_tasks(glue_cfg.tasks))
+  return Variant(name, workdir / "pretrain", workdir / "glue", workdir / "heldout", pretrain, glue, pretrain_cfg,
+                 tasks, glue_data.learning_rates(glue_cfg, pretrain_cfg.model), tuple(glue_cfg.seeds))
 
 
 def evaluate_command(cfg, variant: Variant, step: int) -> list[str]:
@@ -174,10 +206,11 @@ def _run(command: list[str], label: str) -> None:
 
 def run(cfg, root: storage.Path, variants: list[Variant]) -> int:
   """Runs what is not finished, stage by stage; returns the number of (stage, variant) steps run."""
-  total, ran = len(STAGES) * len(variants), 0
-  for s, stage in enumerate(STAGES):
-    for v, variant in enumerate(variants):
-      label = f"{s * len(variants) + v + 1}/{total} {stage} {variant.name}"
+  total, ran, count = sum(len(variant.stages) for variant in variants), 0, 0
+  for stage in STAGES:
+    for variant in (variant for variant in variants if stage in variant.stages):
+      count += 1
+      label = f"{count}/{total} {stage} {variant.name}"
       step = finished_step(variant)
       if stage == "pre-train":
         if step >= variant.steps:
@@ -224,14 +257,15 @@ def main(argv: list[str]) -> None:
                     f"--report-only and --config.<field>=<value> overrides")
   cfg = load_study(args.config, overrides)
   check_inputs(cfg)
+  compile_cache.enable(cfg.compilation_cache_dir)
   root = storage.path(args.root)
   variants = plan(cfg, root)
   if args.print:
-    for variant in variants:
+    for variant in (v for v in variants if v.pretrain):
       print(shlex.join(variant.pretrain))
     for variant in variants:
       print(shlex.join(variant.glue))
-    for variant in variants:
+    for variant in (v for v in variants if v.pretrain):
       print(f"PYTHONPATH={shlex.quote(str(cli.REPO))} " + shlex.join(evaluate_command(cfg, variant, variant.steps)))
     spec_file, _, spec_arg = args.config.partition(":")
     spec = f"{storage.local(spec_file)}:{spec_arg}" if spec_arg else storage.local(spec_file)
@@ -242,7 +276,7 @@ def main(argv: list[str]) -> None:
     logs.log(f"[study] {cfg.study} at scale {cfg.scale}: {len(variants)} variants "
              f"({', '.join(v.name for v in variants)}) in {root}")
     ran = run(cfg, root, variants)
-    logs.log(f"[study] {ran} stage(s) run, {len(STAGES) * len(variants) - ran} already done")
+    logs.log(f"[study] {ran} stage(s) run, {sum(len(v.stages) for v in variants) - ran} already done")
   paths = study_report.write(cfg, root, variants)
   logs.log(f"[study] wrote {', '.join(str(p) for p in paths)}")
 

@@ -6,6 +6,13 @@ accuracy and AUC), the held-out score (`tupe.tools.evaluate`), and per GLUE task
 best learning rate with its min-max spread (`tupe.glue.report.summarize`), and their average. Where a stage
 has not finished its fields are null (report.md: "-"). The TUPE study's rows show the TUPE paper's base-model
 numbers (1M steps of BERT-base) beside them, labelled as such.
+
+With the control (random_init: the GLUE grid on random weights, no pre-training), every pre-trained variant's
+GLUE gain over it (`glue_gains`): per task and for the average, the difference of the medians with its seed
+range, [variant min - control max, variant max - control min] over the seeds (for the average: over the seeds'
+averages across tasks). A variant beats random initialisation when the lower end of its average's range is above
+0, i.e. every seed beats every seed of the control. When no variant does, the report says that GLUE at this
+budget measures nothing instead of comparing the variants on it (`glue_verdict`).
 """
 from __future__ import annotations
 
@@ -20,6 +27,7 @@ from tupe.glue import metrics as glue_metrics
 from tupe.glue import report as glue_report
 from tupe.glue import runs as runs_lib
 
+CONTROL = "random_init"  # the no-pre-training control's name in a study
 EVAL_KEYS = ("mlm_loss", "mlm_accuracy", "disc_loss", "disc_accuracy", "disc_auc")
 
 
@@ -32,7 +40,8 @@ def pretrain_summary(variant) -> dict:
   evals = [r for r in records if "eval_mlm_loss" in r]
   steps = max((r["step"] for r in records), default=0)
   final = evals[-1] if evals and evals[-1]["step"] == steps else {}
-  return {"model": cfg.model.name, "objective": cfg.objective, "steps": steps, "tokens": steps * tokens_per_step,
+  return {"model": cfg.model.name, "objective": cfg.objective if variant.pretrain else "none (random init)",
+          "steps": steps, "tokens": steps * tokens_per_step,
           "planned_steps": cfg.num_train_steps, "seq_len": cfg.seq_len, "global_batch_size": cfg.global_batch_size,
           "eval": {key: glue_report.json_number(_float(final.get(f"eval_{key}"))) for key in EVAL_KEYS
                    if key.startswith("mlm") or cfg.objective == "electra"},
@@ -64,7 +73,55 @@ def glue_summary(variant) -> dict:
   average = glue_report.averages(summary)[0]
   complete = len(runs) == len(variant.tasks) * len(variant.lrs) * len(variant.seeds)
   return {"tasks": tasks, "average": average.value if complete else None, "average_tasks": list(average.tasks),
-          "runs": len(runs), "complete": complete}
+          "seed_averages": seed_averages(summary) if complete else None, "runs": len(runs), "complete": complete}
+
+
+def seed_averages(summary) -> list[float] | None:
+  """Per seed, the mean over tasks of its score at each task's best learning rate; None if a seed diverged."""
+  by_seed = {}
+  for result in summary:
+    for seed, score in zip(result.best.seeds, result.best.scores):
+      by_seed.setdefault(seed, []).append(score)
+  if any(score is None for scores in by_seed.values() for score in scores):
+    return None
+  return [float(sum(scores) / len(scores)) for _, scores in sorted(by_seed.items())]
+
+
+def _gain(variant_median, variant_scores, control_median, control_scores) -> dict | None:
+  """Median difference and its seed range [variant min - control max, variant max - control min]."""
+  if None in (variant_median, control_median) or not variant_scores or not control_scores:
+    return None
+  return {"gain": variant_median - control_median, "low": min(variant_scores) - max(control_scores),
+          "high": max(variant_scores) - min(control_scores)}
+
+
+def glue_gains(variants: dict) -> dict:
+  """{variant: {"tasks": {task: gain}, "average": gain, "beats_random_init": bool}} over the control's GLUE."""
+  control = variants[CONTROL]["glue"]
+  gains = {}
+  for name, entry in variants.items():
+    glue = entry["glue"]
+    if name == CONTROL or not glue["complete"] or not control["complete"]:
+      continue
+    tasks = {task: _gain(result["median"], [result["min"], result["max"]], control["tasks"][task]["median"],
+                         [control["tasks"][task]["min"], control["tasks"][task]["max"]])
+             for task, result in glue["tasks"].items() if task in control["tasks"]}
+    average = _gain(glue["average"], glue["seed_averages"], control["average"], control["seed_averages"])
+    gains[name] = {"tasks": tasks, "average": average, "beats_random_init": bool(average and average["low"] > 0)}
+  return gains
+
+
+def glue_verdict(gains: dict) -> str:
+  """One sentence: which variants beat random initialisation on GLUE, or that GLUE measures nothing here."""
+  beating = [name for name, gain in gains.items() if gain["beats_random_init"]]
+  if not beating:
+    return ("No pre-trained variant beats random initialisation on the GLUE average beyond the seed spread: GLUE "
+            "at this budget measures nothing, so the variants are not compared on it.")
+  others = [name for name in gains if name not in beating]
+  return (f"{', '.join(beating)} beat{'s' if len(beating) == 1 else ''} random initialisation on the GLUE average "
+          f"beyond the seed spread" + (f"; {', '.join(others)} do{'es' if len(others) == 1 else ''} not, and "
+                                       f"{'is' if len(others) == 1 else 'are'} not compared on GLUE" if others else "")
+          + ".")
 
 
 def paper_numbers(name: str, tasks: list[str]) -> dict | None:
@@ -90,6 +147,9 @@ def build(cfg, variants) -> dict:
     if cfg.study == "tupe":
       entry["paper_base"] = paper_numbers(variant.name, list(variant.tasks))
     out["variants"][variant.name] = entry
+  if CONTROL in out["variants"]:
+    out["glue_gains"] = glue_gains(out["variants"])
+    out["glue_verdict"] = glue_verdict(out["glue_gains"]) if out["glue_gains"] else None
   return glue_report.json_safe(out)
 
 
@@ -122,6 +182,8 @@ def markdown(report: dict) -> str:
       rows.append([f"{name} (paper, base)"] + [_number(paper["tasks"].get(task)) for task in tasks]
                   + [_number(paper["average"])])
   lines.append(tools.markdown_table(header, rows))
+  if "glue_gains" in report:
+    lines += gains_markdown(report, tasks)
   lines += ["## Pre-training", "",
             f"Final evaluation on the pre-training eval split and on the held-out text {report['heldout_file']} "
             f"(masks drawn with seed {report['heldout_seed']}, the same for every variant). ELECTRA: the MLM numbers "
@@ -138,6 +200,23 @@ def markdown(report: dict) -> str:
                  _number(ev.get("disc_accuracy"), 4), _number(ev.get("disc_auc"), 4)])
   lines.append(tools.markdown_table(header, rows))
   return "\n".join(lines)
+
+
+def gains_markdown(report: dict, tasks: list[str]) -> list[str]:
+  """The gain table over random_init and the verdict."""
+  def cell(gain):
+    return "-" if gain is None else f"{gain['gain']:+.2f} [{gain['low']:+.2f}, {gain['high']:+.2f}]"
+  rows = [[name] + [cell(gain["tasks"].get(task)) for task in tasks] + [cell(gain["average"]),
+                                                                        "yes" if gain["beats_random_init"] else "no"]
+          for name, gain in report["glue_gains"].items()]
+  return ["## GLUE gain over random initialisation", "",
+          f"{CONTROL}: the same GLUE grid on random weights of the same encoder, no pre-training. Each cell: the "
+          "variant's median minus random_init's, and in brackets its seed range, [variant min - random_init max, "
+          "variant max - random_init min] (for avg: over each seed's average across the tasks). A variant beats "
+          "random init when the whole range of its avg is above 0.", "",
+          f"**{report['glue_verdict'] or 'Not every GLUE grid has finished: no verdict yet.'}**", "",
+          tools.markdown_table(["variant"] + [f"{task} gain" for task in tasks] + ["avg gain", "beats random init"],
+                               rows)]
 
 
 def plot_curves(report: dict, path: storage.Path) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import time
 from typing import Any
 
 import flax.linen as nn
@@ -26,6 +25,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from tupe import checkpoint as checkpoint_lib
+from tupe import compile_cache
 from tupe import errors
 from tupe import flops as flops_lib
 from tupe import lease
@@ -319,6 +319,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
   metrics."""
   workdir = storage.path(workdir)
   check_config(cfg)
+  compile_cache.enable(cfg.get("compilation_cache_dir", compile_cache.DEFAULT_DIR))
   training.maybe_initialize_distributed(cfg)
   training.check_workdir(workdir)
   hosts, host = jax.process_count(), jax.process_index()
@@ -365,9 +366,9 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
       cleanup.callback(train_iter.close)
 
     logs.log("compiling the train step...")
-    compile_start = time.perf_counter()
-    compiled, report = compile_train_step(setup)
-    logs.log(f"compiled in {time.perf_counter() - compile_start:.1f} s")
+    with compile_cache.Watch() as watch:
+      compiled, report = compile_train_step(setup)
+    logs.log(watch.line())  # the time, and whether it was compiled or loaded from the compilation cache
     for line in report:
       logs.log(line)
     peak, peak_source = flops_lib.peak_flops_per_device(cfg.peak_flops)
@@ -410,6 +411,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
       if step % cfg.checkpoint.every_steps == 0 or step == cfg.num_train_steps:
         finish(*pending)
         pending = None
+        writer.flush()  # The metrics up to a checkpoint are durable before it (in a bucket, uploaded).
         ckpt.save(step, state, meta)
         progress.restart_clock()
       if cfg.eval_every and step % cfg.eval_every == 0:

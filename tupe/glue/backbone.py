@@ -45,8 +45,14 @@ def _vocab_tokens(vocab_file: str, purpose: str) -> list[str]:
 
 
 def _random_backbone(cfg):
-  if cfg.init_checkpoint or cfg.init_hf:
-    raise UserError("init=random starts from random weights: drop --config.init_checkpoint/--config.init_hf")
+  if cfg.init_hf:
+    raise UserError("init=random starts from random weights: drop --config.init_hf (--config.init_checkpoint or "
+                    "--config.model gives the architecture)")
+  if cfg.init_checkpoint:  # The checkpoint's architecture, vocab and casing; its weights are not read.
+    if cfg.model:
+      raise UserError("init=random takes the architecture from --config.init_checkpoint or --config.model: drop one")
+    model_cfg, _, tokens, source = _checkpoint_backbone(cfg)
+    return model_cfg, None, tokens, f"random {model_cfg.name} ({model_cfg.size}) shaped as {source}"
   name, _, size = cfg.model.partition(",")
   if not name:
     raise UserError("init=random needs the architecture: set --config.model=<name>,<size>, e.g. tupe_a,base")
@@ -104,7 +110,8 @@ def load_backbone(cfg, workdir: storage.Path) -> Backbone:
     model_cfg, params, tokens, source = _checkpoint_backbone(cfg)
   else:
     model_cfg, params, tokens, source = _hf_backbone(cfg)
-  step_dir = checkpoint_lib.latest_step_dir(cfg.init_checkpoint) if cfg.init_checkpoint else None
+  pretrained = cfg.init == "pretrained" and cfg.init_checkpoint
+  step_dir = checkpoint_lib.latest_step_dir(cfg.init_checkpoint) if pretrained else None
   return Backbone(model_cfg, params, tokenizer_lib.write_vocab(tokens, workdir / "vocab.txt"), source, step_dir)
 
 
@@ -137,13 +144,14 @@ def check_backbone(cfg, model_cfg, vocab_size: int, source: str) -> None:
 
 
 def tokenizer_lowercase(cfg) -> bool:
-  """Whether GLUE text is lowercased: as a train.py checkpoint was pre-trained (its data.lowercase), else
+  """Whether GLUE text is lowercased: as a train.py checkpoint was pre-trained (its data.lowercase; also for
+  random weights shaped as it), else
   --config.lowercase, by default True (an uncased BERT vocab) for HF ConvBERT and random weights.
 
   Raises:
     UserError: --config.lowercase contradicts the checkpoint's setting.
   """
-  if cfg.init == "pretrained" and cfg.init_checkpoint and not cfg.init_hf:
+  if cfg.init_checkpoint and not cfg.init_hf:
     step_dir = checkpoint_lib.latest_step_dir(cfg.init_checkpoint)
     meta = checkpoint_lib.load_meta(step_dir)
     if meta.vocab:  # Without a vocab (synthetic pre-training data) its text setting says nothing.

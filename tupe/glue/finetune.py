@@ -32,6 +32,7 @@ import json
 import jax
 import ml_collections
 
+from tupe import compile_cache
 from tupe import errors
 from tupe import flops as flops_lib
 from tupe import lease
@@ -124,6 +125,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
   """Runs (or resumes) the grid in `workdir` (a local folder or a bucket URL); returns the content of
   results.json."""
   workdir = storage.path(workdir)
+  compile_cache.enable(cfg.get("compilation_cache_dir", compile_cache.DEFAULT_DIR))
   training.maybe_initialize_distributed(cfg)
   training.check_workdir(workdir)
   check_config(cfg)

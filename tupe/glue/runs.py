@@ -6,13 +6,12 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
-import pathlib
 
 import jax
 import numpy as np
 
 from tupe import checkpoint as checkpoint_lib
+from tupe import jsonlog
 from tupe import storage
 from tupe.errors import UserError
 from tupe.glue import metrics as glue_metrics
@@ -28,21 +27,16 @@ RESUMABLE_FIELDS = ("tasks", "learning_rates", "seeds", "data_dir", "tfds_data_d
 LOCATION_FIELDS = ("init_checkpoint",)
 
 
-def read_runs(workdir: pathlib.Path) -> list[dict]:
-  """The finished runs; NaN, which older versions wrote for diverged runs, read as null."""
-  path = workdir / "runs.jsonl"
-  if not path.exists():
-    return []
-  runs = [report.json_safe(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+def read_runs(workdir: storage.PathLike) -> list[dict]:
+  """The finished runs (runs.jsonl, `tupe.jsonlog`); NaN, which older versions wrote for diverged runs, read as
+  null."""
+  runs = [report.json_safe(run) for run in jsonlog.read(workdir, "runs")]
   return [dict(run, diverged=run["score"] is None) for run in runs]
 
 
-def append_run(workdir: pathlib.Path, record: dict) -> None:
-  """Appends one run to runs.jsonl as strict JSON (non-finite numbers as null)."""
-  with open(workdir / "runs.jsonl", "a") as f:
-    f.write(json.dumps(report.json_safe(record), allow_nan=False) + "\n")
-    f.flush()
-    os.fsync(f.fileno())
+def append_run(workdir: storage.PathLike, record: dict) -> None:
+  """Appends one run to runs.jsonl, durably, as strict JSON (non-finite numbers as null)."""
+  jsonlog.append(workdir, "runs", report.json_safe(record))
 
 
 def run_dir(workdir: storage.Path, task: str, lr: float, seed: int) -> storage.Path:
@@ -113,6 +107,7 @@ def check_resume(cfg, workdir: storage.Path) -> None:
                     f"{other[0]['settings']}, now {digest}; {why}, so the fields cannot be named): use a new "
                     f"--workdir, or rerun with those runs' settings")
   if jax.process_index() == 0:
+    jsonlog.repair(workdir, "runs")  # a run cut while being recorded: dropped (and run again), with one warning
     storage.write_text(path, json.dumps(new, indent=2) + "\n")
 
 

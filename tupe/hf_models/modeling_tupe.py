@@ -174,7 +174,7 @@ class TupeSelfAttention(nn.Module):
     q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
     if self.config._attn_implementation == "sdpa" and not output_attentions:
       context = nn.functional.scaled_dot_product_attention(
-          q, k, v, attn_mask=bias.to(q.dtype), dropout_p=self.dropout.p if self.training else 0.0, scale=self.scale)
+          q, k, v, attn_mask=bias, dropout_p=self.dropout.p if self.training else 0.0, scale=self.scale)
       probs = None
     else:
       logits = torch.matmul(q, k.transpose(-1, -2)).float() * self.scale + bias.float()
@@ -284,6 +284,7 @@ class TupePreTrainedModel(PreTrainedModel):
   base_model_prefix = "tupe"
   supports_gradient_checkpointing = True
   _supports_sdpa = True
+  _no_split_modules = ["TupeLayer"]  # accelerate's device_map places whole layers
 
   @torch.no_grad()
   def _init_weights(self, module):

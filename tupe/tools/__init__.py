@@ -2,6 +2,7 @@
 
   python -m tupe.tools.analyze   attention maps, diagonal concentration, TUPE's positional terms
   python -m tupe.tools.export_hf a checkpoint as a HF transformers directory (weights, config, tokenizer)
+  python -m tupe.tools.glue_parity GLUE fine-tuning step for step against PyTorch + transformers on the export
   python -m tupe.tools.evaluate  MLM (and ELECTRA discriminator) scores of a checkpoint on a text file, fixed masks
   python -m tupe.tools.plot      training curves of one or more runs
   python -m tupe.tools.summary   parameters per component and FLOPs per token of the named configs

@@ -31,6 +31,7 @@ import matplotlib.ticker
 import numpy as np
 from matplotlib import patheffects
 
+from tupe import compile_cache
 from tupe import analysis
 from tupe import checkpoint
 from tupe import hf
@@ -308,6 +309,7 @@ def main(argv: list[str]) -> None:
   parser.add_argument("--max-len", type=int, help="tokens per sentence incl. [CLS] and [SEP] (default: 128, or "
                       "the model's positions if fewer)")
   args = parser.parse_args(argv[1:])
+  compile_cache.enable()  # the per-user cache (tupe.compile_cache)
   if args.max_sentences < 1:
     raise UserError(f"--max-sentences {args.max_sentences}: use at least 1")
   sentences = read_sentences(args.text_file, args.max_sentences)

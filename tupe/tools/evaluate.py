@@ -22,6 +22,7 @@ import ml_collections
 import numpy as np
 
 from tupe import checkpoint
+from tupe import compile_cache
 from tupe import storage
 from tupe import trainer
 from tupe.data import pipeline
@@ -97,6 +98,7 @@ def main(argv: list[str]) -> None:
   args = parser.parse_args(argv[1:])
   if args.out and storage.is_dir(args.out):  # Found now, not after the scoring.
     raise UserError(f"--out {args.out} is a directory: give a file name, e.g. {storage.path(args.out) / 'eval.json'}")
+  compile_cache.enable()  # the per-user cache (tupe.compile_cache)
   result = evaluate(args.checkpoint, args.text_file, args.seed, args.max_examples, args.batch_size)
   if args.out:
     write(result, args.out)

@@ -33,7 +33,6 @@ from tupe.data import tokenizer as tokenizer_lib
 from tupe.errors import UserError, run_main
 
 
-
 def save_model(family: str, class_name: str, hf_config: dict, tensors: dict, directory: pathlib.Path) -> None:
   """Writes `tensors` as HF model `class_name` of `family` with `save_pretrained` (config.json, safetensors),
   after loading them into the class: a name the class does not have, or a parameter left out other than its
@@ -64,8 +63,8 @@ def save_tokenizer(vocab: list[str], lowercase: bool, max_length: int, directory
   for a duplicated token; under transformers 4, which reads vocab.txt, the last), normalizer (lowercasing and
   accent stripping as pre-trained) and pre-tokenizer."""
   import transformers
-  tokenizer_lib.write_vocab(vocab, directory / "vocab.txt")
   if transformers.__version__.startswith("4."):  # its fast BertTokenizer takes a vocab file, not a dict
+    tokenizer_lib.write_vocab(vocab, directory / "vocab.txt")
     tokenizer = transformers.BertTokenizerFast(vocab_file=str(directory / "vocab.txt"), do_lower_case=lowercase,
                                                model_max_length=max_length)
   else:

@@ -1,0 +1,146 @@
+"""Cold compile time of the demo's train step against a plain Flax MLM step of the same shape.
+
+  python -m bench.compile_time [--repeats 3] [--tiny]
+
+The persistent compilation cache is off for this benchmark (every compile is cold). The plain step is what a
+user would write from the Flax examples: a post-LN BERT encoder of the demo's size (token, position and type
+embeddings, `nn.MultiHeadDotProductAttention`, GELU feed-forward, the demo's dropout), the masked-LM head on
+the masked positions with tied output embeddings, cross-entropy, global-norm clipping and AdamW; the demo's
+step adds TUPE's untied positional attention, the non-finite guard and its metrics. Each repeat builds both
+steps anew and lowers + compiles them, the two in turn, so that the machine's load falls on both alike, after
+one untimed compile of each.
+
+Prints one JSON line per repeat and one summary line: the median compile times, their ratio (demo / plain)
+and whether it is within 1.5x, and each repeat's own ratio (the pair compiled back to back) with their median.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+import bench
+
+jax.config.update("jax_enable_compilation_cache", False)  # cold compiles only
+
+
+def demo_config(tiny: bool):
+  cfg = bench.load_config("configs/demo.py", ["compilation_cache_dir="])
+  if tiny:
+    cfg.model.update(hidden_size=32, embedding_size=32, intermediate_size=64, num_layers=1)
+  return cfg
+
+
+def vocab_size(cfg) -> int:
+  from tupe.data import pipeline
+  return pipeline.PretrainData(cfg.data, seq_len=cfg.seq_len, split="train").info.vocab_size
+
+
+class PlainBert(nn.Module):
+  """A plain post-LN BERT encoder with a tied masked-LM head (the Flax examples' way)."""
+  vocab: int
+  hidden: int
+  heads: int
+  intermediate: int
+  layers: int
+  max_len: int
+  dropout: float
+
+  @nn.compact
+  def __call__(self, ids, types, mask, positions):
+    embed = nn.Embed(self.vocab, self.hidden)
+    positions_embedded = nn.Embed(self.max_len, self.hidden)(jnp.arange(ids.shape[1]))[None]
+    x = embed(ids) + positions_embedded + nn.Embed(2, self.hidden)(types)
+    x = nn.Dropout(self.dropout, deterministic=False)(nn.LayerNorm()(x))
+    attention_mask = nn.make_attention_mask(mask, mask)
+    for _ in range(self.layers):
+      a = nn.MultiHeadDotProductAttention(num_heads=self.heads, dropout_rate=self.dropout, deterministic=False)(
+          x, x, mask=attention_mask)
+      x = nn.LayerNorm()(x + nn.Dropout(self.dropout, deterministic=False)(a))
+      h = nn.Dense(self.hidden)(nn.gelu(nn.Dense(self.intermediate)(x)))
+      x = nn.LayerNorm()(x + nn.Dropout(self.dropout, deterministic=False)(h))
+    x = jnp.take_along_axis(x, positions[..., None], axis=1)
+    x = nn.LayerNorm()(nn.gelu(nn.Dense(self.hidden)(x)))
+    return embed.attend(x) + self.param("bias", nn.initializers.zeros, (self.vocab,))
+
+
+def plain_step_compile_seconds(cfg, vocab: int, num_predictions: int) -> float:
+  """Builds the plain model and its AdamW train step, then times lowering + compiling it."""
+  m = cfg.model
+  model = PlainBert(vocab, m.hidden_size, m.num_heads, m.intermediate_size, m.num_layers, cfg.seq_len,
+                    m.hidden_dropout)
+  tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3, weight_decay=0.01))
+  b, s, p = cfg.global_batch_size, cfg.seq_len, num_predictions
+  ids = jax.ShapeDtypeStruct((b, s), jnp.int32)
+  preds = jax.ShapeDtypeStruct((b, p), jnp.int32)
+  key = jax.eval_shape(lambda: jax.random.PRNGKey(0))
+  params = jax.eval_shape(lambda: model.init({"params": jax.random.PRNGKey(0), "dropout": jax.random.PRNGKey(1)},
+                                             jnp.zeros((b, s), jnp.int32),
+                                             jnp.zeros((b, s), jnp.int32), jnp.ones((b, s), jnp.int32),
+                                             jnp.zeros((b, p), jnp.int32)))
+  opt_state = jax.eval_shape(tx.init, params)
+
+  def step(params, opt_state, ids, types, mask, positions, labels, rng):
+    def loss_fn(params):
+      logits = model.apply(params, ids, types, mask, positions, rngs={"dropout": rng})
+      return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+  start = time.perf_counter()
+  jax.jit(step, donate_argnums=(0, 1)).lower(params, opt_state, ids, ids, ids, preds, preds,
+                                             key).compile()
+  return time.perf_counter() - start
+
+
+def demo_step_compile_seconds(cfg) -> float:
+  """Builds the demo's train step (`tupe.trainer.build`), then times lowering + compiling it."""
+  from tupe import trainer
+  setup = trainer.build(cfg)
+  start = time.perf_counter()
+  trainer.compile_train_step(setup)
+  return time.perf_counter() - start
+
+
+def main(argv=None) -> list[dict]:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--repeats", type=int, default=3, help="cold compiles of each step, in turn")
+  parser.add_argument("--tiny", action="store_true", help="a 1-layer model (smoke test)")
+  args = parser.parse_args(argv)
+  from tupe import trainer
+  cfg = demo_config(args.tiny)
+  trainer.resolve_vocab_size(cfg, vocab_size(cfg))
+  jax.config.update("jax_default_prng_impl", cfg.prng_impl)
+  predictions = trainer.num_predictions(cfg)
+  bench.progress("warm-up: one untimed compile of each (the process's first compiles set up XLA)")
+  demo_step_compile_seconds(cfg)
+  plain_step_compile_seconds(cfg, cfg.model.vocab_size, predictions)
+  records, demo, plain = [], [], []
+  for i in range(args.repeats):
+    for which in (("demo", "plain") if i % 2 == 0 else ("plain", "demo")):
+      if which == "demo":
+        demo.append(demo_step_compile_seconds(cfg))
+      else:
+        plain.append(plain_step_compile_seconds(cfg, cfg.model.vocab_size, predictions))
+    bench.progress(f"repeat {i + 1}/{args.repeats}: demo {demo[-1]:.1f} s, plain Flax {plain[-1]:.1f} s")
+    records.append({"repeat": i + 1, "demo_compile_s": demo[-1], "plain_flax_compile_s": plain[-1]})
+  ratio = bench.median(demo) / bench.median(plain)
+  per_repeat = [d / p for d, p in zip(demo, plain)]
+  summary = {"benchmark": "compile_time", "compilation_cache": "off", "model": f"{cfg.model.name} "
+             f"hidden {cfg.model.hidden_size} x {cfg.model.num_layers} layers", "batch": cfg.global_batch_size,
+             "seq_len": cfg.seq_len, "vocab": cfg.model.vocab_size, "demo_compile_s": bench.median(demo),
+             "plain_flax_compile_s": bench.median(plain), "ratio": ratio, "within_1_5x": ratio <= 1.5,
+             "ratio_per_repeat": per_repeat, "median_ratio_per_repeat": bench.median(per_repeat),
+             "repeats": args.repeats, **bench.machine()}
+  for record in records + [summary]:
+    bench.emit(record)
+  return records + [summary]
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,78 @@
+"""Compile once per machine (tupe/compile_cache.py): the config field `compilation_cache_dir`.
+
+A second start of the tiny train.py loads its train step from the cache (the log says so, from JAX's cache
+events) with bit-identical losses; a cache folder that cannot be written, or entries that cannot be read, cost
+one warning and a normal compile, never the run.
+"""
+import subprocess
+
+import pytest
+
+from test_resume import REPO, metric_records, train_command, train_env
+
+LOSSES = ("loss", "mlm_accuracy", "grad_norm")
+
+
+def start(workdir, cache_dir):
+  """The tiny train.py with its compilation cache at `cache_dir` (the suite's shared cache set aside)."""
+  env = {k: v for k, v in train_env().items() if k != "JAX_COMPILATION_CACHE_DIR"}
+  proc = subprocess.run(train_command(workdir, {"compilation_cache_dir": cache_dir}), cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  (line,) = [line for line in proc.stdout.splitlines() if line.startswith("compiled in ")]
+  return proc, line
+
+
+def losses(workdir):
+  return [{k: r[k] for k in LOSSES} for r in metric_records(workdir)]
+
+
+@pytest.fixture(scope="module")
+def first_start(tmp_path_factory):
+  root = tmp_path_factory.mktemp("cache")
+  proc, line = start(root / "first", str(root / "jax-cache"))
+  return root, proc, line
+
+
+def test_a_second_start_loads_its_step_from_the_cache(first_start, tmp_path):
+  root, _, first = first_start
+  assert first.endswith(f"s (compiled, and saved to the compilation cache {root / 'jax-cache'})"), first
+  _, second = start(tmp_path / "second", str(root / "jax-cache"))
+  assert second.endswith(f"s (loaded from the compilation cache {root / 'jax-cache'})"), second
+  assert losses(tmp_path / "second") == losses(root / "first")  # bit-identical
+
+
+def test_an_unwritable_cache_costs_a_warning_only(first_start, tmp_path):
+  root = first_start[0]
+  (tmp_path / "a-file").write_text("")
+  proc, line = start(tmp_path / "run", str(tmp_path / "a-file" / "cache"))
+  warnings = [line for line in proc.stdout.splitlines() if line.startswith("warning")]
+  (warning,) = warnings
+  assert warning.startswith(f"warning: the compilation cache is off for this run: cannot write in "
+                            f"{tmp_path / 'a-file' / 'cache'}: "), warning
+  assert warning.endswith("(Not a directory) (set --config.compilation_cache_dir to a writable folder, or to \"\" "
+                          "to turn it off)"), warning
+  assert line.endswith("s (compilation cache off)"), line
+  assert not proc.stderr
+  assert losses(tmp_path / "run") == losses(root / "first")
+
+
+def test_corrupt_cache_entries_cost_a_warning_and_a_compile(first_start, tmp_path):
+  # The last test of the module to use its cache: the entries' keys depend on the cache's path (JAX puts XLA's
+  # own caches under it), so they are damaged in place.
+  root = first_start[0]
+  for entry in (root / "jax-cache").iterdir():
+    if entry.name.endswith("-cache"):
+      entry.write_bytes(b"\0garbage" * 100)  # every entry unreadable
+  proc, line = start(tmp_path / "run", str(root / "jax-cache"))
+  warnings = [line for line in proc.stdout.splitlines() if line.startswith("warning")]
+  assert warnings and all("compilation cache entry" in w and w.endswith("; compiled instead") for w in warnings), (
+      proc.stdout)
+  assert "loaded from" not in line, line
+  assert not proc.stderr
+  assert losses(tmp_path / "run") == losses(root / "first")
+
+
+def test_an_empty_field_turns_the_cache_off(tmp_path):
+  _, line = start(tmp_path / "run", "")
+  assert line.endswith("s (compilation cache off)"), line
