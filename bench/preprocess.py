@@ -11,8 +11,9 @@ outside with wait4. Then tokenization alone, in this process on one thread: HF `
 
 Records (one JSON line each): {"bench": "preprocess", "code": "baseline"|"this", "workers", "mb", "wall_s",
 "cpu_s", "mb_per_cpu_s", "tokens_per_cpu_s", "speedup" (against this code's 1 worker), "efficiency" (speedup /
-workers), "peak_rss_bytes", ...} and {"bench": "tokenize", "hf_encode_batch_cpu_s", "tupe_encode_cpu_s",
-"ratio", ...}, each with the machine.
+workers), "main_process_cpu_s" (this code: the CPU of the process that plans and hands out units; the rest is
+the workers'), "amdahl_speedup" (the speed-up that split allows on idle cores), "peak_rss_bytes", ...} and
+{"bench": "tokenize", "hf_encode_batch_cpu_s", "tupe_encode_cpu_s", "ratio", ...}, each with the machine.
 """
 import argparse
 import glob
@@ -70,22 +71,35 @@ def checkout(ref: str, folder: str) -> str:
   return folder
 
 
+# Runs preprocess's main in a process that then prints its own CPU seconds (its workers' not included) on stderr.
+_MAIN_CPU = ("import resource, sys; from tupe.data import preprocess; preprocess.main(sys.argv); "
+             "u = resource.getrusage(resource.RUSAGE_SELF); "
+             "print('MAIN_CPU', u.ru_utime + u.ru_stime, file=sys.stderr)")
+
+
 def measure(command: list[str], cwd: str) -> dict:
-  """Wall seconds, CPU seconds (the process and the children it waited for) and peak RSS of a command."""
+  """Wall seconds, CPU seconds (the process and the children it waited for), peak RSS (the largest process) and,
+  where the command prints it, the CPU seconds of the main process alone (the serial part)."""
   start = time.perf_counter()
   process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+  stderr = process.stderr.read().decode()
   _, status, usage = os.wait4(process.pid, 0)
   wall = time.perf_counter() - start
   if status:
-    raise SystemExit(f"error: {' '.join(command)} failed: {process.stderr.read().decode()[-2000:]}")
-  return dict(wall_s=wall, cpu_s=usage.ru_utime + usage.ru_stime, peak_rss_bytes=usage.ru_maxrss * 1024)
+    raise SystemExit(f"error: {' '.join(command)} failed: {stderr[-2000:]}")
+  result = dict(wall_s=wall, cpu_s=usage.ru_utime + usage.ru_stime, peak_rss_bytes=usage.ru_maxrss * 1024)
+  for line in stderr.splitlines():
+    if line.startswith("MAIN_CPU "):
+      result["main_process_cpu_s"] = float(line.split()[1])
+  return result
 
 
 def run_preprocess(code: str, inputs: str, output: str, workers: int | None, seq_len: int) -> dict:
   source = open(os.path.join(code, "tupe", "data", "preprocess.py"), encoding="utf-8").read()
-  command = [sys.executable, "-m", "tupe.data.preprocess", "--input", inputs, "--vocab", str(VOCAB), "--seq-len",
-             str(seq_len), "--output", output]
-  command += ["--workers", str(workers)] if "--workers" in source else ["--num-shards", "8"]
+  ours = "--workers" in source
+  command = [sys.executable, *(["-c", _MAIN_CPU] if ours else ["-m", "tupe.data.preprocess"]), "--input", inputs,
+             "--vocab", str(VOCAB), "--seq-len", str(seq_len), "--output", output]
+  command += ["--workers", str(workers)] if ours else ["--num-shards", "8"]
   result = measure(command, code)
   with open(os.path.join(output, "metadata.json"), encoding="utf-8") as f:
     result["tokens"] = sum(json.load(f)["num_tokens"].values())
@@ -143,6 +157,9 @@ def main(argv=None) -> list[dict]:
                     mb_per_s=total_mb / result["wall_s"])
       if code == "this" and one_worker:
         record.update(speedup=one_worker / result["wall_s"], efficiency=one_worker / result["wall_s"] / count)
+      if code == "this" and count > 1:  # Amdahl: the workers' share of the CPU divides by their number at best.
+        record["amdahl_speedup"] = result["cpu_s"] / (result["main_process_cpu_s"]
+                                                      + (result["cpu_s"] - result["main_process_cpu_s"]) / count)
       records.append(dict(record, **bench.machine()))
       bench.emit(records[-1])
     bench.progress("tokenization alone")

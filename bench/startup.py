@@ -5,9 +5,9 @@ with the persistent compilation cache (`compilation_cache_dir`) in a new folder.
 
 Each start is the real command in a new process and a new workdir: the first finds the cache empty (it
 compiles and saves), the second loads from it. The time to the first step is the wall time from starting the
-process to the step-1 line of its log (train.py: `step 1/1 ...`; eval_glue.py: the first run's `epoch 1/1 step
+process to the step-1 line of its log (train.py: `step 1/2 ...`; eval_glue.py: the first run's `epoch 1/1 step
 1/...`); the log's `compiled in ...` line gives train.py's compile (or cache load) time. The GLUE task
-fine-tunes the demo's step-1 checkpoint (the first demo start's workdir).
+fine-tunes the demo's step-2 checkpoint (the first demo start's workdir).
 
 Prints one JSON line per start and one summary line with each command's first / second ratio.
 """
@@ -58,8 +58,9 @@ def main(argv=None) -> list[dict]:
     root = pathlib.Path(tmp)
     cache = [f"--config.compilation_cache_dir={root / 'jax-cache'}"]
     demo = lambda n: [sys.executable, "train.py", "--config", "configs/demo.py", "--workdir", str(root / f"demo{n}"),
-                      "--config.num_train_steps=1", "--config.eval_every=0", "--config.tensorboard=False", *cache,
-                      *tiny]
+                      "--config.num_train_steps=2", "--config.optimizer.warmup_steps=1", "--config.log_every=1",
+                      "--config.eval_every=0",
+                      "--config.tensorboard=False", *cache, *tiny]
     glue = lambda n: [sys.executable, "eval_glue.py", "--config", "configs/glue.py:tupe", "--workdir",
                       str(root / f"glue{n}"), f"--config.init_checkpoint={root / 'demo1'}",
                       f"--config.data_dir={args.glue_dir}", f"--config.tasks={args.task}",
@@ -67,7 +68,7 @@ def main(argv=None) -> list[dict]:
                       "--config.max_seq_len=64", "--config.batch_size=32", "--config.log_every=1",
                       "--config.evals_per_epoch=0", "--config.predict_test=False", "--config.tensorboard=False",
                       f"--config.epochs.{args.task.replace('-', '').lower()}=1", *cache]
-    for name, command, first_step in (("demo", demo, "step 1/1 "), ("glue_" + args.task, glue, " step 1/")):
+    for name, command, first_step in (("demo", demo, "step 1/2 "), ("glue_" + args.task, glue, " step 1/")):
       for n in (1, 2):
         bench.progress(f"{name}: start {n}")
         records.append({"command": name, "start": n, **start(command(n), first_step)})

@@ -1,7 +1,7 @@
 """Text sources: reading files (BOM, CRLF, Project Gutenberg header/footer), sentences, eval split, TFDS."""
 import pytest
 
-from tupe.data import corpus, pipeline, readers, units
+from tupe.data import corpus, pipeline, units
 from tupe.data.report import Tally
 from tupe.errors import UserError
 

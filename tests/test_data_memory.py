@@ -50,4 +50,5 @@ def test_peak_rss_of_a_few_hundred_mb(paragraphs, bert_vocab, tmp_path):
   for mb in (10, 300):
     write_corpus(tmp_path / f"{mb}.txt", paragraphs, mb << 20)
     rss[mb] = peak_rss(tmp_path / f"{mb}.txt", bert_vocab, tmp_path / f"out{mb}", workers=len(os.sched_getaffinity(0)))
+  print("peak RSS by MB:", rss)
   assert rss[300] < rss[10] + (16 << 20), rss

@@ -99,6 +99,16 @@ def test_shards_in_a_bucket(reference, corpus_glob, bert_vocab, gcs_bucket, tmp_
   assert len(data) == shards.read_metadata(reference)["num_examples"]["train"]
 
 
+def test_inputs_and_vocab_in_a_bucket(reference, corpus_glob, bert_vocab, gcs_bucket, tmp_path):
+  """data.files and data.vocab_file (--input, --vocab) may be gs:// paths: the same examples as from local files."""
+  for path in storage.glob(corpus_glob):
+    storage.copy(path, f"{gcs_bucket}/corpus/{path.name}")
+  storage.copy(bert_vocab, f"{gcs_bucket}/vocab.txt")
+  preprocess.main(args(f"{gcs_bucket}/corpus/*.txt", f"{gcs_bucket}/vocab.txt", tmp_path / "packed", "--workers", "1"))
+  shards_of = lambda folder: {n: b for n, b in contents(folder).items() if n.endswith(".array_record")}  # noqa: E731
+  assert shards_of(tmp_path / "packed") == shards_of(reference)
+
+
 def test_text_source_caches_its_shards_once(corpus_glob, bert_vocab, tmp_path, capsys):
   """data.shard_cache: the first start tokenizes into the cache, a later one (a new process) reuses it; the batches
   are those of the in-memory examples."""

@@ -128,7 +128,8 @@ def test_workers_map_the_token_array(text_cfg):
   """Pickled for a worker process, in-memory examples map one file of tokens rather than carry a copy."""
   packed, _ = examples.load_examples(text_cfg, SEQ_LEN, "train")
   once, twice = pickle.loads(pickle.dumps(packed)), pickle.loads(pickle.dumps(packed))
-  assert isinstance(once._tokens, np.memmap) and once._tokens.filename == twice._tokens.filename  # pylint: disable=protected-access
+  tokens = once._tokens  # pylint: disable=protected-access
+  assert isinstance(tokens, np.memmap) and tokens.filename == twice._tokens.filename  # pylint: disable=protected-access
   assert len(pickle.dumps(packed)) < packed.num_tokens  # Offsets only: not 4 bytes per token.
   for i in (0, len(packed) // 2, len(packed) - 1):
     np.testing.assert_array_equal(once[i], packed[i])

@@ -78,7 +78,8 @@ def test_undecodable_bytes_are_dropped_and_counted(tmp_path):
   found, tallies = documents_of("text", str(path))
   assert found[-2:] == ["Caf au lait.", "Nave caf\u00e9."] and tallies[str(path)].undecodable_bytes == 2
   path.write_bytes("Caf\u00e9 au lait.".encode("latin-1"))
-  with pytest.raises(UserError, match=r"mixed.txt is not UTF-8 text \(1 bad bytes in its first 13, the first 0xe9 at byte offset 3\): convert it"):
+  with pytest.raises(UserError, match=r"mixed.txt is not UTF-8 text \(1 bad bytes in its first 13, the first 0xe9 "
+                                      r"at byte offset 3\): convert it"):
     documents_of("text", str(path))
   path.write_text(" \n\n")
   with pytest.raises(UserError, match="mixed.txt holds no text .*: remove it from the input"):
@@ -116,3 +117,29 @@ def test_report_counts_empty_documents():
   (line, total) = report.lines(tallies)
   assert line == "input a.txt: kept 1 documents, 10 characters, 3 tokens; dropped 1 empty documents"
   assert "dropped 1 empty documents, 0 undecodable bytes" in total
+
+
+def test_wikipedia_parquet_recipe(wiki_paragraphs, tmp_path, bert_vocab, capsys):
+  """The README's route to Wikipedia without TensorFlow, reading side: Parquet files laid out as the Hub's
+  wikimedia/wikipedia (id, url, title, text; paragraphs separated by blank lines), through the command line."""
+  pa = pytest.importorskip("pyarrow")
+  import pyarrow.parquet as pq  # pylint: disable=import-outside-toplevel
+
+  from tupe.data import preprocess  # pylint: disable=import-outside-toplevel
+
+  folder = tmp_path / "wiki" / "20231101.en"
+  folder.mkdir(parents=True)
+  articles = ["\n\n".join(wiki_paragraphs[i:i + 5]) for i in range(0, len(wiki_paragraphs), 5)]
+  for k in range(2):
+    part = articles[k::2]
+    pq.write_table(pa.table({"id": [str(i) for i in range(len(part))], "url": ["u"] * len(part),
+                             "title": ["t"] * len(part), "text": part}),
+                   folder / f"train-0000{k}-of-00002.parquet", row_group_size=16)
+  preprocess.main(["preprocess", "--input", f"{tmp_path}/wiki/20231101.en/*.parquet", "--format", "parquet",
+                   "--vocab", str(bert_vocab), "--seq-len", "128", "--packing", "full_sentences", "--output",
+                   str(tmp_path / "wiki-128"), "--workers", "2", "--unit-mb", "0.05"])
+  out = capsys.readouterr().out
+  assert f"kept {len(articles[0::2])} documents" in out and f"kept {len(articles):,} documents" in out
+  cfg = pipeline.default_data_config()
+  cfg.update(source="arrayrecord", files=str(tmp_path / "wiki-128"))
+  assert next(pipeline.PretrainData(cfg, seq_len=128).iterator(batch_size=4, seed=0))["input_ids"].shape == (4, 128)

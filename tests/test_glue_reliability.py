@@ -47,7 +47,7 @@ def run(cfg, workdir):
 
 def train_on(init: pathlib.Path, steps: int) -> None:
   """Pre-training in `init` goes on to `steps` (resumed from its checkpoint, with its own config)."""
-  cfg = ml_collections.ConfigDict(checkpoint_lib.load_meta(init)["config"])
+  cfg = ml_collections.ConfigDict(checkpoint_lib.load_meta(init).config)
   cfg.num_train_steps = steps
   cfg.checkpoint.every_steps = steps
   trainer.train(cfg, str(init))

@@ -1,7 +1,7 @@
 """A workdir is owned by one job (tupe/lease.py), on a local disk and in a gs:// bucket (the GCS emulator).
 
-A second train.py or eval_glue.py on a live workdir (local or gs://) stops with one line naming the other job (pid and host),
-exit status 2, having touched nothing; a killed job's lock is released by the kernel, and a crashed job's bucket
+A second train.py or eval_glue.py on a live workdir (local or gs://) stops with one line naming the other job
+(pid and host), exit status 2, having touched nothing; a killed job's lock is released by the kernel, and a crashed job's bucket
 lease is taken over once it has expired (at once when its pid is gone from this host), by one taker only; a job
 whose lease was taken over stops at once.
 """

@@ -20,6 +20,7 @@ from configs import glue as glue_config
 from configs import pretrain
 from tupe import checkpoint
 from tupe import checksums
+from tupe import logs
 from tupe import sharding
 from tupe import storage
 from tupe import supervise
@@ -27,7 +28,8 @@ from tupe import trainer
 from tupe.data import pipeline
 from tupe.glue import finetune
 from tupe.glue import runs as runs_lib
-from test_resume import REPO, TINY, Run, finished_steps, last_logged_step, metric_records
+from test_resume import (REPO, TINY, Run, assert_same_state, checkpoint_state, finished_steps, last_logged_step,
+                         metric_records)
 
 HOSTS, STEPS = 2, 6
 MULTI = {"num_train_steps": STEPS, "checkpoint.every_steps": 4}
@@ -50,12 +52,13 @@ def stop_hosts_left_running():
 STARTED: list[Run] = []
 
 
-def start_hosts(workdir, overrides=None) -> list[Run]:
-  """One train.py process per host, all on `workdir` (shared storage, as on a real cluster)."""
+def start_hosts(workdir, overrides=None, logs=None) -> list[Run]:
+  """One train.py process per host, all on `workdir` (shared storage, as on a real cluster); their output in
+  `logs` (default: beside a local workdir)."""
   port = free_port()
   hosts = [Run(workdir, dict(MULTI, **{"distributed.coordinator_address": f"localhost:{port}",
                                       "distributed.num_processes": HOSTS, "distributed.process_id": host},
-                            **(overrides or {})), name=f"host{host}") for host in range(HOSTS)]
+                            **(overrides or {})), name=f"host{host}", logs=logs) for host in range(HOSTS)]
   STARTED.extend(hosts)
   return hosts
 
@@ -126,6 +129,40 @@ def test_two_hosts_checkpoint_into_a_bucket_killed_and_resumed(gcs_bucket, tmp_p
     assert host.wait(timeout=120) == 0, host.stderr()[-3000:]
     assert host.stdout().strip().splitlines()[-1] == f"resumed {newest} exactly"
   assert checkpoint.latest_step_dir(f"{gcs_bucket}/run").name == str(newest + 1)
+
+
+def test_two_hosts_train_into_a_bucket_killed_and_resumed(gcs_bucket, tmp_path):
+  """Two train.py hosts train into one gs:// workdir, the parameters split over them (FSDP across hosts): each
+  host writes its own shards of every checkpoint, host 0 alone the meta, checksums and commit. Both are killed
+  (SIGKILL) after a checkpoint; started again, they resume from it and end with the uninterrupted two-host run's
+  losses and state, bit for bit."""
+  fsdp = {"mesh.data": 1, "mesh.fsdp": HOSTS, "checkpoint.every_steps": 2}
+  reference, workdir = f"{gcs_bucket}/reference", f"{gcs_bucket}/run"
+  for host in start_hosts(reference, fsdp, tmp_path):
+    assert host.wait(timeout=300) == 0, host.stderr()[-3000:]
+  assert finished_steps(reference) == [2, 4, 6]
+  for step in finished_steps(reference):
+    step_dir = storage.path(f"{reference}/checkpoints/{step}")
+    files = storage.walk_files(step_dir)
+    assert {f.split("/")[1] for f in files if f.startswith("params/ocdbt.process_")} == {"ocdbt.process_0",
+                                                                                           "ocdbt.process_1"}
+    assert set(checksums.read(step_dir)) == set(files) - {checksums.CHECKSUMS}
+    checksums.verify(step_dir, checksums.read(step_dir))
+
+  hosts = start_hosts(workdir, fsdp, tmp_path)
+  hosts[0].wait_until(lambda: finished_steps(workdir), poll=0.05)
+  for host in hosts:
+    host.signal(signal.SIGKILL)
+    host.wait()
+  killed_at = finished_steps(workdir)[-1]
+  assert killed_at < STEPS, "the run ended before the kill"
+  hosts = start_hosts(workdir, fsdp, tmp_path)
+  for host in hosts:
+    assert host.wait(timeout=300) == 0, host.stderr()[-3000:]
+  assert f"resumed from checkpoint {killed_at} " in hosts[0].stdout()
+  losses = lambda run: {r["step"]: (r["loss"], r["grad_norm"]) for r in logs.read_metrics(run) if "loss" in r}
+  assert losses(workdir) == losses(reference) and sorted(losses(reference)) == list(range(1, STEPS + 1))
+  assert_same_state(checkpoint_state(workdir, STEPS), checkpoint_state(reference, STEPS))
 
 
 def kill_one_host(workdir, killed: int, mid_training: bool) -> tuple[int, float, str]:

@@ -21,6 +21,7 @@ import pytest
 
 from test_resume import (EVERY, REPO, STEPS, Run, checkpoint_state, finished_steps, last_logged_step,
                          metric_records, run_train, train_command, train_env)
+from tupe import lease
 
 HANG = 1800  # seconds: a subprocess that takes this long is hung, not slow
 
@@ -34,8 +35,10 @@ def error_line(proc) -> str:
 
 
 def file_contents(root) -> dict:
-  """{path relative to root: bytes} of every file under root."""
-  return {str(p.relative_to(root)): p.read_bytes() for p in sorted(pathlib.Path(root).rglob("*")) if p.is_file()}
+  """{path relative to root: bytes} of every file under root but the workdir lease's lock, which names its
+  latest holder (every run, a refused one too, holds the workdir while it checks its inputs: `tupe.lease`)."""
+  return {str(p.relative_to(root)): p.read_bytes() for p in sorted(pathlib.Path(root).rglob("*"))
+          if p.is_file() and p.name != lease.LOCK_NAME}
 
 
 def assert_all_finite(state: dict) -> None:

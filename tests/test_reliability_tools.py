@@ -43,7 +43,7 @@ def test_export_names_the_step_it_fell_back_to(pretrained, tmp_path):
   pytest.importorskip("transformers")
   init = tmp_path / "pretrain"
   shutil.copytree(pretrained, init)
-  cfg = ml_collections.ConfigDict(checkpoint_lib.load_meta(init)["config"])
+  cfg = ml_collections.ConfigDict(checkpoint_lib.load_meta(init).config)
   cfg.num_train_steps = cfg.checkpoint.every_steps = 4
   trainer.train(cfg, str(init))  # checkpoints 2 and 4
   damaged = next(p for p in sorted((init / "checkpoints" / "4").rglob("*")) if p.is_file() and p.stat().st_size

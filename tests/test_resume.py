@@ -120,7 +120,12 @@ def checkpoint_state(workdir, step: int) -> dict:
   """The whole saved TrainState (params, opt_state, step, rng) of one checkpoint, as numpy arrays, local or in a
   bucket."""
   step_dir = storage.path(f"{workdir}/checkpoints/{step}")
-  restore = lambda item: ocp.StandardCheckpointer().restore(step_dir / item)
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])  # whatever devices and hosts saved it
+
+  def restore(item):
+    saved = ocp.StandardCheckpointHandler().metadata(step_dir / item).tree
+    return ocp.StandardCheckpointer().restore(step_dir / item, jax.tree_util.tree_map(
+        lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), saved))
   return jax.tree_util.tree_map(np.asarray, dict(params=restore("params"), **restore("optimizer")))
 
 

@@ -88,7 +88,11 @@ FORBIDDEN = re.compile("|".join([
 ALLOWED = {
     "tupe/storage.py": "the path layer itself",
     "tupe/cli.py": "config files are Python modules, imported from the local disk",
-    "tupe/data/": "to convert: the corpus, vocab and shard readers and writers",
+    "tupe/data/demo.py": "the demo corpus is harvested from the installed standard library and cached on the local "
+                         "disk under a file lock",
+    "tupe/data/packing.py": "in-memory examples spill their tokens to a local temporary file that data workers map",
+    "tupe/data/shards.py": "array_record writes local files only: a shard is written locally, then moved into place "
+                          "or uploaded",
     "tupe/tools/export_hf.py": "transformers' save_pretrained writes a local folder; main() stages a bucket's",
 }
 

@@ -247,6 +247,19 @@ def test_plot_two_runs(tmp_path, capsys):
     plot.read_run(tmp_path / "missing")
 
 
+def test_local_paths_as_users_write_them(tmp_path, monkeypatch, capsys):
+  """`~`, relative paths, spaces and non-ASCII names, as a shell passes them quoted (tupe.storage expands them)."""
+  monkeypatch.setenv("HOME", str(tmp_path))
+  (tmp_path / "runs dé").mkdir()
+  write_run(tmp_path / "runs dé" / "mlm", electra=False)
+  plot.main(["plot", "--workdir", "~/runs dé/mlm", "--out", "~/plots é/curves.png"])
+  check_png(tmp_path / "plots é" / "curves.png")
+  monkeypatch.chdir(tmp_path / "runs dé")
+  plot.main(["plot", "--workdir", "mlm", "--out", "curves ü.png"])
+  check_png(tmp_path / "runs dé" / "curves ü.png")
+  assert "wrote curves ü.png: 1 run(s)" in capsys.readouterr().out
+
+
 def test_smoothing_by_hand():
   np.testing.assert_allclose(plot.smooth(np.array([1.0, 2.0, 3.0]), 0.0), [1.0, 2.0, 3.0])
   np.testing.assert_allclose(plot.smooth(np.full(5, 4.0), 0.9), np.full(5, 4.0))  # debiased: no ramp from 0

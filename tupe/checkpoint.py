@@ -58,9 +58,10 @@ class Checkpointer:
     try:  # Orbax would create it in a background thread and only fail at the first save.
       storage.makedirs(self.directory)
       storage.check_writable(self.directory)  # a bucket: credentials, the bucket and the permission to write
-    except storage.StorageError as e:
-      raise UserError(f"cannot create the checkpoint directory {self.directory} ({storage.describe(e.__cause__ or e)})"
-                      f"; choose another --workdir") from e
+    except storage.StorageError as e:  # "cannot <what> <directory>: <cause>"
+      cause = str(e).partition(f"{self.directory}: ")[2] or str(e)
+      raise UserError(f"cannot create the checkpoint directory {self.directory} ({cause}); choose another --workdir"
+                      ) from e
     # Empty step folders (a stray mkdir) hold nothing to keep: removed, with one line, before orbax sees them.
     empty = _drop_empty([p for p in storage.iterdir(self.directory) if p.name.isdigit()], self.directory)
     if empty:

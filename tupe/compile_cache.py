@@ -7,9 +7,9 @@ entries from process 0 only). "" turns the cache off. The environment variable J
 set, wins over the field (JAX reads it itself: the test suite shares one cache that way).
 
 A cache that cannot be written costs one warning and the run compiles as without one; an entry that cannot be
-read (corrupt, truncated) costs one warning line and a normal compile (JAX's own fallback). `Watch` says how long a compilation
-took and whether the program was compiled or loaded from the cache, counted from JAX's own cache events
-(`jax.monitoring`).
+read (corrupt, truncated) costs one warning line and a normal compile (JAX's own fallback). `Watch` says how
+long a compilation took and whether the program was compiled or loaded from the cache, counted from JAX's own
+cache events (`jax.monitoring`).
 """
 from __future__ import annotations
 
@@ -28,15 +28,17 @@ DEFAULT_DIR = "~/.cache/tupe/jax"
 _HITS, _REQUESTS, _WRITES = ("/jax/compilation_cache/cache_hits",
                              "/jax/compilation_cache/compile_requests_use_cache",
                              "/jax/compilation_cache/cache_misses")  # (a "miss" is counted when its entry is written)
-_events = {_HITS: 0, _REQUESTS: 0, _WRITES: 0}
+_COMPILES = "/jax/core/compile/backend_compile_duration"  # every XLA compile, or load from the cache
+_events = {_HITS: 0, _REQUESTS: 0, _WRITES: 0, _COMPILES: 0}
 
 
-def _count(event: str, **_) -> None:
+def _count(event: str, *_, **__) -> None:
   if event in _events:
     _events[event] += 1
 
 
 jax.monitoring.register_event_listener(_count)
+jax.monitoring.register_event_duration_secs_listener(_count)
 
 
 def directory() -> str | None:
@@ -90,12 +92,17 @@ class Watch:
     self.counts = {k: _events[k] - self._before[k] for k in _events}
 
   @property
+  def compiled(self) -> bool:
+    """Whether a program was compiled (or loaded from the cache) inside."""
+    return self.counts[_COMPILES] > 0
+
+  @property
   def loaded(self) -> bool:
     """Whether every program compiled inside was loaded from the cache."""
     return self.counts[_REQUESTS] > 0 and self.counts[_HITS] == self.counts[_REQUESTS]
 
   def line(self) -> str:
-    if not directory() or not self.counts[_REQUESTS]:
+    if not directory():
       how = "compilation cache off"
     elif self.loaded:
       how = f"loaded from the compilation cache {directory()}"

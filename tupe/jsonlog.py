@@ -34,10 +34,6 @@ def segments(directory: storage.PathLike, name: str) -> list[storage.Path]:
   return ([first] if storage.exists(first) else []) + numbered
 
 
-def exists(directory: storage.PathLike, name: str) -> bool:
-  return bool(segments(directory, name))
-
-
 def _segment(directory: storage.PathLike, name: str, index: int) -> storage.Path:
   return storage.path(directory) / (f"{name}.jsonl" if index == 0 else f"{name}-{index:05d}.jsonl")
 
@@ -131,11 +127,6 @@ class Log:
       self._dirty, self._flushed = False, time.monotonic()
     else:
       storage.append_text(self._path, "")  # fails now if the file cannot be written
-
-  @property
-  def path(self) -> storage.Path:
-    """The segment written now."""
-    return self._path
 
   def append(self, record: dict) -> None:
     line = json.dumps(record, allow_nan=False) + "\n"

@@ -22,7 +22,9 @@ from tupe.data.report import Tally
 from tupe.data.tokenizer import TokenizerInfo, encode, load_tokenizer
 from tupe.errors import UserError
 
-UNIT_BYTES = 64 << 20  # Default size of a unit of work.
+MAX_UNIT_BYTES = 64 << 20  # The default size of a unit of work: the input / TARGET_UNITS, within these bounds.
+MIN_UNIT_BYTES = 1 << 20
+TARGET_UNITS = 256  # Enough units for every worker of a few machines to get several (the last ones are stragglers).
 _BLOCK_CHARS = 1 << 20  # Text tokenized per `encode` call.
 _PREFETCH_BLOCKS = 2  # Blocks read and split ahead of the tokenizer.
 _GOLDEN = 0x9E3779B1  # Spreads unit numbers over the start of the held-out documents' cycle.
@@ -52,17 +54,25 @@ def vocab_file(data_cfg) -> str:
   return str(demo.demo_vocab(data_cfg.cache_dir, lowercase=data_cfg.lowercase))
 
 
-def make_plan(data_cfg, seq_len: int, vocab_file: str, unit_bytes: int = UNIT_BYTES) -> dict:
+def default_unit_bytes(inputs: list[dict]) -> int:
+  """The unit size of a corpus: about TARGET_UNITS units, each MIN_UNIT_BYTES to MAX_UNIT_BYTES (a function of the
+  inputs alone, so that the plan does not depend on the workers)."""
+  total = sum(units.input_bytes(e) for e in inputs)
+  return min(MAX_UNIT_BYTES, max(MIN_UNIT_BYTES, total // TARGET_UNITS))
+
+
+def make_plan(data_cfg, seq_len: int, vocab_file: str, unit_bytes: int | None = None) -> dict:
   """The plan of a run: the source, its inputs and units, and the tokenizer and packing settings (JSON).
 
   Args:
     data_cfg: a checked data config (`tupe.data.pipeline.checked_config`) of source demo, text or tfds.
     seq_len: example length.
     vocab_file: the vocab to tokenize with.
-    unit_bytes: size of a unit of work.
+    unit_bytes: size of a unit of work; None for `default_unit_bytes`.
   """
   source = source_settings(data_cfg)
   inputs = units.plan_inputs(source)
+  unit_bytes = unit_bytes or default_unit_bytes(inputs)
   return dict(source=source, inputs=inputs, units=units.plan_units(inputs, unit_bytes, data_cfg.documents == "files"),
               unit_bytes=unit_bytes, vocab_file=str(storage.path(vocab_file)),
               vocab_sha256=hashlib.sha256(storage.read_bytes(vocab_file)).hexdigest(), lowercase=data_cfg.lowercase,

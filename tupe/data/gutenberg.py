@@ -8,7 +8,8 @@ line "*** End of Part One ***", is not touched.
 import re
 
 WINDOW_BYTES = 1 << 18  # The header is read from a file's first bytes and the footer from its last ones.
-_START = re.compile(rb"^\*\*\*[ \t]*START OF (THE |THIS )?PROJECT GUTENBERG EBOOK[^\n]*\n", re.MULTILINE | re.IGNORECASE)
+_START = re.compile(rb"^\*\*\*[ \t]*START OF (THE |THIS )?PROJECT GUTENBERG EBOOK[^\n]*\n",
+                    re.MULTILINE | re.IGNORECASE)
 _END = re.compile(rb"^(\*\*\*[ \t]*END OF (THE |THIS )?PROJECT GUTENBERG EBOOK|End of (the |this )?Project Gutenberg)",
                   re.MULTILINE | re.IGNORECASE)
 

@@ -63,8 +63,9 @@ def default_data_config() -> ml_collections.ConfigDict:
     synthetic_vocab_size: vocab size of the synthetic source.
   """
   return ml_collections.ConfigDict(dict(
-      source="demo", files="", format="text", text_field="text", tfds_name="", tfds_split="train", tfds_data_dir="", tfds_text_key="text",
-      vocab_file="", cache_dir="", shard_cache="auto", shard_cache_mb=64.0, lowercase=True, packing="full_sentences", masking="bert", mask_prob=0.15,
+      source="demo", files="", format="text", text_field="text", tfds_name="", tfds_split="train", tfds_data_dir="",
+      tfds_text_key="text", vocab_file="", cache_dir="", shard_cache="auto", shard_cache_mb=64.0, lowercase=True,
+      packing="full_sentences", masking="bert", mask_prob=0.15,
       whole_word=False, max_predictions=0, documents="paragraphs",
       fill_examples=False, eval_fraction=0.01, num_workers=0, synthetic_vocab_size=30522))
 

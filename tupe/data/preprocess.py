@@ -8,12 +8,13 @@
 lines between documents), lines (one per line), jsonl (the field --text-field of each line's object) or parquet
 (the column --text-field).
 
-The input is cut into units of about --unit-mb (`tupe.data.units`), each tokenized and packed on its own into its
-own shards by one of --workers processes (one core each: the tokenizer's own threads are limited to one). With
---task i/n this run does units i, i+n, i+2n, ... only, so that n machines share the work into one --output
-folder. A manifest records each finished unit: rerun the same command after an interruption and it resumes; the
-run that finishes the last unit writes metadata.json. The examples are the same whatever the workers, tasks or
-interruptions. Train with data.source="arrayrecord", data.files=the output folder.
+The input is cut into units of --unit-mb (default: 1/256 of the input, 1 to 64 MB; `tupe.data.units`), each
+tokenized and packed on its own into its own shards by one of --workers processes (one core each: the
+tokenizer's own threads are limited to one). With --task i/n this run does units i, i+n, i+2n, ... only, so that
+n machines share the work into one --output folder. A manifest records each finished unit: rerun the same
+command after an interruption and it resumes; the run that finishes the last unit writes metadata.json. The
+examples are the same whatever the workers, tasks or interruptions. Train with data.source="arrayrecord",
+data.files=the output folder.
 """
 import argparse
 import time
@@ -48,7 +49,8 @@ def main(argv: list[str]) -> None:
   parser.add_argument("--output", required=True, help="folder for the shards (new, or a run to resume)")
   parser.add_argument("--workers", type=int, default=parallel.default_workers(), help="processes (default: the cores)")
   parser.add_argument("--task", default="0/1", help="i/n: this machine's share of the units")
-  parser.add_argument("--unit-mb", type=float, default=build.UNIT_BYTES / 2**20, help="size of a unit of work")
+  parser.add_argument("--unit-mb", type=float, default=0.0, help="size of a unit of work (0: 1/256 of the input, "
+                      "1 to 64 MB)")
   parser.add_argument("--tfds-split", default="train")
   parser.add_argument("--tfds-data-dir", default="")
   parser.add_argument("--tfds-text-key", default="text")
@@ -70,7 +72,7 @@ def main(argv: list[str]) -> None:
   task = _task(args.task)
   start = time.time()
   metadata = preprocess(cfg, args.seq_len, args.output, workers=args.workers, task=task,
-                        unit_bytes=int(args.unit_mb * 2**20))
+                        unit_bytes=int(args.unit_mb * 2**20) or None)
   if metadata is None:
     return
   for line in metadata["report"]:
@@ -81,7 +83,7 @@ def main(argv: list[str]) -> None:
 
 
 def preprocess(data_cfg, seq_len: int, output: storage.PathLike, workers: int = 1, task: tuple[int, int] = (0, 1),
-               unit_bytes: int = build.UNIT_BYTES, log=print) -> dict | None:
+               unit_bytes: int | None = None, log=print) -> dict | None:
   """Writes the packed examples of a text source (demo, text, tfds) as shards in `output` (see
   `tupe.data.parallel.run`)."""
   cfg = pipeline.checked_config(data_cfg, seq_len)

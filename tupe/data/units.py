@@ -141,7 +141,7 @@ def plan_units(inputs: list[dict], unit_bytes: int, whole_files: bool) -> list[l
     whole_files: never cut a file (data.documents "files": a file is one document).
   """
   if unit_bytes < 1:
-    raise UserError(f"the unit size is {unit_bytes} bytes: use 1 MB or more")
+    raise UserError(f"the unit size is {unit_bytes} bytes: use a positive --unit-mb")
   cutter = _Cutter(unit_bytes)
   for index, entry in enumerate(inputs):
     if entry["kind"] in ("tfds", "demo"):

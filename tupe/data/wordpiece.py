@@ -8,12 +8,11 @@ so large corpora should use `tupe.data.tokenizer.train_wordpiece` once and share
 """
 import collections
 import heapq
-import os
-import pathlib
 from typing import Iterable
 
 from tokenizers import pre_tokenizers
 
+from tupe import storage
 from tupe.data import tokenizer as tokenizer_lib
 
 
@@ -89,8 +88,8 @@ def learn_vocab(counts: collections.Counter, vocab_size: int) -> list[str]:
   return vocab
 
 
-def train_reproducible(texts: Iterable[str], vocab_size: int, output: str | os.PathLike,
-                       lowercase: bool = True) -> pathlib.Path:
+def train_reproducible(texts: Iterable[str], vocab_size: int, output: storage.PathLike,
+                       lowercase: bool = True) -> storage.Path:
   """Trains a WordPiece vocab that depends only on the text and writes it as a BERT vocab.txt.
 
   Args:

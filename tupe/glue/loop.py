@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tupe import compile_cache
 from tupe import logs
 from tupe import sharding
 from tupe import storage
@@ -70,12 +71,15 @@ def finetune(cfg, setup: task_model.TaskSetup, data: glue_data.TaskData, encoder
       for b in range(setup.steps_per_epoch):
         rows = order[b * cfg.batch_size:(b + 1) * cfg.batch_size]
         batch = encoding.batch_rows(train, rows, cfg.batch_size, cfg.regression_scale)
-        state, loss = setup.train_step(state, sharding.shard_batch(batch, setup.mesh), lr_array)
+        with compile_cache.Watch() as watch:  # The task's first run compiles (or loads) its step.
+          state, loss = setup.train_step(state, sharding.shard_batch(batch, setup.mesh), lr_array)
         losses.append(loss)
         step += 1
         unwritten.append((step, loss))
         if step == 1:  # The rates leave out the first step, which compiles (the task's first run) and warms up.
           jax.block_until_ready(loss)
+          if watch.compiled:
+            logs.log(f"{label} | train step {watch.line()}")
           progress.restart_clock(step)
         if step % cfg.log_every == 0 or step == setup.total_steps:
           jax.block_until_ready(loss)  # The rates time the steps' computation, not only their dispatch.
