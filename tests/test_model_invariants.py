@@ -273,7 +273,7 @@ def test_too_long_input_raises_clear_error_in_electra():
 
 def test_cudnn_attention_needs_half_precision():
   cfg = tiny_config("bert_a", attention_backend="cudnn")
-  with pytest.raises(ValueError, match="attention_backend='cudnn' runs in bfloat16 or float16, not "
+  with pytest.raises(ValueError, match="attention_backend='cudnn' runs in bfloat16, not "
                                        "model.dtype='float32'"):
     models.validate(cfg)
   models.validate(tiny_config("bert_a", attention_backend="cudnn", dtype="bfloat16"))
