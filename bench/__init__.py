@@ -117,3 +117,25 @@ def emit(record: dict) -> None:
       return clean(v.item())
     return v
   print(json.dumps(clean(record)), flush=True, file=sys.stdout)
+
+
+def random_checkpoint_state(model: str):
+  """A train state of config `model` (BERT vocab, 128 tokens, one device) filled with random values, and its
+  checkpoint meta, for the checkpoint benchmarks: (state, abstract state, meta, checkpoint config)."""
+  import jax
+
+  from configs import pretrain
+  from tupe import checkpoint
+  from tupe import trainer
+
+  cfg = pretrain.get_config(model)
+  cfg.model.vocab_size = 30522
+  cfg.update(seq_len=128, global_batch_size=8, mesh=dict(data=1, fsdp=1, tensor=1))
+  cfg.checkpoint.update(async_save=False, keep_last=1, keep_every=0)
+  setup = trainer.build(cfg, jax.devices()[:1])
+  rng = np.random.default_rng(0)
+  state = jax.tree_util.tree_map(
+      lambda x: jax.device_put(rng.standard_normal(x.shape).astype(x.dtype) if x.dtype.kind == "f"
+                               else np.zeros(x.shape, x.dtype), x.sharding), setup.abstract_state)
+  meta = checkpoint.create_meta(json.loads(cfg.to_json_best_effort()), [], 0)
+  return state, setup.abstract_state, meta, cfg.checkpoint

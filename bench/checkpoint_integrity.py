@@ -20,15 +20,12 @@ import tempfile
 import time
 
 import jax
-import numpy as np
 
 import bench
-from configs import pretrain
 from tupe import checkpoint
 from tupe import checksums as checksums_lib
 from tupe import resume
 from tupe import storage
-from tupe import trainer
 
 
 def _best(fn, repeats: int) -> float:
@@ -48,20 +45,11 @@ def main(argv=None) -> list[dict]:
   args = parser.parse_args(argv)
   if args.tiny:
     args.model, args.repeats = "tupe_a,tiny", 1
-  cfg = pretrain.get_config(args.model)
-  cfg.model.vocab_size = 30522
-  cfg.update(seq_len=128, global_batch_size=8, mesh=dict(data=1, fsdp=1, tensor=1))
-  cfg.checkpoint.update(async_save=False, keep_last=1, keep_every=0)
-  setup = trainer.build(cfg, jax.devices()[:1])
-  rng = np.random.default_rng(0)
-  state = jax.tree_util.tree_map(
-      lambda x: jax.device_put(rng.standard_normal(x.shape).astype(x.dtype) if x.dtype.kind == "f"
-                               else np.zeros(x.shape, x.dtype), x.sharding), setup.abstract_state)
-  meta = checkpoint.create_meta(json.loads(cfg.to_json_best_effort()), [], 0)
+  state, abstract_state, meta, ckpt_cfg = bench.random_checkpoint_state(args.model)
   root = pathlib.Path(tempfile.mkdtemp(prefix="ckpt-bench-"))
   try:
     steps = iter(range(1, 1_000_000))
-    with checkpoint.Checkpointer(root, cfg.checkpoint) as ckpt:
+    with checkpoint.Checkpointer(root, ckpt_cfg) as ckpt:
       save = _best(lambda: (ckpt.save(next(steps), state, meta), ckpt.wait()), args.repeats)
       step_dir = checkpoint.latest_step_dir(root)
       nbytes = sum(storage.size(step_dir / name) for name in storage.walk_files(step_dir))
@@ -77,7 +65,7 @@ def main(argv=None) -> list[dict]:
         if not verified:
           checksums_lib.verify = lambda *args, **kwargs: None
         try:
-          return ckpt.restore_latest(setup.abstract_state, resume.Compatibility(setup.abstract_state.params, meta))[1]
+          return ckpt.restore_latest(abstract_state, resume.Compatibility(abstract_state.params, meta))[1]
         finally:
           checksums_lib.verify = verify
       restore_plain = _best(lambda: jax.block_until_ready(restore(False)), args.repeats)

@@ -26,14 +26,11 @@ import tempfile
 import time
 
 import jax
-import numpy as np
 
 import bench
-from configs import pretrain
 from tupe import checkpoint
 from tupe import checksums
 from tupe import storage
-from tupe import trainer
 
 sys.path.insert(0, str(bench.REPO / "tests"))
 import gcs_emulator  # noqa: E402
@@ -79,25 +76,16 @@ def main(argv=None) -> list[dict]:
   args = parser.parse_args(argv)
   if args.tiny:
     args.model = "tupe_a,tiny"
-  cfg = pretrain.get_config(args.model)
-  cfg.model.vocab_size = 30522
-  cfg.update(seq_len=128, global_batch_size=8, mesh=dict(data=1, fsdp=1, tensor=1))
-  cfg.checkpoint.update(async_save=False, keep_last=1, keep_every=0)
-  setup = trainer.build(cfg, jax.devices()[:1])
-  rng = np.random.default_rng(0)
-  state = jax.tree_util.tree_map(
-      lambda x: jax.device_put(rng.standard_normal(x.shape).astype(x.dtype) if x.dtype.kind == "f"
-                               else np.zeros(x.shape, x.dtype), x.sharding), setup.abstract_state)
-  meta = checkpoint.create_meta(json.loads(cfg.to_json_best_effort()), [], 0)
+  state, abstract_state, meta, ckpt_cfg = bench.random_checkpoint_state(args.model)
   tmp = pathlib.Path(tempfile.mkdtemp(prefix="params-load-bench-"))
   emulator = gcs_emulator.Emulator(tmp / "store", gcs_emulator.free_port())
   results = []
   try:
-    results.append(_run("local", str(tmp / "run"), state, meta, cfg.checkpoint, "self"))
+    results.append(_run("local", str(tmp / "run"), state, meta, ckpt_cfg, "self"))
     emulator.start()
     with gcs_emulator.emulator_environment(emulator):
       bucket = gcs_emulator.create_bucket(emulator.url, "tupe-params-load")
-      results.append(_run("gcs emulator", f"{bucket}/run", state, meta, cfg.checkpoint, str(emulator.proc.pid)))
+      results.append(_run("gcs emulator", f"{bucket}/run", state, meta, ckpt_cfg, str(emulator.proc.pid)))
   finally:
     emulator.stop()
     shutil.rmtree(tmp)
