@@ -205,3 +205,31 @@ def test_a_read_only_filesystem_is_named_as_such(tmp_path):
     pytest.skip(f"no private read-only mount here: {proc.stderr.strip()[:200]}")
   assert proc.stdout.strip() == (f"workdir {mount}/run is not writable ({mount} is on a read-only filesystem); "
                                  f"choose a --workdir on a writable one"), proc.stderr[-2000:]
+
+
+def test_runs_from_other_hf_weights_are_refused(bert_vocab, glue_dir, tmp_path):
+  """init_hf runs record a digest of the imported weights: once the HF directory holds other weights (same
+  architecture, same path), a rerun in the same workdir is refused in one line; the same weights resume."""
+  transformers = pytest.importorskip("transformers")
+  config = transformers.ConvBertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                       intermediate_size=64, embedding_size=16, pad_token_id=0)
+  hf_dir, workdir = tmp_path / "hf", tmp_path / "glue"
+
+  def save_weights(seed):
+    transformers.set_seed(seed)
+    transformers.ConvBertModel(config).save_pretrained(hf_dir)
+    (hf_dir / "vocab.txt").write_text(bert_vocab.read_text())
+
+  save_weights(0)
+  cfg = glue_config.get_config("convbert")
+  cfg.update(dict(TINY, init_hf=str(hf_dir), data_dir=str(glue_dir)))
+  cfg.epochs.rte = 1
+  run(cfg, workdir)
+  [record] = runs_lib.read_runs(workdir)
+  assert record["init"]["step"] is None and len(record["init"]["checksum"]) == 16
+  run(cfg, workdir)  # the same weights: resumes, nothing rerun
+  assert len(runs_lib.read_runs(workdir)) == 1
+  save_weights(1)
+  with pytest.raises(UserError, match=f"fine-tuned from HF ConvBERT {hf_dir} \\(checksum {record['init']['checksum']}\\), "
+                                      f"but this command starts from HF ConvBERT {hf_dir} \\(checksum "):
+    run(cfg, workdir)

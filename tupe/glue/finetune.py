@@ -149,7 +149,7 @@ def _run_held(cfg, workdir, tasks, created: bool, devices) -> dict:
       runs_lib.check_resume(cfg, workdir)
       jax.config.update("jax_default_prng_impl", cfg.prng_impl)
       backbone = backbone_lib.load_backbone(cfg, workdir)
-      runs_lib.check_init(workdir, runs_lib.init_identity(backbone.checkpoint))
+      runs_lib.check_init(workdir, runs_lib.init_identity(backbone))
       lrs = glue_data.learning_rates(cfg, backbone.cfg)
       done = {(run["task"], run["lr"], run["seed"]) for run in runs_lib.read_runs(workdir)}
       pending = {task.name: [(lr, seed) for lr in lrs for seed in cfg.seeds if (task.name, lr, seed) not in done]
@@ -237,7 +237,7 @@ def _run_grid(cfg, workdir, tasks, pending, lrs, backbone, encoder, mesh, rules,
       label = stop.label = f"[{count}/{total}] {task.name} lr {lr:g} seed {seed}"
       record, predictions = loop.finetune(cfg, setup, data, encoder, lr, seed, label,
                                           runs_lib.run_dir(workdir, task.name, lr, seed), peak_flops, stop.after_step)
-      record.update(settings=runs_lib.settings_digest(cfg), init=runs_lib.init_identity(backbone.checkpoint))
+      record.update(settings=runs_lib.settings_digest(cfg), init=runs_lib.init_identity(backbone))
       if jax.process_index() == 0:
         if predictions:
           runs_lib.save_predictions(runs_lib.predictions_path(workdir, task.name, lr, seed), predictions)

@@ -76,7 +76,7 @@ def write_outputs(cfg, workdir: storage.Path, backbone: backbone_lib.Backbone) -
   paper = PAPER_DEV.get(backbone.cfg.name) if cfg.plot_reference and backbone.cfg.get("size") == "base" else None
   reference = dict(zip(glue_metrics.TUPE_AVERAGE_TASKS, paper)) if paper else None
   paths = report.write_report(workdir, runs_lib.run_records(runs), reference, f"TUPE paper, {backbone.cfg.name} base",
-                              about={"init": runs_lib.init_identity(backbone.checkpoint)})
+                              about={"init": runs_lib.init_identity(backbone)})
   predictions = submission_predictions(workdir, runs)
   files = report.write_submission(workdir / "submission", predictions) if predictions else []
   logs.log(f"wrote {', '.join(str(p) for p in paths.values())}"

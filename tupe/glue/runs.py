@@ -70,16 +70,24 @@ def settings_digest(cfg) -> str:
   return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def init_identity(step_dir: storage.Path | None) -> dict | None:
-  """What a train.py init checkpoint is: its step directory, step and checksum (a digest of its checksums.json,
-  which holds the sha256 of each of its files; None for a checkpoint saved before they were recorded). None for
-  other backbones. Every runs.jsonl record and results.json carry it."""
-  if step_dir is None:
+def init_identity(backbone) -> dict | None:
+  """What the fine-tuned weights started from: for a train.py checkpoint its step directory, step and checksum
+  (a digest of its checksums.json, which holds the sha256 of each of its files; None for a checkpoint saved
+  before they were recorded); for an HF import (init_hf) its directory and a digest of the imported arrays
+  (step None). None for random initialization. Every runs.jsonl record and results.json carry it."""
+  step_dir = backbone.checkpoint
+  if step_dir is not None:
+    record = step_dir / checkpoint_lib.CHECKSUMS
+    checksum = hashlib.sha256(storage.read_bytes(record)).hexdigest()[:16] if storage.exists(record) else None
+    return {"checkpoint": str(step_dir), "step": int(step_dir.name) if step_dir.name.isdigit() else None,
+            "checksum": checksum}
+  if backbone.params is None:
     return None
-  record = step_dir / checkpoint_lib.CHECKSUMS
-  checksum = hashlib.sha256(storage.read_bytes(record)).hexdigest()[:16] if storage.exists(record) else None
-  return {"checkpoint": str(step_dir), "step": int(step_dir.name) if step_dir.name.isdigit() else None,
-          "checksum": checksum}
+  digest = hashlib.sha256()
+  for path, leaf in sorted(jax.tree_util.tree_flatten_with_path(backbone.params)[0], key=lambda kv: str(kv[0])):
+    digest.update(str(path).encode())
+    digest.update(np.ascontiguousarray(leaf).tobytes())
+  return {"checkpoint": backbone.source, "step": None, "checksum": digest.hexdigest()[:16]}
 
 
 def check_resume(cfg, workdir: storage.Path) -> None:
@@ -112,12 +120,16 @@ def check_resume(cfg, workdir: storage.Path) -> None:
 
 
 def check_init(workdir: storage.Path, identity: dict | None) -> None:
-  """The runs already in a workdir were fine-tuned from the init checkpoint this command reads (`init_identity`:
-  the same step and checksum), so that one median never mixes two pre-training steps."""
+  """The runs already in a workdir were fine-tuned from the weights this command starts from (`init_identity`:
+  the same step and checksum), so that one median never mixes two pre-training steps or two HF imports."""
   for run in read_runs(workdir):
     old = run.get("init")
     if old is None or identity is None or (old["step"], old["checksum"]) == (identity["step"], identity["checksum"]):
       continue
+    if identity["step"] is None or old["step"] is None:  # an HF import on either side: no step to pin
+      raise UserError(f"{workdir} holds runs fine-tuned from {old['checkpoint']} (checksum {old['checksum']}), but "
+                      f"this command starts from {identity['checkpoint']} (checksum {identity['checksum']}): use a "
+                      f"new --workdir, or the weights of those runs")
     difference = (f"checkpoint {identity['step']}" if old["step"] != identity["step"] else
                   f"checkpoint {identity['step']} with other bytes (checksum {identity['checksum']}, not "
                   f"{old['checksum']})")
