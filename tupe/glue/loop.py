@@ -34,9 +34,11 @@ def finetune(cfg, setup: task_model.TaskSetup, data: glue_data.TaskData, encoder
   When no evaluation was finite the record says "diverged": true and there are no test predictions. A run that
   diverged after a finite evaluation keeps that evaluation's parameters and score; its record's
   "train_loss_nonfinite_from_step" (None when every training loss was finite) says from which step it had.
+  A step whose loss, gradients or update are not finite is skipped (the training core's guard: no update);
+  the record's "nonfinite_steps" counts them.
 
   Metrics go to run_dir/metrics.jsonl (and run_dir/tensorboard), as pre-training writes them: every step's
-  loss and learning rate, the rates (steps/s, examples/s, tokens/s, MFU against `peak_flops` for all devices)
+  loss, learning rate, gradient norm and nonfinite flag, the rates (steps/s, examples/s, tokens/s, MFU against `peak_flops` for all devices)
   every `log_every` steps, and each dev evaluation with an `eval_` prefix. An interrupted run starts again from
   step 0, so its directory is emptied first.
   """
@@ -48,20 +50,22 @@ def finetune(cfg, setup: task_model.TaskSetup, data: glue_data.TaskData, encoder
   train, n = data.train, len(data.train["idx"])
   points, epochs = task_model.eval_points(setup, cfg.evals_per_epoch), setup.epochs
   lr_array = jnp.asarray(lr, jnp.float32)
-  best, best_params, history, epoch_losses, nonfinite_step = None, None, [], [], None
+  best, best_params, history, epoch_losses, nonfinite_step, skipped = None, None, [], [], None, 0
   progress = logs.Progress(setup.total_steps, cfg.batch_size * cfg.max_seq_len, setup.flops_per_step, peak_flops)
-  unwritten = []  # (step, loss on device) of the steps since the last write
+  unwritten = []  # (step, metrics on device) of the steps since the last write
   step = 0
   with logs.MetricWriter(run_dir, tensorboard=cfg.tensorboard) as writer:
 
     def write_steps(rates=None) -> dict:
       """Writes the unwritten steps' rows (the rates on the last one); returns the last row."""
-      losses = jax.device_get([loss for _, loss in unwritten])  # waits for the steps
+      nonlocal skipped
+      rows = jax.device_get([metrics for _, metrics in unwritten])  # waits for the steps
       row = {}
-      for i, ((s, _), loss) in enumerate(zip(unwritten, losses)):
-        row = {"loss": loss, "learning_rate": lr * float(setup.lr_factors[s - 1]),
-               "epoch": s / setup.steps_per_epoch}
-        writer.write(s, dict(row, **rates) if rates and i == len(losses) - 1 else row)
+      for i, ((s, _), metrics) in enumerate(zip(unwritten, rows)):
+        row = {name: float(metrics[name]) for name in ("loss", "learning_rate", "grad_norm", "nonfinite")}
+        row["epoch"] = s / setup.steps_per_epoch
+        skipped += int(row["nonfinite"])
+        writer.write(s, dict(row, **rates) if rates and i == len(rows) - 1 else row)
       unwritten.clear()
       return row
 
@@ -72,10 +76,11 @@ def finetune(cfg, setup: task_model.TaskSetup, data: glue_data.TaskData, encoder
         rows = order[b * cfg.batch_size:(b + 1) * cfg.batch_size]
         batch = encoding.batch_rows(train, rows, cfg.batch_size, cfg.regression_scale)
         with compile_cache.Watch() as watch:  # The task's first run compiles (or loads) its step.
-          state, loss = setup.train_step(state, sharding.shard_batch(batch, setup.mesh), lr_array)
+          state, metrics = setup.train_step(state, sharding.shard_batch(batch, setup.mesh), lr_array)
+        loss = metrics["loss"]
         losses.append(loss)
         step += 1
-        unwritten.append((step, loss))
+        unwritten.append((step, metrics))
         if step == 1:  # The rates leave out the first step, which compiles (the task's first run) and warms up.
           jax.block_until_ready(loss)
           if watch.compiled:
@@ -121,6 +126,7 @@ def finetune(cfg, setup: task_model.TaskSetup, data: glue_data.TaskData, encoder
             "evaluations": best["metrics"],
             "best_step": best["step"], "total_steps": setup.total_steps, "epochs": epochs,
             "train_examples": n, "train_loss": epoch_losses, "train_loss_nonfinite_from_step": nonfinite_step,
+            "nonfinite_steps": skipped,
             "dev_history": history,
             "seconds": round(time.perf_counter() - start, 1)}
   return record, predictions
