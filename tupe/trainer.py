@@ -298,56 +298,39 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
     logs.log(f"{setup.flops_per_step / 1e9:.2f} GFLOPs per step; MFU against {peak / 1e12:.2f} TFLOP/s per "
              f"device ({peak_source})")
     writer = cleanup.enter_context(logs.MetricWriter(workdir, tensorboard=cfg.tensorboard))
-    tokens_per_step = cfg.global_batch_size * cfg.seq_len
-    progress = logs.Progress(cfg.num_train_steps, tokens_per_step, setup.flops_per_step,
+    progress = logs.Progress(cfg.num_train_steps, cfg.global_batch_size * cfg.seq_len, setup.flops_per_step,
                              peak * jax.device_count(), start)
-    last = {}
-    pending = None  # (step, metrics on device) of the step in flight: read after the next one is dispatched.
 
-    def finish(step, metrics):
-      nonlocal last
-      metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-      metrics.update(progress.rates(step))
-      metrics["real_tokens_per_s"] = metrics["steps_per_s"] * metrics.pop("real_tokens")  # padding left out
-      writer.write(step, metrics)
-      if metrics["nonfinite"]:
-        msg = (f"step {step}: non-finite loss, gradients or update (loss {metrics['loss']}); the "
-               f"update was skipped")
-        if cfg.nonfinite == "stop":
-          saved = ckpt.manager.latest_step()
-          raise NonFiniteError(msg + "; stopping (nonfinite='stop'): " + (
-              f"checkpoint {saved} is intact" if saved is not None else "no checkpoint was saved before it"))
-        logs.log("warning: " + msg)
-      if step % cfg.log_every == 0 or step == cfg.num_train_steps:
-        logs.log(progress.line(step, metrics, metrics))  # metrics include the rates
-      last = metrics
+    def skipped(step, row):
+      msg = f"step {step}: non-finite loss, gradients or update (loss {row['loss']}); the update was skipped"
+      if cfg.nonfinite == "stop":
+        saved = ckpt.manager.latest_step()
+        raise NonFiniteError(msg + "; stopping (nonfinite='stop'): " + (
+            f"checkpoint {saved} is intact" if saved is not None else "no checkpoint was saved before it"))
+      logs.log("warning: " + msg)
 
+    steps = logs.StepLog(writer, progress, cfg.log_every, on_skipped=skipped)
     step, stop = start, 0
     while step < cfg.num_train_steps and not stop:
       batch = sharding.global_batch(next(train_iter), setup.mesh, cfg.global_batch_size)
       state, metrics = compiled(state, batch)
       step += 1
       ckpt.check()  # A failed asynchronous save stops the run at once.
-      if pending is not None:
-        finish(*pending)
-      pending = (step, metrics)
+      steps.push(step, metrics)
       if step % cfg.checkpoint.every_steps == 0 or step == cfg.num_train_steps:
-        finish(*pending)
-        pending = None
+        steps.flush()
         writer.flush()  # The metrics up to a checkpoint are durable before it (in a bucket, uploaded).
         ckpt.save(step, state, meta)
         progress.restart_clock()
       if cfg.eval_every and step % cfg.eval_every == 0:
-        if pending is not None:  # Its rates are measured now, not after the evaluation restarts the clock.
-          finish(*pending)
-          pending = None
+        steps.flush()  # Its rates are measured now, not after the evaluation restarts the clock.
         eval_metrics = evaluate(state.params)
         writer.write(step, eval_metrics, prefix="eval_")
         logs.log(f"eval at step {step}: " + " ".join(f"{k} {v:.4f}" for k, v in eval_metrics.items()))
         progress.restart_clock()
       stop = training.agreed_signal(preempted)
-    if pending is not None:
-      finish(*pending)
+    steps.flush()
+    last = steps.last
     if stop:
       logs.log(f"{errors.signal_name(stop)}: saving a checkpoint at step {step} before exiting")
       ckpt.save(step, state, meta, force=True)
