@@ -105,7 +105,8 @@ def build(cfg, devices=None) -> Setup:
   generator = models.generator_config(cfg.model, cfg.generator_fraction) if cfg.objective == "electra" else None
   return Setup(
       **vars(core), cfg=cfg, module=module,
-      init_state=lambda: core.make_state(jax.random.fold_in(rng, 1), rng, None),
+      init_state=jax.jit(lambda: core.make_state(jax.random.fold_in(rng, 1), rng, None),
+                         out_shardings=core.state_sharding),
       eval_step=jax.jit(sharding.under_rules(make_eval_step(cfg, module), mesh, rules),
                         in_shardings=(core.param_sharding, core.batch_sharding, replicated),
                         out_shardings=replicated),
