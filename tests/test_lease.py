@@ -2,9 +2,9 @@
 emulators; each bucket test runs on both).
 
 A second train.py or eval_glue.py on a live workdir (local or in a bucket) stops with one line naming the other job
-(pid and host), exit status 2, having touched nothing; a killed job's lock is released by the kernel, and a crashed job's bucket
-lease is taken over once it has expired (at once when its pid is gone from this host), by one taker only; a job
-whose lease was taken over stops at once.
+(pid and host), exit status 2, having touched nothing; a killed job's lock is released by the kernel, and a crashed
+job's bucket lease is taken over once it has expired (at once when its pid is gone from this host), by one taker
+only; a job whose lease was taken over stops at once.
 """
 import json
 import os

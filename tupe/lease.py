@@ -204,8 +204,9 @@ class _S3Object:
     return response["Body"].read(), response["ETag"]
 
   def delete(self, version: str) -> None:
-    """Deletes the object if it is at `version`; nothing if it is gone or was written since."""
-    with contextlib.suppress(FileNotFoundError, _Changed):
+    """Deletes the object if it is at `version`; nothing if it is gone or was written since, or where the store has
+    no conditional deletes (the lease then expires as a crashed job's does)."""
+    with contextlib.suppress(FileNotFoundError, _Changed, _NoConditionalWrites):
       self._call("delete_object", IfMatch=version)
 
 
