@@ -12,7 +12,7 @@ def root(request, tmp_path):
   """A folder on the local disk (with a space and a non-ASCII name) or in a new bucket of an emulator."""
   if request.param == "local":
     return str(tmp_path / "run dé")
-  return request.getfixturevalue(f"{request.param.replace('gs', 'gcs')}_bucket") + "/run"
+  return request.getfixturevalue({"gs": "gcs_bucket", "s3": "s3_bucket"}[request.param]) + "/run"
 
 
 def test_write_read_append_list_remove(root):
