@@ -68,6 +68,7 @@ def get_config(recipe: str = "tupe") -> ml_collections.ConfigDict:
   c.seeds = (0, 1, 2, 3, 4)
   c.epochs = epochs(10, mnli=5, qnli=5, qqp=5) if recipe == "tupe" else epochs(3, rte=10, stsb=10)
   c.batch_size = 32                # global, across hosts and devices
+  c.grad_accum_steps = 1           # microbatches per step (batch_size / accum rows each), as in pre-training
   c.eval_batch_size = 128
   c.warmup_ratio = 0.06 if recipe == "tupe" else 0.1
   c.evals_per_epoch = 2 if recipe == "tupe" else 0  # 0: evaluate once, at the end; else keep the best

@@ -130,6 +130,19 @@ def _glue(study: str, scale: str) -> ml_collections.ConfigDict:
   return g
 
 
+def _glue_budgets(scale: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+  """(name, eval_glue.py overrides on top of the GLUE recipe) of the fine-tuning budgets `tupe.tools.glue_budget`
+  compares, cheapest first; "recipe" is the recipe itself. At mini each alternative about doubles a grid's steps
+  or tokens in one direction: more epochs, more examples, longer pairs (MRPC, RTE and STS-B are truncated at 64)."""
+  if scale == "micro":
+    return (("recipe", ()), ("epochs2", ("epochs.rte=2",)))
+  if scale == "mini":
+    tasks = ("cola", "sst2", "mrpc", "stsb", "rte")
+    return (("recipe", ()), ("epochs6", tuple(f"epochs.{t}=6" for t in tasks)),
+            ("examples1600", ("max_train_examples=1600",)), ("len128", ("max_seq_len=128",)))
+  return (("recipe", ()),)
+
+
 def get_config(arg: str = "tupe,micro") -> ml_collections.ConfigDict:
   study, _, scale = arg.partition(",")
   if study not in STUDIES:
@@ -153,6 +166,7 @@ def get_config(arg: str = "tupe,micro") -> ml_collections.ConfigDict:
   c.vocab = "vocab/bert-base-uncased-vocab.txt"
   c.glue_dir = "glue"
   c.glue = _glue(study, scale)
+  c.glue_budgets = _glue_budgets(scale)  # the budgets tupe.tools.glue_budget compares (name, overrides)
   c.heldout_file = "corpus/wikitext/wiki.valid.raw.txt"
   c.heldout_seed = 0                # masks of the held-out score (the same for every checkpoint)
   c.heldout_max_examples = 16 if scale == "micro" else 0  # 0: the whole file

@@ -157,3 +157,53 @@ def test_bad_input_is_one_line(shared_data, tmp_path, argv, message):
   with pytest.raises(UserError, match=message):
     study.main(["tupe.study", f"--root={tmp_path}", *argv, "--print"])
   assert not any(tmp_path.iterdir())
+
+
+def test_glue_budget_compares_budgets_against_random_init(studies, tmp_path):
+  """tupe.tools.glue_budget on a copy of the micro tupe study: the budget "recipe" is the study's own grids (no run:
+  its gain is the report's), "epochs2" runs both grids again with 2 epochs; budget.json/md give every budget's
+  gains, seed ranges and grid minutes, and the chosen budget is the first whose gain's range is above 0."""
+  import shutil
+  root = tmp_path / "study"
+  shutil.copytree(studies["tupe"], root)
+  env = dict(os.environ)
+  env.pop("XLA_FLAGS", None)
+  proc = subprocess.run([sys.executable, "-m", "tupe.tools.glue_budget", "--config=configs/study.py:tupe,micro",
+                         f"--root={root}", "--variant=bert_a"], cwd=REPO, capture_output=True, text=True, env=env,
+                        timeout=HANG)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  assert "[budget] 1/2 recipe bert_a: done" in proc.stdout and "[budget] 2/2 epochs2 random_init: 2 runs to go" in (
+      proc.stdout)
+  budget = json.loads((root / "glue_budget" / "budget.json").read_text())
+  study_report = json.loads((root / "report.json").read_text())
+  recipe, epochs2 = budget["budgets"]["recipe"], budget["budgets"]["epochs2"]
+  assert recipe["gain"] == study_report["glue_gains"]["bert_a"]
+  for name in ("bert_a", CONTROL):
+    runs = [json.loads(line) for line in (root / "glue_budget" / "epochs2" / name / "glue" / "runs.jsonl").read_text()
+            .splitlines()]
+    recipe_runs = [json.loads(line) for line in (root / name / "glue" / "runs.jsonl").read_text().splitlines()]
+    assert [r["epochs"] for r in runs] == [2, 2] and [r["epochs"] for r in recipe_runs] == [1, 1]
+    assert [r["total_steps"] for r in runs] == [2 * r["total_steps"] for r in recipe_runs]
+    assert epochs2["minutes"][name] > 0
+  control_runs = (root / "glue_budget" / "epochs2" / CONTROL / "glue" / "config.json").read_text()
+  assert json.loads(control_runs)["init"] == "random"
+  gain = epochs2["gain"]["tasks"]["RTE"]
+  assert gain["gain"] == pytest.approx(epochs2["glue"]["bert_a"]["tasks"]["RTE"]["median"]
+                                       - epochs2["glue"][CONTROL]["tasks"]["RTE"]["median"])
+  beating = [b for b in ("recipe", "epochs2") if budget["budgets"][b]["gain"]["average"]["low"] > 0]
+  assert budget["chosen"] == (beating[0] if beating else None)
+  table = (root / "glue_budget" / "budget.md").read_text()
+  assert "| recipe | (the recipe) |" in table and "| epochs2 | epochs.rte=2 |" in table
+  assert json.loads(proc.stdout.splitlines()[-2])["chosen"] == budget["chosen"]
+
+
+def test_glue_budget_needs_the_finished_pre_training(shared_data, tmp_path):
+  from tupe.tools import glue_budget
+  with pytest.raises(UserError, match=r"bert_a/pretrain has no finished pre-training \(4 steps\): run the study"):
+    glue_budget.main(["glue_budget", "--config=configs/study.py:tupe,micro", f"--root={tmp_path}"])
+  with pytest.raises(UserError, match=r"^unknown budget 'huge': use one of recipe, epochs2"):
+    glue_budget.main(["glue_budget", "--config=configs/study.py:tupe,micro", f"--root={tmp_path}", "--budgets=huge"])
+  with pytest.raises(UserError, match=r"^--variant 'random_init' is not a pre-trained variant"):
+    glue_budget.main(["glue_budget", "--config=configs/study.py:tupe,micro", f"--root={tmp_path}",
+                      "--variant=random_init"])
+  assert not any(tmp_path.iterdir())

@@ -185,3 +185,63 @@ def log(msg: str):
   """Process 0 prints; flushes so progress shows up under pipes and schedulers."""
   if jax.process_index() == 0:
     print(msg, flush=True, file=sys.stdout)
+
+
+RATES = ("steps_per_s", "tokens_per_s", "real_tokens_per_s", "examples_per_s", "mfu")  # a step's rates
+
+
+class StepLog:
+  """Every training step's record, as pre-training (`tupe.trainer`) and fine-tuning (`tupe.glue.loop`) keep it.
+
+  A step's metrics (the train step's dict of scalars on the device; plain numbers may be added) are read one step
+  late, once the next step has been dispatched (`push`), so that reading them never leaves the device idle. Each
+  step is written to the run's `MetricWriter` with its rates (`Progress.rates`: steps/s, tokens/s, MFU; the
+  non-padding tokens/s when the metrics count `real_tokens`, examples/s when `examples_per_step` is given), and
+  every `log_every` steps, and at the last, a progress line is printed, after `prefix(step)`, with the rates over
+  the steps since the previous line (each step's amount over their summed times: one slow step among many does
+  not make the line's rates, and time outside the steps never counts). `skipped` counts the
+  steps the non-finite guard skipped (metric `nonfinite`); `on_skipped(step, row)` is called for each, before
+  its line (it may raise to stop the run).
+  """
+
+  def __init__(self, writer: MetricWriter, progress: Progress, log_every: int, prefix=lambda step: "",
+               examples_per_step: int = 0, on_skipped=lambda step, row: None):
+    self.writer, self.progress, self.log_every = writer, progress, log_every
+    self.prefix, self.examples, self.on_skipped = prefix, examples_per_step, on_skipped
+    self.pending = None  # (step, metrics on the device) of the step in flight
+    self.skipped = 0
+    self.last = {}  # the row of the last step finished
+    self.interval = {}  # since the last progress line: seconds in steps, and each rate's amount (rate x seconds)
+
+  def push(self, step: int, metrics: dict) -> tuple[int, dict] | None:
+    """Holds `step`'s metrics; finishes the step held before (`flush`) and returns what that returned."""
+    finished = self.flush()
+    self.pending = (step, metrics)
+    return finished
+
+  def flush(self) -> tuple[int, dict] | None:
+    """Reads, writes and logs the step held, if any (waiting for it); returns (its step, its row)."""
+    if self.pending is None:
+      return None
+    (step, metrics), self.pending = self.pending, None
+    row = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    row.update(self.progress.rates(step))
+    if "real_tokens" in row:
+      row["real_tokens_per_s"] = row["steps_per_s"] * row.pop("real_tokens")
+    if self.examples:
+      row["examples_per_s"] = row["steps_per_s"] * self.examples
+    self.writer.write(step, row)
+    self.last = row
+    seconds = 1.0 / row["steps_per_s"] if row["steps_per_s"] > 0 else 0.0
+    for key in ("seconds",) + RATES:
+      if key == "seconds" or key in row:
+        self.interval[key] = self.interval.get(key, 0.0) + (seconds if key == "seconds" else row[key] * seconds)
+    if row.get("nonfinite"):
+      self.skipped += 1
+      self.on_skipped(step, row)
+    if step % self.log_every == 0 or step == self.progress.total:
+      total = self.interval.pop("seconds")
+      rates = {key: amount / total if total else 0.0 for key, amount in self.interval.items()}
+      log(self.prefix(step) + self.progress.line(step, row, rates))
+      self.interval = {}
+    return step, row

@@ -12,6 +12,7 @@ import optax
 
 from tupe import checkpoint
 from tupe import models
+from tupe import training
 from tupe.errors import UserError
 
 
@@ -111,6 +112,13 @@ def loss_fn(cfg, module, params, batch, rng, deterministic: bool = False, denoms
   if cfg.objective == "electra":
     return electra_loss(module, params, batch, rng, deterministic, cfg.disc_weight, denoms)
   return mlm_loss(module, params, batch, rng, deterministic, denoms)
+
+
+def objective(cfg, module) -> training.Objective:
+  """The configured pre-training objective, as the shared train step (`tupe.training`) trains it."""
+  return training.Objective(
+      loss=lambda params, batch, rng, denoms: loss_fn(cfg, module, params, batch, rng, False, denoms),
+      normalizers=normalizers, averaged=AVERAGED_METRICS)
 
 
 def backbone_paths(config: dict) -> dict[str, tuple[str, ...]]:

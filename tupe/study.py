@@ -141,7 +141,7 @@ def plan(cfg, root: storage.Path) -> list[Variant]:
                 + [f"--config.{o}" for o in tuple(cfg.pretrain_overrides) + tuple(overrides)])
     pretrain_cfg = cli.check_config_flags(["train.py"] + pretrain[2:])
     trainer.check_config(pretrain_cfg)
-    variants.append(_variant(name, workdir, pretrain, pretrain_cfg,
+    variants.append(make_variant(name, workdir, pretrain, pretrain_cfg,
                              glue_command(cfg, workdir / "glue", workdir / "pretrain", pretrain_cfg.model.name)))
   if cfg.random_init:
     copied = {v.name: v for v in variants}.get(cfg.random_init)
@@ -149,12 +149,12 @@ def plan(cfg, root: storage.Path) -> list[Variant]:
       raise UserError(f"random_init={cfg.random_init!r} is not a variant of the {cfg.study} study: use one of "
                       f"{', '.join(v.name for v in variants)}, or '' for no control")
     workdir = root / CONTROL
-    variants.append(_variant(CONTROL, workdir, [], copied.pretrain_cfg, glue_command(
+    variants.append(make_variant(CONTROL, workdir, [], copied.pretrain_cfg, glue_command(
         cfg, workdir / "glue", copied.pretrain_dir, copied.pretrain_cfg.model.name, init="random")))
   return variants
 
 
-def _variant(name: str, workdir: storage.Path, pretrain: list[str], pretrain_cfg, glue: list[str]) -> Variant:
+def make_variant(name: str, workdir: storage.Path, pretrain: list[str], pretrain_cfg, glue: list[str]) -> Variant:
   glue_cfg = cli.check_config_flags(["eval_glue.py"] + glue[2:])
   finetune.check_config(glue_cfg)
   tasks = tuple(task.name for task in glue_data.parse_tasks(glue_cfg.tasks))
@@ -195,7 +195,7 @@ def glue_pending(variant: Variant) -> int:
   return sum((task, lr, seed) not in done for task in variant.tasks for lr in variant.lrs for seed in variant.seeds)
 
 
-def _run(command: list[str], label: str) -> None:
+def run_command(command: list[str], label: str) -> None:
   env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(cli.REPO), os.environ.get("PYTHONPATH")])))
   start = time.time()
   code = subprocess.call(command, env=env)
@@ -218,7 +218,7 @@ def run(cfg, root: storage.Path, variants: list[Variant]) -> int:
           continue
         logs.log(f"[study] {label}: {'resuming at step ' + str(step) if step else 'starting'}, "
                  f"{variant.steps} steps in {variant.pretrain_dir}")
-        _run(variant.pretrain, label)
+        run_command(variant.pretrain, label)
       elif stage == "held-out score":
         if heldout_done(cfg, variant, step):
           logs.log(f"[study] {label}: done ({variant.heldout_file(step)}), skipped")
@@ -236,7 +236,7 @@ def run(cfg, root: storage.Path, variants: list[Variant]) -> int:
           continue
         logs.log(f"[study] {label}: {pending} of {len(variant.tasks) * len(variant.lrs) * len(variant.seeds)} "
                  f"runs to go ({', '.join(variant.tasks)}) in {variant.glue_dir}")
-        _run(variant.glue, label)
+        run_command(variant.glue, label)
       ran += 1
   return ran
 

@@ -21,7 +21,6 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from tupe import checkpoint as checkpoint_lib
@@ -68,60 +67,6 @@ def check_batch(cfg, mesh) -> None:
                     f"{accum}; pick a multiple of {dp * accum}")
 
 
-def make_train_step(cfg, module, tx, lr_schedule):
-  """The train step: gradient accumulation over microbatches, clipping/AdamW, non-finite guard."""
-  accum = cfg.grad_accum_steps
-
-  def grads_and_metrics(params, batch, rng):
-    grad_fn = jax.value_and_grad(
-        lambda p, b, r, d=None: objectives.loss_fn(cfg, module, p, b, r, deterministic=False, denoms=d),
-        has_aux=True)
-    if accum == 1:
-      (_, metrics), grads = grad_fn(params, batch, rng)
-      return grads, metrics
-    # [batch, ...] -> [accum, batch / accum, ...], microbatch i = rows i, i + accum, ... (keeps the sharding).
-    micro = jax.tree_util.tree_map(
-        lambda x: x.reshape((x.shape[0] // accum, accum) + x.shape[1:]).swapaxes(0, 1), batch)
-    denoms = objectives.normalizers(batch)  # Each microbatch's loss is its share of the whole batch's mean.
-
-    def body(carry, inputs):
-      i, b = inputs
-      (_, metrics), grads = grad_fn(params, b, jax.random.fold_in(rng, i), denoms)
-      return jax.tree_util.tree_map(jnp.add, carry, (grads, metrics)), None
-
-    zeros = jax.tree_util.tree_map(jnp.zeros_like, jax.eval_shape(
-        lambda: (params, objectives.loss_fn(cfg, module, params,
-                                            jax.tree_util.tree_map(lambda x: x[0], micro), rng)[1])))
-    (grads, metrics), _ = jax.lax.scan(body, zeros, (jnp.arange(accum), micro))
-    return grads, {k: v / accum if k in objectives.AVERAGED_METRICS else v for k, v in metrics.items()}
-
-  def train_step(state: training.TrainState, batch):
-    rng = jax.random.fold_in(state.rng, state.step)
-    grads, metrics = grads_and_metrics(state.params, batch, rng)
-    grad_norm = optax.global_norm(grads)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    # A finite loss and finite gradients can still give a non-finite update (a learning rate that overflows),
-    # which must not reach the parameters or a checkpoint. Finite gradients keep the moments finite (their
-    # squares sum to grad_norm**2), so the update's norm is checked, not every leaf of the new state: that made
-    # XLA's fusion pass superlinear in the number of parameters (docs/BENCHMARKS.md, compile time). An update
-    # whose norm overflows float32 (above ~1e19) counts as non-finite.
-    finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm) & jnp.isfinite(optax.global_norm(updates))
-    keep_finite = lambda new, old: jax.tree_util.tree_map(lambda n, o: jnp.where(finite, n, o), new, old)
-    # The learning-rate schedule's counter advances on a skipped step as state.step does, so the rate applied
-    # is always the one logged, lr_schedule(state.step); Adam's moments and counter keep their old values.
-    is_schedule = lambda x: isinstance(x, optax.ScaleByScheduleState)
-    opt_state = jax.tree_util.tree_map(lambda n, o: n if is_schedule(n) else keep_finite(n, o), opt_state,
-                                       state.opt_state, is_leaf=is_schedule)
-    metrics = dict(metrics, grad_norm=grad_norm, learning_rate=lr_schedule(state.step),
-                   nonfinite=1.0 - finite.astype(jnp.float32),
-                   real_tokens=batch["attention_mask"].sum(dtype=jnp.float32))
-    return training.TrainState(step=state.step + 1, params=keep_finite(params, state.params),
-                               opt_state=opt_state, rng=state.rng), metrics
-
-  return train_step
-
-
 def make_eval_step(cfg, module):
   """(params, batch, denoms) -> the batch's shares of the metrics over all eval batches (`Evaluator`)."""
   def eval_step(params, batch, denoms):
@@ -131,20 +76,14 @@ def make_eval_step(cfg, module):
 
 
 @dataclasses.dataclass
-class Setup:
-  """Everything the loop needs, built once (also used by benchmarks and tests)."""
+class Setup(training.Core):
+  """Everything the loop needs, built once (also used by benchmarks and tests): the shared training core for
+  the configured objective, and pre-training's own parts."""
   cfg: ml_collections.ConfigDict
-  mesh: Any
   module: nn.Module
-  tx: Any
-  lr_schedule: Any
-  state_sharding: Any
-  batch_sharding: NamedSharding
-  abstract_state: Any
-  init_state: Any      # jitted () -> TrainState, already sharded
-  train_step: Any      # jitted (state, batch) -> (state, metrics), state donated
-  eval_step: Any      # jitted (params, batch, denoms) -> metrics, replicated
-  normalizers: Any    # jitted batch -> objectives.normalizers(batch), replicated
+  init_state: Any  # jitted () -> TrainState at step 0 (from cfg.seed), already sharded
+  eval_step: Any   # jitted (params, batch, denoms) -> metrics, replicated
+  normalizers: Any  # jitted batch -> objectives.normalizers(batch), replicated
   num_predictions: int
   flops_per_step: float
 
@@ -158,35 +97,20 @@ def build(cfg, devices=None) -> Setup:
   check_batch(cfg, mesh)
   module = objectives.build_model(cfg)
   n_pred = num_predictions(cfg)
-  inputs = objectives.init_inputs(1, min(cfg.seq_len, 8), min(n_pred, 2))
+  core = training.build_core(module, objectives.init_inputs(1, min(cfg.seq_len, 8), min(n_pred, 2)),
+                             objectives.objective(cfg, module), cfg.optimizer, cfg.num_train_steps, mesh, rules,
+                             accum=cfg.grad_accum_steps)
   rng = jax.random.PRNGKey(cfg.seed)
-  boxed = jax.eval_shape(lambda: module.init(jax.random.fold_in(rng, 1), *inputs)["params"])
-  param_sharding = sharding.logical_shardings(boxed, mesh, rules)
-  abstract_params = nn.meta.unbox(boxed)
-  tx, lr_schedule = optim.make_optimizer(cfg.optimizer, abstract_params, cfg.num_train_steps)
   replicated = NamedSharding(mesh, P())
-  state_sharding = training.state_shardings(tx, abstract_params, param_sharding, mesh)
-
-  def init_state():
-    params = nn.meta.unbox(module.init(jax.random.fold_in(rng, 1), *inputs)["params"])
-    return training.new_state(params, tx, rng)
-
-  abstract_state = jax.eval_shape(init_state)
-  abstract_state = jax.tree_util.tree_map(
-      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract_state, state_sharding)
-  batch_sharding = sharding.batch_sharding(mesh)
   generator = models.generator_config(cfg.model, cfg.generator_fraction) if cfg.objective == "electra" else None
   return Setup(
-      cfg=cfg, mesh=mesh, module=module, tx=tx, lr_schedule=lr_schedule, state_sharding=state_sharding,
-      batch_sharding=batch_sharding, abstract_state=abstract_state,
-      init_state=jax.jit(init_state, out_shardings=state_sharding),
-      train_step=jax.jit(sharding.under_rules(make_train_step(cfg, module, tx, lr_schedule), mesh, rules),
-                         in_shardings=(state_sharding, batch_sharding), out_shardings=(state_sharding, replicated),
-                         donate_argnums=(0,)),
+      **vars(core), cfg=cfg, module=module,
+      init_state=jax.jit(lambda: core.make_state(jax.random.fold_in(rng, 1), rng, None),
+                         out_shardings=core.state_sharding),
       eval_step=jax.jit(sharding.under_rules(make_eval_step(cfg, module), mesh, rules),
-                        in_shardings=(param_sharding, batch_sharding, replicated),
+                        in_shardings=(core.param_sharding, core.batch_sharding, replicated),
                         out_shardings=replicated),
-      normalizers=jax.jit(objectives.normalizers, in_shardings=(batch_sharding,), out_shardings=replicated),
+      normalizers=jax.jit(objectives.normalizers, in_shardings=(core.batch_sharding,), out_shardings=replicated),
       num_predictions=n_pred,
       flops_per_step=flops_lib.train_step_flops(cfg.model, cfg.seq_len, cfg.global_batch_size, n_pred, generator))
 
@@ -375,56 +299,39 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
     logs.log(f"{setup.flops_per_step / 1e9:.2f} GFLOPs per step; MFU against {peak / 1e12:.2f} TFLOP/s per "
              f"device ({peak_source})")
     writer = cleanup.enter_context(logs.MetricWriter(workdir, tensorboard=cfg.tensorboard))
-    tokens_per_step = cfg.global_batch_size * cfg.seq_len
-    progress = logs.Progress(cfg.num_train_steps, tokens_per_step, setup.flops_per_step,
+    progress = logs.Progress(cfg.num_train_steps, cfg.global_batch_size * cfg.seq_len, setup.flops_per_step,
                              peak * jax.device_count(), start)
-    last = {}
-    pending = None  # (step, metrics on device) of the step in flight: read after the next one is dispatched.
 
-    def finish(step, metrics):
-      nonlocal last
-      metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-      metrics.update(progress.rates(step))
-      metrics["real_tokens_per_s"] = metrics["steps_per_s"] * metrics.pop("real_tokens")  # padding left out
-      writer.write(step, metrics)
-      if metrics["nonfinite"]:
-        msg = (f"step {step}: non-finite loss, gradients or update (loss {metrics['loss']}); the "
-               f"update was skipped")
-        if cfg.nonfinite == "stop":
-          saved = ckpt.manager.latest_step()
-          raise NonFiniteError(msg + "; stopping (nonfinite='stop'): " + (
-              f"checkpoint {saved} is intact" if saved is not None else "no checkpoint was saved before it"))
-        logs.log("warning: " + msg)
-      if step % cfg.log_every == 0 or step == cfg.num_train_steps:
-        logs.log(progress.line(step, metrics, metrics))  # metrics include the rates
-      last = metrics
+    def skipped(step, row):
+      msg = f"step {step}: non-finite loss, gradients or update (loss {row['loss']}); the update was skipped"
+      if cfg.nonfinite == "stop":
+        saved = ckpt.manager.latest_step()
+        raise NonFiniteError(msg + "; stopping (nonfinite='stop'): " + (
+            f"checkpoint {saved} is intact" if saved is not None else "no checkpoint was saved before it"))
+      logs.log("warning: " + msg)
 
+    steps = logs.StepLog(writer, progress, cfg.log_every, on_skipped=skipped)
     step, stop = start, 0
     while step < cfg.num_train_steps and not stop:
       batch = sharding.global_batch(next(train_iter), setup.mesh, cfg.global_batch_size)
       state, metrics = compiled(state, batch)
       step += 1
       ckpt.check()  # A failed asynchronous save stops the run at once.
-      if pending is not None:
-        finish(*pending)
-      pending = (step, metrics)
+      steps.push(step, metrics)
       if step % cfg.checkpoint.every_steps == 0 or step == cfg.num_train_steps:
-        finish(*pending)
-        pending = None
+        steps.flush()
         writer.flush()  # The metrics up to a checkpoint are durable before it (in a bucket, uploaded).
         ckpt.save(step, state, meta)
         progress.restart_clock()
       if cfg.eval_every and step % cfg.eval_every == 0:
-        if pending is not None:  # Its rates are measured now, not after the evaluation restarts the clock.
-          finish(*pending)
-          pending = None
+        steps.flush()  # Its rates are measured now, not after the evaluation restarts the clock.
         eval_metrics = evaluate(state.params)
         writer.write(step, eval_metrics, prefix="eval_")
         logs.log(f"eval at step {step}: " + " ".join(f"{k} {v:.4f}" for k, v in eval_metrics.items()))
         progress.restart_clock()
       stop = training.agreed_signal(preempted)
-    if pending is not None:
-      finish(*pending)
+    steps.flush()
+    last = steps.last
     if stop:
       logs.log(f"{errors.signal_name(stop)}: saving a checkpoint at step {step} before exiting")
       ckpt.save(step, state, meta, force=True)

@@ -74,7 +74,7 @@ def check_config(cfg) -> None:
     if cfg.epochs[key] <= 0:
       raise UserError(f"epochs.{key}={cfg.epochs[key]}: {task.name} needs at least one epoch; set "
                       f"--config.epochs.{key} to 1 or more, or drop it from --config.tasks")
-  for field in ("batch_size", "eval_batch_size", "max_seq_len", "log_every"):
+  for field in ("batch_size", "eval_batch_size", "max_seq_len", "log_every", "grad_accum_steps"):
     if cfg[field] <= 0:
       raise UserError(f"{field}={cfg[field]} must be positive")
   if not 0 <= cfg.warmup_ratio < 1:
@@ -168,6 +168,9 @@ def _run_held(cfg, workdir, tasks, created: bool, devices) -> dict:
         if cfg[field] % (dp * jax.process_count()):
           raise UserError(f"{field}={cfg[field]} does not split over {dp} data-parallel devices and "
                           f"{jax.process_count()} hosts: use a multiple of {dp * jax.process_count()}")
+      if cfg.batch_size % (dp * cfg.grad_accum_steps):
+        raise UserError(f"batch_size={cfg.batch_size} is not divisible by data-parallel size {dp} x "
+                        f"grad_accum_steps {cfg.grad_accum_steps}; pick a multiple of {dp * cfg.grad_accum_steps}")
       rules = sharding.rules_from_config(cfg.sharding_rules)
       logs.log(f"fine-tuning {backbone.source}: {backbone.cfg.name} ({backbone.cfg.size}), head {cfg.head}; mesh "
                f"{dict(mesh.shape)} over {jax.device_count()} {jax.devices()[0].platform} devices; batch "
@@ -248,6 +251,9 @@ def _run_grid(cfg, workdir, tasks, pending, lrs, backbone, encoder, mesh, rules,
       if record["train_loss_nonfinite_from_step"] and not record["diverged"]:
         outcome += (f" (warning: the training loss was non-finite from step {record['train_loss_nonfinite_from_step']}"
                     f"; the kept parameters are from step {record['best_step']}, before it)")
+      if record["nonfinite_steps"]:
+        outcome += (f"; {record['nonfinite_steps']} of {record['total_steps']} steps skipped (non-finite loss, "
+                    f"gradients or update)")
       logs.log(f"{label} | finished in {logs.format_duration(record['seconds'])}: {outcome}")
     outputs.write_outputs(cfg, workdir, backbone)
   if not total:

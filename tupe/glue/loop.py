@@ -34,11 +34,14 @@ def finetune(cfg, setup: task_model.TaskSetup, data: glue_data.TaskData, encoder
   When no evaluation was finite the record says "diverged": true and there are no test predictions. A run that
   diverged after a finite evaluation keeps that evaluation's parameters and score; its record's
   "train_loss_nonfinite_from_step" (None when every training loss was finite) says from which step it had.
+  A step whose loss, gradients or update are not finite is skipped (the training core's guard: no update);
+  the record's "nonfinite_steps" counts them.
 
-  Metrics go to run_dir/metrics.jsonl (and run_dir/tensorboard), as pre-training writes them: every step's
-  loss and learning rate, the rates (steps/s, examples/s, tokens/s, MFU against `peak_flops` for all devices)
-  every `log_every` steps, and each dev evaluation with an `eval_` prefix. An interrupted run starts again from
-  step 0, so its directory is emptied first.
+  Metrics go to run_dir/metrics.jsonl (and run_dir/tensorboard) through pre-training's `logs.StepLog`: every
+  step's loss, learning rate, gradient norm, nonfinite flag and epoch with its rates (steps/s, examples/s,
+  tokens/s, MFU against `peak_flops` for all devices), a progress line every `log_every` steps, and each dev
+  evaluation with an `eval_` prefix. An interrupted run starts again from step 0, so its directory is emptied
+  first.
   """
   start = time.perf_counter()
   if jax.process_index() == 0:  # One host owns the run's files, as pre-training's (the hosts may share them).
@@ -50,47 +53,27 @@ def finetune(cfg, setup: task_model.TaskSetup, data: glue_data.TaskData, encoder
   lr_array = jnp.asarray(lr, jnp.float32)
   best, best_params, history, epoch_losses, nonfinite_step = None, None, [], [], None
   progress = logs.Progress(setup.total_steps, cfg.batch_size * cfg.max_seq_len, setup.flops_per_step, peak_flops)
-  unwritten = []  # (step, loss on device) of the steps since the last write
-  step = 0
+  spe, step = setup.steps_per_epoch, 0
   with logs.MetricWriter(run_dir, tensorboard=cfg.tensorboard) as writer:
-
-    def write_steps(rates=None) -> dict:
-      """Writes the unwritten steps' rows (the rates on the last one); returns the last row."""
-      losses = jax.device_get([loss for _, loss in unwritten])  # waits for the steps
-      row = {}
-      for i, ((s, _), loss) in enumerate(zip(unwritten, losses)):
-        row = {"loss": loss, "learning_rate": lr * float(setup.lr_factors[s - 1]),
-               "epoch": s / setup.steps_per_epoch}
-        writer.write(s, dict(row, **rates) if rates and i == len(losses) - 1 else row)
-      unwritten.clear()
-      return row
-
+    steps = logs.StepLog(writer, progress, cfg.log_every, examples_per_step=cfg.batch_size,
+                         prefix=lambda s: f"{label} | epoch {math.ceil(s / spe)}/{epochs} ")
     for epoch in range(epochs):
       order = epoch_order(seed, epoch, n)
       losses = []
-      for b in range(setup.steps_per_epoch):
+      for b in range(spe):
         rows = order[b * cfg.batch_size:(b + 1) * cfg.batch_size]
         batch = encoding.batch_rows(train, rows, cfg.batch_size, cfg.regression_scale)
         with compile_cache.Watch() as watch:  # The task's first run compiles (or loads) its step.
-          state, loss = setup.train_step(state, sharding.shard_batch(batch, setup.mesh), lr_array)
-        losses.append(loss)
+          state, metrics = setup.train_step(state, sharding.shard_batch(batch, setup.mesh), lr_array)
+        losses.append(metrics["loss"])
         step += 1
-        unwritten.append((step, loss))
-        if step == 1:  # The rates leave out the first step, which compiles (the task's first run) and warms up.
-          jax.block_until_ready(loss)
+        if step == 1:  # The rates leave out the compilation (or the load from the cache) of the task's first run.
           if watch.compiled:
             logs.log(f"{label} | train step {watch.line()}")
-          progress.restart_clock(step)
-        if step % cfg.log_every == 0 or step == setup.total_steps:
-          jax.block_until_ready(loss)  # The rates time the steps' computation, not only their dispatch.
-          rates = progress.rates(step) if step > 1 else {}
-          if rates:
-            rates["examples_per_s"] = rates["steps_per_s"] * cfg.batch_size
-          row = write_steps(rates)
-          logs.log(f"{label} | epoch {epoch + 1}/{epochs} "
-                   + progress.line(step, row, rates or {"steps_per_s": 0.0, "tokens_per_s": 0.0}))
+          progress.restart_clock()
+        steps.push(step, dict(metrics, epoch=step / spe))
         if step in points:
-          write_steps()
+          steps.flush()
           score, results, dev_loss = task_model.evaluate(setup, state.params, data, cfg)
           history.append({"step": step, "epoch": round(step / setup.steps_per_epoch, 3), "score": score,
                           "dev_loss": dev_loss})
@@ -110,8 +93,7 @@ def finetune(cfg, setup: task_model.TaskSetup, data: glue_data.TaskData, encoder
       epoch_losses.append(float(epoch_loss.mean()))
       if nonfinite_step is None and not np.isfinite(epoch_loss).all():
         nonfinite_step = epoch * setup.steps_per_epoch + int(np.argmin(np.isfinite(epoch_loss))) + 1
-    if unwritten:
-      write_steps()
+    steps.flush()
   diverged = not math.isfinite(best["score"])
   predictions = {}
   for ev, arrays in [] if diverged else data.test:
@@ -121,6 +103,7 @@ def finetune(cfg, setup: task_model.TaskSetup, data: glue_data.TaskData, encoder
             "evaluations": best["metrics"],
             "best_step": best["step"], "total_steps": setup.total_steps, "epochs": epochs,
             "train_examples": n, "train_loss": epoch_losses, "train_loss_nonfinite_from_step": nonfinite_step,
+            "nonfinite_steps": steps.skipped,
             "dev_history": history,
             "seconds": round(time.perf_counter() - start, 1)}
   return record, predictions

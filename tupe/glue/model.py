@@ -1,6 +1,8 @@
-"""A task's model: the classifier on the backbone, its optimizer and shardings, and the jitted init, train
-and eval steps (`build_task`, once per task; the peak learning rate is an argument of the train step,
-so every (lr, seed) run of the task reuses them); dev scoring (`evaluate`) and predictions.
+"""A task's model: the classifier on the backbone, trained by the training core that pre-training uses
+(`tupe.training.build_core`: state, optimizer, shardings, the train step with gradient accumulation and the
+non-finite guard) for the task's objective (classification or regression, `task_objective`), and its jitted eval
+step (`build_task`, once per task; the peak learning rate is an argument of the train step, so every (lr, seed)
+run of the task reuses them); dev scoring (`evaluate`) and predictions.
 """
 from __future__ import annotations
 
@@ -8,7 +10,6 @@ import dataclasses
 import math
 from typing import Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -17,7 +18,6 @@ import optax
 
 from tupe import flops as flops_lib
 from tupe import models
-from tupe import optim
 from tupe import sharding
 from tupe import training
 from tupe.glue import backbone as backbone_lib
@@ -28,16 +28,14 @@ from tupe.glue import tasks as glue
 
 
 @dataclasses.dataclass
-class TaskSetup:
-  """One task's model, shardings and jitted steps; shared by all (lr, seed) runs of the task."""
-  mesh: Any
+class TaskSetup(training.Core):
+  """One task's training core (train_step: (state, batch, peak lr) -> (state, metrics)) and what the
+  fine-tuning loop adds; shared by all (lr, seed) runs of the task."""
   epochs: int
   steps_per_epoch: int
   total_steps: int
-  init_state: Any   # jitted (encoder params or None, key) -> TrainState, sharded
-  train_step: Any   # jitted (state, batch, peak lr) -> (state, loss), state donated
+  init_state: Any   # (encoder params or None, key) -> TrainState at step 0, sharded
   eval_step: Any    # jitted (params, batch) -> {logits [b, labels], loss_sum, weight_sum}, replicated
-  lr_factors: np.ndarray  # [total_steps] the schedule's factor (peak 1) on a run's learning rate, per step
   flops_per_step: float
 
 
@@ -48,61 +46,54 @@ def per_example_loss(logits: jax.Array, labels: jax.Array) -> jax.Array:
   return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
 
 
+def task_objective(module) -> training.Objective:
+  """The mean loss over a batch's labelled rows (`per_example_loss` weighted by `weights`, 0 on padding rows)."""
+
+  def loss(params, batch, rng, denoms):
+    total, _ = loss_sum(module, params, batch, False, rng)
+    mean = total / denoms["examples"]
+    return mean, {"loss": mean}
+
+  return training.Objective(loss=loss, normalizers=lambda batch: {
+      "examples": jnp.maximum(batch["weights"].astype(jnp.float32).sum(), 1.0)})
+
+
+def loss_sum(module, params, batch, deterministic: bool, rng=None) -> tuple[jax.Array, jax.Array]:
+  """(the weighted sum of the batch's per-example losses, logits [b, labels])."""
+  logits = module.apply({"params": params}, batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
+                        deterministic, rngs=None if rng is None else {"dropout": rng})
+  return (per_example_loss(logits, batch["labels"]) * batch["weights"]).sum(), logits
+
+
 def build_task(cfg, backbone: backbone_lib.Backbone, task: glue.Task, num_train: int, mesh, rules) -> TaskSetup:
-  """Classifier, optimizer (peak lr 1, scaled in the step) and shardings as in pre-training (tupe.training)."""
+  """The classifier trained by the shared core (`tupe.training.build_core`), its optimizer's schedule peaking at
+  1 (the run's learning rate scales each update in the step), and its eval step."""
   module = models.Classifier(backbone.cfg, task.num_labels, cfg.head)
   ids = jnp.zeros((1, min(8, cfg.max_seq_len)), jnp.int32)
-  dummy = (ids, jnp.ones_like(ids), jnp.zeros_like(ids))
-  boxed = jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), *dummy)["params"])
-  param_sharding = sharding.logical_shardings(boxed, mesh, rules)
-  abstract_params = nn.meta.unbox(boxed)
   steps_per_epoch, total, warmup = glue_data.schedule(cfg, task, num_train)
   # A linear or polynomial decay to 0 scales with its peak: the schedule peaks at 1 and each step multiplies
   # the update by its run's learning rate, so all learning rates share one compiled step.
   opt_cfg = ml_collections.ConfigDict(dict(cfg.optimizer.to_dict(), learning_rate=1.0, end_learning_rate=0.0,
                                            warmup_steps=warmup))
-  tx, lr_schedule = optim.make_optimizer(opt_cfg, abstract_params, total, backbone.cfg.num_layers)
-  state_sharding = training.state_shardings(tx, abstract_params, param_sharding, mesh)
-  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  core = training.build_core(module, (ids, jnp.ones_like(ids), jnp.zeros_like(ids)), task_objective(module),
+                             opt_cfg, total, mesh, rules, accum=cfg.grad_accum_steps,
+                             num_layers=backbone.cfg.num_layers, peak_lr_argument=True)
 
   def init_state(encoder_params, key):
-    params = nn.meta.unbox(module.init(key, *dummy)["params"])
-    if encoder_params is not None:
-      params = dict(params, encoder=encoder_params)
-    return training.new_state(params, tx, jax.random.fold_in(key, 1))
-
-  def loss_sum(params, batch, deterministic, rng=None):
-    logits = module.apply({"params": params}, batch["input_ids"], batch["attention_mask"],
-                          batch["token_type_ids"], deterministic, rngs=None if rng is None else {"dropout": rng})
-    return (per_example_loss(logits, batch["labels"]) * batch["weights"]).sum(), logits
-
-  def train_step(state, batch, lr):
-    rng = jax.random.fold_in(state.rng, state.step)
-
-    def mean_loss(params):
-      total, _ = loss_sum(params, batch, False, rng)
-      return total / jnp.maximum(batch["weights"].sum(), 1.0)
-
-    loss, grads = jax.value_and_grad(mean_loss)(state.params)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    updates = jax.tree_util.tree_map(lambda u: lr * u, updates)
-    return training.TrainState(step=state.step + 1, params=optax.apply_updates(state.params, updates),
-                               opt_state=opt_state, rng=state.rng), loss
+    """The run's state at step 0: the head from `key`, the encoder's given parameters (None: from `key` too)."""
+    encoder = None if encoder_params is None else {"encoder": encoder_params}
+    return core.make_state(key, jax.random.fold_in(key, 1), encoder)
 
   def eval_step(params, batch):
-    total, logits = loss_sum(params, batch, True)
+    total, logits = loss_sum(module, params, batch, True)
     return {"logits": logits, "loss_sum": total, "weight_sum": batch["weights"].sum()}
 
-  batch_sharding = sharding.batch_sharding(mesh)
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   return TaskSetup(
-      mesh=mesh, epochs=cfg.epochs[glue_data.task_key(task)], steps_per_epoch=steps_per_epoch, total_steps=total,
-      init_state=jax.jit(init_state, out_shardings=state_sharding),
-      train_step=jax.jit(sharding.under_rules(train_step, mesh, rules),
-                         in_shardings=(state_sharding, batch_sharding, replicated),
-                         out_shardings=(state_sharding, replicated), donate_argnums=(0,)),
-      eval_step=jax.jit(sharding.under_rules(eval_step, mesh, rules), in_shardings=(param_sharding, batch_sharding),
-                        out_shardings=replicated),
-      lr_factors=np.asarray(jax.vmap(lr_schedule)(jnp.arange(total))),
+      **vars(core), epochs=cfg.epochs[glue_data.task_key(task)], steps_per_epoch=steps_per_epoch,
+      total_steps=total, init_state=init_state,
+      eval_step=jax.jit(sharding.under_rules(eval_step, mesh, rules),
+                        in_shardings=(core.param_sharding, core.batch_sharding), out_shardings=replicated),
       # Forward and backward (3x) through the encoder; the classifier head's FLOPs are negligible.
       flops_per_step=3.0 * cfg.batch_size * flops_lib.encoder_forward_flops(backbone.cfg, cfg.max_seq_len))
 

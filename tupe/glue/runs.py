@@ -25,6 +25,9 @@ RESUMABLE_FIELDS = ("tasks", "learning_rates", "seeds", "data_dir", "tfds_data_d
 # Where the init checkpoint is read from: not a setting of the runs, whose records carry the checkpoint's step and
 # checksum instead (`init_identity`), so that a grid started from DIR resumes with DIR/checkpoints/<step> pinned.
 LOCATION_FIELDS = ("init_checkpoint",)
+# Settings added after workdirs were written, with the value every older run had: left out of the settings (digest
+# and config.json comparison) at that value, so that an older workdir resumes under today's defaults.
+ADDED_FIELDS = {"grad_accum_steps": 1}
 
 
 def read_runs(workdir: storage.PathLike) -> list[dict]:
@@ -65,9 +68,14 @@ def load_predictions(path: storage.Path) -> dict[str, np.ndarray]:
 def settings_digest(cfg) -> str:
   """A digest of the fine-tuning settings that determine a run's result: the config without RESUMABLE_FIELDS and
   LOCATION_FIELDS. Every runs.jsonl record carries it."""
-  settings = {k: v for k, v in json.loads(cfg.to_json_best_effort()).items()
-              if k not in RESUMABLE_FIELDS + LOCATION_FIELDS}
-  return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+  return hashlib.sha256(json.dumps(settings(json.loads(cfg.to_json_best_effort())), sort_keys=True)
+                        .encode()).hexdigest()[:16]
+
+
+def settings(config: dict) -> dict:
+  """The fields of a config (as config.json holds it) that determine a run's result."""
+  return {k: v for k, v in config.items()
+          if k not in RESUMABLE_FIELDS + LOCATION_FIELDS and not (k in ADDED_FIELDS and v == ADDED_FIELDS[k])}
 
 
 def init_identity(backbone) -> dict | None:
@@ -102,8 +110,8 @@ def check_resume(cfg, workdir: storage.Path) -> None:
     except ValueError:
       raise UserError(f"{path} is not JSON (emptied or damaged): restore it, or delete it to have it rewritten "
                       f"from this command (the runs' settings digests are still checked)") from None
-    changed = sorted(k for k in set(old) | set(new)
-                     if k not in RESUMABLE_FIELDS + LOCATION_FIELDS and old.get(k) != new.get(k))
+    old, current = settings(old), settings(new)
+    changed = sorted(k for k in set(old) | set(current) if old.get(k) != current.get(k))
     if changed:
       raise UserError(f"{workdir} holds runs of another config (changed: {', '.join(changed)}): use a new "
                       f"--workdir, or the same values")

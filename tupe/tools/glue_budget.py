@@ -1,0 +1,158 @@
+"""Which GLUE fine-tuning budget lets pre-training show: one pre-trained variant against random initialisation.
+
+  python -m tupe.tools.glue_budget --config configs/study.py:<study>,<scale> --root DIR --variant bert_a \
+      [--budgets recipe,epochs6] [--config.field=value ...]
+
+DIR is the study's root (`python -m tupe.study`), and the variant's pre-training there must be finished. Each
+budget (configs/study.py's `glue_budgets`: eval_glue.py overrides added to the study's GLUE recipe, cheapest
+first) runs the study's GLUE grid (tasks, learning rates, seeds) twice: from the variant's final checkpoint and
+from random weights of its encoder (the study's control, `random_init`). The budget `recipe` adds nothing: it
+is the study's own grid, so it reuses (or fills) DIR/<variant>/glue and DIR/random_init/glue; every other budget
+writes DIR/glue_budget/<budget>/<variant|random_init>/glue. Rerunning resumes, as the study does.
+
+DIR/glue_budget/budget.json and budget.md hold, per budget: each task's median at its best learning rate for
+both, the gain over random initialisation with its seed range (`tupe.study_report.glue_gains`: the variant
+beats the control when its average's whole seed range is above 0), and the minutes each grid took (the sum of
+its runs' seconds). The chosen budget is the first (cheapest) whose variant beats the control with a grid of at
+most --max-grid-minutes; when none does, the report says so and the study keeps its recipe.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+from tupe import compile_cache
+from tupe import logs
+from tupe import storage
+from tupe import study
+from tupe import study_report
+from tupe.errors import UserError, run_main
+from tupe.glue import runs as runs_lib
+
+RECIPE = "recipe"
+
+
+def study_variants(cfg, root: storage.Path, name: str) -> tuple[study.Variant, study.Variant]:
+  """(the study's variant `name`, the study's control), as `python -m tupe.study` plans them."""
+  planned = {variant.name: variant for variant in study.plan(cfg, root)}
+  if name not in planned or name == study.CONTROL:
+    raise UserError(f"--variant {name!r} is not a pre-trained variant of the {cfg.study} study: use one of "
+                    f"{', '.join(v for v in planned if v != study.CONTROL)}")
+  if study.CONTROL not in planned:
+    raise UserError("the study has no control (--config.random_init is empty): the budget is measured against it")
+  return planned[name], planned[study.CONTROL]
+
+
+def budget_variants(cfg, root: storage.Path, pair: tuple[study.Variant, study.Variant],
+                    budget: str) -> tuple[study.Variant, study.Variant]:
+  """The study's (variant, control) with their GLUE grids under `budget`, both from the variant's checkpoint."""
+  if budget == RECIPE:
+    return pair
+  variant = pair[0]
+  budget_cfg = cfg.copy_and_resolve_references()
+  budget_cfg.glue.overrides = tuple(cfg.glue.overrides) + tuple(dict(cfg.glue_budgets)[budget])
+  out = root / "glue_budget" / budget
+  return tuple(study.make_variant(v.name, out / v.name, v.pretrain, v.pretrain_cfg, study.glue_command(
+      budget_cfg, out / v.name / "glue", variant.pretrain_dir, variant.pretrain_cfg.model.name,
+      init="random" if v.name == study.CONTROL else "pretrained")) for v in pair)
+
+
+def grid_minutes(variant: study.Variant) -> float:
+  """The minutes a grid's runs took (each run's own time: start-up and compilation outside the runs excluded)."""
+  return sum(run["seconds"] for run in runs_lib.read_runs(variant.glue_dir)) / 60
+
+
+def measure(variant: study.Variant, control: study.Variant) -> dict:
+  """One budget's results: each grid's summary and minutes, and the variant's gain over the control."""
+  summaries = {v.name: {"glue": study_report.glue_summary(v)} for v in (variant, control)}
+  gain = study_report.glue_gains(summaries).get(variant.name)
+  return {"glue": {name: entry["glue"] for name, entry in summaries.items()}, "gain": gain,
+          "minutes": {v.name: round(grid_minutes(v), 1) for v in (variant, control)}}
+
+
+def choose(results: dict, max_minutes: float) -> str | None:
+  """The first budget whose variant beats the control with grids of at most `max_minutes`; None if none does."""
+  return next((budget for budget, result in results.items()
+               if result["gain"] and result["gain"]["beats_random_init"]
+               and max(result["minutes"].values()) <= max_minutes), None)
+
+
+def markdown(report: dict) -> str:
+  name, tasks = report["variant"], report["tasks"]
+  number = lambda value: "-" if value is None else f"{value:.2f}"
+  gain_cell = lambda g: "-" if g is None else f"{g['gain']:+.2f} [{g['low']:+.2f}, {g['high']:+.2f}]"
+  lines = [f"# GLUE budget: {name} against random initialisation ({report['study']} study, {report['scale']})", "",
+           "Per task: the median at the best learning rate, pre-trained / random init, and the gain with its seed "
+           "range [variant min - control max, variant max - control min]. Minutes: the sum of each grid's runs.", "",
+           "| budget | overrides | " + " | ".join(tasks) + f" | avg gain | beats random init | minutes ({name} / "
+           f"random_init) |", "|---|---|" + "---|" * len(tasks) + "---|---|---|"]
+  for budget, result in report["budgets"].items():
+    ours, control = result["glue"][name], result["glue"][study.CONTROL]
+    gain = result["gain"] or {"tasks": {}, "average": None, "beats_random_init": False}
+    cells = [f"{number(ours['tasks'].get(t, {}).get('median'))} / {number(control['tasks'].get(t, {}).get('median'))}"
+             f" ({gain_cell(gain['tasks'].get(t))})" for t in tasks]
+    lines.append(f"| {budget} | {', '.join(report['overrides'][budget]) or '(the recipe)'} | " + " | ".join(cells)
+                 + f" | {gain_cell(gain['average'])} | {'yes' if gain['beats_random_init'] else 'no'} | "
+                 f"{result['minutes'][name]:.1f} / {result['minutes'][study.CONTROL]:.1f} |")
+  chosen = report["chosen"]
+  lines += ["", f"Chosen: `{chosen}`, the cheapest budget whose gain's whole seed range is above 0 with grids of at "
+                f"most {report['max_grid_minutes']:g} minutes." if chosen else
+            f"Chosen: none. No budget measured lets {name} beat random initialisation beyond the seed spread with "
+            f"grids of at most {report['max_grid_minutes']:g} minutes: the study keeps its recipe."]
+  return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> None:
+  parser = argparse.ArgumentParser(prog="python -m tupe.tools.glue_budget", description=__doc__.splitlines()[0])
+  parser.add_argument("--config", required=True, help="configs/study.py:<study>,<scale>")
+  parser.add_argument("--root", required=True, help="the study's root, with the variant's finished pre-training")
+  parser.add_argument("--variant", default="bert_a", help="the pre-trained variant to measure (default bert_a)")
+  parser.add_argument("--budgets", default="", help="comma-separated names of configs/study.py's glue_budgets, "
+                                                    "cheapest first (default: all of them, in their order)")
+  parser.add_argument("--max-grid-minutes", type=float, default=30.0,
+                      help="the longest grid a chosen budget may take (default 30)")
+  args, overrides = parser.parse_known_args(argv[1:])
+  unknown = [o for o in overrides if not o.startswith("--config.")]
+  if unknown:
+    raise UserError(f"unknown arguments {' '.join(unknown)}: glue_budget takes --config, --root, --variant, "
+                    f"--budgets, --max-grid-minutes and --config.<field>=<value> overrides")
+  cfg = study.load_study(args.config, overrides)
+  defined = dict(cfg.glue_budgets)
+  budgets = args.budgets.split(",") if args.budgets else list(defined)
+  unknown = [b for b in budgets if b not in defined]
+  if unknown:
+    raise UserError(f"unknown budget {unknown[0]!r}: use one of {', '.join(defined)} (configs/study.py's "
+                    f"glue_budgets at scale {cfg.scale})")
+  study.check_inputs(cfg)
+  compile_cache.enable(cfg.compilation_cache_dir)
+  root = storage.path(args.root)
+  pair = study_variants(cfg, root, args.variant)
+  plans = {budget: budget_variants(cfg, root, pair, budget) for budget in budgets}
+  variant = pair[0]
+  if study.finished_step(variant) < variant.steps:
+    raise UserError(f"{variant.pretrain_dir} has no finished pre-training ({variant.steps} steps): run the study "
+                    f"first (python -m tupe.study --config {args.config} --root {root})")
+  results = {}
+  for i, (budget, pair) in enumerate(plans.items()):
+    for grid in pair:
+      label = f"{i + 1}/{len(plans)} {budget} {grid.name}"
+      pending = study.glue_pending(grid)
+      if pending:
+        logs.log(f"[budget] {label}: {pending} runs to go in {grid.glue_dir}")
+        study.run_command(grid.glue, f"[budget] {label}")
+      else:
+        logs.log(f"[budget] {label}: done ({grid.glue_dir}), skipped")
+    results[budget] = measure(*pair)
+  report = {"study": cfg.study, "scale": cfg.scale, "variant": args.variant, "tasks": list(variant.tasks),
+            "overrides": {b: list(defined[b]) for b in budgets}, "budgets": results,
+            "max_grid_minutes": args.max_grid_minutes, "chosen": choose(results, args.max_grid_minutes)}
+  out = root / "glue_budget"
+  storage.write_text(out / "budget.json", json.dumps(report, indent=2) + "\n")
+  storage.write_text(out / "budget.md", markdown(report))
+  print(json.dumps({"chosen": report["chosen"], "budgets": {
+      b: {"average_gain": r["gain"] and r["gain"]["average"], "minutes": r["minutes"]} for b, r in results.items()}}))
+  logs.log(f"[budget] wrote {out / 'budget.json'} and {out / 'budget.md'}")
+
+
+if __name__ == "__main__":
+  run_main(main)
