@@ -17,6 +17,7 @@ os.environ.setdefault("JAX_DEFAULT_PRNG_IMPL", "rbg")
 import pytest  # noqa: E402
 
 from gcs_emulator import Emulator, create_bucket, emulator_environment, free_port  # noqa: E402
+from s3_emulator import S3Emulator, create_bucket as create_s3_bucket  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
@@ -81,7 +82,33 @@ def gcs_emulator(tmp_path_factory):
 @pytest.fixture
 def gcs_bucket(gcs_emulator, request) -> str:
   """A new, empty bucket in the emulator for this test: returns "gs://<name>"."""
+  return create_bucket(gcs_emulator, bucket_name(request))
+
+
+def bucket_name(request) -> str:
+  """A bucket name for this test, valid in GCS and S3 (3-63 characters: lowercase letters, digits, hyphens)."""
   import re
 
-  name = "tupe-" + re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40] + f"-{os.getpid()}"
-  return create_bucket(gcs_emulator, name)
+  return "tupe-" + re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40] + f"-{os.getpid()}"
+
+
+@pytest.fixture(scope="session")
+def s3_emulator(tmp_path_factory):
+  """A real S3 emulator (moto's server mode, an HTTP endpoint) for this test process, with every client pointed at
+  it: sets AWS_ENDPOINT_URL, dummy credentials and a region (s3fs and botocore read them), which subprocesses
+  inherit. Yields the emulator's URL; stopped by its pid at the end of the session."""
+  pytest.importorskip("moto.server", reason="the S3 emulator (moto[server]) is missing")
+  pytest.importorskip("s3fs", reason="s3fs, the s3:// client of tupe.storage, is missing")
+  server = S3Emulator(str(tmp_path_factory.mktemp("s3") / "server.log"), free_port())
+  server.start()
+  try:
+    with emulator_environment(server):
+      yield server.url
+  finally:
+    server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_emulator, request) -> str:
+  """A new, empty bucket in the S3 emulator for this test: returns "s3://<name>"."""
+  return create_s3_bucket(s3_emulator, bucket_name(request))

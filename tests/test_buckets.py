@@ -30,9 +30,10 @@ STEPS = 10 * EVERY
 
 @pytest.fixture(autouse=True)
 def no_local_gs_folder():
-  """A bucket URL handled as a local path leaves a folder named "gs:" in the working directory."""
+  """A bucket URL handled as a local path leaves a folder named "gs:" (or "s3:") in the working directory."""
   yield
-  assert not (REPO / "gs:").exists(), "a bucket URL was written to the local disk"
+  for scheme in ("gs:", "s3:"):
+    assert not (REPO / scheme).exists(), f"a {scheme}// URL was written to the local disk"
 
 
 def run(args: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
@@ -182,6 +183,16 @@ def test_a_missing_bucket_or_path_is_one_line(gcs_bucket, bert_vocab):
                              "gs://tupe-no-such-bucket/summary.md"]))
   assert "bucket gs://tupe-no-such-bucket does not exist" in line
   assert storage.walk_files(gcs_bucket) == []
+
+
+def test_train_into_s3_stops_before_writing(s3_bucket):
+  """train.py --workdir s3://... (a real S3 emulator): orbax writes arrays to local paths and gs:// only, so the run
+  stops before its first step with one line, the bucket left empty (the workdir's lease released), rather than at
+  its first save, having written a local folder "s3:"."""
+  line = one_line_error(run(train_command(f"{s3_bucket}/run")[1:]))
+  assert line == (f"error: cannot write checkpoints to {s3_bucket}/run/checkpoints: orbax writes arrays to local "
+                  f"paths and gs:// buckets only, not to s3://; choose a local or gs:// --workdir"), line
+  assert storage.walk_files(s3_bucket) == []
 
 
 def test_hf_convbert_imports_from_a_bucket(gcs_bucket, tmp_path):

@@ -1,9 +1,10 @@
-"""A workdir is owned by one job (tupe/lease.py), on a local disk and in a gs:// bucket (the GCS emulator).
+"""A workdir is owned by one job (tupe/lease.py), on a local disk and in gs:// and s3:// buckets (real GCS and S3
+emulators; each bucket test runs on both).
 
-A second train.py or eval_glue.py on a live workdir (local or gs://) stops with one line naming the other job
-(pid and host), exit status 2, having touched nothing; a killed job's lock is released by the kernel, and a crashed job's bucket
-lease is taken over once it has expired (at once when its pid is gone from this host), by one taker only; a job
-whose lease was taken over stops at once.
+A second train.py or eval_glue.py on a live workdir (local or in a bucket) stops with one line naming the other job
+(pid and host), exit status 2, having touched nothing; a killed job's lock is released by the kernel, and a crashed
+job's bucket lease is taken over once it has expired (at once when its pid is gone from this host), by one taker
+only; a job whose lease was taken over stops at once.
 """
 import json
 import os
@@ -41,7 +42,10 @@ class Holder:
   def __init__(self, workdir, ttl: float = lease.TTL_S):
     self.proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(workdir), str(ttl)], cwd=REPO, env=train_env(),
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert self.proc.stdout.readline() == "held\n", self.proc.stderr.read()
+    first = self.proc.stdout.readline()
+    if first != "held\n":  # stopped, or holding without a lock: stop it before reading what it said
+      self.kill()
+      pytest.fail(f"the holder printed {first!r} first, not 'held': {self.proc.stderr.read()[-3000:]}")
 
   def kill(self) -> None:
     self.proc.kill()
@@ -53,6 +57,12 @@ def try_hold(workdir, ttl: float = lease.TTL_S) -> subprocess.CompletedProcess:
   script = HOLDER.replace('print("held", flush=True)\n    time.sleep(600)', 'print("held", flush=True)')
   return subprocess.run([sys.executable, "-c", script, str(workdir), str(ttl)], cwd=REPO, env=train_env(),
                         capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(params=["gs", "s3"])
+def bucket(request) -> str:
+  """A new, empty bucket of the GCS emulator ("gs://...") or of the S3 emulator ("s3://...")."""
+  return request.getfixturevalue({"gs": "gcs_bucket", "s3": "s3_bucket"}[request.param])
 
 
 def snapshot(root: pathlib.Path) -> dict:
@@ -88,10 +98,9 @@ def test_a_second_job_on_a_live_local_workdir_stops_touching_nothing(tmp_path, p
   assert try_hold(workdir).stdout == "held\n"
 
 
-def test_a_second_job_on_a_live_bucket_workdir_stops_touching_nothing(gcs_bucket):
-  workdir = f"{gcs_bucket}/run"
+def test_a_second_job_on_a_live_bucket_workdir_stops_touching_nothing(bucket):
+  workdir = f"{bucket}/run"
   storage.write_text(f"{workdir}/metrics.jsonl", '{"step": 1, "loss": 7.0}\n')
-  blob = lease_blob(workdir)
   holder = Holder(workdir, ttl=2)  # renewed every 0.5 s
   try:
     before = bucket_snapshot(workdir)
@@ -102,16 +111,15 @@ def test_a_second_job_on_a_live_bucket_workdir_stops_touching_nothing(gcs_bucket
                                         f"{holder.proc.pid} on host {socket.gethostname()}, since "), train.stderr
     assert bucket_snapshot(workdir) == before
     time.sleep(3)  # longer than the ttl: the lease lives on because it is renewed
-    blob.reload()
-    before = blob.generation
+    before = lease_version(workdir)
     proc = try_hold(workdir)
     assert proc.returncode == 2, proc.stderr[-3000:]
     line = error_line(proc)
     assert line.startswith(f"error: workdir {workdir} is in use by another job (pid {holder.proc.pid} on host "
                            f"{socket.gethostname()}, since "), line
     assert "its lease expires at " in line and line.endswith("or choose another --workdir")
-    assert json.loads(blob.download_as_bytes())["pid"] == holder.proc.pid  # still the holder's lease
-    assert blob.generation != before  # renewed by the holder, not written by the refused job
+    assert lease_record(workdir)["pid"] == holder.proc.pid  # still the holder's lease
+    assert lease_version(workdir) != before  # renewed by the holder, not written by the refused job
   finally:
     holder.kill()
   # Killed on this host, its pid gone: taken over at once, with one warning naming the dead job.
@@ -119,7 +127,7 @@ def test_a_second_job_on_a_live_bucket_workdir_stops_touching_nothing(gcs_bucket
   assert proc.returncode == 0 and proc.stdout.endswith("\nheld\n"), proc.stderr
   assert proc.stdout.startswith(f"warning: took over the lease of {workdir} from a job that stopped without "
                                 f"releasing it (pid {holder.proc.pid} on host {socket.gethostname()}"), proc.stdout
-  assert not blob.exists()  # released when that job ended
+  assert not storage.exists(lease_url(workdir))  # released when that job ended
 
 
 def bucket_snapshot(workdir: str) -> dict:
@@ -128,43 +136,47 @@ def bucket_snapshot(workdir: str) -> dict:
           if name != lease.LEASE_NAME}
 
 
-def lease_blob(workdir: str):
-  from google.cloud import storage as gcs
-  bucket, _, prefix = workdir.removeprefix("gs://").partition("/")
-  return gcs.Client().bucket(bucket).blob(f"{prefix}/{lease.LEASE_NAME}")
+def lease_url(workdir: str) -> str:
+  return f"{workdir}/{lease.LEASE_NAME}"
 
 
-def foreign_lease(workdir: str, expires_in: float):
-  """A lease of a job on another host (pid 4242), expiring in `expires_in` seconds; returns its blob."""
-  blob = lease_blob(workdir)
-  blob.upload_from_string(json.dumps({"host": "other-host", "pid": 4242, "since": time.time() - 100,
-                                      "expires": time.time() + expires_in}), if_generation_match=0)
-  return blob
+def lease_record(workdir: str) -> dict:
+  return json.loads(storage.read_text(lease_url(workdir)))
 
 
-def test_a_live_lease_of_another_host_is_respected_and_an_expired_one_taken_over(gcs_bucket, capsys):
-  live, expired = f"{gcs_bucket}/live", f"{gcs_bucket}/expired"
-  blob = foreign_lease(live, expires_in=600)
+def lease_version(workdir: str):
+  """The lease object's generation (gs://) or ETag (s3://): what changes whenever it is written."""
+  return storage.version(lease_url(workdir))[1]
+
+
+def foreign_lease(workdir: str, expires_in: float) -> None:
+  """Writes the lease of a job on another host (pid 4242), expiring in `expires_in` seconds."""
+  storage.write_text(lease_url(workdir), json.dumps({"host": "other-host", "pid": 4242, "since": time.time() - 100,
+                                                     "expires": time.time() + expires_in}))
+
+
+def test_a_live_lease_of_another_host_is_respected_and_an_expired_one_taken_over(bucket, capsys):
+  live, expired = f"{bucket}/live", f"{bucket}/expired"
+  foreign_lease(live, expires_in=600)
+  version = lease_version(live)
   with pytest.raises(lease.WorkdirInUse, match=r"in use by another job \(pid 4242 on host other-host, since .*\); "
                                                r"its lease expires at "):
     with lease.hold(live):
       pytest.fail("held a live lease")
-  generation = blob.generation
-  blob.reload()
-  assert blob.generation == generation  # untouched
+  assert lease_version(live) == version  # untouched
 
   foreign_lease(expired, expires_in=-1)
   with lease.hold(expired):
-    held = json.loads(lease_blob(expired).download_as_bytes())
+    held = lease_record(expired)
     assert (held["host"], held["pid"]) == (socket.gethostname(), os.getpid())
   assert capsys.readouterr().out.startswith(
       f"warning: took over the lease of {expired} from a job that stopped without releasing it (pid 4242 on host "
       f"other-host, lease expired at ")
-  assert not lease_blob(expired).exists()
+  assert not storage.exists(lease_url(expired))
 
 
-def test_two_jobs_taking_over_an_expired_lease_one_wins(gcs_bucket):
-  workdir = f"{gcs_bucket}/run"
+def test_two_jobs_taking_over_an_expired_lease_one_wins(bucket):
+  workdir = f"{bucket}/run"
   foreign_lease(workdir, expires_in=-1)
   leases = [lease._BucketLease(workdir, ttl=60) for _ in range(2)]
   outcomes = [None, None]
@@ -189,27 +201,24 @@ def test_two_jobs_taking_over_an_expired_lease_one_wins(gcs_bucket):
       held.release()
 
 
-def test_a_job_whose_lease_was_taken_over_stops_at_once(gcs_bucket):
-  workdir = f"{gcs_bucket}/run"
+def test_a_job_whose_lease_was_taken_over_stops_at_once(bucket):
+  workdir = f"{bucket}/run"
   holder = Holder(workdir, ttl=2)
   try:
-    blob = lease_blob(workdir)
-    blob.reload()
     # What a job on another host does once this lease has expired (the holder seemed gone): it takes it over.
-    blob.upload_from_string(json.dumps({"host": "other-host", "pid": 4242, "since": time.time(),
-                                        "expires": time.time() + 600}), if_generation_match=blob.generation)
+    foreign_lease(workdir, expires_in=600)
     assert holder.proc.wait(timeout=60) == 2
     assert holder.proc.stderr.read() == (
         f"error: lost the lease {workdir}/{lease.LEASE_NAME} to another job (it was not renewed for 2 s and was "
         f"taken over); stopping now so that two jobs do not write one workdir\n")
-    assert json.loads(blob.download_as_bytes())["host"] == "other-host"  # not overwritten by the stopped job
+    assert lease_record(workdir)["host"] == "other-host"  # not overwritten by the stopped job
   finally:
     if holder.proc.poll() is None:
       holder.kill()
 
 
-def test_the_lock_is_released_when_the_job_ends(tmp_path, gcs_bucket):
-  for workdir in (tmp_path, f"{gcs_bucket}/run"):
+def test_the_lock_is_released_when_the_job_ends(tmp_path, bucket):
+  for workdir in (tmp_path, f"{bucket}/run"):
     for _ in range(2):
       with lease.hold(workdir, ttl=60):
         pass
@@ -218,3 +227,4 @@ def test_the_lock_is_released_when_the_job_ends(tmp_path, gcs_bucket):
         raise RuntimeError("inside")
     with lease.hold(workdir, ttl=60):
       assert try_hold(workdir).returncode == 2
+  assert not storage.exists(lease_url(f"{bucket}/run"))

@@ -1,4 +1,4 @@
-"""tupe.storage, the one path layer: the same calls on a local disk and in a bucket (a real GCS emulator)."""
+"""tupe.storage, the one path layer: the same calls on a local disk and in a bucket (real GCS and S3 emulators)."""
 import pathlib
 import re
 
@@ -7,12 +7,12 @@ import pytest
 from tupe import storage
 
 
-@pytest.fixture(params=["local", "gs"])
+@pytest.fixture(params=["local", "gs", "s3"])
 def root(request, tmp_path):
-  """A folder on the local disk (with a space and a non-ASCII name) or in a new emulator bucket."""
+  """A folder on the local disk (with a space and a non-ASCII name) or in a new bucket of an emulator."""
   if request.param == "local":
     return str(tmp_path / "run dé")
-  return request.getfixturevalue("gcs_bucket") + "/run"
+  return request.getfixturevalue({"gs": "gcs_bucket", "s3": "s3_bucket"}[request.param]) + "/run"
 
 
 def test_write_read_append_list_remove(root):

@@ -55,6 +55,9 @@ class Checkpointer:
 
   def __init__(self, directory: storage.PathLike, ckpt_cfg):
     self.directory = storage.path(directory)
+    if str(self.directory).startswith("s3://"):  # else: a local folder "s3:" and a failed first save
+      raise UserError(f"cannot write checkpoints to {self.directory}: orbax writes arrays to local paths and gs:// "
+                      f"buckets only, not to s3://; choose a local or gs:// --workdir")
     try:  # Orbax would create it in a background thread and only fail at the first save.
       storage.makedirs(self.directory)
       storage.check_writable(self.directory)  # a bucket: credentials, the bucket and the permission to write

@@ -6,18 +6,23 @@ written anything (`WorkdirInUse`, a `UserError`: exit status 2).
 - On a local disk: `<workdir>/.tupe.lock`, held with `flock`. The kernel releases it when the process dies (a
   kill, a crash, a power cut), so a dead job never needs hand-cleaning. The file stays behind, holding the
   last owner's host and pid, which a second job reads to name it.
-- In a gs:// bucket: a lease object `<workdir>/.tupe.lease` holding the owner's host, pid and the lease's
-  expiry. It is created with a does-not-exist precondition (`if_generation_match=0`), so of two jobs starting
-  together one wins; a background thread renews it every `ttl / 4` seconds (each renewal conditional on the
-  object's generation being the one this job wrote); it is deleted when the job ends. A crashed job's lease
-  expires after `ttl` seconds (at once when the crashed job ran on this host and its pid is gone) and is taken
-  over, conditional on the old object's generation, so of two jobs taking over together one wins. A job whose
-  lease was taken over (it could not renew it for `ttl` seconds, and another job took the workdir) stops at
-  once, with one line: two jobs must never write one workdir.
-- s3:// has no conditional create that every S3-compatible store honours: one warning, and no lock.
+- In a bucket (gs://, s3://): a lease object `<workdir>/.tupe.lease` holding the owner's host, pid and the
+  lease's expiry. It is created only if there is none, so of two jobs starting together one wins; a background
+  thread renews it every `ttl / 4` seconds (each renewal conditional on the object being the version this job
+  wrote); it is deleted when the job ends (conditional on the same). A crashed job's lease expires after `ttl`
+  seconds (at once when the crashed job ran on this host and its pid is gone) and is taken over, conditional on
+  the old object's version, so of two jobs taking over together one wins. A job whose lease was taken over (it
+  could not renew it for `ttl` seconds, and another job took the workdir) stops at once, with one line: two jobs
+  must never write one workdir.
+
+The lease logic is one (`_BucketLease`); each store gives it four conditional requests on one object (create
+if absent, replace if unchanged, read with its version, delete if unchanged): `_GcsObject` with
+google-cloud-storage's generation preconditions, `_S3Object` with S3's conditional writes (`If-None-Match: *`,
+`If-Match: <ETag>`, which AWS S3 has honoured since 2024). An S3-compatible store that answers them "not
+implemented" gets one warning, and no lock; one that ignores the headers silently cannot be told apart.
 
 The lock files are written here, not through `tupe.storage`: `flock` needs a local file descriptor and the
-lease needs the generation preconditions of google-cloud-storage, which the generic path layer does not offer.
+lease needs the stores' preconditions, which the generic path layer does not offer.
 
 Multi-host: process 0 alone takes the lease; every process learns the outcome (one broadcast), so the other
 hosts of a refused job stop too, with one line, before writing anything.
@@ -113,73 +118,165 @@ def _parse(data: bytes) -> dict | None:
   return owner if isinstance(owner, dict) else None
 
 
+class _Changed(Exception):
+  """The lease object is not at the version that a conditional request named: written, created or deleted since."""
+
+
+class _NoConditionalWrites(Exception):
+  """The store refused a conditional write as not implemented (an S3-compatible store without them)."""
+
+
+class _GcsObject:
+  """The lease object in a gs:// bucket, through google-cloud-storage; its versions are the object's generations
+  (`if_generation_match` preconditions, 0 meaning "there is none")."""
+
+  def __init__(self, bucket: str, key: str):
+    from google.cloud import storage as gcs  # only for buckets
+    self.bucket, self.key = gcs.Client().bucket(bucket), key
+
+  def put(self, data: bytes, version: int | None) -> int:
+    """Writes `data` if the object is at `version` (None: if there is none); returns the new version."""
+    from google.api_core import exceptions
+    blob = self.bucket.blob(self.key)
+    try:
+      blob.upload_from_string(data, content_type="application/json", if_generation_match=version or 0)
+    except exceptions.PreconditionFailed as e:
+      raise _Changed() from e
+    return blob.generation
+
+  def read(self) -> tuple[bytes, int]:
+    """The object's bytes and version; FileNotFoundError when there is none."""
+    from google.api_core import exceptions
+    blob = self.bucket.get_blob(self.key)
+    if blob is None:
+      raise FileNotFoundError(self.key)
+    try:
+      return blob.download_as_bytes(if_generation_match=blob.generation), blob.generation
+    except exceptions.NotFound as e:
+      raise FileNotFoundError(self.key) from e
+    except exceptions.PreconditionFailed as e:
+      raise _Changed() from e
+
+  def delete(self, version: int) -> None:
+    """Deletes the object if it is at `version`; nothing if it is gone or was written since."""
+    from google.api_core import exceptions
+    with contextlib.suppress(exceptions.NotFound, exceptions.PreconditionFailed):
+      self.bucket.blob(self.key).delete(if_generation_match=version)
+
+
+class _S3Object:
+  """The lease object in an s3:// bucket, through botocore (the client s3fs is built on, reading the same AWS
+  settings: AWS_ENDPOINT_URL, credentials, region); its versions are ETags, and its preconditions S3's conditional
+  requests: PutObject with `If-None-Match: *` (create) or `If-Match: <ETag>` (replace), DeleteObject with
+  `If-Match`."""
+
+  def __init__(self, bucket: str, key: str):
+    import botocore.session  # only for buckets
+    self.client = botocore.session.get_session().create_client("s3")
+    self.bucket, self.key = bucket, key
+
+  def _call(self, method: str, **kwargs) -> dict:
+    """One request on the object; a failed precondition raises `_Changed`, a missing object FileNotFoundError."""
+    from botocore.exceptions import ClientError
+    try:
+      return getattr(self.client, method)(Bucket=self.bucket, Key=self.key, **kwargs)
+    except ClientError as e:
+      error = e.response.get("Error", {})
+      if error.get("Code") in ("PreconditionFailed", "ConditionalRequestConflict"):
+        raise _Changed() from e
+      if error.get("Code") == "NoSuchKey":
+        raise FileNotFoundError(self.key) from e
+      if error.get("Code") == "NotImplemented" or e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 501:
+        raise _NoConditionalWrites(f"{method}: {error.get('Message') or error.get('Code')}") from e
+      raise
+
+  def put(self, data: bytes, version: str | None) -> str:
+    """Writes `data` if the object is at `version` (None: if there is none); returns the new version."""
+    condition = {"IfMatch": version} if version else {"IfNoneMatch": "*"}
+    try:
+      return self._call("put_object", Body=data, ContentType="application/json", **condition)["ETag"]
+    except FileNotFoundError as e:  # If-Match on an object deleted since
+      raise _Changed() from e
+
+  def read(self) -> tuple[bytes, str]:
+    """The object's bytes and version; FileNotFoundError when there is none."""
+    response = self._call("get_object")
+    return response["Body"].read(), response["ETag"]
+
+  def delete(self, version: str) -> None:
+    """Deletes the object if it is at `version`; nothing if it is gone or was written since, or where the store has
+    no conditional deletes (the lease then expires as a crashed job's does)."""
+    with contextlib.suppress(FileNotFoundError, _Changed, _NoConditionalWrites):
+      self._call("delete_object", IfMatch=version)
+
+
+_STORES = {"gs": _GcsObject, "s3": _S3Object}
+
+
 class _BucketLease:
-  """The lease object of a gs:// workdir (see the module's docstring)."""
+  """The lease object of a bucket workdir (see the module's docstring), on any store of `_STORES`."""
 
   def __init__(self, workdir, ttl: float):
-    from google.cloud import storage as gcs  # only for buckets
-    bucket, _, prefix = str(workdir).removeprefix("gs://").partition("/")
-    self.url = f"gs://{bucket}/{(prefix.rstrip('/') + '/') if prefix else ''}{LEASE_NAME}"
+    scheme, _, rest = str(workdir).partition("://")
+    bucket, _, prefix = rest.partition("/")
+    key = f"{(prefix.rstrip('/') + '/') if prefix else ''}{LEASE_NAME}"
+    self.url = f"{scheme}://{bucket}/{key}"
     self.ttl = ttl
-    self.name = self.url.removeprefix(f"gs://{bucket}/")
     with storage.errors("connect to", self.url):
-      self.bucket = gcs.Client().bucket(bucket)
-    self.generation = None
+      self.object = _STORES[scheme](bucket, key)
+    self.version = None
     self._stop = threading.Event()
     self._thread = threading.Thread(target=self._renew_loop, name="tupe-lease", daemon=True)
 
-  def _put(self, generation: int) -> None:
-    """Writes this job's record if the object's generation is `generation` (0: if there is none)."""
-    blob = self.bucket.blob(self.name)
-    blob.upload_from_string(json.dumps(_owner(self.ttl)), content_type="application/json",
-                            if_generation_match=generation)
-    self.generation = blob.generation
+  def _put(self, version) -> None:
+    """Writes this job's record if the object is at `version` (None: if there is none)."""
+    self.version = self.object.put(json.dumps(_owner(self.ttl)).encode(), version)
 
-  def _current(self) -> tuple[dict | None, int | None]:
-    """The lease object's record and generation; FileNotFoundError when there is none."""
-    blob = self.bucket.get_blob(self.name)
-    if blob is None:
-      raise FileNotFoundError(self.url)
-    return _parse(blob.download_as_bytes(if_generation_match=blob.generation)), blob.generation
-
-  def acquire(self, workdir) -> None:
-    from google.api_core import exceptions
-    refusal = None
+  def acquire(self, workdir) -> bool:
+    """Takes the lease and starts renewing it; `WorkdirInUse` when a live job holds it. False, with one warning and
+    no lease, where the store does not implement conditional writes."""
     with storage.errors("take the lease", self.url):
-      for _ in range(5):  # a lease deleted or replaced between two requests: look again
-        try:
-          self._put(0)
-          break
-        except exceptions.PreconditionFailed:
-          pass
-        try:
-          owner, generation = self._current()
-        except (FileNotFoundError, exceptions.NotFound, exceptions.PreconditionFailed):
-          continue  # released or replaced since
-        expired = owner is None or owner.get("expires", 0) < time.time() or _pid_is_gone(owner)
-        if not expired:
-          refusal = _in_use(workdir, owner, expiry=True)
-          break
-        try:
-          self._put(generation)
-        except exceptions.PreconditionFailed:
-          continue  # another job took it over first: the next look names it
-        logs.log(f"warning: took over the lease of {workdir} from a job that stopped without releasing it ("
-                 + (f"pid {owner.get('pid')} on host {owner.get('host')}, lease expired at "
-                    f"{_clock(owner['expires'])}" if owner and "expires" in owner else "an unreadable lease") + ")")
-        break
-      else:
-        refusal = _in_use(workdir, None)
+      try:
+        refusal = self._take(workdir)
+      except _NoConditionalWrites as e:
+        logs.log(f"warning: {workdir}: no lock, as this store does not implement conditional writes ({e}); make "
+                 f"sure no other job uses this workdir")
+        return False
     if refusal:
       raise refusal
     self._thread.start()
+    return True
+
+  def _take(self, workdir) -> WorkdirInUse | None:
+    """Creates the lease, or takes over an expired one; the refusal naming its live owner otherwise."""
+    for _ in range(5):  # a lease deleted or replaced between two requests: look again
+      try:
+        self._put(None)
+        return None
+      except _Changed:
+        pass
+      try:
+        data, version = self.object.read()
+      except (FileNotFoundError, _Changed):
+        continue  # released or replaced since
+      owner = _parse(data)
+      if not (owner is None or owner.get("expires", 0) < time.time() or _pid_is_gone(owner)):
+        return _in_use(workdir, owner, expiry=True)
+      try:
+        self._put(version)
+      except _Changed:
+        continue  # another job took it over first: the next look names it
+      logs.log(f"warning: took over the lease of {workdir} from a job that stopped without releasing it ("
+               + (f"pid {owner.get('pid')} on host {owner.get('host')}, lease expired at "
+                  f"{_clock(owner['expires'])}" if owner and "expires" in owner else "an unreadable lease") + ")")
+      return None
+    return _in_use(workdir, None)
 
   def _renew_loop(self) -> None:
-    from google.api_core import exceptions
     while not self._stop.wait(self.ttl / 4):
       try:
-        self._put(self.generation)
-      except exceptions.PreconditionFailed:
+        self._put(self.version)
+      except _Changed:
         if self._stop.is_set():
           return
         # Another job took the workdir over: this one must not write a byte more.
@@ -191,18 +288,18 @@ class _BucketLease:
         continue
 
   def release(self) -> None:
-    from google.api_core import exceptions
     self._stop.set()
     if self._thread.is_alive():
       self._thread.join()
-    with contextlib.suppress(exceptions.NotFound, exceptions.PreconditionFailed):
-      self.bucket.blob(self.name).delete(if_generation_match=self.generation)
+    self.object.delete(self.version)
 
 
 @contextlib.contextmanager
 def _bucket_lease(workdir, ttl: float) -> Iterator[None]:
   lease = _BucketLease(workdir, ttl)
-  lease.acquire(workdir)
+  if not lease.acquire(workdir):
+    yield
+    return
   try:
     yield
   finally:
@@ -212,16 +309,12 @@ def _bucket_lease(workdir, ttl: float) -> Iterator[None]:
 @contextlib.contextmanager
 def _one_host(workdir, ttl: float) -> Iterator[None]:
   """This process's lock on `workdir`, by the kind of storage."""
-  if not storage.is_remote(workdir):
-    with _local_lock(workdir):
-      yield
-  elif str(workdir).startswith("gs://"):
+  if storage.is_remote(workdir):
     with _bucket_lease(workdir, ttl):
       yield
   else:
-    logs.log(f"warning: {workdir}: no lock on this store (only local disks and gs:// buckets have one); make "
-             f"sure no other job uses this workdir")
-    yield
+    with _local_lock(workdir):
+      yield
 
 
 @contextlib.contextmanager

@@ -231,15 +231,20 @@ def walk_files(p: PathLike) -> list[str]:
   """Every file under folder `p`, as paths relative to it with '/' separators, sorted."""
   root = path(p)
   with errors("list", root):
+    if is_remote(root):  # fsspec's own walk: epath's passes it an argument that s3fs refuses (max_depth)
+      fs, key = fsspec.core.url_to_fs(os.fspath(root))
+      tree = fs.walk(key, on_error="omit")
+    else:
+      tree = root.walk()
     out = []
-    for dirpath, _, filenames in root.walk():
+    for dirpath, _, filenames in tree:
       for name in filenames:
-        out.append(_bare(dirpath / name).removeprefix(_bare(root)).lstrip("/"))
+        out.append(_bare(f"{dirpath}/{name}").removeprefix(_bare(root)).lstrip("/"))
     return sorted(out)
 
 
 def _bare(p: PathLike) -> str:
-  """`p` without its scheme ("gs://b/x" -> "b/x"): walk() gives folders in bucket paths without one."""
+  """`p` without its scheme ("gs://b/x" -> "b/x"): fsspec gives folders in bucket paths without one."""
   text = os.fspath(p)
   return text.split("://", 1)[-1]
 
