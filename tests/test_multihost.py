@@ -10,7 +10,6 @@ import re
 import socket
 import signal
 import sys
-import time
 
 import jax
 import numpy as np
@@ -33,6 +32,8 @@ from test_resume import (REPO, TINY, Run, assert_same_state, checkpoint_state, f
 
 HOSTS, STEPS = 2, 6
 MULTI = {"num_train_steps": STEPS, "checkpoint.every_steps": 4}
+# Seconds after which a host still waiting for a dead peer counts as hung (its heartbeat timeout is 10 s).
+HANG_S = 600
 
 
 def free_port() -> int:
@@ -165,11 +166,13 @@ def test_two_hosts_train_into_a_bucket_killed_and_resumed(gcs_bucket, tmp_path):
   assert_same_state(checkpoint_state(workdir, STEPS), checkpoint_state(reference, STEPS))
 
 
-def kill_one_host(workdir, killed: int, mid_training: bool) -> tuple[int, float, str]:
+def kill_one_host(workdir, killed: int, mid_training: bool) -> tuple[int, str]:
   """Starts two hosts (10 s heartbeat timeout) and SIGKILLs host `killed` once both have joined, or after a step.
 
-  Returns the other host's exit status, its seconds from the kill to its exit, and its stderr. Mid-training, a
-  checkpoint every step keeps the run going (each is a multi-host save with barriers).
+  Returns the other host's exit status and its stderr. Its exit status says why it stopped: EXIT_PEER_DIED only
+  when its supervisor saw the peer die, not when it finished or failed otherwise; a survivor that waits for the
+  dead peer for good is a hang (HANG_S). Mid-training, a checkpoint every step keeps the run going (each is a
+  multi-host save with barriers).
   """
   hosts = start_hosts(workdir, {"distributed.heartbeat_timeout_s": 10, "checkpoint.every_steps": 1})
   survivor = hosts[1 - killed]
@@ -178,9 +181,7 @@ def kill_one_host(workdir, killed: int, mid_training: bool) -> tuple[int, float,
   else:  # Host 0 prints the run's lines.
     survivor.wait_until(lambda: "on 2 host(s)" in hosts[0].stdout())
   hosts[killed].signal(signal.SIGKILL)  # The supervisor: its child, the training process, dies with it.
-  seconds = time.monotonic()
-  returncode = survivor.wait(timeout=90)
-  return returncode, time.monotonic() - seconds, survivor.stderr()
+  return survivor.wait(timeout=HANG_S), survivor.stderr()
 
 
 def assert_one_line_naming(stderr: str, killed: int) -> None:
@@ -195,8 +196,8 @@ def assert_one_line_naming(stderr: str, killed: int) -> None:
 @pytest.mark.parametrize("killed", [1, 0], ids=["peer", "coordinator"])
 def test_a_killed_host_stops_the_other_with_one_line(tmp_path, killed):
   """One host dies before its (uncached, slow) compilation; slow/test_kill_points.py kills one mid-training."""
-  returncode, seconds, stderr = kill_one_host(tmp_path / "run", killed, mid_training=False)
-  assert returncode == supervise.EXIT_PEER_DIED and seconds < 60
+  returncode, stderr = kill_one_host(tmp_path / "run", killed, mid_training=False)
+  assert returncode == supervise.EXIT_PEER_DIED
   assert_one_line_naming(stderr, killed)
   assert not supervised_children(tmp_path), "the killed host's training process outlived its supervisor"
 

@@ -84,6 +84,6 @@ def test_random_kill_points(tmp_path, reference, seed):
 @pytest.mark.slow
 @pytest.mark.parametrize("killed", [1, 0], ids=["peer", "coordinator"])
 def test_a_host_killed_mid_training_stops_the_other(tmp_path, killed):
-  returncode, seconds, stderr = kill_one_host(tmp_path / "run", killed, mid_training=True)
-  assert returncode == supervise.EXIT_PEER_DIED and seconds < 60
+  returncode, stderr = kill_one_host(tmp_path / "run", killed, mid_training=True)
+  assert returncode == supervise.EXIT_PEER_DIED
   assert_one_line_naming(stderr, killed)
