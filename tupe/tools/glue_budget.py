@@ -58,7 +58,8 @@ def budget_variants(cfg, root: storage.Path, pair: tuple[study.Variant, study.Va
 
 
 def grid_minutes(variant: study.Variant) -> float:
-  """The minutes a grid's runs took (each run's own time: start-up and compilation outside the runs excluded)."""
+  """The minutes a grid's runs took: the sum of their own times (each task's first run includes compiling its
+  step; the process's start-up and data loading are not counted)."""
   return sum(run["seconds"] for run in runs_lib.read_runs(variant.glue_dir)) / 60
 
 
