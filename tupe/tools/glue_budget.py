@@ -68,7 +68,7 @@ def measure(variant: study.Variant, control: study.Variant) -> dict:
   summaries = {v.name: {"glue": study_report.glue_summary(v)} for v in (variant, control)}
   gain = study_report.glue_gains(summaries).get(variant.name)
   return {"glue": {name: entry["glue"] for name, entry in summaries.items()}, "gain": gain,
-          "minutes": {v.name: round(grid_minutes(v), 1) for v in (variant, control)}}
+          "minutes": {v.name: grid_minutes(v) for v in (variant, control)}}
 
 
 def choose(results: dict, max_minutes: float) -> str | None:
