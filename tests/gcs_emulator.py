@@ -48,6 +48,17 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
+def serving(server):
+  """Starts an emulator (`Emulator`, `S3Emulator`), yields it, and stops it by its pid on the way out (also when it
+  did not start in time)."""
+  try:
+    server.start()
+    yield server
+  finally:
+    server.stop()
+
+
+@contextlib.contextmanager
 def emulator_environment(emulator: Emulator):
   """Points every client in this process, and the subprocesses it starts, at `emulator` while inside."""
   env = emulator.environment()
