@@ -17,7 +17,7 @@ os.environ.setdefault("JAX_DEFAULT_PRNG_IMPL", "rbg")
 import pytest  # noqa: E402
 
 from gcs_emulator import Emulator, create_bucket, emulator_environment, free_port, serving  # noqa: E402
-from s3_emulator import S3Emulator, create_bucket as create_s3_bucket  # noqa: E402
+from s3_emulator import AuthenticatingS3, S3Emulator, create_bucket as create_s3_bucket  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
@@ -103,3 +103,16 @@ def s3_emulator(tmp_path_factory):
 def s3_bucket(s3_emulator, request) -> str:
   """A new, empty bucket in the S3 emulator for this test: returns "s3://<name>"."""
   return create_s3_bucket(s3_emulator, bucket_name(request))
+
+
+@pytest.fixture(scope="session")
+def s3_authenticating(tmp_path_factory) -> AuthenticatingS3:
+  """A second S3 emulator, which checks every request's credentials and permissions as AWS does (`AuthenticatingS3`:
+  one empty bucket, an "admin" and a "reader" user); `s3_emulator` stays the one that checks none. It sets no
+  environment: tests run their commands with `s3_authenticating.environment(who)`."""
+  pytest.importorskip("moto.server", reason="the S3 emulator (moto[server]) is missing")
+  pytest.importorskip("s3fs", reason="s3fs, the s3:// client of tupe.storage, is missing")
+  root = tmp_path_factory.mktemp("s3-auth")
+  (root / "empty").write_text("")
+  with serving(S3Emulator(str(root / "server.log"), free_port())) as server:
+    yield AuthenticatingS3(server, f"tupe-auth-{os.getpid()}", str(root / "empty"))

@@ -1,5 +1,6 @@
 """A real S3 emulator for tests: moto's server mode (`moto[server]`), an HTTP S3 endpoint, as a process of ours
-(tests/conftest.py's `s3_emulator` and `s3_bucket` fixtures use it). It honours S3's conditional writes
+(tests/conftest.py's `s3_emulator` and `s3_bucket` fixtures use it), and one that checks credentials and permissions
+as AWS does (`AuthenticatingS3`, the `s3_authenticating` fixture). It honours S3's conditional writes
 (`If-None-Match: *`, `If-Match: <ETag>`), which the workdir lease of tupe/lease.py relies on."""
 import subprocess
 import sys
@@ -39,3 +40,74 @@ def create_bucket(url: str, name: str) -> str:
   with urllib.request.urlopen(urllib.request.Request(f"{url}/{name}", method="PUT")) as resp:
     assert resp.status == 200, resp.read()
   return f"s3://{name}"
+
+
+# Who may do what in an `AuthenticatingS3`'s bucket: an administrator, and a reader who may list and read it only.
+POLICIES = {"admin": ["s3:*"], "reader": ["s3:GetObject", "s3:ListBucket", "s3:GetBucketLocation"]}
+# An access key in AWS's format that the emulator's IAM does not know.
+UNKNOWN_KEY = ("AKIATUPEUNKNOWNKEY00", "not-a-secret-of-any-user")
+
+
+class AuthenticatingS3:
+  """An S3 emulator (its own `S3Emulator`) that authenticates and authorizes every request as AWS does: a request must
+  be signed with an access key of an IAM user of the emulator, and that user's policy must allow it (moto's IAM-like
+  access control). Set up with authentication off: one empty bucket, and an IAM user with an access key for each of
+  `POLICIES` (while it checks nothing, any credentials do); then checking turned on for good: moto's
+  /moto-api/reset-auth with 0, the setting that the INITIAL_NO_AUTH_ACTION_COUNT environment variable gives at its
+  start (how many requests go unchecked before it checks every one).
+
+  It sets no environment: `environment(who)` is the one a subprocess runs with, with "admin", "reader", "unknown"
+  (`UNKNOWN_KEY`) or None (no credentials anywhere) as its credentials."""
+
+  def __init__(self, server: S3Emulator, bucket: str, empty_file: str):
+    import json
+    import urllib.request
+
+    self.url, self.bucket, self.empty_file = server.url, bucket, empty_file
+    self.keys = {"unknown": UNKNOWN_KEY}
+    iam, s3 = self._client("iam", ("setup", "setup")), self._client("s3", ("setup", "setup"))
+    s3.create_bucket(Bucket=bucket)
+    for user, actions in POLICIES.items():
+      iam.create_user(UserName=user)
+      statement = {"Effect": "Allow", "Action": actions,
+                   "Resource": [f"arn:aws:s3:::{bucket}", f"arn:aws:s3:::{bucket}/*"]}
+      iam.put_user_policy(UserName=user, PolicyName=f"{user}-{bucket}",
+                          PolicyDocument=json.dumps({"Version": "2012-10-17", "Statement": [statement]}))
+      key = iam.create_access_key(UserName=user)["AccessKey"]
+      self.keys[user] = (key["AccessKeyId"], key["SecretAccessKey"])
+    request = urllib.request.Request(f"{self.url}/moto-api/reset-auth", data=b"0", method="POST",
+                                     headers={"Content-Type": "text/plain"})  # the body is read raw, not as a form
+    with urllib.request.urlopen(request) as resp:
+      assert resp.status == 200, resp.read()
+    from botocore.exceptions import ClientError
+    try:  # the set-up credentials belong to no user: refused from now on
+      s3.list_objects_v2(Bucket=bucket)
+      raise AssertionError("the S3 emulator did not turn authentication on")
+    except ClientError as e:
+      assert e.response["Error"]["Code"] == "InvalidAccessKeyId", e
+
+  def _client(self, service: str, credentials: tuple[str, str]):
+    import botocore.session
+
+    key, secret = credentials
+    return botocore.session.Session().create_client(service, endpoint_url=self.url, region_name="us-east-1",
+                                                    aws_access_key_id=key, aws_secret_access_key=secret)
+
+  def environment(self, who: str | None, base: dict | None = None) -> dict:
+    """`base` (default: this process's environment) with no AWS setting of its own and none of fsspec's for s3, then
+    pointed at this emulator with `who`'s credentials (None: none at all, nor a credentials or config file, nor the
+    instance metadata service that botocore would otherwise wait for)."""
+    import os
+
+    env = {k: v for k, v in (os.environ if base is None else base).items()
+           if not k.startswith(("AWS_", "FSSPEC_S3"))}
+    env.update(AWS_ENDPOINT_URL=self.url, AWS_DEFAULT_REGION="us-east-1", AWS_EC2_METADATA_DISABLED="true",
+               AWS_SHARED_CREDENTIALS_FILE=self.empty_file, AWS_CONFIG_FILE=self.empty_file)
+    if who is not None:
+      env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"] = self.keys[who]
+    return env
+
+  def objects(self) -> list[str]:
+    """Every key in the bucket, as its administrator lists them."""
+    listing = self._client("s3", self.keys["admin"]).list_objects_v2(Bucket=self.bucket)
+    return sorted(o["Key"] for o in listing.get("Contents", []))
