@@ -11,8 +11,8 @@ Object stores have no rename, no append and no fsync, so the writes here are who
 - `append_text` appends and fsyncs locally, and rewrites the object in a bucket (keep such files small:
   `tupe.jsonlog` rotates segments for that reason).
 
-Errors from a store (no credentials, an unknown bucket, a permission refused, the endpoint gone) surface as
-`StorageError`, one line naming the path and the cause.
+Errors from a store (no credentials, credentials it refuses, an unknown bucket, a permission refused, the endpoint
+gone) surface as `StorageError`, one line naming the path, the cause and what to do about it (`describe`).
 """
 
 from __future__ import annotations
@@ -66,17 +66,74 @@ def local(p: PathLike) -> str:
   return os.fspath(path(p))
 
 
+_AWS_KEYS = "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE"
+_GOOGLE_LOGIN = "run `gcloud auth application-default login`, or set GOOGLE_APPLICATION_CREDENTIALS to a key file"
+
+# What a store's refusal means, and what to do about it, by the first row whose key shows anywhere in the exception's
+# chain (the exceptions it was raised from): a client's exception class ("module.Name", its base classes included),
+# an S3 error code, or an HTTP status. Specific rows come first. "{detail}" is the store's own words.
+_CAUSES = (
+    ("botocore.exceptions.NoCredentialsError", f"no credentials found: set {_AWS_KEYS}"),
+    ("botocore.exceptions.PartialCredentialsError", f"incomplete credentials ({{detail}}): set {_AWS_KEYS}"),
+    ("google.auth.exceptions.DefaultCredentialsError", f"no credentials found: {_GOOGLE_LOGIN}"),
+    ("google.auth.exceptions.RefreshError", f"the credentials were refused ({{detail}}): {_GOOGLE_LOGIN}"),
+    ("InvalidAccessKeyId", "the credentials were refused: the store knows no such access key; check "
+                           "AWS_ACCESS_KEY_ID (or AWS_PROFILE)"),
+    ("SignatureDoesNotMatch", "the credentials were refused: the secret key does not match the access key; check "
+                              "AWS_SECRET_ACCESS_KEY"),
+    ("ExpiredToken", "the credentials have expired: renew them (`aws sso login`, or a new AWS_SESSION_TOKEN)"),
+    ("InvalidToken", "the credentials were refused: the session token is not valid; renew it (`aws sso login`, or a "
+                     "new AWS_SESSION_TOKEN)"),
+    (401, f"no credentials were accepted ({{detail}}): {_GOOGLE_LOGIN}"),  # S3 answers 403, never 401
+    ("AccessDenied", "permission refused ({detail}): the credentials in use may not do this here; ask for access, or "
+                     "use other credentials"),
+    (403, "permission refused ({detail}): the credentials in use may not do this here, or the store does not know "
+          "them"),  # a HEAD request's refusal has no body to tell which
+    ("builtins.PermissionError", "permission refused ({detail})"),
+)
+
+
+def _keys(e: BaseException) -> Iterator[tuple[object, BaseException]]:
+  """Each `_CAUSES` key that `e` and the exceptions it was raised from show, with the exception showing it."""
+  seen = set()
+  while e is not None and id(e) not in seen:
+    seen.add(id(e))
+    for cls in type(e).__mro__:
+      yield f"{cls.__module__}.{cls.__qualname__}", e
+    response = getattr(e, "response", None)  # botocore's ClientError
+    if isinstance(response, dict):
+      yield response.get("Error", {}).get("Code"), e
+      yield response.get("ResponseMetadata", {}).get("HTTPStatusCode"), e
+    if isinstance(getattr(e, "code", None), int):  # gcsfs's HttpError, google-api-core's errors
+      yield e.code, e
+    if type(e) is OSError and str(e).startswith("Forbidden: "):  # gcsfs raises a 403 so
+      yield 403, e
+    e = e.__cause__ if e.__cause__ is not None or e.__suppress_context__ else e.__context__
+
+
 def describe(e: BaseException) -> str:
-  """One line for a storage exception: its class for the generic ones, and the message's first line."""
+  """One line for a storage exception: what the store's refusal means and what to do (`_CAUSES`), or else its class
+  for the generic ones, and the message's first line."""
   if isinstance(e, StorageError):
     return str(e)
   if isinstance(e, FileNotFoundError):
     return "not found"
-  if isinstance(e, PermissionError) or getattr(e, "code", None) in (401, 403):
-    return f"permission refused ({_first_line(e)})"
+  shown = {}
+  for key, source in _keys(e):
+    shown.setdefault(key, source)
+  for key, text in _CAUSES:
+    if key in shown:
+      return text.format(detail=_words(shown[key]))
   if isinstance(e, OSError) and e.strerror:
     return e.strerror
   return f"{type(e).__name__}: {_first_line(e)}"
+
+
+def _words(e: BaseException) -> str:
+  """The store's own words in `e` on one line: a botocore ClientError's message, or else the exception's text."""
+  response = getattr(e, "response", None)
+  message = response.get("Error", {}).get("Message") if isinstance(response, dict) else None
+  return " ".join(str(message or e).split()) or type(e).__name__
 
 
 def _first_line(e: BaseException) -> str:
