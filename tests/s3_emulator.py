@@ -57,7 +57,8 @@ class AuthenticatingS3:
   start (how many requests go unchecked before it checks every one).
 
   It sets no environment: `environment(who)` is the one a subprocess runs with, with "admin", "reader", "unknown"
-  (`UNKNOWN_KEY`) or None (no credentials anywhere) as its credentials."""
+  (`UNKNOWN_KEY`), "mismatched" (the reader's key with another secret) or None (no credentials anywhere) as its
+  credentials."""
 
   def __init__(self, server: S3Emulator, bucket: str, empty_file: str):
     import json
@@ -75,6 +76,7 @@ class AuthenticatingS3:
                           PolicyDocument=json.dumps({"Version": "2012-10-17", "Statement": [statement]}))
       key = iam.create_access_key(UserName=user)["AccessKey"]
       self.keys[user] = (key["AccessKeyId"], key["SecretAccessKey"])
+    self.keys["mismatched"] = (self.keys["reader"][0], "not-the-reader's-secret")
     request = urllib.request.Request(f"{self.url}/moto-api/reset-auth", data=b"0", method="POST",
                                      headers={"Content-Type": "text/plain"})  # the body is read raw, not as a form
     with urllib.request.urlopen(request) as resp:

@@ -25,6 +25,8 @@ UNKNOWN_KEY = ("the credentials were refused: the store knows no such access key
                "AWS_PROFILE)")
 ACCESS_DENIED = ("permission refused (Access Denied): the credentials in use may not do this here; ask for access, or "
                  "use other credentials")
+MISMATCHED = ("the credentials were refused: the secret key does not match the access key; check "
+              "AWS_SECRET_ACCESS_KEY")
 # S3 answers a refused HEAD request (does this object exist?) with a bare 403: no body to say why.
 FORBIDDEN = ("permission refused (Forbidden): the credentials in use may not do this here, or the store does not know "
              "them")
@@ -71,10 +73,11 @@ def test_preprocess_into_a_refusing_bucket_is_one_line(s3_authenticating, caller
   assert s3_authenticating.objects() == []
 
 
-@pytest.mark.parametrize("caller", CALLERS)
+@pytest.mark.parametrize("caller", [*CALLERS, "mismatched"])
 def test_a_refused_s3_lease_is_one_line(s3_authenticating, caller, monkeypatch):
-  """The workdir lease (botocore's own client, whose errors s3fs does not translate): one line, no lease written."""
-  env = s3_authenticating.environment(CALLERS[caller])
+  """The workdir lease (botocore's own client, whose errors s3fs does not translate): one line, no lease written.
+  Also a known access key signed with another secret."""
+  env = s3_authenticating.environment(CALLERS.get(caller, caller))
   for name in set(os.environ) - set(env):
     monkeypatch.delenv(name)
   for name, value in env.items():
@@ -83,7 +86,8 @@ def test_a_refused_s3_lease_is_one_line(s3_authenticating, caller, monkeypatch):
   with pytest.raises(storage.StorageError) as refused:
     with lease.hold(workdir):
       pytest.fail("the lease was taken")
-  assert str(refused.value) == f"cannot take the lease {workdir}/{lease.LEASE_NAME}: {CAUSES[caller]}"
+  cause = CAUSES.get(caller, MISMATCHED)
+  assert str(refused.value) == f"cannot take the lease {workdir}/{lease.LEASE_NAME}: {cause}"
   assert s3_authenticating.objects() == []
 
 
