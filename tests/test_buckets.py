@@ -185,14 +185,22 @@ def test_a_missing_bucket_or_path_is_one_line(gcs_bucket, bert_vocab):
   assert storage.walk_files(gcs_bucket) == []
 
 
-def test_train_into_s3_stops_before_writing(s3_bucket):
-  """train.py --workdir s3://... (a real S3 emulator): orbax writes arrays to local paths and gs:// only, so the run
+S3_CHECKPOINTS = ("orbax handles local paths and gs:// buckets only, not s3://; keep checkpoints on a local or shared "
+                  "file system, or in gs://")
+
+
+def test_checkpoints_in_s3_are_one_line(s3_bucket, pretrained, tmp_path):
+  """orbax writes and reads arrays in local paths and gs:// only. train.py --workdir s3://... (a real S3 emulator)
   stops before its first step with one line, the bucket left empty (the workdir's lease released), rather than at
-  its first save, having written a local folder "s3:"."""
+  its first save, having written a local folder "s3:". A reader given a checkpoint copied to s3:// says the same,
+  rather than taking every step for damaged."""
   line = one_line_error(run(train_command(f"{s3_bucket}/run")[1:]))
-  assert line == (f"error: cannot write checkpoints to {s3_bucket}/run/checkpoints: orbax writes arrays to local "
-                  f"paths and gs:// buckets only, not to s3://; choose a local or gs:// --workdir"), line
+  assert line == f"error: cannot write checkpoints in {s3_bucket}/run/checkpoints: {S3_CHECKPOINTS}", line
   assert storage.walk_files(s3_bucket) == []
+  storage.copy_tree(pretrained, f"{s3_bucket}/copied")
+  line = one_line_error(run(["-m", "tupe.tools.export_hf", "--checkpoint", f"{s3_bucket}/copied",
+                             "--out", str(tmp_path / "export")]))
+  assert line == f"error: cannot read checkpoints in {s3_bucket}/copied: {S3_CHECKPOINTS}", line
 
 
 def test_hf_convbert_imports_from_a_bucket(gcs_bucket, tmp_path):

@@ -50,14 +50,21 @@ ITEMS = ("params", "optimizer", "meta")
 _TMP = ".orbax-checkpoint-tmp"  # a local uncommitted step directory: <step>.orbax-checkpoint-tmp-<time>
 
 
+def _orbax_path(p: storage.PathLike, what: str) -> storage.Path:
+  """`p` as a path orbax can `what` ("write", "read") checkpoints in: a local one or gs://. orbax 0.12.8 builds
+  tensorstore specs for those alone; given s3://, a save fails after the steps were run (leaving a local folder
+  "s3:") and a read names no cause."""
+  if str(p).startswith("s3://"):
+    raise UserError(f"cannot {what} checkpoints in {p}: orbax handles local paths and gs:// buckets only, not "
+                    f"s3://; keep checkpoints on a local or shared file system, or in gs://")
+  return storage.path(p)
+
+
 class Checkpointer:
   """Saves every `every_steps`, keeps the last `keep_last` plus every `keep_every`-th step."""
 
   def __init__(self, directory: storage.PathLike, ckpt_cfg):
-    self.directory = storage.path(directory)
-    if str(self.directory).startswith("s3://"):  # else: a local folder "s3:" and a failed first save
-      raise UserError(f"cannot write checkpoints to {self.directory}: orbax writes arrays to local paths and gs:// "
-                      f"buckets only, not to s3://; choose a local or gs:// --workdir")
+    self.directory = _orbax_path(directory, "write")
     try:  # Orbax would create it in a background thread and only fail at the first save.
       storage.makedirs(self.directory)
       storage.check_writable(self.directory)  # a bucket: credentials, the bucket and the permission to write
@@ -422,7 +429,7 @@ def _load_newest(path: storage.PathLike, load):
   Returns:
     (step_dir, CheckpointMeta, load's result).
   """
-  path = storage.path(path)
+  path = _orbax_path(path, "read")
   explicit = storage.is_dir(path / "meta")
   root = path.parent if explicit else path / "checkpoints" if storage.is_dir(path / "checkpoints") else path
   step_dirs = [path] if explicit else sorted(
