@@ -198,7 +198,7 @@ def test_a_read_only_filesystem_is_named_as_such(tmp_path):
   mount.mkdir()
   script = ("import pathlib, sys; from tupe import training; from tupe.errors import UserError\n"
             "try:\n  training.check_workdir(pathlib.Path(sys.argv[1]) / 'run')\nexcept UserError as e:\n  print(e)")
-  proc = subprocess.run(["unshare", "-rm", "sh", "-c", f'mount -t tmpfs -o ro tmpfs "$1" && exec "$2" -c "$3" "$1"',
+  proc = subprocess.run(["unshare", "-rm", "sh", "-c", 'mount -t tmpfs -o ro tmpfs "$1" && exec "$2" -c "$3" "$1"',
                          "sh", str(mount), sys.executable, script], cwd=REPO, capture_output=True, text=True,
                         timeout=600)
   if proc.returncode != 0:  # No user namespaces or mounts allowed here.

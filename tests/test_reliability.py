@@ -98,7 +98,7 @@ def test_nonfinite_stop_names_the_step(tmp_path):
   assert_all_finite(checkpoint_state(workdir, finished_steps(workdir)[-1]))
 
   proc = run_train(tmp_path / "unsaved", dict(settings, **{"checkpoint.every_steps": 100}))
-  assert error_line(proc).endswith(f"stopping (nonfinite='stop'): no checkpoint was saved before it")
+  assert error_line(proc).endswith("stopping (nonfinite='stop'): no checkpoint was saved before it")
 
 
 def test_ctrl_c_saves_a_checkpoint_and_exits_130(tmp_path):
