@@ -313,16 +313,14 @@ def _ignore_reads_left_by_failed_restores() -> None:
 
 
 def _drop_orbax_tracebacks() -> None:
-  """Drops the tracebacks that orbax logs from its threads when a save fails (a few hundred lines per failure),
-  and those gcsfs logs when its retries of a request run out: every failure of a save reaches the caller of
-  `save`, `check` or `wait`, which reports it in one line."""
-  for name, origin in (("absl", _is_orbax_file), ("gcsfs", lambda pathname: True)):  # absl: orbax's logger
-    logger = logging.getLogger(name)
-    if not any(getattr(f, "_tupe_orbax", False) for f in logger.filters):
-      drop = lambda record, origin=origin: not (record.exc_info and record.levelno >= logging.ERROR
-                                                and origin(record.pathname))
-      drop._tupe_orbax = True
-      logger.addFilter(drop)
+  """Drops the tracebacks that orbax logs from its threads when a save fails (a few hundred lines per failure):
+  every failure of a save reaches the caller of `save`, `check` or `wait`, which reports it in one line. (Those
+  gcsfs logs when it gives up on a request are dropped by `tupe.storage`.)"""
+  logger = logging.getLogger("absl")  # orbax's logger
+  if not any(getattr(f, "_tupe_orbax", False) for f in logger.filters):
+    drop = lambda record: not (record.exc_info and record.levelno >= logging.ERROR and _is_orbax_file(record.pathname))
+    drop._tupe_orbax = True
+    logger.addFilter(drop)
 
 
 def _silence_abandoned_writes() -> None:
