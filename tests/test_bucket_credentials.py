@@ -4,7 +4,7 @@ checks every request's signature and its user's policy as AWS does (conftest.py'
 against the GCS emulator behind a front that checks credentials and permissions as GCS does (`gcs_authenticating`:
 service accounts' key files that google-auth exchanges for tokens at its token endpoint, GCS's 401 and 403 answers).
 Both through the entry points (eval_glue.py, `tupe.data.preprocess`) and the workdir lease; on gs:// also
-tensorstore (orbax's arrays).
+tensorstore (orbax's arrays), and a lease that cannot be released.
 
 What the emulators cannot produce is checked on the exceptions as the clients build them: an expired AWS session
 token, GCS's 401 for a token it no longer accepts, an expired gcloud login.
@@ -186,6 +186,36 @@ def test_tensorstore_refusals_are_named(gcs_authenticating, caller):
       CAUSES["gs", caller])
   assert proc.stdout.strip() == cause
   assert gcs_authenticating.objects() == []
+
+
+def test_a_lease_that_cannot_be_released_is_left_to_expire(gcs_authenticating, monkeypatch, capsys):
+  """The writer's permission to write taken away while it holds a gs:// workdir's lease: the lease it cannot delete
+  is left to expire with one warning; and with none where the job stops on an error of its own, whose one line it
+  would otherwise follow (train.py's refused save, `test_a_save_refused_in_mid_run_stops_there`)."""
+  env = gcs_authenticating.environment("writer")
+  for name in set(os.environ) - set(env):  # the other emulator's settings among them
+    monkeypatch.delenv(name)
+  for name, value in env.items():
+    monkeypatch.setenv(name, value)
+  bucket = gcs_authenticating.create_bucket(f"{gcs_authenticating.bucket}-lease")
+  try:
+    with lease.hold(f"{bucket}/run"):
+      gcs_authenticating.set_role("writer", "reader")
+    url = f"{bucket}/run/{lease.LEASE_NAME}"
+    assert capsys.readouterr().out.strip() == (
+        f"warning: could not release the lease {url} ({gcs_denied('writer', 'storage.objects.delete')}); a job on "
+        f"this host takes it over at once, one on another host once it expires, {lease.TTL_S:g} s after its last "
+        "renewal")
+    gcs_authenticating.set_role("writer", "writer")
+    with pytest.raises(RuntimeError, match="^the job's own error$"):
+      with lease.hold(f"{bucket}/again"):
+        gcs_authenticating.set_role("writer", "reader")
+        raise RuntimeError("the job's own error")
+    assert capsys.readouterr().out == ""
+  finally:
+    gcs_authenticating.set_role("writer", "writer")
+  assert gcs_authenticating.objects(bucket.removeprefix("gs://")) == [f"again/{lease.LEASE_NAME}",
+                                                                      f"run/{lease.LEASE_NAME}"]
 
 
 def refusal(raise_it, url: str = "gs://b/o") -> str:
