@@ -4,20 +4,23 @@ checks every request's signature and its user's policy as AWS does (conftest.py'
 against the GCS emulator behind a front that checks credentials and permissions as GCS does (`gcs_authenticating`:
 service accounts' key files that google-auth exchanges for tokens at its token endpoint, GCS's 401 and 403 answers).
 Both through the entry points (eval_glue.py, `tupe.data.preprocess`) and the workdir lease; on gs:// also
-tensorstore (orbax's arrays), and a lease that cannot be released.
+tensorstore (orbax's arrays), a lease that cannot be released, and train.py whose permission to write is taken away
+in mid-run: it stops at that save, and resumes from the checkpoint before once the permission is back.
 
 What the emulators cannot produce is checked on the exceptions as the clients build them: an expired AWS session
 token, GCS's 401 for a token it no longer accepts, an expired gcloud login.
 """
 import os
+import re
 import subprocess
 import sys
+import time
 
 import pytest
 
 from gcs_emulator import AuthenticatingGCS
 from test_buckets import one_line_error
-from test_resume import REPO, train_env
+from test_resume import EVERY, REPO, train_command, train_env
 from tupe import lease
 from tupe import storage
 from tupe.data import shards
@@ -216,6 +219,63 @@ def test_a_lease_that_cannot_be_released_is_left_to_expire(gcs_authenticating, m
     gcs_authenticating.set_role("writer", "writer")
   assert gcs_authenticating.objects(bucket.removeprefix("gs://")) == [f"again/{lease.LEASE_NAME}",
                                                                       f"run/{lease.LEASE_NAME}"]
+
+
+def checkpoints(server: AuthenticatingGCS, bucket: str, prefix: str) -> tuple[list[int], list[int]]:
+  """The steps of `prefix`/checkpoints with any object, and those with orbax's commit object, as the emulator itself
+  lists the bucket."""
+  started, committed = set(), set()
+  for name in server.objects(bucket.removeprefix("gs://")):
+    if match := re.fullmatch(rf"{prefix}/checkpoints/(\d+)/(.*)", name):
+      started.add(int(match[1]))
+      if match[2] == "commit_success.txt":
+        committed.add(int(match[1]))
+  return sorted(started), sorted(committed)
+
+
+def test_a_save_refused_in_mid_run_stops_there(gcs_authenticating, tmp_path):
+  """train.py --workdir gs://... as the writer, whose permission to write is taken away (an IAM change: its role is
+  now the reader's) while its second checkpoint is being written, the first one committed: the run stops at that
+  save with one line naming the checkpoint and GCS's refusal, exit 2, no traceback. The checkpoint before stays
+  intact: with the permission given back, the same command resumes from it and finishes."""
+  bucket = gcs_authenticating.create_bucket(f"{gcs_authenticating.bucket}-save")  # nothing else is written there
+  workdir = f"{bucket}/run"
+  env = gcs_authenticating.environment("writer", train_env())
+  steps = 3 * EVERY  # three saves: the first, the refused one, and the resumed run's last
+  command = train_command(workdir, {"num_train_steps": steps})
+  with open(tmp_path / "run.out", "w") as out, open(tmp_path / "run.err", "w") as err:
+    proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=err)
+  try:
+    deadline = time.monotonic() + 240
+    # The next save has begun once the previous one has ended (the run waits for it, its checksums sealed).
+    while not ((saves := checkpoints(gcs_authenticating, bucket, "run"))[1] and saves[0][-1] > saves[1][0]):
+      assert proc.poll() is None, (tmp_path / "run.err").read_text()[-3000:]
+      assert time.monotonic() < deadline, "no second checkpoint within 240 s"
+      time.sleep(0.02)
+    gcs_authenticating.set_role("writer", "reader")
+    status = proc.wait(timeout=240)
+  finally:
+    gcs_authenticating.set_role("writer", "writer")
+    if proc.poll() is None:
+      proc.kill()
+  stderr = (tmp_path / "run.err").read_text()
+  assert status == 2 and "Traceback" not in stderr, stderr[-3000:]
+  # Besides the error, only the INFO and WARNING lines that tensorstore and orbax log in any run into a bucket.
+  lines = [line for line in stderr.strip().splitlines() if not re.match(r"[IW]\d{4} ", line)]
+  assert len(lines) == 1, stderr[-3000:]
+  refused = re.fullmatch(r"error: could not write checkpoint (\d+) to (\S+): (.*); check the bucket, your permission "
+                         r"to write there and the connection to it, then rerun to resume from the last good "
+                         r"checkpoint", lines[0])
+  assert refused, lines[0]
+  step, last = int(refused[1]), checkpoints(gcs_authenticating, bucket, "run")[1][-1]
+  assert refused[2] == f"{workdir}/checkpoints"
+  assert refused[3] == gcs_denied("writer", "storage.objects.create"), lines[0]
+  assert step == last + EVERY <= steps, (step, last)  # the refused save is not committed
+
+  proc = run(command[1:], env)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert f"resumed from checkpoint {last} in {workdir}/checkpoints" in proc.stdout
+  assert f"finished at step {steps}: checkpoint {workdir}/checkpoints/{steps}" in proc.stdout
 
 
 def refusal(raise_it, url: str = "gs://b/o") -> str:
