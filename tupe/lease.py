@@ -287,11 +287,20 @@ class _BucketLease:
       except Exception:  # a store hiccup: the next renewal retries, well before the lease expires
         continue
 
-  def release(self) -> None:
+  def release(self, quietly: bool = False) -> None:
+    """Stops renewing the lease and deletes it. Where the store refuses the delete (the permission to write taken
+    away, the endpoint gone), the lease is left to expire, with one warning; `quietly`, with none: the job is
+    stopping on an error of its own, whose one line says what went wrong."""
     self._stop.set()
     if self._thread.is_alive():
       self._thread.join()
-    self.object.delete(self.version)
+    try:
+      self.object.delete(self.version)
+    except Exception as e:
+      if not quietly:
+        logs.log(f"warning: could not release the lease {self.url} ({storage.describe(e)}); a job on this host "
+                 f"takes it over at once, one on another host once it expires, {self.ttl:g} s after its last "
+                 f"renewal")
 
 
 @contextlib.contextmanager
@@ -302,8 +311,10 @@ def _bucket_lease(workdir, ttl: float) -> Iterator[None]:
     return
   try:
     yield
-  finally:
-    lease.release()
+  except BaseException:
+    lease.release(quietly=True)
+    raise
+  lease.release()
 
 
 @contextlib.contextmanager

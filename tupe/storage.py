@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import os
+import re
 import tempfile
 from collections.abc import Iterator
 from typing import IO
@@ -39,6 +41,15 @@ REMOTE_SCHEMES = ("gs://", "s3://")
 # would never see it change.
 for _protocol in ("gcs", "s3"):
   fsspec.config.conf.setdefault(_protocol, {})["use_listings_cache"] = False
+
+# gcsfs logs each request it gives up on with its traceback (`logger.exception`) before raising the error, and with
+# no logging set up Python prints that on stderr: a refused request (no credentials, a permission) would come with
+# tracebacks around its one line. Every such error reaches the caller here, which reports it in that line.
+logging.getLogger("gcsfs").addFilter(lambda record: not (record.exc_info and record.levelno >= logging.ERROR))
+# gcsfs asks google-auth for default credentials first, which off Google Cloud warns that it found no metadata server
+# (a way to credentials it then does not take); gcsfs tries the next. Where none is found the refusal says so.
+logging.getLogger("google.auth._default").addFilter(lambda record: "unavailable metadata server" not in
+                                                    record.getMessage())
 
 
 class StorageError(UserError):
@@ -68,10 +79,13 @@ def local(p: PathLike) -> str:
 
 _AWS_KEYS = "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE"
 _GOOGLE_LOGIN = "run `gcloud auth application-default login`, or set GOOGLE_APPLICATION_CREDENTIALS to a key file"
+_DENIED = ("permission refused ({detail}): the credentials in use may not do this here; ask for access, or use other "
+           "credentials")
 
 # What a store's refusal means, and what to do about it, by the first row whose key shows anywhere in the exception's
 # chain (the exceptions it was raised from): a client's exception class ("module.Name", its base classes included),
-# an S3 error code, or an HTTP status. Specific rows come first. "{detail}" is the store's own words.
+# an S3 error code, an HTTP status, or what GCS's answer says ("Anonymous caller", "GCS 403": `_keys`). Specific rows
+# come first. "{detail}" is the store's own words.
 _CAUSES = (
     ("botocore.exceptions.NoCredentialsError", f"no credentials found: set {_AWS_KEYS}"),
     ("botocore.exceptions.PartialCredentialsError", f"incomplete credentials ({{detail}}): set {_AWS_KEYS}"),
@@ -84,9 +98,11 @@ _CAUSES = (
     ("ExpiredToken", "the credentials have expired: renew them (`aws sso login`, or a new AWS_SESSION_TOKEN)"),
     ("InvalidToken", "the credentials were refused: the session token is not valid; renew it (`aws sso login`, or a "
                      "new AWS_SESSION_TOKEN)"),
+    # GCS's answer to a request without credentials, which gcsfs and tensorstore send when they find none
+    ("Anonymous caller", f"no credentials found: {_GOOGLE_LOGIN}"),
     (401, f"no credentials were accepted ({{detail}}): {_GOOGLE_LOGIN}"),  # S3 answers 403, never 401
-    ("AccessDenied", "permission refused ({detail}): the credentials in use may not do this here; ask for access, or "
-                     "use other credentials"),
+    ("AccessDenied", _DENIED),
+    ("GCS 403", _DENIED),  # GCS refuses credentials it does not know with 401: a 403 is always a permission
     (403, "permission refused ({detail}): the credentials in use may not do this here, or the store does not know "
           "them"),  # a HEAD request's refusal has no body to tell which
     ("builtins.PermissionError", "permission refused ({detail})"),
@@ -106,8 +122,12 @@ def _keys(e: BaseException) -> Iterator[tuple[object, BaseException]]:
       yield response.get("ResponseMetadata", {}).get("HTTPStatusCode"), e
     if isinstance(getattr(e, "code", None), int):  # gcsfs's HttpError, google-api-core's errors
       yield e.code, e
-    if type(e) is OSError and str(e).startswith("Forbidden: "):  # gcsfs raises a 403 so
-      yield 403, e
+    if status := re.search(r"\[http_response_code='(\d+)'\]", str(e)):  # tensorstore's status text
+      yield int(status[1]), e
+    if _is_gcs_403(e):
+      yield "GCS 403", e
+    if "Anonymous caller does not have " in str(e):  # GCS's words, whichever client raised them
+      yield "Anonymous caller", e
     e = e.__cause__ if e.__cause__ is not None or e.__suppress_context__ else e.__context__
 
 
@@ -118,22 +138,55 @@ def describe(e: BaseException) -> str:
     return str(e)
   if isinstance(e, FileNotFoundError):
     return "not found"
+  cause = refusal(e)
+  if cause:
+    return cause
+  if isinstance(e, OSError) and e.strerror:
+    return e.strerror
+  return f"{type(e).__name__}: {_first_line(e)}"
+
+
+def refusal(e: BaseException) -> str | None:
+  """What a store's refusal that `e` shows (itself, or an exception it was raised from) means and what to do, by
+  `_CAUSES`; None when it shows none."""
   shown = {}
   for key, source in _keys(e):
     shown.setdefault(key, source)
   for key, text in _CAUSES:
     if key in shown:
       return text.format(detail=_words(shown[key]))
-  if isinstance(e, OSError) and e.strerror:
-    return e.strerror
-  return f"{type(e).__name__}: {_first_line(e)}"
+  return None
+
+
+def _is_gcs_403(e: BaseException) -> bool:
+  """Whether `e` is GCS's 403, as gcsfs (a plain `OSError("Forbidden: <path>\\n<GCS's words>")`),
+  google-cloud-storage (google-api-core's Forbidden) or tensorstore (a PERMISSION_DENIED status with the HTTP code)
+  raise it."""
+  text = str(e)
+  return ((type(e) is OSError and text.startswith("Forbidden: "))
+          or f"{type(e).__module__}.{type(e).__name__}" == "google.api_core.exceptions.Forbidden"
+          or (text.startswith("PERMISSION_DENIED: ") and "[http_response_code='403']" in text))
 
 
 def _words(e: BaseException) -> str:
-  """The store's own words in `e` on one line: a botocore ClientError's message, or else the exception's text."""
+  """The store's own words in `e` on one line: a botocore ClientError's message, GCS's message in the answer that
+  gcsfs, google-cloud-storage or tensorstore raise, google-auth's message, or else the exception's text."""
   response = getattr(e, "response", None)
-  message = response.get("Error", {}).get("Message") if isinstance(response, dict) else None
-  return " ".join(str(message or e).split()) or type(e).__name__
+  text, message = str(e), None
+  if isinstance(response, dict):  # botocore
+    message = response.get("Error", {}).get("Message")
+  elif type(e).__module__ == "google.api_core.exceptions":  # its text is the request's URL and GCS's whole answer
+    with contextlib.suppress(Exception):
+      message = response.json()["error"]["message"]
+    message = message or getattr(e, "message", None)
+  elif type(e).__module__ == "google.auth.exceptions" and e.args and isinstance(e.args[0], str):
+    message = e.args[0]  # its other arguments are the token endpoint's answer, parsed
+  elif type(e) is OSError and text.startswith("Forbidden: ") and "\n" in text:  # gcsfs: "Forbidden: <path>\n..."
+    message = text.split("\n", 1)[1]
+  elif text.startswith(("PERMISSION_DENIED: ", "UNAUTHENTICATED: ")):  # tensorstore's status, then its [key=...]
+    head = text.split(" [", 1)[0]  # "PERMISSION_DENIED: Error writing gs://b/o: <GCS's words>"
+    message = re.sub(r"^.*gs://\S+: ", "", head)
+  return " ".join(str(message or text).split()) or type(e).__name__
 
 
 def _first_line(e: BaseException) -> str:
