@@ -10,6 +10,7 @@ import re
 import socket
 import signal
 import sys
+import types
 
 import jax
 import numpy as np
@@ -293,3 +294,23 @@ def test_failure_report_parsing():
                              "leader task was preempted/died/restarted unexpectedly") == 0
   assert supervise.dead_host("Gloo AllGather failed: Read error [127.0.0.1]:1705: Connection reset by peer") is None
   assert supervise.failure_line("", this_host=None, num_hosts=None).startswith("error: another host died")
+
+
+@pytest.mark.parametrize("lost_peer", [True, False], ids=["lost-peer", "other-error"])
+def test_a_traceback_that_ends_in_a_lost_peer_is_one_line(tmp_path, capfd, lost_peer):
+  """A host that loses its peer inside a collective (the lease's broadcast, a step) raises in Python: the traceback
+  comes first and the exception naming the failure (Gloo's) last. The supervisor holds the traceback back and prints
+  one line; any other traceback is printed as it was, with the child's status."""
+  child = tmp_path / "child.py"
+  # The failure's words are built at run time, so that only the exception's line shows them, not its source line.
+  message = "'Gl' + 'oo AllReduce failed: Connection closed by peer'" if lost_peer else "'a bug'"
+  child.write_text(f"import sys\nprint('started', file=sys.stderr)\nraise RuntimeError({message})\n")
+  distributed = types.SimpleNamespace(heartbeat_timeout_s=10, auto=False, process_id=0, num_processes=2)
+  status = supervise.run([str(child)], types.SimpleNamespace(distributed=distributed))
+  lines = capfd.readouterr().err.strip().splitlines()
+  if lost_peer:
+    assert status == supervise.EXIT_PEER_DIED
+    assert lines == ["started", supervise.failure_line("", this_host=0, num_hosts=2)], lines
+  else:
+    assert status == 1
+    assert lines[:2] == ["started", "Traceback (most recent call last):"] and lines[-1] == "RuntimeError: a bug", lines

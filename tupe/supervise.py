@@ -11,7 +11,9 @@ itself as a child process (marked by the environment variable `TUPE_SUPERVISED`)
   - passes stdout through untouched (the child inherits it) and stderr line by line;
   - from the first line of the distributed service's failure (the coordination service, its heartbeats, Gloo)
     holds stderr back; if the child then fails, prints one line naming the dead host and exits with status 1
-    (if it succeeds after all, the held-back lines are printed as they were);
+    (if it succeeds after all, the held-back lines are printed as they were). A Python traceback is held back
+    from its first line too, since the exception that names the failure (a collective that lost its peer) comes
+    at its end: a traceback that turns out to be no such failure is printed as it was when the child exits;
   - forwards SIGTERM and SIGINT to the child (which saves a checkpoint and exits 143 or 130, as without the
     supervisor) and exits with the child's status; the child runs in its own process group, so a terminal's
     Ctrl-C reaches it once, through this parent;
@@ -35,6 +37,7 @@ EXIT_PEER_DIED = 1
 # Lines that begin the distributed service's report of a failed task, on the host that saw it.
 _FAILURE = re.compile(r"coordination_service|coordination service|CoordinationService|heartbeat|Gloo|gloo|"
                       r"JAX distributed service")
+_TRACEBACK = "Traceback (most recent call last):"
 _UNHEALTHY = re.compile(r"tasks are unhealthy \(stopped sending heartbeats\):\s*\n\s*([\d, \n]+)")
 _TASK_TIMEOUT = re.compile(r"Task (\d+) heartbeat timeout")
 _LEADER_GONE = re.compile(r"leader task|Failed to send RPC to coordination service|remote target coordination_service")
@@ -98,7 +101,7 @@ def run(argv: list[str], cfg) -> int:
       line = raw.decode(errors="replace")
       if not failed_at and _FAILURE.search(line):
         failed_at.append(time.monotonic())
-      if failed_at:
+      if held or failed_at or line.startswith(_TRACEBACK):
         held.append(line)
       else:
         sys.stderr.write(line)
