@@ -95,17 +95,17 @@ class AuthenticatingS3:
     return botocore.session.Session().create_client(service, endpoint_url=self.url, region_name="us-east-1",
                                                     aws_access_key_id=key, aws_secret_access_key=secret)
 
-  def environment(self, who: str | None, base: dict | None = None) -> dict:
+  def environment(self, who: str, base: dict | None = None) -> dict:
     """`base` (default: this process's environment) with no AWS setting of its own and none of fsspec's for s3, then
-    pointed at this emulator with `who`'s credentials (None: none at all, nor a credentials or config file, nor the
-    instance metadata service that botocore would otherwise wait for)."""
+    pointed at this emulator with `who`'s credentials ("none": none at all, nor a credentials or config file, nor
+    the instance metadata service that botocore would otherwise wait for), as `AuthenticatingGCS.environment` names them."""
     import os
 
     env = {k: v for k, v in (os.environ if base is None else base).items()
            if not k.startswith(("AWS_", "FSSPEC_S3"))}
     env.update(AWS_ENDPOINT_URL=self.url, AWS_DEFAULT_REGION="us-east-1", AWS_EC2_METADATA_DISABLED="true",
                AWS_SHARED_CREDENTIALS_FILE=self.empty_file, AWS_CONFIG_FILE=self.empty_file)
-    if who is not None:
+    if who != "none":
       env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"] = self.keys[who]
     return env
 

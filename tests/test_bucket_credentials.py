@@ -57,26 +57,11 @@ CAUSES = {("s3", "none"): NO_CREDENTIALS, ("s3", "unknown"): UNKNOWN_KEY, ("s3",
           ("gs", "reader"): gcs_denied("reader", "storage.objects.create")}
 
 
-class Refusing:
-  """The store of a test: `s3_authenticating` or `gcs_authenticating`, with one way to name its callers."""
-
-  def __init__(self, store: str, request):
-    self.store = store
-    self.server = request.getfixturevalue({"s3": "s3_authenticating", "gs": "gcs_authenticating"}[store])
-    self.bucket = f"{store}://{self.server.bucket}"
-
-  def environment(self, caller: str, base: dict | None = None) -> dict:
-    if self.store == "s3":  # AuthenticatingS3 names no credentials None
-      return self.server.environment(None if caller == "none" else caller, base)
-    return self.server.environment(caller, base)
-
-  def objects(self) -> list[str]:
-    return self.server.objects()
-
-
 @pytest.fixture(params=["s3", "gs"])
-def refusing(request) -> Refusing:
-  return Refusing(request.param, request)
+def refusing(request):
+  """The store of a test and its authenticating emulator: ("s3", `s3_authenticating`) or ("gs",
+  `gcs_authenticating`)."""
+  return request.param, request.getfixturevalue({"s3": "s3_authenticating", "gs": "gcs_authenticating"}[request.param])
 
 
 def run(args: list[str], env: dict) -> subprocess.CompletedProcess:
@@ -87,16 +72,17 @@ def run(args: list[str], env: dict) -> subprocess.CompletedProcess:
 def test_eval_glue_into_a_refusing_bucket_is_one_line(refusing, caller, bert_vocab, glue_dir):
   """eval_glue.py --workdir s3://... or gs://...: stops before its first step, exit 2, one line with the workdir and
   the cause."""
-  workdir = f"{refusing.bucket}/{caller}/glue"
+  store, server = refusing
+  workdir = f"{store}://{server.bucket}/{caller}/glue"
   proc = run(["eval_glue.py", "--config", "configs/glue.py:tupe", "--workdir", workdir, "--config.init=random",
               "--config.model=tupe_a,tiny", f"--config.vocab_file={bert_vocab}", f"--config.data_dir={glue_dir}",
-              "--config.tasks=rte"], refusing.environment(caller, train_env()))
+              "--config.tasks=rte"], server.environment(caller, train_env()))
   line = one_line_error(proc)
-  cause = CAUSES[refusing.store, caller]
+  cause = CAUSES[store, caller]
   assert line == f"error: workdir {workdir} is not writable (cannot write in {workdir}: {cause}); choose another " \
                  f"--workdir", line
   assert "Traceback" not in proc.stderr + proc.stdout
-  assert refusing.objects() == []
+  assert server.objects() == []
 
 
 @pytest.mark.parametrize("caller", CALLERS)
@@ -105,25 +91,26 @@ def test_preprocess_into_a_refusing_bucket_is_one_line(refusing, caller, bert_vo
   first request asks whether the plan is there; the reader may ask, and see the folder empty, but not write the plan
   there. S3 answers that request (a HEAD request) for an unknown key with a bare 403 that says no more than
   "Forbidden"; GCS, which answers a JSON body, the same as a write."""
-  what, cause = ("write" if caller == "reader" else "check"), CAUSES[refusing.store, caller]
-  if (refusing.store, caller) == ("s3", "unknown"):
+  store, server = refusing
+  what, cause = ("write" if caller == "reader" else "check"), CAUSES[store, caller]
+  if (store, caller) == ("s3", "unknown"):
     cause = FORBIDDEN
   corpus = tmp_path / "corpus.txt"
   corpus.write_text("\n\n".join(f"Sentence number {i} of a tiny corpus. It has two sentences." for i in range(50)))
-  output = f"{refusing.bucket}/{caller}/packed"
+  output = f"{store}://{server.bucket}/{caller}/packed"
   proc = run(["-m", "tupe.data.preprocess", "--input", str(corpus), "--vocab", str(bert_vocab), "--seq-len", "32",
-              "--workers", "1", "--output", output], refusing.environment(caller, train_env()))
+              "--workers", "1", "--output", output], server.environment(caller, train_env()))
   line = one_line_error(proc)
   assert line == f"error: cannot {what} {output}/{shards.PLAN}: {cause}", line
   assert "Traceback" not in proc.stderr + proc.stdout
-  assert refusing.objects() == []
+  assert server.objects() == []
 
 
 @pytest.mark.parametrize("caller", [*CALLERS, "mismatched"])
 def test_a_refused_s3_lease_is_one_line(s3_authenticating, caller, monkeypatch):
   """The workdir lease (botocore's own client, whose errors s3fs does not translate): one line, no lease written.
   Also a known access key signed with another secret."""
-  env = s3_authenticating.environment(None if caller == "none" else caller)
+  env = s3_authenticating.environment(caller)
   for name in set(os.environ) - set(env):
     monkeypatch.delenv(name)
   for name, value in env.items():
