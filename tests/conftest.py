@@ -106,6 +106,12 @@ def s3_bucket(s3_emulator, request) -> str:
   return create_s3_bucket(s3_emulator, bucket_name(request))
 
 
+@pytest.fixture(params=["gs", "s3"])
+def bucket(request) -> str:
+  """A new, empty bucket of the GCS emulator ("gs://...") or of the S3 emulator ("s3://...")."""
+  return request.getfixturevalue({"gs": "gcs_bucket", "s3": "s3_bucket"}[request.param])
+
+
 @pytest.fixture(scope="session")
 def s3_authenticating(tmp_path_factory) -> AuthenticatingS3:
   """A second S3 emulator, which checks every request's credentials and permissions as AWS does (`AuthenticatingS3`:

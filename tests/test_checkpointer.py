@@ -143,11 +143,11 @@ def test_settings_older_configs_left_implicit_are_not_reported_as_changed():
 
 
 @pytest.mark.parametrize("async_save", [True, False])
-def test_checkpoints_in_a_bucket(gcs_bucket, async_save, caplog):
+def test_checkpoints_in_a_bucket(bucket, async_save, caplog):
   """Saved through orbax's commit protocol (no rename): every object checksummed, keep_last=2 and keep_every=3
   kept, an uncommitted step (a killed save) ignored by readers and removed on resume, a flipped byte in one
   object skipped with one line, and the previous checkpoint restored exactly."""
-  root = f"{gcs_bucket}/run/checkpoints"
+  root = f"{bucket}/run/checkpoints"
   with checkpoint.Checkpointer(root, config(keep_last=2, keep_every=3, async_save=async_save)) as ckpt:
     for step in range(1, 7):
       ckpt.save(step, state_at(step), META)
@@ -158,13 +158,13 @@ def test_checkpoints_in_a_bucket(gcs_bucket, async_save, caplog):
     step_dir = storage.path(f"{root}/{step}")
     assert set(checksums.read(step_dir)) == set(storage.walk_files(step_dir)) - {checksums.CHECKSUMS}
     verify_all(step_dir)
-  assert checkpoint.latest_step_dir(f"{gcs_bucket}/run") == storage.path(f"{root}/6")
+  assert checkpoint.latest_step_dir(f"{bucket}/run") == storage.path(f"{root}/6")
 
   # A killed save: step 7's objects, without orbax's commit object.
   for name in storage.walk_files(f"{root}/6"):
     if name != "commit_success.txt":
       storage.copy(f"{root}/6/{name}", f"{root}/7/{name}")
-  assert checkpoint.latest_step_dir(f"{gcs_bucket}/run") == storage.path(f"{root}/6")
+  assert checkpoint.latest_step_dir(f"{bucket}/run") == storage.path(f"{root}/6")
   # One flipped byte in step 6's largest parameter object.
   names = [n for n in storage.walk_files(f"{root}/6") if n.startswith("params/ocdbt.process_0/d/")]
   name = max(names, key=lambda n: storage.size(f"{root}/6/{n}"))
@@ -173,7 +173,7 @@ def test_checkpoints_in_a_bucket(gcs_bucket, async_save, caplog):
   storage.write_bytes(f"{root}/6/{name}", bytes(data))
   skipped = f"skipping checkpoint 6 in {root}: it could not be restored ({name} has other bytes than when it was saved)"
   with caplog.at_level(logging.WARNING):
-    _, params = checkpoint.load_params(f"{gcs_bucket}/run")
+    _, params = checkpoint.load_params(f"{bucket}/run")
   jax.tree_util.tree_map(np.testing.assert_array_equal, params, jax.device_get(state_at(5).params))
   assert warnings_of(caplog) == [skipped]
 

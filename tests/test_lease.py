@@ -59,12 +59,6 @@ def try_hold(workdir, ttl: float = lease.TTL_S) -> subprocess.CompletedProcess:
                         capture_output=True, text=True, timeout=120)
 
 
-@pytest.fixture(params=["gs", "s3"])
-def bucket(request) -> str:
-  """A new, empty bucket of the GCS emulator ("gs://...") or of the S3 emulator ("s3://...")."""
-  return request.getfixturevalue({"gs": "gcs_bucket", "s3": "s3_bucket"}[request.param])
-
-
 def snapshot(root: pathlib.Path) -> dict:
   """{relative path: (bytes, mtime)} of every file under root."""
   return {str(p.relative_to(root)): (p.read_bytes(), p.stat().st_mtime_ns)

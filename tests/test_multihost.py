@@ -98,12 +98,12 @@ def test_two_hosts_match_one_process(tmp_path, mesh, per_host):
   jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), params, ref_params)
 
 
-def test_two_hosts_checkpoint_into_a_bucket_killed_and_resumed(gcs_bucket, tmp_path):
-  """Two processes (jax.distributed) save a state split over both hosts' devices into one gs:// folder at every
-  step (tests/multihost_checkpoints.py): each host writes its own shards, host 0 alone the meta, checksums and
+def test_two_hosts_checkpoint_into_a_bucket_killed_and_resumed(bucket, tmp_path):
+  """Two processes (jax.distributed) save a state split over both hosts' devices into one gs:// or s3:// folder at
+  every step (tests/multihost_checkpoints.py): each host writes its own shards, host 0 alone the meta, checksums and
   commit. Both are killed (SIGKILL) mid-run; started again, both restore the newest checkpoint, bit for bit, and
   save on."""
-  root = f"{gcs_bucket}/run/checkpoints"
+  root = f"{bucket}/run/checkpoints"
 
   def start(phase: str) -> list[Run]:
     port = free_port()
@@ -130,7 +130,7 @@ def test_two_hosts_checkpoint_into_a_bucket_killed_and_resumed(gcs_bucket, tmp_p
   for host in start("resume"):
     assert host.wait(timeout=120) == 0, host.stderr()[-3000:]
     assert host.stdout().strip().splitlines()[-1] == f"resumed {newest} exactly"
-  assert checkpoint.latest_step_dir(f"{gcs_bucket}/run").name == str(newest + 1)
+  assert checkpoint.latest_step_dir(f"{bucket}/run").name == str(newest + 1)
 
 
 def test_two_hosts_train_into_a_bucket_killed_and_resumed(gcs_bucket, tmp_path):

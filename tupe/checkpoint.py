@@ -1,5 +1,5 @@
 """Checkpoints: orbax CheckpointManager over {params, optimizer, meta}, atomic and resumable, on a local disk or in
-a bucket (gs://, through `tupe.storage` and orbax's own path layer).
+a bucket (gs://, s3://, through `tupe.storage` and orbax's own path layer; `tupe.orbax_s3` for s3://).
 
 A checkpoint step directory holds (`tupe.checkpoint_meta` lists the older layouts, which still load):
   params:    the parameters, sharded as in training: all that GLUE, the tools and export read;
@@ -41,6 +41,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from tupe import checksums
+from tupe import orbax_s3
 from tupe import storage
 from tupe.checkpoint_meta import CheckpointMeta, create as create_meta, migrate  # noqa: F401 (the API)
 from tupe.checksums import CHECKSUMS, DamagedCheckpoint
@@ -49,22 +50,21 @@ from tupe.errors import UserError
 ITEMS = ("params", "optimizer", "meta")
 _TMP = ".orbax-checkpoint-tmp"  # a local uncommitted step directory: <step>.orbax-checkpoint-tmp-<time>
 
+orbax_s3.install()
 
-def _orbax_path(p: storage.PathLike, what: str) -> storage.Path:
-  """`p` as a path orbax can `what` ("write", "read") checkpoints in: a local one or gs://. orbax 0.12.8 builds
-  tensorstore specs for those alone; given s3://, a save fails after the steps were run (leaving a local folder
-  "s3:") and a read names no cause."""
-  if str(p).startswith("s3://"):
-    raise UserError(f"cannot {what} checkpoints in {p}: orbax handles local paths and gs:// buckets only, not "
-                    f"s3://; keep checkpoints on a local or shared file system, or in gs://")
-  return storage.path(p)
+
+def _atomicity(directory: storage.Path) -> ocp.options.AtomicityOptions:
+  """orbax's commit protocol for `directory`: a rename of the finished temporary directory locally, and in a bucket,
+  which has no rename, a final commit object (orbax picks that for gs:// by itself, not for s3://)."""
+  mode = ocp.options.AtomicityMode.COMMIT_FILE if storage.is_remote(directory) else ocp.options.AtomicityMode.AUTO
+  return ocp.options.AtomicityOptions(mode=mode)
 
 
 class Checkpointer:
   """Saves every `every_steps`, keeps the last `keep_last` plus every `keep_every`-th step."""
 
   def __init__(self, directory: storage.PathLike, ckpt_cfg):
-    self.directory = _orbax_path(directory, "write")
+    self.directory = storage.path(directory)
     try:  # Orbax would create it in a background thread and only fail at the first save.
       storage.makedirs(self.directory)
       storage.check_writable(self.directory)  # a bucket: credentials, the bucket and the permission to write
@@ -91,7 +91,7 @@ class Checkpointer:
     # checksums before the step is committed.
     options = ocp.CheckpointManagerOptions(
         max_to_keep=ckpt_cfg.keep_last, keep_period=ckpt_cfg.keep_every or None, enable_async_checkpointing=True,
-        create=True, cleanup_tmp_directories=True,
+        create=True, cleanup_tmp_directories=True, atomicity_options=_atomicity(self.directory),
         async_options=ocp.AsyncOptions(post_finalization_callback=self._seal_in_flight))
     self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
     _drop_orbax_tracebacks()
@@ -433,7 +433,7 @@ def _load_newest(path: storage.PathLike, load):
   Returns:
     (step_dir, CheckpointMeta, load's result).
   """
-  path = _orbax_path(path, "read")
+  path = storage.path(path)
   explicit = storage.is_dir(path / "meta")
   root = path.parent if explicit else path / "checkpoints" if storage.is_dir(path / "checkpoints") else path
   step_dirs = [path] if explicit else sorted(

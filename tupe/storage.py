@@ -124,6 +124,8 @@ def _keys(e: BaseException) -> Iterator[tuple[object, BaseException]]:
       yield e.code, e
     if status := re.search(r"\[http_response_code='(\d+)'\]", str(e)):  # tensorstore's status text
       yield int(status[1]), e
+    if code := re.search(r"\[http_response_body='.*?<Code>(\w+)</Code>", str(e)):  # ... with S3's answer
+      yield code[1], e
     if _is_gcs_403(e):
       yield "GCS 403", e
     if "Anonymous caller does not have " in str(e):  # GCS's words, whichever client raised them
@@ -160,12 +162,12 @@ def refusal(e: BaseException) -> str | None:
 
 def _is_gcs_403(e: BaseException) -> bool:
   """Whether `e` is GCS's 403, as gcsfs (a plain `OSError("Forbidden: <path>\\n<GCS's words>")`),
-  google-cloud-storage (google-api-core's Forbidden) or tensorstore (a PERMISSION_DENIED status with the HTTP code)
-  raise it."""
+  google-cloud-storage (google-api-core's Forbidden) or tensorstore (a PERMISSION_DENIED status with the HTTP code,
+  about a gs:// object) raise it."""
   text = str(e)
   return ((type(e) is OSError and text.startswith("Forbidden: "))
           or f"{type(e).__module__}.{type(e).__name__}" == "google.api_core.exceptions.Forbidden"
-          or (text.startswith("PERMISSION_DENIED: ") and "[http_response_code='403']" in text))
+          or (text.startswith("PERMISSION_DENIED: ") and "[http_response_code='403']" in text and " gs://" in text))
 
 
 def _words(e: BaseException) -> str:
@@ -183,6 +185,8 @@ def _words(e: BaseException) -> str:
     message = e.args[0]  # its other arguments are the token endpoint's answer, parsed
   elif type(e) is OSError and text.startswith("Forbidden: ") and "\n" in text:  # gcsfs: "Forbidden: <path>\n..."
     message = text.split("\n", 1)[1]
+  elif s3_message := re.search(r"\[http_response_body='.*?<Message>(.*?)</Message>", text):  # tensorstore, S3
+    message = s3_message[1]
   elif text.startswith(("PERMISSION_DENIED: ", "UNAUTHENTICATED: ")):  # tensorstore's status, then its [key=...]
     head = text.split(" [", 1)[0]  # "PERMISSION_DENIED: Error writing gs://b/o: <GCS's words>"
     message = re.sub(r"^.*gs://\S+: ", "", head)
