@@ -62,17 +62,21 @@ def newest_step(workdir) -> int:
     return 0
 
 
-def test_train_in_a_bucket_killed_and_resumed_is_bit_identical(bucket, tmp_path):
-  """train.py --workdir gs://... or s3://...: an uninterrupted run, and a run killed (SIGKILL) after its first checkpoint and
-  resumed, log the same losses and gradient norms and end with the same parameters, bit for bit."""
-  reference, workdir = f"{bucket}/reference", f"{bucket}/run"
-  proc = run(train_command(reference, {"num_train_steps": STEPS})[1:])
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> str:
+  """test_resume.py's tiny run, uninterrupted, on a local disk: the workdir that every bucket's run must match."""
+  workdir = tmp_path_factory.mktemp("reference") / "run"
+  proc = run(train_command(workdir, {"num_train_steps": STEPS})[1:])
   assert proc.returncode == 0, proc.stderr[-3000:]
-  assert sorted(losses(reference)) == list(range(1, STEPS + 1))
-  assert f"finished at step {STEPS}: checkpoint {reference}/checkpoints/{STEPS}" in proc.stdout
-  assert storage.read_bytes(f"{reference}/curves.png").startswith(PNG)
-  assert json.loads(storage.read_text(f"{reference}/config.json"))["num_train_steps"] == STEPS
+  assert sorted(losses(workdir)) == list(range(1, STEPS + 1))
+  return str(workdir)
 
+
+def test_train_in_a_bucket_killed_and_resumed_is_bit_identical(bucket, reference, tmp_path):
+  """train.py --workdir gs://... or s3://..., killed (SIGKILL) after its first checkpoint and resumed, logs the
+  losses and gradient norms of the uninterrupted run on a local disk and ends with its parameters, bit for bit;
+  its config, curves and checkpoints are objects in the bucket."""
+  workdir = f"{bucket}/run"
   killed = Run(tmp_path / "run", command=train_command(workdir, {"num_train_steps": STEPS}))
   killed.wait_until(lambda: newest_step(workdir) > 0, poll=0.05)
   killed.signal(signal.SIGKILL)
@@ -83,6 +87,9 @@ def test_train_in_a_bucket_killed_and_resumed_is_bit_identical(bucket, tmp_path)
   proc = run(train_command(workdir, {"num_train_steps": STEPS})[1:])
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert f"resumed from checkpoint {stopped} " in proc.stdout
+  assert f"finished at step {STEPS}: checkpoint {workdir}/checkpoints/{STEPS}" in proc.stdout
+  assert storage.read_bytes(f"{workdir}/curves.png").startswith(PNG)
+  assert json.loads(storage.read_text(f"{workdir}/config.json"))["num_train_steps"] == STEPS
   assert losses(workdir) == losses(reference)
   (_, params), (_, ref_params) = checkpoint.load_params(workdir), checkpoint.load_params(reference)
   assert jax.tree_util.tree_structure(params) == jax.tree_util.tree_structure(ref_params)
