@@ -51,31 +51,27 @@ UNKNOWN_KEY = ("AKIATUPEUNKNOWNKEY00", "not-a-secret-of-any-user")
 class AuthenticatingS3:
   """An S3 emulator (its own `S3Emulator`) that authenticates and authorizes every request as AWS does: a request must
   be signed with an access key of an IAM user of the emulator, and that user's policy must allow it (moto's IAM-like
-  access control). Set up with authentication off: one empty bucket, and an IAM user with an access key for each of
-  `POLICIES` (while it checks nothing, any credentials do); then checking turned on for good: moto's
-  /moto-api/reset-auth with 0, the setting that the INITIAL_NO_AUTH_ACTION_COUNT environment variable gives at its
-  start (how many requests go unchecked before it checks every one).
+  access control). Set up with authentication off: one empty bucket, an IAM user with an access key for each of
+  `POLICIES`, and an owner who may change their policies (`set_role`) and list the bucket (while it checks nothing,
+  any credentials do); then checking turned on for good: moto's /moto-api/reset-auth with 0, the setting that the
+  INITIAL_NO_AUTH_ACTION_COUNT environment variable gives at its start (how many requests go unchecked before it
+  checks every one).
 
   It sets no environment: `environment(who)` is the one a subprocess runs with, with "admin", "reader", "unknown"
   (`UNKNOWN_KEY`), "mismatched" (the reader's key with another secret) or None (no credentials anywhere) as its
   credentials."""
 
   def __init__(self, server: S3Emulator, bucket: str, empty_file: str):
-    import json
     import urllib.request
 
     self.url, self.bucket, self.empty_file = server.url, bucket, empty_file
+    setup = ("setup", "setup")
+    self._client("s3", setup).create_bucket(Bucket=bucket)
+    # The emulator's owner: it changes the users' policies and lists the bucket once checking is on.
+    self._owner = self._new_user("owner", {"Effect": "Allow", "Action": ["iam:*", "s3:*"], "Resource": "*"}, setup)
     self.keys = {"unknown": UNKNOWN_KEY}
-    iam, s3 = self._client("iam", ("setup", "setup")), self._client("s3", ("setup", "setup"))
-    s3.create_bucket(Bucket=bucket)
-    for user, actions in POLICIES.items():
-      iam.create_user(UserName=user)
-      statement = {"Effect": "Allow", "Action": actions,
-                   "Resource": [f"arn:aws:s3:::{bucket}", f"arn:aws:s3:::{bucket}/*"]}
-      iam.put_user_policy(UserName=user, PolicyName=f"{user}-{bucket}",
-                          PolicyDocument=json.dumps({"Version": "2012-10-17", "Statement": [statement]}))
-      key = iam.create_access_key(UserName=user)["AccessKey"]
-      self.keys[user] = (key["AccessKeyId"], key["SecretAccessKey"])
+    for user in POLICIES:
+      self.keys[user] = self._new_user(user, self._statement(user), setup)
     self.keys["mismatched"] = (self.keys["reader"][0], "not-the-reader's-secret")
     request = urllib.request.Request(f"{self.url}/moto-api/reset-auth", data=b"0", method="POST",
                                      headers={"Content-Type": "text/plain"})  # the body is read raw, not as a form
@@ -83,10 +79,35 @@ class AuthenticatingS3:
       assert resp.status == 200, resp.read()
     from botocore.exceptions import ClientError
     try:  # the set-up credentials belong to no user: refused from now on
-      s3.list_objects_v2(Bucket=bucket)
+      self._client("s3", setup).list_objects_v2(Bucket=bucket)
       raise AssertionError("the S3 emulator did not turn authentication on")
     except ClientError as e:
       assert e.response["Error"]["Code"] == "InvalidAccessKeyId", e
+
+  def _statement(self, role: str) -> dict:
+    """What `role` (a key of `POLICIES`) may do: its actions on this bucket, those of `create_bucket`, and their
+    objects."""
+    return {"Effect": "Allow", "Action": POLICIES[role],
+            "Resource": [f"arn:aws:s3:::{self.bucket}*", f"arn:aws:s3:::{self.bucket}*/*"]}
+
+  def _put_policy(self, user: str, statement: dict, credentials: tuple[str, str]) -> None:
+    import json
+
+    self._client("iam", credentials).put_user_policy(
+        UserName=user, PolicyName=user, PolicyDocument=json.dumps({"Version": "2012-10-17", "Statement": [statement]}))
+
+  def _new_user(self, user: str, statement: dict, credentials: tuple[str, str]) -> tuple[str, str]:
+    """An IAM user allowed `statement`: returns its access key."""
+    iam = self._client("iam", credentials)
+    iam.create_user(UserName=user)
+    self._put_policy(user, statement, credentials)
+    key = iam.create_access_key(UserName=user)["AccessKey"]
+    return key["AccessKeyId"], key["SecretAccessKey"]
+
+  def set_role(self, user: str, role: str) -> None:
+    """Gives `user` ("admin", "reader") the permissions of `role` from its next request on (an IAM change: its
+    policy replaced)."""
+    self._put_policy(user, self._statement(role), self._owner)
 
   def _client(self, service: str, credentials: tuple[str, str]):
     import botocore.session
@@ -109,7 +130,20 @@ class AuthenticatingS3:
       env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"] = self.keys[who]
     return env
 
-  def objects(self) -> list[str]:
-    """Every key in the bucket, as its administrator lists them."""
-    listing = self._client("s3", self.keys["admin"]).list_objects_v2(Bucket=self.bucket)
-    return sorted(o["Key"] for o in listing.get("Contents", []))
+  def create_bucket(self, name: str) -> str:
+    """Another empty bucket, `name` (which starts with the fixture's bucket name, so that the users' policies cover
+    it), created by the emulator's owner: returns "s3://<name>"."""
+    assert name.startswith(self.bucket), name
+    self._client("s3", self._owner).create_bucket(Bucket=name)
+    return f"s3://{name}"
+
+  def objects(self, bucket: str | None = None) -> list[str]:
+    """Every key in `bucket` (default: the fixture's), as the emulator's owner lists them (whatever the users'
+    roles)."""
+    keys, listing = [], {"IsTruncated": True}
+    s3 = self._client("s3", self._owner)
+    while listing["IsTruncated"]:
+      token = {"ContinuationToken": listing["NextContinuationToken"]} if "NextContinuationToken" in listing else {}
+      listing = s3.list_objects_v2(Bucket=bucket or self.bucket, **token)
+      keys += [o["Key"] for o in listing.get("Contents", [])]
+    return sorted(keys)

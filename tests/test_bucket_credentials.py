@@ -3,9 +3,9 @@ refused, each one line naming the path and what to do, with nothing written. s3:
 checks every request's signature and its user's policy as AWS does (conftest.py's `s3_authenticating`), gs://
 against the GCS emulator behind a front that checks credentials and permissions as GCS does (`gcs_authenticating`:
 service accounts' key files that google-auth exchanges for tokens at its token endpoint, GCS's 401 and 403 answers).
-Both through the entry points (eval_glue.py, `tupe.data.preprocess`), the workdir lease and tensorstore (orbax's
-arrays); on gs:// also a lease that cannot be released, and train.py whose permission to write is taken away
-in mid-run: it stops at that save, and resumes from the checkpoint before once the permission is back.
+Both through the entry points (eval_glue.py, `tupe.data.preprocess`), the workdir lease, tensorstore (orbax's
+arrays), and train.py whose permission to write is taken away in mid-run: it stops at that save, and resumes from
+the checkpoint before once the permission is back; on gs:// also a lease that cannot be released.
 
 What the emulators cannot produce is checked on the exceptions as the clients build them: an expired AWS session
 token, GCS's 401 for a token it no longer accepts, an expired gcloud login.
@@ -215,11 +215,11 @@ def test_a_lease_that_cannot_be_released_is_left_to_expire(gcs_authenticating, m
                                                                       f"run/{lease.LEASE_NAME}"]
 
 
-def checkpoints(server: AuthenticatingGCS, bucket: str, prefix: str) -> tuple[list[int], list[int]]:
-  """The steps of `prefix`/checkpoints with any object, and those with orbax's commit object, as the emulator itself
-  lists the bucket."""
+def checkpoints(names: list[str], prefix: str) -> tuple[list[int], list[int]]:
+  """The steps of `prefix`/checkpoints with any object, and those with orbax's commit object, among a bucket's
+  object `names` (as the emulator itself lists them)."""
   started, committed = set(), set()
-  for name in server.objects(bucket.removeprefix("gs://")):
+  for name in names:
     if match := re.fullmatch(rf"{prefix}/checkpoints/(\d+)/(.*)", name):
       started.add(int(match[1]))
       if match[2] == "commit_success.txt":
@@ -227,14 +227,17 @@ def checkpoints(server: AuthenticatingGCS, bucket: str, prefix: str) -> tuple[li
   return sorted(started), sorted(committed)
 
 
-def test_a_save_refused_in_mid_run_stops_there(gcs_authenticating, tmp_path):
-  """train.py --workdir gs://... as the writer, whose permission to write is taken away (an IAM change: its role is
-  now the reader's) while its second checkpoint is being written, the first one committed: the run stops at that
-  save with one line naming the checkpoint and GCS's refusal, exit 2, no traceback. The checkpoint before stays
-  intact: with the permission given back, the same command resumes from it and finishes."""
-  bucket = gcs_authenticating.create_bucket(f"{gcs_authenticating.bucket}-save")  # nothing else is written there
-  workdir = f"{bucket}/run"
-  env = gcs_authenticating.environment("writer", train_env())
+def test_a_save_refused_in_mid_run_stops_there(refusing, tmp_path):
+  """train.py --workdir s3://... or gs://... as the writer, whose permission to write is taken away (an IAM change:
+  its policy or role is now the reader's) while its second checkpoint is being written, the first one committed: the
+  run stops at that save with one line naming the checkpoint and the store's refusal, exit 2, no traceback. The
+  checkpoint before stays intact: with the permission given back, the same command resumes from it and finishes."""
+  store, server = refusing
+  writer = {"s3": "admin", "gs": "writer"}[store]
+  bucket = server.create_bucket(f"{server.bucket}-save")  # nothing else is written there
+  listing = lambda: server.objects(bucket.removeprefix(f"{store}://"))
+  workdir = f"{bucket}/save"
+  env = server.environment(writer, train_env())
   steps = 3 * EVERY  # three saves: the first, the refused one, and the resumed run's last
   command = train_command(workdir, {"num_train_steps": steps})
   with open(tmp_path / "run.out", "w") as out, open(tmp_path / "run.err", "w") as err:
@@ -242,14 +245,14 @@ def test_a_save_refused_in_mid_run_stops_there(gcs_authenticating, tmp_path):
   try:
     deadline = time.monotonic() + 240
     # The next save has begun once the previous one has ended (the run waits for it, its checksums sealed).
-    while not ((saves := checkpoints(gcs_authenticating, bucket, "run"))[1] and saves[0][-1] > saves[1][0]):
+    while not ((saves := checkpoints(listing(), "save"))[1] and saves[0][-1] > saves[1][0]):
       assert proc.poll() is None, (tmp_path / "run.err").read_text()[-3000:]
       assert time.monotonic() < deadline, "no second checkpoint within 240 s"
       time.sleep(0.02)
-    gcs_authenticating.set_role("writer", "reader")
+    server.set_role(writer, "reader")
     status = proc.wait(timeout=240)
   finally:
-    gcs_authenticating.set_role("writer", "writer")
+    server.set_role(writer, writer)
     if proc.poll() is None:
       proc.kill()
   stderr = (tmp_path / "run.err").read_text()
@@ -261,9 +264,9 @@ def test_a_save_refused_in_mid_run_stops_there(gcs_authenticating, tmp_path):
                          r"to write there and the connection to it, then rerun to resume from the last good "
                          r"checkpoint", lines[0])
   assert refused, lines[0]
-  step, last = int(refused[1]), checkpoints(gcs_authenticating, bucket, "run")[1][-1]
+  step, last = int(refused[1]), checkpoints(listing(), "save")[1][-1]
   assert refused[2] == f"{workdir}/checkpoints"
-  assert refused[3] == gcs_denied("writer", "storage.objects.create"), lines[0]
+  assert refused[3] == {"s3": ACCESS_DENIED, "gs": gcs_denied(writer, "storage.objects.create")}[store], lines[0]
   assert step == last + EVERY <= steps, (step, last)  # the refused save is not committed
 
   proc = run(command[1:], env)
