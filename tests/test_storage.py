@@ -1,9 +1,14 @@
 """tupe.storage, the one path layer: the same calls on a local disk and in a bucket (real GCS and S3 emulators)."""
+import os
 import pathlib
 import re
+import subprocess
+import sys
 
 import pytest
 
+from gcs_emulator import free_port
+from test_resume import REPO
 from tupe import storage
 
 
@@ -68,6 +73,23 @@ def test_failures_are_one_line(gcs_bucket, tmp_path):
     storage.path("")
   with pytest.raises(storage.StorageError, match="must be local"):
     storage.local(gcs_bucket + "/x")
+
+
+def test_an_unreachable_endpoint_is_one_line():
+  """An s3:// store whose endpoint refuses the connection (nothing listens on its port): one line naming the path and
+  what to check, after botocore's retries. (gcsfs's chain ends in the same OS error, after about 30 s of its
+  retries.)"""
+  port = free_port()
+  env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+  env.update(AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}", AWS_ACCESS_KEY_ID="a", AWS_SECRET_ACCESS_KEY="b",
+             AWS_DEFAULT_REGION="us-east-1")
+  read = ("from tupe import storage\ntry:\n  storage.read_text('s3://tupe-b/o')\n"
+          "except storage.StorageError as e:\n  print(e)")
+  proc = subprocess.run([sys.executable, "-c", read], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+  assert re.fullmatch(
+      rf"cannot read s3://tupe-b/o: no connection to the store \(.*Connect call failed \('127\.0\.0\.1', {port}\)\): "
+      r"check that it is reachable from here, and its endpoint setting \(AWS_ENDPOINT_URL, STORAGE_EMULATOR_HOST\) "
+      r"if one is set", proc.stdout.strip()), proc.stdout + proc.stderr[-3000:]
 
 
 # File APIs that bypass the path layer: on a bucket URL they fail, or write a local folder named "gs:".

@@ -106,6 +106,9 @@ _CAUSES = (
     (403, "permission refused ({detail}): the credentials in use may not do this here, or the store does not know "
           "them"),  # a HEAD request's refusal has no body to tell which
     ("builtins.PermissionError", "permission refused ({detail})"),
+    # The store's endpoint refused or dropped the connection (botocore and gcsfs both keep the OS's error).
+    ("builtins.ConnectionError", "no connection to the store ({detail}): check that it is reachable from here, and "
+                                 "its endpoint setting (AWS_ENDPOINT_URL, STORAGE_EMULATOR_HOST) if one is set"),
 )
 
 
