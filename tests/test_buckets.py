@@ -75,17 +75,23 @@ def reference(tmp_path_factory) -> str:
 def test_train_in_a_bucket_killed_and_resumed_is_bit_identical(bucket, reference, tmp_path):
   """train.py --workdir gs://... or s3://..., killed (SIGKILL) after its first checkpoint and resumed, logs the
   losses and gradient norms of the uninterrupted run on a local disk and ends with its parameters, bit for bit;
-  its config, curves and checkpoints are objects in the bucket."""
-  workdir = f"{bucket}/run"
-  killed = Run(tmp_path / "run", command=train_command(workdir, {"num_train_steps": STEPS}))
+  its config, curves and checkpoints are objects in the bucket. Its compilation cache is in the bucket too (a pod's
+  shared one; the suite's own cache set aside): the killed run compiles its step and saves it there, the resumed
+  run loads it."""
+  workdir, cache = f"{bucket}/run", f"{bucket}/jax-cache"
+  command = train_command(workdir, {"num_train_steps": STEPS, "compilation_cache_dir": cache})
+  env = {k: v for k, v in train_env().items() if k != "JAX_COMPILATION_CACHE_DIR"}
+  killed = Run(tmp_path / "run", command=command, env=env)
   killed.wait_until(lambda: newest_step(workdir) > 0, poll=0.05)
   killed.signal(signal.SIGKILL)
   assert killed.wait() == -signal.SIGKILL
   stopped = newest_step(workdir)
   assert 0 < stopped < STEPS, "the kill came too late: the run had finished"
+  assert f"(compiled, and saved to the compilation cache {cache})" in killed.stdout()
 
-  proc = run(train_command(workdir, {"num_train_steps": STEPS})[1:])
+  proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
+  assert f"(loaded from the compilation cache {cache})" in proc.stdout
   assert f"resumed from checkpoint {stopped} " in proc.stdout
   assert f"finished at step {STEPS}: checkpoint {workdir}/checkpoints/{STEPS}" in proc.stdout
   assert storage.read_bytes(f"{workdir}/curves.png").startswith(PNG)

@@ -54,18 +54,18 @@ def run_train(workdir, overrides=None, extra=(), devices: int = 1, timeout: floa
 
 
 class Run:
-  """A train.py process (or `command`) in the background; its stdout and stderr go to files in `logs` (default:
-  beside a local workdir)."""
+  """A train.py process (or `command`) in the background, in `env` (default: `train_env(devices)`); its stdout and
+  stderr go to files in `logs` (default: beside a local workdir)."""
 
   def __init__(self, workdir, overrides=None, devices: int = 1, name: str = "run", command: list[str] | None = None,
-               logs=None):
+               logs=None, env: dict | None = None):
     self.workdir = storage.path(workdir)
     logs = pathlib.Path(logs or self.workdir.parent)
     self.stdout_path = logs / f"{self.workdir.name}.{name}.out"
     self.stderr_path = logs / f"{self.workdir.name}.{name}.err"
     with open(self.stdout_path, "w") as out, open(self.stderr_path, "w") as err:
-      self.proc = subprocess.Popen(command or train_command(workdir, overrides), cwd=REPO, env=train_env(devices),
-                                   stdout=out, stderr=err)
+      self.proc = subprocess.Popen(command or train_command(workdir, overrides), cwd=REPO,
+                                   env=env or train_env(devices), stdout=out, stderr=err)
 
   def wait_until(self, condition, timeout: float = 240, poll: float = 0.001) -> None:
     """Polls `condition()` until it holds; fails if the process exits first or time runs out."""
