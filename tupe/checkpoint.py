@@ -99,8 +99,14 @@ class Checkpointer:
   def __enter__(self):
     return self
 
-  def __exit__(self, *exc):
-    self.close()
+  def __exit__(self, exc_type, exc, tb):
+    if exc_type is None:
+      self.close()
+      return
+    # The job's own error (a refused save among them) is the one to report: a save failing again while closing
+    # (orbax raises a failed background write once more at close) would replace it with a vaguer line.
+    with contextlib.suppress(Exception):
+      self.close()
 
   def _uncommitted(self) -> list[storage.Path]:
     """Step directories that orbax has not committed: temporary ones locally, those without the commit object in
