@@ -143,8 +143,9 @@ def test_a_refused_gcs_lease_is_one_line(gcs_authenticating, caller):
   workdir = f"gs://{gcs_authenticating.bucket}/{caller}/run"
   proc = run(["-c", TAKE_THE_LEASE, workdir], gcs_authenticating.environment(caller, train_env()))
   assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-  # Without credentials the client is not made: google-auth finds none before any request.
-  what = "connect to" if caller == "none" else "take the lease"
+  # Without credentials, or with ones the token endpoint refuses, the client is not made: google-auth finds none,
+  # or its refresh (tupe.storage's check of a gs:// path's credentials) is refused, before any request to GCS.
+  what = "connect to" if caller in ("none", "unknown") else "take the lease"
   assert proc.stdout.strip() == f"cannot {what} {workdir}/{lease.LEASE_NAME}: {CAUSES['gs', caller]}"
   assert gcs_authenticating.objects() == []
 

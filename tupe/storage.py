@@ -18,6 +18,7 @@ gone) surface as `StorageError`, one line naming the path, the cause and what to
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import logging
 import os
@@ -201,10 +202,37 @@ def _first_line(e: BaseException) -> str:
   return text[0] if text else type(e).__name__
 
 
+@functools.cache
+def _google_credentials(key_file: str | None) -> None:
+  """Refreshes the Google credentials that gcsfs will use (google-auth's default ones; `key_file` is
+  GOOGLE_APPLICATION_CREDENTIALS, which picks them), once per process and key file. gcsfs retries a refused refresh
+  for about 30 s before it raises; a refusal that retrying cannot change (the token endpoint's answer, e.g.
+  `invalid_grant` for an account it does not know) is raised here at once, and not cached. Nothing is done where
+  gcsfs takes no credentials (fsspec's gcs token "anon") or where none are found (gcsfs then sends anonymous
+  requests); a failure that may pass (the metadata server, the network) is left to gcsfs's retries."""
+  import google.auth
+  import google.auth.exceptions
+  import google.auth.transport.requests
+
+  if fsspec.config.conf.get("gcs", {}).get("token") == "anon":
+    return
+  try:
+    credentials, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/devstorage.full_control"])
+    credentials.refresh(google.auth.transport.requests.Request())
+  except google.auth.exceptions.RefreshError as e:
+    if not e.retryable:
+      raise
+  except google.auth.exceptions.GoogleAuthError:
+    pass
+
+
 @contextlib.contextmanager
 def errors(what: str, p: PathLike) -> Iterator[None]:
-  """Turns any storage exception raised inside into a `StorageError` "{what} {p}: {cause}"."""
+  """Turns any storage exception raised inside into a `StorageError` "{what} {p}: {cause}". A gs:// path's
+  credentials are checked first (`_google_credentials`)."""
   try:
+    if str(p).startswith("gs://"):
+      _google_credentials(os.environ.get("GOOGLE_APPLICATION_CREDENTIALS"))
     yield
   except StorageError:
     raise
