@@ -168,15 +168,15 @@ except Exception as e:
 
 @pytest.mark.parametrize("caller", CALLERS)
 def test_tensorstore_refusals_are_named(refusing, caller):
-  if refusing[0] == "s3" and caller == "none":
-    pytest.skip("moto with authentication on answers an unsigned request with a 500 (a KeyError on its Authorization "
-                "header), which tensorstore retries for minutes; S3 answers 403. Every entry point meets s3fs's "
-                "'no credentials found' first (test_eval_glue_into_a_refusing_bucket_is_one_line[s3-none])")
   """tensorstore, which orbax writes a checkpoint's arrays with (its spec as orbax builds it, `tupe.orbax_s3` for
   s3://), refused by the store: its error (a status text with the store's words and the HTTP status) is named as
   the other clients' are. Its first request reads the array's metadata. On gs://, its unknown credentials are a token
   GCS does not know (tensorstore takes a fixed token here, `AuthenticatingGCS`)."""
   store, server = refusing
+  if (store, caller) == ("s3", "none"):
+    pytest.skip("moto with authentication on answers an unsigned request with a 500 (a KeyError on its Authorization "
+                "header), which tensorstore retries for minutes; S3 answers 403. Every entry point meets s3fs's "
+                "'no credentials found' first (test_eval_glue_into_a_refusing_bucket_is_one_line[s3-none])")
   proc = run(["-c", WRITE_AN_ARRAY, f"{store}://{server.bucket}/{caller}/array"],
              server.environment(caller, train_env()))
   assert proc.returncode == 0, proc.stderr[-3000:]
