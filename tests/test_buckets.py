@@ -36,9 +36,10 @@ def no_local_gs_folder():
     assert not (REPO / scheme).exists(), f"a {scheme}// URL was written to the local disk"
 
 
-def run(args: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
-  """A command of this repository (`python ARGS...`) in a subprocess, with the emulator's environment."""
-  return subprocess.run([sys.executable, *args], cwd=REPO, env=train_env(), capture_output=True, text=True,
+def run(args: list[str], timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+  """A command of this repository (`python ARGS...`) in a subprocess, in `env` (default: the test environment, with
+  the emulators')."""
+  return subprocess.run([sys.executable, *args], cwd=REPO, env=env or train_env(), capture_output=True, text=True,
                         timeout=timeout)
 
 
@@ -89,7 +90,7 @@ def test_train_in_a_bucket_killed_and_resumed_is_bit_identical(bucket, reference
   assert 0 < stopped < STEPS, "the kill came too late: the run had finished"
   assert f"(compiled, and saved to the compilation cache {cache})" in killed.stdout()
 
-  proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+  proc = run(command[1:], env=env)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert f"(loaded from the compilation cache {cache})" in proc.stdout
   assert f"resumed from checkpoint {stopped} " in proc.stdout
