@@ -84,6 +84,27 @@ def test_a_failed_asynchronous_save_is_reported_by_the_next_check(tmp_path, capl
   assert sorted(p.name for p in tmp_path.iterdir() if p.name.isdigit()) == ["1"]
 
 
+def test_leaving_on_the_jobs_own_error_reports_that_error(tmp_path, caplog):
+  """A job that stops on its own error while a save is failing in the background (a refused save, a signal)
+  leaves the `with` block with that error: closing the checkpointer raises the failed save once more, and that
+  must not replace the job's line."""
+  state = state_at(1, 50_000)  # 400 kB: over the limit below
+  soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+  try:
+    with pytest.raises(RuntimeError, match="^the job's own error$"), caplog.at_level(logging.INFO):
+      with checkpoint.Checkpointer(tmp_path, config()) as ckpt:
+        ckpt.save(1, state, META)
+        ckpt.wait()
+        resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, hard))  # Python ignores SIGXFSZ: writes fail (EFBIG)
+        ckpt.save(2, state, META)
+        raise RuntimeError("the job's own error")  # Checkpointer.__exit__ then waits for save 2, which fails.
+  finally:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+  assert not [r for r in caplog.records if r.exc_info], "orbax's tracebacks were logged"
+  verify_all(tmp_path / "1")
+  assert sorted(p.name for p in tmp_path.iterdir() if p.name.isdigit()) == ["1"]
+
+
 def test_an_interrupted_first_save_is_reported(tmp_path, caplog):
   """A run killed during its first save leaves only orbax's temporary directory: resuming says so."""
   (tmp_path / "4.orbax-checkpoint-tmp-1700000000").mkdir()
