@@ -41,10 +41,11 @@ def exiting(pid: int) -> bool:
   """Whether the process has begun to exit (Linux's PF_EXITING flag, or a zombie): it no longer takes signals,
   yet `Popen.poll` reports it as running until the kernel has freed its memory."""
   try:
-    state, flags = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0:7:6]
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()  # proc(5)'s fields 3 on
   except FileNotFoundError:
     return True
-  return state in "ZX" or bool(int(flags) & 0x4)
+  state, flags = fields[0], int(fields[6])
+  return state in ("Z", "X") or bool(flags & 0x4)  # 0x4: PF_EXITING
 
 
 def environment(cache: bool) -> dict:
