@@ -4,6 +4,9 @@ The entry points run in this process (conftest's 8 fake CPU devices, so batches 
 """
 import json
 import os
+import pathlib
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -251,6 +254,23 @@ def test_params_load(capsys):
   for line in (local, bucket):
     assert line["params_only_read_bytes"] > 0 and line["whole_verify_read_bytes"] > line["params_only_read_bytes"]
   assert (local["storage"], bucket["storage"]) == ("local", "gcs emulator")
+
+
+def test_compile_time():
+  """In a process of its own: the benchmark turns JAX's persistent compilation cache off for its whole process."""
+  proc = subprocess.run([sys.executable, "-m", "bench.compile_time", "--tiny", "--repeats", "1"],
+                        cwd=pathlib.Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=900)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  record, summary = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+  assert summary["compilation_cache"] == "off" and summary["model"] == "tupe_a hidden 32 x 1 layers"
+  for which in ("demo", "plain_flax"):
+    assert record[f"{which}_lower_s"] > 0 and record[f"{which}_xla_s"] > 0
+    total = record[f"{which}_lower_s"] + record[f"{which}_xla_s"]
+    assert record[f"{which}_compile_s"] == pytest.approx(total, rel=1e-4)
+    for part in ("compile_s", "lower_s", "xla_s"):  # the median of one repeat is that repeat
+      assert summary[f"{which}_{part}"] == record[f"{which}_{part}"]
+  assert summary["ratio"] == pytest.approx(record["demo_compile_s"] / record["plain_flax_compile_s"], rel=1e-4)
+  assert summary["ratio_per_repeat"] == [summary["ratio"]] and summary["within_1_5x"] == (summary["ratio"] <= 1.5)
 
 
 def test_plot_rejects_what_is_not_benchmark_output(tmp_path):
