@@ -7,13 +7,13 @@ Recipes: tupe, convbert (see configs/glue.py). Writes runs.jsonl, results.json, 
 submission/ into OUT; a rerun skips the finished (task, lr, seed) runs. Add --verbose for tracebacks on input
 errors.
 """
-from tupe import errors
+from tupe.run import process
 
 if __name__ == "__main__":
-  errors.catch_signals()  # First, before the heavy imports: no moment is left to the default handlers.
+  process.catch_signals()  # First, before the heavy imports: no moment is left to the default handlers.
 
-from tupe import cli  # noqa: E402
 from tupe.glue import finetune  # noqa: E402
+from tupe.run import cli  # noqa: E402
 
 cli.define_flags("GLUE recipe: configs/glue.py:<tupe|convbert>.", "Directory for runs, results and submission files.")
 

@@ -4,15 +4,15 @@
 
 Resumes automatically from the newest checkpoint in DIR. Add --verbose for tracebacks on input errors.
 """
-from tupe import errors
+from tupe.run import process
 
 if __name__ == "__main__":
-  errors.catch_signals()  # First, before the heavy imports: no moment is left to the default handlers.
+  process.catch_signals()  # First, before the heavy imports: no moment is left to the default handlers.
 
-from tupe import cli  # noqa: E402
-from tupe import trainer  # noqa: E402
+from tupe.run import cli  # noqa: E402
+from tupe.train import pretrain  # noqa: E402
 
 cli.define_flags("Experiment config: configs/<file>.py:<arg>.", "Directory for checkpoints, logs and metrics.")
 
 if __name__ == "__main__":
-  cli.run(trainer.train)
+  cli.run(pretrain.train)

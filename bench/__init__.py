@@ -24,11 +24,11 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 def load_config(spec: str, overrides: Sequence[str] = ()):
   """The config of `path.py:arg` with `key.sub=value` overrides, loaded and checked as train.py loads its
-  (`tupe.cli.load_config`); a bad spec or override exits with its one-line error."""
-  from tupe import cli
+  (`tupe.config_files.load_config`); a bad spec or override exits with its one-line error."""
+  from tupe import config_files
   from tupe.errors import UserError
   try:
-    return cli.load_config(spec, overrides)
+    return config_files.load_config(spec, overrides)
   except UserError as e:
     raise SystemExit(f"error: {e}") from None
 
@@ -124,18 +124,18 @@ def random_checkpoint_state(model: str):
   checkpoint meta, for the checkpoint benchmarks: (state, abstract state, meta, checkpoint config)."""
   import jax
 
-  from configs import pretrain
-  from tupe import checkpoint
-  from tupe import trainer
+  from configs import pretrain as pretrain_config
+  from tupe.store import meta as meta_lib
+  from tupe.train import pretrain
 
-  cfg = pretrain.get_config(model)
+  cfg = pretrain_config.get_config(model)
   cfg.model.vocab_size = 30522
   cfg.update(seq_len=128, global_batch_size=8, mesh=dict(data=1, fsdp=1, tensor=1))
   cfg.checkpoint.update(async_save=False, keep_last=1, keep_every=0)
-  setup = trainer.build(cfg, jax.devices()[:1])
+  setup = pretrain.build(cfg, jax.devices()[:1])
   rng = np.random.default_rng(0)
   state = jax.tree_util.tree_map(
       lambda x: jax.device_put(rng.standard_normal(x.shape).astype(x.dtype) if x.dtype.kind == "f"
                                else np.zeros(x.shape, x.dtype), x.sharding), setup.abstract_state)
-  meta = checkpoint.create_meta(json.loads(cfg.to_json_best_effort()), [], 0)
+  meta = meta_lib.create(json.loads(cfg.to_json_best_effort()), [], 0)
   return state, setup.abstract_state, meta, cfg.checkpoint

@@ -4,7 +4,8 @@
 
 Builds the trainer's TrainState for the model (parameters + AdamW moments, fp32, on one CPU device; filled with
 random values, not trained) and times, best of `--repeats`:
-  save:    `tupe.checkpoint.Checkpointer.save` + `wait` (synchronous orbax save, with the checksums of every file),
+  save:    `tupe.store.checkpointer.Checkpointer.save` + `wait` (synchronous orbax save, with the checksums of every
+           file),
            against orbax's save alone (the checksums' share measured as `checksums.record` of the same directory);
   restore: `Checkpointer.restore_latest` (verifies every file, then restores), against the same without the
            verification, and the verification alone (`checksums.verify`: hashing every file).
@@ -22,10 +23,11 @@ import time
 import jax
 
 import bench
-from tupe import checkpoint
-from tupe import checksums as checksums_lib
-from tupe import resume
-from tupe import storage
+from tupe.store import checkpoint
+from tupe.store import checkpointer
+from tupe.store import checksums as checksums_lib
+from tupe.store import storage
+from tupe.train import resume
 
 
 def _best(fn, repeats: int) -> float:
@@ -49,13 +51,13 @@ def main(argv=None) -> list[dict]:
   root = pathlib.Path(tempfile.mkdtemp(prefix="ckpt-bench-"))
   try:
     steps = iter(range(1, 1_000_000))
-    with checkpoint.Checkpointer(root, ckpt_cfg) as ckpt:
+    with checkpointer.Checkpointer(root, ckpt_cfg) as ckpt:
       save = _best(lambda: (ckpt.save(next(steps), state, meta), ckpt.wait()), args.repeats)
       step_dir = checkpoint.latest_step_dir(root)
       nbytes = sum(storage.size(step_dir / name) for name in storage.walk_files(step_dir))
 
       def rehash():
-        storage.remove(step_dir / checkpoint.CHECKSUMS)
+        storage.remove(step_dir / checksums_lib.CHECKSUMS)
         checksums_lib.record(step_dir)
       checksums = _best(rehash, args.repeats)
 

@@ -108,11 +108,11 @@ def plain_step_compile_seconds(cfg, vocab: int, num_predictions: int) -> tuple[f
 
 
 def demo_step_compile_seconds(cfg) -> tuple[float, float]:
-  """Builds the demo's train step (`tupe.trainer.build`), then times lowering and compiling it, as
-  `trainer.compile_train_step` does (without its memory report)."""
-  from tupe import trainer
-  setup = trainer.build(cfg)
-  return timed_lower_and_compile(setup.train_step, setup.abstract_state, trainer.abstract_batch(setup))
+  """Builds the demo's train step (`tupe.train.pretrain.build`), then times lowering and compiling it, as
+  `pretrain.compile_train_step` does (without its memory report)."""
+  from tupe.train import pretrain
+  setup = pretrain.build(cfg)
+  return timed_lower_and_compile(setup.train_step, setup.abstract_state, pretrain.abstract_batch(setup))
 
 
 def main(argv=None) -> list[dict]:
@@ -120,11 +120,12 @@ def main(argv=None) -> list[dict]:
   parser.add_argument("--repeats", type=int, default=3, help="cold compiles of each step, in turn")
   parser.add_argument("--tiny", action="store_true", help="a 1-layer model (smoke test)")
   args = parser.parse_args(argv)
-  from tupe import trainer
+  from tupe.train import core
+  from tupe.train import pretrain
   cfg = demo_config(args.tiny)
-  trainer.resolve_vocab_size(cfg, vocab_size(cfg))
-  jax.config.update("jax_default_prng_impl", cfg.prng_impl)
-  predictions = trainer.num_predictions(cfg)
+  pretrain.resolve_vocab_size(cfg, vocab_size(cfg))
+  core.use_prng_impl(cfg.prng_impl)
+  predictions = pretrain.num_predictions(cfg)
   bench.progress("warm-up: one untimed compile of each (the process's first compiles set up XLA)")
   demo_step_compile_seconds(cfg)
   plain_step_compile_seconds(cfg, cfg.model.vocab_size, predictions)

@@ -75,7 +75,7 @@ def bench_train_step(size: str, length: int, batch: int, dtype: str, steps: int,
                      is_tiny: bool) -> dict:
   runners = {impl: train_step.Runner(train_step.make_config(
       f"configs/pretrain.py:convbert_mlm,{size}", batch, length, dtype, [f"model.conv_impl={impl}"], is_tiny))
-      for impl in IMPLS}
+             for impl in IMPLS}
   for r in runners.values():
     r.step()
   times = interleaved({impl: r.step for impl, r in runners.items()}, steps, repeats)

@@ -43,18 +43,18 @@ def measure(spec: str, mesh: dict, train: bool) -> dict:
 
   import bench
   from tupe import models
-  from tupe import trainer
+  from tupe.train import pretrain
 
   cfg = bench.load_config(spec)
   cfg.update(global_batch_size=max(cfg.global_batch_size, jax.device_count()))
   cfg.mesh.update(mesh)
-  setup = trainer.build(cfg, jax.devices())
+  setup = pretrain.build(cfg, jax.devices())
   init = setup.init_state.lower().compile().memory_analysis()
   record = {"model": cfg.model.name, "size": cfg.model.size, "mesh": dict(setup.mesh.shape),
             "devices": jax.device_count(), "parameters": models.param_count(setup.abstract_state.params),
             "state_bytes_per_device": init.output_size_in_bytes, **state_bytes(setup)}
   if train:
-    compiled, _ = trainer.compile_train_step(setup)
+    compiled, _ = pretrain.compile_train_step(setup)
     mem = compiled.memory_analysis()
     record.update(global_batch=cfg.global_batch_size, seq=cfg.seq_len,
                   train_argument_bytes_per_device=mem.argument_size_in_bytes,

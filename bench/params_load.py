@@ -1,11 +1,11 @@
-"""What a parameters-only load reads: a base-size checkpoint loaded by `tupe.checkpoint.load_params` (GLUE, the
+"""What a parameters-only load reads: a base-size checkpoint loaded by `tupe.store.checkpoint.load_params` (GLUE, the
 tools, export), on a local disk and from a GCS emulator, against the whole-checkpoint verification that readers did
 before parameters and optimizer state were separate items.
 
   python -m bench.params_load [--model tupe_a,base] [--tiny]
 
 Builds the trainer's TrainState for the model (parameters + AdamW moments, fp32, random values, not trained),
-saves it once with `tupe.checkpoint.Checkpointer` into a local folder and into a bucket of a fake-gcs-server
+saves it once with `tupe.store.checkpointer.Checkpointer` into a local folder and into a bucket of a fake-gcs-server
 emulator (tests/gcs_emulator.py) on this machine, and measures, each once and with no verification cached:
   params_only: `load_params` (verifies the params item's files, the meta and the step's own files, and restores the
                parameters);
@@ -28,9 +28,10 @@ import time
 import jax
 
 import bench
-from tupe import checkpoint
-from tupe import checksums
-from tupe import storage
+from tupe.store import checkpoint
+from tupe.store import checkpointer
+from tupe.store import checksums
+from tupe.store import storage
 
 sys.path.insert(0, str(bench.REPO / "tests"))
 import gcs_emulator  # noqa: E402
@@ -56,7 +57,7 @@ def _whole(root: str):
 
 
 def _run(storage_name: str, root: str, state, meta, ckpt_cfg, pid: str) -> dict:
-  with checkpoint.Checkpointer(f"{root}/checkpoints", ckpt_cfg) as ckpt:
+  with checkpointer.Checkpointer(f"{root}/checkpoints", ckpt_cfg) as ckpt:
     ckpt.save(1, state, meta)
   step_dir = storage.path(f"{root}/checkpoints/1")
   sizes = {name: storage.size(step_dir / name) for name in storage.walk_files(step_dir)}

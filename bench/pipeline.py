@@ -24,9 +24,9 @@ import numpy as np
 
 import bench
 from bench import train_step
-from tupe import sharding
 from tupe.data import examples as examples_lib
 from tupe.data import pipeline as pipeline_lib
+from tupe.train import sharding
 
 SHARED = bench.REPO.parent / "shared" / "data"
 

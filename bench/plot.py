@@ -24,8 +24,9 @@ from typing import Callable
 
 import numpy as np
 
-from tupe import tools
-from tupe.errors import UserError, run_main
+from tupe import present
+from tupe.errors import UserError
+from tupe.run.process import run_main
 
 
 def read_records(path: pathlib.Path) -> list[dict]:
@@ -231,7 +232,7 @@ def plot_file(path: str | pathlib.Path, out_dir: str | pathlib.Path) -> pathlib.
   path, out_dir = pathlib.Path(path), pathlib.Path(out_dir)
   records = read_records(path)
   kind = kind_of(records, path)
-  figure = tools.new_figure(8.0, 4.2)
+  figure = present.new_figure(8.0, 4.2)
   title = KINDS[kind][1](records, figure)
   figure.suptitle(f"{title} ({machine_line(records)})", fontsize=9)
   figure.tight_layout()

@@ -110,7 +110,8 @@ def tokenize_cpu(inputs: str, max_chars: int, repeats: int) -> dict:
   """CPU seconds of HF encode_batch and of tupe's encode on the sentences of the first `max_chars` of the corpus,
   one thread, best of `repeats`, taking turns."""
   os.environ["TOKENIZERS_PARALLELISM"] = "false"
-  from tupe.data import corpus, tokenizer  # pylint: disable=import-outside-toplevel
+  from tupe.data import corpus  # pylint: disable=import-outside-toplevel
+  from tupe.data import tokenizer  # pylint: disable=import-outside-toplevel
 
   text = open(sorted(glob.glob(inputs))[0], encoding="utf-8").read(max_chars)
   sentences = [s for p in corpus.paragraphs(text) for s in corpus.split_sentences(p)]

@@ -6,7 +6,7 @@
 prints one JSON line: tokens_per_s and step_time_s (median over the timed steps after `--warmup` steps),
 compile_time_s (lowering + XLA compilation), memory per device from the compiled memory analysis (arguments +
 outputs - donated + temporaries; also arguments and temporaries alone) and on CPU the host's peak RSS,
-flops_per_step (tupe.flops, explicit count; beside it XLA's static cost analysis of the compiled step, FLOPs
+flops_per_step (tupe.train.flops, explicit count; beside it XLA's static cost analysis of the compiled step, FLOPs
 and bytes accessed per device, where the backend gives one), mfu against peak_flops_per_device (data-sheet
 bf16 on known GPUs/TPUs; on CPU the best of a measured fp32 matmul before and after the timed steps) and the
 device kind.
@@ -34,9 +34,9 @@ import jax
 import numpy as np
 
 import bench
-from tupe import flops as flops_lib
-from tupe import sharding
-from tupe import trainer
+from tupe.train import flops as flops_lib
+from tupe.train import pretrain
+from tupe.train import sharding
 
 
 def tiny(cfg) -> None:
@@ -56,11 +56,11 @@ class Runner:
 
   def __init__(self, cfg, seed: int = 0):
     self.cfg = cfg
-    self.setup = trainer.build(cfg)
+    self.setup = pretrain.build(cfg)
     bench.progress(f"compiling the {cfg.model.name} {cfg.model.size} train step ({cfg.global_batch_size} x "
                    f"{cfg.seq_len})")
     start = time.perf_counter()
-    self.compiled, _ = trainer.compile_train_step(self.setup)
+    self.compiled, _ = pretrain.compile_train_step(self.setup)
     self.compile_time_s = time.perf_counter() - start
     bench.progress(f"compiled in {self.compile_time_s:.1f} s")
     self.memory = self.compiled.memory_analysis()
@@ -108,7 +108,7 @@ class Runner:
 
 
 def device_peak(cfg, matmul_size: int) -> tuple[float, str]:
-  """tupe.flops.peak_flops_per_device; where neither the config nor a data sheet has it, a matmul of this size."""
+  """tupe.train.flops.peak_flops_per_device; where neither the config nor a data sheet has it, a matmul of this size."""
   kind = jax.devices()[0].device_kind
   if cfg.peak_flops or any(kind.startswith(prefix) for prefix in flops_lib.PEAK_BF16):
     return flops_lib.peak_flops_per_device(cfg.peak_flops)

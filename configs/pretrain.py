@@ -14,9 +14,9 @@ for base), loss = gen + 50 * disc, batch 128 (256 for base), lr 3e-4 small / 5e-
 import ml_collections
 
 from tupe import models
-from tupe import sharding
 from tupe.data import pipeline
 from tupe.errors import UserError
+from tupe.models import partitioning
 
 NAMES = models.MODELS + ("convbert_mlm",)  # convbert_mlm: ConvBERT's model with the MLM objective
 CONVBERT_LR = {"tiny": 1e-3, "small": 3e-4, "medium_small": 5e-4, "base": 2e-4, "large": 2e-4}
@@ -38,8 +38,8 @@ def common() -> ml_collections.ConfigDict:
       learning_rate=1e-4, end_learning_rate=0.0, warmup_steps=10_000, decay="linear", power=1.0,
       b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01, weight_decay_mask="all", clip_norm=1.0))
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
-  # [logical axis name, mesh axis | [mesh axes] | None] pairs (tupe.sharding); () also means these defaults.
-  c.sharding_rules = sharding.DEFAULT_RULES
+  # [logical axis name, mesh axis | [mesh axes] | None] pairs (tupe.train.sharding); () also means these defaults.
+  c.sharding_rules = partitioning.DEFAULT_RULES
   c.checkpoint = ml_collections.ConfigDict(dict(every_steps=10_000, keep_last=3, keep_every=100_000,
                                                 async_save=True))
   c.log_every = 100
@@ -48,7 +48,7 @@ def common() -> ml_collections.ConfigDict:
   c.nonfinite = "skip"             # non-finite loss/grads: "skip" the update, or "stop" the run
   c.peak_flops = 0.0               # per-device peak FLOP/s for MFU; 0 = data sheet or measured matmul
   c.tensorboard = True
-  # JAX's persistent compilation cache (tupe.compile_cache): a second start loads its compiled step. A per-user
+  # JAX's persistent compilation cache (tupe.train.compile_cache): a second start loads its compiled step. A per-user
   # folder; on a pod, a bucket all hosts share (gs://...); "" turns it off. JAX_COMPILATION_CACHE_DIR wins.
   c.compilation_cache_dir = "~/.cache/tupe/jax"
   # Multi-host: a host that sends no heartbeat for heartbeat_timeout_s counts as dead and the others stop.

@@ -171,7 +171,7 @@ def get_config(arg: str = "tupe,micro") -> ml_collections.ConfigDict:
   c.heldout_seed = 0                # masks of the held-out score (the same for every checkpoint)
   c.heldout_max_examples = 16 if scale == "micro" else 0  # 0: the whole file
   c.heldout_batch_size = 16 if scale == "micro" else 32
-  # The held-out scoring's compilation cache (tupe.compile_cache; the pre-training and GLUE jobs take theirs
+  # The held-out scoring's compilation cache (tupe.train.compile_cache; the pre-training and GLUE jobs take theirs
   # from configs/pretrain.py and configs/glue.py): a per-user folder, a bucket, or "" (off).
   c.compilation_cache_dir = "~/.cache/tupe/jax"
   return c

@@ -14,11 +14,16 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", "/tmp/tupe-test-jax-cache")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_DEFAULT_PRNG_IMPL", "rbg")
 
+from gcs_emulator import AuthenticatingGCS  # noqa: E402
+from gcs_emulator import Emulator  # noqa: E402
+from gcs_emulator import create_bucket  # noqa: E402
+from gcs_emulator import emulator_environment  # noqa: E402
+from gcs_emulator import free_port  # noqa: E402
+from gcs_emulator import serving  # noqa: E402
 import pytest  # noqa: E402
-
-from gcs_emulator import (AuthenticatingGCS, Emulator, create_bucket, emulator_environment, free_port,  # noqa: E402
-                          serving)
-from s3_emulator import AuthenticatingS3, S3Emulator, create_bucket as create_s3_bucket  # noqa: E402
+from s3_emulator import AuthenticatingS3  # noqa: E402
+from s3_emulator import S3Emulator  # noqa: E402
+from s3_emulator import create_bucket as create_s3_bucket  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
@@ -45,20 +50,20 @@ def glue_dir(shared_data) -> pathlib.Path:
 @pytest.fixture(scope="module")
 def pretrained(tmp_path_factory, glue_dir, bert_vocab) -> pathlib.Path:
   """A train.py workdir: a 1-layer TUPE-A, BERT vocab, 2 MLM steps on SST-2 dev sentences, one checkpoint."""
-  from configs import pretrain
-  from tupe import trainer
+  from configs import pretrain as pretrain_config
   from tupe.glue import tasks as glue
+  from tupe.train import pretrain
 
   root = tmp_path_factory.mktemp("pretrain")
   corpus = root / "corpus.txt"
   corpus.write_text("\n\n".join(e.text_a for e in glue.load_split(glue_dir, "sst2", "dev")[:300]) + "\n")
-  cfg = pretrain.get_config("tupe_a,tiny")
+  cfg = pretrain_config.get_config("tupe_a,tiny")
   cfg.model.update(hidden_size=32, embedding_size=32, intermediate_size=64, num_layers=1)
   cfg.data.update(source="text", files=str(corpus), vocab_file=str(bert_vocab), eval_fraction=0.0)
   cfg.update(seq_len=32, global_batch_size=8, num_train_steps=2, eval_every=0, tensorboard=False, peak_flops=1e12)
   cfg.optimizer.warmup_steps = 1
   cfg.checkpoint.update(every_steps=2, async_save=False)
-  trainer.train(cfg, str(root / "workdir"))
+  pretrain.train(cfg, str(root / "workdir"))
   return root / "workdir"
 
 
@@ -94,7 +99,7 @@ def s3_emulator(tmp_path_factory):
   it: sets AWS_ENDPOINT_URL, dummy credentials and a region (s3fs and botocore read them), which subprocesses
   inherit. Yields the emulator's URL; stopped by its pid at the end of the session."""
   pytest.importorskip("moto.server", reason="the S3 emulator (moto[server]) is missing")
-  pytest.importorskip("s3fs", reason="s3fs, the s3:// client of tupe.storage, is missing")
+  pytest.importorskip("s3fs", reason="s3fs, the s3:// client of tupe.store.storage, is missing")
   with serving(S3Emulator(str(tmp_path_factory.mktemp("s3") / "server.log"), free_port())) as server, \
       emulator_environment(server):
     yield server.url
@@ -118,7 +123,7 @@ def s3_authenticating(tmp_path_factory) -> AuthenticatingS3:
   one empty bucket, an "admin" and a "reader" user); `s3_emulator` stays the one that checks none. It sets no
   environment: tests run their commands with `s3_authenticating.environment(who)`."""
   pytest.importorskip("moto.server", reason="the S3 emulator (moto[server]) is missing")
-  pytest.importorskip("s3fs", reason="s3fs, the s3:// client of tupe.storage, is missing")
+  pytest.importorskip("s3fs", reason="s3fs, the s3:// client of tupe.store.storage, is missing")
   root = tmp_path_factory.mktemp("s3-auth")
   (root / "empty").write_text("")
   with serving(S3Emulator(str(root / "server.log"), free_port())) as server:

@@ -9,12 +9,14 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository, for tupe
 
 import jax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 import ml_collections
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
 
-from tupe import checkpoint  # noqa: E402
-from tupe import training  # noqa: E402
+from tupe.store import checkpointer  # noqa: E402
+from tupe.store import meta as meta_lib
+from tupe.train import core  # noqa: E402
 
 
 def main(port: str, host: str, root: str, phase: str) -> None:
@@ -23,16 +25,16 @@ def main(port: str, host: str, root: str, phase: str) -> None:
   mesh = jax.sharding.Mesh(np.array(jax.devices()), ("fsdp",))
   split, replicated = NamedSharding(mesh, P("fsdp")), NamedSharding(mesh, P())
 
-  def state_at(step: int) -> training.TrainState:
+  def state_at(step: int) -> core.TrainState:
     array = lambda values, sharding: jax.make_array_from_callback(values.shape, sharding, lambda i: values[i])
     values = np.arange(4096, dtype=np.float32) * step
-    return training.TrainState(step=array(np.int32(step), replicated), params={"w": array(values, split)},
-                               opt_state={"mu": array(values + 1, split)},
-                               rng=array(np.array([step, 7], np.uint32), replicated))
+    return core.TrainState(step=array(np.int32(step), replicated), params={"w": array(values, split)},
+                           opt_state={"mu": array(values + 1, split)},
+                           rng=array(np.array([step, 7], np.uint32), replicated))
 
   cfg = ml_collections.ConfigDict(dict(keep_last=3, keep_every=0, async_save=True))
-  meta = checkpoint.create_meta({}, [], 0)
-  with checkpoint.Checkpointer(root, cfg) as ckpt:
+  meta = meta_lib.create({}, [], 0)
+  with checkpointer.Checkpointer(root, cfg) as ckpt:
     if phase == "save":
       for step in range(1, 1000):
         ckpt.save(step, state_at(step), meta)

@@ -1,11 +1,12 @@
 """A real S3 emulator for tests: moto's server mode (`moto[server]`), an HTTP S3 endpoint, as a process of ours
 (tests/conftest.py's `s3_emulator` and `s3_bucket` fixtures use it), and one that checks credentials and permissions
 as AWS does (`AuthenticatingS3`, the `s3_authenticating` fixture). It honours S3's conditional writes
-(`If-None-Match: *`, `If-Match: <ETag>`), which the workdir lease of tupe/lease.py relies on."""
+(`If-None-Match: *`, `If-Match: <ETag>`), which the workdir lease of tupe/store/lease.py relies on."""
 import subprocess
 import sys
 
-from gcs_emulator import stop_process, wait_until_serving
+from gcs_emulator import stop_process
+from gcs_emulator import wait_until_serving
 
 
 class S3Emulator:
@@ -27,7 +28,7 @@ class S3Emulator:
     self.proc = None
 
   def environment(self) -> dict:
-    """What points s3fs and botocore (tupe/lease.py's S3 client) at this server: AWS's own settings, with dummy
+    """What points s3fs and botocore (tupe/store/lease.py's S3 client) at this server: AWS's own settings, with dummy
     credentials (the emulator checks none)."""
     return {"AWS_ENDPOINT_URL": self.url, "AWS_ACCESS_KEY_ID": "tupe-test", "AWS_SECRET_ACCESS_KEY": "tupe-test",
             "AWS_DEFAULT_REGION": "us-east-1"}

@@ -15,8 +15,16 @@ import numpy as np
 import pytest
 
 import bench
-from bench import (ablations, checkpoint_integrity, compare_hf, dynamic_conv, memory, params_load, pipeline, plot,
-                   profile, train_step)
+from bench import ablations
+from bench import checkpoint_integrity
+from bench import compare_hf
+from bench import dynamic_conv
+from bench import memory
+from bench import params_load
+from bench import pipeline
+from bench import plot
+from bench import profile
+from bench import train_step
 from tupe import models
 from tupe.errors import UserError
 from tupe.models import layers
@@ -74,9 +82,9 @@ def test_train_step_variant(capsys):
   record, scanned, summary = lines
   label = "bert_a model.scan_layers=True"
   assert ("variant" not in record, scanned["variant"], summary["compare"]) == (True, "model.scan_layers=True",
-                                                                                ["bert_a", label])
+                                                                               ["bert_a", label])
   assert summary["compile_time_ratio"][label] == pytest.approx(scanned["compile_time_s"] / record["compile_time_s"],
-                                                              rel=1e-4)
+                                                               rel=1e-4)
   assert len(summary["step_time_ratio_per_repeat"][label]) == 2
 
 
@@ -150,7 +158,7 @@ def test_ablation_swaps_reach_the_model():
   run = lambda: np.asarray(models.encode(cfg, params["encoder"], ids, deterministic=False,
                                          rngs={"dropout": jax.random.key(0)})["last_hidden_state"])
   gradient = lambda: str(jax.make_jaxpr(jax.grad(lambda p: mlm.apply({"params": p}, ids, np.ones_like(ids),
-                                                                    np.zeros_like(ids), positions).sum()))(params))
+                                                                     np.zeros_like(ids), positions).sum()))(params))
   ours, ours_logits, ours_gradient = run(), logits(), gradient()
   with ablations.swapped("dropout"):
     assert not np.allclose(run(), ours)

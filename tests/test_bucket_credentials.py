@@ -16,14 +16,17 @@ import subprocess
 import sys
 import time
 
-import pytest
-
 from gcs_emulator import AuthenticatingGCS
+import pytest
 from test_buckets import one_line_error
-from test_resume import EVERY, REPO, train_command, train_env
-from tupe import lease
-from tupe import storage
+from test_resume import EVERY
+from test_resume import REPO
+from test_resume import train_command
+from test_resume import train_env
+
 from tupe.data import shards
+from tupe.store import lease
+from tupe.store import storage
 
 NO_CREDENTIALS = "no credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE"
 UNKNOWN_KEY = ("the credentials were refused: the store knows no such access key; check AWS_ACCESS_KEY_ID (or "
@@ -126,7 +129,8 @@ def test_a_refused_s3_lease_is_one_line(s3_authenticating, caller, monkeypatch):
 
 TAKE_THE_LEASE = """
 import sys
-from tupe import lease, storage
+from tupe.store import lease
+from tupe.store import storage
 try:
   with lease.hold(sys.argv[1]):
     print("the lease was taken")
@@ -144,7 +148,7 @@ def test_a_refused_gcs_lease_is_one_line(gcs_authenticating, caller):
   proc = run(["-c", TAKE_THE_LEASE, workdir], gcs_authenticating.environment(caller, train_env()))
   assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
   # Without credentials, or with ones the token endpoint refuses, the client is not made: google-auth finds none,
-  # or its refresh (tupe.storage's check of a gs:// path's credentials) is refused, before any request to GCS.
+  # or its refresh (tupe.store.storage's check of a gs:// path's credentials) is refused, before any request to GCS.
   what = "connect to" if caller in ("none", "unknown") else "take the lease"
   assert proc.stdout.strip() == f"cannot {what} {workdir}/{lease.LEASE_NAME}: {CAUSES['gs', caller]}"
   assert gcs_authenticating.objects() == []
@@ -155,20 +159,21 @@ import sys
 import numpy as np
 import tensorstore as ts
 from orbax.checkpoint._src.serialization import tensorstore_utils
-from tupe import checkpoint  # noqa: F401 (installs tupe.orbax_s3)
-from tupe import storage
+from tupe.store import orbax_s3
+from tupe.store import refusals
+orbax_s3.install_for(sys.argv[1])
 try:
   spec = {"driver": "zarr", "kvstore": tensorstore_utils.build_kvstore_tspec(sys.argv[1], use_ocdbt=False)}
   ts.open(spec, create=True, dtype=ts.float32, shape=[4]).result().write(np.zeros(4, np.float32)).result()
   print("written")
 except Exception as e:
-  print(storage.describe(e))
+  print(refusals.describe(e))
 """
 
 
 @pytest.mark.parametrize("caller", CALLERS)
 def test_tensorstore_refusals_are_named(refusing, caller):
-  """tensorstore, which orbax writes a checkpoint's arrays with (its spec as orbax builds it, `tupe.orbax_s3` for
+  """tensorstore, which orbax writes a checkpoint's arrays with (its spec as orbax builds it, `tupe.store.orbax_s3` for
   s3://), refused by the store: its error (a status text with the store's words and the HTTP status) is named as
   the other clients' are. Its first request reads the array's metadata. On gs://, its unknown credentials are a token
   GCS does not know (tensorstore takes a fixed token here, `AuthenticatingGCS`)."""

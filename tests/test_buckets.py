@@ -13,15 +13,19 @@ import sys
 import jax
 import numpy as np
 import pytest
+from test_resume import EVERY
+from test_resume import REPO
+from test_resume import Run
+from test_resume import train_command
+from test_resume import train_env
 
-from test_resume import EVERY, REPO, Run, train_command, train_env
-from tupe import checkpoint
-from tupe import logs
-from tupe import storage
-from tupe import study
-from tupe import sweep
 from tupe.errors import UserError
 from tupe.glue import runs as runs_lib
+from tupe.store import checkpoint
+from tupe.store import runlog
+from tupe.store import storage
+from tupe.study import runner
+from tupe.study import sweep
 
 PNG = b"\x89PNG\r\n\x1a\n"
 # test_resume.py's tiny run, longer: saves to a bucket take a while, and the kill must come before the last one.
@@ -53,7 +57,7 @@ def one_line_error(proc: subprocess.CompletedProcess) -> str:
 
 def losses(workdir) -> dict[int, tuple]:
   """{step: (loss, grad_norm)} of a run's metrics (a resumed run's repeated steps: the latest record)."""
-  return {r["step"]: (r["loss"], r["grad_norm"]) for r in logs.read_metrics(workdir) if "loss" in r}
+  return {r["step"]: (r["loss"], r["grad_norm"]) for r in runlog.read_metrics(workdir) if "loss" in r}
 
 
 def newest_step(workdir) -> int:
@@ -201,7 +205,8 @@ def test_a_missing_bucket_or_path_is_one_line(gcs_bucket, bert_vocab):
 
 def test_export_hf_from_s3(s3_bucket, pretrained, tmp_path):
   """export_hf reads a checkpoint in s3:// (a real S3 emulator; orbax's arrays through TensorStore's s3 driver,
-  `tupe.orbax_s3`) and writes its export there: the same bytes as the export of the same checkpoint on a local disk."""
+  `tupe.store.orbax_s3`) and writes its export there: the same bytes as the export of the same checkpoint on a local
+  disk."""
   storage.copy_tree(pretrained, f"{s3_bucket}/pretrain")
   proc = run(["-m", "tupe.tools.export_hf", "--checkpoint", f"{s3_bucket}/pretrain", "--out", f"{s3_bucket}/hf"])
   assert proc.returncode == 0, proc.stderr[-3000:]
@@ -217,7 +222,8 @@ def test_hf_convbert_imports_from_a_bucket(gcs_bucket, tmp_path):
   """init_hf in a bucket: a HF ConvBERT directory (safetensors, or PyTorch's .bin) imports as from a local disk."""
   transformers = pytest.importorskip("transformers")
   import torch
-  from tupe import hf
+
+  from tupe.hf import load
   config = transformers.ConvBertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
                                        intermediate_size=64, embedding_size=16, max_position_embeddings=32,
                                        pad_token_id=0)
@@ -230,8 +236,8 @@ def test_hf_convbert_imports_from_a_bucket(gcs_bucket, tmp_path):
   (tmp_path / "bin" / "config.json").write_text((tmp_path / "safetensors" / "config.json").read_text())
   for name in ("safetensors", "bin"):
     storage.copy_tree(tmp_path / name, f"{gcs_bucket}/{name}")
-    cfg, params = hf.import_convbert(f"{gcs_bucket}/{name}")
-    local_cfg, local_params = hf.import_convbert(tmp_path / name)
+    cfg, params = load.import_convbert(f"{gcs_bucket}/{name}")
+    local_cfg, local_params = load.import_convbert(tmp_path / name)
     assert cfg == local_cfg
     jax.tree_util.tree_map(np.testing.assert_array_equal, params, local_params)
 
@@ -241,10 +247,10 @@ def test_sweep_and_study_roots_in_a_bucket(gcs_bucket):
   commands = sweep.runs("configs/pretrain.py:tupe_a,tiny", f"{gcs_bucket}/sweep", sweep.parse_grid(["seed=0,1"]), [])
   assert [command[3] for command in commands] == [f"--workdir={gcs_bucket}/sweep/seed={seed}" for seed in (0, 1)]
 
-  cfg = study.load_study("configs/study.py:tupe,micro", [f"--config.data_root={gcs_bucket}/data"])
-  assert study.data_path(cfg, "corpus/*.txt, /local/x.txt, gs://other/y.txt") == (
+  cfg = runner.load_study("configs/study.py:tupe,micro", [f"--config.data_root={gcs_bucket}/data"])
+  assert runner.data_path(cfg, "corpus/*.txt, /local/x.txt, gs://other/y.txt") == (
       f"{gcs_bucket}/data/corpus/*.txt,/local/x.txt,gs://other/y.txt")
-  variant = study.plan(cfg, storage.path(f"{gcs_bucket}/study"))[0]
+  variant = runner.plan(cfg, storage.path(f"{gcs_bucket}/study"))[0]
   root = f"{gcs_bucket}/study/{variant.name}"
   assert {f"--workdir={root}/pretrain", f"--config.data.vocab_file={gcs_bucket}/data/{cfg.vocab}"} <= set(
       variant.pretrain)
@@ -252,4 +258,4 @@ def test_sweep_and_study_roots_in_a_bucket(gcs_bucket):
           f"--config.data_dir={gcs_bucket}/data/{cfg.glue_dir}"} <= set(variant.glue)
   assert str(variant.heldout_file(4)) == f"{root}/heldout/step_4.json"
   with pytest.raises(UserError, match=f"{gcs_bucket}/data/"):  # the bucket holds no data yet
-    study.check_inputs(cfg)
+    runner.check_inputs(cfg)

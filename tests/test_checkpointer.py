@@ -16,32 +16,42 @@ import resource
 import subprocess
 import time
 
+import gcs_emulator
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
 
-import gcs_emulator
 from configs import pretrain
-from tupe import checkpoint
-from tupe import checksums
-from tupe import resume
-from tupe import storage
-from tupe import training
 from tupe.errors import UserError
+from tupe.run import quiet
+from tupe.store import checkpoint
+from tupe.store import checkpointer
+from tupe.store import checksums
+from tupe.store import meta as meta_lib
+from tupe.store import storage
+from tupe.train import core
+from tupe.train import resume
 
-META = checkpoint.create_meta({}, [], 0)
+META = meta_lib.create({}, [], 0)
 
 
-def state_at(step: int, size: int = 1000) -> training.TrainState:
+@pytest.fixture(autouse=True, scope="module")
+def quieted_libraries():
+  """The entry layer's quieting of library noise, as train.py installs it (`tupe.run.quiet`): these tests check
+  that a failure reaches the caller as one line with no library traceback logged around it."""
+  quiet.install()
+
+
+def state_at(step: int, size: int = 1000) -> core.TrainState:
   """A small TrainState whose every array depends on `step`."""
-  return training.TrainState(step=jnp.int32(step), params={"w": jnp.arange(size, dtype=jnp.float32) + step},
-                             opt_state={"mu": jnp.full((size,), step, jnp.float32)},
-                             rng=jnp.array([step, 7], jnp.uint32))
+  return core.TrainState(step=jnp.int32(step), params={"w": jnp.arange(size, dtype=jnp.float32) + step},
+                         opt_state={"mu": jnp.full((size,), step, jnp.float32)},
+                         rng=jnp.array([step, 7], jnp.uint32))
 
 
-def abstract(state: training.TrainState) -> training.TrainState:
+def abstract(state: core.TrainState) -> core.TrainState:
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), state)
 
@@ -66,7 +76,7 @@ def warnings_of(caplog) -> list[str]:
 def test_a_failed_asynchronous_save_is_reported_by_the_next_check(tmp_path, caplog):
   state = state_at(1, 50_000)  # 400 kB: over the limit below
   soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-  with checkpoint.Checkpointer(tmp_path, config()) as ckpt, caplog.at_level(logging.INFO):
+  with checkpointer.Checkpointer(tmp_path, config()) as ckpt, caplog.at_level(logging.INFO):
     ckpt.save(1, state, META)
     ckpt.wait()
     resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, hard))  # Python ignores SIGXFSZ: writes fail with EFBIG
@@ -92,7 +102,7 @@ def test_leaving_on_the_jobs_own_error_reports_that_error(tmp_path, caplog):
   soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
   try:
     with pytest.raises(RuntimeError, match="^the job's own error$"), caplog.at_level(logging.INFO):
-      with checkpoint.Checkpointer(tmp_path, config()) as ckpt:
+      with checkpointer.Checkpointer(tmp_path, config()) as ckpt:
         ckpt.save(1, state, META)
         ckpt.wait()
         resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, hard))  # Python ignores SIGXFSZ: writes fail (EFBIG)
@@ -108,7 +118,7 @@ def test_leaving_on_the_jobs_own_error_reports_that_error(tmp_path, caplog):
 def test_an_interrupted_first_save_is_reported(tmp_path, caplog):
   """A run killed during its first save leaves only orbax's temporary directory: resuming says so."""
   (tmp_path / "4.orbax-checkpoint-tmp-1700000000").mkdir()
-  with checkpoint.Checkpointer(tmp_path, config()) as ckpt, caplog.at_level(logging.WARNING):
+  with checkpointer.Checkpointer(tmp_path, config()) as ckpt, caplog.at_level(logging.WARNING):
     assert ckpt.restore_latest(None) is None
   assert ckpt.interrupted == [4]
   assert warnings_of(caplog) == [
@@ -137,7 +147,7 @@ def writes_refused(folder):
 
 def test_a_refused_write_is_one_line(tmp_path, caplog):
   """Permission refused at a save: one line naming the checkpoint and the cause; the previous one is intact."""
-  with checkpoint.Checkpointer(tmp_path, config(async_save=False)) as ckpt, caplog.at_level(logging.INFO):
+  with checkpointer.Checkpointer(tmp_path, config(async_save=False)) as ckpt, caplog.at_level(logging.INFO):
     ckpt.save(1, state_at(1), META)
     with writes_refused(tmp_path):
       with pytest.raises(UserError, match=f"^could not write checkpoint 2 to {tmp_path}: (Operation not permitted|"
@@ -156,10 +166,10 @@ def test_settings_older_configs_left_implicit_are_not_reported_as_changed():
   old["sharding_rules"] = []
   del old["model"]["scan_layers"], old["data"]["lowercase"]
   assert resume.changed_settings(old, current)  # what the comparison reports without the typed meta
-  saved = checkpoint.migrate({"config": old, "vocab": [], "train_examples": 1}).config
-  assert resume.changed_settings(saved, checkpoint.create_meta(current, [], 1).config) == []
+  saved = meta_lib.migrate({"config": old, "vocab": [], "train_examples": 1}).config
+  assert resume.changed_settings(saved, meta_lib.create(current, [], 1).config) == []
   current["model"]["scan_layers"] = True
-  assert resume.changed_settings(saved, checkpoint.create_meta(current, [], 1).config) == [
+  assert resume.changed_settings(saved, meta_lib.create(current, [], 1).config) == [
       "model.scan_layers=False in the checkpoint, True now"]
 
 
@@ -170,7 +180,7 @@ def test_checkpoints_in_a_bucket(bucket, async_save, caplog):
   kept, an uncommitted step (a killed save) ignored by readers and removed on resume, a flipped byte in one
   object skipped with one line, and the previous checkpoint restored exactly."""
   root = f"{bucket}/run/checkpoints"
-  with checkpoint.Checkpointer(root, config(keep_last=2, keep_every=3, async_save=async_save)) as ckpt:
+  with checkpointer.Checkpointer(root, config(keep_last=2, keep_every=3, async_save=async_save)) as ckpt:
     for step in range(1, 7):
       ckpt.save(step, state_at(step), META)
       ckpt.check()
@@ -200,7 +210,7 @@ def test_checkpoints_in_a_bucket(bucket, async_save, caplog):
   assert warnings_of(caplog) == [skipped]
 
   caplog.clear()
-  with checkpoint.Checkpointer(root, config()) as ckpt, caplog.at_level(logging.WARNING):
+  with checkpointer.Checkpointer(root, config()) as ckpt, caplog.at_level(logging.WARNING):
     assert ckpt.interrupted == [7]
     step, restored, meta = ckpt.restore_latest(abstract(state_at(5)))
     assert step == 5 and meta == META
@@ -218,7 +228,7 @@ def test_an_unknown_bucket_is_one_line(gcs_emulator):
   with pytest.raises(UserError, match=r"^cannot create the checkpoint directory gs://tupe-no-such-bucket/run/"
                                       r"checkpoints \(bucket gs://tupe-no-such-bucket does not exist \(create it, or "
                                       r"fix its name\)\); choose another --workdir$"):
-    checkpoint.Checkpointer("gs://tupe-no-such-bucket/run/checkpoints", config())
+    checkpointer.Checkpointer("gs://tupe-no-such-bucket/run/checkpoints", config())
 
 
 def test_the_endpoint_going_away_during_a_save(tmp_path, caplog):
@@ -231,7 +241,7 @@ def test_the_endpoint_going_away_during_a_save(tmp_path, caplog):
     with gcs_emulator.emulator_environment(emulator):
       root = gcs_emulator.create_bucket(emulator.url, "tupe-endpoint") + "/run/checkpoints"
       size = 1_000_000  # 4 MB per item: the save is still being written when the endpoint goes
-      ckpt = checkpoint.Checkpointer(root, config())
+      ckpt = checkpointer.Checkpointer(root, config())
       ckpt.save(1, state_at(1, size), META)
       ckpt.wait()
       with caplog.at_level(logging.INFO):
@@ -249,7 +259,7 @@ def test_the_endpoint_going_away_during_a_save(tmp_path, caplog):
 
       emulator.start()
       verify_all(storage.path(f"{root}/1"))
-      with checkpoint.Checkpointer(root, config()) as ckpt:
+      with checkpointer.Checkpointer(root, config()) as ckpt:
         step, restored, _ = ckpt.restore_latest(abstract(state_at(1, size)))
         assert step == 1
         assert_state(restored, 1, size)

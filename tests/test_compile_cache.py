@@ -1,4 +1,4 @@
-"""Compile once per machine (tupe/compile_cache.py): the config field `compilation_cache_dir`.
+"""Compile once per machine (tupe/train/compile_cache.py): the config field `compilation_cache_dir`.
 
 A second start of the tiny train.py loads its train step from the cache (the log says so, from JAX's cache
 events) with bit-identical losses; a cache folder that cannot be written, or entries that cannot be read, cost
@@ -7,8 +7,10 @@ one warning and a normal compile, never the run.
 import subprocess
 
 import pytest
-
-from test_resume import REPO, metric_records, train_command, train_env
+from test_resume import REPO
+from test_resume import metric_records
+from test_resume import train_command
+from test_resume import train_env
 
 LOSSES = ("loss", "mlm_accuracy", "grad_norm")
 

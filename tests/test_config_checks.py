@@ -1,15 +1,15 @@
-"""Config values that train.py (and tupe.sweep, for every grid point) rejects in one line before anything loads:
-`trainer.check_config`. The same checks through the real command: tests/test_reliability.py."""
+"""Config values that train.py (and tupe.study.sweep, for every grid point) rejects in one line before anything loads:
+`pretrain.check_config`. The same checks through the real command: tests/test_reliability.py."""
 import pathlib
 import re
 
 import pytest
 
-from configs import pretrain
-from tupe import cli
-from tupe import sweep
-from tupe import trainer
+from configs import pretrain as pretrain_config
+from tupe import config_files
 from tupe.errors import UserError
+from tupe.study import sweep
+from tupe.train import pretrain
 
 # (field, value, the error line's start)
 BAD_VALUES = (
@@ -28,12 +28,12 @@ BAD_VALUES = (
 
 @pytest.mark.parametrize("field,value,words", BAD_VALUES, ids=[f"{case[0]}={case[1]}" for case in BAD_VALUES])
 def test_bad_values_are_one_line(field, value, words):
-  cfg = pretrain.get_config("tupe_a,base")
+  cfg = pretrain_config.get_config("tupe_a,base")
   cfg.num_train_steps = 1000
   parent, _, name = field.rpartition(".")
   (cfg[parent] if parent else cfg)[name] = value
   with pytest.raises(UserError, match=f"^{re.escape(words)}"):
-    trainer.check_config(cfg)
+    pretrain.check_config(cfg)
 
 
 LOADER_ERRORS = [
@@ -51,21 +51,21 @@ def test_the_config_loader_names_a_bad_override_in_one_line(overrides, message):
   """One loader for every entry point, with the same checks for a command line (train.py, eval_glue.py, sweeps
   and studies) and a programmatic caller (tools, benchmarks): keys are checked by the loader itself."""
   with pytest.raises(UserError, match=re.escape(message)):
-    cli.load_config("configs/pretrain.py:tupe_a,tiny", overrides)
+    config_files.load_config("configs/pretrain.py:tupe_a,tiny", overrides)
   argv = ["train.py", "--config", "configs/pretrain.py:tupe_a,tiny", "--workdir", "w"]
   with pytest.raises(UserError, match=re.escape(message)):
-    cli.check_config_flags(argv + [f"--config.{o}" for o in overrides])
+    config_files.check_config_flags(argv + [f"--config.{o}" for o in overrides])
 
 
 def test_the_config_loader_applies_typed_overrides():
-  cfg = cli.load_config("configs/glue.py:tupe", ["seeds=0,1,2", "learning_rates=1e-4,3e-4", "tasks=rte",
-                                                 "optimizer.layerwise_decay=0.8"])
+  cfg = config_files.load_config("configs/glue.py:tupe", ["seeds=0,1,2", "learning_rates=1e-4,3e-4", "tasks=rte",
+                                                          "optimizer.layerwise_decay=0.8"])
   assert cfg.seeds == (0, 1, 2) and cfg.learning_rates == (1e-4, 3e-4) and cfg.tasks == "rte"
   assert cfg.optimizer.layerwise_decay == 0.8
   with pytest.raises(UserError, match="No such file or directory: 'configs/nope.py'"):
-    cli.load_config("configs/nope.py:x")
+    config_files.load_config("configs/nope.py:x")
   with pytest.raises(UserError, match="unknown model 'nope'"):
-    cli.load_config("configs/pretrain.py:nope,tiny")
+    config_files.load_config("configs/pretrain.py:nope,tiny")
 
 
 def test_a_repeated_flag_replaces_the_earlier_one():
@@ -73,9 +73,9 @@ def test_a_repeated_flag_replaces_the_earlier_one():
   argv = ["eval_glue.py", "--config", "configs/glue.py:tupe", "--workdir", "w", "--config.learning_rates=1e-4",
           "--config.seeds=0", "--config.batch_size=16", "--config.learning_rates=2e-4", "--config.seeds", "1,2",
           "--config.batch_size=8"]
-  cfg = cli.check_config_flags(argv)
+  cfg = config_files.check_config_flags(argv)
   assert cfg.learning_rates == (2e-4,) and cfg.seeds == (1, 2) and cfg.batch_size == 8
-  assert cli.last_wins(argv) == argv[:5] + argv[8:]
+  assert config_files.last_wins(argv) == argv[:5] + argv[8:]
 
 
 @pytest.mark.parametrize("script, spec, right", [
@@ -86,17 +86,17 @@ def test_a_config_for_the_other_entry_point_names_the_right_script(script, spec,
   argv = [script, "--config", spec, "--workdir", "w", "--config.init_checkpoint=runs/x"]
   with pytest.raises(UserError, match=f"^--config {re.escape(spec)} is a config for {right}, not {script}: run "
                                       f"python {right} --config {re.escape(spec)}"):
-    cli.check_config_flags(argv)
+    config_files.check_config_flags(argv)
 
 
 def test_data_files_without_a_source_that_reads_them_is_an_error():
-  cfg = pretrain.get_config("tupe_a,tiny")
+  cfg = pretrain_config.get_config("tupe_a,tiny")
   cfg.data.files = "corpus/*.txt"
   with pytest.raises(UserError, match=r"^data.files='corpus/\*.txt' is ignored by data.source='demo': add "
                                       r"--config.data.source=text"):
-    trainer.check_config(cfg)
+    pretrain.check_config(cfg)
   cfg.data.source = "text"
-  trainer.check_config(cfg)
+  pretrain.check_config(cfg)
 
 
 def test_sweep_workdirs_stay_inside_the_root_and_apart(tmp_path):

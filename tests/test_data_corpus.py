@@ -1,7 +1,9 @@
 """Text sources: reading files (BOM, CRLF, Project Gutenberg header/footer), sentences, eval split, TFDS."""
 import pytest
 
-from tupe.data import corpus, pipeline, units
+from tupe.data import corpus
+from tupe.data import pipeline
+from tupe.data import units
 from tupe.data.report import Tally
 from tupe.errors import UserError
 
@@ -26,7 +28,7 @@ def test_text_documents_of_globs(shared_data):
   pattern = f"{shared_data}/corpus/nltk-gutenberg/austen-*.txt, {shared_data}/corpus/wikitext/*.raw.txt"
   paths = corpus.expand_globs(pattern)
   assert [p.rsplit("/", 1)[-1] for p in paths] == ["austen-emma.txt", "austen-persuasion.txt", "austen-sense.txt",
-                                     "wiki.valid.raw.txt"]
+                                                   "wiki.valid.raw.txt"]
   source = dict(format="text", documents="paragraphs", files=pattern)
   documents = list(units.all_documents(source, units.plan_inputs(source)))
   assert documents[0] == "[Emma by Jane Austen 1816]" and documents[-1] == "= = = Television roles = = ="

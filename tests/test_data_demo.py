@@ -8,7 +8,9 @@ import sys
 
 import pytest
 
-from tupe.data import demo, pipeline, wordpiece
+from tupe.data import demo
+from tupe.data import pipeline
+from tupe.data import wordpiece
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 

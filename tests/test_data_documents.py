@@ -3,7 +3,10 @@ positions that hold tokens."""
 import numpy as np
 import pytest
 
-from tupe.data import corpus, packing, pipeline, units
+from tupe.data import corpus
+from tupe.data import packing
+from tupe.data import pipeline
+from tupe.data import units
 
 SEQ_LEN = 64
 
@@ -33,7 +36,7 @@ def test_files_with_fill_fill_90_percent(book_files, bert_vocab, packing_name):
   """Whole files as documents with fill_examples: at least 90% of positions are tokens (both packings); the
   paragraphs of a novel as documents leave segment pairs mostly padding, and unsplit sentences leave gaps."""
   fill = {(documents, fill): pipeline.PretrainData(data_cfg(book_files, bert_vocab, packing_name, documents, fill),
-                                                    seq_len=SEQ_LEN).fill
+                                                   seq_len=SEQ_LEN).fill
           for documents in corpus.DOCUMENTS for fill in (False, True)}
   assert fill["files", True] >= 0.9, fill
   assert fill["files", True] > fill["files", False] >= fill["paragraphs", False], fill

@@ -2,7 +2,11 @@
 import numpy as np
 import pytest
 
-from tupe.data import counter_rng, examples, masking, pipeline, tokenizer
+from tupe.data import counter_rng
+from tupe.data import examples
+from tupe.data import masking
+from tupe.data import pipeline
+from tupe.data import tokenizer
 
 SEQ_LEN = 128
 

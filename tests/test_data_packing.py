@@ -4,7 +4,13 @@ import itertools
 import numpy as np
 import pytest
 
-from tupe.data import build, corpus, counter_rng, examples, masking, packing, tokenizer
+from tupe.data import build
+from tupe.data import corpus
+from tupe.data import counter_rng
+from tupe.data import examples
+from tupe.data import masking
+from tupe.data import packing
+from tupe.data import tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -10,9 +10,12 @@ import time
 import numpy as np
 import pytest
 
-from tupe import storage
-from tupe.data import examples, pipeline, preprocess, shards
+from tupe.data import examples
+from tupe.data import pipeline
+from tupe.data import preprocess
+from tupe.data import shards
 from tupe.errors import UserError
+from tupe.store import storage
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEQ_LEN = 128

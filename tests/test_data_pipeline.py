@@ -5,7 +5,10 @@ import pickle
 import numpy as np
 import pytest
 
-from tupe.data import corpus, counter_rng, examples, pipeline
+from tupe.data import corpus
+from tupe.data import counter_rng
+from tupe.data import examples
+from tupe.data import pipeline
 from tupe.errors import UserError
 
 SEQ_LEN = 64

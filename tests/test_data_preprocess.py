@@ -6,7 +6,11 @@ import sys
 import numpy as np
 import pytest
 
-from tupe.data import corpus, examples, pipeline, preprocess, shards
+from tupe.data import corpus
+from tupe.data import examples
+from tupe.data import pipeline
+from tupe.data import preprocess
+from tupe.data import shards
 from tupe.errors import UserError
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

@@ -4,7 +4,12 @@ import json
 
 import pytest
 
-from tupe.data import build, corpus, pipeline, readers, report, units
+from tupe.data import build
+from tupe.data import corpus
+from tupe.data import pipeline
+from tupe.data import readers
+from tupe.data import report
+from tupe.data import units
 from tupe.data.report import Tally
 from tupe.errors import UserError
 

@@ -1,8 +1,11 @@
 """WordPiece tokenizer: BERT vocab, special ids, normalization, training a vocab that round-trips."""
 import pytest
 
-from tupe.data import corpus, tokenizer, wordpiece
+from tupe.data import corpus
+from tupe.data import tokenizer
+from tupe.data import wordpiece
 from tupe.errors import UserError
+from tupe.tools import vocab
 
 
 def test_bert_vocab_special_ids_and_normalization(bert_vocab):
@@ -42,12 +45,12 @@ def test_trained_vocab_round_trips(shared_data, tmp_path, train):
 
 def test_train_command(shared_data, tmp_path):
   output = tmp_path / "out" / "vocab.txt"
-  tokenizer.main(["tokenizer", "--input", str(shared_data / "corpus" / "nltk-gutenberg" / "blake-poems.txt"),
-                  "--vocab-size", "1000", "--output", str(output)])
+  vocab.main(["vocab", "--input", str(shared_data / "corpus" / "nltk-gutenberg" / "blake-poems.txt"),
+              "--vocab-size", "1000", "--output", str(output)])
   tokens = output.read_text().splitlines()
   assert tokens[:5] == list(tokenizer.SPECIAL_TOKENS) and len(tokens) <= 1000
   with pytest.raises(UserError, match="no files match"):
-    tokenizer.main(["tokenizer", "--input", str(tmp_path / "nothing*.txt"), "--output", str(output)])
+    vocab.main(["vocab", "--input", str(tmp_path / "nothing*.txt"), "--output", str(output)])
 
 
 def test_vocab_missing_special_tokens(bert_vocab, tmp_path):

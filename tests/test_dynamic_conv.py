@@ -4,9 +4,9 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import numpy_reference as ref
 import pytest
 
-import numpy_reference as ref
 from tupe import models
 from tupe.models import conv
 
@@ -91,7 +91,7 @@ def test_shifted_sum_with_shared_taps(size, length):
   out, vjp = jax.vjp(conv.shifted_sum, jnp.asarray(x), jnp.asarray(w.T))
   d_x, d_taps = vjp(jnp.asarray(cotangent))
   for got, want in zip((out, d_x, d_taps.T), depthwise_loop(x.astype(np.float64), w.astype(np.float64),
-                                                              cotangent.astype(np.float64))):
+                                                            cotangent.astype(np.float64))):
     np.testing.assert_allclose(np.asarray(got), want, atol=1e-5, rtol=0)
 
 

@@ -21,20 +21,23 @@ import torch
 import transformers
 from transformers.models.electra import modeling_electra
 
-from configs import pretrain
-from tupe import checkpoint
-from tupe import hf
-from tupe import hf_layout
+from configs import pretrain as pretrain_config
 from tupe import models
-from tupe import trainer
-from tupe import training
 from tupe.data import tokenizer as tokenizer_lib
-from tupe.errors import UserError, run_main
+from tupe.errors import UserError
 from tupe.glue import encoding
 from tupe.glue import tasks as glue
-from tupe.hf_models import modeling_tupe
+from tupe.hf import export
+from tupe.hf import layout
+from tupe.hf import load
+from tupe.hf.remote import modeling_tupe
 from tupe.models import position
+from tupe.run.process import run_main
+from tupe.store import checkpoint
+from tupe.store import checkpointer
 from tupe.tools import export_hf
+from tupe.train import core
+from tupe.train import pretrain
 
 TOLERANCE = 1e-5
 CORPUS = ("The quick brown fox jumps over the lazy dog. A café in Zürich serves naïve Crème brûlée.\n"
@@ -55,7 +58,7 @@ def corpus(tmp_path_factory):
 
 
 def tiny_config(name, corpus_file, vocab_file, lowercase=True):
-  cfg = pretrain.get_config(f"{name},tiny")
+  cfg = pretrain_config.get_config(f"{name},tiny")
   cfg.model.update(hidden_size=32, intermediate_size=64, num_layers=2, vocab_size=0, max_position_embeddings=32)
   cfg.model.embedding_size = 16 if name.startswith("convbert") else 32
   cfg.data.update(source="text", files=str(corpus_file), vocab_file=str(vocab_file), lowercase=lowercase,
@@ -77,7 +80,7 @@ def exported(tmp_path_factory, corpus):
       lowercase = name != "bert_a"
       cfg = tiny_config(name, corpus[0], corpus[1][lowercase], lowercase)
       workdir = tmp_path_factory.mktemp(name)
-      trainer.train(cfg, str(workdir / "run"))
+      pretrain.train(cfg, str(workdir / "run"))
       run_main(export_hf.main, ["export_hf", "--checkpoint", str(workdir / "run"), "--out", str(workdir / "hf")])
       done[name] = (cfg, workdir / "run", workdir / "hf")
     return done[name]
@@ -115,8 +118,8 @@ def assert_close(ours_states, hf_states):
 
 def assert_round_trip(workdir, directory):
   _, params = checkpoint.load_params(workdir)
-  _, _, imported = hf_layout.import_pretrained(directory)
-  ours, theirs = hf_layout.flat_params(params), hf_layout.flat_params(imported)
+  _, _, imported = load.import_pretrained(directory)
+  ours, theirs = layout.flat_params(params), layout.flat_params(imported)
   assert ours.keys() == theirs.keys()
   for path in ours:
     assert ours[path].dtype == theirs[path].dtype and np.array_equal(ours[path], theirs[path]), path
@@ -180,9 +183,9 @@ def test_masked_lm_export(name, exported):
   assert len(fill_mask("the quick [MASK] jumps")) == 5
   assert_round_trip(workdir, directory)
   if name == "convbert_mlm":  # The HF ConvBERT importer reads the export as well.
-    _, imported = hf.import_convbert_mlm(directory)
+    _, imported = load.import_convbert_mlm(directory)
     assert all(np.array_equal(a, b) for a, b in zip(jax.tree_util.tree_leaves(imported),
-                                                   jax.tree_util.tree_leaves(params)))
+                                                    jax.tree_util.tree_leaves(params)))
 
 
 def test_convbert_electra_export(exported):
@@ -196,7 +199,7 @@ def test_convbert_electra_export(exported):
   discriminator = transformers.AutoModel.from_pretrained(directory).eval()
   assert type(discriminator).__name__ == "ConvBertModel"
   head = modeling_electra.ElectraDiscriminatorPredictions(discriminator.config)
-  head.load_state_dict(safetensors.torch.load_file(directory / hf_layout.DISCRIMINATOR_HEAD_FILE))
+  head.load_state_dict(safetensors.torch.load_file(directory / layout.DISCRIMINATOR_HEAD_FILE))
   with torch.no_grad():
     out = discriminator(**inputs, output_hidden_states=True)
     disc_logits = head.eval()(out.last_hidden_state)
@@ -205,14 +208,14 @@ def test_convbert_electra_export(exported):
   ours = module.apply({"params": params}, *map(jnp.asarray, batch), method=module.discriminator_logits)
   assert max_diff(ours, disc_logits) < TOLERANCE
 
-  generator = transformers.AutoModelForMaskedLM.from_pretrained(directory / hf_layout.GENERATOR_DIR).eval()
+  generator = transformers.AutoModelForMaskedLM.from_pretrained(directory / layout.GENERATOR_DIR).eval()
   assert type(generator).__name__ == "ConvBertForMaskedLM"
   everywhere = jnp.broadcast_to(jnp.arange(batch[0].shape[1]), batch[0].shape)
   ours = module.apply({"params": params}, *map(jnp.asarray, batch), everywhere, method=module.generator_logits)
   with torch.no_grad():
     assert max_diff(ours, generator(**inputs).logits) < TOLERANCE
   assert_tokenizer(cfg, directory)
-  assert_tokenizer(cfg, directory / hf_layout.GENERATOR_DIR)
+  assert_tokenizer(cfg, directory / layout.GENERATOR_DIR)
   assert_round_trip(workdir, directory)
 
 
@@ -229,19 +232,19 @@ def test_scanned_checkpoint_export(exported, tmp_path):
   cfg = cfg.copy_and_resolve_references()
   cfg.model.scan_layers = True
   stacked = models.stack_layers(params)
-  state = training.TrainState(step=jnp.array(2, jnp.int32), params=stacked, opt_state={}, rng=jax.random.PRNGKey(0))
-  with checkpoint.Checkpointer(tmp_path / "run" / "checkpoints", cfg.checkpoint) as saver:
-    saver.save(2, state, trainer.checkpoint_meta(cfg, cfg.data.vocab_file, 2), force=True)
+  state = core.TrainState(step=jnp.array(2, jnp.int32), params=stacked, opt_state={}, rng=jax.random.PRNGKey(0))
+  with checkpointer.Checkpointer(tmp_path / "run" / "checkpoints", cfg.checkpoint) as saver:
+    saver.save(2, state, pretrain.checkpoint_meta(cfg, cfg.data.vocab_file, 2), force=True)
   run_main(export_hf.main, ["export_hf", "--checkpoint", str(tmp_path / "run"), "--out", str(tmp_path / "hf")])
   ours = safetensors.numpy.load_file(tmp_path / "hf" / "model.safetensors")
   unrolled = safetensors.numpy.load_file(directory / "model.safetensors")
   assert ours.keys() == unrolled.keys() and all(np.array_equal(ours[k], unrolled[k]) for k in ours)
-  cfg_back, _, imported = hf_layout.import_pretrained(tmp_path / "hf")
+  cfg_back, _, imported = load.import_pretrained(tmp_path / "hf")
   assert cfg_back.scan_layers
   assert_same_tree(imported, stacked)
-  assert_same_tree(hf_layout.import_pretrained(tmp_path / "hf", scan_layers=False)[2], params)
-  assert_same_tree(hf_layout.import_pretrained(directory, scan_layers=True)[2], stacked)
-  assert_same_tree(hf.import_convbert_mlm(tmp_path / "hf", scan_layers=True)[1], stacked)
+  assert_same_tree(load.import_pretrained(tmp_path / "hf", scan_layers=False)[2], params)
+  assert_same_tree(load.import_pretrained(directory, scan_layers=True)[2], stacked)
+  assert_same_tree(load.import_convbert_mlm(tmp_path / "hf", scan_layers=True)[1], stacked)
 
 
 def test_import_names_missing_and_unexpected_tensors(exported, tmp_path):
@@ -251,11 +254,11 @@ def test_import_names_missing_and_unexpected_tensors(exported, tmp_path):
   tensors["tupe.encoder.layer.2.output.dense.bias"] = tensors.pop("tupe.untied_position.key.bias")
   safetensors.numpy.save_file(tensors, file)
   with pytest.raises(UserError, match=r"lacks tupe\.untied_position\.key\.bias;"):
-    hf_layout.import_pretrained(directory)
+    load.import_pretrained(directory)
   tensors["tupe.untied_position.key.bias"] = tensors["tupe.encoder.layer.2.output.dense.bias"]
   safetensors.numpy.save_file(tensors, file)
   with pytest.raises(UserError, match=r"unexpected tupe\.encoder\.layer\.2\.output\.dense\.bias;"):
-    hf_layout.import_pretrained(directory)
+    load.import_pretrained(directory)
 
 
 def test_unexportable_option_is_one_line(tmp_path, corpus, capsys):
@@ -263,9 +266,9 @@ def test_unexportable_option_is_one_line(tmp_path, corpus, capsys):
   cfg = tiny_config("convbert_mlm", corpus[0], corpus[1][True])
   cfg.model.update(position="untied", cls_reset=True, vocab_size=160)
   params = jax.jit(lambda: models.init_module(models.MaskedLM(cfg.model), cfg.model))()
-  state = training.TrainState(step=jnp.array(1, jnp.int32), params=params, opt_state={}, rng=jax.random.PRNGKey(0))
-  with checkpoint.Checkpointer(tmp_path / "run" / "checkpoints", cfg.checkpoint) as saver:
-    saver.save(1, state, trainer.checkpoint_meta(cfg, cfg.data.vocab_file, 1), force=True)
+  state = core.TrainState(step=jnp.array(1, jnp.int32), params=params, opt_state={}, rng=jax.random.PRNGKey(0))
+  with checkpointer.Checkpointer(tmp_path / "run" / "checkpoints", cfg.checkpoint) as saver:
+    saver.save(1, state, pretrain.checkpoint_meta(cfg, cfg.data.vocab_file, 1), force=True)
   with pytest.raises(SystemExit) as exit_info:
     run_main(export_hf.main, ["export_hf", "--checkpoint", str(tmp_path / "run"), "--out", str(tmp_path / "hf")])
   assert exit_info.value.code == 2
@@ -337,8 +340,8 @@ def test_classifier_export(name, exported, tmp_path):
   params = dict(params, encoder=pretrained["encoder"], head=jax.tree_util.tree_map(
       lambda x: x + 0.1 * jax.random.normal(jax.random.PRNGKey(1), x.shape), params["head"]))
   with pytest.raises(UserError, match="fine-tune with --config.head=tupe"):
-    export_hf.export_classifier(cfg.model, params, "convbert", tmp_path / "refused")
-  directory = export_hf.export_classifier(cfg.model, params, "tupe", tmp_path / "hf", meta.vocab,
+    export.export_classifier(cfg.model, params, "convbert", tmp_path / "refused")
+  directory = export.export_classifier(cfg.model, params, "tupe", tmp_path / "hf", meta.vocab,
                                           cfg.data.lowercase)
   remote = name != "bert_a"
   model = transformers.AutoModelForSequenceClassification.from_pretrained(directory, trust_remote_code=remote)
@@ -348,7 +351,7 @@ def test_classifier_export(name, exported, tmp_path):
   assert max_diff(module.apply({"params": params}, *map(jnp.asarray, batch)), theirs) < TOLERANCE
   assert transformers.AutoTokenizer.from_pretrained(directory, trust_remote_code=remote)("a café")["input_ids"]
   with pytest.raises(UserError, match="holds a fine-tuned classifier"):
-    hf_layout.import_pretrained(directory)
+    load.import_pretrained(directory)
 
 
 MRPC_STYLE = [("The quick brown fox jumps over the lazy dog.", "A quick brown fox jumped over a lazy dog.", 1),
@@ -418,7 +421,7 @@ def test_exports_load_under_other_transformers(exported, tmp_path):
   if not python:
     pytest.skip("set TUPE_OTHER_TRANSFORMERS_PYTHON to a python with another transformers version")
   directories = [str(exported(name)[2]) for name in ("bert_a", "bert_r", "tupe_a", "tupe_a_tie_cls", "tupe_r",
-                                                      "convbert_mlm", "convbert")]
+                                                     "convbert_mlm", "convbert")]
   for python_here, file in ((python, tmp_path / "other.safetensors"), (sys.executable, tmp_path / "here.safetensors")):
     run = subprocess.run([python_here, "-c", OTHER_TRANSFORMERS_SCRIPT, str(file), *directories],
                          capture_output=True, text=True, check=True)

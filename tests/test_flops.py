@@ -1,4 +1,4 @@
-"""The explicit FLOP count (tupe.flops) against hand counts and against the matmuls the models really run."""
+"""The explicit FLOP count (tupe.train.flops) against hand counts and against the matmuls the models really run."""
 import json
 import math
 
@@ -7,10 +7,10 @@ import jax.numpy as jnp
 import pytest
 
 from configs import pretrain
-from tupe import flops
 from tupe import models
-from tupe import objectives
 from tupe.models import embeddings
+from tupe.train import flops
+from tupe.train import objectives
 
 V, D, LAYERS, FFN = 100, 8, 2, 16  # vocab, hidden, layers, FFN width of the hand-counted models
 L, B, P = 4, 3, 2                  # sequence length, batch, predictions per sequence

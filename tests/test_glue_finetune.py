@@ -19,9 +19,6 @@ import pytest
 
 from configs import glue as glue_config
 from tupe import models
-from tupe import objectives
-from tupe import optim
-from tupe import sharding
 from tupe.errors import UserError
 from tupe.glue import backbone as backbone_lib
 from tupe.glue import data as glue_data
@@ -33,6 +30,10 @@ from tupe.glue import outputs
 from tupe.glue import report
 from tupe.glue import runs as runs_lib
 from tupe.glue import tasks as glue
+from tupe.models import partitioning
+from tupe.train import objectives
+from tupe.train import optim
+from tupe.train import sharding
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 HANG = 1800  # seconds: a subprocess that takes this long is hung, not slow
@@ -61,7 +62,7 @@ def test_finetune_sst2_end_to_end(pretrained, glue_dir, bert_vocab, tmp_path, ca
   # Compilation in a rate makes it 100x lower, timing the dispatch only 100x higher; load on a shared machine 5x.
   assert len(rates) == 12 and np.median(rates) / 10 < min(rates) <= max(rates) < 10 * np.median(rates), rates
 
-  # Each run's metrics, as pre-training writes them (logs.StepLog): strict JSON, every step's loss, learning rate,
+  # Each run's metrics, as pre-training writes them (progress.StepLog): strict JSON, every step's loss, learning rate,
   # gradient norm, nonfinite flag and rates, each dev evaluation with an eval_ prefix; and TensorBoard events.
   for seed in (0, 1):
     run_dir = workdir / "runs" / f"SST-2_lr0.01_seed{seed}"
@@ -380,7 +381,7 @@ def test_scanned_backbone_fine_tunes_as_the_unrolled_one(pretrained, glue_dir, b
   cfg.epochs.sst2 = 1
   cfg.lowercase = True
   mesh = sharding.make_mesh(cfg.mesh, jax.devices()[:1])
-  rules = sharding.rules_from_config(cfg.sharding_rules)
+  rules = partitioning.rules_from_config(cfg.sharding_rules)
   model_cfg, params, _ = objectives.load_encoder(pretrained)
   model_cfg.num_layers = 2  # two layers, so that the scan runs over more than one
   params = dict(params, stack=dict(params["stack"], layer_1=params["stack"]["layer_0"]))
@@ -407,14 +408,14 @@ def no_dropout_backbone(pretrained, bert_vocab) -> backbone_lib.Backbone:
 def test_gradient_accumulation_equals_the_large_batch(pretrained, glue_dir, bert_vocab, tmp_path):
   """grad_accum_steps=4 (4 microbatches of 4 rows) trains STS-B as one batch of 16 does, within fp32 tolerance:
   the same per-step losses and gradient norms (the last batch of each epoch is padded: padding rows weigh 0),
-  and the same dev score. Pre-training's accumulation is the same code (`tupe.training.make_train_step`)."""
+  and the same dev score. Pre-training's accumulation is the same code (`tupe.train.core.make_train_step`)."""
   cfg = glue_cfg(init_checkpoint=str(pretrained), data_dir=str(glue_dir), tasks="stsb", max_train_examples=40,
                  max_seq_len=32, batch_size=16, eval_batch_size=512, learning_rates=(1e-3,), seeds=(0,),
                  evals_per_epoch=0, predict_test=False, log_every=100, tensorboard=False)
   cfg.epochs.stsb = 2
   cfg.lowercase = True
   mesh = sharding.make_mesh(cfg.mesh, jax.devices()[:1])
-  rules = sharding.rules_from_config(cfg.sharding_rules)
+  rules = partitioning.rules_from_config(cfg.sharding_rules)
   backbone = no_dropout_backbone(pretrained, bert_vocab)
   task = glue.get_task("stsb")
   data = glue_data.load_task_data(cfg, task, bert_vocab, with_test=False)

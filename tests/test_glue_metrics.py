@@ -4,8 +4,8 @@ import pytest
 import scipy.stats
 from sklearn import metrics as sk
 
-from tupe.glue import metrics
 from tupe.errors import UserError
+from tupe.glue import metrics
 
 SEEDS = range(40)
 

@@ -11,11 +11,11 @@ pytest.importorskip("transformers", reason="the parity's reference is PyTorch + 
 pytest.importorskip("sklearn", reason="the metrics' reference is scikit-learn")
 
 from configs import glue as glue_configs  # noqa: E402
-from configs import pretrain  # noqa: E402
-from tupe import trainer  # noqa: E402
+from configs import pretrain as pretrain_config  # noqa: E402
 from tupe.errors import UserError  # noqa: E402
 from tupe.glue import tasks as glue  # noqa: E402
 from tupe.tools import glue_parity  # noqa: E402
+from tupe.train import pretrain  # noqa: E402
 
 STEPS = 100  # 4 epochs x 25 batches of 8 rows: 200 training examples
 
@@ -28,14 +28,14 @@ def checkpoints(tmp_path_factory, glue_dir, bert_vocab):
   corpus.write_text("\n\n".join(e.text_a for e in glue.load_split(glue_dir, "sst2", "dev")[:300]) + "\n")
   out = {}
   for name in ("bert_a", "convbert_mlm"):
-    cfg = pretrain.get_config(f"{name},tiny")
+    cfg = pretrain_config.get_config(f"{name},tiny")
     cfg.model.update(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, max_position_embeddings=64,
                      embedding_size=16 if name == "convbert_mlm" else 32)
     cfg.data.update(source="text", files=str(corpus), vocab_file=str(bert_vocab), eval_fraction=0.0)
     cfg.update(seq_len=32, global_batch_size=8, num_train_steps=4, eval_every=0, tensorboard=False, peak_flops=1e12)
     cfg.optimizer.update(warmup_steps=1, learning_rate=1e-2)
     cfg.checkpoint.update(every_steps=4, async_save=False)
-    trainer.train(cfg, str(root / name))
+    pretrain.train(cfg, str(root / name))
     out[name] = root / name
   return out
 

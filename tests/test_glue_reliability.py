@@ -21,12 +21,12 @@ import ml_collections
 import pytest
 
 from configs import glue as glue_config
-from tupe import checkpoint as checkpoint_lib
-from tupe import trainer
-from tupe import training
 from tupe.errors import UserError
 from tupe.glue import finetune
 from tupe.glue import runs as runs_lib
+from tupe.store import checkpoint as checkpoint_lib
+from tupe.train import job
+from tupe.train import pretrain
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TINY = dict(tasks="rte", max_train_examples=32, max_seq_len=32, batch_size=16, eval_batch_size=64,
@@ -50,7 +50,7 @@ def train_on(init: pathlib.Path, steps: int) -> None:
   cfg = ml_collections.ConfigDict(checkpoint_lib.load_meta(init).config)
   cfg.num_train_steps = steps
   cfg.checkpoint.every_steps = steps
-  trainer.train(cfg, str(init))
+  pretrain.train(cfg, str(init))
 
 
 def test_runs_from_another_checkpoint_step_are_refused_and_the_step_can_be_pinned(pretrained, glue_dir, tmp_path):
@@ -183,9 +183,9 @@ def test_a_workdir_path_too_long_fails_before_the_work(tmp_path):
   deep = tmp_path / "/".join(["d" * 200] * 20)  # about 4,000 bytes: mkdir works, the first checkpoint would not
   with pytest.raises(UserError, match=r"bytes long; with the 200 a run's files add, that passes this filesystem's "
                                       r"4096-byte limit on paths: choose a --workdir of at most 3896 bytes"):
-    training.check_workdir(deep)
+    job.check_workdir(deep)
   with pytest.raises(UserError, match=r"has 300 bytes, more than the 255 this filesystem allows"):
-    training.check_workdir(tmp_path / ("x" * 300))
+    job.check_workdir(tmp_path / ("x" * 300))
   with pytest.raises(UserError, match=r"bytes long"):  # eval_glue.py: before anything is created
     finetune.run(tiny_cfg(), str(deep))
   assert not (tmp_path / ("d" * 200)).exists()
@@ -196,8 +196,8 @@ def test_a_read_only_filesystem_is_named_as_such(tmp_path):
   such, not as "Permission denied"."""
   mount = tmp_path / "ro"
   mount.mkdir()
-  script = ("import pathlib, sys; from tupe import training; from tupe.errors import UserError\n"
-            "try:\n  training.check_workdir(pathlib.Path(sys.argv[1]) / 'run')\nexcept UserError as e:\n  print(e)")
+  script = ("import pathlib, sys; from tupe.train import job; from tupe.errors import UserError\n"
+            "try:\n  job.check_workdir(pathlib.Path(sys.argv[1]) / 'run')\nexcept UserError as e:\n  print(e)")
   proc = subprocess.run(["unshare", "-rm", "sh", "-c", 'mount -t tmpfs -o ro tmpfs "$1" && exec "$2" -c "$3" "$1"',
                          "sh", str(mount), sys.executable, script], cwd=REPO, capture_output=True, text=True,
                         timeout=600)

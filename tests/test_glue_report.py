@@ -5,9 +5,10 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from tupe.glue import tasks as glue
 from tupe.errors import UserError
-from tupe.glue import metrics, report
+from tupe.glue import metrics
+from tupe.glue import report
+from tupe.glue import tasks as glue
 
 LRS = (2e-5, 3e-5, 5e-5)
 

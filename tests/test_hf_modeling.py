@@ -1,15 +1,15 @@
-"""The TUPE family's PyTorch code (tupe/hf_models) follows transformers' conventions, on tiny random models of
+"""The TUPE family's PyTorch code (tupe/hf/remote) follows transformers' conventions, on tiny random models of
 each kind: tuples under return_dict=False, inputs_embeds, position_ids, 2-D masks only (the default derived
 from the pad id), gradient checkpointing, SDPA against eager, resize_token_embeddings with the tied decoder
 and its bias, torch.jit.trace at other lengths, and the task heads' losses as transformers' BERT computes them.
 
-These tests import only torch, transformers and tupe.hf_models, so they run under any transformers version
+These tests import only torch, transformers and tupe.hf.remote, so they run under any transformers version
 (CI: requirements-test.txt's; the README names the command for transformers 4.x)."""
 import pytest
 import torch
-import transformers
 
-from tupe.hf_models import configuration_tupe, modeling_tupe
+from tupe.hf.remote import configuration_tupe
+from tupe.hf.remote import modeling_tupe
 
 KINDS = {
     "tupe_a": dict(position="untied", cls_reset=True),

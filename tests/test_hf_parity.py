@@ -13,8 +13,9 @@ import safetensors.numpy
 import torch
 import transformers
 
-from tupe import hf, models
+from tupe import models
 from tupe.errors import UserError
+from tupe.hf import load
 
 TOLERANCE = 1e-4
 # name: (hidden, heads, intermediate, embedding size, FFN groups) of the released ConvBERT checkpoints.
@@ -101,13 +102,13 @@ def test_masked_lm_parity(size, tmp_path):
   ids, mask, types = padded_batch(model.config.vocab_size)
   hf_out = run_hf(model, ids, mask, types)
 
-  cfg, params = hf.import_convbert(tmp_path)
+  cfg, params = load.import_convbert(tmp_path)
   dims = (cfg.hidden_size, cfg.num_heads, cfg.intermediate_size, cfg.embedding_size, cfg.ffn_groups)
   assert dims == SHAPES[size]
   assert (cfg.num_layers, cfg.pad_token_id, cfg.size, cfg.layer_norm_eps) == (2, 0, size, 1e-12)
   assert_backbone_parity(cfg, params, hf_out, ids, mask, types)
 
-  cfg, params = hf.import_convbert_mlm(tmp_path)
+  cfg, params = load.import_convbert_mlm(tmp_path)
   logits = our_masked_lm(cfg, params, ids, mask, types)
   assert logits.shape == tuple(hf_out.logits.shape)
   assert max_diff(logits, hf_out.logits) < TOLERANCE
@@ -118,10 +119,10 @@ def test_convbert_model_bin_parity(tmp_path):
   model = hf_model(transformers.ConvBertModel, *SHAPES["small"])
   save_bin(model, tmp_path, {"embeddings.position_ids": torch.arange(512)[None]})
   ids, mask, types = padded_batch(model.config.vocab_size)
-  cfg, params = hf.import_convbert(tmp_path)
+  cfg, params = load.import_convbert(tmp_path)
   assert_backbone_parity(cfg, params, run_hf(model, ids, mask, types), ids, mask, types)
   with pytest.raises(UserError, match="no masked-LM head"):
-    hf.import_convbert_mlm(tmp_path)
+    load.import_convbert_mlm(tmp_path)
 
 
 def test_task_checkpoint_backbone(tmp_path):
@@ -129,7 +130,7 @@ def test_task_checkpoint_backbone(tmp_path):
   model = hf_model(transformers.ConvBertForSequenceClassification, 64, 4, 128, 32, 2, vocab_size=100)
   save_bin(model, tmp_path)
   ids, mask, types = padded_batch(model.config.vocab_size)
-  cfg, params = hf.import_convbert(tmp_path)
+  cfg, params = load.import_convbert(tmp_path)
   assert_backbone_parity(cfg, params, run_hf(model.convbert, ids, mask, types), ids, mask, types)
 
 
@@ -138,7 +139,7 @@ def test_head_ratio_4(tmp_path):
   model = hf_model(transformers.ConvBertModel, 64, 8, 128, 32, 1, vocab_size=100, head_ratio=4)
   model.save_pretrained(tmp_path)
   ids, mask, types = padded_batch(model.config.vocab_size)
-  cfg, params = hf.import_convbert(tmp_path)
+  cfg, params = load.import_convbert(tmp_path)
   assert (cfg.num_heads, cfg.head_ratio) == (4, 2)
   assert_backbone_parity(cfg, params, run_hf(model, ids, mask, types), ids, mask, types)
 
@@ -148,7 +149,7 @@ def test_sharded_checkpoint(tmp_path):
   model.save_pretrained(tmp_path, max_shard_size="100KB")
   assert (tmp_path / "model.safetensors.index.json").is_file()
   ids, mask, types = padded_batch(model.config.vocab_size)
-  cfg, params = hf.import_convbert_mlm(tmp_path)
+  cfg, params = load.import_convbert_mlm(tmp_path)
   logits = our_masked_lm(cfg, params, ids, mask, types)
   assert max_diff(logits, run_hf(model, ids, mask, types).logits) < TOLERANCE
 
@@ -163,7 +164,7 @@ def test_rejects_gelu_new(tiny_checkpoint):
   config_file = tiny_checkpoint / "config.json"
   config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "hidden_act": "gelu_new"}))
   with pytest.raises(UserError, match="hidden_act='gelu_new'"):
-    hf.import_convbert(tiny_checkpoint)
+    load.import_convbert(tiny_checkpoint)
 
 
 def test_rejects_missing_key(tiny_checkpoint):
@@ -172,7 +173,7 @@ def test_rejects_missing_key(tiny_checkpoint):
   del tensors["convbert.encoder.layer.0.attention.self.conv_kernel_layer.bias"]
   safetensors.numpy.save_file(tensors, file)
   with pytest.raises(UserError, match=r"lacks .*conv_kernel_layer\.bias"):
-    hf.import_convbert(tiny_checkpoint)
+    load.import_convbert(tiny_checkpoint)
 
 
 def test_rejects_unexpected_key(tiny_checkpoint):
@@ -181,4 +182,4 @@ def test_rejects_unexpected_key(tiny_checkpoint):
   tensors["convbert.encoder.layer.1.output.dense.bias"] = np.zeros(64, np.float32)
   safetensors.numpy.save_file(tensors, file)
   with pytest.raises(UserError, match=r"unexpected .*layer\.1\.output\.dense\.bias"):
-    hf.import_convbert(tiny_checkpoint)
+    load.import_convbert(tiny_checkpoint)

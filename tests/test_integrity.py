@@ -12,19 +12,21 @@ import subprocess
 import sys
 
 import jax
-import numpy as np
-import pytest
-
 import ml_collections
+import numpy as np
 import orbax.checkpoint as ocp
+import pytest
+from test_resume import REPO
+from test_resume import TINY
+from test_resume import checkpoint_state
 
-from configs import pretrain
-from test_resume import REPO, TINY, checkpoint_state
-from tupe import checkpoint
-from tupe import checksums
-from tupe import trainer
-from tupe import training
+from configs import pretrain as pretrain_config
 from tupe.errors import UserError
+from tupe.store import checkpoint
+from tupe.store import checkpointer
+from tupe.store import checksums
+from tupe.train import core
+from tupe.train import pretrain
 
 # One file of each kind orbax writes into a step directory (glob patterns relative to it).
 KINDS = ("params/ocdbt.process_0/d/*", "params/d/*", "params/manifest.ocdbt", "params/ocdbt.process_0/manifest.ocdbt",
@@ -35,12 +37,12 @@ KINDS = ("params/ocdbt.process_0/d/*", "params/d/*", "params/manifest.ocdbt", "p
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
   """A tiny TUPE-A trained 2 steps by the trainer, an asynchronous checkpoint after each."""
-  cfg = pretrain.get_config("tupe_a,tiny")
+  cfg = pretrain_config.get_config("tupe_a,tiny")
   for key, value in dict(TINY, num_train_steps=2, **{"checkpoint.every_steps": 1, "optimizer.warmup_steps": 1}).items():
     parent, _, field = key.rpartition(".")
     (cfg[parent] if parent else cfg)[field] = value
   root = tmp_path_factory.mktemp("integrity") / "run"
-  trainer.train(cfg, str(root))
+  pretrain.train(cfg, str(root))
   return root
 
 
@@ -65,9 +67,9 @@ def damaged_copy(workdir, tmp_path, kind: str):
 def test_every_file_is_checksummed(workdir):
   for step in (1, 2):
     step_dir = workdir / "checkpoints" / str(step)
-    recorded = json.loads((step_dir / checkpoint.CHECKSUMS).read_text())["sha256"]
+    recorded = json.loads((step_dir / checksums.CHECKSUMS).read_text())["sha256"]
     files = {str(p.relative_to(step_dir)) for p in step_dir.rglob("*") if p.is_file()}
-    assert set(recorded) == files - {checkpoint.CHECKSUMS}
+    assert set(recorded) == files - {checksums.CHECKSUMS}
     assert all(any(step_dir.glob(kind)) for kind in KINDS)
     verify_all(step_dir)
 
@@ -85,7 +87,7 @@ def test_flipped_bytes_are_found_by_every_reader(kind, workdir, tmp_path, caplog
   """A reader of parameters reads and verifies the params item (and the meta, and the step's own files), not the
   optimizer's: a flipped byte there is found by train.py's resume (test_resume.py), which reads it."""
   copy, name = damaged_copy(workdir, tmp_path, kind)
-  with pytest.raises(checkpoint.DamagedCheckpoint, match=f"^{name} has other bytes than when it was saved$"):
+  with pytest.raises(checksums.DamagedCheckpoint, match=f"^{name} has other bytes than when it was saved$"):
     verify_all(copy / "checkpoints" / "2")
   if name.startswith("optimizer/"):
     assert checkpoint.latest_step_dir(copy) == copy / "checkpoints" / "2"
@@ -117,10 +119,10 @@ def test_eval_glue_names_a_damaged_checkpoint_in_one_line(workdir, tmp_path):
   assert not (tmp_path / "glue").exists()
 
 
-def abstract_of(state: dict) -> training.TrainState:
+def abstract_of(state: dict) -> core.TrainState:
   """The TrainState's shapes and dtypes of a checkpoint_state() dict, on this process's first device."""
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  return training.TrainState(**jax.tree_util.tree_map(
+  return core.TrainState(**jax.tree_util.tree_map(
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), state))
 
 
@@ -131,7 +133,7 @@ def resume(root, state: dict, caplog) -> tuple[int, list[str]]:
   """train.py's resume of a checkpoints/ folder in process: (restored step, its warnings); the restored state is
   checked against `state`, bit for bit."""
   caplog.clear()
-  with caplog.at_level(logging.WARNING), checkpoint.Checkpointer(root, CKPT) as ckpt:
+  with caplog.at_level(logging.WARNING), checkpointer.Checkpointer(root, CKPT) as ckpt:
     step, restored, _ = ckpt.restore_latest(abstract_of(state))
   jax.tree_util.tree_map(np.testing.assert_array_equal, dict(params=restored.params, opt_state=restored.opt_state,
                                                              step=restored.step, rng=restored.rng), state)
@@ -150,7 +152,7 @@ def test_a_missing_emptied_or_partial_record_is_damage(damage, workdir, tmp_path
   copy = tmp_path / "run"
   shutil.copytree(workdir, copy)
   step_dir = copy / "checkpoints" / "2"
-  record = step_dir / checkpoint.CHECKSUMS
+  record = step_dir / checksums.CHECKSUMS
   param_file = largest(step_dir, "params/ocdbt.process_0/d/*")
   if damage == "deleted":
     record.unlink()
@@ -191,11 +193,11 @@ def test_a_stray_empty_step_folder_is_one_quiet_line(workdir, tmp_path, caplog):
 
 
 def write_old_layout(root, step: int, state: dict, meta: dict, layout: int) -> None:
-  """A checkpoint as tupe wrote it before the params/optimizer split (`tupe.checkpoint_meta`): layout 0 (items
+  """A checkpoint as tupe wrote it before the params/optimizer split (`tupe.store.meta`): layout 0 (items
   state, data and meta {config, vocab}) or 1 (state and meta {config, vocab, train_examples}, with checksums),
   through orbax as the old Checkpointer called it."""
   items = ("state", "data", "meta") if layout == 0 else ("state", "meta")
-  args = dict(state=ocp.args.StandardSave(training.TrainState(**state)), meta=ocp.args.JsonSave(meta))
+  args = dict(state=ocp.args.StandardSave(core.TrainState(**state)), meta=ocp.args.JsonSave(meta))
   if layout == 0:
     args["data"] = ocp.args.JsonSave({"next_index": 0})  # stands for grain's iterator state, which is ignored
   with ocp.CheckpointManager(root, item_names=items) as manager:
@@ -212,7 +214,7 @@ def test_checkpoints_of_older_layouts_load_and_resume(layout, workdir, tmp_path,
   beside one that has them is damaged."""
   saved = json.loads((workdir / "checkpoints" / "2" / "meta" / "metadata").read_text())
   config = dict(saved["config"], sharding_rules=[], model={k: v for k, v in saved["config"]["model"].items()
-                                                         if k != "scan_layers"})
+                                                           if k != "scan_layers"})
   config["data"] = {k: v for k, v in config["data"].items() if k != "lowercase"}
   meta = {"config": config, "vocab": saved["vocab"]}
   if layout == 1:
@@ -231,7 +233,7 @@ def test_checkpoints_of_older_layouts_load_and_resume(layout, workdir, tmp_path,
   checkpoint._noted.clear()
   assert resume(root, checkpoint_state(workdir, 2), caplog) == (2, [note] if layout == 0 else [])
   if layout == 1:
-    (root / "2" / checkpoint.CHECKSUMS).unlink()
+    (root / "2" / checksums.CHECKSUMS).unlink()
     assert resume(root, checkpoint_state(workdir, 1), caplog)[1][0] == (
         f"skipping checkpoint 2 in {root}: it could not be restored (checksums.json is missing (checkpoint 1 "
         f"beside it has one))")
@@ -251,7 +253,7 @@ def test_a_newer_layout_is_one_line(workdir, tmp_path):
   shutil.copytree(workdir / "checkpoints" / "2", copy)
   metadata = copy / "meta" / "metadata"
   metadata.write_text(json.dumps(dict(json.loads(metadata.read_text()), version=99)))
-  (copy / checkpoint.CHECKSUMS).unlink()
+  (copy / checksums.CHECKSUMS).unlink()
   checksums.record(copy)
   with pytest.raises(UserError, match=rf"^checkpoint {copy} was written by a newer tupe \(checkpoint layout 99; this "
                                       rf"one reads up to 2\): update tupe to load it$"):

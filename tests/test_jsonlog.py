@@ -1,4 +1,4 @@
-"""Append-only logs survive a crash (tupe/jsonlog.py), locally and in a gs:// bucket (the GCS emulator).
+"""Append-only logs survive a crash (tupe/store/jsonlog.py), locally and in a gs:// bucket (the GCS emulator).
 
 A torn last line of metrics.jsonl or runs.jsonl (a job killed, or a disk full, mid-append) is dropped by the next
 job with one warning saying what, before it appends; readers skip it meanwhile. In a bucket a log is cut into
@@ -10,12 +10,12 @@ import re
 import struct
 
 import pytest
-
 from test_resume import run_train
-from tupe import jsonlog
-from tupe import logs
-from tupe import storage
+
 from tupe.glue import runs as runs_lib
+from tupe.store import jsonlog
+from tupe.store import runlog
+from tupe.store import storage
 
 
 @pytest.fixture(params=["local", "gs"])
@@ -25,7 +25,7 @@ def folder(request, tmp_path):
 
 
 def write_records(folder, n, start=1):
-  with logs.MetricWriter(folder, tensorboard=False) as writer:
+  with runlog.MetricWriter(folder, tensorboard=False) as writer:
     for step in range(start, start + n):
       writer.write(step, {"loss": 1.0 / step})
 
@@ -39,7 +39,7 @@ def test_a_torn_metrics_log_is_repaired_with_one_warning(folder, capsys):
   write_records(folder, 3)
   path = storage.path(folder) / "metrics.jsonl"
   tear(path, '{"step": 4, "lo')
-  assert [r["step"] for r in logs.read_metrics(folder)] == [1, 2, 3]  # readers skip it, silently
+  assert [r["step"] for r in runlog.read_metrics(folder)] == [1, 2, 3]  # readers skip it, silently
   assert capsys.readouterr().out == ""
 
   write_records(folder, 2, start=4)  # the next job
@@ -54,7 +54,7 @@ def test_a_last_record_without_its_newline_is_kept(folder, capsys):
   path = storage.path(folder) / "metrics.jsonl"
   storage.write_text(path, storage.read_text(path).removesuffix("\n"))
   write_records(folder, 1, start=3)
-  assert [r["step"] for r in logs.read_metrics(folder)] == [1, 2, 3]
+  assert [r["step"] for r in runlog.read_metrics(folder)] == [1, 2, 3]
   assert capsys.readouterr().out == ""
 
 
@@ -62,7 +62,7 @@ def test_a_damaged_line_inside_is_skipped_with_one_warning(tmp_path, capsys):
   # What older versions left: the next record appended onto a torn line.
   (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "lo{"step": 3, "loss": 1.0}\n'
                                           '{"step": 4, "loss": 0.5}\n')
-  assert [r["step"] for r in logs.read_metrics(tmp_path)] == [1, 4]
+  assert [r["step"] for r in runlog.read_metrics(tmp_path)] == [1, 4]
   assert capsys.readouterr().out == (f"warning: {tmp_path / 'metrics.jsonl'}: skipped 1 unreadable line(s) (line 2: "
                                      f"'{{\"step\": 2, \"lo{{\"step\": 3, \"loss\": 1.0}}')\n")
 
@@ -75,19 +75,19 @@ def test_a_bucket_log_is_cut_into_segments_read_in_order(gcs_bucket, monkeypatch
   names = [p.name for p in jsonlog.segments(folder, "metrics")]
   assert names == ["metrics.jsonl", "metrics-00001.jsonl", "metrics-00002.jsonl", "metrics-00003.jsonl"]
   assert [len(storage.read_text(f"{folder}/{name}").splitlines()) for name in names] == [10, 10, 10, 5]
-  assert [r["step"] for r in logs.read_metrics(folder)] == list(range(1, 36))
+  assert [r["step"] for r in runlog.read_metrics(folder)] == list(range(1, 36))
 
 
 def test_bucket_records_are_uploaded_at_flush(gcs_bucket):
   folder = f"{gcs_bucket}/run"
-  writer = logs.MetricWriter(folder, tensorboard=False, flush_secs=3600)
+  writer = runlog.MetricWriter(folder, tensorboard=False, flush_secs=3600)
   writer.write(1, {"loss": 2.0})
-  assert logs.read_metrics(folder) == []  # held until the next flush
+  assert runlog.read_metrics(folder) == []  # held until the next flush
   writer.flush()  # the trainer's, before each checkpoint
-  assert logs.read_metrics(folder) == [{"step": 1, "loss": 2.0}]
+  assert runlog.read_metrics(folder) == [{"step": 1, "loss": 2.0}]
   writer.write(2, {"loss": 1.0})
   writer.close()
-  assert [r["step"] for r in logs.read_metrics(folder)] == [1, 2]
+  assert [r["step"] for r in runlog.read_metrics(folder)] == [1, 2]
 
 
 def scalar_events(data: bytes) -> list[tuple[str, int, float]]:
@@ -105,15 +105,15 @@ def scalar_events(data: bytes) -> list[tuple[str, int, float]]:
 
 def test_tensorboard_events_reach_a_bucket(gcs_bucket, monkeypatch):
   folder = f"{gcs_bucket}/run"
-  with logs.MetricWriter(folder, tensorboard=True) as writer:
+  with runlog.MetricWriter(folder, tensorboard=True) as writer:
     for step in (1, 2):
       writer.write(step, {"loss": 1.0 / step})
   (events,) = storage.iterdir(f"{folder}/tensorboard")
   assert events.name.startswith("events.out.tfevents.")
   assert scalar_events(storage.read_bytes(events)) == [("loss", 1, 1.0), ("loss", 2, 0.5)]
   # A long run's event file is continued in a new one past a size (TensorBoard reads every file of the folder).
-  monkeypatch.setattr(logs._BucketEvents, "ROTATE_BYTES", 0)
-  with logs.MetricWriter(f"{folder}2", tensorboard=True) as writer:
+  monkeypatch.setattr(runlog._BucketEvents, "ROTATE_BYTES", 0)
+  with runlog.MetricWriter(f"{folder}2", tensorboard=True) as writer:
     for step in (1, 2):
       writer.write(step, {"loss": 1.0 / step})
       writer.flush()
@@ -152,6 +152,7 @@ def test_a_torn_runs_log_is_repaired_with_one_warning(folder, capsys):
 
 def test_eval_glue_resumes_with_a_torn_runs_log(pretrained, glue_dir, tmp_path, capsys):
   import jax
+
   from configs import glue as glue_config
   from tupe.glue import finetune
 

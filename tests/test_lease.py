@@ -1,4 +1,4 @@
-"""A workdir is owned by one job (tupe/lease.py), on a local disk and in gs:// and s3:// buckets (real GCS and S3
+"""A workdir is owned by one job (tupe/store/lease.py), on a local disk and in gs:// and s3:// buckets (real GCS and S3
 emulators; each bucket test runs on both).
 
 A second train.py or eval_glue.py on a live workdir (local or in a bucket) stops with one line naming the other job
@@ -17,22 +17,25 @@ import threading
 import time
 
 import pytest
-
 from test_reliability import error_line
-from test_resume import REPO, train_command, train_env
-from tupe import lease
-from tupe import storage
+from test_resume import REPO
+from test_resume import train_command
+from test_resume import train_env
+
 from tupe.errors import UserError
+from tupe.store import lease
+from tupe.store import storage
 
 # A real job holding `workdir` (argv[1], lease ttl argv[2]) until killed: prints "held" once it holds it.
 HOLDER = """
 import sys, time
-from tupe import errors, lease
+from tupe.run import process
+from tupe.store import lease
 def main(argv):
   with lease.hold(argv[1], ttl=float(argv[2])):
     print("held", flush=True)
     time.sleep(600)
-errors.run_main(main)
+process.run_main(main)
 """
 
 

@@ -6,23 +6,24 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-
-from configs import pretrain
 from test_resume import TINY
-from tupe import checkpoint
-from tupe import checksums
+
+from configs import pretrain as pretrain_config
 from tupe import models
-from tupe import objectives
-from tupe import sharding
-from tupe import storage
-from tupe import trainer
+from tupe.models import partitioning
+from tupe.store import checkpoint
+from tupe.store import checksums
+from tupe.store import storage
+from tupe.train import objectives
+from tupe.train import pretrain
+from tupe.train import sharding
 
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
   """A small TUPE-A trained 2 steps: 128 wide, its dimensions split over 4-way FSDP and 2-way tensor
   parallelism; a 4096-token vocab, so that its 3 MB of arrays outweigh the checkpoint's metadata files."""
-  cfg = pretrain.get_config("tupe_a,tiny")
+  cfg = pretrain_config.get_config("tupe_a,tiny")
   overrides = {"num_train_steps": 2, "checkpoint.every_steps": 2, "optimizer.warmup_steps": 1,
                "checkpoint.async_save": False, "model.hidden_size": 128, "model.embedding_size": 128,
                "model.intermediate_size": 256, "data.synthetic_vocab_size": 4096}
@@ -30,7 +31,7 @@ def workdir(tmp_path_factory):
     parent, _, field = key.rpartition(".")
     (cfg[parent] if parent else cfg)[field] = value
   root = tmp_path_factory.mktemp("load_params") / "run"
-  trainer.train(cfg, str(root))
+  pretrain.train(cfg, str(root))
   return root
 
 
@@ -44,7 +45,7 @@ def test_encoder_params_land_in_their_target_shardings(workdir):
   model_cfg, host, _ = objectives.load_encoder(workdir)
   mesh = sharding.make_mesh({"data": 1, "fsdp": 4, "tensor": 2}, jax.devices())
   abstract = jax.eval_shape(lambda: models.init_module(models.Encoder(model_cfg), model_cfg, boxed=True))
-  targets = sharding.logical_shardings(abstract, mesh, sharding.rules_from_config(()))
+  targets = sharding.logical_shardings(abstract, mesh, partitioning.rules_from_config(()))
   _, params, _ = objectives.load_encoder(workdir, targets)
 
   leaves = jax.tree_util.tree_leaves_with_path(params)

@@ -7,9 +7,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import numpy_reference as ref
 import pytest
 
-import numpy_reference as ref
 from tupe import models
 from tupe.models import attention
 from tupe.models import embeddings

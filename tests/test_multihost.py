@@ -1,35 +1,41 @@
 """Multi-host pre-training: two train.py processes (jax.distributed on localhost, one CPU device each, gloo
 collectives) match a single process that trains on the same global batches; when one process is
-killed, the other stops within the heartbeat timeout with one line naming the dead host (tupe/supervise.py).
+killed, the other stops within the heartbeat timeout with one line naming the dead host (tupe/run/supervise.py).
 A SIGTERM to one host stops every host after the same step, in pre-training and in GLUE fine-tuning, whose
 two-host runs match one process's too. Two hosts checkpoint into one gs:// folder (a GCS emulator), are killed, and
 resume bit-identically.
 """
 import pathlib
 import re
-import socket
 import signal
+import socket
 import sys
 import types
 
 import jax
 import numpy as np
 import pytest
+from test_resume import REPO
+from test_resume import TINY
+from test_resume import Run
+from test_resume import assert_same_state
+from test_resume import checkpoint_state
+from test_resume import finished_steps
+from test_resume import last_logged_step
+from test_resume import metric_records
 
 from configs import glue as glue_config
-from configs import pretrain
-from tupe import checkpoint
-from tupe import checksums
-from tupe import logs
-from tupe import sharding
-from tupe import storage
-from tupe import supervise
-from tupe import trainer
+from configs import pretrain as pretrain_config
 from tupe.data import pipeline
 from tupe.glue import finetune
 from tupe.glue import runs as runs_lib
-from test_resume import (REPO, TINY, Run, assert_same_state, checkpoint_state, finished_steps, last_logged_step,
-                         metric_records)
+from tupe.run import supervise
+from tupe.store import checkpoint
+from tupe.store import checksums
+from tupe.store import runlog
+from tupe.store import storage
+from tupe.train import pretrain
+from tupe.train import sharding
 
 HOSTS, STEPS = 2, 6
 MULTI = {"num_train_steps": STEPS, "checkpoint.every_steps": 4}
@@ -59,20 +65,20 @@ def start_hosts(workdir, overrides=None, logs=None) -> list[Run]:
   `logs` (default: beside a local workdir)."""
   port = free_port()
   hosts = [Run(workdir, dict(MULTI, **{"distributed.coordinator_address": f"localhost:{port}",
-                                      "distributed.num_processes": HOSTS, "distributed.process_id": host},
-                            **(overrides or {})), name=f"host{host}", logs=logs) for host in range(HOSTS)]
+                                       "distributed.num_processes": HOSTS, "distributed.process_id": host},
+                             **(overrides or {})), name=f"host{host}", logs=logs) for host in range(HOSTS)]
   STARTED.extend(hosts)
   return hosts
 
 
 def single_process_run(mesh=None):
   """The same training in this process on 2 devices, each whole global batch made here."""
-  cfg = pretrain.get_config("tupe_a,tiny")
+  cfg = pretrain_config.get_config("tupe_a,tiny")
   cfg.update_from_flattened_dict(dict(TINY, **MULTI, **(mesh or {})))
   it, info = pipeline.make_pretrain_iterator(cfg.data, seq_len=cfg.seq_len, batch_size=cfg.global_batch_size,
                                              seed=cfg.seed)
   cfg.model.vocab_size = info.vocab_size
-  setup = trainer.build(cfg, jax.devices()[:HOSTS])
+  setup = pretrain.build(cfg, jax.devices()[:HOSTS])
   state, losses = setup.init_state(), []
   for _ in range(STEPS):
     state, metrics = setup.train_step(state, sharding.shard_batch(next(it), setup.mesh))
@@ -109,7 +115,7 @@ def test_two_hosts_checkpoint_into_a_bucket_killed_and_resumed(bucket, tmp_path)
     port = free_port()
     hosts = [Run(tmp_path / "run", name=f"{phase}{host}", logs=tmp_path, command=[
         sys.executable, str(REPO / "tests" / "multihost_checkpoints.py"), str(port), str(host), root, phase])
-        for host in range(HOSTS)]
+             for host in range(HOSTS)]
     STARTED.extend(hosts)
     return hosts
 
@@ -123,7 +129,7 @@ def test_two_hosts_checkpoint_into_a_bucket_killed_and_resumed(bucket, tmp_path)
   for step_dir in committed:
     files = storage.walk_files(step_dir)
     assert {f.split("/")[1] for f in files if f.startswith("params/ocdbt.process_")} == {"ocdbt.process_0",
-                                                                                           "ocdbt.process_1"}
+                                                                                         "ocdbt.process_1"}
     assert set(checksums.read(step_dir)) == set(files) - {checksums.CHECKSUMS}
     checksums.verify(step_dir, checksums.read(step_dir))
   newest = max(int(p.name) for p in committed)
@@ -147,7 +153,7 @@ def test_two_hosts_train_into_a_bucket_killed_and_resumed(gcs_bucket, tmp_path):
     step_dir = storage.path(f"{reference}/checkpoints/{step}")
     files = storage.walk_files(step_dir)
     assert {f.split("/")[1] for f in files if f.startswith("params/ocdbt.process_")} == {"ocdbt.process_0",
-                                                                                           "ocdbt.process_1"}
+                                                                                         "ocdbt.process_1"}
     assert set(checksums.read(step_dir)) == set(files) - {checksums.CHECKSUMS}
     checksums.verify(step_dir, checksums.read(step_dir))
 
@@ -162,7 +168,7 @@ def test_two_hosts_train_into_a_bucket_killed_and_resumed(gcs_bucket, tmp_path):
   for host in hosts:
     assert host.wait(timeout=300) == 0, host.stderr()[-3000:]
   assert f"resumed from checkpoint {killed_at} " in hosts[0].stdout()
-  losses = lambda run: {r["step"]: (r["loss"], r["grad_norm"]) for r in logs.read_metrics(run) if "loss" in r}
+  losses = lambda run: {r["step"]: (r["loss"], r["grad_norm"]) for r in runlog.read_metrics(run) if "loss" in r}
   assert losses(workdir) == losses(reference) and sorted(losses(reference)) == list(range(1, STEPS + 1))
   assert_same_state(checkpoint_state(workdir, STEPS), checkpoint_state(reference, STEPS))
 
@@ -233,7 +239,7 @@ def start_glue_hosts(workdir, pretrained, glue_dir, epochs: int) -> list[Run]:
   hosts = [Run(workdir, name=f"host{host}", command=[
       sys.executable, str(REPO / "eval_glue.py"), "--config", "configs/glue.py:tupe", "--workdir", str(workdir),
       *(f"--config.{k}={v}" for k, v in dict(flags, **{"distributed.process_id": host}).items())])
-      for host in range(HOSTS)]
+           for host in range(HOSTS)]
   STARTED.extend(hosts)
   return hosts
 
@@ -294,6 +300,9 @@ def test_failure_report_parsing():
                              "leader task was preempted/died/restarted unexpectedly") == 0
   assert supervise.dead_host("Gloo AllGather failed: Read error [127.0.0.1]:1705: Connection reset by peer") is None
   assert supervise.failure_line("", this_host=None, num_hosts=None).startswith("error: another host died")
+  # Of two hosts, the dead one is the other, named or not (a Gloo collective can fail before the heartbeats do).
+  assert supervise.failure_line("", this_host=0, num_hosts=2).startswith("error: host 1 of 2 died")
+  assert supervise.failure_line("", this_host=1, num_hosts=2).startswith("error: host 0 of 2, the coordinator, is")
 
 
 @pytest.mark.parametrize("lost_peer", [True, False], ids=["lost-peer", "other-error"])

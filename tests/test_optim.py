@@ -7,9 +7,9 @@ import pytest
 
 from configs import pretrain
 from tupe import models
-from tupe import objectives
-from tupe import optim
 from tupe.errors import UserError
+from tupe.train import objectives
+from tupe.train import optim
 
 
 def _opt_cfg(**overrides):

@@ -18,10 +18,19 @@ import time
 import jax
 import numpy as np
 import pytest
+from test_resume import EVERY
+from test_resume import REPO
+from test_resume import STEPS
+from test_resume import Run
+from test_resume import checkpoint_state
+from test_resume import finished_steps
+from test_resume import last_logged_step
+from test_resume import metric_records
+from test_resume import run_train
+from test_resume import train_command
+from test_resume import train_env
 
-from test_resume import (EVERY, REPO, STEPS, Run, checkpoint_state, finished_steps, last_logged_step,
-                         metric_records, run_train, train_command, train_env)
-from tupe import lease
+from tupe.store import lease
 
 HANG = 1800  # seconds: a subprocess that takes this long is hung, not slow
 
@@ -36,7 +45,7 @@ def error_line(proc) -> str:
 
 def file_contents(root) -> dict:
   """{path relative to root: bytes} of every file under root but the workdir lease's lock, which names its
-  latest holder (every run, a refused one too, holds the workdir while it checks its inputs: `tupe.lease`)."""
+  latest holder (every run, a refused one too, holds the workdir while it checks its inputs: `tupe.store.lease`)."""
   return {str(p.relative_to(root)): p.read_bytes() for p in sorted(pathlib.Path(root).rglob("*"))
           if p.is_file() and p.name != lease.LOCK_NAME}
 

@@ -9,10 +9,12 @@ import sys
 import ml_collections
 import pytest
 
-from tupe import checkpoint as checkpoint_lib
-from tupe import trainer
 from tupe.errors import UserError
+from tupe.store import checkpoint as checkpoint_lib
+from tupe.store import checksums
+from tupe.study import heldout
 from tupe.tools import evaluate
+from tupe.train import pretrain
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -27,7 +29,7 @@ def text_file(tmp_path, glue_dir) -> pathlib.Path:
 def test_evaluate_names_the_flag_at_fault_before_scoring(pretrained, text_file, tmp_path):
   with pytest.raises(UserError, match=r"^--max-examples 16 is fewer than one batch of 32 \(--batch-size\): give "
                                       r"--max-examples 32 or more, or a smaller --batch-size$"):
-    evaluate.evaluate(str(pretrained), str(text_file), max_examples=16, batch_size=32)
+    heldout.evaluate(str(pretrained), str(text_file), max_examples=16, batch_size=32)
   out = tmp_path / "out"
   out.mkdir()
   with pytest.raises(UserError, match=f"^--out {out} is a directory: give a file name, e.g. {out}/eval.json$"):
@@ -45,9 +47,9 @@ def test_export_names_the_step_it_fell_back_to(pretrained, tmp_path):
   shutil.copytree(pretrained, init)
   cfg = ml_collections.ConfigDict(checkpoint_lib.load_meta(init).config)
   cfg.num_train_steps = cfg.checkpoint.every_steps = 4
-  trainer.train(cfg, str(init))  # checkpoints 2 and 4
+  pretrain.train(cfg, str(init))  # checkpoints 2 and 4
   damaged = next(p for p in sorted((init / "checkpoints" / "4").rglob("*")) if p.is_file() and p.stat().st_size
-                 and p.name != checkpoint_lib.CHECKSUMS)
+                 and p.name != checksums.CHECKSUMS)
   damaged.write_bytes(b"x" * damaged.stat().st_size)
   proc = subprocess.run([sys.executable, "-m", "tupe.tools.export_hf", "--checkpoint", str(init), "--out",
                          str(tmp_path / "export")], cwd=REPO, capture_output=True, text=True, timeout=600)

@@ -21,7 +21,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from tupe import storage
+from tupe.store import storage
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 STEPS, EVERY = 12, 4
@@ -272,14 +272,14 @@ def test_no_restorable_checkpoint_is_an_error(tmp_path, reference):
 
 def test_only_the_abandoned_reads_of_a_failed_restore_are_silenced(monkeypatch):
   """What orbax's leftover reads report after a failed restore is dropped; any other unraisable still shows."""
-  from tupe import checkpoint
+  from tupe.run import quiet
   asyncio_logger = logging.getLogger("asyncio")
   # Only this filter (others that earlier tests installed in this process, such as the one a failed save adds,
   # are left out), and it goes again after.
   monkeypatch.setattr(asyncio_logger, "filters", [])
   seen = []
   monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: seen.append(str(unraisable.exc_value)))
-  checkpoint._ignore_reads_left_by_failed_restores()
+  quiet._ignore_reads_left_by_failed_restores()
   orbax_file = os.path.join("site-packages", "orbax", "checkpoint", "serialization.py")
   in_orbax = {}   # a function whose code lives in a file of orbax's, as its read coroutines' does
   exec(compile("def read(error):\n  raise error\n", orbax_file, "exec"), in_orbax)

@@ -5,12 +5,16 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
+import test_hf_parity as parity
 import transformers
 
-import test_hf_parity as parity
-from tupe import analysis, hf, models, optim, resume
+from tupe import models
 from tupe.errors import UserError
+from tupe.hf import load
+from tupe.study import analysis
 from tupe.tools import analyze
+from tupe.train import optim
+from tupe.train import resume
 
 
 def configs(name: str, remat: str):
@@ -80,7 +84,7 @@ def test_scanned_equals_unrolled(name, remat):
 
 
 def test_analysis_under_scan():
-  """tupe.tools.analyze's attention statistics and tupe.analysis's positional terms from scanned params."""
+  """tupe.tools.analyze's attention statistics and tupe.study.analysis's positional terms from scanned params."""
   unrolled, scanned = configs("tupe_r", "none")
   params = models.init(unrolled, seed=2)
   stacked = models.stack_layers(params)
@@ -136,12 +140,12 @@ def test_hf_import_into_the_scanned_layout(tmp_path):
   model.save_pretrained(tmp_path)
   ids, mask, types = parity.padded_batch(model.config.vocab_size)
   hf_out = parity.run_hf(model, ids, mask, types)
-  cfg, params = hf.import_convbert(tmp_path, scan_layers=True)
+  cfg, params = load.import_convbert(tmp_path, scan_layers=True)
   assert cfg.scan_layers and params["stack"]["layers"]["ffn"]["layer_norm"]["scale"].shape == (3, 256)
-  _, unrolled = hf.import_convbert(tmp_path)
+  _, unrolled = load.import_convbert(tmp_path)
   assert_trees_close(models.unstack_layers(params), unrolled, rtol=0, atol=0)
   parity.assert_backbone_parity(cfg, params, hf_out, ids, mask, types)
-  cfg, params = hf.import_convbert_mlm(tmp_path, scan_layers=True)
+  cfg, params = load.import_convbert_mlm(tmp_path, scan_layers=True)
   assert parity.max_diff(parity.our_masked_lm(cfg, params, ids, mask, types), hf_out.logits) < parity.TOLERANCE
 
 
@@ -154,4 +158,4 @@ def test_resuming_with_the_other_layout_is_a_one_line_error(tmp_path):
   with pytest.raises(UserError, match=r"written for another model \(model.scan_layers=None in the checkpoint, "
                                       r"True now\); resume with the same model config"):
     resume._check_fits(7, tmp_path, shapes(unrolled), shapes(scanned), {"model": old, "objective": "mlm"},
-                           {"model": scanned.to_dict(), "objective": "mlm"})
+                       {"model": scanned.to_dict(), "objective": "mlm"})

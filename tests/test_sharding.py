@@ -1,22 +1,23 @@
 """Sharded training equals unsharded: the same steps on 1 device and on 8 fake CPU devices under several meshes
 give the same losses and parameters (fp32 tolerance)."""
 import functools
-
 import json
 
 import jax
 import numpy as np
 import pytest
 
-from configs import glue, pretrain
+from configs import glue
+from configs import pretrain as pretrain_config
 from tupe import models
-from tupe import sharding
-from tupe import trainer
 from tupe.errors import UserError
+from tupe.models import partitioning
+from tupe.train import pretrain
+from tupe.train import sharding
 
 
 def tiny_config(model: str, steps: int = 3):
-  cfg = pretrain.get_config(f"{model},tiny")
+  cfg = pretrain_config.get_config(f"{model},tiny")
   cfg.model.update(vocab_size=97, hidden_size=32, intermediate_size=64, num_layers=1)
   cfg.model.embedding_size = 16 if model.startswith("convbert") else 32
   cfg.update(seq_len=16, global_batch_size=16, num_train_steps=steps)
@@ -42,7 +43,7 @@ def synthetic_batches(cfg, steps: int, n_pred: int, seed: int = 0):
 
 def run(cfg, devices, steps, metric="loss", params=None):
   """Losses and final params of `steps` steps from the initial `params` (default: the model's own)."""
-  setup = trainer.build(cfg, devices)
+  setup = pretrain.build(cfg, devices)
   state = setup.init_state()
   if params is not None:  # Adam's initial state holds zeros whatever the params.
     state = state.replace(params=jax.device_put(params, setup.state_sharding.params))
@@ -82,7 +83,7 @@ def test_sharded_matches_single_device(model, mesh):
 def test_fsdp_shards_parameters():
   cfg = tiny_config("tupe_a")
   cfg.mesh.update(data=1, fsdp=8, tensor=1)
-  setup = trainer.build(cfg, jax.devices())
+  setup = pretrain.build(cfg, jax.devices())
   kernel = setup.state_sharding.params["encoder"]["stack"]["layer_0"]["ffn"]["intermediate"]["dense"]["kernel"]
   assert kernel.spec[0] == "fsdp"
   state = setup.init_state()
@@ -114,14 +115,14 @@ def test_bad_mesh_is_a_one_line_error(mesh, message):
   cfg = tiny_config("bert_a")
   cfg.mesh.update(mesh)
   with pytest.raises(UserError, match=message):
-    trainer.build(cfg, jax.devices())
+    pretrain.build(cfg, jax.devices())
 
 
 def test_batch_not_divisible_by_data_parallel_size():
   cfg = tiny_config("bert_a")
   cfg.global_batch_size = 12
   with pytest.raises(UserError, match="not divisible by data-parallel size 8"):
-    trainer.build(cfg, jax.devices())
+    pretrain.build(cfg, jax.devices())
 
 
 def test_fsdp_shards_convbert_kernel_generator():
@@ -129,7 +130,7 @@ def test_fsdp_shards_convbert_kernel_generator():
   axis as it splits `embed` in every other kernel."""
   cfg = tiny_config("convbert_mlm")
   cfg.mesh.update(data=1, fsdp=8, tensor=1)
-  conv = trainer.build(cfg, jax.devices()).state_sharding.params["encoder"]["stack"]["layer_0"]["attention"]["conv"]
+  conv = pretrain.build(cfg, jax.devices()).state_sharding.params["encoder"]["stack"]["layer_0"]["attention"]["conv"]
   assert conv["kernel"]["kernel"].spec[0] == conv["value"]["kernel"].spec[0] == "fsdp"
 
 
@@ -139,12 +140,12 @@ def test_scanned_sharded_matches_unrolled_single_device():
   off: scan draws other dropout keys per layer)."""
   cfg = tiny_config("tupe_r", STEPS)
   cfg.model.update(num_layers=2, hidden_dropout=0.0, attention_dropout=0.0)
-  params = jax.device_get(trainer.build(cfg, jax.devices()[:1]).init_state().params)
+  params = jax.device_get(pretrain.build(cfg, jax.devices()[:1]).init_state().params)
   ref_losses, ref_params = run(cfg, jax.devices()[:1], STEPS, params=params)
   cfg.model.scan_layers = True
   cfg.mesh.update(data=2, fsdp=2, tensor=2)
-  setup = trainer.build(cfg, jax.devices())
-  lowered = setup.train_step.lower(setup.abstract_state, trainer.abstract_batch(setup)).as_text()
+  setup = pretrain.build(cfg, jax.devices())
+  lowered = setup.train_step.lower(setup.abstract_state, pretrain.abstract_batch(setup)).as_text()
   assert lowered.count("sharding_constraint") >= 2  # before the layers and in the scanned layer
   losses, scanned = run(cfg, jax.devices(), STEPS, params=models.stack_layers(params))
   assert len(set(ref_losses)) == STEPS
@@ -156,23 +157,23 @@ def test_scanned_sharded_matches_unrolled_single_device():
 def test_config_json_shows_the_rules():
   """The default rules are written into the configs, so config.json shows them; () (configs written before)
   still means them."""
-  for cfg in (pretrain.get_config("tupe_a,tiny"), glue.get_config("convbert")):
+  for cfg in (pretrain_config.get_config("tupe_a,tiny"), glue.get_config("convbert")):
     written = json.loads(cfg.to_json_best_effort())["sharding_rules"]
-    assert sharding.rules_from_config(written) == sharding.DEFAULT_RULES
+    assert partitioning.rules_from_config(written) == partitioning.DEFAULT_RULES
     assert ["batch", ["data", "fsdp"]] in written and ["heads", "tensor"] in written
-  assert sharding.rules_from_config(()) == sharding.DEFAULT_RULES
+  assert partitioning.rules_from_config(()) == partitioning.DEFAULT_RULES
 
 
 def test_rule_naming_an_unknown_mesh_axis_is_an_error():
   with pytest.raises(UserError, match="maps 'mlp' to mesh axis 'model'; the mesh axes are data, fsdp, tensor"):
-    sharding.rules_from_config([["embed", "fsdp"], ["mlp", "model"]])
+    partitioning.rules_from_config([["embed", "fsdp"], ["mlp", "model"]])
 
 
 def test_mesh_axis_that_does_not_divide_a_dimension_warns(capsys):
   """97 vocabulary rows over tensor=2: replicated, with one line naming the parameter, dimension and axis."""
   cfg = tiny_config("bert_a")
   cfg.mesh.update(data=4, fsdp=1, tensor=2)
-  trainer.build(cfg, jax.devices())
+  pretrain.build(cfg, jax.devices())
   warnings = [line for line in capsys.readouterr().out.splitlines() if line.startswith("warning: mesh axis")]
   assert warnings == ["warning: mesh axis tensor of size 2 does not divide dimension 0 (size 97) of "
                       "encoder/embeddings/word_embeddings [97, 32] (and 1 more); that dimension is replicated "

@@ -1,15 +1,16 @@
-"""tupe.storage, the one path layer: the same calls on a local disk and in a bucket (real GCS and S3 emulators)."""
+"""tupe.store.storage, the one path layer: the same calls on a local disk and in a bucket (real GCS and S3
+emulators)."""
 import os
 import pathlib
 import re
 import subprocess
 import sys
 
-import pytest
-
 from gcs_emulator import free_port
+import pytest
 from test_resume import REPO
-from tupe import storage
+
+from tupe.store import storage
 
 
 @pytest.fixture(params=["local", "gs", "s3"])
@@ -35,7 +36,7 @@ def test_write_read_append_list_remove(root):
   storage.copy(f"{root}/a.txt", f"{root}/c.txt")
   assert storage.read_text(f"{root}/c.txt") == "replaced world"
   assert [str(p) for p in storage.copy_tree(root, f"{root}/copy")] == [f"{root}/copy/{name}" for name in
-                                                                      ("a.txt", "c.txt", "sub/b.bin")]
+                                                                       ("a.txt", "c.txt", "sub/b.bin")]
   assert storage.read_bytes(f"{root}/copy/sub/b.bin") == b"\x00\x01"
   storage.remove(f"{root}/sub")
   storage.remove(f"{root}/copy")
@@ -83,7 +84,7 @@ def test_an_unreachable_endpoint_is_one_line():
   env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
   env.update(AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}", AWS_ACCESS_KEY_ID="a", AWS_SECRET_ACCESS_KEY="b",
              AWS_DEFAULT_REGION="us-east-1")
-  read = ("from tupe import storage\ntry:\n  storage.read_text('s3://tupe-b/o')\n"
+  read = ("from tupe.store import storage\ntry:\n  storage.read_text('s3://tupe-b/o')\n"
           "except storage.StorageError as e:\n  print(e)")
   proc = subprocess.run([sys.executable, "-c", read], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
   assert re.fullmatch(
@@ -106,21 +107,21 @@ FORBIDDEN = re.compile("|".join([
     r"\bsafetensors\.numpy\.(load_file|save_file)\(",
 ]))
 
-# Modules allowed to use them, and why. The ones marked "to convert" are being moved onto tupe.storage.
+# Modules allowed to use them, and why. The ones marked "to convert" are being moved onto tupe.store.storage.
 ALLOWED = {
-    "tupe/storage.py": "the path layer itself",
-    "tupe/cli.py": "config files are Python modules, imported from the local disk",
+    "tupe/store/storage.py": "the path layer itself",
+    "tupe/config_files.py": "config files are Python modules, imported from the local disk",
     "tupe/data/demo.py": "the demo corpus is harvested from the installed standard library and cached on the local "
                          "disk under a file lock",
     "tupe/data/packing.py": "in-memory examples spill their tokens to a local temporary file that data workers map",
     "tupe/data/shards.py": "array_record writes local files only: a shard is written locally, then moved into place "
                           "or uploaded",
-    "tupe/tools/export_hf.py": "transformers' save_pretrained writes a local folder; main() stages a bucket's",
+    "tupe/hf/export.py": "transformers' save_pretrained writes a local folder; tupe.tools.export_hf stages a bucket's",
 }
 
 
 def test_no_file_api_outside_storage():
-  """Every file the package reads or writes goes through tupe.storage, but for the modules of ALLOWED."""
+  """Every file the package reads or writes goes through tupe.store.storage, but for the modules of ALLOWED."""
   root = pathlib.Path(__file__).resolve().parents[1]
   files = sorted(root.glob("tupe/**/*.py")) + [root / "train.py", root / "eval_glue.py"]
   found = []
@@ -131,7 +132,7 @@ def test_no_file_api_outside_storage():
     for number, line in enumerate(file.read_text().splitlines(), 1):
       if FORBIDDEN.search(line.split("#", 1)[0]):
         found.append(f"{name}:{number}: {line.strip()}")
-  assert not found, "file APIs outside tupe.storage (use it, or add the module to ALLOWED with a reason):\n" + \
+  assert not found, "file APIs outside tupe.store.storage (use it, or add the module to ALLOWED with a reason):\n" + \
       "\n".join(found)
 
 

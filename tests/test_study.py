@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from tupe import study
 from tupe.errors import UserError
-from tupe.tools import evaluate
+from tupe.study import heldout
+from tupe.study import runner
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # Seconds after which a study's process counts as hung: far beyond its time on a busy 2-core machine (both micro
@@ -135,10 +135,10 @@ def test_print_lists_every_command(studies):
 def test_evaluate_is_deterministic_and_tells_checkpoints_apart(studies, shared_data):
   text = shared_data / "corpus" / "wikitext" / "wiki.valid.raw.txt"
   root = studies["tupe"]
-  first = evaluate.evaluate(str(root / "tupe_a" / "pretrain"), str(text), seed=3, max_examples=16, batch_size=8)
-  again = evaluate.evaluate(str(root / "tupe_a" / "pretrain"), str(text), seed=3, max_examples=16, batch_size=8)
-  other = evaluate.evaluate(str(root / "bert_a" / "pretrain"), str(text), seed=3, max_examples=16, batch_size=8)
-  reseeded = evaluate.evaluate(str(root / "tupe_a" / "pretrain"), str(text), seed=4, max_examples=16, batch_size=8)
+  first = heldout.evaluate(str(root / "tupe_a" / "pretrain"), str(text), seed=3, max_examples=16, batch_size=8)
+  again = heldout.evaluate(str(root / "tupe_a" / "pretrain"), str(text), seed=3, max_examples=16, batch_size=8)
+  other = heldout.evaluate(str(root / "bert_a" / "pretrain"), str(text), seed=3, max_examples=16, batch_size=8)
+  reseeded = heldout.evaluate(str(root / "tupe_a" / "pretrain"), str(text), seed=4, max_examples=16, batch_size=8)
   assert first == again
   assert first["predicted_tokens"] == other["predicted_tokens"] > 0  # the same masks
   assert first["mlm_loss"] != other["mlm_loss"] and first["mlm_loss"] != reseeded["mlm_loss"]
@@ -155,7 +155,7 @@ def test_evaluate_is_deterministic_and_tells_checkpoints_apart(studies, shared_d
 ])
 def test_bad_input_is_one_line(shared_data, tmp_path, argv, message):
   with pytest.raises(UserError, match=message):
-    study.main(["tupe.study", f"--root={tmp_path}", *argv, "--print"])
+    runner.main(["tupe.study", f"--root={tmp_path}", *argv, "--print"])
   assert not any(tmp_path.iterdir())
 
 

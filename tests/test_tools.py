@@ -1,6 +1,6 @@
 """The analysis functions on hand-made maps, and the analyze / plot / summary tools end to end on tiny models.
 
-The tiny TUPE-R checkpoint is saved through `tupe.checkpoint` (initialized parameters, the BERT vocab in its
+The tiny TUPE-R checkpoint is saved through `tupe.store.checkpoint` (initialized parameters, the BERT vocab in its
 meta), the tiny HF ConvBERT with `save_pretrained`; the tools run in-process on them and their PNG and CSV
 files are read back.
 """
@@ -15,22 +15,26 @@ import pytest
 import torch
 import transformers
 
-from configs import pretrain
-from tupe import analysis
-from tupe import cli
-from tupe import checkpoint
-from tupe import flops
-from tupe import hf
-from tupe import logs
+from configs import pretrain as pretrain_config
+from tupe import config_files
 from tupe import models
-from tupe import objectives
-from tupe import trainer
-from tupe import training
 from tupe.data import pipeline
 from tupe.data import tokenizer as tokenizer_lib
-from tupe.errors import UserError, run_main
+from tupe.errors import UserError
+from tupe.hf import load
 from tupe.models import position
-from tupe.tools import analyze, plot, summary
+from tupe.run.process import run_main
+from tupe.store import checkpointer
+from tupe.store import runlog
+from tupe.study import analysis
+from tupe.tools import analyze
+from tupe.tools import plot
+from tupe.tools import summary
+from tupe.train import core
+from tupe.train import curves
+from tupe.train import flops
+from tupe.train import objectives
+from tupe.train import pretrain
 
 SENTENCES = ("The quick brown fox jumps over the lazy dog.\n"
              "Attention maps show which tokens each position reads, layer by layer.\n"
@@ -93,25 +97,25 @@ def test_masked_map_sums_skip_pads():
   assert np.all(mean[0][expected_counts > 0] == 1.0) and np.all(np.isnan(mean[0][expected_counts == 0]))
 
 
-# A tiny TUPE-R checkpoint written by tupe.checkpoint, as train.py writes it.
+# A tiny TUPE-R checkpoint written by tupe.store.checkpoint, as train.py writes it.
 
 @pytest.fixture(scope="module")
 def tupe_checkpoint(tmp_path_factory, bert_vocab) -> pathlib.Path:
   workdir = tmp_path_factory.mktemp("tupe_r")
   corpus = workdir / "corpus.txt"
   corpus.write_text("One document with a few words. And a second sentence.\n\nAnother document here.\n" * 8)
-  cfg = pretrain.get_config("tupe_r,tiny")
+  cfg = pretrain_config.get_config("tupe_r,tiny")
   cfg.model.update(hidden_size=32, intermediate_size=64, num_layers=2, max_position_embeddings=32)
   cfg.model.embedding_size = 32
   cfg.data.update(source="text", files=str(corpus), vocab_file=str(bert_vocab))
   cfg.update(seq_len=32, global_batch_size=8)
   cfg.checkpoint.async_save = False
   data = pipeline.PretrainData(cfg.data, seq_len=cfg.seq_len)
-  trainer.resolve_vocab_size(cfg, data.info.vocab_size)
+  pretrain.resolve_vocab_size(cfg, data.info.vocab_size)
   params = jax.jit(lambda: models.init_module(models.MaskedLM(cfg.model), cfg.model, 1))()
-  state = training.TrainState(step=jnp.array(3, jnp.int32), params=params, opt_state={}, rng=jax.random.PRNGKey(0))
-  saver = checkpoint.Checkpointer(workdir / "checkpoints", cfg.checkpoint)
-  saver.save(3, state, trainer.checkpoint_meta(cfg, data.info.vocab_file, len(data)), force=True)
+  state = core.TrainState(step=jnp.array(3, jnp.int32), params=params, opt_state={}, rng=jax.random.PRNGKey(0))
+  saver = checkpointer.Checkpointer(workdir / "checkpoints", cfg.checkpoint)
+  saver.save(3, state, pretrain.checkpoint_meta(cfg, data.info.vocab_file, len(data)), force=True)
   saver.close()
   return workdir
 
@@ -199,13 +203,13 @@ def test_analyze_hf_convbert_matches_torch_attentions(hf_convbert, sentences_fil
   for name in ("attention_mean_layer00.png", "attention_sentence0_layer01.png", "diagonal_concentration.png"):
     check_png(out / name)
   assert not any((out / name).exists() for name in ("positional_correlation.png", "cls_values.csv",
-                                                      "relative_bias.csv"))
+                                                    "relative_bias.csv"))
   rows = read_csv(out / "diagonal_concentration.csv")
   assert rows[0] == ["layer", "head_0", "head_1"] and len(rows) == 3  # 4 heads, head_ratio 2: 2 attention heads
   ours = np.array([[float(v) for v in row[1:]] for row in rows[1:]])
 
   # The same padded batch through HF's PyTorch model: C pooled over both sentences from its attentions.
-  cfg, _ = hf.import_convbert(hf_convbert)
+  cfg, _ = load.import_convbert(hf_convbert)
   tokenizer, info = tokenizer_lib.load_tokenizer(bert_vocab)
   ids, mask = analyze.encode_sentences(tokenizer, info, SENTENCES.splitlines()[:2], cfg.max_position_embeddings)
   model = transformers.ConvBertModel.from_pretrained(hf_convbert).eval()
@@ -221,7 +225,7 @@ def test_analyze_hf_convbert_matches_torch_attentions(hf_convbert, sentences_fil
 
 def write_run(workdir: pathlib.Path, electra: bool):
   workdir.mkdir()
-  writer = logs.MetricWriter(workdir, tensorboard=False)
+  writer = runlog.MetricWriter(workdir, tensorboard=False)
   for step in range(1, 31):
     metrics = dict(loss=10.0 / step, mlm_loss=10.0 / step, mlm_accuracy=step / 30, learning_rate=1e-3 * step / 30,
                    tokens_per_s=1000.0 + step)
@@ -244,11 +248,12 @@ def test_plot_two_runs(tmp_path, capsys):
   printed = capsys.readouterr().out
   assert "2 run(s)" in printed and "discriminator AUC" in printed and "tokens/s" in printed
   with pytest.raises(UserError, match="metrics.jsonl does not exist"):
-    plot.read_run(tmp_path / "missing")
+    curves.read_run(tmp_path / "missing")
 
 
 def test_local_paths_as_users_write_them(tmp_path, monkeypatch, capsys):
-  """`~`, relative paths, spaces and non-ASCII names, as a shell passes them quoted (tupe.storage expands them)."""
+  """`~`, relative paths, spaces and non-ASCII names, as a shell passes them quoted (tupe.store.storage expands
+  them)."""
   monkeypatch.setenv("HOME", str(tmp_path))
   (tmp_path / "runs dé").mkdir()
   write_run(tmp_path / "runs dé" / "mlm", electra=False)
@@ -261,17 +266,17 @@ def test_local_paths_as_users_write_them(tmp_path, monkeypatch, capsys):
 
 
 def test_smoothing_by_hand():
-  np.testing.assert_allclose(plot.smooth(np.array([1.0, 2.0, 3.0]), 0.0), [1.0, 2.0, 3.0])
-  np.testing.assert_allclose(plot.smooth(np.full(5, 4.0), 0.9), np.full(5, 4.0))  # debiased: no ramp from 0
+  np.testing.assert_allclose(curves.smooth(np.array([1.0, 2.0, 3.0]), 0.0), [1.0, 2.0, 3.0])
+  np.testing.assert_allclose(curves.smooth(np.full(5, 4.0), 0.9), np.full(5, 4.0))  # debiased: no ramp from 0
   # w = 0.5: 0.5 / 0.5 = 1; nan carries 1; (0.25 + 1.5) / 0.75.
-  np.testing.assert_allclose(plot.smooth(np.array([1.0, np.nan, 3.0]), 0.5), [1.0, 1.0, 1.75 / 0.75])
+  np.testing.assert_allclose(curves.smooth(np.array([1.0, np.nan, 3.0]), 0.5), [1.0, 1.0, 1.75 / 0.75])
 
 
 # Parameter and FLOP summary.
 
 @pytest.mark.parametrize("name", ["tupe_r", "convbert"])
 def test_summary_counts_equal_parameter_trees(name):
-  cfg = pretrain.get_config(f"{name},tiny")
+  cfg = pretrain_config.get_config(f"{name},tiny")
   row = summary.summarize(cfg)
   module = objectives.build_model(cfg)
   shapes = jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), *objectives.init_inputs(1, 8, 2))["params"])
@@ -287,7 +292,7 @@ def test_summary_counts_equal_parameter_trees(name):
     assert row["conv heads"] == layers * conv
     assert row["generator"] > 0 and row["positional"] == 128 * cfg.model.embedding_size
   generator = models.generator_config(cfg.model, cfg.generator_fraction) if name == "convbert" else None
-  assert row["train_flops"] == flops.train_step_flops(cfg.model, cfg.seq_len, 1, trainer.num_predictions(cfg),
+  assert row["train_flops"] == flops.train_step_flops(cfg.model, cfg.seq_len, 1, pretrain.num_predictions(cfg),
                                                       generator) / cfg.seq_len
 
 
@@ -300,9 +305,9 @@ def test_summary_command(tmp_path, capsys):
   lines = [line for line in table.splitlines() if line.startswith("| ")]
   assert len(lines) == 3 and lines[1].startswith("| bert_a,tiny |") and lines[2].startswith("| tupe_a,tiny |")
   total = int(lines[1].split("|")[10].strip().replace(",", ""))
-  assert total == summary.summarize(pretrain.get_config("bert_a,tiny"))["total"]
+  assert total == summary.summarize(pretrain_config.get_config("bert_a,tiny"))["total"]
   with pytest.raises(UserError, match="No such file or directory: 'configs/missing.py'"):
-    cli.load_config("configs/missing.py:tupe_a,tiny")
+    config_files.load_config("configs/missing.py:tupe_a,tiny")
 
 
 @pytest.mark.parametrize("heads", [2, 12])

@@ -10,13 +10,14 @@ import jax
 import numpy as np
 import pytest
 
-from configs import pretrain
+from configs import pretrain as pretrain_config
 from tupe import errors
-from tupe import logs
-from tupe import objectives
-from tupe import sweep
-from tupe import trainer
 from tupe.data import pipeline
+from tupe.run import process
+from tupe.store import runlog
+from tupe.study import sweep
+from tupe.train import objectives
+from tupe.train import pretrain
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -35,7 +36,7 @@ def test_demo_mlm_loss_falls(tmp_path):
   out = proc.stdout
   assert "tokens/s" in out and "MFU" in out and "ETA" in out and "memory per device" in out
   assert re.search(r"step 20/40 .*learning_rate [1-9]\.\d{3}e-0\d \|", out), out  # not 0.0000 for rates < 5e-5
-  records = [r for r in logs.read_metrics(tmp_path) if "loss" in r]
+  records = [r for r in runlog.read_metrics(tmp_path) if "loss" in r]
   losses = [r["loss"] for r in records]
   assert len(losses) == 40 and np.all(np.isfinite(losses))
   assert np.mean(losses[-5:]) < losses[0] - 2.0, losses
@@ -45,7 +46,7 @@ def test_demo_mlm_loss_falls(tmp_path):
   assert "not padding) MFU" in out
   rates = [r["steps_per_s"] for r in records]  # The step before an evaluation is timed without it.
   assert max(rates) < 3 * np.median(rates), rates
-  evals = [r for r in logs.read_metrics(tmp_path) if "eval_loss" in r]
+  evals = [r for r in runlog.read_metrics(tmp_path) if "eval_loss" in r]
   assert evals and evals[-1]["eval_loss"] < losses[0] - 1.0
   config = json.loads((tmp_path / "config.json").read_text())
   assert config["model"]["vocab_size"] > 1000 and config["data"]["source"] == "demo"
@@ -54,7 +55,7 @@ def test_demo_mlm_loss_falls(tmp_path):
 
 
 def tiny(model):
-  cfg = pretrain.get_config(f"{model},tiny")
+  cfg = pretrain_config.get_config(f"{model},tiny")
   cfg.model.update(hidden_size=32, intermediate_size=64, num_layers=1, vocab_size=0)
   cfg.model.embedding_size = 16 if model == "convbert" else 32
   cfg.data.source = "synthetic"
@@ -67,7 +68,7 @@ def tiny(model):
 def test_electra_objective_trains(tmp_path):
   cfg = tiny("convbert")
   assert cfg.objective == "electra" and cfg.data.masking == "electra"
-  last = trainer.train(cfg, str(tmp_path))
+  last = pretrain.train(cfg, str(tmp_path))
   for key in ("loss", "mlm_loss", "disc_loss", "disc_accuracy", "disc_auc", "replaced_fraction", "grad_norm"):
     assert np.isfinite(last[key]), key
   assert 0.0 <= last["disc_auc"] <= 1.0
@@ -86,8 +87,8 @@ def test_sweep_prints_and_runs(tmp_path, capsys):
   printed = capsys.readouterr().out.strip().splitlines()
   assert len(printed) == 2 and printed[0].endswith("--config.seed=0 --config.model.vocab_size=0")
   # A --verbose after "--" belongs to the runs' commands, not to the sweep.
-  errors.run_main(sweep.main, ["sweep", "--config", "configs/pretrain.py:tupe_a,tiny", "--root", str(tmp_path),
-                               "--grid", "seed=0", "--print", "--", "--config.model.vocab_size=0", "--verbose"])
+  process.run_main(sweep.main, ["sweep", "--config", "configs/pretrain.py:tupe_a,tiny", "--root", str(tmp_path),
+                                "--grid", "seed=0", "--print", "--", "--config.model.vocab_size=0", "--verbose"])
   assert capsys.readouterr().out.strip().endswith("--verbose")
   # Every run's overrides are checked before anything is printed or run.
   with pytest.raises(errors.UserError, match="--config.optimizer.learning_rat: the config has no field"):
@@ -117,11 +118,11 @@ def test_eval_metrics_are_means_over_all_eval_predictions():
   cfg.data.source = "demo"
   cfg.update(global_batch_size=2, eval_batches=4)  # few rows per batch: prediction counts that differ
   data = pipeline.PretrainData(cfg.data, seq_len=cfg.seq_len, split="eval")
-  trainer.resolve_vocab_size(cfg, data.info.vocab_size)
-  setup = trainer.build(cfg, devices=jax.devices()[:1])
+  pretrain.resolve_vocab_size(cfg, data.info.vocab_size)
+  setup = pretrain.build(cfg, devices=jax.devices()[:1])
   # Larger weights than at initialization, so that the loss differs from position to position.
   params = jax.tree_util.tree_map(lambda x: 8.0 * x, setup.init_state().params)
-  evaluator = trainer.Evaluator(setup, data, rows=(0, 2))
+  evaluator = pretrain.Evaluator(setup, data, rows=(0, 2))
   batches = [jax.device_get(b) for b in evaluator.batches()]
   counts = [b["masked_weights"].sum() for b in batches]
   assert len(set(counts)) > 1, counts  # else both means agree and this test could not fail

@@ -8,9 +8,9 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import numpy_reference as ref
 import pytest
 
-import numpy_reference as ref
 from tupe import models
 from tupe.models import position
 

@@ -10,11 +10,19 @@ import signal
 import time
 
 import pytest
+from test_multihost import assert_one_line_naming
+from test_multihost import kill_one_host
+from test_resume import STEPS
+from test_resume import Run
+from test_resume import assert_same_state
+from test_resume import check_logged
+from test_resume import checkpoint_state
+from test_resume import finished_steps
+from test_resume import metric_records
+from test_resume import partial_checkpoints
+from test_resume import reference_run
 
-from tupe import supervise
-from test_multihost import assert_one_line_naming, kill_one_host
-from test_resume import (STEPS, Run, assert_same_state, check_logged, checkpoint_state, finished_steps,
-                         metric_records, partial_checkpoints, reference_run)
+from tupe.run import supervise
 
 MODES = ("sigkill", "sigkill_while_saving", "sigterm")
 

@@ -1,1 +1,2 @@
-"""Input pipelines: tokenization, corpora, packing, masking, GLUE."""
+"""Pre-training data: corpora and their readers, WordPiece tokenization, packing, dynamic masking, preprocessed
+shards and the input pipeline. Imports `store`, never a layer above."""

@@ -15,12 +15,17 @@ from typing import Iterable, Iterator
 import numpy as np
 import tokenizers
 
-from tupe import storage
-from tupe.data import corpus, demo, readers, units
+from tupe.data import corpus
+from tupe.data import demo
+from tupe.data import readers
+from tupe.data import units
 from tupe.data.packing import Packer
 from tupe.data.report import Tally
-from tupe.data.tokenizer import TokenizerInfo, encode, load_tokenizer
+from tupe.data.tokenizer import TokenizerInfo
+from tupe.data.tokenizer import encode
+from tupe.data.tokenizer import load_tokenizer
 from tupe.errors import UserError
+from tupe.store import storage
 
 MAX_UNIT_BYTES = 64 << 20  # The default size of a unit of work: the input / TARGET_UNITS, within these bounds.
 MIN_UNIT_BYTES = 1 << 20

@@ -10,10 +10,11 @@ import math
 import re
 from typing import Iterable, Iterator, TypeVar
 
-from tupe import storage
-from tupe.data import gutenberg, readers
+from tupe.data import gutenberg
+from tupe.data import readers
 from tupe.data.report import Tally
 from tupe.errors import UserError
+from tupe.store import storage
 
 T = TypeVar("T")
 

@@ -14,12 +14,20 @@ import hashlib
 import numpy as np
 import tokenizers
 
-from tupe import storage
-from tupe.data import build, corpus, counter_rng, demo, parallel, report, shards
-from tupe.data.packing import ExampleSource, PackedExamples
+from tupe.data import build
+from tupe.data import corpus
+from tupe.data import counter_rng
+from tupe.data import demo
+from tupe.data import parallel
+from tupe.data import report
+from tupe.data import shards
+from tupe.data.packing import ExampleSource
+from tupe.data.packing import PackedExamples
 from tupe.data.report import Tally
-from tupe.data.tokenizer import TokenizerInfo, load_tokenizer
+from tupe.data.tokenizer import TokenizerInfo
+from tupe.data.tokenizer import load_tokenizer
 from tupe.errors import UserError
+from tupe.store import storage
 
 SOURCES = ("demo", "text", "tfds", "arrayrecord", "synthetic")
 SHARD_CACHES = ("auto", "always", "never")

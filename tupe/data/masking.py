@@ -17,8 +17,10 @@ import math
 
 import numpy as np
 
-from tupe.data import counter_rng, packing
-from tupe.data.tokenizer import TokenizerInfo, is_continuation
+from tupe.data import counter_rng
+from tupe.data import packing
+from tupe.data.tokenizer import TokenizerInfo
+from tupe.data.tokenizer import is_continuation
 
 MASKINGS = {"bert": (0.8, 0.1), "electra": (0.85, 0.0)}  # Share of selected tokens set to [MASK], to random.
 _SELECT, _REPLACE, _RANDOM_ID = range(3)  # Streams of random numbers.

@@ -11,9 +11,11 @@ import multiprocessing
 import os
 import time
 
-from tupe import storage
-from tupe.data import build, report, shards
+from tupe.data import build
+from tupe.data import report
+from tupe.data import shards
 from tupe.errors import UserError
+from tupe.store import storage
 
 _ONE_THREAD = {"RAYON_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 

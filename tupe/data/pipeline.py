@@ -18,13 +18,17 @@ batches as wanted from a fresh iterator.
 import signal
 import sys
 
+from absl import flags
 import grain
 import ml_collections
 import numpy as np
-from absl import flags
 
+from tupe.data import corpus
+from tupe.data import counter_rng
 from tupe.data import examples as examples_lib
-from tupe.data import corpus, counter_rng, masking, packing, readers
+from tupe.data import masking
+from tupe.data import packing
+from tupe.data import readers
 from tupe.data.tokenizer import TokenizerInfo
 from tupe.errors import UserError
 

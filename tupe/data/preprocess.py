@@ -19,9 +19,11 @@ data.files=the output folder.
 import argparse
 import time
 
-from tupe import storage
-from tupe.data import build, parallel, pipeline
-from tupe.errors import UserError, run_main
+from tupe.data import build
+from tupe.data import parallel
+from tupe.data import pipeline
+from tupe.errors import UserError
+from tupe.store import storage
 
 
 def _task(text: str) -> tuple[int, int]:
@@ -94,4 +96,5 @@ def preprocess(data_cfg, seq_len: int, output: storage.PathLike, workers: int = 
 
 
 if __name__ == "__main__":
-  run_main(main)
+  from tupe.run import process
+  process.run_main(main)

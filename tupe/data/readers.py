@@ -18,10 +18,10 @@ import json
 import re
 from typing import Iterator
 
-from tupe import storage
 from tupe.data import demo
 from tupe.data.report import Tally
 from tupe.errors import UserError
+from tupe.store import storage
 
 FORMATS = ("text", "lines", "jsonl", "parquet")
 UNDECODABLE = re.compile("[\udc80-\udcff]")  # What surrogateescape decodes bytes that are not UTF-8 to.

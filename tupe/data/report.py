@@ -58,9 +58,9 @@ def lines(tallies: dict[str, Tally]) -> list[str]:
   out = []
   for name, t in tallies.items():
     dropped = [f"{n:,} {what}" for n, what in ((t.empty_documents, "empty documents"),
-                                                (t.undecodable_bytes, "undecodable bytes (not UTF-8)"),
-                                                (t.bad_records, "records without the text field"),
-                                                (t.gutenberg_characters, "characters of Gutenberg licence"))
+                                               (t.undecodable_bytes, "undecodable bytes (not UTF-8)"),
+                                               (t.bad_records, "records without the text field"),
+                                               (t.gutenberg_characters, "characters of Gutenberg licence"))
                if n]
     out.append(f"input {name}: kept {t.documents:,} documents, {t.characters:,} characters, {t.tokens:,} tokens; "
                f"dropped {', '.join(dropped) if dropped else 'nothing'}")

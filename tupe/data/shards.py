@@ -14,15 +14,15 @@ import os
 import socket
 import tempfile
 
+from array_record.python.array_record_module import ArrayRecordWriter
 import grain
 import numpy as np
-from array_record.python.array_record_module import ArrayRecordWriter
 
-from tupe import storage
 from tupe.data import corpus
 from tupe.data.packing import ExampleSource
 from tupe.data.report import Tally
 from tupe.errors import UserError
+from tupe.store import storage
 
 FORMAT = "tupe-packed-examples-v3"  # v3: one shard per unit of work (v2: round-robin over --num-shards).
 METADATA = "metadata.json"

@@ -1,10 +1,6 @@
-"""WordPiece tokenization (BERT normalizer and pre-tokenizer) from a vocab file, and training a new vocab.
-
-Train a vocab on plain-text files (documents separated by blank lines, Project Gutenberg header/footer stripped):
-
-  python -m tupe.data.tokenizer --input 'corpus/*.txt' --vocab-size 30522 --output vocab.txt [--cased]
+"""WordPiece tokenization (BERT normalizer and pre-tokenizer) from a vocab file, and training a new vocab
+(`train_wordpiece`; on your text files: `python -m tupe.tools.vocab`).
 """
-import argparse
 import dataclasses
 import functools
 import os
@@ -12,11 +8,14 @@ from typing import Iterable
 
 import numpy as np
 import tokenizers
-from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import decoders
+from tokenizers import models
+from tokenizers import normalizers
+from tokenizers import pre_tokenizers
+from tokenizers import trainers
 
-from tupe import storage
-from tupe.data import units
-from tupe.errors import UserError, run_main
+from tupe.errors import UserError
+from tupe.store import storage
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
@@ -151,18 +150,10 @@ def train_wordpiece(texts: Iterable[str], vocab_size: int, output: str | os.Path
   return write_vocab(sorted(vocab, key=vocab.__getitem__), output)
 
 
-def main(argv: list[str]) -> None:
-  parser = argparse.ArgumentParser(prog="python -m tupe.data.tokenizer", description=__doc__.splitlines()[0])
-  parser.add_argument("--input", required=True, help="comma-separated globs of UTF-8 text files")
-  parser.add_argument("--vocab-size", type=int, default=30522)
-  parser.add_argument("--output", required=True, help="vocab.txt to write")
-  parser.add_argument("--cased", action="store_true", help="keep case and accents (default: uncased)")
-  args = parser.parse_args(argv[1:])
-  source = dict(format="text", documents="paragraphs", files=args.input)
-  path = train_wordpiece(units.all_documents(source, units.plan_inputs(source)), args.vocab_size, args.output,
-                         lowercase=not args.cased)
-  print(f"wrote {path} ({len(read_vocab(path))} tokens)")
+if __name__ == "__main__":  # The command of earlier releases, kept for one release.
+  import sys
 
-
-if __name__ == "__main__":
-  run_main(main)
+  from tupe.run import process
+  from tupe.tools import vocab as vocab_tool
+  print("note: python -m tupe.data.tokenizer is now python -m tupe.tools.vocab", file=sys.stderr)
+  process.run_main(vocab_tool.main)

@@ -10,10 +10,13 @@ import concurrent.futures
 import dataclasses
 from typing import Iterator
 
-from tupe import storage
-from tupe.data import corpus, demo, gutenberg, readers
+from tupe.data import corpus
+from tupe.data import demo
+from tupe.data import gutenberg
+from tupe.data import readers
 from tupe.data.report import Tally
 from tupe.errors import UserError
+from tupe.store import storage
 
 RECORD_BYTES = 4096  # What a TFDS or demo record counts for when units are cut (Wikipedia articles average ~3 KB).
 MAX_UNDECODABLE_SHARE = 0.001  # Of a file's first bytes: more is a file in another encoding, refused.

@@ -12,8 +12,8 @@ from typing import Iterable
 
 from tokenizers import pre_tokenizers
 
-from tupe import storage
 from tupe.data import tokenizer as tokenizer_lib
+from tupe.store import storage
 
 
 def word_counts(texts: Iterable[str], lowercase: bool) -> collections.Counter:

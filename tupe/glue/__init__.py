@@ -1,1 +1,2 @@
-"""GLUE evaluation: metrics, the papers' averages, result tables, plots and test-server submissions."""
+"""GLUE on top of `train`: tasks and their data, fine-tuning grids (the job runtime, the training core), metrics,
+the papers' averages, reports and test-server submissions."""

@@ -9,14 +9,14 @@ from typing import Any
 import jax
 import ml_collections
 
-from tupe import checkpoint as checkpoint_lib
-from tupe import hf
 from tupe import models
-from tupe import objectives
-from tupe import sharding
-from tupe import storage
 from tupe.data import tokenizer as tokenizer_lib
 from tupe.errors import UserError
+from tupe.hf import load
+from tupe.store import checkpoint as checkpoint_lib
+from tupe.store import storage
+from tupe.train import objectives
+from tupe.train import sharding
 
 
 @dataclasses.dataclass
@@ -83,7 +83,7 @@ def _checkpoint_backbone(cfg):
 
 
 def _hf_backbone(cfg):
-  model_cfg, params = hf.import_convbert(cfg.init_hf)
+  model_cfg, params = load.import_convbert(cfg.init_hf)
   source = f"HF ConvBERT {cfg.init_hf}"
   default_vocab = storage.path(cfg.init_hf) / "vocab.txt"
   tokens = _vocab_tokens(cfg.vocab_file or (str(default_vocab) if storage.is_file(default_vocab) else ""),

@@ -13,7 +13,6 @@ from tupe.errors import UserError
 from tupe.glue import encoding
 from tupe.glue import tasks as glue
 
-
 _HOW_TO_GET_GLUE = ("set --config.data_dir to the folder written by GLUE's download script "
                     "(download_glue_data.py, linked from gluebenchmark.com/tasks), or --config.tfds_data_dir to a "
                     "TFDS folder with glue/<task> prepared (`tfds build glue`)")

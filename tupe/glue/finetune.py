@@ -6,7 +6,7 @@ The flow (eval_glue.py calls `run`), one module of this package per concern:
      workdir; text cased or lowercased as the checkpoint was pre-trained; every selected task's data and
      schedule checked (`data`, GLUE TSVs or TFDS read by `tasks`) before the first run;
   2. per task with runs left: the encoded data (`encoding`) and a `model.TaskSetup`: the classifier and
-     optimizer with parameters and optimizer state in their mesh shardings (`tupe.training`, shared with
+     optimizer with parameters and optimizer state in their mesh shardings (`tupe.train.core`, shared with
      pre-training), and jitted init, train and eval steps, compiled once per task (the peak learning rate is an
      argument of the train step, so the grid reuses them);
   3. per (lr, seed) not yet in runs.jsonl (`runs`): a run (`loop`) with dev evaluations (twice per epoch,
@@ -32,22 +32,24 @@ import json
 import jax
 import ml_collections
 
-from tupe import compile_cache
-from tupe import errors
-from tupe import flops as flops_lib
-from tupe import lease
-from tupe import logs
+from tupe import console
 from tupe import models
-from tupe import sharding
-from tupe import storage
-from tupe import training
-from tupe.errors import Preempted, UserError
+from tupe import signals
+from tupe.errors import Preempted
+from tupe.errors import UserError
 from tupe.glue import backbone as backbone_lib
 from tupe.glue import data as glue_data
 from tupe.glue import loop
 from tupe.glue import model as task_model
 from tupe.glue import outputs
 from tupe.glue import runs as runs_lib
+from tupe.models import partitioning
+from tupe.store import storage
+from tupe.train import core
+from tupe.train import flops as flops_lib
+from tupe.train import job as job_lib
+from tupe.train import progress as progress_lib
+from tupe.train import sharding
 
 
 def check_config(cfg) -> None:
@@ -124,10 +126,6 @@ def check_splits(cfg, task) -> None:
 def run(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
   """Runs (or resumes) the grid in `workdir` (a local folder or a bucket URL); returns the content of
   results.json."""
-  workdir = storage.path(workdir)
-  compile_cache.enable(cfg.get("compilation_cache_dir", compile_cache.DEFAULT_DIR))
-  training.maybe_initialize_distributed(cfg)
-  training.check_workdir(workdir)
   check_config(cfg)
   tasks = glue_data.parse_tasks(cfg.tasks)
   if not tasks:
@@ -135,54 +133,36 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
   glue_data.parse_tasks(cfg.swap_pairs)
   cfg = cfg.copy_and_resolve_references()
   cfg.lowercase = backbone_lib.tokenizer_lowercase(cfg)  # Recorded in config.json: a workdir's runs share one setting.
-  created = not storage.exists(workdir)
-  training.make_workdir(workdir)
-  with lease.hold(workdir):  # Another job on this workdir: one line, nothing written.
-    return _run_held(cfg, workdir, tasks, created, devices)
-
-
-def _run_held(cfg, workdir, tasks, created: bool, devices) -> dict:
-  """`run`'s work once this job holds the workdir."""
-  with errors.signals_caught() as received:
-    stop = _Stop(received)
-    try:
-      runs_lib.check_resume(cfg, workdir)
-      jax.config.update("jax_default_prng_impl", cfg.prng_impl)
-      backbone = backbone_lib.load_backbone(cfg, workdir)
-      runs_lib.check_init(workdir, runs_lib.init_identity(backbone))
-      lrs = glue_data.learning_rates(cfg, backbone.cfg)
-      done = {(run["task"], run["lr"], run["seed"]) for run in runs_lib.read_runs(workdir)}
-      pending = {task.name: [(lr, seed) for lr in lrs for seed in cfg.seeds if (task.name, lr, seed) not in done]
-                 for task in tasks}
-      for task in (task for task in tasks if pending[task.name]):  # Fail on missing data or steps before any run.
-        try:
-          check_splits(cfg, task)
-        except UserError as e:
-          if " not found (GLUE " not in str(e):
-            raise
-          raise UserError(f"{e}; or fine-tune only the tasks you have: --config.tasks (now {cfg.tasks}), e.g. "
-                          f"--config.tasks=rte,mrpc") from e
-      mesh = sharding.make_mesh(cfg.mesh, devices)
-      dp = sharding.data_parallel_size(mesh)
-      for field in ("batch_size", "eval_batch_size"):
-        if cfg[field] % (dp * jax.process_count()):
-          raise UserError(f"{field}={cfg[field]} does not split over {dp} data-parallel devices and "
-                          f"{jax.process_count()} hosts: use a multiple of {dp * jax.process_count()}")
-      if cfg.batch_size % (dp * cfg.grad_accum_steps):
-        raise UserError(f"batch_size={cfg.batch_size} is not divisible by data-parallel size {dp} x "
-                        f"grad_accum_steps {cfg.grad_accum_steps}; pick a multiple of {dp * cfg.grad_accum_steps}")
-      rules = sharding.rules_from_config(cfg.sharding_rules)
-      logs.log(f"fine-tuning {backbone.source}: {backbone.cfg.name} ({backbone.cfg.size}), head {cfg.head}; mesh "
-               f"{dict(mesh.shape)} over {jax.device_count()} {jax.devices()[0].platform} devices; batch "
-               f"{cfg.batch_size} x {cfg.max_seq_len} tokens; lrs {', '.join(f'{lr:g}' for lr in lrs)} x seeds "
-               f"{', '.join(map(str, cfg.seeds))}; {len(done)} runs already in {workdir / 'runs.jsonl'}")
-      encoder = backbone_lib.encoder_params(backbone, mesh, rules)
-      if any(pending.values()):
-        stop.before_run(first=True)
-    except BaseException:  # Bad input, a signal, any failure before the first run: no workdir left behind.
-      if created:
-        storage.remove(workdir)
-      raise
+  with job_lib.Job(cfg, workdir) as job:  # Another job on this workdir: one line, nothing loaded or written.
+    workdir, stop = job.workdir, _Stop(job)
+    runs_lib.check_resume(cfg, workdir)
+    core.use_prng_impl(cfg.prng_impl)
+    backbone = backbone_lib.load_backbone(cfg, workdir)
+    runs_lib.check_init(workdir, runs_lib.init_identity(backbone))
+    lrs = glue_data.learning_rates(cfg, backbone.cfg)
+    done = {(run["task"], run["lr"], run["seed"]) for run in runs_lib.read_runs(workdir)}
+    pending = {task.name: [(lr, seed) for lr in lrs for seed in cfg.seeds if (task.name, lr, seed) not in done]
+               for task in tasks}
+    for task in (task for task in tasks if pending[task.name]):  # Fail on missing data or steps before any run.
+      try:
+        check_splits(cfg, task)
+      except UserError as e:
+        if " not found (GLUE " not in str(e):
+          raise
+        raise UserError(f"{e}; or fine-tune only the tasks you have: --config.tasks (now {cfg.tasks}), e.g. "
+                        f"--config.tasks=rte,mrpc") from e
+    mesh = sharding.make_mesh(cfg.mesh, devices)
+    sharding.check_batch_size("batch_size", cfg.batch_size, mesh, cfg.grad_accum_steps)
+    sharding.check_batch_size("eval_batch_size", cfg.eval_batch_size, mesh)
+    rules = partitioning.rules_from_config(cfg.sharding_rules)
+    console.log(f"fine-tuning {backbone.source}: {backbone.cfg.name} ({backbone.cfg.size}), head {cfg.head}; mesh "
+                f"{dict(mesh.shape)} over {jax.device_count()} {jax.devices()[0].platform} devices; batch "
+                f"{cfg.batch_size} x {cfg.max_seq_len} tokens; lrs {', '.join(f'{lr:g}' for lr in lrs)} x seeds "
+                f"{', '.join(map(str, cfg.seeds))}; {len(done)} runs already in {workdir / 'runs.jsonl'}")
+    encoder = backbone_lib.encoder_params(backbone, mesh, rules)
+    if any(pending.values()):
+      stop.before_run(first=True)
+    job.started()  # Bad input, a signal, any failure before here: no workdir left behind.
     _run_grid(cfg, workdir, tasks, pending, lrs, backbone, encoder, mesh, rules, stop)
   results = workdir / "results.json"
   return json.loads(storage.read_text(results)) if storage.exists(results) else {}
@@ -191,28 +171,28 @@ def _run_held(cfg, workdir, tasks, created: bool, devices) -> dict:
 class _Stop:
   """SIGTERM (preemption) and Ctrl-C during the grid: one line naming the run in flight, or saying that no run
   was (`Preempted`: exit 143 or 130), and a rerun resumes after the finished runs. The handler only records the
-  signal (`errors.signals_caught`); the grid acts on it at its safe points: after every training step
+  signal (`signals.caught`); the grid acts on it at its safe points: after every training step
   (`after_step`) and before every run (`before_run`). On several hosts every host stops at the same point, which
-  `training.agreed_signal` agrees on: a host that stopped alone would leave the others waiting in the next
+  `Job.stop_signal` agrees on: a host that stopped alone would leave the others waiting in the next
   step's collectives. A signal after the grid's last step lets the grid finish (the entry point then exits with
   the signal's status all the same)."""
 
-  def __init__(self, received: list[int]):
+  def __init__(self, job: job_lib.Job):
     self.label = None  # The run in flight; None between runs.
-    self.received = received
+    self.job = job
 
   def before_run(self, first: bool) -> None:
-    if signum := training.agreed_signal(self.received):
+    if signum := self.job.stop_signal():
       self.stop(signum, "before the first run" if first else "between runs")
 
   def after_step(self, step: int) -> None:
-    if signum := training.agreed_signal(self.received):
+    if signum := self.job.stop_signal():
       self.stop(signum, f"during {self.label} at step {step}" + (" on every host" if jax.process_count() > 1 else ""))
 
   def stop(self, signum: int, when: str):
     if self.label:
       when += ", which is not recorded"
-    raise Preempted(f"stopped by {errors.signal_name(signum)} {when}; rerun the same command to resume after the "
+    raise Preempted(f"stopped by {signals.name(signum)} {when}; rerun the same command to resume after the "
                     f"finished runs", signum)
 
 
@@ -222,17 +202,17 @@ def _run_grid(cfg, workdir, tasks, pending, lrs, backbone, encoder, mesh, rules,
   count = 0
   peak, peak_source = flops_lib.peak_flops_per_device(cfg.peak_flops) if total else (0.0, "")
   if total:
-    logs.log(f"MFU against {peak / 1e12:.2f} TFLOP/s per device ({peak_source}); each run's metrics in "
-             f"{workdir / 'runs'}/<task>_lr<lr>_seed<seed>/metrics.jsonl")
+    console.log(f"MFU against {peak / 1e12:.2f} TFLOP/s per device ({peak_source}); each run's metrics in "
+                f"{workdir / 'runs'}/<task>_lr<lr>_seed<seed>/metrics.jsonl")
   peak_flops = peak * mesh.devices.size
   for task in tasks:
     if not pending[task.name]:
-      logs.log(f"{task.name}: all {len(lrs) * len(cfg.seeds)} runs finished, skipped")
+      console.log(f"{task.name}: all {len(lrs) * len(cfg.seeds)} runs finished, skipped")
       continue
     data = glue_data.load_task_data(cfg, task, backbone.vocab_file, cfg.predict_test)
     setup = task_model.build_task(cfg, backbone, task, len(data.train["idx"]), mesh, rules)
-    logs.log(f"{task.name}: {len(data.train['idx'])} training examples, {setup.total_steps} steps "
-             f"({setup.steps_per_epoch} per epoch), dev {', '.join(ev.name for ev, _ in data.dev)}")
+    console.log(f"{task.name}: {len(data.train['idx'])} training examples, {setup.total_steps} steps "
+                f"({setup.steps_per_epoch} per epoch), dev {', '.join(ev.name for ev, _ in data.dev)}")
     for lr, seed in pending[task.name]:
       if count:
         stop.before_run(first=False)
@@ -251,10 +231,8 @@ def _run_grid(cfg, workdir, tasks, pending, lrs, backbone, encoder, mesh, rules,
       if record["train_loss_nonfinite_from_step"] and not record["diverged"]:
         outcome += (f" (warning: the training loss was non-finite from step {record['train_loss_nonfinite_from_step']}"
                     f"; the kept parameters are from step {record['best_step']}, before it)")
-      if record["nonfinite_steps"]:
-        outcome += (f"; {record['nonfinite_steps']} of {record['total_steps']} steps skipped (non-finite loss, "
-                    f"gradients or update)")
-      logs.log(f"{label} | finished in {logs.format_duration(record['seconds'])}: {outcome}")
+      outcome += progress_lib.skipped_summary(record["nonfinite_steps"], record["total_steps"])
+      console.log(f"{label} | finished in {console.format_duration(record['seconds'])}: {outcome}")
     outputs.write_outputs(cfg, workdir, backbone)
   if not total:
     outputs.write_outputs(cfg, workdir, backbone)

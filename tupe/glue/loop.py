@@ -1,6 +1,7 @@
 """One fine-tuning run: a (task, lr, seed) trained with dev evaluations, logged as pre-training logs."""
 from __future__ import annotations
 
+import fractions
 import math
 import time
 from typing import Callable
@@ -9,14 +10,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tupe import compile_cache
-from tupe import logs
-from tupe import sharding
-from tupe import storage
+from tupe import console
 from tupe.glue import data as glue_data
 from tupe.glue import encoding
 from tupe.glue import metrics as glue_metrics
 from tupe.glue import model as task_model
+from tupe.store import runlog
+from tupe.store import storage
+from tupe.train import compile_cache
+from tupe.train import job as job_lib
+from tupe.train import progress as progress_lib
+from tupe.train import sharding
 
 
 def epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
@@ -37,7 +41,7 @@ def finetune(cfg, setup: task_model.TaskSetup, data: glue_data.TaskData, encoder
   A step whose loss, gradients or update are not finite is skipped (the training core's guard: no update);
   the record's "nonfinite_steps" counts them.
 
-  Metrics go to run_dir/metrics.jsonl (and run_dir/tensorboard) through pre-training's `logs.StepLog`: every
+  Metrics go to run_dir/metrics.jsonl (and run_dir/tensorboard) through pre-training's `progress_lib.StepLog`: every
   step's loss, learning rate, gradient norm, nonfinite flag and epoch with its rates (steps/s, examples/s,
   tokens/s, MFU against `peak_flops` for all devices), a progress line every `log_every` steps, and each dev
   evaluation with an `eval_` prefix. An interrupted run starts again from step 0, so its directory is emptied
@@ -49,14 +53,19 @@ def finetune(cfg, setup: task_model.TaskSetup, data: glue_data.TaskData, encoder
     storage.makedirs(run_dir)
   state = setup.init_state(encoder, jax.random.PRNGKey(seed))
   train, n = data.train, len(data.train["idx"])
-  points, epochs = task_model.eval_points(setup, cfg.evals_per_epoch), setup.epochs
+  epochs, spe = setup.epochs, setup.steps_per_epoch
+  # Dev evaluations: evals_per_epoch evenly spaced per epoch, and always after the last step.
+  evals_every = fractions.Fraction(spe, cfg.evals_per_epoch) if cfg.evals_per_epoch else 0
   lr_array = jnp.asarray(lr, jnp.float32)
-  best, best_params, history, epoch_losses, nonfinite_step = None, None, [], [], None
-  progress = logs.Progress(setup.total_steps, cfg.batch_size * cfg.max_seq_len, setup.flops_per_step, peak_flops)
-  spe, step = setup.steps_per_epoch, 0
-  with logs.MetricWriter(run_dir, tensorboard=cfg.tensorboard) as writer:
-    steps = logs.StepLog(writer, progress, cfg.log_every, examples_per_step=cfg.batch_size,
-                         prefix=lambda s: f"{label} | epoch {math.ceil(s / spe)}/{epochs} ")
+  best, best_params, history, epoch_losses = None, None, [], []
+  progress = progress_lib.Progress(setup.total_steps, cfg.batch_size * cfg.max_seq_len, setup.flops_per_step,
+                                   peak_flops)
+  step = 0
+  nonfinite = progress_lib.NonFinite("skip")  # Counted, and said once the run has ended (`finetune`).
+  with runlog.MetricWriter(run_dir, tensorboard=cfg.tensorboard) as writer:
+    steps = progress_lib.StepLog(writer, progress, cfg.log_every, examples_per_step=cfg.batch_size,
+                                 prefix=lambda s: f"{label} | epoch {math.ceil(s / spe)}/{epochs} ",
+                                 nonfinite=nonfinite)
     for epoch in range(epochs):
       order = epoch_order(seed, epoch, n)
       losses = []
@@ -69,10 +78,10 @@ def finetune(cfg, setup: task_model.TaskSetup, data: glue_data.TaskData, encoder
         step += 1
         if step == 1:  # The rates leave out the compilation (or the load from the cache) of the task's first run.
           if watch.compiled:
-            logs.log(f"{label} | train step {watch.line()}")
+            console.log(f"{label} | train step {watch.line()}")
           progress.restart_clock()
         steps.push(step, dict(metrics, epoch=step / spe))
-        if step in points:
+        if job_lib.itstime(step, evals_every, setup.total_steps):
           steps.flush()
           score, results, dev_loss = task_model.evaluate(setup, state.params, data, cfg)
           history.append({"step": step, "epoch": round(step / setup.steps_per_epoch, 3), "score": score,
@@ -84,15 +93,13 @@ def finetune(cfg, setup: task_model.TaskSetup, data: glue_data.TaskData, encoder
             best = dict(history[-1], metrics=results)
             best_params = jax.tree_util.tree_map(lambda x: x.copy(), state.params)
           shown = ", ".join(f"{name} {m['score']:.2f}" for name, m in results.items())
-          logs.log(f"{label} | dev at step {step} (epoch {history[-1]['epoch']:g}): {shown}, loss {dev_loss:.4f} "
-                   f"| best {best['score']:.2f} at step {best['step']}")
+          console.log(f"{label} | dev at step {step} (epoch {history[-1]['epoch']:g}): {shown}, loss {dev_loss:.4f} "
+                      f"| best {best['score']:.2f} at step {best['step']}")
           jax.block_until_ready(state)  # The rates restart after the evaluation, from this step.
           progress.restart_clock()
         after_step(step)
       epoch_loss = np.asarray(jax.device_get(losses))
       epoch_losses.append(float(epoch_loss.mean()))
-      if nonfinite_step is None and not np.isfinite(epoch_loss).all():
-        nonfinite_step = epoch * setup.steps_per_epoch + int(np.argmin(np.isfinite(epoch_loss))) + 1
     steps.flush()
   diverged = not math.isfinite(best["score"])
   predictions = {}
@@ -102,8 +109,8 @@ def finetune(cfg, setup: task_model.TaskSetup, data: glue_data.TaskData, encoder
   record = {"task": data.task.name, "lr": lr, "seed": seed, "score": best["score"], "diverged": diverged,
             "evaluations": best["metrics"],
             "best_step": best["step"], "total_steps": setup.total_steps, "epochs": epochs,
-            "train_examples": n, "train_loss": epoch_losses, "train_loss_nonfinite_from_step": nonfinite_step,
-            "nonfinite_steps": steps.skipped,
+            "train_examples": n, "train_loss": epoch_losses,
+            "train_loss_nonfinite_from_step": nonfinite.first_nonfinite_loss, "nonfinite_steps": nonfinite.skipped,
             "dev_history": history,
             "seconds": round(time.perf_counter() - start, 1)}
   return record, predictions

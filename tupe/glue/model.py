@@ -1,5 +1,5 @@
 """A task's model: the classifier on the backbone, trained by the training core that pre-training uses
-(`tupe.training.build_core`: state, optimizer, shardings, the train step with gradient accumulation and the
+(`tupe.train.core.build_core`: state, optimizer, shardings, the train step with gradient accumulation and the
 non-finite guard) for the task's objective (classification or regression, `task_objective`), and its jitted eval
 step (`build_task`, once per task; the peak learning rate is an argument of the train step, so every (lr, seed)
 run of the task reuses them); dev scoring (`evaluate`) and predictions.
@@ -7,7 +7,6 @@ run of the task reuses them); dev scoring (`evaluate`) and predictions.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 import jax
@@ -16,19 +15,19 @@ import ml_collections
 import numpy as np
 import optax
 
-from tupe import flops as flops_lib
 from tupe import models
-from tupe import sharding
-from tupe import training
 from tupe.glue import backbone as backbone_lib
 from tupe.glue import data as glue_data
 from tupe.glue import encoding
 from tupe.glue import metrics as glue_metrics
 from tupe.glue import tasks as glue
+from tupe.train import core
+from tupe.train import flops as flops_lib
+from tupe.train import sharding
 
 
 @dataclasses.dataclass
-class TaskSetup(training.Core):
+class TaskSetup(core.Core):
   """One task's training core (train_step: (state, batch, peak lr) -> (state, metrics)) and what the
   fine-tuning loop adds; shared by all (lr, seed) runs of the task."""
   epochs: int
@@ -46,7 +45,7 @@ def per_example_loss(logits: jax.Array, labels: jax.Array) -> jax.Array:
   return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
 
 
-def task_objective(module) -> training.Objective:
+def task_objective(module) -> core.Objective:
   """The mean loss over a batch's labelled rows (`per_example_loss` weighted by `weights`, 0 on padding rows)."""
 
   def loss(params, batch, rng, denoms):
@@ -54,7 +53,7 @@ def task_objective(module) -> training.Objective:
     mean = total / denoms["examples"]
     return mean, {"loss": mean}
 
-  return training.Objective(loss=loss, normalizers=lambda batch: {
+  return core.Objective(loss=loss, normalizers=lambda batch: {
       "examples": jnp.maximum(batch["weights"].astype(jnp.float32).sum(), 1.0)})
 
 
@@ -66,7 +65,7 @@ def loss_sum(module, params, batch, deterministic: bool, rng=None) -> tuple[jax.
 
 
 def build_task(cfg, backbone: backbone_lib.Backbone, task: glue.Task, num_train: int, mesh, rules) -> TaskSetup:
-  """The classifier trained by the shared core (`tupe.training.build_core`), its optimizer's schedule peaking at
+  """The classifier trained by the shared core (`tupe.train.core.build_core`), its optimizer's schedule peaking at
   1 (the run's learning rate scales each update in the step), and its eval step."""
   module = models.Classifier(backbone.cfg, task.num_labels, cfg.head)
   ids = jnp.zeros((1, min(8, cfg.max_seq_len)), jnp.int32)
@@ -75,14 +74,14 @@ def build_task(cfg, backbone: backbone_lib.Backbone, task: glue.Task, num_train:
   # the update by its run's learning rate, so all learning rates share one compiled step.
   opt_cfg = ml_collections.ConfigDict(dict(cfg.optimizer.to_dict(), learning_rate=1.0, end_learning_rate=0.0,
                                            warmup_steps=warmup))
-  core = training.build_core(module, (ids, jnp.ones_like(ids), jnp.zeros_like(ids)), task_objective(module),
-                             opt_cfg, total, mesh, rules, accum=cfg.grad_accum_steps,
-                             num_layers=backbone.cfg.num_layers, peak_lr_argument=True)
+  built = core.build_core(module, (ids, jnp.ones_like(ids), jnp.zeros_like(ids)), task_objective(module),
+                          opt_cfg, total, mesh, rules, prng_impl=cfg.prng_impl, accum=cfg.grad_accum_steps,
+                          num_layers=backbone.cfg.num_layers, peak_lr_argument=True)
 
   def init_state(encoder_params, key):
     """The run's state at step 0: the head from `key`, the encoder's given parameters (None: from `key` too)."""
     encoder = None if encoder_params is None else {"encoder": encoder_params}
-    return core.make_state(key, jax.random.fold_in(key, 1), encoder)
+    return built.make_state(key, jax.random.fold_in(key, 1), encoder)
 
   def eval_step(params, batch):
     total, logits = loss_sum(module, params, batch, True)
@@ -90,10 +89,10 @@ def build_task(cfg, backbone: backbone_lib.Backbone, task: glue.Task, num_train:
 
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   return TaskSetup(
-      **vars(core), epochs=cfg.epochs[glue_data.task_key(task)], steps_per_epoch=steps_per_epoch,
+      **vars(built), epochs=cfg.epochs[glue_data.task_key(task)], steps_per_epoch=steps_per_epoch,
       total_steps=total, init_state=init_state,
       eval_step=jax.jit(sharding.under_rules(eval_step, mesh, rules),
-                        in_shardings=(core.param_sharding, core.batch_sharding), out_shardings=replicated),
+                        in_shardings=(built.param_sharding, built.batch_sharding), out_shardings=replicated),
       # Forward and backward (3x) through the encoder; the classifier head's FLOPs are negligible.
       flops_per_step=3.0 * cfg.batch_size * flops_lib.encoder_forward_flops(backbone.cfg, cfg.max_seq_len))
 
@@ -126,11 +125,3 @@ def evaluate(setup: TaskSetup, params, data: glue_data.TaskData, cfg) -> tuple[f
     results[ev.name] = glue_metrics.task_metrics(ev.name, values, arrays["labels"])
     losses.append(loss)
   return float(np.mean([m["score"] for m in results.values()])), results, float(np.mean(losses))
-
-
-def eval_points(setup: TaskSetup, evals_per_epoch: int) -> set[int]:
-  """Steps after which dev is evaluated: evals_per_epoch evenly spaced per epoch, and always the last step."""
-  spe = setup.steps_per_epoch
-  points = {math.ceil(spe * (e + j / evals_per_epoch)) for e in range(setup.epochs)
-            for j in range(1, evals_per_epoch + 1)} if evals_per_epoch else set()
-  return {p for p in points if p > 0} | {setup.total_steps}

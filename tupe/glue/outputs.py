@@ -6,15 +6,14 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from tupe import logs
-from tupe import storage
+from tupe import console
 from tupe.glue import backbone as backbone_lib
 from tupe.glue import data as glue_data
 from tupe.glue import metrics as glue_metrics
 from tupe.glue import report
 from tupe.glue import runs as runs_lib
 from tupe.glue import tasks as glue
-
+from tupe.store import storage
 
 # TUPE paper, GLUE dev, BERT-base size after 1M pre-training steps, in the order of TUPE_AVERAGE_TASKS.
 PAPER_DEV = {
@@ -79,5 +78,5 @@ def write_outputs(cfg, workdir: storage.Path, backbone: backbone_lib.Backbone) -
                               about={"init": runs_lib.init_identity(backbone)})
   predictions = submission_predictions(workdir, runs)
   files = report.write_submission(workdir / "submission", predictions) if predictions else []
-  logs.log(f"wrote {', '.join(str(p) for p in paths.values())}"
-           + (f"; GLUE server files in {workdir / 'submission'} ({submission_note(runs, files)})" if files else ""))
+  console.log(f"wrote {', '.join(str(p) for p in paths.values())}"
+              + (f"; GLUE server files in {workdir / 'submission'} ({submission_note(runs, files)})" if files else ""))

@@ -20,10 +20,10 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
-from tupe import storage
-from tupe.glue import tasks as glue
 from tupe.errors import UserError
 from tupe.glue import metrics as glue_metrics
+from tupe.glue import tasks as glue
+from tupe.store import storage
 
 
 @dataclasses.dataclass(frozen=True)

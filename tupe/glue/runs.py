@@ -10,13 +10,12 @@ import json
 import jax
 import numpy as np
 
-from tupe import checkpoint as checkpoint_lib
-from tupe import jsonlog
-from tupe import storage
 from tupe.errors import UserError
 from tupe.glue import metrics as glue_metrics
 from tupe.glue import report
-
+from tupe.store import checksums
+from tupe.store import jsonlog
+from tupe.store import storage
 
 # Fields that may change when a workdir is resumed: which runs to add, and how to run them.
 RESUMABLE_FIELDS = ("tasks", "learning_rates", "seeds", "data_dir", "tfds_data_dir", "predict_test", "plot_reference",
@@ -31,7 +30,7 @@ ADDED_FIELDS = {"grad_accum_steps": 1}
 
 
 def read_runs(workdir: storage.PathLike) -> list[dict]:
-  """The finished runs (runs.jsonl, `tupe.jsonlog`); NaN, which older versions wrote for diverged runs, read as
+  """The finished runs (runs.jsonl, `tupe.store.jsonlog`); NaN, which older versions wrote for diverged runs, read as
   null."""
   runs = [report.json_safe(run) for run in jsonlog.read(workdir, "runs")]
   return [dict(run, diverged=run["score"] is None) for run in runs]
@@ -85,7 +84,7 @@ def init_identity(backbone) -> dict | None:
   (step None). None for random initialization. Every runs.jsonl record and results.json carry it."""
   step_dir = backbone.checkpoint
   if step_dir is not None:
-    record = step_dir / checkpoint_lib.CHECKSUMS
+    record = step_dir / checksums.CHECKSUMS
     checksum = hashlib.sha256(storage.read_bytes(record)).hexdigest()[:16] if storage.exists(record) else None
     return {"checkpoint": str(step_dir), "step": int(step_dir.name) if step_dir.name.isdigit() else None,
             "checksum": checksum}

@@ -14,9 +14,8 @@ import dataclasses
 import math
 from typing import Mapping, NamedTuple, Sequence
 
-from tupe import storage
 from tupe.errors import UserError
-
+from tupe.store import storage
 
 _HOW_TO_GET_GLUE = ("get GLUE with the GLUE download script (download_glue_data.py, linked from "
                     "gluebenchmark.com/tasks) or read the task from TFDS (glue/<config>) instead")

@@ -17,10 +17,22 @@ import jax.numpy as jnp
 import numpy as np
 
 from tupe.errors import UserError
-from tupe.models.config import MODELS, SIZES, attention_heads, base_config, get_config, head_dim, validate
-from tupe.models.encoder import Encoder, EncoderStack, stack_layers, unstack_layers
+from tupe.models.config import MODELS
+from tupe.models.config import SIZES
+from tupe.models.config import attention_heads
+from tupe.models.config import base_config
+from tupe.models.config import get_config
+from tupe.models.config import head_dim
+from tupe.models.config import validate
+from tupe.models.encoder import Encoder
+from tupe.models.encoder import EncoderStack
+from tupe.models.encoder import stack_layers
+from tupe.models.encoder import unstack_layers
 from tupe.models.heads import CLASSIFIER_STYLES
-from tupe.models.tasks import Classifier, Electra, MaskedLM, gather_positions
+from tupe.models.tasks import Classifier
+from tupe.models.tasks import Electra
+from tupe.models.tasks import MaskedLM
+from tupe.models.tasks import gather_positions
 
 __all__ = [
     "MODELS", "SIZES", "CLASSIFIER_STYLES", "get_config", "base_config", "validate", "head_dim",

@@ -135,7 +135,7 @@ def check_length(cfg, length: int) -> None:
   """Raises UserError when a sequence is longer than the position tables."""
   if length > cfg.max_position_embeddings:
     raise UserError(f"sequence length {length} exceeds model.max_position_embeddings="
-                     f"{cfg.max_position_embeddings}; shorten the inputs or use a model with more positions")
+                    f"{cfg.max_position_embeddings}; shorten the inputs or use a model with more positions")
 
 
 def head_dim(cfg) -> int:

@@ -28,7 +28,7 @@ REMAT_POLICIES = {
 
 def constrain_activations(x: jax.Array) -> jax.Array:
   """x [batch, length, hidden] constrained to ACTIVATION_AXES under the logical-axis rules and mesh in context
-  (`tupe.sharding.activation_context`); unchanged without them."""
+  (`tupe.train.sharding.activation_context`); unchanged without them."""
   return nn.with_logical_constraint(x, ACTIVATION_AXES)
 
 
@@ -74,7 +74,7 @@ class Layer(nn.Module):
   @nn.compact
   def __call__(self, x, mask, positional, deterministic: bool, output_attentions: bool):
     x, probs = attention.AttentionBlock(self.cfg, name="attention")(x, mask, positional, deterministic,
-                                                                  output_attentions)
+                                                                    output_attentions)
     return layers.FeedForward(self.cfg, name="ffn")(x, deterministic), probs
 
 

@@ -1,51 +1,12 @@
-"""Command-line tools for trained models and runs, and the tables and figures they share.
+"""Command-line tools for trained models and runs, each `python -m tupe.tools.<name>`; the work itself lives in the
+layers below.
 
-  python -m tupe.tools.analyze   attention maps, diagonal concentration, TUPE's positional terms
-  python -m tupe.tools.export_hf a checkpoint as a HF transformers directory (weights, config, tokenizer)
-  python -m tupe.tools.glue_parity GLUE fine-tuning step for step against PyTorch + transformers on the export
-  python -m tupe.tools.evaluate  MLM (and ELECTRA discriminator) scores of a checkpoint on a text file, fixed masks
-  python -m tupe.tools.plot      training curves of one or more runs
-  python -m tupe.tools.summary   parameters per component and FLOPs per token of the named configs
+  analyze      attention maps, diagonal concentration, TUPE's positional terms
+  evaluate     MLM (and ELECTRA discriminator) scores of a checkpoint on a text file, fixed masks
+  export_hf    a checkpoint as a HF transformers directory (weights, config, tokenizer)
+  glue_budget  which GLUE budget lets pre-training show against random initialisation
+  glue_parity  GLUE fine-tuning step for step against PyTorch + transformers on the export
+  plot         training curves of one or more runs
+  summary      parameters per component and FLOPs per token of the named configs
+  vocab        a WordPiece vocab trained on your text files
 """
-from __future__ import annotations
-
-import csv
-import io
-from typing import Sequence
-
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-
-from tupe import storage
-
-
-def write_csv(path: storage.PathLike, header: Sequence[str], rows: Sequence[Sequence]) -> storage.Path:
-  """Writes a CSV file (local or in a bucket) with a header row; floats keep full precision (inf and nan as
-  `inf`, `nan`)."""
-  text = io.StringIO(newline="")
-  writer = csv.writer(text)
-  writer.writerow(header)
-  writer.writerows(rows)
-  storage.write_text(path, text.getvalue())
-  return storage.path(path)
-
-
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-  """A markdown table of already formatted cells, numbers right-aligned when every cell of a column is one."""
-  def numeric(cell: str) -> bool:
-    try:
-      float(cell.replace(",", ""))
-      return True
-    except ValueError:
-      return False
-  align = ["---:" if rows and all(numeric(row[i]) for row in rows) else "---" for i in range(len(header))]
-  lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
-  lines += ["| " + " | ".join(row) + " |" for row in rows]
-  return "\n".join(lines) + "\n"
-
-
-def new_figure(width: float, height: float, dpi: int = 110):
-  """A matplotlib Figure drawn with the Agg canvas (no display, no global pyplot state)."""
-  figure = Figure(figsize=(width, height), dpi=dpi)
-  FigureCanvasAgg(figure)
-  return figure

@@ -9,7 +9,7 @@ right-padded to the longest, so the maps share one length L. Written into --out:
   attention_mean_layer<l>.png      per layer, a grid of heads: the attention map averaged over the sentences,
                                    each entry over the sentences in which both tokens are real (gray: none);
   attention_sentence<i>_layer<l>.png  the same for sentence i alone, its tokens on the axes;
-  diagonal_concentration.{csv,md,png}  ConvBERT's C per layer and head (see tupe.analysis), pooled over the
+  diagonal_concentration.{csv,md,png}  ConvBERT's C per layer and head (see tupe.study.analysis), pooled over the
                                    sentences;
   positional_correlation.png       TUPE (position untied): the untied positional term of each head, [L, L];
   cls_values.csv                   under TUPE's [CLS] reset: theta1 ([CLS] -> others), theta2 (others -> [CLS])
@@ -20,27 +20,30 @@ Maps are those of the self-attention heads; ConvBERT's convolution heads have no
 from __future__ import annotations
 
 import argparse
+import csv
+import io
 import math
 import tempfile
 import textwrap
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 import matplotlib
+from matplotlib import patheffects
 import matplotlib.ticker
 import numpy as np
-from matplotlib import patheffects
 
-from tupe import compile_cache
-from tupe import analysis
-from tupe import checkpoint
-from tupe import hf
 from tupe import models
-from tupe import objectives
-from tupe import storage
-from tupe import tools
+from tupe import present
 from tupe.data import tokenizer as tokenizer_lib
-from tupe.errors import UserError, run_main
+from tupe.errors import UserError
+from tupe.hf import load
+from tupe.store import checkpoint
+from tupe.store import storage
+from tupe.study import analysis
+from tupe.train import compile_cache
+from tupe.train import objectives
 
 DEFAULT_MAX_LEN = 128
 MAX_BATCH = 8
@@ -126,7 +129,7 @@ def head_grid(maps: np.ndarray, title: str, head_titles: list[str], tokens: list
   width = cols * (panel + 0.9)
   title = textwrap.fill(title, max(30, int(width * 11)))  # ~11 characters of an 11-point title per inch
   title_lines = title.count("\n") + 1
-  figure = tools.new_figure(width, rows * panel + 0.5 + 0.25 * title_lines)
+  figure = present.new_figure(width, rows * panel + 0.5 + 0.25 * title_lines)
   figure.suptitle(title, fontsize=11)
   grid = figure.subplots(rows, cols, squeeze=False)
   cmap = matplotlib.colormaps["RdBu_r" if signed else "viridis"].with_extremes(bad="lightgray")
@@ -158,7 +161,7 @@ def head_grid(maps: np.ndarray, title: str, head_titles: list[str], tokens: list
 def concentration_figure(concentration: np.ndarray, title: str):
   """Heatmap of log10 C [layers, heads], each cell labelled with C (inf: all mass near the diagonal)."""
   layers, heads = concentration.shape
-  figure = tools.new_figure(max(4.0, 1.2 * heads + 2.0), max(3.0, 0.6 * layers + 1.5))
+  figure = present.new_figure(max(4.0, 1.2 * heads + 2.0), max(3.0, 0.6 * layers + 1.5))
   axes = figure.subplots()
   with np.errstate(divide="ignore", invalid="ignore"):
     shown = np.ma.masked_invalid(np.log10(concentration))
@@ -177,7 +180,7 @@ def concentration_figure(concentration: np.ndarray, title: str):
 
 def relative_bias_figure(distances: np.ndarray, bias: np.ndarray, title: str):
   """One line per head: the relative bias against j - i."""
-  figure = tools.new_figure(8.0, 4.5)
+  figure = present.new_figure(8.0, 4.5)
   axes = figure.subplots()
   for h, values in enumerate(bias):
     axes.plot(distances, values, label=f"head {h}", linewidth=1.2)
@@ -189,6 +192,17 @@ def relative_bias_figure(distances: np.ndarray, bias: np.ndarray, title: str):
   axes.grid(alpha=0.3)
   figure.tight_layout()
   return figure
+
+
+def write_csv(path: storage.PathLike, header: Sequence[str], rows: Sequence[Sequence]) -> storage.Path:
+  """Writes a CSV file (local or in a bucket) with a header row; floats keep full precision (inf and nan as
+  `inf`, `nan`)."""
+  text = io.StringIO(newline="")
+  writer = csv.writer(text)
+  writer.writerow(header)
+  writer.writerows(rows)
+  storage.write_text(path, text.getvalue())
+  return storage.path(path)
 
 
 def _format_value(value: float) -> str:
@@ -203,7 +217,7 @@ def _save(figure, path: storage.Path, written: list[storage.Path]) -> None:
 def load_model(args, workspace: storage.Path):
   """(model config, Encoder params, tokenizer, tokenizer info, label) from the command-line arguments."""
   if args.hf_convbert:
-    cfg, params = hf.import_convbert(args.hf_convbert)
+    cfg, params = load.import_convbert(args.hf_convbert)
     vocab_file = args.vocab or storage.path(args.hf_convbert) / "vocab.txt"
     if not storage.is_file(vocab_file):
       raise UserError(f"{args.hf_convbert} has no vocab.txt: pass the model's vocab with --vocab")
@@ -261,10 +275,10 @@ def analyze(cfg, params, tokenizer, info, sentences: list[str], out: storage.Pat
     _save(figure, out / f"attention_sentence{index}_layer{layer:02d}.png", written)
 
   header = ["layer"] + [f"head_{h}" for h in range(heads)]
-  written.append(tools.write_csv(out / "diagonal_concentration.csv", header,
-                                 [[layer, *row] for layer, row in enumerate(concentration.tolist())]))
-  table = tools.markdown_table(header, [[str(layer)] + [_format_value(v) for v in row]
-                                        for layer, row in enumerate(concentration)])
+  written.append(write_csv(out / "diagonal_concentration.csv", header,
+                           [[layer, *row] for layer, row in enumerate(concentration.tolist())]))
+  table = present.markdown_table(header, [[str(layer)] + [_format_value(v) for v in row]
+                                          for layer, row in enumerate(concentration)])
   storage.write_text(
       out / "diagonal_concentration.md",
       f"Diagonal concentration C of {label} ({kind}), pooled over {len(sentences)} sentences: attention mass with "
@@ -283,12 +297,12 @@ def analyze(cfg, params, tokenizer, info, sentences: list[str], out: storage.Pat
     _save(figure, out / "positional_correlation.png", written)
   if cfg.cls_reset:
     values = analysis.cls_values(cfg, stack)
-    written.append(tools.write_csv(out / "cls_values.csv", ["head", *values],
-                                   [[h, *(float(v[h]) for v in values.values())] for h in range(heads)]))
+    written.append(write_csv(out / "cls_values.csv", ["head", *values],
+                             [[h, *(float(v[h]) for v in values.values())] for h in range(heads)]))
   if cfg.relative_bias:
     distances, bias = analysis.relative_bias_by_distance(cfg, stack, 2 * cfg.max_distance)
-    written.append(tools.write_csv(out / "relative_bias.csv", ["distance"] + header[1:],
-                                   [[int(d), *column] for d, column in zip(distances, bias.T.tolist())]))
+    written.append(write_csv(out / "relative_bias.csv", ["distance"] + header[1:],
+                             [[int(d), *column] for d, column in zip(distances, bias.T.tolist())]))
     _save(relative_bias_figure(distances, bias, f"{label}: relative bias b(j - i), shared by all layers"),
           out / "relative_bias.png", written)
   print(table, end="")
@@ -309,7 +323,7 @@ def main(argv: list[str]) -> None:
   parser.add_argument("--max-len", type=int, help="tokens per sentence incl. [CLS] and [SEP] (default: 128, or "
                       "the model's positions if fewer)")
   args = parser.parse_args(argv[1:])
-  compile_cache.enable()  # the per-user cache (tupe.compile_cache)
+  compile_cache.enable()  # the per-user cache (tupe.train.compile_cache)
   if args.max_sentences < 1:
     raise UserError(f"--max-sentences {args.max_sentences}: use at least 1")
   sentences = read_sentences(args.text_file, args.max_sentences)
@@ -322,4 +336,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  run_main(main)
+  from tupe.run import process
+  process.run_main(main)

@@ -6,7 +6,7 @@
 The text is packed as the checkpoint was pre-trained (its seq_len, packing, masking and vocab, the file as one
 document, sentences split to fill every example) and masked with masks drawn from --seed and each example's
 index alone, so two checkpoints with the same settings are scored on identical masks. The metrics are those of
-the training loop's evaluation (`tupe.trainer.Evaluator`, dropout off): mlm_loss and mlm_accuracy over all
+the training loop's evaluation (`tupe.train.pretrain.Evaluator`, dropout off): mlm_loss and mlm_accuracy over all
 predicted tokens (ELECTRA: the generator's), and for ELECTRA also the discriminator's disc_loss and
 disc_accuracy over all tokens and disc_auc (mean over batches). The examples are scored in batches of B; the
 last, partial batch is left out (at most B - 1 examples). predicted_tokens counts the masked positions scored.
@@ -15,75 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
 
-import jax
-import ml_collections
-import numpy as np
-
-from tupe import checkpoint
-from tupe import compile_cache
-from tupe import storage
-from tupe import trainer
-from tupe.data import pipeline
-from tupe.data import tokenizer as tokenizer_lib
-from tupe.errors import UserError, run_main
-
-METRICS = ("mlm_loss", "mlm_accuracy", "disc_loss", "disc_accuracy", "disc_auc")
-
-
-class _FixedBatches:
-  """The `PretrainData` interface `trainer.Evaluator` reads: batches 0, 1, ... of examples in index order."""
-
-  def __init__(self, data: pipeline.PretrainData, batch_size: int, seed: int):
-    self.data, self.batch_size, self.seed = data, batch_size, seed
-
-  def iterator(self, **_):
-    for start in range(0, len(self.data) - self.batch_size + 1, self.batch_size):
-      yield self.data.batch(np.arange(start, start + self.batch_size), self.seed)
-
-
-def evaluate(checkpoint_path: str, text_file: str, seed: int = 0, max_examples: int = 0,
-             batch_size: int = 32) -> dict:
-  """The scores of the newest finished checkpoint under `checkpoint_path` on `text_file` (see the module doc).
-
-  Raises:
-    UserError: no checkpoint, a missing or empty text file, or fewer examples than one batch.
-  """
-  if batch_size < 1 or max_examples < 0:
-    raise UserError(f"--batch-size {batch_size} / --max-examples {max_examples}: use a batch of 1 or more and 0 "
-                    f"(all) or more examples")
-  if max_examples and max_examples < batch_size:
-    raise UserError(f"--max-examples {max_examples} is fewer than one batch of {batch_size} (--batch-size): give "
-                    f"--max-examples {batch_size} or more, or a smaller --batch-size")
-  if not storage.is_file(text_file):
-    raise UserError(f"--text-file {text_file} does not exist: give a UTF-8 text file")
-  step_dir = checkpoint.latest_step_dir(checkpoint_path)
-  meta, params = checkpoint.load_params(step_dir)
-  cfg = ml_collections.ConfigDict(meta.config)
-  if not meta.vocab:
-    raise UserError(f"{step_dir} holds no vocab (pre-trained on synthetic data): it cannot read text")
-  with tempfile.TemporaryDirectory() as tmp:
-    vocab_file = tokenizer_lib.write_vocab(meta.vocab, storage.path(tmp) / "vocab.txt")
-    data_cfg = ml_collections.ConfigDict(cfg.data.to_dict())
-    data_cfg.update(source="text", files=str(text_file), vocab_file=str(vocab_file), documents="files",
-                    fill_examples=True, eval_fraction=0.0, num_workers=0)
-    data = pipeline.PretrainData(data_cfg, seq_len=cfg.seq_len, split="train")
-  examples = min(len(data), max_examples) if max_examples else len(data)
-  batches = examples // batch_size
-  if not batches:
-    raise UserError(f"{text_file} gives {len(data)} examples of {cfg.seq_len} tokens, fewer than one batch of "
-                    f"{batch_size}: lower --batch-size or give more text")
-  cfg.update(global_batch_size=batch_size, grad_accum_steps=1, eval_batches=batches)
-  cfg.mesh.update(data=1, fsdp=1, tensor=1)
-  setup = trainer.build(cfg, devices=jax.local_devices()[:1])
-  evaluator = trainer.Evaluator(setup, _FixedBatches(data, batch_size, seed), (0, batch_size))
-  scores = evaluator(params)
-  return {"checkpoint": str(step_dir), "step": int(step_dir.name), "model": cfg.model.name,
-          "objective": cfg.objective, "text_file": str(text_file), "seed": seed, "max_examples": max_examples,
-          "examples": batches * batch_size, "seq_len": cfg.seq_len,
-          "predicted_tokens": int(round(float(evaluator.denoms["predictions"]))),
-          **{key: float(scores[key]) for key in METRICS if key in scores}}
+from tupe.errors import UserError
+from tupe.store import storage
+from tupe.study.heldout import evaluate
+from tupe.study.heldout import write
+from tupe.train import compile_cache
 
 
 def main(argv: list[str]) -> None:
@@ -98,17 +35,13 @@ def main(argv: list[str]) -> None:
   args = parser.parse_args(argv[1:])
   if args.out and storage.is_dir(args.out):  # Found now, not after the scoring.
     raise UserError(f"--out {args.out} is a directory: give a file name, e.g. {storage.path(args.out) / 'eval.json'}")
-  compile_cache.enable()  # the per-user cache (tupe.compile_cache)
+  compile_cache.enable()  # the per-user cache (tupe.train.compile_cache)
   result = evaluate(args.checkpoint, args.text_file, args.seed, args.max_examples, args.batch_size)
   if args.out:
     write(result, args.out)
   print(json.dumps(result))
 
 
-def write(result: dict, path: storage.PathLike) -> None:
-  """Writes `result` as one JSON line to `path` (local or in a bucket), atomically (`storage.write_text`)."""
-  storage.write_text(path, json.dumps(result) + "\n")
-
-
 if __name__ == "__main__":
-  run_main(main)
+  from tupe.run import process
+  process.run_main(main)

@@ -2,7 +2,7 @@
 
   python -m tupe.tools.export_hf --checkpoint WORKDIR --out DIR
 
-What DIR holds (`tupe.hf_layout` has the mapping):
+What DIR holds (`tupe.hf.layout` has the mapping):
   BERT-A (MLM):        BertForMaskedLM;
   ConvBERT (MLM):      ConvBertForMaskedLM;
   ConvBERT (ELECTRA):  the discriminator as ConvBertModel, its head in discriminator_head.safetensors (the
@@ -20,121 +20,12 @@ A classifier fine-tuned here (`models.Classifier` params) exports with its head 
 from __future__ import annotations
 
 import argparse
-import pathlib
 import tempfile
 
-import ml_collections
-
-from tupe import checkpoint
-from tupe import hf_layout
-from tupe import models
-from tupe import storage
-from tupe.data import tokenizer as tokenizer_lib
-from tupe.errors import UserError, run_main
-
-
-def save_model(family: str, class_name: str, hf_config: dict, tensors: dict, directory: pathlib.Path) -> None:
-  """Writes `tensors` as HF model `class_name` of `family` with `save_pretrained` (config.json, safetensors),
-  after loading them into the class: a name the class does not have, or a parameter left out other than its
-  tied output embeddings, is an error."""
-  import torch
-  import transformers
-  if family == "tupe":
-    from tupe.hf_models import configuration_tupe, modeling_tupe
-    auto_map = {"AutoConfig": "configuration_tupe.TupeConfig",
-                **{auto: f"modeling_tupe.{cls.__name__}" for auto, cls in modeling_tupe.AUTO_CLASSES.items()}}
-    config = configuration_tupe.TupeConfig(**{k: v for k, v in hf_config.items() if k != "model_type"},
-                                           auto_map=auto_map)
-    model_cls = getattr(modeling_tupe, class_name)
-  else:
-    config = transformers.AutoConfig.for_model(**hf_config)
-    model_cls = getattr(transformers, class_name)
-  model = model_cls(config).eval()
-  missing, unexpected = model.load_state_dict({k: torch.tensor(v) for k, v in tensors.items()}, strict=False)
-  tied = set(hf_layout.TIED)  # named alike in transformers 4 and 5, whose _tied_weights_keys differ
-  if unexpected or set(missing) - tied:
-    raise RuntimeError(f"the mapping to {class_name} is incomplete: missing {sorted(set(missing) - tied)}, "
-                       f"unexpected {sorted(unexpected)}")
-  model.save_pretrained(directory)  # with configuration_tupe.py and modeling_tupe.py for the TUPE family
-
-
-def save_tokenizer(vocab: list[str], lowercase: bool, max_length: int, directory: pathlib.Path) -> None:
-  """The WordPiece tokenizer of `tupe.data.tokenizer` as HF's BertTokenizer: the same vocab (the first line wins
-  for a duplicated token; under transformers 4, which reads vocab.txt, the last), normalizer (lowercasing and
-  accent stripping as pre-trained) and pre-tokenizer."""
-  import transformers
-  if transformers.__version__.startswith("4."):  # its fast BertTokenizer takes a vocab file, not a dict
-    tokenizer_lib.write_vocab(vocab, directory / "vocab.txt")
-    tokenizer = transformers.BertTokenizerFast(vocab_file=str(directory / "vocab.txt"), do_lower_case=lowercase,
-                                               model_max_length=max_length)
-  else:
-    ids = {token: i for i, token in reversed(list(enumerate(vocab)))}
-    tokenizer = transformers.BertTokenizer(vocab=ids, do_lower_case=lowercase, model_max_length=max_length)
-  tokenizer.save_pretrained(directory)
-  tokenizer_lib.write_vocab(vocab, directory / "vocab.txt")  # as it was, whatever save_pretrained wrote
-
-
-def new_directory(out) -> pathlib.Path:
-  """`out` as a path; UserError unless it is new or an empty directory."""
-  out = pathlib.Path(out)
-  if out.exists() and (not out.is_dir() or any(out.iterdir())):
-    raise UserError(f"--out {out} exists and is not an empty directory; choose a new one")
-  return out
-
-
-def export(checkpoint_path, out) -> list[pathlib.Path]:
-  """Exports the newest checkpoint under `checkpoint_path` to `out`; returns the model directories written."""
-  out = new_directory(out)
-  meta, params = checkpoint.load_params(checkpoint_path)
-  config = meta.config
-  cfg, objective = ml_collections.ConfigDict(config["model"]), config["objective"]
-  family = hf_layout.family(cfg, objective)
-  flat = hf_layout.flat_params(params)
-  masked_lm, backbone = hf_layout.CLASSES[family]
-  if objective == "mlm":
-    keys = {"masked_lm": hf_layout.masked_lm_keys(cfg, family)}
-    parts = [(out, masked_lm, cfg, "masked_lm")]
-  else:
-    generator_cfg = models.generator_config(cfg, config["generator_fraction"])
-    keys = hf_layout.electra_keys(cfg, generator_cfg, family)
-    parts = [(out, backbone, cfg, "discriminator"),
-             (out / hf_layout.GENERATOR_DIR, masked_lm, generator_cfg, "generator")]
-  unmapped = sorted(set(flat) - {key.ours for part_keys in keys.values() for key in part_keys})
-  if unmapped:
-    raise UserError(f"the checkpoint has parameters that the export does not map ({', '.join(unmapped[:3])}); "
-                    "this model cannot be exported")
-  tensors = {part: hf_layout.export_tensors(flat, part_keys) for part, part_keys in keys.items()}
-  for directory, class_name, part_cfg, part in parts:
-    directory.mkdir(parents=True, exist_ok=True)
-    part_objective = objective if directory == out else "mlm"
-    save_model(family, class_name, hf_layout.hf_config(part_cfg, family, part_objective), tensors[part], directory)
-    if meta.vocab:
-      save_tokenizer(meta.vocab, config["data"]["lowercase"], cfg.max_position_embeddings, directory)
-  if "discriminator_head" in tensors:
-    import safetensors.numpy
-    safetensors.numpy.save_file(tensors["discriminator_head"], out / hf_layout.DISCRIMINATOR_HEAD_FILE,
-                                metadata={"format": "pt"})
-  if not meta.vocab:
-    print(f"note: the checkpoint has no vocab (pre-trained on synthetic data), so {out} has no tokenizer")
-  return [directory for directory, *_ in parts]
-
-
-def export_classifier(model_cfg, params, style: str, out, vocab: list[str] | None = None,
-                      lowercase: bool = True) -> pathlib.Path:
-  """Exports a fine-tuned `models.Classifier(model_cfg, num_labels, style)`'s params to `out` (new or empty) as
-  the family's sequence-classification class (`hf_layout.SEQUENCE_CLASSES`), with the tokenizer when `vocab`
-  is given; num_labels (1: regression) is the head's width. Returns `out`."""
-  out = new_directory(out)
-  family = hf_layout.family(model_cfg)
-  keys = hf_layout.classifier_keys(model_cfg, family, style)
-  flat = hf_layout.flat_params(params)
-  num_labels = flat["head/out/kernel"].shape[-1]
-  out.mkdir(parents=True, exist_ok=True)
-  hf_config = dict(hf_layout.hf_config(model_cfg, family, hf_layout.CLASSIFIER_OBJECTIVE), num_labels=num_labels)
-  save_model(family, hf_layout.SEQUENCE_CLASSES[family], hf_config, hf_layout.export_tensors(flat, keys), out)
-  if vocab:
-    save_tokenizer(vocab, lowercase, model_cfg.max_position_embeddings, out)
-  return out
+from tupe.errors import UserError
+from tupe.hf.export import export
+from tupe.store import checkpoint
+from tupe.store import storage
 
 
 def main(argv: list[str]) -> None:
@@ -166,4 +57,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  run_main(main)
+  from tupe.run import process
+  process.run_main(main)

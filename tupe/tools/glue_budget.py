@@ -11,7 +11,7 @@ is the study's own grid, so it reuses (or fills) DIR/<variant>/glue and DIR/rand
 writes DIR/glue_budget/<budget>/<variant|random_init>/glue. Rerunning resumes, as the study does.
 
 DIR/glue_budget/budget.json and budget.md hold, per budget: each task's median at its best learning rate for
-both, the gain over random initialisation with its seed range (`tupe.study_report.glue_gains`: the variant
+both, the gain over random initialisation with its seed range (`tupe.study.report.glue_gains`: the variant
 beats the control when its average's whole seed range is above 0), and the minutes each grid took (the sum of
 its runs' seconds). The chosen budget is the first (cheapest) whose variant beats the control with a grid of at
 most --max-grid-minutes; when none does, the report says so and the study keeps its recipe.
@@ -21,30 +21,30 @@ from __future__ import annotations
 import argparse
 import json
 
-from tupe import compile_cache
-from tupe import logs
-from tupe import storage
-from tupe import study
-from tupe import study_report
-from tupe.errors import UserError, run_main
+from tupe import console
+from tupe.errors import UserError
 from tupe.glue import runs as runs_lib
+from tupe.store import storage
+from tupe.study import report as study_report
+from tupe.study import runner
+from tupe.train import compile_cache
 
 RECIPE = "recipe"
 
 
-def study_variants(cfg, root: storage.Path, name: str) -> tuple[study.Variant, study.Variant]:
+def study_variants(cfg, root: storage.Path, name: str) -> tuple[runner.Variant, runner.Variant]:
   """(the study's variant `name`, the study's control), as `python -m tupe.study` plans them."""
-  planned = {variant.name: variant for variant in study.plan(cfg, root)}
-  if name not in planned or name == study.CONTROL:
+  planned = {variant.name: variant for variant in runner.plan(cfg, root)}
+  if name not in planned or name == runner.CONTROL:
     raise UserError(f"--variant {name!r} is not a pre-trained variant of the {cfg.study} study: use one of "
-                    f"{', '.join(v for v in planned if v != study.CONTROL)}")
-  if study.CONTROL not in planned:
+                    f"{', '.join(v for v in planned if v != runner.CONTROL)}")
+  if runner.CONTROL not in planned:
     raise UserError("the study has no control (--config.random_init is empty): the budget is measured against it")
-  return planned[name], planned[study.CONTROL]
+  return planned[name], planned[runner.CONTROL]
 
 
-def budget_variants(cfg, root: storage.Path, pair: tuple[study.Variant, study.Variant],
-                    budget: str) -> tuple[study.Variant, study.Variant]:
+def budget_variants(cfg, root: storage.Path, pair: tuple[runner.Variant, runner.Variant],
+                    budget: str) -> tuple[runner.Variant, runner.Variant]:
   """The study's (variant, control) with their GLUE grids under `budget`, both from the variant's checkpoint."""
   if budget == RECIPE:
     return pair
@@ -52,18 +52,18 @@ def budget_variants(cfg, root: storage.Path, pair: tuple[study.Variant, study.Va
   budget_cfg = cfg.copy_and_resolve_references()
   budget_cfg.glue.overrides = tuple(cfg.glue.overrides) + tuple(dict(cfg.glue_budgets)[budget])
   out = root / "glue_budget" / budget
-  return tuple(study.make_variant(v.name, out / v.name, v.pretrain, v.pretrain_cfg, study.glue_command(
+  return tuple(runner.make_variant(v.name, out / v.name, v.pretrain, v.pretrain_cfg, runner.glue_command(
       budget_cfg, out / v.name / "glue", variant.pretrain_dir, variant.pretrain_cfg.model.name,
-      init="random" if v.name == study.CONTROL else "pretrained")) for v in pair)
+      init="random" if v.name == runner.CONTROL else "pretrained")) for v in pair)
 
 
-def grid_minutes(variant: study.Variant) -> float:
+def grid_minutes(variant: runner.Variant) -> float:
   """The minutes a grid's runs took: the sum of their own times (each task's first run includes compiling its
   step; the process's start-up and data loading are not counted)."""
   return sum(run["seconds"] for run in runs_lib.read_runs(variant.glue_dir)) / 60
 
 
-def measure(variant: study.Variant, control: study.Variant) -> dict:
+def measure(variant: runner.Variant, control: runner.Variant) -> dict:
   """One budget's results: each grid's summary and minutes, and the variant's gain over the control."""
   summaries = {v.name: {"glue": study_report.glue_summary(v)} for v in (variant, control)}
   gain = study_report.glue_gains(summaries).get(variant.name)
@@ -88,16 +88,16 @@ def markdown(report: dict) -> str:
            "| budget | overrides | " + " | ".join(tasks) + f" | avg gain | beats random init | minutes ({name} / "
            f"random_init) |", "|---|---|" + "---|" * len(tasks) + "---|---|---|"]
   for budget, result in report["budgets"].items():
-    ours, control = result["glue"][name], result["glue"][study.CONTROL]
+    ours, control = result["glue"][name], result["glue"][runner.CONTROL]
     gain = result["gain"] or {"tasks": {}, "average": None, "beats_random_init": False}
     cells = [f"{number(ours['tasks'].get(t, {}).get('median'))} / {number(control['tasks'].get(t, {}).get('median'))}"
              f" ({gain_cell(gain['tasks'].get(t))})" for t in tasks]
     lines.append(f"| {budget} | {', '.join(report['overrides'][budget]) or '(the recipe)'} | " + " | ".join(cells)
                  + f" | {gain_cell(gain['average'])} | {'yes' if gain['beats_random_init'] else 'no'} | "
-                 f"{result['minutes'][name]:.1f} / {result['minutes'][study.CONTROL]:.1f} |")
+                 f"{result['minutes'][name]:.1f} / {result['minutes'][runner.CONTROL]:.1f} |")
   chosen = report["chosen"]
   lines += ["", f"Chosen: `{chosen}`, the cheapest budget whose gain's whole seed range is above 0 with grids of at "
-                f"most {report['max_grid_minutes']:g} minutes." if chosen else
+            f"most {report['max_grid_minutes']:g} minutes." if chosen else
             f"Chosen: none. No budget measured lets {name} beat random initialisation beyond the seed spread with "
             f"grids of at most {report['max_grid_minutes']:g} minutes: the study keeps its recipe."]
   return "\n".join(lines) + "\n"
@@ -117,32 +117,32 @@ def main(argv: list[str]) -> None:
   if unknown:
     raise UserError(f"unknown arguments {' '.join(unknown)}: glue_budget takes --config, --root, --variant, "
                     f"--budgets, --max-grid-minutes and --config.<field>=<value> overrides")
-  cfg = study.load_study(args.config, overrides)
+  cfg = runner.load_study(args.config, overrides)
   defined = dict(cfg.glue_budgets)
   budgets = args.budgets.split(",") if args.budgets else list(defined)
   unknown = [b for b in budgets if b not in defined]
   if unknown:
     raise UserError(f"unknown budget {unknown[0]!r}: use one of {', '.join(defined)} (configs/study.py's "
                     f"glue_budgets at scale {cfg.scale})")
-  study.check_inputs(cfg)
+  runner.check_inputs(cfg)
   compile_cache.enable(cfg.compilation_cache_dir)
   root = storage.path(args.root)
   pair = study_variants(cfg, root, args.variant)
   plans = {budget: budget_variants(cfg, root, pair, budget) for budget in budgets}
   variant = pair[0]
-  if study.finished_step(variant) < variant.steps:
+  if runner.finished_step(variant) < variant.steps:
     raise UserError(f"{variant.pretrain_dir} has no finished pre-training ({variant.steps} steps): run the study "
                     f"first (python -m tupe.study --config {args.config} --root {root})")
   results = {}
   for i, (budget, pair) in enumerate(plans.items()):
     for grid in pair:
       label = f"{i + 1}/{len(plans)} {budget} {grid.name}"
-      pending = study.glue_pending(grid)
+      pending = runner.glue_pending(grid)
       if pending:
-        logs.log(f"[budget] {label}: {pending} runs to go in {grid.glue_dir}")
-        study.run_command(grid.glue, f"[budget] {label}")
+        console.log(f"[budget] {label}: {pending} runs to go in {grid.glue_dir}")
+        runner.run_command(grid.glue, f"[budget] {label}")
       else:
-        logs.log(f"[budget] {label}: done ({grid.glue_dir}), skipped")
+        console.log(f"[budget] {label}: done ({grid.glue_dir}), skipped")
     results[budget] = measure(*pair)
   report = {"study": cfg.study, "scale": cfg.scale, "variant": args.variant, "tasks": list(variant.tasks),
             "overrides": {b: list(defined[b]) for b in budgets}, "budgets": results,
@@ -152,8 +152,9 @@ def main(argv: list[str]) -> None:
   storage.write_text(out / "budget.md", markdown(report))
   print(json.dumps({"chosen": report["chosen"], "budgets": {
       b: {"average_gain": r["gain"] and r["gain"]["average"], "minutes": r["minutes"]} for b, r in results.items()}}))
-  logs.log(f"[budget] wrote {out / 'budget.json'} and {out / 'budget.md'}")
+  console.log(f"[budget] wrote {out / 'budget.json'} and {out / 'budget.md'}")
 
 
 if __name__ == "__main__":
-  run_main(main)
+  from tupe.run import process
+  process.run_main(main)

@@ -37,22 +37,25 @@ import re
 import jax
 import numpy as np
 
-from tupe import checkpoint
-from tupe import cli
-from tupe import flops as flops_lib
-from tupe import hf_layout
-from tupe import logs
-from tupe import sharding
-from tupe import storage
-from tupe import tools
-from tupe.errors import UserError, run_main
+from tupe import config_files
+from tupe import console
+from tupe import present
+from tupe.errors import UserError
 from tupe.glue import backbone as backbone_lib
 from tupe.glue import data as glue_data
 from tupe.glue import finetune
 from tupe.glue import loop
 from tupe.glue import model as task_model
 from tupe.glue import tasks as glue
-from tupe.tools import export_hf
+from tupe.hf import export
+from tupe.hf import layout
+from tupe.models import partitioning
+from tupe.store import checkpoint
+from tupe.store import runlog
+from tupe.store import storage
+from tupe.train import core
+from tupe.train import flops as flops_lib
+from tupe.train import sharding
 
 # Per family: our head style that its HF sequence classifier has, and where our head's two dense layers go.
 HEADS = {"bert": ("tupe", {"dense": "bert.pooler.dense", "out": "classifier"}),
@@ -174,8 +177,8 @@ def compare_task(cfg, workdir, backbone, encoder, mesh, rules, family: str, hf_d
   peak_flops = flops_lib.peak_flops_per_device(cfg.peak_flops)[0]
   record, predictions = loop.finetune(cfg, setup, dataclasses.replace(data, test=data.dev), encoder, lr, seed,
                                       f"{task.name} (ours)", run_dir, peak_flops)
-  ours_losses = np.array([row["loss"] for row in logs.read_metrics(run_dir) if "loss" in row], np.float64)
-  logs.log(f"{task.name} (PyTorch + transformers): {setup.total_steps} steps")
+  ours_losses = np.array([row["loss"] for row in runlog.read_metrics(run_dir) if "loss" in row], np.float64)
+  console.log(f"{task.name} (PyTorch + transformers): {setup.total_steps} steps")
   theirs_losses, theirs_pred, groups = train_reference(cfg, hf_dir, family, task, setup, head, lr, seed, data,
                                                        backbone.cfg)
   (ev, dev_arrays), = data.dev
@@ -225,7 +228,7 @@ def markdown(result: dict) -> str:
                  f"{t['dev_predictions_differing']} of {t['dev_rows']}", str(t["metrics_equal_sklearn"]),
                  f"{m['ours'][score]:.2f} ({score})", f"{m['sklearn_on_theirs'][score]:.2f}", str(t["passed"])])
   return (f"# GLUE parity: {result['checkpoint']} ({result['model']}, {result['family']}), recipe head "
-          f"{result['head']}, tolerance {result['rtol']:g}\n\n" + tools.markdown_table(header, rows))
+          f"{result['head']}, tolerance {result['rtol']:g}\n\n" + present.markdown_table(header, rows))
 
 
 def run(cfg, workdir, rtol: float = 1e-4) -> dict:
@@ -238,10 +241,10 @@ def run(cfg, workdir, rtol: float = 1e-4) -> dict:
   cfg.evals_per_epoch = 0
   cfg.lowercase = backbone_lib.tokenizer_lowercase(cfg)
   storage.makedirs(workdir)
-  jax.config.update("jax_default_prng_impl", cfg.prng_impl)
+  core.use_prng_impl(cfg.prng_impl)
   meta = checkpoint.load_meta(checkpoint.latest_step_dir(cfg.init_checkpoint))
   backbone = backbone_lib.load_backbone(cfg, workdir)
-  family = hf_layout.family(backbone.cfg, meta.config["objective"])
+  family = layout.family(backbone.cfg, meta.config["objective"])
   if family not in HEADS:
     raise UserError(f"{backbone.cfg.name} exports to the remote-code TUPE classes; the parity covers the models "
                     f"transformers has classes for: BERT-A and ConvBERT")
@@ -251,9 +254,9 @@ def run(cfg, workdir, rtol: float = 1e-4) -> dict:
   backbone.cfg.update(hidden_dropout=0.0, attention_dropout=0.0)
   hf_dir = workdir / "hf"
   if not storage.exists(hf_dir / "config.json"):
-    export_hf.export(cfg.init_checkpoint, storage.local(hf_dir))
+    export.export(cfg.init_checkpoint, storage.local(hf_dir))
   mesh = sharding.make_mesh(cfg.mesh, jax.devices()[:1])
-  rules = sharding.rules_from_config(cfg.sharding_rules)
+  rules = partitioning.rules_from_config(cfg.sharding_rules)
   encoder = backbone_lib.encoder_params(backbone, mesh, rules)
   tasks = [compare_task(cfg, workdir, backbone, encoder, mesh, rules, family, storage.local(hf_dir), task, rtol)
            for task in glue_data.parse_tasks(cfg.tasks)]
@@ -274,7 +277,7 @@ def main(argv: list[str]) -> None:
   unknown = [o for o in overrides if not o.startswith("--config.")]
   if unknown:
     raise UserError(f"unknown arguments {' '.join(unknown)}: give --config, --workdir, --rtol and --config.<field>=...")
-  cfg = cli.check_config_flags(["glue_parity", f"--config={args.config}"] + overrides)
+  cfg = config_files.check_config_flags(["glue_parity", f"--config={args.config}"] + overrides)
   result = run(cfg, args.workdir, args.rtol)
   print(markdown(result))
   if not result["passed"]:
@@ -282,4 +285,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  run_main(main)
+  from tupe.run import process
+  process.run_main(main)

@@ -14,7 +14,7 @@ its init, nothing allocated), split into:
   heads        the pre-training heads (MLM head; ELECTRA's generator and discriminator heads);
   generator    ELECTRA's generator layers (it shares the embeddings with the discriminator);
   total        everything pre-training trains.
-FLOPs per token (`tupe.flops`, a multiply-add = 2 FLOPs) at the config's seq_len: the backbone's forward pass,
+FLOPs per token (`tupe.train.flops`, a multiply-add = 2 FLOPs) at the config's seq_len: the backbone's forward pass,
 and a training step (3 x forward, with the MLM head on the predicted positions only).
 """
 from __future__ import annotations
@@ -24,15 +24,14 @@ import argparse
 import flax.linen as nn
 import jax
 
-from tupe import cli
-from tupe import flops
+from tupe import config_files
 from tupe import models
-from tupe import objectives
-from tupe import storage
-from tupe import tools
-from tupe import trainer
+from tupe import present
 from tupe.data import examples
-from tupe.errors import run_main
+from tupe.store import storage
+from tupe.train import flops
+from tupe.train import objectives
+from tupe.train import pretrain
 
 BACKBONE = ("embeddings", "positional", "attention", "conv heads", "FFN")
 COMPONENTS = BACKBONE + ("heads", "generator")
@@ -85,7 +84,7 @@ def summarize(cfg) -> dict:
   generator = (models.generator_config(cfg.model, cfg.generator_fraction) if cfg.objective == "electra"
                else None)
   row["forward_flops"] = flops.encoder_forward_flops(cfg.model, cfg.seq_len) / cfg.seq_len
-  row["train_flops"] = flops.train_step_flops(cfg.model, cfg.seq_len, 1, trainer.num_predictions(cfg),
+  row["train_flops"] = flops.train_step_flops(cfg.model, cfg.seq_len, 1, pretrain.num_predictions(cfg),
                                               generator) / cfg.seq_len
   return row
 
@@ -95,7 +94,7 @@ def resolve_vocab_size(cfg) -> None:
   if cfg.model.vocab_size == 0:
     info = (examples.synthetic_info(cfg.data.synthetic_vocab_size) if cfg.data.source == "synthetic"
             else examples.load_tokenizer_for(cfg.data)[1])
-    trainer.resolve_vocab_size(cfg, info.vocab_size)
+    pretrain.resolve_vocab_size(cfg, info.vocab_size)
 
 
 def markdown(rows: dict[str, dict]) -> str:
@@ -105,7 +104,7 @@ def markdown(rows: dict[str, dict]) -> str:
   keys = [*COMPONENTS[:5], "backbone", *COMPONENTS[5:], "total"]
   cells = [[label, *(f"{row[k]:,}" for k in keys), f"{row['forward_flops'] / 1e6:,.2f}",
             f"{row['train_flops'] / 1e6:,.2f}"] for label, row in rows.items()]
-  return tools.markdown_table(header, cells)
+  return present.markdown_table(header, cells)
 
 
 def main(argv: list[str]) -> None:
@@ -119,7 +118,7 @@ def main(argv: list[str]) -> None:
   specs = args.config or [f"configs/pretrain.py:{name},{size}" for name in PRETRAIN_MODELS for size in models.SIZES]
   rows = {}
   for spec in specs:
-    cfg = cli.load_config(spec)
+    cfg = config_files.load_config(spec)
     resolve_vocab_size(cfg)
     rows[spec.partition(":")[2] or spec] = summarize(cfg)
   table = markdown(rows)
@@ -131,4 +130,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  run_main(main)
+  from tupe.run import process
+  process.run_main(main)

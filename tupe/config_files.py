@@ -1,0 +1,147 @@
+"""The one config loader: `configs/<file>.py:<arg>` plus `--config.x.y=value` overrides, checked field by field.
+
+`check_config_flags` (a command line's --config flags) and `load_config` (a spec and `key=value` overrides, for
+tools, studies, sweeps and benchmarks) load every config of every entry point the same way: the config file must
+exist and load, each override must name a field (checked here, field by field, with a did-you-mean), each value
+must parse as its field's type, and a config made for another entry point names the right one. Any problem is a
+one-line `UserError`.
+"""
+import difflib
+import os
+import pathlib
+from typing import Sequence
+
+from absl import flags
+import ml_collections
+from ml_collections import config_flags
+
+from tupe.errors import UserError
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _first_cause(e: BaseException) -> BaseException:
+  """The exception at the start of `e`'s chain (config_flags re-raises a config file's error inside a flags
+  error)."""
+  while (e.__cause__ or e.__context__) is not None:
+    e = e.__cause__ or e.__context__
+  return e
+
+
+def _config_spec(argv: Sequence[str]) -> str | None:
+  """The value of --config (`--config=X` or `--config X`) in a command line."""
+  for i, arg in enumerate(argv):
+    if arg.startswith("--config="):
+      return arg.split("=", 1)[1]
+    if arg == "--config" and i + 1 < len(argv):
+      return argv[i + 1]
+  return None
+
+
+def _check_override_keys(config: ml_collections.ConfigDict, argv: Sequence[str]) -> None:
+  """Every --config.a.b override names a field of the config (a UserError names the first that does not)."""
+  for arg in argv:
+    if not arg.startswith("--config."):
+      continue
+    override = arg.split("=", 1)[0]
+    node = config
+    for i, name in enumerate(override.removeprefix("--config.").split(".")):
+      if not isinstance(node, ml_collections.ConfigDict) or name not in node:
+        fields = list(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
+        close = difflib.get_close_matches(name, fields, n=1)
+        raise UserError(f"{override}: the config has no field {name!r}"
+                        + (f" (did you mean {close[0]!r}?)" if close else "") + "; see the fields in the config file")
+      node = node[name]
+
+
+def last_wins(argv: Sequence[str]) -> list[str]:
+  """`argv` with each --config.<field> given once, at its last occurrence: a repeated override replaces the
+  earlier one, for tuple-valued fields (which config_flags would append to) as for scalars."""
+  args = list(argv)
+  spans = []  # (field, first index, last index + 1) of each override, `--config.f=v` or `--config.f v`
+  i = 0
+  while i < len(args):
+    arg = args[i]
+    if arg.startswith("--config.") and "=" in arg:
+      spans.append((arg.split("=", 1)[0], i, i + 1))
+    elif arg.startswith("--config.") and i + 1 < len(args) and not args[i + 1].startswith("--"):
+      spans.append((arg, i, i + 2))
+      i += 1
+    i += 1
+  last = {field: (start, end) for field, start, end in spans}
+  drop = {k for field, start, end in spans if last[field] != (start, end) for k in range(start, end)}
+  return [arg for k, arg in enumerate(args) if k not in drop]
+
+
+# Each entry point's configs, told apart by a field only they have: (field, the configs to give it).
+ENTRY_POINTS = {"train.py": ("num_train_steps", "configs/pretrain.py:<model>,<size>"),
+                "eval_glue.py": ("learning_rates", "configs/glue.py:<tupe|convbert>")}
+
+
+def _check_entry_point(config: ml_collections.ConfigDict, script: str, spec: str) -> None:
+  """A config made for another entry point (the pre-training config given to eval_glue.py, or a GLUE recipe to
+  train.py) is one line naming the right script, before its fields are read."""
+  if script not in ENTRY_POINTS or ENTRY_POINTS[script][0] in config:
+    return
+  for other, (field, _) in ENTRY_POINTS.items():
+    if other != script and field in config:
+      raise UserError(f"--config {spec} is a config for {other}, not {script}: run python {other} --config {spec} "
+                      f"..., or give {script} a {ENTRY_POINTS[script][1]} config")
+
+
+def flags_error(e: flags.Error, argv: Sequence[str]) -> str:
+  cause = _first_cause(e)
+  if isinstance(cause, UserError):  # Raised by the config file's get_config, e.g. an unknown model name.
+    return f"{str(e).split(': ', 1)[0]}: {cause}"
+  return f"{e}; fix the flag (python {os.path.basename(argv[0])} --helpfull lists them)"
+
+
+def check_config_flags(argv: list[str]) -> ml_collections.ConfigDict:
+  """The config of a command line's --config flags (others ignored), loaded and checked as train.py and
+  eval_glue.py load theirs: the config file exists and loads, every override names a field (checked here,
+  field by field, before any is applied), and each value parses as its field's type. A UserError says what is
+  wrong. The one config loader of every entry point (`load_config`, `parse_flags`, `tupe.study.sweep`, `tupe.study`)."""
+  argv = last_wins(argv[:1] + [a for i, a in enumerate(argv[1:], 1)
+                               if a.startswith("--config") or (argv[i - 1].startswith("--config") and
+                                                               "=" not in argv[i - 1] and not a.startswith("--"))])
+  spec = _config_spec(argv)
+  if spec is None:
+    raise UserError("--config is missing: give configs/<file>.py:<arg>")
+  file = spec.split(":", 1)[0]
+  if not os.path.isfile(file):
+    raise UserError(f"--config: cannot load the config file: No such file or directory: {file!r}; give an "
+                    f"existing configs/<file>.py")
+
+  def parse(args):
+    values = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", None, flag_values=values, lock_config=True, sys_argv=args)
+    try:
+      values(args)
+      values.config.to_dict()  # config_flags defers a config file's loading error to the first access
+    except flags.Error as e:
+      raise UserError(flags_error(e, args)) from None
+    except OSError as e:  # The config file exists but does not load (e.g. a syntax error or no get_config).
+      cause = _first_cause(e)
+      raise UserError(f"--config: cannot load the config file {file}: {type(cause).__name__}: "
+                      f"{str(cause).strip().splitlines()[-1] if str(cause).strip() else ''}; fix the file") from None
+    return values.config
+
+  base = parse([argv[0], f"--config={spec}"])
+  _check_entry_point(base, os.path.basename(argv[0]), spec)
+  _check_override_keys(base, argv)
+  return parse(argv)
+
+
+def load_config(spec: str, overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
+  """`check_config_flags` for a programmatic caller: `path.py[:arg]` (relative to the working directory or the
+  repository) with `key.sub=value` overrides (tupe.tools, bench)."""
+  file, sep, arg = spec.partition(":")
+  if not os.path.isfile(file) and (REPO / file).is_file():
+    file = str(REPO / file)
+  for override in overrides:
+    if "=" not in override:
+      raise UserError(f"override {override!r}: use key=value, e.g. model.dtype=bfloat16")
+  return check_config_flags(["tupe", f"--config={file}{sep}{arg}"]
+                            + [f"--config.{o.removeprefix('config.')}" for o in overrides])
+
+

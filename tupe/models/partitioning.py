@@ -1,0 +1,52 @@
+"""The logical axis names that the modules give their parameters and activations (embed, mlp, heads, ...), and
+the default rules mapping them onto the device mesh's axes: parallelism as data (`tupe.train.sharding` applies
+them; the configs hold the rules explicitly, so config.json shows them).
+
+The mesh has three axes: `data` (pure data parallelism), `fsdp` (data parallelism with parameters and optimizer
+state sharded) and `tensor` (tensor parallelism over heads and the FFN width); the batch is split over (data, fsdp).
+"""
+from tupe.errors import UserError
+
+MESH_AXES = ("data", "fsdp", "tensor")
+BATCH_AXES = ("data", "fsdp")
+
+DEFAULT_RULES = (
+    ("batch", BATCH_AXES),
+    ("embed", "fsdp"),
+    ("embedding", "fsdp"),
+    ("vocab", "tensor"),
+    ("mlp", "tensor"),
+    ("heads", "tensor"),
+    ("kv", None),
+    ("joined_kv", "fsdp"),           # ConvBERT's kernel generator input (heads x head_dim), like embed
+    ("positions", None),
+    ("buckets", None),
+    ("conv_kernel", None),
+    ("groups", None),
+    ("layers", None),                # the leading axis of scanned layers' params (model.scan_layers)
+    ("length", None),                # activations [batch, length, hidden] between layers: rows split as the
+    ("activation_embed", None),      #   batch, hidden replicated (tupe.models.encoder.ACTIVATION_AXES)
+)
+
+
+def rules_from_config(rules_cfg) -> tuple:
+  """Config rules are a list of [logical_name, mesh_axis | [mesh_axes] | None]; empty (configs written before
+  the rules were explicit) means DEFAULT_RULES.
+
+  Raises:
+    UserError: for a rule that is not a pair or names a mesh axis other than data, fsdp and tensor.
+  """
+  if not rules_cfg:
+    return DEFAULT_RULES
+  rules = []
+  for rule in rules_cfg:
+    if not isinstance(rule, (list, tuple)) or len(rule) != 2 or not isinstance(rule[0], str):
+      raise UserError(f"sharding_rules entry {rule!r} is not a pair [logical name, mesh axis | [mesh axes] | None]")
+    name, axes = rule
+    axes = tuple(axes) if isinstance(axes, (list, tuple)) else axes
+    unknown = [a for a in ((axes,) if isinstance(axes, str) else axes or ()) if a not in MESH_AXES]
+    if unknown:
+      raise UserError(f"sharding_rules maps {name!r} to mesh axis {unknown[0]!r}; the mesh axes are "
+                      f"{', '.join(MESH_AXES)}")
+    rules.append((name, axes))
+  return tuple(rules)

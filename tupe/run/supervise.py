@@ -1,0 +1,131 @@
+"""Multi-host runs under a supervisor, so that a dead peer ends the run with one line.
+
+When a host of a multi-host run dies, jaxlib's distributed client aborts every other host from C++: a check
+failure, a C++ stack trace, a Python thread dump and exit status -6 (SIGABRT), often after a Gloo or barrier
+error that our own code reports with advice that does not apply ("free space or fix permissions"). The client's
+`missed_heartbeat_callback`, which would let Python handle it, cannot be used with jaxlib 0.10 (it fails
+converting the status and terminates the process all the same).
+
+So a multi-host train.py or eval_glue.py (`distributed.coordinator_address` or `distributed.auto` set) runs
+itself as a child process (marked by the environment variable `TUPE_SUPERVISED`), and this parent:
+  - passes stdout through untouched (the child inherits it) and stderr line by line;
+  - from the first line of the distributed service's failure (the coordination service, its heartbeats, Gloo)
+    holds stderr back; if the child then fails, prints one line naming the dead host and exits with status 1
+    (if it succeeds after all, the held-back lines are printed as they were). A Python traceback is held back
+    from its first line too, since the exception that names the failure (a collective that lost its peer) comes
+    at its end: a traceback that turns out to be no such failure is printed as it was when the child exits;
+  - forwards SIGTERM and SIGINT to the child (which saves a checkpoint and exits 143 or 130, as without the
+    supervisor) and exits with the child's status; the child runs in its own process group, so a terminal's
+    Ctrl-C reaches it once, through this parent;
+  - if the child has not exited `grace_s` seconds after the failure began, kills it.
+The child dies with the parent (SIGKILL, `PR_SET_PDEATHSIG` on Linux): killing the process a scheduler started
+stops the host, as it did without a supervisor.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+ENV = "TUPE_SUPERVISED"  # Set in the child to the parent's pid.
+EXIT_PEER_DIED = 1
+# Lines that begin the distributed service's report of a failed task, on the host that saw it.
+_FAILURE = re.compile(r"coordination_service|coordination service|CoordinationService|heartbeat|Gloo|gloo|"
+                      r"JAX distributed service")
+_TRACEBACK = "Traceback (most recent call last):"
+_UNHEALTHY = re.compile(r"tasks are unhealthy \(stopped sending heartbeats\):\s*\n\s*([\d, \n]+)")
+_TASK_TIMEOUT = re.compile(r"Task (\d+) heartbeat timeout")
+_LEADER_GONE = re.compile(r"leader task|Failed to send RPC to coordination service|remote target coordination_service")
+
+
+def needed(cfg) -> bool:
+  """Whether this process should run its job under a supervisor: a multi-host config, not yet supervised."""
+  dist = cfg.get("distributed")
+  return bool(dist and (dist.coordinator_address or dist.auto)) and ENV not in os.environ
+
+
+def init_child() -> None:
+  """In a supervised child: die with the parent (SIGKILL), as an unsupervised host dies when it is killed."""
+  parent = os.environ.get(ENV)
+  if not parent:
+    return
+  if sys.platform.startswith("linux"):
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+  if str(os.getppid()) != parent:  # The parent died before prctl took effect.
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def dead_host(report: str) -> int | None:
+  """The host (process id) that the distributed service's failure report names; 0 (the coordinator, which runs
+  the service) when the report says that the service is unreachable; None when it names none."""
+  if m := _UNHEALTHY.search(report):
+    return int(re.split(r"[,\s]+", m.group(1).strip())[0])
+  if m := _TASK_TIMEOUT.search(report):
+    return int(m.group(1))
+  if _LEADER_GONE.search(report):
+    return 0
+  return None
+
+
+def failure_line(report: str, this_host: int | None, num_hosts: int | None) -> str:
+  """The one line a surviving host prints. Of two hosts, the dead one is the other, whether or not the report
+  names it (a collective can fail on the lost connection before the heartbeats time out)."""
+  dead = dead_host(report)
+  if dead is None and num_hosts == 2 and this_host is not None:
+    dead = 1 - this_host
+  of = f" of {num_hosts}" if num_hosts else ""
+  this = f"host {this_host}" if this_host is not None else "this host"
+  if dead == 0 and this_host != 0:
+    what = f"host 0{of}, the coordinator, is unreachable (it died, was preempted or lost its network)"
+  elif dead is not None:
+    what = f"host {dead}{of} died (killed, preempted or crashed; see its log)"
+  else:
+    what = f"another host{of} died (the distributed service reported a failed task; see the other hosts' logs)"
+  return (f"error: {what}; {this} stopped too. Start every host again with the same command: the run resumes "
+          f"from its last complete checkpoint")
+
+
+def run(argv: list[str], cfg) -> int:
+  """Runs this command line (`python argv...`) as a supervised child; returns the exit status to exit with."""
+  dist = cfg.distributed
+  grace_s = float(dist.heartbeat_timeout_s)
+  child = subprocess.Popen([sys.executable, *argv], stderr=subprocess.PIPE, process_group=0,
+                           env=dict(os.environ, **{ENV: str(os.getpid())}))
+  held: list[str] = []
+  failed_at: list[float] = []
+
+  def pump() -> None:
+    for raw in child.stderr:
+      line = raw.decode(errors="replace")
+      if not failed_at and _FAILURE.search(line):
+        failed_at.append(time.monotonic())
+      if held or failed_at or line.startswith(_TRACEBACK):
+        held.append(line)
+      else:
+        sys.stderr.write(line)
+        sys.stderr.flush()
+
+  reader = threading.Thread(target=pump, daemon=True)
+  reader.start()
+  forward = lambda signum, _: child.send_signal(signum)  # noqa: E731
+  previous = {signum: signal.signal(signum, forward) for signum in (signal.SIGTERM, signal.SIGINT)}
+  try:
+    while child.poll() is None:
+      time.sleep(0.1)
+      if failed_at and time.monotonic() - failed_at[0] > grace_s + 30:
+        child.kill()
+    reader.join(timeout=10)
+  finally:
+    for signum, handler in previous.items():
+      signal.signal(signum, handler)
+  if failed_at and child.returncode != 0:
+    this_host = None if dist.auto else dist.process_id
+    print(failure_line("".join(held), this_host, None if dist.auto else dist.num_processes), file=sys.stderr)
+    return EXIT_PEER_DIED
+  sys.stderr.write("".join(held))
+  return child.returncode if child.returncode >= 0 else 128 - child.returncode

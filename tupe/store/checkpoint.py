@@ -1,0 +1,241 @@
+"""Reading checkpoints: the layout of a step directory, and the one policy every reader of parameters follows.
+
+A checkpoint step directory holds (`tupe.store.meta` lists the older layouts, which still load):
+  params:    the parameters, sharded as in training: all that GLUE, the tools and export read;
+  optimizer: the rest of the TrainState (optimizer state, step, RNG key);
+  meta:      the typed `CheckpointMeta` (resolved config, vocabulary, number of training examples, layout version),
+             so that a checkpoint is usable on its own;
+  checksums.json: the sha256 of every other file (`tupe.store.checksums`).
+Writing them, and train.py's resume, is `tupe.store.checkpointer`'s.
+
+Every reader but train.py's resume goes through `_load_newest` (behind `load_meta`, `load_params` and so
+`objectives.load_encoder`, and `latest_step_dir`): a checkpoint whose files are missing, unlisted or differ from
+their checksums, whose checksums.json is missing (layout 2, or beside checkpoints that carry one) or unreadable, or
+whose metadata or arrays do not load, is skipped with a one-line warning naming the step and the file, and the
+newest intact one is used (only train.py, which owns the workdir, renames it aside); a damaged checkpoint named
+explicitly (a step directory) is a one-line error. A reader of parameters hashes the params item's files only. A
+checkpoint of an older layout without checksums (and none beside it with any) loads, with one note.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+
+import jax
+import orbax.checkpoint as ocp
+
+from tupe.errors import UserError
+from tupe.store import checksums
+from tupe.store import orbax_s3
+from tupe.store import storage
+from tupe.store.checksums import CHECKSUMS
+from tupe.store.checksums import DamagedCheckpoint
+from tupe.store.meta import CheckpointMeta  # noqa: F401 (the API)
+from tupe.store.meta import migrate
+
+
+def params_metadata(step_dir: storage.Path, meta: CheckpointMeta):
+  """The saved parameters' shapes and dtypes (a tree of orbax array metadata), read from metadata files only."""
+  item, keys = meta.params_item
+  tree = ocp.StandardCheckpointHandler().metadata(step_dir / item).tree
+  for key in keys:
+    tree = tree[key]
+  return tree
+
+
+def why(e: Exception) -> str:
+  """Why a checkpoint could not be restored, in a few words."""
+  return str(e) if isinstance(e, DamagedCheckpoint) else f"{type(e).__name__}: {reason(e)}"
+
+
+def warn_skipped(step: int, directory: storage.Path, e: Exception) -> None:
+  logging.warning("skipping checkpoint %d in %s: it could not be restored (%s)", step, directory, why(e))
+
+
+def reason(e: Exception) -> str:
+  """The OS error behind an exception if known (e.g. 'No space left on device'), else its first line."""
+  if isinstance(e, OSError) and e.strerror:
+    return e.strerror
+  code = re.search(r"\[os_error_code='(\d+)'\]", str(e))  # TensorStore's wording of a failed write.
+  if code:
+    return os.strerror(int(code.group(1)))
+  first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+  return first_line.split(" [tensorstore_spec=")[0]  # TensorStore appends its whole JSON spec.
+
+
+_noted: set = set()  # what a reader has said once in this process: damaged steps, empty folders, unverified roots
+
+
+def _note_once(key, message: str, *args) -> None:
+  if key not in _noted:
+    _noted.add(key)
+    logging.warning(message, *args)
+
+
+def drop_empty(step_dirs: list[storage.Path], root: storage.Path) -> list[storage.Path]:
+  """The empty folders among `step_dirs` (a stray mkdir, not a checkpoint), each said once in one line. Buckets
+  have no empty folders."""
+  if storage.is_remote(root):
+    return []
+  empty = [d for d in step_dirs if not storage.walk_files(d)]
+  for d in empty:
+    _note_once(("empty", str(d)), "ignoring %s: an empty folder, not a checkpoint", d)
+  return empty
+
+
+# What a reader of parameters reads: the params item (layout 2) or the whole state (layouts 0 and 1), and the meta.
+_PARAMS_READ = ("params", "state", "meta")
+
+
+def verified_meta(step_dir: storage.Path, root: storage.Path, items: tuple[str, ...] | None) -> CheckpointMeta:
+  """The meta of a step directory whose files check out against its checksums.json: the whole listing, and the
+  bytes of the files of `items` (None: all) and those directly in the step directory.
+
+  Raises:
+    DamagedCheckpoint: a file missing, unlisted or changed; checksums.json unreadable, or missing where it must be
+      (layout 2, or beside checkpoints that carry one).
+  """
+  recorded = checksums.read(step_dir)
+  if recorded is not None:
+    checksums.verify(step_dir, recorded, items)
+  raw = json.loads(storage.read_text(step_dir / "meta" / "metadata"))
+  try:
+    meta = migrate(raw)
+  except UserError as e:
+    raise UserError(f"checkpoint {step_dir} {e}") from None
+  if recorded is None:
+    beside = [p.parent.name for p in storage.glob(f"{root}/*/{CHECKSUMS}")
+              if p.parent.name.isdigit() and p.parent != step_dir]
+    if meta.has_checksums or beside:
+      why = "its layout always has one" if meta.has_checksums else f"checkpoint {beside[0]} beside it has one"
+      raise DamagedCheckpoint(f"{CHECKSUMS} is missing ({why})")
+    _note_once(("unverified", str(root)), "checkpoints in %s carry no checksums (layout %d, from before tupe "
+               "recorded them): their bytes are not verified", root, meta.version)
+  return meta
+
+
+def _load_newest(path: storage.PathLike, load):
+  """The restore policy of every reader but train.py's resume (`Checkpointer.restore_latest`): `load(step_dir,
+  meta)` of the newest intact step directory under a workdir, its checkpoints/ folder, or one step directory.
+
+  Under a workdir, a damaged checkpoint (`verified_meta`, or metadata or state that do not load) is skipped with a
+  one-line warning naming the step and why, and the next older one is tried; the workdir is left as it is (the
+  run that owns it sets damaged steps aside when it resumes). A step directory named explicitly that is damaged is
+  an error. In a bucket, a step without orbax's commit object is a save in progress (or killed): not a checkpoint.
+
+  Returns:
+    (step_dir, CheckpointMeta, load's result).
+  """
+  path = storage.path(path)
+  orbax_s3.install_for(path)
+  explicit = storage.is_dir(path / "meta")
+  root = path.parent if explicit else path / "checkpoints" if storage.is_dir(path / "checkpoints") else path
+  step_dirs = [path] if explicit else sorted(
+      (p for p in storage.iterdir(root) if p.name.isdigit() and storage.is_dir(p)
+       and (not storage.is_remote(p) or storage.exists(p / checksums.COMMIT_FILES[1]))),
+      key=lambda p: int(p.name), reverse=True)
+  empty = drop_empty(step_dirs, root)
+  step_dirs = [d for d in step_dirs if d not in empty]
+  if not step_dirs:
+    raise UserError(f"no checkpoint found in {path}; give a train.py workdir, its checkpoints/ folder or "
+                    f"one step directory")
+  for step_dir in step_dirs:
+    try:
+      meta = verified_meta(step_dir, root, _PARAMS_READ)
+      return step_dir, meta, load(step_dir, meta)
+    except Exception as e:  # Damaged files, unreadable metadata or state: a truncated or corrupted checkpoint.
+      if isinstance(e, UserError) and not isinstance(e, DamagedCheckpoint):
+        raise
+      if explicit:
+        raise UserError(f"checkpoint {step_dir} is damaged ({why(e)}); give an intact step directory, or the "
+                        f"workdir to use its newest intact checkpoint") from e
+      _note_once(("skipped", str(step_dir)), "skipping checkpoint %d in %s: it could not be restored (%s)",
+                 int(step_dir.name), root, why(e))
+  raise UserError(f"no checkpoint in {root} could be restored (see the warnings above); give another workdir")
+
+
+def latest_step_dir(path: storage.PathLike) -> storage.Path:
+  """The newest intact step directory under a workdir, its checkpoints/ folder, or a step directory
+  (`_load_newest`)."""
+  return _load_newest(path, lambda step_dir, meta: None)[0]
+
+
+def load_meta(path: storage.PathLike) -> CheckpointMeta:
+  """The meta (resolved config, vocab, train_examples) of the newest intact checkpoint under `path`."""
+  return _load_newest(path, lambda step_dir, meta: None)[1]
+
+
+def _restore_params(step_dir: storage.Path, meta: CheckpointMeta, select: dict | None, shardings) -> dict:
+  """The saved parameters at the paths `select` names ({name: path of keys in the saved params}; None: all of
+  them), read directly into `shardings` (a tree matching the result) or onto this process's first device. Only
+  those arrays are read: no optimizer state, step or RNG key."""
+  item, prefix = meta.params_item
+  saved = params_metadata(step_dir, meta)
+  select = {name: (name,) for name in saved} if select is None else select
+  wanted = {}
+  for name, keys in select.items():
+    tree = saved
+    for key in keys:
+      if not isinstance(tree, dict) or key not in tree:
+        raise UserError(f"checkpoint {step_dir} has no parameters {'/'.join(keys)}: it was written by another "
+                        f"model")
+      tree = tree[key]
+    wanted[name] = tree
+  if shardings is None:
+    # This process's first device: the saved shardings may name devices of other hosts or a bigger mesh.
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    shardings = jax.tree_util.tree_map(lambda _: device, wanted)
+  try:
+    target = jax.tree_util.tree_map(lambda m, s: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=s), wanted,
+                                    shardings)
+  except ValueError as e:
+    raise UserError(f"checkpoint {step_dir} holds other parameters than the model they are loaded into ({e})")
+
+  def nest(keys, leaf):  # {name: tree} as the saved item's nesting, for orbax's partial restore
+    for key in reversed(keys):
+      leaf = {key: leaf}
+    return leaf
+
+  tree, args = {}, {}
+  for name, keys in select.items():
+    _merge(tree, nest(prefix + keys, target[name]))
+    _merge(args, nest(prefix + keys, jax.tree_util.tree_map(lambda t: ocp.ArrayRestoreArgs(sharding=t.sharding),
+                                                            target[name])))
+  restored = ocp.PyTreeCheckpointer().restore(step_dir / item, args=ocp.args.PyTreeRestore(
+      item=tree, restore_args=args, partial_restore=True))
+  params = {}
+  for name, keys in select.items():
+    tree = restored
+    for key in prefix + keys:
+      tree = tree[key]
+    params[name] = tree
+  return params
+
+
+def _merge(into: dict, tree: dict) -> None:
+  for key, value in tree.items():
+    if isinstance(value, dict) and isinstance(into.get(key), dict):
+      _merge(into[key], value)
+    else:
+      into[key] = value
+
+
+def load_params(path: storage.PathLike, select=None, shardings=None) -> tuple[CheckpointMeta, dict]:
+  """(meta, params) of the newest intact checkpoint under `path` (`_load_newest`): the parameters only, of which
+  only the files are read and verified (with the meta's), not the optimizer state's.
+
+  Args:
+    select: None for all the parameters, or CheckpointMeta -> {name: path of keys in the saved params}, to read
+      some of them (e.g. a backbone within a pre-training model) as {name: subtree}.
+    shardings: None: numpy arrays on the host. Else a tree of `jax.sharding.Sharding`s matching the result:
+      each array is read directly into its sharding (each device reads its shards; no whole array, and no
+      optimizer state, lands anywhere), as training lays its parameters out.
+  """
+  def load(step_dir, meta):
+    params = _restore_params(step_dir, meta, None if select is None else select(meta), shardings)
+    return jax.device_get(params) if shardings is None else params
+
+  _, meta, params = _load_newest(path, load)
+  return meta, params

@@ -1,0 +1,270 @@
+"""Writing checkpoints and resuming from them: orbax's CheckpointManager over {params, optimizer, meta}, atomic on
+a local disk or in a bucket (gs://, s3://). The layout of a step directory and the readers' policy are
+`tupe.store.checkpoint`'s; what a resuming run requires of a checkpoint is the trainer's (`tupe.train.resume`),
+passed to `Checkpointer.restore_latest`.
+
+Commit: orbax's own protocol. Locally it writes into a temporary directory and renames it when complete; in a
+bucket, which has no rename, it writes the step's objects in place and commits with a final commit_success.txt
+object, and a step without it is not a checkpoint. Either way a killed save never leaves a checkpoint that looks
+finished, and is removed when the run resumes. Every host writes its own shards; process 0 alone writes the meta,
+checksums and commit. Saves are asynchronous (orbax's background commit), or waited for (async_save=False).
+
+Integrity: process 0 records the checksums inside the uncommitted step just before orbax commits it, so that they
+appear with the checkpoint. On resume, a damaged checkpoint is skipped with one warning and, once an older one has
+loaded, renamed aside (`<step>.corrupt-<time>`), so that the resumed run can save that step again.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+
+import jax
+import orbax.checkpoint as ocp
+
+from tupe.errors import UserError
+from tupe.store import checkpoint
+from tupe.store import checksums
+from tupe.store import orbax_s3
+from tupe.store import refusals
+from tupe.store import storage
+from tupe.store.checksums import CHECKSUMS
+from tupe.store.meta import CheckpointMeta
+
+ITEMS = ("params", "optimizer", "meta")
+_TMP = ".orbax-checkpoint-tmp"  # a local uncommitted step directory: <step>.orbax-checkpoint-tmp-<time>
+
+
+def _atomicity(directory: storage.Path) -> ocp.options.AtomicityOptions:
+  """orbax's commit protocol for `directory`: a rename of the finished temporary directory locally, and in a bucket,
+  which has no rename, a final commit object (orbax picks that for gs:// by itself, not for s3://)."""
+  mode = ocp.options.AtomicityMode.COMMIT_FILE if storage.is_remote(directory) else ocp.options.AtomicityMode.AUTO
+  return ocp.options.AtomicityOptions(mode=mode)
+
+
+class Checkpointer:
+  """Saves every `every_steps`, keeps the last `keep_last` plus every `keep_every`-th step."""
+
+  def __init__(self, directory: storage.PathLike, ckpt_cfg):
+    self.directory = storage.path(directory)
+    orbax_s3.install_for(self.directory)
+    try:  # Orbax would create it in a background thread and only fail at the first save.
+      storage.makedirs(self.directory)
+      storage.check_writable(self.directory)  # a bucket: credentials, the bucket and the permission to write
+    except storage.StorageError as e:  # "cannot <what> <directory>: <cause>"
+      cause = str(e).partition(f"{self.directory}: ")[2] or str(e)
+      raise UserError(f"cannot create the checkpoint directory {self.directory} ({cause}); choose another --workdir"
+                      ) from e
+    # Empty step folders (a stray mkdir) hold nothing to keep: removed, with one line, before orbax sees them.
+    empty = checkpoint.drop_empty([p for p in storage.iterdir(self.directory) if p.name.isdigit()], self.directory)
+    if empty:
+      if jax.process_index() == 0:
+        for folder in empty:
+          storage.remove(folder)
+      ocp.multihost.sync_global_processes("tupe_checkpoint_drop_empty")
+    # Partial saves of a run killed while saving (orbax removes them): said when resuming.
+    self.interrupted = sorted(int(p.name.split(".")[0]) for p in self._uncommitted())
+    self._async = bool(ckpt_cfg.async_save)
+    self._pending: int | None = None  # the step of the save that may still be in flight
+    # Process 0: steps whose save has no checksums yet (oldest first), and those with the checksums of all files
+    # but the ones orbax writes on commit.
+    self._in_flight: list[int] = []
+    self._committing: list[int] = []
+    # Always orbax's background commit (async_save=False waits for it): one commit path, which records the
+    # checksums before the step is committed.
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=ckpt_cfg.keep_last, keep_period=ckpt_cfg.keep_every or None, enable_async_checkpointing=True,
+        create=True, cleanup_tmp_directories=True, atomicity_options=_atomicity(self.directory),
+        async_options=ocp.AsyncOptions(post_finalization_callback=self._seal_in_flight))
+    self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, exc_type, exc, tb):
+    if exc_type is None:
+      self.close()
+      return
+    # The job's own error (a refused save among them) is the one to report: a save failing again while closing
+    # (orbax raises a failed background write once more at close) would replace it with a vaguer line.
+    with contextlib.suppress(Exception):
+      self.close()
+
+  def _uncommitted(self) -> list[storage.Path]:
+    """Step directories that orbax has not committed: temporary ones locally, those without the commit object in
+    a bucket."""
+    entries = storage.iterdir(self.directory)
+    if storage.is_remote(self.directory):
+      return [p for p in entries if p.name.isdigit() and not storage.exists(p / checksums.COMMIT_FILES[1])]
+    return [p for p in entries if _TMP in p.name and p.name.split(".")[0].isdigit()]
+
+  def save(self, step: int, state, meta: CheckpointMeta, force: bool = False) -> bool:
+    args = ocp.args.Composite(params=ocp.args.StandardSave(state.params),
+                              optimizer=ocp.args.StandardSave(_rest(state)),
+                              meta=ocp.args.JsonSave(meta.to_json()))
+    if force and step in self.manager.all_steps():
+      return False  # Already saved, e.g. a SIGTERM right after a periodic checkpoint.
+    if self._pending is not None:
+      # The previous save first (orbax's `save` would wait for it too): its failure is named by its own step, and
+      # one of `save` is then this step's (orbax writes some of a step's files before `save` returns).
+      self.wait()
+    primary = jax.process_index() == 0
+    if primary:
+      self._in_flight.append(step)
+    try:
+      saved = self.manager.save(step, args=args, force=force)
+      if not saved and step in self._in_flight:
+        self._in_flight.remove(step)
+      self._seal_committed(but=step)
+    except Exception as e:
+      raise self._write_error(e, step) from e
+    if saved:
+      self._pending = step
+      if not self._async:
+        self.wait()
+    return saved
+
+  def _seal_in_flight(self) -> None:
+    """Records the checksums of the save being finalized (orbax calls this on the primary host once every host's
+    files are written, just before it commits the step). Orbax then writes its commit files (COMMIT_FILES): their
+    checksums are added once the save has finished."""
+    while self._in_flight:
+      step = self._in_flight.pop(0)
+      uncommitted = sorted((p for p in self._uncommitted() if p.name.split(".")[0] == str(step)), key=str)
+      if uncommitted:  # Else that step was not saved (already there) or failed: the next one is being finalized.
+        checksums.record(uncommitted[-1], leave_out=checksums.COMMIT_FILES)
+        self._committing.append(step)
+        return
+
+  def _seal_committed(self, but: int | None = None) -> None:
+    """Adds the checksums of the files orbax wrote on commit to finished saves (all but `but`, which may still be
+    in flight)."""
+    for step in [s for s in self._committing if s != but]:
+      self._committing.remove(step)
+      if storage.exists(self._step_dir(step) / CHECKSUMS):  # Else deleted since (keep_last).
+        checksums.record(self._step_dir(step))
+
+  def _write_error(self, e: Exception, step: int | None) -> UserError:
+    """The failed save's step (None: unknown) and OS error, and what to do, in one line."""
+    which = "a checkpoint" if step is None else f"checkpoint {step}"
+    remote = storage.is_remote(self.directory)
+    fix = "check the bucket, your permission to write there and the connection to it" if remote else (
+        "free space or fix permissions")
+    # A store's refusal: what it means (credentials, permission).
+    cause = (remote and refusals.refusal(e)) or checkpoint.reason(e)
+    return UserError(f"could not write {which} to {self.directory}: {cause}; {fix}, then rerun to resume from the "
+                     f"last good checkpoint")
+
+  def restore_latest(self, abstract_state, compatibility=None):
+    """Restores the newest loadable checkpoint; returns (step, state, its CheckpointMeta) or None.
+
+    Args:
+      abstract_state: the TrainState's shapes, dtypes and shardings.
+      compatibility: what the resuming run requires of a checkpoint (`tupe.train.resume.Compatibility`): its
+        `check(step, directory, saved params metadata, saved meta)` raises a UserError before a checkpoint that
+        does not fit is restored, and `explain(step, directory, saved meta, error)` may turn a failed restore
+        into such an error (else the checkpoint counts as damaged and an older one is tried).
+
+    Raises:
+      UserError: if `compatibility` rejects the newest intact checkpoint, or none loads.
+    """
+    if self.interrupted:
+      logging.warning("the save of checkpoint %s in %s was interrupted (its partial files are removed); resuming "
+                      "from the newest finished checkpoint, if any", ", ".join(map(str, self.interrupted)),
+                      self.directory)
+    skipped = []
+    for step in sorted(self.manager.all_steps(), reverse=True):
+      try:
+        saved_meta = checkpoint.verified_meta(self._step_dir(step), self.directory, items=None)
+        saved = checkpoint.params_metadata(self._step_dir(step), saved_meta)
+      except Exception as e:  # Damaged files or unreadable metadata: a truncated or corrupted checkpoint.
+        skipped.append(self._skip(step, e))
+        continue
+      if compatibility is not None:
+        compatibility.check(step, self.directory, saved, saved_meta)
+      try:
+        state = _restore_state(self._step_dir(step), saved_meta, abstract_state)
+      except Exception as e:  # A truncated or corrupted checkpoint: fall back to an older one.
+        if compatibility is not None:
+          compatibility.explain(step, self.directory, saved_meta, e)
+        skipped.append(self._skip(step, e))
+        continue
+      self._move_aside(skipped)
+      return step, state, saved_meta
+    if skipped:
+      raise UserError(f"no checkpoint in {self.directory} could be restored (see the warnings above); "
+                      f"repair it or move it away to start afresh")
+    return None
+
+  def _step_dir(self, step: int) -> storage.Path:
+    return self.directory / str(step)
+
+  def _skip(self, step: int, e: Exception) -> int:
+    checkpoint.warn_skipped(step, self.directory, e)
+    return step
+
+  def _move_aside(self, steps: list[int]) -> None:
+    """Renames unrestorable steps out of the manager's view, so the resumed run can save those steps again."""
+    if not steps:
+      return
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    if jax.process_index() == 0:
+      for step in steps:
+        target = self.directory / f"{step}.corrupt-{stamp}"
+        _rename(self._step_dir(step), target)
+        logging.warning("renamed the unrestorable checkpoint %d to %s", step, target)
+    ocp.multihost.sync_global_processes("tupe_checkpoint_move_aside")
+    self.manager.reload()
+
+  def check(self) -> None:
+    """Raises the one-line error of an asynchronous save that failed as soon as it has ended, and records the
+    last checksums of one that succeeded (cheap: called after every step)."""
+    if (self._pending is not None or self._committing) and not self.manager.is_saving_in_progress():
+      self.wait()
+
+  def wait(self):
+    try:
+      self.manager.wait_until_finished()
+      self._seal_committed()
+    except Exception as e:
+      raise self._write_error(e, self._pending) from e
+    self._pending = None
+
+  def close(self):
+    try:
+      self.wait()
+    except UserError:
+      with contextlib.suppress(Exception):  # The failed save that wait() reports, raised again by orbax.
+        self.manager.close()
+      raise
+    try:
+      self.manager.close()
+    except Exception as e:
+      raise self._write_error(e, None) from e
+
+
+def _rename(folder: storage.Path, target: storage.Path) -> None:
+  """Renames a folder; in a bucket, which has no rename, copies each object, then removes the originals."""
+  if storage.is_remote(folder):
+    for name in storage.walk_files(folder):
+      storage.copy(folder / name, target / name)
+    storage.remove(folder)
+    return
+  with storage.errors("rename", folder):
+    folder.rename(target)
+
+
+def _rest(state) -> dict:
+  """The optimizer item: the TrainState less its parameters."""
+  return {"opt_state": state.opt_state, "step": state.step, "rng": state.rng}
+
+
+def _restore_state(step_dir: storage.Path, meta: CheckpointMeta, abstract_state):
+  """The whole TrainState of a step directory of any layout, each array read into its sharding."""
+  restore = lambda item, target: ocp.StandardCheckpointer().restore(step_dir / item, target)
+  if meta.state_items == ("state",):
+    return restore("state", abstract_state)
+  rest = restore("optimizer", _rest(abstract_state))
+  return abstract_state.replace(params=restore("params", abstract_state.params), **rest)
+
+

@@ -1,0 +1,105 @@
+"""Checkpoint integrity: the sha256 of every file of a step directory, recorded in its checksums.json and checked
+both ways by every reader (no file missing, none unlisted, no bytes changed), on a local disk or in a bucket.
+
+The record is written by process 0 before orbax commits the step (`Checkpointer` calls `record` from orbax's
+post-finalization callback), so that it appears with the checkpoint, and once more after the commit, adding the
+two files orbax writes when it commits (COMMIT_FILES): a run killed between the two leaves those two unlisted, and
+they alone may be. A reader of some items (`verify(..., items=)`) checks the whole listing but hashes only the
+files it reads: those items' and the step directory's own.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import json
+
+from tupe.errors import UserError
+from tupe.store import storage
+
+CHECKSUMS = "checksums.json"  # {"sha256": {path relative to the step directory: hex digest}}
+COMMIT_FILES = ("_CHECKPOINT_METADATA", "commit_success.txt")  # orbax's step metadata (rewritten with the commit
+# time) and its commit marker
+
+
+class DamagedCheckpoint(UserError):
+  """A checkpoint file whose bytes differ from its recorded checksum, that is missing or unlisted, or a missing or
+  unreadable record."""
+
+
+def _sha256(path: storage.Path) -> str:
+  with storage.open_file(path, "rb") as f:
+    return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _digests(step_dir: storage.Path, names: list[str], digest=_sha256) -> dict[str, str]:
+  """{name: digest(file)} of files under `step_dir`, read in parallel (hashing and object reads release the GIL)."""
+  with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
+    return dict(zip(names, pool.map(lambda name: digest(step_dir / name), names)))
+
+
+def read(step_dir: storage.PathLike) -> dict[str, str] | None:
+  """The recorded {name: sha256} of a step directory; None if it has no record.
+
+  Raises:
+    DamagedCheckpoint: for a record that is empty or does not parse.
+  """
+  record = storage.path(step_dir) / CHECKSUMS
+  if not storage.exists(record):
+    return None
+  try:
+    recorded = json.loads(storage.read_text(record))["sha256"]
+    if not isinstance(recorded, dict):
+      raise TypeError("not a mapping")
+  except (ValueError, KeyError, TypeError) as e:
+    raise DamagedCheckpoint(f"{CHECKSUMS} is unreadable ({type(e).__name__}: {e})") from e
+  return recorded
+
+
+def record(step_dir: storage.PathLike, leave_out: tuple[str, ...] = ()) -> None:
+  """Records the sha256 of every file of a step directory in its CHECKSUMS, written whole; files already recorded
+  keep their checksums, `leave_out` (names relative to the step directory) are not recorded."""
+  step_dir = storage.path(step_dir)
+  known = read(step_dir) or {}
+  names = [name for name in storage.walk_files(step_dir)
+           if name not in known and name not in leave_out and name != CHECKSUMS]
+  storage.write_text(step_dir / CHECKSUMS,
+                     json.dumps({"sha256": dict(known, **_digests(step_dir, names))}, indent=0, sort_keys=True))
+
+
+# path -> (storage.version, sha256) of the files hashed in this process, so that readers called one after another
+# (eval_glue.py finds the newest intact checkpoint, then loads its encoder) read a file once.
+_hashed: dict = {}
+
+
+def verify(step_dir: storage.PathLike, recorded: dict[str, str], items: tuple[str, ...] | None = None) -> None:
+  """Checks a step directory against its record: every file listed and present, and the bytes of those a reader
+  reads (the files of `items` and those directly in the step directory; None: all) as recorded.
+
+  Raises:
+    DamagedCheckpoint: naming the first file that is missing, unlisted, or whose bytes differ.
+  """
+  step_dir = storage.path(step_dir)
+  present = set(storage.walk_files(step_dir)) - {CHECKSUMS}
+  missing = sorted(set(recorded) - present)
+  if missing:
+    raise DamagedCheckpoint(f"{missing[0]} is missing{_more(missing)}")
+  unlisted = sorted(present - set(recorded) - set(COMMIT_FILES))
+  if unlisted:
+    raise DamagedCheckpoint(f"{unlisted[0]}{_more(unlisted)} is not listed in {CHECKSUMS}")
+  names = sorted(n for n in recorded if items is None or "/" not in n or n.split("/", 1)[0] in items)
+  actual = _digests(step_dir, names, _hashed_once)
+  bad = [name for name in names if actual[name] != recorded[name]]
+  if bad:
+    raise DamagedCheckpoint(f"{bad[0]}{_more(bad)} has other bytes than when it was saved")
+
+
+def _hashed_once(path: storage.Path) -> str:
+  """The sha256 of a file, hashed again only if it was written since (`storage.version`)."""
+  version = storage.version(path)
+  if _hashed.get(str(path), (None,))[0] != version:
+    _hashed[str(path)] = (version, _sha256(path))
+  return _hashed[str(path)][1]
+
+
+def _more(names: list[str]) -> str:
+  return f" (and {len(names) - 1} more files)" if len(names) > 1 else ""

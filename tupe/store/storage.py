@@ -1,0 +1,327 @@
+"""The one path layer: every file tupe reads or writes goes through here, on a local disk or in a bucket.
+
+Paths are `etils.epath.Path`s, the layer orbax itself uses: a local path (relative, `~`, spaces, unicode) or a
+bucket URL (`gs://bucket/run`, `s3://bucket/run`, through fsspec's gcsfs/s3fs). Nothing outside this module
+touches `os.path`, `pathlib`, `shutil` or `open` for a user's path.
+
+Object stores have no rename, no append and no fsync, so the writes here are whole objects:
+
+- `write_text`/`write_bytes` are atomic on both: locally a temporary file, fsync and rename; in a bucket one
+  upload, which becomes visible whole or not at all.
+- `append_text` appends and fsyncs locally, and rewrites the object in a bucket (keep such files small:
+  `tupe.store.jsonlog` rotates segments for that reason).
+
+Errors from a store (no credentials, credentials it refuses, an unknown bucket, a permission refused, the endpoint
+gone) surface as `StorageError`, one line naming the path, the cause and what to do about it (`describe`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+import contextlib
+import functools
+import io
+import os
+import tempfile
+from typing import IO
+
+from etils import epath
+import fsspec
+
+from tupe.store.refusals import StorageError
+from tupe.store.refusals import describe
+
+Path = epath.Path
+PathLike = str | os.PathLike
+
+REMOTE_SCHEMES = ("gs://", "s3://")
+
+def is_remote(p: PathLike) -> bool:
+  """Whether `p` names an object in a bucket (gs://, s3://) rather than a local file."""
+  return str(p).startswith(REMOTE_SCHEMES)
+
+
+def path(p: PathLike) -> Path:
+  """`p` as an absolute `epath.Path`: `~` expanded and made absolute locally, a bucket URL kept as it is."""
+  if isinstance(p, str) and not p:
+    raise StorageError("an empty path was given: name a file or folder (a local path or gs://bucket/...)")
+  if is_remote(p):
+    return Path(str(p))
+  return Path(os.path.abspath(os.path.expanduser(os.fspath(p))))
+
+
+def local(p: PathLike) -> str:
+  """`p` as a local filesystem path string, for libraries that take only those; refuses bucket URLs."""
+  if is_remote(p):
+    raise StorageError(f"{p}: this file must be local (a bucket URL is not supported here)")
+  return os.fspath(path(p))
+
+
+@functools.cache
+def _fresh_listings() -> None:
+  """From the first bucket operation on, a folder's listing comes from the store every time. fsspec's stores keep
+  the first listing of a folder for the life of the process, so a process polling a bucket (for a checkpoint, a
+  lease, runs that another process writes) would never see it change."""
+  for protocol in ("gcs", "s3"):
+    fsspec.config.conf.setdefault(protocol, {})["use_listings_cache"] = False
+
+
+@functools.cache
+def _google_credentials(key_file: str | None) -> None:
+  """Refreshes the Google credentials that gcsfs will use (google-auth's default ones; `key_file` is
+  GOOGLE_APPLICATION_CREDENTIALS, which picks them), once per process and key file. gcsfs retries a refused refresh
+  for about 30 s before it raises; a refusal that retrying cannot change (the token endpoint's answer, e.g.
+  `invalid_grant` for an account it does not know) is raised here at once, and not cached. Nothing is done where
+  gcsfs takes no credentials (fsspec's gcs token "anon") or where none are found (gcsfs then sends anonymous
+  requests); a failure that may pass (the metadata server, the network) is left to gcsfs's retries."""
+  import google.auth
+  import google.auth.exceptions
+  import google.auth.transport.requests
+
+  if fsspec.config.conf.get("gcs", {}).get("token") == "anon":
+    return
+  try:
+    credentials, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/devstorage.full_control"])
+    credentials.refresh(google.auth.transport.requests.Request())
+  except google.auth.exceptions.RefreshError as e:
+    if not e.retryable:
+      raise
+  except google.auth.exceptions.GoogleAuthError:
+    pass
+
+
+@contextlib.contextmanager
+def errors(what: str, p: PathLike) -> Iterator[None]:
+  """Turns any storage exception raised inside into a `StorageError` "{what} {p}: {cause}". A gs:// path's
+  credentials are checked first (`_google_credentials`)."""
+  try:
+    if is_remote(p):
+      _fresh_listings()
+    if str(p).startswith("gs://"):
+      _google_credentials(os.environ.get("GOOGLE_APPLICATION_CREDENTIALS"))
+    yield
+  except StorageError:
+    raise
+  except Exception as e:  # gcsfs and aiohttp raise their own classes, not only OSError
+    cause = describe(e)
+    if isinstance(e, FileNotFoundError) and (bucket := _missing_bucket(p)):
+      cause = f"bucket {bucket} does not exist (create it, or fix its name)"
+    raise StorageError(f"cannot {what} {p}: {cause}") from e
+
+
+def _missing_bucket(p: PathLike) -> str | None:
+  """The bucket of URL `p` ("gs://name") when the store says it does not exist; None for a local path, an
+  existing bucket, or a store that cannot tell."""
+  if not is_remote(p):
+    return None
+  scheme, rest = os.fspath(p).split("://", 1)
+  bucket = f"{scheme}://{rest.split('/', 1)[0]}"
+  try:
+    return None if Path(bucket).exists() else bucket
+  except Exception:  # no credentials, the endpoint gone: the original cause stands
+    return None
+
+
+def exists(p: PathLike) -> bool:
+  with errors("check", p):
+    return path(p).exists()
+
+
+def is_dir(p: PathLike) -> bool:
+  with errors("check", p):
+    return path(p).is_dir()
+
+
+def is_file(p: PathLike) -> bool:
+  with errors("check", p):
+    return path(p).is_file()
+
+
+def makedirs(p: PathLike) -> Path:
+  """Creates the folder `p` and its parents (a no-op in buckets, which have no folders); returns it."""
+  d = path(p)
+  with errors("create", d):
+    d.mkdir(parents=True, exist_ok=True)
+  return d
+
+
+def read_text(p: PathLike) -> str:
+  """The UTF-8 text of file `p`."""
+  return read_bytes(p).decode("utf-8")
+
+
+def read_bytes(p: PathLike) -> bytes:
+  """The bytes of file `p`. An object is fetched whole with one request (`cat_file`), not through a buffered
+  file object, whose read-ahead in gcsfs 2026.x was seen to hang forever against the emulator."""
+  with errors("read", p):
+    if is_remote(p):
+      fs, key = fsspec.core.url_to_fs(os.fspath(p))
+      return fs.cat_file(key)
+    return path(p).read_bytes()
+
+
+def write_bytes(p: PathLike, data: bytes) -> None:
+  """Writes `data` to `p` atomically: readers see the old content or the new, never a part."""
+  target = path(p)
+  with errors("write", target):
+    if is_remote(target):
+      target.write_bytes(data)  # one upload: visible whole or not at all
+      return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=os.fspath(target.parent), prefix=f".{target.name}.", suffix=".tmp")
+    try:
+      with os.fdopen(fd, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+      os.replace(tmp, os.fspath(target))
+    except BaseException:
+      with contextlib.suppress(OSError):
+        os.unlink(tmp)
+      raise
+
+
+def write_text(p: PathLike, text: str) -> None:
+  """`write_bytes` for UTF-8 text."""
+  write_bytes(p, text.encode("utf-8"))
+
+
+def append_text(p: PathLike, text: str) -> None:
+  """Appends `text` to `p` durably: fsynced locally; in a bucket, a rewrite of the whole object."""
+  target = path(p)
+  with errors("append to", target):
+    if is_remote(target):
+      old = target.read_bytes() if target.exists() else b""
+      target.write_bytes(old + text.encode("utf-8"))
+      return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(os.fspath(target), "a", encoding="utf-8") as f:
+      f.write(text)
+      f.flush()
+      os.fsync(f.fileno())
+
+
+@contextlib.contextmanager
+def open_file(p: PathLike, mode: str = "r") -> Iterator[IO]:
+  """A streaming file object for reading (`r`, `rb`) a local file or an object, for files too big to hold."""
+  if mode not in ("r", "rb"):
+    raise ValueError(f"open_file reads only; write with write_text/write_bytes (mode {mode!r})")
+  with errors("read", p):
+    with path(p).open(mode) as f:
+      yield f
+
+
+def size(p: PathLike) -> int:
+  with errors("check", p):
+    return path(p).stat().length
+
+
+def iterdir(p: PathLike) -> list[Path]:
+  """The entries directly in folder `p`, sorted by name; [] when it does not exist."""
+  d = path(p)
+  with errors("list", d):
+    try:
+      return sorted(d.iterdir(), key=lambda e: e.name)
+    except FileNotFoundError:
+      return []
+
+
+def glob(pattern: PathLike) -> list[Path]:
+  """The paths matching a glob `pattern` (`*`, `?`, `[...]`; `**` for any depth), sorted."""
+  text = os.fspath(pattern)
+  parts = text.split("/")
+  wild = [i for i, part in enumerate(parts) if any(c in part for c in "*?[")]
+  if not wild:
+    return [path(text)] if exists(text) else []
+  root = "/".join(parts[:wild[0]]) or ("/" if text.startswith("/") else ".")
+  with errors("list", root):
+    return sorted(path(root).glob("/".join(parts[wild[0]:])), key=str)
+
+
+def walk_files(p: PathLike) -> list[str]:
+  """Every file under folder `p`, as paths relative to it with '/' separators, sorted."""
+  root = path(p)
+  with errors("list", root):
+    if is_remote(root):  # fsspec's own walk: epath's passes it an argument that s3fs refuses (max_depth)
+      fs, key = fsspec.core.url_to_fs(os.fspath(root))
+      tree = fs.walk(key, on_error="omit")
+    else:
+      tree = root.walk()
+    out = []
+    for dirpath, _, filenames in tree:
+      for name in filenames:
+        out.append(_bare(f"{dirpath}/{name}").removeprefix(_bare(root)).lstrip("/"))
+    return sorted(out)
+
+
+def _bare(p: PathLike) -> str:
+  """`p` without its scheme ("gs://b/x" -> "b/x"): fsspec gives folders in bucket paths without one."""
+  text = os.fspath(p)
+  return text.split("://", 1)[-1]
+
+
+def remove(p: PathLike) -> None:
+  """Removes the file or folder tree `p`; nothing if it is not there."""
+  target = path(p)
+  with errors("remove", target):
+    if target.is_dir():
+      target.rmtree(missing_ok=True)
+    elif target.exists():
+      target.unlink(missing_ok=True)
+
+
+def copy(src: PathLike, dst: PathLike) -> None:
+  """Copies one file (local or object) to `dst`, atomically, as `write_bytes` does."""
+  write_bytes(dst, read_bytes(src))
+
+
+def copy_tree(src: PathLike, dst: PathLike) -> list[Path]:
+  """Copies every file under folder `src` to the same relative path under `dst` (`copy`); returns the copies.
+
+  For libraries that write only to a local folder (transformers' `save_pretrained`): they write into a
+  temporary folder, which is then copied to a bucket."""
+  copies = []
+  for name in walk_files(src):
+    copy(path(src) / name, path(dst) / name)
+    copies.append(path(dst) / name)
+  return copies
+
+
+def write_png(p: PathLike, figure) -> None:
+  """Writes a matplotlib figure as PNG to `p` (`write_bytes`: atomic, and into a bucket as well)."""
+  buffer = io.BytesIO()
+  figure.savefig(buffer, format="png")
+  write_bytes(p, buffer.getvalue())
+
+
+def check_writable(p: PathLike) -> None:
+  """Fails now, with one line, if folder `p` cannot be created or written (rather than at the first save), and
+  leaves nothing behind: locally the nearest folder on the way that exists must be writable; in a bucket one
+  empty probe object is written and removed (so a missing bucket or a refused write fails here)."""
+  d = path(p)
+  if is_remote(d):
+    with errors("write in", d):
+      probe = d / f".tupe-write-check-{os.getpid()}"
+      probe.write_bytes(b"")
+      probe.unlink()
+    return
+  existing = d
+  while not exists(existing):
+    existing = existing.parent
+  if not is_dir(existing):
+    raise StorageError(f"cannot write in {d}: {existing} is a file (Not a directory)")
+  if not os.access(existing, os.W_OK | os.X_OK):
+    raise StorageError(f"cannot write in {d}: {existing}: Permission denied")
+
+
+def version(p: PathLike) -> tuple:
+  """What changes whenever the file `p` is written again, without reading it: (size, modification time in ns,
+  inode) locally; (size, generation, or the ETag where a store has no generations) in a bucket."""
+  target = path(p)
+  with errors("check", target):
+    if is_remote(target):
+      fs, key = fsspec.core.url_to_fs(os.fspath(target))
+      info = fs.info(key)
+      return info.get("size"), info.get("generation") or info.get("ETag") or info.get("etag")
+    stat = os.stat(os.fspath(target))
+    return stat.st_size, stat.st_mtime_ns, stat.st_ino

@@ -1,0 +1,248 @@
+"""A study's report: report.json, report.md (TUPE Table 1's layout) and curves.png, from its variants' workdirs.
+
+Per variant: pre-training steps and tokens (steps x global batch x seq_len), the final evaluation on the
+pre-training eval split (MLM loss and accuracy; ELECTRA: the generator's MLM and the discriminator's loss,
+accuracy and AUC), the held-out score (`tupe.tools.evaluate`), and per GLUE task the median over seeds at the
+best learning rate with its min-max spread (`tupe.glue.report.summarize`), and their average. Where a stage
+has not finished its fields are null (report.md: "-"). The TUPE study's rows show the TUPE paper's base-model
+numbers (1M steps of BERT-base) beside them, labelled as such.
+
+With the control (random_init: the GLUE grid on random weights, no pre-training), every pre-trained variant's
+GLUE gain over it (`glue_gains`): per task and for the average, the difference of the medians with its seed
+range, [variant min - control max, variant max - control min] over the seeds (for the average: over the seeds'
+averages across tasks). A variant beats random initialisation when the lower end of its average's range is above
+0, i.e. every seed beats every seed of the control. When no variant does, the report says that GLUE at this
+budget measures nothing instead of comparing the variants on it (`glue_verdict`).
+"""
+from __future__ import annotations
+
+import json
+import math
+
+from tupe import present
+from tupe.glue import metrics as glue_metrics
+from tupe.glue import outputs
+from tupe.glue import report as glue_report
+from tupe.glue import runs as runs_lib
+from tupe.store import runlog
+from tupe.store import storage
+
+CONTROL = "random_init"  # the no-pre-training control's name in a study
+EVAL_KEYS = ("mlm_loss", "mlm_accuracy", "disc_loss", "disc_accuracy", "disc_auc")
+
+
+def pretrain_summary(variant) -> dict:
+  """Steps, tokens, the final step's eval metrics and the eval curve [(tokens, eval MLM loss)] of a variant."""
+  cfg = variant.pretrain_cfg
+  tokens_per_step = cfg.global_batch_size * cfg.seq_len
+  path = variant.pretrain_dir / "metrics.jsonl"
+  records = runlog.read_metrics(variant.pretrain_dir) if storage.is_file(path) else []
+  evals = [r for r in records if "eval_mlm_loss" in r]
+  steps = max((r["step"] for r in records), default=0)
+  final = evals[-1] if evals and evals[-1]["step"] == steps else {}
+  return {"model": cfg.model.name, "objective": cfg.objective if variant.pretrain else "none (random init)",
+          "steps": steps, "tokens": steps * tokens_per_step,
+          "planned_steps": cfg.num_train_steps, "seq_len": cfg.seq_len, "global_batch_size": cfg.global_batch_size,
+          "eval": {key: glue_report.json_number(_float(final.get(f"eval_{key}"))) for key in EVAL_KEYS
+                   if key.startswith("mlm") or cfg.objective == "electra"},
+          "curve": [[r["step"] * tokens_per_step, glue_report.json_number(_float(r["eval_mlm_loss"]))]
+                    for r in evals]}
+
+
+def _float(value) -> float | None:
+  """A metrics.jsonl number (non-finite ones are logged as text) as a float; None when absent."""
+  return None if value is None else float(value)
+
+
+def heldout_summary(variant, step: int) -> dict | None:
+  path = variant.heldout_file(step)
+  return json.loads(storage.read_text(path)) if step and storage.is_file(path) else None
+
+
+def glue_summary(variant) -> dict:
+  """Per task: best-lr median, min, max, spread (max - min), best lr, seeds; and the average of the medians."""
+  runs = runs_lib.read_runs(variant.glue_dir)
+  summary = glue_report.summarize(runs_lib.run_records(runs))
+  tasks = {}
+  for result in summary:
+    best = result.best
+    tasks[result.task] = {"median": glue_report.json_number(best.median), "min": best.min, "max": best.max,
+                          "spread": None if best.min is None else best.max - best.min, "best_lr": best.lr,
+                          "n_seeds": len(best.seeds), "n_diverged": best.n_diverged,
+                          "metric": glue_metrics.score_metric(result.task)}
+  average = glue_report.averages(summary)[0]
+  complete = len(runs) == len(variant.tasks) * len(variant.lrs) * len(variant.seeds)
+  return {"tasks": tasks, "average": average.value if complete else None, "average_tasks": list(average.tasks),
+          "seed_averages": seed_averages(summary) if complete else None, "runs": len(runs), "complete": complete}
+
+
+def seed_averages(summary) -> list[float] | None:
+  """Per seed, the mean over tasks of its score at each task's best learning rate; None if a seed diverged."""
+  by_seed = {}
+  for result in summary:
+    for seed, score in zip(result.best.seeds, result.best.scores):
+      by_seed.setdefault(seed, []).append(score)
+  if any(score is None for scores in by_seed.values() for score in scores):
+    return None
+  return [float(sum(scores) / len(scores)) for _, scores in sorted(by_seed.items())]
+
+
+def _gain(variant_median, variant_scores, control_median, control_scores) -> dict | None:
+  """Median difference and its seed range [variant min - control max, variant max - control min]."""
+  if None in (variant_median, control_median) or not variant_scores or not control_scores:
+    return None
+  return {"gain": variant_median - control_median, "low": min(variant_scores) - max(control_scores),
+          "high": max(variant_scores) - min(control_scores)}
+
+
+def glue_gains(variants: dict) -> dict:
+  """{variant: {"tasks": {task: gain}, "average": gain, "beats_random_init": bool}} over the control's GLUE."""
+  control = variants[CONTROL]["glue"]
+  gains = {}
+  for name, entry in variants.items():
+    glue = entry["glue"]
+    if name == CONTROL or not glue["complete"] or not control["complete"]:
+      continue
+    tasks = {task: _gain(result["median"], [result["min"], result["max"]], control["tasks"][task]["median"],
+                         [control["tasks"][task]["min"], control["tasks"][task]["max"]])
+             for task, result in glue["tasks"].items() if task in control["tasks"]}
+    average = _gain(glue["average"], glue["seed_averages"], control["average"], control["seed_averages"])
+    gains[name] = {"tasks": tasks, "average": average, "beats_random_init": bool(average and average["low"] > 0)}
+  return gains
+
+
+def glue_verdict(gains: dict) -> str:
+  """One sentence: which variants beat random initialisation on GLUE, or that GLUE measures nothing here."""
+  beating = [name for name, gain in gains.items() if gain["beats_random_init"]]
+  if not beating:
+    return ("No pre-trained variant beats random initialisation on the GLUE average beyond the seed spread: GLUE "
+            "at this budget measures nothing, so the variants are not compared on it.")
+  others = [name for name in gains if name not in beating]
+  return (f"{', '.join(beating)} beat{'s' if len(beating) == 1 else ''} random initialisation on the GLUE average "
+          f"beyond the seed spread" + (f"; {', '.join(others)} do{'es' if len(others) == 1 else ''} not, and "
+                                       f"{'is' if len(others) == 1 else 'are'} not compared on GLUE" if others else "")
+          + ".")
+
+
+def paper_numbers(name: str, tasks: list[str]) -> dict | None:
+  """The TUPE paper's base-model dev numbers of a TUPE-table model on `tasks`, and their average."""
+  paper = outputs.PAPER_DEV.get(name)
+  if paper is None:
+    return None
+  by_task = dict(zip(glue_metrics.TUPE_AVERAGE_TASKS, paper))
+  chosen = {task: by_task[task] for task in tasks if task in by_task}
+  average = glue_metrics.tupe_average({task: {glue_metrics.score_metric(task): value}
+                                       for task, value in chosen.items()})
+  return {"tasks": chosen, "average": average.value}
+
+
+def build(cfg, variants) -> dict:
+  """The content of report.json."""
+  out = {"study": cfg.study, "scale": cfg.scale, "heldout_file": cfg.heldout_file, "heldout_seed": cfg.heldout_seed,
+         "glue_tasks": list(variants[0].tasks) if variants else [], "variants": {}}
+  for variant in variants:
+    pretrain = pretrain_summary(variant)
+    glue = glue_summary(variant)
+    entry = {"pretrain": pretrain, "heldout": heldout_summary(variant, pretrain["steps"]), "glue": glue}
+    if cfg.study == "tupe":
+      entry["paper_base"] = paper_numbers(variant.name, list(variant.tasks))
+    out["variants"][variant.name] = entry
+  if CONTROL in out["variants"]:
+    out["glue_gains"] = glue_gains(out["variants"])
+    out["glue_verdict"] = glue_verdict(out["glue_gains"]) if out["glue_gains"] else None
+  return glue_report.json_safe(out)
+
+
+def _number(value, digits: int = 2) -> str:
+  return "-" if value is None else f"{value:.{digits}f}"
+
+
+def markdown(report: dict) -> str:
+  """report.md: GLUE table (TUPE Table 1's layout: variants by tasks, then the average), pre-training table."""
+  tasks = report["glue_tasks"]
+  lines = [f"# Study {report['study']} at scale {report['scale']}", "",
+           "## GLUE dev", "",
+           "Median over seeds at the best learning rate (min-max over seeds); avg: the mean of the task medians "
+           "(blank until every run of the grid has finished)."
+           + (" Rows \"(paper, base)\" are the TUPE paper's Table 1 numbers for BERT-base-size models pre-trained "
+              "for 1M steps, not this study's; their avg is over the same tasks." if report["study"] == "tupe"
+              else ""), ""]
+  header = ["variant"] + tasks + ["avg"]
+  rows = []
+  for name, entry in report["variants"].items():
+    glue = entry["glue"]
+    cells = []
+    for task in tasks:
+      result = glue["tasks"].get(task)
+      cells.append("-" if result is None else f"{_number(result['median'])} "
+                   f"({_number(result['min'])}-{_number(result['max'])})")
+    rows.append([name] + cells + [_number(glue["average"])])
+    paper = entry.get("paper_base")
+    if paper:
+      rows.append([f"{name} (paper, base)"] + [_number(paper["tasks"].get(task)) for task in tasks]
+                  + [_number(paper["average"])])
+  lines.append(present.markdown_table(header, rows))
+  if "glue_gains" in report:
+    lines += gains_markdown(report, tasks)
+  lines += ["## Pre-training", "",
+            f"Final evaluation on the pre-training eval split and on the held-out text {report['heldout_file']} "
+            f"(masks drawn with seed {report['heldout_seed']}, the same for every variant). ELECTRA: the MLM numbers "
+            "are the generator's.", ""]
+  header = ["variant", "objective", "steps", "tokens", "eval MLM loss", "eval MLM acc", "held-out MLM loss",
+            "held-out MLM acc", "disc loss", "disc acc", "disc AUC"]
+  rows = []
+  for name, entry in report["variants"].items():
+    pre, held = entry["pretrain"], entry["heldout"] or {}
+    ev = pre["eval"]
+    rows.append([name, pre["objective"], str(pre["steps"]), f"{pre['tokens']:,}", _number(ev.get("mlm_loss"), 4),
+                 _number(ev.get("mlm_accuracy"), 4), _number(held.get("mlm_loss"), 4),
+                 _number(held.get("mlm_accuracy"), 4), _number(ev.get("disc_loss"), 4),
+                 _number(ev.get("disc_accuracy"), 4), _number(ev.get("disc_auc"), 4)])
+  lines.append(present.markdown_table(header, rows))
+  return "\n".join(lines)
+
+
+def gains_markdown(report: dict, tasks: list[str]) -> list[str]:
+  """The gain table over random_init and the verdict."""
+  def cell(gain):
+    return "-" if gain is None else f"{gain['gain']:+.2f} [{gain['low']:+.2f}, {gain['high']:+.2f}]"
+  rows = [[name] + [cell(gain["tasks"].get(task)) for task in tasks] + [cell(gain["average"]),
+                                                                        "yes" if gain["beats_random_init"] else "no"]
+          for name, gain in report["glue_gains"].items()]
+  return ["## GLUE gain over random initialisation", "",
+          f"{CONTROL}: the same GLUE grid on random weights of the same encoder, no pre-training. Each cell: the "
+          "variant's median minus random_init's, and in brackets its seed range, [variant min - random_init max, "
+          "variant max - random_init min] (for avg: over each seed's average across the tasks). A variant beats "
+          "random init when the whole range of its avg is above 0.", "",
+          f"**{report['glue_verdict'] or 'Not every GLUE grid has finished: no verdict yet.'}**", "",
+          present.markdown_table(["variant"] + [f"{task} gain" for task in tasks] + ["avg gain", "beats random init"],
+                                 rows)]
+
+
+def plot_curves(report: dict, path: storage.Path) -> None:
+  """curves.png: every variant's eval MLM loss against pre-training tokens."""
+  figure = present.new_figure(7.0, 4.4)
+  axes = figure.subplots()
+  for name, entry in report["variants"].items():
+    curve = [(tokens, loss) for tokens, loss in entry["pretrain"]["curve"] if loss is not None]
+    if curve:
+      axes.plot(*zip(*curve), marker="o", markersize=3, linewidth=1.4, label=name)
+  axes.set_xlabel("pre-training tokens (positions)")
+  axes.set_ylabel("eval MLM loss" + (" (ELECTRA: generator)" if report["study"] == "convbert" else ""))
+  axes.set_title(f"study {report['study']}, scale {report['scale']}: MLM loss on the pre-training eval split", fontsize=10)
+  axes.grid(alpha=0.3)
+  if any(math.isfinite(loss) for entry in report["variants"].values()
+         for _, loss in entry["pretrain"]["curve"] if loss is not None):
+    axes.legend(fontsize=8)
+  figure.tight_layout()
+  storage.write_png(path, figure)
+
+
+def write(cfg, root: storage.Path, variants) -> list[storage.Path]:
+  """Writes report.json, report.md and curves.png into `root` (local or in a bucket); returns their paths."""
+  report = build(cfg, variants)
+  paths = [root / "report.json", root / "report.md", root / "curves.png"]
+  storage.write_text(paths[0], json.dumps(report, indent=2, allow_nan=False) + "\n")
+  storage.write_text(paths[1], markdown(report))
+  plot_curves(report, paths[2])
+  return paths

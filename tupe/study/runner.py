@@ -1,0 +1,288 @@
+"""A study: pre-train every variant, score it on held-out text, fine-tune it on GLUE, and report, in one command.
+
+  python -m tupe.study --config configs/study.py:<study>,<scale> --root DIR [--print | --report-only]
+      [--config.field=value ...]
+
+For each variant of the study (configs/study.py), in DIR/<variant>/:
+  1. pretrain/: `train.py` with the study's recipe at the scale and the variant's overrides;
+  2. glue/: `eval_glue.py` on the final checkpoint, over the study's tasks, learning rates and seeds;
+  3. heldout/step_<N>.json: `tupe.tools.evaluate` of the final checkpoint on the held-out text, in this process
+     (a short evaluation, not worth another start of JAX; last, so that the memory this process then holds on an
+     accelerator is not taken from a command; --print gives its command line).
+Stage 1 runs for every variant first (the pre-training comparison is complete before any fine-tuning), then
+stage 2, then stage 3; then DIR/report.md, report.json and curves.png (`tupe.study.report`).
+The control, DIR/random_init/ (configs/study.py's `random_init`: the variant whose encoder it copies), has stage 2
+only: the same GLUE grid on random weights of that variant's architecture, vocab and casing (eval_glue.py's
+init=random with its checkpoint), so that the report can show what pre-training adds on GLUE.
+
+Rerunning resumes at every level and redoes nothing: a variant whose newest checkpoint has reached
+num_train_steps is not started again (an interrupted one resumes from its checkpoint), a held-out score is kept
+per checkpoint step, and a GLUE grid whose runs are all in runs.jsonl is skipped (an interrupted one resumes
+at its first missing run). Every command's config is loaded and checked, values included, as train.py and
+eval_glue.py check them, before anything runs or is printed.
+--print writes the commands, one per line in order, for a scheduler (the last one writes the report);
+--report-only writes the report from what is finished.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+
+from tupe import config_files
+from tupe import console
+from tupe.data import corpus
+from tupe.errors import UserError
+from tupe.glue import data as glue_data
+from tupe.glue import finetune
+from tupe.glue import runs as runs_lib
+from tupe.store import checkpoint
+from tupe.store import storage
+from tupe.study import heldout
+from tupe.study import report
+from tupe.train import compile_cache
+from tupe.train import pretrain as pretrain_lib
+
+STAGES = ("pre-train", "GLUE", "held-out score")
+CONTROL = report.CONTROL
+
+
+@dataclasses.dataclass
+class Variant:
+  """One variant's commands and workdirs.
+
+  Attributes:
+    name: the variant's name in the study.
+    pretrain: the train.py command; empty for the control (random_init), whose GLUE grid starts from random
+      weights.
+    pretrain_cfg: the resolved train.py config (model, steps, data); the control's: that of the variant whose
+      encoder it copies.
+    lrs: the GLUE learning rates; tasks: the GLUE task names (as runs.jsonl has them); seeds: the GLUE seeds.
+  """
+  name: str
+  pretrain_dir: storage.Path
+  glue_dir: storage.Path
+  heldout_dir: storage.Path
+  pretrain: list[str]
+  glue: list[str]
+  pretrain_cfg: object
+  tasks: tuple[str, ...]
+  lrs: tuple[float, ...]
+  seeds: tuple[int, ...]
+
+  @property
+  def steps(self) -> int:
+    return self.pretrain_cfg.num_train_steps if self.pretrain else 0
+
+  @property
+  def stages(self) -> tuple[str, ...]:
+    """The stages this variant has: all of them, or GLUE alone for the control (no pre-training, no checkpoint)."""
+    return STAGES if self.pretrain else ("GLUE",)
+
+  def heldout_file(self, step: int) -> storage.Path:
+    return self.heldout_dir / f"step_{step}.json"
+
+
+def load_study(spec: str, overrides: list[str]):
+  """The study config of `--config spec` with its `--config.` overrides; a UserError for a bad one."""
+  return config_files.check_config_flags(["tupe.study", f"--config={spec}"] + overrides)
+
+
+def data_path(cfg, path: str) -> str:
+  """`path` (or each of comma-separated globs) under cfg.data_root (a local folder or a bucket URL) unless
+  absolute (or itself a bucket URL)."""
+  return ",".join(p if storage.is_remote(p) else str(storage.path(cfg.data_root) / p)
+                  for p in (p.strip() for p in path.split(",")) if p)
+
+
+def check_inputs(cfg) -> None:
+  """The corpus, vocab, held-out file and GLUE folder exist: one line naming the first that does not."""
+  corpus.expand_globs(data_path(cfg, cfg.corpus))
+  for what, path, fix in (("vocab", cfg.vocab, "--config.vocab"),
+                          ("held-out text file", cfg.heldout_file, "--config.heldout_file"),
+                          ("GLUE data folder", cfg.glue_dir, "--config.glue_dir")):
+    resolved = data_path(cfg, path)
+    if not (storage.is_dir(resolved) if what.startswith("GLUE") else storage.is_file(resolved)):
+      raise UserError(f"{what} {resolved} does not exist: set {fix} (relative to data_root {cfg.data_root}, or "
+                      f"absolute)")
+
+
+def glue_command(cfg, workdir: storage.Path, checkpoint_dir: storage.Path, architecture: str,
+                 init: str = "pretrained") -> list[str]:
+  """The eval_glue.py command of a variant's grid: `init` "random" starts from random weights shaped as the
+  checkpoint (the control)."""
+  return ([sys.executable, str(config_files.REPO / "eval_glue.py"),
+           f"--config={config_files.REPO / 'configs' / 'glue.py'}:{cfg.glue.recipe}",
+           f"--workdir={workdir}"] + ([f"--config.init={init}"] if init != "pretrained" else [])
+          + [f"--config.init_checkpoint={checkpoint_dir}",
+             f"--config.data_dir={data_path(cfg, cfg.glue_dir)}", f"--config.tasks={cfg.glue.tasks}",
+             f"--config.seeds={','.join(map(str, cfg.glue.seeds))}", f"--config.architectures={architecture}"]
+          + ([f"--config.learning_rates={','.join(f'{lr:g}' for lr in cfg.glue.learning_rates)}"]
+             if cfg.glue.learning_rates else [])
+          + [f"--config.{o}" for o in cfg.glue.overrides])
+
+
+def plan(cfg, root: storage.Path) -> list[Variant]:
+  """Every variant's commands, each config loaded and checked (a UserError for the first bad one), and the
+  control (random_init) last when the study has one."""
+  pretrain_config = config_files.REPO / "configs" / "pretrain.py"
+  variants = []
+  for name, model, overrides in cfg.variants:
+    workdir = root / name
+    pretrain = ([sys.executable, str(config_files.REPO / "train.py"), f"--config={pretrain_config}:{model},{cfg.size}",
+                 f"--workdir={workdir / 'pretrain'}", f"--config.seed={cfg.seed}",
+                 f"--config.data.files={data_path(cfg, cfg.corpus)}",
+                 f"--config.data.vocab_file={data_path(cfg, cfg.vocab)}"]
+                + [f"--config.{o}" for o in tuple(cfg.pretrain_overrides) + tuple(overrides)])
+    pretrain_cfg = config_files.check_config_flags(["train.py"] + pretrain[2:])
+    pretrain_lib.check_config(pretrain_cfg)
+    variants.append(make_variant(name, workdir, pretrain, pretrain_cfg,
+                                 glue_command(cfg, workdir / "glue", workdir / "pretrain", pretrain_cfg.model.name)))
+  if cfg.random_init:
+    copied = {v.name: v for v in variants}.get(cfg.random_init)
+    if copied is None:
+      raise UserError(f"random_init={cfg.random_init!r} is not a variant of the {cfg.study} study: use one of "
+                      f"{', '.join(v.name for v in variants)}, or '' for no control")
+    workdir = root / CONTROL
+    variants.append(make_variant(CONTROL, workdir, [], copied.pretrain_cfg, glue_command(
+        cfg, workdir / "glue", copied.pretrain_dir, copied.pretrain_cfg.model.name, init="random")))
+  return variants
+
+
+def make_variant(name: str, workdir: storage.Path, pretrain: list[str], pretrain_cfg, glue: list[str]) -> Variant:
+  glue_cfg = config_files.check_config_flags(["eval_glue.py"] + glue[2:])
+  finetune.check_config(glue_cfg)
+  tasks = tuple(task.name for task in glue_data.parse_tasks(glue_cfg.tasks))
+  return Variant(name, workdir / "pretrain", workdir / "glue", workdir / "heldout", pretrain, glue, pretrain_cfg,
+                 tasks, glue_data.learning_rates(glue_cfg, pretrain_cfg.model), tuple(glue_cfg.seeds))
+
+
+def evaluate_command(cfg, variant: Variant, step: int) -> list[str]:
+  """The command line of the held-out score of `variant`'s checkpoint `step` (written to heldout/step_<step>.json);
+  `run` calls the same function, `heldout.evaluate`, in its own process."""
+  return [sys.executable, "-m", "tupe.tools.evaluate", f"--checkpoint={variant.pretrain_dir}",
+          f"--text-file={data_path(cfg, cfg.heldout_file)}", f"--seed={cfg.heldout_seed}",
+          f"--max-examples={cfg.heldout_max_examples}", f"--batch-size={cfg.heldout_batch_size}",
+          f"--out={variant.heldout_file(step)}"]
+
+
+def finished_step(variant: Variant) -> int:
+  """The newest finished checkpoint step of a variant's pre-training (0 when it has none)."""
+  try:
+    return int(checkpoint.latest_step_dir(variant.pretrain_dir).name)
+  except UserError:
+    return 0
+
+
+def heldout_done(cfg, variant: Variant, step: int) -> bool:
+  """Whether the held-out score of checkpoint `step` is there, for this text file, seed and size."""
+  path = variant.heldout_file(step)
+  if not storage.is_file(path):
+    return False
+  saved = json.loads(storage.read_text(path))
+  return (saved.get("text_file") == data_path(cfg, cfg.heldout_file) and saved.get("seed") == cfg.heldout_seed
+          and saved.get("max_examples") == cfg.heldout_max_examples)
+
+
+def glue_pending(variant: Variant) -> int:
+  """How many (task, lr, seed) runs of a variant's grid are not in its runs.jsonl."""
+  done = {(run["task"], run["lr"], run["seed"]) for run in runs_lib.read_runs(variant.glue_dir)}
+  return sum((task, lr, seed) not in done for task in variant.tasks for lr in variant.lrs for seed in variant.seeds)
+
+
+def run_command(command: list[str], label: str) -> None:
+  path = os.pathsep.join(filter(None, [str(config_files.REPO), os.environ.get("PYTHONPATH")]))
+  env = dict(os.environ, PYTHONPATH=path)
+  start = time.time()
+  code = subprocess.call(command, env=env)
+  if code:
+    raise UserError(f"{label} exited with status {code}; rerun the study to resume: {shlex.join(command)}")
+  console.log(f"[study] {label}: finished in {console.format_duration(time.time() - start)}")
+
+
+def run(cfg, root: storage.Path, variants: list[Variant]) -> int:
+  """Runs what is not finished, stage by stage; returns the number of (stage, variant) steps run."""
+  total, ran, count = sum(len(variant.stages) for variant in variants), 0, 0
+  for stage in STAGES:
+    for variant in (variant for variant in variants if stage in variant.stages):
+      count += 1
+      label = f"{count}/{total} {stage} {variant.name}"
+      step = finished_step(variant)
+      if stage == "pre-train":
+        if step >= variant.steps:
+          console.log(f"[study] {label}: done (checkpoint {step} of {variant.steps} steps), skipped")
+          continue
+        console.log(f"[study] {label}: {'resuming at step ' + str(step) if step else 'starting'}, "
+                    f"{variant.steps} steps in {variant.pretrain_dir}")
+        run_command(variant.pretrain, label)
+      elif stage == "held-out score":
+        if heldout_done(cfg, variant, step):
+          console.log(f"[study] {label}: done ({variant.heldout_file(step)}), skipped")
+          continue
+        console.log(f"[study] {label}: checkpoint {step} on {data_path(cfg, cfg.heldout_file)}")
+        start = time.time()
+        heldout.write(heldout.evaluate(str(variant.pretrain_dir), data_path(cfg, cfg.heldout_file),
+                                         cfg.heldout_seed, cfg.heldout_max_examples, cfg.heldout_batch_size),
+                       variant.heldout_file(step))
+        console.log(f"[study] {label}: finished in {console.format_duration(time.time() - start)}")
+      else:
+        pending = glue_pending(variant)
+        if not pending and storage.is_file(variant.glue_dir / "results.json"):
+          console.log(f"[study] {label}: done ({variant.glue_dir / 'results.json'}), skipped")
+          continue
+        console.log(f"[study] {label}: {pending} of {len(variant.tasks) * len(variant.lrs) * len(variant.seeds)} "
+                    f"runs to go ({', '.join(variant.tasks)}) in {variant.glue_dir}")
+        run_command(variant.glue, label)
+      ran += 1
+  return ran
+
+
+def main(argv: list[str]) -> None:
+  parser = argparse.ArgumentParser(prog="python -m tupe.study", description=__doc__.splitlines()[0])
+  parser.add_argument("--config", required=True, help="configs/study.py:<study>,<scale> (tupe|convbert, "
+                                                      "micro|mini|base)")
+  parser.add_argument("--root", required=True, help="folder of the study's workdirs and report (local or "
+                                                         "gs://...)")
+  mode = parser.add_mutually_exclusive_group()
+  mode.add_argument("--print", action="store_true", help="print the commands instead of running them")
+  mode.add_argument("--report-only", action="store_true", help="write the report from what is finished")
+  args, overrides = parser.parse_known_args(argv[1:])
+  unknown = [o for o in overrides if not o.startswith("--config.")]
+  if unknown:
+    raise UserError(f"unknown arguments {' '.join(unknown)}: the study takes --config, --root, --print, "
+                    f"--report-only and --config.<field>=<value> overrides")
+  cfg = load_study(args.config, overrides)
+  check_inputs(cfg)
+  compile_cache.enable(cfg.compilation_cache_dir)
+  root = storage.path(args.root)
+  variants = plan(cfg, root)
+  if args.print:
+    for variant in (v for v in variants if v.pretrain):
+      print(shlex.join(variant.pretrain))
+    for variant in variants:
+      print(shlex.join(variant.glue))
+    for variant in (v for v in variants if v.pretrain):
+      print(f"PYTHONPATH={shlex.quote(str(config_files.REPO))} "
+            + shlex.join(evaluate_command(cfg, variant, variant.steps)))
+    spec_file, _, spec_arg = args.config.partition(":")
+    spec = f"{storage.local(spec_file)}:{spec_arg}" if spec_arg else storage.local(spec_file)
+    print(f"PYTHONPATH={shlex.quote(str(config_files.REPO))} " + shlex.join(
+        [sys.executable, "-m", "tupe.study", f"--config={spec}", f"--root={root}", "--report-only"] + overrides))
+    return
+  if not args.report_only:
+    console.log(f"[study] {cfg.study} at scale {cfg.scale}: {len(variants)} variants "
+                f"({', '.join(v.name for v in variants)}) in {root}")
+    ran = run(cfg, root, variants)
+    console.log(f"[study] {ran} stage(s) run, {sum(len(v.stages) for v in variants) - ran} already done")
+  paths = report.write(cfg, root, variants)
+  console.log(f"[study] wrote {', '.join(str(p) for p in paths)}")
+
+
+if __name__ == "__main__":
+  from tupe.run import process
+  process.run_main(main)

@@ -1,0 +1,123 @@
+"""Config sweeps: a grid over config keys, run in sequence here or printed as one command per run.
+
+  python -m tupe.study.sweep --config configs/pretrain.py:tupe_a,base --root runs/lr \\
+      --grid optimizer.learning_rate=1e-4,2e-4 --grid seed=0,1 [--print] [-- --config.num_train_steps=1000]
+
+Each run gets its own workdir under --root (a local folder or a bucket URL, gs://...), named after its grid
+values (e.g. runs/lr/optimizer.learning_rate=1e-4,seed=0; values with "/" or other unsafe characters are
+replaced and a digest keeps the names distinct: `workdir_name`), so rerunning the sweep resumes every run from
+its checkpoints. Arguments after `--` go to every run.
+--print writes the train.py commands (one per line) instead of running them, for a cluster scheduler. Every
+run's complete config is loaded and checked first, as train.py checks it (keys, types, values, settings that
+do not fit together, the data it reads and the model's vocab size), so that a bad grid point is an error
+before anything runs or is printed.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import itertools
+import json
+import re
+import shlex
+import subprocess
+import sys
+
+from tupe import config_files
+from tupe.errors import UserError
+from tupe.store import storage
+from tupe.train import pretrain
+
+
+def parse_grid(specs: list[str]) -> list[tuple[str, list[str]]]:
+  """["a.b=1,2", "seed=0"] -> [("a.b", ["1", "2"]), ("seed", ["0"])]."""
+  grid = []
+  for spec in specs:
+    key, sep, values = spec.partition("=")
+    if not sep or not key or not values:
+      raise UserError(f"--grid {spec!r}: write KEY=V1,V2,... (e.g. optimizer.learning_rate=1e-4,2e-4)")
+    grid.append((key, values.split(",")))
+  return grid
+
+
+def workdir_name(assignment: list[tuple[str, str]]) -> str:
+  """A grid point's workdir name inside --root: "key=value,..." when every value is a plain word; otherwise the
+  characters that could leave the root or collide ("/", "..", spaces, ...) become "_" and a digest of the exact
+  values is appended, so that names stay inside the root and distinct (`a.txt` and `./a.txt` differ). The full
+  overrides are in each run's config.json."""
+  name = ",".join(f"{k}={v}" for k, v in assignment) or "run"
+  safe = re.sub(r"[^A-Za-z0-9_.,=+-]", "_", name).replace("..", "__")
+  if safe == name and not name.startswith("."):
+    return name
+  return f"{safe[:100]}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+
+
+def runs(config: str, root: str, grid, extra: list[str]) -> list[list[str]]:
+  """The train.py command line of every grid point, in a fixed order."""
+  commands, names = [], set()
+  for values in itertools.product(*(v for _, v in grid)):
+    assignment = list(zip((k for k, _ in grid), values))
+    name = workdir_name(assignment)
+    if name in names:
+      raise UserError(f"the grid gives {name} twice: list each value of a --grid key once")
+    names.add(name)
+    commands.append([sys.executable, str(config_files.REPO / "train.py"), f"--config={config}",
+                     f"--workdir={storage.path(root) / name}"]
+                    + [f"--config.{k}={v}" for k, v in assignment] + list(extra))
+  return commands
+
+
+def check(commands: list[list[str]]) -> None:
+  """Loads every run's complete config with its overrides and checks it as train.py will before its first step:
+  its values (`pretrain.check_config`), then the data it will read (`pretrain.load_data`, once per distinct data
+  setting) against the model (`pretrain.resolve_vocab_size`), so that a typo in a key, a value of the wrong type
+  or out of range, settings that do not fit together (e.g. warmup past the last step), a missing corpus or a
+  vocab the model does not match is a one-line error here, before anything runs or is printed for a
+  scheduler."""
+  def named(i: int, command: list[str], e: UserError) -> UserError:
+    return UserError(f"run {i + 1}/{len(commands)} ({storage.path(command[3].split('=', 1)[1]).name}): {e}")
+
+  configs = []
+  for i, command in enumerate(commands):  # The cheap checks of every point first.
+    try:
+      configs.append(config_files.check_config_flags(["train.py"] + command[2:]))
+      pretrain.check_config(configs[-1])
+    except UserError as e:
+      raise named(i, command, e) from e
+  vocab_sizes = {}  # (data config, seq_len, evaluates) -> the training split's vocab size: each read once
+  for i, (command, cfg) in enumerate(zip(commands, configs)):
+    key = json.dumps([cfg.data.to_dict(), cfg.seq_len, bool(cfg.eval_every)], sort_keys=True)
+    try:
+      if key not in vocab_sizes:
+        vocab_sizes[key] = pretrain.load_data(cfg)[0].info.vocab_size
+      pretrain.resolve_vocab_size(cfg, vocab_sizes[key])
+    except UserError as e:
+      raise named(i, command, e) from e
+
+
+def main(argv: list[str]) -> None:
+  argv = argv[1:]
+  extra = []
+  if "--" in argv:
+    extra, argv = argv[argv.index("--") + 1:], argv[:argv.index("--")]
+  parser = argparse.ArgumentParser(prog="python -m tupe.study.sweep", description=__doc__.splitlines()[0])
+  parser.add_argument("--config", required=True, help="configs/<file>.py:<arg>")
+  parser.add_argument("--root", required=True, help="parent folder of the runs' workdirs (local or gs://...)")
+  parser.add_argument("--grid", action="append", default=[], help="KEY=V1,V2,... (repeatable)")
+  parser.add_argument("--print", action="store_true", help="print the commands instead of running them")
+  args = parser.parse_args(argv)
+  commands = runs(args.config, args.root, parse_grid(args.grid), extra)
+  check(commands)
+  for i, command in enumerate(commands):
+    if args.print:
+      print(shlex.join(command))
+      continue
+    print(f"[sweep] run {i + 1}/{len(commands)}: {shlex.join(command[2:])}", flush=True)
+    code = subprocess.call(command)
+    if code:
+      raise UserError(f"run {i + 1}/{len(commands)} exited with status {code}: {shlex.join(command)}")
+
+
+if __name__ == "__main__":
+  from tupe.run import process
+  process.run_main(main)

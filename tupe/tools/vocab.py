@@ -1,0 +1,27 @@
+"""Trains a WordPiece vocab on plain-text files (documents separated by blank lines, Project Gutenberg
+header/footer stripped), as a BERT vocab.txt.
+
+  python -m tupe.tools.vocab --input 'corpus/*.txt' --vocab-size 30522 --output vocab.txt [--cased]
+"""
+import argparse
+
+from tupe.data import tokenizer
+from tupe.data import units
+
+
+def main(argv: list[str]) -> None:
+  parser = argparse.ArgumentParser(prog="python -m tupe.tools.vocab", description=__doc__.splitlines()[0])
+  parser.add_argument("--input", required=True, help="comma-separated globs of UTF-8 text files")
+  parser.add_argument("--vocab-size", type=int, default=30522)
+  parser.add_argument("--output", required=True, help="vocab.txt to write")
+  parser.add_argument("--cased", action="store_true", help="keep case and accents (default: uncased)")
+  args = parser.parse_args(argv[1:])
+  source = dict(format="text", documents="paragraphs", files=args.input)
+  path = tokenizer.train_wordpiece(units.all_documents(source, units.plan_inputs(source)), args.vocab_size, args.output,
+                         lowercase=not args.cased)
+  print(f"wrote {path} ({len(tokenizer.read_vocab(path))} tokens)")
+
+
+if __name__ == "__main__":
+  from tupe.run import process
+  process.run_main(main)

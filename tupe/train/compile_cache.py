@@ -1,0 +1,108 @@
+"""Compile once per machine: JAX's persistent compilation cache, on by default.
+
+Every entry point (train.py, eval_glue.py, and through them the study and the sweep; the tools that compile)
+calls `enable(cfg.compilation_cache_dir)` before it compiles anything. The config field defaults to a per-user
+folder, `~/.cache/tupe/jax`; on a pod, a bucket that every host shares (`gs://bucket/jax-cache`: JAX writes
+entries from process 0 only). "" turns the cache off. The environment variable JAX_COMPILATION_CACHE_DIR, when
+set, wins over the field (JAX reads it itself: the test suite shares one cache that way).
+
+A cache that cannot be written costs one warning and the run compiles as without one; an entry that cannot be
+read (corrupt, truncated) costs one warning line and a normal compile (JAX's own fallback). `Watch` says how
+long a compilation took and whether the program was compiled or loaded from the cache, counted from JAX's own
+cache events (`jax.monitoring`).
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import jax
+from jax.experimental.compilation_cache import compilation_cache as jax_cache
+
+from tupe import console
+from tupe.store import storage
+
+DEFAULT_DIR = "~/.cache/tupe/jax"
+
+_HITS, _REQUESTS, _WRITES = ("/jax/compilation_cache/cache_hits",
+                             "/jax/compilation_cache/compile_requests_use_cache",
+                             "/jax/compilation_cache/cache_misses")  # (a "miss" is counted when its entry is written)
+_COMPILES = "/jax/core/compile/backend_compile_duration"  # every XLA compile, or load from the cache
+_events = {_HITS: 0, _REQUESTS: 0, _WRITES: 0, _COMPILES: 0}
+
+
+def _count(event: str, *_, **__) -> None:
+  if event in _events:
+    _events[event] += 1
+
+
+_listening = False
+
+
+def _listen() -> None:
+  """Counts JAX's cache and compile events from now on (once per process: JAX keeps its listeners for good)."""
+  global _listening
+  if not _listening:
+    _listening = True
+    jax.monitoring.register_event_listener(_count)
+    jax.monitoring.register_event_duration_secs_listener(_count)
+
+
+def directory() -> str | None:
+  """The cache folder in use, or None when the cache is off."""
+  return jax.config.jax_compilation_cache_dir or None
+
+
+def enable(cache_dir: str = DEFAULT_DIR) -> None:
+  """Points JAX's persistent compilation cache at `cache_dir` (local, `~` expanded, or gs://...); "" turns it
+  off. JAX_COMPILATION_CACHE_DIR, when set, wins. A folder that cannot be created or written: one warning, and no
+  cache."""
+  if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+    return
+  target = "" if not cache_dir else str(storage.path(cache_dir))
+  if target:
+    try:
+      storage.check_writable(target)
+    except storage.StorageError as e:
+      console.log(f"warning: the compilation cache is off for this run: {e} (set --config.compilation_cache_dir to "
+                  f"a writable folder, or to \"\" to turn it off)")
+      target = ""
+  if target != (directory() or ""):
+    jax_cache.set_cache_dir(target or None)
+    jax_cache.reset_cache()  # in case something was compiled before: the cache is set up anew at the next compile
+
+
+class Watch:
+  """`with Watch() as watch:` around a compilation; then `watch.line()`: "compiled in 12.3 s (...)", saying
+  whether the program was compiled (and saved to the cache) or loaded from it."""
+
+  def __enter__(self):
+    _listen()
+    self._before = dict(_events)
+    self._start = time.perf_counter()
+    return self
+
+  def __exit__(self, *exc):
+    self.seconds = time.perf_counter() - self._start
+    self.counts = {k: _events[k] - self._before[k] for k in _events}
+
+  @property
+  def compiled(self) -> bool:
+    """Whether a program was compiled (or loaded from the cache) inside."""
+    return self.counts[_COMPILES] > 0
+
+  @property
+  def loaded(self) -> bool:
+    """Whether every program compiled inside was loaded from the cache."""
+    return self.counts[_REQUESTS] > 0 and self.counts[_HITS] == self.counts[_REQUESTS]
+
+  def line(self) -> str:
+    if not directory():
+      how = "compilation cache off"
+    elif self.loaded:
+      how = f"loaded from the compilation cache {directory()}"
+    elif self.counts[_WRITES]:
+      how = f"compiled, and saved to the compilation cache {directory()}"
+    else:
+      how = "compiled; not cached (faster to compile than the cache's minimum time)"
+    return f"compiled in {self.seconds:.1f} s ({how})"

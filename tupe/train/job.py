@@ -1,0 +1,169 @@
+"""A job's runtime: what pre-training and fine-tuning do around their loops, written once.
+
+`with Job(cfg, workdir) as job:` is the startup both loops share, in this order:
+  1. JAX's persistent compilation cache (`compile_cache.enable`);
+  2. `jax.distributed.initialize` for multi-host runs (an explicit coordinator, or auto-detected on TPU pods);
+  3. the workdir: checked (writable, names and paths the filesystem allows), created, and held for this job
+     (`tupe.store.lease`): another job on it gets one line before any data is loaded or anything written;
+  4. SIGTERM (preemption) and Ctrl-C recorded for the job's duration (`tupe.signals`), acted on by the loop at its
+     safe points: `stop_signal()`, after which every host stops after the same step.
+The loop then owns what it opens through `job.enter(...)` (checkpointer, metric writers, data workers), closed
+before the lease is given up. A job that fails before `job.started()` (bad input found while loading data or
+the checkpoint) removes the workdir it created, so that bad input leaves nothing behind.
+
+When to log, evaluate and checkpoint is decided by one function, `itstime`.
+"""
+from __future__ import annotations
+
+import contextlib
+import fractions
+import math
+import os
+import sys
+
+import jax
+from jax.experimental import multihost_utils
+import numpy as np
+
+from tupe import signals
+from tupe.errors import UserError
+from tupe.store import lease
+from tupe.store import storage
+from tupe.train import compile_cache
+
+
+def itstime(step: int, every: int | fractions.Fraction, total: int, last: bool = True) -> bool:
+  """Whether a periodic action runs after `step` (counted from 1): after every `every` steps (0: never), and
+  after the last step (`total`) when `last`. `every` may be a fraction of steps, as an epoch's evaluations are
+  (`Fraction(steps_per_epoch, evals_per_epoch)`): then after the first step at or past each of its multiples."""
+  if last and step == total:
+    return True
+  return bool(every) and math.floor(step / every) > math.floor((step - 1) / every)
+
+
+class Job:
+  """The runtime one training job runs in (the module docstring): `with Job(cfg, workdir) as job:`."""
+
+  def __init__(self, cfg, workdir: storage.PathLike):
+    self.cfg = cfg
+    self.workdir = storage.path(workdir)
+    self.received: list[int] = []  # the stop signals received (`signals.caught`)
+    self._stack = contextlib.ExitStack()
+    self._created = self._held = self._started = False
+
+  def __enter__(self) -> Job:
+    compile_cache.enable(self.cfg.get("compilation_cache_dir", compile_cache.DEFAULT_DIR))
+    initialize_distributed(self.cfg.distributed)
+    check_workdir(self.workdir)
+    self._created = not storage.exists(self.workdir)
+    make_workdir(self.workdir)
+    try:
+      self._stack.enter_context(lease.hold(self.workdir))
+      self._held = True
+      self.received = self._stack.enter_context(signals.caught())
+    except BaseException:
+      self.__exit__(*sys.exc_info())
+      raise
+    return self
+
+  def enter(self, context):
+    """Enters `context` for the rest of the job (closed before the lease is given up); returns its value."""
+    return self._stack.enter_context(context)
+
+  def callback(self, fn, *args) -> None:
+    """Calls `fn(*args)` when the job ends, however it ends (before the lease is given up)."""
+    self._stack.callback(fn, *args)
+
+  def started(self) -> None:
+    """From now on the workdir holds this job's work: kept whatever happens."""
+    self._started = True
+
+  def stop_signal(self) -> int:
+    """The stop signal every host acts on now (0: none): `agreed_signal` over the signals received."""
+    return agreed_signal(self.received)
+
+  def __exit__(self, exc_type, exc, tb):
+    try:
+      return self._stack.__exit__(exc_type, exc, tb)
+    finally:
+      if exc_type is not None and self._held and self._created and not self._started and jax.process_index() == 0:
+        storage.remove(self.workdir)  # Bad input, a signal or any failure before the job began: nothing left.
+
+
+def initialize_distributed(dist) -> None:
+  """jax.distributed.initialize for multi-host runs (explicit coordinator, or auto-detected on TPU pods)."""
+  if dist.coordinator_address:
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(dist.coordinator_address, num_processes=dist.num_processes,
+                               process_id=dist.process_id,
+                               initialization_timeout=dist.initialization_timeout_s,
+                               heartbeat_timeout_seconds=dist.heartbeat_timeout_s)
+  elif dist.auto:
+    jax.distributed.initialize(heartbeat_timeout_seconds=dist.heartbeat_timeout_s)
+
+
+def agreed_signal(received: list[int]) -> int:
+  """The signal every host stops for after this step (0: none): this host's first one, or, on several hosts, the
+  largest any host received. Hosts get a scheduler's SIGTERM at different steps, and a host that stopped alone
+  would leave the others waiting in the next step's collectives (or itself in a checkpoint's barriers); so on
+  several hosts every step ends with this tiny all-gather, and all of them stop after the same step."""
+  local = received[0] if received else 0
+  if jax.process_count() == 1:
+    return local
+  return int(np.max(multihost_utils.process_allgather(np.int32(local))))
+
+
+def check_workdir(workdir: storage.PathLike) -> None:
+  """Fails early, with one line, when the workdir (a local folder or a bucket URL) cannot be created or written;
+  creates nothing."""
+  if not storage.is_remote(workdir):
+    check_local_filesystem(storage.path(workdir))
+  try:
+    storage.check_writable(workdir)
+  except storage.StorageError as e:
+    raise UserError(f"workdir {workdir} is not writable ({e}); choose another --workdir") from None
+  for name in ("config.json", "metrics.jsonl"):
+    if storage.is_dir(storage.path(workdir) / name):
+      raise UserError(f"{storage.path(workdir) / name} is not a file; move it away or choose another --workdir")
+
+
+def make_workdir(workdir: storage.PathLike) -> None:
+  try:
+    storage.makedirs(workdir)
+  except storage.StorageError as e:
+    raise UserError(f"workdir {workdir} is not writable ({e}); choose another --workdir") from None
+
+
+# Room for the longest path a run writes inside its workdir (an orbax temporary checkpoint's files, a GLUE run's
+# TensorBoard events: about 130 characters).
+WORKDIR_CONTENTS_CHARS = 200
+
+
+def check_local_filesystem(workdir: storage.Path) -> None:
+  """What the filesystem under a local workdir must allow, checked now rather than at the first checkpoint: its
+  names (NAME_MAX), its paths with room for a run's files (PATH_MAX), and writing at all (a read-only
+  filesystem is named as such, not as "Permission denied")."""
+  existing = workdir
+  while not _exists(existing):
+    existing = existing.parent
+  absolute = str(workdir)
+  name_max, path_max = os.pathconf(existing, "PC_NAME_MAX"), os.pathconf(existing, "PC_PATH_MAX")
+  long_name = next((part for part in workdir.parts if len(part.encode()) > name_max), None)
+  if long_name is not None:
+    raise UserError(f"workdir {absolute[:60]}...: the name {long_name[:40]}... has {len(long_name.encode())} bytes, "
+                    f"more than the {name_max} this filesystem allows; choose a shorter --workdir")
+  if len(absolute.encode()) + WORKDIR_CONTENTS_CHARS > path_max:
+    raise UserError(f"workdir {absolute[:60]}... is {len(absolute.encode())} bytes long; with the "
+                    f"{WORKDIR_CONTENTS_CHARS} a run's files add, that passes this filesystem's {path_max}-byte limit "
+                    f"on paths: choose a --workdir of at most {path_max - WORKDIR_CONTENTS_CHARS} bytes")
+  if os.statvfs(existing).f_flag & os.ST_RDONLY:
+    raise UserError(f"workdir {workdir} is not writable ({existing} is on a read-only filesystem); choose a "
+                    f"--workdir on a writable one")
+
+
+def _exists(p: storage.Path) -> bool:
+  """Whether local path `p` exists; False for a name too long to look up (`check_local_filesystem` says so)."""
+  try:
+    return storage.exists(p)
+  except storage.StorageError:
+    return False

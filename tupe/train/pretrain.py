@@ -1,0 +1,334 @@
+"""Pre-training loop: one jitted, mesh-sharded train step, periodic logging, eval and checkpoints.
+
+The flow (train.py calls `train`):
+  1. devices and mesh from the config; the input pipeline for this host's share of the global batch;
+  2. the model and optimizer state created directly in their shardings (logical-axis rules);
+  3. resume from the newest good checkpoint in the workdir, if any;
+  4. the train step compiled ahead of time, its memory analysis printed before step 1;
+  5. the loop: step, metrics every step (loss, accuracy, grad norm, lr, tokens/s, MFU) to metrics.jsonl and
+     TensorBoard, a progress line every `log_every`, held-out MLM eval every `eval_every`, checkpoints every
+     `checkpoint.every_steps`, and a checkpoint at the current step on SIGTERM (preemption; then `Preempted`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+import ml_collections
+import numpy as np
+
+from tupe import console
+from tupe import models
+from tupe import signals
+from tupe.data import masking
+from tupe.data import pipeline
+from tupe.errors import Preempted
+from tupe.errors import UserError
+from tupe.models import partitioning
+from tupe.store import checkpointer
+from tupe.store import meta as meta_lib
+from tupe.store import runlog
+from tupe.store import storage
+from tupe.train import compile_cache
+from tupe.train import core
+from tupe.train import curves
+from tupe.train import flops as flops_lib
+from tupe.train import job as job_lib
+from tupe.train import objectives
+from tupe.train import optim
+from tupe.train import progress as progress_lib
+from tupe.train import resume
+from tupe.train import sharding
+
+
+def num_predictions(cfg) -> int:
+  return cfg.data.max_predictions or masking.default_max_predictions(cfg.seq_len, cfg.data.mask_prob)
+
+
+def resolve_vocab_size(cfg, vocab_size: int) -> None:
+  """model.vocab_size 0 means 'from the tokenizer'; any other value must match it."""
+  if cfg.model.vocab_size == 0:
+    cfg.model.vocab_size = vocab_size
+  elif cfg.model.vocab_size != vocab_size:
+    raise UserError(f"model.vocab_size={cfg.model.vocab_size} but the tokenizer has {vocab_size} tokens; "
+                    f"set --config.model.vocab_size={vocab_size} (or 0 to take it from the tokenizer)")
+
+
+def make_eval_step(cfg, module):
+  """(params, batch, denoms) -> the batch's shares of the metrics over all eval batches (`Evaluator`)."""
+  def eval_step(params, batch, denoms):
+    return objectives.loss_fn(cfg, module, params, batch, jax.random.PRNGKey(0), deterministic=True,
+                              denoms=denoms)[1]
+  return eval_step
+
+
+@dataclasses.dataclass
+class Setup(core.Core):
+  """Everything the loop needs, built once (also used by benchmarks and tests): the shared training core for
+  the configured objective, and pre-training's own parts."""
+  cfg: ml_collections.ConfigDict
+  module: nn.Module
+  init_state: Any  # jitted () -> TrainState at step 0 (from cfg.seed), already sharded
+  eval_step: Any   # jitted (params, batch, denoms) -> metrics, replicated
+  normalizers: Any  # jitted batch -> objectives.normalizers(batch), replicated
+  num_predictions: int
+  flops_per_step: float
+
+
+def build(cfg, devices=None) -> Setup:
+  """Mesh, model, optimizer, shardings and jitted steps for a config whose model.vocab_size is resolved."""
+  models.validate(cfg.model)
+  mesh = sharding.make_mesh(cfg.mesh, devices)
+  rules = partitioning.rules_from_config(cfg.sharding_rules)
+  sharding.check_batch_size("global_batch_size", cfg.global_batch_size, mesh, cfg.grad_accum_steps)
+  module = objectives.build_model(cfg)
+  n_pred = num_predictions(cfg)
+  built = core.build_core(module, objectives.init_inputs(1, min(cfg.seq_len, 8), min(n_pred, 2)),
+                          objectives.objective(cfg, module), cfg.optimizer, cfg.num_train_steps, mesh, rules,
+                          prng_impl=cfg.prng_impl, accum=cfg.grad_accum_steps)
+  rng = jax.random.PRNGKey(cfg.seed)
+  replicated = NamedSharding(mesh, P())
+  generator = models.generator_config(cfg.model, cfg.generator_fraction) if cfg.objective == "electra" else None
+  return Setup(
+      **vars(built), cfg=cfg, module=module,
+      init_state=jax.jit(lambda: built.make_state(jax.random.fold_in(rng, 1), rng, None),
+                         out_shardings=built.state_sharding),
+      eval_step=jax.jit(sharding.under_rules(make_eval_step(cfg, module), mesh, rules),
+                        in_shardings=(built.param_sharding, built.batch_sharding, replicated),
+                        out_shardings=replicated),
+      normalizers=jax.jit(objectives.normalizers, in_shardings=(built.batch_sharding,), out_shardings=replicated),
+      num_predictions=n_pred,
+      flops_per_step=flops_lib.train_step_flops(cfg.model, cfg.seq_len, cfg.global_batch_size, n_pred, generator))
+
+
+def abstract_batch(setup: Setup) -> dict:
+  cfg = setup.cfg
+  b, L, p = cfg.global_batch_size, cfg.seq_len, setup.num_predictions
+  spec = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=setup.batch_sharding)
+  return {"input_ids": spec((b, L), jnp.int32), "attention_mask": spec((b, L), jnp.int32),
+          "token_type_ids": spec((b, L), jnp.int32), "masked_positions": spec((b, p), jnp.int32),
+          "masked_ids": spec((b, p), jnp.int32), "masked_weights": spec((b, p), jnp.float32)}
+
+
+def compile_train_step(setup: Setup):
+  """AOT-compiles the train step; returns (compiled, memory report lines)."""
+  compiled = setup.train_step.lower(setup.abstract_state, abstract_batch(setup)).compile()
+  report = []
+  mem = compiled.memory_analysis()
+  if mem is not None:
+    gib = lambda n: f"{n / 2**30:.3f} GiB"
+    report.append(f"memory per device: arguments {gib(mem.argument_size_in_bytes)}, outputs "
+                  f"{gib(mem.output_size_in_bytes)}, temporaries {gib(mem.temp_size_in_bytes)}, generated code "
+                  f"{gib(mem.generated_code_size_in_bytes)} (donated arguments alias outputs)")
+  return compiled, report
+
+
+def checkpoint_meta(cfg, vocab_file: str, train_examples: int) -> meta_lib.CheckpointMeta:
+  vocab = storage.read_text(vocab_file).splitlines() if vocab_file else []
+  return meta_lib.create(json.loads(cfg.to_json_best_effort()), vocab, train_examples)
+
+
+class Evaluator:
+  """Held-out metrics over the same `eval_batches` batches at every evaluation.
+
+  Each loss and accuracy is a mean over all the batches' predictions (or tokens, for the discriminator's), not a
+  mean of per-batch means, which would weigh a prediction in a batch with few of them more: the first
+  evaluation sums the batches' denominators (`objectives.normalizers`), and each batch then contributes its
+  share, as a microbatch does in gradient accumulation. AVERAGED_METRICS (ELECTRA's AUC) are per-batch means.
+  """
+
+  def __init__(self, setup: Setup, data: pipeline.PretrainData, rows: tuple[int, int]):
+    self.setup, self.data, self.rows = setup, data, rows
+    self.denoms = None
+
+  def batches(self):
+    cfg = self.setup.cfg
+    it = self.data.iterator(batch_size=cfg.global_batch_size, seed=cfg.seed, rows=self.rows)
+    try:
+      for _ in range(cfg.eval_batches):
+        yield sharding.global_batch(next(it), self.setup.mesh, cfg.global_batch_size)
+    finally:
+      if hasattr(it, "close"):  # Its data worker processes, if any.
+        it.close()
+
+  def __call__(self, params) -> dict:
+    if self.denoms is None:
+      counts = [jax.device_get(self.setup.normalizers(batch)) for batch in self.batches()]
+      self.denoms = {k: np.float32(sum(c[k] for c in counts)) for k in counts[0]}
+    totals = {}
+    for batch in self.batches():
+      metrics = jax.device_get(self.setup.eval_step(params, batch, self.denoms))
+      totals = {k: totals.get(k, 0.0) + float(v) for k, v in metrics.items()}
+    n = self.setup.cfg.eval_batches
+    return {k: v / n if k in objectives.AVERAGED_METRICS else v for k, v in totals.items()}
+
+
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def check_config(cfg) -> None:
+  """Every check of a config that needs neither data nor devices (the loop's settings, the data config, the
+  model's flags, the optimizer's schedule), made by `train` before anything is loaded and by `tupe.study.sweep` on
+  every grid point before anything runs."""
+  check_loop(cfg)
+  pipeline.checked_config(cfg.data, cfg.seq_len)
+  check_data_files(cfg.data)
+  models.validate(cfg.model)
+  if cfg.seq_len > cfg.model.max_position_embeddings:
+    raise UserError(f"seq_len={cfg.seq_len} exceeds model.max_position_embeddings="
+                    f"{cfg.model.max_position_embeddings}; lower --config.seq_len")
+  optim.schedule(cfg.optimizer, cfg.num_train_steps)
+
+
+# The data sources that read data.files; the others (demo, synthetic, tfds) would ignore it.
+FILE_SOURCES = ("text", "arrayrecord")
+
+
+def check_data_files(data_cfg) -> None:
+  """Files given to a source that would ignore them (say, --config.data.files without data.source=text) are an
+  error, not a run on the built-in demo text."""
+  if data_cfg.get("files") and data_cfg.get("source") not in FILE_SOURCES:
+    raise UserError(f"data.files={data_cfg.files!r} is ignored by data.source={data_cfg.source!r}: add "
+                    f"--config.data.source=text (text files; arrayrecord for tupe.data.preprocess shards), or drop "
+                    f"--config.data.files")
+
+
+def load_data(cfg) -> tuple[pipeline.PretrainData, pipeline.PretrainData | None]:
+  """The training split and, when the run evaluates, the held-out split (loaded up front, so that one too small
+  to evaluate fails before training), as `train` reads them; `tupe.study.sweep` checks each grid point with them."""
+  train_data = pipeline.PretrainData(cfg.data, seq_len=cfg.seq_len, split="train")
+  eval_data = pipeline.PretrainData(cfg.data, seq_len=cfg.seq_len, split="eval") if cfg.eval_every else None
+  return train_data, eval_data
+
+
+def check_loop(cfg) -> None:
+  """Value checks of the training loop's and optimizer's settings."""
+  positive = {"num_train_steps": cfg.num_train_steps, "global_batch_size": cfg.global_batch_size,
+              "grad_accum_steps": cfg.grad_accum_steps, "log_every": cfg.log_every,
+              "eval_batches": cfg.eval_batches, "checkpoint.every_steps": cfg.checkpoint.every_steps,
+              "checkpoint.keep_last": cfg.checkpoint.keep_last}
+  for name, value in positive.items():
+    if value < 1:
+      raise UserError(f"{name}={value} must be 1 or more")
+  if cfg.eval_every < 0:
+    raise UserError(f"eval_every={cfg.eval_every}: use 0 (no evaluation) or a number of steps")
+  progress_lib.NonFinite(cfg.nonfinite)  # a policy it knows
+  core.check_prng_impl(cfg.prng_impl)
+  for name in ("learning_rate", "end_learning_rate", "weight_decay", "clip_norm"):
+    if cfg.optimizer[name] < 0:
+      raise UserError(f"optimizer.{name}={cfg.optimizer[name]} is negative; use 0 or more")
+    if cfg.optimizer[name] > _FLOAT32_MAX:
+      raise UserError(f"optimizer.{name}={cfg.optimizer[name]} overflows float32 (at most {_FLOAT32_MAX:.3g})")
+
+
+def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
+  """Runs (or resumes) pre-training in `workdir` (a local folder or a bucket URL); returns the last step's
+  metrics."""
+  check_config(cfg)
+  with job_lib.Job(cfg, workdir) as job:  # Another job on this workdir: one line, nothing loaded or written.
+    workdir = job.workdir
+    train_data, eval_data = load_data(cfg)
+    resolve_vocab_size(cfg, train_data.info.vocab_size)
+    setup = build(cfg)
+    rows = sharding.host_rows(setup.mesh, cfg.global_batch_size)
+    evaluate = Evaluator(setup, eval_data, rows) if eval_data is not None else None
+    console.log(describe(setup, train_data, rows))
+    console.log(train_data.fill_line())
+    # Closed while the job still records signals: a preemption then lets the last asynchronous save finish.
+    ckpt = job.enter(checkpointer.Checkpointer(workdir / "checkpoints", cfg.checkpoint))
+    meta = checkpoint_meta(cfg, train_data.info.vocab_file, len(train_data))
+    restored = ckpt.restore_latest(setup.abstract_state, resume.Compatibility(setup.abstract_state.params, meta))
+    job.started()  # The checkpoint is accepted: from here on the workdir is this run's.
+    if jax.process_index() == 0:
+      storage.write_text(workdir / "config.json", cfg.to_json_best_effort(indent=2))
+    if restored is None:
+      state, start = setup.init_state(), 0
+      if ckpt.interrupted or storage.exists(workdir / "metrics.jsonl"):  # Trained before, but saved nothing.
+        console.log(f"warning: no finished checkpoint in {ckpt.directory}: training starts again from step 0")
+    else:
+      start, state, saved_meta = restored
+      console.log(f"resumed from checkpoint {start} in {ckpt.directory}")
+      resume.warn_changed_settings(setup.lr_schedule, start, saved_meta.config, meta.config)
+      if start >= cfg.num_train_steps:
+        console.log(f"checkpoint {start} has reached num_train_steps={cfg.num_train_steps}: nothing to train (raise "
+                    f"--config.num_train_steps to train on)")
+        return {}
+    train_iter = train_data.iterator(batch_size=cfg.global_batch_size, seed=cfg.seed, rows=rows, start_batch=start)
+    if hasattr(train_iter, "close"):  # Data worker processes and their shared memory, stopped on any exit.
+      job.callback(train_iter.close)
+
+    console.log("compiling the train step...")
+    with compile_cache.Watch() as watch:
+      compiled, report = compile_train_step(setup)
+    console.log(watch.line())  # the time, and whether it was compiled or loaded from the compilation cache
+    for line in report:
+      console.log(line)
+    peak, peak_source = flops_lib.peak_flops_per_device(cfg.peak_flops)
+    console.log(f"{setup.flops_per_step / 1e9:.2f} GFLOPs per step; MFU against {peak / 1e12:.2f} TFLOP/s per "
+                f"device ({peak_source})")
+    writer = job.enter(runlog.MetricWriter(workdir, tensorboard=cfg.tensorboard))
+    progress = progress_lib.Progress(cfg.num_train_steps, cfg.global_batch_size * cfg.seq_len, setup.flops_per_step,
+                                     peak * jax.device_count(), start)
+    nonfinite = progress_lib.NonFinite(cfg.nonfinite, warn=True, last_saved=ckpt.manager.latest_step)
+    steps = progress_lib.StepLog(writer, progress, cfg.log_every, nonfinite=nonfinite)
+    step, stop, total = start, 0, cfg.num_train_steps
+    while step < total and not stop:
+      batch = sharding.global_batch(next(train_iter), setup.mesh, cfg.global_batch_size)
+      state, metrics = compiled(state, batch)
+      step += 1
+      ckpt.check()  # A failed asynchronous save stops the run at once.
+      steps.push(step, metrics)
+      if job_lib.itstime(step, cfg.checkpoint.every_steps, total):
+        steps.flush()
+        writer.flush()  # The metrics up to a checkpoint are durable before it (in a bucket, uploaded).
+        ckpt.save(step, state, meta)
+        progress.restart_clock()
+      if evaluate is not None and job_lib.itstime(step, cfg.eval_every, total, last=False):
+        steps.flush()  # Its rates are measured now, not after the evaluation restarts the clock.
+        eval_metrics = evaluate(state.params)
+        writer.write(step, eval_metrics, prefix="eval_")
+        console.log(f"eval at step {step}: " + " ".join(f"{k} {v:.4f}" for k, v in eval_metrics.items()))
+        progress.restart_clock()
+      stop = job.stop_signal()
+    steps.flush()
+    if stop:
+      console.log(f"{signals.name(stop)}: saving a checkpoint at step {step} before exiting")
+      ckpt.save(step, state, meta, force=True)
+  if stop and step < total:  # Raised once the checkpointer has closed: the save is complete.
+    raise Preempted(f"stopped by {signals.name(stop)} at step {step} of {total}, with a checkpoint there; rerun "
+                    f"the same command to resume", stop)
+  if jax.process_index() == 0:
+    drawn = write_curves(workdir)
+    console.log(f"finished at step {step}: checkpoint {ckpt.directory / str(step)}, metrics {writer.path}"
+                + (f", curves {drawn}" if drawn else "")
+                + (f", TensorBoard {workdir / 'tensorboard'}" if cfg.tensorboard else ""))
+  return steps.last
+
+
+def describe(setup: Setup, train_data, rows: tuple[int, int]) -> str:
+  """The run's first line: model, parameters, objective, mesh, batch and data."""
+  cfg = setup.cfg
+  n_params = models.param_count(setup.abstract_state.params)
+  return (f"model {cfg.model.name} ({cfg.model.size}), {n_params / 1e6:.2f}M parameters, objective "
+          f"{cfg.objective}; mesh {dict(setup.mesh.shape)} over {jax.device_count()} "
+          f"{jax.devices()[0].platform} devices on {jax.process_count()} host(s); global batch "
+          f"{cfg.global_batch_size} ({rows[1] - rows[0]} per host, "
+          f"{cfg.global_batch_size // sharding.data_parallel_size(setup.mesh)} per data-parallel device, "
+          f"{cfg.grad_accum_steps} accumulation steps) x {cfg.seq_len} tokens; {len(train_data)} training examples")
+
+
+def write_curves(workdir: storage.Path) -> storage.Path | None:
+  """Draws the run's training curves into <workdir>/curves.png (`tupe.train.curves`); None if it could not."""
+  path = workdir / "curves.png"
+  try:
+    curves.plot_runs({workdir.name: curves.read_run(workdir)}, path)
+  except (UserError, OSError) as e:
+    console.log(f"warning: no curves drawn ({e})")
+    return None
+  return path

@@ -1,0 +1,163 @@
+"""A training loop's progress: every step's record with its rates, and a human line every `log_every` steps.
+
+`Progress` measures steps/s, tokens/s and MFU between two moments, leaving out what is not training (compiles,
+evaluations, checkpoints: `restart_clock`). `StepLog` reads each step's metrics one step late, so that reading
+them never leaves the device idle, writes them (`tupe.store.runlog.MetricWriter`) and prints the progress line.
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import jax
+
+from tupe.console import format_duration
+from tupe.console import log
+from tupe.errors import UserError
+from tupe.store.runlog import MetricWriter
+from tupe.train.job import itstime
+
+
+class Progress:
+  """Prints `step/total loss ... steps/s tokens/s MFU ETA` lines, throughput over the last interval."""
+
+  def __init__(self, total_steps: int, tokens_per_step: int, flops_per_step: float, peak_flops: float,
+               start_step: int = 0):
+    self.total, self.tokens, self.flops, self.peak = total_steps, tokens_per_step, flops_per_step, peak_flops
+    self._t, self._step = time.perf_counter(), start_step
+
+  def rates(self, step: int) -> dict:
+    """Throughput since the previous call: steps/s, tokens/s, and MFU (fraction of `peak_flops`) when the
+    FLOPs per step and the peak are known."""
+    now = time.perf_counter()
+    dt, dsteps = now - self._t, step - self._step
+    self._t, self._step = now, step
+    sps = dsteps / dt if dt > 0 and dsteps > 0 else 0.0
+    rates = {"steps_per_s": sps, "tokens_per_s": sps * self.tokens}
+    if self.flops and self.peak:
+      rates["mfu"] = sps * self.flops / self.peak
+    return rates
+
+  def restart_clock(self, step: int | None = None):
+    """Leaves the time spent since the last call (compilation, evaluation, checkpointing) out of the next rates;
+    `step`: the step the next rates count from, if not the last one measured."""
+    self._t = time.perf_counter()
+    if step is not None:
+      self._step = step
+
+  def line(self, step: int, metrics: dict, rates: dict) -> str:
+    eta = (self.total - step) / rates["steps_per_s"] if rates["steps_per_s"] else float("nan")
+    shown = " ".join(f"{k} {float(metrics[k]):.4f}" for k in ("loss", "mlm_accuracy", "disc_auc", "grad_norm")
+                     if k in metrics)
+    if "learning_rate" in metrics:  # Peak rates of 1e-4 and below: four decimals would show warmup as 0.0000.
+      shown += f" learning_rate {float(metrics['learning_rate']):.3e}"
+    real = f" ({rates['real_tokens_per_s']:,.0f} not padding)" if "real_tokens_per_s" in rates else ""
+    examples = f" {rates['examples_per_s']:,.1f} examples/s" if "examples_per_s" in rates else ""
+    mfu = f" MFU {100 * rates['mfu']:.1f}%" if "mfu" in rates else ""
+    return (f"step {step}/{self.total} {shown} | {rates['steps_per_s']:.2f} steps/s{examples} "
+            f"{rates['tokens_per_s']:,.0f} tokens/s{real}{mfu} | "
+            f"ETA {format_duration(eta) if math.isfinite(eta) else '?'}")
+
+
+class NonFiniteError(UserError):
+  """A run stopped under nonfinite='stop' by a step whose loss, gradients or update were not finite."""
+
+
+class NonFinite:
+  """The one policy for diverging steps: those whose loss, gradients or update were not finite, whose update the
+  train step's guard skipped (`tupe.train.core.make_train_step`, metric `nonfinite`).
+
+  Called with every step's row, it counts the skipped steps (`skipped`), notes the first step whose training loss
+  was not finite (`first_nonfinite_loss`), and applies `policy`:
+    "skip": go on; with `warn`, one warning line per skipped step (pre-training), else nothing until the run's
+      last line (fine-tuning: `skipped_summary`);
+    "stop": raise `NonFiniteError`, naming the step and `last_saved()`, the newest intact checkpoint (or None).
+  """
+
+  POLICIES = ("skip", "stop")
+
+  def __init__(self, policy: str = "skip", warn: bool = False, last_saved=lambda: None):
+    if policy not in self.POLICIES:
+      raise UserError(f"nonfinite={policy!r}; use 'skip' or 'stop'")
+    self.policy, self.warn, self.last_saved = policy, warn, last_saved
+    self.skipped = 0
+    self.first_nonfinite_loss: int | None = None
+
+  def __call__(self, step: int, row: dict) -> None:
+    if self.first_nonfinite_loss is None and not math.isfinite(row["loss"]):
+      self.first_nonfinite_loss = step
+    if not row.get("nonfinite"):
+      return
+    self.skipped += 1
+    msg = f"step {step}: non-finite loss, gradients or update (loss {row['loss']}); the update was skipped"
+    if self.policy == "stop":
+      saved = self.last_saved()
+      raise NonFiniteError(msg + "; stopping (nonfinite='stop'): " + (
+          f"checkpoint {saved} is intact" if saved is not None else "no checkpoint was saved before it"))
+    if self.warn:
+      log("warning: " + msg)
+
+
+
+def skipped_summary(skipped: int, total_steps: int) -> str:
+  """"" when no step was skipped, else "; N of M steps skipped (...)", for a run's last line."""
+  if not skipped:
+    return ""
+  return f"; {skipped} of {total_steps} steps skipped (non-finite loss, gradients or update)"
+
+
+RATES = ("steps_per_s", "tokens_per_s", "real_tokens_per_s", "examples_per_s", "mfu")  # a step's rates
+
+
+class StepLog:
+  """Every training step's record, as pre-training (`tupe.train.pretrain`) and fine-tuning (`tupe.glue.loop`) keep it.
+
+  A step's metrics (the train step's dict of scalars on the device; plain numbers may be added) are read one step
+  late, once the next step has been dispatched (`push`), so that reading them never leaves the device idle. Each
+  step is written to the run's `MetricWriter` with its rates (`Progress.rates`: steps/s, tokens/s, MFU; the
+  non-padding tokens/s when the metrics count `real_tokens`, examples/s when `examples_per_step` is given), and
+  every `log_every` steps, and at the last, a progress line is printed, after `prefix(step)`, with the rates over
+  the steps since the previous line (each step's amount over their summed times: one slow step among many does
+  not make the line's rates, and time outside the steps never counts). Every step's row goes to `nonfinite`, the
+  run's policy for steps the non-finite guard skipped, before its line (it may raise to stop the run).
+  """
+
+  def __init__(self, writer: MetricWriter, progress: Progress, log_every: int, prefix=lambda step: "",
+               examples_per_step: int = 0, nonfinite: NonFinite | None = None):
+    self.writer, self.progress, self.log_every = writer, progress, log_every
+    self.prefix, self.examples = prefix, examples_per_step
+    self.nonfinite = nonfinite or NonFinite()
+    self.pending = None  # (step, metrics on the device) of the step in flight
+    self.last = {}  # the row of the last step finished
+    self.interval = {}  # since the last progress line: seconds in steps, and each rate's amount (rate x seconds)
+
+  def push(self, step: int, metrics: dict) -> tuple[int, dict] | None:
+    """Holds `step`'s metrics; finishes the step held before (`flush`) and returns what that returned."""
+    finished = self.flush()
+    self.pending = (step, metrics)
+    return finished
+
+  def flush(self) -> tuple[int, dict] | None:
+    """Reads, writes and logs the step held, if any (waiting for it); returns (its step, its row)."""
+    if self.pending is None:
+      return None
+    (step, metrics), self.pending = self.pending, None
+    row = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    row.update(self.progress.rates(step))
+    if "real_tokens" in row:
+      row["real_tokens_per_s"] = row["steps_per_s"] * row.pop("real_tokens")
+    if self.examples:
+      row["examples_per_s"] = row["steps_per_s"] * self.examples
+    self.writer.write(step, row)
+    self.last = row
+    seconds = 1.0 / row["steps_per_s"] if row["steps_per_s"] > 0 else 0.0
+    for key in ("seconds",) + RATES:
+      if key == "seconds" or key in row:
+        self.interval[key] = self.interval.get(key, 0.0) + (seconds if key == "seconds" else row[key] * seconds)
+    self.nonfinite(step, row)
+    if itstime(step, self.log_every, self.progress.total):
+      total = self.interval.pop("seconds")
+      rates = {key: amount / total if total else 0.0 for key, amount in self.interval.items()}
+      log(self.prefix(step) + self.progress.line(step, row, rates))
+      self.interval = {}
+    return step, row

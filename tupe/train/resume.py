@@ -1,0 +1,131 @@
+"""What a resumed pre-training run requires of its checkpoint, and what it reports about it.
+
+The input pipeline needs no state: batch s is a function of the seed and s (`tupe.data.pipeline`), so a run
+resumed at step s continues with batch s, whatever its number of hosts or data workers. A resumed run must see
+the same stream: a checkpoint written with other data settings (the data config less locations and worker
+count, seq_len, global_batch_size, seed) or over another number of training examples is an error, as are
+parameters of other shapes (another architecture or vocabulary) and, when the state does not restore, another
+optimizer structure. Other settings may change (e.g. num_train_steps, to extend a run); they are reported
+(`warn_changed_settings`). `Compatibility` is what `checkpoint.Checkpointer.restore_latest` calls.
+"""
+from __future__ import annotations
+
+import jax
+
+from tupe import console
+from tupe.errors import UserError
+from tupe.store import storage
+from tupe.store.checkpoint import reason
+from tupe.store.meta import CheckpointMeta
+
+_DATA_LOCATIONS = ("files", "vocab_file", "cache_dir", "tfds_data_dir", "num_workers")
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+  """{"a.b": leaf} for a nested dict."""
+  flat = {}
+  for k, v in tree.items():
+    flat.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+  return flat
+
+
+def _differences(saved: dict, current: dict, keys=None) -> list[str]:
+  """"key=<saved> in the checkpoint, <current> now" for each of `keys` (default: all) whose flat values differ."""
+  saved, current = _flat(saved), _flat(current)
+  keys = sorted(saved.keys() | current.keys()) if keys is None else keys
+  return [f"{k}={saved.get(k)!r} in the checkpoint, {current.get(k)!r} now" for k in keys
+          if saved.get(k) != current.get(k)]
+
+
+# Settings that change neither what is trained nor what is evaluated: not reported when they differ on resume.
+_BOOKKEEPING = tuple(f"data.{k}" for k in _DATA_LOCATIONS) + (
+    "distributed.", "checkpoint.", "log_every", "eval_every", "tensorboard", "peak_flops")
+
+
+def changed_settings(saved_config: dict, config: dict) -> list[str]:
+  """The differences between a checkpoint's config and the resumed run's, less bookkeeping (where files are,
+  how often to log, evaluate and save). Model, data and optimizer-structure differences are errors, raised
+  when restoring."""
+  ignored = _BOOKKEEPING
+  keys = sorted(k for k in _flat(saved_config).keys() | _flat(config).keys() if not k.startswith(ignored))
+  return _differences(saved_config, config, keys)
+
+
+def _check_fits(step: int, directory: storage.Path, saved_params, params, saved_config: dict,
+                config: dict) -> None:
+  """Raises a UserError naming the difference when a checkpoint's parameters do not fit the model's."""
+  shapes = lambda tree: {jax.tree_util.keystr(k): tuple(x.shape)
+                         for k, x in jax.tree_util.tree_leaves_with_path(tree)}
+  saved_shapes, current_shapes = shapes(saved_params), shapes(params)
+  if saved_shapes == current_shapes:
+    return
+  where = f"checkpoint {step} in {directory}"
+  saved_vocab, vocab = saved_config["model"]["vocab_size"], config["model"]["vocab_size"]
+  if saved_vocab != vocab:
+    raise UserError(f"{where} has a {saved_vocab}-token vocabulary but the tokenizer has {vocab} tokens; use the "
+                    f"checkpoint's vocab (data.vocab_file) or a new --workdir")
+  fields = lambda c: {"model": c["model"], "objective": c["objective"]}
+  diff = _differences(fields(saved_config), fields(config))
+  if not diff:
+    name = next(k for k in sorted(set(saved_shapes) | set(current_shapes))
+                if saved_shapes.get(k) != current_shapes.get(k))
+    diff = [f"parameter {name} is {saved_shapes.get(name)} in the checkpoint, {current_shapes.get(name)} now"]
+  raise UserError(f"{where} was written for another model ({'; '.join(diff[:3])}); resume with the same model "
+                  f"config or use a new --workdir")
+
+
+def _check_same_optimizer(step: int, directory: storage.Path, saved_config: dict, config: dict,
+                          error: Exception) -> None:
+  """A checkpoint that fails to restore under another optimizer config is reported as such, not as corrupted:
+  its optimizer state has another structure (e.g. without the clipping stage) and the checkpoint is intact."""
+  diff = _differences({"optimizer": saved_config["optimizer"]}, {"optimizer": config["optimizer"]})
+  if diff:
+    raise UserError(f"checkpoint {step} in {directory} could not be restored with another optimizer config "
+                    f"({'; '.join(diff[:3])}; {reason(error)}); resume with its optimizer settings or use a new "
+                    f"--workdir") from error
+
+
+def _check_same_data(step: int, directory: storage.Path, saved_meta: CheckpointMeta, meta: CheckpointMeta) -> None:
+  """Raises a UserError naming the difference when a checkpoint was trained on another stream of batches (the
+  number of training examples is compared where the checkpoint recorded it)."""
+  def stream(m: CheckpointMeta):
+    data = {k: v for k, v in m.config["data"].items() if k not in _DATA_LOCATIONS}
+    return dict(_flat(data, "data."), **{k: m.config[k] for k in ("seq_len", "global_batch_size", "seed")},
+                **({} if saved_meta.train_examples is None else {"train_examples": m.train_examples}))
+  saved, current = stream(saved_meta), stream(meta)
+  diff = _differences(saved, current, sorted(saved.keys() & current.keys()))
+  if diff:
+    raise UserError(f"checkpoint {step} in {directory} was trained on other batches ({'; '.join(diff[:3])}); "
+                    f"resume with the same data settings and corpus, or use a new --workdir")
+
+
+def warn_changed_settings(lr_schedule, step: int, saved_config: dict, config: dict) -> None:
+  """Logs the settings that differ from the checkpoint's, and the learning rate a schedule change gives (both
+  configs as a CheckpointMeta holds them: every setting explicit)."""
+  changed = changed_settings(saved_config, config)
+  if not changed:
+    return
+  schedule = any(c.startswith(("num_train_steps=", "optimizer.")) for c in changed)
+  note = (f"; the learning-rate schedule is recomputed with the new values: {float(lr_schedule(step)):.3e} "
+          f"at step {step}" if schedule else "")
+  console.log(f"warning: resuming checkpoint {step} with other settings than it was written with: "
+              f"{'; '.join(changed)}{note}")
+
+
+class Compatibility:
+  """The checks of a resuming run against each checkpoint `Checkpointer.restore_latest` tries.
+
+  Args:
+    params: the model's (abstract) parameters, to compare shapes with.
+    meta: the run's own meta (resolved config, vocabulary, train_examples).
+  """
+
+  def __init__(self, params, meta: CheckpointMeta):
+    self.params, self.meta = params, meta
+
+  def check(self, step: int, directory: storage.Path, saved_params, saved_meta: CheckpointMeta) -> None:
+    _check_fits(step, directory, saved_params, self.params, saved_meta.config, self.meta.config)
+    _check_same_data(step, directory, saved_meta, self.meta)
+
+  def explain(self, step: int, directory: storage.Path, saved_meta: CheckpointMeta, error: Exception) -> None:
+    _check_same_optimizer(step, directory, saved_meta.config, self.meta.config, error)
