@@ -368,7 +368,7 @@ def test_schedule_errors_come_before_any_run(pretrained, glue_dir, tmp_path):
   cfg.epochs.rte = 1
   with pytest.raises(UserError, match=r"^RTE: 10 examples / batch_size 32 x epochs.rte=1 give 1 training step\(s\), "
                                       r"none left after the 1-step warmup \(warmup_ratio=0.06, at least 1 step\): "
-                                      r"raise --config.epochs.rte or lower --config.batch_size \(or warmup_ratio\) "
+                                      r"raise --config.epochs.rte or lower --config.batch_size \(or the warmup\) "
                                       r"to train 2 steps or more$"):
     run(cfg)
   assert not (tmp_path / "out" / "runs.jsonl").exists()  # SST-2, selected first, did not run either.
@@ -398,10 +398,9 @@ def test_scanned_backbone_fine_tunes_as_the_unrolled_one(pretrained, glue_dir, b
   assert scanned["score"] == pytest.approx(unrolled["score"], abs=1e-6)
 
 
-def no_dropout_backbone(pretrained, bert_vocab) -> backbone_lib.Backbone:
-  """The `pretrained` encoder with dropout off, so that runs differing only in their batches' split compare."""
+def pretrained_backbone(pretrained, bert_vocab) -> backbone_lib.Backbone:
+  """The `pretrained` encoder, its parameters on the host."""
   model_cfg, params, _ = objectives.load_encoder(pretrained)
-  model_cfg.update(hidden_dropout=0.0, attention_dropout=0.0)
   return backbone_lib.Backbone(model_cfg, params, bert_vocab, "test")
 
 
@@ -411,12 +410,13 @@ def test_gradient_accumulation_equals_the_large_batch(pretrained, glue_dir, bert
   and the same dev score. Pre-training's accumulation is the same code (`tupe.train.core.make_train_step`)."""
   cfg = glue_cfg(init_checkpoint=str(pretrained), data_dir=str(glue_dir), tasks="stsb", max_train_examples=40,
                  max_seq_len=32, batch_size=16, eval_batch_size=512, learning_rates=(1e-3,), seeds=(0,),
-                 evals_per_epoch=0, predict_test=False, log_every=100, tensorboard=False)
+                 evals_per_epoch=0, predict_test=False, log_every=100, tensorboard=False,
+                 hidden_dropout=0.0, attention_dropout=0.0)  # dropout off: runs differing in their batches' split
   cfg.epochs.stsb = 2
   cfg.lowercase = True
   mesh = sharding.make_mesh(cfg.mesh, jax.devices()[:1])
   rules = partitioning.rules_from_config(cfg.sharding_rules)
-  backbone = no_dropout_backbone(pretrained, bert_vocab)
+  backbone = pretrained_backbone(pretrained, bert_vocab)
   task = glue.get_task("stsb")
   data = glue_data.load_task_data(cfg, task, bert_vocab, with_test=False)
   rows = {}

@@ -79,10 +79,23 @@ def check_config(cfg) -> None:
   for field in ("batch_size", "eval_batch_size", "max_seq_len", "log_every", "grad_accum_steps"):
     if cfg[field] <= 0:
       raise UserError(f"{field}={cfg[field]} must be positive")
-  if not 0 <= cfg.warmup_ratio < 1:
-    raise UserError(f"warmup_ratio={cfg.warmup_ratio} must be in [0, 1)")
+  check_fine_tuning(cfg)
   if cfg.evals_per_epoch < 0 or cfg.regression_scale <= 0:
     raise UserError("evals_per_epoch must be >= 0 and regression_scale > 0")
+
+
+def check_fine_tuning(cfg) -> None:
+  """The fine-tuning knobs the papers set: the warmup, dropout and the head's initializer."""
+  if not 0 <= cfg.warmup_ratio < 1:
+    raise UserError(f"warmup_ratio={cfg.warmup_ratio} must be in [0, 1)")
+  if cfg.warmup_steps < 0:
+    raise UserError(f"warmup_steps={cfg.warmup_steps}: give a whole number of steps (0: warmup_ratio decides)")
+  for field in ("hidden_dropout", "attention_dropout"):
+    if not 0 <= cfg[field] < 1:
+      raise UserError(f"{field}={cfg[field]} must be in [0, 1) (the recipes' 0.1)")
+  if cfg.classifier_initializer_range < 0:
+    raise UserError(f"classifier_initializer_range={cfg.classifier_initializer_range} must be 0 or more (the "
+                    f"recipes' 0.02)")
 
 
 STSB_SCORES = (0.0, 5.0)  # The range of STS-B's similarity scores

@@ -108,7 +108,8 @@ def finetune(cfg, setup: task_model.TaskSetup, data: glue_data.TaskData, encoder
     predictions[ev.name] = (arrays["idx"], values)
   record = {"task": data.task.name, "lr": lr, "seed": seed, "score": best["score"], "diverged": diverged,
             "evaluations": best["metrics"],
-            "best_step": best["step"], "total_steps": setup.total_steps, "epochs": epochs,
+            "best_step": best["step"], "total_steps": setup.total_steps, "warmup_steps": setup.warmup_steps,
+            "epochs": epochs,
             "train_examples": n, "train_loss": epoch_losses,
             "train_loss_nonfinite_from_step": nonfinite.first_nonfinite_loss, "nonfinite_steps": nonfinite.skipped,
             "dev_history": history,

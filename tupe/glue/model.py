@@ -33,6 +33,7 @@ class TaskSetup(core.Core):
   epochs: int
   steps_per_epoch: int
   total_steps: int
+  warmup_steps: int
   init_state: Any   # (encoder params or None, key) -> TrainState at step 0, sharded
   eval_step: Any    # jitted (params, batch) -> {logits [b, labels], loss_sum, weight_sum}, replicated
   flops_per_step: float
@@ -64,10 +65,24 @@ def loss_sum(module, params, batch, deterministic: bool, rng=None) -> tuple[jax.
   return (per_example_loss(logits, batch["labels"]) * batch["weights"]).sum(), logits
 
 
+def fine_tuned_config(cfg, model_cfg) -> ml_collections.ConfigDict:
+  """The backbone's model config with the fine-tuning's dropout (`hidden_dropout`, `attention_dropout`) in place of
+  the one it was pre-trained with."""
+  fine = model_cfg.copy_and_resolve_references()
+  fine.update(hidden_dropout=cfg.hidden_dropout, attention_dropout=cfg.attention_dropout)
+  return fine
+
+
+def classifier(cfg, model_cfg, task: glue.Task) -> models.Classifier:
+  """The task's classifier as the config fine-tunes it: its head style, dropout and head initializer."""
+  return models.Classifier(fine_tuned_config(cfg, model_cfg), task.num_labels, cfg.head,
+                           cfg.classifier_initializer_range)
+
+
 def build_task(cfg, backbone: backbone_lib.Backbone, task: glue.Task, num_train: int, mesh, rules) -> TaskSetup:
   """The classifier trained by the shared core (`tupe.train.core.build_core`), its optimizer's schedule peaking at
   1 (the run's learning rate scales each update in the step), and its eval step."""
-  module = models.Classifier(backbone.cfg, task.num_labels, cfg.head)
+  module = classifier(cfg, backbone.cfg, task)
   ids = jnp.zeros((1, min(8, cfg.max_seq_len)), jnp.int32)
   steps_per_epoch, total, warmup = glue_data.schedule(cfg, task, num_train)
   # A linear or polynomial decay to 0 scales with its peak: the schedule peaks at 1 and each step multiplies
@@ -90,7 +105,7 @@ def build_task(cfg, backbone: backbone_lib.Backbone, task: glue.Task, num_train:
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   return TaskSetup(
       **vars(built), epochs=cfg.epochs[glue_data.task_key(task)], steps_per_epoch=steps_per_epoch,
-      total_steps=total, init_state=init_state,
+      total_steps=total, warmup_steps=warmup, init_state=init_state,
       eval_step=jax.jit(sharding.under_rules(eval_step, mesh, rules),
                         in_shardings=(built.param_sharding, built.batch_sharding), out_shardings=replicated),
       # Forward and backward (3x) through the encoder; the classifier head's FLOPs are negligible.

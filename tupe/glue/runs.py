@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 
 import jax
 import numpy as np
@@ -26,7 +27,8 @@ RESUMABLE_FIELDS = ("tasks", "learning_rates", "seeds", "data_dir", "tfds_data_d
 LOCATION_FIELDS = ("init_checkpoint",)
 # Settings added after workdirs were written, with the value every older run had: left out of the settings (digest
 # and config.json comparison) at that value, so that an older workdir resumes under today's defaults.
-ADDED_FIELDS = {"grad_accum_steps": 1}
+ADDED_FIELDS = {"grad_accum_steps": 1, "warmup_steps": 0, "hidden_dropout": 0.1, "attention_dropout": 0.1,
+                "classifier_initializer_range": 0.02}
 
 
 def read_runs(workdir: storage.PathLike) -> list[dict]:
@@ -121,9 +123,23 @@ def check_resume(cfg, workdir: storage.Path) -> None:
     raise UserError(f"{workdir} holds {len(other)} runs fine-tuned under other settings (digest "
                     f"{other[0]['settings']}, now {digest}; {why}, so the fields cannot be named): use a new "
                     f"--workdir, or rerun with those runs' settings")
+  check_warmup_rounding(cfg, workdir, runs)
   if jax.process_index() == 0:
     jsonlog.repair(workdir, "runs")  # a run cut while being recorded: dropped (and run again), with one warning
     storage.write_text(path, json.dumps(new, indent=2) + "\n")
+
+
+def check_warmup_rounding(cfg, workdir: storage.Path, runs: list[dict]) -> None:
+  """Runs recorded before the warmup was rounded up (their records carry no "warmup_steps") were warmed up for
+  round(total x warmup_ratio) steps: a workdir whose runs would now get another warmup is refused, so that one
+  median never mixes the two."""
+  for run in (run for run in runs if "warmup_steps" not in run and not cfg.warmup_steps):
+    before = max(1, round(cfg.warmup_ratio * run["total_steps"]))
+    now = max(1, math.ceil(run["total_steps"] * cfg.warmup_ratio))
+    if before != now:
+      raise UserError(f"{workdir} holds runs warmed up for {before} steps ({run['task']}: warmup_ratio rounded to the "
+                      f"nearest step, as before), where the warmup is now {now} steps (rounded up, as HF's Trainer "
+                      f"rounds it): use a new --workdir")
 
 
 def check_init(workdir: storage.Path, identity: dict | None) -> None:

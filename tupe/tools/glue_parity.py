@@ -251,7 +251,7 @@ def run(cfg, workdir, rtol: float = 1e-4) -> dict:
   if cfg.head != HEADS[family][0]:
     raise UserError(f"head={cfg.head!r}: transformers' {family} sequence classifier has our head "
                     f"{HEADS[family][0]!r}; set --config.head={HEADS[family][0]}")
-  backbone.cfg.update(hidden_dropout=0.0, attention_dropout=0.0)
+  cfg.update(hidden_dropout=0.0, attention_dropout=0.0)
   hf_dir = workdir / "hf"
   if not storage.exists(hf_dir / "config.json"):
     export.export(cfg.init_checkpoint, storage.local(hf_dir))
