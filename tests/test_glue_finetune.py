@@ -455,3 +455,32 @@ def test_nonfinite_steps_are_skipped_and_counted(pretrained, glue_dir, tmp_path,
            .splitlines()]
   assert [s["nonfinite"] for s in steps if "nonfinite" in s] == [0.0, 1.0, 1.0, 1.0]
   assert "; 3 of 4 steps skipped (non-finite loss, gradients or update)" in capsys.readouterr().out
+
+
+def test_a_degenerate_run_is_flagged(pretrained, glue_dir, tmp_path, capsys):
+  """Trained on RTE pairs that are all "entailment", the model predicts it for every dev pair: runs.jsonl,
+  results.json and results.md mark the run, and the log has one warning line."""
+  data = tmp_path / "glue"
+  (data / "RTE").mkdir(parents=True)
+  lines = (glue_dir / "RTE" / "train.tsv").read_text().splitlines()
+  (data / "RTE" / "train.tsv").write_text("\n".join([lines[0]] + [l for l in lines[1:] if l.endswith("\tentailment")])
+                                          + "\n")
+  for split in ("dev", "test"):
+    (data / "RTE" / f"{split}.tsv").symlink_to(glue_dir / "RTE" / f"{split}.tsv")
+  cfg = glue_cfg(init_checkpoint=str(pretrained), data_dir=str(data), tasks="rte", max_train_examples=64,
+                 max_seq_len=32, batch_size=16, eval_batch_size=512, learning_rates=(1e-3,), seeds=(0,),
+                 predict_test=False, tensorboard=False, mesh=dict(data=1, fsdp=1, tensor=1))
+  cfg.epochs.rte = 2
+  workdir = tmp_path / "out"
+  results = finetune.run(cfg, str(workdir), devices=jax.devices()[:1])
+  (run,) = runs_lib.read_runs(workdir)
+  assert run["degenerate"] == {"RTE": "all one class (entailment)"}
+  assert run["score"] == pytest.approx(100 * 146 / 277)  # the majority class
+  assert results["runs"][0]["degenerate"] == "all one class (entailment)"
+  assert results["tasks"]["RTE"]["n_degenerate"] == 1
+  markdown = (workdir / "results.md").read_text()
+  assert "**52.71 (52.71-52.71, 1 seed, 1 degenerate)**" in markdown
+  assert "- RTE lr 0.001 seed 0: all one class (entailment)" in markdown
+  warnings = [line for line in capsys.readouterr().out.splitlines() if "warning: degenerate" in line]
+  assert warnings == ["[1/1] RTE lr 0.001 seed 0 | warning: degenerate dev predictions, RTE: all one class "
+                      "(entailment)"]

@@ -246,6 +246,9 @@ def _run_grid(cfg, workdir, tasks, pending, lrs, backbone, encoder, mesh, rules,
                     f"; the kept parameters are from step {record['best_step']}, before it)")
       outcome += progress_lib.skipped_summary(record["nonfinite_steps"], record["total_steps"])
       console.log(f"{label} | finished in {console.format_duration(record['seconds'])}: {outcome}")
+      if record["degenerate"]:
+        console.log(f"{label} | warning: degenerate dev predictions, "
+                    + "; ".join(f"{ev}: {why}" for ev, why in record["degenerate"].items()))
     outputs.write_outputs(cfg, workdir, backbone)
   if not total:
     outputs.write_outputs(cfg, workdir, backbone)

@@ -132,11 +132,15 @@ def predict(setup: TaskSetup, params, arrays: dict, cfg) -> tuple[np.ndarray, fl
   return prediction_values(np.concatenate(outputs), cfg.regression_scale), loss / max(weight, 1.0)
 
 
-def evaluate(setup: TaskSetup, params, data: glue_data.TaskData, cfg) -> tuple[float, dict, float]:
-  """(selection score = mean of the dev scores, {evaluation: metrics}, mean dev loss); NaN where diverged."""
-  results, losses = {}, []
+def evaluate(setup: TaskSetup, params, data: glue_data.TaskData, cfg) -> tuple[float, dict, float, dict]:
+  """(selection score = mean of the dev scores, {evaluation: metrics}, mean dev loss, {evaluation: why its
+  predictions are degenerate} for those that are, `glue_metrics.degenerate`); NaN where diverged."""
+  results, losses, degenerate = {}, [], {}
   for ev, arrays in data.dev:
     values, loss = predict(setup, params, arrays, cfg)
     results[ev.name] = glue_metrics.task_metrics(ev.name, values, arrays["labels"])
     losses.append(loss)
-  return float(np.mean([m["score"] for m in results.values()])), results, float(np.mean(losses))
+    why = glue_metrics.degenerate(ev.name, values)
+    if why:
+      degenerate[ev.name] = why
+  return float(np.mean([m["score"] for m in results.values()])), results, float(np.mean(losses)), degenerate
