@@ -86,6 +86,9 @@ def get_config(recipe: str = "tupe") -> ml_collections.ConfigDict:
       weight_decay_mask="all" if recipe == "tupe" else "no_ln_bias",
       layerwise_decay=1.0 if recipe == "tupe" else 0.8))
   c.predict_test = True            # GLUE test-server files from each task's best model
+  # Fine-tuned models kept (docs/GLUE.md): "best" (the chosen run's in models/<TASK>, and the best seed's of each
+  # learning rate in its run folder), "all" (every run's), "none".
+  c.save_models = "best"
   c.plot_reference = True          # TUPE paper numbers in results.png for TUPE/BERT base models
   c.log_every = 50
   c.tensorboard = True            # each run's TensorBoard events beside its metrics.jsonl

@@ -393,7 +393,7 @@ def test_scanned_backbone_fine_tunes_as_the_unrolled_one(pretrained, glue_dir, b
     backbone = backbone_lib.Backbone(backbone_cfg, None, bert_vocab, "test")
     setup = task_model.build_task(cfg, backbone, task, len(data.train["idx"]), mesh, rules)
     results.append(loop.finetune(cfg, setup, data, encoder, 1e-3, 0, "test", tmp_path / str(len(results)), 1e12))
-  (unrolled, _), (scanned, _) = results
+  (unrolled, _, _), (scanned, _, _) = results
   np.testing.assert_allclose(scanned["train_loss"], unrolled["train_loss"], rtol=2e-5)
   assert scanned["score"] == pytest.approx(unrolled["score"], abs=1e-6)
 
@@ -424,7 +424,7 @@ def test_gradient_accumulation_equals_the_large_batch(pretrained, glue_dir, bert
     cfg.grad_accum_steps = accum
     setup = task_model.build_task(cfg, backbone, task, len(data.train["idx"]), mesh, rules)
     run_dir = tmp_path / f"accum{accum}"
-    record, _ = loop.finetune(cfg, setup, data, backbone.params, 1e-3, 0, "test", run_dir, 1e12)
+    record, _, _ = loop.finetune(cfg, setup, data, backbone.params, 1e-3, 0, "test", run_dir, 1e12)
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     rows[accum] = (record, [s for s in steps if "loss" in s and "eval_score" not in s])
   (large, large_steps), (micro, micro_steps) = rows[1], rows[4]

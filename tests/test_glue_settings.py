@@ -77,6 +77,7 @@ def test_dropout_and_head_initializer_are_the_fine_tuning_configs():
     ("hidden_dropout", 1.0, "hidden_dropout=1.0 must be in [0, 1) (the recipes' 0.1)"),
     ("attention_dropout", -0.1, "attention_dropout=-0.1 must be in [0, 1)"),
     ("classifier_initializer_range", -0.02, "classifier_initializer_range=-0.02 must be 0 or more"),
+    ("save_models", "some", "save_models='some'; use one of best, all, none"),
 ])
 def test_bad_values_are_one_line(field, value, words):
   cfg = glue_config.get_config("tupe")

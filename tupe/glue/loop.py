@@ -31,8 +31,8 @@ def epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
 
 def finetune(cfg, setup: task_model.TaskSetup, data: glue_data.TaskData, encoder, lr: float, seed: int, label: str,
              run_dir: storage.Path, peak_flops: float, after_step: Callable[[int], None] = lambda step: None):
-  """One run. Returns (its runs.jsonl record, test predictions {evaluation: (idx, values)} of the kept params).
-  `after_step(step)` is called after every training step (it may raise to stop the run).
+  """One run. Returns (its runs.jsonl record, test predictions {evaluation: (idx, values)} of the kept params,
+  the kept params). `after_step(step)` is called after every training step (it may raise to stop the run).
 
   The kept parameters are those of the best dev evaluation, a non-finite score ranking below every finite one.
   When no evaluation was finite the record says "diverged": true and there are no test predictions. A run that
@@ -106,8 +106,8 @@ def finetune(cfg, setup: task_model.TaskSetup, data: glue_data.TaskData, encoder
   diverged = not math.isfinite(best["score"])
   predictions = {}
   for ev, arrays in [] if diverged else data.test:
-    values, _ = task_model.predict(setup, best_params, arrays, cfg)
-    predictions[ev.name] = (arrays["idx"], values)
+    predicted = task_model.predict(setup, best_params, arrays, cfg.eval_batch_size, cfg.regression_scale)
+    predictions[ev.name] = (arrays["idx"], predicted.values)
   record = {"task": data.task.name, "lr": lr, "seed": seed, "score": best["score"], "diverged": diverged,
             "evaluations": best["metrics"], "degenerate": {} if diverged else best["degenerate"],
             "best_step": best["step"], "total_steps": setup.total_steps, "warmup_steps": setup.warmup_steps,
@@ -116,4 +116,4 @@ def finetune(cfg, setup: task_model.TaskSetup, data: glue_data.TaskData, encoder
             "train_loss_nonfinite_from_step": nonfinite.first_nonfinite_loss, "nonfinite_steps": nonfinite.skipped,
             "dev_history": history,
             "seconds": round(time.perf_counter() - start, 1)}
-  return record, predictions
+  return record, predictions, best_params

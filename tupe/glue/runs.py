@@ -21,7 +21,7 @@ from tupe.store import storage
 # Fields that may change when a workdir is resumed: which runs to add, and how to run them.
 RESUMABLE_FIELDS = ("tasks", "learning_rates", "seeds", "data_dir", "tfds_data_dir", "predict_test", "plot_reference",
                     "log_every", "tensorboard", "peak_flops", "eval_batch_size", "mesh", "sharding_rules",
-                    "distributed")
+                    "distributed", "save_models")
 # Where the init checkpoint is read from: not a setting of the runs, whose records carry the checkpoint's step and
 # checksum instead (`init_identity`), so that a grid started from DIR resumes with DIR/checkpoints/<step> pinned.
 LOCATION_FIELDS = ("init_checkpoint",)
@@ -86,10 +86,8 @@ def init_identity(backbone) -> dict | None:
   (step None). None for random initialization. Every runs.jsonl record and results.json carry it."""
   step_dir = backbone.checkpoint
   if step_dir is not None:
-    record = step_dir / checksums.CHECKSUMS
-    checksum = hashlib.sha256(storage.read_bytes(record)).hexdigest()[:16] if storage.exists(record) else None
     return {"checkpoint": str(step_dir), "step": int(step_dir.name) if step_dir.name.isdigit() else None,
-            "checksum": checksum}
+            "checksum": checksums.digest(step_dir)}
   if backbone.params is None:
     return None
   digest = hashlib.sha256()
@@ -168,12 +166,15 @@ def run_records(runs: list[dict]) -> list[report.RunRecord]:
           for run in runs for name, metrics in run["evaluations"].items()]
 
 
-def best_run(runs: list[dict]) -> dict:
-  """The best seed's run (the smaller seed on ties) at the report's best learning rate of the task of `runs`.
+def best_seed(runs: list[dict]) -> dict:
+  """The run of the best seed among `runs` (the smaller seed on ties). A run's score is the mean over its dev
+  evaluations (MNLI: matched and mismatched), as when it kept its best parameters; a diverged run's counts as the
+  worst."""
+  return max(runs, key=lambda run: (glue_metrics.ranking_score(run["score"]), -run["seed"]))
 
-  A run's score is the mean over its dev evaluations (MNLI: matched and mismatched), as when it kept its best
-  parameters; a diverged run's counts as the worst.
-  """
+
+def best_run(runs: list[dict]) -> dict:
+  """The best seed's run (`best_seed`) at the report's best learning rate of the task of `runs`: the run whose
+  test predictions are submitted and whose model is kept in models/<task>."""
   lr = report.summarize(run_records(runs))[0].best.lr
-  return max((run for run in runs if run["lr"] == lr),
-             key=lambda run: (glue_metrics.ranking_score(run["score"]), -run["seed"]))
+  return best_seed([run for run in runs if run["lr"] == lr])
