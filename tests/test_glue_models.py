@@ -1,11 +1,12 @@
 """eval_glue.py ends in models, end to end on conftest.py's tiny TUPE-A: the chosen run's classifier kept in
 WORKDIR/models/<TASK> (params only, checksummed, with its labels, tokenizer settings, max length, fine-tuning config
-and the pre-trained checkpoint's step and checksum; RTE, a pair task, and STS-B, regression); save_models all and
-none."""
+and the pre-trained checkpoint's step and checksum), labelling new text with `python -m tupe.tools.predict` (the
+submission files' own predictions; RTE, a pair task, and STS-B, regression); save_models all and none."""
 import json
 import shutil
 
 import jax
+import numpy as np
 import pytest
 
 from configs import glue as glue_config
@@ -13,8 +14,12 @@ from tupe.errors import UserError
 from tupe.glue import classifier
 from tupe.glue import finetune
 from tupe.glue import keep
+from tupe.glue import metrics
 from tupe.glue import runs as runs_lib
+from tupe.glue import tasks as glue
+from tupe.run.process import run_main
 from tupe.store import checksums
+from tupe.tools import predict as predict_tool
 
 # 64 training rows in batches of 16, two epochs, one learning rate, two seeds: seconds per run.
 OVERRIDES = dict(tasks="rte,stsb", max_train_examples=64, max_seq_len=32, batch_size=16, eval_batch_size=512,
@@ -35,6 +40,14 @@ def grid(pretrained, glue_dir, tmp_path_factory):
   workdir = tmp_path_factory.mktemp("models") / "glue"
   finetune.run(grid_config(pretrained, glue_dir), str(workdir), devices=jax.devices()[:1])
   return workdir
+
+
+def predict_cli(model, source, out) -> None:
+  run_main(predict_tool.main, ["predict", "--model", str(model), "--input", str(source), "--out", str(out)])
+
+
+def read_tsv(path) -> list[list[str]]:
+  return [line.split("\t") for line in path.read_text().splitlines()]
 
 
 def test_the_chosen_run_is_kept_with_what_it_needs(grid, pretrained):
@@ -69,6 +82,64 @@ def test_a_damaged_model_is_refused(grid, tmp_path):
   with pytest.raises(UserError, match=f"^checkpoint {model} is damaged \\({name} has other bytes than when it was "
                                       f"saved\\)"):
     classifier.load(model)
+
+
+def test_predict_gives_the_submission_and_the_dev_scores(grid, glue_dir, tmp_path):
+  """RTE's test set labelled by predict is the submitted file; its dev set, as TSV (with labels) and as JSONL,
+  scores what the chosen run recorded; STS-B's scores correlate as recorded."""
+  predict_cli(grid / "models" / "RTE", glue_dir / "RTE" / "test.tsv", tmp_path / "test.tsv")
+  rows = read_tsv(tmp_path / "test.tsv")
+  assert rows[0] == ["index", "label", "entailment", "not_entailment"]
+  assert [row[:2] for row in rows[1:]] == read_tsv(grid / "submission" / "RTE.tsv")[1:]
+  assert all(abs(float(row[2]) + float(row[3]) - 1) < 1e-5 for row in rows[1:])
+
+  runs = runs_lib.read_runs(grid)
+  dev = glue.load_split(glue_dir, "rte", "dev")
+  predict_cli(grid / "models" / "RTE", glue_dir / "RTE" / "dev.tsv", tmp_path / "dev.tsv")
+  labels = [row[1] for row in read_tsv(tmp_path / "dev.tsv")[1:]]
+  accuracy = 100 * np.mean([glue.TASKS["RTE"].names.index(label) == e.label for label, e in zip(labels, dev)])
+  chosen = runs_lib.best_run([run for run in runs if run["task"] == "RTE"])
+  assert accuracy == pytest.approx(chosen["evaluations"]["RTE"]["accuracy"], abs=1e-9)
+  jsonl = tmp_path / "dev.jsonl"
+  jsonl.write_text("".join(json.dumps({"idx": e.idx, "sentence1": e.text_a, "sentence2": e.text_b}) + "\n"
+                           for e in dev))
+  predict_cli(grid / "models" / "RTE", jsonl, tmp_path / "dev_out.jsonl")
+  objects = [json.loads(line) for line in (tmp_path / "dev_out.jsonl").read_text().splitlines()]
+  assert [o["index"] for o in objects] == list(range(len(dev))) and [o["label"] for o in objects] == labels
+  np.testing.assert_allclose([o["entailment"] for o in objects],
+                             [float(row[2]) for row in read_tsv(tmp_path / "dev.tsv")[1:]], atol=1e-6)
+
+  predict_cli(grid / "models" / "STS-B", glue_dir / "STS-B" / "dev.tsv", tmp_path / "stsb.tsv")
+  rows = read_tsv(tmp_path / "stsb.tsv")
+  assert rows[0] == ["index", "score"] and len(rows) == 1 + 1500
+  chosen = runs_lib.best_run([run for run in runs if run["task"] == "STS-B"])
+  scores = np.array([float(row[1]) for row in rows[1:]])
+  gold = [e.label for e in glue.load_split(glue_dir, "stsb", "dev")]
+  assert 100 * metrics.pearson(scores, gold) == pytest.approx(chosen["evaluations"]["STS-B"]["pearson"], abs=1e-3)
+
+
+def test_bad_rows_are_one_line_each_and_nothing_is_written(grid, tmp_path, capsys):
+  source = tmp_path / "in.tsv"
+  source.write_text("index\tsentence1\tsentence2\n0\tA man sleeps.\tA man rests.\n1\tno second column\n"
+                    "2\t \tAn empty first sentence.\n")
+  out = tmp_path / "out.tsv"
+  with pytest.raises(SystemExit) as exit_info:
+    predict_cli(grid / "models" / "RTE", source, out)
+  assert exit_info.value.code == 2 and not out.exists()
+  assert capsys.readouterr().err.splitlines() == [
+      f"error: 2 bad rows in {source}, nothing written:",
+      f"{source}:3: expected 3 tab-separated columns, found 2 (a tab inside the text, or a cut line?): fix or drop "
+      f"the row",
+      f"{source}:4: the sentence 'sentence1' is empty: fix or drop the row"]
+  source = tmp_path / "in.jsonl"
+  source.write_text('{"sentence1": "A man sleeps.", "sentence2": "A man rests."}\n{"sentence1": "No pair."}\n'
+                    '{"sentence1": "cut')
+  with pytest.raises(SystemExit):
+    predict_cli(grid / "models" / "RTE", source, out)
+  err = capsys.readouterr().err.splitlines()
+  assert err[0] == f"error: 2 bad rows in {source}, nothing written:" and not out.exists()
+  assert err[1] == f"{source}:2: no field 'sentence2' for RTE"
+  assert err[2].startswith(f"{source}:3: not a JSON object (") and err[2].endswith("(a cut last line?)")
 
 
 def test_save_models_all_and_none(pretrained, glue_dir, tmp_path):
