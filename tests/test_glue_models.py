@@ -1,7 +1,9 @@
 """eval_glue.py ends in models, end to end on conftest.py's tiny TUPE-A: the chosen run's classifier kept in
 WORKDIR/models/<TASK> (params only, checksummed, with its labels, tokenizer settings, max length, fine-tuning config
 and the pre-trained checkpoint's step and checksum), labelling new text with `python -m tupe.tools.predict` (the
-submission files' own predictions; RTE, a pair task, and STS-B, regression); save_models all and none."""
+submission files' own predictions), exported with `python -m tupe.tools.export_hf` and run by transformers'
+AutoModelForSequenceClassification and text-classification pipeline with predict's probabilities (RTE, a pair
+task) and scores (STS-B, regression); save_models all and none."""
 import json
 import shutil
 
@@ -12,9 +14,11 @@ import pytest
 from configs import glue as glue_config
 from tupe.errors import UserError
 from tupe.glue import classifier
+from tupe.glue import encoding
 from tupe.glue import finetune
 from tupe.glue import keep
 from tupe.glue import metrics
+from tupe.glue import predict
 from tupe.glue import runs as runs_lib
 from tupe.glue import tasks as glue
 from tupe.run.process import run_main
@@ -140,6 +144,45 @@ def test_bad_rows_are_one_line_each_and_nothing_is_written(grid, tmp_path, capsy
   assert err[0] == f"error: 2 bad rows in {source}, nothing written:" and not out.exists()
   assert err[1] == f"{source}:2: no field 'sentence2' for RTE"
   assert err[2].startswith(f"{source}:3: not a JSON object (") and err[2].endswith("(a cut last line?)")
+
+
+def test_export_runs_in_transformers_as_predict(grid, glue_dir, tmp_path):
+  """The exported classifier in AutoModelForSequenceClassification: the task's labels, problem_type, the
+  tokenizer's max length, softmax (RTE) and score (STS-B) equal to predict's within 1e-4 on the dev set, and the
+  text-classification pipeline on a sentence pair."""
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  from tupe.tools import export_hf  # pylint: disable=import-outside-toplevel
+  for task, split in (("RTE", "dev"), ("STS-B", "dev")):
+    out = tmp_path / task
+    run_main(export_hf.main, ["export_hf", "--checkpoint", str(grid / "models" / task), "--out", str(out)])
+    saved = classifier.load(grid / "models" / task)
+    config = json.loads((out / "config.json").read_text())
+    regression = task == "STS-B"
+    assert config["problem_type"] == ("regression" if regression else "single_label_classification")
+    assert config["id2label"] == ({"0": "score"} if regression else {"0": "entailment", "1": "not_entailment"})
+    assert json.loads((out / "tokenizer_config.json").read_text())["model_max_length"] == 32
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(out, trust_remote_code=True).eval()
+    dev = glue.load_split(glue_dir, task, split)
+    predictor = predict.Predictor(saved)
+    predicted = predictor.predict(dev)
+    arrays = encoding.encode(predictor.tokenizer, dev, saved.max_seq_len)
+    with torch.no_grad():
+      logits = model(**{k: torch.from_numpy(arrays[k].astype(np.int64))
+                        for k in ("input_ids", "attention_mask", "token_type_ids")}).logits.numpy()
+    if regression:
+      np.testing.assert_allclose(logits[:, 0], predicted.values, atol=1e-4)
+    else:
+      np.testing.assert_allclose(predict.probabilities(logits), predict.probabilities(predicted.logits), atol=1e-4)
+    pipe = transformers.pipeline("text-classification", model=str(out), trust_remote_code=True)
+    short = next(i for i, e in enumerate(dev) if len(e.text_a.split()) + len(e.text_b.split()) < 16)
+    (best,) = pipe([{"text": dev[short].text_a, "text_pair": dev[short].text_b}])
+    if regression:
+      assert best["label"] == "score" and best["score"] == pytest.approx(float(predicted.values[short]), abs=1e-4)
+    else:
+      probs = predict.probabilities(predicted.logits[short:short + 1])[0]
+      assert best["label"] == saved.labels[int(probs.argmax())] and best["score"] == pytest.approx(probs.max(),
+                                                                                                  abs=1e-4)
 
 
 def test_save_models_all_and_none(pretrained, glue_dir, tmp_path):
