@@ -58,7 +58,7 @@ def finetune(cfg, setup: task_model.TaskSetup, data: glue_data.TaskData, encoder
   epochs, spe = setup.epochs, setup.steps_per_epoch
   # Dev evaluations: evals_per_epoch evenly spaced per epoch, and always after the last step.
   evals_every = fractions.Fraction(spe, cfg.evals_per_epoch) if cfg.evals_per_epoch else 0
-  lr_array = jnp.asarray(lr, jnp.float32)
+  lr_array = jnp.asarray(lr, float)  # float32; float64 under JAX's x64 mode (glue_parity --float64)
   best, best_params, history, epoch_losses = None, None, [], []
   progress = progress_lib.Progress(setup.total_steps, cfg.batch_size * cfg.max_seq_len, setup.flops_per_step,
                                    peak_flops)
