@@ -11,10 +11,10 @@ TUPE recipe (paper/official code): head dense-tanh-dropout-out on [CLS]; lr grid
 per lr, best lr reported; 10 epochs (5 for MNLI, QNLI, QQP); warmup 6% of the steps, linear decay; batch 32;
 weight decay 0.01 on all weights; dev evaluation twice per epoch, the best one kept; STS-B regression on
 label / 5.
-ConvBERT recipe (official code): head dropout-out on [CLS] (`--config.head=hf` for HF's dense-GELU head);
-layer-wise lr decay 0.8; lr 3e-4 (small, medium-small) or 1e-4 (base); 3 epochs (10 for RTE, STS-B); warmup
-10%; batch 32; weight decay 0.01 except LayerNorm and biases; MRPC and STS-B also trained on swapped pairs;
-dev evaluation at the end of training.
+ConvBERT recipe (official code): head dropout-out on [CLS] (`--config.head=hf` for HF's dense-GELU head, which a
+classifier exported to transformers needs); layer-wise lr decay 0.8; lr 3e-4 (small, medium-small) or 1e-4
+(base); 3 epochs (10 for RTE, STS-B); warmup 10%; batch 32; weight decay 0.01 except LayerNorm and biases; MRPC
+and STS-B also trained on swapped pairs; dev evaluation at the end of training.
 Both: Adam (0.9, 0.999, eps 1e-6), clip 1.0, linear decay to 0 after the warmup, hidden and attention dropout
 0.1 whatever the checkpoint was pre-trained with, the head initialized N(0, 0.02), pairs padded or truncated to
 128 tokens (the official TUPE fine-tuning truncates at 512: --config.max_seq_len=512). Everything is
