@@ -88,10 +88,13 @@ def test_a_damaged_model_is_refused(grid, tmp_path):
     classifier.load(model)
 
 
-def test_predict_gives_the_submission_and_the_dev_scores(grid, glue_dir, tmp_path):
-  """RTE's test set labelled by predict is the submitted file; its dev set, as TSV (with labels) and as JSONL,
-  scores what the chosen run recorded; STS-B's scores correlate as recorded."""
+def test_predict_gives_the_submission_and_the_dev_scores(grid, glue_dir, tmp_path, monkeypatch, capsys):
+  """RTE's test set labelled by predict (1,000 rows at a time here, saying so) is the submitted file; its dev set,
+  as TSV (with labels) and as JSONL, scores what the chosen run recorded; STS-B's scores correlate as recorded."""
+  monkeypatch.setattr(predict, "CHUNK", 1000)
   predict_cli(grid / "models" / "RTE", glue_dir / "RTE" / "test.tsv", tmp_path / "test.tsv")
+  assert [line for line in capsys.readouterr().out.splitlines() if line.startswith("labelled")] == [
+      "labelled 1,000 of 3,000 rows", "labelled 2,000 of 3,000 rows", "labelled 3,000 of 3,000 rows"]
   rows = read_tsv(tmp_path / "test.tsv")
   assert rows[0] == ["index", "label", "entailment", "not_entailment"]
   assert [row[:2] for row in rows[1:]] == read_tsv(grid / "submission" / "RTE.tsv")[1:]

@@ -24,6 +24,7 @@ import json
 import jax
 import numpy as np
 
+from tupe import console
 from tupe import models
 from tupe.data import tokenizer as tokenizer_lib
 from tupe.errors import UserError
@@ -37,6 +38,7 @@ from tupe.store import storage
 from tupe.train import sharding
 
 FORMATS = (".tsv", ".jsonl")
+CHUNK = 8192  # rows encoded and predicted at a time
 JSONL_INDEX_KEYS = ("idx", "index", "id")
 
 
@@ -56,10 +58,17 @@ class Predictor:
     self.tokenizer = tokenizer_lib.wordpiece(saved.vocab, saved.lowercase)
 
   def predict(self, examples: list[glue.Example]) -> task_model.Predicted:
-    """The model's predictions on `examples`, encoded as in fine-tuning (labels ignored)."""
-    rows = [e._replace(label=None) for e in examples]
-    arrays = encoding.encode(self.tokenizer, rows, self.saved.max_seq_len)
-    return task_model.predict(self, self.params, arrays, self.batch_size, self.saved.regression_scale)
+    """The model's predictions on `examples`, encoded as in fine-tuning (labels ignored), CHUNK rows at a time
+    with a progress line after each when there are more."""
+    parts = []
+    for start in range(0, len(examples), CHUNK):
+      rows = [e._replace(label=None) for e in examples[start:start + CHUNK]]
+      arrays = encoding.encode(self.tokenizer, rows, self.saved.max_seq_len)
+      parts.append(task_model.predict(self, self.params, arrays, self.batch_size, self.saved.regression_scale))
+      if len(examples) > CHUNK:
+        console.log(f"labelled {start + len(rows):,} of {len(examples):,} rows")
+    return task_model.Predicted(np.concatenate([p.values for p in parts]), np.concatenate([p.logits for p in parts]),
+                                0.0)
 
 
 def probabilities(logits: np.ndarray) -> np.ndarray:
@@ -86,7 +95,7 @@ def read_input(path: storage.PathLike, task: glue.Task) -> list[glue.Example]:
   kind = _format(path, "--input")
   if not storage.is_file(path):
     raise UserError(f"--input {path} does not exist")
-  lines, errors = tsv.read_lines(path), []
+  lines, errors = tsv.read_lines(path, "save it as UTF-8"), []
   if kind == ".tsv":
     examples = _read_tsv(path, lines, task, errors)
   else:

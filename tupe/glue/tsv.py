@@ -28,12 +28,13 @@ class Example(NamedTuple):
   idx: int
 
 
-def read_lines(path: storage.Path) -> list[str]:
-  """Lines of a UTF-8 file (a leading BOM dropped), split on '\\n' only, without line ends."""
+def read_lines(path: storage.Path, fix: str = "re-download the GLUE file") -> list[str]:
+  """Lines of a UTF-8 file (a leading BOM dropped), split on '\\n' only, without line ends; `fix` is what the
+  error for another encoding advises."""
   try:
     text = storage.read_bytes(path).decode("utf-8-sig")
   except UnicodeDecodeError as e:
-    raise UserError(f"{path} is not UTF-8 text (byte {e.start}): re-download the GLUE file") from e
+    raise UserError(f"{path} is not UTF-8 text (byte {e.start}): {fix}") from e
   lines = text.split("\n")
   if lines[-1] == "":
     lines.pop()
