@@ -35,8 +35,8 @@ import ml_collections
 from tupe import console
 from tupe import models
 from tupe import signals
-from tupe.errors import Preempted
 from tupe.data import tokenizer as tokenizer_lib
+from tupe.errors import Preempted
 from tupe.errors import UserError
 from tupe.glue import backbone as backbone_lib
 from tupe.glue import data as glue_data
