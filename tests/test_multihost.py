@@ -2,8 +2,8 @@
 collectives) match a single process that trains on the same global batches; when one process is
 killed, the other stops within the heartbeat timeout with one line naming the dead host (tupe/run/supervise.py).
 A SIGTERM to one host stops every host after the same step, in pre-training and in GLUE fine-tuning, whose
-two-host runs match one process's too, and whose kept model both hosts write. Two hosts checkpoint into one gs:// folder (a GCS emulator), are killed, and
-resume bit-identically.
+two-host runs match one process's too, and whose kept model both hosts write. Two hosts checkpoint into one gs://
+folder (a GCS emulator), are killed, and resume bit-identically.
 """
 import pathlib
 import re
