@@ -2,7 +2,8 @@
 (`tupe.train.core.build_core`: state, optimizer, shardings, the train step with gradient accumulation and the
 non-finite guard) for the task's objective (classification or regression, `task_objective`), and its jitted eval
 step (`build_task`, once per task; the peak learning rate is an argument of the train step, so every (lr, seed)
-run of the task reuses them); dev scoring (`evaluate`) and predictions.
+run of the task reuses them); dev scoring (`evaluate`) and the one prediction path (`predict`), which the test
+predictions of the submission files and new text labelled by a kept model (`tupe.glue.predict`) go through too.
 """
 from __future__ import annotations
 
