@@ -43,7 +43,7 @@ def common() -> ml_collections.ConfigDict:
   c.checkpoint = ml_collections.ConfigDict(dict(every_steps=10_000, keep_last=3, keep_every=100_000,
                                                 async_save=True))
   c.log_every = 100
-  c.eval_every = 10_000
+  c.eval_every = 10_000            # and after the last step; 0: no eval split, no evaluation
   c.eval_batches = 20
   c.nonfinite = "skip"             # non-finite loss/grads: "skip" the update, or "stop" the run
   c.peak_flops = 0.0               # per-device peak FLOP/s for MFU; 0 = data sheet or measured matmul

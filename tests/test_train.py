@@ -133,3 +133,13 @@ def test_eval_metrics_are_means_over_all_eval_predictions():
   for key in expected:
     np.testing.assert_allclose(got[key], expected[key], rtol=1e-5, err_msg=key)  # per-batch means: 1.5% off
   assert evaluator(params) == got  # the same batches, and denominators, at every evaluation
+
+
+def test_a_run_shorter_than_eval_every_ends_with_an_evaluation(tmp_path):
+  """eval_every past the last step: the run still ends with an evaluation (after its last step), and only one."""
+  cfg = tiny("bert_a")
+  cfg.update(num_train_steps=3, eval_every=100, eval_batches=1)
+  cfg.data.eval_fraction = 0.01
+  pretrain.train(cfg, str(tmp_path))
+  evals = [r for r in runlog.read_metrics(tmp_path) if "eval_loss" in r]
+  assert [r["step"] for r in evals] == [3] and np.isfinite(evals[0]["eval_loss"])

@@ -6,8 +6,9 @@ The flow (train.py calls `train`):
   3. resume from the newest good checkpoint in the workdir, if any;
   4. the train step compiled ahead of time, its memory analysis printed before step 1;
   5. the loop: step, metrics every step (loss, accuracy, grad norm, lr, tokens/s, MFU) to metrics.jsonl and
-     TensorBoard, a progress line every `log_every`, held-out MLM eval every `eval_every`, checkpoints every
-     `checkpoint.every_steps`, and a checkpoint at the current step on SIGTERM (preemption; then `Preempted`).
+     TensorBoard, a progress line every `log_every`, held-out MLM eval every `eval_every` and after the last step
+     (every run with an eval split ends with one), checkpoints every `checkpoint.every_steps`, and a checkpoint at
+     the current step on SIGTERM (preemption; then `Preempted`).
 """
 from __future__ import annotations
 
@@ -289,7 +290,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
         writer.flush()  # The metrics up to a checkpoint are durable before it (in a bucket, uploaded).
         ckpt.save(step, state, meta)
         progress.restart_clock()
-      if evaluate is not None and job_lib.itstime(step, cfg.eval_every, total, last=False):
+      if evaluate is not None and job_lib.itstime(step, cfg.eval_every, total):  # and after the last step
         steps.flush()  # Its rates are measured now, not after the evaluation restarts the clock.
         eval_metrics = evaluate(state.params)
         writer.write(step, eval_metrics, prefix="eval_")
