@@ -143,3 +143,38 @@ def test_a_run_shorter_than_eval_every_ends_with_an_evaluation(tmp_path):
   pretrain.train(cfg, str(tmp_path))
   evals = [r for r in runlog.read_metrics(tmp_path) if "eval_loss" in r]
   assert [r["step"] for r in evals] == [3] and np.isfinite(evals[0]["eval_loss"])
+
+
+SWEEP_RUN = ["--config.model.hidden_size=32", "--config.model.embedding_size=32", "--config.model.intermediate_size=64",
+             "--config.model.num_layers=1", "--config.model.vocab_size=0", "--config.data.source=synthetic",
+             "--config.data.synthetic_vocab_size=211", "--config.seq_len=32", "--config.num_train_steps=2",
+             "--config.optimizer.warmup_steps=1", "--config.eval_every=0", "--config.tensorboard=False",
+             "--config.peak_flops=1e12"]
+
+
+def test_a_printed_sweep_command_runs_from_another_folder_and_a_sweep_ends_with_a_table(tmp_path, capsys,
+                                                                                        monkeypatch):
+  """--print from the repository with a relative config path: the command runs from a folder outside it, as a
+  scheduler runs it. A sweep that runs its commands ends with one row per run: its grid values, last loss, last
+  eval loss and workdir (the run done by the printed command resumes there: nothing left to train)."""
+  root = tmp_path / "sweep"
+  monkeypatch.chdir(REPO)
+  sweep.main(["sweep", "--config", "configs/pretrain.py:tupe_a,tiny", "--root", str(root), "--grid", "seed=0",
+              "--print", "--", *SWEEP_RUN])
+  command = capsys.readouterr().out.strip()
+  elsewhere = tmp_path / "elsewhere"
+  elsewhere.mkdir()
+  proc = subprocess.run(["bash", "-c", command], cwd=elsewhere, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert f"finished at step 2: checkpoint {root}/seed=0/checkpoints/2" in proc.stdout
+
+  monkeypatch.chdir(elsewhere)  # the config path relative to the repository, as tupe.tools take it
+  sweep.main(["sweep", "--config", "configs/pretrain.py:tupe_a,tiny", "--root", str(root), "--grid", "seed=0,1", "--",
+              *SWEEP_RUN, "--config.eval_every=2", "--config.eval_batches=1"])
+  out = capsys.readouterr().out
+  table = out[out.index("[sweep] 2 runs finished:"):].splitlines()[1:]
+  assert table[0] == "| overrides | loss | eval loss | workdir |" and len(table) == 4, out
+  seed0, seed1 = (row.strip("| ").split(" | ") for row in table[2:])
+  losses = [r["loss"] for r in runlog.read_metrics(root / "seed=1") if "loss" in r]
+  assert seed1 == ["seed=1", f"{losses[-1]:.4f}", seed1[2], str(root / "seed=1")] and float(seed1[2]) > 0
+  assert seed0[0] == "seed=0" and seed0[2] == "-" and seed0[3] == str(root / "seed=0")  # trained without evaluations
