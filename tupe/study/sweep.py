@@ -97,6 +97,7 @@ def check(commands: list[list[str]]) -> None:
   for i, command in enumerate(commands):  # The cheap checks of every point first.
     try:
       configs.append(config_files.check_config_flags(["train.py"] + command[2:]))
+      pretrain.take_shard_settings(configs[-1])  # as train.py takes them
       pretrain.check_config(configs[-1])
     except UserError as e:
       raise named(i, command, e) from e

@@ -29,6 +29,7 @@ from tupe import models
 from tupe import signals
 from tupe.data import masking
 from tupe.data import pipeline
+from tupe.data import shards
 from tupe.errors import Preempted
 from tupe.errors import UserError
 from tupe.models import partitioning
@@ -200,6 +201,25 @@ def check_data_files(data_cfg) -> None:
                     f"--config.data.files")
 
 
+def take_shard_settings(cfg) -> str | None:
+  """Training from preprocessed shards (data.source "arrayrecord") takes the settings they were made with
+  (`tupe.data.shards.training_settings`: seq_len, packing, casing, the eval split, the vocab) in place of the
+  config's; returns the line that says so, naming any value of the config it replaced (None for other sources)."""
+  if cfg.data.source != "arrayrecord" or not cfg.data.files:
+    return None
+  taken = shards.training_settings(cfg.data.files)
+  replaced = []
+  for field, value in taken.items():
+    node, name = (cfg.data, field.removeprefix("data.")) if field.startswith("data.") else (cfg, field)
+    if node[name] != value and (node[name] or name != "vocab_file"):
+      replaced.append(f"{field}={node[name]!r}")
+    node[name] = value
+  settings = ", ".join(f"{field.removeprefix('data.')}={value!r}" for field, value in taken.items()
+                       if field != "data.vocab_file")
+  return (f"data: training with the settings {cfg.data.files} was preprocessed with ({settings}, its vocab.txt)"
+          + (f" instead of the config's {', '.join(replaced)}" if replaced else ""))
+
+
 def load_data(cfg) -> tuple[pipeline.PretrainData, pipeline.PretrainData | None]:
   """The training split and, when the run evaluates, the held-out split (loaded up front, so that one too small
   to evaluate fails before training), as `train` reads them; `tupe.study.sweep` checks each grid point with them."""
@@ -231,7 +251,10 @@ def check_loop(cfg) -> None:
 def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
   """Runs (or resumes) pre-training in `workdir` (a local folder or a bucket URL); returns the last step's
   metrics."""
+  shard_settings = take_shard_settings(cfg)
   check_config(cfg)
+  if shard_settings:
+    console.log(shard_settings)
   with job_lib.Job(cfg, workdir) as job:  # Another job on this workdir: one line, nothing loaded or written.
     workdir = job.workdir
     train_data, eval_data = load_data(cfg)
