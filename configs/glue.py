@@ -81,6 +81,7 @@ def get_config(recipe: str = "tupe") -> ml_collections.ConfigDict:
   c.log_every = 50
   c.tensorboard = True            # each run's TensorBoard events beside its metrics.jsonl
   c.peak_flops = 0.0               # per-device peak FLOP/s for MFU; 0 = data sheet or measured matmul
+  c.check_memory = common.check_memory  # refuse a train step that needs more memory than the devices have
   c.compilation_cache_dir = common.compilation_cache_dir  # as in pre-training (configs/pretrain.py)
   c.prng_impl = common.prng_impl
   c.mesh = common.mesh

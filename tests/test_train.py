@@ -16,6 +16,7 @@ from tupe.data import pipeline
 from tupe.run import process
 from tupe.store import runlog
 from tupe.study import sweep
+from tupe.train import evaluation
 from tupe.train import objectives
 from tupe.train import pretrain
 
@@ -122,7 +123,7 @@ def test_eval_metrics_are_means_over_all_eval_predictions():
   setup = pretrain.build(cfg, devices=jax.devices()[:1])
   # Larger weights than at initialization, so that the loss differs from position to position.
   params = jax.tree_util.tree_map(lambda x: 8.0 * x, setup.init_state().params)
-  evaluator = pretrain.Evaluator(setup, data, rows=(0, 2))
+  evaluator = evaluation.Evaluator(setup, data, rows=(0, 2))
   batches = [jax.device_get(b) for b in evaluator.batches()]
   counts = [b["masked_weights"].sum() for b in batches]
   assert len(set(counts)) > 1, counts  # else both means agree and this test could not fail

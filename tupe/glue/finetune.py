@@ -213,6 +213,7 @@ def _run_grid(cfg, workdir, tasks, pending, lrs, backbone, encoder, mesh, rules,
     setup = task_model.build_task(cfg, backbone, task, len(data.train["idx"]), mesh, rules)
     console.log(f"{task.name}: {len(data.train['idx'])} training examples, {setup.total_steps} steps "
                 f"({setup.steps_per_epoch} per epoch), dev {', '.join(ev.name for ev, _ in data.dev)}")
+    task_model.compile_train_step(cfg, setup, data.train, task.name)  # refused here if it cannot fit in memory
     for lr, seed in pending[task.name]:
       if count:
         stop.before_run(first=False)

@@ -40,8 +40,10 @@ from tupe.store import storage
 from tupe.train import compile_cache
 from tupe.train import core
 from tupe.train import curves
+from tupe.train import evaluation
 from tupe.train import flops as flops_lib
 from tupe.train import job as job_lib
+from tupe.train import memory
 from tupe.train import objectives
 from tupe.train import optim
 from tupe.train import progress as progress_lib
@@ -119,56 +121,45 @@ def abstract_batch(setup: Setup) -> dict:
 
 
 def compile_train_step(setup: Setup):
-  """AOT-compiles the train step; returns (compiled, memory report lines)."""
-  compiled = setup.train_step.lower(setup.abstract_state, abstract_batch(setup)).compile()
-  report = []
-  mem = compiled.memory_analysis()
-  if mem is not None:
-    gib = lambda n: f"{n / 2**30:.3f} GiB"
-    report.append(f"memory per device: arguments {gib(mem.argument_size_in_bytes)}, outputs "
-                  f"{gib(mem.output_size_in_bytes)}, temporaries {gib(mem.temp_size_in_bytes)}, generated code "
-                  f"{gib(mem.generated_code_size_in_bytes)} (donated arguments alias outputs)")
-  return compiled, report
+  """The train step compiled ahead of time for the setup's state and batch shapes (`memory_analysis()` gives its
+  memory before anything is allocated)."""
+  return setup.train_step.lower(setup.abstract_state, abstract_batch(setup)).compile()
+
+
+def memory_remedies(cfg) -> list[str]:
+  """What lowers a train step's memory, in the order to try (`tupe.train.memory.check`)."""
+  return [f"lower global_batch_size (now {cfg.global_batch_size})",
+          f"raise grad_accum_steps (now {cfg.grad_accum_steps}: the batch is computed in that many microbatches)",
+          f"set model.remat=full (now {cfg.model.remat}: activations recomputed in the backward pass)",
+          smaller_size(cfg.model.size)]
+
+
+def smaller_size(size: str) -> str:
+  """The last remedy for a step too big: the sizes below `size`."""
+  sizes = list(models.SIZES)
+  smaller = sizes[:sizes.index(size)] if size in sizes else []
+  if not smaller:
+    return "or a smaller model (model.num_layers, model.hidden_size)"
+  return f"or a smaller size ({', '.join(smaller)}: configs/pretrain.py:<model>,<size>)"
+
+
+# More passes over the training examples than this is almost surely a corpus too small for the run.
+MAX_EPOCHS = 100
+
+
+def epochs_warning(cfg, train_examples: int) -> str | None:
+  """A warning when the run's steps go over its training examples more than MAX_EPOCHS times."""
+  epochs = cfg.num_train_steps * cfg.global_batch_size / train_examples
+  if epochs <= MAX_EPOCHS:
+    return None
+  return (f"warning: {cfg.num_train_steps:,} steps of {cfg.global_batch_size:,} examples go over the "
+          f"{train_examples:,} training examples {epochs:,.0f} times (epochs): the model will learn them by heart; "
+          f"give more text, or fewer steps (--config.num_train_steps)")
 
 
 def checkpoint_meta(cfg, vocab_file: str, train_examples: int) -> meta_lib.CheckpointMeta:
   vocab = storage.read_text(vocab_file).splitlines() if vocab_file else []
   return meta_lib.create(json.loads(cfg.to_json_best_effort()), vocab, train_examples)
-
-
-class Evaluator:
-  """Held-out metrics over the same `eval_batches` batches at every evaluation.
-
-  Each loss and accuracy is a mean over all the batches' predictions (or tokens, for the discriminator's), not a
-  mean of per-batch means, which would weigh a prediction in a batch with few of them more: the first
-  evaluation sums the batches' denominators (`objectives.normalizers`), and each batch then contributes its
-  share, as a microbatch does in gradient accumulation. AVERAGED_METRICS (ELECTRA's AUC) are per-batch means.
-  """
-
-  def __init__(self, setup: Setup, data: pipeline.PretrainData, rows: tuple[int, int]):
-    self.setup, self.data, self.rows = setup, data, rows
-    self.denoms = None
-
-  def batches(self):
-    cfg = self.setup.cfg
-    it = self.data.iterator(batch_size=cfg.global_batch_size, seed=cfg.seed, rows=self.rows)
-    try:
-      for _ in range(cfg.eval_batches):
-        yield sharding.global_batch(next(it), self.setup.mesh, cfg.global_batch_size)
-    finally:
-      if hasattr(it, "close"):  # Its data worker processes, if any.
-        it.close()
-
-  def __call__(self, params) -> dict:
-    if self.denoms is None:
-      counts = [jax.device_get(self.setup.normalizers(batch)) for batch in self.batches()]
-      self.denoms = {k: np.float32(sum(c[k] for c in counts)) for k in counts[0]}
-    totals = {}
-    for batch in self.batches():
-      metrics = jax.device_get(self.setup.eval_step(params, batch, self.denoms))
-      totals = {k: totals.get(k, 0.0) + float(v) for k, v in metrics.items()}
-    n = self.setup.cfg.eval_batches
-    return {k: v / n if k in objectives.AVERAGED_METRICS else v for k, v in totals.items()}
 
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -261,9 +252,22 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
     resolve_vocab_size(cfg, train_data.info.vocab_size)
     setup = build(cfg)
     rows = sharding.host_rows(setup.mesh, cfg.global_batch_size)
-    evaluate = Evaluator(setup, eval_data, rows) if eval_data is not None else None
+    evaluate = evaluation.Evaluator(setup, eval_data, rows) if eval_data is not None else None
     console.log(describe(setup, train_data, rows))
     console.log(train_data.fill_line())
+    if warning := epochs_warning(cfg, len(train_data)):
+      console.log(warning)
+    console.log("compiling the train step...")
+    with compile_cache.Watch() as watch:
+      compiled = compile_train_step(setup)
+    console.log(watch.line())  # the time, and whether it was compiled or loaded from the compilation cache
+    # Before the state is loaded or created: a step that cannot fit is refused before anything big is allocated.
+    for line in memory.check(compiled.memory_analysis(), "the train step", memory_remedies(cfg), cfg.check_memory,
+                             setup.mesh.local_devices):
+      console.log(line)
+    if stop := job.stop_signal():
+      raise Preempted(f"stopped by {signals.name(stop)} before training began: nothing was changed; rerun the same "
+                      f"command", stop)
     # Closed while the job still records signals: a preemption then lets the last asynchronous save finish.
     ckpt = job.enter(checkpointer.Checkpointer(workdir / "checkpoints", cfg.checkpoint))
     meta = checkpoint_meta(cfg, train_data.info.vocab_file, len(train_data))
@@ -286,13 +290,6 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
     train_iter = train_data.iterator(batch_size=cfg.global_batch_size, seed=cfg.seed, rows=rows, start_batch=start)
     if hasattr(train_iter, "close"):  # Data worker processes and their shared memory, stopped on any exit.
       job.callback(train_iter.close)
-
-    console.log("compiling the train step...")
-    with compile_cache.Watch() as watch:
-      compiled, report = compile_train_step(setup)
-    console.log(watch.line())  # the time, and whether it was compiled or loaded from the compilation cache
-    for line in report:
-      console.log(line)
     peak, peak_source = flops_lib.peak_flops_per_device(cfg.peak_flops)
     console.log(f"{setup.flops_per_step / 1e9:.2f} GFLOPs per step; MFU against {peak / 1e12:.2f} TFLOP/s per "
                 f"device ({peak_source})")
