@@ -25,6 +25,8 @@ import ml_collections
 from configs import pretrain
 from tupe.errors import UserError
 
+RECIPES = ("tupe", "convbert")
+ARGUMENTS = (("recipe", RECIPES),)  # get_config("<recipe>"), for --help
 TUPE_LRS = (2e-5, 3e-5, 4e-5, 5e-5)
 TUPE_MODELS = "bert_a,bert_r,tupe_a,tupe_a_tie_cls,tupe_r"
 
@@ -36,7 +38,7 @@ def epochs(default: int, **per_task: int) -> ml_collections.ConfigDict:
 
 
 def get_config(recipe: str = "tupe") -> ml_collections.ConfigDict:
-  if recipe not in ("tupe", "convbert"):
+  if recipe not in RECIPES:
     raise UserError(f"unknown GLUE recipe {recipe!r}; use configs/glue.py:tupe or configs/glue.py:convbert")
   common = pretrain.common()
   c = ml_collections.ConfigDict()

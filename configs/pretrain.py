@@ -19,6 +19,7 @@ from tupe.errors import UserError
 from tupe.models import partitioning
 
 NAMES = models.MODELS + ("convbert_mlm",)  # convbert_mlm: ConvBERT's model with the MLM objective
+ARGUMENTS = (("model", NAMES), ("size", tuple(models.SIZES)))  # get_config("<model>,<size>"), for --help
 CONVBERT_LR = {"tiny": 1e-3, "small": 3e-4, "medium_small": 5e-4, "base": 2e-4, "large": 2e-4}
 
 
