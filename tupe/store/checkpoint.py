@@ -26,6 +26,7 @@ import re
 import jax
 import orbax.checkpoint as ocp
 
+from tupe import console
 from tupe.errors import UserError
 from tupe.store import checksums
 from tupe.store import orbax_s3
@@ -116,6 +117,14 @@ def verified_meta(step_dir: storage.Path, root: storage.Path, items: tuple[str, 
   return meta
 
 
+def committed_step_dirs(root: storage.Path) -> list[storage.Path]:
+  """The committed step directories of a checkpoints/ folder, newest first: locally the step folders orbax renamed
+  into place, in a bucket those with orbax's commit object (a step without it is a save in progress, or killed)."""
+  return sorted((p for p in storage.iterdir(root) if p.name.isdigit() and storage.is_dir(p)
+                 and (not storage.is_remote(p) or storage.exists(p / checksums.COMMIT_FILES[1]))),
+                key=lambda p: int(p.name), reverse=True)
+
+
 def _load_newest(path: storage.PathLike, load):
   """The restore policy of every reader but train.py's resume (`Checkpointer.restore_latest`): `load(step_dir,
   meta)` of the newest intact step directory under a workdir, its checkpoints/ folder, or one step directory.
@@ -132,10 +141,7 @@ def _load_newest(path: storage.PathLike, load):
   orbax_s3.install_for(path)
   explicit = storage.is_dir(path / "meta")
   root = path.parent if explicit else path / "checkpoints" if storage.is_dir(path / "checkpoints") else path
-  step_dirs = [path] if explicit else sorted(
-      (p for p in storage.iterdir(root) if p.name.isdigit() and storage.is_dir(p)
-       and (not storage.is_remote(p) or storage.exists(p / checksums.COMMIT_FILES[1]))),
-      key=lambda p: int(p.name), reverse=True)
+  step_dirs = [path] if explicit else committed_step_dirs(root)
   empty = drop_empty(step_dirs, root)
   step_dirs = [d for d in step_dirs if d not in empty]
   if not step_dirs:
@@ -234,6 +240,7 @@ def load_params(path: storage.PathLike, select=None, shardings=None) -> tuple[Ch
       optimizer state, lands anywhere), as training lays its parameters out.
   """
   def load(step_dir, meta):
+    console.log(f"loading checkpoint {step_dir}...")
     params = _restore_params(step_dir, meta, None if select is None else select(meta), shardings)
     return jax.device_get(params) if shardings is None else params
 
