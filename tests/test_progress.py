@@ -1,9 +1,15 @@
-"""Progress on every wait: tokenizing a corpus shows bytes done, rate and ETA; a busy workdir is reported before any
-data is read."""
+"""Progress on every wait: tokenizing a corpus shows bytes done, rate and ETA; loading a checkpoint and compiling
+say they have started; a busy workdir is reported before any data is read; the first Ctrl-C is acknowledged at once,
+and a second one stops the run at once, naming the last saved checkpoint, with exit status 130 and nothing saved
+lost, whatever the main thread is doing."""
 import os
 import re
+import signal
 
 import pytest
+from test_resume import Run
+from test_resume import checkpoint_state
+from test_resume import finished_steps
 from test_resume import run_train
 
 from tupe import console
@@ -62,3 +68,27 @@ def test_a_busy_workdir_is_reported_before_any_data_is_read(tmp_path):
     proc = run_train(workdir, {"data.source": "text", "data.files": corpus, "data.vocab_file": corpus}, timeout=120)
   assert proc.returncode == 2, proc.stderr[-3000:]
   assert re.fullmatch(rf"error: workdir {workdir} is in use by .*", proc.stderr.strip()), proc.stderr
+
+
+def test_ctrl_c_is_acknowledged_at_once_and_a_second_stops_the_run_at_once(tmp_path):
+  """A run with checkpoint 4 resumes; its metrics log is a named pipe that no one reads, so the main thread blocks
+  for ever in opening it (as in a hung write): it can act on no signal. The first Ctrl-C is acknowledged all the
+  same, the second ends the process with 130 and a line naming checkpoint 4, which stays intact."""
+  workdir = tmp_path / "run"
+  first = run_train(workdir, {"num_train_steps": 4})
+  assert first.returncode == 0 and finished_steps(workdir) == [4], first.stderr[-3000:]
+  (workdir / "metrics.jsonl").unlink()
+  os.mkfifo(workdir / "metrics.jsonl")
+  run = Run(workdir, {"num_train_steps": 8}, name="blocked")
+  run.wait_until(lambda: "resumed from checkpoint 4" in run.stdout(), timeout=300, poll=0.05)
+  run.signal(signal.SIGINT)
+  run.wait_until(lambda: "Ctrl-C (SIGINT): stopping after the current step; Ctrl-C again to stop now" in run.stdout(),
+                 timeout=60, poll=0.05)
+  run.signal(signal.SIGINT)
+  assert run.wait(timeout=60) == 130
+  assert run.stderr().strip().splitlines()[-1] == (
+      f"stopped now by a second Ctrl-C (SIGINT): the last saved checkpoint is 4 ({workdir}/checkpoints/4); rerun "
+      f"the same command to resume from it")
+  out = run.stdout()
+  assert out.index("compiling the train step...") < out.index(f"loading checkpoint 4 from {workdir}/checkpoints...")
+  assert finished_steps(workdir) == [4] and int(checkpoint_state(workdir, 4)["step"]) == 4

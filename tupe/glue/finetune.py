@@ -135,6 +135,8 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
   cfg.lowercase = backbone_lib.tokenizer_lowercase(cfg)  # Recorded in config.json: a workdir's runs share one setting.
   with job_lib.Job(cfg, workdir) as job:  # Another job on this workdir: one line, nothing loaded or written.
     workdir, stop = job.workdir, _Stop(job)
+    job.enter(signals.saving(lambda: f"the finished runs are in {workdir / 'runs.jsonl'}; rerun the same command to "
+                                     f"resume after them"))  # named by a second Ctrl-C
     runs_lib.check_resume(cfg, workdir)
     core.use_prng_impl(cfg.prng_impl)
     backbone = backbone_lib.load_backbone(cfg, workdir)

@@ -125,6 +125,15 @@ def committed_step_dirs(root: storage.Path) -> list[storage.Path]:
                 key=lambda p: int(p.name), reverse=True)
 
 
+def last_saved(root: storage.PathLike) -> str:
+  """What a stopped run of the checkpoints/ folder `root` leaves to resume from, in words (`tupe.signals.saving`)."""
+  root = storage.path(root)
+  newest = committed_step_dirs(root)[:1] if storage.exists(root) else []
+  if not newest:
+    return "no checkpoint was saved yet; rerun the same command to start again"
+  return f"the last saved checkpoint is {newest[0].name} ({newest[0]}); rerun the same command to resume from it"
+
+
 def _load_newest(path: storage.PathLike, load):
   """The restore policy of every reader but train.py's resume (`Checkpointer.restore_latest`): `load(step_dir,
   meta)` of the newest intact step directory under a workdir, its checkpoints/ folder, or one step directory.

@@ -33,6 +33,7 @@ from tupe.data import shards
 from tupe.errors import Preempted
 from tupe.errors import UserError
 from tupe.models import partitioning
+from tupe.store import checkpoint
 from tupe.store import checkpointer
 from tupe.store import meta as meta_lib
 from tupe.store import runlog
@@ -248,6 +249,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
     console.log(shard_settings)
   with job_lib.Job(cfg, workdir) as job:  # Another job on this workdir: one line, nothing loaded or written.
     workdir = job.workdir
+    job.enter(signals.saving(lambda: checkpoint.last_saved(workdir / "checkpoints")))  # named by a second Ctrl-C
     train_data, eval_data = load_data(cfg)
     resolve_vocab_size(cfg, train_data.info.vocab_size)
     setup = build(cfg)
