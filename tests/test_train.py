@@ -53,6 +53,14 @@ def test_demo_mlm_loss_falls(tmp_path):
   assert config["model"]["vocab_size"] > 1000 and config["data"]["source"] == "demo"
   assert (tmp_path / "checkpoints" / "40").is_dir()
   assert any((tmp_path / "tensorboard").iterdir())
+  # The last line's TensorBoard command works as written (`tensorboard` comes with requirements.txt): its event
+  # summary holds the 40 steps.
+  hint = re.search(r"; TensorBoard: tensorboard (--logdir \S+)$", out.strip().splitlines()[-1])
+  assert hint and hint[1] == f"--logdir {tmp_path / 'tensorboard'}", out.strip().splitlines()[-1]
+  tensorboard = pathlib.Path(sys.executable).parent / "tensorboard"
+  shown = subprocess.run([str(tensorboard), *hint[1].split(), "--inspect"], capture_output=True, text=True,
+                         timeout=300)
+  assert shown.returncode == 0 and re.search(r"^ +num_steps +40$", shown.stdout, re.M), shown.stdout[-2000:]
 
 
 def tiny(model):

@@ -330,7 +330,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
     drawn = write_curves(workdir)
     console.log(f"finished at step {step}: checkpoint {ckpt.directory / str(step)}, metrics {writer.path}"
                 + (f", curves {drawn}" if drawn else "")
-                + (f", TensorBoard {workdir / 'tensorboard'}" if cfg.tensorboard else ""))
+                + (f"; TensorBoard: tensorboard --logdir {workdir / 'tensorboard'}" if cfg.tensorboard else ""))
   return steps.last
 
 
