@@ -125,13 +125,20 @@ def committed_step_dirs(root: storage.Path) -> list[storage.Path]:
                 key=lambda p: int(p.name), reverse=True)
 
 
-def last_saved(root: storage.PathLike) -> str:
-  """What a stopped run of the checkpoints/ folder `root` leaves to resume from, in words (`tupe.signals.saving`)."""
+def newest_step(root: storage.PathLike) -> int:
+  """The step of the newest committed checkpoint in a checkpoints/ folder; -1 if there is none."""
   root = storage.path(root)
   newest = committed_step_dirs(root)[:1] if storage.exists(root) else []
-  if not newest:
+  return int(newest[0].name) if newest else -1
+
+
+def last_saved(root: storage.PathLike) -> str:
+  """What a stopped run of the checkpoints/ folder `root` leaves to resume from, in words (`tupe.signals.saving`)."""
+  step = newest_step(root)
+  if step < 0:
     return "no checkpoint was saved yet; rerun the same command to start again"
-  return f"the last saved checkpoint is {newest[0].name} ({newest[0]}); rerun the same command to resume from it"
+  return (f"the last saved checkpoint is {step} ({storage.path(root) / str(step)}); rerun the same command to resume "
+          f"from it")
 
 
 def _load_newest(path: storage.PathLike, load):

@@ -127,6 +127,19 @@ def compile_train_step(setup: Setup):
   return setup.train_step.lower(setup.abstract_state, abstract_batch(setup)).compile()
 
 
+def compile_checked(setup: Setup):
+  """`compile_train_step`, said as it starts and ends, and its memory checked (`tupe.train.memory.check`)."""
+  console.log("compiling the train step...")
+  with compile_cache.Watch() as watch:
+    compiled = compile_train_step(setup)
+  console.log(watch.line())  # the time, and whether it was compiled or loaded from the compilation cache
+  cfg = setup.cfg
+  for line in memory.check(compiled.memory_analysis(), "the train step", memory_remedies(cfg), cfg.check_memory,
+                           setup.mesh.local_devices):
+    console.log(line)
+  return compiled
+
+
 def memory_remedies(cfg) -> list[str]:
   """What lowers a train step's memory, in the order to try (`tupe.train.memory.check`)."""
   return [f"lower global_batch_size (now {cfg.global_batch_size})",
@@ -259,14 +272,10 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
     console.log(train_data.fill_line())
     if warning := epochs_warning(cfg, len(train_data)):
       console.log(warning)
-    console.log("compiling the train step...")
-    with compile_cache.Watch() as watch:
-      compiled = compile_train_step(setup)
-    console.log(watch.line())  # the time, and whether it was compiled or loaded from the compilation cache
     # Before the state is loaded or created: a step that cannot fit is refused before anything big is allocated.
-    for line in memory.check(compiled.memory_analysis(), "the train step", memory_remedies(cfg), cfg.check_memory,
-                             setup.mesh.local_devices):
-      console.log(line)
+    # A run whose newest checkpoint has reached the last step needs no step (unless that checkpoint is damaged).
+    finished = checkpoint.newest_step(workdir / "checkpoints") >= cfg.num_train_steps
+    compiled = None if finished else compile_checked(setup)
     if stop := job.stop_signal():
       raise Preempted(f"stopped by {signals.name(stop)} before training began: nothing was changed; rerun the same "
                       f"command", stop)
@@ -289,6 +298,8 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
         console.log(f"checkpoint {start} has reached num_train_steps={cfg.num_train_steps}: nothing to train (raise "
                     f"--config.num_train_steps to train on)")
         return {}
+    if compiled is None:  # The newest checkpoint was damaged: an older one, before the last step, was restored.
+      compiled = compile_checked(setup)
     train_iter = train_data.iterator(batch_size=cfg.global_batch_size, seed=cfg.seed, rows=rows, start_batch=start)
     if hasattr(train_iter, "close"):  # Data worker processes and their shared memory, stopped on any exit.
       job.callback(train_iter.close)
