@@ -110,7 +110,9 @@ def compile_train_step(cfg, setup: TaskSetup, train: dict, label: str) -> None:
   """
   first = encoding.batch_rows(train, np.arange(min(cfg.batch_size, len(train["idx"]))), cfg.batch_size,
                               cfg.regression_scale)
-  batch = {name: jax.ShapeDtypeStruct(array.shape, array.dtype) for name, array in first.items()}
+  # With the batch's sharding, as `sharding.shard_batch` gives it, the runs' calls find this program in JAX's cache.
+  batch = {name: jax.ShapeDtypeStruct(array.shape, array.dtype, sharding=setup.batch_sharding)
+           for name, array in first.items()}
   console.log(f"{label}: compiling the train step...")
   with compile_cache.Watch() as watch:
     compiled = setup.train_step.lower(setup.abstract_state, batch, jax.ShapeDtypeStruct((), jnp.float32)).compile()
