@@ -17,7 +17,6 @@ written atomically, so a save cut short is no checkpoint, and the job's files ar
 """
 import contextlib
 import multiprocessing
-import multiprocessing.util
 import os
 import signal
 import threading
@@ -80,10 +79,23 @@ def _stop_now(signum: int) -> None:
       child.terminate()
   # The semaphores of their queues are unlinked now, as at a normal exit (else Python's resource tracker warns of
   # them as leaked), in a thread given a moment: the exit must not wait on anything.
-  cleanup = threading.Thread(target=multiprocessing.util._run_finalizers, args=(0,), daemon=True)
+  cleanup = threading.Thread(target=_unlink_semaphores, daemon=True)
   cleanup.start()
   cleanup.join(CLEANUP_TIMEOUT_S)
   os._exit(128 + signum)
+
+
+def _unlink_semaphores() -> None:
+  """Unlinks the named semaphores of this process's multiprocessing queues and locks, as their finalizers do at a
+  normal exit (a name unlinked does not disturb the semaphore's users), so that Python's resource tracker finds none
+  to warn about as leaked. Only those finalizers: the others (a data iterator's `close`, say) are the main thread's
+  business."""
+  from multiprocessing import synchronize  # pylint: disable=import-outside-toplevel  (it adds an exit hook)
+  from multiprocessing import util  # pylint: disable=import-outside-toplevel
+  for finalizer in list(util._finalizer_registry.values()):  # pylint: disable=protected-access
+    if getattr(finalizer, "_callback", None) is synchronize.SemLock._cleanup:  # pylint: disable=protected-access
+      with contextlib.suppress(Exception):
+        finalizer()
 
 
 class _Watcher:
