@@ -46,6 +46,7 @@ def show(argv: list[str]) -> None:
 
 
 def text(argv: list[str]) -> str:
+  """The help: the entry point's docstring, then the configs (or the fields of the one given), then the flags."""
   script = os.path.basename(argv[0])
   main_doc = inspect.cleandoc(getattr(sys.modules.get("__main__"), "__doc__", None) or "")
   parts = [main_doc.strip() + "\n"] if main_doc else []
@@ -76,13 +77,11 @@ def configs_text(script: str) -> str:
   field = config_files.ENTRY_POINTS.get(script, ("", ""))[0]
   lines = [f"Pick a config with --config FILE[:ARG]; the configs for {script}:"]
   for module in config_modules():
-    default = inspect.signature(module.get_config).parameters
-    default = next(iter(default.values())).default if default else ""
-    try:
-      made = module.get_config(default) if default != inspect.Parameter.empty else module.get_config()
-    except Exception:  # pylint: disable=broad-except  (a config that needs an argument: not listed)
+    parameters = list(inspect.signature(module.get_config).parameters.values())
+    default = parameters[0].default if parameters else ""
+    if default is inspect.Parameter.empty:  # a config without a default argument: its script cannot be told
       continue
-    if field and field not in made:
+    if field and field not in module.get_config(*([default] if parameters else [])):
       continue
     arguments = getattr(module, "ARGUMENTS", ())
     usage = f"configs/{pathlib.Path(module.__file__).name}"
