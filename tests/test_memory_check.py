@@ -13,10 +13,13 @@ from test_resume import train_command
 from test_resume import train_env
 
 from configs import glue as glue_config
+from configs import pretrain as pretrain_config
 from tupe.errors import UserError
 from tupe.glue import finetune
+from tupe.glue import runs as runs_lib
 from tupe.train import memory
 from tupe.train import pretrain
+from tupe.train import resume
 
 # A batch of 4M examples of 128 tokens: the tiny model's MLM logits alone are 4M x 20 predictions x 30,522 words x
 # 4 bytes = 10 TiB, its step about 50 TiB: more than any machine has.
@@ -120,3 +123,17 @@ def test_a_run_over_its_data_more_than_100_times_is_warned_about():
       "will learn them by heart; give more text, or fewer steps (--config.num_train_steps)")
   cfg.num_train_steps = 198
   assert pretrain.epochs_warning(cfg, 507) is None  # 99.98 epochs
+
+
+def test_check_memory_is_no_setting_of_what_is_trained():
+  """check_memory changes nothing trained: a checkpoint or a GLUE workdir written before the field existed, or with
+  another value, resumes without a word about it."""
+  cfg = pretrain_config.get_config("tupe_a,tiny").to_dict()
+  older = {k: v for k, v in cfg.items() if k != "check_memory"}
+  assert resume.changed_settings(older, dict(cfg, check_memory=False)) == []
+  glue = glue_config.get_config("tupe")
+  digest = runs_lib.settings_digest(glue)
+  glue.check_memory = False
+  assert runs_lib.settings_digest(glue) == digest
+  assert runs_lib.settings({k: v for k, v in glue.to_dict().items() if k != "check_memory"}) == runs_lib.settings(
+      glue.to_dict())
