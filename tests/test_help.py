@@ -30,9 +30,10 @@ def test_help_without_a_config_lists_the_configs_and_their_arguments():
   assert "--config.init_checkpoint=DIR --config.data_dir=GLUE_DIR \\\n" in out  # its docstring, as written
 
 
-def test_help_with_a_config_lists_its_fields_values_and_comments():
-  out = run("train.py", "--config", "configs/pretrain.py:tupe_a,tiny", "--config.seq_len=64", "--help")
+def test_help_with_a_config_lists_its_fields_values_and_comments_and_helpfull_the_libraries_flags():
+  out = run("train.py", "--config", "configs/pretrain.py:tupe_a,tiny", "--config.seq_len=64", "--helpfull")
   assert "The fields of configs/pretrain.py:tupe_a,tiny (set any with --config.FIELD=VALUE):" in out
+  assert THIRD_PARTY_FLAG in out  # --helpfull: the libraries' flags too
   fields = dict(re.findall(r"^  (\S+) = (.*?)(?:  +# .*)?$", out, re.M))
   assert fields["seq_len"] == "64" and fields["global_batch_size"] == "8" and fields["model.size"] == "'tiny'"
   assert fields["optimizer.learning_rate"] == "0.001" and fields["data.source"] == "'demo'"
@@ -45,7 +46,3 @@ def test_help_with_a_config_lists_its_fields_values_and_comments():
   assert re.search(r"^  init_checkpoint = '' +# train.py workdir, its checkpoints/ folder or a step\n +# directory",
                    out, re.M)  # a comment continued on the next lines
 
-
-def test_helpfull_adds_the_libraries_flags():
-  out = run("train.py", "--helpfull")
-  assert "the configs for train.py:" in out and THIRD_PARTY_FLAG in out
