@@ -28,7 +28,7 @@ def _first_cause(e: BaseException) -> BaseException:
   return e
 
 
-def _config_spec(argv: Sequence[str]) -> str | None:
+def config_spec(argv: Sequence[str]) -> str | None:
   """The value of --config (`--config=X` or `--config X`) in a command line."""
   for i, arg in enumerate(argv):
     if arg.startswith("--config="):
@@ -104,7 +104,7 @@ def check_config_flags(argv: list[str]) -> ml_collections.ConfigDict:
   argv = last_wins(argv[:1] + [a for i, a in enumerate(argv[1:], 1)
                                if a.startswith("--config") or (argv[i - 1].startswith("--config") and
                                                                "=" not in argv[i - 1] and not a.startswith("--"))])
-  spec = _config_spec(argv)
+  spec = config_spec(argv)
   if spec is None:
     raise UserError("--config is missing: give configs/<file>.py:<arg>")
   file = spec.split(":", 1)[0]
