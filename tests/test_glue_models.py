@@ -199,3 +199,27 @@ def test_save_models_all_and_none(pretrained, glue_dir, tmp_path):
   finetune.run(cfg, str(tmp_path / "none"), devices=jax.devices()[:1])
   assert not (tmp_path / "none" / "models").exists()
   assert not list((tmp_path / "none" / "runs").glob("*/model"))
+
+
+def test_mnli_keeps_one_model_scored_on_matched_and_mismatched(pretrained, tmp_path):
+  """MNLI (its files written by `python -m tupe.glue.download` under tfds.testing.mock_data: ../shared/data has no
+  MNLI) ends in one model, models/MNLI, whose run records both dev evaluations; predict with it on
+  dev_matched.tsv and on dev_mismatched.tsv scores what the run recorded for MNLI-m and MNLI-mm."""
+  tfds = pytest.importorskip("tensorflow_datasets")
+  from tupe.glue import download  # pylint: disable=import-outside-toplevel
+  with tfds.testing.mock_data(num_examples=48):
+    run_main(download.main, ["download", "--data-dir", str(tmp_path / "glue"), "--tasks", "mnli"])
+  cfg = grid_config(pretrained, tmp_path / "glue", tasks="mnli", seeds=(0,), predict_test=False)
+  cfg.epochs.mnli = 1
+  finetune.run(cfg, str(tmp_path / "workdir"), devices=jax.devices()[:1])
+  assert [p.name for p in (tmp_path / "workdir" / "models").iterdir()] == ["MNLI"]
+  saved = classifier.load(tmp_path / "workdir" / "models" / "MNLI")
+  assert saved.labels == ("entailment", "neutral", "contradiction")
+  assert set(saved.run["evaluations"]) == {"MNLI-m", "MNLI-mm"}
+  for evaluation, split in (("MNLI-m", "dev_matched"), ("MNLI-mm", "dev_mismatched")):
+    out = tmp_path / f"{split}.tsv"
+    predict_cli(tmp_path / "workdir" / "models" / "MNLI", tmp_path / "glue" / "MNLI" / f"{split}.tsv", out)
+    dev = glue.load_split(tmp_path / "glue", "mnli", split)
+    labels = [row[1] for row in read_tsv(out)[1:]]
+    accuracy = 100 * np.mean([saved.labels.index(label) == e.label for label, e in zip(labels, dev)])
+    assert accuracy == pytest.approx(saved.run["evaluations"][evaluation]["accuracy"], abs=1e-9), evaluation
