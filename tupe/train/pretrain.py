@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from typing import Any
 
 import flax.linen as nn
@@ -221,10 +222,12 @@ def check_loop(cfg) -> None:
   progress_lib.NonFinite(cfg.nonfinite)  # a policy it knows
   core.check_prng_impl(cfg.prng_impl)
   for name in ("learning_rate", "end_learning_rate", "weight_decay", "clip_norm"):
-    if cfg.optimizer[name] < 0:
-      raise UserError(f"optimizer.{name}={cfg.optimizer[name]} is negative; use 0 or more")
-    if cfg.optimizer[name] > _FLOAT32_MAX:
-      raise UserError(f"optimizer.{name}={cfg.optimizer[name]} overflows float32 (at most {_FLOAT32_MAX:.3g})")
+    value = cfg.optimizer[name]
+    if math.isnan(value) or value < 0 or (name == "learning_rate" and value == 0):
+      raise UserError(f"optimizer.{name}={value} must be " + ("above 0" if name == "learning_rate" else "0 or more"))
+    if value > _FLOAT32_MAX:
+      raise UserError(f"optimizer.{name}={value} overflows float32 (at most {_FLOAT32_MAX:.3g})")
+  optim.check_adam(cfg.optimizer)
 
 
 def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
