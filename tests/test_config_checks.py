@@ -147,3 +147,17 @@ def test_bad_glue_values_are_one_line(field, value, words):
   (cfg[parent] if parent else cfg)[name] = value
   with pytest.raises(UserError, match=f"^{re.escape(words)}"):
     finetune.check_config(cfg)
+
+
+@pytest.mark.parametrize("body, line, raised", [
+    ("def get_config():\n  c = ml_collections.ConfigDict()\n  c.x = 1 / 0\n  return c\n", 4,
+     "ZeroDivisionError: division by zero"),
+    ("raise RuntimeError('no such cluster')\n", 2, "RuntimeError: no such cluster"),
+])
+def test_a_config_file_that_raises_is_one_line_naming_the_file_and_line(tmp_path, body, line, raised):
+  """Raised in get_config or while the file is imported: the file, the line and the exception, not a traceback."""
+  file = tmp_path / "mine.py"
+  file.write_text("import ml_collections\n" + body)
+  with pytest.raises(UserError, match=f"^--config: the config file {re.escape(str(file))} raised "
+                                      f"{re.escape(raised)} at line {line}; fix the file$"):
+    config_files.check_config_flags(["train.py", f"--config={file}", "--workdir", "w"])

@@ -9,6 +9,7 @@ one-line `UserError`.
 import difflib
 import os
 import pathlib
+import traceback
 from typing import Sequence
 
 from absl import flags
@@ -26,6 +27,18 @@ def _first_cause(e: BaseException) -> BaseException:
   while (e.__cause__ or e.__context__) is not None:
     e = e.__cause__ or e.__context__
   return e
+
+
+def _first_line(e: BaseException) -> str:
+  lines = str(e).strip().splitlines()
+  return lines[0] if lines else "(no message)"
+
+
+def _where(e: BaseException, file: str) -> str:
+  """" at line N": the last line of config file `file` that `e`'s traceback passed through ("" if none)."""
+  lines = [frame.lineno for frame in traceback.extract_tb(e.__traceback__)
+           if os.path.abspath(frame.filename) == os.path.abspath(file)]
+  return f" at line {lines[-1]}" if lines else ""
 
 
 def _config_spec(argv: Sequence[str]) -> str | None:
@@ -124,6 +137,9 @@ def check_config_flags(argv: list[str]) -> ml_collections.ConfigDict:
       cause = _first_cause(e)
       raise UserError(f"--config: cannot load the config file {file}: {type(cause).__name__}: "
                       f"{str(cause).strip().splitlines()[-1] if str(cause).strip() else ''}; fix the file") from None
+    except Exception as e:  # Raised by the file's own code, at import or in get_config.
+      raise UserError(f"--config: the config file {file} raised {type(e).__name__}: {_first_line(e)}"
+                      f"{_where(e, file)}; fix the file") from None
     return values.config
 
   base = parse([argv[0], f"--config={spec}"])
