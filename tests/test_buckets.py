@@ -203,6 +203,17 @@ def test_a_missing_bucket_or_path_is_one_line(gcs_bucket, bert_vocab):
   assert storage.walk_files(gcs_bucket) == []
 
 
+def test_a_bucket_workdir_orbax_would_misread_is_refused_before_anything_is_written(bucket):
+  """'#' (orbax's TensorStore spec would end the path there: the arrays of every step outside the workdir, in one
+  place), '?' and '..': one line, exit 2, the bucket left empty."""
+  for workdir, what in ((f"{bucket}/odd dir/ü #1?x=y", "'#'"), (f"{bucket}/run?x=y", "'?'"),
+                        (f"{bucket}/a/../run", "a '.' or '..' segment")):
+    line = one_line_error(run(train_command(workdir)[1:]))
+    assert line.startswith(f"error: {workdir!r}: a bucket path cannot hold {what}, which orbax and the stores read "
+                           f"as "), line
+  assert storage.walk_files(bucket) == []
+
+
 def test_export_hf_from_s3(s3_bucket, pretrained, tmp_path):
   """export_hf reads a checkpoint in s3:// (a real S3 emulator; orbax's arrays through TensorStore's s3 driver,
   `tupe.store.orbax_s3`) and writes its export there: the same bytes as the export of the same checkpoint on a local

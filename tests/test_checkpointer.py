@@ -158,6 +158,21 @@ def test_a_refused_write_is_one_line(tmp_path, caplog):
   assert sorted(p.name for p in tmp_path.iterdir()) == ["1"]
 
 
+def test_a_symlinked_step_is_refused_in_one_line(tmp_path):
+  """A step that is a link (to a copy elsewhere): one line before anything is saved, rather than orbax failing every
+  later save when it tries to delete the link (advice about free space); nothing is deleted through it."""
+  root = tmp_path / "checkpoints"
+  with checkpointer.Checkpointer(root, config(async_save=False)) as ckpt:
+    ckpt.save(1, state_at(1), META)
+  (root / "1").rename(tmp_path / "copy")
+  (root / "1").symlink_to(tmp_path / "copy")
+  with pytest.raises(UserError, match=f"^checkpoint {root / '1'} is a symbolic link \\(to {tmp_path / 'copy'}\\): a "
+                                      f"run neither writes nor deletes through links among its checkpoints; put the "
+                                      f"step's folder itself there \\(cp -r\\), or move the link away$"):
+    checkpointer.Checkpointer(root, config())
+  verify_all(tmp_path / "copy")
+
+
 def test_settings_older_configs_left_implicit_are_not_reported_as_changed():
   """A checkpoint whose config predates explicit sharding rules, model.scan_layers and data.lowercase resumes
   without a warning about them (`migrate` spells them out as they then meant); a real difference is reported."""

@@ -225,3 +225,17 @@ def test_the_lock_is_released_when_the_job_ends(tmp_path, bucket):
     with lease.hold(workdir, ttl=60):
       assert try_hold(workdir).returncode == 2
   assert not storage.exists(lease_url(f"{bucket}/run"))
+
+
+def test_a_symlinked_lock_file_is_refused_and_nothing_outside_is_written(tmp_path):
+  """`.tupe.lock` as a link to a file outside the workdir: one line, and that file keeps its bytes (it was opened
+  with O_NOFOLLOW, never truncated or written)."""
+  workdir, victim = tmp_path / "run", tmp_path / "precious.txt"
+  workdir.mkdir()
+  victim.write_text("keep me\n")
+  (workdir / lease.LOCK_NAME).symlink_to(victim)
+  with pytest.raises(UserError, match=f"^{re.escape(str(workdir / lease.LOCK_NAME))} is a symbolic link \\(to "
+                                      f"{re.escape(str(victim))}\\): a job's lock file must be the workdir's own"):
+    with lease.hold(workdir):
+      pytest.fail("held a workdir through a linked lock file")
+  assert victim.read_text() == "keep me\n"

@@ -55,6 +55,7 @@ class Checkpointer:
       cause = str(e).partition(f"{self.directory}: ")[2] or str(e)
       raise UserError(f"cannot create the checkpoint directory {self.directory} ({cause}); choose another --workdir"
                       ) from e
+    _refuse_links(self.directory)
     # Empty step folders (a stray mkdir) hold nothing to keep: removed, with one line, before orbax sees them.
     empty = checkpoint.drop_empty([p for p in storage.iterdir(self.directory) if p.name.isdigit()], self.directory)
     if empty:
@@ -241,6 +242,18 @@ class Checkpointer:
       self.manager.close()
     except Exception as e:
       raise self._write_error(e, None) from e
+
+
+def _refuse_links(directory: storage.Path) -> None:
+  """A step that is a symbolic link (on a local disk) is refused in one line: orbax's retention cannot delete it,
+  and would fail every later save; nothing is written or deleted through it."""
+  if storage.is_remote(directory):
+    return
+  for entry in storage.iterdir(directory):
+    if entry.name.split(".")[0].isdigit() and (target := storage.link_target(entry)):
+      raise UserError(f"checkpoint {entry} is a symbolic link (to {target}): a run neither "
+                      f"writes nor deletes through links among its checkpoints; put the step's folder itself there "
+                      f"(cp -r), or move the link away")
 
 
 def _rename(folder: storage.Path, target: storage.Path) -> None:

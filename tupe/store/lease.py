@@ -32,6 +32,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 import contextlib
 import datetime
+import errno
 import fcntl
 import json
 import os
@@ -96,8 +97,13 @@ def _pid_is_gone(owner: dict) -> bool:
 def _local_lock(workdir) -> Iterator[None]:
   """flock on <workdir>/.tupe.lock (the workdir exists); the owner's name is written into it once held."""
   path = storage.local(storage.path(workdir) / LOCK_NAME)
-  with storage.errors("lock", path):
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by child processes (O_CLOEXEC)
+  try:  # Never through a link: the pid record is written into the file opened, which must be the workdir's own.
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+  except OSError as e:
+    if e.errno == errno.ELOOP:
+      raise UserError(f"{path} is a symbolic link (to {storage.link_target(path)}): a job's lock file must be the "
+                      f"workdir's own, and nothing is written through a link; remove the link") from None
+    raise storage.StorageError(f"cannot lock {path}: {refusals.describe(e)}") from e
   try:
     try:
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

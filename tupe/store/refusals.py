@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 import contextlib
+import errno
 import re
 
 from tupe.errors import UserError
@@ -87,6 +88,8 @@ def describe(e: BaseException) -> str:
   cause = refusal(e)
   if cause:
     return cause
+  if isinstance(e, OSError) and e.errno == errno.ELOOP:  # opened with O_NOFOLLOW
+    return "it is a symbolic link, and tupe writes through none: put the file itself there, or remove the link"
   if isinstance(e, OSError) and e.strerror:
     return e.strerror
   return f"{type(e).__name__}: {_first_line(e)}"

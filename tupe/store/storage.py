@@ -22,6 +22,7 @@ import contextlib
 import functools
 import io
 import os
+import re
 import tempfile
 from typing import IO
 
@@ -42,12 +43,31 @@ def is_remote(p: PathLike) -> bool:
 
 
 def path(p: PathLike) -> Path:
-  """`p` as an absolute `epath.Path`: `~` expanded and made absolute locally, a bucket URL kept as it is."""
+  """`p` as an absolute `epath.Path`: `~` expanded and made absolute locally, a bucket URL kept as it is (once
+  `check_bucket_url` has accepted it)."""
   if isinstance(p, str) and not p:
     raise StorageError("an empty path was given: name a file or folder (a local path or gs://bucket/...)")
   if is_remote(p):
+    check_bucket_url(str(p))
     return Path(str(p))
   return Path(os.path.abspath(os.path.expanduser(os.fspath(p))))
+
+
+# What a bucket path may not hold, and how orbax (TensorStore's URL parsing) or the stores would read it.
+_MISREAD = ((re.compile(r"#"), "'#'", "the start of a URL fragment: what follows is dropped"),
+            (re.compile(r"\?"), "'?'", "the start of a URL query: what follows is dropped"),
+            (re.compile(r"(^|/)\.\.?(/|$)"), "a '.' or '..' segment", "a step within or above the folder"),
+            (re.compile(r"[\x00-\x1f\x7f]"), "a control character", "a different name, or none"))
+
+
+def check_bucket_url(url: str) -> None:
+  """Refuses a gs:// or s3:// path that orbax or the store would read as another path (so that nothing is written
+  outside it): '#', '?', '.' and '..' segments and control characters, in one line."""
+  key = url.split("://", 1)[1]
+  for pattern, what, meaning in _MISREAD:
+    if pattern.search(key):
+      raise StorageError(f"{url!r}: a bucket path cannot hold {what}, which orbax and the stores read as {meaning}; "
+                         f"choose a path without it (letters, digits, '-', '_', '.', spaces and '/')")
 
 
 def local(p: PathLike) -> str:
@@ -195,7 +215,9 @@ def append_text(p: PathLike, text: str) -> None:
       target.write_bytes(old + text.encode("utf-8"))
       return
     target.parent.mkdir(parents=True, exist_ok=True)
-    with open(os.fspath(target), "a", encoding="utf-8") as f:
+    # Never through a link (ELOOP, "Too many levels of symbolic links"): the append lands in this very file.
+    fd = os.open(os.fspath(target), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    with os.fdopen(fd, "a", encoding="utf-8") as f:
       f.write(text)
       f.flush()
       os.fsync(f.fileno())
@@ -209,6 +231,14 @@ def open_file(p: PathLike, mode: str = "r") -> Iterator[IO]:
   with errors("read", p):
     with path(p).open(mode) as f:
       yield f
+
+
+def link_target(p: PathLike) -> str | None:
+  """Where the symbolic link `p` leads (its final target, absolute); None when `p` is not one (buckets have
+  none)."""
+  if is_remote(p) or not os.path.islink(local(p)):
+    return None
+  return os.path.realpath(local(p))
 
 
 def size(p: PathLike) -> int:
