@@ -281,6 +281,35 @@ def test_a_save_refused_in_mid_run_stops_there(refusing, tmp_path):
   assert f"finished at step {steps}: checkpoint {workdir}/checkpoints/{steps}" in proc.stdout
 
 
+def test_a_store_refusing_the_newest_checkpoint_stops_the_resume_and_moves_nothing(s3_authenticating):
+  """A resume whose newest checkpoint the store will not let it read (an explicit Deny on that step's objects, as a
+  revoked role or a store gone would refuse it): one line naming the store and the step, exit 2, and nothing is set
+  aside or deleted (before, the refusal counted as damage: the run trained on from the checkpoint before and moved
+  the newest aside). With the permission back, the same command resumes from the newest checkpoint."""
+  server = s3_authenticating
+  bucket = server.create_bucket(f"{server.bucket}-resume")
+  workdir, root = f"{bucket}/run", f"{bucket}/run/checkpoints"
+  env = server.environment("admin", train_env())
+  proc = run(train_command(workdir, {"num_train_steps": 2 * EVERY})[1:], env)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  before = server.objects(bucket.removeprefix("s3://"))
+  command = train_command(workdir, {"num_train_steps": 3 * EVERY})[1:]
+  try:
+    # Its arrays: what resuming reads once the step is listed and found committed.
+    server.set_role("admin", "admin", no_reads_under=f"{root.removeprefix('s3://')}/{2 * EVERY}/params/")
+    line = one_line_error(run(command, env))
+  finally:
+    server.set_role("admin", "admin")
+  assert re.fullmatch(rf"error: could not read checkpoint {2 * EVERY} in {root} \(cannot (read|check) {root}/"
+                      rf"{2 * EVERY}/params/\S+: permission refused \((Access Denied|Forbidden)\): the credentials in "
+                      rf"use may not do this here.*\); it is left as it is: rerun the same command once the store "
+                      rf"answers", line), line
+  assert server.objects(bucket.removeprefix("s3://")) == before
+  proc = run(command, env)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert f"resumed from checkpoint {2 * EVERY} in {root}" in proc.stdout
+
+
 def refusal(raise_it, url: str = "gs://b/o") -> str:
   """The line `storage.errors` makes of what `raise_it()` raises, reading `url`."""
   with pytest.raises(storage.StorageError) as refused:

@@ -173,6 +173,24 @@ def test_a_symlinked_step_is_refused_in_one_line(tmp_path):
   verify_all(tmp_path / "copy")
 
 
+def test_a_checkpoint_of_a_newer_tupe_is_not_set_aside(tmp_path, caplog):
+  """The newest checkpoint written by a newer tupe (its layout): resuming stops with that checkpoint's one line,
+  rather than treating it as damage, training from the one before and renaming it aside; nothing is moved."""
+  root = tmp_path / "checkpoints"
+  with checkpointer.Checkpointer(root, config(async_save=False)) as ckpt:
+    for step in (1, 2):
+      ckpt.save(step, state_at(step), META)
+  metadata = root / "2" / "meta" / "metadata"
+  metadata.write_text(json.dumps(dict(json.loads(metadata.read_text()), version=99)))
+  (root / "2" / checksums.CHECKSUMS).unlink()
+  checksums.record(root / "2")  # intact: a checkpoint as the newer tupe wrote it
+  with checkpointer.Checkpointer(root, config()) as ckpt, caplog.at_level(logging.WARNING):
+    with pytest.raises(UserError, match=f"^checkpoint {root / '2'} was written by a newer tupe"):
+      ckpt.restore_latest(abstract(state_at(1)))
+  assert warnings_of(caplog) == []
+  assert sorted(p.name for p in root.iterdir()) == ["1", "2"]
+
+
 def test_settings_older_configs_left_implicit_are_not_reported_as_changed():
   """A checkpoint whose config predates explicit sharding rules, model.scan_layers and data.lowercase resumes
   without a warning about them (`migrate` spells them out as they then meant); a real difference is reported."""

@@ -166,8 +166,13 @@ class Checkpointer:
         does not fit is restored, and `explain(step, directory, saved meta, error)` may turn a failed restore
         into such an error (else the checkpoint counts as damaged and an older one is tried).
 
+    Only damage (`checkpoint.unless_damaged`) makes it try an older checkpoint, and set the newer ones aside once
+    one has loaded: a store that refuses, cannot be reached or times out, or a checkpoint of a newer tupe, stops
+    the resume with one line, and nothing is moved.
+
     Raises:
-      UserError: if `compatibility` rejects the newest intact checkpoint, or none loads.
+      UserError: if `compatibility` rejects the newest intact checkpoint, none loads, or one cannot be read for
+        another reason than damage.
     """
     if self.interrupted:
       logging.warning("the save of checkpoint %s in %s was interrupted (its partial files are removed); resuming "
@@ -179,6 +184,7 @@ class Checkpointer:
         saved_meta = checkpoint.verified_meta(self._step_dir(step), self.directory, items=None)
         saved = checkpoint.params_metadata(self._step_dir(step), saved_meta)
       except Exception as e:  # Damaged files or unreadable metadata: a truncated or corrupted checkpoint.
+        checkpoint.unless_damaged(self._step_dir(step), e)  # (a store that did not answer, a newer layout: raised)
         skipped.append(self._skip(step, e))
         continue
       if compatibility is not None:
@@ -186,6 +192,7 @@ class Checkpointer:
       try:
         state = _restore_state(self._step_dir(step), saved_meta, abstract_state)
       except Exception as e:  # A truncated or corrupted checkpoint: fall back to an older one.
+        checkpoint.unless_damaged(self._step_dir(step), e)
         if compatibility is not None:
           compatibility.explain(step, self.directory, saved_meta, e)
         skipped.append(self._skip(step, e))

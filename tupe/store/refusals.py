@@ -107,6 +107,27 @@ def refusal(e: BaseException) -> str | None:
   return None
 
 
+# TensorStore's statuses for a store that refused a request or did not answer in time (its error text starts with
+# the status's name), and HTTP statuses for a store that is down or busy: failures of the store, not of its data.
+_STORE_STATUSES = ("UNAVAILABLE: ", "DEADLINE_EXCEEDED: ", "PERMISSION_DENIED: ", "UNAUTHENTICATED: ",
+                   "RESOURCE_EXHAUSTED: ", "CANCELLED: ")
+_BUSY_HTTP = (429, 500, 502, 503, 504)
+
+
+def unanswered(e: BaseException) -> bool:
+  """Whether `e`, or an exception it was raised from, says that a store refused a request, could not be reached or
+  did not answer in time (a `StorageError`, a refusal of `_CAUSES`, a timeout, a lost connection, TensorStore's
+  status for either, or the HTTP status of a store that is down or busy): the store failed, not what it holds. A
+  file that is not there is an answer (FileNotFoundError anywhere in the chain: False)."""
+  if any(isinstance(cause, FileNotFoundError) for _, cause in _keys(e)):
+    return False
+  for key, cause in _keys(e):
+    if (isinstance(cause, (StorageError, TimeoutError, ConnectionError)) or str(cause).startswith(_STORE_STATUSES)
+        or key in _BUSY_HTTP or (type(cause).__module__.startswith("aiohttp") and isinstance(cause, OSError))):
+      return True
+  return refusal(e) is not None
+
+
 def _is_gcs_403(e: BaseException) -> bool:
   """Whether `e` is GCS's 403, as gcsfs (a plain `OSError("Forbidden: <path>\\n<GCS's words>")`),
   google-cloud-storage (google-api-core's Forbidden) or tensorstore (a PERMISSION_DENIED status with the HTTP code,
