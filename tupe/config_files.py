@@ -91,6 +91,12 @@ ENTRY_POINTS = {"train.py": ("num_train_steps", "configs/pretrain.py:<model>,<si
                 "eval_glue.py": ("learning_rates", "configs/glue.py:<tupe|convbert>")}
 
 
+def entry_point(config) -> str | None:
+  """The entry point a config (a ConfigDict, or a config.json's dict) is made for ("train.py", "eval_glue.py"), by
+  the field only its configs have; None for another."""
+  return next((script for script, (field, _) in ENTRY_POINTS.items() if field in config), None)
+
+
 def _check_entry_point(config: ml_collections.ConfigDict, script: str, spec: str) -> None:
   """A config made for another entry point (the pre-training config given to eval_glue.py, or a GLUE recipe to
   train.py) is one line naming the right script, before its fields are read."""

@@ -25,6 +25,7 @@ import orbax.checkpoint as ocp
 from tupe.errors import UserError
 from tupe.store import checkpoint
 from tupe.store import checksums
+from tupe.store import fence
 from tupe.store import orbax_s3
 from tupe.store import refusals
 from tupe.store import storage
@@ -100,6 +101,7 @@ class Checkpointer:
     return [p for p in entries if _TMP in p.name and p.name.split(".")[0].isdigit()]
 
   def save(self, step: int, state, meta: CheckpointMeta, force: bool = False) -> bool:
+    fence.check(self.directory)  # nothing of a save starts once the workdir's lease is lost
     args = ocp.args.Composite(params=ocp.args.StandardSave(state.params),
                               optimizer=ocp.args.StandardSave(_rest(state)),
                               meta=ocp.args.JsonSave(meta.to_json()))
@@ -146,7 +148,11 @@ class Checkpointer:
         checksums.record(self._step_dir(step))
 
   def _write_error(self, e: Exception, step: int | None) -> UserError:
-    """The failed save's step (None: unknown) and OS error, and what to do, in one line."""
+    """The failed save's step (None: unknown) and OS error, and what to do, in one line; the lost lease itself when
+    that is why (`fence.check` refused the checksums of the commit)."""
+    lost = next((c for c in _chain(e) if isinstance(c, fence.LeaseLost)), None)
+    if lost is not None:
+      return fence.LeaseLost(str(lost))
     which = "a checkpoint" if step is None else f"checkpoint {step}"
     remote = storage.is_remote(self.directory)
     fix = "check the bucket, your permission to write there and the connection to it" if remote else (
@@ -249,6 +255,15 @@ class Checkpointer:
       self.manager.close()
     except Exception as e:
       raise self._write_error(e, None) from e
+
+
+def _chain(e: BaseException) -> list[BaseException]:
+  """`e` and the exceptions it was raised from."""
+  chain = []
+  while e is not None and e not in chain:
+    chain.append(e)
+    e = e.__cause__ or e.__context__
+  return chain
 
 
 def _refuse_links(directory: storage.Path) -> None:

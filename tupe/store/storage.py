@@ -29,6 +29,7 @@ from typing import IO
 from etils import epath
 import fsspec
 
+from tupe.store import fence
 from tupe.store.refusals import StorageError
 from tupe.store.refusals import describe
 
@@ -181,8 +182,10 @@ def read_bytes(p: PathLike) -> bytes:
 
 
 def write_bytes(p: PathLike, data: bytes) -> None:
-  """Writes `data` to `p` atomically: readers see the old content or the new, never a part."""
+  """Writes `data` to `p` atomically: readers see the old content or the new, never a part. In a workdir this job
+  held and lost, nothing is written (`fence.check`: `LeaseLost`)."""
   target = path(p)
+  fence.check(target)
   with errors("write", target):
     if is_remote(target):
       target.write_bytes(data)  # one upload: visible whole or not at all
@@ -207,8 +210,10 @@ def write_text(p: PathLike, text: str) -> None:
 
 
 def append_text(p: PathLike, text: str) -> None:
-  """Appends `text` to `p` durably: fsynced locally; in a bucket, a rewrite of the whole object."""
+  """Appends `text` to `p` durably: fsynced locally; in a bucket, a rewrite of the whole object. Fenced as
+  `write_bytes` is."""
   target = path(p)
+  fence.check(target)
   with errors("append to", target):
     if is_remote(target):
       old = target.read_bytes() if target.exists() else b""
@@ -291,8 +296,9 @@ def _bare(p: PathLike) -> str:
 
 
 def remove(p: PathLike) -> None:
-  """Removes the file or folder tree `p`; nothing if it is not there."""
+  """Removes the file or folder tree `p`; nothing if it is not there. Fenced as `write_bytes` is."""
   target = path(p)
+  fence.check(target)
   with errors("remove", target):
     if target.is_dir():
       target.rmtree(missing_ok=True)
