@@ -6,13 +6,21 @@ and writing to buckets; HF ConvBERT imported from a bucket; the sweep's and stud
 bucket or path is one line and a non-zero exit. No test leaves a local folder named "gs:" or "s3:" behind.
 """
 import json
+import re
 import signal
 import subprocess
 import sys
+import time
 
+from gcs_emulator import create_bucket as create_gcs_bucket
+from gcs_emulator import Emulator
+from gcs_emulator import free_port
+from gcs_emulator import serving
 import jax
 import numpy as np
 import pytest
+from s3_emulator import create_bucket as create_s3_bucket
+from s3_emulator import S3Emulator
 from test_resume import EVERY
 from test_resume import REPO
 from test_resume import Run
@@ -212,6 +220,60 @@ def test_a_bucket_workdir_orbax_would_misread_is_refused_before_anything_is_writ
     assert line.startswith(f"error: {workdir!r}: a bucket path cannot hold {what}, which orbax and the stores read "
                            f"as "), line
   assert storage.walk_files(bucket) == []
+
+
+def keys(server, bucket: str, prefix: str) -> list[str]:
+  """The objects under `prefix` in a bucket of the emulator `server` ("gs://b" or "s3://b"), listed over HTTP by
+  the test itself (not through this process's cached store clients, which point at the session's emulators)."""
+  import urllib.parse
+  import urllib.request
+  import xml.etree.ElementTree as ElementTree
+
+  scheme, name = bucket.split("://")
+  if scheme == "gs":
+    with urllib.request.urlopen(f"{server.url}/storage/v1/b/{name}/o?prefix={urllib.parse.quote(prefix)}") as resp:
+      return sorted(item["name"] for item in json.load(resp).get("items", []))
+  with urllib.request.urlopen(f"{server.url}/{name}?list-type=2&prefix={urllib.parse.quote(prefix)}") as resp:
+    return sorted(e.text for e in ElementTree.parse(resp).iter() if e.tag.endswith("}Key"))
+
+
+@pytest.mark.parametrize("store", ["s3", "gs"])
+def test_a_store_gone_during_a_save_stops_the_job_within_the_timeout(store, tmp_path):
+  """The store's endpoint goes away while checkpoint 2 is being written, and does not come back (moto killed; the
+  GCS emulator stopped): with checkpoint.store_timeout_s=8, train.py stops within the timeout and a few seconds, with
+  one line naming the checkpoint, exit 2, no traceback (before: TensorStore retried for many minutes, and the
+  process then waited for orbax's threads at exit)."""
+  server = (S3Emulator(str(tmp_path / "s3.log"), free_port()) if store == "s3" else
+            Emulator(tmp_path / "gcs", free_port()))
+  with serving(server):
+    bucket = (create_s3_bucket if store == "s3" else create_gcs_bucket)(server.url, "tupe-gone")
+    root = f"{bucket}/run/checkpoints"
+    command = train_command(f"{bucket}/run", {"num_train_steps": 100 * EVERY, "checkpoint.store_timeout_s": 8})
+    with open(tmp_path / "err", "w") as err:
+      proc = subprocess.Popen(command, cwd=REPO, env=dict(train_env(), **server.environment()),
+                              stdout=subprocess.DEVNULL, stderr=err)
+    try:
+      deadline = time.monotonic() + 240
+      # Checkpoint 1 committed and checkpoint 2's first objects written: its save is under way.
+      while not (f"run/checkpoints/{EVERY}/commit_success.txt" in (found := keys(server, bucket, "run/checkpoints/"))
+                 and any(k.startswith(f"run/checkpoints/{2 * EVERY}/") for k in found)):
+        assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "err").read_text()[-3000:]
+        time.sleep(0.02)
+      server.stop()
+      gone = time.monotonic()
+      status = proc.wait(timeout=180)
+      waited = time.monotonic() - gone
+    finally:
+      if proc.poll() is None:
+        proc.kill()
+  stderr = (tmp_path / "err").read_text()
+  lines = [line for line in stderr.strip().splitlines() if not re.match(r"[IWE]\d{4} ", line)]  # TensorStore's logs
+  assert status == 2 and "Traceback" not in stderr and len(lines) == 1, stderr[-3000:]
+  # The first write that meets the store gone: the checkpoint, or the metrics uploaded before the next one.
+  assert re.fullmatch(rf"error: ((could not|cannot) write checkpoint {2 * EVERY} to {re.escape(root)}|cannot write "
+                      rf"{re.escape(bucket)}/run/metrics.jsonl): (no connection to the store|the store did not answer"
+                      rf" for 8 s).*", lines[0]), lines[0]
+  assert waited < 8 + 60, waited  # the timeout, then stopping: giving up the lease, closing the logs
 
 
 def test_export_hf_from_s3(s3_bucket, pretrained, tmp_path):

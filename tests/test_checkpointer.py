@@ -29,6 +29,7 @@ from tupe.run import quiet
 from tupe.store import checkpoint
 from tupe.store import checkpointer
 from tupe.store import checksums
+from tupe.store import deadline
 from tupe.store import meta as meta_lib
 from tupe.store import storage
 from tupe.train import core
@@ -101,7 +102,7 @@ def test_leaving_on_the_jobs_own_error_reports_that_error(tmp_path, caplog):
   state = state_at(1, 50_000)  # 400 kB: over the limit below
   soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
   try:
-    with pytest.raises(RuntimeError, match="^the job's own error$"), caplog.at_level(logging.INFO):
+    with pytest.raises(RuntimeError, match="^the job's own error\n") as raised, caplog.at_level(logging.INFO):
       with checkpointer.Checkpointer(tmp_path, config()) as ckpt:
         ckpt.save(1, state, META)
         ckpt.wait()
@@ -110,6 +111,10 @@ def test_leaving_on_the_jobs_own_error_reports_that_error(tmp_path, caplog):
         raise RuntimeError("the job's own error")  # Checkpointer.__exit__ then waits for save 2, which fails.
   finally:
     resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+  # Not silent either: one warning line, printed after the job's own (tupe.run.process.run_main).
+  assert raised.value.__notes__ == [f"warning: while stopping, could not write checkpoint 2 to {tmp_path}: File too "
+                                    f"large; free space or fix permissions, then rerun to resume from the last good "
+                                    f"checkpoint"]
   assert not [r for r in caplog.records if r.exc_info], "orbax's tracebacks were logged"
   verify_all(tmp_path / "1")
   assert sorted(p.name for p in tmp_path.iterdir() if p.name.isdigit()) == ["1"]
@@ -277,15 +282,16 @@ def test_the_endpoint_going_away_during_a_save(tmp_path, caplog):
       ckpt = checkpointer.Checkpointer(root, config())
       ckpt.save(1, state_at(1, size), META)
       ckpt.wait()
+      deadline.configure(10)  # checkpoint.store_timeout_s
       with caplog.at_level(logging.INFO):
         ckpt.save(2, state_at(2, size), META)
         emulator.stop()
-        with pytest.raises(UserError, match=f"^could not write checkpoint 2 to {root}: .*; check the bucket, your "
-                                            f"permission to write there and the connection to it, then rerun to "
-                                            f"resume from the last good checkpoint$"):
-          while True:  # A training loop calls check() after every step.
+        with pytest.raises(UserError, match=f"^(could not|cannot) write checkpoint 2 to {root}: .*"):
+          give_up = time.monotonic() + 120
+          while time.monotonic() < give_up:  # A training loop calls check() after every step.
             ckpt.check()
             time.sleep(0.05)
+          ckpt.wait()  # bounded by the store timeout
         with contextlib.suppress(UserError):  # the same failure again, if orbax still holds it
           ckpt.close()
       assert not [r for r in caplog.records if r.exc_info], "tracebacks were logged"
@@ -299,4 +305,5 @@ def test_the_endpoint_going_away_during_a_save(tmp_path, caplog):
         assert ckpt.save(2, state_at(2, size), META)
       verify_all(storage.path(f"{root}/2"))
   finally:
+    deadline.configure(deadline.DEFAULT_TIMEOUT_S)
     emulator.stop()

@@ -161,6 +161,30 @@ def test_failing_checkpoint_write_is_an_error(tmp_path):
   assert finished_steps(workdir) == [] and last_logged_step(workdir) >= EVERY
 
 
+# A command whose job fails while a thread it started never ends (as a save whose store stopped answering), and
+# whose checkpointer failed too while the job was stopping.
+FAILS_WITH_A_STUCK_THREAD = """
+import threading
+from tupe.errors import UserError
+from tupe.run import process
+def main(argv):
+  threading.Thread(target=threading.Event().wait).start()
+  error = UserError("the job's own error")
+  error.add_note("warning: while stopping, the save in flight failed too")
+  raise error
+process.run_main(main)
+"""
+
+
+def test_a_failure_while_stopping_is_a_warning_after_the_error_and_nothing_hangs():
+  """The entry point prints the job's line, then each warning noted while it stopped, and exits at once although
+  a thread still runs (before: the interpreter waited for it at exit, for as long as a store's retries last)."""
+  proc = subprocess.run([sys.executable, "-c", FAILS_WITH_A_STUCK_THREAD], cwd=REPO, env=train_env(),
+                        capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 2
+  assert proc.stderr == "error: the job's own error\nwarning: while stopping, the save in flight failed too\n"
+
+
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
   """A tiny vocab and text files that are empty, not UTF-8, or missing."""

@@ -81,6 +81,9 @@ def check_config(cfg) -> None:
   for field in ("batch_size", "eval_batch_size", "max_seq_len", "log_every", "grad_accum_steps"):
     if cfg[field] <= 0:
       raise UserError(f"{field}={cfg[field]} must be positive")
+  for name in ("lease_s", "store_timeout_s"):
+    if cfg.checkpoint[name] <= 0:
+      raise UserError(f"checkpoint.{name}={cfg.checkpoint[name]} must be positive")
   if not 0 <= cfg.warmup_ratio < 1:
     raise UserError(f"warmup_ratio={cfg.warmup_ratio} must be in [0, 1)")
   if cfg.evals_per_epoch < 0 or cfg.regression_scale <= 0:

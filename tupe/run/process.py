@@ -71,7 +71,8 @@ def run_main(main, argv=None, verbose_flag: str = "--verbose") -> None:
     raise
   except Preempted as e:
     status = e.exit_status
-    print(e, file=sys.stderr)
+    _print_error(str(e), e)
+    _leave_stuck_threads(status)
     sys.exit(status)
   except KeyboardInterrupt:  # Before the job installed its own handler (or a job without one).
     status = 128 + signal.SIGINT
@@ -81,9 +82,27 @@ def run_main(main, argv=None, verbose_flag: str = "--verbose") -> None:
     if verbose:
       raise
     status = 2
-    print(f"error: {e}", file=sys.stderr)
+    _print_error(f"error: {e}", e)
+    _leave_stuck_threads(status)
     sys.exit(status)
   finally:
     _status = status
     if status:  # Its line (or traceback) is printed: a signal arriving now changes nothing.
       signals.received.clear()
+
+
+def _print_error(line: str, e: BaseException) -> None:
+  """The error's line, then the warnings noted while the job stopped (`tupe.store.refusals.note_while_stopping`)."""
+  print(line, file=sys.stderr)
+  for note in getattr(e, "__notes__", ()):
+    print(note, file=sys.stderr)
+
+
+def _leave_stuck_threads(status: int) -> None:
+  """After a failure, exits at once while other threads still run: the interpreter would wait at exit for those
+  of thread pools (orbax's saves among them) and non-daemon ones, and a store that stopped answering leaves them
+  retrying for many minutes. The job's line is printed and its files closed: nothing of it is left to finish."""
+  if any(t.is_alive() for t in threading.enumerate() if t is not threading.main_thread()):
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)

@@ -22,9 +22,11 @@ import time
 import jax
 import orbax.checkpoint as ocp
 
+from tupe.errors import Preempted
 from tupe.errors import UserError
 from tupe.store import checkpoint
 from tupe.store import checksums
+from tupe.store import deadline
 from tupe.store import fence
 from tupe.store import orbax_s3
 from tupe.store import refusals
@@ -78,7 +80,9 @@ class Checkpointer:
         max_to_keep=ckpt_cfg.keep_last, keep_period=ckpt_cfg.keep_every or None, enable_async_checkpointing=True,
         create=True, cleanup_tmp_directories=True, atomicity_options=_atomicity(self.directory),
         async_options=ocp.AsyncOptions(post_finalization_callback=self._seal_in_flight))
-    self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
+    self._stuck = False  # a wait on the store was given up (`deadline`): orbax's threads are left as they are
+    self.manager = self._bounded(f"list the checkpoints in {self.directory}", ocp.CheckpointManager, self.directory,
+                                 options=options, item_names=ITEMS)
 
   def __enter__(self):
     return self
@@ -87,10 +91,12 @@ class Checkpointer:
     if exc_type is None:
       self.close()
       return
-    # The job's own error (a refused save among them) is the one to report: a save failing again while closing
-    # (orbax raises a failed background write once more at close) would replace it with a vaguer line.
-    with contextlib.suppress(Exception):
+    # The job's own error (a refused save among them) is the one to report: a save failing while closing is one
+    # warning line after it (orbax's failed background write raised once more is the same line: none).
+    try:
       self.close()
+    except Exception as e:
+      refusals.note_while_stopping(exc, e)
 
   def _uncommitted(self) -> list[storage.Path]:
     """Step directories that orbax has not committed: temporary ones locally, those without the commit object in
@@ -115,7 +121,8 @@ class Checkpointer:
     if primary:
       self._in_flight.append(step)
     try:
-      saved = self.manager.save(step, args=args, force=force)
+      saved = self._bounded(f"write checkpoint {step} to {self.directory}", self.manager.save, step, args=args,
+                            force=force)
       if not saved and step in self._in_flight:
         self._in_flight.remove(step)
       self._seal_committed(but=step)
@@ -150,9 +157,9 @@ class Checkpointer:
   def _write_error(self, e: Exception, step: int | None) -> UserError:
     """The failed save's step (None: unknown) and OS error, and what to do, in one line; the lost lease itself when
     that is why (`fence.check` refused the checksums of the commit)."""
-    lost = next((c for c in _chain(e) if isinstance(c, fence.LeaseLost)), None)
-    if lost is not None:
-      return fence.LeaseLost(str(lost))
+    own = next((c for c in _chain(e) if isinstance(c, (fence.LeaseLost, deadline.StoreTimeout))), None)
+    if own is not None:  # its own line says it all
+      return type(own)(str(own))
     which = "a checkpoint" if step is None else f"checkpoint {step}"
     remote = storage.is_remote(self.directory)
     fix = "check the bucket, your permission to write there and the connection to it" if remote else (
@@ -187,8 +194,8 @@ class Checkpointer:
     skipped = []
     for step in sorted(self.manager.all_steps(), reverse=True):
       try:
-        saved_meta = checkpoint.verified_meta(self._step_dir(step), self.directory, items=None)
-        saved = checkpoint.params_metadata(self._step_dir(step), saved_meta)
+        saved_meta, saved = self._bounded(f"read checkpoint {step} in {self.directory}", _read_metadata,
+                                          self._step_dir(step), self.directory)
       except Exception as e:  # Damaged files or unreadable metadata: a truncated or corrupted checkpoint.
         checkpoint.unless_damaged(self._step_dir(step), e)  # (a store that did not answer, a newer layout: raised)
         skipped.append(self._skip(step, e))
@@ -196,7 +203,8 @@ class Checkpointer:
       if compatibility is not None:
         compatibility.check(step, self.directory, saved, saved_meta)
       try:
-        state = _restore_state(self._step_dir(step), saved_meta, abstract_state)
+        state = self._bounded(f"read checkpoint {step} in {self.directory}", _restore_state, self._step_dir(step),
+                              saved_meta, abstract_state)
       except Exception as e:  # A truncated or corrupted checkpoint: fall back to an older one.
         checkpoint.unless_damaged(self._step_dir(step), e)
         if compatibility is not None:
@@ -228,7 +236,7 @@ class Checkpointer:
         _rename(self._step_dir(step), target)
         logging.warning("renamed the unrestorable checkpoint %d to %s", step, target)
     ocp.multihost.sync_global_processes("tupe_checkpoint_move_aside")
-    self.manager.reload()
+    self._bounded(f"list the checkpoints in {self.directory}", self.manager.reload)
 
   def check(self) -> None:
     """Raises the one-line error of an asynchronous save that failed as soon as it has ended, and records the
@@ -237,24 +245,40 @@ class Checkpointer:
       self.wait()
 
   def wait(self):
+    which = "a checkpoint" if self._pending is None else f"checkpoint {self._pending}"
     try:
-      self.manager.wait_until_finished()
+      self._bounded(f"write {which} to {self.directory}", self.manager.wait_until_finished)
       self._seal_committed()
     except Exception as e:
       raise self._write_error(e, self._pending) from e
     self._pending = None
 
   def close(self):
+    if self._stuck:  # its wait was given up: the job is stopping on that one line
+      return
+    close = lambda: self._bounded(f"finish writing to {self.directory}", self.manager.close)
     try:
       self.wait()
     except UserError:
-      with contextlib.suppress(Exception):  # The failed save that wait() reports, raised again by orbax.
-        self.manager.close()
+      if not self._stuck:
+        with contextlib.suppress(Exception):  # The failed save that wait() reports, raised again by orbax.
+          close()
       raise
     try:
-      self.manager.close()
+      close()
     except Exception as e:
       raise self._write_error(e, None) from e
+
+  def _bounded(self, what: str, fn, *args, **kwargs):
+    """`fn(*args, **kwargs)`, waited for at most `checkpoint.store_timeout_s` in a bucket (`deadline.call`); once a
+    wait is given up, the checkpointer closes without waiting again."""
+    if not storage.is_remote(self.directory):
+      return fn(*args, **kwargs)
+    try:
+      return deadline.call(what, fn, *args, **kwargs)
+    except (deadline.StoreTimeout, Preempted):
+      self._stuck = True
+      raise
 
 
 def _chain(e: BaseException) -> list[BaseException]:
@@ -292,6 +316,12 @@ def _rename(folder: storage.Path, target: storage.Path) -> None:
 def _rest(state) -> dict:
   """The optimizer item: the TrainState less its parameters."""
   return {"opt_state": state.opt_state, "step": state.step, "rng": state.rng}
+
+
+def _read_metadata(step_dir: storage.Path, root: storage.Path):
+  """(the meta, the saved parameters' metadata) of a step directory whose files check out (`verified_meta`)."""
+  meta = checkpoint.verified_meta(step_dir, root, items=None)
+  return meta, checkpoint.params_metadata(step_dir, meta)
 
 
 def _restore_state(step_dir: storage.Path, meta: CheckpointMeta, abstract_state):

@@ -268,23 +268,27 @@ class _BucketLease:
   def check(self) -> None:
     """Raises LeaseLost unless this job still holds the lease, as the store says now: the object holds this job's
     token. With less than half its lifetime left (a renewal late: the job was paused), it is renewed first, so that
-    the write that follows falls within it."""
+    the write that follows falls within it. A store that does not answer passes the check while the lease this job
+    wrote last is still in force (no other job may take it before), and fails it after."""
     if self.lost is not None:
       raise self.lost
-    with self._lock, storage.errors("check the lease", self.url):
+    with self._lock:
       try:
         data, version = self.object.read()
+        owner = _parse(data)
+        if not owner or owner.get("token") != self.token:
+          raise self._taken_over()
+        if owner.get("expires", 0) - time.time() < self.ttl / 2:
+          self._put(version)
+          self._renewed = time.monotonic()
       except (FileNotFoundError, lease_objects.Changed):
         raise self._taken_over() from None
-      owner = _parse(data)
-      if not owner or owner.get("token") != self.token:
-        raise self._taken_over()
-      if owner.get("expires", 0) - time.time() < self.ttl / 2:
-        try:
-          self._put(version)
-        except lease_objects.Changed:
-          raise self._taken_over() from None
-        self._renewed = time.monotonic()
+      except fence.LeaseLost:
+        raise
+      except Exception as e:  # the store does not answer, or refuses
+        if time.time() < self.expires - self.every:
+          return  # no other job can have taken the lease over yet: the write itself meets the store's state
+        raise storage.StorageError(f"cannot check the lease {self.url}: {refusals.describe(e)}") from e
 
   def _renew_loop(self) -> None:
     failing = False

@@ -21,6 +21,8 @@ class StorageError(UserError):
 
 _AWS_KEYS = "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE"
 _GOOGLE_LOGIN = "run `gcloud auth application-default login`, or set GOOGLE_APPLICATION_CREDENTIALS to a key file"
+_NO_CONNECTION = ("no connection to the store ({detail}): check that it is reachable from here, and its endpoint "
+                  "setting (AWS_ENDPOINT_URL, STORAGE_EMULATOR_HOST) if one is set")
 _DENIED = ("permission refused ({detail}): the credentials in use may not do this here; ask for access, or use other "
            "credentials")
 
@@ -49,8 +51,8 @@ _CAUSES = (
           "them"),  # a HEAD request's refusal has no body to tell which
     ("builtins.PermissionError", "permission refused ({detail})"),
     # The store's endpoint refused or dropped the connection (botocore and gcsfs both keep the OS's error).
-    ("builtins.ConnectionError", "no connection to the store ({detail}): check that it is reachable from here, and "
-                                 "its endpoint setting (AWS_ENDPOINT_URL, STORAGE_EMULATOR_HOST) if one is set"),
+    ("builtins.ConnectionError", _NO_CONNECTION),
+    ("botocore.exceptions.ConnectionError", _NO_CONNECTION),  # botocore's own (EndpointConnectionError, ...)
 )
 
 
@@ -164,3 +166,15 @@ def _words(e: BaseException) -> str:
 def _first_line(e: BaseException) -> str:
   text = str(e).strip().splitlines()
   return text[0] if text else type(e).__name__
+
+
+def note_while_stopping(error: BaseException, failure: BaseException) -> None:
+  """Adds `failure`, which happened while a job was already stopping on `error` (closing its checkpointer or logs),
+  to `error` as one warning line: the entry point prints it after the error's own line
+  (`tupe.run.process.run_main`), and a traceback shows it too. The job's own error stays the one reported; nothing
+  is added where the failure says the same, or where both are the store failing (`unanswered`: its cause is
+  already named)."""
+  line = f"warning: while stopping, {failure}"
+  if str(failure) != str(error) and not (unanswered(error) and unanswered(failure)) and \
+      line not in getattr(error, "__notes__", ()):
+    error.add_note(line)

@@ -12,7 +12,9 @@ Object stores have no rename, no append and no fsync, so the writes here are who
   `tupe.store.jsonlog` rotates segments for that reason).
 
 Errors from a store (no credentials, credentials it refuses, an unknown bucket, a permission refused, the endpoint
-gone) surface as `StorageError`, one line naming the path, the cause and what to do about it (`describe`).
+gone) surface as `StorageError`, one line naming the path, the cause and what to do about it (`describe`). Every
+operation on a bucket path has a bounded wait (`tupe.store.deadline`), and every write in a workdir this job held
+and lost raises `fence.LeaseLost` before it writes.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import IO
 from etils import epath
 import fsspec
 
+from tupe.store import deadline
 from tupe.store import fence
 from tupe.store.refusals import StorageError
 from tupe.store.refusals import describe
@@ -111,6 +114,20 @@ def _google_credentials(key_file: str | None) -> None:
     pass
 
 
+def _bounded(verb: str):
+  """Runs the decorated operation on a bucket path (its first argument) with a bounded wait (`deadline.call`: a
+  store that does not answer within `checkpoint.store_timeout_s` raises `deadline.StoreTimeout`); local paths
+  directly."""
+  def decorate(fn):
+    @functools.wraps(fn)
+    def bounded(p, *args, **kwargs):
+      if not is_remote(p):
+        return fn(p, *args, **kwargs)
+      return deadline.call(f"{verb} {p}", fn, p, *args, **kwargs)
+    return bounded
+  return decorate
+
+
 @contextlib.contextmanager
 def errors(what: str, p: PathLike) -> Iterator[None]:
   """Turns any storage exception raised inside into a `StorageError` "{what} {p}: {cause}". A gs:// path's
@@ -143,21 +160,25 @@ def _missing_bucket(p: PathLike) -> str | None:
     return None
 
 
+@_bounded("check")
 def exists(p: PathLike) -> bool:
   with errors("check", p):
     return path(p).exists()
 
 
+@_bounded("check")
 def is_dir(p: PathLike) -> bool:
   with errors("check", p):
     return path(p).is_dir()
 
 
+@_bounded("check")
 def is_file(p: PathLike) -> bool:
   with errors("check", p):
     return path(p).is_file()
 
 
+@_bounded("create")
 def makedirs(p: PathLike) -> Path:
   """Creates the folder `p` and its parents (a no-op in buckets, which have no folders); returns it."""
   d = path(p)
@@ -171,6 +192,7 @@ def read_text(p: PathLike) -> str:
   return read_bytes(p).decode("utf-8")
 
 
+@_bounded("read")
 def read_bytes(p: PathLike) -> bytes:
   """The bytes of file `p`. An object is fetched whole with one request (`cat_file`), not through a buffered
   file object, whose read-ahead in gcsfs 2026.x was seen to hang forever against the emulator."""
@@ -181,6 +203,7 @@ def read_bytes(p: PathLike) -> bytes:
     return path(p).read_bytes()
 
 
+@_bounded("write")
 def write_bytes(p: PathLike, data: bytes) -> None:
   """Writes `data` to `p` atomically: readers see the old content or the new, never a part. In a workdir this job
   held and lost, nothing is written (`fence.check`: `LeaseLost`)."""
@@ -209,6 +232,7 @@ def write_text(p: PathLike, text: str) -> None:
   write_bytes(p, text.encode("utf-8"))
 
 
+@_bounded("append to")
 def append_text(p: PathLike, text: str) -> None:
   """Appends `text` to `p` durably: fsynced locally; in a bucket, a rewrite of the whole object. Fenced as
   `write_bytes` is."""
@@ -246,11 +270,13 @@ def link_target(p: PathLike) -> str | None:
   return os.path.realpath(local(p))
 
 
+@_bounded("check")
 def size(p: PathLike) -> int:
   with errors("check", p):
     return path(p).stat().length
 
 
+@_bounded("list")
 def iterdir(p: PathLike) -> list[Path]:
   """The entries directly in folder `p`, sorted by name; [] when it does not exist."""
   d = path(p)
@@ -261,6 +287,7 @@ def iterdir(p: PathLike) -> list[Path]:
       return []
 
 
+@_bounded("list")
 def glob(pattern: PathLike) -> list[Path]:
   """The paths matching a glob `pattern` (`*`, `?`, `[...]`; `**` for any depth), sorted."""
   text = os.fspath(pattern)
@@ -273,6 +300,7 @@ def glob(pattern: PathLike) -> list[Path]:
     return sorted(path(root).glob("/".join(parts[wild[0]:])), key=str)
 
 
+@_bounded("list")
 def walk_files(p: PathLike) -> list[str]:
   """Every file under folder `p`, as paths relative to it with '/' separators, sorted."""
   root = path(p)
@@ -295,6 +323,7 @@ def _bare(p: PathLike) -> str:
   return text.split("://", 1)[-1]
 
 
+@_bounded("remove")
 def remove(p: PathLike) -> None:
   """Removes the file or folder tree `p`; nothing if it is not there. Fenced as `write_bytes` is."""
   target = path(p)
@@ -330,6 +359,7 @@ def write_png(p: PathLike, figure) -> None:
   write_bytes(p, buffer.getvalue())
 
 
+@_bounded("write in")
 def check_writable(p: PathLike) -> None:
   """Fails now, with one line, if folder `p` cannot be created or written (rather than at the first save), and
   leaves nothing behind: locally the nearest folder on the way that exists must be writable; in a bucket one
@@ -350,6 +380,7 @@ def check_writable(p: PathLike) -> None:
     raise StorageError(f"cannot write in {d}: {existing}: Permission denied")
 
 
+@_bounded("check")
 def version(p: PathLike) -> tuple:
   """What changes whenever the file `p` is written again, without reading it: (size, modification time in ns,
   inode) locally; (size, generation, or the ETag where a store has no generations) in a bucket."""

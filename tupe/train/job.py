@@ -31,6 +31,7 @@ import numpy as np
 from tupe import config_files
 from tupe import signals
 from tupe.errors import UserError
+from tupe.store import deadline
 from tupe.store import jsonlog
 from tupe.store import lease
 from tupe.store import storage
@@ -57,6 +58,7 @@ class Job:
     self._created = self._started = False
 
   def __enter__(self) -> Job:
+    deadline.configure(self.cfg.checkpoint.store_timeout_s)  # every wait on a store from here on
     compile_cache.enable(self.cfg.get("compilation_cache_dir", compile_cache.DEFAULT_DIR))
     initialize_distributed(self.cfg.distributed)
     check_workdir(self.workdir)

@@ -213,7 +213,8 @@ def check_loop(cfg) -> None:
   positive = {"num_train_steps": cfg.num_train_steps, "global_batch_size": cfg.global_batch_size,
               "grad_accum_steps": cfg.grad_accum_steps, "log_every": cfg.log_every,
               "eval_batches": cfg.eval_batches, "checkpoint.every_steps": cfg.checkpoint.every_steps,
-              "checkpoint.keep_last": cfg.checkpoint.keep_last}
+              "checkpoint.keep_last": cfg.checkpoint.keep_last, "checkpoint.lease_s": cfg.checkpoint.lease_s,
+              "checkpoint.store_timeout_s": cfg.checkpoint.store_timeout_s}
   for name, value in positive.items():
     if value < 1:
       raise UserError(f"{name}={value} must be 1 or more")
@@ -303,11 +304,13 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
     if stop:
       console.log(f"{signals.name(stop)}: saving a checkpoint at step {step} before exiting")
       ckpt.save(step, state, meta, force=True)
+    if jax.process_index() == 0 and not (stop and step < total):  # Under the job's lease, as every write.
+      writer.flush()
+      drawn = write_curves(workdir)
   if stop and step < total:  # Raised once the checkpointer has closed: the save is complete.
     raise Preempted(f"stopped by {signals.name(stop)} at step {step} of {total}, with a checkpoint there; rerun "
                     f"the same command to resume", stop)
   if jax.process_index() == 0:
-    drawn = write_curves(workdir)
     console.log(f"finished at step {step}: checkpoint {ckpt.directory / str(step)}, metrics {writer.path}"
                 + (f", curves {drawn}" if drawn else "")
                 + (f", TensorBoard {workdir / 'tensorboard'}" if cfg.tensorboard else ""))
