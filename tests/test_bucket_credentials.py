@@ -338,6 +338,18 @@ def test_google_refusals_are_named():
       f"application-default login` to reauthenticate.): {LOGIN}")
 
 
+def test_an_upload_the_store_forgot_is_named():
+  """A store restarted during a save forgets the resumable uploads in flight: gcsfs raises its 404 as a
+  FileNotFoundError of the upload's URL, which was the whole cause of the checkpoint's line."""
+  from gcsfs.retry import validate_response
+
+  upload = ("http://127.0.0.1:4443/upload/storage/v1/b/b/o?uploadType=resumable&name=run%2Fcheckpoints%2F4%2F"
+            "commit_success.txt&upload_id=5f4463ecbb98")
+  assert refusal(lambda: validate_response(404, b"", upload), "gs://b/run/checkpoints/4/commit_success.txt") == (
+      "cannot read gs://b/run/checkpoints/4/commit_success.txt: the store no longer knows an upload it had begun (it "
+      "restarted, or the upload's session expired)")
+
+
 def test_expired_aws_credentials_are_named():
   """An expired session token (S3's ExpiredToken, which the emulator does not check), as botocore raises it."""
   from botocore.exceptions import ClientError

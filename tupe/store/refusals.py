@@ -53,6 +53,9 @@ _CAUSES = (
     # The store's endpoint refused or dropped the connection (botocore and gcsfs both keep the OS's error).
     ("builtins.ConnectionError", _NO_CONNECTION),
     ("botocore.exceptions.ConnectionError", _NO_CONNECTION),  # botocore's own (EndpointConnectionError, ...)
+    # gcsfs's 404 for a resumable upload the store no longer knows (its URL as the message: `_keys`)
+    ("lost upload", "the store no longer knows an upload it had begun (it restarted, or the upload's session "
+                    "expired)"),
 )
 
 
@@ -77,6 +80,8 @@ def _keys(e: BaseException) -> Iterator[tuple[object, BaseException]]:
       yield "GCS 403", e
     if "Anonymous caller does not have " in str(e):  # GCS's words, whichever client raised them
       yield "Anonymous caller", e
+    if isinstance(e, FileNotFoundError) and "upload_id=" in str(e):
+      yield "lost upload", e
     e = e.__cause__ if e.__cause__ is not None or e.__suppress_context__ else e.__context__
 
 
@@ -85,11 +90,11 @@ def describe(e: BaseException) -> str:
   for the generic ones, and the message's first line."""
   if isinstance(e, StorageError):
     return str(e)
-  if isinstance(e, FileNotFoundError):
-    return "not found"
   cause = refusal(e)
   if cause:
     return cause
+  if isinstance(e, FileNotFoundError):
+    return "not found"
   if isinstance(e, OSError) and e.errno == errno.ELOOP:  # opened with O_NOFOLLOW
     return "it is a symbolic link, and tupe writes through none: put the file itself there, or remove the link"
   if isinstance(e, OSError) and e.strerror:
