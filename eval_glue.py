@@ -1,4 +1,4 @@
-"""GLUE fine-tuning and evaluation entry point.
+r"""GLUE fine-tuning and evaluation entry point.
 
   python eval_glue.py --config configs/glue.py:tupe --config.init_checkpoint=DIR --config.data_dir=GLUE_DIR \
       --workdir OUT [--config.x.y=value ...]

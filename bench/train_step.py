@@ -5,11 +5,11 @@
 
 prints one JSON line: tokens_per_s and step_time_s (median over the timed steps after `--warmup` steps),
 compile_time_s (lowering + XLA compilation), memory per device from the compiled memory analysis (arguments +
-outputs - donated + temporaries; also arguments and temporaries alone) and on CPU the host's peak RSS,
-flops_per_step (tupe.train.flops, explicit count; beside it XLA's static cost analysis of the compiled step, FLOPs
-and bytes accessed per device, where the backend gives one), mfu against peak_flops_per_device (data-sheet
-bf16 on known GPUs/TPUs; on CPU the best of a measured fp32 matmul before and after the timed steps) and the
-device kind.
+outputs - donated + temporaries: `tupe.train.memory.step_bytes`, what train.py checks; also arguments and
+temporaries alone) and on CPU the host's peak RSS, flops_per_step (tupe.train.flops, explicit count; beside it
+XLA's static cost analysis of the compiled step, FLOPs and bytes accessed per device, where the backend gives
+one), mfu against peak_flops_per_device (data-sheet bf16 on known GPUs/TPUs; on CPU the best of a measured fp32
+matmul before and after the timed steps) and the device kind.
 
   python -m bench.train_step --config configs/pretrain.py:bert_a,small --batch 16 --seq 128 --steps 5 \
       --compare tupe_a,tupe_r --repeats 5
@@ -35,6 +35,7 @@ import numpy as np
 
 import bench
 from tupe.train import flops as flops_lib
+from tupe.train import memory
 from tupe.train import pretrain
 from tupe.train import sharding
 
@@ -43,12 +44,6 @@ def tiny(cfg) -> None:
   """Shrinks a config's model in place for a seconds-long smoke run (tests); BERT's vocab size is kept."""
   cfg.model.update(vocab_size=30522, hidden_size=32, num_heads=4, num_layers=1, intermediate_size=64)
   cfg.model.embedding_size = 16 if cfg.model.head_ratio > 1 else 32
-
-
-def memory_bytes(mem) -> int:
-  """Device memory of a compiled step: arguments + outputs - donated (aliased) outputs + temporaries."""
-  return (mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
-          + mem.temp_size_in_bytes)
 
 
 class Runner:
@@ -60,7 +55,7 @@ class Runner:
     bench.progress(f"compiling the {cfg.model.name} {cfg.model.size} train step ({cfg.global_batch_size} x "
                    f"{cfg.seq_len})")
     start = time.perf_counter()
-    self.compiled, _ = pretrain.compile_train_step(self.setup)
+    self.compiled = pretrain.compile_train_step(self.setup)
     self.compile_time_s = time.perf_counter() - start
     bench.progress(f"compiled in {self.compile_time_s:.1f} s")
     self.memory = self.compiled.memory_analysis()
@@ -99,7 +94,7 @@ class Runner:
       record.update(xla_flops_per_device=float(cost["flops"]),
                     xla_bytes_accessed_per_device=float(cost.get("bytes accessed", 0.0)))
     if mem is not None:
-      record.update(memory_bytes_per_device=memory_bytes(mem),
+      record.update(memory_bytes_per_device=memory.step_bytes(mem),
                     memory_argument_bytes_per_device=mem.argument_size_in_bytes,
                     memory_temp_bytes_per_device=mem.temp_size_in_bytes)
     if jax.devices()[0].platform == "cpu":

@@ -25,6 +25,8 @@ import ml_collections
 from configs import pretrain
 from tupe.errors import UserError
 
+RECIPES = ("tupe", "convbert")
+ARGUMENTS = (("recipe", RECIPES),)  # get_config("<recipe>"), for --help
 TUPE_LRS = (2e-5, 3e-5, 4e-5, 5e-5)
 TUPE_MODELS = "bert_a,bert_r,tupe_a,tupe_a_tie_cls,tupe_r"
 
@@ -36,7 +38,7 @@ def epochs(default: int, **per_task: int) -> ml_collections.ConfigDict:
 
 
 def get_config(recipe: str = "tupe") -> ml_collections.ConfigDict:
-  if recipe not in ("tupe", "convbert"):
+  if recipe not in RECIPES:
     raise UserError(f"unknown GLUE recipe {recipe!r}; use configs/glue.py:tupe or configs/glue.py:convbert")
   common = pretrain.common()
   c = ml_collections.ConfigDict()
@@ -81,6 +83,7 @@ def get_config(recipe: str = "tupe") -> ml_collections.ConfigDict:
   c.log_every = 50
   c.tensorboard = True            # each run's TensorBoard events beside its metrics.jsonl
   c.peak_flops = 0.0               # per-device peak FLOP/s for MFU; 0 = data sheet or measured matmul
+  c.check_memory = common.check_memory  # refuse a train step that needs more memory than the devices have
   c.compilation_cache_dir = common.compilation_cache_dir  # as in pre-training (configs/pretrain.py)
   c.prng_impl = common.prng_impl
   c.mesh = common.mesh

@@ -19,6 +19,7 @@ from tupe.errors import UserError
 from tupe.models import partitioning
 
 NAMES = models.MODELS + ("convbert_mlm",)  # convbert_mlm: ConvBERT's model with the MLM objective
+ARGUMENTS = (("model", NAMES), ("size", tuple(models.SIZES)))  # get_config("<model>,<size>"), for --help
 CONVBERT_LR = {"tiny": 1e-3, "small": 3e-4, "medium_small": 5e-4, "base": 2e-4, "large": 2e-4}
 
 
@@ -45,10 +46,11 @@ def common() -> ml_collections.ConfigDict:
   c.checkpoint = ml_collections.ConfigDict(dict(every_steps=10_000, keep_last=3, keep_every=100_000,
                                                 async_save=True, lease_s=60.0, store_timeout_s=300.0))
   c.log_every = 100
-  c.eval_every = 10_000
+  c.eval_every = 10_000            # and after the last step; 0: no eval split, no evaluation
   c.eval_batches = 20
   c.nonfinite = "skip"             # non-finite loss/grads: "skip" the update, or "stop" the run
   c.peak_flops = 0.0               # per-device peak FLOP/s for MFU; 0 = data sheet or measured matmul
+  c.check_memory = True            # refuse a train step that needs more memory than the devices have
   c.tensorboard = True
   # JAX's persistent compilation cache (tupe.train.compile_cache): a second start loads its compiled step. A per-user
   # folder; on a pod, a bucket all hosts share (gs://...); "" turns it off. JAX_COMPILATION_CACHE_DIR wins.

@@ -1,4 +1,5 @@
 """Preprocessing to ArrayRecord shards gives the in-memory examples and batches; mismatched settings are refused."""
+import json
 import pathlib
 import subprocess
 import sys
@@ -122,5 +123,30 @@ def test_a_full_disk_is_one_line_at_any_moment(limit, shared_data, bert_vocab, t
                          "--seq-len", "128", "--output", str(tmp_path / "packed"), "--unit-mb", "0.3", "--workers",
                          "2"], cwd=REPO, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 2, proc.stderr[-3000:]
-  (line,) = proc.stderr.strip().splitlines()
+  # Besides the error, stderr may hold the progress meter's lines (`tokenizing: ...`, from 2 s on: a slow machine).
+  *progress, line = proc.stderr.strip().splitlines()
+  assert all(p.startswith("tokenizing: ") for p in progress), proc.stderr[-3000:]
   assert line.startswith(f"error: cannot write {tmp_path / 'packed'}/") and ": File too large" in line, line
+
+
+def test_training_from_shards_takes_their_settings(shard_dir, tmp_path, capsys):
+  """The tiny recipe asks for 128-token full-sentence blocks, a 1% eval split and no vocab; the shards were made
+  with 64-token segment pairs, a 5% eval split and BERT's vocab: training takes the shards' settings, says so in one
+  line, and records them in config.json."""
+  from configs import pretrain as pretrain_config
+  from tupe.train import pretrain
+
+  cfg = pretrain_config.get_config("tupe_a,tiny")
+  cfg.data.update(source="arrayrecord", files=str(shard_dir))
+  cfg.model.update(vocab_size=0, num_layers=1)
+  cfg.update(num_train_steps=2, eval_every=2, eval_batches=1, tensorboard=False, peak_flops=1e12)
+  cfg.optimizer.warmup_steps = 1
+  pretrain.train(cfg, str(tmp_path / "run"))
+  lines = [line for line in capsys.readouterr().out.splitlines() if "preprocessed with" in line]
+  assert lines == [f"data: training with the settings {shard_dir} was preprocessed with (seq_len=64, "
+                   f"packing='segment_pair', lowercase=True, eval_fraction=0.05, documents='paragraphs', "
+                   f"fill_examples=False, its vocab.txt) instead of the config's seq_len=128, "
+                   f"data.packing='full_sentences', data.eval_fraction=0.01"]
+  saved = json.loads((tmp_path / "run" / "config.json").read_text())
+  assert (saved["seq_len"], saved["data"]["packing"], saved["data"]["eval_fraction"]) == (64, "segment_pair", 0.05)
+  assert saved["data"]["vocab_file"] == str(shard_dir / "vocab.txt") and saved["model"]["vocab_size"] == 30522

@@ -252,6 +252,7 @@ def test_resume_at_the_last_step_trains_nothing(tmp_path, reference):
           f"{STEPS} in the checkpoint, {STEPS - EVERY} now; the learning-rate schedule is recomputed with the new "
           f"values: 0.000e+00 at step {STEPS}" in proc.stdout)
   assert len(metric_records(workdir)) == logged and finished_steps(workdir) == [4, 8, 12]
+  assert "compiling the train step" not in proc.stdout  # a finished run needs no train step
 
 
 def test_no_restorable_checkpoint_is_an_error(tmp_path, reference):

@@ -16,6 +16,7 @@ from tupe.data import pipeline
 from tupe.run import process
 from tupe.store import runlog
 from tupe.study import sweep
+from tupe.train import evaluation
 from tupe.train import objectives
 from tupe.train import pretrain
 
@@ -52,6 +53,14 @@ def test_demo_mlm_loss_falls(tmp_path):
   assert config["model"]["vocab_size"] > 1000 and config["data"]["source"] == "demo"
   assert (tmp_path / "checkpoints" / "40").is_dir()
   assert any((tmp_path / "tensorboard").iterdir())
+  # The last line's TensorBoard command works as written (`tensorboard` comes with requirements.txt): its event
+  # summary holds the 40 steps.
+  hint = re.search(r"; TensorBoard: tensorboard (--logdir \S+)$", out.strip().splitlines()[-1])
+  assert hint and hint[1] == f"--logdir {tmp_path / 'tensorboard'}", out.strip().splitlines()[-1]
+  tensorboard = pathlib.Path(sys.executable).parent / "tensorboard"
+  shown = subprocess.run([str(tensorboard), *hint[1].split(), "--inspect"], capture_output=True, text=True,
+                         timeout=300)
+  assert shown.returncode == 0 and re.search(r"^ +num_steps +40$", shown.stdout, re.M), shown.stdout[-2000:]
 
 
 def tiny(model):
@@ -122,7 +131,7 @@ def test_eval_metrics_are_means_over_all_eval_predictions():
   setup = pretrain.build(cfg, devices=jax.devices()[:1])
   # Larger weights than at initialization, so that the loss differs from position to position.
   params = jax.tree_util.tree_map(lambda x: 8.0 * x, setup.init_state().params)
-  evaluator = pretrain.Evaluator(setup, data, rows=(0, 2))
+  evaluator = evaluation.Evaluator(setup, data, rows=(0, 2))
   batches = [jax.device_get(b) for b in evaluator.batches()]
   counts = [b["masked_weights"].sum() for b in batches]
   assert len(set(counts)) > 1, counts  # else both means agree and this test could not fail
@@ -133,3 +142,48 @@ def test_eval_metrics_are_means_over_all_eval_predictions():
   for key in expected:
     np.testing.assert_allclose(got[key], expected[key], rtol=1e-5, err_msg=key)  # per-batch means: 1.5% off
   assert evaluator(params) == got  # the same batches, and denominators, at every evaluation
+
+
+def test_a_run_shorter_than_eval_every_ends_with_an_evaluation(tmp_path):
+  """eval_every past the last step: the run still ends with an evaluation (after its last step), and only one."""
+  cfg = tiny("bert_a")
+  cfg.update(num_train_steps=3, eval_every=100, eval_batches=1)
+  cfg.data.eval_fraction = 0.01
+  pretrain.train(cfg, str(tmp_path))
+  evals = [r for r in runlog.read_metrics(tmp_path) if "eval_loss" in r]
+  assert [r["step"] for r in evals] == [3] and np.isfinite(evals[0]["eval_loss"])
+
+
+SWEEP_RUN = ["--config.model.hidden_size=32", "--config.model.embedding_size=32", "--config.model.intermediate_size=64",
+             "--config.model.num_layers=1", "--config.model.vocab_size=0", "--config.data.source=synthetic",
+             "--config.data.synthetic_vocab_size=211", "--config.seq_len=32", "--config.num_train_steps=2",
+             "--config.optimizer.warmup_steps=1", "--config.eval_every=0", "--config.tensorboard=False",
+             "--config.peak_flops=1e12"]
+
+
+def test_a_printed_sweep_command_runs_from_another_folder_and_a_sweep_ends_with_a_table(tmp_path, capsys,
+                                                                                        monkeypatch):
+  """--print from the repository with a relative config path: the command runs from a folder outside it, as a
+  scheduler runs it. A sweep that runs its commands ends with one row per run: its grid values, last loss, last
+  eval loss and workdir (the run done by the printed command resumes there: nothing left to train)."""
+  root = tmp_path / "sweep"
+  monkeypatch.chdir(REPO)
+  sweep.main(["sweep", "--config", "configs/pretrain.py:tupe_a,tiny", "--root", str(root), "--grid", "seed=0",
+              "--print", "--", *SWEEP_RUN])
+  command = capsys.readouterr().out.strip()
+  elsewhere = tmp_path / "elsewhere"
+  elsewhere.mkdir()
+  proc = subprocess.run(["bash", "-c", command], cwd=elsewhere, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert f"finished at step 2: checkpoint {root}/seed=0/checkpoints/2" in proc.stdout
+
+  monkeypatch.chdir(elsewhere)  # the config path relative to the repository, as tupe.tools take it
+  sweep.main(["sweep", "--config", "configs/pretrain.py:tupe_a,tiny", "--root", str(root), "--grid", "seed=0,1", "--",
+              *SWEEP_RUN, "--config.eval_every=2", "--config.eval_batches=1"])
+  out = capsys.readouterr().out
+  table = out[out.index("[sweep] 2 runs finished:"):].splitlines()[1:]
+  assert table[0] == "| overrides | loss | eval loss | workdir |" and len(table) == 4, out
+  seed0, seed1 = (row.strip("| ").split(" | ") for row in table[2:])
+  losses = [r["loss"] for r in runlog.read_metrics(root / "seed=1") if "loss" in r]
+  assert seed1 == ["seed=1", f"{losses[-1]:.4f}", seed1[2], str(root / "seed=1")] and float(seed1[2]) > 0
+  assert seed0[0] == "seed=0" and seed0[2] == "-" and seed0[3] == str(root / "seed=0")  # trained without evaluations

@@ -41,7 +41,7 @@ def _where(e: BaseException, file: str) -> str:
   return f" at line {lines[-1]}" if lines else ""
 
 
-def _config_spec(argv: Sequence[str]) -> str | None:
+def config_spec(argv: Sequence[str]) -> str | None:
   """The value of --config (`--config=X` or `--config X`) in a command line."""
   for i, arg in enumerate(argv):
     if arg.startswith("--config="):
@@ -123,7 +123,7 @@ def check_config_flags(argv: list[str]) -> ml_collections.ConfigDict:
   argv = last_wins(argv[:1] + [a for i, a in enumerate(argv[1:], 1)
                                if a.startswith("--config") or (argv[i - 1].startswith("--config") and
                                                                "=" not in argv[i - 1] and not a.startswith("--"))])
-  spec = _config_spec(argv)
+  spec = config_spec(argv)
   if spec is None:
     raise UserError("--config is missing: give configs/<file>.py:<arg>")
   file = spec.split(":", 1)[0]

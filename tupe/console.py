@@ -1,5 +1,9 @@
-"""What a person reads on the terminal: one line from process 0, flushed at once; durations as 1h02m or 3m05s."""
+"""What a person reads on the terminal: one line from process 0, flushed at once; durations as 1h02m or 3m05s;
+the progress of a long wait (`Meter`)."""
+from __future__ import annotations
+
 import sys
+import time
 
 import jax
 
@@ -15,3 +19,67 @@ def log(msg: str):
   """Process 0 prints; flushes so progress shows up under pipes and schedulers."""
   if jax.process_index() == 0:
     print(msg, flush=True, file=sys.stdout)
+
+
+class Meter:
+  """The progress of a long wait, tqdm-style, on stderr: `tokenizing: 12.3/23.0 MB (53%), 0.79 MB/s, ETA 0m14s`.
+
+  A wait shorter than FIRST_S seconds says nothing. After that, on a terminal the line is redrawn in place every
+  TERMINAL_EVERY_S seconds; elsewhere (a log file, a pipe, a scheduler) a plain line is written every EVERY_S
+  seconds, which a log can keep. `update(done)` costs a clock read between lines: call it as often as work is done
+  (`is_due` says when a line is next due, for work whose count costs something to take).
+  `close()` ends a wait that said something with its total, time and rate. Process 0 only, like `log`.
+
+  Args:
+    what: what is being waited for ("tokenizing").
+    total: the amount of work, in `unit`s times `scale` (bytes, shown as MB, with the default scale).
+  """
+
+  FIRST_S = 2.0
+  EVERY_S = 5.0
+  TERMINAL_EVERY_S = 0.5
+
+  def __init__(self, what: str, total: float, unit: str = "MB", scale: float = 2**20, stream=None):
+    self.what, self.total, self.unit, self.scale = what, total, unit, scale
+    self.stream = stream or sys.stderr
+    self.terminal = self.stream.isatty()
+    self.quiet = jax.process_index() != 0
+    self.start = time.monotonic()
+    self.due = self.start + self.FIRST_S
+    self.done, self.said = 0.0, False
+
+  def line(self, now: float) -> str:
+    elapsed = now - self.start
+    rate = self.done / elapsed if elapsed > 0 else 0.0
+    share = f" ({self.done / self.total:.0%})" if self.total else ""
+    eta = format_duration((self.total - self.done) / rate) if rate and self.total else "?"
+    return (f"{self.what}: {self.done / self.scale:,.1f}/{self.total / self.scale:,.1f} {self.unit}{share}, "
+            f"{rate / self.scale:,.2f} {self.unit}/s, ETA {eta}")
+
+  def is_due(self) -> bool:
+    """Whether the next `update` writes a line (for work whose count costs something to take)."""
+    return not self.quiet and time.monotonic() >= self.due
+
+  def update(self, done: float) -> None:
+    """Records the work done so far; writes a line when one is due."""
+    self.done = done
+    if self.is_due():
+      now = time.monotonic()
+      self.due = now + (self.TERMINAL_EVERY_S if self.terminal else self.EVERY_S)
+      self._write(self.line(now), final=False)
+
+  def close(self) -> None:
+    """The last line, if the wait said anything: all the work, its time and rate."""
+    if not self.said:
+      return
+    elapsed = time.monotonic() - self.start
+    self._write(f"{self.what}: {self.done / self.scale:,.1f} {self.unit} in {format_duration(elapsed)}, "
+                f"{self.done / self.scale / elapsed:,.2f} {self.unit}/s", final=True)
+
+  def _write(self, text: str, final: bool) -> None:
+    self.said = True
+    if self.terminal:  # one line, redrawn in place until the last
+      self.stream.write(f"\r\x1b[K{text}" + ("\n" if final else ""))
+    else:
+      self.stream.write(text + "\n")
+    self.stream.flush()

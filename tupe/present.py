@@ -1,12 +1,5 @@
-"""Command-line tools for trained models and runs, and the tables and figures they share.
-
-  python -m tupe.tools.analyze   attention maps, diagonal concentration, TUPE's positional terms
-  python -m tupe.tools.export_hf a checkpoint as a HF transformers directory (weights, config, tokenizer)
-  python -m tupe.tools.glue_parity GLUE fine-tuning step for step against PyTorch + transformers on the export
-  python -m tupe.tools.evaluate  MLM (and ELECTRA discriminator) scores of a checkpoint on a text file, fixed masks
-  python -m tupe.tools.plot      training curves of one or more runs
-  python -m tupe.tools.summary   parameters per component and FLOPs per token of the named configs
-"""
+"""How results are shown: markdown tables of formatted cells, and matplotlib figures drawn without a display
+(no global pyplot state), for reports, studies and tools."""
 from __future__ import annotations
 
 from typing import Sequence

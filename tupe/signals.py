@@ -1,17 +1,33 @@
-"""Stop signals as data: SIGTERM (preemption) and SIGINT (Ctrl-C) are recorded, never acted on in a handler.
+"""Stop signals as data: SIGTERM (preemption) and SIGINT (Ctrl-C) are recorded, never acted on in a handler; and a
+second one stops the process at once.
 
 A handler that raised at whatever bytecode the main thread was running (say, inside JAX's compilation or its
 cache) could be swallowed by a library's `except` or leave native code half-done, so the handler here only
 appends the signal to `received`; a job acts on it at its next safe point (`tupe.train.job.Job.stop_signal`).
 The entry layer installs the handler for the whole process (`tupe.run.process.catch_signals`); a job takes it
 for its own duration (`caught`), which also serves library callers that never went through an entry point.
+
+The main thread runs a Python handler only between two of its bytecodes, so during a long compilation, a
+tokenizer call or a hung write it would hear nothing. While `record` is the handler, a watcher thread hears each
+signal as it arrives (Python's C-level handler writes its number to a pipe: `signal.set_wakeup_fd`): the first
+stop signal is acknowledged at once on stdout, and a second one stops the process within moments, whatever the
+main thread is doing: one line on stderr naming what is saved (`saving`: the job says where its checkpoints
+are), then exit status 128 + the signal's number (130 for Ctrl-C). Nothing that was saved is lost: checkpoints are
+written atomically, so a save cut short is no checkpoint, and the job's files are as a kill would leave them.
 """
 import contextlib
+import multiprocessing
+import os
 import signal
 import threading
+from typing import Callable
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 received: list[int] = []  # The stop signals received while `record` was the handler, in order.
+DESCRIBE_TIMEOUT_S = 1.0  # How long the line of a second signal waits to learn what is saved.
+CLEANUP_TIMEOUT_S = 0.5  # How long a second signal's exit waits for the worker processes' semaphores to be unlinked.
+_saved: list[Callable[[], str]] = []  # What the running job has saved (`saving`), innermost last.
+_watcher = None  # The running `_Watcher`, if any.
 
 
 def name(signum: int) -> str:
@@ -26,19 +42,133 @@ def record(signum, _frame) -> None:
 
 
 @contextlib.contextmanager
+def saving(describe: Callable[[], str]):
+  """While inside, a second stop signal's line says `describe()` (e.g. "the last saved checkpoint is 8 (DIR/8);
+  rerun the same command to resume from it"). Called from the watcher thread: it must not wait on the main
+  thread; it gets DESCRIBE_TIMEOUT_S seconds."""
+  _saved.append(describe)
+  try:
+    yield
+  finally:
+    _saved.remove(describe)
+
+
+def _say(fd: int, line: str) -> None:
+  """Writes a line straight to a file descriptor (never through sys.stdout's buffer, which the main thread may be
+  writing to)."""
+  with contextlib.suppress(OSError):
+    os.write(fd, (line + "\n").encode())
+
+
+def _what_is_saved() -> str:
+  """The innermost `saving` description, or a word that there is none (or that it took too long)."""
+  if not _saved:
+    return "nothing was saved; rerun the same command"
+  result = []
+  describer = threading.Thread(target=lambda: result.append(_saved[-1]()), daemon=True)
+  describer.start()
+  describer.join(DESCRIBE_TIMEOUT_S)
+  return result[0] if result else "what was saved could not be listed in time; rerun the same command to resume"
+
+
+def _stop_now(signum: int) -> None:
+  """A second stop signal: one line, this process's worker processes ended, then the exit, at once."""
+  _say(2, f"stopped now by a second {name(signum)}: {_what_is_saved()}")
+  for child in multiprocessing.active_children():  # Data or tokenizer workers: not left behind.
+    with contextlib.suppress(Exception):
+      child.terminate()
+  # The semaphores of their queues are unlinked now, as at a normal exit (else Python's resource tracker warns of
+  # them as leaked), in a thread given a moment: the exit must not wait on anything.
+  cleanup = threading.Thread(target=_unlink_semaphores, daemon=True)
+  cleanup.start()
+  cleanup.join(CLEANUP_TIMEOUT_S)
+  os._exit(128 + signum)
+
+
+def _unlink_semaphores() -> None:
+  """Unlinks the named semaphores of this process's multiprocessing queues and locks, as their finalizers do at a
+  normal exit (a name unlinked does not disturb the semaphore's users), so that Python's resource tracker finds none
+  to warn about as leaked. Only those finalizers: the others (a data iterator's `close`, say) are the main thread's
+  business."""
+  from multiprocessing import synchronize  # pylint: disable=import-outside-toplevel  (it adds an exit hook)
+  from multiprocessing import util  # pylint: disable=import-outside-toplevel
+  for finalizer in list(util._finalizer_registry.values()):  # pylint: disable=protected-access
+    if getattr(finalizer, "_callback", None) is synchronize.SemLock._cleanup:  # pylint: disable=protected-access
+      with contextlib.suppress(Exception):
+        finalizer()
+
+
+class _Watcher:
+  """A thread that hears each signal as it arrives (the pipe of `signal.set_wakeup_fd`) and acts on the stop
+  signals for which `record` is the handler: the first acknowledged, the second `_stop_now`."""
+
+  def __init__(self):
+    self._read, self._write = os.pipe()
+    os.set_blocking(self._write, False)
+    self._previous = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
+    self.heard = 0
+    self._thread = threading.Thread(target=self._watch, daemon=True, name="tupe-signals")
+    self._thread.start()
+
+  def _watch(self) -> None:
+    while True:
+      try:
+        data = os.read(self._read, 64)
+      except OSError:
+        return
+      if not data:
+        return
+      for signum in data:
+        if signum not in STOP_SIGNALS or signal.getsignal(signum) is not record:
+          continue  # Another handler's signal (e.g. the multi-host supervisor forwards it).
+        self.heard += 1
+        if self.heard == 1:
+          again = "Ctrl-C again" if signum == signal.SIGINT else "a second SIGTERM or Ctrl-C"
+          _say(1, f"{name(signum)}: stopping after the current step; {again} to stop now")
+        else:
+          _stop_now(signum)
+
+  def close(self) -> None:
+    signal.set_wakeup_fd(self._previous)
+    os.close(self._write)  # The thread reads the end of the pipe and returns.
+    self._thread.join()
+    os.close(self._read)
+
+
+def watch() -> bool:
+  """Starts the watcher (main thread only); False if it was running already or cannot run here."""
+  global _watcher
+  if _watcher is not None or threading.current_thread() is not threading.main_thread():
+    return False
+  _watcher = _Watcher()
+  return True
+
+
+def unwatch() -> None:
+  """Stops the watcher `watch` started, and gives the wakeup pipe back to whoever had it."""
+  global _watcher
+  if _watcher is not None:
+    _watcher.close()
+    _watcher = None
+
+
+@contextlib.contextmanager
 def caught():
-  """Records SIGTERM and SIGINT while inside (the previous handlers restored after); yields `received`, which a
-  loop checks at its safe points. Nested uses share the list; the outermost starts it empty, unless the entry
-  point's `catch_signals` installed `record` first (then the signals received since are kept). Outside the main
-  thread, where no handler can be set, the list stays empty."""
+  """Records SIGTERM and SIGINT while inside (the previous handlers restored after), with the watcher of a
+  second one; yields `received`, which a loop checks at its safe points. Nested uses share the list; the outermost
+  starts it empty, unless the entry point's `catch_signals` installed `record` first (then the signals received
+  since are kept). Outside the main thread, where no handler can be set, the list stays empty."""
   if threading.current_thread() is not threading.main_thread():
     yield []
     return
   previous = {signum: signal.signal(signum, record) for signum in STOP_SIGNALS}
   if all(handler is not record for handler in previous.values()):
     received.clear()
+  started = watch()
   try:
     yield received
   finally:
+    if started:
+      unwatch()
     for signum, handler in previous.items():
       signal.signal(signum, handler)

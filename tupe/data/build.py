@@ -15,6 +15,7 @@ from typing import Iterable, Iterator
 import numpy as np
 import tokenizers
 
+from tupe import console
 from tupe.data import corpus
 from tupe.data import demo
 from tupe.data import readers
@@ -93,6 +94,22 @@ def plan_key(plan: dict) -> str:
 def input_bytes(plan: dict) -> int:
   """The size of a plan's inputs, as units count it."""
   return sum(units.input_bytes(e) for e in plan["inputs"])
+
+
+def unit_bytes(plan: dict, unit: int) -> int:
+  """The size of one unit of a plan, as units count it."""
+  return sum(units.piece_bytes(plan["inputs"][index], begin, end) for index, begin, end in plan["units"][unit])
+
+
+def metered(items: Iterable, meter: console.Meter, done: int, size: int, tallies: dict[str, Tally]) -> Iterator:
+  """`items` (a unit's examples) passed through, updating `meter` with the bytes read so far: `done` before the unit,
+  and within it (`size` bytes) the characters of the documents counted in `tallies` since it began."""
+  characters = lambda: sum(t.characters for t in tallies.values())
+  start = characters()
+  for item in items:
+    if meter.is_due():
+      meter.update(done + min(size, characters() - start))
+    yield item
 
 
 def gutenberg_tallies(plan: dict) -> dict[str, dict[str, int]]:

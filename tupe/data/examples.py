@@ -14,6 +14,7 @@ import hashlib
 import numpy as np
 import tokenizers
 
+from tupe import console
 from tupe.data import build
 from tupe.data import corpus
 from tupe.data import counter_rng
@@ -56,17 +57,24 @@ def _cached_shards(data_cfg, plan: dict) -> dict[str, ExampleSource]:
   else:
     print(f"data: tokenizing {build.input_bytes(plan) / 2**20:,.0f} MB of text once into {folder} (later starts "
           f"reuse it; `python -m tupe.data.preprocess` does the same ahead of time)", flush=True)
-    parallel.run(plan, folder, parallel.default_workers(), log=lambda line: print(f"data: {line}", flush=True))
+    parallel.run(plan, folder, parallel.default_workers(), log=lambda line: print(f"data: {line}", flush=True),
+                 what="data: tokenizing")
   return {s: shards.ShardedExamples(folder, s) for s in corpus.SPLITS}
 
 
 def _in_memory(plan: dict) -> dict[str, ExampleSource]:
-  """The plan's examples, made unit by unit in this process."""
+  """The plan's examples, made unit by unit in this process (a wait of more than a few seconds shows its
+  progress: `tupe.console.Meter`)."""
   tallies: dict[str, Tally] = {}
   examples = {s: [] for s in corpus.SPLITS}
+  meter, done = console.Meter("data: tokenizing", build.input_bytes(plan)), 0
   for unit in range(len(plan["units"])):
-    for split, example in build.unit_examples(plan, unit, tallies):
+    size = build.unit_bytes(plan, unit)
+    for split, example in build.metered(build.unit_examples(plan, unit, tallies), meter, done, size, tallies):
       examples[split].append(example)
+    done += size
+    meter.update(done)
+  meter.close()
   totals = report.merged([build.gutenberg_tallies(plan), {n: t.as_dict() for n, t in tallies.items()}])
   lines = report.lines({e["name"]: totals.get(e["name"], Tally()) for e in plan["inputs"]})
   if not any(examples.values()):

@@ -12,6 +12,7 @@ import os
 import threading
 import time
 
+from tupe import console
 from tupe.data import build
 from tupe.data import report
 from tupe.data import shards
@@ -57,10 +58,14 @@ def _prepare(plan: dict, output: storage.PathLike) -> None:
   storage.write_text(path, text)
 
 
-def _unit_job(plan: dict, output: str, unit: int) -> dict:
-  """Tokenizes, packs and writes one unit (in a worker process); returns its manifest record."""
+def _unit_job(plan: dict, output: str, unit: int, meter: console.Meter | None = None, done: int = 0) -> dict:
+  """Tokenizes, packs and writes one unit (in a worker process, or here, updating `meter` from `done` bytes on);
+  returns its manifest record."""
   tallies = {}
-  return shards.write_unit(output, unit, build.unit_examples(plan, unit, tallies), tallies)
+  examples = build.unit_examples(plan, unit, tallies)
+  if meter is not None:
+    examples = build.metered(examples, meter, done, build.unit_bytes(plan, unit), tallies)
+  return shards.write_unit(output, unit, examples, tallies)
 
 
 def _finish(plan: dict, output: storage.PathLike, records: list[dict]) -> dict:
@@ -87,15 +92,17 @@ def _finish(plan: dict, output: storage.PathLike, records: list[dict]) -> dict:
   return metadata
 
 
-def run(plan: dict, output: storage.PathLike, workers: int, task: tuple[int, int] = (0, 1), log=print) -> dict | None:
-  """Makes the plan's units that belong to `task` and are not done yet in `output`, with `workers` processes.
+def run(plan: dict, output: storage.PathLike, workers: int, task: tuple[int, int] = (0, 1), log=print,
+        what: str = "tokenizing") -> dict | None:
+  """Makes the plan's units that belong to `task` and are not done yet in `output`, with `workers` processes; the
+  wait shows its progress (bytes, rate, ETA: `tupe.console.Meter`, labelled `what`).
 
   Args:
     plan: from `tupe.data.build.make_plan`.
     output: the shard folder (new, or holding the same plan: a run to resume).
     workers: processes (1: this process).
     task: (i, n): do units i, i + n, ... only.
-    log: where progress lines go.
+    log: where the lines that start and end the run go.
 
   Returns:
     The metadata, once every unit (of every task) is done; None while units of other tasks remain.
@@ -109,22 +116,27 @@ def run(plan: dict, output: storage.PathLike, workers: int, task: tuple[int, int
   done = len([u for u in units if u % count == index]) - len(todo)
   log(f"task {index}/{count}: {len(todo)} of {len(plan['units'])} units to do"
       + (f" ({done} done before: resuming)" if done else "") + f", {min(workers, max(1, len(todo)))} workers")
-  start = time.time()
+  sizes = {u: build.unit_bytes(plan, u) for u in todo}
+  meter, done = console.Meter(what, sum(sizes.values())), 0
   if workers == 1 or len(todo) <= 1:
-    results = (_unit_job(plan, str(output), u) for u in todo)
-    pool = None
+    for u in todo:
+      _unit_job(plan, str(output), u, meter, done)
+      done += sizes[u]
+      meter.update(done)
   else:
     pool = concurrent.futures.ProcessPoolExecutor(min(workers, len(todo)), multiprocessing.get_context("spawn"),
                                                   initializer=_start_worker, initargs=(os.getpid(),))
-    results = (f.result() for f in concurrent.futures.as_completed(
-        [pool.submit(_unit_job, plan, str(output), u) for u in todo]))
-  try:
-    for finished, record in enumerate(results, 1):
-      log(f"unit {record['unit']} done ({finished}/{len(todo)}, {time.time() - start:.0f} s): "
-          f"{record['num_examples']['train']} train and {record['num_examples']['eval']} eval examples")
-  finally:
-    if pool is not None:
+    try:
+      pending = {pool.submit(_unit_job, plan, str(output), u): u for u in todo}
+      while pending:  # A line at least every few seconds, whether or not a unit has finished.
+        finished, _ = concurrent.futures.wait(pending, timeout=1.0, return_when=concurrent.futures.FIRST_COMPLETED)
+        for future in finished:
+          future.result()
+          done += sizes[pending.pop(future)]
+        meter.update(done)
+    finally:
       pool.shutdown(cancel_futures=True)
+  meter.close()
   records = [shards.read_unit_record(output, u) for u in units]
   if any(r is None for r in records):
     log(f"task {index}/{count} done; {sum(r is None for r in records)} units remain for other tasks (rerun any "

@@ -125,6 +125,19 @@ def read_metadata(folder: storage.PathLike) -> dict:
   return metadata
 
 
+# The settings a shard folder was written with, as (config field, metadata key): a run that trains on it takes them.
+SETTINGS = (("seq_len", "seq_len"), ("data.packing", "packing"), ("data.lowercase", "lowercase"),
+            ("data.eval_fraction", "eval_fraction"), ("data.documents", "documents"),
+            ("data.fill_examples", "fill_examples"))
+
+
+def training_settings(folder: storage.PathLike) -> dict:
+  """{config field: value} of the settings the folder's examples were made with (`SETTINGS`), and its vocab
+  (`data.vocab_file`: the folder's vocab.txt)."""
+  metadata = read_metadata(folder)
+  return {field: metadata[key] for field, key in SETTINGS} | {"data.vocab_file": str(storage.path(folder) / VOCAB)}
+
+
 class ShardedExamples(ExampleSource):
   """Examples of one split of a shard folder, read on demand (picklable, for worker processes, which share the
   shards through the page cache rather than copies).

@@ -148,12 +148,3 @@ def train_wordpiece(texts: Iterable[str], vocab_size: int, output: str | os.Path
   tokenizer.train_from_iterator(texts, trainer)
   vocab = tokenizer.get_vocab()
   return write_vocab(sorted(vocab, key=vocab.__getitem__), output)
-
-
-if __name__ == "__main__":  # The command of earlier releases, kept for one release.
-  import sys
-
-  from tupe.run import process
-  from tupe.tools import vocab as vocab_tool
-  print("note: python -m tupe.data.tokenizer is now python -m tupe.tools.vocab", file=sys.stderr)
-  process.run_main(vocab_tool.main)

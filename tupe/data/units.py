@@ -111,11 +111,16 @@ def whole(entry: dict) -> tuple[int, int]:
 
 def input_bytes(entry: dict) -> int:
   """The size of one input, as units count it."""
+  return piece_bytes(entry, *whole(entry))
+
+
+def piece_bytes(entry: dict, begin: int, end: int) -> int:
+  """The size of piece [begin, end) of one input, as units count it."""
   if entry["kind"] in ("tfds", "demo"):
-    return entry["records"] * RECORD_BYTES
+    return (end - begin) * RECORD_BYTES
   if entry["kind"] == "parquet":
-    return sum(entry["row_group_bytes"])
-  return entry["stop"] - entry["start"]
+    return sum(entry["row_group_bytes"][begin:end])
+  return end - begin
 
 
 @dataclasses.dataclass

@@ -141,6 +141,8 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
   cfg.lowercase = backbone_lib.tokenizer_lowercase(cfg)  # Recorded in config.json: a workdir's runs share one setting.
   with job_lib.Job(cfg, workdir) as job:  # Another job on this workdir: one line, nothing loaded or written.
     workdir, stop = job.workdir, _Stop(job)
+    job.enter(signals.saving(lambda: f"the finished runs are in {workdir / 'runs.jsonl'}; rerun the same command to "
+                                     f"resume after them"))  # named by a second Ctrl-C
     runs_lib.check_resume(cfg, workdir)
     core.use_prng_impl(cfg.prng_impl)
     backbone = backbone_lib.load_backbone(cfg, workdir)
@@ -219,6 +221,7 @@ def _run_grid(cfg, workdir, tasks, pending, lrs, backbone, encoder, mesh, rules,
     setup = task_model.build_task(cfg, backbone, task, len(data.train["idx"]), mesh, rules)
     console.log(f"{task.name}: {len(data.train['idx'])} training examples, {setup.total_steps} steps "
                 f"({setup.steps_per_epoch} per epoch), dev {', '.join(ev.name for ev, _ in data.dev)}")
+    task_model.compile_train_step(cfg, setup, data.train, task.name)  # refused here if it cannot fit in memory
     for lr, seed in pending[task.name]:
       if count:
         stop.before_run(first=False)

@@ -15,14 +15,17 @@ import ml_collections
 import numpy as np
 import optax
 
+from tupe import console
 from tupe import models
 from tupe.glue import backbone as backbone_lib
 from tupe.glue import data as glue_data
 from tupe.glue import encoding
 from tupe.glue import metrics as glue_metrics
 from tupe.glue import tasks as glue
+from tupe.train import compile_cache
 from tupe.train import core
 from tupe.train import flops as flops_lib
+from tupe.train import memory
 from tupe.train import sharding
 
 
@@ -95,6 +98,31 @@ def build_task(cfg, backbone: backbone_lib.Backbone, task: glue.Task, num_train:
                         in_shardings=(built.param_sharding, built.batch_sharding), out_shardings=replicated),
       # Forward and backward (3x) through the encoder; the classifier head's FLOPs are negligible.
       flops_per_step=3.0 * cfg.batch_size * flops_lib.encoder_forward_flops(backbone.cfg, cfg.max_seq_len))
+
+
+def compile_train_step(cfg, setup: TaskSetup, train: dict, label: str) -> None:
+  """Compiles the task's train step ahead of its first run, for batches shaped as the first rows of `train` make
+  (the runs' calls of `setup.train_step` reuse the program), and checks that it fits in memory
+  (`tupe.train.memory`), with a line for each.
+
+  Raises:
+    UserError: the step needs more memory than the devices have (unless cfg.check_memory is false).
+  """
+  first = encoding.batch_rows(train, np.arange(min(cfg.batch_size, len(train["idx"]))), cfg.batch_size,
+                              cfg.regression_scale)
+  # With the batch's sharding, as `sharding.shard_batch` gives it, the runs' calls find this program in JAX's cache.
+  batch = {name: jax.ShapeDtypeStruct(array.shape, array.dtype, sharding=setup.batch_sharding)
+           for name, array in first.items()}
+  console.log(f"{label}: compiling the train step...")
+  with compile_cache.Watch() as watch:
+    compiled = setup.train_step.lower(setup.abstract_state, batch, jax.ShapeDtypeStruct((), jnp.float32)).compile()
+  console.log(f"{label}: train step {watch.line()}")
+  remedies = [f"lower batch_size (now {cfg.batch_size})",
+              f"raise grad_accum_steps (now {cfg.grad_accum_steps}: the batch is computed in that many microbatches)",
+              f"lower max_seq_len (now {cfg.max_seq_len})", "or fine-tune a smaller model"]
+  for line in memory.check(compiled.memory_analysis(), f"the {label} train step", remedies, cfg.check_memory,
+                           setup.mesh.local_devices):
+    console.log(f"{label}: {line}")
 
 
 def prediction_values(logits: np.ndarray, regression_scale: float) -> np.ndarray:

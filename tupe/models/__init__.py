@@ -1,4 +1,5 @@
-"""Public model API.
+"""The models: Flax modules with logical axis names and no I/O (encoder, attention, TUPE's positional terms,
+ConvBERT's convolution heads, task heads), their configs, and this public API.
 
     from tupe import models
     cfg = models.get_config("tupe_a", size="tiny")

@@ -1,7 +1,8 @@
 """train.py's and eval_glue.py's command line: the absl flags, and the job run under the entry layer's wrapper.
 
 `run` parses the flags (the config through `tupe.config_files`) and runs `job(config, workdir)` under
-`process.run_main`: a bad flag or config and any `UserError` print one `error: ...` line and exit with status 2
+`process.run_main`; --help (and --helpfull) print `tupe.run.help`'s text instead and exit 0, with or without a
+config. A bad flag or config and any `UserError` print one `error: ...` line and exit with status 2
 (--verbose shows the traceback instead); a job stopped by SIGTERM or Ctrl-C (`Preempted`) exits with status 143
 or 130. A multi-host job runs under `supervise` (a peer's death: one line).
 """
@@ -18,6 +19,7 @@ from tupe.config_files import flags_error
 from tupe.config_files import last_wins
 from tupe.errors import Preempted
 from tupe.errors import UserError
+from tupe.run import help as help_lib
 from tupe.run import process
 from tupe.run import supervise
 
@@ -55,5 +57,8 @@ def run(job: Callable[[object, str], object]) -> None:
       supervise.init_child()
       job(flags.FLAGS.config, flags.FLAGS.workdir)
 
+  if help_lib.requested(sys.argv):  # Before absl, whose own --help wants a config and lists every library's flags.
+    process.run_main(help_lib.show)
+    return
   # absl parses sys.argv itself (--verbose included, which run_main also reads from it).
   process.run_main(lambda _: app.run(main, flags_parser=parse_flags))

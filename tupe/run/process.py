@@ -22,11 +22,13 @@ def catch_signals() -> None:
   """From now on SIGTERM and SIGINT are recorded (`tupe.signals.received`), never acted on inside the
   handler: raising there, at whatever bytecode the main thread was running (say, inside JAX's compilation or its
   cache), could be swallowed by a library's `except` or leave native code half-done (a segfault). The job acts on
-  a recorded signal at its next safe point. Called at the top of train.py and eval_glue.py, before the heavy
-  imports, so that no moment of a run is left to the default handlers."""
+  a recorded signal at its next safe point. The first is acknowledged at once and a second stops the process
+  at once (`tupe.signals.watch`). Called at the top of train.py and eval_glue.py, before the heavy imports, so that
+  no moment of a run is left to the default handlers."""
   if threading.current_thread() is threading.main_thread():
     for signum in signals.STOP_SIGNALS:
       signal.signal(signum, signals.record)
+    signals.watch()
     atexit.register(_exit_for_a_late_signal)  # Registered first, so it runs last.
 
 

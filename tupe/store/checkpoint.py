@@ -26,6 +26,7 @@ import re
 import jax
 import orbax.checkpoint as ocp
 
+from tupe import console
 from tupe.errors import UserError
 from tupe.store import checksums
 from tupe.store import orbax_s3
@@ -132,6 +133,30 @@ def verified_meta(step_dir: storage.Path, root: storage.Path, items: tuple[str, 
   return meta
 
 
+def committed_step_dirs(root: storage.Path) -> list[storage.Path]:
+  """The committed step directories of a checkpoints/ folder, newest first: locally the step folders orbax renamed
+  into place, in a bucket those with orbax's commit object (a step without it is a save in progress, or killed)."""
+  return sorted((p for p in storage.iterdir(root) if p.name.isdigit() and storage.is_dir(p)
+                 and (not storage.is_remote(p) or storage.exists(p / checksums.COMMIT_FILES[1]))),
+                key=lambda p: int(p.name), reverse=True)
+
+
+def newest_step(root: storage.PathLike) -> int:
+  """The step of the newest committed checkpoint in a checkpoints/ folder; -1 if there is none."""
+  root = storage.path(root)
+  newest = committed_step_dirs(root)[:1] if storage.exists(root) else []
+  return int(newest[0].name) if newest else -1
+
+
+def last_saved(root: storage.PathLike) -> str:
+  """What a stopped run of the checkpoints/ folder `root` leaves to resume from, in words (`tupe.signals.saving`)."""
+  step = newest_step(root)
+  if step < 0:
+    return "no checkpoint was saved yet; rerun the same command to start again"
+  return (f"the last saved checkpoint is {step} ({storage.path(root) / str(step)}); rerun the same command to resume "
+          f"from it")
+
+
 def _load_newest(path: storage.PathLike, load):
   """The restore policy of every reader but train.py's resume (`Checkpointer.restore_latest`): `load(step_dir,
   meta)` of the newest intact step directory under a workdir, its checkpoints/ folder, or one step directory.
@@ -148,10 +173,7 @@ def _load_newest(path: storage.PathLike, load):
   orbax_s3.install_for(path)
   explicit = storage.is_dir(path / "meta")
   root = path.parent if explicit else path / "checkpoints" if storage.is_dir(path / "checkpoints") else path
-  step_dirs = [path] if explicit else sorted(
-      (p for p in storage.iterdir(root) if p.name.isdigit() and storage.is_dir(p)
-       and (not storage.is_remote(p) or storage.exists(p / checksums.COMMIT_FILES[1]))),
-      key=lambda p: int(p.name), reverse=True)
+  step_dirs = [path] if explicit else committed_step_dirs(root)
   empty = drop_empty(step_dirs, root)
   step_dirs = [d for d in step_dirs if d not in empty]
   if not step_dirs:
@@ -249,6 +271,7 @@ def load_params(path: storage.PathLike, select=None, shardings=None) -> tuple[Ch
       optimizer state, lands anywhere), as training lays its parameters out.
   """
   def load(step_dir, meta):
+    console.log(f"loading checkpoint {step_dir}...")
     params = _restore_params(step_dir, meta, None if select is None else select(meta), shardings)
     return jax.device_get(params) if shardings is None else params
 

@@ -22,6 +22,7 @@ import time
 import jax
 import orbax.checkpoint as ocp
 
+from tupe import console
 from tupe.errors import Preempted
 from tupe.errors import UserError
 from tupe.store import checkpoint
@@ -203,6 +204,7 @@ class Checkpointer:
       if compatibility is not None:
         compatibility.check(step, self.directory, saved, saved_meta)
       try:
+        console.log(f"loading checkpoint {step} from {self.directory}...")
         state = self._bounded(f"read checkpoint {step} in {self.directory}", _restore_state, self._step_dir(step),
                               saved_meta, abstract_state)
       except Exception as e:  # A truncated or corrupted checkpoint: fall back to an older one.

@@ -3,7 +3,7 @@
 The text is packed as the checkpoint was pre-trained (its seq_len, packing, masking and vocab, the file as one
 document, sentences split to fill every example) and masked with masks drawn from the seed and each example's
 index alone, so two checkpoints with the same settings are scored on identical masks. The metrics are those of
-the training loop's evaluation (`tupe.train.pretrain.Evaluator`, dropout off). The command line is
+the training loop's evaluation (`tupe.train.evaluation.Evaluator`, dropout off). The command line is
 `python -m tupe.tools.evaluate`; a study scores every variant with it.
 """
 from __future__ import annotations
@@ -20,13 +20,14 @@ from tupe.data import tokenizer as tokenizer_lib
 from tupe.errors import UserError
 from tupe.store import checkpoint
 from tupe.store import storage
+from tupe.train import evaluation
 from tupe.train import pretrain
 
 METRICS = ("mlm_loss", "mlm_accuracy", "disc_loss", "disc_accuracy", "disc_auc")
 
 
 class _FixedBatches:
-  """The `PretrainData` interface `pretrain.Evaluator` reads: batches 0, 1, ... of examples in index order."""
+  """The `PretrainData` interface `evaluation.Evaluator` reads: batches 0, 1, ... of examples in index order."""
 
   def __init__(self, data: pipeline.PretrainData, batch_size: int, seed: int):
     self.data, self.batch_size, self.seed = data, batch_size, seed
@@ -70,7 +71,7 @@ def evaluate(checkpoint_path: str, text_file: str, seed: int = 0, max_examples: 
   cfg.update(global_batch_size=batch_size, grad_accum_steps=1, eval_batches=batches)
   cfg.mesh.update(data=1, fsdp=1, tensor=1)
   setup = pretrain.build(cfg, devices=jax.local_devices()[:1])
-  evaluator = pretrain.Evaluator(setup, _FixedBatches(data, batch_size, seed), (0, batch_size))
+  evaluator = evaluation.Evaluator(setup, _FixedBatches(data, batch_size, seed), (0, batch_size))
   scores = evaluator(params)
   return {"checkpoint": str(step_dir), "step": int(step_dir.name), "model": cfg.model.name,
           "objective": cfg.objective, "text_file": str(text_file), "seed": seed, "max_examples": max_examples,

@@ -6,10 +6,13 @@
 Each run gets its own workdir under --root (a local folder or a bucket URL, gs://...), named after its grid
 values (e.g. runs/lr/optimizer.learning_rate=1e-4,seed=0; values with "/" or other unsafe characters are
 replaced and a digest keeps the names distinct: `workdir_name`), so rerunning the sweep resumes every run from
-its checkpoints. Arguments after `--` go to every run.
---print writes the train.py commands (one per line) instead of running them, for a cluster scheduler. Every
-run's complete config is loaded and checked first, as train.py checks it (keys, types, values, settings that
-do not fit together, the data it reads and the model's vocab size), so that a bad grid point is an error
+its checkpoints. Arguments after `--` go to every run. The sweep ends with a table: each run's overrides, its last
+training loss, its last eval loss and its workdir.
+--print writes the train.py commands (one per line) instead of running them, for a cluster scheduler: each starts
+with `cd` into the folder the sweep ran in and names the config file by its absolute path, so that it runs from
+any folder, as a scheduler runs it, and reads every relative path (data files, a vocab) as the sweep checked it.
+Every run's complete config is loaded and checked first, as train.py checks it (keys, types, values, settings
+that do not fit together, the data it reads and the model's vocab size), so that a bad grid point is an error
 before anything runs or is printed.
 """
 from __future__ import annotations
@@ -18,13 +21,16 @@ import argparse
 import hashlib
 import itertools
 import json
+import os
 import re
 import shlex
 import subprocess
 import sys
 
 from tupe import config_files
+from tupe import present
 from tupe.errors import UserError
+from tupe.store import runlog
 from tupe.store import storage
 from tupe.train import pretrain
 
@@ -52,8 +58,18 @@ def workdir_name(assignment: list[tuple[str, str]]) -> str:
   return f"{safe[:100]}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
 
 
+def absolute_config(spec: str) -> str:
+  """`path.py[:arg]` with the path made absolute: relative to the working directory, or else to the repository
+  (as `config_files.load_config` finds it)."""
+  file, sep, arg = spec.partition(":")
+  if not os.path.isfile(file) and (config_files.REPO / file).is_file():
+    file = str(config_files.REPO / file)
+  return os.path.abspath(file) + sep + arg
+
+
 def runs(config: str, root: str, grid, extra: list[str]) -> list[list[str]]:
-  """The train.py command line of every grid point, in a fixed order."""
+  """The train.py command line of every grid point, in a fixed order (the config file's path absolute)."""
+  config = absolute_config(config)
   commands, names = [], set()
   for values in itertools.product(*(v for _, v in grid)):
     assignment = list(zip((k for k, _ in grid), values))
@@ -86,6 +102,7 @@ def check(commands: list[list[str]]) -> None:
   for i, command in enumerate(commands):  # The cheap checks of every point first.
     try:
       configs.append(config_files.check_config_flags(["train.py"] + command[2:]))
+      pretrain.take_shard_settings(configs[-1])  # as train.py takes them
       pretrain.check_config(configs[-1])
     except UserError as e:
       raise named(i, command, e) from e
@@ -105,6 +122,19 @@ def check(commands: list[list[str]]) -> None:
       raise named(i, command, e) from e
 
 
+def summary(commands: list[list[str]], grid_keys: int) -> str:
+  """A markdown table of the runs: each one's grid values (the `grid_keys` overrides after its workdir), last
+  training loss, last eval loss ("-" for none) and workdir."""
+  rows = []
+  for command in commands:
+    workdir = command[3].split("=", 1)[1]
+    records = runlog.read_metrics(workdir) if storage.exists(storage.path(workdir) / "metrics.jsonl") else []
+    last = lambda key: next((f"{r[key]:.4f}" for r in reversed(records) if r.get(key) is not None), "-")
+    rows.append([" ".join(a.removeprefix("--config.") for a in command[4:4 + grid_keys]) or "-", last("loss"),
+                 last("eval_loss"), workdir])
+  return present.markdown_table(["overrides", "loss", "eval loss", "workdir"], rows)
+
+
 def main(argv: list[str]) -> None:
   argv = argv[1:]
   extra = []
@@ -120,12 +150,14 @@ def main(argv: list[str]) -> None:
   check(commands)
   for i, command in enumerate(commands):
     if args.print:
-      print(shlex.join(command))
+      print(f"cd {shlex.quote(os.getcwd())} && {shlex.join(command)}")
       continue
     print(f"[sweep] run {i + 1}/{len(commands)}: {shlex.join(command[2:])}", flush=True)
     code = subprocess.call(command)
     if code:
       raise UserError(f"run {i + 1}/{len(commands)} exited with status {code}: {shlex.join(command)}")
+  if not args.print:
+    print(f"[sweep] {len(commands)} runs finished:\n{summary(commands, len(args.grid))}", end="", flush=True)
 
 
 if __name__ == "__main__":

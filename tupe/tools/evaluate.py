@@ -6,8 +6,8 @@
 The text is packed as the checkpoint was pre-trained (its seq_len, packing, masking and vocab, the file as one
 document, sentences split to fill every example) and masked with masks drawn from --seed and each example's
 index alone, so two checkpoints with the same settings are scored on identical masks. The metrics are those of
-the training loop's evaluation (`tupe.train.pretrain.Evaluator`, dropout off): mlm_loss and mlm_accuracy over all
-predicted tokens (ELECTRA: the generator's), and for ELECTRA also the discriminator's disc_loss and
+the training loop's evaluation (`tupe.train.evaluation.Evaluator`, dropout off): mlm_loss and mlm_accuracy over
+all predicted tokens (ELECTRA: the generator's), and for ELECTRA also the discriminator's disc_loss and
 disc_accuracy over all tokens and disc_auc (mean over batches). The examples are scored in batches of B; the
 last, partial batch is left out (at most B - 1 examples). predicted_tokens counts the masked positions scored.
 """

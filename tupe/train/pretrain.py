@@ -6,8 +6,9 @@ The flow (train.py calls `train`):
   3. resume from the newest good checkpoint in the workdir, if any;
   4. the train step compiled ahead of time, its memory analysis printed before step 1;
   5. the loop: step, metrics every step (loss, accuracy, grad norm, lr, tokens/s, MFU) to metrics.jsonl and
-     TensorBoard, a progress line every `log_every`, held-out MLM eval every `eval_every`, checkpoints every
-     `checkpoint.every_steps`, and a checkpoint at the current step on SIGTERM (preemption; then `Preempted`).
+     TensorBoard, a progress line every `log_every`, held-out MLM eval every `eval_every` and after the last step
+     (every run with an eval split ends with one), checkpoints every `checkpoint.every_steps`, and a checkpoint at
+     the current step on SIGTERM (preemption; then `Preempted`).
 """
 from __future__ import annotations
 
@@ -29,9 +30,11 @@ from tupe import models
 from tupe import signals
 from tupe.data import masking
 from tupe.data import pipeline
+from tupe.data import shards
 from tupe.errors import Preempted
 from tupe.errors import UserError
 from tupe.models import partitioning
+from tupe.store import checkpoint
 from tupe.store import checkpointer
 from tupe.store import meta as meta_lib
 from tupe.store import runlog
@@ -39,8 +42,10 @@ from tupe.store import storage
 from tupe.train import compile_cache
 from tupe.train import core
 from tupe.train import curves
+from tupe.train import evaluation
 from tupe.train import flops as flops_lib
 from tupe.train import job as job_lib
+from tupe.train import memory
 from tupe.train import objectives
 from tupe.train import optim
 from tupe.train import progress as progress_lib
@@ -118,56 +123,58 @@ def abstract_batch(setup: Setup) -> dict:
 
 
 def compile_train_step(setup: Setup):
-  """AOT-compiles the train step; returns (compiled, memory report lines)."""
-  compiled = setup.train_step.lower(setup.abstract_state, abstract_batch(setup)).compile()
-  report = []
-  mem = compiled.memory_analysis()
-  if mem is not None:
-    gib = lambda n: f"{n / 2**30:.3f} GiB"
-    report.append(f"memory per device: arguments {gib(mem.argument_size_in_bytes)}, outputs "
-                  f"{gib(mem.output_size_in_bytes)}, temporaries {gib(mem.temp_size_in_bytes)}, generated code "
-                  f"{gib(mem.generated_code_size_in_bytes)} (donated arguments alias outputs)")
-  return compiled, report
+  """The train step compiled ahead of time for the setup's state and batch shapes (`memory_analysis()` gives its
+  memory before anything is allocated)."""
+  return setup.train_step.lower(setup.abstract_state, abstract_batch(setup)).compile()
+
+
+def compile_checked(setup: Setup):
+  """`compile_train_step`, said as it starts and ends, and its memory checked (`tupe.train.memory.check`)."""
+  console.log("compiling the train step...")
+  with compile_cache.Watch() as watch:
+    compiled = compile_train_step(setup)
+  console.log(watch.line())  # the time, and whether it was compiled or loaded from the compilation cache
+  cfg = setup.cfg
+  for line in memory.check(compiled.memory_analysis(), "the train step", memory_remedies(cfg), cfg.check_memory,
+                           setup.mesh.local_devices):
+    console.log(line)
+  return compiled
+
+
+def memory_remedies(cfg) -> list[str]:
+  """What lowers a train step's memory, in the order to try (`tupe.train.memory.check`)."""
+  return [f"lower global_batch_size (now {cfg.global_batch_size})",
+          f"raise grad_accum_steps (now {cfg.grad_accum_steps}: the batch is computed in that many microbatches)",
+          f"set model.remat=full (now {cfg.model.remat}: activations recomputed in the backward pass)",
+          smaller_size(cfg.model.size)]
+
+
+def smaller_size(size: str) -> str:
+  """The last remedy for a step too big: the sizes below `size`."""
+  sizes = list(models.SIZES)
+  smaller = sizes[:sizes.index(size)] if size in sizes else []
+  if not smaller:
+    return "or a smaller model (model.num_layers, model.hidden_size)"
+  return f"or a smaller size ({', '.join(smaller)}: configs/pretrain.py:<model>,<size>)"
+
+
+# More passes over the training examples than this is almost surely a corpus too small for the run.
+MAX_EPOCHS = 100
+
+
+def epochs_warning(cfg, train_examples: int) -> str | None:
+  """A warning when the run's steps go over its training examples more than MAX_EPOCHS times."""
+  epochs = cfg.num_train_steps * cfg.global_batch_size / train_examples
+  if epochs <= MAX_EPOCHS:
+    return None
+  return (f"warning: {cfg.num_train_steps:,} steps of {cfg.global_batch_size:,} examples go over the "
+          f"{train_examples:,} training examples {epochs:,.0f} times (epochs): the model will learn them by heart; "
+          f"give more text, or fewer steps (--config.num_train_steps)")
 
 
 def checkpoint_meta(cfg, vocab_file: str, train_examples: int) -> meta_lib.CheckpointMeta:
   vocab = storage.read_text(vocab_file).splitlines() if vocab_file else []
   return meta_lib.create(json.loads(cfg.to_json_best_effort()), vocab, train_examples)
-
-
-class Evaluator:
-  """Held-out metrics over the same `eval_batches` batches at every evaluation.
-
-  Each loss and accuracy is a mean over all the batches' predictions (or tokens, for the discriminator's), not a
-  mean of per-batch means, which would weigh a prediction in a batch with few of them more: the first
-  evaluation sums the batches' denominators (`objectives.normalizers`), and each batch then contributes its
-  share, as a microbatch does in gradient accumulation. AVERAGED_METRICS (ELECTRA's AUC) are per-batch means.
-  """
-
-  def __init__(self, setup: Setup, data: pipeline.PretrainData, rows: tuple[int, int]):
-    self.setup, self.data, self.rows = setup, data, rows
-    self.denoms = None
-
-  def batches(self):
-    cfg = self.setup.cfg
-    it = self.data.iterator(batch_size=cfg.global_batch_size, seed=cfg.seed, rows=self.rows)
-    try:
-      for _ in range(cfg.eval_batches):
-        yield sharding.global_batch(next(it), self.setup.mesh, cfg.global_batch_size)
-    finally:
-      if hasattr(it, "close"):  # Its data worker processes, if any.
-        it.close()
-
-  def __call__(self, params) -> dict:
-    if self.denoms is None:
-      counts = [jax.device_get(self.setup.normalizers(batch)) for batch in self.batches()]
-      self.denoms = {k: np.float32(sum(c[k] for c in counts)) for k in counts[0]}
-    totals = {}
-    for batch in self.batches():
-      metrics = jax.device_get(self.setup.eval_step(params, batch, self.denoms))
-      totals = {k: totals.get(k, 0.0) + float(v) for k, v in metrics.items()}
-    n = self.setup.cfg.eval_batches
-    return {k: v / n if k in objectives.AVERAGED_METRICS else v for k, v in totals.items()}
 
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -198,6 +205,25 @@ def check_data_files(data_cfg) -> None:
     raise UserError(f"data.files={data_cfg.files!r} is ignored by data.source={data_cfg.source!r}: add "
                     f"--config.data.source=text (text files; arrayrecord for tupe.data.preprocess shards), or drop "
                     f"--config.data.files")
+
+
+def take_shard_settings(cfg) -> str | None:
+  """Training from preprocessed shards (data.source "arrayrecord") takes the settings they were made with
+  (`tupe.data.shards.training_settings`: seq_len, packing, casing, the eval split, the vocab) in place of the
+  config's; returns the line that says so, naming any value of the config it replaced (None for other sources)."""
+  if cfg.data.source != "arrayrecord" or not cfg.data.files:
+    return None
+  taken = shards.training_settings(cfg.data.files)
+  replaced = []
+  for field, value in taken.items():
+    node, name = (cfg.data, field.removeprefix("data.")) if field.startswith("data.") else (cfg, field)
+    if node[name] != value and (node[name] or name != "vocab_file"):
+      replaced.append(f"{field}={node[name]!r}")
+    node[name] = value
+  settings = ", ".join(f"{field.removeprefix('data.')}={value!r}" for field, value in taken.items()
+                       if field != "data.vocab_file")
+  return (f"data: training with the settings {cfg.data.files} was preprocessed with ({settings}, its vocab.txt)"
+          + (f" instead of the config's {', '.join(replaced)}" if replaced else ""))
 
 
 def load_data(cfg) -> tuple[pipeline.PretrainData, pipeline.PretrainData | None]:
@@ -234,16 +260,29 @@ def check_loop(cfg) -> None:
 def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
   """Runs (or resumes) pre-training in `workdir` (a local folder or a bucket URL); returns the last step's
   metrics."""
+  shard_settings = take_shard_settings(cfg)
   check_config(cfg)
+  if shard_settings:
+    console.log(shard_settings)
   with job_lib.Job(cfg, workdir) as job:  # Another job on this workdir: one line, nothing loaded or written.
     workdir = job.workdir
+    job.enter(signals.saving(lambda: checkpoint.last_saved(workdir / "checkpoints")))  # named by a second Ctrl-C
     train_data, eval_data = load_data(cfg)
     resolve_vocab_size(cfg, train_data.info.vocab_size)
     setup = build(cfg)
     rows = sharding.host_rows(setup.mesh, cfg.global_batch_size)
-    evaluate = Evaluator(setup, eval_data, rows) if eval_data is not None else None
+    evaluate = evaluation.Evaluator(setup, eval_data, rows) if eval_data is not None else None
     console.log(describe(setup, train_data, rows))
     console.log(train_data.fill_line())
+    if warning := epochs_warning(cfg, len(train_data)):
+      console.log(warning)
+    # Before the state is loaded or created: a step that cannot fit is refused before anything big is allocated.
+    # A run whose newest checkpoint has reached the last step needs no step (unless that checkpoint is damaged).
+    finished = checkpoint.newest_step(workdir / "checkpoints") >= cfg.num_train_steps
+    compiled = None if finished else compile_checked(setup)
+    if stop := job.stop_signal():
+      raise Preempted(f"stopped by {signals.name(stop)} before training began: nothing was changed; rerun the same "
+                      f"command", stop)
     # Closed while the job still records signals: a preemption then lets the last asynchronous save finish.
     ckpt = job.enter(checkpointer.Checkpointer(workdir / "checkpoints", cfg.checkpoint))
     meta = checkpoint_meta(cfg, train_data.info.vocab_file, len(train_data))
@@ -263,16 +302,11 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
         console.log(f"checkpoint {start} has reached num_train_steps={cfg.num_train_steps}: nothing to train (raise "
                     f"--config.num_train_steps to train on)")
         return {}
+    if compiled is None:  # The newest checkpoint was damaged: an older one, before the last step, was restored.
+      compiled = compile_checked(setup)
     train_iter = train_data.iterator(batch_size=cfg.global_batch_size, seed=cfg.seed, rows=rows, start_batch=start)
     if hasattr(train_iter, "close"):  # Data worker processes and their shared memory, stopped on any exit.
       job.callback(train_iter.close)
-
-    console.log("compiling the train step...")
-    with compile_cache.Watch() as watch:
-      compiled, report = compile_train_step(setup)
-    console.log(watch.line())  # the time, and whether it was compiled or loaded from the compilation cache
-    for line in report:
-      console.log(line)
     peak, peak_source = flops_lib.peak_flops_per_device(cfg.peak_flops)
     console.log(f"{setup.flops_per_step / 1e9:.2f} GFLOPs per step; MFU against {peak / 1e12:.2f} TFLOP/s per "
                 f"device ({peak_source})")
@@ -293,7 +327,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
         writer.flush()  # The metrics up to a checkpoint are durable before it (in a bucket, uploaded).
         ckpt.save(step, state, meta)
         progress.restart_clock()
-      if evaluate is not None and job_lib.itstime(step, cfg.eval_every, total, last=False):
+      if evaluate is not None and job_lib.itstime(step, cfg.eval_every, total):  # and after the last step
         steps.flush()  # Its rates are measured now, not after the evaluation restarts the clock.
         eval_metrics = evaluate(state.params)
         writer.write(step, eval_metrics, prefix="eval_")
@@ -313,7 +347,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
   if jax.process_index() == 0:
     console.log(f"finished at step {step}: checkpoint {ckpt.directory / str(step)}, metrics {writer.path}"
                 + (f", curves {drawn}" if drawn else "")
-                + (f", TensorBoard {workdir / 'tensorboard'}" if cfg.tensorboard else ""))
+                + (f"; TensorBoard: tensorboard --logdir {workdir / 'tensorboard'}" if cfg.tensorboard else ""))
   return steps.last
 
 

@@ -1,0 +1,48 @@
+"""--help of train.py and eval_glue.py: without a config, how to pick one (the configs for the script, with their
+arguments); with --config, that config's fields, values and the comments of its file; the libraries' flags only
+under --helpfull. Each exits 0."""
+import re
+import subprocess
+import sys
+
+from test_resume import REPO
+
+THIRD_PARTY_FLAG = "--[no]logtostderr"  # one of absl's logging flags
+
+
+def run(*args) -> str:
+  proc = subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0 and not proc.stderr, proc.stderr[-3000:]
+  return proc.stdout
+
+
+def test_help_without_a_config_lists_the_configs_and_their_arguments():
+  out = run("train.py", "--help")
+  assert "Pick a config with --config FILE[:ARG]; the configs for train.py:" in out
+  assert "  configs/pretrain.py:<model>,<size>  (default tupe_a,base)\n" in out
+  assert "      model: bert_a, bert_r, tupe_a, tupe_a_tie_cls, tupe_r, convbert, convbert_mlm\n" in out
+  assert "      size: tiny, small, medium_small, base, large\n" in out
+  assert "  configs/demo.py\n" in out and "configs/glue.py" not in out and "configs/study.py" not in out
+  assert "  --workdir: Directory for checkpoints, logs and metrics.\n" in out and THIRD_PARTY_FLAG not in out
+  out = run("eval_glue.py", "-h")
+  assert "the configs for eval_glue.py:\n  configs/glue.py:<recipe>  (default tupe)\n" in out
+  assert "      recipe: tupe, convbert\n" in out and "configs/pretrain.py" not in out
+  assert "--config.init_checkpoint=DIR --config.data_dir=GLUE_DIR \\\n" in out  # its docstring, as written
+
+
+def test_help_with_a_config_lists_its_fields_values_and_comments_and_helpfull_the_libraries_flags():
+  out = run("train.py", "--config", "configs/pretrain.py:tupe_a,tiny", "--config.seq_len=64", "--helpfull")
+  assert "The fields of configs/pretrain.py:tupe_a,tiny (set any with --config.FIELD=VALUE):" in out
+  assert THIRD_PARTY_FLAG in out  # --helpfull: the libraries' flags too
+  fields = dict(re.findall(r"^  (\S+) = (.*?)(?:  +# .*)?$", out, re.M))
+  assert fields["seq_len"] == "64" and fields["global_batch_size"] == "8" and fields["model.size"] == "'tiny'"
+  assert fields["optimizer.learning_rate"] == "0.001" and fields["data.source"] == "'demo'"
+  assert re.search(r"^  global_batch_size = 8 +# across all hosts and devices$", out, re.M)  # configs/pretrain.py
+  assert re.search(r"^  data.vocab_file = '' +# WordPiece vocab; empty with source demo", out, re.M)  # its docstring
+  assert re.search(r"^  model.remat = 'none' +# \"none\", \"full\" or \"dots\"", out, re.M)  # tupe/models/config.py
+  assert re.search(r"^  check_memory = True +# refuse a train step that needs more memory", out, re.M)
+  out = run("eval_glue.py", "--config", "configs/glue.py:convbert", "--help")
+  assert re.search(r"^  head = 'convbert' +# classifier head", out, re.M)
+  assert re.search(r"^  init_checkpoint = '' +# train.py workdir, its checkpoints/ folder or a step\n +# directory",
+                   out, re.M)  # a comment continued on the next lines
+

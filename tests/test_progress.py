@@ -1,0 +1,94 @@
+"""Progress on every wait: tokenizing a corpus shows bytes done, rate and ETA; loading a checkpoint and compiling
+say they have started; a busy workdir is reported before any data is read; the first Ctrl-C is acknowledged at once,
+and a second one stops the run at once, naming the last saved checkpoint, with exit status 130 and nothing saved
+lost, whatever the main thread is doing."""
+import os
+import re
+import signal
+
+import pytest
+from test_resume import Run
+from test_resume import checkpoint_state
+from test_resume import finished_steps
+from test_resume import run_train
+
+from tupe import console
+from tupe.data import examples
+from tupe.data import pipeline
+from tupe.store import lease
+
+BOOKS = ("pride-and-prejudice_1342-0.txt", "frankenstein_84-0.txt", "dracula_345.txt")
+
+
+def test_tokenizing_a_corpus_shows_its_progress(shared_data, bert_vocab, capsys, monkeypatch):
+  """Three books (2 MB: units of work of 1 MB), tokenized in memory; with lines due at once (in a run, from 2 s on
+  and every 5 s), each says the bytes done, the share, the rate and the time left, as plain lines off a
+  terminal."""
+  monkeypatch.setattr(console.Meter, "FIRST_S", 0.0)
+  monkeypatch.setattr(console.Meter, "EVERY_S", 0.0)
+  cfg = pipeline.default_data_config()
+  files = ",".join(str(shared_data / "corpus" / "gutenberg" / name) for name in BOOKS)
+  cfg.update(source="text", files=files, vocab_file=str(bert_vocab), shard_cache="never", cache_dir="")
+  train, _ = examples.load_examples(cfg, 128, "train")
+  assert len(train) > 1000
+  lines = capsys.readouterr().err.splitlines()
+  assert "\r" not in "".join(lines)
+  shape = r"data: tokenizing: ([\d.]+)/([\d.]+) MB \((\d+)%\), [\d.,]+ MB/s, ETA (\d+h\d\dm|\d+m\d\ds|\?)"
+  progress = [re.fullmatch(shape, line) for line in lines[:-1]]
+  assert len(progress) >= 3 and all(progress), lines
+  done = [float(m[1]) for m in progress]
+  assert done == sorted(done) and float(progress[-1][2]) == pytest.approx(2.0, abs=0.2) and done[-1] > 1.5
+  assert re.fullmatch(r"data: tokenizing: [\d.]+ MB in \dm\d\ds, [\d.]+ MB/s", lines[-1]), lines[-1]
+
+
+def test_a_meter_on_a_terminal_redraws_one_line(monkeypatch):
+  monkeypatch.setattr(console.Meter, "FIRST_S", 0.0)
+  monkeypatch.setattr(console.Meter, "TERMINAL_EVERY_S", 0.0)
+  leader, follower = os.openpty()
+  with os.fdopen(follower, "w") as terminal:
+    meter = console.Meter("reading", 4 << 20, stream=terminal)
+    assert meter.terminal
+    for done in (1 << 20, 2 << 20):
+      meter.update(done)
+    meter.close()
+  shown = os.read(leader, 4096).decode()
+  os.close(leader)
+  assert shown.startswith("\r\x1b[Kreading: 1.0/4.0 MB (25%), ") and "\r\x1b[Kreading: 2.0/4.0 MB (50%), " in shown
+  assert shown.count("\n") == 1 and re.search(r"\r\x1b\[Kreading: 2\.0 MB in 0m0\ds, [\d.,]+ MB/s\r?\n$", shown)
+
+
+def test_a_busy_workdir_is_reported_before_any_data_is_read(tmp_path):
+  """The corpus is a named pipe that no one writes: reading it would block for ever. Another job holds the
+  workdir: train.py says so in one line, without having opened the corpus."""
+  corpus = tmp_path / "corpus.txt"
+  os.mkfifo(corpus)
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  with lease.hold(workdir):
+    proc = run_train(workdir, {"data.source": "text", "data.files": corpus, "data.vocab_file": corpus}, timeout=120)
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  assert re.fullmatch(rf"error: workdir {workdir} is in use by .*", proc.stderr.strip()), proc.stderr
+
+
+def test_ctrl_c_is_acknowledged_at_once_and_a_second_stops_the_run_at_once(tmp_path):
+  """A run with checkpoint 4 resumes; its metrics log is a named pipe that no one reads, so the main thread blocks
+  for ever in opening it (as in a hung write): it can act on no signal. The first Ctrl-C is acknowledged all the
+  same, the second ends the process with 130 and a line naming checkpoint 4, which stays intact."""
+  workdir = tmp_path / "run"
+  first = run_train(workdir, {"num_train_steps": 4})
+  assert first.returncode == 0 and finished_steps(workdir) == [4], first.stderr[-3000:]
+  (workdir / "metrics.jsonl").unlink()
+  os.mkfifo(workdir / "metrics.jsonl")
+  run = Run(workdir, {"num_train_steps": 8}, name="blocked")
+  run.wait_until(lambda: "resumed from checkpoint 4" in run.stdout(), timeout=300, poll=0.05)
+  run.signal(signal.SIGINT)
+  run.wait_until(lambda: "Ctrl-C (SIGINT): stopping after the current step; Ctrl-C again to stop now" in run.stdout(),
+                 timeout=60, poll=0.05)
+  run.signal(signal.SIGINT)
+  assert run.wait(timeout=60) == 130
+  assert run.stderr().strip().splitlines()[-1] == (
+      f"stopped now by a second Ctrl-C (SIGINT): the last saved checkpoint is 4 ({workdir}/checkpoints/4); rerun "
+      f"the same command to resume from it")
+  out = run.stdout()
+  assert out.index("compiling the train step...") < out.index(f"loading checkpoint 4 from {workdir}/checkpoints...")
+  assert finished_steps(workdir) == [4] and int(checkpoint_state(workdir, 4)["step"]) == 4

@@ -1,0 +1,47 @@
+"""Held-out evaluation of pre-training: the same batches every time, each metric a mean over all their
+predictions (`Evaluator`); also `tupe.tools.evaluate`'s and `tupe.study.heldout`'s scores."""
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from tupe import console
+from tupe.data import pipeline
+from tupe.train import objectives
+from tupe.train import sharding
+
+
+class Evaluator:
+  """Held-out metrics over the same `eval_batches` batches at every evaluation of a `tupe.train.pretrain.Setup`.
+
+  Each loss and accuracy is a mean over all the batches' predictions (or tokens, for the discriminator's), not a
+  mean of per-batch means, which would weigh a prediction in a batch with few of them more: the first
+  evaluation sums the batches' denominators (`objectives.normalizers`), and each batch then contributes its
+  share, as a microbatch does in gradient accumulation. AVERAGED_METRICS (ELECTRA's AUC) are per-batch means.
+  """
+
+  def __init__(self, setup, data: pipeline.PretrainData, rows: tuple[int, int]):
+    self.setup, self.data, self.rows = setup, data, rows
+    self.denoms = None
+
+  def batches(self):
+    cfg = self.setup.cfg
+    it = self.data.iterator(batch_size=cfg.global_batch_size, seed=cfg.seed, rows=self.rows)
+    try:
+      for _ in range(cfg.eval_batches):
+        yield sharding.global_batch(next(it), self.setup.mesh, cfg.global_batch_size)
+    finally:
+      if hasattr(it, "close"):  # Its data worker processes, if any.
+        it.close()
+
+  def __call__(self, params) -> dict:
+    if self.denoms is None:  # The first evaluation: its batches' denominators, and the eval step's compilation.
+      console.log("evaluating (the first evaluation compiles the eval step)...")
+      counts = [jax.device_get(self.setup.normalizers(batch)) for batch in self.batches()]
+      self.denoms = {k: np.float32(sum(c[k] for c in counts)) for k in counts[0]}
+    totals = {}
+    for batch in self.batches():
+      metrics = jax.device_get(self.setup.eval_step(params, batch, self.denoms))
+      totals = {k: totals.get(k, 0.0) + float(v) for k, v in metrics.items()}
+    n = self.setup.cfg.eval_batches
+    return {k: v / n if k in objectives.AVERAGED_METRICS else v for k, v in totals.items()}
