@@ -30,6 +30,7 @@ from test_resume import train_env
 from tupe.errors import UserError
 from tupe.glue import runs as runs_lib
 from tupe.store import checkpoint
+from tupe.store import deadline
 from tupe.store import runlog
 from tupe.store import storage
 from tupe.study import runner
@@ -237,30 +238,36 @@ def keys(server, bucket: str, prefix: str) -> list[str]:
     return sorted(e.text for e in ElementTree.parse(resp).iter() if e.tag.endswith("}Key"))
 
 
+@pytest.mark.parametrize("ending", ["timeout", "sigterm"])
 @pytest.mark.parametrize("store", ["s3", "gs"])
-def test_a_store_gone_during_a_save_stops_the_job_within_the_timeout(store, tmp_path):
+def test_a_store_gone_during_a_save_stops_the_job_within_the_timeout(store, ending, tmp_path):
   """The store's endpoint goes away while checkpoint 2 is being written, and does not come back (moto killed; the
-  GCS emulator stopped): with checkpoint.store_timeout_s=8, train.py stops within the timeout and a few seconds, with
-  one line naming the checkpoint, exit 2, no traceback (before: TensorStore retried for many minutes, and the
-  process then waited for orbax's threads at exit)."""
+  GCS emulator stopped). `timeout`: with checkpoint.store_timeout_s=8, train.py stops within the timeout and a few
+  seconds, with one line naming the checkpoint, exit 2, no traceback (before: TensorStore retried for many minutes,
+  and the process then waited for orbax's threads at exit). `sigterm`: with the default timeout (600 s), a SIGTERM
+  sent once the store is gone stops it within the grace a save in flight gets (deadline.STOP_GRACE_S) and a few
+  seconds, with one line and exit 143 (before: SIGTERM was not acted on while the save retried)."""
   server = (S3Emulator(str(tmp_path / "s3.log"), free_port()) if store == "s3" else
             Emulator(tmp_path / "gcs", free_port()))
+  timeout_s = 8 if ending == "timeout" else deadline.DEFAULT_TIMEOUT_S
   with serving(server):
     bucket = (create_s3_bucket if store == "s3" else create_gcs_bucket)(server.url, "tupe-gone")
     root = f"{bucket}/run/checkpoints"
-    command = train_command(f"{bucket}/run", {"num_train_steps": 100 * EVERY, "checkpoint.store_timeout_s": 8})
+    command = train_command(f"{bucket}/run", {"num_train_steps": 100 * EVERY, "checkpoint.store_timeout_s": timeout_s})
     with open(tmp_path / "err", "w") as err:
       proc = subprocess.Popen(command, cwd=REPO, env=dict(train_env(), **server.environment()),
                               stdout=subprocess.DEVNULL, stderr=err)
     try:
-      deadline = time.monotonic() + 240
+      deadline_s = time.monotonic() + 240
       # Checkpoint 1 committed and checkpoint 2's first objects written: its save is under way.
       while not (f"run/checkpoints/{EVERY}/commit_success.txt" in (found := keys(server, bucket, "run/checkpoints/"))
                  and any(k.startswith(f"run/checkpoints/{2 * EVERY}/") for k in found)):
-        assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "err").read_text()[-3000:]
+        assert proc.poll() is None and time.monotonic() < deadline_s, (tmp_path / "err").read_text()[-3000:]
         time.sleep(0.02)
       server.stop()
       gone = time.monotonic()
+      if ending == "sigterm":
+        proc.send_signal(signal.SIGTERM)
       status = proc.wait(timeout=180)
       waited = time.monotonic() - gone
     finally:
@@ -268,12 +275,22 @@ def test_a_store_gone_during_a_save_stops_the_job_within_the_timeout(store, tmp_
         proc.kill()
   stderr = (tmp_path / "err").read_text()
   lines = [line for line in stderr.strip().splitlines() if not re.match(r"[IWE]\d{4} ", line)]  # TensorStore's logs
-  assert status == 2 and "Traceback" not in stderr and len(lines) == 1, stderr[-3000:]
-  # The first write that meets the store gone: the checkpoint, or the metrics uploaded before the next one.
-  assert re.fullmatch(rf"error: ((could not|cannot) write checkpoint {2 * EVERY} to {re.escape(root)}|cannot write "
-                      rf"{re.escape(bucket)}/run/metrics.jsonl): (no connection to the store|the store did not answer"
-                      rf" for 8 s).*", lines[0]), lines[0]
-  assert waited < 8 + 60, waited  # the timeout, then stopping: giving up the lease, closing the logs
+  assert "Traceback" not in stderr and len(lines) == 1, stderr[-3000:]
+  if ending == "timeout":
+    assert status == 2, stderr[-3000:]
+    # The first write that meets the store gone: the checkpoint, or the metrics uploaded before the next one.
+    assert re.fullmatch(rf"error: ((could not|cannot) write checkpoint {2 * EVERY} to {re.escape(root)}|cannot "
+                        rf"write {re.escape(bucket)}/run/metrics.jsonl): (no connection to the store|the store did "
+                        rf"not answer for 8 s).*", lines[0]), lines[0]
+    assert waited < 8 + 60, waited  # the timeout, then stopping: giving up the lease, closing the logs
+  else:  # Stopped by the signal while waiting, or by the store's failure met first (moto refuses connections).
+    stopped = (r"stopped by SIGTERM while waiting \d+ s for the store to write (checkpoint \d+ to "
+               rf"{re.escape(root)}|{re.escape(bucket)}/run/\S+): it does not answer, so nothing more is saved; rerun "
+               r"the same command to resume from the last good checkpoint")
+    failed = rf"error: (could not|cannot) write ({re.escape(bucket)}/run/\S+|checkpoint \d+ to {re.escape(root)}): .*"
+    assert status in (128 + signal.SIGTERM, 2), (status, stderr[-3000:])
+    assert re.fullmatch(stopped if status == 128 + signal.SIGTERM else failed, lines[0]), (status, lines[0])
+    assert waited < deadline.STOP_GRACE_S + 30, waited  # not the 600 s timeout
 
 
 def test_export_hf_from_s3(s3_bucket, pretrained, tmp_path):

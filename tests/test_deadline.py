@@ -11,13 +11,17 @@ import pytest
 
 from tupe import signals
 from tupe.errors import Preempted
+from tupe.store import checkpoint
 from tupe.store import deadline
+from tupe.store import refusals
+from tupe.store import storage
 
 
 @pytest.fixture(autouse=True)
 def default_timeout():
   yield
   deadline.configure(deadline.DEFAULT_TIMEOUT_S)
+  signals.received.clear()  # the SIGTERM a test sent: no later wait of this process is cut short by it
 
 
 def test_a_store_that_does_not_answer_is_one_line_after_the_timeout():
@@ -57,3 +61,19 @@ def test_a_stop_signal_while_waiting_is_honoured_within_the_grace(monkeypatch):
       deadline.call("write checkpoint 8 to gs://b/run/checkpoints", threading.Event().wait)
   assert raised.value.exit_status == 128 + signal.SIGTERM
   assert 1.0 < time.monotonic() - start < 10
+  # The store failed (not what it holds: a reader skips nothing), and the job's closing writes wait a moment only.
+  assert refusals.unanswered(raised.value)
+  monkeypatch.setattr(deadline, "STOP_GRACE_S", 20.0)  # as by default: more than the short wait
+  start = time.monotonic()
+  with pytest.raises(deadline.StoreTimeout, match=f"did not answer for {deadline._RETRY_S:g} s"):
+    deadline.call("write gs://b/run/metrics.jsonl", threading.Event().wait)
+  assert time.monotonic() - start < deadline._RETRY_S + 5
+
+
+def test_a_stop_signal_that_ended_a_read_is_not_damage(tmp_path):
+  """A resume's read of a checkpoint ended by a stop signal (the store not answering) stops the job with the
+  signal's status; the checkpoint is not skipped as damaged (before, an older one was tried)."""
+  stopped = Preempted("stopped by SIGTERM while waiting 21 s for the store to read checkpoint 8", signal.SIGTERM)
+  with pytest.raises(Preempted) as raised:
+    checkpoint.unless_damaged(storage.path(tmp_path) / "8", stopped)
+  assert raised.value is stopped

@@ -27,6 +27,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from tupe import console
+from tupe.errors import Preempted
 from tupe.errors import UserError
 from tupe.store import checksums
 from tupe.store import orbax_s3
@@ -55,11 +56,14 @@ def why(e: Exception) -> str:
 def unless_damaged(step_dir: storage.Path, e: Exception) -> None:
   """Raises the one-line error for a checkpoint that could not be read for another reason than damage: a store
   that refused, could not be reached or timed out (`refusals.unanswered`), or a refusal of the checkpoint itself
-  (written by a newer tupe, or for another run). Returns for damage: its files are missing, unlisted or differ
+  (written by a newer tupe, or for another run); a stop signal that ended the read (`Preempted`) is raised as it
+  is. Returns for damage: its files are missing, unlisted or differ
   from their checksums, or its metadata or arrays do not load. Only damage makes a reader skip a checkpoint, and
   train.py set it aside: a store's hiccup never costs a checkpoint."""
   if isinstance(e, DamagedCheckpoint):
     return
+  if isinstance(e, Preempted):  # a stop signal while the store did not answer: the job stops, nothing is skipped
+    raise e
   if refusals.unanswered(e):
     raise UserError(f"could not read checkpoint {step_dir.name} in {step_dir.parent} ({refusals.describe(e)}); it "
                     f"is left as it is: rerun the same command once the store answers") from e

@@ -155,10 +155,13 @@ class Checkpointer:
       if storage.exists(self._step_dir(step) / CHECKSUMS):  # Else deleted since (keep_last).
         checksums.record(self._step_dir(step))
 
-  def _write_error(self, e: Exception, step: int | None) -> UserError:
+  def _write_error(self, e: Exception, step: int | None) -> Exception:
     """The failed save's step (None: unknown) and OS error, and what to do, in one line; the lost lease itself when
-    that is why (`fence.check` refused the checksums of the commit)."""
-    own = next((c for c in _chain(e) if isinstance(c, (fence.LeaseLost, deadline.StoreTimeout))), None)
+    that is why (`fence.check` refused the checksums of the commit), or the store's timeout, or the stop signal
+    that ended the wait (`Preempted`: the job exits with the signal's status)."""
+    own = next((c for c in _chain(e) if isinstance(c, (fence.LeaseLost, deadline.StoreTimeout, Preempted))), None)
+    if isinstance(own, Preempted):
+      return Preempted(str(own), own.exit_status - 128)
     if own is not None:  # its own line says it all
       return type(own)(str(own))
     which = "a checkpoint" if step is None else f"checkpoint {step}"

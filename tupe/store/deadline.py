@@ -10,7 +10,9 @@ restores and close) runs through `call`: in a helper thread, which the main thre
   follow get `_RETRY_S` seconds each until one returns, so that a job stopping on a store that is gone (closing
   its logs, its checkpointer) says so at once rather than waiting once more for each.
 - A stop signal (SIGTERM, Ctrl-C) recorded while waiting, or before: the wait goes on for at most `STOP_GRACE_S`
-  more (a healthy save in flight finishes), then `Preempted`, naming what was left unfinished (exit 143 or 130).
+  more (a healthy save in flight finishes), then `Preempted`, naming what was left unfinished (exit 143 or 130),
+  raised from a `StoreTimeout` (the store failed: `tupe.store.refusals.unanswered`); the calls that follow get
+  `_RETRY_S` seconds each, as after a timeout.
 
 The abandoned call's helper thread is a daemon; orbax's own threads, which the interpreter would join at exit,
 are not waited for either: after a failure, `tupe.run.process.run_main` exits at once once its line is printed.
@@ -82,10 +84,12 @@ def call(what: str, fn: Callable[..., T], *args, **kwargs) -> T:
     if signals.received and stop_seen is None:
       stop_seen = now
     if stop_seen is not None and now - stop_seen > STOP_GRACE_S:
+      _Policy.suspect = True  # the calls of the job stopping now (closing its logs) wait a moment only
       signum = signals.received[0]
       raise Preempted(f"stopped by {signals.name(signum)} while waiting {now - start:.0f} s for the store to "
                       f"{what}: it does not answer, so nothing more is saved; rerun the same command to resume from "
-                      f"the last good checkpoint", signum)
+                      f"the last good checkpoint", signum) from StoreTimeout(f"the store did not answer for "
+                                                             f"{now - start:.0f} s")
     if now - start > limit:
       _Policy.suspect = True
       raise StoreTimeout(f"cannot {what}: the store did not answer for {limit:g} s (checkpoint.store_timeout_s); "
