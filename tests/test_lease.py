@@ -306,6 +306,25 @@ def test_a_symlinked_lock_file_is_refused_and_nothing_outside_is_written(tmp_pat
   assert victim.read_text() == "keep me\n"
 
 
+def test_a_local_job_whose_lock_file_was_replaced_writes_nothing_more(tmp_path):
+  """On a local disk `flock` cannot be taken from a live job, but its lock file can be removed and another job lock
+  a new one: the holder's next write (and every one after) raises one line, and nothing of it is written; a path
+  outside the workdir is not its lease's business."""
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  with lease.hold(workdir):
+    storage.write_text(workdir / "metrics.jsonl", "{}\n")  # held: written
+    (workdir / lease.LOCK_NAME).unlink()
+    assert try_hold(workdir).stdout == "held\n"  # another job locks a new lock file
+    for _ in range(2):
+      with pytest.raises(fence.LeaseLost, match=f"^the lock file {re.escape(str(workdir / lease.LOCK_NAME))} was "
+                                                f"removed or replaced while this job held the workdir, so another "
+                                                f"job may hold it now; stopping without writing anything more"):
+        storage.append_text(workdir / "metrics.jsonl", "{}\n")
+    storage.write_text(tmp_path / "elsewhere.txt", "not in the workdir")
+  assert (workdir / "metrics.jsonl").read_text() == "{}\n" and (tmp_path / "elsewhere.txt").exists()
+
+
 @pytest.mark.parametrize("store", ["gs", "s3"])
 def test_renewals_failing_for_half_the_lifetime_stop_the_job_at_its_next_write(store, tmp_path, capsys):
   """The store stops answering while a job holds a workdir there (an emulator of this test's own, stopped): the
