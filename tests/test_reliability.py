@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import jax
@@ -30,6 +31,8 @@ from test_resume import run_train
 from test_resume import train_command
 from test_resume import train_env
 
+from tupe.errors import UserError
+from tupe.run import process
 from tupe.store import lease
 
 HANG = 1800  # seconds: a subprocess that takes this long is hung, not slow
@@ -183,6 +186,24 @@ def test_a_failure_while_stopping_is_a_warning_after_the_error_and_nothing_hangs
                         capture_output=True, text=True, timeout=120)
   assert proc.returncode == 2
   assert proc.stderr == "error: the job's own error\nwarning: while stopping, the save in flight failed too\n"
+
+
+def test_an_entry_point_run_inside_another_process_leaves_that_process_running(capsys):
+  """run_main given its argv (a test, a notebook: a process that is not the job's) fails with SystemExit and its
+  line, and never ends the process, though a thread still runs (before, it exited at once: a test worker died)."""
+  def fails(argv):
+    raise UserError(f"bad input for {argv[0]}")
+
+  release = threading.Event()
+  other = threading.Thread(target=release.wait)
+  other.start()
+  try:
+    with pytest.raises(SystemExit) as exit_info:
+      process.run_main(fails, ["tool"])
+  finally:
+    release.set()
+    other.join()
+  assert exit_info.value.code == 2 and capsys.readouterr().err == "error: bad input for tool\n"
 
 
 @pytest.fixture(scope="module")

@@ -56,9 +56,14 @@ def run_main(main, argv=None, verbose_flag: str = "--verbose") -> None:
   and exit status 2 (`verbose_flag` in argv: the traceback); `Preempted` its line and 128 + the signal's
   number; Ctrl-C that reached no handler of the job one line and 130. After a success, a signal recorded since
   `catch_signals` still ends the process with its status (`_exit_for_a_late_signal`). Library noise is quieted
-  first (`quiet.install`)."""
+  first (`quiet.install`).
+
+  With `argv` None (the process's own command line) the process is the job's: after a failure it exits at once,
+  whatever threads still run (`_leave_stuck_threads`). A caller that passes `argv` runs the entry point inside a
+  process of its own (a test, a notebook), which is never ended here: the `SystemExit` is the caller's."""
   global _status
   quiet.install()
+  owns_process = argv is None
   argv = list(sys.argv if argv is None else argv)
   ours = argv[:argv.index("--")] if "--" in argv else argv  # What follows "--" belongs to another command.
   verbose = verbose_flag in ours
@@ -74,7 +79,8 @@ def run_main(main, argv=None, verbose_flag: str = "--verbose") -> None:
   except Preempted as e:
     status = e.exit_status
     _print_error(str(e), e)
-    _leave_stuck_threads(status)
+    if owns_process:
+      _leave_stuck_threads(status)
     sys.exit(status)
   except KeyboardInterrupt:  # Before the job installed its own handler (or a job without one).
     status = 128 + signal.SIGINT
@@ -85,7 +91,8 @@ def run_main(main, argv=None, verbose_flag: str = "--verbose") -> None:
       raise
     status = 2
     _print_error(f"error: {e}", e)
-    _leave_stuck_threads(status)
+    if owns_process:
+      _leave_stuck_threads(status)
     sys.exit(status)
   finally:
     _status = status
