@@ -117,6 +117,9 @@ ALLOWED = {
     "tupe/data/shards.py": "array_record writes local files only: a shard is written locally, then moved into place "
                           "or uploaded",
     "tupe/hf/export.py": "transformers' save_pretrained writes a local folder; tupe.tools.export_hf stages a bucket's",
+    "tupe/run/help.py": "--help reads the config files and the package's own source (comments, docstrings) from the "
+                        "local disk, as config files are imported from it",
+    "tupe/train/memory.py": "the host's available RAM is read from /proc/meminfo, a kernel file, never a workdir's",
 }
 
 

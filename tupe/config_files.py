@@ -154,12 +154,23 @@ def check_config_flags(argv: list[str]) -> ml_collections.ConfigDict:
   return parse(argv)
 
 
+def _find(file: str) -> str:
+  """A config file's path: as given where it exists (relative to the working directory), else in the repository."""
+  return str(REPO / file) if not os.path.isfile(file) and (REPO / file).is_file() else file
+
+
+def absolute_config(spec: str) -> str:
+  """`path.py[:arg]` with the path made absolute (found as `load_config` finds it), so that the spec works from
+  any folder (a sweep's printed commands)."""
+  file, sep, arg = spec.partition(":")
+  return os.path.abspath(_find(file)) + sep + arg
+
+
 def load_config(spec: str, overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
   """`check_config_flags` for a programmatic caller: `path.py[:arg]` (relative to the working directory or the
   repository) with `key.sub=value` overrides (tupe.tools, bench)."""
   file, sep, arg = spec.partition(":")
-  if not os.path.isfile(file) and (REPO / file).is_file():
-    file = str(REPO / file)
+  file = _find(file)
   for override in overrides:
     if "=" not in override:
       raise UserError(f"override {override!r}: use key=value, e.g. model.dtype=bfloat16")

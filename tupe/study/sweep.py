@@ -58,18 +58,9 @@ def workdir_name(assignment: list[tuple[str, str]]) -> str:
   return f"{safe[:100]}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
 
 
-def absolute_config(spec: str) -> str:
-  """`path.py[:arg]` with the path made absolute: relative to the working directory, or else to the repository
-  (as `config_files.load_config` finds it)."""
-  file, sep, arg = spec.partition(":")
-  if not os.path.isfile(file) and (config_files.REPO / file).is_file():
-    file = str(config_files.REPO / file)
-  return os.path.abspath(file) + sep + arg
-
-
 def runs(config: str, root: str, grid, extra: list[str]) -> list[list[str]]:
   """The train.py command line of every grid point, in a fixed order (the config file's path absolute)."""
-  config = absolute_config(config)
+  config = config_files.absolute_config(config)
   commands, names = [], set()
   for values in itertools.product(*(v for _, v in grid)):
     assignment = list(zip((k for k, _ in grid), values))
