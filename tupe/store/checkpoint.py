@@ -57,9 +57,9 @@ def unless_damaged(step_dir: storage.Path, e: Exception) -> None:
   """Raises the one-line error for a checkpoint that could not be read for another reason than damage: a store
   that refused, could not be reached or timed out (`refusals.unanswered`), or a refusal of the checkpoint itself
   (written by a newer tupe, or for another run); a stop signal that ended the read (`Preempted`) is raised as it
-  is. Returns for damage: its files are missing, unlisted or differ
-  from their checksums, or its metadata or arrays do not load. Only damage makes a reader skip a checkpoint, and
-  train.py set it aside: a store's hiccup never costs a checkpoint."""
+  is. Returns for damage: its files are missing, unlisted or differ from their checksums, or its metadata or
+  arrays do not load. Only damage makes a reader skip a checkpoint, and train.py set it aside: a store's hiccup
+  never costs a checkpoint."""
   if isinstance(e, DamagedCheckpoint):
     return
   if isinstance(e, Preempted):  # a stop signal while the store did not answer: the job stops, nothing is skipped
@@ -148,7 +148,7 @@ def committed_step_dirs(root: storage.Path) -> list[storage.Path]:
 def newest_step(root: storage.PathLike) -> int:
   """The step of the newest committed checkpoint in a checkpoints/ folder; -1 if there is none."""
   root = storage.path(root)
-  newest = committed_step_dirs(root)[:1] if storage.exists(root) else []
+  newest = committed_step_dirs(root)[:1] if storage.is_dir(root) else []  # (a file there: the checkpointer says so)
   return int(newest[0].name) if newest else -1
 
 
