@@ -41,8 +41,10 @@ def common() -> ml_collections.ConfigDict:
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
   # [logical axis name, mesh axis | [mesh axes] | None] pairs (tupe.train.sharding); () also means these defaults.
   c.sharding_rules = partitioning.DEFAULT_RULES
+  # The workdir's store as well: a bucket workdir's lease lifetime (tupe.store.lease: a crashed job on another host
+  # blocks a rerun this long), and how long any wait on a store may last before the job stops (tupe.store.deadline).
   c.checkpoint = ml_collections.ConfigDict(dict(every_steps=10_000, keep_last=3, keep_every=100_000,
-                                                async_save=True))
+                                                async_save=True, lease_s=60.0, store_timeout_s=300.0))
   c.log_every = 100
   c.eval_every = 10_000            # and after the last step; 0: no eval split, no evaluation
   c.eval_batches = 20

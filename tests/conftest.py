@@ -27,6 +27,21 @@ from s3_emulator import create_bucket as create_s3_bucket  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
+# The tests that may skip under CI=true: the GPU ones (CI has no GPU). Any other skip there fails the test.
+MAY_SKIP_IN_CI = ("test_gpu.py",)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+  """Under CI=true a skipped test fails, naming why it skipped: CI has the real data and the emulators' packages,
+  so a test that skips there would quietly test less."""
+  outcome = yield
+  report = outcome.get_result()
+  if (report.skipped and os.environ.get("CI") == "true" and item.path.name not in MAY_SKIP_IN_CI
+      and not hasattr(report, "wasxfail")):
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    report.outcome = "failed"
+    report.longrepr = f"skipped under CI=true, where every test must run: {reason}"
 
 
 @pytest.fixture(scope="session")

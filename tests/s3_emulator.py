@@ -91,11 +91,12 @@ class AuthenticatingS3:
     return {"Effect": "Allow", "Action": POLICIES[role],
             "Resource": [f"arn:aws:s3:::{self.bucket}*", f"arn:aws:s3:::{self.bucket}*/*"]}
 
-  def _put_policy(self, user: str, statement: dict, credentials: tuple[str, str]) -> None:
+  def _put_policy(self, user: str, statement: dict | list[dict], credentials: tuple[str, str]) -> None:
     import json
 
+    statements = statement if isinstance(statement, list) else [statement]
     self._client("iam", credentials).put_user_policy(
-        UserName=user, PolicyName=user, PolicyDocument=json.dumps({"Version": "2012-10-17", "Statement": [statement]}))
+        UserName=user, PolicyName=user, PolicyDocument=json.dumps({"Version": "2012-10-17", "Statement": statements}))
 
   def _new_user(self, user: str, statement: dict, credentials: tuple[str, str]) -> tuple[str, str]:
     """An IAM user allowed `statement`: returns its access key."""
@@ -105,10 +106,15 @@ class AuthenticatingS3:
     key = iam.create_access_key(UserName=user)["AccessKey"]
     return key["AccessKeyId"], key["SecretAccessKey"]
 
-  def set_role(self, user: str, role: str) -> None:
+  def set_role(self, user: str, role: str, no_reads_under: str | None = None) -> None:
     """Gives `user` ("admin", "reader") the permissions of `role` from its next request on (an IAM change: its
-    policy replaced)."""
-    self._put_policy(user, self._statement(role), self._owner)
+    policy replaced); `no_reads_under` ("bucket/prefix"): but for reading the objects under that prefix (an
+    explicit Deny, which wins over any Allow)."""
+    statements = [self._statement(role)]
+    if no_reads_under:
+      statements.append({"Effect": "Deny", "Action": ["s3:GetObject"],
+                         "Resource": [f"arn:aws:s3:::{no_reads_under}*"]})
+    self._put_policy(user, statements, self._owner)
 
   def _client(self, service: str, credentials: tuple[str, str]):
     import botocore.session

@@ -229,6 +229,22 @@ def test_the_s3_adaptor_is_installed_at_its_first_use(name, tmp_path):
   assert proc.stdout.strip() == "ok", proc.stderr[-2000:]
 
 
+def test_the_s3_adaptor_refuses_another_orbax_release():
+  """On an orbax release outside the range the adaptor was tested on (requirements.txt pins the same), s3:// is one
+  line naming the range, and orbax's function is left as it is: gs:// and local paths work as before."""
+  script = ("import orbax.checkpoint as ocp\nocp.__version__ = '0.14.0'\nfrom tupe.store import orbax_s3\n"
+            "from tupe.errors import UserError\nfrom orbax.checkpoint._src.serialization import tensorstore_utils as t\n"
+            "f = t.build_kvstore_tspec\norbax_s3.install_for('gs://b/x'); orbax_s3.install_for('/tmp/x')\n"
+            "try:\n  orbax_s3.install_for('s3://b/x')\nexcept UserError as e:\n  print(e)\n"
+            "print(t.build_kvstore_tspec is f)")
+  proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert proc.stdout.splitlines() == [
+      "s3:// checkpoints need orbax-checkpoint >=0.12.3,<0.13 (this is 0.14.0): install that range (pip install "
+      "'orbax-checkpoint>=0.12.3,<0.13'), or use gs:// or a local --workdir", "True"], proc.stderr[-2000:]
+  pin = next(line for line in (REPO / "requirements.txt").read_text().splitlines() if line.startswith("orbax"))
+  assert pin.startswith("orbax-checkpoint>=0.12.3,<0.13 "), pin
+
+
 def test_old_module_names_warn_and_lead_to_the_new_ones():
   script = ("import warnings\nwarnings.simplefilter('error')\ntry:\n  from tupe import trainer\n"
             "except DeprecationWarning as e:\n  print(e)\nwarnings.simplefilter('ignore')\nfrom tupe import trainer\n"

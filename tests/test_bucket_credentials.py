@@ -171,17 +171,17 @@ except Exception as e:
 """
 
 
-@pytest.mark.parametrize("caller", CALLERS)
+# Not s3 with no credentials: moto with authentication on answers an unsigned request with a 500 (a KeyError on its
+# Authorization header), which tensorstore retries for minutes, where S3 answers 403; every entry point meets s3fs's
+# "no credentials found" first (test_eval_glue_into_a_refusing_bucket_is_one_line[s3-none]).
+@pytest.mark.parametrize("refusing, caller", [(store, caller) for store in ("s3", "gs") for caller in CALLERS
+                                              if (store, caller) != ("s3", "none")], indirect=["refusing"])
 def test_tensorstore_refusals_are_named(refusing, caller):
   """tensorstore, which orbax writes a checkpoint's arrays with (its spec as orbax builds it, `tupe.store.orbax_s3` for
   s3://), refused by the store: its error (a status text with the store's words and the HTTP status) is named as
   the other clients' are. Its first request reads the array's metadata. On gs://, its unknown credentials are a token
   GCS does not know (tensorstore takes a fixed token here, `AuthenticatingGCS`)."""
   store, server = refusing
-  if (store, caller) == ("s3", "none"):
-    pytest.skip("moto with authentication on answers an unsigned request with a 500 (a KeyError on its Authorization "
-                "header), which tensorstore retries for minutes; S3 answers 403. Every entry point meets s3fs's "
-                "'no credentials found' first (test_eval_glue_into_a_refusing_bucket_is_one_line[s3-none])")
   proc = run(["-c", WRITE_AN_ARRAY, f"{store}://{server.bucket}/{caller}/array"],
              server.environment(caller, train_env()))
   assert proc.returncode == 0, proc.stderr[-3000:]
@@ -281,6 +281,35 @@ def test_a_save_refused_in_mid_run_stops_there(refusing, tmp_path):
   assert f"finished at step {steps}: checkpoint {workdir}/checkpoints/{steps}" in proc.stdout
 
 
+def test_a_store_refusing_the_newest_checkpoint_stops_the_resume_and_moves_nothing(s3_authenticating):
+  """A resume whose newest checkpoint the store will not let it read (an explicit Deny on that step's objects, as a
+  revoked role or a store gone would refuse it): one line naming the store and the step, exit 2, and nothing is set
+  aside or deleted (before, the refusal counted as damage: the run trained on from the checkpoint before and moved
+  the newest aside). With the permission back, the same command resumes from the newest checkpoint."""
+  server = s3_authenticating
+  bucket = server.create_bucket(f"{server.bucket}-resume")
+  workdir, root = f"{bucket}/run", f"{bucket}/run/checkpoints"
+  env = server.environment("admin", train_env())
+  proc = run(train_command(workdir, {"num_train_steps": 2 * EVERY})[1:], env)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  before = server.objects(bucket.removeprefix("s3://"))
+  command = train_command(workdir, {"num_train_steps": 3 * EVERY})[1:]
+  try:
+    # Its arrays: what resuming reads once the step is listed and found committed.
+    server.set_role("admin", "admin", no_reads_under=f"{root.removeprefix('s3://')}/{2 * EVERY}/params/")
+    line = one_line_error(run(command, env))
+  finally:
+    server.set_role("admin", "admin")
+  assert re.fullmatch(rf"error: could not read checkpoint {2 * EVERY} in {root} \(cannot (read|check) {root}/"
+                      rf"{2 * EVERY}/params/\S+: permission refused \((Access Denied|Forbidden)\): the credentials in "
+                      rf"use may not do this here.*\); it is left as it is: rerun the same command once the store "
+                      rf"answers", line), line
+  assert server.objects(bucket.removeprefix("s3://")) == before
+  proc = run(command, env)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert f"resumed from checkpoint {2 * EVERY} in {root}" in proc.stdout
+
+
 def refusal(raise_it, url: str = "gs://b/o") -> str:
   """The line `storage.errors` makes of what `raise_it()` raises, reading `url`."""
   with pytest.raises(storage.StorageError) as refused:
@@ -307,6 +336,18 @@ def test_google_refusals_are_named():
   assert refusal(expired) == (
       "cannot read gs://b/o: the credentials were refused (Reauthentication is needed. Please run `gcloud auth "
       f"application-default login` to reauthenticate.): {LOGIN}")
+
+
+def test_an_upload_the_store_forgot_is_named():
+  """A store restarted during a save forgets the resumable uploads in flight: gcsfs raises its 404 as a
+  FileNotFoundError of the upload's URL, which was the whole cause of the checkpoint's line."""
+  from gcsfs.retry import validate_response
+
+  upload = ("http://127.0.0.1:4443/upload/storage/v1/b/b/o?uploadType=resumable&name=run%2Fcheckpoints%2F4%2F"
+            "commit_success.txt&upload_id=5f4463ecbb98")
+  assert refusal(lambda: validate_response(404, b"", upload), "gs://b/run/checkpoints/4/commit_success.txt") == (
+      "cannot read gs://b/run/checkpoints/4/commit_success.txt: the store no longer knows an upload it had begun (it "
+      "restarted, or the upload's session expired)")
 
 
 def test_expired_aws_credentials_are_named():

@@ -7,13 +7,21 @@ buckets; HF ConvBERT imported from a bucket; the sweep's and study's roots in a 
 bucket or path is one line and a non-zero exit. No test leaves a local folder named "gs:" or "s3:" behind.
 """
 import json
+import re
 import signal
 import subprocess
 import sys
+import time
 
+from gcs_emulator import create_bucket as create_gcs_bucket
+from gcs_emulator import Emulator
+from gcs_emulator import free_port
+from gcs_emulator import serving
 import jax
 import numpy as np
 import pytest
+from s3_emulator import create_bucket as create_s3_bucket
+from s3_emulator import S3Emulator
 from test_resume import EVERY
 from test_resume import REPO
 from test_resume import Run
@@ -28,6 +36,7 @@ from tupe.glue import predict
 from tupe.glue import runs as runs_lib
 from tupe.glue import tasks as glue
 from tupe.store import checkpoint
+from tupe.store import deadline
 from tupe.store import runlog
 from tupe.store import storage
 from tupe.study import runner
@@ -247,6 +256,87 @@ def test_a_missing_bucket_or_path_is_one_line(gcs_bucket, bert_vocab):
                              "gs://tupe-no-such-bucket/summary.md"]))
   assert "bucket gs://tupe-no-such-bucket does not exist" in line
   assert storage.walk_files(gcs_bucket) == []
+
+
+def test_a_bucket_workdir_orbax_would_misread_is_refused_before_anything_is_written(bucket):
+  """'#' (orbax's TensorStore spec would end the path there: the arrays of every step outside the workdir, in one
+  place), '?' and '..': one line, exit 2, the bucket left empty."""
+  for workdir, what in ((f"{bucket}/odd dir/ü #1?x=y", "'#'"), (f"{bucket}/run?x=y", "'?'"),
+                        (f"{bucket}/a/../run", "a '.' or '..' segment")):
+    line = one_line_error(run(train_command(workdir)[1:]))
+    assert line.startswith(f"error: {workdir!r}: a bucket path cannot hold {what}, which orbax and the stores read "
+                           f"as "), line
+  assert storage.walk_files(bucket) == []
+
+
+def keys(server, bucket: str, prefix: str) -> list[str]:
+  """The objects under `prefix` in a bucket of the emulator `server` ("gs://b" or "s3://b"), listed over HTTP by
+  the test itself (not through this process's cached store clients, which point at the session's emulators)."""
+  import urllib.parse
+  import urllib.request
+  import xml.etree.ElementTree as ElementTree
+
+  scheme, name = bucket.split("://")
+  if scheme == "gs":
+    with urllib.request.urlopen(f"{server.url}/storage/v1/b/{name}/o?prefix={urllib.parse.quote(prefix)}") as resp:
+      return sorted(item["name"] for item in json.load(resp).get("items", []))
+  with urllib.request.urlopen(f"{server.url}/{name}?list-type=2&prefix={urllib.parse.quote(prefix)}") as resp:
+    return sorted(e.text for e in ElementTree.parse(resp).iter() if e.tag.endswith("}Key"))
+
+
+@pytest.mark.parametrize("ending", ["timeout", "sigterm"])
+@pytest.mark.parametrize("store", ["s3", "gs"])
+def test_a_store_gone_during_a_save_stops_the_job_within_the_timeout(store, ending, tmp_path):
+  """The store's endpoint goes away while checkpoint 2 is being written, and does not come back (moto killed; the
+  GCS emulator stopped). `timeout`: with checkpoint.store_timeout_s=8, train.py stops within the timeout and a few
+  seconds, with one line naming the checkpoint, exit 2, no traceback (before: TensorStore retried for many minutes,
+  and the process then waited for orbax's threads at exit). `sigterm`: with the default timeout (600 s), a SIGTERM
+  sent once the store is gone stops it within the grace a save in flight gets (deadline.STOP_GRACE_S) and a few
+  seconds, with one line and exit 143 (before: SIGTERM was not acted on while the save retried)."""
+  server = (S3Emulator(str(tmp_path / "s3.log"), free_port()) if store == "s3" else
+            Emulator(tmp_path / "gcs", free_port()))
+  timeout_s = 8 if ending == "timeout" else deadline.DEFAULT_TIMEOUT_S
+  with serving(server):
+    bucket = (create_s3_bucket if store == "s3" else create_gcs_bucket)(server.url, "tupe-gone")
+    root = f"{bucket}/run/checkpoints"
+    command = train_command(f"{bucket}/run", {"num_train_steps": 100 * EVERY, "checkpoint.store_timeout_s": timeout_s})
+    with open(tmp_path / "err", "w") as err:
+      proc = subprocess.Popen(command, cwd=REPO, env=dict(train_env(), **server.environment()),
+                              stdout=subprocess.DEVNULL, stderr=err)
+    try:
+      deadline_s = time.monotonic() + 240
+      # Checkpoint 1 committed and checkpoint 2's first objects written: its save is under way.
+      while not (f"run/checkpoints/{EVERY}/commit_success.txt" in (found := keys(server, bucket, "run/checkpoints/"))
+                 and any(k.startswith(f"run/checkpoints/{2 * EVERY}/") for k in found)):
+        assert proc.poll() is None and time.monotonic() < deadline_s, (tmp_path / "err").read_text()[-3000:]
+        time.sleep(0.02)
+      server.stop()
+      gone = time.monotonic()
+      if ending == "sigterm":
+        proc.send_signal(signal.SIGTERM)
+      status = proc.wait(timeout=180)
+      waited = time.monotonic() - gone
+    finally:
+      if proc.poll() is None:
+        proc.kill()
+  stderr = (tmp_path / "err").read_text()
+  lines = [line for line in stderr.strip().splitlines() if not re.match(r"[IWE]\d{4} ", line)]  # TensorStore's logs
+  assert "Traceback" not in stderr and len(lines) == 1, stderr[-3000:]
+  if ending == "timeout":
+    assert status == 2, stderr[-3000:]
+    # The first write that meets the store gone: the checkpoint, or the metrics uploaded before the next one.
+    assert re.fullmatch(rf"error: ((could not|cannot) write checkpoint {2 * EVERY} to {re.escape(root)}|cannot "
+                        rf"write {re.escape(bucket)}/run/metrics.jsonl): (no connection to the store|the store did "
+                        rf"not answer for 8 s).*", lines[0]), lines[0]
+    assert waited < 8 + 60, waited  # the timeout, then stopping: giving up the lease, closing the logs
+  else:  # Stopped by the signal while waiting, or by the store's failure met first (moto refuses connections).
+    stopped = (r"stopped by SIGTERM while waiting \d+ s for the store to write (checkpoint \d+ to "
+               rf"{re.escape(root)}|{re.escape(bucket)}/run/\S+): it does not answer, so nothing more is saved; rerun "
+               r"the same command to resume from the last good checkpoint")
+    failed = rf"error: (could not|cannot) write ({re.escape(bucket)}/run/\S+|checkpoint \d+ to {re.escape(root)}): .*"
+    assert status in (128 + signal.SIGTERM, 2), (status, stderr[-3000:])
+    assert re.fullmatch(stopped if status == 128 + signal.SIGTERM else failed, lines[0]), (status, lines[0])
+    assert waited < deadline.STOP_GRACE_S + 30, waited  # not the 600 s timeout
 
 
 def test_export_hf_from_s3(s3_bucket, pretrained, tmp_path):

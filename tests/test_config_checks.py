@@ -8,6 +8,7 @@ import pytest
 from configs import pretrain as pretrain_config
 from tupe import config_files
 from tupe.errors import UserError
+from tupe.glue import finetune
 from tupe.study import sweep
 from tupe.train import pretrain
 
@@ -18,7 +19,16 @@ BAD_VALUES = (
     ("model.dtype", "float8", "model.dtype='float8'; use float32 or bfloat16"),
     ("model.dtype", "float16", "model.dtype='float16' is refused: no loss scaling is done, so small gradients "
                                "would underflow to zero; use --config.model.dtype=bfloat16"),
-    ("optimizer.learning_rate", -1e-4, "optimizer.learning_rate=-0.0001 is negative; use 0 or more"),
+    ("optimizer.learning_rate", -1e-4, "optimizer.learning_rate=-0.0001 must be above 0"),
+    ("optimizer.learning_rate", 0.0, "optimizer.learning_rate=0.0 must be above 0"),
+    ("optimizer.learning_rate", float("nan"), "optimizer.learning_rate=nan must be above 0"),
+    ("optimizer.end_learning_rate", float("nan"), "optimizer.end_learning_rate=nan must be 0 or more"),
+    ("optimizer.learning_rate", float("inf"), "optimizer.learning_rate=inf overflows float32"),
+    ("optimizer.b2", 1.5, "optimizer.b2=1.5 must be in [0, 1)"),
+    ("optimizer.b1", -0.1, "optimizer.b1=-0.1 must be in [0, 1)"),
+    ("optimizer.eps", 0.0, "optimizer.eps=0.0 must be a finite number above 0"),
+    ("model.hidden_dropout", 1.5, "model.hidden_dropout=1.5 must be in [0, 1)"),
+    ("model.attention_dropout", -0.1, "model.attention_dropout=-0.1 must be in [0, 1)"),
     ("optimizer.learning_rate", 1e39, "optimizer.learning_rate=1e+39 overflows float32 (at most 3.4e+38)"),
     ("optimizer.warmup_steps", 1000, "optimizer.warmup_steps=1000 must be below the 1000 training steps"),
     ("seq_len", 4096, "seq_len=4096 exceeds model.max_position_embeddings=512"),
@@ -108,6 +118,11 @@ def test_sweep_workdirs_stay_inside_the_root_and_apart(tmp_path):
   assert "--config.data.files=../../etc/x" in commands[2]  # the exact value reaches the run (and its config.json)
   with pytest.raises(UserError, match="the grid gives seed=0 twice"):
     sweep.runs("configs/pretrain.py:tupe_a,tiny", str(tmp_path), sweep.parse_grid(["seed=0,0"]), [])
+  # Spelled apart but parsed equal: one run, not two workdirs training the same thing.
+  for values in ("seed=0,00", "optimizer.learning_rate=1e-3,0.001"):
+    with pytest.raises(UserError, match=r"^runs 1 and 2 of the grid are the same run \(.*=(0|1e-3) and .*=(00|0.001) "
+                                        r"parse equal\): list each value of a --grid key once$"):
+      sweep.check(sweep.runs("configs/pretrain.py:tupe_a,tiny", str(tmp_path), sweep.parse_grid([values]), []))
 
 
 def test_sweep_print_checks_each_point_with_its_data(tmp_path, capsys):
@@ -120,3 +135,29 @@ def test_sweep_print_checks_each_point_with_its_data(tmp_path, capsys):
   assert capsys.readouterr().out == ""
   sweep.main(argv + ["--grid", "model.vocab_size=0,8192"])
   assert len(capsys.readouterr().out.strip().splitlines()) == 2
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("learning_rates", (1e-5, float("inf")), "learning_rates=(1e-05, inf): give positive numbers"),
+    ("optimizer.b2", 1.5, "optimizer.b2=1.5 must be in [0, 1)"),
+])
+def test_bad_glue_values_are_one_line(field, value, words):
+  cfg = config_files.load_config("configs/glue.py:tupe")
+  parent, _, name = field.rpartition(".")
+  (cfg[parent] if parent else cfg)[name] = value
+  with pytest.raises(UserError, match=f"^{re.escape(words)}"):
+    finetune.check_config(cfg)
+
+
+@pytest.mark.parametrize("body, line, raised", [
+    ("def get_config():\n  c = ml_collections.ConfigDict()\n  c.x = 1 / 0\n  return c\n", 4,
+     "ZeroDivisionError: division by zero"),
+    ("raise RuntimeError('no such cluster')\n", 2, "RuntimeError: no such cluster"),
+])
+def test_a_config_file_that_raises_is_one_line_naming_the_file_and_line(tmp_path, body, line, raised):
+  """Raised in get_config or while the file is imported: the file, the line and the exception, not a traceback."""
+  file = tmp_path / "mine.py"
+  file.write_text("import ml_collections\n" + body)
+  with pytest.raises(UserError, match=f"^--config: the config file {re.escape(str(file))} raised "
+                                      f"{re.escape(raised)} at line {line}; fix the file$"):
+    config_files.check_config_flags(["train.py", f"--config={file}", "--workdir", "w"])

@@ -133,3 +133,54 @@ def test_text_source_caches_its_shards_once(corpus_glob, bert_vocab, tmp_path, c
       np.testing.assert_array_equal(a[name], b[name], err_msg=name)
     break
   assert "input " in second.fill_line() and "Project Gutenberg licence stripped from 1 files" in second.fill_line()
+
+
+def children(pid: int) -> list[int]:
+  """The processes whose parent is `pid` (from /proc)."""
+  found = []
+  for entry in os.listdir("/proc"):
+    if entry.isdigit():
+      try:
+        with open(f"/proc/{entry}/stat") as f:
+          if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+            found.append(int(entry))
+      except (OSError, IndexError, ValueError):
+        pass  # gone meanwhile
+  return found
+
+
+def running(pid: int) -> bool:
+  """Whether process `pid` exists and has not ended (an ended one waits as a zombie until it is reaped)."""
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+  except OSError:
+    return False
+
+
+def test_workers_die_with_a_killed_parent(shared_data, bert_vocab, tmp_path):
+  """Only the preprocess parent is killed (SIGKILL), while its two workers tokenize units that take much longer
+  than the wait below: the workers end too, within seconds (before, they tokenized on for nothing)."""
+  book = (shared_data / "corpus" / "wikitext" / "wiki.valid.raw.txt").read_text()
+  (tmp_path / "big.txt").write_text(book * 8)  # two units of about 4.5 MB: tens of seconds each on one core
+  command = [sys.executable, "-m", "tupe.data.preprocess", "--input", str(tmp_path / "big.txt"), "--vocab",
+             str(bert_vocab), "--seq-len", str(SEQ_LEN), "--output", str(tmp_path / "packed"), "--unit-mb", "4.5",
+             "--workers", "2"]
+  parent = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+  try:
+    assert "2 workers" in parent.stdout.readline()
+    deadline = time.monotonic() + 120
+    while len(workers := [pid for pid in children(parent.pid) if "spawn_main" in open(f"/proc/{pid}/cmdline").read()]
+              ) < 2:
+      assert time.monotonic() < deadline and parent.poll() is None, "no two workers within 120 s"
+      time.sleep(0.1)
+    time.sleep(2)  # at work on their units
+  finally:
+    parent.kill()
+    parent.wait()
+  deadline = time.monotonic() + 15
+  while (alive := [pid for pid in workers if running(pid)]) and time.monotonic() < deadline:
+    time.sleep(0.1)
+  for pid in alive:
+    os.kill(pid, signal.SIGKILL)
+  assert not alive, "workers outlived their killed parent"

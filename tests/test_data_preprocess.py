@@ -111,6 +111,24 @@ def test_shards_of_an_older_format_are_refused(tmp_path):
     shards.read_metadata(tmp_path)
 
 
+@pytest.mark.parametrize("limit", [300, 3000, 200_000], ids=["plan", "first-shard", "later-shard"])
+def test_a_full_disk_is_one_line_at_any_moment(limit, shared_data, bert_vocab, tmp_path):
+  """Files capped at `limit` bytes (RLIMIT_FSIZE: writes fail as on a full disk) while preprocessing with two
+  workers: when the plan is written, the first shard, a later one. One line naming the file and the OS error,
+  exit 2; before, ArrayRecord's failure in a worker was a 40-line traceback."""
+  capped = (f"import os, resource, sys; resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit})); "
+            f"os.execv(sys.executable, [sys.executable, *sys.argv[1:]])")
+  proc = subprocess.run([sys.executable, "-c", capped, "-m", "tupe.data.preprocess", "--input",
+                         str(shared_data / "corpus" / "wikitext" / "wiki.valid.raw.txt"), "--vocab", str(bert_vocab),
+                         "--seq-len", "128", "--output", str(tmp_path / "packed"), "--unit-mb", "0.3", "--workers",
+                         "2"], cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  # Besides the error, stderr may hold the progress meter's lines (`tokenizing: ...`, from 2 s on: a slow machine).
+  *progress, line = proc.stderr.strip().splitlines()
+  assert all(p.startswith("tokenizing: ") for p in progress), proc.stderr[-3000:]
+  assert line.startswith(f"error: cannot write {tmp_path / 'packed'}/") and ": File too large" in line, line
+
+
 def test_training_from_shards_takes_their_settings(shard_dir, tmp_path, capsys):
   """The tiny recipe asks for 128-token full-sentence blocks, a 1% eval split and no vocab; the shards were made
   with 64-token segment pairs, a 5% eval split and BERT's vocab: training takes the shards' settings, says so in one

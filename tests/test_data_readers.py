@@ -89,6 +89,12 @@ def test_undecodable_bytes_are_dropped_and_counted(tmp_path):
   path.write_text(" \n\n")
   with pytest.raises(UserError, match="mixed.txt holds no text .*: remove it from the input"):
     documents_of("lines", str(path))
+  # UTF-16 (its ASCII is valid UTF-8, with NULs between): refused, with or without its byte order mark.
+  for encoding, named in (("utf-16", "is UTF-16LE text \\(it starts with its byte order mark\\)"),
+                          ("utf-16-be", "is not UTF-8 text \\(3600 NUL bytes in its first 7,200: UTF-16 or UTF-32")):
+    path.write_bytes(utf8.encode(encoding))
+    with pytest.raises(UserError, match=f"mixed.txt {named}.*: convert it, e.g. `iconv -f "):
+      documents_of("text", str(path))
 
 
 def test_gutenberg_strip_only_with_its_licence_markers(shared_data, wiki_paragraphs, tmp_path, bert_vocab):

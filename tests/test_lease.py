@@ -10,41 +10,53 @@ import json
 import os
 import pathlib
 import re
+import shutil
+import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
 
+import gcs_emulator
+from gcs_emulator import free_port
 import pytest
+import s3_emulator
 from test_reliability import error_line
 from test_resume import REPO
+from test_resume import Run
 from test_resume import train_command
 from test_resume import train_env
 
 from tupe.errors import UserError
+from tupe.store import fence
 from tupe.store import lease
 from tupe.store import storage
 
-# A real job holding `workdir` (argv[1], lease ttl argv[2]) until killed: prints "held" once it holds it.
+# A real job holding `workdir` (argv[1], lease ttl argv[2]) until killed: prints "held" once it holds it, then
+# writes the object or file `beat` in it every 0.1 s when argv[3] is "beat" (a job at work), or sleeps.
 HOLDER = """
 import sys, time
 from tupe.run import process
 from tupe.store import lease
+from tupe.store import storage
 def main(argv):
   with lease.hold(argv[1], ttl=float(argv[2])):
     print("held", flush=True)
-    time.sleep(600)
+    for n in range(6000):
+      if argv[3:] == ["beat"]:
+        storage.write_text(argv[1] + "/beat", str(n))
+      time.sleep(0.1)
 process.run_main(main)
 """
 
 
 class Holder:
-  """A process holding a workdir (`HOLDER`)."""
+  """A process holding a workdir (`HOLDER`), writing into it every 0.1 s if `beat`."""
 
-  def __init__(self, workdir, ttl: float = lease.TTL_S):
-    self.proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(workdir), str(ttl)], cwd=REPO, env=train_env(),
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  def __init__(self, workdir, ttl: float = lease.TTL_S, beat: bool = False):
+    self.proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(workdir), str(ttl)] + (["beat"] if beat else []),
+                                 cwd=REPO, env=train_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     first = self.proc.stdout.readline()
     if first != "held\n":  # stopped, or holding without a lock: stop it before reading what it said
       self.kill()
@@ -57,7 +69,7 @@ class Holder:
 
 def try_hold(workdir, ttl: float = lease.TTL_S) -> subprocess.CompletedProcess:
   """A second job that takes `workdir` and gives it back at once (exit 0), or is refused (one line, exit 2)."""
-  script = HOLDER.replace('print("held", flush=True)\n    time.sleep(600)', 'print("held", flush=True)')
+  script = HOLDER.replace('print("held", flush=True)\n', 'print("held", flush=True)\n    return\n')
   return subprocess.run([sys.executable, "-c", script, str(workdir), str(ttl)], cwd=REPO, env=train_env(),
                         capture_output=True, text=True, timeout=120)
 
@@ -98,7 +110,7 @@ def test_a_second_job_on_a_live_local_workdir_stops_touching_nothing(tmp_path, p
 def test_a_second_job_on_a_live_bucket_workdir_stops_touching_nothing(bucket):
   workdir = f"{bucket}/run"
   storage.write_text(f"{workdir}/metrics.jsonl", '{"step": 1, "loss": 7.0}\n')
-  holder = Holder(workdir, ttl=2)  # renewed every 0.5 s
+  holder = Holder(workdir, ttl=30)  # renewed every 7.5 s
   try:
     before = bucket_snapshot(workdir)
     train = subprocess.run(train_command(workdir), cwd=REPO, env=train_env(), capture_output=True, text=True,
@@ -107,7 +119,8 @@ def test_a_second_job_on_a_live_bucket_workdir_stops_touching_nothing(bucket):
     assert error_line(train).startswith(f"error: workdir {workdir} is in use by another job (pid "
                                         f"{holder.proc.pid} on host {socket.gethostname()}, since "), train.stderr
     assert bucket_snapshot(workdir) == before
-    time.sleep(3)  # longer than the ttl: the lease lives on because it is renewed
+    first = lease_version(workdir)
+    wait_for(lambda: lease_version(workdir) != first, "a renewal of the lease")  # then 22 s or more are left
     before = lease_version(workdir)
     proc = try_hold(workdir)
     assert proc.returncode == 2, proc.stderr[-3000:]
@@ -116,7 +129,7 @@ def test_a_second_job_on_a_live_bucket_workdir_stops_touching_nothing(bucket):
                            f"{socket.gethostname()}, since "), line
     assert "its lease expires at " in line and line.endswith("or choose another --workdir")
     assert lease_record(workdir)["pid"] == holder.proc.pid  # still the holder's lease
-    assert lease_version(workdir) != before  # renewed by the holder, not written by the refused job
+    assert lease_version(workdir) == before  # not written by the refused job
   finally:
     holder.kill()
   # Killed on this host, its pid gone: taken over at once, with one warning naming the dead job.
@@ -125,6 +138,14 @@ def test_a_second_job_on_a_live_bucket_workdir_stops_touching_nothing(bucket):
   assert proc.stdout.startswith(f"warning: took over the lease of {workdir} from a job that stopped without "
                                 f"releasing it (pid {holder.proc.pid} on host {socket.gethostname()}"), proc.stdout
   assert not storage.exists(lease_url(workdir))  # released when that job ended
+
+
+def wait_for(condition, what: str, timeout: float = 120) -> None:
+  """Polls `condition()` until it holds; fails naming `what` after `timeout` seconds (a deadline, not a pause)."""
+  deadline = time.monotonic() + timeout
+  while not condition():
+    assert time.monotonic() < deadline, f"no {what} within {timeout} s"
+    time.sleep(0.05)
 
 
 def bucket_snapshot(workdir: str) -> dict:
@@ -146,10 +167,10 @@ def lease_version(workdir: str):
   return storage.version(lease_url(workdir))[1]
 
 
-def foreign_lease(workdir: str, expires_in: float) -> None:
-  """Writes the lease of a job on another host (pid 4242), expiring in `expires_in` seconds."""
-  storage.write_text(lease_url(workdir), json.dumps({"host": "other-host", "pid": 4242, "since": time.time() - 100,
-                                                     "expires": time.time() + expires_in}))
+def foreign_lease(workdir: str, expires_in: float, **record) -> None:
+  """Writes the lease of a job on another host (pid 4242; `record` changes that), expiring in `expires_in` seconds."""
+  storage.write_text(lease_url(workdir), json.dumps(dict({"host": "other-host", "pid": 4242, "since": time.time() - 100,
+                                                          "expires": time.time() + expires_in}, **record)))
 
 
 def test_a_live_lease_of_another_host_is_respected_and_an_expired_one_taken_over(bucket, capsys):
@@ -180,7 +201,7 @@ def test_two_jobs_taking_over_an_expired_lease_one_wins(bucket):
 
   def take(i):
     try:
-      leases[i].acquire(workdir)
+      leases[i].acquire()
       outcomes[i] = "held"
     except UserError as e:
       outcomes[i] = str(e)
@@ -198,20 +219,64 @@ def test_two_jobs_taking_over_an_expired_lease_one_wins(bucket):
       held.release()
 
 
-def test_a_job_whose_lease_was_taken_over_stops_at_once(bucket):
+def test_a_job_whose_lease_was_taken_over_stops_at_its_next_write(bucket):
+  """Another job takes the workdir over (as one on another host does once the lease seems expired): the holder's
+  next write checks the lease first, finds another job's, and stops with one line naming it; the new holder's
+  lease is left as it is."""
   workdir = f"{bucket}/run"
-  holder = Holder(workdir, ttl=2)
+  holder = Holder(workdir, ttl=60, beat=True)  # its renewal thread would look only after 15 s
   try:
-    # What a job on another host does once this lease has expired (the holder seemed gone): it takes it over.
     foreign_lease(workdir, expires_in=600)
     assert holder.proc.wait(timeout=60) == 2
-    assert holder.proc.stderr.read() == (
-        f"error: lost the lease {workdir}/{lease.LEASE_NAME} to another job (it was not renewed for 2 s and was "
-        f"taken over); stopping now so that two jobs do not write one workdir\n")
+    assert re.fullmatch(re.escape(f"error: lost the lease {workdir}/{lease.LEASE_NAME}: it was not renewed for 60 s "
+                                  f"(this job was paused, or cut off from the store), and another job (pid 4242 on "
+                                  f"host other-host, since ") + r"[-0-9 :]+ UTC" + re.escape(
+                                      ") took the workdir over and holds it now; stopping without writing anything "
+                                      "more, so that two jobs never write one workdir") + "\n",
+                        holder.proc.stderr.read())
     assert lease_record(workdir)["host"] == "other-host"  # not overwritten by the stopped job
   finally:
     if holder.proc.poll() is None:
       holder.kill()
+
+
+def test_two_jobs_started_at_the_same_instant_leave_one_running(bucket):
+  """Two jobs on one bucket workdir, each taking the lease at the same wall-clock instant: exactly one holds it,
+  the other stops with one line naming it."""
+  workdir, start = f"{bucket}/run", time.time() + 5
+  script = HOLDER.replace("def main(argv):\n", f"def main(argv):\n  time.sleep(max(0, {start} - time.time()))\n")
+  procs = [subprocess.Popen([sys.executable, "-c", script, workdir, "60"], cwd=REPO, env=train_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+  try:
+    firsts = [proc.stdout.readline() for proc in procs]
+    assert sorted(firsts) == ["", "held\n"], firsts
+    winner, loser = (procs[0], procs[1]) if firsts[0] == "held\n" else (procs[1], procs[0])
+    assert loser.wait(timeout=60) == 2 and winner.poll() is None
+    assert error_line(subprocess.CompletedProcess(loser.args, 2, "", loser.stderr.read())).startswith(
+        f"error: workdir {workdir} is in use by another job (pid {winner.pid} on host {socket.gethostname()}, since ")
+    assert lease_record(workdir)["pid"] == winner.pid
+  finally:
+    for proc in procs:
+      if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_process_is_judged_gone_by_host_id_pid_and_start_time_not_host_name(bucket, capsys):
+  """A lease of this host's name but another host's id (a second machine of the same name) with a pid unknown here
+  is live until it expires; one of this host's id whose pid now belongs to a process started at another time (the
+  pid was reused) is taken over at once."""
+  same_name = f"{bucket}/same-name"
+  foreign_lease(same_name, expires_in=600, host=socket.gethostname(), host_id="another-machine/1", pid=2 ** 22 + 7)
+  with pytest.raises(lease.WorkdirInUse, match=f"in use by another job \\(pid {2 ** 22 + 7} on host "):
+    with lease.hold(same_name):
+      pytest.fail("took a live lease of another machine with this host's name")
+  reused = f"{bucket}/reused"
+  foreign_lease(reused, expires_in=600, host=socket.gethostname(), host_id=lease._host_id(), pid=os.getpid(),
+                start=lease._start_time(os.getpid()) - 1)
+  with lease.hold(reused):
+    assert lease_record(reused)["pid"] == os.getpid() and lease_record(reused)["host_id"] == lease._host_id()
+  assert "warning: took over the lease of " in capsys.readouterr().out
 
 
 def test_the_lock_is_released_when_the_job_ends(tmp_path, bucket):
@@ -225,3 +290,123 @@ def test_the_lock_is_released_when_the_job_ends(tmp_path, bucket):
     with lease.hold(workdir, ttl=60):
       assert try_hold(workdir).returncode == 2
   assert not storage.exists(lease_url(f"{bucket}/run"))
+
+
+def test_a_symlinked_lock_file_is_refused_and_nothing_outside_is_written(tmp_path):
+  """`.tupe.lock` as a link to a file outside the workdir: one line, and that file keeps its bytes (it was opened
+  with O_NOFOLLOW, never truncated or written)."""
+  workdir, victim = tmp_path / "run", tmp_path / "precious.txt"
+  workdir.mkdir()
+  victim.write_text("keep me\n")
+  (workdir / lease.LOCK_NAME).symlink_to(victim)
+  with pytest.raises(UserError, match=f"^{re.escape(str(workdir / lease.LOCK_NAME))} is a symbolic link \\(to "
+                                      f"{re.escape(str(victim))}\\): a job's lock file must be the workdir's own"):
+    with lease.hold(workdir):
+      pytest.fail("held a workdir through a linked lock file")
+  assert victim.read_text() == "keep me\n"
+
+
+def test_a_local_job_whose_lock_file_was_replaced_writes_nothing_more(tmp_path):
+  """On a local disk `flock` cannot be taken from a live job, but its lock file can be removed and another job lock
+  a new one: the holder's next write (and every one after) raises one line, and nothing of it is written; a path
+  outside the workdir is not its lease's business."""
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  with lease.hold(workdir):
+    storage.write_text(workdir / "metrics.jsonl", "{}\n")  # held: written
+    (workdir / lease.LOCK_NAME).unlink()
+    assert try_hold(workdir).stdout == "held\n"  # another job locks a new lock file
+    for _ in range(2):
+      with pytest.raises(fence.LeaseLost, match=f"^the lock file {re.escape(str(workdir / lease.LOCK_NAME))} was "
+                                                f"removed or replaced while this job held the workdir, so another "
+                                                f"job may hold it now; stopping without writing anything more"):
+        storage.append_text(workdir / "metrics.jsonl", "{}\n")
+    storage.write_text(tmp_path / "elsewhere.txt", "not in the workdir")
+  assert (workdir / "metrics.jsonl").read_text() == "{}\n" and (tmp_path / "elsewhere.txt").exists()
+
+
+@pytest.mark.parametrize("store", ["gs", "s3"])
+def test_renewals_failing_for_half_the_lifetime_stop_the_job_at_its_next_write(store, tmp_path, capsys):
+  """The store stops answering while a job holds a workdir there (an emulator of this test's own, stopped): the
+  first failed renewal is one warning; once renewals have failed for half the lease's lifetime the lease counts as
+  lost, and the job's next write raises one line naming the store's cause, even once the store is back."""
+  server = (gcs_emulator.Emulator(tmp_path / "store", free_port()) if store == "gs" else
+            s3_emulator.S3Emulator(str(tmp_path / "s3.log"), free_port()))
+  with gcs_emulator.serving(server), gcs_emulator.emulator_environment(server):
+    make = gcs_emulator.create_bucket if store == "gs" else s3_emulator.create_bucket
+    workdir = f"{make(server.url, 'tupe-renewals')}/run"
+    with lease.hold(workdir, ttl=2):  # renewed every 0.5 s
+      fence.check(workdir)  # held
+      server.stop()
+      deadline = time.monotonic() + 120
+      while True:
+        try:
+          fence.check(workdir)  # (reads the lease: fails while the store is gone, until the lease counts as lost)
+        except fence.LeaseLost as e:
+          lost = str(e)
+          break
+        except storage.StorageError:
+          pass
+        assert time.monotonic() < deadline, "the lease was not given up within 120 s of failed renewals"
+      server.start()
+      with pytest.raises(fence.LeaseLost, match=f"^{re.escape(lost)}$"):
+        storage.write_text(f"{workdir}/after", "nothing")
+  assert re.fullmatch(re.escape(f"lost the lease {workdir}/{lease.LEASE_NAME}: it could not be renewed for ") +
+                      r"\d+ s \(no connection to the store \(.*\): check that it is reachable from here.*\), and "
+                      r"another job may take the workdir over once it expires; stopping without writing anything "
+                      r"more, so that two jobs never write one workdir", lost), lost
+  warnings = [line for line in capsys.readouterr().out.splitlines() if line.startswith("warning: could not renew")]
+  assert len(warnings) == 1 and warnings[0].startswith(
+      f"warning: could not renew the lease {workdir}/{lease.LEASE_NAME} (no connection to the store ("), warnings
+
+
+def test_a_job_paused_past_its_lease_writes_nothing_after_another_took_over(gcs_bucket, tmp_path):
+  """train.py A is paused (SIGSTOP) past its lease's lifetime; train.py B takes the workdir over and finishes the
+  run; A, resumed (SIGCONT), finds at its first write that it lost the lease, stops with one line, and the workdir
+  is left byte for byte as B left it (before, A's metrics upload replaced B's)."""
+  workdir = f"{gcs_bucket}/run"
+  overrides = {"num_train_steps": 40, "checkpoint.every_steps": 40, "log_every": 1, "checkpoint.lease_s": 3}
+  a = Run(workdir, overrides, name="a", logs=tmp_path)
+  try:
+    # Compiled, and training: nothing of A is being written (its metrics are uploaded every 30 s or at a save).
+    a.wait_until(lambda: "GFLOPs per step" in a.stdout())
+    a.signal(signal.SIGSTOP)
+    wait_for(lambda: lease_record(workdir)["expires"] < time.time(), "expiry of A's lease")
+    b = subprocess.run(train_command(workdir, overrides), cwd=REPO, env=train_env(), capture_output=True, text=True,
+                       timeout=600)
+    assert b.returncode == 0, b.stderr[-3000:]
+    assert f"warning: took over the lease of {workdir} from a job that stopped without releasing it (pid " \
+           f"{a.proc.pid} on host {socket.gethostname()}" in b.stdout, b.stdout[-3000:]
+    finished = bucket_snapshot(workdir)
+    assert "metrics.jsonl" in finished and not storage.exists(lease_url(workdir))
+  finally:
+    a.signal(signal.SIGCONT)
+  assert a.wait(timeout=120) == 2, a.stderr()[-3000:]
+  assert error_line(subprocess.CompletedProcess(a.proc.args, 2, "", a.stderr())) == (
+      f"error: lost the lease {workdir}/{lease.LEASE_NAME}: it was not renewed for 3 s (this job was paused, or cut "
+      f"off from the store), and another job took the workdir over (and has released it since); stopping without "
+      f"writing anything more, so that two jobs never write one workdir")
+  assert bucket_snapshot(workdir) == finished and not storage.exists(lease_url(workdir))
+
+
+def test_a_workdir_of_the_other_entry_point_is_refused(tmp_path, pretrained, glue_dir):
+  """eval_glue.py given a train.py workdir (and train.py a GLUE one): one line naming its owner, exit 2, and the
+  workdir byte for byte as it was (before, eval_glue.py replaced its config.json)."""
+  copy = tmp_path / "pretrain"
+  shutil.copytree(pretrained, copy)
+  work = lambda: {name: v for name, v in snapshot(copy).items() if name != lease.LOCK_NAME}  # (its last holder's)
+  before = work()
+  glue = subprocess.run([sys.executable, "eval_glue.py", "--config", "configs/glue.py:tupe", "--workdir", str(copy),
+                         f"--config.init_checkpoint={pretrained}", f"--config.data_dir={glue_dir}",
+                         "--config.tasks=rte"], cwd=REPO, env=train_env(), capture_output=True, text=True, timeout=300)
+  assert error_line(glue) == (f"error: workdir {copy} holds the work of train.py (its config.json is train.py's), "
+                              f"which eval_glue.py would overwrite: give eval_glue.py a --workdir of its own, and this "
+                              f"one as the checkpoint to fine-tune (--config.init_checkpoint={copy})")
+  assert work() == before
+  glue_workdir = tmp_path / "glue"
+  glue_workdir.mkdir()
+  (glue_workdir / "runs.jsonl").write_text('{"task": "RTE"}\n')
+  train = subprocess.run(train_command(glue_workdir), cwd=REPO, env=train_env(), capture_output=True, text=True,
+                         timeout=300)
+  assert error_line(train) == (f"error: workdir {glue_workdir} holds the work of eval_glue.py (its config.json is "
+                               f"eval_glue.py's), which train.py would overwrite: give train.py a --workdir of its own")

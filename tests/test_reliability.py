@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import jax
@@ -30,6 +31,8 @@ from test_resume import run_train
 from test_resume import train_command
 from test_resume import train_env
 
+from tupe.errors import UserError
+from tupe.run import process
 from tupe.store import lease
 
 HANG = 1800  # seconds: a subprocess that takes this long is hung, not slow
@@ -159,6 +162,48 @@ def test_failing_checkpoint_write_is_an_error(tmp_path):
                               f"large; free space or fix permissions, then rerun to resume from the last good "
                               f"checkpoint")
   assert finished_steps(workdir) == [] and last_logged_step(workdir) >= EVERY
+
+
+# A command whose job fails while a thread it started never ends (as a save whose store stopped answering), and
+# whose checkpointer failed too while the job was stopping.
+FAILS_WITH_A_STUCK_THREAD = """
+import threading
+from tupe.errors import UserError
+from tupe.run import process
+def main(argv):
+  threading.Thread(target=threading.Event().wait).start()
+  error = UserError("the job's own error")
+  error.add_note("warning: while stopping, the save in flight failed too")
+  raise error
+process.run_main(main)
+"""
+
+
+def test_a_failure_while_stopping_is_a_warning_after_the_error_and_nothing_hangs():
+  """The entry point prints the job's line, then each warning noted while it stopped, and exits at once although
+  a thread still runs (before: the interpreter waited for it at exit, for as long as a store's retries last)."""
+  proc = subprocess.run([sys.executable, "-c", FAILS_WITH_A_STUCK_THREAD], cwd=REPO, env=train_env(),
+                        capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 2
+  assert proc.stderr == "error: the job's own error\nwarning: while stopping, the save in flight failed too\n"
+
+
+def test_an_entry_point_run_inside_another_process_leaves_that_process_running(capsys):
+  """run_main given its argv (a test, a notebook: a process that is not the job's) fails with SystemExit and its
+  line, and never ends the process, though a thread still runs (before, it exited at once: a test worker died)."""
+  def fails(argv):
+    raise UserError(f"bad input for {argv[0]}")
+
+  release = threading.Event()
+  other = threading.Thread(target=release.wait)
+  other.start()
+  try:
+    with pytest.raises(SystemExit) as exit_info:
+      process.run_main(fails, ["tool"])
+  finally:
+    release.set()
+    other.join()
+  assert exit_info.value.code == 2 and capsys.readouterr().err == "error: bad input for tool\n"
 
 
 @pytest.fixture(scope="module")

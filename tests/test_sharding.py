@@ -4,6 +4,7 @@ import functools
 import json
 
 import jax
+from jax.experimental import mesh_utils
 import numpy as np
 import pytest
 
@@ -178,3 +179,25 @@ def test_mesh_axis_that_does_not_divide_a_dimension_warns(capsys):
   assert warnings == ["warning: mesh axis tensor of size 2 does not divide dimension 0 (size 97) of "
                       "encoder/embeddings/word_embeddings [97, 32] (and 1 more); that dimension is replicated "
                       "instead: change --config.mesh.* or --config.sharding_rules"]
+
+
+def test_a_mesh_the_topology_cannot_hold_is_said(monkeypatch, capsys):
+  """JAX's layout helper refusing a shape (a topology it cannot fit; simulated here, as there are no TPUs): on
+  accelerators one line, on CPU devices the plain device order with one warning; before, both fell back silently."""
+  def refuse(shape, devices):
+    raise ValueError("cannot fit a 2x4 mesh into a 2x2x2 torus")
+
+  monkeypatch.setattr(mesh_utils, "create_device_mesh", refuse)
+  mesh = sharding.make_mesh({"data": 2, "fsdp": 4, "tensor": 1})
+  assert mesh.devices.ravel().tolist() == jax.devices()
+  assert capsys.readouterr().out == (
+      "warning: mesh {'data': 2, 'fsdp': 4, 'tensor': 1} cannot be laid out on the topology of these 8 cpu devices "
+      "(ValueError: cannot fit a 2x4 mesh into a 2x2x2 torus): using them in plain device order\n")
+
+  class TpuChip:  # the one attribute make_mesh reads before the helper
+    platform = "tpu"
+
+  with pytest.raises(UserError, match=r"^mesh \{'data': 2, 'fsdp': 4, 'tensor': 1\} cannot be laid out on the topology "
+                                      r"of these 8 tpu devices \(ValueError: cannot fit .*\); choose mesh sizes that "
+                                      r"fit it \(--config.mesh.\*\)$"):
+    sharding.make_mesh({"data": 2, "fsdp": 4, "tensor": 1}, [TpuChip() for _ in range(8)])

@@ -117,6 +117,9 @@ ALLOWED = {
     "tupe/data/shards.py": "array_record writes local files only: a shard is written locally, then moved into place "
                           "or uploaded",
     "tupe/hf/export.py": "transformers' save_pretrained writes a local folder; tupe.tools.export_hf stages a bucket's",
+    "tupe/run/help.py": "--help reads the config files and the package's own source (comments, docstrings) from the "
+                        "local disk, as config files are imported from it",
+    "tupe/train/memory.py": "the host's available RAM is read from /proc/meminfo, a kernel file, never a workdir's",
 }
 
 
@@ -150,3 +153,25 @@ def test_listings_see_what_another_client_wrote(gcs_emulator, gcs_bucket):
     assert response.status == 200
   assert [p.name for p in storage.iterdir(f"{gcs_bucket}/d")] == ["0", "a"] and storage.exists(f"{gcs_bucket}/d/a")
   assert storage.walk_files(gcs_bucket) == ["d/0", "d/a"]
+
+
+def test_an_append_never_writes_through_a_link(tmp_path):
+  """A log in a workdir that is a link to a file elsewhere: the append is refused in one line, and that file is
+  left as it was."""
+  victim = tmp_path / "elsewhere.txt"
+  victim.write_text("keep me\n")
+  (tmp_path / "metrics.jsonl").symlink_to(victim)
+  with pytest.raises(storage.StorageError, match=r"^cannot append to .*/metrics.jsonl: it is a symbolic link, and "
+                                                 r"tupe writes through none"):
+    storage.append_text(tmp_path / "metrics.jsonl", '{"step": 1}\n')
+  assert victim.read_text() == "keep me\n"
+
+
+@pytest.mark.parametrize("url, what", [("gs://b/odd dir/ü #1?x=y", "'#'"), ("s3://b/run?x=y", "'?'"),
+                                       ("gs://b/a/../b", "a '.' or '..' segment"),
+                                       ("s3://b/run\x07", "a control character")])
+def test_a_bucket_path_orbax_would_misread_is_refused(url, what):
+  with pytest.raises(storage.StorageError, match=f"^{re.escape(repr(url))}: a bucket path cannot hold "
+                                                 f"{re.escape(what)}"):
+    storage.path(url)
+  storage.path("gs://b/odd dir/ü 1.x")  # spaces, unicode and dots in names are fine

@@ -9,6 +9,7 @@ one-line `UserError`.
 import difflib
 import os
 import pathlib
+import traceback
 from typing import Sequence
 
 from absl import flags
@@ -26,6 +27,18 @@ def _first_cause(e: BaseException) -> BaseException:
   while (e.__cause__ or e.__context__) is not None:
     e = e.__cause__ or e.__context__
   return e
+
+
+def _first_line(e: BaseException) -> str:
+  lines = str(e).strip().splitlines()
+  return lines[0] if lines else "(no message)"
+
+
+def _where(e: BaseException, file: str) -> str:
+  """" at line N": the last line of config file `file` that `e`'s traceback passed through ("" if none)."""
+  lines = [frame.lineno for frame in traceback.extract_tb(e.__traceback__)
+           if os.path.abspath(frame.filename) == os.path.abspath(file)]
+  return f" at line {lines[-1]}" if lines else ""
 
 
 def config_spec(argv: Sequence[str]) -> str | None:
@@ -78,6 +91,12 @@ ENTRY_POINTS = {"train.py": ("num_train_steps", "configs/pretrain.py:<model>,<si
                 "eval_glue.py": ("learning_rates", "configs/glue.py:<tupe|convbert>")}
 
 
+def entry_point(config) -> str | None:
+  """The entry point a config (a ConfigDict, or a config.json's dict) is made for ("train.py", "eval_glue.py"), by
+  the field only its configs have; None for another."""
+  return next((script for script, (field, _) in ENTRY_POINTS.items() if field in config), None)
+
+
 def _check_entry_point(config: ml_collections.ConfigDict, script: str, spec: str) -> None:
   """A config made for another entry point (the pre-training config given to eval_glue.py, or a GLUE recipe to
   train.py) is one line naming the right script, before its fields are read."""
@@ -124,6 +143,9 @@ def check_config_flags(argv: list[str]) -> ml_collections.ConfigDict:
       cause = _first_cause(e)
       raise UserError(f"--config: cannot load the config file {file}: {type(cause).__name__}: "
                       f"{str(cause).strip().splitlines()[-1] if str(cause).strip() else ''}; fix the file") from None
+    except Exception as e:  # Raised by the file's own code, at import or in get_config.
+      raise UserError(f"--config: the config file {file} raised {type(e).__name__}: {_first_line(e)}"
+                      f"{_where(e, file)}; fix the file") from None
     return values.config
 
   base = parse([argv[0], f"--config={spec}"])
@@ -132,12 +154,23 @@ def check_config_flags(argv: list[str]) -> ml_collections.ConfigDict:
   return parse(argv)
 
 
+def _find(file: str) -> str:
+  """A config file's path: as given where it exists (relative to the working directory), else in the repository."""
+  return str(REPO / file) if not os.path.isfile(file) and (REPO / file).is_file() else file
+
+
+def absolute_config(spec: str) -> str:
+  """`path.py[:arg]` with the path made absolute (found as `load_config` finds it), so that the spec works from
+  any folder (a sweep's printed commands)."""
+  file, sep, arg = spec.partition(":")
+  return os.path.abspath(_find(file)) + sep + arg
+
+
 def load_config(spec: str, overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
   """`check_config_flags` for a programmatic caller: `path.py[:arg]` (relative to the working directory or the
   repository) with `key.sub=value` overrides (tupe.tools, bench)."""
   file, sep, arg = spec.partition(":")
-  if not os.path.isfile(file) and (REPO / file).is_file():
-    file = str(REPO / file)
+  file = _find(file)
   for override in overrides:
     if "=" not in override:
       raise UserError(f"override {override!r}: use key=value, e.g. model.dtype=bfloat16")

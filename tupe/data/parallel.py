@@ -9,6 +9,8 @@ import concurrent.futures
 import json
 import multiprocessing
 import os
+import threading
+import time
 
 from tupe import console
 from tupe.data import build
@@ -23,6 +25,19 @@ _ONE_THREAD = {"RAYON_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 def limit_threads() -> None:
   """One core per process: the tokenizer's thread pool (rayon) gets one thread, and batches are not parallelized."""
   os.environ.update(_ONE_THREAD)
+
+
+def _start_worker(parent: int) -> None:
+  """A worker process's start: one core (`limit_threads`), and a watch that ends it once `parent` (the run that
+  started it) is gone, killed or not: a worker left behind would tokenize for nothing, holding hundreds of MB."""
+  limit_threads()
+  threading.Thread(target=_exit_with, args=(parent,), name="tupe-parent-watch", daemon=True).start()
+
+
+def _exit_with(parent: int) -> None:
+  while os.getppid() == parent:  # once the parent is gone, the worker belongs to another process (init)
+    time.sleep(0.5)
+  os._exit(1)
 
 
 def default_workers() -> int:
@@ -110,7 +125,7 @@ def run(plan: dict, output: storage.PathLike, workers: int, task: tuple[int, int
       meter.update(done)
   else:
     pool = concurrent.futures.ProcessPoolExecutor(min(workers, len(todo)), multiprocessing.get_context("spawn"),
-                                                  initializer=limit_threads)
+                                                  initializer=_start_worker, initargs=(os.getpid(),))
     try:
       pending = {pool.submit(_unit_job, plan, str(output), u): u for u in todo}
       while pending:  # A line at least every few seconds, whether or not a unit has finished.

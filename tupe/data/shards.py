@@ -9,8 +9,10 @@ A folder (local or gs://) holds:
 Each record is one unpadded example as little-endian int32 bytes. Example i of a split is record i of the units'
 shards in unit order, so the order is the plan's, whoever wrote the units.
 """
+import contextlib
 import json
 import os
+import re
 import socket
 import tempfile
 
@@ -23,6 +25,7 @@ from tupe.data.packing import ExampleSource
 from tupe.data.report import Tally
 from tupe.errors import UserError
 from tupe.store import storage
+from tupe.store.refusals import StorageError
 
 FORMAT = "tupe-packed-examples-v3"  # v3: one shard per unit of work (v2: round-robin over --num-shards).
 METADATA = "metadata.json"
@@ -48,6 +51,20 @@ def _upload(local_file: str, target: storage.Path) -> None:
   os.unlink(local_file)
 
 
+@contextlib.contextmanager
+def _written(folder: str):
+  """ArrayRecord's failures to write (a RuntimeError: "write() failed: No space left on device; writing <file>; at
+  byte ...") as one line naming the file and the OS error."""
+  try:
+    yield
+  except RuntimeError as e:
+    found = re.search(r"failed: ([^;]+); writing ([^;]+);", str(e))
+    if not found:
+      raise
+    raise StorageError(f"cannot write {found[2]}: {found[1]}; free space in {folder}, or choose another --output "
+                       f"(a rerun resumes after the units already written)") from None
+
+
 def write_unit(folder: storage.PathLike, unit: int, examples, tallies: dict[str, Tally]) -> dict:
   """Writes one unit's (split, example) pairs as its shards, then its manifest record.
 
@@ -63,16 +80,17 @@ def write_unit(folder: storage.PathLike, unit: int, examples, tallies: dict[str,
   scratch = tempfile.mkdtemp(prefix="tupe-shards-") if remote else storage.local(folder)
   suffix = f".tmp-{socket.gethostname()}-{os.getpid()}"
   writers, counts, tokens = {}, dict.fromkeys(corpus.SPLITS, 0), dict.fromkeys(corpus.SPLITS, 0)
-  try:
-    for split, example in examples:
-      if split not in writers:
-        writers[split] = ArrayRecordWriter(os.path.join(scratch, shard_name(split, unit) + suffix), "group_size:1")
-      writers[split].write(np.asarray(example, "<i4").tobytes())
-      counts[split] += 1
-      tokens[split] += len(example)
-  finally:
-    for writer in writers.values():
-      writer.close()
+  with _written(scratch):
+    try:
+      for split, example in examples:
+        if split not in writers:
+          writers[split] = ArrayRecordWriter(os.path.join(scratch, shard_name(split, unit) + suffix), "group_size:1")
+        writers[split].write(np.asarray(example, "<i4").tobytes())
+        counts[split] += 1
+        tokens[split] += len(example)
+    finally:
+      for writer in writers.values():
+        writer.close()
   for split in writers:
     written = os.path.join(scratch, shard_name(split, unit) + suffix)
     if remote:

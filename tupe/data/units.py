@@ -23,19 +23,32 @@ MAX_UNDECODABLE_SHARE = 0.001  # Of a file's first bytes: more is a file in anot
 _PLAN_THREADS = 16  # Files whose size and Gutenberg markers are read at once (they may be in a bucket).
 
 
+# Byte order marks of the encodings that are not UTF-8 (UTF-32's first: UTF-16 LE's is its prefix).
+_OTHER_BOMS = ((b"\xff\xfe\x00\x00", "UTF-32LE"), (b"\x00\x00\xfe\xff", "UTF-32BE"), (b"\xff\xfe", "UTF-16LE"),
+               (b"\xfe\xff", "UTF-16BE"))
+
+
 def _text_input(name: str) -> dict:
   """A text file as an input: its size, and the byte range of its book (all of it, but for a Project Gutenberg
   file, whose licence header and footer are left out and their characters counted).
 
   Raises:
-    UserError: when the file holds no text, or more than MAX_UNDECODABLE_SHARE of its first bytes are not UTF-8
-      (a file in another encoding; stray bytes that are not UTF-8 are dropped and counted).
+    UserError: when the file holds no text, starts with the byte order mark of another encoding (UTF-16, UTF-32)
+      or holds NUL bytes as they do, or more than MAX_UNDECODABLE_SHARE of its first bytes are not UTF-8 (a file in
+      another encoding; stray bytes that are not UTF-8 are dropped and counted).
   """
   size = storage.size(name)
   with storage.open_file(name, "rb") as f:
     head = f.read(gutenberg.WINDOW_BYTES)
     f.seek(max(0, size - gutenberg.WINDOW_BYTES))
     tail = f.read()
+  encoding = next((name for bom, name in _OTHER_BOMS if head.startswith(bom)), None)
+  if encoding is not None or head.count(0) > len(head) // 10:  # UTF-16's ASCII is valid UTF-8, with NULs
+    what = f"{encoding} text (it starts with its byte order mark)" if encoding else (
+        f"not UTF-8 text ({head.count(0)} NUL bytes in its first {len(head):,}: UTF-16 or UTF-32 without a byte "
+        f"order mark?)")
+    raise UserError(f"{name} is {what}: convert it, e.g. `iconv -f {encoding or 'utf-16'} -t utf-8`; read as it "
+                    f"is, its lines, documents and held-out split would be lost")
   text = head.decode("utf-8", "surrogateescape")
   undecodable = len(readers.UNDECODABLE.findall(text))
   if undecodable > MAX_UNDECODABLE_SHARE * len(head) + (size > len(head)) * 3:  # (+3: a character cut at the end.)

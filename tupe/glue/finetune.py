@@ -28,6 +28,7 @@ the worst score (`tupe.glue.report`), so the submission comes from a run that tr
 from __future__ import annotations
 
 import json
+import math
 
 import jax
 import ml_collections
@@ -50,6 +51,7 @@ from tupe.store import storage
 from tupe.train import core
 from tupe.train import flops as flops_lib
 from tupe.train import job as job_lib
+from tupe.train import optim
 from tupe.train import progress as progress_lib
 from tupe.train import sharding
 
@@ -59,7 +61,7 @@ def check_config(cfg) -> None:
   if cfg.head not in models.CLASSIFIER_STYLES:
     raise UserError(f"head={cfg.head!r}; use one of {', '.join(models.CLASSIFIER_STYLES)}")
   is_number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
-  if not all(is_number(lr) and lr > 0 for lr in cfg.learning_rates):
+  if not all(is_number(lr) and math.isfinite(lr) and lr > 0 for lr in cfg.learning_rates):
     raise UserError(f"learning_rates={cfg.learning_rates}: give positive numbers, e.g. "
                     f"--config.learning_rates=2e-5,3e-5")
   if len(set(cfg.learning_rates)) != len(cfg.learning_rates):
@@ -81,9 +83,13 @@ def check_config(cfg) -> None:
   for field in ("batch_size", "eval_batch_size", "max_seq_len", "log_every", "grad_accum_steps"):
     if cfg[field] <= 0:
       raise UserError(f"{field}={cfg[field]} must be positive")
+  for name in ("lease_s", "store_timeout_s"):
+    if cfg.checkpoint[name] <= 0:
+      raise UserError(f"checkpoint.{name}={cfg.checkpoint[name]} must be positive")
   check_fine_tuning(cfg)
   if cfg.evals_per_epoch < 0 or cfg.regression_scale <= 0:
     raise UserError("evals_per_epoch must be >= 0 and regression_scale > 0")
+  optim.check_adam(cfg.optimizer)
 
 
 def check_fine_tuning(cfg) -> None:

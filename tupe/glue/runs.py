@@ -21,7 +21,7 @@ from tupe.store import storage
 # Fields that may change when a workdir is resumed: which runs to add, and how to run them.
 RESUMABLE_FIELDS = ("tasks", "learning_rates", "seeds", "data_dir", "tfds_data_dir", "predict_test", "plot_reference",
                     "log_every", "tensorboard", "peak_flops", "eval_batch_size", "mesh", "sharding_rules",
-                    "distributed", "save_models", "check_memory")
+                    "distributed", "save_models", "checkpoint", "check_memory")
 # Where the init checkpoint is read from: not a setting of the runs, whose records carry the checkpoint's step and
 # checksum instead (`init_identity`), so that a grid started from DIR resumes with DIR/checkpoints/<step> pinned.
 LOCATION_FIELDS = ("init_checkpoint",)

@@ -132,6 +132,8 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
   need(cfg.attention_backend != "cudnn" or cfg.dtype == "bfloat16",
        f"model.attention_backend='cudnn' runs in bfloat16, not model.dtype={cfg.dtype!r}")
   need(cfg.remat in ("none", "full", "dots"), f"model.remat={cfg.remat!r}; use 'none', 'full' or 'dots'")
+  for name in ("hidden_dropout", "attention_dropout"):  # a rate of 1 or more drops everything; below 0 rescales
+    need(0 <= cfg[name] < 1, f"model.{name}={cfg[name]} must be in [0, 1): the share of activations dropped")
 
 
 def check_length(cfg, length: int) -> None:

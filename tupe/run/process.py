@@ -56,9 +56,14 @@ def run_main(main, argv=None, verbose_flag: str = "--verbose") -> None:
   and exit status 2 (`verbose_flag` in argv: the traceback); `Preempted` its line and 128 + the signal's
   number; Ctrl-C that reached no handler of the job one line and 130. After a success, a signal recorded since
   `catch_signals` still ends the process with its status (`_exit_for_a_late_signal`). Library noise is quieted
-  first (`quiet.install`)."""
+  first (`quiet.install`).
+
+  With `argv` None (the process's own command line) the process is the job's: after a failure it exits at once,
+  whatever threads still run (`_leave_stuck_threads`). A caller that passes `argv` runs the entry point inside a
+  process of its own (a test, a notebook), which is never ended here: the `SystemExit` is the caller's."""
   global _status
   quiet.install()
+  owns_process = argv is None
   argv = list(sys.argv if argv is None else argv)
   ours = argv[:argv.index("--")] if "--" in argv else argv  # What follows "--" belongs to another command.
   verbose = verbose_flag in ours
@@ -73,7 +78,9 @@ def run_main(main, argv=None, verbose_flag: str = "--verbose") -> None:
     raise
   except Preempted as e:
     status = e.exit_status
-    print(e, file=sys.stderr)
+    _print_error(str(e), e)
+    if owns_process:
+      _leave_stuck_threads(status)
     sys.exit(status)
   except KeyboardInterrupt:  # Before the job installed its own handler (or a job without one).
     status = 128 + signal.SIGINT
@@ -83,9 +90,28 @@ def run_main(main, argv=None, verbose_flag: str = "--verbose") -> None:
     if verbose:
       raise
     status = 2
-    print(f"error: {e}", file=sys.stderr)
+    _print_error(f"error: {e}", e)
+    if owns_process:
+      _leave_stuck_threads(status)
     sys.exit(status)
   finally:
     _status = status
     if status:  # Its line (or traceback) is printed: a signal arriving now changes nothing.
       signals.received.clear()
+
+
+def _print_error(line: str, e: BaseException) -> None:
+  """The error's line, then the warnings noted while the job stopped (`tupe.store.refusals.note_while_stopping`)."""
+  print(line, file=sys.stderr)
+  for note in getattr(e, "__notes__", ()):
+    print(note, file=sys.stderr)
+
+
+def _leave_stuck_threads(status: int) -> None:
+  """After a failure, exits at once while other threads still run: the interpreter would wait at exit for those
+  of thread pools (orbax's saves among them) and non-daemon ones, and a store that stopped answering leaves them
+  retrying for many minutes. The job's line is printed and its files closed: nothing of it is left to finish."""
+  if any(t.is_alive() for t in threading.enumerate() if t is not threading.main_thread()):
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)

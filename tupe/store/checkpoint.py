@@ -27,9 +27,11 @@ import jax
 import orbax.checkpoint as ocp
 
 from tupe import console
+from tupe.errors import Preempted
 from tupe.errors import UserError
 from tupe.store import checksums
 from tupe.store import orbax_s3
+from tupe.store import refusals
 from tupe.store import storage
 from tupe.store.checksums import CHECKSUMS
 from tupe.store.checksums import DamagedCheckpoint
@@ -49,6 +51,24 @@ def params_metadata(step_dir: storage.Path, meta: CheckpointMeta):
 def why(e: Exception) -> str:
   """Why a checkpoint could not be restored, in a few words."""
   return str(e) if isinstance(e, DamagedCheckpoint) else f"{type(e).__name__}: {reason(e)}"
+
+
+def unless_damaged(step_dir: storage.Path, e: Exception) -> None:
+  """Raises the one-line error for a checkpoint that could not be read for another reason than damage: a store
+  that refused, could not be reached or timed out (`refusals.unanswered`), or a refusal of the checkpoint itself
+  (written by a newer tupe, or for another run); a stop signal that ended the read (`Preempted`) is raised as it
+  is. Returns for damage: its files are missing, unlisted or differ from their checksums, or its metadata or
+  arrays do not load. Only damage makes a reader skip a checkpoint, and train.py set it aside: a store's hiccup
+  never costs a checkpoint."""
+  if isinstance(e, DamagedCheckpoint):
+    return
+  if isinstance(e, Preempted):  # a stop signal while the store did not answer: the job stops, nothing is skipped
+    raise e
+  if refusals.unanswered(e):
+    raise UserError(f"could not read checkpoint {step_dir.name} in {step_dir.parent} ({refusals.describe(e)}); it "
+                    f"is left as it is: rerun the same command once the store answers") from e
+  if isinstance(e, UserError):
+    raise e
 
 
 def warn_skipped(step: int, directory: storage.Path, e: Exception) -> None:
@@ -128,7 +148,7 @@ def committed_step_dirs(root: storage.Path) -> list[storage.Path]:
 def newest_step(root: storage.PathLike) -> int:
   """The step of the newest committed checkpoint in a checkpoints/ folder; -1 if there is none."""
   root = storage.path(root)
-  newest = committed_step_dirs(root)[:1] if storage.exists(root) else []
+  newest = committed_step_dirs(root)[:1] if storage.is_dir(root) else []  # (a file there: the checkpointer says so)
   return int(newest[0].name) if newest else -1
 
 
@@ -168,8 +188,7 @@ def _load_newest(path: storage.PathLike, load):
       meta = verified_meta(step_dir, root, _PARAMS_READ)
       return step_dir, meta, load(step_dir, meta)
     except Exception as e:  # Damaged files, unreadable metadata or state: a truncated or corrupted checkpoint.
-      if isinstance(e, UserError) and not isinstance(e, DamagedCheckpoint):
-        raise
+      unless_damaged(step_dir, e)
       if explicit:
         raise UserError(f"checkpoint {step_dir} is damaged ({why(e)}); give an intact step directory, or the "
                         f"workdir to use its newest intact checkpoint") from e

@@ -23,9 +23,12 @@ import jax
 import orbax.checkpoint as ocp
 
 from tupe import console
+from tupe.errors import Preempted
 from tupe.errors import UserError
 from tupe.store import checkpoint
 from tupe.store import checksums
+from tupe.store import deadline
+from tupe.store import fence
 from tupe.store import orbax_s3
 from tupe.store import refusals
 from tupe.store import storage
@@ -56,6 +59,7 @@ class Checkpointer:
       cause = str(e).partition(f"{self.directory}: ")[2] or str(e)
       raise UserError(f"cannot create the checkpoint directory {self.directory} ({cause}); choose another --workdir"
                       ) from e
+    _refuse_links(self.directory)
     # Empty step folders (a stray mkdir) hold nothing to keep: removed, with one line, before orbax sees them.
     empty = checkpoint.drop_empty([p for p in storage.iterdir(self.directory) if p.name.isdigit()], self.directory)
     if empty:
@@ -77,7 +81,9 @@ class Checkpointer:
         max_to_keep=ckpt_cfg.keep_last, keep_period=ckpt_cfg.keep_every or None, enable_async_checkpointing=True,
         create=True, cleanup_tmp_directories=True, atomicity_options=_atomicity(self.directory),
         async_options=ocp.AsyncOptions(post_finalization_callback=self._seal_in_flight))
-    self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
+    self._stuck = False  # a wait on the store was given up (`deadline`): orbax's threads are left as they are
+    self.manager = self._bounded(f"list the checkpoints in {self.directory}", ocp.CheckpointManager, self.directory,
+                                 options=options, item_names=ITEMS)
 
   def __enter__(self):
     return self
@@ -86,10 +92,12 @@ class Checkpointer:
     if exc_type is None:
       self.close()
       return
-    # The job's own error (a refused save among them) is the one to report: a save failing again while closing
-    # (orbax raises a failed background write once more at close) would replace it with a vaguer line.
-    with contextlib.suppress(Exception):
+    # The job's own error (a refused save among them) is the one to report: a save failing while closing is one
+    # warning line after it (orbax's failed background write raised once more is the same line: none).
+    try:
       self.close()
+    except Exception as e:
+      refusals.note_while_stopping(exc, e)
 
   def _uncommitted(self) -> list[storage.Path]:
     """Step directories that orbax has not committed: temporary ones locally, those without the commit object in
@@ -100,6 +108,7 @@ class Checkpointer:
     return [p for p in entries if _TMP in p.name and p.name.split(".")[0].isdigit()]
 
   def save(self, step: int, state, meta: CheckpointMeta, force: bool = False) -> bool:
+    fence.check(self.directory)  # nothing of a save starts once the workdir's lease is lost
     args = ocp.args.Composite(params=ocp.args.StandardSave(state.params),
                               optimizer=ocp.args.StandardSave(_rest(state)),
                               meta=ocp.args.JsonSave(meta.to_json()))
@@ -113,7 +122,8 @@ class Checkpointer:
     if primary:
       self._in_flight.append(step)
     try:
-      saved = self.manager.save(step, args=args, force=force)
+      saved = self._bounded(f"write checkpoint {step} to {self.directory}", self.manager.save, step, args=args,
+                            force=force)
       if not saved and step in self._in_flight:
         self._in_flight.remove(step)
       self._seal_committed(but=step)
@@ -145,8 +155,15 @@ class Checkpointer:
       if storage.exists(self._step_dir(step) / CHECKSUMS):  # Else deleted since (keep_last).
         checksums.record(self._step_dir(step))
 
-  def _write_error(self, e: Exception, step: int | None) -> UserError:
-    """The failed save's step (None: unknown) and OS error, and what to do, in one line."""
+  def _write_error(self, e: Exception, step: int | None) -> Exception:
+    """The failed save's step (None: unknown) and OS error, and what to do, in one line; the lost lease itself when
+    that is why (`fence.check` refused the checksums of the commit), or the store's timeout, or the stop signal
+    that ended the wait (`Preempted`: the job exits with the signal's status)."""
+    own = next((c for c in _chain(e) if isinstance(c, (fence.LeaseLost, deadline.StoreTimeout, Preempted))), None)
+    if isinstance(own, Preempted):
+      return Preempted(str(own), own.exit_status - 128)
+    if own is not None:  # its own line says it all
+      return type(own)(str(own))
     which = "a checkpoint" if step is None else f"checkpoint {step}"
     cause, fix = _refused(e, self.directory)
     return UserError(f"could not write {which} to {self.directory}: {cause}; {fix}, then rerun to resume from the "
@@ -162,8 +179,13 @@ class Checkpointer:
         does not fit is restored, and `explain(step, directory, saved meta, error)` may turn a failed restore
         into such an error (else the checkpoint counts as damaged and an older one is tried).
 
+    Only damage (`checkpoint.unless_damaged`) makes it try an older checkpoint, and set the newer ones aside once
+    one has loaded: a store that refuses, cannot be reached or times out, or a checkpoint of a newer tupe, stops
+    the resume with one line, and nothing is moved.
+
     Raises:
-      UserError: if `compatibility` rejects the newest intact checkpoint, or none loads.
+      UserError: if `compatibility` rejects the newest intact checkpoint, none loads, or one cannot be read for
+        another reason than damage.
     """
     if self.interrupted:
       logging.warning("the save of checkpoint %s in %s was interrupted (its partial files are removed); resuming "
@@ -172,17 +194,20 @@ class Checkpointer:
     skipped = []
     for step in sorted(self.manager.all_steps(), reverse=True):
       try:
-        saved_meta = checkpoint.verified_meta(self._step_dir(step), self.directory, items=None)
-        saved = checkpoint.params_metadata(self._step_dir(step), saved_meta)
+        saved_meta, saved = self._bounded(f"read checkpoint {step} in {self.directory}", _read_metadata,
+                                          self._step_dir(step), self.directory)
       except Exception as e:  # Damaged files or unreadable metadata: a truncated or corrupted checkpoint.
+        checkpoint.unless_damaged(self._step_dir(step), e)  # (a store that did not answer, a newer layout: raised)
         skipped.append(self._skip(step, e))
         continue
       if compatibility is not None:
         compatibility.check(step, self.directory, saved, saved_meta)
       try:
         console.log(f"loading checkpoint {step} from {self.directory}...")
-        state = _restore_state(self._step_dir(step), saved_meta, abstract_state)
+        state = self._bounded(f"read checkpoint {step} in {self.directory}", _restore_state, self._step_dir(step),
+                              saved_meta, abstract_state)
       except Exception as e:  # A truncated or corrupted checkpoint: fall back to an older one.
+        checkpoint.unless_damaged(self._step_dir(step), e)
         if compatibility is not None:
           compatibility.explain(step, self.directory, saved_meta, e)
         skipped.append(self._skip(step, e))
@@ -212,7 +237,7 @@ class Checkpointer:
         _rename(self._step_dir(step), target)
         logging.warning("renamed the unrestorable checkpoint %d to %s", step, target)
     ocp.multihost.sync_global_processes("tupe_checkpoint_move_aside")
-    self.manager.reload()
+    self._bounded(f"list the checkpoints in {self.directory}", self.manager.reload)
 
   def check(self) -> None:
     """Raises the one-line error of an asynchronous save that failed as soon as it has ended, and records the
@@ -221,24 +246,61 @@ class Checkpointer:
       self.wait()
 
   def wait(self):
+    which = "a checkpoint" if self._pending is None else f"checkpoint {self._pending}"
     try:
-      self.manager.wait_until_finished()
+      self._bounded(f"write {which} to {self.directory}", self.manager.wait_until_finished)
       self._seal_committed()
     except Exception as e:
       raise self._write_error(e, self._pending) from e
     self._pending = None
 
   def close(self):
+    if self._stuck:  # its wait was given up: the job is stopping on that one line
+      return
+    close = lambda: self._bounded(f"finish writing to {self.directory}", self.manager.close)
     try:
       self.wait()
     except UserError:
-      with contextlib.suppress(Exception):  # The failed save that wait() reports, raised again by orbax.
-        self.manager.close()
+      if not self._stuck:
+        with contextlib.suppress(Exception):  # The failed save that wait() reports, raised again by orbax.
+          close()
       raise
     try:
-      self.manager.close()
+      close()
     except Exception as e:
       raise self._write_error(e, None) from e
+
+  def _bounded(self, what: str, fn, *args, **kwargs):
+    """`fn(*args, **kwargs)`, waited for at most `checkpoint.store_timeout_s` in a bucket (`deadline.call`); once a
+    wait is given up, the checkpointer closes without waiting again."""
+    if not storage.is_remote(self.directory):
+      return fn(*args, **kwargs)
+    try:
+      return deadline.call(what, fn, *args, **kwargs)
+    except (deadline.StoreTimeout, Preempted):
+      self._stuck = True
+      raise
+
+
+def _chain(e: BaseException) -> list[BaseException]:
+  """`e` and the exceptions it was raised from."""
+  chain = []
+  while e is not None and e not in chain:
+    chain.append(e)
+    e = e.__cause__ or e.__context__
+  return chain
+
+
+def _refuse_links(directory: storage.Path) -> None:
+  """A step that is a symbolic link (on a local disk) is refused in one line: orbax's retention cannot delete it,
+  and would fail every later save; nothing is written or deleted through it."""
+  if storage.is_remote(directory):
+    return
+  for entry in storage.iterdir(directory):
+    if entry.name.split(".")[0].isdigit() and (target := storage.link_target(entry)):
+      raise UserError(f"checkpoint {entry} is a symbolic link (to {target}): a run neither "
+                      f"writes nor deletes through links among its checkpoints; put the step's folder itself there "
+                      f"(cp -r), or move the link away")
 
 
 def save_params(directory: storage.PathLike, params, meta: CheckpointMeta) -> storage.Path:
@@ -290,6 +352,12 @@ def _rename(folder: storage.Path, target: storage.Path) -> None:
 def _rest(state) -> dict:
   """The optimizer item: the TrainState less its parameters."""
   return {"opt_state": state.opt_state, "step": state.step, "rng": state.rng}
+
+
+def _read_metadata(step_dir: storage.Path, root: storage.Path):
+  """(the meta, the saved parameters' metadata) of a step directory whose files check out (`verified_meta`)."""
+  meta = checkpoint.verified_meta(step_dir, root, items=None)
+  return meta, checkpoint.params_metadata(step_dir, meta)
 
 
 def _restore_state(step_dir: storage.Path, meta: CheckpointMeta, abstract_state):

@@ -6,20 +6,26 @@ written anything (`WorkdirInUse`, a `UserError`: exit status 2).
 - On a local disk: `<workdir>/.tupe.lock`, held with `flock`. The kernel releases it when the process dies (a
   kill, a crash, a power cut), so a dead job never needs hand-cleaning. The file stays behind, holding the
   last owner's host and pid, which a second job reads to name it.
-- In a bucket (gs://, s3://): a lease object `<workdir>/.tupe.lease` holding the owner's host, pid and the
-  lease's expiry. It is created only if there is none, so of two jobs starting together one wins; a background
-  thread renews it every `ttl / 4` seconds (each renewal conditional on the object being the version this job
-  wrote); it is deleted when the job ends (conditional on the same). A crashed job's lease expires after `ttl`
-  seconds (at once when the crashed job ran on this host and its pid is gone) and is taken over, conditional on
-  the old object's version, so of two jobs taking over together one wins. A job whose lease was taken over (it
-  could not renew it for `ttl` seconds, and another job took the workdir) stops at once, with one line: two jobs
-  must never write one workdir.
+- In a bucket (gs://, s3://): a lease object `<workdir>/.tupe.lease` holding the owner's record and the lease's
+  expiry. It is created only if there is none, so of two jobs starting together one wins; a background thread
+  renews it every `ttl / 4` seconds (each renewal conditional on the object being the version this job wrote);
+  it is deleted when the job ends (conditional on the same). A crashed job's lease expires after `ttl` seconds
+  (at once when its process is gone: `_pid_is_gone`) and is taken over, conditional on the old object's version,
+  so of two jobs taking over together one wins.
 
-The lease logic is one (`_BucketLease`); each store gives it four conditional requests on one object (create
-if absent, replace if unchanged, read with its version, delete if unchanged): `_GcsObject` with
-google-cloud-storage's generation preconditions, `_S3Object` with S3's conditional writes (`If-None-Match: *`,
-`If-Match: <ETag>`, which AWS S3 has honoured since 2024). An S3-compatible store that answers them "not
-implemented" gets one warning, and no lock; one that ignores the headers silently cannot be told apart.
+Fencing (`tupe.store.fence`): every write that commits state checks, right before it writes, that this job still
+holds what it took (`_LocalLock.check`, `_BucketLease.check`: the lease object still holds this job's token,
+renewed first if less than half its lifetime is left). A job whose lease was taken over (paused past its
+lifetime, cut off from the store) stops at its next write, with one line naming the job that holds the workdir
+now, and writes nothing more. The first failed renewal is one warning; renewals failing for longer than half the
+lease's lifetime stop the job at its next write, with one line naming the store's cause.
+
+A process is judged gone only by its host id (the machine's boot and pid namespace), pid and start time, never by
+its host name: two machines of one name never take each other's live lease, nor a reused pid a dead one's.
+
+The lease logic is one (`_BucketLease`) on any store of `lease_objects.STORES`. An S3-compatible store that
+answers conditional writes "not implemented" gets one warning, and no lock; one that ignores the headers silently
+cannot be told apart.
 
 The lock files are written here, not through `tupe.store.storage`: `flock` needs a local file descriptor and the
 lease needs the stores' preconditions, which the generic path layer does not offer.
@@ -32,19 +38,22 @@ from __future__ import annotations
 from collections.abc import Iterator
 import contextlib
 import datetime
+import errno
 import fcntl
 import json
 import os
 import socket
-import sys
 import threading
 import time
+import uuid
 
 import jax
 import numpy as np
 
 from tupe import console
 from tupe.errors import UserError
+from tupe.store import fence
+from tupe.store import lease_objects
 from tupe.store import refusals
 from tupe.store import storage
 
@@ -57,11 +66,42 @@ class WorkdirInUse(UserError):
   """Another live job holds the workdir's lock or lease."""
 
 
-def _owner(ttl: float = 0.0) -> dict:
-  """This job as a lock records it: host, pid, start time, and (a lease) the time it expires."""
-  record = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}
+def _read_proc(name: str) -> str | None:
+  """The text of a /proc file; None where there is none (not Linux, or no such process)."""
+  try:
+    fd = os.open(name, os.O_RDONLY)
+  except OSError:
+    return None
+  try:
+    return os.read(fd, 4096).decode()
+  finally:
+    os.close(fd)
+
+
+def _host_id() -> str | None:
+  """This machine's boot and pid namespace ("<boot id>/<namespace inode>"): processes with one host id see the same
+  pids, which no host name tells (two machines, or two containers, may share one). None where /proc does not say."""
+  boot = _read_proc("/proc/sys/kernel/random/boot_id")
+  try:
+    namespace = os.stat("/proc/self/ns/pid").st_ino
+  except OSError:
+    return None
+  return f"{boot.strip()}/{namespace}" if boot else None
+
+
+def _start_time(pid: int) -> int | None:
+  """When process `pid` started (clock ticks after boot: /proc/<pid>/stat's 22nd field); None if there is none."""
+  stat = _read_proc(f"/proc/{pid}/stat")
+  return int(stat.rsplit(")", 1)[1].split()[19]) if stat else None
+
+
+def _owner(ttl: float = 0.0, token: str = "") -> dict:
+  """This job as a lock records it: host (its name, for people; its id, for `_pid_is_gone`), pid, process start,
+  since when, and (a lease) its token and the time it expires."""
+  record = {"host": socket.gethostname(), "host_id": _host_id(), "pid": os.getpid(),
+            "start": _start_time(os.getpid()), "since": time.time()}
   if ttl:
-    record["expires"] = time.time() + ttl
+    record.update(token=token, expires=time.time() + ttl)
   return record
 
 
@@ -69,46 +109,25 @@ def _clock(t: float) -> str:
   return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def _in_use(workdir, owner: dict | None, expiry: bool = False) -> WorkdirInUse:
+def _who(owner: dict | None) -> str:
   if not owner:  # it has taken the lock and not yet written its name
-    who = "another job"
-  else:
-    who = f"another job (pid {owner.get('pid')} on host {owner.get('host')}, since {_clock(owner.get('since', 0))})"
+    return "another job"
+  return f"another job (pid {owner.get('pid')} on host {owner.get('host')}, since {_clock(owner.get('since', 0))})"
+
+
+def _in_use(workdir, owner: dict | None, expiry: bool = False) -> WorkdirInUse:
   until = f"; its lease expires at {_clock(owner['expires'])} unless renewed" if expiry and owner else ""
-  return WorkdirInUse(f"workdir {workdir} is in use by {who}{until}: wait for it to finish or stop it, or choose "
-                      f"another --workdir")
+  return WorkdirInUse(f"workdir {workdir} is in use by {_who(owner)}{until}: wait for it to finish or stop it, or "
+                      f"choose another --workdir")
 
 
 def _pid_is_gone(owner: dict) -> bool:
-  """Whether `owner` ran on this host and its process no longer exists."""
-  if owner.get("host") != socket.gethostname() or not isinstance(owner.get("pid"), int):
+  """Whether `owner`'s process is known to be gone: it ran on this host (the same host id, not merely the same
+  name) and no process has its pid, or one started at another time has (the pid was reused)."""
+  host_id = _host_id()
+  if host_id is None or owner.get("host_id") != host_id or not isinstance(owner.get("pid"), int):
     return False
-  try:
-    os.kill(owner["pid"], 0)
-  except ProcessLookupError:
-    return True
-  except PermissionError:  # alive, another user's
-    return False
-  return False
-
-
-@contextlib.contextmanager
-def _local_lock(workdir) -> Iterator[None]:
-  """flock on <workdir>/.tupe.lock (the workdir exists); the owner's name is written into it once held."""
-  path = storage.local(storage.path(workdir) / LOCK_NAME)
-  with storage.errors("lock", path):
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by child processes (O_CLOEXEC)
-  try:
-    try:
-      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-      raise _in_use(workdir, _parse(os.pread(fd, 4096, 0))) from None
-    record = json.dumps(_owner()).encode()
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, record, 0)
-    yield
-  finally:
-    os.close(fd)  # releases the lock
+  return _start_time(owner["pid"]) != owner.get("start")
 
 
 def _parse(data: bytes) -> dict | None:
@@ -119,174 +138,179 @@ def _parse(data: bytes) -> dict | None:
   return owner if isinstance(owner, dict) else None
 
 
-class _Changed(Exception):
-  """The lease object is not at the version that a conditional request named: written, created or deleted since."""
+_STOPPING = "stopping without writing anything more, so that two jobs never write one workdir"
 
 
-class _NoConditionalWrites(Exception):
-  """The store refused a conditional write as not implemented (an S3-compatible store without them)."""
+class _LocalLock:
+  """flock on <workdir>/.tupe.lock (the workdir exists); the owner's record is written into it once held."""
 
+  def __init__(self, workdir):
+    self.workdir = workdir
+    self.path = storage.local(storage.path(workdir) / LOCK_NAME)
 
-class _GcsObject:
-  """The lease object in a gs:// bucket, through google-cloud-storage; its versions are the object's generations
-  (`if_generation_match` preconditions, 0 meaning "there is none")."""
-
-  def __init__(self, bucket: str, key: str):
-    from google.cloud import storage as gcs  # only for buckets
-    self.bucket, self.key = gcs.Client().bucket(bucket), key
-
-  def put(self, data: bytes, version: int | None) -> int:
-    """Writes `data` if the object is at `version` (None: if there is none); returns the new version."""
-    from google.api_core import exceptions
-    blob = self.bucket.blob(self.key)
+  def acquire(self) -> None:
+    try:  # Never through a link: the pid record is written into the file opened, which must be the workdir's own.
+      self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+      if e.errno == errno.ELOOP:
+        raise UserError(f"{self.path} is a symbolic link (to {storage.link_target(self.path)}): a job's lock file "
+                        f"must be the workdir's own, and nothing is written through a link; remove the link") from None
+      raise storage.StorageError(f"cannot lock {self.path}: {refusals.describe(e)}") from e
     try:
-      blob.upload_from_string(data, content_type="application/json", if_generation_match=version or 0)
-    except exceptions.PreconditionFailed as e:
-      raise _Changed() from e
-    return blob.generation
+      fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      owner = _parse(os.pread(self.fd, 4096, 0))
+      os.close(self.fd)
+      raise _in_use(self.workdir, owner) from None
+    os.ftruncate(self.fd, 0)
+    os.pwrite(self.fd, json.dumps(_owner()).encode(), 0)
 
-  def read(self) -> tuple[bytes, int]:
-    """The object's bytes and version; FileNotFoundError when there is none."""
-    from google.api_core import exceptions
-    blob = self.bucket.get_blob(self.key)
-    if blob is None:
-      raise FileNotFoundError(self.key)
+  def check(self) -> None:
+    """Raises LeaseLost when the lock file is no longer the one this job locked (removed or replaced: another job
+    may have locked a new one)."""
+    held = os.fstat(self.fd)
     try:
-      return blob.download_as_bytes(if_generation_match=blob.generation), blob.generation
-    except exceptions.NotFound as e:
-      raise FileNotFoundError(self.key) from e
-    except exceptions.PreconditionFailed as e:
-      raise _Changed() from e
+      now = os.stat(self.path, follow_symlinks=False)
+    except FileNotFoundError:
+      now = None
+    if now is None or (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino):
+      raise fence.LeaseLost(f"the lock file {self.path} was removed or replaced while this job held the workdir, "
+                            f"so another job may hold it now; {_STOPPING}")
 
-  def delete(self, version: int) -> None:
-    """Deletes the object if it is at `version`; nothing if it is gone or was written since."""
-    from google.api_core import exceptions
-    with contextlib.suppress(exceptions.NotFound, exceptions.PreconditionFailed):
-      self.bucket.blob(self.key).delete(if_generation_match=version)
-
-
-class _S3Object:
-  """The lease object in an s3:// bucket, through botocore (the client s3fs is built on, reading the same AWS
-  settings: AWS_ENDPOINT_URL, credentials, region); its versions are ETags, and its preconditions S3's conditional
-  requests: PutObject with `If-None-Match: *` (create) or `If-Match: <ETag>` (replace), DeleteObject with
-  `If-Match`."""
-
-  def __init__(self, bucket: str, key: str):
-    import botocore.session  # only for buckets
-    self.client = botocore.session.get_session().create_client("s3")
-    self.bucket, self.key = bucket, key
-
-  def _call(self, method: str, **kwargs) -> dict:
-    """One request on the object; a failed precondition raises `_Changed`, a missing object FileNotFoundError."""
-    from botocore.exceptions import ClientError
-    try:
-      return getattr(self.client, method)(Bucket=self.bucket, Key=self.key, **kwargs)
-    except ClientError as e:
-      error = e.response.get("Error", {})
-      if error.get("Code") in ("PreconditionFailed", "ConditionalRequestConflict"):
-        raise _Changed() from e
-      if error.get("Code") == "NoSuchKey":
-        raise FileNotFoundError(self.key) from e
-      if error.get("Code") == "NotImplemented" or e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 501:
-        raise _NoConditionalWrites(f"{method}: {error.get('Message') or error.get('Code')}") from e
-      raise
-
-  def put(self, data: bytes, version: str | None) -> str:
-    """Writes `data` if the object is at `version` (None: if there is none); returns the new version."""
-    condition = {"IfMatch": version} if version else {"IfNoneMatch": "*"}
-    try:
-      return self._call("put_object", Body=data, ContentType="application/json", **condition)["ETag"]
-    except FileNotFoundError as e:  # If-Match on an object deleted since
-      raise _Changed() from e
-
-  def read(self) -> tuple[bytes, str]:
-    """The object's bytes and version; FileNotFoundError when there is none."""
-    response = self._call("get_object")
-    return response["Body"].read(), response["ETag"]
-
-  def delete(self, version: str) -> None:
-    """Deletes the object if it is at `version`; nothing if it is gone or was written since, or where the store has
-    no conditional deletes (the lease then expires as a crashed job's does)."""
-    with contextlib.suppress(FileNotFoundError, _Changed, _NoConditionalWrites):
-      self._call("delete_object", IfMatch=version)
-
-
-_STORES = {"gs": _GcsObject, "s3": _S3Object}
+  def release(self, quietly: bool = False) -> None:
+    os.close(self.fd)  # releases the lock
 
 
 class _BucketLease:
-  """The lease object of a bucket workdir (see the module's docstring), on any store of `_STORES`."""
+  """The lease object of a bucket workdir (see the module's docstring), on any store of `lease_objects.STORES`."""
 
   def __init__(self, workdir, ttl: float):
     scheme, _, rest = str(workdir).partition("://")
     bucket, _, prefix = rest.partition("/")
     key = f"{(prefix.rstrip('/') + '/') if prefix else ''}{LEASE_NAME}"
-    self.url = f"{scheme}://{bucket}/{key}"
-    self.ttl = ttl
+    self.workdir, self.url, self.ttl, self.every = workdir, f"{scheme}://{bucket}/{key}", ttl, ttl / 4
     with storage.errors("connect to", self.url):
-      self.object = _STORES[scheme](bucket, key)
+      self.object = lease_objects.STORES[scheme](bucket, key, timeout_s=max(1.0, self.every))
+    self.token = uuid.uuid4().hex  # this job's, in every record it writes: what `check` looks for
     self.version = None
+    self.expires = 0.0  # when the lease this job wrote last expires (time.time())
+    self.lost: fence.LeaseLost | None = None
+    self._lock = threading.Lock()  # one request at a time that writes the lease (a renewal, a check's renewal)
     self._stop = threading.Event()
     self._thread = threading.Thread(target=self._renew_loop, name="tupe-lease", daemon=True)
 
   def _put(self, version) -> None:
     """Writes this job's record if the object is at `version` (None: if there is none)."""
-    self.version = self.object.put(json.dumps(_owner(self.ttl)).encode(), version)
+    record = _owner(self.ttl, self.token)
+    self.version = self.object.put(json.dumps(record).encode(), version)
+    self.expires = record["expires"]
 
-  def acquire(self, workdir) -> bool:
+  def acquire(self) -> bool:
     """Takes the lease and starts renewing it; `WorkdirInUse` when a live job holds it. False, with one warning and
     no lease, where the store does not implement conditional writes."""
     with storage.errors("take the lease", self.url):
       try:
-        refusal = self._take(workdir)
-      except _NoConditionalWrites as e:
-        console.log(f"warning: {workdir}: no lock, as this store does not implement conditional writes ({e}); make "
-                    f"sure no other job uses this workdir")
+        refusal = self._take()
+      except lease_objects.NoConditionalWrites as e:
+        console.log(f"warning: {self.workdir}: no lock, as this store does not implement conditional writes ({e}); "
+                    f"make sure no other job uses this workdir")
         return False
     if refusal:
       raise refusal
+    self._renewed = time.monotonic()
     self._thread.start()
     return True
 
-  def _take(self, workdir) -> WorkdirInUse | None:
+  def _take(self) -> WorkdirInUse | None:
     """Creates the lease, or takes over an expired one; the refusal naming its live owner otherwise."""
     for _ in range(5):  # a lease deleted or replaced between two requests: look again
       try:
         self._put(None)
         return None
-      except _Changed:
+      except lease_objects.Changed:
         pass
       try:
         data, version = self.object.read()
-      except (FileNotFoundError, _Changed):
+      except (FileNotFoundError, lease_objects.Changed):
         continue  # released or replaced since
       owner = _parse(data)
+      if owner and owner.get("token") == self.token:  # ours: a retried create whose first answer was lost
+        self.version, self.expires = version, owner["expires"]
+        return None
       if not (owner is None or owner.get("expires", 0) < time.time() or _pid_is_gone(owner)):
-        return _in_use(workdir, owner, expiry=True)
+        return _in_use(self.workdir, owner, expiry=True)
       try:
         self._put(version)
-      except _Changed:
+      except lease_objects.Changed:
         continue  # another job took it over first: the next look names it
-      console.log(f"warning: took over the lease of {workdir} from a job that stopped without releasing it ("
+      console.log(f"warning: took over the lease of {self.workdir} from a job that stopped without releasing it ("
                   + (f"pid {owner.get('pid')} on host {owner.get('host')}, lease expired at "
                      f"{_clock(owner['expires'])}" if owner and "expires" in owner else "an unreadable lease") + ")")
       return None
-    return _in_use(workdir, None)
+    return _in_use(self.workdir, None)
+
+  def _lose(self, why: str) -> fence.LeaseLost:
+    """Records that the lease is lost (every later `check` raises the same); returns the error."""
+    if self.lost is None:
+      self.lost = fence.LeaseLost(f"lost the lease {self.url}: {why}; {_STOPPING}")
+    return self.lost
+
+  def _taken_over(self) -> fence.LeaseLost:
+    """The lease was replaced or deleted by another job: lost, naming the job that holds it now."""
+    try:
+      owner = _parse(self.object.read()[0])
+      holder = f"{_who(owner)} took the workdir over and holds it now"
+    except Exception:  # deleted since (that job finished), or the store does not answer
+      holder = "another job took the workdir over (and has released it since)"
+    return self._lose(f"it was not renewed for {self.ttl:g} s (this job was paused, or cut off from the store), "
+                      f"and {holder}")
+
+  def check(self) -> None:
+    """Raises LeaseLost unless this job still holds the lease, as the store says now: the object holds this job's
+    token. With less than half its lifetime left (a renewal late: the job was paused), it is renewed first, so that
+    the write that follows falls within it. A store that does not answer passes the check while the lease this job
+    wrote last is still in force (no other job may take it before), and fails it after."""
+    if self.lost is not None:
+      raise self.lost
+    with self._lock:
+      try:
+        data, version = self.object.read()
+        owner = _parse(data)
+        if not owner or owner.get("token") != self.token:
+          raise self._taken_over()
+        if owner.get("expires", 0) - time.time() < self.ttl / 2:
+          self._put(version)
+          self._renewed = time.monotonic()
+      except (FileNotFoundError, lease_objects.Changed):
+        raise self._taken_over() from None
+      except fence.LeaseLost:
+        raise
+      except Exception as e:  # the store does not answer, or refuses
+        if time.time() < self.expires - self.every:
+          return  # no other job can have taken the lease over yet: the write itself meets the store's state
+        raise storage.StorageError(f"cannot check the lease {self.url}: {refusals.describe(e)}") from e
 
   def _renew_loop(self) -> None:
-    while not self._stop.wait(self.ttl / 4):
+    failing = False
+    while not self._stop.wait(self.every):
       try:
-        self._put(self.version)
-      except _Changed:
-        if self._stop.is_set():
+        with self._lock:
+          self._put(self.version)
+        self._renewed, failing = time.monotonic(), False
+      except lease_objects.Changed:
+        if not self._stop.is_set():
+          self._taken_over()  # the job stops at its next write
+        return
+      except Exception as e:  # the store does not answer, or refuses
+        if not failing:
+          console.log(f"warning: could not renew the lease {self.url} ({refusals.describe(e)}); retrying every "
+                      f"{self.every:g} s (the job stops if it cannot renew it for {self.ttl / 2:g} s)")
+        failing = True
+        unrenewed = time.monotonic() - self._renewed
+        if unrenewed > self.ttl / 2:
+          self._lose(f"it could not be renewed for {unrenewed:.0f} s ({refusals.describe(e)}), and another job may "
+                     f"take the workdir over once it expires")
           return
-        # Another job took the workdir over: this one must not write a byte more.
-        print(f"error: lost the lease {self.url} to another job (it was not renewed for {self.ttl:g} s and "
-              f"was taken over); stopping now so that two jobs do not write one workdir", file=sys.stderr,
-              flush=True)
-        os._exit(2)
-      except Exception:  # a store hiccup: the next renewal retries, well before the lease expires
-        continue
 
   def release(self, quietly: bool = False) -> None:
     """Stops renewing the lease and deletes it. Where the store refuses the delete (the permission to write taken
@@ -295,6 +319,8 @@ class _BucketLease:
     self._stop.set()
     if self._thread.is_alive():
       self._thread.join()
+    if self.lost is not None:
+      return  # not ours any more: another job's lease, or none
     try:
       self.object.delete(self.version)
     except Exception as e:
@@ -305,33 +331,27 @@ class _BucketLease:
 
 
 @contextlib.contextmanager
-def _bucket_lease(workdir, ttl: float) -> Iterator[None]:
-  lease = _BucketLease(workdir, ttl)
-  if not lease.acquire(workdir):
+def _one_host(workdir, ttl: float) -> Iterator[None]:
+  """This process's lock on `workdir`, by the kind of storage, with every write under it fenced."""
+  held = _BucketLease(workdir, ttl) if storage.is_remote(workdir) else _LocalLock(workdir)
+  if held.acquire() is False:  # no lock where the store has no conditional writes
     yield
     return
+  fence.register(str(workdir), held.check)
   try:
     yield
   except BaseException:
-    lease.release(quietly=True)
+    fence.unregister(str(workdir))
+    held.release(quietly=True)
     raise
-  lease.release()
-
-
-@contextlib.contextmanager
-def _one_host(workdir, ttl: float) -> Iterator[None]:
-  """This process's lock on `workdir`, by the kind of storage."""
-  if storage.is_remote(workdir):
-    with _bucket_lease(workdir, ttl):
-      yield
-  else:
-    with _local_lock(workdir):
-      yield
+  fence.unregister(str(workdir))
+  held.release()
 
 
 @contextlib.contextmanager
 def hold(workdir: storage.PathLike, ttl: float = TTL_S) -> Iterator[None]:
-  """Holds `workdir` (which exists) for this job while the block runs; `WorkdirInUse` if another job does.
+  """Holds `workdir` (which exists) for this job while the block runs; `WorkdirInUse` if another job does. Every
+  write under it is checked first (`tupe.store.fence`): once the lease is lost, writes raise `fence.LeaseLost`.
 
   `ttl`: a bucket lease's lifetime without renewal (renewed every `ttl / 4` seconds while the block runs).
   """

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 import contextlib
+import errno
 import re
 
 from tupe.errors import UserError
@@ -20,6 +21,8 @@ class StorageError(UserError):
 
 _AWS_KEYS = "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE"
 _GOOGLE_LOGIN = "run `gcloud auth application-default login`, or set GOOGLE_APPLICATION_CREDENTIALS to a key file"
+_NO_CONNECTION = ("no connection to the store ({detail}): check that it is reachable from here, and its endpoint "
+                  "setting (AWS_ENDPOINT_URL, STORAGE_EMULATOR_HOST) if one is set")
 _DENIED = ("permission refused ({detail}): the credentials in use may not do this here; ask for access, or use other "
            "credentials")
 
@@ -48,8 +51,11 @@ _CAUSES = (
           "them"),  # a HEAD request's refusal has no body to tell which
     ("builtins.PermissionError", "permission refused ({detail})"),
     # The store's endpoint refused or dropped the connection (botocore and gcsfs both keep the OS's error).
-    ("builtins.ConnectionError", "no connection to the store ({detail}): check that it is reachable from here, and "
-                                 "its endpoint setting (AWS_ENDPOINT_URL, STORAGE_EMULATOR_HOST) if one is set"),
+    ("builtins.ConnectionError", _NO_CONNECTION),
+    ("botocore.exceptions.ConnectionError", _NO_CONNECTION),  # botocore's own (EndpointConnectionError, ...)
+    # gcsfs's 404 for a resumable upload the store no longer knows (its URL as the message: `_keys`)
+    ("lost upload", "the store no longer knows an upload it had begun (it restarted, or the upload's session "
+                    "expired)"),
 )
 
 
@@ -74,6 +80,8 @@ def _keys(e: BaseException) -> Iterator[tuple[object, BaseException]]:
       yield "GCS 403", e
     if "Anonymous caller does not have " in str(e):  # GCS's words, whichever client raised them
       yield "Anonymous caller", e
+    if isinstance(e, FileNotFoundError) and "upload_id=" in str(e):
+      yield "lost upload", e
     e = e.__cause__ if e.__cause__ is not None or e.__suppress_context__ else e.__context__
 
 
@@ -82,11 +90,13 @@ def describe(e: BaseException) -> str:
   for the generic ones, and the message's first line."""
   if isinstance(e, StorageError):
     return str(e)
-  if isinstance(e, FileNotFoundError):
-    return "not found"
   cause = refusal(e)
   if cause:
     return cause
+  if isinstance(e, FileNotFoundError):
+    return "not found"
+  if isinstance(e, OSError) and e.errno == errno.ELOOP:  # opened with O_NOFOLLOW
+    return "it is a symbolic link, and tupe writes through none: put the file itself there, or remove the link"
   if isinstance(e, OSError) and e.strerror:
     return e.strerror
   return f"{type(e).__name__}: {_first_line(e)}"
@@ -102,6 +112,27 @@ def refusal(e: BaseException) -> str | None:
     if key in shown:
       return text.format(detail=_words(shown[key]))
   return None
+
+
+# TensorStore's statuses for a store that refused a request or did not answer in time (its error text starts with
+# the status's name), and HTTP statuses for a store that is down or busy: failures of the store, not of its data.
+_STORE_STATUSES = ("UNAVAILABLE: ", "DEADLINE_EXCEEDED: ", "PERMISSION_DENIED: ", "UNAUTHENTICATED: ",
+                   "RESOURCE_EXHAUSTED: ", "CANCELLED: ")
+_BUSY_HTTP = (429, 500, 502, 503, 504)
+
+
+def unanswered(e: BaseException) -> bool:
+  """Whether `e`, or an exception it was raised from, says that a store refused a request, could not be reached or
+  did not answer in time (a `StorageError`, a refusal of `_CAUSES`, a timeout, a lost connection, TensorStore's
+  status for either, or the HTTP status of a store that is down or busy): the store failed, not what it holds. A
+  file that is not there is an answer (FileNotFoundError anywhere in the chain: False)."""
+  if any(isinstance(cause, FileNotFoundError) for _, cause in _keys(e)):
+    return False
+  for key, cause in _keys(e):
+    if (isinstance(cause, (StorageError, TimeoutError, ConnectionError)) or str(cause).startswith(_STORE_STATUSES)
+        or key in _BUSY_HTTP or (type(cause).__module__.startswith("aiohttp") and isinstance(cause, OSError))):
+      return True
+  return refusal(e) is not None
 
 
 def _is_gcs_403(e: BaseException) -> bool:
@@ -140,3 +171,15 @@ def _words(e: BaseException) -> str:
 def _first_line(e: BaseException) -> str:
   text = str(e).strip().splitlines()
   return text[0] if text else type(e).__name__
+
+
+def note_while_stopping(error: BaseException, failure: BaseException) -> None:
+  """Adds `failure`, which happened while a job was already stopping on `error` (closing its checkpointer or logs),
+  to `error` as one warning line: the entry point prints it after the error's own line
+  (`tupe.run.process.run_main`), and a traceback shows it too. The job's own error stays the one reported; nothing
+  is added where the failure says the same, or where both are the store failing (`unanswered`: its cause is
+  already named)."""
+  line = f"warning: while stopping, {failure}"
+  if str(failure) != str(error) and not (unanswered(error) and unanswered(failure)) and \
+      line not in getattr(error, "__notes__", ()):
+    error.add_note(line)

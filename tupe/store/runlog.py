@@ -15,6 +15,7 @@ from tensorboardX.record_writer import masked_crc32c
 
 from tupe.errors import UserError
 from tupe.store import jsonlog
+from tupe.store import refusals
 from tupe.store import storage
 
 
@@ -113,8 +114,14 @@ class MetricWriter:
   def __enter__(self):
     return self
 
-  def __exit__(self, *exc):
-    self.close()
+  def __exit__(self, exc_type, exc, tb):
+    if exc_type is None:
+      self.close()
+      return
+    try:  # stopping on an error: records that cannot be written are one warning line after it
+      self.close()
+    except Exception as e:
+      refusals.note_while_stopping(exc, e)
 
   def close(self):
     if self.active:

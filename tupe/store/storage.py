@@ -12,7 +12,9 @@ Object stores have no rename, no append and no fsync, so the writes here are who
   `tupe.store.jsonlog` rotates segments for that reason).
 
 Errors from a store (no credentials, credentials it refuses, an unknown bucket, a permission refused, the endpoint
-gone) surface as `StorageError`, one line naming the path, the cause and what to do about it (`describe`).
+gone) surface as `StorageError`, one line naming the path, the cause and what to do about it (`describe`). Every
+operation on a bucket path has a bounded wait (`tupe.store.deadline`), and every write in a workdir this job held
+and lost raises `fence.LeaseLost` before it writes.
 """
 
 from __future__ import annotations
@@ -22,12 +24,15 @@ import contextlib
 import functools
 import io
 import os
+import re
 import tempfile
 from typing import IO
 
 from etils import epath
 import fsspec
 
+from tupe.store import deadline
+from tupe.store import fence
 from tupe.store.refusals import StorageError
 from tupe.store.refusals import describe
 
@@ -42,12 +47,31 @@ def is_remote(p: PathLike) -> bool:
 
 
 def path(p: PathLike) -> Path:
-  """`p` as an absolute `epath.Path`: `~` expanded and made absolute locally, a bucket URL kept as it is."""
+  """`p` as an absolute `epath.Path`: `~` expanded and made absolute locally, a bucket URL kept as it is (once
+  `check_bucket_url` has accepted it)."""
   if isinstance(p, str) and not p:
     raise StorageError("an empty path was given: name a file or folder (a local path or gs://bucket/...)")
   if is_remote(p):
+    check_bucket_url(str(p))
     return Path(str(p))
   return Path(os.path.abspath(os.path.expanduser(os.fspath(p))))
+
+
+# What a bucket path may not hold, and how orbax (TensorStore's URL parsing) or the stores would read it.
+_MISREAD = ((re.compile(r"#"), "'#'", "the start of a URL fragment: what follows is dropped"),
+            (re.compile(r"\?"), "'?'", "the start of a URL query: what follows is dropped"),
+            (re.compile(r"(^|/)\.\.?(/|$)"), "a '.' or '..' segment", "a step within or above the folder"),
+            (re.compile(r"[\x00-\x1f\x7f]"), "a control character", "a different name, or none"))
+
+
+def check_bucket_url(url: str) -> None:
+  """Refuses a gs:// or s3:// path that orbax or the store would read as another path (so that nothing is written
+  outside it): '#', '?', '.' and '..' segments and control characters, in one line."""
+  key = url.split("://", 1)[1]
+  for pattern, what, meaning in _MISREAD:
+    if pattern.search(key):
+      raise StorageError(f"{url!r}: a bucket path cannot hold {what}, which orbax and the stores read as {meaning}; "
+                         f"choose a path without it (letters, digits, '-', '_', '.', spaces and '/')")
 
 
 def local(p: PathLike) -> str:
@@ -90,6 +114,20 @@ def _google_credentials(key_file: str | None) -> None:
     pass
 
 
+def _bounded(verb: str):
+  """Runs the decorated operation on a bucket path (its first argument) with a bounded wait (`deadline.call`: a
+  store that does not answer within `checkpoint.store_timeout_s` raises `deadline.StoreTimeout`); local paths
+  directly."""
+  def decorate(fn):
+    @functools.wraps(fn)
+    def bounded(p, *args, **kwargs):
+      if not is_remote(p):
+        return fn(p, *args, **kwargs)
+      return deadline.call(f"{verb} {p}", fn, p, *args, **kwargs)
+    return bounded
+  return decorate
+
+
 @contextlib.contextmanager
 def errors(what: str, p: PathLike) -> Iterator[None]:
   """Turns any storage exception raised inside into a `StorageError` "{what} {p}: {cause}". A gs:// path's
@@ -122,21 +160,25 @@ def _missing_bucket(p: PathLike) -> str | None:
     return None
 
 
+@_bounded("check")
 def exists(p: PathLike) -> bool:
   with errors("check", p):
     return path(p).exists()
 
 
+@_bounded("check")
 def is_dir(p: PathLike) -> bool:
   with errors("check", p):
     return path(p).is_dir()
 
 
+@_bounded("check")
 def is_file(p: PathLike) -> bool:
   with errors("check", p):
     return path(p).is_file()
 
 
+@_bounded("create")
 def makedirs(p: PathLike) -> Path:
   """Creates the folder `p` and its parents (a no-op in buckets, which have no folders); returns it."""
   d = path(p)
@@ -150,6 +192,7 @@ def read_text(p: PathLike) -> str:
   return read_bytes(p).decode("utf-8")
 
 
+@_bounded("read")
 def read_bytes(p: PathLike) -> bytes:
   """The bytes of file `p`. An object is fetched whole with one request (`cat_file`), not through a buffered
   file object, whose read-ahead in gcsfs 2026.x was seen to hang forever against the emulator."""
@@ -160,9 +203,12 @@ def read_bytes(p: PathLike) -> bytes:
     return path(p).read_bytes()
 
 
+@_bounded("write")
 def write_bytes(p: PathLike, data: bytes) -> None:
-  """Writes `data` to `p` atomically: readers see the old content or the new, never a part."""
+  """Writes `data` to `p` atomically: readers see the old content or the new, never a part. In a workdir this job
+  held and lost, nothing is written (`fence.check`: `LeaseLost`)."""
   target = path(p)
+  fence.check(target)
   with errors("write", target):
     if is_remote(target):
       target.write_bytes(data)  # one upload: visible whole or not at all
@@ -186,16 +232,21 @@ def write_text(p: PathLike, text: str) -> None:
   write_bytes(p, text.encode("utf-8"))
 
 
+@_bounded("append to")
 def append_text(p: PathLike, text: str) -> None:
-  """Appends `text` to `p` durably: fsynced locally; in a bucket, a rewrite of the whole object."""
+  """Appends `text` to `p` durably: fsynced locally; in a bucket, a rewrite of the whole object. Fenced as
+  `write_bytes` is."""
   target = path(p)
+  fence.check(target)
   with errors("append to", target):
     if is_remote(target):
       old = target.read_bytes() if target.exists() else b""
       target.write_bytes(old + text.encode("utf-8"))
       return
     target.parent.mkdir(parents=True, exist_ok=True)
-    with open(os.fspath(target), "a", encoding="utf-8") as f:
+    # Never through a link (ELOOP, "Too many levels of symbolic links"): the append lands in this very file.
+    fd = os.open(os.fspath(target), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    with os.fdopen(fd, "a", encoding="utf-8") as f:
       f.write(text)
       f.flush()
       os.fsync(f.fileno())
@@ -211,11 +262,21 @@ def open_file(p: PathLike, mode: str = "r") -> Iterator[IO]:
       yield f
 
 
+def link_target(p: PathLike) -> str | None:
+  """Where the symbolic link `p` leads (its final target, absolute); None when `p` is not one (buckets have
+  none)."""
+  if is_remote(p) or not os.path.islink(local(p)):
+    return None
+  return os.path.realpath(local(p))
+
+
+@_bounded("check")
 def size(p: PathLike) -> int:
   with errors("check", p):
     return path(p).stat().length
 
 
+@_bounded("list")
 def iterdir(p: PathLike) -> list[Path]:
   """The entries directly in folder `p`, sorted by name; [] when it does not exist."""
   d = path(p)
@@ -226,6 +287,7 @@ def iterdir(p: PathLike) -> list[Path]:
       return []
 
 
+@_bounded("list")
 def glob(pattern: PathLike) -> list[Path]:
   """The paths matching a glob `pattern` (`*`, `?`, `[...]`; `**` for any depth), sorted."""
   text = os.fspath(pattern)
@@ -238,6 +300,7 @@ def glob(pattern: PathLike) -> list[Path]:
     return sorted(path(root).glob("/".join(parts[wild[0]:])), key=str)
 
 
+@_bounded("list")
 def walk_files(p: PathLike) -> list[str]:
   """Every file under folder `p`, as paths relative to it with '/' separators, sorted."""
   root = path(p)
@@ -260,9 +323,11 @@ def _bare(p: PathLike) -> str:
   return text.split("://", 1)[-1]
 
 
+@_bounded("remove")
 def remove(p: PathLike) -> None:
-  """Removes the file or folder tree `p`; nothing if it is not there."""
+  """Removes the file or folder tree `p`; nothing if it is not there. Fenced as `write_bytes` is."""
   target = path(p)
+  fence.check(target)
   with errors("remove", target):
     if target.is_dir():
       target.rmtree(missing_ok=True)
@@ -294,6 +359,7 @@ def write_png(p: PathLike, figure) -> None:
   write_bytes(p, buffer.getvalue())
 
 
+@_bounded("write in")
 def check_writable(p: PathLike) -> None:
   """Fails now, with one line, if folder `p` cannot be created or written (rather than at the first save), and
   leaves nothing behind: locally the nearest folder on the way that exists must be writable; in a bucket one
@@ -314,6 +380,7 @@ def check_writable(p: PathLike) -> None:
     raise StorageError(f"cannot write in {d}: {existing}: Permission denied")
 
 
+@_bounded("check")
 def version(p: PathLike) -> tuple:
   """What changes whenever the file `p` is written again, without reading it: (size, modification time in ns,
   inode) locally; (size, generation, or the ETag where a store has no generations) in a bucket."""

@@ -58,18 +58,9 @@ def workdir_name(assignment: list[tuple[str, str]]) -> str:
   return f"{safe[:100]}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
 
 
-def absolute_config(spec: str) -> str:
-  """`path.py[:arg]` with the path made absolute: relative to the working directory, or else to the repository
-  (as `config_files.load_config` finds it)."""
-  file, sep, arg = spec.partition(":")
-  if not os.path.isfile(file) and (config_files.REPO / file).is_file():
-    file = str(config_files.REPO / file)
-  return os.path.abspath(file) + sep + arg
-
-
 def runs(config: str, root: str, grid, extra: list[str]) -> list[list[str]]:
   """The train.py command line of every grid point, in a fixed order (the config file's path absolute)."""
-  config = absolute_config(config)
+  config = config_files.absolute_config(config)
   commands, names = [], set()
   for values in itertools.product(*(v for _, v in grid)):
     assignment = list(zip((k for k, _ in grid), values))
@@ -83,6 +74,11 @@ def runs(config: str, root: str, grid, extra: list[str]) -> list[list[str]]:
   return commands
 
 
+def _name(command: list[str]) -> str:
+  """A run's workdir name (its grid values), from its train.py command."""
+  return storage.path(command[3].split("=", 1)[1]).name
+
+
 def check(commands: list[list[str]]) -> None:
   """Loads every run's complete config with its overrides and checks it as train.py will before its first step:
   its values (`pretrain.check_config`), then the data it will read (`pretrain.load_data`, once per distinct data
@@ -91,9 +87,9 @@ def check(commands: list[list[str]]) -> None:
   vocab the model does not match is a one-line error here, before anything runs or is printed for a
   scheduler."""
   def named(i: int, command: list[str], e: UserError) -> UserError:
-    return UserError(f"run {i + 1}/{len(commands)} ({storage.path(command[3].split('=', 1)[1]).name}): {e}")
+    return UserError(f"run {i + 1}/{len(commands)} ({_name(command)}): {e}")
 
-  configs = []
+  configs, seen = [], {}
   for i, command in enumerate(commands):  # The cheap checks of every point first.
     try:
       configs.append(config_files.check_config_flags(["train.py"] + command[2:]))
@@ -101,6 +97,11 @@ def check(commands: list[list[str]]) -> None:
       pretrain.check_config(configs[-1])
     except UserError as e:
       raise named(i, command, e) from e
+    # Values spelled apart that parse equal (seed=0 and seed=00) are one run, not two workdirs training the same.
+    same = seen.setdefault(configs[-1].to_json_best_effort(sort_keys=True), i)
+    if same != i:
+      raise UserError(f"runs {same + 1} and {i + 1} of the grid are the same run ({_name(commands[same])} and "
+                      f"{_name(command)} parse equal): list each value of a --grid key once")
   vocab_sizes = {}  # (data config, seq_len, evaluates) -> the training split's vocab size: each read once
   for i, (command, cfg) in enumerate(zip(commands, configs)):
     key = json.dumps([cfg.data.to_dict(), cfg.seq_len, bool(cfg.eval_every)], sort_keys=True)

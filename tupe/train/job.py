@@ -4,7 +4,9 @@
   1. JAX's persistent compilation cache (`compile_cache.enable`);
   2. `jax.distributed.initialize` for multi-host runs (an explicit coordinator, or auto-detected on TPU pods);
   3. the workdir: checked (writable, names and paths the filesystem allows), created, and held for this job
-     (`tupe.store.lease`): another job on it gets one line before any data is loaded or anything written;
+     (`tupe.store.lease`, with `checkpoint.lease_s`): another job on it gets one line before any data is loaded or
+     anything written, and so does a workdir of the other entry point's (`check_kind`); once the lease is lost,
+     no write of this job lands there (`tupe.store.fence`);
   4. SIGTERM (preemption) and Ctrl-C recorded for the job's duration (`tupe.signals`), acted on by the loop at its
      safe points: `stop_signal()`, after which every host stops after the same step.
 The loop then owns what it opens through `job.enter(...)` (checkpointer, metric writers, data workers), closed
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import fractions
+import json
 import math
 import os
 import sys
@@ -25,8 +28,11 @@ import jax
 from jax.experimental import multihost_utils
 import numpy as np
 
+from tupe import config_files
 from tupe import signals
 from tupe.errors import UserError
+from tupe.store import deadline
+from tupe.store import jsonlog
 from tupe.store import lease
 from tupe.store import storage
 from tupe.train import compile_cache
@@ -49,17 +55,19 @@ class Job:
     self.workdir = storage.path(workdir)
     self.received: list[int] = []  # the stop signals received (`signals.caught`)
     self._stack = contextlib.ExitStack()
-    self._created = self._held = self._started = False
+    self._created = self._started = False
 
   def __enter__(self) -> Job:
+    deadline.configure(self.cfg.checkpoint.store_timeout_s)  # every wait on a store from here on
     compile_cache.enable(self.cfg.get("compilation_cache_dir", compile_cache.DEFAULT_DIR))
     initialize_distributed(self.cfg.distributed)
     check_workdir(self.workdir)
     self._created = not storage.exists(self.workdir)
     make_workdir(self.workdir)
     try:
-      self._stack.enter_context(lease.hold(self.workdir))
-      self._held = True
+      self._stack.enter_context(lease.hold(self.workdir, ttl=self.cfg.checkpoint.lease_s))
+      self._stack.push(self._remove_unless_started)  # while the lease is still held
+      check_kind(self.workdir, config_files.entry_point(self.cfg))
       self.received = self._stack.enter_context(signals.caught())
     except BaseException:
       self.__exit__(*sys.exc_info())
@@ -83,11 +91,34 @@ class Job:
     return agreed_signal(self.received)
 
   def __exit__(self, exc_type, exc, tb):
-    try:
-      return self._stack.__exit__(exc_type, exc, tb)
-    finally:
-      if exc_type is not None and self._held and self._created and not self._started and jax.process_index() == 0:
-        storage.remove(self.workdir)  # Bad input, a signal or any failure before the job began: nothing left.
+    return self._stack.__exit__(exc_type, exc, tb)
+
+  def _remove_unless_started(self, exc_type, exc, tb) -> bool:
+    """Bad input, a signal or any failure before the job began: the workdir it created is removed, before its lease
+    is given up (so that it never removes another job's work)."""
+    if exc_type is not None and self._created and not self._started and jax.process_index() == 0:
+      storage.remove(self.workdir)
+    return False
+
+
+def check_kind(workdir: storage.Path, kind: str | None) -> None:
+  """A workdir holds the work of one entry point: `kind` ("train.py", "eval_glue.py") refuses one that the other
+  wrote (its config.json is the other's; without one, checkpoints/ is train.py's and runs.jsonl eval_glue.py's),
+  which it would overwrite."""
+  owner = None
+  if storage.exists(workdir / "config.json"):
+    with contextlib.suppress(ValueError):
+      owner = config_files.entry_point(json.loads(storage.read_text(workdir / "config.json")))
+  elif storage.exists(workdir / "checkpoints"):
+    owner = "train.py"
+  elif jsonlog.segments(workdir, "runs"):
+    owner = "eval_glue.py"
+  if kind is None or owner is None or owner == kind:
+    return
+  hint = f", and this one as the checkpoint to fine-tune (--config.init_checkpoint={workdir})" if (
+      owner == "train.py") else ""
+  raise UserError(f"workdir {workdir} holds the work of {owner} (its config.json is {owner}'s), which {kind} would "
+                  f"overwrite: give {kind} a --workdir of its own{hint}")
 
 
 def initialize_distributed(dist) -> None:

@@ -6,6 +6,7 @@ biases), and ConvBERT's layer-wise learning-rate decay for fine-tuning.
 """
 from __future__ import annotations
 
+import math
 import re
 
 import jax
@@ -15,6 +16,16 @@ import optax
 
 from tupe.errors import UserError
 from tupe.models.encoder import STACKED
+
+
+def check_adam(opt_cfg) -> None:
+  """Adam's settings as it needs them, one line each: betas in [0, 1) (1 or more never forgets, or grows without
+  bound; a negative one flips signs) and a finite, positive eps."""
+  for name in ("b1", "b2"):
+    if not (math.isfinite(opt_cfg[name]) and 0 <= opt_cfg[name] < 1):
+      raise UserError(f"optimizer.{name}={opt_cfg[name]} must be in [0, 1), e.g. 0.9 for b1 and 0.999 for b2")
+  if not (math.isfinite(opt_cfg.eps) and opt_cfg.eps > 0):
+    raise UserError(f"optimizer.eps={opt_cfg.eps} must be a finite number above 0, e.g. 1e-6")
 
 
 def schedule(opt_cfg, total_steps: int) -> optax.Schedule:

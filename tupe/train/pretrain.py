@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from typing import Any
 
 import flax.linen as nn
@@ -238,7 +239,8 @@ def check_loop(cfg) -> None:
   positive = {"num_train_steps": cfg.num_train_steps, "global_batch_size": cfg.global_batch_size,
               "grad_accum_steps": cfg.grad_accum_steps, "log_every": cfg.log_every,
               "eval_batches": cfg.eval_batches, "checkpoint.every_steps": cfg.checkpoint.every_steps,
-              "checkpoint.keep_last": cfg.checkpoint.keep_last}
+              "checkpoint.keep_last": cfg.checkpoint.keep_last, "checkpoint.lease_s": cfg.checkpoint.lease_s,
+              "checkpoint.store_timeout_s": cfg.checkpoint.store_timeout_s}
   for name, value in positive.items():
     if value < 1:
       raise UserError(f"{name}={value} must be 1 or more")
@@ -247,10 +249,12 @@ def check_loop(cfg) -> None:
   progress_lib.NonFinite(cfg.nonfinite)  # a policy it knows
   core.check_prng_impl(cfg.prng_impl)
   for name in ("learning_rate", "end_learning_rate", "weight_decay", "clip_norm"):
-    if cfg.optimizer[name] < 0:
-      raise UserError(f"optimizer.{name}={cfg.optimizer[name]} is negative; use 0 or more")
-    if cfg.optimizer[name] > _FLOAT32_MAX:
-      raise UserError(f"optimizer.{name}={cfg.optimizer[name]} overflows float32 (at most {_FLOAT32_MAX:.3g})")
+    value = cfg.optimizer[name]
+    if math.isnan(value) or value < 0 or (name == "learning_rate" and value == 0):
+      raise UserError(f"optimizer.{name}={value} must be " + ("above 0" if name == "learning_rate" else "0 or more"))
+    if value > _FLOAT32_MAX:
+      raise UserError(f"optimizer.{name}={value} overflows float32 (at most {_FLOAT32_MAX:.3g})")
+  optim.check_adam(cfg.optimizer)
 
 
 def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
@@ -334,11 +338,13 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
     if stop:
       console.log(f"{signals.name(stop)}: saving a checkpoint at step {step} before exiting")
       ckpt.save(step, state, meta, force=True)
+    if jax.process_index() == 0 and not (stop and step < total):  # Under the job's lease, as every write.
+      writer.flush()
+      drawn = write_curves(workdir)
   if stop and step < total:  # Raised once the checkpointer has closed: the save is complete.
     raise Preempted(f"stopped by {signals.name(stop)} at step {step} of {total}, with a checkpoint there; rerun "
                     f"the same command to resume", stop)
   if jax.process_index() == 0:
-    drawn = write_curves(workdir)
     console.log(f"finished at step {step}: checkpoint {ckpt.directory / str(step)}, metrics {writer.path}"
                 + (f", curves {drawn}" if drawn else "")
                 + (f"; TensorBoard: tensorboard --logdir {workdir / 'tensorboard'}" if cfg.tensorboard else ""))

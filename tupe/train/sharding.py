@@ -13,6 +13,7 @@ import math
 
 import flax.linen as nn
 import jax
+from jax.experimental import mesh_utils
 from jax.sharding import Mesh
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -42,11 +43,21 @@ def mesh_shape(mesh_cfg, num_devices: int) -> tuple[int, ...]:
 
 
 def make_mesh(mesh_cfg, devices=None) -> Mesh:
+  """The mesh of the config's shape, laid out on the devices' topology by JAX's `create_device_mesh` (neighbouring
+  chips on the innermost axes). Where it cannot lay a shape out: on accelerators one line (a mesh in plain device
+  order would run, slower, and nothing would say so); on CPU devices, which have no topology to respect, the plain
+  order, with one warning."""
   devices = jax.devices() if devices is None else devices
   shape = mesh_shape(mesh_cfg, len(devices))
   try:
-    arr = jax.experimental.mesh_utils.create_device_mesh(shape, devices=devices)
-  except Exception:  # Device topologies the helper cannot lay out (e.g. fake CPU devices) use plain order.
+    arr = mesh_utils.create_device_mesh(shape, devices=devices)
+  except Exception as e:
+    platform = devices[0].platform
+    where = (f"mesh {dict(zip(partitioning.MESH_AXES, shape))} cannot be laid out on the topology of these "
+             f"{len(devices)} {platform} devices ({type(e).__name__}: {e})")
+    if platform != "cpu":
+      raise UserError(f"{where}; choose mesh sizes that fit it (--config.mesh.*)") from e
+    console.log(f"warning: {where}: using them in plain device order")
     arr = np.asarray(devices).reshape(shape)
   return Mesh(arr, partitioning.MESH_AXES)
 

@@ -1,0 +1,50 @@
+"""The suite cannot hang or quietly test less: a hung test fails with its name (pytest-timeout, pytest.ini), and
+under CI=true a skip fails the run but for the GPU tests (conftest.py's `pytest_runtest_makereport`). Each case runs
+pytest on a small test file of its own, with this suite's conftest.py as a plugin."""
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+TESTS = pathlib.Path(__file__).resolve().parent
+
+CASES = """
+import time
+import pytest
+
+def test_skips():
+  pytest.skip("no such data here")
+
+@pytest.mark.timeout(2)
+def test_hangs():
+  time.sleep(60)
+"""
+
+
+def pytest_run(folder: pathlib.Path, name: str, ci: bool) -> subprocess.CompletedProcess:
+  (folder / name).write_text(CASES)
+  env = {k: v for k, v in os.environ.items() if k != "CI"}
+  if ci:
+    env["CI"] = "true"
+  env["PYTHONPATH"] = os.pathsep.join([str(TESTS), str(TESTS.parent)])
+  return subprocess.run([sys.executable, "-m", "pytest", "-p", "conftest", "-p", "no:cacheprovider", "-q", "-rA",
+                         str(folder / name)], cwd=folder, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_this_suite_has_a_timeout_per_test(request):
+  assert request.config.pluginmanager.hasplugin("timeout")
+  assert float(request.config.getini("timeout")) >= 60
+
+
+def test_a_hung_test_fails_with_its_name_and_a_skip_fails_under_ci(tmp_path):
+  outside = pytest_run(tmp_path, "test_cases.py", ci=False)
+  assert "SKIPPED [1] test_cases.py:6: no such data here" in outside.stdout, outside.stdout[-3000:]
+  assert "FAILED test_cases.py::test_hangs - Failed: Timeout" in outside.stdout, outside.stdout[-3000:]
+  inside = pytest_run(tmp_path, "test_cases.py", ci=True)
+  assert "FAILED test_cases.py::test_skips" in inside.stdout and (
+      "skipped under CI=true, where every test must run: Skipped: no such data here") in inside.stdout, \
+      inside.stdout[-3000:]
+  gpu = pytest_run(tmp_path, "test_gpu.py", ci=True)  # CI has no GPU: its tests may skip there
+  assert "SKIPPED [1] test_gpu.py:6: no such data here" in gpu.stdout, gpu.stdout[-3000:]
