@@ -11,11 +11,12 @@ TUPE recipe (paper/official code): head dense-tanh-dropout-out on [CLS]; lr grid
 per lr, best lr reported; 10 epochs (5 for MNLI, QNLI, QQP); warmup 6% of the steps, linear decay; batch 32;
 weight decay 0.01 on all weights; dev evaluation twice per epoch, the best one kept; STS-B regression on
 label / 5.
-ConvBERT recipe (official code): head dropout-out on [CLS] (`--config.head=hf` for HF's dense-GELU head);
-layer-wise lr decay 0.8; lr 3e-4 (small, medium-small) or 1e-4 (base); 3 epochs (10 for RTE, STS-B); warmup
-10%; batch 32; weight decay 0.01 except LayerNorm and biases; MRPC and STS-B also trained on swapped pairs;
-dev evaluation at the end of training.
-Both: Adam (0.9, 0.999, eps 1e-6), clip 1.0, linear decay to 0 after the warmup, pairs padded or truncated to
+ConvBERT recipe (official code): head dropout-out on [CLS] (`--config.head=hf` for HF's dense-GELU head, which a
+classifier exported to transformers needs); layer-wise lr decay 0.8; lr 3e-4 (small, medium-small) or 1e-4
+(base); 3 epochs (10 for RTE, STS-B); warmup 10%; batch 32; weight decay 0.01 except LayerNorm and biases; MRPC
+and STS-B also trained on swapped pairs; dev evaluation at the end of training.
+Both: Adam (0.9, 0.999, eps 1e-6), clip 1.0, linear decay to 0 after the warmup, hidden and attention dropout
+0.1 whatever the checkpoint was pre-trained with, the head initialized N(0, 0.02), pairs padded or truncated to
 128 tokens (the official TUPE fine-tuning truncates at 512: --config.max_seq_len=512). Everything is
 overridable, e.g.
 `--config.tasks=rte,mrpc --config.learning_rates=2e-5,3e-5 --config.seeds=0,1 --config.epochs.rte=3`.
@@ -72,13 +73,24 @@ def get_config(recipe: str = "tupe") -> ml_collections.ConfigDict:
   c.batch_size = 32                # global, across hosts and devices
   c.grad_accum_steps = 1           # microbatches per step (batch_size / accum rows each), as in pre-training
   c.eval_batch_size = 128
+  # The warmup: warmup_steps steps if > 0, else ceil(total steps x warmup_ratio), as HF's Trainer rounds it; at
+  # least 1 step (the first step's learning rate is 0).
   c.warmup_ratio = 0.06 if recipe == "tupe" else 0.1
+  c.warmup_steps = 0
+  # Dropout while fine-tuning, replacing the checkpoint's (both recipes: 0.1), and the standard deviation of the
+  # classifier head's normal initializer.
+  c.hidden_dropout = 0.1
+  c.attention_dropout = 0.1
+  c.classifier_initializer_range = 0.02
   c.evals_per_epoch = 2 if recipe == "tupe" else 0  # 0: evaluate once, at the end; else keep the best
   c.optimizer = ml_collections.ConfigDict(dict(
       decay="linear", power=1.0, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01, clip_norm=1.0,
       weight_decay_mask="all" if recipe == "tupe" else "no_ln_bias",
       layerwise_decay=1.0 if recipe == "tupe" else 0.8))
   c.predict_test = True            # GLUE test-server files from each task's best model
+  # Fine-tuned models kept (docs/GLUE.md): "best" (the chosen run's in models/<TASK>, and the best seed's of each
+  # learning rate in its run folder), "all" (every run's), "none".
+  c.save_models = "best"
   c.plot_reference = True          # TUPE paper numbers in results.png for TUPE/BERT base models
   c.log_every = 50
   c.tensorboard = True            # each run's TensorBoard events beside its metrics.jsonl

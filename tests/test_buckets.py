@@ -1,8 +1,9 @@
 """Pods and buckets end to end, against a real GCS emulator and a real S3 emulator (conftest.py's `gcs_bucket`,
 `s3_bucket`; the train.py, eval_glue.py and tool subprocesses inherit their environment): train.py into a gs:// or
 s3:// bucket, killed with SIGKILL and resumed with the losses of an uninterrupted run, bit for bit; export_hf from
-an s3:// checkpoint; eval_glue.py from a bucket's checkpoint and GLUE files into a bucket; the tools reading from
-and writing to buckets; HF ConvBERT imported from a bucket; the sweep's and study's roots in a bucket; a missing
+an s3:// checkpoint; eval_glue.py from a bucket's checkpoint and GLUE files into a bucket, its kept model labelling
+text and exported there; a model directory in a gs:// and an s3:// bucket; the tools reading from and writing to
+buckets; HF ConvBERT imported from a bucket; the sweep's and study's roots in a bucket; a missing
 bucket or path is one line and a non-zero exit. No test leaves a local folder named "gs:" or "s3:" behind.
 """
 import json
@@ -27,14 +28,20 @@ from test_resume import Run
 from test_resume import train_command
 from test_resume import train_env
 
+from configs import glue as glue_config
+from tupe import models
 from tupe.errors import UserError
+from tupe.glue import classifier
+from tupe.glue import predict
 from tupe.glue import runs as runs_lib
+from tupe.glue import tasks as glue
 from tupe.store import checkpoint
 from tupe.store import deadline
 from tupe.store import runlog
 from tupe.store import storage
 from tupe.study import runner
 from tupe.study import sweep
+from tupe.train import objectives
 
 PNG = b"\x89PNG\r\n\x1a\n"
 # test_resume.py's tiny run, longer: saves to a bucket take a while, and the kill must come before the last one.
@@ -143,11 +150,50 @@ def test_eval_glue_from_a_bucket_into_a_bucket(gcs_bucket, pretrained, glue_dir)
   assert lines[0] == "index\tprediction" and len(lines) == 1 + 1821
   assert storage.is_file(f"{workdir}/submission/WNLI.tsv")
   assert f"wrote {workdir}/results.json" in proc.stdout
+  assert f"kept the model of SST-2 lr 0.01 seed 0 in {workdir}/models/SST-2" in proc.stdout
+
+  # The kept model labels text and exports from the bucket, into the bucket.
+  model = f"{workdir}/models/SST-2"
+  labelled = run(["-m", "tupe.tools.predict", "--model", model, "--input", f"{data}/SST-2/test.tsv", "--out",
+                  f"{workdir}/test_labels.tsv"])
+  assert labelled.returncode == 0, labelled.stderr[-3000:]
+  rows = [line.split("\t") for line in storage.read_text(f"{workdir}/test_labels.tsv").splitlines()]
+  assert rows[0] == ["index", "label", "negative", "positive"]
+  assert [[i, str(["negative", "positive"].index(label))] for i, label, *_ in rows[1:]] == [
+      line.split("\t") for line in lines[1:]]  # the submission's predictions
+  exported = run(["-m", "tupe.tools.export_hf", "--checkpoint", model, "--out", f"{workdir}/hf"])
+  assert exported.returncode == 0, exported.stderr[-3000:]
+  assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(storage.walk_files(f"{workdir}/hf"))
+  assert json.loads(storage.read_text(f"{workdir}/hf/config.json"))["id2label"] == {"0": "negative", "1": "positive"}
 
   # A rerun resumes from the bucket's runs.jsonl: nothing is trained again.
   rerun = run(proc.args[1:])
   assert rerun.returncode == 0, rerun.stderr[-3000:]
   assert "SST-2: all 1 runs finished, skipped" in rerun.stdout
+
+
+def test_a_model_directory_in_a_bucket(bucket, pretrained, glue_dir):
+  """A fine-tuned classifier kept in a gs:// or s3:// bucket as eval_glue.py keeps it (`tupe.glue.classifier`)
+  reads back verified, the same arrays, labels text from there, and a changed byte is refused."""
+  model_cfg, encoder, vocab = objectives.load_encoder(pretrained)
+  module = models.Classifier(model_cfg, 2, "tupe")
+  params = dict(models.init_module(module, model_cfg), encoder=encoder)
+  cfg = glue_config.get_config("tupe")
+  cfg.update(max_seq_len=32, lowercase=True)
+  record = {"lr": 1e-3, "seed": 0, "best_step": 4, "score": 50.0, "evaluations": {}, "train_examples": 32}
+  directory = f"{bucket}/models/RTE"
+  classifier.save(directory, params, cfg, model_cfg, glue.get_task("rte"), vocab, None, record)
+  saved = classifier.load(directory)
+  assert saved.labels == ("entailment", "not_entailment") and saved.max_seq_len == 32
+  jax.tree_util.tree_map(np.testing.assert_array_equal, saved.params, jax.device_get(params))
+  examples = glue.load_split(glue_dir, "rte", "dev")[:8]
+  assert len(predict.Predictor(saved).predict(examples).values) == 8
+  name = max((n for n in storage.walk_files(directory) if n.startswith("params/")),
+             key=lambda n: storage.size(f"{directory}/{n}"))
+  data = storage.read_bytes(f"{directory}/{name}")
+  storage.write_bytes(f"{directory}/{name}", data[:-1] + bytes([data[-1] ^ 1]))
+  with pytest.raises(UserError, match=f"checkpoint {directory} is damaged \\({name} has other bytes"):
+    classifier.load(directory)
 
 
 def test_tools_read_and_write_buckets(gcs_bucket, pretrained, glue_dir):

@@ -3,8 +3,9 @@
 (hidden states, masked-LM and discriminator logits within 1e-5 in float32), with and without an attention
 mask, and on sentence pairs from the exported tokenizer; tokenization compared with ours; the export imported
 back bit-identically; a checkpoint with scanned layers exported as the unrolled one; an option without HF
-counterpart refused in one line; the TUPE family's task heads through the Auto classes; a GLUE classifier
-exported with its head; and a few fine-tuning steps of every kind with transformers' Trainer."""
+counterpart refused in one line; the TUPE family's task heads through the Auto classes; a fine-tuned GLUE
+classifier of every kind exported with its head and labels; and a few fine-tuning steps of every kind with
+transformers' Trainer."""
 import json
 import os
 import shutil
@@ -21,10 +22,12 @@ import torch
 import transformers
 from transformers.models.electra import modeling_electra
 
+from configs import glue as glue_config
 from configs import pretrain as pretrain_config
 from tupe import models
 from tupe.data import tokenizer as tokenizer_lib
 from tupe.errors import UserError
+from tupe.glue import classifier
 from tupe.glue import encoding
 from tupe.glue import tasks as glue
 from tupe.hf import export
@@ -37,6 +40,7 @@ from tupe.store import checkpoint
 from tupe.store import checkpointer
 from tupe.tools import export_hf
 from tupe.train import core
+from tupe.train import objectives
 from tupe.train import pretrain
 
 TOLERANCE = 1e-5
@@ -328,30 +332,51 @@ def test_task_heads_load_through_auto_classes(name, exported):
       assert torch.isfinite(model(*batch).logits).all()
 
 
-@pytest.mark.parametrize("name", ["bert_a", "tupe_r"])
-def test_classifier_export(name, exported, tmp_path):
-  """A `tupe`-head classifier's params (the pre-trained encoder, a random head) export with the head:
-  AutoModelForSequenceClassification's logits are ours within 1e-5; another head is refused in one line."""
+@pytest.mark.parametrize("name", ["bert_a", "bert_r", "tupe_a", "tupe_a_tie_cls", "tupe_r", "convbert_mlm",
+                                  "convbert"])
+def test_fine_tuned_classifier_export(name, exported, tmp_path):
+  """A model directory as eval_glue.py keeps it (`tupe.glue.classifier`: the pre-trained encoder, a trained head,
+  RTE's labels) of every model kind exports with `python -m tupe.tools.export_hf` to
+  AutoModelForSequenceClassification: logits ours within 1e-5, RTE's id2label and label2id, the tokenizer's
+  model_max_length the fine-tuning's max_seq_len, and the text-classification pipeline on a sentence pair giving
+  our label and probability."""
   cfg, workdir, _ = exported(name)
-  meta, pretrained = checkpoint.load_params(workdir)
-  module = models.Classifier(cfg.model, 3, "tupe")
-  batch = padded_batch(cfg)
-  params = models.init_module(module, cfg.model)
-  params = dict(params, encoder=pretrained["encoder"], head=jax.tree_util.tree_map(
+  model_cfg, encoder, vocab = objectives.load_encoder(workdir)
+  head = "hf" if model_cfg.name == "convbert" else "tupe"
+  fine_tuning = glue_config.get_config("tupe")
+  fine_tuning.update(head=head, max_seq_len=24, lowercase=cfg.data.lowercase)
+  module = models.Classifier(model_cfg, 2, head)
+  params = models.init_module(module, model_cfg)
+  params = dict(params, encoder=encoder, head=jax.tree_util.tree_map(
       lambda x: x + 0.1 * jax.random.normal(jax.random.PRNGKey(1), x.shape), params["head"]))
-  with pytest.raises(UserError, match="fine-tune with --config.head=tupe"):
-    export.export_classifier(cfg.model, params, "convbert", tmp_path / "refused")
-  directory = export.export_classifier(cfg.model, params, "tupe", tmp_path / "hf", meta.vocab,
-                                          cfg.data.lowercase)
-  remote = name != "bert_a"
-  model = transformers.AutoModelForSequenceClassification.from_pretrained(directory, trust_remote_code=remote)
-  assert model.config.num_labels == 3
+  record = {"lr": 1e-3, "seed": 0, "best_step": 8, "score": 60.0, "evaluations": {}, "train_examples": 64}
+  classifier.save(tmp_path / "model", params, fine_tuning, model_cfg, glue.get_task("rte"), vocab, None, record)
+  run_main(export_hf.main, ["export_hf", "--checkpoint", str(tmp_path / "model"), "--out", str(tmp_path / "hf")])
+  remote = layout.family(model_cfg) == "tupe"
+  model = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "hf", trust_remote_code=remote)
+  assert type(model).__name__ == layout.SEQUENCE_CLASSES[layout.family(model_cfg)]
+  assert model.config.id2label == {0: "entailment", 1: "not_entailment"} and model.config.label2id == {
+      "entailment": 0, "not_entailment": 1}
+  assert model.config.problem_type == "single_label_classification"
+  batch = padded_batch(cfg)
   with torch.no_grad():
     theirs = model.eval()(**torch_inputs(*batch)).logits
   assert max_diff(module.apply({"params": params}, *map(jnp.asarray, batch)), theirs) < TOLERANCE
-  assert transformers.AutoTokenizer.from_pretrained(directory, trust_remote_code=remote)("a café")["input_ids"]
-  with pytest.raises(UserError, match="holds a fine-tuned classifier"):
-    load.import_pretrained(directory)
+  tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf", trust_remote_code=remote)
+  assert tokenizer.model_max_length == 24
+  pair = glue.Example("a quick fox", "the lazy dog", None, 0)  # shorter than max_seq_len: no truncation
+  arrays = encoding.encode(tokenizer_lib.wordpiece(vocab, cfg.data.lowercase), [pair], 24)
+  ours = jax.nn.softmax(module.apply({"params": params}, *(jnp.asarray(arrays[k]) for k in (
+      "input_ids", "attention_mask", "token_type_ids")))[0])
+  pipe = transformers.pipeline("text-classification", model=str(tmp_path / "hf"), trust_remote_code=remote)
+  (best,) = pipe([{"text": pair.text_a, "text_pair": pair.text_b}])
+  assert best["label"] == ("entailment", "not_entailment")[int(ours.argmax())]
+  assert best["score"] == pytest.approx(float(ours.max()), abs=TOLERANCE)
+  if name == "bert_a":
+    with pytest.raises(UserError, match="fine-tune with --config.head=tupe"):
+      export.export_classifier(model_cfg, params, "convbert", tmp_path / "refused")
+    with pytest.raises(UserError, match="holds a fine-tuned classifier"):
+      load.import_pretrained(tmp_path / "hf")
 
 
 MRPC_STYLE = [("The quick brown fox jumps over the lazy dog.", "A quick brown fox jumped over a lazy dog.", 1),

@@ -368,7 +368,7 @@ def test_schedule_errors_come_before_any_run(pretrained, glue_dir, tmp_path):
   cfg.epochs.rte = 1
   with pytest.raises(UserError, match=r"^RTE: 10 examples / batch_size 32 x epochs.rte=1 give 1 training step\(s\), "
                                       r"none left after the 1-step warmup \(warmup_ratio=0.06, at least 1 step\): "
-                                      r"raise --config.epochs.rte or lower --config.batch_size \(or warmup_ratio\) "
+                                      r"raise --config.epochs.rte or lower --config.batch_size \(or the warmup\) "
                                       r"to train 2 steps or more$"):
     run(cfg)
   assert not (tmp_path / "out" / "runs.jsonl").exists()  # SST-2, selected first, did not run either.
@@ -393,15 +393,14 @@ def test_scanned_backbone_fine_tunes_as_the_unrolled_one(pretrained, glue_dir, b
     backbone = backbone_lib.Backbone(backbone_cfg, None, bert_vocab, "test")
     setup = task_model.build_task(cfg, backbone, task, len(data.train["idx"]), mesh, rules)
     results.append(loop.finetune(cfg, setup, data, encoder, 1e-3, 0, "test", tmp_path / str(len(results)), 1e12))
-  (unrolled, _), (scanned, _) = results
+  (unrolled, _, _), (scanned, _, _) = results
   np.testing.assert_allclose(scanned["train_loss"], unrolled["train_loss"], rtol=2e-5)
   assert scanned["score"] == pytest.approx(unrolled["score"], abs=1e-6)
 
 
-def no_dropout_backbone(pretrained, bert_vocab) -> backbone_lib.Backbone:
-  """The `pretrained` encoder with dropout off, so that runs differing only in their batches' split compare."""
+def pretrained_backbone(pretrained, bert_vocab) -> backbone_lib.Backbone:
+  """The `pretrained` encoder, its parameters on the host."""
   model_cfg, params, _ = objectives.load_encoder(pretrained)
-  model_cfg.update(hidden_dropout=0.0, attention_dropout=0.0)
   return backbone_lib.Backbone(model_cfg, params, bert_vocab, "test")
 
 
@@ -411,12 +410,13 @@ def test_gradient_accumulation_equals_the_large_batch(pretrained, glue_dir, bert
   and the same dev score. Pre-training's accumulation is the same code (`tupe.train.core.make_train_step`)."""
   cfg = glue_cfg(init_checkpoint=str(pretrained), data_dir=str(glue_dir), tasks="stsb", max_train_examples=40,
                  max_seq_len=32, batch_size=16, eval_batch_size=512, learning_rates=(1e-3,), seeds=(0,),
-                 evals_per_epoch=0, predict_test=False, log_every=100, tensorboard=False)
+                 evals_per_epoch=0, predict_test=False, log_every=100, tensorboard=False,
+                 hidden_dropout=0.0, attention_dropout=0.0)  # dropout off: runs differing in their batches' split
   cfg.epochs.stsb = 2
   cfg.lowercase = True
   mesh = sharding.make_mesh(cfg.mesh, jax.devices()[:1])
   rules = partitioning.rules_from_config(cfg.sharding_rules)
-  backbone = no_dropout_backbone(pretrained, bert_vocab)
+  backbone = pretrained_backbone(pretrained, bert_vocab)
   task = glue.get_task("stsb")
   data = glue_data.load_task_data(cfg, task, bert_vocab, with_test=False)
   rows = {}
@@ -424,7 +424,7 @@ def test_gradient_accumulation_equals_the_large_batch(pretrained, glue_dir, bert
     cfg.grad_accum_steps = accum
     setup = task_model.build_task(cfg, backbone, task, len(data.train["idx"]), mesh, rules)
     run_dir = tmp_path / f"accum{accum}"
-    record, _ = loop.finetune(cfg, setup, data, backbone.params, 1e-3, 0, "test", run_dir, 1e12)
+    record, _, _ = loop.finetune(cfg, setup, data, backbone.params, 1e-3, 0, "test", run_dir, 1e12)
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     rows[accum] = (record, [s for s in steps if "loss" in s and "eval_score" not in s])
   (large, large_steps), (micro, micro_steps) = rows[1], rows[4]
@@ -455,3 +455,32 @@ def test_nonfinite_steps_are_skipped_and_counted(pretrained, glue_dir, tmp_path,
            .splitlines()]
   assert [s["nonfinite"] for s in steps if "nonfinite" in s] == [0.0, 1.0, 1.0, 1.0]
   assert "; 3 of 4 steps skipped (non-finite loss, gradients or update)" in capsys.readouterr().out
+
+
+def test_a_degenerate_run_is_flagged(pretrained, glue_dir, tmp_path, capsys):
+  """Trained on RTE pairs that are all "entailment", the model predicts it for every dev pair: runs.jsonl,
+  results.json and results.md mark the run, and the log has one warning line."""
+  data = tmp_path / "glue"
+  (data / "RTE").mkdir(parents=True)
+  lines = (glue_dir / "RTE" / "train.tsv").read_text().splitlines()
+  (data / "RTE" / "train.tsv").write_text("\n".join([lines[0]] + [l for l in lines[1:] if l.endswith("\tentailment")])
+                                          + "\n")
+  for split in ("dev", "test"):
+    (data / "RTE" / f"{split}.tsv").symlink_to(glue_dir / "RTE" / f"{split}.tsv")
+  cfg = glue_cfg(init_checkpoint=str(pretrained), data_dir=str(data), tasks="rte", max_train_examples=64,
+                 max_seq_len=32, batch_size=16, eval_batch_size=512, learning_rates=(1e-3,), seeds=(0,),
+                 predict_test=False, tensorboard=False, mesh=dict(data=1, fsdp=1, tensor=1))
+  cfg.epochs.rte = 2
+  workdir = tmp_path / "out"
+  results = finetune.run(cfg, str(workdir), devices=jax.devices()[:1])
+  (run,) = runs_lib.read_runs(workdir)
+  assert run["degenerate"] == {"RTE": "all one class (entailment)"}
+  assert run["score"] == pytest.approx(100 * 146 / 277)  # the majority class
+  assert results["runs"][0]["degenerate"] == "all one class (entailment)"
+  assert results["tasks"]["RTE"]["n_degenerate"] == 1
+  markdown = (workdir / "results.md").read_text()
+  assert "**52.71 (52.71-52.71, 1 seed, 1 degenerate)**" in markdown
+  assert "- RTE lr 0.001 seed 0: all one class (entailment)" in markdown
+  warnings = [line for line in capsys.readouterr().out.splitlines() if "warning: degenerate" in line]
+  assert warnings == ["[1/1] RTE lr 0.001 seed 0 | warning: degenerate dev predictions, RTE: all one class "
+                      "(entailment)"]

@@ -147,3 +147,15 @@ def test_ranking_score_puts_diverged_runs_last():
   assert metrics.ranking_score(55.5) == 55.5 and metrics.ranking_score(-100.0) == -100.0
   for diverged in (None, float("nan"), float("inf"), float("-inf")):
     assert metrics.ranking_score(diverged) == float("-inf") < metrics.ranking_score(-100.0)
+
+
+def test_degenerate_predictions_are_named():
+  """All one class, or a regression output within 0.01, is degenerate and said in words; NaN is left to the
+  divergence checks."""
+  assert metrics.degenerate("RTE", np.zeros(277, np.int32)) == "all one class (entailment)"
+  assert metrics.degenerate("SST-2", np.ones(5, np.int32)) == "all one class (positive)"
+  assert metrics.degenerate("MNLI-mm", np.full(3, 2)) == "all one class (contradiction)"
+  assert metrics.degenerate("RTE", np.array([0, 0, 1])) is None
+  assert metrics.degenerate("STS-B", np.array([2.5, 2.504, 2.509])) == "a constant score (2.500 to 2.509)"
+  assert metrics.degenerate("STS-B", np.array([2.5, 2.52])) is None
+  assert metrics.degenerate("RTE", np.array([0.0, np.nan])) is None

@@ -122,6 +122,22 @@ def test_diverged_runs_count_as_the_worst_score(tmp_path):
   assert json.loads(paths["json"].read_text()) == content
 
 
+def test_degenerate_runs_are_marked():
+  """A run whose dev predictions are degenerate keeps its score and is counted in results.json's per-lr entry
+  (n_degenerate), named per run, and counted in its results.md cell and listed below the table."""
+  records = [report.RunRecord("RTE", 1e-4, seed, {"accuracy": score, "score": score}, score, why)
+             for seed, (score, why) in enumerate([(52.71, "all one class (entailment)"), (58.0, None)])]
+  content = report.results_json(records)
+  assert content["tasks"]["RTE"]["n_degenerate"] == 1 and content["tasks"]["RTE"]["by_lr"][0]["n_degenerate"] == 1
+  assert [run["degenerate"] for run in content["runs"]] == ["all one class (entailment)", None]
+  table = report.markdown_table(records)
+  assert "| **55.36 (52.71-58.00, 2 seeds, 1 degenerate)** |" in table
+  assert table.endswith("Degenerate runs (1): their dev predictions are all one class or a constant score, so their "
+                        "scores are those of a model that learned nothing it shows.\n\n- RTE lr 0.0001 seed 0: all "
+                        "one class (entailment)\n")
+  assert "Degenerate" not in report.markdown_table(records[1:])
+
+
 def test_report_files_and_png(tmp_path):
   paths = report.write_report(tmp_path / "out", grid(), reference={"CoLA": 63.56, "RTE": 73.56, "QQP": 91.3})
   assert json.loads(paths["json"].read_text())["tasks"]["RTE"]["best_lr"] == 3e-5

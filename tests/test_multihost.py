@@ -2,8 +2,8 @@
 collectives) match a single process that trains on the same global batches; when one process is
 killed, the other stops within the heartbeat timeout with one line naming the dead host (tupe/run/supervise.py).
 A SIGTERM to one host stops every host after the same step, in pre-training and in GLUE fine-tuning, whose
-two-host runs match one process's too. Two hosts checkpoint into one gs:// folder (a GCS emulator), are killed, and
-resume bit-identically.
+two-host runs match one process's too, and whose kept model both hosts write. Two hosts checkpoint into one gs://
+folder (a GCS emulator), are killed, and resume bit-identically.
 """
 import pathlib
 import re
@@ -27,6 +27,7 @@ from test_resume import metric_records
 from configs import glue as glue_config
 from configs import pretrain as pretrain_config
 from tupe.data import pipeline
+from tupe.glue import classifier
 from tupe.glue import finetune
 from tupe.glue import runs as runs_lib
 from tupe.run import supervise
@@ -268,6 +269,8 @@ def test_glue_on_two_hosts(tmp_path, pretrained, glue_dir):
   finetune.run(cfg, str(tmp_path / "one_process"), devices=jax.devices()[:2])
   (two,), (one,) = runs_lib.read_runs(tmp_path / "two_hosts"), runs_lib.read_runs(tmp_path / "one_process")
   assert len(two["dev_history"]) == 4
+  kept = classifier.load(tmp_path / "two_hosts" / "models" / "SST-2")  # written by both hosts, verified
+  assert (kept.run["lr"], kept.run["seed"], kept.run["step"]) == (0.01, 0, two["best_step"])
   np.testing.assert_allclose(two["train_loss"], one["train_loss"], rtol=1e-5)
   # Dev accuracy on 872 examples: within one example (0.11 points), as near-tied logits may flip.
   np.testing.assert_allclose([h["score"] for h in two["dev_history"]], [h["score"] for h in one["dev_history"]],

@@ -69,14 +69,22 @@ def _load(path: str, lowercase: bool, strip_accents: bool | None, mtime: float):
   del mtime  # Part of the cache key only: an edited vocab file is read again.
   tokens = read_vocab(path)
   vocab = {t: i for i, t in reversed(list(enumerate(tokens)))}  # The first line wins for duplicated tokens.
+  tokenizer = wordpiece(tokens, lowercase, strip_accents)
+  info = TokenizerInfo(vocab_size=len(tokens), pad_id=vocab[PAD], unk_id=vocab[UNK], cls_id=vocab[CLS],
+                       sep_id=vocab[SEP], mask_id=vocab[MASK], vocab_file=path, lowercase=lowercase)
+  return tokenizer, info
+
+
+def wordpiece(tokens: list[str], lowercase: bool = True, strip_accents: bool | None = None) -> tokenizers.Tokenizer:
+  """The WordPiece tokenizer of a vocab given as its tokens in id order (a checkpoint's own), as `load_tokenizer`
+  builds it from a file: the first of duplicated tokens wins, special tokens are not added tokens."""
+  vocab = {t: i for i, t in reversed(list(enumerate(tokens)))}
   tokenizer = tokenizers.Tokenizer(
       models.WordPiece(vocab, unk_token=UNK, continuing_subword_prefix=CONTINUATION_PREFIX))
   tokenizer.normalizer = bert_normalizer(lowercase, strip_accents)
   tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
   tokenizer.decoder = decoders.WordPiece(prefix=CONTINUATION_PREFIX)
-  info = TokenizerInfo(vocab_size=len(tokens), pad_id=vocab[PAD], unk_id=vocab[UNK], cls_id=vocab[CLS],
-                       sep_id=vocab[SEP], mask_id=vocab[MASK], vocab_file=path, lowercase=lowercase)
-  return tokenizer, info
+  return tokenizer
 
 
 def load_tokenizer(vocab_file: str | os.PathLike, lowercase: bool = True,

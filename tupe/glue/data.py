@@ -33,7 +33,9 @@ def task_key(task: glue.Task) -> str:
 
 
 def schedule(cfg, task: glue.Task, num_train: int) -> tuple[int, int, int]:
-  """(steps per epoch, total steps, warmup steps) of the task's training on `num_train` rows.
+  """(steps per epoch, total steps, warmup steps) of the task's training on `num_train` rows. The warmup is
+  `warmup_steps` if set, else ceil(total x warmup_ratio), the expression of HF's Trainer (`get_warmup_steps`), and at
+  least one step: the warmup's first step has learning rate 0.
 
   Raises:
     UserError: no step would be left after the warmup (the schedule needs two steps or more).
@@ -41,12 +43,13 @@ def schedule(cfg, task: glue.Task, num_train: int) -> tuple[int, int, int]:
   key = task_key(task)
   steps_per_epoch = math.ceil(num_train / cfg.batch_size)
   total = steps_per_epoch * cfg.epochs[key]
-  warmup = max(1, round(cfg.warmup_ratio * total))  # The warmup's first step has learning rate 0.
+  warmup = max(1, cfg.warmup_steps or math.ceil(total * cfg.warmup_ratio))
   if warmup >= total:
+    given = f"warmup_steps={cfg.warmup_steps}" if cfg.warmup_steps else f"warmup_ratio={cfg.warmup_ratio:g}"
     raise UserError(f"{task.name}: {num_train} examples / batch_size {cfg.batch_size} x epochs.{key}="
                     f"{cfg.epochs[key]} give {total} training step(s), none left after the {warmup}-step warmup "
-                    f"(warmup_ratio={cfg.warmup_ratio:g}, at least 1 step): raise --config.epochs.{key} or lower "
-                    f"--config.batch_size (or warmup_ratio) to train {warmup + 1} steps or more")
+                    f"({given}, at least 1 step): raise --config.epochs.{key} or lower --config.batch_size (or the "
+                    f"warmup) to train {warmup + 1} steps or more")
   return steps_per_epoch, total, warmup
 
 

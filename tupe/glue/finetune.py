@@ -11,11 +11,11 @@ The flow (eval_glue.py calls `run`), one module of this package per concern:
      argument of the train step, so the grid reuses them);
   3. per (lr, seed) not yet in runs.jsonl (`runs`): a run (`loop`) with dev evaluations (twice per epoch,
      keeping the best parameters, or once at the end) and its metrics.jsonl, test predictions from the kept
-     parameters, one line in runs.jsonl;
+     parameters, their model (`keep`), one line in runs.jsonl;
   4. the outputs (`outputs`): results.json, results.md, results.png (`report`), and GLUE server files from
-     each task's model at its best learning rate (median over seeds) with its best seed. WNLI, unless
-     fine-tuned, gets the majority class (as BERT's authors submitted it); the log names any of the 11 server
-     files not written.
+     each task's model at its best learning rate (median over seeds) with its best seed, and that model in
+     models/<TASK>. WNLI, unless fine-tuned, gets the majority class (as BERT's authors submitted it); the log
+     names any of the 11 server files not written.
 A restart skips finished runs; a run cut short is run again from its start.
 
 Diverged runs (a learning rate too high: NaN or inf logits) do not stop the grid. Rows with non-finite logits
@@ -36,10 +36,12 @@ import ml_collections
 from tupe import console
 from tupe import models
 from tupe import signals
+from tupe.data import tokenizer as tokenizer_lib
 from tupe.errors import Preempted
 from tupe.errors import UserError
 from tupe.glue import backbone as backbone_lib
 from tupe.glue import data as glue_data
+from tupe.glue import keep
 from tupe.glue import loop
 from tupe.glue import model as task_model
 from tupe.glue import outputs
@@ -84,11 +86,26 @@ def check_config(cfg) -> None:
   for name in ("lease_s", "store_timeout_s"):
     if cfg.checkpoint[name] <= 0:
       raise UserError(f"checkpoint.{name}={cfg.checkpoint[name]} must be positive")
-  if not 0 <= cfg.warmup_ratio < 1:
-    raise UserError(f"warmup_ratio={cfg.warmup_ratio} must be in [0, 1)")
+  check_fine_tuning(cfg)
   if cfg.evals_per_epoch < 0 or cfg.regression_scale <= 0:
     raise UserError("evals_per_epoch must be >= 0 and regression_scale > 0")
   optim.check_adam(cfg.optimizer)
+
+
+def check_fine_tuning(cfg) -> None:
+  """The fine-tuning knobs the papers set (warmup, dropout, the head's initializer) and which models to keep."""
+  if not 0 <= cfg.warmup_ratio < 1:
+    raise UserError(f"warmup_ratio={cfg.warmup_ratio} must be in [0, 1)")
+  if cfg.warmup_steps < 0:
+    raise UserError(f"warmup_steps={cfg.warmup_steps}: give a whole number of steps (0: warmup_ratio decides)")
+  for field in ("hidden_dropout", "attention_dropout"):
+    if not 0 <= cfg[field] < 1:
+      raise UserError(f"{field}={cfg[field]} must be in [0, 1) (the recipes' 0.1)")
+  if cfg.classifier_initializer_range < 0:
+    raise UserError(f"classifier_initializer_range={cfg.classifier_initializer_range} must be 0 or more (the "
+                    f"recipes' 0.02)")
+  if cfg.save_models not in keep.SAVE_MODELS:
+    raise UserError(f"save_models={cfg.save_models!r}; use one of {', '.join(keep.SAVE_MODELS)}")
 
 
 STSB_SCORES = (0.0, 5.0)  # The range of STS-B's similarity scores
@@ -227,13 +244,17 @@ def _run_grid(cfg, workdir, tasks, pending, lrs, backbone, encoder, mesh, rules,
         stop.before_run(first=False)
       count += 1
       label = stop.label = f"[{count}/{total}] {task.name} lr {lr:g} seed {seed}"
-      record, predictions = loop.finetune(cfg, setup, data, encoder, lr, seed, label,
-                                          runs_lib.run_dir(workdir, task.name, lr, seed), peak_flops, stop.after_step)
+      record, predictions, params = loop.finetune(cfg, setup, data, encoder, lr, seed, label,
+                                                  runs_lib.run_dir(workdir, task.name, lr, seed), peak_flops,
+                                                  stop.after_step)
       record.update(settings=runs_lib.settings_digest(cfg), init=runs_lib.init_identity(backbone))
+      keep.save_run(cfg, workdir, params, task_model.fine_tuned_config(cfg, backbone.cfg), task,
+                    tokenizer_lib.read_vocab(backbone.vocab_file), record["init"], record)
       if jax.process_index() == 0:
         if predictions:
           runs_lib.save_predictions(runs_lib.predictions_path(workdir, task.name, lr, seed), predictions)
         runs_lib.append_run(workdir, record)
+        keep.prune(cfg, workdir, task.name)
       stop.label = None
       outcome = ("diverged: no finite dev score, no test predictions" if record["diverged"]
                  else f"score {record['score']:.2f} at step {record['best_step']}")
@@ -242,6 +263,9 @@ def _run_grid(cfg, workdir, tasks, pending, lrs, backbone, encoder, mesh, rules,
                     f"; the kept parameters are from step {record['best_step']}, before it)")
       outcome += progress_lib.skipped_summary(record["nonfinite_steps"], record["total_steps"])
       console.log(f"{label} | finished in {console.format_duration(record['seconds'])}: {outcome}")
+      if record["degenerate"]:
+        console.log(f"{label} | warning: degenerate dev predictions, "
+                    + "; ".join(f"{ev}: {why}" for ev, why in record["degenerate"].items()))
     outputs.write_outputs(cfg, workdir, backbone)
   if not total:
     outputs.write_outputs(cfg, workdir, backbone)

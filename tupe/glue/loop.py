@@ -31,13 +31,15 @@ def epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
 
 def finetune(cfg, setup: task_model.TaskSetup, data: glue_data.TaskData, encoder, lr: float, seed: int, label: str,
              run_dir: storage.Path, peak_flops: float, after_step: Callable[[int], None] = lambda step: None):
-  """One run. Returns (its runs.jsonl record, test predictions {evaluation: (idx, values)} of the kept params).
-  `after_step(step)` is called after every training step (it may raise to stop the run).
+  """One run. Returns (its runs.jsonl record, test predictions {evaluation: (idx, values)} of the kept params,
+  the kept params). `after_step(step)` is called after every training step (it may raise to stop the run).
 
   The kept parameters are those of the best dev evaluation, a non-finite score ranking below every finite one.
   When no evaluation was finite the record says "diverged": true and there are no test predictions. A run that
   diverged after a finite evaluation keeps that evaluation's parameters and score; its record's
   "train_loss_nonfinite_from_step" (None when every training loss was finite) says from which step it had.
+  The record's "degenerate" says, per dev evaluation of the kept parameters, why their predictions are
+  degenerate (all one class, or a constant score: `glue_metrics.degenerate`); {} when none is.
   A step whose loss, gradients or update are not finite is skipped (the training core's guard: no update);
   the record's "nonfinite_steps" counts them.
 
@@ -56,7 +58,7 @@ def finetune(cfg, setup: task_model.TaskSetup, data: glue_data.TaskData, encoder
   epochs, spe = setup.epochs, setup.steps_per_epoch
   # Dev evaluations: evals_per_epoch evenly spaced per epoch, and always after the last step.
   evals_every = fractions.Fraction(spe, cfg.evals_per_epoch) if cfg.evals_per_epoch else 0
-  lr_array = jnp.asarray(lr, jnp.float32)
+  lr_array = jnp.asarray(lr, float)  # float32; float64 under JAX's x64 mode (glue_parity --float64)
   best, best_params, history, epoch_losses = None, None, [], []
   progress = progress_lib.Progress(setup.total_steps, cfg.batch_size * cfg.max_seq_len, setup.flops_per_step,
                                    peak_flops)
@@ -83,14 +85,14 @@ def finetune(cfg, setup: task_model.TaskSetup, data: glue_data.TaskData, encoder
         steps.push(step, dict(metrics, epoch=step / spe))
         if job_lib.itstime(step, evals_every, setup.total_steps):
           steps.flush()
-          score, results, dev_loss = task_model.evaluate(setup, state.params, data, cfg)
+          score, results, dev_loss, degenerate = task_model.evaluate(setup, state.params, data, cfg)
           history.append({"step": step, "epoch": round(step / setup.steps_per_epoch, 3), "score": score,
                           "dev_loss": dev_loss})
           writer.write(step, {"score": score, "loss": dev_loss, **{
               f"{name}_{metric}": value for name, metrics in results.items() for metric, value in metrics.items()
               if metric != "score"}}, prefix="eval_")
           if best is None or glue_metrics.ranking_score(score) > glue_metrics.ranking_score(best["score"]):
-            best = dict(history[-1], metrics=results)
+            best = dict(history[-1], metrics=results, degenerate=degenerate)
             best_params = jax.tree_util.tree_map(lambda x: x.copy(), state.params)
           shown = ", ".join(f"{name} {m['score']:.2f}" for name, m in results.items())
           console.log(f"{label} | dev at step {step} (epoch {history[-1]['epoch']:g}): {shown}, loss {dev_loss:.4f} "
@@ -104,13 +106,14 @@ def finetune(cfg, setup: task_model.TaskSetup, data: glue_data.TaskData, encoder
   diverged = not math.isfinite(best["score"])
   predictions = {}
   for ev, arrays in [] if diverged else data.test:
-    values, _ = task_model.predict(setup, best_params, arrays, cfg)
-    predictions[ev.name] = (arrays["idx"], values)
+    predicted = task_model.predict(setup, best_params, arrays, cfg.eval_batch_size, cfg.regression_scale)
+    predictions[ev.name] = (arrays["idx"], predicted.values)
   record = {"task": data.task.name, "lr": lr, "seed": seed, "score": best["score"], "diverged": diverged,
-            "evaluations": best["metrics"],
-            "best_step": best["step"], "total_steps": setup.total_steps, "epochs": epochs,
+            "evaluations": best["metrics"], "degenerate": {} if diverged else best["degenerate"],
+            "best_step": best["step"], "total_steps": setup.total_steps, "warmup_steps": setup.warmup_steps,
+            "epochs": epochs,
             "train_examples": n, "train_loss": epoch_losses,
             "train_loss_nonfinite_from_step": nonfinite.first_nonfinite_loss, "nonfinite_steps": nonfinite.skipped,
             "dev_history": history,
             "seconds": round(time.perf_counter() - start, 1)}
-  return record, predictions
+  return record, predictions, best_params

@@ -119,6 +119,26 @@ def spearman(predictions, labels) -> float:
   return pearson(_ranks(predictions), _ranks(labels))
 
 
+# Regression scores all within this of each other are a constant output: 1/500 of STS-B's 0-5 range.
+CONSTANT_SPREAD = 0.01
+
+
+def degenerate(evaluation: str, predictions) -> str | None:
+  """Why a model's predictions [n] on an evaluation's dev set are degenerate, in words, or None when they are not:
+  every prediction one class (class ids), or a constant score (regression: all within CONSTANT_SPREAD). Such a
+  model scores the majority class's accuracy, or a correlation near 0, and learned nothing it shows. Non-finite
+  predictions (a diverged model) are left to the divergence checks: None."""
+  predictions = np.asarray(predictions)
+  if predictions.size == 0 or not np.isfinite(predictions).all():
+    return None
+  task = glue.TASKS[glue.get_evaluation(evaluation).task]
+  if task.is_regression:
+    low, high = float(predictions.min()), float(predictions.max())
+    return f"a constant score ({low:.3f} to {high:.3f})" if high - low <= CONSTANT_SPREAD else None
+  classes = np.unique(predictions)
+  return f"all one class ({task.names[int(classes[0])]})" if classes.size == 1 else None
+
+
 _METRICS = {"accuracy": accuracy, "f1": f1, "mcc": matthews_corrcoef, "pearson": pearson, "spearman": spearman}
 
 

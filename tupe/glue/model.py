@@ -2,12 +2,13 @@
 (`tupe.train.core.build_core`: state, optimizer, shardings, the train step with gradient accumulation and the
 non-finite guard) for the task's objective (classification or regression, `task_objective`), and its jitted eval
 step (`build_task`, once per task; the peak learning rate is an argument of the train step, so every (lr, seed)
-run of the task reuses them); dev scoring (`evaluate`) and predictions.
+run of the task reuses them); dev scoring (`evaluate`) and the one prediction path (`predict`), which the test
+predictions of the submission files and new text labelled by a kept model (`tupe.glue.predict`) go through too.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -36,6 +37,7 @@ class TaskSetup(core.Core):
   epochs: int
   steps_per_epoch: int
   total_steps: int
+  warmup_steps: int
   init_state: Any   # (encoder params or None, key) -> TrainState at step 0, sharded
   eval_step: Any    # jitted (params, batch) -> {logits [b, labels], loss_sum, weight_sum}, replicated
   flops_per_step: float
@@ -67,10 +69,42 @@ def loss_sum(module, params, batch, deterministic: bool, rng=None) -> tuple[jax.
   return (per_example_loss(logits, batch["labels"]) * batch["weights"]).sum(), logits
 
 
+def fine_tuned_config(cfg, model_cfg) -> ml_collections.ConfigDict:
+  """The backbone's model config with the fine-tuning's dropout (`hidden_dropout`, `attention_dropout`) in place of
+  the one it was pre-trained with."""
+  fine = model_cfg.copy_and_resolve_references()
+  fine.update(hidden_dropout=cfg.hidden_dropout, attention_dropout=cfg.attention_dropout)
+  return fine
+
+
+def classifier(cfg, model_cfg, task: glue.Task) -> models.Classifier:
+  """The task's classifier as the config fine-tunes it: its head style, dropout and head initializer."""
+  return models.Classifier(fine_tuned_config(cfg, model_cfg), task.num_labels, cfg.head,
+                           cfg.classifier_initializer_range)
+
+
+def eval_fn(module):
+  """(params, batch) -> {logits [b, labels], loss_sum, weight_sum}: the model in inference mode on one batch."""
+
+  def eval_step(params, batch):
+    total, logits = loss_sum(module, params, batch, True)
+    return {"logits": logits, "loss_sum": total, "weight_sum": batch["weights"].sum()}
+
+  return eval_step
+
+
+def jit_eval(module, mesh, rules, param_sharding):
+  """`eval_fn(module)` jitted for parameters in `param_sharding` and batches sharded over the mesh's data axes,
+  its outputs replicated."""
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  return jax.jit(sharding.under_rules(eval_fn(module), mesh, rules),
+                 in_shardings=(param_sharding, sharding.batch_sharding(mesh)), out_shardings=replicated)
+
+
 def build_task(cfg, backbone: backbone_lib.Backbone, task: glue.Task, num_train: int, mesh, rules) -> TaskSetup:
   """The classifier trained by the shared core (`tupe.train.core.build_core`), its optimizer's schedule peaking at
   1 (the run's learning rate scales each update in the step), and its eval step."""
-  module = models.Classifier(backbone.cfg, task.num_labels, cfg.head)
+  module = classifier(cfg, backbone.cfg, task)
   ids = jnp.zeros((1, min(8, cfg.max_seq_len)), jnp.int32)
   steps_per_epoch, total, warmup = glue_data.schedule(cfg, task, num_train)
   # A linear or polynomial decay to 0 scales with its peak: the schedule peaks at 1 and each step multiplies
@@ -86,16 +120,10 @@ def build_task(cfg, backbone: backbone_lib.Backbone, task: glue.Task, num_train:
     encoder = None if encoder_params is None else {"encoder": encoder_params}
     return built.make_state(key, jax.random.fold_in(key, 1), encoder)
 
-  def eval_step(params, batch):
-    total, logits = loss_sum(module, params, batch, True)
-    return {"logits": logits, "loss_sum": total, "weight_sum": batch["weights"].sum()}
-
-  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   return TaskSetup(
       **vars(built), epochs=cfg.epochs[glue_data.task_key(task)], steps_per_epoch=steps_per_epoch,
-      total_steps=total, init_state=init_state,
-      eval_step=jax.jit(sharding.under_rules(eval_step, mesh, rules),
-                        in_shardings=(built.param_sharding, built.batch_sharding), out_shardings=replicated),
+      total_steps=total, warmup_steps=warmup, init_state=init_state,
+      eval_step=jit_eval(module, mesh, rules, built.param_sharding),
       # Forward and backward (3x) through the encoder; the classifier head's FLOPs are negligible.
       flops_per_step=3.0 * cfg.batch_size * flops_lib.encoder_forward_flops(backbone.cfg, cfg.max_seq_len))
 
@@ -135,21 +163,35 @@ def prediction_values(logits: np.ndarray, regression_scale: float) -> np.ndarray
   return classes if finite.all() else np.where(finite, classes, np.nan)
 
 
-def predict(setup: TaskSetup, params, arrays: dict, cfg) -> tuple[np.ndarray, float]:
-  """Predictions [n] for every row (`prediction_values`) and the mean loss over labelled rows."""
+class Predicted(NamedTuple):
+  """A model's outputs on encoded rows: predictions [n] (`prediction_values`), logits [n, labels] (float32) and
+  the mean loss over the labelled rows (0 when none is labelled)."""
+  values: np.ndarray
+  logits: np.ndarray
+  loss: float
+
+
+def predict(scorer, params, arrays: dict, batch_size: int, regression_scale: float) -> Predicted:
+  """The one prediction path, for dev scoring, test predictions and `tupe.glue.predict`: every row of `arrays`
+  (`encoding.encode`) in batches of `batch_size` through `scorer.eval_step` (`jit_eval`) on `scorer.mesh`."""
   outputs, loss, weight = [], 0.0, 0.0
-  for real, batch in encoding.eval_batches(arrays, cfg.eval_batch_size, cfg.regression_scale):
-    out = jax.device_get(setup.eval_step(params, sharding.shard_batch(batch, setup.mesh)))
+  for real, batch in encoding.eval_batches(arrays, batch_size, regression_scale):
+    out = jax.device_get(scorer.eval_step(params, sharding.shard_batch(batch, scorer.mesh)))
     outputs.append(out["logits"][:real])
     loss, weight = loss + float(out["loss_sum"]), weight + float(out["weight_sum"])
-  return prediction_values(np.concatenate(outputs), cfg.regression_scale), loss / max(weight, 1.0)
+  logits = np.concatenate(outputs)
+  return Predicted(prediction_values(logits, regression_scale), logits, loss / max(weight, 1.0))
 
 
-def evaluate(setup: TaskSetup, params, data: glue_data.TaskData, cfg) -> tuple[float, dict, float]:
-  """(selection score = mean of the dev scores, {evaluation: metrics}, mean dev loss); NaN where diverged."""
-  results, losses = {}, []
+def evaluate(setup: TaskSetup, params, data: glue_data.TaskData, cfg) -> tuple[float, dict, float, dict]:
+  """(selection score = mean of the dev scores, {evaluation: metrics}, mean dev loss, {evaluation: why its
+  predictions are degenerate} for those that are, `glue_metrics.degenerate`); NaN where diverged."""
+  results, losses, degenerate = {}, [], {}
   for ev, arrays in data.dev:
-    values, loss = predict(setup, params, arrays, cfg)
-    results[ev.name] = glue_metrics.task_metrics(ev.name, values, arrays["labels"])
-    losses.append(loss)
-  return float(np.mean([m["score"] for m in results.values()])), results, float(np.mean(losses))
+    predicted = predict(setup, params, arrays, cfg.eval_batch_size, cfg.regression_scale)
+    results[ev.name] = glue_metrics.task_metrics(ev.name, predicted.values, arrays["labels"])
+    losses.append(predicted.loss)
+    why = glue_metrics.degenerate(ev.name, predicted.values)
+    if why:
+      degenerate[ev.name] = why
+  return float(np.mean([m["score"] for m in results.values()])), results, float(np.mean(losses)), degenerate

@@ -1,5 +1,6 @@
 """A GLUE workdir's outputs: the report (results.json, results.md, results.png, with the TUPE paper's dev
-numbers beside TUPE/BERT base models) and the GLUE server files from each task's best run.
+numbers beside TUPE/BERT base models), the GLUE server files from each task's best run, and its model
+(`tupe.glue.keep`).
 """
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import numpy as np
 from tupe import console
 from tupe.glue import backbone as backbone_lib
 from tupe.glue import data as glue_data
+from tupe.glue import keep
 from tupe.glue import metrics as glue_metrics
 from tupe.glue import report
 from tupe.glue import runs as runs_lib
@@ -67,7 +69,8 @@ def submission_note(runs: list[dict], written: list[storage.Path]) -> str:
 
 
 def write_outputs(cfg, workdir: storage.Path, backbone: backbone_lib.Backbone) -> None:
-  """results.json/.md/.png of every finished run, and submission/ files from each task's best run."""
+  """results.json/.md/.png of every finished run, and submission/ files and models/<TASK> from each task's best
+  run."""
   runs = runs_lib.read_runs(workdir)
   if not runs or jax.process_index() != 0:
     return
@@ -80,3 +83,5 @@ def write_outputs(cfg, workdir: storage.Path, backbone: backbone_lib.Backbone) -
   files = report.write_submission(workdir / "submission", predictions) if predictions else []
   console.log(f"wrote {', '.join(str(p) for p in paths.values())}"
               + (f"; GLUE server files in {workdir / 'submission'} ({submission_note(runs, files)})" if files else ""))
+  for note in keep.publish(cfg, workdir, runs):
+    console.log(note)

@@ -7,6 +7,10 @@ The best learning rate is the one with the highest median of the runs' own score
 the mean of matched and mismatched, on which a run kept its best parameters and its test predictions were
 chosen, so MNLI-m and MNLI-mm are reported at one learning rate, the one of the submitted files.
 
+A degenerate run (its dev predictions all one class, or a constant score: `tupe.glue.metrics.degenerate`) keeps
+its score, which is that of the majority class or a correlation near 0; results.json counts such seeds
+(n_degenerate) and names the reason per run, and results.md counts them in each cell and lists them below.
+
 A diverged run (NaN loss: its dev metrics are NaN) counts as the worst possible score, -inf, in every median,
 so a learning rate where half or more of the seeds diverged has a diverged median and is never picked over one
 that trained. results.json writes such numbers as null and counts diverged seeds (n_diverged); min and max are
@@ -39,12 +43,14 @@ class RunRecord:
     score: the run's own score, on which learning rates are chosen: the mean of the TUPE-convention scores of
       its dev evaluations (metrics["score"], except for MNLI: the mean of MNLI-m and MNLI-mm); NaN or None
       when the run diverged.
+    degenerate: why the run's predictions on this evaluation are degenerate, or None.
   """
   task: str
   lr: float
   seed: int
   metrics: Mapping[str, float | None]
   score: float | None
+  degenerate: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +66,7 @@ class LrResult:
     max: highest score of the seeds that did not diverge; None when all did.
     metrics: median of each metric over seeds, diverged seeds counting as -inf.
     selection: median of the runs' own scores (`RunRecord.score`), diverged seeds counting as -inf.
+    n_degenerate: how many seeds' predictions are degenerate.
   """
   lr: float
   seeds: tuple[int, ...]
@@ -69,6 +76,7 @@ class LrResult:
   max: float | None
   metrics: dict[str, float]
   selection: float
+  n_degenerate: int = 0
 
   @property
   def n_diverged(self) -> int:
@@ -77,7 +85,8 @@ class LrResult:
   def to_dict(self) -> dict:
     return {"lr": self.lr, "median": json_number(self.median), "min": self.min, "max": self.max,
             "selection_median": json_number(self.selection), "n_seeds": len(self.seeds),
-            "n_diverged": self.n_diverged, "seeds": list(self.seeds), "scores": list(self.scores),
+            "n_diverged": self.n_diverged, "n_degenerate": self.n_degenerate, "seeds": list(self.seeds),
+            "scores": list(self.scores),
             "metrics": {name: json_number(value) for name, value in self.metrics.items()}}
 
 
@@ -133,7 +142,7 @@ def summarize(records: Iterable[RunRecord]) -> list[TaskResult]:
       by_lr.append(LrResult(lr, tuple(sorted(seeds)), tuple(scores), _median(scores), min(finite, default=None),
                             max(finite, default=None),
                             {name: _median(r.metrics[name] for r in ordered) for name in names},
-                            _median(r.score for r in ordered)))
+                            _median(r.score for r in ordered), sum(r.degenerate is not None for r in ordered)))
     best = max(by_lr, key=lambda result: (result.selection, -result.lr))
     results.append(TaskResult(task, tuple(by_lr), best))
   return results
@@ -155,14 +164,14 @@ def results_json(records: Iterable[RunRecord]) -> dict:
       "tasks": {result.task: {"score_metric": glue_metrics.score_metric(result.task), "best_lr": result.best.lr,
                               "median": json_number(result.best.median), "min": result.best.min,
                               "max": result.best.max, "n_seeds": len(result.best.seeds),
-                              "n_diverged": result.best.n_diverged,
+                              "n_diverged": result.best.n_diverged, "n_degenerate": result.best.n_degenerate,
                               "metrics": json_safe(result.best.metrics),
                               "by_lr": [lr_result.to_dict() for lr_result in result.by_lr]}
                 for result in summary},
       "averages": {average.name: average.to_dict() for average in averages(summary)},
       "runs": [{"task": r.task, "lr": float(r.lr), "seed": int(r.seed), "score": json_number(r.score),
                 "metrics": {name: json_number(value) for name, value in r.metrics.items()},
-                "diverged": json_number(r.score) is None} for r in records],
+                "diverged": json_number(r.score) is None, "degenerate": r.degenerate} for r in records],
   }
 
 
@@ -175,11 +184,14 @@ def _cell(result: LrResult) -> str:
   spread = "" if result.min is None else f"{result.min:.2f}-{result.max:.2f}, "
   n = len(result.seeds)
   diverged = f", {result.n_diverged} diverged" if result.n_diverged else ""
-  return f"{_points(result.median)} ({spread}{n} seed{'s' if n > 1 else ''}{diverged})"
+  degenerate = f", {result.n_degenerate} degenerate" if result.n_degenerate else ""
+  return f"{_points(result.median)} ({spread}{n} seed{'s' if n > 1 else ''}{diverged}{degenerate})"
 
 
 def markdown_table(records: Iterable[RunRecord]) -> str:
-  """A markdown table: per task and lr, median score (min-max, seeds), best lr in bold; then both averages."""
+  """A markdown table: per task and lr, median score (min-max, seeds), best lr in bold; then both averages and
+  the degenerate runs."""
+  records = list(records)
   summary = summarize(records)
   lrs = sorted({lr_result.lr for result in summary for lr_result in result.by_lr})
   lines = ["| task | score | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " | best lr | metrics at best lr |",
@@ -198,6 +210,11 @@ def markdown_table(records: Iterable[RunRecord]) -> str:
   for average in averages(summary):
     value = "n/a" if average.value is None else f"{average.value:.2f}"
     lines.append(f"- {average.label}: {value}")
+  degenerate = [r for r in records if r.degenerate]
+  if degenerate:
+    lines += ["", f"Degenerate runs ({len(degenerate)}): their dev predictions are all one class or a constant "
+              "score, so their scores are those of a model that learned nothing it shows.", ""]
+    lines += [f"- {r.task} lr {r.lr:g} seed {r.seed}: {r.degenerate}" for r in degenerate]
   return "\n".join(lines) + "\n"
 
 

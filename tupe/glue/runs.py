@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 
 import jax
 import numpy as np
@@ -20,13 +21,14 @@ from tupe.store import storage
 # Fields that may change when a workdir is resumed: which runs to add, and how to run them.
 RESUMABLE_FIELDS = ("tasks", "learning_rates", "seeds", "data_dir", "tfds_data_dir", "predict_test", "plot_reference",
                     "log_every", "tensorboard", "peak_flops", "eval_batch_size", "mesh", "sharding_rules",
-                    "distributed", "checkpoint", "check_memory")
+                    "distributed", "save_models", "checkpoint", "check_memory")
 # Where the init checkpoint is read from: not a setting of the runs, whose records carry the checkpoint's step and
 # checksum instead (`init_identity`), so that a grid started from DIR resumes with DIR/checkpoints/<step> pinned.
 LOCATION_FIELDS = ("init_checkpoint",)
 # Settings added after workdirs were written, with the value every older run had: left out of the settings (digest
 # and config.json comparison) at that value, so that an older workdir resumes under today's defaults.
-ADDED_FIELDS = {"grad_accum_steps": 1}
+ADDED_FIELDS = {"grad_accum_steps": 1, "warmup_steps": 0, "hidden_dropout": 0.1, "attention_dropout": 0.1,
+                "classifier_initializer_range": 0.02}
 
 
 def read_runs(workdir: storage.PathLike) -> list[dict]:
@@ -84,10 +86,8 @@ def init_identity(backbone) -> dict | None:
   (step None). None for random initialization. Every runs.jsonl record and results.json carry it."""
   step_dir = backbone.checkpoint
   if step_dir is not None:
-    record = step_dir / checksums.CHECKSUMS
-    checksum = hashlib.sha256(storage.read_bytes(record)).hexdigest()[:16] if storage.exists(record) else None
     return {"checkpoint": str(step_dir), "step": int(step_dir.name) if step_dir.name.isdigit() else None,
-            "checksum": checksum}
+            "checksum": checksums.digest(step_dir)}
   if backbone.params is None:
     return None
   digest = hashlib.sha256()
@@ -121,9 +121,23 @@ def check_resume(cfg, workdir: storage.Path) -> None:
     raise UserError(f"{workdir} holds {len(other)} runs fine-tuned under other settings (digest "
                     f"{other[0]['settings']}, now {digest}; {why}, so the fields cannot be named): use a new "
                     f"--workdir, or rerun with those runs' settings")
+  check_warmup_rounding(cfg, workdir, runs)
   if jax.process_index() == 0:
     jsonlog.repair(workdir, "runs")  # a run cut while being recorded: dropped (and run again), with one warning
     storage.write_text(path, json.dumps(new, indent=2) + "\n")
+
+
+def check_warmup_rounding(cfg, workdir: storage.Path, runs: list[dict]) -> None:
+  """Runs recorded before the warmup was rounded up (their records carry no "warmup_steps") were warmed up for
+  round(total x warmup_ratio) steps: a workdir whose runs would now get another warmup is refused, so that one
+  median never mixes the two."""
+  for run in (run for run in runs if "warmup_steps" not in run and not cfg.warmup_steps):
+    before = max(1, round(cfg.warmup_ratio * run["total_steps"]))
+    now = max(1, math.ceil(run["total_steps"] * cfg.warmup_ratio))
+    if before != now:
+      raise UserError(f"{workdir} holds runs warmed up for {before} steps ({run['task']}: warmup_ratio rounded to the "
+                      f"nearest step, as before), where the warmup is now {now} steps (rounded up, as HF's Trainer "
+                      f"rounds it): use a new --workdir")
 
 
 def check_init(workdir: storage.Path, identity: dict | None) -> None:
@@ -148,16 +162,19 @@ def check_init(workdir: storage.Path, identity: dict | None) -> None:
 def run_records(runs: list[dict]) -> list[report.RunRecord]:
   """One report record per dev evaluation of each run (MNLI runs give MNLI-m and MNLI-mm), each with the run's
   own score (MNLI: the mean of both), on which the report picks one learning rate per task."""
-  return [report.RunRecord(name, run["lr"], run["seed"], metrics, run["score"])
+  return [report.RunRecord(name, run["lr"], run["seed"], metrics, run["score"], run.get("degenerate", {}).get(name))
           for run in runs for name, metrics in run["evaluations"].items()]
 
 
-def best_run(runs: list[dict]) -> dict:
-  """The best seed's run (the smaller seed on ties) at the report's best learning rate of the task of `runs`.
+def best_seed(runs: list[dict]) -> dict:
+  """The run of the best seed among `runs` (the smaller seed on ties). A run's score is the mean over its dev
+  evaluations (MNLI: matched and mismatched), as when it kept its best parameters; a diverged run's counts as the
+  worst."""
+  return max(runs, key=lambda run: (glue_metrics.ranking_score(run["score"]), -run["seed"]))
 
-  A run's score is the mean over its dev evaluations (MNLI: matched and mismatched), as when it kept its best
-  parameters; a diverged run's counts as the worst.
-  """
+
+def best_run(runs: list[dict]) -> dict:
+  """The best seed's run (`best_seed`) at the report's best learning rate of the task of `runs`: the run whose
+  test predictions are submitted and whose model is kept in models/<task>."""
   lr = report.summarize(run_records(runs))[0].best.lr
-  return max((run for run in runs if run["lr"] == lr),
-             key=lambda run: (glue_metrics.ranking_score(run["score"]), -run["seed"]))
+  return best_seed([run for run in runs if run["lr"] == lr])

@@ -1,8 +1,8 @@
 """GLUE tasks: a registry, and the TSV and TFDS loaders (encoding: `tupe.glue.encoding`).
 
-The TSV loader reads the layout written by the GLUE download script: `<data_dir>/<TASK>/<split>.tsv`, and the
-diagnostic set (AX) at `<data_dir>/diagnostic/diagnostic.tsv`. Rows are split on tabs with quoting off, because
-GLUE TSVs contain stray quote characters that a csv reader would join across lines.
+The TSV loader reads the layout written by the GLUE download script (and by `python -m tupe.glue.download`):
+`<data_dir>/<TASK>/<split>.tsv`, and the diagnostic set (AX) at `<data_dir>/diagnostic/diagnostic.tsv`, through
+`tupe.glue.tsv`.
 
 Label ids follow the order of TFDS `glue/*` (and HF `datasets`), so both sources give the same ids:
 MNLI/AX entailment=0, neutral=1, contradiction=2; QNLI/RTE entailment=0, not_entailment=1; CoLA, SST-2, MRPC,
@@ -11,10 +11,11 @@ QQP and WNLI use the 0/1 of the TSVs. STS-B is regression on the 0..5 score.
 from __future__ import annotations
 
 import dataclasses
-import math
-from typing import Mapping, NamedTuple, Sequence
+from typing import Mapping
 
 from tupe.errors import UserError
+from tupe.glue import tsv
+from tupe.glue.tsv import Example  # noqa: F401 (the API: one GLUE example)
 from tupe.store import storage
 
 _HOW_TO_GET_GLUE = ("get GLUE with the GLUE download script (download_glue_data.py, linked from "
@@ -22,22 +23,6 @@ _HOW_TO_GET_GLUE = ("get GLUE with the GLUE download script (download_glue_data.
 
 
 _COLA_COLUMNS = ("source", "label", "author_label", "sentence")
-
-
-class Example(NamedTuple):
-  """One GLUE example.
-
-  Attributes:
-    text_a: first (or only) sentence.
-    text_b: second sentence of a pair task, None for single-sentence tasks.
-    label: class id (int), similarity score (float, STS-B), or None on test splits.
-    idx: the row's GLUE index (the `index`/`id` column where the file has one, else the 0-based row number);
-      test predictions are submitted under this index.
-  """
-  text_a: str
-  text_b: str | None
-  label: int | float | None
-  idx: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +37,8 @@ class Task:
     label_column: column name of the label (absent from test files).
     index_column: column name of the GLUE index, where files have one.
     labels: label strings as written in the TSVs, in id order; None for regression (STS-B).
+    names: the labels' names, in id order, as TFDS and HF `datasets` name them (SST-2: negative, positive), which
+      saved models, predictions on new text and HF exports use; None for regression.
     metrics: names of the metrics GLUE reports for the task (see tupe.glue.metrics).
     tfds_config: TFDS config, read as `glue/<tfds_config>`.
     tfds_text: TFDS feature names of text_a and text_b.
@@ -71,6 +58,7 @@ class Task:
   tfds_text: tuple[str, str | None]
   headerless: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
   model_task: str | None = None
+  names: tuple[str, ...] | None = None
 
   @property
   def is_regression(self) -> bool:
@@ -115,25 +103,27 @@ _NLI2 = ("entailment", "not_entailment")
 
 TASKS: dict[str, Task] = {task.name: task for task in (
     Task("CoLA", "CoLA", _files("train", "dev", "test"), "sentence", None, "label", "index", _BINARY, ("mcc",),
-         "cola", ("sentence", None), headerless={"train": _COLA_COLUMNS, "dev": _COLA_COLUMNS}),
+         "cola", ("sentence", None), headerless={"train": _COLA_COLUMNS, "dev": _COLA_COLUMNS},
+         names=("unacceptable", "acceptable")),
     Task("SST-2", "SST-2", _files("train", "dev", "test"), "sentence", None, "label", "index", _BINARY,
-         ("accuracy",), "sst2", ("sentence", None)),
+         ("accuracy",), "sst2", ("sentence", None), names=("negative", "positive")),
     Task("MRPC", "MRPC", _files("train", "dev", "test"), "#1 String", "#2 String", "Quality", "index", _BINARY,
-         ("f1", "accuracy"), "mrpc", ("sentence1", "sentence2")),
+         ("f1", "accuracy"), "mrpc", ("sentence1", "sentence2"), names=("not_equivalent", "equivalent")),
     Task("STS-B", "STS-B", _files("train", "dev", "test"), "sentence1", "sentence2", "score", "index", None,
          ("pearson", "spearman"), "stsb", ("sentence1", "sentence2")),
     Task("QQP", "QQP", _files("train", "dev", "test"), "question1", "question2", "is_duplicate", "id", _BINARY,
-         ("f1", "accuracy"), "qqp", ("question1", "question2")),
+         ("f1", "accuracy"), "qqp", ("question1", "question2"), names=("not_duplicate", "duplicate")),
     Task("MNLI", "MNLI", _files("train", "dev_matched", "dev_mismatched", "test_matched", "test_mismatched"),
-         "sentence1", "sentence2", "gold_label", "index", _NLI3, ("accuracy",), "mnli", ("premise", "hypothesis")),
+         "sentence1", "sentence2", "gold_label", "index", _NLI3, ("accuracy",), "mnli", ("premise", "hypothesis"),
+         names=_NLI3),
     Task("QNLI", "QNLI", _files("train", "dev", "test"), "question", "sentence", "label", "index", _NLI2,
-         ("accuracy",), "qnli", ("question", "sentence")),
+         ("accuracy",), "qnli", ("question", "sentence"), names=_NLI2),
     Task("RTE", "RTE", _files("train", "dev", "test"), "sentence1", "sentence2", "label", "index", _NLI2,
-         ("accuracy",), "rte", ("sentence1", "sentence2")),
+         ("accuracy",), "rte", ("sentence1", "sentence2"), names=_NLI2),
     Task("WNLI", "WNLI", _files("train", "dev", "test"), "sentence1", "sentence2", "label", "index", _BINARY,
-         ("accuracy",), "wnli", ("sentence1", "sentence2")),
+         ("accuracy",), "wnli", ("sentence1", "sentence2"), names=("not_entailment", "entailment")),
     Task("AX", "diagnostic", {"test": "diagnostic.tsv"}, "sentence1", "sentence2", "label", "index", _NLI3,
-         ("mcc",), "ax", ("premise", "hypothesis"), model_task="MNLI"),
+         ("mcc",), "ax", ("premise", "hypothesis"), model_task="MNLI", names=_NLI3),
 )}
 
 
@@ -188,41 +178,6 @@ def _check_split(task: Task, split: str) -> None:
     raise UserError(f"GLUE {task.name} has no split {split!r}: choose one of {', '.join(task.files)}")
 
 
-def _read_lines(path: storage.Path) -> list[str]:
-  """Lines of a UTF-8 file (a leading BOM dropped), split on '\\n' only, without line ends."""
-  try:
-    text = storage.read_bytes(path).decode("utf-8-sig")
-  except UnicodeDecodeError as e:
-    raise UserError(f"{path} is not UTF-8 text (byte {e.start}): re-download the GLUE file") from e
-  lines = text.split("\n")
-  if lines[-1] == "":
-    lines.pop()
-  return [line[:-1] if line.endswith("\r") else line for line in lines]
-
-
-def _column(path: storage.Path, columns: Sequence[str], name: str) -> int:
-  if name not in columns:
-    raise UserError(f"{path}:1: no column {name!r} in the header ({', '.join(columns)}): "
-                    f"use the file from the GLUE download script")
-  return columns.index(name)
-
-
-def _parse_label(task: Task, value: str, path: storage.Path, line_no: int) -> int | float:
-  if task.labels is None:
-    try:
-      score = float(value)
-    except ValueError:
-      score = math.nan
-    if not math.isfinite(score):
-      raise UserError(f"{path}:{line_no}: label {value!r} is not a number: fix or drop the row")
-    return score
-  try:
-    return task.labels.index(value)
-  except ValueError:
-    raise UserError(f"{path}:{line_no}: label {value!r} is not one of {', '.join(task.labels)}: "
-                    f"fix or drop the row") from None
-
-
 def load_split(data_dir: storage.PathLike, task: str, split: str) -> list[Example]:
   """Reads one split of a GLUE task from the original TSV files.
 
@@ -246,36 +201,13 @@ def load_split(data_dir: storage.PathLike, task: str, split: str) -> list[Exampl
   path = data_dir / spec.folder / spec.files[split]
   if not storage.is_file(path):
     raise UserError(f"{path} not found (GLUE {spec.name} {split}): {_HOW_TO_GET_GLUE}")
-  lines = _read_lines(path)
+  lines = tsv.read_lines(path)
   columns = spec.headerless.get(split)
-  first_row = 0
   if columns is None:
     if not lines:
       raise UserError(f"{path} is empty: re-download the GLUE file")
-    columns, first_row = lines[0].split("\t"), 1
-  a = _column(path, columns, spec.text_a)
-  b = None if spec.text_b is None else _column(path, columns, spec.text_b)
-  label = None if _is_test(split) else _column(path, columns, spec.label_column)
-  index = columns.index(spec.index_column) if spec.index_column in columns else None
-
-  examples = []
-  for row, line in enumerate(lines[first_row:]):
-    line_no = row + first_row + 1
-    fields = line.split("\t")
-    if len(fields) != len(columns):
-      raise UserError(f"{path}:{line_no}: expected {len(columns)} tab-separated columns, found {len(fields)} "
-                      f"(a tab inside the text, or a cut line?): fix or drop the row")
-    if index is None:
-      idx = row
-    else:
-      try:
-        idx = int(fields[index])
-      except ValueError:
-        raise UserError(f"{path}:{line_no}: {spec.index_column} {fields[index]!r} is not an integer: "
-                        f"fix or drop the row") from None
-    examples.append(Example(fields[a], None if b is None else fields[b],
-                            None if label is None else _parse_label(spec, fields[label], path, line_no), idx))
-  return examples
+    return tsv.examples(path, lines[1:], lines[0].split("\t"), 2, spec, labelled=not _is_test(split))
+  return tsv.examples(path, lines, columns, 1, spec, labelled=not _is_test(split))
 
 
 def tfds_split(task: Task, split: str) -> str:

@@ -12,7 +12,8 @@ What a directory holds (`tupe.hf.layout` has the mapping):
 Each directory also holds the tokenizer (vocab.txt, tokenizer.json, tokenizer_config.json), cased or uncased as
 pre-trained, so AutoTokenizer.from_pretrained(DIR) tokenizes as this package does. A model with an option that
 HF's class cannot express is refused with one line naming the option. A classifier fine-tuned here
-(`models.Classifier` params) exports with its head through `export_classifier`. The command line is
+(`models.Classifier` params; eval_glue.py's WORKDIR/models/<TASK>) exports with its head, its labels (id2label,
+label2id, problem_type) and its tokenizer's max length through `export_classifier`. The command line is
 `python -m tupe.tools.export_hf`.
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import pathlib
 
 import ml_collections
+import numpy as np
 
 from tupe import models
 from tupe.data import tokenizer as tokenizer_lib
@@ -84,6 +86,9 @@ def export(checkpoint_path, out) -> list[pathlib.Path]:
   meta, params = checkpoint.load_params(checkpoint_path)
   config = meta.config
   cfg, objective = ml_collections.ConfigDict(config["model"]), config["objective"]
+  if objective == layout.CLASSIFIER_OBJECTIVE:
+    raise UserError(f"{checkpoint_path} holds a fine-tuned classifier: export it with `python -m "
+                    f"tupe.tools.export_hf --checkpoint {checkpoint_path} --out DIR`, which reads its labels")
   family = layout.family(cfg, objective)
   flat = layout.flat_params(params)
   masked_lm, backbone = layout.CLASSES[family]
@@ -115,19 +120,36 @@ def export(checkpoint_path, out) -> list[pathlib.Path]:
   return [directory for directory, *_ in parts]
 
 
-def export_classifier(model_cfg, params, style: str, out, vocab: list[str] | None = None,
-                      lowercase: bool = True) -> pathlib.Path:
+def export_classifier(model_cfg, params, style: str, out, vocab: list[str] | None = None, lowercase: bool = True,
+                      labels: tuple[str, ...] | None = None, max_length: int | None = None,
+                      regression_scale: float = 1.0) -> pathlib.Path:
   """Exports a fine-tuned `models.Classifier(model_cfg, num_labels, style)`'s params to `out` (new or empty) as
-  the family's sequence-classification class (`layout.SEQUENCE_CLASSES`), with the tokenizer when `vocab`
-  is given; num_labels (1: regression) is the head's width. Returns `out`."""
+  the family's sequence-classification class (`layout.SEQUENCE_CLASSES`), with the tokenizer when `vocab` is
+  given. Returns `out`.
+
+  Args:
+    labels: the label names in id order, written as config.json's id2label and label2id (None: HF's LABEL_<i>);
+      num_labels is the head's width, 1 meaning regression (problem_type "regression", the label "score").
+    max_length: the tokenizer's model_max_length (the rows fine-tuned on); None: the model's positions.
+    regression_scale: a regression head's output times this is the score: folded into the head's last layer, so
+      that the HF model's logit is the score itself.
+  """
   out = new_directory(out)
   family = layout.family(model_cfg)
   keys = layout.classifier_keys(model_cfg, family, style)
   flat = layout.flat_params(params)
   num_labels = flat["head/out/kernel"].shape[-1]
+  if num_labels == 1:
+    flat = dict(flat, **{name: flat[name] * np.float32(regression_scale) for name in ("head/out/kernel",
+                                                                                      "head/out/bias")})
+  names = ("score",) if num_labels == 1 else labels or tuple(f"LABEL_{i}" for i in range(num_labels))
+  if len(names) != num_labels:
+    raise UserError(f"{len(names)} label names for a head of {num_labels} outputs: the model and its labels differ")
   out.mkdir(parents=True, exist_ok=True)
-  hf_config = dict(layout.hf_config(model_cfg, family, layout.CLASSIFIER_OBJECTIVE), num_labels=num_labels)
+  hf_config = dict(layout.hf_config(model_cfg, family, layout.CLASSIFIER_OBJECTIVE),
+                   id2label=dict(enumerate(names)), label2id={name: i for i, name in enumerate(names)},
+                   problem_type="regression" if num_labels == 1 else "single_label_classification")
   save_model(family, layout.SEQUENCE_CLASSES[family], hf_config, layout.export_tensors(flat, keys), out)
   if vocab:
-    save_tokenizer(vocab, lowercase, model_cfg.max_position_embeddings, out)
+    save_tokenizer(vocab, lowercase, max_length or model_cfg.max_position_embeddings, out)
   return out

@@ -72,10 +72,10 @@ class AttentionBlock(nn.Module):
     else:
       bias = layers.broadcast_leading(positional, x.shape[:1])
     if use_reference:
-      logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) * attention_scale(cfg)
+      logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=layers.wide(q.dtype)) * attention_scale(cfg)
       if bias is not None:
         logits = logits + bias
-      logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+      logits = jnp.where(mask, logits, jnp.finfo(logits.dtype).min)
       probs = jax.nn.softmax(logits, axis=-1)
       dropped = layers.Dropout(cfg.attention_dropout)(probs, deterministic=deterministic)
       context = jnp.einsum("bhqk,bkhd->bqhd", dropped.astype(v.dtype), v)

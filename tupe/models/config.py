@@ -19,6 +19,7 @@ Flags:
 """
 from __future__ import annotations
 
+import jax
 import ml_collections
 
 from tupe.errors import UserError
@@ -63,7 +64,7 @@ def base_config() -> ml_collections.ConfigDict:
       attention_dropout=0.1,
       initializer_range=0.02,
       zero_pad_embeddings=False,  # TUPE: zero the embedding output at [PAD] positions
-      dtype="float32",            # compute dtype; parameters are always float32
+      dtype="float32",            # compute dtype; parameters are float32 ("float64": all float64, under x64)
       attention_impl="auto",      # "auto": jax.nn.dot_product_attention unless attention probabilities are
                                   # returned or dropped out (then "reference"); "reference": always explicit
       attention_backend="",       # "" (let JAX choose), "xla" or "cudnn" (GPU, bf16/fp16, right-padded inputs)
@@ -121,7 +122,9 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
   need(cfg.num_buckets % 2 == 0, f"model.num_buckets={cfg.num_buckets} must be even")
   need(cfg.dtype != "float16", "model.dtype='float16' is refused: no loss scaling is done, so small gradients would "
        "underflow to zero; use --config.model.dtype=bfloat16 (float32's range, the same speed on GPUs and TPUs)")
-  need(cfg.dtype in ("float32", "bfloat16"), f"model.dtype={cfg.dtype!r}; use float32 or bfloat16")
+  need(cfg.dtype in ("float32", "bfloat16", "float64"), f"model.dtype={cfg.dtype!r}; use float32 or bfloat16")
+  need(cfg.dtype != "float64" or jax.config.jax_enable_x64, "model.dtype='float64' computes in float64 only under "
+       "JAX's x64 mode (jax_enable_x64), as `python -m tupe.tools.glue_parity --float64` runs it; use float32")
   need(cfg.attention_impl in ("auto", "reference"),
        f"model.attention_impl={cfg.attention_impl!r}; use 'auto' or 'reference'")
   need(cfg.attention_backend in ("", "xla", "cudnn"),

@@ -61,7 +61,7 @@ def _shifted_sum_bwd(residuals, g):
   """
   x, taps = residuals
   size, length = taps.shape[-1], x.shape[1]
-  f32 = jnp.float32
+  f32 = layers.wide(g.dtype)
   back = lambda a, k: a[:, size - 1 - k:size - 1 - k + length]   # The slice of a padded array at shift p - k.
   gp = _padded(g.astype(f32), size)
   if taps.ndim == x.ndim + 1 and taps.shape[1] != 1:  # Taps per position: they shift with the cotangent.
@@ -117,6 +117,6 @@ class SpanDynamicConv(nn.Module):
     span_key = layers.dense(cfg, (heads, dh), ("embed", "heads", "kv"), name="pointwise")(span_key)
     kernel_in = (span_key * query).reshape(x.shape[:2] + (heads * dh,))
     kernel = layers.dense(cfg, (heads, size), ("joined_kv", "heads", "conv_kernel"), name="kernel")(kernel_in)
-    kernel = jax.nn.softmax(kernel.astype(jnp.float32), axis=-1).astype(dtype)
+    kernel = jax.nn.softmax(kernel.astype(layers.wide(dtype)), axis=-1).astype(dtype)
     values = layers.dense(cfg, (heads, dh), ("embed", "heads", "kv"), name="value")(x)
     return dynamic_conv(values, kernel, cfg.conv_impl)

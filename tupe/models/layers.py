@@ -27,6 +27,13 @@ def compute_dtype(cfg):
   return jnp.dtype(cfg.dtype)
 
 
+def wide(dtype):
+  """The dtype of statistics, sums, softmaxes and outputs for compute dtype `dtype`: float32 for bfloat16 and
+  float32 models, float64 for float64 ones (model.dtype "float64", under JAX's x64 mode, for numerical checks:
+  `python -m tupe.tools.glue_parity --float64`)."""
+  return jnp.promote_types(dtype, jnp.float32)
+
+
 @jax.custom_vjp
 def gelu(x: jax.Array) -> jax.Array:
   """Exact (erf) GELU, as in BERT, TUPE and ConvBERT (flax's default is the tanh approximation), computed in
@@ -36,7 +43,7 @@ def gelu(x: jax.Array) -> jax.Array:
   intermediate] activation, in the compute dtype) and not the float32 intermediates of autodiff (`python -m
   bench.ablations --ablate gelu`; docs/BENCHMARKS.md).
   """
-  x32 = x.astype(jnp.float32)
+  x32 = x.astype(wide(x.dtype))
   return (x32 * _normal_cdf(x32)).astype(x.dtype)
 
 
@@ -50,9 +57,9 @@ def _gelu_fwd(x):
 
 def _gelu_bwd(x, grad):
   """d/dx x Phi(x) = Phi(x) + x phi(x)."""
-  x32 = x.astype(jnp.float32)
+  x32 = x.astype(wide(x.dtype))
   pdf = jnp.exp(-0.5 * x32 * x32) * (1.0 / math.sqrt(2.0 * math.pi))
-  return ((grad.astype(jnp.float32) * (_normal_cdf(x32) + x32 * pdf)).astype(x.dtype),)
+  return ((grad.astype(x32.dtype) * (_normal_cdf(x32) + x32 * pdf)).astype(x.dtype),)
 
 
 gelu.defvjp(_gelu_fwd, _gelu_bwd)
@@ -106,7 +113,7 @@ def _add_bias_fwd(y, bias):
 
 
 def _add_bias_bwd(bias, grad):
-  return grad, sum_to_shape(grad.astype(jnp.float32), bias.shape).astype(bias.dtype)
+  return grad, sum_to_shape(grad.astype(wide(grad.dtype)), bias.shape).astype(bias.dtype)
 
 
 add_bias.defvjp(_add_bias_fwd, _add_bias_bwd)
@@ -119,6 +126,7 @@ def layer_norm(cfg, name: str | None = None, axis_name: str = "embed", dtype=Non
   bench.ablations --ablate ln32`; docs/BENCHMARKS.md). `dtype` overrides the output dtype.
   """
   return nn.LayerNorm(epsilon=cfg.layer_norm_eps, dtype=dtype or compute_dtype(cfg), name=name,
+                      param_dtype=wide(compute_dtype(cfg)),
                       scale_init=nn.with_logical_partitioning(nn.initializers.ones, (axis_name,)),
                       bias_init=zeros_init((axis_name,)))
 
@@ -215,7 +223,7 @@ class Dropout(nn.Module):
     bits = jax.random.bits(self.make_rng("dropout"), x.shape[:-1] + ((last + 1) // 2,), jnp.uint32)
     halves = jnp.concatenate([bits & 0xFFFF, bits >> 16], axis=-1)[..., :last]
     threshold = round((1.0 - self.rate) * 65536)
-    scaled = (x * jnp.float32(65536 / threshold)).astype(x.dtype)  # in float32: 1/0.9 has no exact bf16
+    scaled = (x * jnp.asarray(65536 / threshold, wide(x.dtype))).astype(x.dtype)  # 1/0.9 has no exact bf16
     return jnp.where(halves < threshold, scaled, jnp.zeros_like(x))
 
 

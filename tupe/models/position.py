@@ -79,7 +79,7 @@ class UntiedPositionalTerm(nn.Module):
     p = layers.layer_norm(cfg, "layer_norm")(table[:length + int(cfg.cls_reset)])
     q = layers.dense(cfg, (heads, dh), ("embed", "heads", "kv"), name="query")(p)
     k = layers.dense(cfg, (heads, dh), ("embed", "heads", "kv"), name="key")(p)
-    logits = jnp.einsum("qhd,khd->hqk", q, k, preferred_element_type=jnp.float32) / math.sqrt(2 * dh)
+    logits = jnp.einsum("qhd,khd->hqk", q, k, preferred_element_type=layers.wide(q.dtype)) / math.sqrt(2 * dh)
     if not cfg.cls_reset:
       return logits
     theta1, theta2 = logits[:, 0, 0], logits[:, 1, 1]
@@ -101,4 +101,4 @@ class RelativePositionBias(nn.Module):
     buckets = relative_buckets(length, cfg.num_buckets, cfg.max_distance)
     if cfg.cls_reset:
       buckets = reset_buckets(buckets, cfg.num_buckets)
-    return jnp.transpose(table[buckets], (2, 0, 1)).astype(jnp.float32)
+    return jnp.transpose(table[buckets], (2, 0, 1)).astype(layers.wide(table.dtype))

@@ -75,14 +75,20 @@ class Electra(nn.Module):
 
 
 class Classifier(nn.Module):
-  """Encoder + classification/regression head on [CLS]."""
+  """Encoder + classification/regression head on [CLS]; the head's weights drawn from N(0,
+  head_initializer_range) (None: the model's initializer_range)."""
   cfg: object
   num_labels: int
   style: str = "tupe"
+  head_initializer_range: float | None = None
 
   @nn.compact
   def __call__(self, input_ids, attention_mask, token_type_ids, deterministic: bool = True):
     """Returns float32 [batch, num_labels] (num_labels 1 = regression)."""
     h = encoder_lib.Encoder(self.cfg, name="encoder")(input_ids, attention_mask, token_type_ids,
                                                       deterministic)["last_hidden_state"]
-    return heads.ClassificationHead(self.cfg, self.num_labels, self.style, name="head")(h, deterministic)
+    head_cfg = self.cfg
+    if self.head_initializer_range is not None:
+      head_cfg = self.cfg.copy_and_resolve_references()
+      head_cfg.initializer_range = self.head_initializer_range
+    return heads.ClassificationHead(head_cfg, self.num_labels, self.style, name="head")(h, deterministic)

@@ -165,11 +165,7 @@ class Checkpointer:
     if own is not None:  # its own line says it all
       return type(own)(str(own))
     which = "a checkpoint" if step is None else f"checkpoint {step}"
-    remote = storage.is_remote(self.directory)
-    fix = "check the bucket, your permission to write there and the connection to it" if remote else (
-        "free space or fix permissions")
-    # A store's refusal: what it means (credentials, permission).
-    cause = (remote and refusals.refusal(e)) or checkpoint.reason(e)
+    cause, fix = _refused(e, self.directory)
     return UserError(f"could not write {which} to {self.directory}: {cause}; {fix}, then rerun to resume from the "
                      f"last good checkpoint")
 
@@ -305,6 +301,41 @@ def _refuse_links(directory: storage.Path) -> None:
       raise UserError(f"checkpoint {entry} is a symbolic link (to {target}): a run neither "
                       f"writes nor deletes through links among its checkpoints; put the step's folder itself there "
                       f"(cp -r), or move the link away")
+
+
+def save_params(directory: storage.PathLike, params, meta: CheckpointMeta) -> storage.Path:
+  """Writes a checkpoint of parameters alone, a step directory of its own (params and meta items, no optimizer
+  item) that every reader of parameters reads (`tupe.store.checkpoint`): committed as orbax commits every
+  checkpoint (locally a rename of the finished temporary directory; in a bucket a final commit object), then its
+  checksums.json, written by process 0; until that is written, readers refuse it as damaged. Every host calls it
+  (each writes its shards of `params`, jax.Arrays or numpy). `directory` must not exist yet.
+
+  Raises:
+    UserError: the store refused the write (one line, with the OS's or the store's reason).
+  """
+  directory = storage.path(directory)
+  orbax_s3.install_for(directory)
+  try:
+    atomicity = _atomicity(directory)  # for the step directory and for each item's, as CheckpointManager passes it
+    writer = ocp.Checkpointer(ocp.CompositeCheckpointHandler(composite_options=ocp.CompositeOptions(
+        atomicity_options=atomicity)), atomicity_options=atomicity)
+    writer.save(directory, args=ocp.args.Composite(params=ocp.args.StandardSave(params),
+                                                   meta=ocp.args.JsonSave(meta.to_json())))
+    if jax.process_index() == 0:
+      checksums.record(directory)
+  except Exception as e:
+    cause, fix = _refused(e, directory)
+    raise UserError(f"could not write {directory}: {cause}; {fix}") from e
+  return directory
+
+
+def _refused(e: Exception, directory: storage.Path) -> tuple[str, str]:
+  """(why a write under `directory` failed: a store's refusal (credentials, permission) or the OS's error, what to
+  do about it)."""
+  if storage.is_remote(directory):
+    return (refusals.refusal(e) or checkpoint.reason(e),
+            "check the bucket, your permission to write there and the connection to it")
+  return checkpoint.reason(e), "free space or fix permissions"
 
 
 def _rename(folder: storage.Path, target: storage.Path) -> None:

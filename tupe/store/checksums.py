@@ -55,6 +55,13 @@ def read(step_dir: storage.PathLike) -> dict[str, str] | None:
   return recorded
 
 
+def digest(step_dir: storage.PathLike) -> str | None:
+  """A checkpoint's identity: the sha256 of its checksums.json (which holds the sha256 of each of its files), 16 hex
+  digits; None for a checkpoint saved before checksums were recorded."""
+  path = storage.path(step_dir) / CHECKSUMS
+  return hashlib.sha256(storage.read_bytes(path)).hexdigest()[:16] if storage.exists(path) else None
+
+
 def record(step_dir: storage.PathLike, leave_out: tuple[str, ...] = ()) -> None:
   """Records the sha256 of every file of a step directory in its CHECKSUMS, written whole; files already recorded
   keep their checksums, `leave_out` (names relative to the step directory) are not recorded."""

@@ -1,6 +1,8 @@
-"""Exports a train.py checkpoint to a HF transformers directory: config, safetensors weights and tokenizer.
+"""Exports a train.py checkpoint, or a classifier eval_glue.py fine-tuned, to a HF transformers directory: config,
+safetensors weights and tokenizer.
 
   python -m tupe.tools.export_hf --checkpoint WORKDIR --out DIR
+  python -m tupe.tools.export_hf --checkpoint GLUE_WORKDIR/models/TASK --out DIR
 
 What DIR holds (`tupe.hf.layout` has the mapping):
   BERT-A (MLM):        BertForMaskedLM;
@@ -10,12 +12,14 @@ What DIR holds (`tupe.hf.layout` has the mapping):
                        ConvBertForMaskedLM in DIR/generator;
   TUPE-A, TUPE-R, tupe_a_tie_cls, BERT-R: TupeForMaskedLM with configuration_tupe.py and modeling_tupe.py,
                        loaded with trust_remote_code=True (which also map TupeModel and the
-                       sequence-classification, token-classification and multiple-choice heads in auto_map).
+                       sequence-classification, token-classification and multiple-choice heads in auto_map);
+  a GLUE classifier:    the family's class for AutoModelForSequenceClassification (BertForSequenceClassification,
+                       ConvBertForSequenceClassification, TupeForSequenceClassification), with the task's labels
+                       (id2label, label2id), problem_type ("regression" for STS-B, whose logit is the 0-5 score)
+                       and the tokenizer's model_max_length set to the fine-tuning's max_seq_len.
 Each directory also holds the tokenizer (vocab.txt, tokenizer.json, tokenizer_config.json), cased or uncased as
 pre-trained, so AutoTokenizer.from_pretrained(DIR) tokenizes as this package does. A model with an option that
 HF's class cannot express is refused with one line naming the option.
-
-A classifier fine-tuned here (`models.Classifier` params) exports with its head through `export_classifier`.
 """
 from __future__ import annotations
 
@@ -23,7 +27,8 @@ import argparse
 import tempfile
 
 from tupe.errors import UserError
-from tupe.hf.export import export
+from tupe.glue import classifier
+from tupe.hf import export
 from tupe.store import checkpoint
 from tupe.store import storage
 
@@ -31,7 +36,7 @@ from tupe.store import storage
 def main(argv: list[str]) -> None:
   parser = argparse.ArgumentParser(prog="python -m tupe.tools.export_hf", description=__doc__.splitlines()[0])
   parser.add_argument("--checkpoint", required=True, help="train.py workdir, its checkpoints/ folder or one step "
-                      "directory (local or gs://...)")
+                      "directory, or eval_glue.py's WORKDIR/models/TASK (local or gs://...)")
   parser.add_argument("--out", required=True, help="the directory to write (new or empty; local or gs://...)")
   args = parser.parse_args(argv[1:])
   try:
@@ -41,19 +46,27 @@ def main(argv: list[str]) -> None:
     raise UserError(f"the exporter needs PyTorch and transformers ({e}); install them, e.g. "
                     f"`pip install -r requirements-test.txt`") from None
   transformers.utils.logging.disable_progress_bar()
-  step_dir = checkpoint.latest_step_dir(args.checkpoint)  # The newest intact one: a damaged one is skipped, said.
+  if classifier.is_classifier(args.checkpoint):
+    saved = classifier.load(args.checkpoint)  # Verified against its checksums first.
+    source = f"the {saved.task.name} classifier {saved.directory}"
+    write = lambda out: [export.export_classifier(saved.model_cfg, saved.params, saved.head, out, saved.vocab,
+                                                  saved.lowercase, saved.labels, saved.max_seq_len,
+                                                  saved.regression_scale)]
+  else:
+    step_dir = checkpoint.latest_step_dir(args.checkpoint)  # The newest intact one: a damaged one is skipped, said.
+    source = f"checkpoint {step_dir.name} ({step_dir})"
+    write = lambda out: export.export(step_dir, out)
   out = storage.path(args.out)
   if not storage.is_remote(out):
-    written = export(step_dir, out)
+    written = write(out)
   else:  # save_pretrained writes to local folders: the export is staged in one, then copied to the bucket
     if storage.iterdir(out):
       raise UserError(f"--out {out} is not empty; choose a new one")
     with tempfile.TemporaryDirectory() as staging:
-      written = [out / str(directory).removeprefix(staging).lstrip("/")
-                 for directory in export(step_dir, staging)]
+      written = [out / str(directory).removeprefix(staging).lstrip("/") for directory in write(staging)]
       storage.copy_tree(staging, out)
   for directory in written:
-    print(f"wrote {directory} from checkpoint {step_dir.name} ({step_dir})")
+    print(f"wrote {directory} from {source}")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,15 @@ difference, the dev predictions that differ (class ids; STS-B scores beyond the 
 beside scikit-learn's and scipy's on our predictions and on theirs, the tokenizer comparison, and whether the
 task passed (losses within --rtol, predictions equal, our metrics equal to scikit-learn's/scipy's, every
 tokenizer difference a truncated pair). The exit status is 1 when a task did not.
+
+--float64 runs both sides in float64: JAX's x64 mode with our model computing in float64 (model.dtype "float64",
+its explicit attention) from the checkpoint's weights cast up, and the HF model in torch's float64. The float32
+differences, which training amplifies at high learning rates, then shrink to float64's rounding (1e-15 over 100
+steps, at any learning rate), which shows that they were rounding, except on the steps the clipping acts on:
+torch's clip_grad_norm_ divides by the gradients' norm plus 1e-6, optax's clip_by_global_norm (ours) by the norm,
+a difference of 1e-6 / norm in those steps' updates that float32 hides (5e-9 to 1.5e-7 in the losses over 100
+steps of RTE and MRPC at lr 3e-5 to 1e-3, docs/STUDY.md); --config.optimizer.clip_norm=0 leaves it out. --rtol
+then defaults to 1e-6.
 """
 from __future__ import annotations
 
@@ -111,8 +120,9 @@ def tokenization_check(tokenizer, examples, ours: dict, max_len: int) -> dict:
 
 
 def train_reference(cfg, hf_dir, family: str, task, setup, head: dict, lr: float, seed: int, data, model_cfg):
-  """PyTorch + transformers fine-tuning on our encoded rows: (per-step losses [steps], dev predictions [n], the
-  AdamW parameter groups as {lr_scale, weight_decay, tensors})."""
+  """PyTorch + transformers fine-tuning on our encoded rows, in float64 when our model computes in it:
+  (per-step losses [steps], dev predictions [n], the AdamW parameter groups as {lr_scale, weight_decay,
+  tensors})."""
   import torch
   import transformers
   regression = task.is_regression
@@ -120,6 +130,9 @@ def train_reference(cfg, hf_dir, family: str, task, setup, head: dict, lr: float
   model = transformers.AutoModelForSequenceClassification.from_pretrained(
       hf_dir, num_labels=task.num_labels, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
       classifier_dropout=0.0, problem_type="regression" if regression else "single_label_classification")
+  float64 = model_cfg.dtype == "float64"
+  if float64:
+    model.double()
   with torch.no_grad():
     params = dict(model.named_parameters())
     for ours, theirs in HEADS[family][1].items():
@@ -134,7 +147,7 @@ def train_reference(cfg, hf_dir, family: str, task, setup, head: dict, lr: float
   warmup = glue_data.schedule(cfg, task, len(data.train["idx"]))[2]
   scheduler = transformers.get_linear_schedule_with_warmup(optimizer, warmup, setup.total_steps)
   scale = cfg.regression_scale if regression else 1.0
-  label_dtype = torch.float32 if regression else torch.long
+  label_dtype = (torch.float64 if float64 else torch.float32) if regression else torch.long
 
   def inputs(arrays, rows):
     keys = ("input_ids", "attention_mask") + (("token_type_ids",) if with_types else ())
@@ -175,7 +188,7 @@ def compare_task(cfg, workdir, backbone, encoder, mesh, rules, family: str, hf_d
   run_dir = workdir / "runs" / task.name
   # Our dev predictions come back as the "test" predictions of the kept (= final) parameters.
   peak_flops = flops_lib.peak_flops_per_device(cfg.peak_flops)[0]
-  record, predictions = loop.finetune(cfg, setup, dataclasses.replace(data, test=data.dev), encoder, lr, seed,
+  record, predictions, _ = loop.finetune(cfg, setup, dataclasses.replace(data, test=data.dev), encoder, lr, seed,
                                       f"{task.name} (ours)", run_dir, peak_flops)
   ours_losses = np.array([row["loss"] for row in runlog.read_metrics(run_dir) if "loss" in row], np.float64)
   console.log(f"{task.name} (PyTorch + transformers): {setup.total_steps} steps")
@@ -228,12 +241,26 @@ def markdown(result: dict) -> str:
                  f"{t['dev_predictions_differing']} of {t['dev_rows']}", str(t["metrics_equal_sklearn"]),
                  f"{m['ours'][score]:.2f} ({score})", f"{m['sklearn_on_theirs'][score]:.2f}", str(t["passed"])])
   return (f"# GLUE parity: {result['checkpoint']} ({result['model']}, {result['family']}), recipe head "
-          f"{result['head']}, tolerance {result['rtol']:g}\n\n" + present.markdown_table(header, rows))
+          f"{result['head']}, {result['precision']}, tolerance {result['rtol']:g}\n\n"
+          + present.markdown_table(header, rows))
 
 
-def run(cfg, workdir, rtol: float = 1e-4) -> dict:
-  """Checks every task of `cfg.tasks`; writes parity.json and parity.md into `workdir`; returns parity.json."""
-  workdir = storage.path(workdir)
+# The largest relative difference of a step's loss that passes: float32 rounding amplified by training at the
+# recipes' learning rates stays below the first; in float64 what is left is clip_grad_norm_'s 1e-6 (module
+# docstring; docs/STUDY.md).
+RTOL = {"float32": 1e-4, "float64": 1e-6}
+
+
+def run(cfg, workdir, rtol: float | None = None, float64: bool = False) -> dict:
+  """Checks every task of `cfg.tasks`; writes parity.json and parity.md into `workdir`; returns parity.json.
+  `float64`: both sides in float64 (JAX's x64 mode, for this call; torch's float64), where float32's rounding
+  no longer hides a difference of the code; `rtol` defaults to the precision's `RTOL`."""
+  with jax.enable_x64(float64):
+    return _run(cfg, storage.path(workdir), RTOL["float64" if float64 else "float32"] if rtol is None else rtol,
+                float64)
+
+
+def _run(cfg, workdir, rtol: float, float64: bool) -> dict:
   finetune.check_config(cfg)
   if cfg.init != "pretrained" or not cfg.init_checkpoint:
     raise UserError("the parity fine-tunes a train.py checkpoint: set --config.init_checkpoint (and init=pretrained)")
@@ -251,17 +278,22 @@ def run(cfg, workdir, rtol: float = 1e-4) -> dict:
   if cfg.head != HEADS[family][0]:
     raise UserError(f"head={cfg.head!r}: transformers' {family} sequence classifier has our head "
                     f"{HEADS[family][0]!r}; set --config.head={HEADS[family][0]}")
-  backbone.cfg.update(hidden_dropout=0.0, attention_dropout=0.0)
+  cfg.update(hidden_dropout=0.0, attention_dropout=0.0)
+  if float64:  # every parameter and computation in float64; the explicit attention (XLA's fused one is float32)
+    backbone.cfg.update(dtype="float64", attention_impl="reference")
   hf_dir = workdir / "hf"
   if not storage.exists(hf_dir / "config.json"):
     export.export(cfg.init_checkpoint, storage.local(hf_dir))
   mesh = sharding.make_mesh(cfg.mesh, jax.devices()[:1])
   rules = partitioning.rules_from_config(cfg.sharding_rules)
   encoder = backbone_lib.encoder_params(backbone, mesh, rules)
+  if float64:
+    encoder = jax.tree_util.tree_map(lambda x: x.astype(np.float64), encoder)
   tasks = [compare_task(cfg, workdir, backbone, encoder, mesh, rules, family, storage.local(hf_dir), task, rtol)
            for task in glue_data.parse_tasks(cfg.tasks)]
   result = {"checkpoint": str(backbone.checkpoint), "model": backbone.cfg.name, "family": family, "head": cfg.head,
-            "rtol": rtol, "optimizer": cfg.optimizer.to_dict(), "batch_size": cfg.batch_size,
+            "precision": "float64" if float64 else "float32", "rtol": rtol, "optimizer": cfg.optimizer.to_dict(),
+            "batch_size": cfg.batch_size,
             "max_seq_len": cfg.max_seq_len, "tasks": tasks, "passed": all(t["passed"] for t in tasks)}
   storage.write_text(workdir / "parity.json", json.dumps(result, indent=1) + "\n")
   storage.write_text(workdir / "parity.md", markdown(result))
@@ -272,13 +304,17 @@ def main(argv: list[str]) -> None:
   parser = argparse.ArgumentParser(prog="python -m tupe.tools.glue_parity", description=__doc__.splitlines()[0])
   parser.add_argument("--config", required=True, help="configs/glue.py:<tupe|convbert>, as for eval_glue.py")
   parser.add_argument("--workdir", required=True, help="folder for the export, our runs and parity.json/.md")
-  parser.add_argument("--rtol", type=float, default=1e-4, help="largest relative difference of a step's loss")
+  parser.add_argument("--rtol", type=float, help=f"largest relative difference of a step's loss (default "
+                      f"{RTOL['float32']:g}, with --float64 {RTOL['float64']:g})")
+  parser.add_argument("--float64", action="store_true", help="both sides in float64 (JAX's x64 mode, torch's "
+                      "float64): what remains is the code's difference, not float32's rounding")
   args, overrides = parser.parse_known_args(argv[1:])
   unknown = [o for o in overrides if not o.startswith("--config.")]
   if unknown:
-    raise UserError(f"unknown arguments {' '.join(unknown)}: give --config, --workdir, --rtol and --config.<field>=...")
+    raise UserError(f"unknown arguments {' '.join(unknown)}: give --config, --workdir, --rtol, --float64 and "
+                    f"--config.<field>=...")
   cfg = config_files.check_config_flags(["glue_parity", f"--config={args.config}"] + overrides)
-  result = run(cfg, args.workdir, args.rtol)
+  result = run(cfg, args.workdir, args.rtol, args.float64)
   print(markdown(result))
   if not result["passed"]:
     raise SystemExit(1)

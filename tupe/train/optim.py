@@ -37,11 +37,14 @@ def schedule(opt_cfg, total_steps: int) -> optax.Schedule:
   power = 1.0 if opt_cfg.decay == "linear" else float(opt_cfg.power)
   if opt_cfg.decay not in ("linear", "polynomial"):
     raise UserError(f"optimizer.decay={opt_cfg.decay!r}; use 'linear' or 'polynomial'")
-  return optax.join_schedules([
+  rate = optax.join_schedules([
       optax.linear_schedule(0.0, opt_cfg.learning_rate, warmup),
       optax.polynomial_schedule(opt_cfg.learning_rate, opt_cfg.end_learning_rate, power,
                                 total_steps - warmup),
   ], [warmup])
+  # The step count as a float of the default width before optax divides it: from an int32 count optax computes
+  # the rate in float32 even under JAX's x64 mode (float32 models: the same numbers either way).
+  return lambda count: rate(jnp.asarray(count, float))
 
 
 def _path_name(path) -> str:

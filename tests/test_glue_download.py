@@ -1,0 +1,89 @@
+"""GLUE by command (`python -m tupe.glue.download`): TFDS's glue/* builders written as the TSV layout eval_glue.py
+reads. With `tfds.testing.mock_data`, every task's layout; with TFDS's own builders preparing GLUE's real files
+(served from ../shared/data/glue where the network would serve them, since this machine has none), the written
+TSVs read as the real TSVs do, text, labels, their order and the test indices; a failed download is one line and
+leaves no task folder."""
+import pathlib
+from unittest import mock
+
+import pytest
+
+tfds = pytest.importorskip("tensorflow_datasets")
+
+from tupe.glue import download  # noqa: E402
+from tupe.glue import tasks as glue  # noqa: E402
+from tupe.run.process import run_main  # noqa: E402
+
+
+def command(data_dir, tasks: str) -> None:
+  run_main(download.main, ["download", "--data-dir", str(data_dir), "--tasks", tasks])
+
+
+def test_mocked_download_gives_the_layout(tmp_path):
+  with tfds.testing.mock_data(num_examples=4):
+    command(tmp_path / "glue", ",".join(download.ALL_TASKS))
+  for task in glue.TASKS.values():
+    for split in task.files:
+      examples = glue.load_split(tmp_path / "glue", task.name, split)  # as eval_glue.py reads them
+      assert len(examples) == 4 and all(e.text_a for e in examples), (task.name, split)
+      assert all((e.label is None) == split.startswith("test") for e in examples), (task.name, split)
+      if split.startswith("test"):  # the GLUE server's indices, sorted
+        assert [e.idx for e in examples] == sorted(e.idx for e in examples)
+  assert not list((tmp_path / "glue").glob(".*"))  # no staging folder left
+
+
+# Where GLUE's files are published, as TFDS's builders fetch them -> the same file in ../shared/data/glue.
+SERVED = {"mrpc_dev_ids": "MRPC/dev_ids.tsv", "msr_paraphrase_train": "MRPC/msr_paraphrase_train.txt",
+          "msr_paraphrase_test": "MRPC/msr_paraphrase_test.txt", "bit.ly": "diagnostic/diagnostic.tsv"}
+
+
+def serve(glue_dir: pathlib.Path):
+  """A stand-in for TFDS's download manager's network access: a GLUE zip's URL gives the folder it extracts to
+  (its task folder in `glue_dir`), a file's URL the file."""
+  def fetch(_, urls):
+    one = lambda url: str(next((glue_dir / path for key, path in SERVED.items() if key in url), glue_dir))
+    return {key: one(url) for key, url in urls.items()} if isinstance(urls, dict) else one(urls)
+  return mock.patch.multiple(tfds.download.DownloadManager, download=fetch, download_and_extract=fetch)
+
+
+def test_real_files_through_tfds_read_as_the_real_tsvs(glue_dir, tmp_path):
+  """TFDS's builders parse GLUE's files (MRPC: its original Microsoft files, as GLUE's script does) and the
+  written TSVs give the examples of GLUE's own TSVs: text, label ids in the same order, indices; STS-B's scores
+  as TFDS keeps them, in float32. Our label names are TFDS's."""
+  tasks = "rte,cola,stsb,wnli,mrpc,ax"
+  with serve(glue_dir):
+    command(tmp_path / "glue", tasks)
+  for name in tasks.split(","):
+    task = glue.get_task(name)
+    for split in task.files:
+      ours, real = glue.load_split(tmp_path / "glue", name, split), glue.load_split(glue_dir, name, split)
+      assert len(ours) == len(real), (name, split)
+      if task.is_regression and not split.startswith("test"):
+        assert [e._replace(label=None) for e in ours] == [e._replace(label=None) for e in real]
+        assert all(abs(a.label - b.label) <= 1e-6 * b.label for a, b in zip(ours, real)), (name, split)
+      else:
+        assert ours == real, (name, split)
+    if not task.is_regression:
+      names = tfds.builder(f"glue/{task.tfds_config}", data_dir=tmp_path / "tfds").info.features["label"].names
+      assert list(task.names) == names, name
+
+
+def test_a_failed_download_is_one_line_and_leaves_no_task_folder(glue_dir, tmp_path, capsys):
+  def refused(*_):
+    raise ConnectionError("Failed to establish a new connection: [Errno 101] Network is unreachable")
+
+  (tmp_path / "glue").mkdir()
+  with serve(glue_dir):
+    command(tmp_path / "glue", "wnli")  # one task already there: kept, not fetched again
+  before = (tmp_path / "glue" / "WNLI" / "dev.tsv").read_text()
+  capsys.readouterr()  # TFDS's progress bars
+  with mock.patch.multiple(tfds.download.DownloadManager, download=refused, download_and_extract=refused):
+    with pytest.raises(SystemExit) as exit_info:
+      command(tmp_path / "glue", "wnli,rte")
+  assert exit_info.value.code == 2
+  (line,) = capsys.readouterr().err.splitlines()
+  assert line == (f"error: fetching GLUE RTE (TFDS glue/rte) failed: Failed to establish a new connection: [Errno "
+                  f"101] Network is unreachable; check the connection and the free space, then rerun (the tasks "
+                  f"already written in {tmp_path / 'glue'} are kept)")
+  assert sorted(p.name for p in (tmp_path / "glue").iterdir()) == ["WNLI"]
+  assert (tmp_path / "glue" / "WNLI" / "dev.tsv").read_text() == before

@@ -1,0 +1,225 @@
+"""eval_glue.py ends in models, end to end on conftest.py's tiny TUPE-A: the chosen run's classifier kept in
+WORKDIR/models/<TASK> (params only, checksummed, with its labels, tokenizer settings, max length, fine-tuning config
+and the pre-trained checkpoint's step and checksum), labelling new text with `python -m tupe.tools.predict` (the
+submission files' own predictions), exported with `python -m tupe.tools.export_hf` and run by transformers'
+AutoModelForSequenceClassification and text-classification pipeline with predict's probabilities (RTE, a pair
+task) and scores (STS-B, regression); save_models all and none."""
+import json
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+from configs import glue as glue_config
+from tupe.errors import UserError
+from tupe.glue import classifier
+from tupe.glue import encoding
+from tupe.glue import finetune
+from tupe.glue import keep
+from tupe.glue import metrics
+from tupe.glue import predict
+from tupe.glue import runs as runs_lib
+from tupe.glue import tasks as glue
+from tupe.run.process import run_main
+from tupe.store import checksums
+from tupe.tools import predict as predict_tool
+
+# 64 training rows in batches of 16, two epochs, one learning rate, two seeds: seconds per run.
+OVERRIDES = dict(tasks="rte,stsb", max_train_examples=64, max_seq_len=32, batch_size=16, eval_batch_size=512,
+                 learning_rates=(1e-3,), seeds=(0, 1), log_every=100, tensorboard=False, peak_flops=1e12,
+                 mesh=dict(data=1, fsdp=1, tensor=1))
+
+
+def grid_config(pretrained, data_dir, **overrides):
+  cfg = glue_config.get_config("tupe")
+  cfg.update(dict(OVERRIDES, init_checkpoint=str(pretrained), data_dir=str(data_dir), **overrides))
+  cfg.epochs.rte = cfg.epochs.stsb = 2
+  return cfg
+
+
+@pytest.fixture(scope="module")
+def grid(pretrained, glue_dir, tmp_path_factory):
+  """A finished RTE and STS-B grid (save_models=best): its workdir."""
+  workdir = tmp_path_factory.mktemp("models") / "glue"
+  finetune.run(grid_config(pretrained, glue_dir), str(workdir), devices=jax.devices()[:1])
+  return workdir
+
+
+def predict_cli(model, source, out) -> None:
+  run_main(predict_tool.main, ["predict", "--model", str(model), "--input", str(source), "--out", str(out)])
+
+
+def read_tsv(path) -> list[list[str]]:
+  return [line.split("\t") for line in path.read_text().splitlines()]
+
+
+def test_the_chosen_run_is_kept_with_what_it_needs(grid, pretrained):
+  runs = runs_lib.read_runs(grid)
+  for task, labels in (("RTE", ("entailment", "not_entailment")), ("STS-B", None)):
+    chosen = runs_lib.best_run([run for run in runs if run["task"] == task])
+    saved = classifier.load(grid / "models" / task)  # every file verified against checksums.json
+    assert saved.task.name == task and saved.labels == labels and saved.head == "tupe"
+    assert (saved.run["lr"], saved.run["seed"], saved.run["step"]) == (chosen["lr"], chosen["seed"],
+                                                                       chosen["best_step"])
+    assert saved.run["evaluations"] == chosen["evaluations"]
+    assert saved.pretrained == chosen["init"] and saved.pretrained["step"] == 2
+    assert saved.pretrained["checksum"] == checksums.digest(pretrained / "checkpoints" / "2")
+    assert saved.lowercase is True and saved.max_seq_len == 32 and saved.regression_scale == 5.0
+    assert saved.fine_tuning["max_train_examples"] == 64 and saved.model_cfg.hidden_dropout == 0.1
+    assert set(saved.params) == {"encoder", "head"}
+    files = set(json.loads((grid / "models" / task / checksums.CHECKSUMS).read_text())["sha256"])
+    assert {name.split("/")[0] for name in files} >= {"params", "meta"} and not any(
+        name.startswith("optimizer") for name in files)  # parameters alone
+    # best: the chosen run's model, and the best seed's of each learning rate (here one) in its run folder
+    kept = [run["seed"] for run in runs if run["task"] == task
+            if (keep.run_model_dir(grid, task, run["lr"], run["seed"]) / checksums.CHECKSUMS).exists()]
+    assert kept == [chosen["seed"]]
+    assert checksums.digest(keep.run_model_dir(grid, task, chosen["lr"], chosen["seed"])) == saved.checksum
+
+
+def test_a_damaged_model_is_refused(grid, tmp_path):
+  model = shutil.copytree(grid / "models" / "RTE", tmp_path / "RTE")
+  data = max((p for p in (model / "params").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+  data.write_bytes(data.read_bytes()[:-1] + bytes([data.read_bytes()[-1] ^ 1]))
+  name = data.relative_to(model)
+  with pytest.raises(UserError, match=f"^checkpoint {model} is damaged \\({name} has other bytes than when it was "
+                                      f"saved\\)"):
+    classifier.load(model)
+
+
+def test_predict_gives_the_submission_and_the_dev_scores(grid, glue_dir, tmp_path, monkeypatch, capsys):
+  """RTE's test set labelled by predict (1,000 rows at a time here, saying so) is the submitted file; its dev set,
+  as TSV (with labels) and as JSONL, scores what the chosen run recorded; STS-B's scores correlate as recorded."""
+  monkeypatch.setattr(predict, "CHUNK", 1000)
+  predict_cli(grid / "models" / "RTE", glue_dir / "RTE" / "test.tsv", tmp_path / "test.tsv")
+  assert [line for line in capsys.readouterr().out.splitlines() if line.startswith("labelled")] == [
+      "labelled 1,000 of 3,000 rows", "labelled 2,000 of 3,000 rows", "labelled 3,000 of 3,000 rows"]
+  rows = read_tsv(tmp_path / "test.tsv")
+  assert rows[0] == ["index", "label", "entailment", "not_entailment"]
+  assert [row[:2] for row in rows[1:]] == read_tsv(grid / "submission" / "RTE.tsv")[1:]
+  assert all(abs(float(row[2]) + float(row[3]) - 1) < 1e-5 for row in rows[1:])
+
+  runs = runs_lib.read_runs(grid)
+  dev = glue.load_split(glue_dir, "rte", "dev")
+  predict_cli(grid / "models" / "RTE", glue_dir / "RTE" / "dev.tsv", tmp_path / "dev.tsv")
+  labels = [row[1] for row in read_tsv(tmp_path / "dev.tsv")[1:]]
+  accuracy = 100 * np.mean([glue.TASKS["RTE"].names.index(label) == e.label for label, e in zip(labels, dev)])
+  chosen = runs_lib.best_run([run for run in runs if run["task"] == "RTE"])
+  assert accuracy == pytest.approx(chosen["evaluations"]["RTE"]["accuracy"], abs=1e-9)
+  jsonl = tmp_path / "dev.jsonl"
+  jsonl.write_text("".join(json.dumps({"idx": e.idx, "sentence1": e.text_a, "sentence2": e.text_b}) + "\n"
+                           for e in dev))
+  predict_cli(grid / "models" / "RTE", jsonl, tmp_path / "dev_out.jsonl")
+  objects = [json.loads(line) for line in (tmp_path / "dev_out.jsonl").read_text().splitlines()]
+  assert [o["index"] for o in objects] == list(range(len(dev))) and [o["label"] for o in objects] == labels
+  np.testing.assert_allclose([o["entailment"] for o in objects],
+                             [float(row[2]) for row in read_tsv(tmp_path / "dev.tsv")[1:]], atol=1e-6)
+
+  predict_cli(grid / "models" / "STS-B", glue_dir / "STS-B" / "dev.tsv", tmp_path / "stsb.tsv")
+  rows = read_tsv(tmp_path / "stsb.tsv")
+  assert rows[0] == ["index", "score"] and len(rows) == 1 + 1500
+  chosen = runs_lib.best_run([run for run in runs if run["task"] == "STS-B"])
+  scores = np.array([float(row[1]) for row in rows[1:]])
+  gold = [e.label for e in glue.load_split(glue_dir, "stsb", "dev")]
+  assert 100 * metrics.pearson(scores, gold) == pytest.approx(chosen["evaluations"]["STS-B"]["pearson"], abs=1e-3)
+
+
+def test_bad_rows_are_one_line_each_and_nothing_is_written(grid, tmp_path, capsys):
+  source = tmp_path / "in.tsv"
+  source.write_text("index\tsentence1\tsentence2\n0\tA man sleeps.\tA man rests.\n1\tno second column\n"
+                    "2\t \tAn empty first sentence.\n")
+  out = tmp_path / "out.tsv"
+  with pytest.raises(SystemExit) as exit_info:
+    predict_cli(grid / "models" / "RTE", source, out)
+  assert exit_info.value.code == 2 and not out.exists()
+  assert capsys.readouterr().err.splitlines() == [
+      f"error: 2 bad rows in {source}, nothing written:",
+      f"{source}:3: expected 3 tab-separated columns, found 2 (a tab inside the text, or a cut line?): fix or drop "
+      f"the row",
+      f"{source}:4: the sentence 'sentence1' is empty: fix or drop the row"]
+  source = tmp_path / "in.jsonl"
+  source.write_text('{"sentence1": "A man sleeps.", "sentence2": "A man rests."}\n{"sentence1": "No pair."}\n'
+                    '{"sentence1": "cut')
+  with pytest.raises(SystemExit):
+    predict_cli(grid / "models" / "RTE", source, out)
+  err = capsys.readouterr().err.splitlines()
+  assert err[0] == f"error: 2 bad rows in {source}, nothing written:" and not out.exists()
+  assert err[1] == f"{source}:2: no field 'sentence2' for RTE"
+  assert err[2].startswith(f"{source}:3: not a JSON object (") and err[2].endswith("(a cut last line?)")
+
+
+def test_export_runs_in_transformers_as_predict(grid, glue_dir, tmp_path):
+  """The exported classifier in AutoModelForSequenceClassification: the task's labels, problem_type, the
+  tokenizer's max length, softmax (RTE) and score (STS-B) equal to predict's within 1e-4 on the dev set, and the
+  text-classification pipeline on a sentence pair."""
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  from tupe.tools import export_hf  # pylint: disable=import-outside-toplevel
+  for task, split in (("RTE", "dev"), ("STS-B", "dev")):
+    out = tmp_path / task
+    run_main(export_hf.main, ["export_hf", "--checkpoint", str(grid / "models" / task), "--out", str(out)])
+    saved = classifier.load(grid / "models" / task)
+    config = json.loads((out / "config.json").read_text())
+    regression = task == "STS-B"
+    assert config["problem_type"] == ("regression" if regression else "single_label_classification")
+    assert config["id2label"] == ({"0": "score"} if regression else {"0": "entailment", "1": "not_entailment"})
+    assert json.loads((out / "tokenizer_config.json").read_text())["model_max_length"] == 32
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(out, trust_remote_code=True).eval()
+    dev = glue.load_split(glue_dir, task, split)
+    predictor = predict.Predictor(saved)
+    predicted = predictor.predict(dev)
+    arrays = encoding.encode(predictor.tokenizer, dev, saved.max_seq_len)
+    with torch.no_grad():
+      logits = model(**{k: torch.from_numpy(arrays[k].astype(np.int64))
+                        for k in ("input_ids", "attention_mask", "token_type_ids")}).logits.numpy()
+    if regression:
+      np.testing.assert_allclose(logits[:, 0], predicted.values, atol=1e-4)
+    else:
+      np.testing.assert_allclose(predict.probabilities(logits), predict.probabilities(predicted.logits), atol=1e-4)
+    pipe = transformers.pipeline("text-classification", model=str(out), trust_remote_code=True)
+    short = next(i for i, e in enumerate(dev) if len(e.text_a.split()) + len(e.text_b.split()) < 16)
+    (best,) = pipe([{"text": dev[short].text_a, "text_pair": dev[short].text_b}])
+    if regression:
+      assert best["label"] == "score" and best["score"] == pytest.approx(float(predicted.values[short]), abs=1e-4)
+    else:
+      probs = predict.probabilities(predicted.logits[short:short + 1])[0]
+      assert best["label"] == saved.labels[int(probs.argmax())] and best["score"] == pytest.approx(probs.max(),
+                                                                                                  abs=1e-4)
+
+
+def test_save_models_all_and_none(pretrained, glue_dir, tmp_path):
+  cfg = grid_config(pretrained, glue_dir, tasks="rte", predict_test=False, save_models="all")
+  cfg.epochs.rte = 1
+  finetune.run(cfg, str(tmp_path / "all"), devices=jax.devices()[:1])
+  for seed in (0, 1):
+    assert classifier.load(keep.run_model_dir(tmp_path / "all", "RTE", 1e-3, seed)).run["seed"] == seed
+  assert classifier.load(tmp_path / "all" / "models" / "RTE").task.name == "RTE"
+  cfg.save_models = "none"
+  finetune.run(cfg, str(tmp_path / "none"), devices=jax.devices()[:1])
+  assert not (tmp_path / "none" / "models").exists()
+  assert not list((tmp_path / "none" / "runs").glob("*/model"))
+
+
+def test_mnli_keeps_one_model_scored_on_matched_and_mismatched(pretrained, tmp_path):
+  """MNLI (its files written by `python -m tupe.glue.download` under tfds.testing.mock_data: ../shared/data has no
+  MNLI) ends in one model, models/MNLI, whose run records both dev evaluations; predict with it on
+  dev_matched.tsv and on dev_mismatched.tsv scores what the run recorded for MNLI-m and MNLI-mm."""
+  tfds = pytest.importorskip("tensorflow_datasets")
+  from tupe.glue import download  # pylint: disable=import-outside-toplevel
+  with tfds.testing.mock_data(num_examples=48):
+    run_main(download.main, ["download", "--data-dir", str(tmp_path / "glue"), "--tasks", "mnli"])
+  cfg = grid_config(pretrained, tmp_path / "glue", tasks="mnli", seeds=(0,), predict_test=False)
+  cfg.epochs.mnli = 1
+  finetune.run(cfg, str(tmp_path / "workdir"), devices=jax.devices()[:1])
+  assert [p.name for p in (tmp_path / "workdir" / "models").iterdir()] == ["MNLI"]
+  saved = classifier.load(tmp_path / "workdir" / "models" / "MNLI")
+  assert saved.labels == ("entailment", "neutral", "contradiction")
+  assert set(saved.run["evaluations"]) == {"MNLI-m", "MNLI-mm"}
+  for evaluation, split in (("MNLI-m", "dev_matched"), ("MNLI-mm", "dev_mismatched")):
+    out = tmp_path / f"{split}.tsv"
+    predict_cli(tmp_path / "workdir" / "models" / "MNLI", tmp_path / "glue" / "MNLI" / f"{split}.tsv", out)
+    dev = glue.load_split(tmp_path / "glue", "mnli", split)
+    labels = [row[1] for row in read_tsv(out)[1:]]
+    accuracy = 100 * np.mean([saved.labels.index(label) == e.label for label, e in zip(labels, dev)])
+    assert accuracy == pytest.approx(saved.run["evaluations"][evaluation]["accuracy"], abs=1e-9), evaluation
