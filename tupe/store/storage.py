@@ -142,7 +142,8 @@ def errors(what: str, p: PathLike) -> Iterator[None]:
     raise
   except Exception as e:  # gcsfs and aiohttp raise their own classes, not only OSError
     cause = describe(e)
-    if isinstance(e, FileNotFoundError) and (bucket := _missing_bucket(p)):
+    # A plain "not found" may be the bucket's; a refusal the store named (a lost upload) is not asked about again.
+    if isinstance(e, FileNotFoundError) and cause == "not found" and (bucket := _missing_bucket(p)):
       cause = f"bucket {bucket} does not exist (create it, or fix its name)"
     raise StorageError(f"cannot {what} {p}: {cause}") from e
 
