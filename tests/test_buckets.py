@@ -284,8 +284,9 @@ def keys(server, bucket: str, prefix: str) -> list[str]:
     return sorted(e.text for e in ElementTree.parse(resp).iter() if e.tag.endswith("}Key"))
 
 
-@pytest.mark.parametrize("ending", ["timeout", "sigterm"])
-@pytest.mark.parametrize("store", ["s3", "gs"])
+# s3 with a SIGTERM is left out: moto, killed, refuses connections at once, so the job meets the store's failure
+# before the timeout or the signal matters, which the s3 timeout case already shows.
+@pytest.mark.parametrize("store,ending", [("s3", "timeout"), ("gs", "timeout"), ("gs", "sigterm")])
 def test_a_store_gone_during_a_save_stops_the_job_within_the_timeout(store, ending, tmp_path):
   """The store's endpoint goes away while checkpoint 2 is being written, and does not come back (moto killed; the
   GCS emulator stopped). `timeout`: with checkpoint.store_timeout_s=8, train.py stops within the timeout and a few
