@@ -208,8 +208,8 @@ class Dropout(nn.Module):
   Half the random-number work of flax's nn.Dropout (32 bits per element), which on a CPU is most of what
   dropout costs (`python -m bench.ablations --ablate dropout`; docs/BENCHMARKS.md). An element is kept when its
   16 bits fall below round((1 - rate) * 2^16), so the drop rate is within 2^-17 of `rate` (0.100006 for 0.1);
-  kept elements are scaled, in float32, by the inverse of that exact keep probability. The bits are drawn along the last axis, so leading-axis shardings
-  still apply.
+  kept elements are scaled, in float32, by the inverse of that exact keep probability. The bits are drawn along
+  the last axis, so leading-axis shardings still apply.
   """
   rate: float
 

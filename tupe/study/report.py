@@ -229,7 +229,8 @@ def plot_curves(report: dict, path: storage.Path) -> None:
       axes.plot(*zip(*curve), marker="o", markersize=3, linewidth=1.4, label=name)
   axes.set_xlabel("pre-training tokens (positions)")
   axes.set_ylabel("eval MLM loss" + (" (ELECTRA: generator)" if report["study"] == "convbert" else ""))
-  axes.set_title(f"study {report['study']}, scale {report['scale']}: MLM loss on the pre-training eval split", fontsize=10)
+  axes.set_title(f"study {report['study']}, scale {report['scale']}: MLM loss on the pre-training eval split",
+                 fontsize=10)
   axes.grid(alpha=0.3)
   if any(math.isfinite(loss) for entry in report["variants"].values()
          for _, loss in entry["pretrain"]["curve"] if loss is not None):
