@@ -291,3 +291,22 @@ def test_plot_rejects_what_is_not_benchmark_output(tmp_path):
       plot.plot_file(path, tmp_path)
   with pytest.raises(UserError, match="cannot read benchmark results"):
     plot.plot_file(tmp_path / "missing.jsonl", tmp_path)
+
+
+def test_pytest_line_counts_each_outcome(tmp_path):
+  """bench.pytest_line: a run's counts as one JSON line (the GPU results file's test_gpu line), and pytest's
+  exit status: one test passes, one fails (named with its message), one skips."""
+  (tmp_path / "test_sample.py").write_text(
+      "import pytest\n"
+      "def test_passes():\n  assert True\n"
+      "def test_fails():\n  assert 1 == 2, 'one is not two'\n"
+      "@pytest.mark.skip(reason='not here')\ndef test_skips():\n  pass\n")
+  run = subprocess.run([sys.executable, "-m", "bench.pytest_line", str(tmp_path / "test_sample.py"), "-q",
+                        "--rootdir", str(tmp_path)],
+                       capture_output=True, text=True, cwd=bench.REPO, timeout=300)
+  assert run.returncode == 1, run.stderr[-2000:]
+  (line,) = [json.loads(x) for x in run.stdout.splitlines()]
+  assert (line["passed"], line["failed"], line["skipped"], line["errors"]) == (1, 1, 1, 0)
+  assert list(line["failures"]) == ["test_sample.py::test_fails"] and "one is not two" in line["failures"][
+      "test_sample.py::test_fails"]
+  assert line["device_kind"] and line["date"]

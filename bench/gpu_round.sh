@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# One GPU session's figures as one results file (docs/results/gpu_<date>.jsonl), in order of importance, each
+# part under its own time limit so that one slow part cannot take the others' time:
+#   1. tests/test_gpu.py as one JSON line (bench.pytest_line), run beside the first compilation;
+#   2. the profile of TUPE-A against BERT-A at 512 x 128 (bench.profile; lines in $RESULTS.profile, the compiled
+#      programs gzipped beside them);
+#   3. bench.train_step for BERT-A, TUPE-A and ConvBERT (MLM) base at 128 and 512, as `bash bench/gpu.sh fused`;
+#   4. with ANCHOR=path/to/hf_torch_mlm_train.py, HF transformers in PyTorch on the same GPU (BERT and
+#      ConvBERT base, the same 65,536 tokens per step), between our two lengths.
+#
+#   ANCHOR=anchors/hf_torch_mlm_train.py bash bench/gpu_round.sh docs/results/gpu_$(date +%F).jsonl
+#
+# PARTS picks parts (default "tests profile 128 anchor128 512 anchor512"). JAX's compilation cache (and with it
+# XLA's per-fusion autotuning cache) is shared by the runs, so the models after the first reuse its autotuning:
+# their compile_time_s is not a cold compile.
+set -uo pipefail
+results=${1:?usage: bash bench/gpu_round.sh RESULTS.jsonl}
+parts=" ${PARTS:-tests profile 128 anchor128 512 anchor512} "
+mkdir -p "$(dirname "$results")"
+export JAX_PLATFORMS=${JAX_PLATFORMS:-cuda} PYTHONUNBUFFERED=1
+export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/tupe-gpu-round-cache}
+py=${PYTHON:-python3}
+fused=(--config.model.attention_backend=cudnn --config.model.attention_dropout=0.0)
+note() { echo "[$(date +%T)] $*" >&2; }
+run() {  # run SECONDS COMMAND...: one part, its JSON lines appended to $results
+  local limit=$1; shift
+  note "start: $*"
+  timeout "$limit" "$@" >>"$results" || note "ended with status $?: $*"
+}
+
+if [[ $parts == *" tests "* ]]; then
+  note "start: tests/test_gpu.py (in the background)"
+  JAX_COMPILATION_CACHE_DIR=/tmp/tupe-gpu-test-cache XLA_PYTHON_CLIENT_PREALLOCATE=false \
+      timeout 300 "$py" -m bench.pytest_line tests/test_gpu.py -q >"$results.tests" 2>"$results.tests.log" &
+  tests=$!
+fi
+if [[ $parts == *" profile "* ]]; then
+  trace=$(mktemp -d)
+  note "start: profile"
+  timeout 200 "$py" -m bench.profile --config configs/pretrain.py:bert_a,base --compare tupe_a --batch 512 \
+      --seq 128 --steps 2 --top 60 --dtype bfloat16 --trace-dir "$trace" "${fused[@]}" >>"$results.profile" \
+      || note "profile ended with status $?"
+  for m in bert_a tupe_a; do [[ -f $trace/$m/train_step.hlo ]] && gzip -c "$trace/$m/train_step.hlo" >"$results.$m.hlo.gz"; done
+fi
+if [[ -n ${tests:-} ]]; then
+  wait "$tests"; note "tests/test_gpu.py ended with status $?"
+  cat "$results.tests" >>"$results" && rm "$results.tests"
+fi
+step() {  # step SEQ: the three models at this length, interleaved
+  run 240 "$py" -m bench.train_step --config configs/pretrain.py:bert_a,base --compare tupe_a,convbert_mlm \
+      --batch $((65536 / $1)) --seq "$1" --steps 10 --repeats 2 --dtype bfloat16 "${fused[@]}"
+}
+anchor() {  # anchor SEQ VARIANTS [ConvBERT's VARIANTS]
+  [[ -n ${ANCHOR:-} ]] || { note "no ANCHOR: the PyTorch anchor is not run"; return; }
+  run 150 "$py" "$ANCHOR" --model bert --batch $((65536 / $1)) --seq "$1" --variants "$2"
+  [[ -z ${3:-} ]] || run 90 "$py" "$ANCHOR" --model convbert --batch $((65536 / $1)) --seq "$1" --variants "$3"
+}
+[[ $parts != *" 128 "* ]] || step 128
+[[ $parts != *" anchor128 "* ]] || anchor 128 eager-masked,compile-masked eager-full,eager-masked
+[[ $parts != *" 512 "* ]] || step 512
+[[ $parts != *" anchor512 "* ]] || anchor 512 compile-masked
+note "done"
