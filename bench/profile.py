@@ -140,14 +140,18 @@ def trace_steps(runner, steps: int, trace_dir: pathlib.Path) -> list[dict]:
 def summarize(events: list[dict], runs: int, operations: dict[str, tuple[str, str]]) -> dict:
   """Milliseconds per run (steps x devices: a per-device average) by operation, by category and by module
   path (`where`)."""
-  per_op, calls, kernels = collections.defaultdict(float), collections.Counter(), {}
+  per_op, calls = collections.defaultdict(float), collections.Counter()
+  kernel_ms = collections.defaultdict(collections.Counter)
   for e in events:
     op = op_name(e)
     if operations.get(op, ("",))[0] == "container":
       continue
     per_op[op] += e["dur"] / 1e3 / runs
     calls[op] += 1 / runs
-    kernels.setdefault(op, e["name"])
+    kernel_ms[op][e["name"]] += e["dur"]
+  # The kernel that takes most of an operation's time names it (a cuDNN or cuBLAS call's first kernel is often
+  # a memset).
+  kernels = {op: counter.most_common(1)[0][0] for op, counter in kernel_ms.items()}
   by_category, by_where = collections.defaultdict(float), collections.defaultdict(float)
   for op, ms in per_op.items():
     label, source = operations.get(op, ("unmatched", ""))
