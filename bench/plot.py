@@ -12,6 +12,8 @@ profile or pipeline), recognized by its records' fields; the chart shows what th
   ablations     step time of each swapped-back variant over ours, with the per-repeat ratios
   profile       traced milliseconds per step by category (matmul, attention, fusion, ...) per model
   pipeline      tokens/s of the input pipeline's stages against the model's consumption (log scale)
+  gpu_round     a GPU session's results file (bench/gpu_round.sh): our models' tokens/s beside the PyTorch
+                anchor's variants per length, and the test_gpu line's counts
 Every chart names the machine and date of its records; each `plot_<kind>` draws into the figure and returns
 its title.
 """
@@ -208,13 +210,35 @@ def plot_pipeline(records: list[dict], figure) -> str:
   return f"input pipeline vs the model, {sources[0]['batch']} x {sources[0]['seq']}"
 
 
+def plot_gpu_round(records: list[dict], figure) -> str:
+  ours = [r for r in records if "mfu" in r and "tokens_per_s" in r]
+  anchors = [r for r in records if "anchor" in r]
+  series: dict[str, dict[int, float]] = {}
+  for r in ours:
+    label = f"ours: {r['model']}" + (f" {r['variant']}" if r.get("variant") else "")
+    series.setdefault(label, {})[r["seq"]] = r["tokens_per_s"] / 1e3
+  for r in anchors:
+    series.setdefault(f"HF PyTorch: {r['model']} {r['variant']}", {})[r["seq"]] = r["tokens_per_s"] / 1e3
+  lengths = sorted({seq for values in series.values() for seq in values})
+  axes = figure.subplots()
+  grouped_bars(axes, [f"length {seq}" for seq in lengths],
+               {label: [values.get(seq, np.nan) for seq in lengths] for label, values in series.items()}, "{:.0f}k")
+  axes.set_ylabel("training tokens/s (thousands)")
+  axes.legend(fontsize=7, ncols=2, loc="upper center", bbox_to_anchor=(0.5, -0.1))
+  tests = next((r for r in records if "test_gpu" in r), None)
+  if tests:
+    axes.set_title(f"{tests['test_gpu']}: {tests['passed']} passed, {tests['failed']} failed", fontsize=8)
+  return "train step: ours and HF transformers (PyTorch), same GPU, same run"
+
+
 # The first kind whose test matches a file's records draws it.
 KINDS: dict[str, tuple[Callable[[dict], bool], Callable]] = {
+    "gpu_round": (lambda r: "anchor" in r, plot_gpu_round),
     "compare_hf": (lambda r: "pair" in r and "ratio_per_repeat" in r, plot_compare_hf),
     "dynamic_conv": (lambda r: r.get("what") == "dynamic_conv forward+backward", plot_dynamic_conv),
     "pipeline": (lambda r: r.get("what") == "pipeline", plot_pipeline),
     "memory": (lambda r: "mesh" in r and "state_bytes_per_device" in r, plot_memory),
-    "ablations": (lambda r: "variant" in r and "step_time_s" in r, plot_ablations),
+    "ablations": (lambda r: r.get("variant") == "ours" and "step_time_s" in r, plot_ablations),
     "profile": (lambda r: "ms_per_step_by_category" in r, plot_profile),
     "train_step": (lambda r: "tokens_per_s" in r and "mfu" in r, plot_train_step),
 }

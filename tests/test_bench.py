@@ -110,6 +110,18 @@ def test_profile_reads_hlo():
   assert profile.where("jit(train_step)/(transpose(jvp(MaskedLM))/mlm_head/reduce_sum:jvp()/x)") == "(several modules)"
 
 
+
+def test_profile_names_an_operation_by_its_longest_kernel():
+  """A cuDNN or cuBLAS call runs several kernels, a memset first: the one that takes the time names it."""
+  events = [{"name": "Memset 3", "dur": 2.0, "args": {"hlo_op": "fmha"}},
+            {"name": "cudnn_fmha_bwd_sm90", "dur": 600.0, "args": {"hlo_op": "fmha"}},
+            {"name": "Memset 3", "dur": 2.0, "args": {"hlo_op": "fmha"}},
+            {"name": "loop_add_fusion", "dur": 50.0, "args": {"hlo_op": "add"}}]
+  stats = profile.summarize(events, 2, {"fmha": ("attention", "backward:x"), "add": ("fusion", "x")})
+  assert stats["kernels"] == {"fmha": "cudnn_fmha_bwd_sm90", "add": "loop_add_fusion"}
+  assert stats["per_op"]["fmha"] == pytest.approx(0.302) and stats["calls"]["fmha"] == 1.5
+  assert stats["by_category"] == pytest.approx({"attention": 0.302, "fusion": 0.025})
+
 def test_profile_finds_layout_changes():
   """A fusion whose computation transposes is a layout change ("transpose"), not elementwise work."""
   hlo = """%fused_transpose (p: f32[2,3]) -> f32[3,2] {
@@ -310,3 +322,17 @@ def test_pytest_line_counts_each_outcome(tmp_path):
   assert list(line["failures"]) == ["test_sample.py::test_fails"] and "one is not two" in line["failures"][
       "test_sample.py::test_fails"]
   assert line["device_kind"] and line["date"]
+
+
+def test_plot_tells_a_gpu_round_and_a_train_step_variant_apart(tmp_path):
+  """A GPU session's results file (our train step, the PyTorch anchor, the test_gpu line) is drawn as one
+  chart; bench.train_step's output with --variant stays a train_step chart, not an ablation."""
+  step = {"model": "bert_a", "size": "base", "batch": 512, "seq": 128, "dtype": "bfloat16", "tokens_per_s": 6.6e5,
+          "step_time_s": 0.099, "mfu": 0.37, "device_kind": "NVIDIA H200", "date": "2026-11-28"}
+  anchor = {"anchor": "hf-torch", "model": "bert", "variant": "compile-masked", "batch": 512, "seq": 128,
+            "step_time_s": 0.099, "tokens_per_s": 6.6e5}
+  tests = {"test_gpu": "tests/test_gpu.py", "passed": 6, "failed": 0, "device_kind": "NVIDIA H200",
+           "date": "2026-11-28"}
+  image = plotted([tests, step, anchor], tmp_path, "gpu_round")
+  assert image.shape[2] in (3, 4)
+  plotted([step, dict(step, variant="model.remat=dots", tokens_per_s=5e5)], tmp_path, "train_step")
