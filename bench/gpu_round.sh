@@ -2,17 +2,19 @@
 # One GPU session's figures as one results file (docs/results/gpu_<date>.jsonl), in order of importance, each
 # part under its own time limit so that one slow part cannot take the others' time:
 #   1. tests/test_gpu.py as one JSON line (bench.pytest_line), run beside the first compilation;
-#   2. the profile of TUPE-A against BERT-A at 512 x 128 (bench.profile; lines in $RESULTS.profile, the compiled
-#      programs gzipped beside them);
+#   2. the profile of TUPE-A against BERT-A at 512 x 128 (bench.profile; its lines in RESULTS.jsonl.profile, the
+#      compiled programs gzipped beside them);
 #   3. bench.train_step for BERT-A, TUPE-A and ConvBERT (MLM) base at 128 and 512, as `bash bench/gpu.sh fused`;
 #   4. with ANCHOR=path/to/hf_torch_mlm_train.py, HF transformers in PyTorch on the same GPU (BERT and
 #      ConvBERT base, the same 65,536 tokens per step), between our two lengths.
 #
 #   ANCHOR=anchors/hf_torch_mlm_train.py bash bench/gpu_round.sh docs/results/gpu_$(date +%F).jsonl
 #
-# PARTS picks parts (default "tests profile 128 anchor128 512 anchor512"). JAX's compilation cache (and with it
-# XLA's per-fusion autotuning cache) is shared by the runs, so the models after the first reuse its autotuning:
-# their compile_time_s is not a cold compile.
+# PARTS picks parts (default "tests profile 128 anchor128 512 anchor512"). On an H200 (2026-11-28) the tests and
+# the profile took 3 minutes, length 128 4, the anchor at 128 1.5 and length 512 about 3.5: split the parts across
+# calls where a call has a 10-minute limit. JAX's compilation cache (and with it XLA's per-fusion autotuning cache)
+# is shared by the runs, so the models after the first reuse its autotuning: their compile_time_s is not a cold
+# compile.
 set -uo pipefail
 results=${1:?usage: bash bench/gpu_round.sh RESULTS.jsonl}
 parts=" ${PARTS:-tests profile 128 anchor128 512 anchor512} "
@@ -40,7 +42,9 @@ if [[ $parts == *" profile "* ]]; then
   timeout 200 "$py" -m bench.profile --config configs/pretrain.py:bert_a,base --compare tupe_a --batch 512 \
       --seq 128 --steps 2 --top 60 --dtype bfloat16 --trace-dir "$trace" "${fused[@]}" >>"$results.profile" \
       || note "profile ended with status $?"
-  for m in bert_a tupe_a; do [[ -f $trace/$m/train_step.hlo ]] && gzip -c "$trace/$m/train_step.hlo" >"$results.$m.hlo.gz"; done
+  for m in bert_a tupe_a; do
+    [[ ! -f $trace/$m/train_step.hlo ]] || gzip -c "$trace/$m/train_step.hlo" >"$results.$m.hlo.gz"
+  done
 fi
 if [[ -n ${tests:-} ]]; then
   wait "$tests"; note "tests/test_gpu.py ended with status $?"
