@@ -156,6 +156,9 @@ def get_config(arg: str = "tupe,micro") -> ml_collections.ConfigDict:
   c.scale = scale
   c.size = {"micro": "tiny", "mini": "small", "base": "base"}[scale]  # configs/pretrain.py size (then overridden)
   c.variants = variants(study)
+  # Comma-separated variant names to run, e.g. "bert_a,tupe_a" (the report then has those rows, the control's
+  # variant among them); "" runs every variant.
+  c.only = ""
   # The no-pre-training control, row random_init: the same GLUE grid on random weights of this variant's encoder
   # (architecture, size, vocab, casing); the report shows every variant's GLUE gain over it. "" for none.
   c.random_init = "bert_a" if study == "tupe" else "convbert"

@@ -17,17 +17,23 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 # Seconds after which a study's process counts as hung: far beyond its time on a busy 2-core machine (both micro
 # studies side by side took up to about 20 minutes there), so that only a hang, never slowness, fails a test.
 HANG = 3 * 3600
-VARIANTS = {"tupe": ["bert_a", "bert_r", "tupe_a", "tupe_r", "tupe_a_tie_cls"],
-            "convbert": ["electra", "convbert", "bert_a", "convbert_mlm"]}
+# The variants the micro studies run (--config.only; the studies have 5 and 4): in the tupe study a baseline and
+# TUPE-A, in the convbert study ConvBERT under ELECTRA and BERT layers under MLM, which between them take both
+# objectives and both kinds of layer; every variant's own config is checked by test_print_lists_every_command.
+VARIANTS = {"tupe": ["bert_a", "tupe_a"], "convbert": ["convbert", "bert_a"]}
+ALL_VARIANTS = {"tupe": ["bert_a", "bert_r", "tupe_a", "tupe_r", "tupe_a_tie_cls"],
+                "convbert": ["electra", "convbert", "bert_a", "convbert_mlm"]}
 CONTROL = "random_init"  # GLUE only: no pre-training, no held-out score
 
 
-def start_study(name: str, root: pathlib.Path, *extra: str) -> subprocess.Popen:
+def start_study(name: str, root: pathlib.Path, *extra: str, only: bool = True) -> subprocess.Popen:
+  """The micro study `name` in `root`, with VARIANTS[name] alone unless `only` is False."""
   env = dict(os.environ)
   env.pop("XLA_FLAGS", None)  # One CPU device, as on the command line (the suite fakes eight).
+  subset = [f"--config.only={','.join(VARIANTS[name])}"] if only else []
   return subprocess.Popen([sys.executable, "-m", "tupe.study", f"--config=configs/study.py:{name},micro",
-                           f"--root={root}", *extra], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True, env=env)
+                           f"--root={root}", *subset, *extra], cwd=REPO, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, env=env)
 
 
 def finish(proc: subprocess.Popen) -> tuple[str, str]:
@@ -115,21 +121,29 @@ def test_second_invocation_redoes_nothing(studies):
   outputs = [p for p in root.rglob("*") if p.is_file() and p.parent != root]
   before = {p: p.stat().st_mtime_ns for p in outputs}
   out, _ = finish(start_study("tupe", root))
-  assert "0 stage(s) run, 16 already done" in out
+  assert f"0 stage(s) run, {3 * len(VARIANTS['tupe']) + 1} already done" in out
   assert "starting" not in out and "runs to go" not in out and "checkpoint 4 on" not in out
   assert {p: p.stat().st_mtime_ns for p in outputs} == before
   assert sorted(p for p in root.rglob("*") if p.is_file() and p.parent != root) == sorted(outputs)
 
 
-def test_print_lists_every_command(studies):
-  out, _ = finish(start_study("convbert", studies["convbert"], "--print"))
+@pytest.mark.parametrize("name, only", [("convbert", False), ("tupe", False), ("convbert", True)])
+def test_print_lists_every_command(studies, name, only):
+  """--print: every variant's pre-training, then every GLUE grid with the control's last, then every held-out
+  score, and the report; each command's config loaded and checked first (so every variant of both studies is
+  checked here, the ones the micro studies leave out too). With --config.only, those variants alone."""
+  names = VARIANTS[name] if only else ALL_VARIANTS[name]
+  out, _ = finish(start_study(name, studies[name], "--print", only=only))
   commands = [shlex.split(line) for line in out.splitlines()]
   programs = [next(word.rsplit("/", 1)[-1] for word in words if word.endswith((".py", "tupe.tools.evaluate")))
               for words in commands[:-1]]
-  assert programs == ["train.py"] * 4 + ["eval_glue.py"] * 5 + ["tupe.tools.evaluate"] * 4
-  control = commands[8]
-  assert "--config.init=random" in control and any(w.endswith("convbert/pretrain") for w in control)
-  assert commands[-1][-1] == "--report-only"
+  n = len(names)
+  assert programs == ["train.py"] * n + ["eval_glue.py"] * (n + 1) + ["tupe.tools.evaluate"] * n
+  assert [next(w for w in c if w.startswith("--workdir=")).split("/")[-2] for c in commands[:n]] == names
+  control = commands[2 * n]
+  copied = "bert_a" if name == "tupe" else "convbert"
+  assert "--config.init=random" in control and any(w.endswith(f"{copied}/pretrain") for w in control)
+  assert "--report-only" in commands[-1] and (f"--config.only={','.join(names)}" in commands[-1]) == only
 
 
 def test_evaluate_is_deterministic_and_tells_checkpoints_apart(studies, shared_data):
@@ -152,6 +166,8 @@ def test_evaluate_is_deterministic_and_tells_checkpoints_apart(studies, shared_d
     (["--config=configs/study.py:tupe,micro", "--config.glue_dir=/nonexistent"], "GLUE data folder /nonexistent"),
     (["--config=configs/study.py:tupe,micro", "--config.glue.overrides=('epochs.rte=x',)"], "epochs.rte"),
     (["--config=configs/study.py:tupe,micro", "--config.random_init=electra"], "random_init='electra' is not a"),
+    (["--config=configs/study.py:tupe,micro", "--config.only=bert_a,bert"], "only='bert_a,bert': 'bert' is not a"),
+    (["--config=configs/study.py:tupe,micro", "--config.only=tupe_a"], "only='tupe_a' leaves out bert_a, whose"),
 ])
 def test_bad_input_is_one_line(shared_data, tmp_path, argv, message):
   with pytest.raises(UserError, match=message):

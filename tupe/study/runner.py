@@ -21,7 +21,8 @@ per checkpoint step, and a GLUE grid whose runs are all in runs.jsonl is skipped
 at its first missing run). Every command's config is loaded and checked, values included, as train.py and
 eval_glue.py check them, before anything runs or is printed.
 --print writes the commands, one per line in order, for a scheduler (the last one writes the report);
---report-only writes the report from what is finished.
+--report-only writes the report from what is finished. --config.only=bert_a,tupe_a runs those variants alone
+(and the control, whose variant must be among them).
 """
 from __future__ import annotations
 
@@ -131,8 +132,17 @@ def plan(cfg, root: storage.Path) -> list[Variant]:
   """Every variant's commands, each config loaded and checked (a UserError for the first bad one), and the
   control (random_init) last when the study has one."""
   pretrain_config = config_files.REPO / "configs" / "pretrain.py"
+  names = [name for name, _, _ in cfg.variants]
+  only = [name for name in cfg.get("only", "").split(",") if name]
+  unknown = [name for name in only if name not in names]
+  if unknown:
+    raise UserError(f"only={cfg.only!r}: {unknown[0]!r} is not a variant of the {cfg.study} study; use some of "
+                    f"{', '.join(names)} (comma-separated), or '' for every variant")
+  if only and cfg.random_init in names and cfg.random_init not in only:
+    raise UserError(f"only={cfg.only!r} leaves out {cfg.random_init}, whose encoder the control random_init copies: "
+                    f"add it, or set random_init='' for no control")
   variants = []
-  for name, model, overrides in cfg.variants:
+  for name, model, overrides in (v for v in cfg.variants if not only or v[0] in only):
     workdir = root / name
     pretrain = ([sys.executable, str(config_files.REPO / "train.py"), f"--config={pretrain_config}:{model},{cfg.size}",
                  f"--workdir={workdir / 'pretrain'}", f"--config.seed={cfg.seed}",
