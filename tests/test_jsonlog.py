@@ -13,6 +13,7 @@ import pytest
 from test_resume import run_train
 
 from tupe.glue import runs as runs_lib
+from tupe.store import events
 from tupe.store import jsonlog
 from tupe.store import runlog
 from tupe.store import storage
@@ -93,7 +94,7 @@ def test_bucket_records_are_uploaded_at_flush(gcs_bucket):
 def scalar_events(data: bytes) -> list[tuple[str, int, float]]:
   """(tag, step, value) of each scalar in a TensorBoard event file (TFRecord framing: length, its CRC, the
   record, its CRC)."""
-  from tensorboardX.proto import event_pb2
+  from tensorboard.compat.proto import event_pb2  # TensorBoard's own protos: an independent reader
   out, i = [], 0
   while i < len(data):
     (length,) = struct.unpack("<Q", data[i:i + 8])
@@ -108,11 +109,11 @@ def test_tensorboard_events_reach_a_bucket(gcs_bucket, monkeypatch):
   with runlog.MetricWriter(folder, tensorboard=True) as writer:
     for step in (1, 2):
       writer.write(step, {"loss": 1.0 / step})
-  (events,) = storage.iterdir(f"{folder}/tensorboard")
-  assert events.name.startswith("events.out.tfevents.")
-  assert scalar_events(storage.read_bytes(events)) == [("loss", 1, 1.0), ("loss", 2, 0.5)]
+  (event_file,) = storage.iterdir(f"{folder}/tensorboard")
+  assert event_file.name.startswith("events.out.tfevents.")
+  assert scalar_events(storage.read_bytes(event_file)) == [("loss", 1, 1.0), ("loss", 2, 0.5)]
   # A long run's event file is continued in a new one past a size (TensorBoard reads every file of the folder).
-  monkeypatch.setattr(runlog._BucketEvents, "ROTATE_BYTES", 0)
+  monkeypatch.setattr(events.EventFile, "ROTATE_BYTES", 0)
   with runlog.MetricWriter(f"{folder}2", tensorboard=True) as writer:
     for step in (1, 2):
       writer.write(step, {"loss": 1.0 / step})
@@ -179,3 +180,30 @@ def test_eval_glue_resumes_with_a_torn_runs_log(pretrained, glue_dir, tmp_path, 
   assert "1 runs already in" in out  # the torn run was run again, the finished one not
   again = runs_lib.read_runs(workdir)
   assert [(run["seed"], run["score"]) for run in again] == [(run["seed"], run["score"]) for run in first]
+
+
+def test_local_tensorboard_events_are_read_back_by_tensorboard(tmp_path):
+  """The event file written locally: TFRecord frames whose CRCs check, Events TensorBoard's protos decode (the
+  file version first, then each scalar with its step), on disk at flush() before close()."""
+  from tensorboard.compat.proto import event_pb2
+  writer = runlog.MetricWriter(tmp_path, tensorboard=True)
+  for step, loss in ((1, 2.5), (2, float("nan")), (300, -0.125)):
+    writer.write(step, {"loss": loss, "accuracy": 0.5})
+  writer.flush()
+  (path,) = (tmp_path / "tensorboard").iterdir()
+  data = path.read_bytes()
+  assert scalar_events(data) == [("loss", 1, 2.5), ("accuracy", 1, 0.5), ("accuracy", 2, 0.5),
+                                 ("loss", 300, -0.125), ("accuracy", 300, 0.5)]  # NaN is null in JSON: not drawn
+  (length,) = struct.unpack("<Q", data[:8])
+  assert struct.unpack("<I", data[8:12])[0] == events.masked_crc32c(data[:8])
+  assert struct.unpack("<I", data[12 + length:16 + length])[0] == events.masked_crc32c(data[12:12 + length])
+  assert event_pb2.Event.FromString(data[12:12 + length]).file_version == "brain.Event:2"
+  writer.close()
+
+
+def test_crc32c_matches_the_standard_check_value():
+  """CRC-32C's published check value (RFC 3720's polynomial) and TFRecord's mask of it."""
+  assert events.crc32c(b"123456789") == 0xE3069283
+  assert events.crc32c(b"") == 0
+  crc = 0xE3069283
+  assert events.masked_crc32c(b"123456789") == (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
