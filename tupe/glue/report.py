@@ -24,6 +24,7 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
+from tupe import present
 from tupe.errors import UserError
 from tupe.glue import metrics as glue_metrics
 from tupe.glue import tasks as glue
@@ -229,14 +230,10 @@ def plot(records: Iterable[RunRecord], path: storage.PathLike, reference: Mappin
     reference_label: legend entry of the reference numbers.
     title: chart title.
   """
-  from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=import-outside-toplevel
-  from matplotlib.figure import Figure  # pylint: disable=import-outside-toplevel
-
   summary = summarize(records)
   if not summary:
     raise UserError("no GLUE runs to plot: run the fine-tuning grid first")
-  figure = Figure(figsize=(max(4.0, 1.0 + 0.9 * len(summary)), 4.0), dpi=120)
-  FigureCanvasAgg(figure)
+  figure = present.new_figure(max(4.0, 1.0 + 0.9 * len(summary)), 4.0, dpi=120)
   axes = figure.subplots()
   x = np.arange(len(summary))
   trained = [math.isfinite(result.best.median) for result in summary]  # A diverged best lr gets no bar.
