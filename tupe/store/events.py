@@ -75,56 +75,45 @@ def record(data: bytes) -> bytes:
 
 
 class EventFile:
-  """Scalars for TensorBoard in `directory`, local or in a bucket.
+  """Scalars for TensorBoard in `directory`, local or in a bucket, written through `tupe.store.storage` (fenced,
+  as every write of a run is) at each `flush` and at `close`.
 
-  Locally, records are appended to one file and reach the disk at `flush` and `close`. In a bucket (no appends)
-  the file is built in memory and uploaded whole at each `flush`, synchronously, so that what was written is
-  there once it returns; past `ROTATE_BYTES` a new file is started, so that an upload stays small in a long run
-  (TensorBoard reads every event file of a folder).
+  Locally, the records since the last flush are appended to one file (fsynced). In a bucket (no appends) the
+  file is uploaded whole, synchronously, so that what was written is there once `flush` returns; past
+  `ROTATE_BYTES` a new file is started, so that an upload stays small in a long run (TensorBoard reads every
+  event file of a folder). A file is written once it holds a scalar.
   """
 
   ROTATE_BYTES = 8 << 20
 
   def __init__(self, directory: storage.PathLike):
-    self.directory, self._part = storage.path(directory), 0
+    self.directory, self._part = storage.makedirs(directory), 0
     self._remote = storage.is_remote(self.directory)
-    if not self._remote:
-      os.makedirs(storage.local(self.directory), exist_ok=True)
     self._start()
 
   def _start(self):
     self.path = self.directory / (f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}"
                                   f".{self._part}")
-    self._data, self._dirty = bytearray(), False
-    self._file = None if self._remote else open(storage.local(self.path), "ab")
-    self._add(event(time.time(), file_version="brain.Event:2"))
-
-  def _add(self, data: bytes):
-    framed = record(data)
-    if self._file is not None:
-      self._file.write(framed)
-    else:
-      self._data += framed
-      self._dirty = True
+    self._uploaded = bytearray()  # in a bucket: the file as uploaded so far
+    self._pending = bytearray(record(event(time.time(), file_version="brain.Event:2")))
+    self._has_scalar = False
 
   def add_scalar(self, tag: str, value: float, step: int):
-    self._add(event(time.time(), step, tag=tag, value=value))
+    self._pending += record(event(time.time(), step, tag=tag, value=value))
+    self._has_scalar = True
 
   def flush(self):
-    if self._file is not None:
-      self._file.flush()
+    if not (self._has_scalar and self._pending):
       return
-    if not self._dirty:
-      return
-    storage.write_bytes(self.path, bytes(self._data))
-    self._dirty = False
-    if len(self._data) > self.ROTATE_BYTES:
+    if self._remote:
+      self._uploaded += self._pending
+      storage.write_bytes(self.path, bytes(self._uploaded))
+    else:
+      storage.append_bytes(self.path, bytes(self._pending))
+    self._pending = bytearray()
+    if len(self._uploaded) > self.ROTATE_BYTES:
       self._part += 1
       self._start()
-      self._dirty = False  # a file with no scalars yet is not uploaded
 
   def close(self):
     self.flush()
-    if self._file is not None:
-      self._file.close()
-      self._file = None

@@ -234,23 +234,28 @@ def write_text(p: PathLike, text: str) -> None:
 
 
 @_bounded("append to")
-def append_text(p: PathLike, text: str) -> None:
-  """Appends `text` to `p` durably: fsynced locally; in a bucket, a rewrite of the whole object. Fenced as
+def append_bytes(p: PathLike, data: bytes) -> None:
+  """Appends `data` to `p` durably: fsynced locally; in a bucket, a rewrite of the whole object. Fenced as
   `write_bytes` is."""
   target = path(p)
   fence.check(target)
   with errors("append to", target):
     if is_remote(target):
       old = target.read_bytes() if target.exists() else b""
-      target.write_bytes(old + text.encode("utf-8"))
+      target.write_bytes(old + data)
       return
     target.parent.mkdir(parents=True, exist_ok=True)
     # Never through a link (ELOOP, "Too many levels of symbolic links"): the append lands in this very file.
     fd = os.open(os.fspath(target), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    with os.fdopen(fd, "a", encoding="utf-8") as f:
-      f.write(text)
+    with os.fdopen(fd, "ab") as f:
+      f.write(data)
       f.flush()
       os.fsync(f.fileno())
+
+
+def append_text(p: PathLike, text: str) -> None:
+  """`append_bytes` of `text` in UTF-8."""
+  append_bytes(p, text.encode("utf-8"))
 
 
 @contextlib.contextmanager
