@@ -75,26 +75,23 @@ def record(data: bytes) -> bytes:
 
 
 class EventFile:
-  """Scalars for TensorBoard in `directory`, local or in a bucket, written through `tupe.store.storage` (fenced,
-  as every write of a run is) at each `flush` and at `close`.
-
-  Locally, the records since the last flush are appended to one file (fsynced). In a bucket (no appends) the
-  file is uploaded whole, synchronously, so that what was written is there once `flush` returns; past
-  `ROTATE_BYTES` a new file is started, so that an upload stays small in a long run (TensorBoard reads every
-  event file of a folder). A file is written once it holds a scalar.
+  """Scalars for TensorBoard in `directory`, local or in a bucket. At each `flush` and at `close`, the records
+  since the last flush are appended through `storage.append_bytes` (fenced, as every write of a run is; fsynced
+  locally, a rewrite of the object in a bucket, which has no appends), so that what was written is there once
+  `flush` returns. Past `ROTATE_BYTES` a new file is started, so that a bucket's rewrite stays small in a long run
+  (TensorBoard reads every event file of a folder). A file is written once it holds a scalar.
   """
 
   ROTATE_BYTES = 8 << 20
 
   def __init__(self, directory: storage.PathLike):
     self.directory, self._part = storage.makedirs(directory), 0
-    self._remote = storage.is_remote(self.directory)
     self._start()
 
   def _start(self):
     self.path = self.directory / (f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}"
                                   f".{self._part}")
-    self._uploaded = bytearray()  # in a bucket: the file as uploaded so far
+    self._written = 0
     self._pending = bytearray(record(event(time.time(), file_version="brain.Event:2")))
     self._has_scalar = False
 
@@ -105,13 +102,10 @@ class EventFile:
   def flush(self):
     if not (self._has_scalar and self._pending):
       return
-    if self._remote:
-      self._uploaded += self._pending
-      storage.write_bytes(self.path, bytes(self._uploaded))
-    else:
-      storage.append_bytes(self.path, bytes(self._pending))
+    storage.append_bytes(self.path, bytes(self._pending))
+    self._written += len(self._pending)
     self._pending = bytearray()
-    if len(self._uploaded) > self.ROTATE_BYTES:
+    if self._written > self.ROTATE_BYTES:
       self._part += 1
       self._start()
 
