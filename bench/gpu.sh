@@ -8,6 +8,7 @@
 #
 # Extra arguments go to every bench.train_step run (e.g. --steps 20 --config.model.remat=dots); LENGTHS picks
 # the sequence lengths (default "128 512"; e.g. LENGTHS=512 bash bench/gpu.sh fused, for one length per job).
+# PYTHON picks the interpreter (default python).
 set -euo pipefail
 mode=${1:?usage: bash bench/gpu.sh fused|recipe [bench.train_step arguments]}
 shift
@@ -18,7 +19,7 @@ case $mode in
 esac
 status=0
 for seq in ${LENGTHS:-128 512}; do  # Every length runs even if one fails.
-  python -m bench.train_step --config configs/pretrain.py:bert_a,base --compare tupe_a,convbert_mlm \
+  "${PYTHON:-python}" -m bench.train_step --config configs/pretrain.py:bert_a,base --compare tupe_a,convbert_mlm \
       --batch $((65536 / seq)) --seq $seq --steps 10 --repeats 2 --dtype bfloat16 "${attention[@]}" "$@" || status=$?
 done
 exit $status

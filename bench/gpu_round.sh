@@ -4,7 +4,7 @@
 #   1. tests/test_gpu.py as one JSON line (bench.pytest_line), run beside the first compilation;
 #   2. the profile of TUPE-A against BERT-A at 512 x 128 (bench.profile; its lines in RESULTS.jsonl.profile, the
 #      compiled programs gzipped beside them);
-#   3. bench.train_step for BERT-A, TUPE-A and ConvBERT (MLM) base at 128 and 512, as `bash bench/gpu.sh fused`;
+#   3. `bash bench/gpu.sh fused`: BERT-A, TUPE-A and ConvBERT (MLM) base at 128 and 512 (bench.train_step);
 #   4. with ANCHOR=path/to/hf_torch_mlm_train.py, HF transformers in PyTorch on the same GPU (BERT and
 #      ConvBERT base, the same 65,536 tokens per step), between our two lengths.
 #
@@ -50,9 +50,8 @@ if [[ -n ${tests:-} ]]; then
   wait "$tests"; note "tests/test_gpu.py ended with status $?"
   cat "$results.tests" >>"$results" && rm "$results.tests"
 fi
-step() {  # step SEQ: the three models at this length, interleaved
-  run 240 "$py" -m bench.train_step --config configs/pretrain.py:bert_a,base --compare tupe_a,convbert_mlm \
-      --batch $((65536 / $1)) --seq "$1" --steps 10 --repeats 2 --dtype bfloat16 "${fused[@]}"
+step() {  # step SEQ: the three models at this length, interleaved (bench/gpu.sh fused)
+  run 240 env LENGTHS="$1" PYTHON="$py" bash bench/gpu.sh fused
 }
 anchor() {  # anchor SEQ VARIANTS [ConvBERT's VARIANTS]
   [[ -n ${ANCHOR:-} ]] || { note "no ANCHOR: the PyTorch anchor is not run"; return; }

@@ -110,7 +110,6 @@ def test_profile_reads_hlo():
   assert profile.where("jit(train_step)/(transpose(jvp(MaskedLM))/mlm_head/reduce_sum:jvp()/x)") == "(several modules)"
 
 
-
 def test_profile_names_an_operation_by_its_longest_kernel():
   """A cuDNN or cuBLAS call runs several kernels, a memset first: the one that takes the time names it."""
   events = [{"name": "Memset 3", "dur": 2.0, "args": {"hlo_op": "fmha"}},
@@ -121,6 +120,7 @@ def test_profile_names_an_operation_by_its_longest_kernel():
   assert stats["kernels"] == {"fmha": "cudnn_fmha_bwd_sm90", "add": "loop_add_fusion"}
   assert stats["per_op"]["fmha"] == pytest.approx(0.302) and stats["calls"]["fmha"] == 1.5
   assert stats["by_category"] == pytest.approx({"attention": 0.302, "fusion": 0.025})
+
 
 def test_profile_finds_layout_changes():
   """A fusion whose computation transposes is a layout change ("transpose"), not elementwise work."""
