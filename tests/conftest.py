@@ -1,12 +1,16 @@
 """Shared test setup.
 
 Eight fake CPU devices are created for the whole suite so that sharding tests can build real meshes; code
-that does not ask for a mesh runs on the first device as usual.
+that does not ask for a mesh runs on the first device as usual. XLA compiles without LLVM's optimisations
+(xla_flags.py says why).
 """
 import os
 import pathlib
+import shutil
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+from xla_flags import xla_flags
+
+os.environ.setdefault("XLA_FLAGS", xla_flags(8))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Compiling dominates the suite's time on a small CPU: share compiled programs between tests and with the
 # train.py subprocesses that the end-to-end tests start.
@@ -62,9 +66,10 @@ def glue_dir(shared_data) -> pathlib.Path:
   return shared_data / "glue"
 
 
-@pytest.fixture(scope="module")
-def pretrained(tmp_path_factory, glue_dir, bert_vocab) -> pathlib.Path:
-  """A train.py workdir: a 1-layer TUPE-A, BERT vocab, 2 MLM steps on SST-2 dev sentences, one checkpoint."""
+@pytest.fixture(scope="session")
+def pretrained_once(tmp_path_factory, glue_dir, bert_vocab) -> pathlib.Path:
+  """A train.py workdir: a 1-layer TUPE-A, BERT vocab, 2 MLM steps on SST-2 dev sentences, one checkpoint. Trained
+  once per test process; tests get it through `pretrained`, a copy of their own."""
   from configs import pretrain as pretrain_config
   from tupe.glue import tasks as glue
   from tupe.train import pretrain
@@ -80,6 +85,14 @@ def pretrained(tmp_path_factory, glue_dir, bert_vocab) -> pathlib.Path:
   cfg.checkpoint.update(every_steps=2, async_save=False)
   pretrain.train(cfg, str(root / "workdir"))
   return root / "workdir"
+
+
+@pytest.fixture(scope="module")
+def pretrained(pretrained_once, tmp_path_factory) -> pathlib.Path:
+  """`pretrained_once`'s workdir, copied for this test module: what a module's tests write there stays there."""
+  copy = tmp_path_factory.mktemp("pretrained") / "workdir"
+  shutil.copytree(pretrained_once, copy)
+  return copy
 
 
 @pytest.fixture(scope="session")
