@@ -20,6 +20,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from xla_flags import xla_flags
 
 from tupe.store import storage
 
@@ -44,7 +45,7 @@ def train_command(workdir, overrides=None, extra=()) -> list[str]:
 
 def train_env(devices: int = 1) -> dict:
   """The test environment (compilation cache, PRNG) with `devices` CPU devices and unbuffered output."""
-  return dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", PYTHONUNBUFFERED="1")
+  return dict(os.environ, XLA_FLAGS=xla_flags(devices), PYTHONUNBUFFERED="1")
 
 
 def run_train(workdir, overrides=None, extra=(), devices: int = 1, timeout: float = 300,

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from xla_flags import xla_flags
 
 from tupe.errors import UserError
 from tupe.study import heldout
@@ -29,7 +30,7 @@ CONTROL = "random_init"  # GLUE only: no pre-training, no held-out score
 def start_study(name: str, root: pathlib.Path, *extra: str, only: bool = True) -> subprocess.Popen:
   """The micro study `name` in `root`, with VARIANTS[name] alone unless `only` is False."""
   env = dict(os.environ)
-  env.pop("XLA_FLAGS", None)  # One CPU device, as on the command line (the suite fakes eight).
+  env["XLA_FLAGS"] = xla_flags(1)  # One CPU device, as on the command line (the suite fakes eight).
   subset = [f"--config.only={','.join(VARIANTS[name])}"] if only else []
   return subprocess.Popen([sys.executable, "-m", "tupe.study", f"--config=configs/study.py:{name},micro",
                            f"--root={root}", *subset, *extra], cwd=REPO, stdout=subprocess.PIPE,
@@ -183,7 +184,7 @@ def test_glue_budget_compares_budgets_against_random_init(studies, tmp_path):
   root = tmp_path / "study"
   shutil.copytree(studies["tupe"], root)
   env = dict(os.environ)
-  env.pop("XLA_FLAGS", None)
+  env["XLA_FLAGS"] = xla_flags(1)
   proc = subprocess.run([sys.executable, "-m", "tupe.tools.glue_budget", "--config=configs/study.py:tupe,micro",
                          f"--root={root}", "--variant=bert_a"], cwd=REPO, capture_output=True, text=True, env=env,
                         timeout=HANG)
