@@ -119,8 +119,12 @@ def test_predict_gives_the_submission_and_the_dev_scores(grid, glue_dir, tmp_pat
   predict_cli(grid / "models" / "STS-B", glue_dir / "STS-B" / "dev.tsv", tmp_path / "stsb.tsv")
   rows = read_tsv(tmp_path / "stsb.tsv")
   assert rows[0] == ["index", "score"] and len(rows) == 1 + 1500
+  # The metric from JSONL's full-precision scores: this tiny model's scores spread over about 1e-3, so the TSV's
+  # six decimals move its Pearson correlation by more than the tolerance.
+  predict_cli(grid / "models" / "STS-B", glue_dir / "STS-B" / "dev.tsv", tmp_path / "stsb.jsonl")
+  scores = np.array([json.loads(line)["score"] for line in (tmp_path / "stsb.jsonl").read_text().splitlines()])
+  np.testing.assert_allclose(scores, [float(row[1]) for row in rows[1:]], atol=1e-6)
   chosen = runs_lib.best_run([run for run in runs if run["task"] == "STS-B"])
-  scores = np.array([float(row[1]) for row in rows[1:]])
   gold = [e.label for e in glue.load_split(glue_dir, "stsb", "dev")]
   assert 100 * metrics.pearson(scores, gold) == pytest.approx(chosen["evaluations"]["STS-B"]["pearson"], abs=1e-3)
 
