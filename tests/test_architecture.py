@@ -233,7 +233,8 @@ def test_the_s3_adaptor_refuses_another_orbax_release():
   """On an orbax release outside the range the adaptor was tested on (requirements.txt pins the same), s3:// is one
   line naming the range, and orbax's function is left as it is: gs:// and local paths work as before."""
   script = ("import orbax.checkpoint as ocp\nocp.__version__ = '0.14.0'\nfrom tupe.store import orbax_s3\n"
-            "from tupe.errors import UserError\nfrom orbax.checkpoint._src.serialization import tensorstore_utils as t\n"
+            "from tupe.errors import UserError\n"
+            "from orbax.checkpoint._src.serialization import tensorstore_utils as t\n"
             "f = t.build_kvstore_tspec\norbax_s3.install_for('gs://b/x'); orbax_s3.install_for('/tmp/x')\n"
             "try:\n  orbax_s3.install_for('s3://b/x')\nexcept UserError as e:\n  print(e)\n"
             "print(t.build_kvstore_tspec is f)")
@@ -252,3 +253,12 @@ def test_old_module_names_warn_and_lead_to_the_new_ones():
   proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
   assert proc.stdout.splitlines() == ["tupe.trainer has moved to tupe.train.pretrain (docs/ARCHITECTURE.md); the old "
                                       "name goes in the next release", "True"], proc.stderr[-2000:]
+
+
+def test_the_entry_points_catch_signals_before_jax_is_imported():
+  """train.py and eval_glue.py import tupe.run.process before they catch stop signals: it must not import jax,
+  whose import takes about a second in which a SIGTERM or Ctrl-C would meet Python's default handlers (it did,
+  through tupe.console, and test_glue_signals.py caught a SIGINT there)."""
+  proc = subprocess.run([sys.executable, "-c", "import sys; from tupe.run import process; print('jax' in sys.modules)"],
+                        cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 0 and proc.stdout.strip() == "False", proc.stdout + proc.stderr

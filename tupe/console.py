@@ -1,11 +1,19 @@
 """What a person reads on the terminal: one line from process 0, flushed at once; durations as 1h02m or 3m05s;
-the progress of a long wait (`Meter`)."""
+the progress of a long wait (`Meter`).
+
+jax is imported at the first line printed, not with this module: train.py and eval_glue.py import it (through
+tupe.run.process) before they catch stop signals, and jax's import takes about a second, in which a signal would
+meet Python's default handlers.
+"""
 from __future__ import annotations
 
 import sys
 import time
 
-import jax
+
+def _process_index() -> int:
+  import jax  # pylint: disable=import-outside-toplevel
+  return jax.process_index()
 
 
 def format_duration(seconds: float) -> str:
@@ -17,7 +25,7 @@ def format_duration(seconds: float) -> str:
 
 def log(msg: str):
   """Process 0 prints; flushes so progress shows up under pipes and schedulers."""
-  if jax.process_index() == 0:
+  if _process_index() == 0:
     print(msg, flush=True, file=sys.stdout)
 
 
@@ -43,7 +51,7 @@ class Meter:
     self.what, self.total, self.unit, self.scale = what, total, unit, scale
     self.stream = stream or sys.stderr
     self.terminal = self.stream.isatty()
-    self.quiet = jax.process_index() != 0
+    self.quiet = _process_index() != 0
     self.start = time.monotonic()
     self.due = self.start + self.FIRST_S
     self.done, self.said = 0.0, False
