@@ -79,8 +79,9 @@ class HFRunner:
     self.torch = torch
     self.model = model_cls(config).train()
     self.attention = getattr(self.model.config, "_attn_implementation", None) or "eager"
-    self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=opt_cfg.learning_rate, betas=(opt_cfg.b1, opt_cfg.b2),
-                                       eps=opt_cfg.eps, weight_decay=opt_cfg.weight_decay)
+    self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=opt_cfg.learning_rate,
+                                       betas=(opt_cfg.b1, opt_cfg.b2), eps=opt_cfg.eps,
+                                       weight_decay=opt_cfg.weight_decay)
     self.clip = opt_cfg.clip_norm
     ids = torch.from_numpy(batch["input_ids"]).long()
     labels = torch.full_like(ids, -100)

@@ -126,7 +126,8 @@ class AuthenticatingS3:
   def environment(self, who: str, base: dict | None = None) -> dict:
     """`base` (default: this process's environment) with no AWS setting of its own and none of fsspec's for s3, then
     pointed at this emulator with `who`'s credentials ("none": none at all, nor a credentials or config file, nor
-    the instance metadata service that botocore would otherwise wait for), as `AuthenticatingGCS.environment` names them."""
+    the instance metadata service that botocore would otherwise wait for), as `AuthenticatingGCS.environment` names
+    them."""
     import os
 
     env = {k: v for k, v in (os.environ if base is None else base).items()

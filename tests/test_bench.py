@@ -215,7 +215,8 @@ def test_compare_hf(capsys, tmp_path):
   assert record["hf_parameters"] - record["ours_parameters"] == 2 * 32
 
 
-@pytest.mark.parametrize("spec", ["configs/pretrain.py:convbert_mlm,small", "configs/pretrain.py:convbert_mlm,medium_small"])
+@pytest.mark.parametrize("spec", ["configs/pretrain.py:convbert_mlm,small",
+                                  "configs/pretrain.py:convbert_mlm,medium_small"])
 def test_hf_convbert_of_the_same_shape(spec):
   """The HF ConvBERT that bench.compare_hf builds has exactly our parameter count (no training: shapes only)."""
   transformers = pytest.importorskip("transformers")

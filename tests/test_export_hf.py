@@ -320,7 +320,8 @@ def test_task_heads_load_through_auto_classes(name, exported):
   cfg, _, directory = exported(name)
   ids, mask, types = torch_inputs(*padded_batch(cfg)).values()
   with torch.no_grad():
-    expected = transformers.AutoModel.from_pretrained(directory, trust_remote_code=True).eval()(ids, mask).last_hidden_state
+    base = transformers.AutoModel.from_pretrained(directory, trust_remote_code=True).eval()
+    expected = base(ids, mask).last_hidden_state
   for auto_class, head in (("AutoModelForSequenceClassification", "TupeForSequenceClassification"),
                            ("AutoModelForTokenClassification", "TupeForTokenClassification"),
                            ("AutoModelForMultipleChoice", "TupeForMultipleChoice")):

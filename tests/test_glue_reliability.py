@@ -230,6 +230,7 @@ def test_runs_from_other_hf_weights_are_refused(bert_vocab, glue_dir, tmp_path):
   run(cfg, workdir)  # the same weights: resumes, nothing rerun
   assert len(runs_lib.read_runs(workdir)) == 1
   save_weights(1)
-  with pytest.raises(UserError, match=f"fine-tuned from HF ConvBERT {hf_dir} \\(checksum {record['init']['checksum']}\\), "
+  checksum = record["init"]["checksum"]
+  with pytest.raises(UserError, match=f"fine-tuned from HF ConvBERT {hf_dir} \\(checksum {checksum}\\), "
                                       f"but this command starts from HF ConvBERT {hf_dir} \\(checksum "):
     run(cfg, workdir)

@@ -25,7 +25,8 @@ from tupe.glue import runs as runs_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 HANG = 900  # seconds: only a hung process takes this long
-ONE_LINE = re.compile(r"stopped by (SIGTERM|Ctrl-C \(SIGINT\)) [^\n]*rerun (the same command|of the same command)[^\n]*")
+ONE_LINE = re.compile(r"stopped by (SIGTERM|Ctrl-C \(SIGINT\)) [^\n]*"
+                      r"rerun (the same command|of the same command)[^\n]*")
 
 
 def command(workdir, pretrained, glue_dir) -> list[str]:

@@ -88,7 +88,8 @@ def test_electra_generator_shapes(size, fraction, shape):
 
 
 def test_generator_fraction_without_a_head_layout_is_an_error():
-  with pytest.raises(UserError, match=r"generator_fraction=0.333333 gives a generator 85 wide, .* model.head_ratio=2 heads"):
+  with pytest.raises(UserError,
+                     match=r"generator_fraction=0.333333 gives a generator 85 wide, .* model.head_ratio=2 heads"):
     models.generator_config(models.get_config("convbert", "small"), 1 / 3)
   with pytest.raises(UserError, match=r"generator_fraction=0 must be in \(0, 1\]"):
     models.generator_config(models.get_config("convbert", "small"), 0)
