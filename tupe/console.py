@@ -1,9 +1,9 @@
 """What a person reads on the terminal: one line from process 0, flushed at once; durations as 1h02m or 3m05s;
 the progress of a long wait (`Meter`).
 
-jax is imported at the first line printed, not with this module: train.py and eval_glue.py import it (through
-tupe.run.process) before they catch stop signals, and jax's import takes about a second, in which a signal would
-meet Python's default handlers.
+jax is imported at the first line printed, not with this module: train.py and eval_glue.py import this module
+(through tupe.run.process) before they catch stop signals, and jax's import takes about a second, in which a
+signal would meet Python's default handlers.
 """
 from __future__ import annotations
 
