@@ -162,6 +162,7 @@ class AuthenticatingGCS:
     self.emulator = Emulator(root / "store", free_port(), external_url=self.url)
     self.closed_port = free_port()  # nothing listens there: the metadata server of a machine outside Google Cloud
     self.roles: dict[str, str] = {}  # e-mail -> "writer" or "reader"
+    self.no_writes_under: dict[str, str | None] = {}  # e-mail -> "bucket/prefix" of objects it may not write
     self.public_keys: dict[str, object] = {}  # e-mail -> the public key of its key file
     self.tokens: dict[str, str] = {}  # access token -> e-mail
     self.key_files: dict[str, str] = {}  # caller -> its key file
@@ -200,10 +201,13 @@ class AuthenticatingGCS:
   def email(user: str) -> str:
     return f"{user}@{ACCOUNTS}"
 
-  def set_role(self, user: str, role: str) -> None:
-    """Gives `user` ("writer", "reader") the permissions of `role` from its next request on (as an IAM change)."""
+  def set_role(self, user: str, role: str, no_writes_under: str | None = None) -> None:
+    """Gives `user` ("writer", "reader") the permissions of `role` from its next request on (as an IAM change);
+    `no_writes_under` ("bucket/prefix"): but for writing the objects under that prefix (an IAM deny policy whose
+    condition is `resource.name.startsWith(...)`)."""
     assert role in ("writer", "reader"), role
     self.roles[self.email(user)] = role
+    self.no_writes_under[self.email(user)] = no_writes_under
 
   def _key_file(self, user: str, known: bool) -> str:
     """A service account's key file (a new RSA key) for `user`, whose public key the front knows if `known`."""
@@ -289,7 +293,10 @@ class AuthenticatingGCS:
       status, message, reason = 401, "Invalid Credentials", "authError"
     else:
       email = self.tokens[token]
-      if self.roles.get(email) == "writer" or permission in READ_PERMISSIONS:
+      denied_prefix = self.no_writes_under.get(email)
+      if permission in READ_PERMISSIONS or (
+          self.roles.get(email) == "writer" and not (
+              denied_prefix and resource == "object" and _object(target, body).startswith(denied_prefix))):
         return None
       status, message, reason = 403, denied.format(who=email), "forbidden"
     error = {"message": message, "domain": "global", "reason": reason}
@@ -393,6 +400,23 @@ def _permission(method: str, target: str, body: bytes) -> tuple[str, str] | None
   # the XML API: /<bucket>/<object>
   return ("storage.objects.create" if method in ("PUT", "POST") else
           write.get(method, "storage.objects.get")), "object"
+
+
+def _object(target: str, body: bytes) -> str:
+  """"bucket/name" of the object a request (`target`: its path and query) writes: named in the query (a media or
+  resumable upload), the JSON metadata of its body (a multipart upload), or its path (the JSON and XML APIs)."""
+  import re
+  import urllib.parse
+
+  url = urllib.parse.urlsplit(target)
+  parts = [urllib.parse.unquote(p) for p in url.path.strip("/").split("/")]
+  if parts[:3] == ["upload", "storage", "v1"]:  # /upload/storage/v1/b/<bucket>/o
+    named = urllib.parse.parse_qs(url.query).get("name") or re.findall(rb'"name"\s*:\s*"([^"]*)"', body)[:1]
+    name = named[0] if named else ""
+    return f"{parts[4]}/{name.decode() if isinstance(name, bytes) else name}"
+  if parts[:2] == ["storage", "v1"]:  # /storage/v1/b/<bucket>/o/<name>[/<rewriteTo|copyTo>/b/<bucket>/o/<name>]
+    return f"{parts[-3]}/{parts[-1]}" if len(parts) > 8 else "/".join(parts[3:4] + parts[5:6])
+  return "/".join(parts)  # the XML API: /<bucket>/<name>
 
 
 class _Server(http.server.ThreadingHTTPServer):

@@ -106,14 +106,15 @@ class AuthenticatingS3:
     key = iam.create_access_key(UserName=user)["AccessKey"]
     return key["AccessKeyId"], key["SecretAccessKey"]
 
-  def set_role(self, user: str, role: str, no_reads_under: str | None = None) -> None:
+  def set_role(self, user: str, role: str, no_reads_under: str | None = None,
+               no_writes_under: str | None = None) -> None:
     """Gives `user` ("admin", "reader") the permissions of `role` from its next request on (an IAM change: its
-    policy replaced); `no_reads_under` ("bucket/prefix"): but for reading the objects under that prefix (an
-    explicit Deny, which wins over any Allow)."""
+    policy replaced); `no_reads_under`, `no_writes_under` ("bucket/prefix"): but for reading, or writing, the
+    objects under that prefix (an explicit Deny, which wins over any Allow)."""
     statements = [self._statement(role)]
-    if no_reads_under:
-      statements.append({"Effect": "Deny", "Action": ["s3:GetObject"],
-                         "Resource": [f"arn:aws:s3:::{no_reads_under}*"]})
+    for prefix, action in ((no_reads_under, "s3:GetObject"), (no_writes_under, "s3:PutObject")):
+      if prefix:
+        statements.append({"Effect": "Deny", "Action": [action], "Resource": [f"arn:aws:s3:::{prefix}*"]})
     self._put_policy(user, statements, self._owner)
 
   def _client(self, service: str, credentials: tuple[str, str]):
