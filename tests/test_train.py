@@ -9,6 +9,7 @@ import sys
 import jax
 import numpy as np
 import pytest
+from xla_flags import xla_flags
 
 from configs import pretrain as pretrain_config
 from tupe import errors
@@ -23,16 +24,18 @@ from tupe.train import pretrain
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
-def run_train(*args, timeout=600):
+def run_train(*args, timeout=600, optimized=False):
+  """train.py with `args`, in this process's environment (`optimized`: with XLA's default optimisations)."""
+  env = dict(os.environ, XLA_FLAGS=xla_flags(8, optimized=True)) if optimized else dict(os.environ)
   return subprocess.run([sys.executable, str(REPO / "train.py"), *args], cwd=REPO, capture_output=True,
-                        text=True, timeout=timeout, env=dict(os.environ))
+                        text=True, timeout=timeout, env=env)
 
 
 def test_demo_mlm_loss_falls(tmp_path):
   """The embedded demo (stdlib docstrings, no download): loss falls well below its start in 40 steps."""
   proc = run_train("--config", "configs/demo.py", "--workdir", str(tmp_path), "--config.num_train_steps=40",
                    "--config.log_every=20", "--config.eval_every=20", "--config.eval_batches=2",
-                   "--config.optimizer.warmup_steps=10")
+                   "--config.optimizer.warmup_steps=10", optimized=True)
   assert proc.returncode == 0, proc.stderr[-3000:]
   out = proc.stdout
   assert "tokens/s" in out and "MFU" in out and "ETA" in out and "memory per device" in out

@@ -6,6 +6,8 @@ runs them slower, which the tests' few steps barely feel: docs/BENCHMARKS.md, "T
 """
 
 
-def xla_flags(devices: int) -> str:
-  """XLA_FLAGS for a test process with `devices` CPU devices."""
-  return f"--xla_force_host_platform_device_count={devices} --xla_backend_optimization_level=0"
+def xla_flags(devices: int, optimized: bool = False) -> str:
+  """XLA_FLAGS for a test process with `devices` CPU devices; `optimized`: with XLA's default optimisations, for
+  the few runs whose steps cost more than their compile (the demo's 40 steps: 4x slower without)."""
+  flags = f"--xla_force_host_platform_device_count={devices}"
+  return flags if optimized else f"{flags} --xla_backend_optimization_level=0"
