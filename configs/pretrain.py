@@ -52,6 +52,7 @@ def common() -> ml_collections.ConfigDict:
   c.peak_flops = 0.0               # per-device peak FLOP/s for MFU; 0 = data sheet or measured matmul
   c.check_memory = True            # refuse a train step that needs more memory than the devices have
   c.tensorboard = True
+  c.curves = True                  # draw <workdir>/curves.png at the end (matplotlib: about 1.5 s of CPU)
   # JAX's persistent compilation cache (tupe.train.compile_cache): a second start loads its compiled step. A per-user
   # folder; on a pod, a bucket all hosts share (gs://...); "" turns it off. JAX_COMPILATION_CACHE_DIR wins.
   c.compilation_cache_dir = "~/.cache/tupe/jax"

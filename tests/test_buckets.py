@@ -100,7 +100,7 @@ def test_train_in_a_bucket_killed_and_resumed_is_bit_identical(bucket, reference
   shared one; the suite's own cache set aside): the killed run compiles its step and saves it there, the resumed
   run loads it."""
   workdir, cache = f"{bucket}/run", f"{bucket}/jax-cache"
-  command = train_command(workdir, {"num_train_steps": STEPS, "compilation_cache_dir": cache})
+  command = train_command(workdir, {"num_train_steps": STEPS, "compilation_cache_dir": cache, "curves": True})
   env = {k: v for k, v in train_env().items() if k != "JAX_COMPILATION_CACHE_DIR"}
   killed = Run(tmp_path / "run", command=command, env=env)
   killed.wait_until(lambda: newest_step(workdir) > 0, poll=0.05)

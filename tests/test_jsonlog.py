@@ -125,11 +125,13 @@ def test_tensorboard_events_reach_a_bucket(gcs_bucket, monkeypatch):
 
 def test_train_py_resumes_with_a_torn_metrics_log(tmp_path):
   workdir = tmp_path / "run"
-  first = run_train(workdir, {"num_train_steps": 8})
+  first = run_train(workdir, {"num_train_steps": 8})  # curves=False: none drawn, none named
   assert first.returncode == 0, first.stderr[-3000:]
+  assert not (workdir / "curves.png").exists() and first.stdout.strip().splitlines()[-1] == (
+      f"finished at step 8: checkpoint {workdir / 'checkpoints' / '8'}, metrics {workdir / 'metrics.jsonl'}")
   with open(workdir / "metrics.jsonl", "a") as f:  # killed while appending step 9's record
     f.write('{"step": 9, "loss": 6.2')
-  second = run_train(workdir)
+  second = run_train(workdir, {"curves": True})
   assert second.returncode == 0, second.stderr[-3000:]
   assert [line for line in second.stdout.splitlines() if "metrics.jsonl" in line and "warning" in line] == [
       f"warning: {workdir / 'metrics.jsonl'}: dropped its torn last line (23 bytes, '{{\"step\": 9, \"loss\": 6.2'), "

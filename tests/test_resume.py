@@ -32,7 +32,7 @@ TINY = {
     "model.num_layers": 1, "seq_len": 32, "global_batch_size": 8, "num_train_steps": STEPS,
     "optimizer.warmup_steps": 2, "checkpoint.every_steps": EVERY, "data.source": "synthetic",
     "data.synthetic_vocab_size": 512, "eval_every": 0, "log_every": EVERY, "peak_flops": 1e12,
-    "tensorboard": False,
+    "tensorboard": False, "curves": False,  # drawn where a test looks at them: matplotlib is 1.5 s of each run
 }
 
 
@@ -137,7 +137,7 @@ def assert_same_state(a: dict, b: dict) -> None:
 
 def reference_run(workdir) -> tuple:
   """One uninterrupted run in `workdir`: (workdir, {step: metrics record}, final state)."""
-  proc = run_train(workdir)
+  proc = run_train(workdir, {"curves": True})
   assert proc.returncode == 0, proc.stderr[-3000:]
   records = {r["step"]: r for r in metric_records(workdir)}
   assert sorted(records) == list(range(1, STEPS + 1))

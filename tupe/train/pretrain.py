@@ -340,7 +340,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
       ckpt.save(step, state, meta, force=True)
     if jax.process_index() == 0 and not (stop and step < total):  # Under the job's lease, as every write.
       writer.flush()
-      drawn = write_curves(workdir)
+      drawn = write_curves(workdir) if cfg.curves else None
   if stop and step < total:  # Raised once the checkpointer has closed: the save is complete.
     raise Preempted(f"stopped by {signals.name(stop)} at step {step} of {total}, with a checkpoint there; rerun "
                     f"the same command to resume", stop)

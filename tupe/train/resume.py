@@ -39,7 +39,8 @@ def _differences(saved: dict, current: dict, keys=None) -> list[str]:
 
 # Settings that change neither what is trained nor what is evaluated: not reported when they differ on resume.
 _BOOKKEEPING = tuple(f"data.{k}" for k in _DATA_LOCATIONS) + (
-    "distributed.", "checkpoint.", "log_every", "eval_every", "tensorboard", "peak_flops", "check_memory")
+    "distributed.", "checkpoint.", "log_every", "eval_every", "tensorboard", "curves", "peak_flops",
+    "check_memory")
 
 
 def changed_settings(saved_config: dict, config: dict) -> list[str]:
