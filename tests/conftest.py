@@ -70,6 +70,8 @@ def glue_dir(shared_data) -> pathlib.Path:
 def pretrained_once(tmp_path_factory, glue_dir, bert_vocab) -> pathlib.Path:
   """A train.py workdir: a 1-layer TUPE-A, BERT vocab, 2 MLM steps on SST-2 dev sentences, one checkpoint. Trained
   once per test process; tests get it through `pretrained`, a copy of their own."""
+  import jax
+
   from configs import pretrain as pretrain_config
   from tupe.glue import tasks as glue
   from tupe.train import pretrain
@@ -83,7 +85,7 @@ def pretrained_once(tmp_path_factory, glue_dir, bert_vocab) -> pathlib.Path:
   cfg.update(seq_len=32, global_batch_size=8, num_train_steps=2, eval_every=0, tensorboard=False, peak_flops=1e12)
   cfg.optimizer.warmup_steps = 1
   cfg.checkpoint.update(every_steps=2, async_save=False)
-  pretrain.train(cfg, str(root / "workdir"))
+  pretrain.train(cfg, str(root / "workdir"), devices=jax.devices()[:1])
   return root / "workdir"
 
 

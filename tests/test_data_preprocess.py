@@ -133,6 +133,8 @@ def test_training_from_shards_takes_their_settings(shard_dir, tmp_path, capsys):
   """The tiny recipe asks for 128-token full-sentence blocks, a 1% eval split and no vocab; the shards were made
   with 64-token segment pairs, a 5% eval split and BERT's vocab: training takes the shards' settings, says so in one
   line, and records them in config.json."""
+  import jax
+
   from configs import pretrain as pretrain_config
   from tupe.train import pretrain
 
@@ -141,7 +143,7 @@ def test_training_from_shards_takes_their_settings(shard_dir, tmp_path, capsys):
   cfg.model.update(vocab_size=0, num_layers=1)
   cfg.update(num_train_steps=2, eval_every=2, eval_batches=1, tensorboard=False, peak_flops=1e12)
   cfg.optimizer.warmup_steps = 1
-  pretrain.train(cfg, str(tmp_path / "run"))
+  pretrain.train(cfg, str(tmp_path / "run"), devices=jax.devices()[:1])
   lines = [line for line in capsys.readouterr().out.splitlines() if "preprocessed with" in line]
   assert lines == [f"data: training with the settings {shard_dir} was preprocessed with (seq_len=64, "
                    f"packing='segment_pair', lowercase=True, eval_fraction=0.05, documents='paragraphs', "

@@ -84,7 +84,7 @@ def exported(tmp_path_factory, corpus):
       lowercase = name != "bert_a"
       cfg = tiny_config(name, corpus[0], corpus[1][lowercase], lowercase)
       workdir = tmp_path_factory.mktemp(name)
-      pretrain.train(cfg, str(workdir / "run"))
+      pretrain.train(cfg, str(workdir / "run"), devices=jax.devices()[:1])
       run_main(export_hf.main, ["export_hf", "--checkpoint", str(workdir / "run"), "--out", str(workdir / "hf")])
       done[name] = (cfg, workdir / "run", workdir / "hf")
     return done[name]

@@ -4,6 +4,7 @@ layer-wise lr decay; a single-sentence task, a pair task and STS-B regression; a
 learning rate, to float64's rounding where float32 is held to 1e-4."""
 import json
 
+import jax
 import numpy as np
 import pytest
 
@@ -36,7 +37,7 @@ def checkpoints(tmp_path_factory, glue_dir, bert_vocab):
     cfg.update(seq_len=32, global_batch_size=8, num_train_steps=4, eval_every=0, tensorboard=False, peak_flops=1e12)
     cfg.optimizer.update(warmup_steps=1, learning_rate=1e-2)
     cfg.checkpoint.update(every_steps=4, async_save=False)
-    pretrain.train(cfg, str(root / name))
+    pretrain.train(cfg, str(root / name), devices=jax.devices()[:1])
     out[name] = root / name
   return out
 

@@ -50,7 +50,7 @@ def train_on(init: pathlib.Path, steps: int) -> None:
   cfg = ml_collections.ConfigDict(checkpoint_lib.load_meta(init).config)
   cfg.num_train_steps = steps
   cfg.checkpoint.every_steps = steps
-  pretrain.train(cfg, str(init))
+  pretrain.train(cfg, str(init), devices=jax.devices()[:1])
 
 
 def test_runs_from_another_checkpoint_step_are_refused_and_the_step_can_be_pinned(pretrained, glue_dir, tmp_path):

@@ -42,7 +42,7 @@ def workdir(tmp_path_factory):
     parent, _, field = key.rpartition(".")
     (cfg[parent] if parent else cfg)[field] = value
   root = tmp_path_factory.mktemp("integrity") / "run"
-  pretrain.train(cfg, str(root))
+  pretrain.train(cfg, str(root), devices=jax.devices()[:1])
   return root
 
 

@@ -80,7 +80,7 @@ def tiny(model):
 def test_electra_objective_trains(tmp_path):
   cfg = tiny("convbert")
   assert cfg.objective == "electra" and cfg.data.masking == "electra"
-  last = pretrain.train(cfg, str(tmp_path))
+  last = pretrain.train(cfg, str(tmp_path), devices=jax.devices()[:1])
   for key in ("loss", "mlm_loss", "disc_loss", "disc_accuracy", "disc_auc", "replaced_fraction", "grad_norm"):
     assert np.isfinite(last[key]), key
   assert 0.0 <= last["disc_auc"] <= 1.0
@@ -152,7 +152,7 @@ def test_a_run_shorter_than_eval_every_ends_with_an_evaluation(tmp_path):
   cfg = tiny("bert_a")
   cfg.update(num_train_steps=3, eval_every=100, eval_batches=1)
   cfg.data.eval_fraction = 0.01
-  pretrain.train(cfg, str(tmp_path))
+  pretrain.train(cfg, str(tmp_path), devices=jax.devices()[:1])
   evals = [r for r in runlog.read_metrics(tmp_path) if "eval_loss" in r]
   assert [r["step"] for r in evals] == [3] and np.isfinite(evals[0]["eval_loss"])
 

@@ -181,7 +181,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
     sharding.check_batch_size("eval_batch_size", cfg.eval_batch_size, mesh)
     rules = partitioning.rules_from_config(cfg.sharding_rules)
     console.log(f"fine-tuning {backbone.source}: {backbone.cfg.name} ({backbone.cfg.size}), head {cfg.head}; mesh "
-                f"{dict(mesh.shape)} over {jax.device_count()} {jax.devices()[0].platform} devices; batch "
+                f"{dict(mesh.shape)} over {mesh.devices.size} {jax.devices()[0].platform} devices; batch "
                 f"{cfg.batch_size} x {cfg.max_seq_len} tokens; lrs {', '.join(f'{lr:g}' for lr in lrs)} x seeds "
                 f"{', '.join(map(str, cfg.seeds))}; {len(done)} runs already in {workdir / 'runs.jsonl'}")
     encoder = backbone_lib.encoder_params(backbone, mesh, rules)

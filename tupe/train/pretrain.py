@@ -257,9 +257,9 @@ def check_loop(cfg) -> None:
   optim.check_adam(cfg.optimizer)
 
 
-def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
-  """Runs (or resumes) pre-training in `workdir` (a local folder or a bucket URL); returns the last step's
-  metrics."""
+def train(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
+  """Runs (or resumes) pre-training in `workdir` (a local folder or a bucket URL) on `devices` (default: all);
+  returns the last step's metrics."""
   shard_settings = take_shard_settings(cfg)
   check_config(cfg)
   if shard_settings:
@@ -269,7 +269,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
     job.enter(signals.saving(lambda: checkpoint.last_saved(workdir / "checkpoints")))  # named by a second Ctrl-C
     train_data, eval_data = load_data(cfg)
     resolve_vocab_size(cfg, train_data.info.vocab_size)
-    setup = build(cfg)
+    setup = build(cfg, devices)
     rows = sharding.host_rows(setup.mesh, cfg.global_batch_size)
     evaluate = evaluation.Evaluator(setup, eval_data, rows) if eval_data is not None else None
     console.log(describe(setup, train_data, rows))
@@ -312,7 +312,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
                 f"device ({peak_source})")
     writer = job.enter(runlog.MetricWriter(workdir, tensorboard=cfg.tensorboard))
     progress = progress_lib.Progress(cfg.num_train_steps, cfg.global_batch_size * cfg.seq_len, setup.flops_per_step,
-                                     peak * jax.device_count(), start)
+                                     peak * setup.mesh.devices.size, start)
     nonfinite = progress_lib.NonFinite(cfg.nonfinite, warn=True, last_saved=ckpt.manager.latest_step)
     steps = progress_lib.StepLog(writer, progress, cfg.log_every, nonfinite=nonfinite)
     step, stop, total = start, 0, cfg.num_train_steps
@@ -356,7 +356,7 @@ def describe(setup: Setup, train_data, rows: tuple[int, int]) -> str:
   cfg = setup.cfg
   n_params = models.param_count(setup.abstract_state.params)
   return (f"model {cfg.model.name} ({cfg.model.size}), {n_params / 1e6:.2f}M parameters, objective "
-          f"{cfg.objective}; mesh {dict(setup.mesh.shape)} over {jax.device_count()} "
+          f"{cfg.objective}; mesh {dict(setup.mesh.shape)} over {setup.mesh.devices.size} "
           f"{jax.devices()[0].platform} devices on {jax.process_count()} host(s); global batch "
           f"{cfg.global_batch_size} ({rows[1] - rows[0]} per host, "
           f"{cfg.global_batch_size // sharding.data_parallel_size(setup.mesh)} per data-parallel device, "
