@@ -24,6 +24,7 @@ from bench import params_load
 from bench import pipeline
 from bench import plot
 from bench import profile
+from bench import suite_cpu
 from bench import train_step
 from tupe import models
 from tupe.errors import UserError
@@ -323,6 +324,35 @@ def test_pytest_line_counts_each_outcome(tmp_path):
   assert list(line["failures"]) == ["test_sample.py::test_fails"] and "one is not two" in line["failures"][
       "test_sample.py::test_fails"]
   assert line["device_kind"] and line["date"]
+
+
+def test_suite_cpu_tells_own_cpu_children_and_waits_apart(tmp_path):
+  """bench.suite_cpu: a test that computes, one whose subprocess computes and one that sleeps, each recorded by the
+  plugin in its pytest process's file, and summed per test file with the CPU where it was spent."""
+  (tmp_path / "test_sample.py").write_text(
+      "import subprocess, sys, time\n"
+      "def test_computes():\n  t = time.process_time()\n  while time.process_time() - t < 0.5: pass\n"
+      "def test_runs_a_process():\n"
+      "  subprocess.run([sys.executable, '-c', 'import time\\nt = time.process_time()\\n"
+      "while time.process_time() - t < 0.5: pass'], check=True)\n"
+      "def test_sleeps():\n  time.sleep(0.5)\n")
+  folder = tmp_path / "cpu"
+  run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "bench.suite_cpu", "-p", "no:cacheprovider",
+                        str(tmp_path / "test_sample.py"), "--rootdir", str(tmp_path)],
+                       capture_output=True, text=True, cwd=bench.REPO, timeout=300,
+                       env=dict(os.environ, TUPE_SUITE_CPU=str(folder)))
+  assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+  (written,) = folder.glob("tests-*.jsonl")
+  tests = {r["test"].split("::")[1]: r for r in map(json.loads, written.read_text().splitlines())}
+  assert tests["test_computes"]["self_cpu_s"] >= 0.45 and tests["test_computes"]["children_cpu_s"] < 0.1
+  assert tests["test_runs_a_process"]["children_cpu_s"] >= 0.45 and tests["test_runs_a_process"]["self_cpu_s"] < 0.4
+  assert tests["test_sleeps"]["wall_s"] >= 0.5 and tests["test_sleeps"]["self_cpu_s"] < 0.2
+  total, sample = suite_cpu.summarize(folder)
+  assert total["processes"] == 1 and total["tests"] == sample["tests"] == 3
+  assert sample["file"] == "test_sample.py" and sample["idle_s"] >= 0.4
+  assert sample["cpu_s"] == pytest.approx(sample["self_cpu_s"] + sample["children_cpu_s"], abs=0.11)
+  with pytest.raises(SystemExit, match="no tests-.*jsonl in"):
+    suite_cpu.summarize(tmp_path)
 
 
 def test_plot_tells_a_gpu_round_and_a_train_step_variant_apart(tmp_path):

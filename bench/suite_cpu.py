@@ -1,0 +1,87 @@
+"""Where the test suite's time goes: wall time and CPU time per test, summed per file, to find what to cut.
+
+A pytest plugin records, for each test (its set-up, call and tear-down), the wall time, the CPU time of the pytest
+process (every thread) and that of the processes it waited for (its train.py, eval_glue.py and tool runs), one
+JSON line per test in a file per pytest process under $TUPE_SUITE_CPU. The module summarizes those files:
+
+  rm -rf /tmp/tupe-test-jax-cache && TUPE_SUITE_CPU=/tmp/suite-cpu CI=true python -m pytest -q -n auto \\
+      --dist loadfile -p bench.suite_cpu tests
+  python -m bench.suite_cpu /tmp/suite-cpu [--top 20]
+
+It prints one JSON line with the totals, then one per file, longest first: {"file", "tests", "wall_s", "cpu_s",
+"self_cpu_s", "children_cpu_s", "idle_s"}. idle_s is wall time without CPU: waits on servers, timeouts, sleeps.
+
+A process's CPU is counted when it is waited for: a server started by a module's fixture (the emulators) counts in
+the test whose tear-down stops it, and a test whose processes run side by side can use more CPU than its wall time.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import pathlib
+import resource
+import time
+
+import pytest
+
+ENV = "TUPE_SUITE_CPU"
+
+
+def _cpu() -> tuple[float, float]:
+  """(CPU seconds of this process, of its waited-for children)."""
+  own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+  return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):  # pylint: disable=unused-argument
+  folder = os.environ.get(ENV)
+  start, (own, children) = time.monotonic(), _cpu()
+  yield
+  if folder:
+    end, (own_end, children_end) = time.monotonic(), _cpu()
+    pathlib.Path(folder).mkdir(parents=True, exist_ok=True)
+    with open(pathlib.Path(folder) / f"tests-{os.getpid()}.jsonl", "a", encoding="utf-8") as f:
+      f.write(json.dumps({"test": item.nodeid, "wall_s": end - start, "self_cpu_s": own_end - own,
+                          "children_cpu_s": children_end - children}) + "\n")
+
+
+def summarize(folder: pathlib.Path) -> list[dict]:
+  """The totals, then one record per test file (longest wall time first), of the plugin's lines in `folder`."""
+  files = sorted(folder.glob("tests-*.jsonl"))
+  if not files:
+    raise SystemExit(f"error: no tests-*.jsonl in {folder}: run pytest with {ENV}={folder} -p bench.suite_cpu")
+  sums = collections.defaultdict(collections.Counter)
+  for path in files:
+    for line in path.read_text(encoding="utf-8").splitlines():
+      record = json.loads(line)
+      counter = sums[record["test"].split("::")[0]]
+      counter["tests"] += 1
+      for key in ("wall_s", "self_cpu_s", "children_cpu_s"):
+        counter[key] += record[key]
+
+  def row(name: str, c: collections.Counter) -> dict:
+    cpu = c["self_cpu_s"] + c["children_cpu_s"]
+    return {"file": name, "tests": c["tests"], "wall_s": round(c["wall_s"], 1), "cpu_s": round(cpu, 1),
+            "self_cpu_s": round(c["self_cpu_s"], 1), "children_cpu_s": round(c["children_cpu_s"], 1),
+            "idle_s": round(max(0.0, c["wall_s"] - cpu), 1)}
+
+  total = sum(sums.values(), collections.Counter())
+  rows = sorted((row(name, c) for name, c in sums.items()), key=lambda r: -r["wall_s"])
+  return [dict(row("all", total), processes=len(files))] + rows
+
+
+def main(argv=None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("folder", type=pathlib.Path, help=f"the plugin's folder (${ENV} of the pytest run)")
+  parser.add_argument("--top", type=int, default=0, help="only the N longest files (0: all)")
+  args = parser.parse_args(argv)
+  total, *rows = summarize(args.folder)
+  for record in [total] + (rows[:args.top] if args.top else rows):
+    print(json.dumps(record))
+
+
+if __name__ == "__main__":
+  main()
