@@ -112,10 +112,10 @@ def parse_args(argv=None):
 def main(argv=None) -> list[dict]:
   args = parse_args(argv)
   cfg = lambda: train_step.args_config(args)
-  variants = {"ours": train_step.Runner(cfg())}
+  variants = {"ours": train_step.Runner(cfg(), devices=train_step.args_devices(args))}
   for name in args.ablate:
     with swapped(name):
-      variants[name] = train_step.Runner(cfg())
+      variants[name] = train_step.Runner(cfg(), devices=train_step.args_devices(args))
   names = list(variants)
   for runner in variants.values():
     runner.step()

@@ -179,7 +179,7 @@ def main(argv=None) -> list[dict]:
   records = []
   for spec in specs:
     cfg = train_step.args_config(args, spec)
-    runner = train_step.Runner(cfg)
+    runner = train_step.Runner(cfg, devices=train_step.args_devices(args))
     hlo = runner.compiled.as_text()
     (trace_dir / cfg.model.name).mkdir(parents=True, exist_ok=True)
     (trace_dir / cfg.model.name / "train_step.hlo").write_text(hlo)

@@ -1,7 +1,7 @@
 """Train-step throughput of a pre-training config on synthetic batches (no input pipeline).
 
   python -m bench.train_step --config configs/pretrain.py:tupe_a,base --batch 32 --seq 512 --steps 20 \
-      [--dtype bfloat16] [--config.model.attention_backend=cudnn ...]
+      [--dtype bfloat16] [--devices N] [--config.model.attention_backend=cudnn ...]
 
 prints one JSON line: tokens_per_s and step_time_s (median over the timed steps after `--warmup` steps),
 compile_time_s (lowering + XLA compilation), memory per device from the compiled memory analysis (arguments +
@@ -49,9 +49,9 @@ def tiny(cfg) -> None:
 class Runner:
   """One config built, compiled ahead of time and initialized; `step()` runs one blocking train step."""
 
-  def __init__(self, cfg, seed: int = 0):
+  def __init__(self, cfg, seed: int = 0, devices=None):
     self.cfg = cfg
-    self.setup = pretrain.build(cfg)
+    self.setup = pretrain.build(cfg, devices)
     bench.progress(f"compiling the {cfg.model.name} {cfg.model.size} train step ({cfg.global_batch_size} x "
                    f"{cfg.seq_len})")
     start = time.perf_counter()
@@ -131,12 +131,23 @@ def step_parser(doc: str, config: str = "configs/pretrain.py:bert_a,small") -> a
   p.add_argument("--config-override", action="append", default=[], metavar="KEY=VALUE",
                  help="e.g. model.attention_dropout=0.0 (repeatable; --config.KEY=VALUE as in train.py also works)")
   p.add_argument("--tiny", action="store_true", help="tiny model (smoke test)")
+  p.add_argument("--devices", type=int, default=0,
+                 help="run on the first N devices (default 0: all of them), e.g. 1 to time one GPU of a machine")
   return p
 
 
 def args_config(args, spec: str = ""):
   """The config of `spec` (default: --config) with the parsed `step_parser` arguments applied."""
   return make_config(spec or args.config, args.batch, args.seq, args.dtype, args.config_override, args.tiny)
+
+
+def args_devices(args) -> list | None:
+  """The devices that the parsed `step_parser` arguments ask for: None for all of them."""
+  if not args.devices:
+    return None
+  if not 0 < args.devices <= jax.device_count():
+    raise SystemExit(f"error: --devices {args.devices}, but this machine has {jax.device_count()} devices")
+  return jax.devices()[:args.devices]
 
 
 def compare_specs(spec: str, names: str) -> list[str]:
@@ -162,7 +173,8 @@ def main(argv=None) -> list[dict]:
   specs = [(args.config, "")] + [(s, "") for s in compare_specs(args.config, args.compare)]
   specs += [(args.config, variant) for variant in args.variant]
   runners = [Runner(make_config(spec, args.batch, args.seq, args.dtype,
-                                args.config_override + (variant.split(",") if variant else []), args.tiny))
+                                args.config_override + (variant.split(",") if variant else []), args.tiny),
+                    devices=args_devices(args))
              for spec, variant in specs]
   labels = [r.cfg.model.name + (f" {variant}" if variant else "") for r, (_, variant) in zip(runners, specs)]
   peak = device_peak(runners[0].cfg, 512 if args.tiny else 2048)

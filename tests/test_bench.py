@@ -57,28 +57,32 @@ def plotted(lines, tmp_path, kind):
 # Every test trains the same tiny BERT-A (batch 8 x 16 tokens), so the suite compiles its train step once
 # (conftest's persistent compilation cache).
 TINY = ["--tiny", "--batch", "8", "--seq", "16", "--steps", "2", "--warmup", "1"]
+ONE = ["--devices", "1"]  # the benchmarks built on train_step.Runner: one device, not an 8-way step on the cores
 BERT = "configs/pretrain.py:bert_a,small"
 
 
 def test_train_step(capsys, tmp_path):
-  lines = printed(capsys, train_step.main(TINY + ["--config", BERT, "--compare", "tupe_a", "--repeats", "3"]))
+  lines = printed(capsys, train_step.main(TINY + ONE + ["--config", BERT, "--compare", "tupe_a", "--repeats", "3"]))
   record, tupe, summary = lines
   assert TRAIN_STEP_FIELDS <= set(record)
   assert (record["model"], record["batch"], record["seq"], record["device_kind"]) == ("bert_a", 8, 16, "cpu")
+  assert record["num_devices"] == tupe["num_devices"] == 1  # --devices 1 of the suite's 8
   assert record["tokens_per_s"] == pytest.approx(8 * 16 / record["step_time_s"], rel=1e-4)
   assert record["mfu"] == pytest.approx(record["flops_per_step"] / record["step_time_s"]
-                                        / (record["peak_flops_per_device"] * jax.device_count()), rel=1e-4)
+                                        / record["peak_flops_per_device"], rel=1e-4)
   assert record["memory_bytes_per_device"] > record["memory_temp_bytes_per_device"] > 0
   assert record["xla_flops_per_device"] > 0 and record["xla_bytes_accessed_per_device"] > 0
   assert (tupe["model"], summary["compare"]) == ("tupe_a", ["bert_a", "tupe_a"])
   ratios = summary["step_time_ratio_per_repeat"]["tupe_a"]
   assert len(ratios) == 3 and summary["step_time_ratio"]["tupe_a"] == pytest.approx(np.median(ratios), rel=1e-4)
   assert plotted(lines, tmp_path, "train_step").shape[2] in (3, 4)
+  with pytest.raises(SystemExit, match=r"^error: --devices 9, but this machine has 8 devices$"):
+    train_step.main(TINY + ["--devices", "9", "--config", BERT])
 
 
 def test_train_step_variant(capsys):
   """--variant: the same model under other settings, with compile-time ratios beside the step-time ratios."""
-  lines = printed(capsys, train_step.main(TINY + ["--config", BERT, "--variant", "model.scan_layers=True",
+  lines = printed(capsys, train_step.main(TINY + ONE + ["--config", BERT, "--variant", "model.scan_layers=True",
                                                   "--repeats", "2"]))
   record, scanned, summary = lines
   label = "bert_a model.scan_layers=True"
@@ -93,7 +97,7 @@ def test_profile(capsys, monkeypatch, tmp_path):
   """The traced operations of the tiny step, matched to their HLO: categories, module paths, shares."""
   monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))  # profile.main adds a GPU flag
   summary, *ops = printed(capsys, profile.main(["--tiny", "--batch", "8", "--seq", "16", "--steps", "1",
-                                                "--top", "40", "--config", BERT]))
+                                                "--top", "40", "--config", BERT] + ONE))
   assert summary["traced_ms_per_step"] == pytest.approx(sum(summary["ms_per_step_by_category"].values()), rel=1e-4)
   assert summary["ms_per_step_by_category"]["matmul"] > 0
   assert not {"unmatched", "container"} & set(summary["ms_per_step_by_category"])  # calls' thunks count once
@@ -148,7 +152,7 @@ ENTRY %main (a: f32[2,3]) -> f32[3,2] {
 
 def test_ablations(capsys, tmp_path):
   originals = (layers.Dropout, layers.broadcast_leading)
-  lines = printed(capsys, ablations.main(TINY[:-2] + ["--repeats", "3", "--config", BERT]))
+  lines = printed(capsys, ablations.main(TINY[:-2] + ONE + ["--repeats", "3", "--config", BERT]))
   ours, dropout, broadcast = lines
   assert [r["variant"] for r in (ours, dropout, broadcast)] == ["ours", "dropout", "broadcast"]
   for r in (dropout, broadcast):
