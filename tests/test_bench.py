@@ -330,9 +330,10 @@ def test_pytest_line_counts_each_outcome(tmp_path):
   assert line["device_kind"] and line["date"]
 
 
-def test_suite_cpu_tells_own_cpu_children_and_waits_apart(tmp_path):
-  """bench.suite_cpu: a test that computes, one whose subprocess computes and one that sleeps, each recorded by the
-  plugin in its pytest process's file, and summed per test file with the CPU where it was spent."""
+def test_suite_cpu_puts_each_test_s_cpu_where_it_was_spent(tmp_path):
+  """bench.suite_cpu's plugin: a test that computes, one whose subprocess computes and one that sleeps, each a line
+  in its pytest process's file, with the CPU in the pytest process's or in the subprocess's column. (The CPU is
+  spent by construction, `time.process_time`; no figure depends on the machine's speed.)"""
   (tmp_path / "test_sample.py").write_text(
       "import subprocess, sys, time\n"
       "def test_computes():\n  t = time.process_time()\n  while time.process_time() - t < 0.5: pass\n"
@@ -348,15 +349,33 @@ def test_suite_cpu_tells_own_cpu_children_and_waits_apart(tmp_path):
   assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
   (written,) = folder.glob("tests-*.jsonl")
   tests = {r["test"].split("::")[1]: r for r in map(json.loads, written.read_text().splitlines())}
-  assert tests["test_computes"]["self_cpu_s"] >= 0.45 and tests["test_computes"]["children_cpu_s"] < 0.1
-  assert tests["test_runs_a_process"]["children_cpu_s"] >= 0.45 and tests["test_runs_a_process"]["self_cpu_s"] < 0.4
-  assert tests["test_sleeps"]["wall_s"] >= 0.5 and tests["test_sleeps"]["self_cpu_s"] < 0.2
+  assert list(tests) == ["test_computes", "test_runs_a_process", "test_sleeps"]
+  assert all(set(r) == {"test", "wall_s", "self_cpu_s", "children_cpu_s"} for r in tests.values())
+  computes, runs, sleeps = tests.values()
+  assert computes["self_cpu_s"] >= 0.5 and computes["children_cpu_s"] == 0
+  assert runs["children_cpu_s"] >= 0.5 and runs["self_cpu_s"] < runs["children_cpu_s"]
+  assert sleeps["children_cpu_s"] == 0 and sleeps["self_cpu_s"] < computes["self_cpu_s"]
   total, sample = suite_cpu.summarize(folder)
-  assert total["processes"] == 1 and total["tests"] == sample["tests"] == 3
-  assert sample["file"] == "test_sample.py" and sample["idle_s"] >= 0.4
-  assert sample["cpu_s"] == pytest.approx(sample["self_cpu_s"] + sample["children_cpu_s"], abs=0.11)
+  assert (total["processes"], total["tests"], sample["file"], sample["tests"]) == (1, 3, "test_sample.py", 3)
+
+
+def test_suite_cpu_sums_per_file_and_counts_idle_time(tmp_path):
+  """bench.suite_cpu's summary of two pytest processes' lines: per file, longest wall time first, with the idle
+  time (wall time without CPU, never below 0); the totals first; a folder without lines is one error."""
+  lines = {"tests-1.jsonl": [("tests/test_a.py::one", 10.0, 2.0, 3.0), ("tests/test_b.py::one", 4.0, 1.0, 5.0)],
+           "tests-2.jsonl": [("tests/test_a.py::two", 6.0, 1.0, 0.0)]}
+  for name, records in lines.items():
+    (tmp_path / name).write_text("".join(json.dumps(dict(zip(("test", "wall_s", "self_cpu_s", "children_cpu_s"),
+                                                             record))) + "\n" for record in records))
+  assert suite_cpu.summarize(tmp_path) == [
+      {"file": "all", "tests": 3, "wall_s": 20.0, "cpu_s": 12.0, "self_cpu_s": 4.0, "children_cpu_s": 8.0,
+       "idle_s": 8.0, "processes": 2},
+      {"file": "tests/test_a.py", "tests": 2, "wall_s": 16.0, "cpu_s": 6.0, "self_cpu_s": 3.0, "children_cpu_s": 3.0,
+       "idle_s": 10.0},
+      {"file": "tests/test_b.py", "tests": 1, "wall_s": 4.0, "cpu_s": 6.0, "self_cpu_s": 1.0, "children_cpu_s": 5.0,
+       "idle_s": 0.0}]
   with pytest.raises(SystemExit, match="no tests-.*jsonl in"):
-    suite_cpu.summarize(tmp_path)
+    suite_cpu.summarize(tmp_path / "empty")
 
 
 def test_plot_tells_a_gpu_round_and_a_train_step_variant_apart(tmp_path):
