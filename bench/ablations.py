@@ -111,11 +111,11 @@ def parse_args(argv=None):
 
 def main(argv=None) -> list[dict]:
   args = parse_args(argv)
-  cfg = lambda: train_step.args_config(args)
-  variants = {"ours": train_step.Runner(cfg(), devices=train_step.args_devices(args))}
+  runner = lambda: train_step.Runner(train_step.args_config(args), devices=train_step.args_devices(args))
+  variants = {"ours": runner()}
   for name in args.ablate:
     with swapped(name):
-      variants[name] = train_step.Runner(cfg(), devices=train_step.args_devices(args))
+      variants[name] = runner()
   names = list(variants)
   for runner in variants.values():
     runner.step()

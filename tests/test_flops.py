@@ -146,5 +146,6 @@ def test_the_cpu_peak_is_the_best_measurement_and_says_so(tmp_path, monkeypatch)
   cache.write_text(json.dumps({key: {"peak_flops": 1e15, "date": "2020-01-02"}}))  # higher than any measurement
   peak, source = flops.peak_flops_per_device()
   assert peak == 1e15 / jax.local_device_count()
+  assert flops.peak_flops_per_device(devices=2)[0] == 1e15 / 2  # a run on 2 of the host's fake devices
   assert "the best measured on this machine (2020-01-02)" in source and json.loads(cache.read_text())[key][
       "peak_flops"] == 1e15

@@ -225,7 +225,8 @@ def _run_grid(cfg, workdir, tasks, pending, lrs, backbone, encoder, mesh, rules,
   """Runs every pending (task, lr, seed) and writes each task's outputs; stop.label names the run in flight."""
   total = sum(len(runs) for runs in pending.values())
   count = 0
-  peak, peak_source = flops_lib.peak_flops_per_device(cfg.peak_flops) if total else (0.0, "")
+  peak, peak_source = (flops_lib.peak_flops_per_device(cfg.peak_flops, len(mesh.local_devices)) if total
+                       else (0.0, ""))
   if total:
     console.log(f"MFU against {peak / 1e12:.2f} TFLOP/s per device ({peak_source}); each run's metrics in "
                 f"{workdir / 'runs'}/<task>_lr<lr>_seed<seed>/metrics.jsonl")

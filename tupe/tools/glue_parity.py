@@ -187,7 +187,7 @@ def compare_task(cfg, workdir, backbone, encoder, mesh, rules, family: str, hf_d
   head = jax.device_get(setup.init_state(encoder, jax.random.PRNGKey(seed)).params["head"])
   run_dir = workdir / "runs" / task.name
   # Our dev predictions come back as the "test" predictions of the kept (= final) parameters.
-  peak_flops = flops_lib.peak_flops_per_device(cfg.peak_flops)[0]
+  peak_flops = flops_lib.peak_flops_per_device(cfg.peak_flops, len(mesh.local_devices))[0]
   record, predictions, _ = loop.finetune(cfg, setup, dataclasses.replace(data, test=data.dev), encoder, lr, seed,
                                       f"{task.name} (ours)", run_dir, peak_flops)
   ours_losses = np.array([row["loss"] for row in runlog.read_metrics(run_dir) if "loss" in row], np.float64)

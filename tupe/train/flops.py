@@ -114,9 +114,10 @@ def plausible_floor() -> tuple[float, str]:
   return FLOOR_PER_CORE[unit] * cores, f"{cores} cores" + (f" with {unit}" if unit else "")
 
 
-def peak_flops_per_device(configured: float = 0.0) -> tuple[float, str]:
+def peak_flops_per_device(configured: float = 0.0, devices: int | None = None) -> tuple[float, str]:
   """(peak FLOP/s per device, where it came from): the config's value, the data sheet, or a matmul measured
-  once per machine and cached (`cached_matmul_peak`), so that the MFU of runs on one machine compare."""
+  once per machine and cached (`cached_matmul_peak`), so that the MFU of runs on one machine compare; the
+  measured peak is shared by the `devices` of this host that the run uses (default: all of them)."""
   if configured:
     return float(configured), "config"
   kind = jax.devices()[0].device_kind
@@ -124,7 +125,7 @@ def peak_flops_per_device(configured: float = 0.0) -> tuple[float, str]:
     if kind.startswith(prefix):
       return peak, f"{prefix} bf16 data sheet"
   peak, source = cached_matmul_peak(kind)
-  devices = jax.local_device_count()
+  devices = devices or jax.local_device_count()
   if devices == 1:
     return peak, source
   # Host-platform devices (--xla_force_host_platform_device_count) share the cores that the matmul measured.

@@ -307,7 +307,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
     train_iter = train_data.iterator(batch_size=cfg.global_batch_size, seed=cfg.seed, rows=rows, start_batch=start)
     if hasattr(train_iter, "close"):  # Data worker processes and their shared memory, stopped on any exit.
       job.callback(train_iter.close)
-    peak, peak_source = flops_lib.peak_flops_per_device(cfg.peak_flops)
+    peak, peak_source = flops_lib.peak_flops_per_device(cfg.peak_flops, len(setup.mesh.local_devices))
     console.log(f"{setup.flops_per_step / 1e9:.2f} GFLOPs per step; MFU against {peak / 1e12:.2f} TFLOP/s per "
                 f"device ({peak_source})")
     writer = job.enter(runlog.MetricWriter(workdir, tensorboard=cfg.tensorboard))
