@@ -174,8 +174,8 @@ def main(argv=None) -> list[dict]:
   specs += [(args.config, variant) for variant in args.variant]
   devices = args_devices(args)
   runners = [Runner(make_config(spec, args.batch, args.seq, args.dtype,
-                                args.config_override + (variant.split(",") if variant else []), args.tiny), 0,
-                    devices)
+                                args.config_override + (variant.split(",") if variant else []), args.tiny),
+                    devices=devices)
              for spec, variant in specs]
   labels = [r.cfg.model.name + (f" {variant}" if variant else "") for r, (_, variant) in zip(runners, specs)]
   peak = device_peak(runners[0].cfg, 512 if args.tiny else 2048)
