@@ -41,6 +41,19 @@ def test_tokenizing_a_corpus_shows_its_progress(shared_data, bert_vocab, capsys,
   assert re.fullmatch(r"data: tokenizing: [\d.]+ MB in \dm\d\ds, [\d.]+ MB/s", lines[-1]), lines[-1]
 
 
+def read_all(leader: int) -> str:
+  """Everything written to a pseudo-terminal whose follower end is closed (one read may return only part of it:
+  Linux ends the data with EIO), then closes the leader."""
+  chunks = []
+  try:
+    while chunk := os.read(leader, 4096):
+      chunks.append(chunk)
+  except OSError:
+    pass
+  os.close(leader)
+  return b"".join(chunks).decode()
+
+
 def test_a_meter_on_a_terminal_redraws_one_line(monkeypatch):
   monkeypatch.setattr(console.Meter, "FIRST_S", 0.0)
   monkeypatch.setattr(console.Meter, "TERMINAL_EVERY_S", 0.0)
@@ -51,8 +64,7 @@ def test_a_meter_on_a_terminal_redraws_one_line(monkeypatch):
     for done in (1 << 20, 2 << 20):
       meter.update(done)
     meter.close()
-  shown = os.read(leader, 4096).decode()
-  os.close(leader)
+  shown = read_all(leader)
   assert shown.startswith("\r\x1b[Kreading: 1.0/4.0 MB (25%), ") and "\r\x1b[Kreading: 2.0/4.0 MB (50%), " in shown
   assert shown.count("\n") == 1 and re.search(r"\r\x1b\[Kreading: 2\.0 MB in 0m0\ds, [\d.,]+ MB/s\r?\n$", shown)
 
