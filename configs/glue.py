@@ -101,6 +101,8 @@ def get_config(recipe: str = "tupe") -> ml_collections.ConfigDict:
   c.mesh = common.mesh
   c.sharding_rules = common.sharding_rules
   c.distributed = common.distributed
-  # The workdir's store, as in pre-training: a bucket lease's lifetime, and the longest wait on a store.
-  c.checkpoint = ml_collections.ConfigDict({k: common.checkpoint[k] for k in ("lease_s", "store_timeout_s")})
+  # The workdir's store, as in pre-training: a bucket lease's lifetime, the longest wait on a store, and how long
+  # a save in flight may go on after a stop signal.
+  c.checkpoint = ml_collections.ConfigDict({k: common.checkpoint[k]
+                                            for k in ("lease_s", "store_timeout_s", "stop_grace_s")})
   return c

@@ -17,6 +17,7 @@ from tupe import models
 from tupe.data import pipeline
 from tupe.errors import UserError
 from tupe.models import partitioning
+from tupe.store import deadline
 
 NAMES = models.MODELS + ("convbert_mlm",)  # convbert_mlm: ConvBERT's model with the MLM objective
 ARGUMENTS = (("model", NAMES), ("size", tuple(models.SIZES)))  # get_config("<model>,<size>"), for --help
@@ -42,9 +43,12 @@ def common() -> ml_collections.ConfigDict:
   # [logical axis name, mesh axis | [mesh axes] | None] pairs (tupe.train.sharding); () also means these defaults.
   c.sharding_rules = partitioning.DEFAULT_RULES
   # The workdir's store as well: a bucket workdir's lease lifetime (tupe.store.lease: a crashed job on another host
-  # blocks a rerun this long), and how long any wait on a store may last before the job stops (tupe.store.deadline).
+  # blocks a rerun this long), how long any wait on a store may last before the job stops, and how long a save in
+  # flight may go on after a stop signal (tupe.store.deadline: keep it within your preemption notice).
   c.checkpoint = ml_collections.ConfigDict(dict(every_steps=10_000, keep_last=3, keep_every=100_000,
-                                                async_save=True, lease_s=60.0, store_timeout_s=300.0))
+                                                async_save=True, lease_s=60.0,
+                                                store_timeout_s=deadline.DEFAULT_TIMEOUT_S,
+                                                stop_grace_s=deadline.DEFAULT_STOP_GRACE_S))
   c.log_every = 100
   c.eval_every = 10_000            # and after the last step; 0: no eval split, no evaluation
   c.eval_batches = 20

@@ -51,7 +51,7 @@ def test_what_the_call_raises_or_returns_is_the_callers():
 def test_a_stop_signal_while_waiting_is_honoured_within_the_grace(monkeypatch):
   """A real SIGTERM while the main thread waits on a store that does not answer (timeout 600 s): the wait goes on
   for the grace period (a healthy save would finish), then stops with the signal's status and one line."""
-  monkeypatch.setattr(deadline, "STOP_GRACE_S", 1.0)
+  deadline.configure(deadline.DEFAULT_TIMEOUT_S, stop_grace_s=1.0)
   with signals.caught():
     threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()
     start = time.monotonic()
@@ -63,11 +63,32 @@ def test_a_stop_signal_while_waiting_is_honoured_within_the_grace(monkeypatch):
   assert 1.0 < time.monotonic() - start < 10
   # The store failed (not what it holds: a reader skips nothing), and the job's closing writes wait a moment only.
   assert refusals.unanswered(raised.value)
-  monkeypatch.setattr(deadline, "STOP_GRACE_S", 20.0)  # as by default: more than the short wait
+  monkeypatch.setattr(deadline._Policy, "stop_grace_s", deadline.DEFAULT_STOP_GRACE_S)  # more than the short wait
   start = time.monotonic()
   with pytest.raises(deadline.StoreTimeout, match=f"did not answer for {deadline._RETRY_S:g} s"):
     deadline.call("write gs://b/run/metrics.jsonl", threading.Event().wait)
   assert time.monotonic() - start < deadline._RETRY_S + 5
+
+
+def test_the_grace_is_the_jobs_not_each_calls(monkeypatch):
+  """After a stop signal, a call that ends on its own (a lease read giving up by its own bounds) does not give the
+  next call a fresh grace: the waits end `stop_grace_s` after the first one saw the signal, so that a series of
+  calls does not overrun a preemption's notice (before, a hung store held a stopping job for 37 s with the 20 s
+  grace: tests/test_buckets.py's SIGTERM case)."""
+  deadline.configure(deadline.DEFAULT_TIMEOUT_S, stop_grace_s=3.0)
+  monkeypatch.setattr(deadline, "_RETRY_S", 0.2)  # the least wait of each call after the grace
+  signals.received.append(signal.SIGTERM)  # recorded, as by the handler
+
+  def gives_up():
+    time.sleep(2.0)
+    raise OSError("no answer within the lease's own bounds")
+
+  with pytest.raises(OSError, match="lease's own bounds"):
+    deadline.call("check the lease gs://b/run/lease", gives_up)
+  start = time.monotonic()
+  with pytest.raises(Preempted, match="for the store to write checkpoint 8"):
+    deadline.call("write checkpoint 8 to gs://b/run/checkpoints", threading.Event().wait)
+  assert time.monotonic() - start < 2.5  # the grace's remaining second or so, not a fresh 3 s
 
 
 def test_a_stop_signal_that_ended_a_read_is_not_damage(tmp_path):

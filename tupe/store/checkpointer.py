@@ -108,7 +108,8 @@ class Checkpointer:
     return [p for p in entries if _TMP in p.name and p.name.split(".")[0].isdigit()]
 
   def save(self, step: int, state, meta: CheckpointMeta, force: bool = False) -> bool:
-    fence.check(self.directory)  # nothing of a save starts once the workdir's lease is lost
+    # Nothing of a save starts once the workdir's lease is lost (the check reads the lease: a wait on the store).
+    self._bounded(f"write checkpoint {step} to {self.directory}", fence.check, self.directory)
     args = ocp.args.Composite(params=ocp.args.StandardSave(state.params),
                               optimizer=ocp.args.StandardSave(_rest(state)),
                               meta=ocp.args.JsonSave(meta.to_json()))

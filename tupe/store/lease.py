@@ -52,6 +52,7 @@ import numpy as np
 
 from tupe import console
 from tupe.errors import UserError
+from tupe.store import deadline
 from tupe.store import fence
 from tupe.store import lease_objects
 from tupe.store import refusals
@@ -313,16 +314,21 @@ class _BucketLease:
           return
 
   def release(self, quietly: bool = False) -> None:
-    """Stops renewing the lease and deletes it. Where the store refuses the delete (the permission to write taken
-    away, the endpoint gone), the lease is left to expire, with one warning; `quietly`, with none: the job is
-    stopping on an error of its own, whose one line says what went wrong."""
+    """Stops renewing the lease and deletes it, waiting no longer than any wait on the store (`deadline.call`: a
+    moment only once the store has stopped answering, not the lease requests' own bounds). Where the store refuses
+    the delete (the permission to write taken away, the endpoint gone) or does not answer, the lease is left to
+    expire, with one warning; `quietly`, with none: the job is stopping on an error of its own, whose one line says
+    what went wrong."""
     self._stop.set()
-    if self._thread.is_alive():
-      self._thread.join()
-    if self.lost is not None:
-      return  # not ours any more: another job's lease, or none
+
+    def end() -> None:
+      if self._thread.is_alive():
+        self._thread.join()  # a renewal in flight
+      if self.lost is None:  # still ours, not another job's lease
+        self.object.delete(self.version)
+
     try:
-      self.object.delete(self.version)
+      deadline.call(f"release the lease {self.url}", end)
     except Exception as e:
       if not quietly:
         console.log(f"warning: could not release the lease {self.url} ({refusals.describe(e)}); a job on this host "

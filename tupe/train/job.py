@@ -58,7 +58,8 @@ class Job:
     self._created = self._started = False
 
   def __enter__(self) -> Job:
-    deadline.configure(self.cfg.checkpoint.store_timeout_s)  # every wait on a store from here on
+    # Every wait on a store from here on.
+    deadline.configure(self.cfg.checkpoint.store_timeout_s, self.cfg.checkpoint.stop_grace_s)
     compile_cache.enable(self.cfg.get("compilation_cache_dir", compile_cache.DEFAULT_DIR))
     initialize_distributed(self.cfg.distributed)
     check_workdir(self.workdir)
