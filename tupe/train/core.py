@@ -176,7 +176,9 @@ def build_core(module, init_inputs: tuple, objective: Objective, opt_cfg, total_
     params = nn.meta.unbox(module.init(params_key, *init_inputs)["params"])
     return new_state(dict(params, **replace) if replace else params, tx, state_rng)
 
-  abstract_state = jax.eval_shape(lambda: make_state(jax.random.PRNGKey(0), jax.random.PRNGKey(0), None))
+  # From the parameters' shapes: no second trace of the model.
+  abstract_state = jax.eval_shape(lambda p, r: new_state(p, tx, r), abstract_params,
+                                  jax.eval_shape(jax.random.PRNGKey, 0))
   abstract_state = jax.tree_util.tree_map(
       lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract_state, state_sharding)
   batch_sharding = sharding.batch_sharding(mesh)
