@@ -348,7 +348,8 @@ def test_a_store_gone_during_a_save_stops_the_job_within_the_timeout(store, endi
     assert waited < 8 + 60, waited  # the timeout, then stopping: giving up the lease, closing the logs
   else:  # Stopped by the signal while the GCS client retries the stopped emulator.
     stopped = (r"stopped by SIGTERM while waiting \d+ s for the store to write (checkpoint \d+ to "
-               rf"{re.escape(root)}|{re.escape(bucket)}/run/\S+): it does not answer, so nothing more is saved; rerun "
+               rf"{re.escape(root)}|{re.escape(bucket)}/run/\S+): no answer within the stop grace "
+               rf"\(checkpoint.stop_grace_s={STOP_GRACE_S}\), so nothing more is saved; rerun "
                r"the same command to resume from the last good checkpoint")
     assert status == 128 + signal.SIGTERM, (status, stderr[-3000:])
     assert re.fullmatch(stopped, lines[0]), lines[0]

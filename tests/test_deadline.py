@@ -56,8 +56,9 @@ def test_a_stop_signal_while_waiting_is_honoured_within_the_grace(monkeypatch):
     threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()
     start = time.monotonic()
     with pytest.raises(Preempted, match=r"^stopped by SIGTERM while waiting \d+ s for the store to write checkpoint 8 "
-                                        r"to gs://b/run/checkpoints: it does not answer, so nothing more is saved; "
-                                        r"rerun the same command to resume from the last good checkpoint$") as raised:
+                                        r"to gs://b/run/checkpoints: no answer within the stop grace "
+                                        r"\(checkpoint.stop_grace_s=1\), so nothing more is saved; rerun the same "
+                                        r"command to resume from the last good checkpoint$") as raised:
       deadline.call("write checkpoint 8 to gs://b/run/checkpoints", threading.Event().wait)
   assert raised.value.exit_status == 128 + signal.SIGTERM
   assert 1.0 < time.monotonic() - start < 10

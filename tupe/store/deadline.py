@@ -107,10 +107,11 @@ def call(what: str, fn: Callable[..., T], *args, **kwargs) -> T:
     if signals.received and now > max(_Policy.stop_seen + _Policy.stop_grace_s, start + _RETRY_S):
       _Policy.suspect = True  # the calls of the job stopping now (closing its logs) wait a moment only
       signum = signals.received[0]
+      unanswered = StoreTimeout(f"the store did not answer for {now - start:.0f} s")
       raise Preempted(f"stopped by {signals.name(signum)} while waiting {now - start:.0f} s for the store to "
-                      f"{what}: it does not answer, so nothing more is saved; rerun the same command to resume from "
-                      f"the last good checkpoint", signum) from StoreTimeout(f"the store did not answer for "
-                                                             f"{now - start:.0f} s")
+                      f"{what}: no answer within the stop grace (checkpoint.stop_grace_s={_Policy.stop_grace_s:g}), "
+                      f"so nothing more is saved; rerun the same command to resume from the last good checkpoint",
+                      signum) from unanswered
   _Policy.suspect = False
   if "error" in outcome:
     raise outcome["error"]
