@@ -35,6 +35,7 @@ BAD_VALUES = (
     ("data.mask_prob", 1.5, "data.mask_prob is 1.5: use a share between 0 and 1"),
     ("checkpoint.store_timeout_s", 0.0, "checkpoint.store_timeout_s=0.0 must be positive"),
     ("checkpoint.stop_grace_s", -1.0, "checkpoint.stop_grace_s=-1.0 must be 0 or more"),
+    ("checkpoint.lease_s", 0.0, "checkpoint.lease_s=0.0 must be positive"),
 )
 
 
@@ -143,6 +144,7 @@ def test_sweep_print_checks_each_point_with_its_data(tmp_path, capsys):
     ("learning_rates", (1e-5, float("inf")), "learning_rates=(1e-05, inf): give positive numbers"),
     ("optimizer.b2", 1.5, "optimizer.b2=1.5 must be in [0, 1)"),
     ("checkpoint.stop_grace_s", float("nan"), "checkpoint.stop_grace_s=nan must be 0 or more"),
+    ("checkpoint.lease_s", -1.0, "checkpoint.lease_s=-1.0 must be positive"),
 ])
 def test_bad_glue_values_are_one_line(field, value, words):
   cfg = config_files.load_config("configs/glue.py:tupe")

@@ -47,7 +47,6 @@ from tupe.glue import model as task_model
 from tupe.glue import outputs
 from tupe.glue import runs as runs_lib
 from tupe.models import partitioning
-from tupe.store import deadline
 from tupe.store import storage
 from tupe.train import core
 from tupe.train import flops as flops_lib
@@ -84,9 +83,7 @@ def check_config(cfg) -> None:
   for field in ("batch_size", "eval_batch_size", "max_seq_len", "log_every", "grad_accum_steps"):
     if cfg[field] <= 0:
       raise UserError(f"{field}={cfg[field]} must be positive")
-  if cfg.checkpoint.lease_s <= 0:
-    raise UserError(f"checkpoint.lease_s={cfg.checkpoint.lease_s} must be positive")
-  deadline.check(cfg.checkpoint.store_timeout_s, cfg.checkpoint.stop_grace_s)
+  job_lib.check_store_settings(cfg.checkpoint)
   check_fine_tuning(cfg)
   if cfg.evals_per_epoch < 0 or cfg.regression_scale <= 0:
     raise UserError("evals_per_epoch must be >= 0 and regression_scale > 0")

@@ -102,6 +102,15 @@ class Job:
     return False
 
 
+def check_store_settings(checkpoint) -> None:
+  """Raises a UserError naming a `checkpoint.lease_s`, `store_timeout_s` or `stop_grace_s` that cannot be (the
+  workdir's store settings, the same in both entry points)."""
+  if not checkpoint.lease_s > 0:
+    raise UserError(f"checkpoint.lease_s={checkpoint.lease_s} must be positive: a bucket workdir's lease lifetime, "
+                    f"in seconds")
+  deadline.check(checkpoint.store_timeout_s, checkpoint.stop_grace_s)
+
+
 def check_kind(workdir: storage.Path, kind: str | None) -> None:
   """A workdir holds the work of one entry point: `kind` ("train.py", "eval_glue.py") refuses one that the other
   wrote (its config.json is the other's; without one, checkpoints/ is train.py's and runs.jsonl eval_glue.py's),

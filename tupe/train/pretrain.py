@@ -36,7 +36,6 @@ from tupe.errors import UserError
 from tupe.models import partitioning
 from tupe.store import checkpoint
 from tupe.store import checkpointer
-from tupe.store import deadline
 from tupe.store import meta as meta_lib
 from tupe.store import runlog
 from tupe.store import storage
@@ -240,11 +239,11 @@ def check_loop(cfg) -> None:
   positive = {"num_train_steps": cfg.num_train_steps, "global_batch_size": cfg.global_batch_size,
               "grad_accum_steps": cfg.grad_accum_steps, "log_every": cfg.log_every,
               "eval_batches": cfg.eval_batches, "checkpoint.every_steps": cfg.checkpoint.every_steps,
-              "checkpoint.keep_last": cfg.checkpoint.keep_last, "checkpoint.lease_s": cfg.checkpoint.lease_s}
+              "checkpoint.keep_last": cfg.checkpoint.keep_last}
   for name, value in positive.items():
     if value < 1:
       raise UserError(f"{name}={value} must be 1 or more")
-  deadline.check(cfg.checkpoint.store_timeout_s, cfg.checkpoint.stop_grace_s)
+  job_lib.check_store_settings(cfg.checkpoint)
   if cfg.eval_every < 0:
     raise UserError(f"eval_every={cfg.eval_every}: use 0 (no evaluation) or a number of steps")
   progress_lib.NonFinite(cfg.nonfinite)  # a policy it knows
