@@ -355,6 +355,7 @@ def test_a_store_gone_during_a_save_stops_the_job_within_the_timeout(store, endi
     assert re.fullmatch(stopped, lines[0]), lines[0]
     # Not the 600 s timeout, nor the lease's own request bounds (15 s each to check it and to release it).
     assert waited < STOP_GRACE_S + 20, waited
+    print(f"from the SIGTERM to the exit: {waited:.1f} s (checkpoint.stop_grace_s={STOP_GRACE_S})")
 
 
 def test_export_hf_from_s3(s3_bucket, pretrained, tmp_path):

@@ -69,7 +69,7 @@ class S3Object:
     import botocore.config  # only for buckets
     import botocore.session
     # Three attempts of `timeout_s / 3` at most (botocore's defaults: 60 s to connect and 60 s to read, 5 attempts),
-    # with botocore's backoff between them (up to 2 s, then 4 s): a store gone holds a request 3.4 s at ttl=2 s.
+    # and botocore's backoff between them (standard mode: up to 2 s, then up to 4 s) on top.
     bounds = botocore.config.Config(connect_timeout=timeout_s / 3, read_timeout=timeout_s / 3,
                                     retries={"max_attempts": 3, "mode": "standard"})
     self.client = botocore.session.get_session().create_client("s3", config=bounds)
