@@ -3,6 +3,7 @@ fit refused in one line (train.py and eval_glue.py), one close to the limit warn
 skipping it; and the warning of a run that goes over its data more than 100 times."""
 import re
 import subprocess
+import tracemalloc
 
 import jax
 import jax.numpy as jnp
@@ -104,6 +105,8 @@ def test_the_hosts_available_memory_is_read_from_meminfo(tmp_path):
 
 
 def test_a_glue_train_step_that_cannot_fit_is_refused(pretrained, glue_dir, tmp_path):
+  """Refused from the compiled step's shapes, before a batch exists: a batch of HUGE_BATCH rows of 128 tokens
+  would take 6.4 GB of host memory (numpy's allocations are traced by tracemalloc)."""
   cfg = glue_config.get_config("tupe")
   cfg.update(init_checkpoint=str(pretrained), data_dir=str(glue_dir), tasks="rte", learning_rates=(1e-3,),
              seeds=(0,), max_train_examples=16, batch_size=HUGE_BATCH, max_seq_len=128, tensorboard=False,
@@ -113,7 +116,13 @@ def test_a_glue_train_step_that_cannot_fit_is_refused(pretrained, glue_dir, tmp_
                                       r"lower batch_size \(now 4194304\), raise grad_accum_steps \(now 1.*lower "
                                       r"max_seq_len \(now 128\), or fine-tune a smaller model; or "
                                       r"--config.check_memory=false to try anyway$"):
-    finetune.run(cfg, str(tmp_path / "glue"), devices=jax.devices()[:1])
+    tracemalloc.start()
+    try:
+      finetune.run(cfg, str(tmp_path / "glue"), devices=jax.devices()[:1])
+    finally:
+      peak = tracemalloc.get_traced_memory()[1]
+      tracemalloc.stop()
+  assert peak < 2**30, f"{peak / 2**30:.1f} GiB allocated in Python before the refusal"
 
 
 def test_a_run_over_its_data_more_than_100_times_is_warned_about():

@@ -129,18 +129,18 @@ def build_task(cfg, backbone: backbone_lib.Backbone, task: glue.Task, num_train:
 
 
 def compile_train_step(cfg, setup: TaskSetup, train: dict, label: str) -> None:
-  """Compiles the task's train step ahead of its first run, for batches shaped as the first rows of `train` make
-  (the runs' calls of `setup.train_step` reuse the program), and checks that it fits in memory
-  (`tupe.train.memory`), with a line for each.
+  """Compiles the task's train step ahead of its first run, for batches of cfg.batch_size rows shaped as `train`'s
+  rows make (the runs' calls of `setup.train_step` reuse the program), and checks that it fits in memory
+  (`tupe.train.memory`) before any batch exists, with a line for each.
 
   Raises:
     UserError: the step needs more memory than the devices have (unless cfg.check_memory is false).
   """
-  first = encoding.batch_rows(train, np.arange(min(cfg.batch_size, len(train["idx"]))), cfg.batch_size,
-                              cfg.regression_scale)
+  # One row gives each input's dtype and row shape: a whole batch in host memory would come before the check.
+  row = encoding.batch_rows(train, np.arange(1), 1, cfg.regression_scale)
   # With the batch's sharding, as `sharding.shard_batch` gives it, the runs' calls find this program in JAX's cache.
-  batch = {name: jax.ShapeDtypeStruct(array.shape, array.dtype, sharding=setup.batch_sharding)
-           for name, array in first.items()}
+  batch = {name: jax.ShapeDtypeStruct((cfg.batch_size,) + array.shape[1:], array.dtype, sharding=setup.batch_sharding)
+           for name, array in row.items()}
   console.log(f"{label}: compiling the train step...")
   with compile_cache.Watch() as watch:
     compiled = setup.train_step.lower(setup.abstract_state, batch, jax.ShapeDtypeStruct((), jnp.float32)).compile()
