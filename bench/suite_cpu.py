@@ -2,14 +2,17 @@
 
 A pytest plugin records, for each test (its set-up, call and tear-down), the wall time, the CPU time of the pytest
 process (every thread) and that of the processes it waited for (its train.py, eval_glue.py and tool runs), one
-JSON line per test in a file per pytest process under $TUPE_SUITE_CPU. The module summarizes those files:
+JSON line per test in a file per pytest process under $TUPE_SUITE_CPU, with the pytest process's peak memory (its
+maximum resident set size) after the test and how much the test raised it. The module summarizes those files:
 
   rm -rf /tmp/tupe-test-jax-cache && TUPE_SUITE_CPU=/tmp/suite-cpu CI=true python -m pytest -q -n auto \\
       --dist loadfile -p bench.suite_cpu tests
   python -m bench.suite_cpu /tmp/suite-cpu [--top 20]
 
 It prints one JSON line with the totals, then one per file, longest first: {"file", "tests", "wall_s", "cpu_s",
-"self_cpu_s", "children_cpu_s", "idle_s"}. idle_s is wall time without CPU: waits on servers, timeouts, sleeps.
+"self_cpu_s", "children_cpu_s", "idle_s", "peak_rise_mb"}. idle_s is wall time without CPU: waits on servers,
+timeouts, sleeps. peak_rise_mb is how much the file's tests raised their pytest process's peak memory: a test that
+holds much more than the ones before it stands out (the totals give the largest process's peak, "peak_rss_mb").
 
 A process's CPU is counted when it is waited for: a server started by a module's fixture (the emulators) counts in
 the test whose tear-down stops it, and a test whose processes run side by side can use more CPU than its wall time.
@@ -35,17 +38,23 @@ def _cpu() -> tuple[float, float]:
   return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
 
 
+def _peak_mb() -> float:
+  """This process's peak memory so far, in MB (Linux gives ru_maxrss in KiB)."""
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):  # pylint: disable=unused-argument
   folder = os.environ.get(ENV)
-  start, (own, children) = time.monotonic(), _cpu()
+  start, (own, children), peak = time.monotonic(), _cpu(), _peak_mb()
   yield
   if folder:
-    end, (own_end, children_end) = time.monotonic(), _cpu()
+    end, (own_end, children_end), peak_end = time.monotonic(), _cpu(), _peak_mb()
     pathlib.Path(folder).mkdir(parents=True, exist_ok=True)
     with open(pathlib.Path(folder) / f"tests-{os.getpid()}.jsonl", "a", encoding="utf-8") as f:
       f.write(json.dumps({"test": item.nodeid, "wall_s": end - start, "self_cpu_s": own_end - own,
-                          "children_cpu_s": children_end - children}) + "\n")
+                          "children_cpu_s": children_end - children, "peak_rss_mb": peak_end,
+                          "peak_rise_mb": peak_end - peak}) + "\n")
 
 
 def summarize(folder: pathlib.Path) -> list[dict]:
@@ -54,23 +63,25 @@ def summarize(folder: pathlib.Path) -> list[dict]:
   if not files:
     raise SystemExit(f"error: no tests-*.jsonl in {folder}: run pytest with {ENV}={folder} -p bench.suite_cpu")
   sums = collections.defaultdict(collections.Counter)
+  peak = 0.0
   for path in files:
     for line in path.read_text(encoding="utf-8").splitlines():
       record = json.loads(line)
       counter = sums[record["test"].split("::")[0]]
       counter["tests"] += 1
-      for key in ("wall_s", "self_cpu_s", "children_cpu_s"):
+      for key in ("wall_s", "self_cpu_s", "children_cpu_s", "peak_rise_mb"):
         counter[key] += record[key]
+      peak = max(peak, record["peak_rss_mb"])
 
   def row(name: str, c: collections.Counter) -> dict:
     cpu = c["self_cpu_s"] + c["children_cpu_s"]
     return {"file": name, "tests": c["tests"], "wall_s": round(c["wall_s"], 1), "cpu_s": round(cpu, 1),
             "self_cpu_s": round(c["self_cpu_s"], 1), "children_cpu_s": round(c["children_cpu_s"], 1),
-            "idle_s": round(max(0.0, c["wall_s"] - cpu), 1)}
+            "idle_s": round(max(0.0, c["wall_s"] - cpu), 1), "peak_rise_mb": round(c["peak_rise_mb"])}
 
   total = sum(sums.values(), collections.Counter())
   rows = sorted((row(name, c) for name, c in sums.items()), key=lambda r: -r["wall_s"])
-  return [dict(row("all", total), processes=len(files))] + rows
+  return [dict(row("all", total), processes=len(files), peak_rss_mb=round(peak))] + rows
 
 
 def main(argv=None) -> None:

@@ -331,16 +331,18 @@ def test_pytest_line_counts_each_outcome(tmp_path):
 
 
 def test_suite_cpu_puts_each_test_s_cpu_where_it_was_spent(tmp_path):
-  """bench.suite_cpu's plugin: a test that computes, one whose subprocess computes and one that sleeps, each a line
-  in its pytest process's file, with the CPU in the pytest process's or in the subprocess's column. (The CPU is
-  spent by construction, `time.process_time`; no figure depends on the machine's speed.)"""
+  """bench.suite_cpu's plugin: a test that computes, one whose subprocess computes, one that sleeps and one that
+  holds 600 MB, each a line in its pytest process's file, with the CPU in the pytest process's or in the
+  subprocess's column and the memory in the peak's rise. (The CPU is spent by construction, `time.process_time`;
+  no figure depends on the machine's speed.)"""
   (tmp_path / "test_sample.py").write_text(
       "import subprocess, sys, time\n"
       "def test_computes():\n  t = time.process_time()\n  while time.process_time() - t < 0.5: pass\n"
       "def test_runs_a_process():\n"
       "  subprocess.run([sys.executable, '-c', 'import time\\nt = time.process_time()\\n"
       "while time.process_time() - t < 0.5: pass'], check=True)\n"
-      "def test_sleeps():\n  time.sleep(0.5)\n")
+      "def test_sleeps():\n  time.sleep(0.5)\n"
+      "def test_holds_memory():\n  held = b'x' * (600 << 20)\n  assert held\n")
   folder = tmp_path / "cpu"
   run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "bench.suite_cpu", "-p", "no:cacheprovider",
                         str(tmp_path / "test_sample.py"), "--rootdir", str(tmp_path)],
@@ -349,31 +351,37 @@ def test_suite_cpu_puts_each_test_s_cpu_where_it_was_spent(tmp_path):
   assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
   (written,) = folder.glob("tests-*.jsonl")
   tests = {r["test"].split("::")[1]: r for r in map(json.loads, written.read_text().splitlines())}
-  assert list(tests) == ["test_computes", "test_runs_a_process", "test_sleeps"]
-  assert all(set(r) == {"test", "wall_s", "self_cpu_s", "children_cpu_s"} for r in tests.values())
-  computes, runs, sleeps = tests.values()
+  assert list(tests) == ["test_computes", "test_runs_a_process", "test_sleeps", "test_holds_memory"]
+  assert all(set(r) == {"test", "wall_s", "self_cpu_s", "children_cpu_s", "peak_rss_mb", "peak_rise_mb"}
+             for r in tests.values())
+  computes, runs, sleeps, holds = tests.values()
   assert computes["self_cpu_s"] >= 0.5 and computes["children_cpu_s"] == 0
   assert runs["children_cpu_s"] >= 0.5 and runs["self_cpu_s"] < runs["children_cpu_s"]
   assert sleeps["children_cpu_s"] == 0 and sleeps["self_cpu_s"] < computes["self_cpu_s"]
+  # A peak rises by what a test holds beyond the process's earlier peak (start-up's).
+  assert holds["peak_rss_mb"] >= 600 and holds["peak_rise_mb"] >= 400
+  assert sleeps["peak_rise_mb"] < 50 and runs["peak_rise_mb"] < 50  # a subprocess's memory is not the process's
   total, sample = suite_cpu.summarize(folder)
-  assert (total["processes"], total["tests"], sample["file"], sample["tests"]) == (1, 3, "test_sample.py", 3)
+  assert (total["processes"], total["tests"], sample["file"], sample["tests"]) == (1, 4, "test_sample.py", 4)
+  assert total["peak_rss_mb"] == round(holds["peak_rss_mb"])
 
 
 def test_suite_cpu_sums_per_file_and_counts_idle_time(tmp_path):
   """bench.suite_cpu's summary of two pytest processes' lines: per file, longest wall time first, with the idle
   time (wall time without CPU, never below 0); the totals first; a folder without lines is one error."""
-  lines = {"tests-1.jsonl": [("tests/test_a.py::one", 10.0, 2.0, 3.0), ("tests/test_b.py::one", 4.0, 1.0, 5.0)],
-           "tests-2.jsonl": [("tests/test_a.py::two", 6.0, 1.0, 0.0)]}
+  fields = ("test", "wall_s", "self_cpu_s", "children_cpu_s", "peak_rss_mb", "peak_rise_mb")
+  lines = {"tests-1.jsonl": [("tests/test_a.py::one", 10.0, 2.0, 3.0, 700.0, 700.0),
+                             ("tests/test_b.py::one", 4.0, 1.0, 5.0, 900.0, 200.0)],
+           "tests-2.jsonl": [("tests/test_a.py::two", 6.0, 1.0, 0.0, 800.0, 800.0)]}
   for name, records in lines.items():
-    (tmp_path / name).write_text("".join(json.dumps(dict(zip(("test", "wall_s", "self_cpu_s", "children_cpu_s"),
-                                                             record))) + "\n" for record in records))
+    (tmp_path / name).write_text("".join(json.dumps(dict(zip(fields, record))) + "\n" for record in records))
   assert suite_cpu.summarize(tmp_path) == [
       {"file": "all", "tests": 3, "wall_s": 20.0, "cpu_s": 12.0, "self_cpu_s": 4.0, "children_cpu_s": 8.0,
-       "idle_s": 8.0, "processes": 2},
+       "idle_s": 8.0, "peak_rise_mb": 1700, "processes": 2, "peak_rss_mb": 900},
       {"file": "tests/test_a.py", "tests": 2, "wall_s": 16.0, "cpu_s": 6.0, "self_cpu_s": 3.0, "children_cpu_s": 3.0,
-       "idle_s": 10.0},
+       "idle_s": 10.0, "peak_rise_mb": 1500},
       {"file": "tests/test_b.py", "tests": 1, "wall_s": 4.0, "cpu_s": 6.0, "self_cpu_s": 1.0, "children_cpu_s": 5.0,
-       "idle_s": 0.0}]
+       "idle_s": 0.0, "peak_rise_mb": 200}]
   with pytest.raises(SystemExit, match="no tests-.*jsonl in"):
     suite_cpu.summarize(tmp_path / "empty")
 
