@@ -14,6 +14,9 @@ It prints one JSON line with the totals, then one per file, longest first: {"fil
 timeouts, sleeps. peak_rise_mb is how much the file's tests raised their pytest process's peak memory: a test that
 holds much more than the ones before it stands out (the totals give the largest process's peak, "peak_rss_mb").
 
+A process's peak memory starts at that of the process it was forked from (Linux carries the high-water mark
+through exec): pytest-xdist's workers start from the small pytest process, so their rises are their own.
+
 A process's CPU is counted when it is waited for: a server started by a module's fixture (the emulators) counts in
 the test whose tear-down stops it, and a test whose processes run side by side can use more CPU than its wall time.
 """
