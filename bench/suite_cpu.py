@@ -32,6 +32,8 @@ import time
 
 import pytest
 
+import bench
+
 ENV = "TUPE_SUITE_CPU"
 
 
@@ -41,18 +43,13 @@ def _cpu() -> tuple[float, float]:
   return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
 
 
-def _peak_mb() -> float:
-  """This process's peak memory so far, in MB (Linux gives ru_maxrss in KiB)."""
-  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):  # pylint: disable=unused-argument
   folder = os.environ.get(ENV)
-  start, (own, children), peak = time.monotonic(), _cpu(), _peak_mb()
+  start, (own, children), peak = time.monotonic(), _cpu(), bench.host_peak_rss_bytes() / 2**20
   yield
   if folder:
-    end, (own_end, children_end), peak_end = time.monotonic(), _cpu(), _peak_mb()
+    end, (own_end, children_end), peak_end = time.monotonic(), _cpu(), bench.host_peak_rss_bytes() / 2**20
     pathlib.Path(folder).mkdir(parents=True, exist_ok=True)
     with open(pathlib.Path(folder) / f"tests-{os.getpid()}.jsonl", "a", encoding="utf-8") as f:
       f.write(json.dumps({"test": item.nodeid, "wall_s": end - start, "self_cpu_s": own_end - own,
