@@ -33,6 +33,23 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 # The tests that may skip under CI=true: the GPU ones (CI has no GPU). Any other skip there fails the test.
 MAY_SKIP_IN_CI = ("test_gpu.py",)
+# The files that take 20 s or more, longest first (measured with bench.suite_cpu: docs/BENCHMARKS.md, "The test
+# suite"). Under `-n auto --dist loadfile` each worker takes a whole file at a time, in collection order
+# (pytest.ini turns xdist's own order, by number of tests, off): these start first and the short files fill in
+# after, so the workers finish together instead of one waiting out a long file that started last. Only the order
+# depends on this list: a stale one costs time, never a test.
+LONGEST_FIRST = ("test_buckets.py", "test_multihost.py", "test_glue_parity.py", "test_bucket_credentials.py",
+                 "test_study.py", "test_lease.py", "test_export_hf.py", "test_bench.py", "test_checkpointer.py",
+                 "test_train.py", "test_glue_finetune.py", "test_glue_signals.py", "test_reliability.py",
+                 "test_sharding.py", "test_data_parallel.py", "test_scan.py", "test_resume.py",
+                 "test_model_invariants.py", "test_glue_models.py", "test_compile_cache.py", "test_jsonlog.py",
+                 "test_data_preprocess.py")
+
+
+def pytest_collection_modifyitems(items):
+  """The LONGEST_FIRST files first, in that order; the others after them, in pytest's order."""
+  rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+  items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # (a stable sort)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -1,12 +1,15 @@
 """The suite cannot hang or quietly test less: a hung test fails with its name (pytest-timeout, pytest.ini), and
 under CI=true a skip fails the run but for the GPU tests (conftest.py's `pytest_runtest_makereport`). Each case runs
-pytest on a small test file of its own, with this suite's conftest.py as a plugin."""
+pytest on a small test file of its own, with this suite's conftest.py as a plugin. Its longest files start first
+(conftest.py's LONGEST_FIRST)."""
 import os
 import pathlib
 import subprocess
 import sys
 
 import pytest
+
+import conftest
 
 TESTS = pathlib.Path(__file__).resolve().parent
 
@@ -48,3 +51,15 @@ def test_a_hung_test_fails_with_its_name_and_a_skip_fails_under_ci(tmp_path):
       inside.stdout[-3000:]
   gpu = pytest_run(tmp_path, "test_gpu.py", ci=True)  # CI has no GPU: its tests may skip there
   assert "SKIPPED [1] test_gpu.py:6: no such data here" in gpu.stdout, gpu.stdout[-3000:]
+
+
+def test_the_longest_files_are_collected_first(request):
+  """conftest.py's LONGEST_FIRST names files of this suite, and this session's items start with them, in that
+  order (xdist then hands them out in that order: pytest.ini turns its reordering off)."""
+  assert request.config.getoption("loadscopereorder") is False
+  assert len(set(conftest.LONGEST_FIRST)) == len(conftest.LONGEST_FIRST)
+  missing = [name for name in conftest.LONGEST_FIRST if not (TESTS / name).is_file()]
+  assert not missing, f"conftest.LONGEST_FIRST names files that are not in tests/: {missing}"
+  files = list(dict.fromkeys(item.path.name for item in request.session.items))
+  listed = [name for name in files if name in conftest.LONGEST_FIRST]
+  assert files[:len(listed)] == listed == [name for name in conftest.LONGEST_FIRST if name in files]
