@@ -269,6 +269,9 @@ def test_an_unknown_bucket_is_one_line(gcs_emulator):
     checkpointer.Checkpointer("gs://tupe-no-such-bucket/run/checkpoints", config())
 
 
+STORE_TIMEOUT_S = 3  # checkpoint.store_timeout_s while the endpoint is gone: the test waits it out twice
+
+
 def test_the_endpoint_going_away_during_a_save(tmp_path, caplog):
   """The store stops answering while checkpoint 2 is being written: the run stops at that save with one line,
   checkpoint 1 stays intact, and once the endpoint is back (the same emulator started again on its port and its
@@ -282,13 +285,13 @@ def test_the_endpoint_going_away_during_a_save(tmp_path, caplog):
       ckpt = checkpointer.Checkpointer(root, config())
       ckpt.save(1, state_at(1, size), META)
       ckpt.wait()
-      deadline.configure(10)  # checkpoint.store_timeout_s
+      deadline.configure(STORE_TIMEOUT_S)
       with caplog.at_level(logging.INFO):
         ckpt.save(2, state_at(2, size), META)
         emulator.stop()
         with pytest.raises(UserError, match=f"^(could not|cannot) write checkpoint 2 to {root}: .*"):
           # A training loop calls check() after every step, for as long as the store's timeout; its end waits.
-          give_up = time.monotonic() + 10
+          give_up = time.monotonic() + STORE_TIMEOUT_S
           while time.monotonic() < give_up:
             ckpt.check()
             time.sleep(0.05)
@@ -297,6 +300,7 @@ def test_the_endpoint_going_away_during_a_save(tmp_path, caplog):
           ckpt.close()
       assert not [r for r in caplog.records if r.exc_info], "tracebacks were logged"
 
+      deadline.configure(deadline.DEFAULT_TIMEOUT_S)  # (the restore below is not timed)
       emulator.start()
       verify_all(storage.path(f"{root}/1"))
       with checkpointer.Checkpointer(root, config()) as ckpt:
