@@ -95,7 +95,7 @@ def test_position_ids_are_honoured(kind):
   default = model(ids, mask, types).last_hidden_state
   assert_close(model(ids, mask, types, position_ids=torch.arange(length)[None]).last_hidden_state, default, 1e-6)
   shifted = model(ids, mask, types, position_ids=torch.arange(length)[None] + 3).last_hidden_state
-  assert float((shifted - default).abs().max()) > 1e-3
+  assert float((shifted - default).detach().abs().max()) > 1e-3
   subset = torch.tensor([0, 3, 4, 7, 9])
   full = model.positional(torch.arange(12)[None])
   assert_close(model.positional(subset[None]), full[:, :, subset][:, :, :, subset], 1e-6)
@@ -122,8 +122,8 @@ def test_gradient_checkpointing(kind):
   results = []
   for checkpointing in (False, True):
     model = tiny(modeling_tupe.TupeForSequenceClassification, kind).train()
-    if checkpointing:
-      model.gradient_checkpointing_enable()
+    if checkpointing:  # (its name since transformers 5.x; the older one is deprecated there, still there in 4.x)
+      (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
     calls, layer = [], model.tupe.encoder.layer[0]
     forward = layer.forward
     layer.forward = lambda *args: calls.append(1) or forward(*args)  # counts the layer's forward passes
