@@ -13,6 +13,8 @@ It prints one JSON line with the totals, then one per file, longest first: {"fil
 "self_cpu_s", "children_cpu_s", "idle_s", "peak_rise_mb"}. idle_s is wall time without CPU: waits on servers,
 timeouts, sleeps. peak_rise_mb is how much the file's tests raised their pytest process's peak memory: a test that
 holds much more than the ones before it stands out (the totals give the largest process's peak, "peak_rss_mb").
+The totals also give each pytest process's summed test time ("process_wall_s", one per xdist worker): how evenly
+the workers were loaded.
 
 A process's peak memory starts at that of the process it was forked from (Linux carries the high-water mark
 through exec): pytest-xdist's workers start from the small pytest process, so their rises are their own.
@@ -63,10 +65,12 @@ def summarize(folder: pathlib.Path) -> list[dict]:
   if not files:
     raise SystemExit(f"error: no tests-*.jsonl in {folder}: run pytest with {ENV}={folder} -p bench.suite_cpu")
   sums = collections.defaultdict(collections.Counter)
-  peak = 0.0
+  peak, busy = 0.0, []  # busy: each pytest process's summed test time
   for path in files:
+    busy.append(0.0)
     for line in path.read_text(encoding="utf-8").splitlines():
       record = json.loads(line)
+      busy[-1] += record["wall_s"]
       counter = sums[record["test"].split("::")[0]]
       counter["tests"] += 1
       for key in ("wall_s", "self_cpu_s", "children_cpu_s", "peak_rise_mb"):
@@ -81,7 +85,7 @@ def summarize(folder: pathlib.Path) -> list[dict]:
 
   total = sum(sums.values(), collections.Counter())
   rows = sorted((row(name, c) for name, c in sums.items()), key=lambda r: -r["wall_s"])
-  return [dict(row("all", total), processes=len(files), peak_rss_mb=round(peak))] + rows
+  return [dict(row("all", total), process_wall_s=[round(b, 1) for b in busy], peak_rss_mb=round(peak))] + rows
 
 
 def main(argv=None) -> None:

@@ -365,13 +365,15 @@ def test_suite_cpu_puts_each_test_s_cpu_where_it_was_spent(tmp_path):
   assert holds["peak_rss_mb"] >= 600 and holds["peak_rise_mb"] >= 400
   assert sleeps["peak_rise_mb"] < 50 and runs["peak_rise_mb"] < 50  # a subprocess's memory is not the process's
   total, sample = suite_cpu.summarize(folder)
-  assert (total["processes"], total["tests"], sample["file"], sample["tests"]) == (1, 4, "test_sample.py", 4)
+  assert (len(total["process_wall_s"]), total["tests"], sample["file"], sample["tests"]) == (1, 4, "test_sample.py", 4)
+  assert total["process_wall_s"] == [total["wall_s"]]
   assert total["peak_rss_mb"] == round(holds["peak_rss_mb"])
 
 
 def test_suite_cpu_sums_per_file_and_counts_idle_time(tmp_path):
   """bench.suite_cpu's summary of two pytest processes' lines: per file, longest wall time first, with the idle
-  time (wall time without CPU, never below 0); the totals first; a folder without lines is one error."""
+  time (wall time without CPU, never below 0); the totals first, with each process's summed test time; a folder
+  without lines is one error."""
   fields = ("test", "wall_s", "self_cpu_s", "children_cpu_s", "peak_rss_mb", "peak_rise_mb")
   lines = {"tests-1.jsonl": [("tests/test_a.py::one", 10.0, 2.0, 3.0, 700.0, 700.0),
                              ("tests/test_b.py::one", 4.0, 1.0, 5.0, 900.0, 200.0)],
@@ -380,7 +382,7 @@ def test_suite_cpu_sums_per_file_and_counts_idle_time(tmp_path):
     (tmp_path / name).write_text("".join(json.dumps(dict(zip(fields, record))) + "\n" for record in records))
   assert suite_cpu.summarize(tmp_path) == [
       {"file": "all", "tests": 3, "wall_s": 20.0, "cpu_s": 12.0, "self_cpu_s": 4.0, "children_cpu_s": 8.0,
-       "idle_s": 8.0, "peak_rise_mb": 1700, "processes": 2, "peak_rss_mb": 900},
+       "idle_s": 8.0, "peak_rise_mb": 1700, "process_wall_s": [14.0, 6.0], "peak_rss_mb": 900},
       {"file": "tests/test_a.py", "tests": 2, "wall_s": 16.0, "cpu_s": 6.0, "self_cpu_s": 3.0, "children_cpu_s": 3.0,
        "idle_s": 10.0, "peak_rise_mb": 1500},
       {"file": "tests/test_b.py", "tests": 1, "wall_s": 4.0, "cpu_s": 6.0, "self_cpu_s": 1.0, "children_cpu_s": 5.0,
