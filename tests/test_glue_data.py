@@ -1,6 +1,7 @@
 """GLUE registry, TSV/TFDS loaders and pair encoding, on the real GLUE files and on small files written here."""
 import collections
 import itertools
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -238,6 +239,23 @@ def test_tfds_source_matches_the_tsv_examples(tmp_path):
     glue.load_split_tfds("MNLI", "train", tmp_path)
   with pytest.raises(UserError, match=r"TFDS glue/cola split validation is not available"):
     glue.load_split_tfds("CoLA", "dev", tmp_path / "nowhere")
+
+
+def test_a_tfds_reader_never_downloads(tmp_path):
+  """Once TFDS's own GLUE builders are registered (`python -m tupe.glue.download` registers them), a split that is
+  not prepared is still a one-line error naming `tfds build`, not a download of GLUE's zips."""
+  import tensorflow_datasets as tfds
+  from tensorflow_datasets.text import glue as _  # noqa: F401
+
+  def refused(*_):
+    raise AssertionError("a reader started a download")
+
+  assert tfds.builder_cls("glue").name == "glue"  # TFDS's own builder, registered from here on
+  with mock.patch.multiple(tfds.download.DownloadManager, download=refused, download_and_extract=refused):
+    with pytest.raises(UserError, match=r"^TFDS glue/cola split validation is not available in .*nowhere "
+                                        r"\(no prepared glue/cola in .*\): prepare it with `tfds build glue/cola"):
+      glue.load_split_tfds("CoLA", "dev", tmp_path / "nowhere")
+  assert not (tmp_path / "nowhere").exists()
 
 
 # ---- encoding ----

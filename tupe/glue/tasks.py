@@ -256,8 +256,11 @@ def load_split_tfds(task: str, split: str, data_dir: storage.PathLike | None = N
     raise UserError(f"tfds_data_dir={data_dir}: TFDS's array_record reader reads local files only; copy the "
                     f"prepared folder to a local disk (gcloud storage cp -r {data_dir} DIR) and pass "
                     f"--config.tfds_data_dir=DIR, or read GLUE's TSVs from the bucket with --config.data_dir")
-  try:
-    source = tfds.data_source(name, split=tsplit, data_dir=None if data_dir is None else str(storage.path(data_dir)))
+  try:  # a reader never downloads: where TFDS knows GLUE's own builder, data_source would fetch GLUE's zips
+    builder = tfds.builder(name, data_dir=None if data_dir is None else str(storage.path(data_dir)))
+    if not builder.is_prepared():
+      raise FileNotFoundError(f"no prepared {name} in {builder.data_dir}")
+    source = builder.as_data_source(split=tsplit)
   except (ValueError, FileNotFoundError, NotImplementedError) as e:
     reason = str(e).splitlines()[0] if str(e) else type(e).__name__
     raise UserError(f"TFDS {name} split {tsplit} is not available in {data_dir or 'the default TFDS folder'} "
