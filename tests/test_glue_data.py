@@ -245,16 +245,16 @@ def test_a_tfds_reader_never_downloads(tmp_path):
   """Once TFDS's own GLUE builders are registered (`python -m tupe.glue.download` registers them), a split that is
   not prepared is still a one-line error naming `tfds build`, not a download of GLUE's zips."""
   import tensorflow_datasets as tfds
-  from tensorflow_datasets.text import glue as _  # noqa: F401
+  from tensorflow_datasets.text import glue as tfds_glue  # noqa: F401  (registers TFDS's glue/* builders)
 
   def refused(*_):
     raise AssertionError("a reader started a download")
 
-  assert tfds.builder_cls("glue").name == "glue"  # TFDS's own builder, registered from here on
-  with mock.patch.multiple(tfds.download.DownloadManager, download=refused, download_and_extract=refused):
-    with pytest.raises(UserError, match=r"^TFDS glue/cola split validation is not available in .*nowhere "
-                                        r"\(no prepared glue/cola in .*\): prepare it with `tfds build glue/cola"):
-      glue.load_split_tfds("CoLA", "dev", tmp_path / "nowhere")
+  assert tfds.builder_cls("glue").name == "glue"
+  with (mock.patch.multiple(tfds.download.DownloadManager, download=refused, download_and_extract=refused),
+        pytest.raises(UserError, match=r"^TFDS glue/cola split validation is not available in .*nowhere "
+                                       r"\(no prepared glue/cola in .*\): prepare it with `tfds build glue/cola")):
+    glue.load_split_tfds("CoLA", "dev", tmp_path / "nowhere")
   assert not (tmp_path / "nowhere").exists()
 
 
