@@ -84,7 +84,7 @@ def test_tfds_dataset(tmp_path, shared_data, bert_vocab):
       for i, paragraph in enumerate(paragraphs):
         yield i, {"text": paragraph}
 
-  with pytest.raises(UserError, match="is not prepared in .*tfds build tupe_tiny_wiki"):
+  with pytest.raises(UserError, match="is not available in .*tfds build tupe_tiny_wiki"):
     next(tfds_documents("tupe_tiny_wiki", str(tmp_path), "text"))
   TupeTinyWiki(data_dir=str(tmp_path), file_format="array_record").download_and_prepare()
   assert sorted(tfds_documents("tupe_tiny_wiki", str(tmp_path), "text")) == sorted(paragraphs)
@@ -95,5 +95,8 @@ def test_tfds_dataset(tmp_path, shared_data, bert_vocab):
   assert next(it)["input_ids"].shape == (4, 128)
   with pytest.raises(UserError, match="no feature 'body'"):
     next(tfds_documents("tupe_tiny_wiki", str(tmp_path), "body"))
-  with pytest.raises(UserError, match="is not prepared"):
+  with pytest.raises(UserError, match="is not available in .*Dataset tupe_no_such_dataset not found"):
     next(tfds_documents("tupe_no_such_dataset", str(tmp_path), "text"))
+  with pytest.raises(UserError, match="^tfds_data_dir=gs://tupe-data/tfds: TFDS's array_record reader reads local "
+                                     "files only; copy the prepared folder to a local disk"):
+    next(tfds_documents("tupe_tiny_wiki", "gs://tupe-data/tfds", "text"))

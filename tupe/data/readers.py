@@ -157,22 +157,39 @@ def _parquet_documents(f, name: str, field: str, begin: int, end: int, tally: Ta
         tally.bad_records += 1
 
 
-def tfds_source(name: str, split: str, data_dir: str):
-  """The random-access source of a prepared TFDS dataset (array_record), no tensorflow needed.
+def tfds_source(name: str, split: str, data_dir: str | None, otherwise: str = ""):
+  """The random-access source of a prepared TFDS dataset (array_record format), without tensorflow. It never
+  downloads (`tfds.data_source` does by default, for any builder TFDS knows: GLUE's, once registered).
+
+  Args:
+    name: the dataset, "glue/mnli" or "wikipedia/20230601.en".
+    split: one of its splits.
+    data_dir: the TFDS data folder, on a local disk; "" or None for TFDS's default (~/tensorflow_datasets or
+      $TFDS_DATA_DIR).
+    otherwise: what else the user may do, ending the errors' advice (", or read the GLUE TSVs").
 
   Raises:
-    UserError: when the dataset is not prepared in `data_dir`.
+    UserError: `data_dir` is a bucket (array_record's reader reads local files only, and hangs on a bucket URL),
+      or the dataset or the split is not prepared there.
   """
   import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
 
-  where = data_dir or "the default TFDS data dir"
-  fix = (f"prepare it once with `tfds build {name} --data_dir {data_dir or '~/tensorflow_datasets'} "
-         f"--file_format array_record`")
+  if data_dir and storage.is_remote(data_dir):
+    raise UserError(f"tfds_data_dir={data_dir}: TFDS's array_record reader reads local files only; copy the "
+                    f"prepared folder to a local disk (gcloud storage cp -r {data_dir} DIR) and give DIR "
+                    f"instead{otherwise}")
+  builder = None
   try:
-    return tfds.data_source(name, split=split, data_dir=data_dir or None, download=False)
+    builder = tfds.builder(name, data_dir=str(storage.path(data_dir)) if data_dir else None)
+    return builder.as_data_source(split=split)
   except Exception as e:  # tfds raises a different type for each way a dataset can be missing.
-    raise UserError(f"TFDS dataset {name!r} (split {split!r}) is not prepared in {where} "
-                    f"({type(e).__name__}): {fix}") from None
+    if builder is not None and not builder.is_prepared():  # (tfds's own error names the file format it guessed)
+      reason = f"no prepared {name} in {builder.data_dir}"
+    else:
+      reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    raise UserError(f"TFDS {name} split {split} is not available in {data_dir or 'the default TFDS folder'} "
+                    f"({reason}): prepare it with `tfds build {name} --file_format=array_record"
+                    f"{f' --data_dir={data_dir}' if data_dir else ''}`{otherwise}") from e
 
 
 def _tfds_documents(source: dict, name: str, begin: int, end: int) -> Iterator[str]:

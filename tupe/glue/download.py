@@ -28,6 +28,7 @@ import tempfile
 import numpy as np
 
 from tupe import console
+from tupe.data import readers
 from tupe.errors import UserError
 from tupe.glue import tasks as glue
 from tupe.store import storage
@@ -78,9 +79,7 @@ def tsv_text(task: glue.Task, split: str, records) -> str:
 
 
 def _records(task: glue.Task, split: str, tfds_dir: str) -> list:
-  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
-  source = tfds.data_source(f"glue/{task.tfds_config}", split=glue.tfds_split(task, split), data_dir=tfds_dir,
-                            download=False)
+  source = readers.tfds_source(f"glue/{task.tfds_config}", glue.tfds_split(task, split), tfds_dir)
   return [source[i] for i in range(len(source))]
 
 

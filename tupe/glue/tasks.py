@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Mapping
 
+from tupe.data import readers
 from tupe.errors import UserError
 from tupe.glue import tsv
 from tupe.glue.tsv import Example  # noqa: F401 (the API: one GLUE example)
@@ -248,23 +249,9 @@ def load_split_tfds(task: str, split: str, data_dir: storage.PathLike | None = N
   Raises:
     UserError: the dataset or split is not prepared there.
   """
-  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
-
   spec = get_task(task)
-  name, tsplit = f"glue/{spec.tfds_config}", tfds_split(spec, split)
-  if data_dir is not None and storage.is_remote(data_dir):  # array_record's reader hangs on a bucket URL
-    raise UserError(f"tfds_data_dir={data_dir}: TFDS's array_record reader reads local files only; copy the "
-                    f"prepared folder to a local disk (gcloud storage cp -r {data_dir} DIR) and pass "
-                    f"--config.tfds_data_dir=DIR, or read GLUE's TSVs from the bucket with --config.data_dir")
-  try:  # a reader never downloads: where TFDS knows GLUE's own builder, data_source would fetch GLUE's zips
-    builder = tfds.builder(name, data_dir=None if data_dir is None else str(storage.path(data_dir)))
-    if not builder.is_prepared():
-      raise FileNotFoundError(f"no prepared {name} in {builder.data_dir}")
-    source = builder.as_data_source(split=tsplit)
-  except (ValueError, FileNotFoundError, NotImplementedError) as e:
-    reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-    raise UserError(f"TFDS {name} split {tsplit} is not available in {data_dir or 'the default TFDS folder'} "
-                    f"({reason}): prepare it with `tfds build {name} --file_format=array_record"
-                    f"{'' if data_dir is None else f' --data_dir={data_dir}'}`, or read the GLUE TSVs") from e
+  source = readers.tfds_source(f"glue/{spec.tfds_config}", tfds_split(spec, split),
+                               None if data_dir is None else str(data_dir),
+                               otherwise=", or read GLUE's TSVs (--config.data_dir)")
   records = source.__getitems__(range(len(source)))
   return sorted((example_from_tfds(spec, split, record) for record in records), key=lambda e: e.idx)
