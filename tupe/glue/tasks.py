@@ -247,7 +247,7 @@ def load_split_tfds(task: str, split: str, data_dir: storage.PathLike | None = N
     The examples sorted by idx (TFDS stores them shuffled); labels are None on test splits.
 
   Raises:
-    UserError: the dataset or split is not prepared there.
+    UserError: `data_dir` is a bucket, or the dataset or split is not prepared there (`readers.tfds_source`).
   """
   spec = get_task(task)
   source = readers.tfds_source(f"glue/{spec.tfds_config}", tfds_split(spec, split),
