@@ -17,6 +17,8 @@ BAD_VALUES = (
     ("model.num_heads", 0, "model.num_heads=0 must be 1 or more"),
     ("model.ffn_groups", 0, "model.ffn_groups=0 must be 1 or more"),
     ("model.dtype", "float8", "model.dtype='float8'; use float32 or bfloat16"),
+    ("model.num_buckets", 2, "model.num_buckets=2 must be even and 4 or more"),
+    ("model.max_distance", 8, "model.max_distance=8 must exceed model.num_buckets // 4 = 8"),
     ("model.dtype", "float16", "model.dtype='float16' is refused: no loss scaling is done, so small gradients "
                                "would underflow to zero; use --config.model.dtype=bfloat16"),
     ("optimizer.learning_rate", -1e-4, "optimizer.learning_rate=-0.0001 must be above 0"),

@@ -142,7 +142,7 @@ def test_user_errors(pretrained, glue_dir, tmp_path):
   vocab.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nthe\n")
   with pytest.raises(UserError, match="the vocab has 6 tokens but checkpoint .* has 30522 embedding rows"):
     run(glue_cfg(data_dir=str(glue_dir), vocab_file=str(vocab), **base))
-  with pytest.raises(UserError, match="max_seq_len=256 exceeds the 128 positions"):
+  with pytest.raises(UserError, match="max_seq_len=256 exceeds model.max_position_embeddings=128; lower --config.max_seq_len to fit "):
     run(glue_cfg(data_dir=str(glue_dir), max_seq_len=256, **base))
   with pytest.raises(UserError, match="AX has no training data: it is predicted by the MNLI model"):
     run(glue_cfg(data_dir=str(glue_dir), **dict(base, tasks="ax")))

@@ -13,6 +13,7 @@ import pytest
 from tupe import models
 from tupe.models import attention
 from tupe.models import embeddings
+from tupe.models import heads
 from tupe.models import layers
 from tupe.models import position
 
@@ -399,9 +400,28 @@ def test_tied_output_projection_pads_the_vocabulary_only_inside():
 
 
 def test_encode_without_a_mask_leaves_padding_out():
-  """attention_mask=None is derived from the pad id (as the official TUPE code does), not all ones."""
+  """attention_mask=None is derived from the pad id (as the official TUPE code does), not all ones: through
+  `models.encode` and through the `Encoder` module itself."""
   input_ids, mask = padded_batch()
   derived = encode("tupe_a", input_ids, None)["last_hidden_state"]
   np.testing.assert_array_equal(derived, encode("tupe_a", input_ids, mask)["last_hidden_state"])
+  module = models.Encoder(tiny_config("tupe_a")).apply({"params": random_params("tupe_a")}, input_ids)
+  np.testing.assert_array_equal(module["last_hidden_state"], derived)
   everything = encode("tupe_a", input_ids, np.ones_like(mask))["last_hidden_state"]
   assert not np.allclose(derived[1, :4], everything[1, :4])
+
+
+@pytest.mark.parametrize("head", ["discriminator", "classifier"])
+def test_bfloat16_head_logits_are_float32_products(head):
+  """Under bf16 the discriminator's and the classifier's logits, which the losses read, are the output product
+  accumulated and returned in float32 with the bias added there: not bf16 values cast to float32 afterwards."""
+  cfg = tiny_config("convbert", dtype="bfloat16")
+  x = jax.random.normal(jax.random.key(0), (4, 8, cfg.hidden_size), jnp.bfloat16)
+  if head == "discriminator":
+    module, args = heads.DiscriminatorHead(cfg), (x,)
+  else:
+    module, args = heads.ClassificationHead(cfg, 3, "hf"), (x, True)
+  variables = module.init(jax.random.key(1), *args)
+  logits = module.apply(variables, *args)
+  assert logits.dtype == jnp.float32
+  assert np.any(np.asarray(logits) != np.asarray(logits.astype(jnp.bfloat16).astype(jnp.float32)))

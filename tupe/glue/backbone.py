@@ -138,9 +138,8 @@ def check_backbone(cfg, model_cfg, vocab_size: int, source: str) -> None:
   if vocab_size != model_cfg.vocab_size:
     raise UserError(f"the vocab has {vocab_size} tokens but {source} has {model_cfg.vocab_size} embedding rows: "
                     f"use the vocab the model was pre-trained with")
-  if cfg.max_seq_len > model_cfg.max_position_embeddings:
-    raise UserError(f"max_seq_len={cfg.max_seq_len} exceeds the {model_cfg.max_position_embeddings} positions "
-                    f"of {source}: lower --config.max_seq_len")
+  models.check_length(model_cfg, cfg.max_seq_len, f"max_seq_len={cfg.max_seq_len}",
+                      f"lower --config.max_seq_len to fit {source}")
 
 
 def tokenizer_lowercase(cfg) -> bool:

@@ -7,7 +7,7 @@ ConvBERT's convolution heads, task heads), their configs, and this public API.
     out = models.encode(cfg, params, input_ids, attention_mask=None, token_type_ids=None,
                         output_attentions=False)
     out["last_hidden_state"]   # [batch, length, hidden]
-    out["hidden_states"]       # embeddings output + one per layer
+    out["hidden_states"]       # the embeddings projected to the hidden size, then one per layer
     out["attentions"]          # per layer [batch, attention_heads, length, length]
 """
 from __future__ import annotations
@@ -22,6 +22,7 @@ from tupe.models.config import MODELS
 from tupe.models.config import SIZES
 from tupe.models.config import attention_heads
 from tupe.models.config import base_config
+from tupe.models.config import check_length
 from tupe.models.config import get_config
 from tupe.models.config import head_dim
 from tupe.models.config import validate
@@ -36,7 +37,7 @@ from tupe.models.tasks import MaskedLM
 from tupe.models.tasks import gather_positions
 
 __all__ = [
-    "MODELS", "SIZES", "CLASSIFIER_STYLES", "get_config", "base_config", "validate", "head_dim",
+    "MODELS", "SIZES", "CLASSIFIER_STYLES", "get_config", "base_config", "validate", "check_length", "head_dim",
     "attention_heads", "generator_config", "Encoder", "EncoderStack", "MaskedLM", "Electra", "Classifier",
     "gather_positions", "init", "init_module", "encode", "param_count", "stack_layers", "unstack_layers",
 ]
@@ -76,15 +77,10 @@ def init(cfg, seed: int = 0):
 
 def encode(cfg, params, input_ids, attention_mask=None, token_type_ids=None, output_attentions: bool = False,
            deterministic: bool = True, rngs=None) -> dict:
-  """Runs the backbone on input_ids [batch, length]; see `EncoderStack` for the outputs.
-
-  attention_mask [batch, length] (1 = attend) defaults to the tokens that are not cfg.pad_token_id, as in the
-  official TUPE code, so that padding is never attended to.
-  """
-  input_ids = jnp.asarray(input_ids)
-  if attention_mask is None:
-    attention_mask = (input_ids != cfg.pad_token_id).astype(jnp.int32)
-  return Encoder(cfg).apply({"params": params}, input_ids, jnp.asarray(attention_mask),
+  """Runs the backbone on input_ids [batch, length]; see `Encoder` for the masks' defaults (padding is never
+  attended to) and `EncoderStack` for the outputs."""
+  return Encoder(cfg).apply({"params": params}, jnp.asarray(input_ids),
+                            None if attention_mask is None else jnp.asarray(attention_mask),
                             None if token_type_ids is None else jnp.asarray(token_type_ids),
                             deterministic, output_attentions, rngs=rngs)
 

@@ -119,10 +119,15 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
        f"model.ffn_groups={cfg.ffn_groups} must divide hidden_size and intermediate_size")
   need(not cfg.cls_reset or cfg.position == "untied" or cfg.relative_bias,
        "model.cls_reset needs position='untied' or relative_bias=True")
-  need(cfg.num_buckets % 2 == 0, f"model.num_buckets={cfg.num_buckets} must be even")
+  need(cfg.num_buckets >= 4 and cfg.num_buckets % 2 == 0,
+       f"model.num_buckets={cfg.num_buckets} must be even and 4 or more (half per direction, a quarter exact)")
+  need(cfg.max_distance > cfg.num_buckets // 4,
+       f"model.max_distance={cfg.max_distance} must exceed model.num_buckets // 4 = {cfg.num_buckets // 4}, the "
+       "distances that get a bucket each: the buckets beyond them are log-spaced up to max_distance")
   need(cfg.dtype != "float16", "model.dtype='float16' is refused: no loss scaling is done, so small gradients would "
        "underflow to zero; use --config.model.dtype=bfloat16 (float32's range, the same speed on GPUs and TPUs)")
-  need(cfg.dtype in ("float32", "bfloat16", "float64"), f"model.dtype={cfg.dtype!r}; use float32 or bfloat16")
+  need(cfg.dtype in ("float32", "bfloat16", "float64"), f"model.dtype={cfg.dtype!r}; use float32 or bfloat16 "
+       "(or float64 under JAX's x64 mode, for numerical checks)")
   need(cfg.dtype != "float64" or jax.config.jax_enable_x64, "model.dtype='float64' computes in float64 only under "
        "JAX's x64 mode (jax_enable_x64), as `python -m tupe.tools.glue_parity --float64` runs it; use float32")
   need(cfg.attention_impl in ("auto", "reference"),
@@ -136,11 +141,13 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
     need(0 <= cfg[name] < 1, f"model.{name}={cfg[name]} must be in [0, 1): the share of activations dropped")
 
 
-def check_length(cfg, length: int) -> None:
-  """Raises UserError when a sequence is longer than the position tables."""
+def check_length(cfg, length: int, what: str = "", fix: str = "shorten the inputs or use a model with more "
+                 "positions") -> None:
+  """Raises UserError when a sequence is longer than the position tables: "{what} exceeds
+  model.max_position_embeddings=N; {fix}", `what` by default "sequence length {length}"."""
   if length > cfg.max_position_embeddings:
-    raise UserError(f"sequence length {length} exceeds model.max_position_embeddings="
-                    f"{cfg.max_position_embeddings}; shorten the inputs or use a model with more positions")
+    raise UserError(f"{what or f'sequence length {length}'} exceeds model.max_position_embeddings="
+                    f"{cfg.max_position_embeddings}; {fix}")
 
 
 def head_dim(cfg) -> int:

@@ -73,6 +73,10 @@ class Layer(nn.Module):
 
   @nn.compact
   def __call__(self, x, mask, positional, deterministic: bool, output_attentions: bool):
+    """x: [batch, length, hidden]; mask: bool [batch, 1, 1, length] (True at real tokens); positional: the
+    positional logits every layer adds ([heads, length, length], or None: `EncoderStack`). Returns the layer's
+    output [batch, length, hidden] and, when output_attentions, the attention probabilities
+    [batch, attention_heads, length, length] (else None)."""
     x, probs = attention.AttentionBlock(self.cfg, name="attention")(x, mask, positional, deterministic,
                                                                     output_attentions)
     return layers.FeedForward(self.cfg, name="ffn")(x, deterministic), probs
@@ -91,8 +95,9 @@ class EncoderStack(nn.Module):
       attention_mask: int or bool [batch, length], nonzero at real tokens.
 
     Returns:
-      dict with last_hidden_state [batch, length, hidden], hidden_states (embeddings output + one per layer)
-      and, when output_attentions, attentions (per layer [batch, attention_heads, length, length]).
+      dict with last_hidden_state [batch, length, hidden], hidden_states (the embeddings projected to the
+      hidden size, [batch, length, hidden], then one per layer, as HF's) and, when output_attentions,
+      attentions (per layer [batch, attention_heads, length, length]).
     """
     cfg = self.cfg
     length = embedded.shape[1]
@@ -148,9 +153,11 @@ class Encoder(nn.Module):
   def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None,
                token_type_ids: jax.Array | None = None, deterministic: bool = True,
                output_attentions: bool = False) -> dict:
-    """input_ids: int [batch, length]; masks default to all ones / all zeros. See EncoderStack."""
+    """input_ids: int [batch, length]; attention_mask [batch, length] (1 = attend) defaults to the tokens that are
+    not cfg.pad_token_id, as in the official TUPE code, so that padding is never attended to; token_type_ids to
+    zeros. See EncoderStack."""
     if attention_mask is None:
-      attention_mask = jnp.ones_like(input_ids)
+      attention_mask = (input_ids != self.cfg.pad_token_id).astype(jnp.int32)
     if token_type_ids is None:
       token_type_ids = jnp.zeros_like(input_ids)
     embedded = self.embeddings(input_ids, token_type_ids, deterministic)

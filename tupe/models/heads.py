@@ -34,7 +34,7 @@ class DiscriminatorHead(nn.Module):
     """x: [batch, length, hidden] -> float32 logits [batch, length] (positive = replaced)."""
     cfg = self.cfg
     h = layers.gelu(layers.dense(cfg, cfg.hidden_size, ("embed", "mlp"), name="dense")(x))
-    return layers.dense(cfg, 1, ("mlp", None), name="out")(h)[..., 0].astype(layers.wide(h.dtype))
+    return layers.dense(cfg, 1, ("mlp", None), name="out", wide_output=True)(h)[..., 0]
 
 
 class ClassificationHead(nn.Module):
@@ -63,4 +63,5 @@ class ClassificationHead(nn.Module):
       h = drop(h)
     else:
       h = drop(layers.gelu(hidden_dense()(drop(h))))
-    return layers.dense(cfg, self.num_labels, ("mlp", None), name="out")(h).astype(layers.wide(h.dtype))
+    names = ("embed" if self.style == "convbert" else "mlp", None)  # the [CLS] vector itself, or the dense's
+    return layers.dense(cfg, self.num_labels, names, name="out", wide_output=True)(h)

@@ -119,13 +119,13 @@ def _add_bias_bwd(bias, grad):
 add_bias.defvjp(_add_bias_fwd, _add_bias_bwd)
 
 
-def layer_norm(cfg, name: str | None = None, axis_name: str = "embed", dtype=None) -> nn.LayerNorm:
+def layer_norm(cfg, name: str | None = None, axis_name: str = "embed") -> nn.LayerNorm:
   """LayerNorm computed in float32 whatever the compute dtype (statistics, normalization, scale and shift);
   its output, the hidden state, is in the compute dtype, as the matrix products that read it are, and so is
   the residual sum it normalizes: float32 hidden states cost the bf16 step 7% on an H100 (`python -m
-  bench.ablations --ablate ln32`; docs/BENCHMARKS.md). `dtype` overrides the output dtype.
+  bench.ablations --ablate ln32`; docs/BENCHMARKS.md).
   """
-  return nn.LayerNorm(epsilon=cfg.layer_norm_eps, dtype=dtype or compute_dtype(cfg), name=name,
+  return nn.LayerNorm(epsilon=cfg.layer_norm_eps, dtype=compute_dtype(cfg), name=name,
                       param_dtype=wide(compute_dtype(cfg)),
                       scale_init=nn.with_logical_partitioning(nn.initializers.ones, (axis_name,)),
                       bias_init=zeros_init((axis_name,)))
@@ -133,36 +133,40 @@ def layer_norm(cfg, name: str | None = None, axis_name: str = "embed", dtype=Non
 
 class Dense(nn.Module):
   """x [..., *in] -> [..., *features]: a product with kernel [*in, *features] (N(0, initializer_range)) in the
-  compute dtype, plus bias [*features] (zeros) through `add_bias`. The parameters are flax DenseGeneral's."""
+  compute dtype, plus bias [*features] (zeros) through `add_bias`. The parameters are flax DenseGeneral's.
+
+  `wide_output`: the product accumulated and returned in float32 (under bf16) and the bias added there, for
+  logits that a loss reads; otherwise the output is in the compute dtype.
+  """
   cfg: object
   features: tuple[int, ...]
   names: tuple[str | None, ...]
   axis: tuple[int, ...] = (-1,)
-  use_bias: bool = True
+  wide_output: bool = False
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     axis = tuple(a % x.ndim for a in self.axis)
     kernel = self.param("kernel", normal_init(self.cfg, self.names), tuple(x.shape[a] for a in axis) + self.features)
     dtype = compute_dtype(self.cfg)
-    y = jax.lax.dot_general(x.astype(dtype), kernel.astype(dtype), ((axis, tuple(range(len(axis)))), ((), ())))
-    if not self.use_bias:
-      return y
+    y = jax.lax.dot_general(x.astype(dtype), kernel.astype(dtype), ((axis, tuple(range(len(axis)))), ((), ())),
+                            preferred_element_type=wide(dtype) if self.wide_output else None)
     return add_bias(y, self.param("bias", zeros_init(self.names[-len(self.features):]), self.features))
 
 
 def dense(cfg, features: int | Sequence[int], names: Sequence[str | None], axis: int | Sequence[int] = -1,
-          name: str | None = None, use_bias: bool = True) -> Dense:
+          name: str | None = None, wide_output: bool = False) -> Dense:
   """A `Dense` layer.
 
   Args:
     features: output feature shape, e.g. `(heads, head_dim)`.
     names: logical axis names of the kernel: contracted axes first, then the output axes.
     axis: input axes contracted.
+    wide_output: float32 output under bf16 (`Dense`).
   """
   features = tuple(features) if isinstance(features, (tuple, list)) else (features,)
   axis = tuple(axis) if isinstance(axis, (tuple, list)) else (axis,)
-  return Dense(cfg, features, tuple(names), axis, use_bias, name=name)
+  return Dense(cfg, features, tuple(names), axis, wide_output, name=name)
 
 
 class DenseParams(nn.Module):

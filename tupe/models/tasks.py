@@ -32,7 +32,8 @@ class MaskedLM(nn.Module):
 
   def __call__(self, input_ids, attention_mask, token_type_ids, masked_positions=None,
                deterministic: bool = True):
-    """Returns float32 logits [batch, P or length, vocab]."""
+    """input_ids, attention_mask, token_type_ids: [batch, length]; masked_positions: int [batch, P].
+    Returns float32 logits [batch, P or length, vocab]."""
     h = self.encoder(input_ids, attention_mask, token_type_ids, deterministic)["last_hidden_state"]
     if masked_positions is not None:
       h = gather_positions(h, masked_positions)

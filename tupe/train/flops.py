@@ -86,9 +86,10 @@ def train_step_flops(cfg, seq_len: int, batch_size: int, num_predictions: int, g
   return 3.0 * (forward * batch_size + once)
 
 
-def measured_matmul_peak(size: int = 2048, dtype=jnp.float32, repeats: int = 5) -> float:
-  """FLOP/s of a large square matmul on the default device, best of `repeats` (the CPU's practical peak)."""
-  a = jnp.ones((size, size), dtype)
+def measured_matmul_peak(size: int = 2048, repeats: int = 5) -> float:
+  """FLOP/s of a large float32 square matmul on the default device, best of `repeats` (the CPU's practical
+  peak)."""
+  a = jnp.ones((size, size), jnp.float32)
   f = jax.jit(lambda x: x @ x)
   f(a).block_until_ready()
   best = float("inf")

@@ -55,7 +55,8 @@ def weighted_cross_entropy(logits, labels, weights, denom=None):
 
 
 def binary_auc(scores, labels, weights):
-  """ROC AUC of `scores` for binary `labels` over positions with weight 1 (ties broken by order)."""
+  """ROC AUC of `scores` for binary `labels` over positions with weight 1 (ties broken by order); all three of
+  one shape, e.g. [batch, length]."""
   scores = jnp.where(weights > 0, scores, -jnp.inf).reshape(-1)
   labels = (labels * weights).reshape(-1)
   ranks = jnp.argsort(jnp.argsort(scores)).astype(jnp.float32) + 1.0

@@ -103,7 +103,8 @@ def build(cfg, devices=None) -> Setup:
   generator = models.generator_config(cfg.model, cfg.generator_fraction) if cfg.objective == "electra" else None
   return Setup(
       **vars(built), cfg=cfg, module=module,
-      init_state=jax.jit(lambda: built.make_state(jax.random.fold_in(rng, 1), rng, None),
+      # Two keys apart: step t's dropout key is fold_in(state's key, t), never the parameters' key.
+      init_state=jax.jit(lambda: built.make_state(jax.random.fold_in(rng, 1), jax.random.fold_in(rng, 2), None),
                          out_shardings=built.state_sharding),
       eval_step=jax.jit(sharding.under_rules(make_eval_step(cfg, module), mesh, rules),
                         in_shardings=(built.param_sharding, built.batch_sharding, replicated),
@@ -188,9 +189,7 @@ def check_config(cfg) -> None:
   pipeline.checked_config(cfg.data, cfg.seq_len)
   check_data_files(cfg.data)
   models.validate(cfg.model)
-  if cfg.seq_len > cfg.model.max_position_embeddings:
-    raise UserError(f"seq_len={cfg.seq_len} exceeds model.max_position_embeddings="
-                    f"{cfg.model.max_position_embeddings}; lower --config.seq_len")
+  models.check_length(cfg.model, cfg.seq_len, f"seq_len={cfg.seq_len}", "lower --config.seq_len")
   optim.schedule(cfg.optimizer, cfg.num_train_steps)
 
 

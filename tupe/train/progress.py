@@ -38,12 +38,9 @@ class Progress:
       rates["mfu"] = sps * self.flops / self.peak
     return rates
 
-  def restart_clock(self, step: int | None = None):
-    """Leaves the time spent since the last call (compilation, evaluation, checkpointing) out of the next rates;
-    `step`: the step the next rates count from, if not the last one measured."""
+  def restart_clock(self):
+    """Leaves the time spent since the last call (compilation, evaluation, checkpointing) out of the next rates."""
     self._t = time.perf_counter()
-    if step is not None:
-      self._step = step
 
   def line(self, step: int, metrics: dict, rates: dict) -> str:
     eta = (self.total - step) / rates["steps_per_s"] if rates["steps_per_s"] else float("nan")
