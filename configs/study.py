@@ -27,8 +27,9 @@ Scales:
       ConvBERT: 2 self-attention and 2 convolution heads). Measured on this machine with
       `python -m bench.train_step --config configs/pretrain.py:tupe_a,small --batch 64 --seq 128 ...`: 256 wide
       x 4 layers trains 1,350-1,500 tokens/s (27.8 MFLOPs per token, two cores shared with other jobs), so
-      5M tokens for each of 5 variants would take 4.5-5 hours alone; 192 wide needs 19.5 MFLOPs per token
-      (about 0.7 of the time), 128 wide 13 MFLOPs but runs at a lower share of the CPU's peak.
+      5M tokens for each of 5 variants would take 4.5-5 hours alone; 192 wide needs 17.3 MFLOPs per token
+      (about 0.62 of the time), 128 wide 9.2 MFLOPs but runs at a lower share of the CPU's peak
+      (`tupe.train.flops.train_step_flops` with 20 predictions per example).
     - Data: the shared Gutenberg books (26 UTF-8 novels, poems and plays, 5.9M tokens with the BERT uncased
       vocab; two nltk files that are not UTF-8 are left out), one document per file with the last 1% of each
       book's paragraphs held out for the eval split (data.documents=files), sentences split to fill the

@@ -3,7 +3,9 @@ import json
 import math
 import os
 import pathlib
+import re
 import shlex
+import shutil
 import subprocess
 import sys
 
@@ -126,6 +128,24 @@ def test_second_invocation_redoes_nothing(studies):
   assert "starting" not in out and "runs to go" not in out and "checkpoint 4 on" not in out
   assert {p: p.stat().st_mtime_ns for p in outputs} == before
   assert sorted(p for p in root.rglob("*") if p.is_file() and p.parent != root) == sorted(outputs)
+
+
+def test_a_rerun_whose_control_copies_another_variant_does_not_take_the_old_grid(studies, tmp_path):
+  """The root's control was fine-tuned from random BERT-A weights. Rerun with the control copying TUPE-A, the study
+  does not report those runs as the new control's (it skipped every finished grid): eval_glue.py runs and refuses
+  the workdir in one line, and the old grid is left as it was."""
+  root = tmp_path / "root"
+  shutil.copytree(studies["tupe"], root)
+  control = root / CONTROL / "glue"
+  files = lambda: {p: p.read_bytes() for p in control.rglob("*") if p.is_file() and p.name != ".tupe.lock"}
+  before = files()
+  proc = start_study("tupe", root, "--config.random_init=tupe_a")
+  out, err = proc.communicate(timeout=HANG)
+  assert proc.returncode == 2, out[-3000:] + err[-3000:]
+  assert re.search(rf"error: {re.escape(str(control))} holds runs of another config \(changed: [^)]*architectures",
+                   err), err[-3000:]
+  assert f"GLUE {CONTROL}: done" not in out
+  assert files() == before  # (the lock file records the last job that held the workdir)
 
 
 @pytest.mark.parametrize("name, only", [("convbert", False), ("tupe", False), ("convbert", True)])

@@ -63,6 +63,7 @@ class Variant:
       weights.
     pretrain_cfg: the resolved train.py config (model, steps, data); the control's: that of the variant whose
       encoder it copies.
+    glue_cfg: the resolved eval_glue.py config of `glue`.
     lrs: the GLUE learning rates; tasks: the GLUE task names (as runs.jsonl has them); seeds: the GLUE seeds.
   """
   name: str
@@ -72,6 +73,7 @@ class Variant:
   pretrain: list[str]
   glue: list[str]
   pretrain_cfg: object
+  glue_cfg: object
   tasks: tuple[str, ...]
   lrs: tuple[float, ...]
   seeds: tuple[int, ...]
@@ -169,7 +171,7 @@ def make_variant(name: str, workdir: storage.Path, pretrain: list[str], pretrain
   finetune.check_config(glue_cfg)
   tasks = tuple(task.name for task in glue_data.parse_tasks(glue_cfg.tasks))
   return Variant(name, workdir / "pretrain", workdir / "glue", workdir / "heldout", pretrain, glue, pretrain_cfg,
-                 tasks, glue_data.learning_rates(glue_cfg, pretrain_cfg.model), tuple(glue_cfg.seeds))
+                 glue_cfg, tasks, glue_data.learning_rates(glue_cfg, pretrain_cfg.model), tuple(glue_cfg.seeds))
 
 
 def evaluate_command(cfg, variant: Variant, step: int) -> list[str]:
@@ -203,6 +205,27 @@ def glue_pending(variant: Variant) -> int:
   """How many (task, lr, seed) runs of a variant's grid are not in its runs.jsonl."""
   done = {(run["task"], run["lr"], run["seed"]) for run in runs_lib.read_runs(variant.glue_dir)}
   return sum((task, lr, seed) not in done for task in variant.tasks for lr in variant.lrs for seed in variant.seeds)
+
+
+def glue_done(variant: Variant) -> bool:
+  """Whether a variant's GLUE grid is finished as planned now: every (task, lr, seed) in runs.jsonl, config.json
+  holding the planned settings (those eval_glue.py keeps fixed in a workdir, `runs.settings`, but `lowercase`,
+  which it resolves from the checkpoint), and, for a pre-trained variant, every run started from its newest
+  checkpoint. Otherwise eval_glue.py runs: it adds what is missing, or refuses in one line a workdir of other runs
+  (the control of a rerun copying another variant, a pre-training extended since), where skipping it would report
+  those runs as this grid's. (A root moved as a whole is still done: its paths are not settings.)"""
+  if glue_pending(variant):
+    return False
+  try:
+    saved = json.loads(storage.read_text(variant.glue_dir / "config.json"))
+  except (storage.StorageError, ValueError):
+    return False
+  planned = json.loads(variant.glue_cfg.to_json_best_effort())
+  fixed = lambda config: {k: v for k, v in runs_lib.settings(config).items() if k != "lowercase"}
+  if fixed(saved) != fixed(planned):
+    return False
+  step = finished_step(variant) if variant.pretrain else None
+  return all((run.get("init") or {}).get("step") == step for run in runs_lib.read_runs(variant.glue_dir))
 
 
 def run_command(command: list[str], label: str) -> None:
@@ -241,10 +264,10 @@ def run(cfg, root: storage.Path, variants: list[Variant]) -> int:
                        variant.heldout_file(step))
         console.log(f"[study] {label}: finished in {console.format_duration(time.time() - start)}")
       else:
-        pending = glue_pending(variant)
-        if not pending and storage.is_file(variant.glue_dir / "results.json"):
+        if glue_done(variant) and storage.is_file(variant.glue_dir / "results.json"):
           console.log(f"[study] {label}: done ({variant.glue_dir / 'results.json'}), skipped")
           continue
+        pending = glue_pending(variant)
         console.log(f"[study] {label}: {pending} of {len(variant.tasks) * len(variant.lrs) * len(variant.seeds)} "
                     f"runs to go ({', '.join(variant.tasks)}) in {variant.glue_dir}")
         run_command(variant.glue, label)
@@ -253,7 +276,7 @@ def run(cfg, root: storage.Path, variants: list[Variant]) -> int:
 
 
 def main(argv: list[str]) -> None:
-  parser = argparse.ArgumentParser(prog="python -m tupe.study", description=__doc__.splitlines()[0])
+  parser = argparse.ArgumentParser(prog="python -m tupe.study", description=console.summary(__doc__))
   parser.add_argument("--config", required=True, help="configs/study.py:<study>,<scale> (tupe|convbert, "
                                                       "micro|mini|base)")
   parser.add_argument("--root", required=True, help="folder of the study's workdirs and report (local or "

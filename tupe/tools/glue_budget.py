@@ -6,9 +6,10 @@
 DIR is the study's root (`python -m tupe.study`), and the variant's pre-training there must be finished. Each
 budget (configs/study.py's `glue_budgets`: eval_glue.py overrides added to the study's GLUE recipe, cheapest
 first) runs the study's GLUE grid (tasks, learning rates, seeds) twice: from the variant's final checkpoint and
-from random weights of its encoder (the study's control, `random_init`). The budget `recipe` adds nothing: it
-is the study's own grid, so it reuses (or fills) DIR/<variant>/glue and DIR/random_init/glue; every other budget
-writes DIR/glue_budget/<budget>/<variant|random_init>/glue. Rerunning resumes, as the study does.
+from random weights of the encoder the study's control copies (`random_init`). The budget `recipe` adds nothing:
+it is the study's own grid, so it reuses (or fills) DIR/<variant>/glue and DIR/random_init/glue, as the study
+would (a grid there of another config is refused, not reused: `runner.glue_done`); every other budget writes
+DIR/glue_budget/<budget>/<variant|random_init>/glue. Rerunning resumes, as the study does.
 
 DIR/glue_budget/budget.json and budget.md hold, per budget: each task's median at its best learning rate for
 both, the gain over random initialisation with its seed range (`tupe.study.report.glue_gains`: the variant
@@ -104,7 +105,7 @@ def markdown(report: dict) -> str:
 
 
 def main(argv: list[str]) -> None:
-  parser = argparse.ArgumentParser(prog="python -m tupe.tools.glue_budget", description=__doc__.splitlines()[0])
+  parser = argparse.ArgumentParser(prog="python -m tupe.tools.glue_budget", description=console.summary(__doc__))
   parser.add_argument("--config", required=True, help="configs/study.py:<study>,<scale>")
   parser.add_argument("--root", required=True, help="the study's root, with the variant's finished pre-training")
   parser.add_argument("--variant", default="bert_a", help="the pre-trained variant to measure (default bert_a)")
@@ -137,12 +138,11 @@ def main(argv: list[str]) -> None:
   for i, (budget, pair) in enumerate(plans.items()):
     for grid in pair:
       label = f"{i + 1}/{len(plans)} {budget} {grid.name}"
-      pending = runner.glue_pending(grid)
-      if pending:
-        console.log(f"[budget] {label}: {pending} runs to go in {grid.glue_dir}")
-        runner.run_command(grid.glue, f"[budget] {label}")
-      else:
+      if runner.glue_done(grid):
         console.log(f"[budget] {label}: done ({grid.glue_dir}), skipped")
+      else:
+        console.log(f"[budget] {label}: {runner.glue_pending(grid)} runs to go in {grid.glue_dir}")
+        runner.run_command(grid.glue, f"[budget] {label}")
     results[budget] = measure(*pair)
   report = {"study": cfg.study, "scale": cfg.scale, "variant": args.variant, "tasks": list(variant.tasks),
             "overrides": {b: list(defined[b]) for b in budgets}, "budgets": results,
