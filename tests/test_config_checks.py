@@ -147,6 +147,9 @@ def test_sweep_print_checks_each_point_with_its_data(tmp_path, capsys):
     ("optimizer.b2", 1.5, "optimizer.b2=1.5 must be in [0, 1)"),
     ("checkpoint.stop_grace_s", float("nan"), "checkpoint.stop_grace_s=nan must be 0 or more"),
     ("checkpoint.lease_s", -1.0, "checkpoint.lease_s=-1.0 must be positive"),
+    ("evals_per_epoch", -1, "evals_per_epoch=-1 must be 0 or more"),
+    ("regression_scale", 0.0, "regression_scale=0.0 must be positive"),
+    ("swap_pairs", "rte,foo", "swap_pairs='rte,foo': unknown GLUE task 'foo'"),
 ])
 def test_bad_glue_values_are_one_line(field, value, words):
   cfg = config_files.load_config("configs/glue.py:tupe")

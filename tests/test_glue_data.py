@@ -133,12 +133,14 @@ RTE_HEADER = "index\tsentence1\tsentence2\tlabel\n"
 
 
 def test_missing_folder_and_file(tmp_path):
-  with pytest.raises(UserError, match=r"GLUE folder .*nowhere not found: .*download script.*gluebenchmark.com.*TFDS"):
+  with pytest.raises(UserError, match=r"GLUE folder .*nowhere not found: .*python -m tupe.glue.download --data-dir "
+                                      r"DIR.*download_glue_data.py.*TFDS"):
     glue.load_split(tmp_path / "nowhere", "RTE", "dev")
-  with pytest.raises(UserError) as e:
+  with pytest.raises(glue.MissingSplit) as e:
     glue.load_split(tmp_path, "MNLI", "dev_matched")
   message = str(e.value)
-  assert "MNLI/dev_matched.tsv not found" in message and "gluebenchmark.com" in message and "\n" not in message
+  assert "MNLI/dev_matched.tsv not found" in message and "python -m tupe.glue.download" in message
+  assert "\n" not in message and not e.value.test
 
 
 @pytest.mark.parametrize("row,found", [("1\tA man.\tentailment\n", 3), ("1\tA\tman.\tA man.\tentailment\n", 5),

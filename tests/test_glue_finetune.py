@@ -130,9 +130,11 @@ def test_finetune_sst2_end_to_end(pretrained, glue_dir, bert_vocab, tmp_path, ca
 def test_user_errors(pretrained, glue_dir, tmp_path):
   run = lambda cfg: finetune.run(cfg, str(tmp_path / "out"), devices=jax.devices()[:1])
   base = dict(init_checkpoint=str(pretrained), tasks="rte", mesh=dict(data=1, fsdp=1, tensor=1))
-  with pytest.raises(UserError, match="GLUE folder .*nope not found: get GLUE with the GLUE download script"):
+  with pytest.raises(UserError, match="GLUE folder .*nope not found: get GLUE's files with `python -m "
+                                      "tupe.glue.download --data-dir DIR`.*prepared$"):
     run(glue_cfg(data_dir=str(tmp_path / "nope"), **base))
-  with pytest.raises(UserError, match="no GLUE data given: set --config.data_dir .*download_glue_data.py"):
+  with pytest.raises(UserError, match="no GLUE data given: get GLUE's files with `python -m tupe.glue.download "
+                                      "--data-dir DIR`"):
     run(glue_cfg(**base))
   with pytest.raises(UserError, match="TFDS"):  # Not prepared there, or TFDS not installed.
     run(glue_cfg(tfds_data_dir=str(tmp_path / "tfds"), **base))
@@ -142,7 +144,8 @@ def test_user_errors(pretrained, glue_dir, tmp_path):
   vocab.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nthe\n")
   with pytest.raises(UserError, match="the vocab has 6 tokens but checkpoint .* has 30522 embedding rows"):
     run(glue_cfg(data_dir=str(glue_dir), vocab_file=str(vocab), **base))
-  with pytest.raises(UserError, match="max_seq_len=256 exceeds model.max_position_embeddings=128; lower --config.max_seq_len to fit "):
+  with pytest.raises(UserError, match="max_seq_len=256 exceeds model.max_position_embeddings=128; lower "
+                                      "--config.max_seq_len to fit "):
     run(glue_cfg(data_dir=str(glue_dir), max_seq_len=256, **base))
   with pytest.raises(UserError, match="AX has no training data: it is predicted by the MNLI model"):
     run(glue_cfg(data_dir=str(glue_dir), **dict(base, tasks="ax")))

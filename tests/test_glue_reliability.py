@@ -24,6 +24,7 @@ from configs import glue as glue_config
 from tupe.errors import UserError
 from tupe.glue import finetune
 from tupe.glue import runs as runs_lib
+from tupe.glue import tasks as glue
 from tupe.store import checkpoint as checkpoint_lib
 from tupe.train import job
 from tupe.train import pretrain
@@ -123,6 +124,9 @@ def glue_copy(glue_dir: pathlib.Path, root: pathlib.Path, task: str) -> pathlib.
 
 
 BAD_SPLITS = [
+    ("RTE", "train.tsv", lambda lines: lines[:1], {},
+     "RTE train: the split has no rows, so there is nothing to fine-tune on: restore the GLUE file, or drop rte "
+     "from --config.tasks"),
     ("RTE", "dev.tsv", lambda lines: lines[:1], {},
      "RTE dev: the split has no rows, so no run could be scored: restore the GLUE file, or drop rte from"),
     ("RTE", "test.tsv", lambda lines: lines[:-1], {"predict_test": True},
@@ -137,7 +141,7 @@ BAD_SPLITS = [
 
 
 @pytest.mark.parametrize("task, file, damage, overrides, message", BAD_SPLITS,
-                         ids=["empty dev", "short test", "duplicate test index", "stsb score"])
+                         ids=["empty train", "empty dev", "short test", "duplicate test index", "stsb score"])
 def test_bad_splits_fail_before_the_first_run(pretrained, glue_dir, tmp_path, task, file, damage, overrides,
                                               message):
   data = glue_copy(glue_dir, tmp_path / "data", task)
@@ -150,6 +154,18 @@ def test_bad_splits_fail_before_the_first_run(pretrained, glue_dir, tmp_path, ta
     run(cfg, workdir)
   assert str(e.value).startswith(message) and "\n" not in str(e.value)
   assert not workdir.exists()
+
+
+def test_a_missing_test_split_names_both_fixes(pretrained, glue_dir, tmp_path):
+  """A task's test file missing, with test predictions asked for: how to get GLUE's files, or go without the test
+  predictions (not "fine-tune other tasks", which would not help)."""
+  data = glue_copy(glue_dir, tmp_path / "data", "RTE")
+  (data / "RTE" / "test.tsv").unlink()
+  with pytest.raises(UserError) as e:
+    run(tiny_cfg(init_checkpoint=str(pretrained), data_dir=str(data), predict_test=True), tmp_path / "glue")
+  assert str(e.value) == (f"{data / 'RTE' / 'test.tsv'} not found (GLUE RTE test): {glue.HOW_TO_GET_GLUE}; or leave "
+                          f"out the test predictions: --config.predict_test=false")
+  assert not (tmp_path / "glue").exists()
 
 
 def test_a_pytorch_model_bin_that_is_not_weights_is_one_line(bert_vocab, tmp_path):

@@ -13,11 +13,6 @@ from tupe.errors import UserError
 from tupe.glue import encoding
 from tupe.glue import tasks as glue
 
-_HOW_TO_GET_GLUE = ("set --config.data_dir to the folder written by GLUE's download script "
-                    "(download_glue_data.py, linked from gluebenchmark.com/tasks), or --config.tfds_data_dir to a "
-                    "TFDS folder with glue/<task> prepared (`tfds build glue`)")
-
-
 def parse_tasks(names: str) -> list[glue.Task]:
   """Trainable tasks from a comma-separated list ("cola,sst2"), in the given order."""
   tasks = [glue.get_task(name) for name in names.split(",") if name.strip()]
@@ -70,7 +65,7 @@ def load_examples(cfg, task: str, split: str) -> list[glue.Example]:
     except ModuleNotFoundError as e:
       raise UserError(f"reading GLUE from TFDS needs tensorflow_datasets ({e}): `pip install "
                       f"tensorflow-datasets`, or read GLUE's TSVs with --config.data_dir") from e
-  raise UserError(f"no GLUE data given: {_HOW_TO_GET_GLUE}")
+  raise UserError(f"no GLUE data given: {glue.HOW_TO_GET_GLUE}")
 
 
 def dev_evaluations(task: glue.Task) -> list[glue.Evaluation]:

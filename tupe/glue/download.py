@@ -46,10 +46,6 @@ def columns(task: glue.Task, split: str) -> list[str]:
       [] if test else [task.label_column])
 
 
-def _text(value) -> str:
-  return value.decode("utf-8") if isinstance(value, bytes) else str(value)
-
-
 def tsv_text(task: glue.Task, split: str, records) -> str:
   """The TSV file of one split from its TFDS records (dicts of idx, label and the TFDS text features), in index
   order.
@@ -62,7 +58,7 @@ def tsv_text(task: glue.Task, split: str, records) -> str:
   lines = [] if split in task.headerless else ["\t".join(names)]
   a_name, b_name = task.tfds_text
   for record in sorted(records, key=lambda r: int(r["idx"])):
-    texts = [_text(record[a_name])] + ([_text(record[b_name])] if b_name else [])
+    texts = [glue.as_text(record[a_name])] + ([glue.as_text(record[b_name])] if b_name else [])
     if any(c in text for text in texts for c in "\t\n\r"):
       raise UserError(f"TFDS glue/{task.tfds_config} {split} row {int(record['idx'])} holds a tab or a line break, "
                       f"which a GLUE TSV cannot hold: report it; read the task from TFDS instead "
@@ -148,7 +144,7 @@ def download(data_dir: storage.PathLike, task_names: str = ",".join(ALL_TASKS),
 
 
 def main(argv: list[str]) -> None:
-  parser = argparse.ArgumentParser(prog="python -m tupe.glue.download", description=__doc__.splitlines()[0])
+  parser = argparse.ArgumentParser(prog="python -m tupe.glue.download", description=console.summary(__doc__))
   parser.add_argument("--data-dir", required=True, help="the GLUE folder to write (local or gs://, s3://); "
                       "eval_glue.py reads it with --config.data_dir")
   parser.add_argument("--tasks", default=",".join(ALL_TASKS), help="comma-separated tasks (default: all, AX "

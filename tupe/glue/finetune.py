@@ -46,6 +46,7 @@ from tupe.glue import loop
 from tupe.glue import model as task_model
 from tupe.glue import outputs
 from tupe.glue import runs as runs_lib
+from tupe.glue import tasks as glue
 from tupe.models import partitioning
 from tupe.store import storage
 from tupe.train import core
@@ -85,8 +86,14 @@ def check_config(cfg) -> None:
       raise UserError(f"{field}={cfg[field]} must be positive")
   job_lib.check_store_settings(cfg.checkpoint)
   check_fine_tuning(cfg)
-  if cfg.evals_per_epoch < 0 or cfg.regression_scale <= 0:
-    raise UserError("evals_per_epoch must be >= 0 and regression_scale > 0")
+  if cfg.evals_per_epoch < 0:
+    raise UserError(f"evals_per_epoch={cfg.evals_per_epoch} must be 0 or more (0: one evaluation, at the end)")
+  if cfg.regression_scale <= 0:
+    raise UserError(f"regression_scale={cfg.regression_scale} must be positive")
+  try:
+    glue_data.parse_tasks(cfg.swap_pairs)
+  except UserError as e:
+    raise UserError(f"swap_pairs={cfg.swap_pairs!r}: {e}") from None
   optim.check_adam(cfg.optimizer)
 
 
@@ -118,6 +125,9 @@ def check_splits(cfg, task) -> None:
     UserError: naming the split and what to fix.
   """
   train = glue_data.train_examples(cfg, task)
+  if not train:
+    raise UserError(f"{task.name} train: the split has no rows, so there is nothing to fine-tune on: restore the "
+                    f"GLUE file, or drop {task.name.lower()} from --config.tasks")
   glue_data.schedule(cfg, task, len(train) * (2 if glue_data.swapped(cfg, task) else 1))
   scored = [("train", train)]
   for ev in glue_data.dev_evaluations(task):
@@ -151,7 +161,6 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
   tasks = glue_data.parse_tasks(cfg.tasks)
   if not tasks:
     raise UserError("no GLUE task selected: set --config.tasks, e.g. cola,sst2")
-  glue_data.parse_tasks(cfg.swap_pairs)
   cfg = cfg.copy_and_resolve_references()
   cfg.lowercase = backbone_lib.tokenizer_lowercase(cfg)  # Recorded in config.json: a workdir's runs share one setting.
   with job_lib.Job(cfg, workdir) as job:  # Another job on this workdir: one line, nothing loaded or written.
@@ -169,11 +178,10 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
     for task in (task for task in tasks if pending[task.name]):  # Fail on missing data or steps before any run.
       try:
         check_splits(cfg, task)
-      except UserError as e:
-        if " not found (GLUE " not in str(e):
-          raise
-        raise UserError(f"{e}; or fine-tune only the tasks you have: --config.tasks (now {cfg.tasks}), e.g. "
-                        f"--config.tasks=rte,mrpc") from e
+      except glue.MissingSplit as e:
+        fix = ("or leave out the test predictions: --config.predict_test=false" if e.test else
+               f"or fine-tune only the tasks you have: --config.tasks (now {cfg.tasks}), e.g. --config.tasks=rte,mrpc")
+        raise UserError(f"{e}; {fix}") from e
     mesh = sharding.make_mesh(cfg.mesh, devices)
     sharding.check_batch_size("batch_size", cfg.batch_size, mesh, cfg.grad_accum_steps)
     sharding.check_batch_size("eval_batch_size", cfg.eval_batch_size, mesh)

@@ -170,11 +170,20 @@ def output_rows(saved: classifier.Saved, examples: list[glue.Example], predicted
           [[e.idx, saved.labels[int(v)], *map(float, p)] for e, v, p in zip(examples, predicted.values, probs)])
 
 
+def check_output(path: storage.PathLike) -> str:
+  """The format of an output file, named by its suffix, checked before any work: a UserError for another suffix or
+  a directory."""
+  suffix = _format(storage.path(path), "--out")
+  if storage.is_dir(path):
+    raise UserError(f"--out {path} is a directory: give a file name, e.g. {storage.path(path) / ('labels' + suffix)}")
+  return suffix
+
+
 def write_output(path: storage.PathLike, columns: list[str], rows: list[list]) -> None:
   """Writes the rows as TSV (a header line) or JSONL, by the suffix, atomically (`storage.write_text`)."""
   path = storage.path(path)
   cell = lambda v: f"{v:.6f}" if isinstance(v, float) else str(v)
-  if _format(path, "--out") == ".tsv":
+  if check_output(path) == ".tsv":
     text = "".join("\t".join(map(cell, row)) + "\n" for row in [columns, *rows])
   else:
     text = "".join(json.dumps(dict(zip(columns, row))) + "\n" for row in rows)

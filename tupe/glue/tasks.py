@@ -19,11 +19,21 @@ from tupe.glue import tsv
 from tupe.glue.tsv import Example  # noqa: F401 (the API: one GLUE example)
 from tupe.store import storage
 
-_HOW_TO_GET_GLUE = ("get GLUE with the GLUE download script (download_glue_data.py, linked from "
-                    "gluebenchmark.com/tasks) or read the task from TFDS (glue/<config>) instead")
+# What to do without GLUE's files, in every error that finds them missing.
+HOW_TO_GET_GLUE = ("get GLUE's files with `python -m tupe.glue.download --data-dir DIR` (or GLUE's "
+                   "download_glue_data.py) and set --config.data_dir=DIR, or set --config.tfds_data_dir to a TFDS "
+                   "folder with glue/<task> prepared")
 
 
 _COLA_COLUMNS = ("source", "label", "author_label", "sentence")
+
+
+class MissingSplit(UserError):
+  """A GLUE split's file is not there (where the GLUE folder is); `test`: the split is a test split."""
+
+  def __init__(self, message: str, split: str):
+    super().__init__(message)
+    self.test = _is_test(split)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,16 +202,17 @@ def load_split(data_dir: storage.PathLike, task: str, split: str) -> list[Exampl
     The examples in file order; labels are None on test splits.
 
   Raises:
-    UserError: the folder or file is missing, a row has the wrong number of columns, or a label is invalid.
+    MissingSplit: the task's file is missing.
+    UserError: the folder is missing, a row has the wrong number of columns, or a label is invalid.
   """
   spec = get_task(task)
   _check_split(spec, split)
   data_dir = storage.path(data_dir)
   if not storage.is_dir(data_dir):
-    raise UserError(f"GLUE folder {data_dir} not found: {_HOW_TO_GET_GLUE}")
+    raise UserError(f"GLUE folder {data_dir} not found: {HOW_TO_GET_GLUE}")
   path = data_dir / spec.folder / spec.files[split]
   if not storage.is_file(path):
-    raise UserError(f"{path} not found (GLUE {spec.name} {split}): {_HOW_TO_GET_GLUE}")
+    raise MissingSplit(f"{path} not found (GLUE {spec.name} {split}): {HOW_TO_GET_GLUE}", split)
   lines = tsv.read_lines(path)
   columns = spec.headerless.get(split)
   if columns is None:
@@ -217,8 +228,9 @@ def tfds_split(task: Task, split: str) -> str:
   return "validation" + split[len("dev"):] if split.startswith("dev") else split
 
 
-def _text(value: bytes | str) -> str:
-  return value.decode("utf-8") if isinstance(value, bytes) else value
+def as_text(value) -> str:
+  """A TFDS text feature (bytes) as text."""
+  return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
 def example_from_tfds(task: Task, split: str, record: Mapping) -> Example:
@@ -230,7 +242,7 @@ def example_from_tfds(task: Task, split: str, record: Mapping) -> Example:
     label = float(record["label"])
   else:
     label = int(record["label"])
-  return Example(_text(record[a_name]), None if b_name is None else _text(record[b_name]), label,
+  return Example(as_text(record[a_name]), None if b_name is None else as_text(record[b_name]), label,
                  int(record["idx"]))
 
 
