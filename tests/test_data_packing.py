@@ -10,6 +10,7 @@ from tupe.data import counter_rng
 from tupe.data import examples
 from tupe.data import masking
 from tupe.data import packing
+from tupe.data import report
 from tupe.data import tokenizer
 
 
@@ -29,9 +30,15 @@ def stream(wiki) -> tuple[list[np.ndarray], np.ndarray]:
   return sentences, np.unique(np.cumsum([sum(len(s) for s in d) for d in wiki[3]]))
 
 
+def packed(documents, tok, info, seq_len: int, packing_name: str) -> list[np.ndarray]:
+  """The examples of `documents` packed as one unit of a plan, with nothing held out."""
+  return [e for _, e in build.pack((("train", report.Tally(), d) for d in documents), tok, info, seq_len,
+                                   packing_name, fill=False, seed=0)]
+
+
 def pack(wiki, seq_len: int, packing_name: str) -> list[np.ndarray]:
   tok, info, documents, _ = wiki
-  return [e for _, e in build.pack_documents(documents, tok, info, seq_len, packing_name, eval_fraction=0.0)]
+  return packed(documents, tok, info, seq_len, packing_name)
 
 
 def segments(example: np.ndarray, info) -> list[np.ndarray]:
@@ -123,7 +130,7 @@ def test_document_boundaries_in_text(bert_vocab):
 
   def decoded(packing_name):
     return [tok.decode(e.tolist(), skip_special_tokens=False)
-            for _, e in build.pack_documents(documents, tok, info, 32, packing_name, eval_fraction=0.0)]
+            for e in packed(documents, tok, info, 32, packing_name)]
 
   assert decoded("full_sentences") == ["[CLS] the first document ends here. [SEP] a second, unrelated document. [SEP]"]
   assert decoded("segment_pair") == ["[CLS] the first document ends here. [SEP]",

@@ -90,7 +90,9 @@ def test_mismatched_settings_are_refused(text_cfg, shard_dir, bert_vocab, tmp_pa
   empty.write_text("\u200b \ufeff\n")  # Only characters the tokenizer drops.
   with pytest.raises(UserError, match="the corpus holds no text"):
     preprocess.preprocess(dict(text_cfg, files=str(empty)), SEQ_LEN, str(tmp_path / "out"))
-  assert not (tmp_path / "out" / "metadata.json").exists()
+  assert [p for p in (tmp_path / "out").rglob("*") if p.is_file()] == []  # Nothing kept that blocks a rerun:
+  preprocess.preprocess(text_cfg, SEQ_LEN, str(tmp_path / "out"))  # the same folder, on text.
+  assert shards.read_metadata(tmp_path / "out")["num_examples"]["train"] > 0
 
 
 def test_command_line_errors_are_one_line(tmp_path, bert_vocab):
@@ -109,6 +111,26 @@ def test_shards_of_an_older_format_are_refused(tmp_path):
   with pytest.raises(UserError, match=r"in format 'tupe-packed-examples-v2', not tupe-packed-examples-v3 \(examples "
                                       r"are now packed per unit of work\): preprocess the corpus again"):
     shards.read_metadata(tmp_path)
+
+
+def test_damaged_json_in_a_shard_folder_is_one_line(text_cfg, tmp_path):
+  """metadata.json, a unit's record or plan.json emptied or cut: one line naming the file and what to do, not a
+  JSONDecodeError's traceback."""
+  (tmp_path / "metadata.json").write_text('{"format": ')
+  with pytest.raises(UserError, match=f"^{tmp_path / 'metadata.json'} is not JSON \\(emptied or damaged\\): "
+                                      f"preprocess the corpus again into a new folder$"):
+    shards.read_metadata(tmp_path)
+  (tmp_path / "units").mkdir()
+  (tmp_path / "units" / "00000.json").write_bytes(b"")
+  with pytest.raises(UserError, match="00000.json is not JSON \\(emptied or damaged\\): delete it, and that unit is "
+                                      "made again when the run resumes$"):
+    shards.read_unit_record(tmp_path, 0)
+  out = tmp_path / "out"
+  out.mkdir()
+  (out / "plan.json").write_text('{"x')
+  with pytest.raises(UserError, match="plan.json is not JSON \\(emptied or damaged\\): pass a new --output folder, "
+                                      "or delete the old one$"):
+    preprocess.preprocess(text_cfg, SEQ_LEN, str(out))
 
 
 @pytest.mark.parametrize("limit", [300, 3000, 200_000], ids=["plan", "first-shard", "later-shard"])

@@ -19,6 +19,7 @@ from tupe import console
 from tupe.data import corpus
 from tupe.data import demo
 from tupe.data import readers
+from tupe.data import report
 from tupe.data import units
 from tupe.data.packing import Packer
 from tupe.data.report import Tally
@@ -55,8 +56,8 @@ def vocab_file(data_cfg) -> str:
   if data_cfg.vocab_file:
     return data_cfg.vocab_file
   if data_cfg.source != "demo":
-    raise UserError(f"no vocab file for source {data_cfg.source!r}: set data.vocab_file (--vocab) to a vocab.txt, or "
-                    f"train one with `python -m tupe.data.tokenizer`")
+    raise UserError(f"no vocab file for source {data_cfg.source!r}: set --config.data.vocab_file (--vocab of "
+                    f"tupe.data.preprocess) to a vocab.txt, BERT's or one trained with `python -m tupe.tools.vocab`")
   return str(demo.demo_vocab(data_cfg.cache_dir, lowercase=data_cfg.lowercase))
 
 
@@ -118,6 +119,19 @@ def gutenberg_tallies(plan: dict) -> dict[str, dict[str, int]]:
           for e in plan["inputs"] if e.get("gutenberg_characters")}
 
 
+def input_tallies(plan: dict, unit_tallies: list[dict[str, dict[str, int]]]) -> dict[str, Tally]:
+  """Each input's counts, in the plan's input order: summed over the units' tallies (as their records hold them,
+  `Tally.as_dict`) and the Project Gutenberg licences left out."""
+  merged = report.merged([gutenberg_tallies(plan)] + unit_tallies)
+  return {e["name"]: merged.get(e["name"], Tally()) for e in plan["inputs"]}
+
+
+def check_not_empty(num_examples: int, tallies: dict[str, Tally]) -> None:
+  """Raises UserError when the corpus gave no example, followed by each input's counts (what was dropped, and why)."""
+  if not num_examples:
+    raise UserError("the corpus holds no text: check the input files or dataset\n" + "\n".join(report.lines(tallies)))
+
+
 def unit_examples(plan: dict, unit: int, tallies: dict[str, Tally]) -> Iterator[tuple[str, np.ndarray]]:
   """The packed examples of one unit of a plan, in order.
 
@@ -141,30 +155,6 @@ def unit_examples(plan: dict, unit: int, tallies: dict[str, Tally]) -> Iterator[
   split = corpus.split_documents(documents(), plan["eval_fraction"], plan["source"]["documents"] == "files",
                                  first=(unit * _GOLDEN) % (1 << 32))
   yield from pack(split, tokenizer, info, plan["seq_len"], plan["packing"], plan["fill_examples"], seed=unit)
-
-
-def pack_documents(documents: Iterable[str], tokenizer: tokenizers.Tokenizer, info: TokenizerInfo, seq_len: int,
-                   packing: str, eval_fraction: float, tails: bool = False,
-                   fill: bool = False) -> Iterator[tuple[str, np.ndarray]]:
-  """Splits, tokenizes and packs documents as one unit (number 0), streaming.
-
-  Args:
-    documents: documents (lines are paragraphs).
-    tokenizer: WordPiece tokenizer.
-    info: its `TokenizerInfo`.
-    seq_len: example length.
-    packing: "full_sentences" or "segment_pair".
-    eval_fraction: share of the text held out for eval.
-    tails: hold out the last eval_fraction of each document's paragraphs (data.documents "files"), not every
-      (1/eval_fraction)-th document (see `tupe.data.corpus.split_documents`).
-    fill: split sentences to fill every example (data.fill_examples, see `tupe.data.packing`).
-
-  Yields:
-    ("train" or "eval", int32 [n <= seq_len]) in packing order (see `tupe.data.packing` for document boundaries).
-  """
-  tally = Tally()
-  split = corpus.split_documents(((tally, d) for d in documents), eval_fraction, tails)
-  yield from pack(split, tokenizer, info, seq_len, packing, fill, seed=0)
 
 
 def _blocks(documents: Iterable[tuple[str, Tally, str]]) -> Iterator[tuple[list, list[str]]]:

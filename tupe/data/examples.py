@@ -75,11 +75,9 @@ def _in_memory(plan: dict) -> dict[str, ExampleSource]:
     done += size
     meter.update(done)
   meter.close()
-  totals = report.merged([build.gutenberg_tallies(plan), {n: t.as_dict() for n, t in tallies.items()}])
-  lines = report.lines({e["name"]: totals.get(e["name"], Tally()) for e in plan["inputs"]})
-  if not any(examples.values()):
-    raise UserError("the corpus holds no text: check the input files or dataset\n" + "\n".join(lines))
-  return {s: PackedExamples(e, report=lines) for s, e in examples.items()}
+  totals = build.input_tallies(plan, [{n: t.as_dict() for n, t in tallies.items()}])
+  build.check_not_empty(sum(map(len, examples.values())), totals)
+  return {s: PackedExamples(e, report=report.lines(totals)) for s, e in examples.items()}
 
 
 def _text_examples(data_cfg, seq_len: int) -> tuple[dict[str, ExampleSource], TokenizerInfo]:
@@ -151,11 +149,10 @@ def _sharded_examples(data_cfg, seq_len: int, split: str) -> tuple[shards.Sharde
   examples = shards.ShardedExamples(folder, split)
   metadata = shards.read_metadata(folder)
   fix = "preprocess again with the settings you want, or change the data config"
-  for field, wanted in (("seq_len", seq_len), ("packing", data_cfg.packing), ("lowercase", data_cfg.lowercase),
-                        ("eval_fraction", data_cfg.eval_fraction), ("documents", data_cfg.documents),
-                        ("fill_examples", data_cfg.fill_examples)):
-    if metadata[field] != wanted:
-      raise UserError(f"{folder} was preprocessed with {field}={metadata[field]!r}, the config asks for "
+  for field, key in shards.SETTINGS:
+    wanted = seq_len if field == "seq_len" else data_cfg[field.removeprefix("data.")]
+    if metadata[key] != wanted:
+      raise UserError(f"{folder} was preprocessed with {key}={metadata[key]!r}, the config asks for "
                       f"{wanted!r}: {fix}")
   vocab_file = str(storage.path(folder) / shards.VOCAB)
   if data_cfg.vocab_file and hashlib.sha256(storage.read_bytes(data_cfg.vocab_file)).hexdigest() != \

@@ -49,7 +49,8 @@ def _prepare(plan: dict, output: storage.PathLike) -> None:
   path = storage.path(output) / shards.PLAN
   text = json.dumps(plan, indent=1, sort_keys=True) + "\n"
   if storage.exists(path):
-    if build.plan_key(json.loads(storage.read_text(path))) != build.plan_key(plan):
+    recorded = shards.read_json(path, "pass a new --output folder, or delete the old one")
+    if build.plan_key(recorded) != build.plan_key(plan):
       raise UserError(f"{output} holds a run with other inputs or settings ({shards.PLAN} differs): pass a new "
                       f"--output folder, or delete the old one")
     return
@@ -71,8 +72,7 @@ def _unit_job(plan: dict, output: str, unit: int, meter: console.Meter | None = 
 def _finish(plan: dict, output: storage.PathLike, records: list[dict]) -> dict:
   """Writes the vocab and metadata.json from the units' records; removes temporary files left by killed runs."""
   out = storage.path(output)
-  tallies = report.merged([build.gutenberg_tallies(plan)] + [r["inputs"] for r in records])
-  tallies = {e["name"]: tallies.get(e["name"], report.Tally()) for e in plan["inputs"]}  # In input order.
+  tallies = build.input_tallies(plan, [r["inputs"] for r in records])
   splits = records[0]["num_examples"].keys() if records else ()
   metadata = dict(
       format=shards.FORMAT, input=plan["source"]["files"] or plan["inputs"][0]["name"], source=plan["source"],
@@ -83,8 +83,15 @@ def _finish(plan: dict, output: storage.PathLike, records: list[dict]) -> dict:
       num_tokens={s: sum(r["num_tokens"][s] for r in records) for s in splits},
       unit_examples={s: [r["num_examples"][s] for r in records] for s in splits},
       inputs={n: t.as_dict() for n, t in tallies.items()}, report=report.lines(tallies))
-  if not sum(metadata["num_examples"].values()):
-    raise UserError("the corpus holds no text: check the input files or dataset\n" + "\n".join(metadata["report"]))
+  try:
+    build.check_not_empty(sum(metadata["num_examples"].values()), tallies)
+  except UserError:  # The folder holds this plan's units and nothing in them: a rerun on other inputs starts afresh.
+    for unit in range(len(plan["units"])):
+      for split in splits:
+        storage.remove(out / shards.shard_name(split, unit))
+    storage.remove(shards.unit_record_path(out, 0).parent)
+    storage.remove(out / shards.PLAN)
+    raise
   storage.copy(plan["vocab_file"], out / shards.VOCAB)
   for leftover in storage.glob(str(out / "*.tmp-*")):
     storage.remove(leftover)

@@ -155,8 +155,13 @@ class PretrainData:
     self.seq_len, self.split = seq_len, split
     self.examples, self.info = examples_lib.load_examples(self.cfg, seq_len, split)
     if not len(self.examples):
-      raise UserError(f"the {split} split has 0 examples: use a bigger corpus"
-                      + (" or a larger data.eval_fraction" if split == "eval" else ""))
+      if self.cfg.source == "arrayrecord":
+        fix = ("preprocess a bigger corpus" + (" or with a larger --eval-fraction" if split == "eval" else "")
+               + f" into a new folder (data.files={self.cfg.files} was preprocessed so)")
+      else:
+        fix = "use a bigger corpus" + (" or a larger data.eval_fraction" if split == "eval" else "")
+      raise UserError(f"the {split} split has 0 examples: {fix}"
+                      + ("; or train without evaluations: --config.eval_every=0" if split == "eval" else ""))
     max_predictions = self.cfg.max_predictions or masking.default_max_predictions(seq_len, self.cfg.mask_prob)
     self.masker = masking.Masker(self.info, self.cfg.masking, self.cfg.mask_prob, max_predictions,
                                  self.cfg.whole_word, segment_pairs=self.cfg.packing == "segment_pair")

@@ -19,6 +19,7 @@ data.files=the output folder.
 import argparse
 import time
 
+from tupe import console
 from tupe.data import build
 from tupe.data import parallel
 from tupe.data import pipeline
@@ -37,7 +38,7 @@ def _task(text: str) -> tuple[int, int]:
 
 
 def main(argv: list[str]) -> None:
-  parser = argparse.ArgumentParser(prog="python -m tupe.data.preprocess", description=__doc__.splitlines()[0])
+  parser = argparse.ArgumentParser(prog="python -m tupe.data.preprocess", description=console.summary(__doc__))
   parser.add_argument("--input", required=True, help="comma-separated globs, tfds:NAME or demo")
   parser.add_argument("--format", default="text", help="text, lines, jsonl or parquet (files)")
   parser.add_argument("--text-field", default="text", help="the text's field (jsonl) or column (parquet)")

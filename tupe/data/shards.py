@@ -104,10 +104,21 @@ def write_unit(folder: storage.PathLike, unit: int, examples, tallies: dict[str,
   return record
 
 
+def read_json(path: storage.PathLike, fix: str):
+  """The JSON value of a file a preprocessing run wrote; one that is not JSON (emptied or damaged) is a UserError
+  naming it and `fix`, what to do about it."""
+  try:
+    return json.loads(storage.read_bytes(path).decode("utf-8"))
+  except ValueError:  # (UnicodeDecodeError too)
+    raise UserError(f"{path} is not JSON (emptied or damaged): {fix}") from None
+
+
 def read_unit_record(folder: storage.PathLike, unit: int) -> dict | None:
   """Unit `unit`'s manifest record, or None while the unit is not done."""
   path = unit_record_path(folder, unit)
-  return json.loads(storage.read_text(path)) if storage.exists(path) else None
+  if not storage.exists(path):
+    return None
+  return read_json(path, "delete it, and that unit is made again when the run resumes")
 
 
 def read_metadata(folder: storage.PathLike) -> dict:
@@ -118,7 +129,7 @@ def read_metadata(folder: storage.PathLike) -> dict:
     half = " (a run was started there but is not finished: run it again to resume)" if storage.exists(where) else ""
     raise UserError(f"{folder} holds no preprocessed examples ({METADATA} is missing){half}: "
                     f"write them with `python -m tupe.data.preprocess --output {folder} ...`")
-  metadata = json.loads(storage.read_text(path))
+  metadata = read_json(path, "preprocess the corpus again into a new folder")
   if metadata.get("format") != FORMAT:
     raise UserError(f"{path} is in format {metadata.get('format')!r}, not {FORMAT} (examples are now packed per "
                     f"unit of work): preprocess the corpus again")

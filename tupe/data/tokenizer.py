@@ -60,7 +60,7 @@ def read_vocab(vocab_file: str | os.PathLike) -> list[str]:
   missing = [t for t in SPECIAL_TOKENS if t not in tokens]
   if missing:
     raise UserError(f"vocab file {path} lacks the special tokens {' '.join(missing)}: "
-                    f"use a BERT vocab or one trained with `python -m tupe.data.tokenizer`")
+                    f"use a BERT vocab or one trained with `python -m tupe.tools.vocab`")
   return tokens
 
 
