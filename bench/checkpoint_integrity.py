@@ -23,6 +23,7 @@ import time
 import jax
 
 import bench
+from tupe import console
 from tupe.store import checkpoint
 from tupe.store import checkpointer
 from tupe.store import checksums as checksums_lib
@@ -40,7 +41,7 @@ def _best(fn, repeats: int) -> float:
 
 
 def main(argv=None) -> list[dict]:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = argparse.ArgumentParser(description=console.summary(__doc__))
   parser.add_argument("--model", default="tupe_a,base")
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--tiny", action="store_true", help="a seconds-long smoke run: tupe_a,tiny, one repeat")

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import optax
 
 import bench
+from tupe import console
 
 jax.config.update("jax_enable_compilation_cache", False)  # cold compiles only
 
@@ -116,7 +117,7 @@ def demo_step_compile_seconds(cfg) -> tuple[float, float]:
 
 
 def main(argv=None) -> list[dict]:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = argparse.ArgumentParser(description=console.summary(__doc__))
   parser.add_argument("--repeats", type=int, default=3, help="cold compiles of each step, in turn")
   parser.add_argument("--tiny", action="store_true", help="a 1-layer model (smoke test)")
   args = parser.parse_args(argv)

@@ -13,6 +13,7 @@ import argparse
 import time
 
 import bench
+from tupe import console
 from tupe.data import tokenizer as tokenizer_lib
 from tupe.glue import encoding
 from tupe.glue import tasks as glue
@@ -21,7 +22,7 @@ SHARED = bench.REPO.parent / "shared" / "data"
 
 
 def main(argv=None) -> list[dict]:
-  parser = argparse.ArgumentParser(prog="python -m bench.glue_encoding", description=__doc__.splitlines()[0])
+  parser = argparse.ArgumentParser(prog="python -m bench.glue_encoding", description=console.summary(__doc__))
   parser.add_argument("--task", default="SST-2")
   parser.add_argument("--max-len", type=int, default=66)
   parser.add_argument("--repeats", type=int, default=3)

@@ -28,6 +28,7 @@ import time
 import jax
 
 import bench
+from tupe import console
 from tupe.store import checkpoint
 from tupe.store import checkpointer
 from tupe.store import checksums
@@ -71,7 +72,7 @@ def _run(storage_name: str, root: str, state, meta, ckpt_cfg, pid: str) -> dict:
 
 
 def main(argv=None) -> list[dict]:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = argparse.ArgumentParser(description=console.summary(__doc__))
   parser.add_argument("--model", default="tupe_a,base")
   parser.add_argument("--tiny", action="store_true", help="a seconds-long smoke run: tupe_a,tiny")
   args = parser.parse_args(argv)

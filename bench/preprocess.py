@@ -27,6 +27,7 @@ import tempfile
 import time
 
 import bench
+from tupe import console
 
 SHARED = bench.REPO.parent / "shared" / "data"
 VOCAB = SHARED / "vocab" / "bert-base-uncased-vocab.txt"
@@ -128,7 +129,7 @@ def tokenize_cpu(inputs: str, max_chars: int, repeats: int) -> dict:
 
 
 def main(argv=None) -> list[dict]:
-  parser = argparse.ArgumentParser(prog="python -m bench.preprocess", description=__doc__.splitlines()[0])
+  parser = argparse.ArgumentParser(prog="python -m bench.preprocess", description=console.summary(__doc__))
   parser.add_argument("--mb", type=float, default=50.0, help="size of the one huge file")
   parser.add_argument("--workers", default=f"1,2,{len(os.sched_getaffinity(0))}", help="comma-separated counts")
   parser.add_argument("--baseline-ref", default="main", help='git ref of today\'s code ("" to skip)')

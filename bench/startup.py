@@ -22,6 +22,7 @@ import tempfile
 import time
 
 import bench
+from tupe import console
 
 
 def start(command: list[str], first_step: str) -> dict:
@@ -45,7 +46,7 @@ def start(command: list[str], first_step: str) -> dict:
 
 
 def main(argv=None) -> list[dict]:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = argparse.ArgumentParser(description=console.summary(__doc__))
   parser.add_argument("--glue-dir", default=str(bench.REPO.parent / "shared" / "data" / "glue"),
                       help="GLUE TSVs (the GLUE download script's layout)")
   parser.add_argument("--task", default="rte", help="the GLUE task timed")

@@ -153,6 +153,24 @@ def test_bad_rows_are_one_line_each_and_nothing_is_written(grid, tmp_path, capsy
   assert err[2].startswith(f"{source}:3: not a JSON object (") and err[2].endswith("(a cut last line?)")
 
 
+def test_bad_arguments_are_one_line_before_the_model_is_read(tmp_path, capsys):
+  """A batch size below 1, an --out of another format or a directory: refused before anything is read (the model
+  directory here does not exist), not after every row is predicted."""
+  source = tmp_path / "in.tsv"
+  source.write_text("index\tsentence1\tsentence2\n0\tA man sleeps.\tA man rests.\n")
+  model, folder = tmp_path / "no-model", tmp_path / "labels.tsv"
+  folder.mkdir()
+  for extra, line in (
+      (["--out", str(tmp_path / "out.tsv"), "--batch-size", "0"],
+       "error: --batch-size 0: give 1 or more rows per forward pass"),
+      (["--out", str(tmp_path / "out.csv")], f"error: --out {tmp_path / 'out.csv'}: name a .tsv or .jsonl file"),
+      (["--out", str(folder)], f"error: --out {folder} is a directory: give a file name, e.g. "
+                               f"{folder / 'labels.tsv'}")):
+    with pytest.raises(SystemExit) as exit_info:
+      run_main(predict_tool.main, ["predict", "--model", str(model), "--input", str(source), *extra])
+    assert exit_info.value.code == 2 and capsys.readouterr().err.splitlines() == [line]
+
+
 def test_export_runs_in_transformers_as_predict(grid, glue_dir, tmp_path):
   """The exported classifier in AutoModelForSequenceClassification: the task's labels, problem_type, the
   tokenizer's max length, softmax (RTE) and score (STS-B) equal to predict's within 1e-4 on the dev set, and the

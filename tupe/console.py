@@ -16,6 +16,11 @@ def _process_index() -> int:
   return jax.process_index()
 
 
+def summary(doc: str) -> str:
+  """The first paragraph of a module's docstring, on one line: its command's --help description."""
+  return " ".join(doc.strip().split("\n\n")[0].split())
+
+
 def format_duration(seconds: float) -> str:
   seconds = int(max(0, seconds))
   h, rem = divmod(seconds, 3600)

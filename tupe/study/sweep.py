@@ -28,6 +28,7 @@ import subprocess
 import sys
 
 from tupe import config_files
+from tupe import console
 from tupe import present
 from tupe.errors import UserError
 from tupe.store import runlog
@@ -131,7 +132,7 @@ def main(argv: list[str]) -> None:
   extra = []
   if "--" in argv:
     extra, argv = argv[argv.index("--") + 1:], argv[:argv.index("--")]
-  parser = argparse.ArgumentParser(prog="python -m tupe.study.sweep", description=__doc__.splitlines()[0])
+  parser = argparse.ArgumentParser(prog="python -m tupe.study.sweep", description=console.summary(__doc__))
   parser.add_argument("--config", required=True, help="configs/<file>.py:<arg>")
   parser.add_argument("--root", required=True, help="parent folder of the runs' workdirs (local or gs://...)")
   parser.add_argument("--grid", action="append", default=[], help="KEY=V1,V2,... (repeatable)")

@@ -34,6 +34,7 @@ from matplotlib import patheffects
 import matplotlib.ticker
 import numpy as np
 
+from tupe import console
 from tupe import models
 from tupe import present
 from tupe.data import tokenizer as tokenizer_lib
@@ -55,7 +56,12 @@ def read_sentences(path: storage.PathLike, max_sentences: int) -> list[str]:
   path = storage.path(path)
   if not storage.is_file(path):
     raise UserError(f"text file {path} does not exist: pass a UTF-8 file with one sentence per line")
-  sentences = [line.strip() for line in storage.read_text(path).splitlines() if line.strip()]
+  try:
+    text = storage.read_bytes(path).decode("utf-8")
+  except UnicodeDecodeError as e:
+    raise UserError(f"text file {path} is not UTF-8 (byte {e.start}): convert it (e.g. iconv -f latin1 -t "
+                    f"utf-8)") from None
+  sentences = [line.strip() for line in text.splitlines() if line.strip()]
   if not sentences:
     raise UserError(f"text file {path} has no sentences: write one sentence per line")
   return sentences[:max_sentences]
@@ -310,7 +316,7 @@ def analyze(cfg, params, tokenizer, info, sentences: list[str], out: storage.Pat
 
 
 def main(argv: list[str]) -> None:
-  parser = argparse.ArgumentParser(prog="python -m tupe.tools.analyze", description=__doc__.splitlines()[0])
+  parser = argparse.ArgumentParser(prog="python -m tupe.tools.analyze", description=console.summary(__doc__))
   source = parser.add_mutually_exclusive_group(required=True)
   source.add_argument("--checkpoint", help="train.py workdir, its checkpoints/ folder or one step directory")
   source.add_argument("--hf-convbert", help="HF ConvBERT directory written by save_pretrained")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from tupe import console
 from tupe.errors import UserError
 from tupe.store import storage
 from tupe.study.heldout import evaluate
@@ -24,7 +25,7 @@ from tupe.train import compile_cache
 
 
 def main(argv: list[str]) -> None:
-  parser = argparse.ArgumentParser(prog="python -m tupe.tools.evaluate", description=__doc__.splitlines()[0])
+  parser = argparse.ArgumentParser(prog="python -m tupe.tools.evaluate", description=console.summary(__doc__))
   parser.add_argument("--checkpoint", required=True, help="train.py workdir, its checkpoints/ or a step directory "
                       "(local or gs://...)")
   parser.add_argument("--text-file", required=True, help="UTF-8 text file to score")

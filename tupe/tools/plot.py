@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import argparse
 
+from tupe import console
 from tupe.train.curves import plot_runs
 from tupe.train.curves import read_run
 from tupe.train.curves import run_labels
 
 
 def main(argv: list[str]) -> None:
-  parser = argparse.ArgumentParser(prog="python -m tupe.tools.plot", description=__doc__.splitlines()[0])
+  parser = argparse.ArgumentParser(prog="python -m tupe.tools.plot", description=console.summary(__doc__))
   parser.add_argument("--workdir", nargs="+", required=True, help="train.py workdirs, local or gs://... (each holds "
                       "metrics.jsonl)")
   parser.add_argument("--out", default="curves.png", help="PNG file to write, local or gs://... (default: "

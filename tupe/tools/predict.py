@@ -12,17 +12,22 @@ from __future__ import annotations
 
 import argparse
 
+from tupe import console
+from tupe.errors import UserError
 from tupe.glue import classifier
 from tupe.glue import predict
 
 
 def main(argv: list[str]) -> None:
-  parser = argparse.ArgumentParser(prog="python -m tupe.tools.predict", description=__doc__.splitlines()[0])
+  parser = argparse.ArgumentParser(prog="python -m tupe.tools.predict", description=console.summary(__doc__))
   parser.add_argument("--model", required=True, help="a model directory: WORKDIR/models/TASK of eval_glue.py")
   parser.add_argument("--input", required=True, help="the text to label: a .tsv (GLUE's columns) or .jsonl file")
   parser.add_argument("--out", required=True, help="the file to write: .tsv or .jsonl")
   parser.add_argument("--batch-size", type=int, default=64, help="rows per forward pass")
   args = parser.parse_args(argv[1:])
+  if args.batch_size < 1:
+    raise UserError(f"--batch-size {args.batch_size}: give 1 or more rows per forward pass")
+  predict.check_output(args.out)  # Found now, not after the predictions.
   saved = classifier.load(args.model)  # Verified against its checksums first.
   examples = predict.read_input(args.input, saved.task)
   predict.write_output(args.out, *predict.output_rows(saved, examples, predict.Predictor(saved, args.batch_size)

@@ -25,6 +25,7 @@ import flax.linen as nn
 import jax
 
 from tupe import config_files
+from tupe import console
 from tupe import models
 from tupe import present
 from tupe.data import examples
@@ -108,7 +109,7 @@ def markdown(rows: dict[str, dict]) -> str:
 
 
 def main(argv: list[str]) -> None:
-  parser = argparse.ArgumentParser(prog="python -m tupe.tools.summary", description=__doc__.splitlines()[0])
+  parser = argparse.ArgumentParser(prog="python -m tupe.tools.summary", description=console.summary(__doc__))
   which = parser.add_mutually_exclusive_group(required=True)
   which.add_argument("--config", action="append", help="configs/<file>.py:<arg> (repeatable)")
   which.add_argument("--all", action="store_true", help="every model x size of configs/pretrain.py")

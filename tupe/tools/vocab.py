@@ -5,12 +5,13 @@ header/footer stripped), as a BERT vocab.txt.
 """
 import argparse
 
+from tupe import console
 from tupe.data import tokenizer
 from tupe.data import units
 
 
 def main(argv: list[str]) -> None:
-  parser = argparse.ArgumentParser(prog="python -m tupe.tools.vocab", description=__doc__.splitlines()[0])
+  parser = argparse.ArgumentParser(prog="python -m tupe.tools.vocab", description=console.summary(__doc__))
   parser.add_argument("--input", required=True, help="comma-separated globs of UTF-8 text files")
   parser.add_argument("--vocab-size", type=int, default=30522)
   parser.add_argument("--output", required=True, help="vocab.txt to write")
