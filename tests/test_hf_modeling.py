@@ -3,13 +3,34 @@ each kind: tuples under return_dict=False, inputs_embeds, position_ids, 2-D mask
 from the pad id), gradient checkpointing, SDPA against eager, resize_token_embeddings with the tied decoder
 and its bias, torch.jit.trace at other lengths, and the task heads' losses as transformers' BERT computes them.
 
-These tests import only torch, transformers and tupe.hf.remote, so they run under any transformers version
-(CI: requirements-test.txt's; the README names the command for transformers 4.x)."""
+These tests import only torch, transformers (and accelerate, for device_map="auto") and the two files of
+tupe/hf/remote, loaded from that folder as a package of their own, as `from_pretrained(..., trust_remote_code=True)`
+loads them beside an export: not through `tupe`, whose package imports JAX. So they run under any transformers
+version without this package's requirements (CI: requirements-test.txt's; docs/SHARING.md names the command, run
+in a venv of torch, transformers 5.24 and accelerate alone)."""
+import importlib.util
+import pathlib
+import sys
+
 import pytest
 import torch
 
-from tupe.hf.remote import configuration_tupe
-from tupe.hf.remote import modeling_tupe
+REMOTE = pathlib.Path(__file__).resolve().parents[1] / "tupe" / "hf" / "remote"
+
+
+def remote_module(name: str):
+  """tupe/hf/remote/<name>.py, imported as a submodule of a package made of that folder alone."""
+  package = "tupe_remote_code"
+  if package not in sys.modules:
+    spec = importlib.util.spec_from_file_location(package, REMOTE / "__init__.py",
+                                                  submodule_search_locations=[str(REMOTE)])
+    sys.modules[package] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sys.modules[package])
+  return importlib.import_module(f"{package}.{name}")
+
+
+configuration_tupe = remote_module("configuration_tupe")
+modeling_tupe = remote_module("modeling_tupe")
 
 KINDS = {
     "tupe_a": dict(position="untied", cls_reset=True),
