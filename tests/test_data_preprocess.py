@@ -113,6 +113,20 @@ def test_shards_of_an_older_format_are_refused(tmp_path):
     shards.read_metadata(tmp_path)
 
 
+def test_an_empty_eval_split_of_shards_says_how_to_get_one(text_cfg, tmp_path):
+  """Shards preprocessed without held-out text: the eval split's error names the folder and the fixes that work on
+  shards (preprocess again, or no evaluations), not data.eval_fraction, which shards do not read."""
+  out = tmp_path / "no-eval"
+  preprocess.preprocess(dict(text_cfg, eval_fraction=0.0), SEQ_LEN, str(out))
+  cfg = arrayrecord_cfg(text_cfg, out)
+  cfg.eval_fraction = 0.0
+  with pytest.raises(UserError) as e:
+    pipeline.PretrainData(cfg, seq_len=SEQ_LEN, split="eval")
+  assert str(e.value) == (f"the eval split has 0 examples: the shards in {out} hold none; preprocess a bigger corpus "
+                          f"or with a larger --eval-fraction into a new folder; or train without evaluations: "
+                          f"--config.eval_every=0")
+
+
 def test_damaged_json_in_a_shard_folder_is_one_line(text_cfg, tmp_path):
   """metadata.json, a unit's record or plan.json emptied or cut: one line naming the file and what to do, not a
   JSONDecodeError's traceback."""

@@ -156,8 +156,8 @@ class PretrainData:
     self.examples, self.info = examples_lib.load_examples(self.cfg, seq_len, split)
     if not len(self.examples):
       if self.cfg.source == "arrayrecord":
-        fix = ("preprocess a bigger corpus" + (" or with a larger --eval-fraction" if split == "eval" else "")
-               + f" into a new folder (data.files={self.cfg.files} was preprocessed so)")
+        fix = (f"the shards in {self.cfg.files} hold none; preprocess a bigger corpus"
+               + (" or with a larger --eval-fraction" if split == "eval" else "") + " into a new folder")
       else:
         fix = "use a bigger corpus" + (" or a larger data.eval_fraction" if split == "eval" else "")
       raise UserError(f"the {split} split has 0 examples: {fix}"
