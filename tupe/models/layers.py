@@ -119,13 +119,13 @@ def _add_bias_bwd(bias, grad):
 add_bias.defvjp(_add_bias_fwd, _add_bias_bwd)
 
 
-def layer_norm(cfg, name: str | None = None, axis_name: str = "embed") -> nn.LayerNorm:
+def layer_norm(cfg, name: str | None = None, axis_name: str = "embed", dtype=None) -> nn.LayerNorm:
   """LayerNorm computed in float32 whatever the compute dtype (statistics, normalization, scale and shift);
   its output, the hidden state, is in the compute dtype, as the matrix products that read it are, and so is
   the residual sum it normalizes: float32 hidden states cost the bf16 step 7% on an H100 (`python -m
-  bench.ablations --ablate ln32`; docs/BENCHMARKS.md).
+  bench.ablations --ablate ln32`, which passes float32 as `dtype`, the output's; docs/BENCHMARKS.md).
   """
-  return nn.LayerNorm(epsilon=cfg.layer_norm_eps, dtype=compute_dtype(cfg), name=name,
+  return nn.LayerNorm(epsilon=cfg.layer_norm_eps, dtype=dtype or compute_dtype(cfg), name=name,
                       param_dtype=wide(compute_dtype(cfg)),
                       scale_init=nn.with_logical_partitioning(nn.initializers.ones, (axis_name,)),
                       bias_init=zeros_init((axis_name,)))
