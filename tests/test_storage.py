@@ -3,6 +3,7 @@ emulators)."""
 import os
 import pathlib
 import re
+import stat
 import subprocess
 import sys
 
@@ -110,6 +111,7 @@ FORBIDDEN = re.compile("|".join([
 # Modules allowed to use them, and why. The ones marked "to convert" are being moved onto tupe.store.storage.
 ALLOWED = {
     "tupe/store/storage.py": "the path layer itself",
+    "tupe/store/atomic.py": "the path layer's local atomic write (and the umask, read from /proc/self/status)",
     "tupe/config_files.py": "config files are Python modules, imported from the local disk",
     "tupe/data/demo.py": "the demo corpus is harvested from the installed standard library and cached on the local "
                          "disk under a file lock",
@@ -175,3 +177,16 @@ def test_a_bucket_path_orbax_would_misread_is_refused(url, what):
                                                  f"{re.escape(what)}"):
     storage.path(url)
   storage.path("gs://b/odd dir/ü 1.x")  # spaces, unicode and dots in names are fine
+
+
+def test_an_atomic_write_gives_the_mode_open_would(tmp_path):
+  """A new file gets what `open` gives (0666 less the umask), not mkstemp's 0600, which made checkpoints and logs
+  unreadable to the others of a team sharing runs; a rewritten file keeps its own mode."""
+  storage.write_text(tmp_path / "new.json", "{}")
+  (tmp_path / "opened.json").write_text("{}")
+  mode = lambda name: stat.S_IMODE((tmp_path / name).stat().st_mode)
+  assert mode("new.json") == mode("opened.json") and mode("new.json") & 0o044  # (the suite's umask, 022)
+  (tmp_path / "private.json").write_text("{}")
+  (tmp_path / "private.json").chmod(0o600)
+  storage.write_text(tmp_path / "private.json", '{"a": 1}')
+  assert mode("private.json") == 0o600 and (tmp_path / "private.json").read_text() == '{"a": 1}'

@@ -120,7 +120,7 @@ def documents(source: dict, entry: dict, begin: int, end: int, tally: Tally) -> 
   if entry["kind"] == "demo":
     yield from demo.demo_documents(source["cache_dir"])[begin:end]
     return
-  with storage.open_file(entry["name"], "rb") as f:
+  with storage.open_file(entry["name"]) as f:
     if entry["kind"] == "parquet":
       yield from _parquet_documents(f, entry["name"], source["text_field"], begin, end, tally)
       return

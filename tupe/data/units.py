@@ -38,7 +38,7 @@ def _text_input(name: str) -> dict:
       another encoding; stray bytes that are not UTF-8 are dropped and counted).
   """
   size = storage.size(name)
-  with storage.open_file(name, "rb") as f:
+  with storage.open_file(name) as f:
     head = f.read(gutenberg.WINDOW_BYTES)
     f.seek(max(0, size - gutenberg.WINDOW_BYTES))
     tail = f.read()
@@ -78,7 +78,7 @@ def _mtime(name: str) -> float:
 def _parquet_input(name: str) -> dict:
   import pyarrow.parquet as pq  # pylint: disable=import-outside-toplevel
 
-  with storage.open_file(name, "rb") as f:
+  with storage.open_file(name) as f:
     metadata = pq.ParquetFile(f).metadata
   return dict(name=name, kind="parquet", mtime=_mtime(name), row_group_bytes=[metadata.row_group(g).total_byte_size
                                                           for g in range(metadata.num_row_groups)])

@@ -27,7 +27,7 @@ class DamagedCheckpoint(UserError):
 
 
 def _sha256(path: storage.Path) -> str:
-  with storage.open_file(path, "rb") as f:
+  with storage.open_file(path) as f:
     return hashlib.file_digest(f, "sha256").hexdigest()
 
 

@@ -6,8 +6,8 @@ touches `os.path`, `pathlib`, `shutil` or `open` for a user's path.
 
 Object stores have no rename, no append and no fsync, so the writes here are whole objects:
 
-- `write_text`/`write_bytes` are atomic on both: locally a temporary file, fsync and rename; in a bucket one
-  upload, which becomes visible whole or not at all.
+- `write_text`/`write_bytes` are atomic on both: locally a temporary file, fsync and rename, with the mode `open`
+  would give (`tupe.store.atomic`); in a bucket one upload, which becomes visible whole or not at all.
 - `append_text` appends and fsyncs locally, and rewrites the object in a bucket (keep such files small:
   `tupe.store.jsonlog` rotates segments for that reason).
 
@@ -25,12 +25,12 @@ import functools
 import io
 import os
 import re
-import tempfile
 from typing import IO
 
 from etils import epath
 import fsspec
 
+from tupe.store import atomic
 from tupe.store import deadline
 from tupe.store import fence
 from tupe.store.refusals import StorageError
@@ -215,17 +215,7 @@ def write_bytes(p: PathLike, data: bytes) -> None:
       target.write_bytes(data)  # one upload: visible whole or not at all
       return
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.fspath(target.parent), prefix=f".{target.name}.", suffix=".tmp")
-    try:
-      with os.fdopen(fd, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-      os.replace(tmp, os.fspath(target))
-    except BaseException:
-      with contextlib.suppress(OSError):
-        os.unlink(tmp)
-      raise
+    atomic.write(os.fspath(target), data)
 
 
 def write_text(p: PathLike, text: str) -> None:
@@ -259,12 +249,11 @@ def append_text(p: PathLike, text: str) -> None:
 
 
 @contextlib.contextmanager
-def open_file(p: PathLike, mode: str = "r") -> Iterator[IO]:
-  """A streaming file object for reading (`r`, `rb`) a local file or an object, for files too big to hold."""
-  if mode not in ("r", "rb"):
-    raise ValueError(f"open_file reads only; write with write_text/write_bytes (mode {mode!r})")
+def open_file(p: PathLike) -> Iterator[IO]:
+  """A streaming binary file object for reading a local file or an object, for files too big to hold (write with
+  write_bytes)."""
   with errors("read", p):
-    with path(p).open(mode) as f:
+    with path(p).open("rb") as f:
       yield f
 
 
