@@ -192,6 +192,20 @@ def test_a_stray_empty_step_folder_is_one_quiet_line(workdir, tmp_path, caplog):
   assert sorted(p.name for p in (copy / "checkpoints").iterdir()) == ["1", "2"]  # nothing else to keep
 
 
+def test_a_file_named_as_a_step_is_refused_not_deleted(workdir, tmp_path, caplog):
+  """A file `checkpoints/3` (the user's, not a checkpoint): readers pass it by, and the job that would save step 3
+  there (orbax deletes what is in the way) stops in one line before anything, the file as it was. Before, it was
+  taken for an empty step folder and deleted."""
+  copy = tmp_path / "run"
+  shutil.copytree(workdir, copy)
+  (copy / "checkpoints" / "3").write_text("notes\n")
+  assert checkpoint.latest_step_dir(copy) == copy / "checkpoints" / "2"
+  with pytest.raises(UserError, match=f"^{copy / 'checkpoints' / '3'} is a file, not a checkpoint, and the save of "
+                                      f"step 3 would delete it: move it out of {copy / 'checkpoints'}$"):
+    resume(copy / "checkpoints", checkpoint_state(workdir, 2), caplog)
+  assert (copy / "checkpoints" / "3").read_text() == "notes\n"
+
+
 def write_old_layout(root, step: int, state: dict, meta: dict, layout: int) -> None:
   """A checkpoint as tupe wrote it before the params/optimizer split (`tupe.store.meta`): layout 0 (items
   state, data and meta {config, vocab}) or 1 (state and meta {config, vocab, train_examples}, with checksums),

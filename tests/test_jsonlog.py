@@ -68,6 +68,17 @@ def test_a_damaged_line_inside_is_skipped_with_one_warning(tmp_path, capsys):
                                      f"'{{\"step\": 2, \"lo{{\"step\": 3, \"loss\": 1.0}}')\n")
 
 
+def test_bytes_that_are_not_utf8_or_a_record_without_a_step_spoil_one_line_only(tmp_path, capsys):
+  """A line of bytes that are not UTF-8 is one unreadable line (before: a UnicodeDecodeError for the whole log,
+  after training had finished), and a record without an integer step is left out of the metrics (before: a
+  TypeError in sorting them)."""
+  (tmp_path / "metrics.jsonl").write_bytes(b'{"step": 1, "loss": 2.0}\n\xff\xfe garbage\n{"step": null}\n'
+                                           b'{"step": 2, "loss": 1.0}\n')
+  assert [r["step"] for r in runlog.read_metrics(tmp_path)] == [1, 2]
+  assert capsys.readouterr().out == (f"warning: {tmp_path / 'metrics.jsonl'}: skipped 1 unreadable line(s) (line 2: "
+                                     f"'\ufffd\ufffd garbage')\n")
+
+
 def test_a_bucket_log_is_cut_into_segments_read_in_order(gcs_bucket, monkeypatch):
   monkeypatch.setattr(jsonlog, "SEGMENT_RECORDS", 10)
   folder = f"{gcs_bucket}/run"

@@ -410,3 +410,29 @@ def test_a_workdir_of_the_other_entry_point_is_refused(tmp_path, pretrained, glu
                          timeout=300)
   assert error_line(train) == (f"error: workdir {glue_workdir} holds the work of eval_glue.py (its config.json is "
                                f"eval_glue.py's), which train.py would overwrite: give train.py a --workdir of its own")
+
+
+def test_a_lock_record_that_cannot_be_written_is_one_line(tmp_path):
+  """The lock file's record refused by the disk (a file size limit here; a full disk the same way): one line naming
+  the lock file and the cause, and the lock not held (before: an OSError's traceback)."""
+  import resource
+  soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+  resource.setrlimit(resource.RLIMIT_FSIZE, (0, hard))  # Python ignores SIGXFSZ: writes fail with EFBIG
+  try:
+    with pytest.raises(storage.StorageError, match=f"^cannot lock {tmp_path / lease.LOCK_NAME}: File too large"):
+      with lease.hold(tmp_path):
+        pass
+  finally:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+  with lease.hold(tmp_path):  # The limit lifted: nothing was left holding the workdir.
+    pass
+
+
+@pytest.mark.parametrize("text", ["null\n", "3\n", "[]\n", "{not json\n"])
+def test_a_config_json_that_is_not_an_object_names_no_owner(tmp_path, text):
+  """config.json holding another JSON value than an object (or no JSON): no entry point is read from it, and
+  either entry point may use the workdir (before: a TypeError's traceback for null or a number)."""
+  from tupe.train import job
+  (tmp_path / "config.json").write_text(text)
+  for kind in ("train.py", "eval_glue.py"):
+    job.check_kind(storage.path(tmp_path), kind)

@@ -229,6 +229,7 @@ BAD_INPUTS = {
     "unknown config field": ({}, ["--config.model.hiden_size=3"], 1, "fresh",
                              ["--config.model.hiden_size", "no field 'hiden_size'", "did you mean 'hidden_size'"]),
     "wrong config type": ({}, ["--config.seq_len=abc"], 1, "fresh", ["--config.seq_len=abc", "int()"]),
+    "a stray argument": ({}, ["extra"], 1, "fresh", ["unexpected arguments extra: settings are flags"]),
     "unknown model in --config": ({}, ["--config=configs/pretrain.py:tupe_b,tiny"], 1, "fresh",
                                   ["--config=configs/pretrain.py:tupe_b,tiny", "unknown model 'tupe_b'",
                                    "convbert_mlm"]),

@@ -47,7 +47,8 @@ def run(job: Callable[[object, str], object]) -> None:
   """Parses the flags and runs `job(config, workdir)` under `process.run_main` (one-line errors, exit codes)."""
   def main(argv):
     if len(argv) > 1:
-      raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+      raise UserError(f"unexpected arguments {' '.join(argv[1:])}: settings are flags, e.g. --config.FIELD=VALUE "
+                      f"(quote a value with spaces)")
     with signals.caught() as received:  # Since `process.catch_signals` at the top of the entry point.
       if received:
         raise Preempted(f"stopped by {signals.name(received[0])} before the job started: nothing was "

@@ -51,9 +51,9 @@ def _exit_for_a_late_signal() -> None:
   os._exit(status)
 
 
-def run_main(main, argv=None, verbose_flag: str = "--verbose") -> None:
+def run_main(main, argv=None) -> None:
   """The one error wrapper of every entry point: runs `main(argv)`. A `UserError` becomes one line on stderr
-  and exit status 2 (`verbose_flag` in argv: the traceback); `Preempted` its line and 128 + the signal's
+  and exit status 2 (`--verbose` in argv: the traceback); `Preempted` its line and 128 + the signal's
   number; Ctrl-C that reached no handler of the job one line and 130. After a success, a signal recorded since
   `catch_signals` still ends the process with its status (`_exit_for_a_late_signal`). Library noise is quieted
   first (`quiet.install`).
@@ -66,9 +66,9 @@ def run_main(main, argv=None, verbose_flag: str = "--verbose") -> None:
   owns_process = argv is None
   argv = list(sys.argv if argv is None else argv)
   ours = argv[:argv.index("--")] if "--" in argv else argv  # What follows "--" belongs to another command.
-  verbose = verbose_flag in ours
+  verbose = "--verbose" in ours
   if verbose:
-    argv.remove(verbose_flag)
+    argv.remove("--verbose")
   status = 1  # An exception that escapes: the interpreter prints its traceback.
   try:
     main(argv)

@@ -96,11 +96,11 @@ def _note_once(key, message: str, *args) -> None:
 
 
 def drop_empty(step_dirs: list[storage.Path], root: storage.Path) -> list[storage.Path]:
-  """The empty folders among `step_dirs` (a stray mkdir, not a checkpoint), each said once in one line. Buckets
-  have no empty folders."""
+  """The empty folders among `step_dirs` (a stray mkdir, not a checkpoint), each said once in one line; a file
+  named as a step is not one (it is the user's, left alone). Buckets have no empty folders."""
   if storage.is_remote(root):
     return []
-  empty = [d for d in step_dirs if not storage.walk_files(d)]
+  empty = [d for d in step_dirs if storage.is_dir(d) and not storage.walk_files(d)]
   for d in empty:
     _note_once(("empty", str(d)), "ignoring %s: an empty folder, not a checkpoint", d)
   return empty

@@ -47,7 +47,8 @@ def _atomicity(directory: storage.Path) -> ocp.options.AtomicityOptions:
 
 
 class Checkpointer:
-  """Saves every `every_steps`, keeps the last `keep_last` plus every `keep_every`-th step."""
+  """Saves the steps its caller asks for (the training loop: every `checkpoint.every_steps`), keeps the last
+  `keep_last` plus every `keep_every`-th step."""
 
   def __init__(self, directory: storage.PathLike, ckpt_cfg):
     self.directory = storage.path(directory)
@@ -60,6 +61,11 @@ class Checkpointer:
       raise UserError(f"cannot create the checkpoint directory {self.directory} ({cause}); choose another --workdir"
                       ) from e
     _refuse_links(self.directory)
+    stray = next((p for p in storage.iterdir(self.directory) if p.name.isdigit() and not storage.is_remote(p)
+                  and not storage.is_dir(p)), None)
+    if stray is not None:  # Orbax would delete it to save step N there.
+      raise UserError(f"{stray} is a file, not a checkpoint, and the save of step {stray.name} would delete it: move "
+                      f"it out of {self.directory}")
     # Empty step folders (a stray mkdir) hold nothing to keep: removed, with one line, before orbax sees them.
     empty = checkpoint.drop_empty([p for p in storage.iterdir(self.directory) if p.name.isdigit()], self.directory)
     if empty:

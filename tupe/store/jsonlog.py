@@ -38,7 +38,8 @@ def _segment(directory: storage.PathLike, name: str, index: int) -> storage.Path
   return storage.path(directory) / (f"{name}.jsonl" if index == 0 else f"{name}-{index:05d}.jsonl")
 
 
-def _parse(line: str) -> dict | None:
+def _parse(line: str | bytes) -> dict | None:
+  """The record of one line; None for a line that is not a JSON object (bytes that are not UTF-8 included)."""
   try:
     record = json.loads(line)
   except ValueError:
@@ -63,8 +64,7 @@ def read(directory: storage.PathLike, name: str) -> list[dict]:
   records, bad = [], []
   paths = segments(directory, name)
   for i, path in enumerate(paths):
-    text = storage.read_text(path)
-    lines = text.split("\n")
+    lines = storage.read_bytes(path).split(b"\n")  # Split first: a line's bad bytes spoil only that line.
     for n, line in enumerate(lines, 1):
       if not line.strip():
         continue
@@ -72,7 +72,7 @@ def read(directory: storage.PathLike, name: str) -> list[dict]:
       if record is not None:
         records.append(record)
       elif not (i == len(paths) - 1 and n == len(lines)):  # the last line, with no newline after it: torn
-        bad.append((path, n, line))
+        bad.append((path, n, line.decode("utf-8", errors="replace")))
   if bad:
     path, n, line = bad[0]
     _warn(f"{path}: skipped {len(bad)} unreadable line(s) (line {n}: {_preview(line)})"
@@ -86,7 +86,7 @@ def _tail(path: storage.Path) -> bytes:
   if storage.is_remote(path):
     return storage.read_bytes(path)
   size = storage.size(path)
-  with storage.open_file(path, "rb") as f:
+  with storage.open_file(path) as f:
     f.seek(max(0, size - _TAIL_BYTES))
     return f.read()
 

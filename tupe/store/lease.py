@@ -163,8 +163,12 @@ class _LocalLock:
       owner = _parse(os.pread(self.fd, 4096, 0))
       os.close(self.fd)
       raise _in_use(self.workdir, owner) from None
-    os.ftruncate(self.fd, 0)
-    os.pwrite(self.fd, json.dumps(_owner()).encode(), 0)
+    try:
+      os.ftruncate(self.fd, 0)
+      os.pwrite(self.fd, json.dumps(_owner()).encode(), 0)
+    except OSError as e:  # A full disk, a file size limit: the lock is not held.
+      os.close(self.fd)
+      raise storage.StorageError(f"cannot lock {self.path}: {refusals.describe(e)}") from e
 
   def check(self) -> None:
     """Raises LeaseLost when the lock file is no longer the one this job locked (removed or replaced: another job

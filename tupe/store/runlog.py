@@ -82,9 +82,11 @@ class MetricWriter:
 
 def read_metrics(workdir: storage.PathLike) -> list[dict]:
   """All records of a run's metrics log (`tupe.store.jsonlog`: one file locally, segments in a bucket); a resumed run's
-  repeated steps keep the latest record."""
+  repeated steps keep the latest record. Records without an integer step (a file edited by hand) are left out."""
   by_step: dict[tuple, dict] = {}
   for record in jsonlog.read(workdir, "metrics"):
+    if not isinstance(record.get("step"), int) or isinstance(record["step"], bool):
+      continue
     kind = "eval" if any(k.startswith("eval_") for k in record) else "train"
     by_step[(kind, record["step"])] = record
   return [by_step[k] for k in sorted(by_step, key=lambda k: (k[1], k[0]))]

@@ -117,8 +117,9 @@ def check_kind(workdir: storage.Path, kind: str | None) -> None:
   which it would overwrite."""
   owner = None
   if storage.exists(workdir / "config.json"):
-    with contextlib.suppress(ValueError):
-      owner = config_files.entry_point(json.loads(storage.read_text(workdir / "config.json")))
+    with contextlib.suppress(ValueError):  # (not JSON, or not an object: no owner named)
+      saved = json.loads(storage.read_text(workdir / "config.json"))
+      owner = config_files.entry_point(saved) if isinstance(saved, dict) else None
   elif storage.exists(workdir / "checkpoints"):
     owner = "train.py"
   elif jsonlog.segments(workdir, "runs"):
