@@ -265,6 +265,19 @@ def test_import_names_missing_and_unexpected_tensors(exported, tmp_path):
     load.import_pretrained(directory)
 
 
+@pytest.mark.parametrize("text, words", [("{", "is not valid JSON"), ("null", "holds a JSON NoneType, not an object")])
+def test_a_damaged_config_json_is_one_line(exported, tmp_path, text, words):
+  """An export's config.json emptied, cut or replaced: one line for both readers (before: a JSONDecodeError's or a
+  TypeError's traceback from import_pretrained)."""
+  directory = shutil.copytree(exported("tupe_r")[2], tmp_path / "hf")
+  (directory / "config.json").write_text(text)
+  with pytest.raises(UserError, match=f"^{directory / 'config.json'} {words}.*; write the directory again with "
+                                      f"tupe.tools.export_hf$"):
+    load.import_pretrained(directory)
+  with pytest.raises(UserError, match=f"{words}.*HF save_pretrained$"):
+    load.import_convbert(directory)
+
+
 def test_unexportable_option_is_one_line(tmp_path, corpus, capsys):
   """ConvBERT with TUPE's untied positions: HF ConvBERT has no such option."""
   cfg = tiny_config("convbert_mlm", corpus[0], corpus[1][True])

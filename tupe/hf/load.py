@@ -88,13 +88,7 @@ def _open(path, scan_layers: bool | None) -> tuple:
   (`import_convbert`'s args)."""
   directory = storage.path(path)
   config_file = directory / "config.json"
-  if not storage.is_file(config_file):
-    raise UserError(f"{directory} has no config.json; pass a directory written by HF save_pretrained")
-  try:
-    hf_config = json.loads(storage.read_text(config_file))
-  except json.JSONDecodeError as e:
-    raise UserError(f"{config_file} is not valid JSON ({e}); re-save the checkpoint") from e
-  hf_config = {**layout.CONVBERT_DEFAULTS, **hf_config}
+  hf_config = {**layout.CONVBERT_DEFAULTS, **_config_json(directory, "HF save_pretrained")}
   cfg = layout.convbert_config(hf_config, str(config_file))
   if scan_layers is not None:
     cfg.scan_layers = scan_layers
@@ -148,11 +142,24 @@ def _read_torch(file: storage.Path) -> dict:
           for key, value in state.items()}
 
 
-def _read_config(directory: storage.Path) -> tuple[dict, ml_collections.ConfigDict]:
+def _config_json(directory: storage.Path, writer: str) -> dict:
+  """The object in `directory`/config.json; a UserError when it is missing or not a JSON object."""
   config_file = directory / "config.json"
   if not storage.is_file(config_file):
-    raise UserError(f"{directory} has no config.json; pass a directory written by tupe.tools.export_hf")
-  config = json.loads(storage.read_text(config_file))
+    raise UserError(f"{directory} has no config.json; pass a directory written by {writer}")
+  try:
+    config = json.loads(storage.read_text(config_file))
+  except ValueError as e:  # (UnicodeDecodeError too)
+    raise UserError(f"{config_file} is not valid JSON ({e}); write the directory again with {writer}") from None
+  if not isinstance(config, dict):
+    raise UserError(f"{config_file} holds a JSON {type(config).__name__}, not an object; write the directory again "
+                    f"with {writer}")
+  return config
+
+
+def _read_config(directory: storage.Path) -> tuple[dict, ml_collections.ConfigDict]:
+  config_file = directory / "config.json"
+  config = _config_json(directory, "tupe.tools.export_hf")
   if layout.MODEL_KEY not in config:
     raise UserError(f"{config_file} has no {layout.MODEL_KEY!r} entry, so it was not written by "
                     "tupe.tools.export_hf; HF ConvBERT checkpoints import with tupe.hf.import_convbert")
