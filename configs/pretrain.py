@@ -80,7 +80,8 @@ def get_config(arg: str = "tupe_a,base") -> ml_collections.ConfigDict:
   if model == "convbert":
     c.seq_len = 128
     c.global_batch_size = 256 if size in ("base", "large") else 128
-    c.optimizer.learning_rate = CONVBERT_LR.get(size, 1e-3)  # (tiny: replaced below)
+    if size in CONVBERT_LR:  # (tiny: its own, below)
+      c.optimizer.learning_rate = CONVBERT_LR[size]
     c.optimizer.weight_decay_mask = "no_ln_bias"
     c.data.packing = "segment_pair"
     if name == "convbert":

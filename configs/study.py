@@ -7,8 +7,9 @@ Studies:
   convbert: ConvBERT against the baseline it claims to beat, at equal size and steps, under the ConvBERT
     recipe (segment pairs, 2 token types, narrower embeddings projected to the hidden size at micro and mini
     (32 and 128 wide; base: 768, the hidden size), no decay on LayerNorm and biases): electra (BERT layers, the
-    ELECTRA objective: a generator 1/4 wide (1/3 at base), ELECTRA masking, loss gen + 50 disc) against convbert (the same with mixed attention), and bert_a against convbert_mlm under
-    MLM with BERT masking; fine-tuned with the ConvBERT GLUE recipe (its head, layer-wise lr decay 0.8).
+    ELECTRA objective: a generator 1/4 wide (1/3 at base), ELECTRA masking, loss gen + 50 disc) against
+    convbert (the same with mixed attention), and bert_a against convbert_mlm under MLM with BERT masking;
+    fine-tuned with the ConvBERT GLUE recipe (its head, layer-wise lr decay 0.8).
 
 Every variant of a study has the same data settings and seed, so it sees the same batches (the same tokens
 in the same order, with the same masks), and the same number of steps.

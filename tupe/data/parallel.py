@@ -89,7 +89,7 @@ def _finish(plan: dict, output: storage.PathLike, records: list[dict]) -> dict:
     for unit in range(len(plan["units"])):
       for split in splits:
         storage.remove(out / shards.shard_name(split, unit))
-    storage.remove(shards.unit_record_path(out, 0).parent)
+    storage.remove(out / shards.UNITS)
     storage.remove(out / shards.PLAN)
     raise
   storage.copy(plan["vocab_file"], out / shards.VOCAB)

@@ -30,6 +30,7 @@ from tupe.store.refusals import StorageError
 FORMAT = "tupe-packed-examples-v3"  # v3: one shard per unit of work (v2: round-robin over --num-shards).
 METADATA = "metadata.json"
 PLAN = "plan.json"
+UNITS = "units"  # the units' records
 VOCAB = "vocab.txt"
 _UPLOAD_CHUNK = 8 << 20
 
@@ -39,7 +40,7 @@ def shard_name(split: str, unit: int) -> str:
 
 
 def unit_record_path(folder: storage.PathLike, unit: int) -> storage.Path:
-  return storage.path(folder) / "units" / f"{unit:05d}.json"
+  return storage.path(folder) / UNITS / f"{unit:05d}.json"
 
 
 def _upload(local_file: str, target: storage.Path) -> None:

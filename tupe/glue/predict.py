@@ -183,7 +183,7 @@ def write_output(path: storage.PathLike, columns: list[str], rows: list[list]) -
   """Writes the rows as TSV (a header line) or JSONL, by the suffix, atomically (`storage.write_text`)."""
   path = storage.path(path)
   cell = lambda v: f"{v:.6f}" if isinstance(v, float) else str(v)
-  if check_output(path) == ".tsv":
+  if _format(path, "--out") == ".tsv":
     text = "".join("\t".join(map(cell, row)) + "\n" for row in [columns, *rows])
   else:
     text = "".join(json.dumps(dict(zip(columns, row))) + "\n" for row in rows)

@@ -61,13 +61,13 @@ class Checkpointer:
       raise UserError(f"cannot create the checkpoint directory {self.directory} ({cause}); choose another --workdir"
                       ) from e
     _refuse_links(self.directory)
-    stray = next((p for p in storage.iterdir(self.directory) if p.name.isdigit() and not storage.is_remote(p)
-                  and not storage.is_dir(p)), None)
+    steps = [p for p in storage.iterdir(self.directory) if p.name.isdigit()]
+    stray = next((p for p in steps if not storage.is_dir(p)), None) if not storage.is_remote(self.directory) else None
     if stray is not None:  # Orbax would delete it to save step N there.
       raise UserError(f"{stray} is a file, not a checkpoint, and the save of step {stray.name} would delete it: move "
                       f"it out of {self.directory}")
     # Empty step folders (a stray mkdir) hold nothing to keep: removed, with one line, before orbax sees them.
-    empty = checkpoint.drop_empty([p for p in storage.iterdir(self.directory) if p.name.isdigit()], self.directory)
+    empty = checkpoint.drop_empty(steps, self.directory)
     if empty:
       if jax.process_index() == 0:
         for folder in empty:
