@@ -152,6 +152,14 @@ def test_sharded_checkpoint(tmp_path):
   cfg, params = load.import_convbert_mlm(tmp_path)
   logits = our_masked_lm(cfg, params, ids, mask, types)
   assert max_diff(logits, run_hf(model, ids, mask, types).logits) < TOLERANCE
+  # The index emptied, or without its map of shards: one line each (before: a JSONDecodeError's, a KeyError's
+  # traceback).
+  index = tmp_path / "model.safetensors.index.json"
+  for text, words in [("", r"does not hold a JSON object \(emptied or damaged\)"),
+                      ('{"metadata": {}}', "has no 'weight_map' object naming the shards")]:
+    index.write_text(text)
+    with pytest.raises(UserError, match=f"^{index} {words}[:;] save the model again with save_pretrained$"):
+      load.import_convbert_mlm(tmp_path)
 
 
 @pytest.fixture

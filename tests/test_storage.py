@@ -11,6 +11,7 @@ from gcs_emulator import free_port
 import pytest
 from test_resume import REPO
 
+from tupe.store import jsonfile
 from tupe.store import storage
 
 
@@ -192,3 +193,16 @@ def test_an_atomic_write_gives_the_mode_open_would(tmp_path):
   (tmp_path / "private.json").chmod(0o600)
   storage.write_text(tmp_path / "private.json", '{"a": 1}')
   assert mode("private.json") == 0o600 and (tmp_path / "private.json").read_text() == '{"a": 1}'
+
+
+@pytest.mark.parametrize("data", [b"", b'{"a": ', b"null", b"[1]", b'"text"', b'{"a": "\xff"}'],
+                         ids=["emptied", "cut", "null", "list", "string", "not-utf8"])
+def test_json_that_is_not_an_object_reads_as_none_or_one_line(data, tmp_path):
+  """The one reader of the JSON objects tupe writes: anything else is None to a record's reader, and one line naming
+  the file and the fix to a file's (before: a JSONDecodeError's, AttributeError's or KeyError's traceback, each
+  reader its own)."""
+  assert jsonfile.parse(b'{"a": [1]}') == {"a": [1]} and jsonfile.parse(data) is None
+  (tmp_path / "config.json").write_bytes(data)
+  with pytest.raises(storage.StorageError, match=f"^{tmp_path / 'config.json'} does not hold a JSON object "
+                                                 r"\(emptied or damaged\): delete it$"):
+    jsonfile.read(tmp_path / "config.json", "delete it")

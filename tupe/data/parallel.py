@@ -17,6 +17,7 @@ from tupe.data import build
 from tupe.data import report
 from tupe.data import shards
 from tupe.errors import UserError
+from tupe.store import jsonfile
 from tupe.store import storage
 
 _ONE_THREAD = {"RAYON_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -49,7 +50,7 @@ def _prepare(plan: dict, output: storage.PathLike) -> None:
   path = storage.path(output) / shards.PLAN
   text = json.dumps(plan, indent=1, sort_keys=True) + "\n"
   if storage.exists(path):
-    recorded = shards.read_json(path, "pass a new --output folder, or delete the old one")
+    recorded = jsonfile.read(path, "pass a new --output folder, or delete the old one")
     if build.plan_key(recorded) != build.plan_key(plan):
       raise UserError(f"{output} holds a run with other inputs or settings ({shards.PLAN} differs): pass a new "
                       f"--output folder, or delete the old one")

@@ -24,6 +24,7 @@ from tupe.data import corpus
 from tupe.data.packing import ExampleSource
 from tupe.data.report import Tally
 from tupe.errors import UserError
+from tupe.store import jsonfile
 from tupe.store import storage
 from tupe.store.refusals import StorageError
 
@@ -105,21 +106,12 @@ def write_unit(folder: storage.PathLike, unit: int, examples, tallies: dict[str,
   return record
 
 
-def read_json(path: storage.PathLike, fix: str):
-  """The JSON value of a file a preprocessing run wrote; one that is not JSON (emptied or damaged) is a UserError
-  naming it and `fix`, what to do about it."""
-  try:
-    return json.loads(storage.read_bytes(path).decode("utf-8"))
-  except ValueError:  # (UnicodeDecodeError too)
-    raise UserError(f"{path} is not JSON (emptied or damaged): {fix}") from None
-
-
 def read_unit_record(folder: storage.PathLike, unit: int) -> dict | None:
   """Unit `unit`'s manifest record, or None while the unit is not done."""
   path = unit_record_path(folder, unit)
   if not storage.exists(path):
     return None
-  return read_json(path, "delete it, and that unit is made again when the run resumes")
+  return jsonfile.read(path, "delete it, and that unit is made again when the run resumes")
 
 
 def read_metadata(folder: storage.PathLike) -> dict:
@@ -130,7 +122,7 @@ def read_metadata(folder: storage.PathLike) -> dict:
     half = " (a run was started there but is not finished: run it again to resume)" if storage.exists(where) else ""
     raise UserError(f"{folder} holds no preprocessed examples ({METADATA} is missing){half}: "
                     f"write them with `python -m tupe.data.preprocess --output {folder} ...`")
-  metadata = read_json(path, "preprocess the corpus again into a new folder")
+  metadata = jsonfile.read(path, "preprocess the corpus again into a new folder")
   if metadata.get("format") != FORMAT:
     raise UserError(f"{path} is in format {metadata.get('format')!r}, not {FORMAT} (examples are now packed per "
                     f"unit of work): preprocess the corpus again")

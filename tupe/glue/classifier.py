@@ -31,6 +31,7 @@ from tupe.hf import layout
 from tupe.store import checkpoint
 from tupe.store import checkpointer
 from tupe.store import checksums
+from tupe.store import jsonfile
 from tupe.store import meta as meta_lib
 from tupe.store import storage
 
@@ -125,8 +126,5 @@ def is_classifier(path: storage.PathLike) -> bool:
   path = storage.path(path)
   if not storage.is_file(path / "meta" / "metadata"):
     return False
-  try:
-    return json.loads(storage.read_text(path / "meta" / "metadata")).get("config", {}).get("objective") == (
-        layout.CLASSIFIER_OBJECTIVE)
-  except ValueError:
-    return False
+  config = (jsonfile.parse(storage.read_bytes(path / "meta" / "metadata")) or {}).get("config")
+  return isinstance(config, dict) and config.get("objective") == layout.CLASSIFIER_OBJECTIVE

@@ -48,6 +48,7 @@ from tupe.glue import outputs
 from tupe.glue import runs as runs_lib
 from tupe.glue import tasks as glue
 from tupe.models import partitioning
+from tupe.store import jsonfile
 from tupe.store import storage
 from tupe.train import core
 from tupe.train import flops as flops_lib
@@ -196,7 +197,8 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
     job.started()  # Bad input, a signal, any failure before here: no workdir left behind.
     _run_grid(cfg, workdir, tasks, pending, lrs, backbone, encoder, mesh, rules, stop)
   results = workdir / "results.json"
-  return json.loads(storage.read_text(results)) if storage.exists(results) else {}
+  return jsonfile.read(results, "delete it: the next run writes it again from runs.jsonl") if (
+      storage.exists(results)) else {}
 
 
 class _Stop:

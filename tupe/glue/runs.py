@@ -15,6 +15,7 @@ from tupe.errors import UserError
 from tupe.glue import metrics as glue_metrics
 from tupe.glue import report
 from tupe.store import checksums
+from tupe.store import jsonfile
 from tupe.store import jsonlog
 from tupe.store import storage
 
@@ -104,11 +105,8 @@ def check_resume(cfg, workdir: storage.Path) -> None:
   new = json.loads(cfg.to_json_best_effort())
   runs = read_runs(workdir)
   if storage.exists(path) and runs:
-    try:
-      old = json.loads(storage.read_text(path))
-    except ValueError:
-      raise UserError(f"{path} is not JSON (emptied or damaged): restore it, or delete it to have it rewritten "
-                      f"from this command (the runs' settings digests are still checked)") from None
+    old = jsonfile.read(path, "restore it, or delete it to have it rewritten from this command (the runs' settings "
+                        "digests are still checked)")
     old, current = settings(old), settings(new)
     changed = sorted(k for k in set(old) | set(current) if old.get(k) != current.get(k))
     if changed:

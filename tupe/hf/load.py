@@ -20,7 +20,6 @@ HF ConvBERT does not mask pads inside the conv heads; neither do we, so outputs 
 from __future__ import annotations
 
 import io
-import json
 
 import jax
 import ml_collections
@@ -29,6 +28,7 @@ import numpy as np
 from tupe import models
 from tupe.errors import UserError
 from tupe.hf import layout
+from tupe.store import jsonfile
 from tupe.store import storage
 
 # Non-trainable buffers that older checkpoints store next to the weights.
@@ -116,7 +116,11 @@ def _read_tensors(directory: storage.Path) -> dict:
     raise UserError(f"{directory} has none of {', '.join(_WEIGHT_FILES)}; pass a directory written by HF "
                     "save_pretrained")
   if found.name.endswith(".index.json"):
-    shards = sorted(set(json.loads(storage.read_text(found))["weight_map"].values()))
+    weight_map = jsonfile.read(found, "save the model again with save_pretrained").get("weight_map")
+    if not isinstance(weight_map, dict):
+      raise UserError(f"{found} has no 'weight_map' object naming the shards; save the model again with "
+                      "save_pretrained")
+    shards = sorted(set(weight_map.values()))
     files = [directory / shard for shard in shards]
   else:
     files = [found]
@@ -147,14 +151,7 @@ def _config_json(directory: storage.Path, writer: str) -> dict:
   config_file = directory / "config.json"
   if not storage.is_file(config_file):
     raise UserError(f"{directory} has no config.json; pass a directory written by {writer}")
-  try:
-    config = json.loads(storage.read_text(config_file))
-  except ValueError as e:  # (UnicodeDecodeError too)
-    raise UserError(f"{config_file} is not valid JSON ({e}); write the directory again with {writer}") from None
-  if not isinstance(config, dict):
-    raise UserError(f"{config_file} holds a JSON {type(config).__name__}, not an object; write the directory again "
-                    f"with {writer}")
-  return config
+  return jsonfile.read(config_file, f"write the directory again with {writer}")
 
 
 def _read_config(directory: storage.Path) -> tuple[dict, ml_collections.ConfigDict]:

@@ -14,6 +14,7 @@ import hashlib
 import json
 
 from tupe.errors import UserError
+from tupe.store import jsonfile
 from tupe.store import storage
 
 CHECKSUMS = "checksums.json"  # {"sha256": {path relative to the step directory: hex digest}}
@@ -46,12 +47,10 @@ def read(step_dir: storage.PathLike) -> dict[str, str] | None:
   record = storage.path(step_dir) / CHECKSUMS
   if not storage.exists(record):
     return None
-  try:
-    recorded = json.loads(storage.read_text(record))["sha256"]
-    if not isinstance(recorded, dict):
-      raise TypeError("not a mapping")
-  except (ValueError, KeyError, TypeError) as e:
-    raise DamagedCheckpoint(f"{CHECKSUMS} is unreadable ({type(e).__name__}: {e})") from e
+  recorded = (jsonfile.parse(storage.read_bytes(record)) or {}).get("sha256")
+  if not isinstance(recorded, dict):
+    raise DamagedCheckpoint(f"{CHECKSUMS} is unreadable (emptied or damaged: not a JSON object holding a 'sha256' "
+                            "object)")
   return recorded
 
 

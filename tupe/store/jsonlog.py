@@ -19,6 +19,7 @@ import json
 import re
 import time
 
+from tupe.store import jsonfile
 from tupe.store import storage
 
 SEGMENT_RECORDS = 1000  # records per segment in a bucket
@@ -36,15 +37,6 @@ def segments(directory: storage.PathLike, name: str) -> list[storage.Path]:
 
 def _segment(directory: storage.PathLike, name: str, index: int) -> storage.Path:
   return storage.path(directory) / (f"{name}.jsonl" if index == 0 else f"{name}-{index:05d}.jsonl")
-
-
-def _parse(line: str | bytes) -> dict | None:
-  """The record of one line; None for a line that is not a JSON object (bytes that are not UTF-8 included)."""
-  try:
-    record = json.loads(line)
-  except ValueError:
-    return None
-  return record if isinstance(record, dict) else None
 
 
 def _warn(msg: str) -> None:
@@ -68,7 +60,7 @@ def read(directory: storage.PathLike, name: str) -> list[dict]:
     for n, line in enumerate(lines, 1):
       if not line.strip():
         continue
-      record = _parse(line)
+      record = jsonfile.parse(line)
       if record is not None:
         records.append(record)
       elif not (i == len(paths) - 1 and n == len(lines)):  # the last line, with no newline after it: torn
@@ -104,7 +96,7 @@ def repair(directory: storage.PathLike, name: str) -> None:
   data = storage.read_bytes(path)
   head, _, last = data.rpartition(b"\n")
   text = last.decode("utf-8", errors="replace")
-  if _parse(text) is not None:  # cut between the record and its newline: nothing is lost
+  if jsonfile.parse(text) is not None:  # cut between the record and its newline: nothing is lost
     storage.write_bytes(path, data + b"\n")
     return
   storage.write_bytes(path, head + b"\n" if head else b"")

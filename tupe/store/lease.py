@@ -54,6 +54,7 @@ from tupe import console
 from tupe.errors import UserError
 from tupe.store import deadline
 from tupe.store import fence
+from tupe.store import jsonfile
 from tupe.store import lease_objects
 from tupe.store import refusals
 from tupe.store import storage
@@ -131,14 +132,6 @@ def _pid_is_gone(owner: dict) -> bool:
   return _start_time(owner["pid"]) != owner.get("start")
 
 
-def _parse(data: bytes) -> dict | None:
-  try:
-    owner = json.loads(data)
-  except ValueError:
-    return None
-  return owner if isinstance(owner, dict) else None
-
-
 _STOPPING = "stopping without writing anything more, so that two jobs never write one workdir"
 
 
@@ -160,7 +153,7 @@ class _LocalLock:
     try:
       fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-      owner = _parse(os.pread(self.fd, 4096, 0))
+      owner = jsonfile.parse(os.pread(self.fd, 4096, 0))
       os.close(self.fd)
       raise _in_use(self.workdir, owner) from None
     try:
@@ -238,7 +231,7 @@ class _BucketLease:
         data, version = self.object.read()
       except (FileNotFoundError, lease_objects.Changed):
         continue  # released or replaced since
-      owner = _parse(data)
+      owner = jsonfile.parse(data)
       if owner and owner.get("token") == self.token:  # ours: a retried create whose first answer was lost
         self.version, self.expires = version, owner["expires"]
         return None
@@ -263,7 +256,7 @@ class _BucketLease:
   def _taken_over(self) -> fence.LeaseLost:
     """The lease was replaced or deleted by another job: lost, naming the job that holds it now."""
     try:
-      owner = _parse(self.object.read()[0])
+      owner = jsonfile.parse(self.object.read()[0])
       holder = f"{_who(owner)} took the workdir over and holds it now"
     except Exception:  # deleted since (that job finished), or the store does not answer
       holder = "another job took the workdir over (and has released it since)"
@@ -280,7 +273,7 @@ class _BucketLease:
     with self._lock:
       try:
         data, version = self.object.read()
-        owner = _parse(data)
+        owner = jsonfile.parse(data)
         if not owner or owner.get("token") != self.token:
           raise self._taken_over()
         if owner.get("expires", 0) - time.time() < self.ttl / 2:

@@ -24,6 +24,7 @@ from tupe.glue import metrics as glue_metrics
 from tupe.glue import outputs
 from tupe.glue import report as glue_report
 from tupe.glue import runs as runs_lib
+from tupe.store import jsonfile
 from tupe.store import runlog
 from tupe.store import storage
 
@@ -56,7 +57,8 @@ def _float(value) -> float | None:
 
 def heldout_summary(variant, step: int) -> dict | None:
   path = variant.heldout_file(step)
-  return json.loads(storage.read_text(path)) if step and storage.is_file(path) else None
+  return jsonfile.read(path, "delete it, and the study scores that checkpoint again") if (
+      step and storage.is_file(path)) else None
 
 
 def glue_summary(variant) -> dict:

@@ -43,6 +43,7 @@ from tupe.glue import data as glue_data
 from tupe.glue import finetune
 from tupe.glue import runs as runs_lib
 from tupe.store import checkpoint
+from tupe.store import jsonfile
 from tupe.store import storage
 from tupe.study import heldout
 from tupe.study import report
@@ -196,7 +197,7 @@ def heldout_done(cfg, variant: Variant, step: int) -> bool:
   path = variant.heldout_file(step)
   if not storage.is_file(path):
     return False
-  saved = json.loads(storage.read_text(path))
+  saved = jsonfile.parse(storage.read_bytes(path)) or {}  # (damaged: scored again)
   return (saved.get("text_file") == data_path(cfg, cfg.heldout_file) and saved.get("seed") == cfg.heldout_seed
           and saved.get("max_examples") == cfg.heldout_max_examples)
 
@@ -217,8 +218,10 @@ def glue_done(variant: Variant) -> bool:
   if glue_pending(variant):
     return False
   try:
-    saved = json.loads(storage.read_text(variant.glue_dir / "config.json"))
-  except (storage.StorageError, ValueError):
+    saved = jsonfile.parse(storage.read_bytes(variant.glue_dir / "config.json"))
+  except storage.StorageError:
+    return False
+  if saved is None:
     return False
   planned = json.loads(variant.glue_cfg.to_json_best_effort())
   fixed = lambda config: {k: v for k, v in runs_lib.settings(config).items() if k != "lowercase"}

@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from tupe.models import config as config_lib
+from tupe.store import jsonfile
 from tupe.store import storage
 
 # Dense bf16 peak FLOP/s per device, by jax device_kind prefix (vendor data sheets, no sparsity).
@@ -165,8 +166,8 @@ def cached_matmul_peak(kind: str) -> tuple[float, str]:
   key = f"{kind}, {_machine()}"
   floor, assumed = plausible_floor()
   try:
-    cache = json.loads(storage.read_text(path))
-  except (storage.StorageError, ValueError):
+    cache = jsonfile.parse(storage.read_bytes(path)) or {}
+  except storage.StorageError:  # (none yet, or unreadable: measured again)
     cache = {}
   entry = cache.get(key)
   cached = float(entry["peak_flops"]) if isinstance(entry, dict) and isinstance(entry.get("peak_flops"), (
