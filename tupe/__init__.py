@@ -15,25 +15,51 @@ and at the bottom errors, signals, console, present (tables, figures) and config
 """
 
 import importlib
+import types
 import warnings
 
 # The modules of the flat layout before the layers, for one release: `from tupe import trainer` still works, with a
-# DeprecationWarning naming the new place (`import tupe.trainer` does not).
+# DeprecationWarning naming the new place (`import tupe.trainer` does not). A module whose contents went to several
+# places lists them all: each name is looked up in them in turn, and its warning names the one that holds it.
 _MOVED = {
-    "trainer": "tupe.train.pretrain", "training": "tupe.train.core", "compile_cache": "tupe.train.compile_cache",
-    "flops": "tupe.train.flops", "optim": "tupe.train.optim", "objectives": "tupe.train.objectives",
-    "resume": "tupe.train.resume", "sharding": "tupe.train.sharding", "storage": "tupe.store.storage",
-    "checkpoint": "tupe.store.checkpoint", "checkpoint_meta": "tupe.store.meta", "checksums": "tupe.store.checksums",
-    "lease": "tupe.store.lease", "jsonlog": "tupe.store.jsonlog", "orbax_s3": "tupe.store.orbax_s3",
-    "logs": "tupe.store.runlog", "cli": "tupe.config_files", "supervise": "tupe.run.supervise",
-    "hf_layout": "tupe.hf.layout", "hf_models": "tupe.hf.remote", "analysis": "tupe.study.analysis",
-    "study_report": "tupe.study.report", "sweep": "tupe.study.sweep",
+    "trainer": ("tupe.train.pretrain", "tupe.train.evaluation", "tupe.train.progress", "tupe.train.core"),
+    "training": ("tupe.train.core", "tupe.train.job"), "compile_cache": ("tupe.train.compile_cache",),
+    "flops": ("tupe.train.flops",), "optim": ("tupe.train.optim",), "objectives": ("tupe.train.objectives",),
+    "resume": ("tupe.train.resume",), "sharding": ("tupe.train.sharding", "tupe.models.partitioning"),
+    "storage": ("tupe.store.storage", "tupe.store.refusals"),
+    "checkpoint": ("tupe.store.checkpoint", "tupe.store.checkpointer"), "checkpoint_meta": ("tupe.store.meta",),
+    "checksums": ("tupe.store.checksums",), "lease": ("tupe.store.lease",), "jsonlog": ("tupe.store.jsonlog",),
+    "orbax_s3": ("tupe.store.orbax_s3",), "logs": ("tupe.store.runlog", "tupe.train.progress", "tupe.console"),
+    "cli": ("tupe.config_files", "tupe.run.cli"), "supervise": ("tupe.run.supervise",),
+    "hf_layout": ("tupe.hf.layout", "tupe.hf.load"), "hf_models": ("tupe.hf.remote",),
+    "analysis": ("tupe.study.analysis",), "study_report": ("tupe.study.report",), "sweep": ("tupe.study.sweep",),
 }
+_WARNING = "the old name goes in the next release (docs/ARCHITECTURE.md)"
+
+
+class _Split(types.ModuleType):
+  """An old module whose contents now live in several: `tupe.cli.run` is `tupe.run.cli.run`."""
+
+  def __init__(self, name: str, places: tuple[str, ...]):
+    super().__init__(f"tupe.{name}")
+    self._places = places
+
+  def __getattr__(self, attr: str):
+    for place in self._places:
+      module = importlib.import_module(place)
+      if hasattr(module, attr):
+        warnings.warn(f"{self.__name__}.{attr} has moved to {place}.{attr}; {_WARNING}", DeprecationWarning,
+                      stacklevel=2)
+        return getattr(module, attr)
+    raise AttributeError(f"{self.__name__} had no {attr!r} that is still in {', '.join(self._places)}: it was "
+                         f"renamed or removed (docs/ARCHITECTURE.md says what is where)")
 
 
 def __getattr__(name: str):
   if name not in _MOVED:
     raise AttributeError(f"module 'tupe' has no attribute {name!r}")
-  warnings.warn(f"tupe.{name} has moved to {_MOVED[name]} (docs/ARCHITECTURE.md); the old name goes in the next "
-                f"release", DeprecationWarning, stacklevel=2)
-  return importlib.import_module(_MOVED[name])
+  places = _MOVED[name]
+  if len(places) > 1:
+    return _Split(name, places)
+  warnings.warn(f"tupe.{name} has moved to {places[0]}; {_WARNING}", DeprecationWarning, stacklevel=2)
+  return importlib.import_module(places[0])
