@@ -161,6 +161,14 @@ def test_user_errors(pretrained, glue_dir, tmp_path):
   with pytest.raises(UserError, match=r"CoLA.*not found .*; or fine-tune only the tasks you have: --config.tasks"):
     run(glue_cfg(data_dir=str(partial), init_checkpoint=str(pretrained), mesh=dict(data=1, fsdp=1, tensor=1)))
   assert not (tmp_path / "out").exists()  # Stopped by bad input: no workdir left behind.
+  # A file where the grid keeps its models: refused before any data is read (before, the whole grid trained, then
+  # keeping its model failed: "cannot write .../models/RTE/_CHECKPOINT_METADATA: Not a directory").
+  (tmp_path / "out").mkdir()
+  (tmp_path / "out" / "models").write_text("notes\n")
+  with pytest.raises(UserError, match=f"^{tmp_path / 'out' / 'models'} is a file, where eval_glue.py keeps a "
+                                      f"folder; move it away or choose another --workdir$"):
+    run(glue_cfg(data_dir=str(glue_dir), **base))
+  assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["models"]
 
 
 def test_sigterm_names_the_interrupted_run(pretrained, glue_dir, tmp_path):

@@ -224,7 +224,7 @@ def text(inputs, files: str, vocab: str = "vocab.txt") -> dict:
 
 
 # name: (config overrides (or text files, or (text files, vocab)), extra flags, devices, workdir: "fresh" |
-#        "trained" | "under_a_file" | "checkpoints_is_a_file" | "metrics_is_a_dir", words of the error line)
+#        "trained" | "under_a_file" | "<folder>_is_a_file" | "metrics_is_a_dir", words of the error line)
 BAD_INPUTS = {
     "unknown config field": ({}, ["--config.model.hiden_size=3"], 1, "fresh",
                              ["--config.model.hiden_size", "no field 'hiden_size'", "did you mean 'hidden_size'"]),
@@ -266,10 +266,13 @@ BAD_INPUTS = {
     "vocab not UTF-8": (("text.txt", "latin1.txt"), [], 1, "fresh", ["vocab file", "latin1.txt is not UTF-8 (byte 3)",
                                                                      "iconv"]),
     "vocab is a directory": (("text.txt", "no_corpus"), [], 1, "fresh", ["vocab file", "no_corpus is a directory"]),
-    "metrics.jsonl is a directory": ({}, [], 1, "metrics_is_a_dir", ["metrics.jsonl is not a file", "move it away"]),
+    "metrics.jsonl is a directory": ({}, [], 1, "metrics_is_a_dir",
+                                     ["metrics.jsonl is a folder, where train.py writes a file", "move it away"]),
     "unwritable workdir": ({}, [], 1, "under_a_file", ["is not writable", "Not a directory", "another --workdir"]),
     "checkpoint dir is a file": ({}, [], 1, "checkpoints_is_a_file",
-                                 ["cannot create the checkpoint directory", "another --workdir"]),
+                                 ["checkpoints is a file, where train.py keeps a folder", "another --workdir"]),
+    "tensorboard is a file": ({"tensorboard": True}, [], 1, "tensorboard_is_a_file",
+                              ["tensorboard is a file, where train.py keeps a folder", "move it away"]),
 }
 VERBOSE = ("unknown config field", "tokenizer vocab != model vocab")  # one per error path of train.py
 
@@ -292,9 +295,9 @@ def bad_input_runs(tmp_path_factory, inputs, skipped_run):
       workdir = inputs / "a_file" / "run"
     elif where == "metrics_is_a_dir":
       (workdir / "metrics.jsonl").mkdir(parents=True)
-    elif where == "checkpoints_is_a_file":
+    elif where.endswith("_is_a_file"):  # (before, found after the step compiled: "cannot create ...: File exists")
       workdir.mkdir()
-      (workdir / "checkpoints").write_text("a file\n")
+      (workdir / where.removesuffix("_is_a_file")).write_text("a file\n")
     return run_train(workdir, overrides, extra + ["--verbose"] * verbose, devices=devices, timeout=HANG), workdir
 
   keys = [(name, False) for name in BAD_INPUTS] + [(name, True) for name in VERBOSE]

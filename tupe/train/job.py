@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import fractions
-import json
 import math
 import os
 import sys
@@ -32,6 +31,7 @@ from tupe import config_files
 from tupe import signals
 from tupe.errors import UserError
 from tupe.store import deadline
+from tupe.store import jsonfile
 from tupe.store import jsonlog
 from tupe.store import lease
 from tupe.store import storage
@@ -62,7 +62,7 @@ class Job:
     deadline.configure(self.cfg.checkpoint.store_timeout_s, self.cfg.checkpoint.stop_grace_s)
     compile_cache.enable(self.cfg.get("compilation_cache_dir", compile_cache.DEFAULT_DIR))
     initialize_distributed(self.cfg.distributed)
-    check_workdir(self.workdir)
+    check_workdir(self.workdir, self.cfg)
     self._created = not storage.exists(self.workdir)
     make_workdir(self.workdir)
     try:
@@ -117,9 +117,8 @@ def check_kind(workdir: storage.Path, kind: str | None) -> None:
   which it would overwrite."""
   owner = None
   if storage.exists(workdir / "config.json"):
-    with contextlib.suppress(ValueError):  # (not JSON, or not an object: no owner named)
-      saved = json.loads(storage.read_text(workdir / "config.json"))
-      owner = config_files.entry_point(saved) if isinstance(saved, dict) else None
+    saved = jsonfile.parse(storage.read_bytes(workdir / "config.json"))  # (None, not an object: no owner named)
+    owner = config_files.entry_point(saved) if saved is not None else None
   elif storage.exists(workdir / "checkpoints"):
     owner = "train.py"
   elif jsonlog.segments(workdir, "runs"):
@@ -155,18 +154,37 @@ def agreed_signal(received: list[int]) -> int:
   return int(np.max(multihost_utils.process_allgather(np.int32(local))))
 
 
-def check_workdir(workdir: storage.PathLike) -> None:
-  """Fails early, with one line, when the workdir (a local folder or a bucket URL) cannot be created or written;
-  creates nothing."""
+# What each entry point writes in its workdir: (files, folders). A folder where one of the files goes, or a file
+# where one of the folders goes, would stop the job at its first write there, after its data is loaded and its
+# step compiled (or, for a GLUE grid, after the whole grid): `check_workdir` refuses it first.
+WRITES = {"train.py": (("config.json", "metrics.jsonl", "curves.png"), ("checkpoints", "tensorboard")),
+          "eval_glue.py": (("config.json", "runs.jsonl", "vocab.txt", "results.json", "results.md", "results.png"),
+                           ("runs", "predictions", "models", "submission"))}
+
+
+def check_workdir(workdir: storage.PathLike, cfg=None) -> None:
+  """Fails early, with one line, when the workdir (a local folder or a bucket URL) cannot be created or written, or
+  when something in it is in the way of what the job of config `cfg` writes there (`WRITES`, less the TensorBoard
+  events and curves it is set not to write); creates nothing."""
   if not storage.is_remote(workdir):
     check_local_filesystem(storage.path(workdir))
   try:
     storage.check_writable(workdir)
   except storage.StorageError as e:
     raise UserError(f"workdir {workdir} is not writable ({e}); choose another --workdir") from None
-  for name in ("config.json", "metrics.jsonl"):
+  kind = config_files.entry_point(cfg) if cfg is not None else None
+  files, folders = WRITES.get(kind, (("config.json",), ()))
+  off = {name for name, field in (("tensorboard", "tensorboard"), ("curves.png", "curves"))
+         if cfg is not None and not cfg.get(field, True)}
+  files, folders = [n for n in files if n not in off], [n for n in folders if n not in off]
+  for name in files:
     if storage.is_dir(storage.path(workdir) / name):
-      raise UserError(f"{storage.path(workdir) / name} is not a file; move it away or choose another --workdir")
+      raise UserError(f"{storage.path(workdir) / name} is a folder, where {kind or 'the job'} writes a file; move it "
+                      f"away or choose another --workdir")
+  for name in folders:
+    if storage.is_file(storage.path(workdir) / name):
+      raise UserError(f"{storage.path(workdir) / name} is a file, where {kind} keeps a folder; move it away or choose "
+                      f"another --workdir")
 
 
 def make_workdir(workdir: storage.PathLike) -> None:
