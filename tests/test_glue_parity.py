@@ -1,7 +1,7 @@
 """GLUE fine-tuning equal to PyTorch + HF transformers step for step (`tupe.tools.glue_parity`), on checkpoints
 trained here: tiny BERT-A under the TUPE recipes, tiny ConvBERT (MLM) under the ConvBERT recipes with
-layer-wise lr decay; a single-sentence task, a pair task and STS-B regression; and both in float64 at a high
-learning rate, to float64's rounding where float32 is held to 1e-4."""
+layer-wise lr decay; a single-sentence task, pair tasks and STS-B regression under each; and both in float64 at a
+high learning rate, to float64's rounding where float32 is held to 1e-4."""
 import json
 
 import jax
@@ -75,28 +75,30 @@ def check(result, tasks, learns):
 
 def test_bert_a_tupe_recipe(checkpoints, glue_dir, tmp_path):
   """The TUPE recipe (dense-tanh head = BERT's pooler + classifier, weight decay on all weights, warmup 6%, no
-  token types) on SST-2, MRPC and STS-B (trained on score / 5)."""
-  cfg = parity_config("tupe", checkpoints["bert_a"], glue_dir, "sst2,mrpc,stsb")
+  token types) on MRPC (accuracy and F1, pairs truncated) and STS-B (trained on score / 5); the float64 test below
+  runs it on RTE."""
+  cfg = parity_config("tupe", checkpoints["bert_a"], glue_dir, "mrpc,stsb")
   result = glue_parity.run(cfg, tmp_path)
-  check(result, ["SST-2", "MRPC", "STS-B"], learns=("MRPC", "STS-B"))
+  check(result, ["MRPC", "STS-B"], learns=("MRPC", "STS-B"))
   assert result["tasks"][0]["hf_param_groups"] == [{"lr_scale": 1.0, "weight_decay": 0.01, "tensors": 40}]
-  assert result["tasks"][1]["tokenization"]["train"]["differing"] > 0  # MRPC at 48 tokens: truncated pairs
+  assert result["tasks"][0]["tokenization"]["train"]["differing"] > 0  # MRPC at 48 tokens: truncated pairs
   assert json.loads((tmp_path / "parity.json").read_text())["passed"]
   assert "| STS-B | 100 |" in (tmp_path / "parity.md").read_text()
 
 
 def test_convbert_recipe_layerwise_decay(checkpoints, glue_dir, tmp_path):
   """The ConvBERT recipe (HF's head, layer-wise lr decay 0.8 against PyTorch parameter groups, no decay on
-  LayerNorm and biases, warmup 10%, STS-B unscaled and trained on swapped pairs too) on CoLA, RTE and STS-B."""
-  cfg = parity_config("convbert", checkpoints["convbert_mlm"], glue_dir, "cola,rte,stsb", head="hf")
+  LayerNorm and biases, warmup 10%, STS-B unscaled and trained on swapped pairs too) on CoLA (a single sentence,
+  Matthews correlation) and STS-B (pairs)."""
+  cfg = parity_config("convbert", checkpoints["convbert_mlm"], glue_dir, "cola,stsb", head="hf")
   cfg.epochs.stsb = 2  # 200 examples and their 200 swapped pairs
   assert cfg.optimizer.layerwise_decay == 0.8 and cfg.optimizer.weight_decay_mask == "no_ln_bias"
   result = glue_parity.run(cfg, tmp_path)
-  check(result, ["CoLA", "RTE", "STS-B"], learns=("STS-B",))
+  check(result, ["CoLA", "STS-B"], learns=("STS-B",))
   groups = result["tasks"][0]["hf_param_groups"]  # embeddings 0.8^4, layer 0 0.8^3, layer 1 0.8^2, head 1
   assert sorted({round(g["lr_scale"], 6) for g in groups}) == [0.4096, 0.512, 0.64, 1.0]
   assert {g["weight_decay"] for g in groups} == {0.0, 0.01}
-  assert result["tasks"][2]["train_rows"] == 400
+  assert result["tasks"][1]["train_rows"] == 400
 
 
 def test_float64_both_sides_agree_to_rounding(checkpoints, glue_dir, tmp_path):

@@ -106,7 +106,7 @@ def fuzz(pretrained, glue_dir, tmp_path, tries: int) -> None:
 
 
 def test_signals_at_random_moments(pretrained, glue_dir, tmp_path):
-  fuzz(pretrained, glue_dir, tmp_path, tries=3)
+  fuzz(pretrained, glue_dir, tmp_path, tries=2)
 
 
 @pytest.mark.slow
