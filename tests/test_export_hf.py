@@ -62,9 +62,13 @@ def corpus(tmp_path_factory):
 
 
 def tiny_config(name, corpus_file, vocab_file, lowercase=True):
-  cfg = pretrain_config.get_config(f"{name},tiny")
+  """configs/pretrain.py's model `name` at a tiny size; "electra": the ConvBERT study's BERT layers under ELECTRA
+  (the convbert recipe, its narrower embeddings, no conv heads: configs/study.py)."""
+  cfg = pretrain_config.get_config(f"{'convbert' if name == 'electra' else name},tiny")
   cfg.model.update(hidden_size=32, intermediate_size=64, num_layers=2, vocab_size=0, max_position_embeddings=32)
-  cfg.model.embedding_size = 16 if name.startswith("convbert") else 32
+  cfg.model.embedding_size = 16 if name.startswith("convbert") or name == "electra" else 32
+  if name == "electra":
+    cfg.model.update(name="bert_a", head_ratio=1, ffn_groups=1)
   cfg.data.update(source="text", files=str(corpus_file), vocab_file=str(vocab_file), lowercase=lowercase,
                   eval_fraction=0.0)
   cfg.update(seq_len=32, global_batch_size=8, num_train_steps=2, log_every=1, eval_every=0, tensorboard=False)
@@ -192,16 +196,21 @@ def test_masked_lm_export(name, exported):
                                                     jax.tree_util.tree_leaves(params)))
 
 
-def test_convbert_electra_export(exported):
-  cfg, workdir, directory = exported("convbert")
+@pytest.mark.parametrize("name, family", [("convbert", "ConvBert"), ("electra", "Tupe")])
+def test_electra_export(name, family, exported):
+  """ConvBERT under ELECTRA exports to transformers' ConvBERT classes; BERT layers under ELECTRA with narrower
+  embeddings (the ConvBERT study's `electra` variant) to TUPE's remote-code classes (before: refused in one line,
+  for its embedding size and for its objective alike)."""
+  cfg, workdir, directory = exported(name)
   assert cfg.objective == "electra"
   _, params = checkpoint.load_params(workdir)
   module = models.Electra(cfg.model, models.generator_config(cfg.model, cfg.generator_fraction))
   batch = padded_batch(cfg)
   inputs = torch_inputs(*batch)
+  remote = family == "Tupe"
 
-  discriminator = transformers.AutoModel.from_pretrained(directory).eval()
-  assert type(discriminator).__name__ == "ConvBertModel"
+  discriminator = transformers.AutoModel.from_pretrained(directory, trust_remote_code=remote).eval()
+  assert type(discriminator).__name__ == f"{family}Model"
   head = modeling_electra.ElectraDiscriminatorPredictions(discriminator.config)
   head.load_state_dict(safetensors.torch.load_file(directory / layout.DISCRIMINATOR_HEAD_FILE))
   with torch.no_grad():
@@ -212,8 +221,9 @@ def test_convbert_electra_export(exported):
   ours = module.apply({"params": params}, *map(jnp.asarray, batch), method=module.discriminator_logits)
   assert max_diff(ours, disc_logits) < TOLERANCE
 
-  generator = transformers.AutoModelForMaskedLM.from_pretrained(directory / layout.GENERATOR_DIR).eval()
-  assert type(generator).__name__ == "ConvBertForMaskedLM"
+  generator = transformers.AutoModelForMaskedLM.from_pretrained(directory / layout.GENERATOR_DIR,
+                                                                trust_remote_code=remote).eval()
+  assert type(generator).__name__ == f"{family}ForMaskedLM"
   everywhere = jnp.broadcast_to(jnp.arange(batch[0].shape[1]), batch[0].shape)
   ours = module.apply({"params": params}, *map(jnp.asarray, batch), everywhere, method=module.generator_logits)
   with torch.no_grad():

@@ -68,15 +68,12 @@ def family(cfg, objective: str = "mlm") -> str:
     return "convbert"
   if cfg.ffn_groups != 1:
     refuse(f"ffn_groups={cfg.ffn_groups}", "models without conv heads (grouped FFNs are ConvBERT's)")
-  if cfg.position == "absolute" and not cfg.relative_bias:
-    if cfg.embedding_size != cfg.hidden_size:
-      refuse(f"embedding_size={cfg.embedding_size}", f"BERT (embeddings as wide as hidden_size={cfg.hidden_size})")
-    if cfg.zero_pad_embeddings:
-      refuse("zero_pad_embeddings=True", "BERT")
-    if objective == "electra":
-      raise UserError("objective='electra' with a BERT model cannot be exported (BertModel has no ELECTRA "
-                      "discriminator); export MLM-trained BERT models")
+  if (cfg.position == "absolute" and not cfg.relative_bias and cfg.embedding_size == cfg.hidden_size
+      and not cfg.zero_pad_embeddings and objective == "mlm"):
     return "bert"
+  # The rest of the models without conv heads: TUPE's own PyTorch code (remote code) expresses untied and relative
+  # positions, embeddings narrower than the hidden size (projected), zeroed padding embeddings, and an ELECTRA
+  # discriminator's backbone (HF's BertModel would add a pooler that pre-training never trained).
   return "tupe"
 
 
