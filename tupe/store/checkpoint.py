@@ -18,6 +18,7 @@ checkpoint of an older layout without checksums (and none beside it with any) lo
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -71,8 +72,11 @@ def unless_damaged(step_dir: storage.Path, e: Exception) -> None:
     raise e
 
 
-def warn_skipped(step: int, directory: storage.Path, e: Exception) -> None:
-  logging.warning("skipping checkpoint %d in %s: it could not be restored (%s)", step, directory, why(e))
+def warn_skipped(step: int, directory: storage.Path, e: Exception, once: bool = False) -> None:
+  """The one warning for a damaged checkpoint that a reader passes over; `once`: once per process, for the readers
+  that may look through the same root again."""
+  warn = functools.partial(_note_once, ("skipped", f"{directory}/{step}")) if once else logging.warning
+  warn("skipping checkpoint %d in %s: it could not be restored (%s)", step, directory, why(e))
 
 
 def reason(e: Exception) -> str:
@@ -192,8 +196,7 @@ def _load_newest(path: storage.PathLike, load):
       if explicit:
         raise UserError(f"checkpoint {step_dir} is damaged ({why(e)}); give an intact step directory, or the "
                         f"workdir to use its newest intact checkpoint") from e
-      _note_once(("skipped", str(step_dir)), "skipping checkpoint %d in %s: it could not be restored (%s)",
-                 int(step_dir.name), root, why(e))
+      warn_skipped(int(step_dir.name), root, e, once=True)
   raise UserError(f"no checkpoint in {root} could be restored (see the warnings above); give another workdir")
 
 
