@@ -412,6 +412,17 @@ def test_a_workdir_of_the_other_entry_point_is_refused(tmp_path, pretrained, glu
                                f"eval_glue.py's), which train.py would overwrite: give train.py a --workdir of its own")
 
 
+def test_a_folder_named_as_the_lock_file_is_one_line(tmp_path):
+  """A folder where the job keeps its lock file: one line naming it and what to do, before the lock is taken (before:
+  "cannot lock .../.tupe.lock: Is a directory", no fix)."""
+  from configs import pretrain as pretrain_config
+  from tupe.train import job
+  (tmp_path / lease.LOCK_NAME).mkdir()
+  with pytest.raises(UserError, match=f"^{tmp_path / lease.LOCK_NAME} is a folder, where train.py writes a file; "
+                                      f"move it away or choose another --workdir$"):
+    job.check_workdir(tmp_path, pretrain_config.get_config("tupe_a,tiny"))
+
+
 def test_a_lock_record_that_cannot_be_written_is_one_line(tmp_path):
   """The lock file's record refused by the disk (a file size limit here; a full disk the same way): one line naming
   the lock file and the cause, and the lock not held (before: an OSError's traceback)."""

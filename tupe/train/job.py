@@ -156,7 +156,8 @@ def agreed_signal(received: list[int]) -> int:
 
 # What each entry point writes in its workdir: (files, folders). A folder where one of the files goes, or a file
 # where one of the folders goes, would stop the job at its first write there, after its data is loaded and its
-# step compiled (or, for a GLUE grid, after the whole grid): `check_workdir` refuses it first.
+# step compiled (or, for a GLUE grid, after the whole grid): `check_workdir` refuses it first, and a folder named as
+# the lock file (`lease.LOCK_NAME`), which every job writes.
 WRITES = {"train.py": (("config.json", "metrics.jsonl", "curves.png"), ("checkpoints", "tensorboard")),
           "eval_glue.py": (("config.json", "runs.jsonl", "vocab.txt", "results.json", "results.md", "results.png"),
                            ("runs", "predictions", "models", "submission"))}
@@ -176,7 +177,7 @@ def check_workdir(workdir: storage.PathLike, cfg=None) -> None:
   files, folders = WRITES.get(kind, (("config.json",), ()))
   off = {name for name, field in (("tensorboard", "tensorboard"), ("curves.png", "curves"))
          if cfg is not None and not cfg.get(field, True)}
-  files, folders = [n for n in files if n not in off], [n for n in folders if n not in off]
+  files, folders = [lease.LOCK_NAME] + [n for n in files if n not in off], [n for n in folders if n not in off]
   for name in files:
     if storage.is_dir(storage.path(workdir) / name):
       raise UserError(f"{storage.path(workdir) / name} is a folder, where {kind or 'the job'} writes a file; move it "
