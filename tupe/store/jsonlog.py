@@ -6,7 +6,8 @@ A log `<name>` in a folder is a sequence of segments, read back in order: `<name
 - Locally a log is one file, `<name>.jsonl`: each record is appended and fsynced at once.
 - In a bucket an append is a rewrite of the whole object, so a long log is cut into segments of
   `SEGMENT_RECORDS` records: an upload rewrites only the last segment (at most a few hundred kB), and a `Log`
-  uploads it at most every `flush_secs` seconds, on `flush()` and on `close()`.
+  uploads it on `flush()` and `close()` (the metrics' writer, `tupe.store.runlog.MetricWriter`, flushes every
+  `flush_secs` seconds, with its TensorBoard events).
 
 A job killed mid-append (or a disk that filled up) leaves a torn last line. The next job that opens the log for
 writing (`Log`, `repair`) drops it, with one warning saying what was dropped, before it appends anything; until
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 
 from tupe.store import jsonfile
 from tupe.store import storage
@@ -107,8 +107,8 @@ def repair(directory: storage.PathLike, name: str) -> None:
 class Log:
   """Appends records to log `name` in `directory` (see the module's docstring); repairs a torn end first."""
 
-  def __init__(self, directory: storage.PathLike, name: str, flush_secs: float = 30.0):
-    self.directory, self.name, self.flush_secs = directory, name, flush_secs
+  def __init__(self, directory: storage.PathLike, name: str):
+    self.directory, self.name = directory, name
     self.remote = storage.is_remote(directory)
     repair(directory, name)
     paths = segments(directory, name)
@@ -116,7 +116,7 @@ class Log:
     self._path = _segment(directory, name, self._index)
     if self.remote:  # the last segment's lines, rewritten whole at each upload
       self._lines = storage.read_text(self._path).splitlines(keepends=True) if paths else []
-      self._dirty, self._flushed = False, time.monotonic()
+      self._dirty = False
     else:
       storage.append_text(self._path, "")  # fails now if the file cannot be written
 
@@ -131,14 +131,12 @@ class Log:
       self.flush()
       self._index += 1
       self._path, self._lines = _segment(self.directory, self.name, self._index), []
-    elif time.monotonic() - self._flushed >= self.flush_secs:
-      self.flush()
 
   def flush(self) -> None:
     """Makes every appended record durable (in a bucket: uploads the last segment)."""
     if self.remote and self._dirty:
       storage.write_text(self._path, "".join(self._lines))
-      self._dirty, self._flushed = False, time.monotonic()
+      self._dirty = False
 
   def close(self) -> None:
     self.flush()

@@ -34,7 +34,7 @@ class MetricWriter:
     self._tb = None
     if self.active:
       try:
-        self._log = jsonlog.Log(workdir, "metrics", flush_secs=flush_secs)
+        self._log = jsonlog.Log(workdir, "metrics")
       except storage.StorageError as e:
         raise UserError(f"{e}; move it away or choose another --workdir") from e
       self._flushed, self._flush_secs = time.monotonic(), flush_secs
