@@ -27,7 +27,6 @@ the worst score (`tupe.glue.report`), so the submission comes from a run that tr
 """
 from __future__ import annotations
 
-import json
 import math
 
 import jax
