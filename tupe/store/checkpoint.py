@@ -21,8 +21,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import os
-import re
 
 import jax
 import orbax.checkpoint as ocp
@@ -51,7 +49,7 @@ def params_metadata(step_dir: storage.Path, meta: CheckpointMeta):
 
 def why(e: Exception) -> str:
   """Why a checkpoint could not be restored, in a few words."""
-  return str(e) if isinstance(e, DamagedCheckpoint) else f"{type(e).__name__}: {reason(e)}"
+  return str(e) if isinstance(e, DamagedCheckpoint) else f"{type(e).__name__}: {refusals.reason(e)}"
 
 
 def unless_damaged(step_dir: storage.Path, e: Exception) -> None:
@@ -77,17 +75,6 @@ def warn_skipped(step: int, directory: storage.Path, e: Exception, once: bool = 
   that may look through the same root again."""
   warn = functools.partial(_note_once, ("skipped", f"{directory}/{step}")) if once else logging.warning
   warn("skipping checkpoint %d in %s: it could not be restored (%s)", step, directory, why(e))
-
-
-def reason(e: Exception) -> str:
-  """The OS error behind an exception if known (e.g. 'No space left on device'), else its first line."""
-  if isinstance(e, OSError) and e.strerror:
-    return e.strerror
-  code = re.search(r"\[os_error_code='(\d+)'\]", str(e))  # TensorStore's wording of a failed write.
-  if code:
-    return os.strerror(int(code.group(1)))
-  first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-  return first_line.split(" [tensorstore_spec=")[0]  # TensorStore appends its whole JSON spec.
 
 
 _noted: set = set()  # what a reader has said once in this process: damaged steps, empty folders, unverified roots

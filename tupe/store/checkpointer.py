@@ -340,9 +340,9 @@ def _refused(e: Exception, directory: storage.Path) -> tuple[str, str]:
   """(why a write under `directory` failed: a store's refusal (credentials, permission) or the OS's error, what to
   do about it)."""
   if storage.is_remote(directory):
-    return (refusals.refusal(e) or checkpoint.reason(e),
+    return (refusals.refusal(e) or refusals.reason(e),
             "check the bucket, your permission to write there and the connection to it")
-  return checkpoint.reason(e), "free space or fix permissions"
+  return refusals.reason(e), "free space or fix permissions"
 
 
 def _rename(folder: storage.Path, target: storage.Path) -> None:

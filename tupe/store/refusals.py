@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 import contextlib
 import errno
+import os
 import re
 
 from tupe.errors import UserError
@@ -97,9 +98,18 @@ def describe(e: BaseException) -> str:
     return "not found"
   if isinstance(e, OSError) and e.errno == errno.ELOOP:  # opened with O_NOFOLLOW
     return "it is a symbolic link, and tupe writes through none: put the file itself there, or remove the link"
+  return e.strerror if isinstance(e, OSError) and e.strerror else f"{type(e).__name__}: {reason(e)}"
+
+
+def reason(e: BaseException) -> str:
+  """The OS error behind an exception if known (e.g. 'No space left on device'), else its first line (without the
+  JSON spec TensorStore appends)."""
   if isinstance(e, OSError) and e.strerror:
     return e.strerror
-  return f"{type(e).__name__}: {_first_line(e)}"
+  code = re.search(r"\[os_error_code='(\d+)'\]", str(e))  # TensorStore's wording of a failed write.
+  if code:
+    return os.strerror(int(code.group(1)))
+  return _first_line(e).split(" [tensorstore_spec=")[0]
 
 
 def refusal(e: BaseException) -> str | None:

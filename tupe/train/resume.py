@@ -15,8 +15,8 @@ import jax
 from tupe import console
 from tupe.errors import UserError
 from tupe.store import storage
-from tupe.store.checkpoint import reason
 from tupe.store.meta import CheckpointMeta
+from tupe.store.refusals import reason
 
 _DATA_LOCATIONS = ("files", "vocab_file", "cache_dir", "tfds_data_dir", "num_workers")
 
