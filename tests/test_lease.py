@@ -420,7 +420,7 @@ def test_a_folder_named_as_the_lock_file_is_one_line(tmp_path):
   (tmp_path / lease.LOCK_NAME).mkdir()
   with pytest.raises(UserError, match=f"^{tmp_path / lease.LOCK_NAME} is a folder, where train.py writes a file; "
                                       f"move it away or choose another --workdir$"):
-    job.check_workdir(tmp_path, pretrain_config.get_config("tupe_a,tiny"))
+    job.check_nothing_in_the_way(tmp_path, pretrain_config.get_config("tupe_a,tiny"))
 
 
 def test_a_lock_record_that_cannot_be_written_is_one_line(tmp_path):

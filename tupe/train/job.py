@@ -3,7 +3,8 @@
 `with Job(cfg, workdir) as job:` is the startup both loops share, in this order:
   1. JAX's persistent compilation cache (`compile_cache.enable`);
   2. `jax.distributed.initialize` for multi-host runs (an explicit coordinator, or auto-detected on TPU pods);
-  3. the workdir: checked (writable, names and paths the filesystem allows), created, and held for this job
+  3. the workdir: checked (writable, names and paths the filesystem allows, nothing in the way of what the job
+     writes: `check_nothing_in_the_way`), created, and held for this job
      (`tupe.store.lease`, with `checkpoint.lease_s`): another job on it gets one line before any data is loaded or
      anything written, and so does a workdir of the other entry point's (`check_kind`); once the lease is lost,
      no write of this job lands there (`tupe.store.fence`);
@@ -62,7 +63,8 @@ class Job:
     deadline.configure(self.cfg.checkpoint.store_timeout_s, self.cfg.checkpoint.stop_grace_s)
     compile_cache.enable(self.cfg.get("compilation_cache_dir", compile_cache.DEFAULT_DIR))
     initialize_distributed(self.cfg.distributed)
-    check_workdir(self.workdir, self.cfg)
+    check_workdir(self.workdir)
+    check_nothing_in_the_way(self.workdir, self.cfg)
     self._created = not storage.exists(self.workdir)
     make_workdir(self.workdir)
     try:
@@ -154,35 +156,37 @@ def agreed_signal(received: list[int]) -> int:
   return int(np.max(multihost_utils.process_allgather(np.int32(local))))
 
 
-# What each entry point writes in its workdir: (files, folders). A folder where one of the files goes, or a file
-# where one of the folders goes, would stop the job at its first write there, after its data is loaded and its
-# step compiled (or, for a GLUE grid, after the whole grid): `check_workdir` refuses it first, and a folder named as
-# the lock file (`lease.LOCK_NAME`), which every job writes.
-WRITES = {"train.py": (("config.json", "metrics.jsonl", "curves.png"), ("checkpoints", "tensorboard")),
-          "eval_glue.py": (("config.json", "runs.jsonl", "vocab.txt", "results.json", "results.md", "results.png"),
-                           ("runs", "predictions", "models", "submission"))}
-
-
-def check_workdir(workdir: storage.PathLike, cfg=None) -> None:
-  """Fails early, with one line, when the workdir (a local folder or a bucket URL) cannot be created or written, or
-  when something in it is in the way of what the job of config `cfg` writes there (`WRITES`, less the TensorBoard
-  events and curves it is set not to write); creates nothing."""
+def check_workdir(workdir: storage.PathLike) -> None:
+  """Fails early, with one line, when the workdir (a local folder or a bucket URL) cannot be created or written;
+  creates nothing."""
   if not storage.is_remote(workdir):
     check_local_filesystem(storage.path(workdir))
   try:
     storage.check_writable(workdir)
   except storage.StorageError as e:
     raise UserError(f"workdir {workdir} is not writable ({e}); choose another --workdir") from None
-  kind = config_files.entry_point(cfg) if cfg is not None else None
+
+
+# What each entry point writes in its workdir: (files, folders). A folder where one of the files goes, or a file
+# where one of the folders goes, would stop the job at its first write there, after its data is loaded and its
+# step compiled (or, for a GLUE grid, after the whole grid): `check_nothing_in_the_way` refuses it first, and a
+# folder named as the lock file (`lease.LOCK_NAME`), which every job writes.
+WRITES = {"train.py": (("config.json", "metrics.jsonl", "curves.png"), ("checkpoints", "tensorboard")),
+          "eval_glue.py": (("config.json", "runs.jsonl", "vocab.txt", "results.json", "results.md", "results.png"),
+                           ("runs", "predictions", "models", "submission"))}
+
+
+def check_nothing_in_the_way(workdir: storage.PathLike, cfg) -> None:
+  """One line for a name in the workdir that is in the way of what the job of config `cfg` writes there (`WRITES`,
+  less the TensorBoard events and curves it is set not to write)."""
+  kind = config_files.entry_point(cfg)
   files, folders = WRITES.get(kind, (("config.json",), ()))
-  off = {name for name, field in (("tensorboard", "tensorboard"), ("curves.png", "curves"))
-         if cfg is not None and not cfg.get(field, True)}
-  files, folders = [lease.LOCK_NAME] + [n for n in files if n not in off], [n for n in folders if n not in off]
-  for name in files:
+  off = {name for name, field in (("tensorboard", "tensorboard"), ("curves.png", "curves")) if not cfg.get(field, True)}
+  for name in [lease.LOCK_NAME] + [n for n in files if n not in off]:
     if storage.is_dir(storage.path(workdir) / name):
       raise UserError(f"{storage.path(workdir) / name} is a folder, where {kind or 'the job'} writes a file; move it "
                       f"away or choose another --workdir")
-  for name in folders:
+  for name in [n for n in folders if n not in off]:
     if storage.is_file(storage.path(workdir) / name):
       raise UserError(f"{storage.path(workdir) / name} is a file, where {kind} keeps a folder; move it away or choose "
                       f"another --workdir")
