@@ -263,7 +263,7 @@ BAD_INPUTS = {
     "empty corpus": ("no_corpus/*.txt", [], 1, "fresh", ["no files match", "no_corpus/*.txt"]),
     "empty file": ("empty.txt", [], 1, "fresh", ["empty.txt holds no text", "remove it"]),
     "non-UTF-8 text": ("latin1.txt", [], 1, "fresh", ["latin1.txt is not UTF-8", "iconv"]),
-    "vocab not UTF-8": (("text.txt", "latin1.txt"), [], 1, "fresh", ["vocab file", "latin1.txt is not UTF-8 (byte 3)",
+    "vocab not UTF-8": (("text.txt", "latin1.txt"), [], 1, "fresh", ["vocab file", "latin1.txt is not UTF-8 text (byte 3)",
                                                                      "iconv"]),
     "vocab is a directory": (("text.txt", "no_corpus"), [], 1, "fresh", ["vocab file", "no_corpus is a directory"]),
     "metrics.jsonl is a directory": ({}, [], 1, "metrics_is_a_dir",

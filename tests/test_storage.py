@@ -207,3 +207,18 @@ def test_json_that_is_not_an_object_reads_as_none_or_one_line(data, tmp_path):
   with pytest.raises(storage.StorageError, match=f"^{tmp_path / 'config.json'} does not hold a JSON object "
                                                  r"\(emptied or damaged\): delete it$"):
     jsonfile.read(tmp_path / "config.json", "delete it")
+
+
+def test_text_in_another_encoding_is_one_line_and_a_byte_order_mark_is_dropped(tmp_path):
+  """The one reader of text files (GLUE TSVs, vocabs, the analysis tool's sentences): a leading byte order mark is
+  not text, and a file in another encoding is one line naming the file, the first bad byte and the fix (before:
+  three readers, each with its own wording)."""
+  (tmp_path / "bom.txt").write_bytes("\ufeff[PAD]\nété\n".encode("utf-8"))
+  assert storage.read_text(tmp_path / "bom.txt") == "[PAD]\nété\n"
+  (tmp_path / "latin.txt").write_bytes("Un été.\n".encode("latin-1"))
+  with pytest.raises(storage.StorageError, match=rf"^{tmp_path / 'latin.txt'} is not UTF-8 text \(byte 3\): convert "
+                                                 r"it \(e\.g\. iconv -f latin1 -t utf-8\)$"):
+    storage.read_text(tmp_path / "latin.txt")
+  with pytest.raises(storage.StorageError, match=rf"^vocab file {tmp_path / 'latin.txt'} is not UTF-8 text \(byte "
+                                                 r"3\): pass another$"):
+    storage.read_text(tmp_path / "latin.txt", "pass another", "vocab file")

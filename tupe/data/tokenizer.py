@@ -52,11 +52,7 @@ def read_vocab(vocab_file: str | os.PathLike) -> list[str]:
   if not storage.is_file(path):
     what = "is a directory" if storage.is_dir(path) else "does not exist"
     raise UserError(f"vocab file {path} {what}: pass the path of a BERT-style vocab.txt")
-  try:
-    tokens = storage.read_bytes(path).decode("utf-8").splitlines()
-  except UnicodeDecodeError as e:
-    raise UserError(f"vocab file {path} is not UTF-8 (byte {e.start}): convert it (e.g. iconv -f latin1 -t utf-8) "
-                    f"or pass a BERT-style vocab.txt") from None
+  tokens = storage.read_text(path, f"{storage.CONVERT} or pass a BERT-style vocab.txt", "vocab file").splitlines()
   missing = [t for t in SPECIAL_TOKENS if t not in tokens]
   if missing:
     raise UserError(f"vocab file {path} lacks the special tokens {' '.join(missing)}: "

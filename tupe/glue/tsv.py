@@ -31,11 +31,7 @@ class Example(NamedTuple):
 def read_lines(path: storage.Path, fix: str = "re-download the GLUE file") -> list[str]:
   """Lines of a UTF-8 file (a leading BOM dropped), split on '\\n' only, without line ends; `fix` is what the
   error for another encoding advises."""
-  try:
-    text = storage.read_bytes(path).decode("utf-8-sig")
-  except UnicodeDecodeError as e:
-    raise UserError(f"{path} is not UTF-8 text (byte {e.start}): {fix}") from e
-  lines = text.split("\n")
+  lines = storage.read_text(path, fix).split("\n")
   if lines[-1] == "":
     lines.pop()
   return [line[:-1] if line.endswith("\r") else line for line in lines]

@@ -188,9 +188,17 @@ def makedirs(p: PathLike) -> Path:
   return d
 
 
-def read_text(p: PathLike) -> str:
-  """The UTF-8 text of file `p`."""
-  return read_bytes(p).decode("utf-8")
+CONVERT = "convert it (e.g. iconv -f latin1 -t utf-8)"
+
+
+def read_text(p: PathLike, fix: str = CONVERT, what: str = "") -> str:
+  """The text of UTF-8 file `p`, a leading byte order mark dropped. A file in another encoding raises
+  StorageError, one line: "<what> <p> is not UTF-8 text (byte N): <fix>"."""
+  data = read_bytes(p)
+  try:
+    return data.decode("utf-8-sig")
+  except UnicodeDecodeError as e:
+    raise StorageError(f"{what + ' ' if what else ''}{p} is not UTF-8 text (byte {e.start}): {fix}") from None
 
 
 @_bounded("read")

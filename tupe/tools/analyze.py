@@ -56,11 +56,7 @@ def read_sentences(path: storage.PathLike, max_sentences: int) -> list[str]:
   path = storage.path(path)
   if not storage.is_file(path):
     raise UserError(f"text file {path} does not exist: pass a UTF-8 file with one sentence per line")
-  try:
-    text = storage.read_bytes(path).decode("utf-8")
-  except UnicodeDecodeError as e:
-    raise UserError(f"text file {path} is not UTF-8 (byte {e.start}): convert it (e.g. iconv -f latin1 -t "
-                    f"utf-8)") from None
+  text = storage.read_text(path, what="text file")
   sentences = [line.strip() for line in text.splitlines() if line.strip()]
   if not sentences:
     raise UserError(f"text file {path} has no sentences: write one sentence per line")
