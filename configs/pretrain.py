@@ -19,8 +19,8 @@ from tupe.errors import UserError
 from tupe.models import partitioning
 from tupe.store import deadline
 
-NAMES = models.MODELS + ("convbert_mlm",)  # convbert_mlm: ConvBERT's model with the MLM objective
-ARGUMENTS = (("model", NAMES), ("size", tuple(models.SIZES)))  # get_config("<model>,<size>"), for --help
+# get_config("<model>,<size>"), for --help
+ARGUMENTS = (("model", models.PRETRAIN_NAMES), ("size", tuple(models.SIZES)))
 # ConvBERT's peak learning rates per size (its paper: small 3e-4, medium-small 5e-4, base 2e-4; it has no large
 # recipe, so large takes base's rate, and below its batch). The tiny size, a smoke test, sets its own below.
 CONVBERT_LR = {"small": 3e-4, "medium_small": 5e-4, "base": 2e-4, "large": 2e-4}
@@ -72,8 +72,8 @@ def common() -> ml_collections.ConfigDict:
 def get_config(arg: str = "tupe_a,base") -> ml_collections.ConfigDict:
   name, _, size = arg.partition(",")
   size = size or "base"
-  if name not in NAMES:
-    raise UserError(f"unknown model {name!r}; choose one of {', '.join(NAMES)}")
+  if name not in models.PRETRAIN_NAMES:
+    raise UserError(f"unknown model {name!r}; choose one of {', '.join(models.PRETRAIN_NAMES)}")
   c = common()
   model = "convbert" if name == "convbert_mlm" else name
   c.model = models.get_config(model, size)

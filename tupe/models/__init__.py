@@ -19,6 +19,7 @@ import numpy as np
 
 from tupe.errors import UserError
 from tupe.models.config import MODELS
+from tupe.models.config import PRETRAIN_NAMES
 from tupe.models.config import SIZES
 from tupe.models.config import attention_heads
 from tupe.models.config import base_config
@@ -37,8 +38,8 @@ from tupe.models.tasks import MaskedLM
 from tupe.models.tasks import gather_positions
 
 __all__ = [
-    "MODELS", "SIZES", "CLASSIFIER_STYLES", "get_config", "base_config", "validate", "check_length", "head_dim",
-    "attention_heads", "generator_config", "Encoder", "EncoderStack", "MaskedLM", "Electra", "Classifier",
+    "MODELS", "PRETRAIN_NAMES", "SIZES", "CLASSIFIER_STYLES", "get_config", "base_config", "validate", "check_length",
+    "head_dim", "attention_heads", "generator_config", "Encoder", "EncoderStack", "MaskedLM", "Electra", "Classifier",
     "gather_positions", "init", "init_module", "encode", "param_count", "stack_layers", "unstack_layers",
 ]
 

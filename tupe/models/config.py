@@ -25,6 +25,9 @@ import ml_collections
 from tupe.errors import UserError
 
 MODELS = ("bert_a", "bert_r", "tupe_a", "tupe_a_tie_cls", "tupe_r", "convbert")
+# The names configs/pretrain.py takes: each model under its paper's objective, and convbert_mlm (ConvBERT's model
+# trained with MLM instead of ELECTRA).
+PRETRAIN_NAMES = MODELS + ("convbert_mlm",)
 
 # name: (hidden, layers, heads, intermediate, ConvBERT embedding size, ConvBERT FFN groups, max positions)
 SIZES = {

@@ -36,8 +36,6 @@ from tupe.train import pretrain
 
 BACKBONE = ("embeddings", "positional", "attention", "conv heads", "FFN")
 COMPONENTS = BACKBONE + ("heads", "generator")
-# The model names of configs/pretrain.py: the models, and ConvBERT trained with MLM.
-PRETRAIN_MODELS = models.MODELS + ("convbert_mlm",)
 
 
 def component(path: tuple[str, ...]) -> str:
@@ -116,7 +114,8 @@ def main(argv: list[str]) -> None:
   parser.add_argument("--out", help="also write the table to this markdown file (local or "
                       "gs://...)")
   args = parser.parse_args(argv[1:])
-  specs = args.config or [f"configs/pretrain.py:{name},{size}" for name in PRETRAIN_MODELS for size in models.SIZES]
+  specs = args.config or [f"configs/pretrain.py:{name},{size}" for name in models.PRETRAIN_NAMES
+                          for size in models.SIZES]
   rows = {}
   for spec in specs:
     cfg = config_files.load_config(spec)
