@@ -60,3 +60,11 @@ def test_vocab_missing_special_tokens(bert_vocab, tmp_path):
     tokenizer.load_tokenizer(broken)
   with pytest.raises(UserError, match="does not exist"):
     tokenizer.load_tokenizer(tmp_path / "missing.txt")
+
+
+def test_a_vocab_with_a_byte_order_mark_reads_as_without(bert_vocab, tmp_path):
+  """A vocab saved with a leading byte order mark (as some Windows editors do) has the same tokens (before: its first
+  token read as "\\ufeff[PAD]", and the special-token check refused the file)."""
+  marked = tmp_path / "vocab.txt"
+  marked.write_bytes(b"\xef\xbb\xbf" + bert_vocab.read_bytes())
+  assert tokenizer.read_vocab(marked) == tokenizer.read_vocab(bert_vocab)
