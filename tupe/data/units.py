@@ -55,7 +55,7 @@ def _text_input(name: str) -> dict:
     first = readers.UNDECODABLE.search(text).start()
     offset = len(text[:first].encode("utf-8", "surrogateescape"))
     raise UserError(f"{name} is not UTF-8 text ({undecodable} bad bytes in its first {len(head):,}, the first 0x"
-                    f"{head[offset]:02x} at byte offset {offset}): convert it, e.g. `iconv -f latin1 -t utf-8`")
+                    f"{head[offset]:02x} at byte offset {offset}): {storage.CONVERT}")
   book = gutenberg.book_range(head, tail, size) or (0, size)
   if size <= len(head) and not head[book[0]:book[1]].decode("utf-8", "replace").removeprefix("\ufeff").strip():
     raise UserError(f"{name} holds no text (after stripping a Project Gutenberg header and footer): "
