@@ -99,7 +99,8 @@ def pretrained_once(tmp_path_factory, glue_dir, bert_vocab) -> pathlib.Path:
   cfg = pretrain_config.get_config("tupe_a,tiny")
   cfg.model.update(hidden_size=32, embedding_size=32, intermediate_size=64, num_layers=1)
   cfg.data.update(source="text", files=str(corpus), vocab_file=str(bert_vocab), eval_fraction=0.0)
-  cfg.update(seq_len=32, global_batch_size=8, num_train_steps=2, eval_every=0, tensorboard=False, peak_flops=1e12)
+  cfg.update(seq_len=32, global_batch_size=8, num_train_steps=2, eval_every=0, tensorboard=False, curves=False,
+             peak_flops=1e12)
   cfg.optimizer.warmup_steps = 1
   cfg.checkpoint.update(every_steps=2, async_save=False)
   pretrain.train(cfg, str(root / "workdir"), devices=jax.devices()[:1])

@@ -71,7 +71,8 @@ def tiny_config(name, corpus_file, vocab_file, lowercase=True):
     cfg.model.update(name="bert_a", head_ratio=1, ffn_groups=1)
   cfg.data.update(source="text", files=str(corpus_file), vocab_file=str(vocab_file), lowercase=lowercase,
                   eval_fraction=0.0)
-  cfg.update(seq_len=32, global_batch_size=8, num_train_steps=2, log_every=1, eval_every=0, tensorboard=False)
+  cfg.update(seq_len=32, global_batch_size=8, num_train_steps=2, log_every=1, eval_every=0, tensorboard=False,
+             curves=False)
   cfg.optimizer.update(warmup_steps=1, learning_rate=3e-2)  # large enough to move biases and LayerNorms
   cfg.checkpoint.async_save = False
   return cfg

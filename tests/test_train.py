@@ -72,7 +72,8 @@ def tiny(model):
   cfg.model.embedding_size = 16 if model == "convbert" else 32
   cfg.data.source = "synthetic"
   cfg.data.synthetic_vocab_size = 211
-  cfg.update(seq_len=32, global_batch_size=8, num_train_steps=6, log_every=3, eval_every=0, tensorboard=False)
+  cfg.update(seq_len=32, global_batch_size=8, num_train_steps=6, log_every=3, eval_every=0, tensorboard=False,
+             curves=False)
   cfg.optimizer.warmup_steps = 2
   return cfg
 
