@@ -18,6 +18,7 @@ import bench
 from bench import ablations
 from bench import checkpoint_integrity
 from bench import compare_hf
+from bench import compile_events
 from bench import dynamic_conv
 from bench import memory
 from bench import params_load
@@ -403,3 +404,20 @@ def test_plot_tells_a_gpu_round_and_a_train_step_variant_apart(tmp_path):
   image = plotted([tests, step, anchor], tmp_path, "gpu_round")
   assert image.shape[2] in (3, 4)
   plotted([step, dict(step, variant="model.remat=dots", tokens_per_s=5e5)], tmp_path, "train_step")
+
+
+def test_compile_events_count_a_processs_compiles(tmp_path):
+  """bench/compile_hook on PYTHONPATH records a process's compiles, which bench.compile_events sums by function."""
+  events = tmp_path / "events"
+  events.mkdir()
+  code = "import jax, jax.numpy as jnp\ndef doubled(x):\n  return x * 2\njax.jit(doubled)(jnp.ones(3))\n"
+  hook = pathlib.Path(bench.__file__).parent / "compile_hook"
+  env = dict(os.environ, TUPE_COMPILE_EVENTS=str(events), PYTHONPATH=str(hook), JAX_COMPILATION_CACHE_DIR="")
+  subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=300)
+  records = compile_events.main([str(events)])
+  compiles = {r["function"]: r for r in records if r.get("compiles_by") == "function"}
+  assert compiles["jit(doubled)"]["count"] == 1 and compiles["jit(doubled)"]["seconds"] > 0
+  totals = {r["event"]: r for r in records if "event" in r}
+  assert totals[compile_events.COMPILE]["count"] >= 1
+  with pytest.raises(SystemExit, match="no compile events"):
+    compile_events.main([str(tmp_path)])

@@ -1,0 +1,54 @@
+"""Counts every JAX compile of every Python process that starts with this folder on PYTHONPATH and
+TUPE_COMPILE_EVENTS=<folder> set: each process appends its tracing, lowering and XLA compile durations (with the
+function's name and PYTEST_CURRENT_TEST) to <folder>/<pid>.jsonl as they happen, so processes that end with
+os._exit count too. `python -m bench.compile_events <folder>` sums them (docs/BENCHMARKS.md, "What compiling costs
+the whole suite"). A measuring hook only: tests that cap the size of the files a process may write fail under it,
+as its log is one of those files."""
+import importlib.abc
+import importlib.machinery
+import json
+import os
+import sys
+
+_FOLDER = os.environ.get("TUPE_COMPILE_EVENTS")
+_out = None
+
+
+def _write(record) -> None:
+  global _out
+  if _out is None:
+    _out = open(os.path.join(_FOLDER, f"{os.getpid()}.jsonl"), "a", buffering=1, encoding="utf-8")
+    _out.write(json.dumps({"argv": sys.argv[:3], "test": os.environ.get("PYTEST_CURRENT_TEST", "")}) + "\n")
+  _out.write(json.dumps(record) + "\n")
+
+
+def _duration(event: str, seconds: float, **kwargs) -> None:
+  _write([event, str(kwargs.get("fun_name", "")), seconds, os.environ.get("PYTEST_CURRENT_TEST", "")])
+
+
+def _event(event: str, **_) -> None:
+  if event == "/jax/compilation_cache/cache_hits":
+    _write([event, "", 0.0, os.environ.get("PYTEST_CURRENT_TEST", "")])
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+  """Registers the listeners as soon as jax's monitoring module is imported (not before: no jax import of ours)."""
+
+  def find_spec(self, name, path, target=None):
+    if name != "jax._src.monitoring":
+      return None
+    sys.meta_path.remove(self)
+    spec = importlib.machinery.PathFinder.find_spec(name, path)
+    load = spec.loader.exec_module
+
+    def exec_module(module):
+      load(module)
+      module.register_event_duration_secs_listener(_duration)
+      module.register_event_listener(_event)
+
+    spec.loader.exec_module = exec_module
+    return spec
+
+
+if _FOLDER:
+  sys.meta_path.insert(0, _Finder())
