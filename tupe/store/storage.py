@@ -26,6 +26,7 @@ import io
 import os
 import re
 from typing import IO
+from typing import NamedTuple
 
 from etils import epath
 import fsspec
@@ -212,6 +213,19 @@ def read_bytes(p: PathLike) -> bytes:
     return path(p).read_bytes()
 
 
+@_bounded("read")
+def read_range(p: PathLike, start: int, end: int) -> bytes:
+  """Bytes `start` to `end` (excluded) of file `p`, fewer where it ends sooner: one ranged request in a bucket, for
+  reading a file too big to hold in pieces."""
+  with errors("read", p):
+    if is_remote(p):
+      fs, key = fsspec.core.url_to_fs(os.fspath(p))
+      return fs.cat_file(key, start=start, end=end)
+    with open(local(p), "rb") as f:
+      f.seek(start)
+      return f.read(end - start)
+
+
 @_bounded("write")
 def write_bytes(p: PathLike, data: bytes) -> None:
   """Writes `data` to `p` atomically: readers see the old content or the new, never a part. In a workdir this job
@@ -303,21 +317,46 @@ def glob(pattern: PathLike) -> list[Path]:
     return sorted(path(root).glob("/".join(parts[wild[0]:])), key=str)
 
 
+class Version(NamedTuple):
+  """What changes whenever a file is written again, known without reading it."""
+  size: int
+  stamp: tuple | str  # locally (modification time in ns, inode); in a bucket its generation, or the ETag where a
+  # store has no generations
+
+
+def _object_version(info: dict) -> Version:
+  """The `Version` of an object from its listing or metadata (fsspec's info), which hold the same fields."""
+  return Version(info["size"], info.get("generation") or info.get("ETag") or info.get("etag"))
+
+
+def _file_version(stat: os.stat_result) -> Version:
+  return Version(stat.st_size, (stat.st_mtime_ns, stat.st_ino))
+
+
 @_bounded("list")
-def walk_files(p: PathLike) -> list[str]:
-  """Every file under folder `p`, as paths relative to it with '/' separators, sorted."""
+def listing(p: PathLike) -> dict[str, Version]:
+  """Every file under folder `p`: {path relative to it with '/' separators: its `Version`}, sorted by path; {}
+  when `p` does not exist. A bucket is listed flat, every object under the prefix in one request per thousand, so
+  that neither a folder nor a file costs a request of its own."""
   root = path(p)
+  found = {}
   with errors("list", root):
-    if is_remote(root):  # fsspec's own walk: epath's passes it an argument that s3fs refuses (max_depth)
+    if is_remote(root):  # fsspec's own listing: epath's walk passes an argument that s3fs refuses (max_depth)
       fs, key = fsspec.core.url_to_fs(os.fspath(root))
-      tree = fs.walk(key, on_error="omit")
+      prefix = _bare(root).rstrip("/") + "/"
+      for name, info in fs.find(key, detail=True).items():
+        if name.startswith(prefix) and not name.endswith("/"):  # (a key ending in '/' marks a folder)
+          found[name.removeprefix(prefix)] = _object_version(info)
     else:
-      tree = root.walk()
-    out = []
-    for dirpath, _, filenames in tree:
-      for name in filenames:
-        out.append(_bare(f"{dirpath}/{name}").removeprefix(_bare(root)).lstrip("/"))
-    return sorted(out)
+      for dirpath, _, filenames in root.walk():
+        for name in filenames:
+          found[os.path.relpath(dirpath / name, root).replace(os.sep, "/")] = _file_version(os.stat(dirpath / name))
+  return dict(sorted(found.items()))
+
+
+def walk_files(p: PathLike) -> list[str]:
+  """Every file under folder `p`, as paths relative to it with '/' separators, sorted (`listing`)."""
+  return list(listing(p))
 
 
 def _bare(p: PathLike) -> str:
@@ -384,14 +423,11 @@ def check_writable(p: PathLike) -> None:
 
 
 @_bounded("check")
-def version(p: PathLike) -> tuple:
-  """What changes whenever the file `p` is written again, without reading it: (size, modification time in ns,
-  inode) locally; (size, generation, or the ETag where a store has no generations) in a bucket."""
+def version(p: PathLike) -> Version:
+  """The `Version` of file `p` (one request in a bucket; `listing` gives those of a whole folder at once)."""
   target = path(p)
   with errors("check", target):
     if is_remote(target):
       fs, key = fsspec.core.url_to_fs(os.fspath(target))
-      info = fs.info(key)
-      return info.get("size"), info.get("generation") or info.get("ETag") or info.get("etag")
-    stat = os.stat(os.fspath(target))
-    return stat.st_size, stat.st_mtime_ns, stat.st_ino
+      return _object_version(fs.info(key))
+    return _file_version(os.stat(os.fspath(target)))
