@@ -11,8 +11,9 @@ emulator (tests/gcs_emulator.py) on this machine, and measures, each once and wi
                parameters);
   whole:       the former readers: `checksums.verify` of every file of the checkpoint, then the parameters restored.
 Bytes read: locally, this process's read() bytes (/proc/self/io rchar, page-cache hits included); from the
-emulator, the bytes the emulator process read from its disk to serve the objects (its rchar). Prints one JSON line
-per storage, with the sizes, bytes read, seconds and the machine.
+emulator, the bytes the emulator process read from its disk to serve the objects (its rchar), and the requests it
+answered (its log's lines: listings, metadata and ranged reads alike, each a round trip to a real bucket). Prints
+one JSON line per storage, with the sizes, bytes read, requests, seconds and the machine.
 """
 from __future__ import annotations
 
@@ -42,12 +43,24 @@ def _rchar(pid: str = "self") -> int:
   return int(re.search(r"rchar: (\d+)", pathlib.Path(f"/proc/{pid}/io").read_text()).group(1))
 
 
-def _measure(fn, pid: str) -> tuple[float, int]:
-  """(seconds, bytes read by process `pid`) of fn(), with no checksum cached."""
+def _requests(log: pathlib.Path | None) -> int | None:
+  """The requests the emulator has answered so far (its log's lines); None locally."""
+  if log is None:
+    return None
+  text = ""
+  while (latest := log.read_text(errors="replace")) != text:  # it may log just after it answers
+    text = latest
+    time.sleep(0.2)
+  return len(re.findall(r'\\?"(GET|HEAD|PUT|POST|DELETE) ', text))
+
+
+def _measure(fn, pid: str, log: pathlib.Path | None) -> tuple[float, int, int | None]:
+  """(seconds, bytes read by process `pid`, requests the emulator answered) of fn(), with no checksum cached."""
   checksums._hashed.clear()
-  before, start = _rchar(pid), time.perf_counter()
+  requests, before, start = _requests(log), _rchar(pid), time.perf_counter()
   jax.block_until_ready(fn())
-  return time.perf_counter() - start, _rchar(pid) - before
+  seconds, read = time.perf_counter() - start, _rchar(pid) - before
+  return seconds, read, None if log is None else _requests(log) - requests
 
 
 def _whole(root: str):
@@ -57,17 +70,18 @@ def _whole(root: str):
   return checkpoint.load_params(step_dir)[1]
 
 
-def _run(storage_name: str, root: str, state, meta, ckpt_cfg, pid: str) -> dict:
+def _run(storage_name: str, root: str, state, meta, ckpt_cfg, pid: str, log: pathlib.Path | None = None) -> dict:
   with checkpointer.Checkpointer(f"{root}/checkpoints", ckpt_cfg) as ckpt:
     ckpt.save(1, state, meta)
   step_dir = storage.path(f"{root}/checkpoints/1")
   sizes = {name: storage.size(step_dir / name) for name in storage.walk_files(step_dir)}
-  params_s, params_read = _measure(lambda: checkpoint.load_params(root)[1], pid)
-  whole_s, whole_read = _measure(lambda: _whole(root), pid)
-  return {"storage": storage_name, "checkpoint_bytes": sum(sizes.values()),
+  params_s, params_read, params_requests = _measure(lambda: checkpoint.load_params(root)[1], pid, log)
+  whole_s, whole_read, whole_requests = _measure(lambda: _whole(root), pid, log)
+  return {"storage": storage_name, "checkpoint_bytes": sum(sizes.values()), "files": len(sizes),
           "params_item_bytes": sum(v for k, v in sizes.items() if k.startswith("params/")),
-          "params_only_read_bytes": params_read, "params_only_s": round(params_s, 3),
-          "whole_verify_read_bytes": whole_read, "whole_verify_s": round(whole_s, 3),
+          "params_only_read_bytes": params_read, "params_only_requests": params_requests,
+          "params_only_s": round(params_s, 3), "whole_verify_read_bytes": whole_read,
+          "whole_verify_requests": whole_requests, "whole_verify_s": round(whole_s, 3),
           "read_ratio": round(whole_read / params_read, 2), "time_ratio": round(whole_s / params_s, 2)}
 
 
@@ -87,7 +101,8 @@ def main(argv=None) -> list[dict]:
     emulator.start()
     with gcs_emulator.emulator_environment(emulator):
       bucket = gcs_emulator.create_bucket(emulator.url, "tupe-params-load")
-      results.append(_run("gcs emulator", f"{bucket}/run", state, meta, ckpt_cfg, str(emulator.proc.pid)))
+      results.append(_run("gcs emulator", f"{bucket}/run", state, meta, ckpt_cfg, str(emulator.proc.pid),
+                          emulator.log))
   finally:
     emulator.stop()
     shutil.rmtree(tmp)

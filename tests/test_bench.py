@@ -281,6 +281,10 @@ def test_params_load(capsys):
   for line in (local, bucket):
     assert line["params_only_read_bytes"] > 0 and line["whole_verify_read_bytes"] > line["params_only_read_bytes"]
   assert (local["storage"], bucket["storage"]) == ("local", "gcs emulator")
+  assert local["params_only_requests"] is None and local["whole_verify_requests"] is None
+  # At least a listing and a read of each object hashed; the whole checkpoint's more than the params item's.
+  assert bucket["whole_verify_requests"] > bucket["params_only_requests"] > 2
+  assert bucket["whole_verify_requests"] >= bucket["files"]
 
 
 def test_compile_time():
