@@ -121,6 +121,7 @@ FORBIDDEN = re.compile("|".join([
 # Modules allowed to use them, and why. The ones marked "to convert" are being moved onto tupe.store.storage.
 ALLOWED = {
     "tupe/store/storage.py": "the path layer itself",
+    "tupe/store/paths.py": "the path layer's paths: a local path made absolute (no I/O)",
     "tupe/store/atomic.py": "the path layer's local atomic write (and the umask, read from /proc/self/status)",
     "tupe/config_files.py": "config files are Python modules, imported from the local disk",
     "tupe/data/demo.py": "the demo corpus is harvested from the installed standard library and cached on the local "

@@ -1,8 +1,9 @@
 """The one path layer: every file tupe reads or writes goes through here, on a local disk or in a bucket.
 
-Paths are `etils.epath.Path`s, the layer orbax itself uses: a local path (relative, `~`, spaces, unicode) or a
-bucket URL (`gs://bucket/run`, `s3://bucket/run`, through fsspec's gcsfs/s3fs). Nothing outside this module
-touches `os.path`, `pathlib`, `shutil` or `open` for a user's path.
+Paths are `etils.epath.Path`s (`tupe.store.paths`, whose `path`, `is_remote` and `local` callers reach as
+`storage.path`, ...): a local path (relative, `~`, spaces, unicode) or a bucket URL (`gs://bucket/run`,
+`s3://bucket/run`, through fsspec's gcsfs/s3fs). Nothing outside this module touches `os.path`, `pathlib`,
+`shutil` or `open` for a user's path.
 
 Object stores have no rename, no append and no fsync, so the writes here are whole objects:
 
@@ -24,62 +25,22 @@ import contextlib
 import functools
 import io
 import os
-import re
 from typing import IO
 from typing import NamedTuple
 
-from etils import epath
 import fsspec
 
 from tupe.store import atomic
 from tupe.store import deadline
 from tupe.store import fence
+from tupe.store.paths import bare
+from tupe.store.paths import is_remote
+from tupe.store.paths import local
+from tupe.store.paths import path
+from tupe.store.paths import Path
+from tupe.store.paths import PathLike
 from tupe.store.refusals import StorageError
 from tupe.store.refusals import describe
-
-Path = epath.Path
-PathLike = str | os.PathLike
-
-REMOTE_SCHEMES = ("gs://", "s3://")
-
-def is_remote(p: PathLike) -> bool:
-  """Whether `p` names an object in a bucket (gs://, s3://) rather than a local file."""
-  return str(p).startswith(REMOTE_SCHEMES)
-
-
-def path(p: PathLike) -> Path:
-  """`p` as an absolute `epath.Path`: `~` expanded and made absolute locally, a bucket URL kept as it is (once
-  `check_bucket_url` has accepted it)."""
-  if isinstance(p, str) and not p:
-    raise StorageError("an empty path was given: name a file or folder (a local path or gs://bucket/...)")
-  if is_remote(p):
-    check_bucket_url(str(p))
-    return Path(str(p))
-  return Path(os.path.abspath(os.path.expanduser(os.fspath(p))))
-
-
-# What a bucket path may not hold, and how orbax (TensorStore's URL parsing) or the stores would read it.
-_MISREAD = ((re.compile(r"#"), "'#'", "the start of a URL fragment: what follows is dropped"),
-            (re.compile(r"\?"), "'?'", "the start of a URL query: what follows is dropped"),
-            (re.compile(r"(^|/)\.\.?(/|$)"), "a '.' or '..' segment", "a step within or above the folder"),
-            (re.compile(r"[\x00-\x1f\x7f]"), "a control character", "a different name, or none"))
-
-
-def check_bucket_url(url: str) -> None:
-  """Refuses a gs:// or s3:// path that orbax or the store would read as another path (so that nothing is written
-  outside it): '#', '?', '.' and '..' segments and control characters, in one line."""
-  key = url.split("://", 1)[1]
-  for pattern, what, meaning in _MISREAD:
-    if pattern.search(key):
-      raise StorageError(f"{url!r}: a bucket path cannot hold {what}, which orbax and the stores read as {meaning}; "
-                         f"choose a path without it (letters, digits, '-', '_', '.', spaces and '/')")
-
-
-def local(p: PathLike) -> str:
-  """`p` as a local filesystem path string, for libraries that take only those; refuses bucket URLs."""
-  if is_remote(p):
-    raise StorageError(f"{p}: this file must be local (a bucket URL is not supported here)")
-  return os.fspath(path(p))
 
 
 @functools.cache
@@ -343,7 +304,7 @@ def listing(p: PathLike) -> dict[str, Version]:
   with errors("list", root):
     if is_remote(root):  # fsspec's own listing: epath's walk passes an argument that s3fs refuses (max_depth)
       fs, key = fsspec.core.url_to_fs(os.fspath(root))
-      prefix = _bare(root).rstrip("/") + "/"
+      prefix = bare(root).rstrip("/") + "/"
       for name, info in fs.find(key, detail=True).items():
         if name.startswith(prefix) and not name.endswith("/"):  # (a key ending in '/' marks a folder)
           found[name.removeprefix(prefix)] = _object_version(info)
@@ -357,12 +318,6 @@ def listing(p: PathLike) -> dict[str, Version]:
 def walk_files(p: PathLike) -> list[str]:
   """Every file under folder `p`, as paths relative to it with '/' separators, sorted (`listing`)."""
   return list(listing(p))
-
-
-def _bare(p: PathLike) -> str:
-  """`p` without its scheme ("gs://b/x" -> "b/x"): fsspec gives folders in bucket paths without one."""
-  text = os.fspath(p)
-  return text.split("://", 1)[-1]
 
 
 @_bounded("remove")
