@@ -4,9 +4,10 @@
                                                                             # processes start in other folders)
   python -m bench.compile_events /tmp/ev [--top 20]
 
-Prints JSON lines: the totals per JAX event (count, seconds), then the XLA compiles (`backend_compile_duration`,
-cache reads included) by function name, then by test file (a process's compiles go to the test that started it).
-Tracing counts a nested jit in its parent's time too, so its total is an upper bound.
+Prints JSON lines: the Python processes started, by program (train.py, `-m tupe.study`, ...), then the totals per
+JAX event (count, seconds), then the XLA compiles (`backend_compile_duration`, cache reads included) by function
+name, then by test file (a process's compiles go to the test that started it). Tracing counts a nested jit in its
+parent's time too, so its total is an upper bound.
 """
 from __future__ import annotations
 
@@ -18,22 +19,38 @@ import pathlib
 import bench
 
 COMPILE = "/jax/core/compile/backend_compile_duration"
+START = "/process/start"  # the hook's record of a process starting (its "function": the program)
+
+
+def program(argv: list[str]) -> str:
+  """What a process ran, from the start of its command line after the interpreter: a script's name, `-m module` or
+  `-c`."""
+  for i, arg in enumerate(argv):
+    if arg == "-m" and i + 1 < len(argv):
+      return f"-m {argv[i + 1]}"
+    if arg == "-c" or not arg.startswith("-"):
+      return arg.rsplit("/", 1)[-1]
+  return "?"
 
 
 def read(folder: pathlib.Path) -> list[tuple[str, str, float, str]]:
-  """(event, function, seconds, test) of every process's file in `folder`."""
+  """(event, function, seconds, test) of every process's file in `folder`; a process's start is (START, its
+  program, 0, test)."""
   records = []
   for path in sorted(folder.glob("*.jsonl")):
     lines = path.read_text().splitlines()
     if not lines:
       continue
-    started_by = json.loads(lines[0])["test"]
+    header = json.loads(lines[0])
+    started_by = header["test"]
+    records.append((START, program(header["argv"]), 0.0, started_by))
     for line in lines[1:]:
       try:
         event, function, seconds, test = json.loads(line)
       except ValueError:  # a process killed in mid-line
         continue
-      records.append((event, function, seconds, test or started_by))
+      if event != START:
+        records.append((event, function, seconds, test or started_by))
   return records
 
 
@@ -43,17 +60,22 @@ def main(argv=None) -> list[dict]:
   parser.add_argument("--top", type=int, default=20, help="functions and test files listed")
   args = parser.parse_args(argv)
   records = read(args.folder)
-  if not records:
+  if not any(event != START for event, *_ in records):
     raise SystemExit(f"error: no compile events in {args.folder}: run the command with TUPE_COMPILE_EVENTS="
                      f"{args.folder} PYTHONPATH=$PWD/bench/compile_hook")
+  programs = collections.Counter(function for event, function, _, _ in records if event == START)
+  out = [{"processes": sum(programs.values())}] + [{"processes_of": name, "count": n}
+                                                   for name, n in programs.most_common(args.top)]
   totals, functions, tests = (collections.defaultdict(lambda: [0, 0.0]) for _ in range(3))
   for event, function, seconds, test in records:
+    if event == START:
+      continue
     for table, key in ((totals, event),) + (((functions, function), (tests, test.split("::")[0]))
                                             if event == COMPILE else ()):
       table[key][0] += 1
       table[key][1] += seconds
   ranked = sorted(totals.items(), key=lambda x: -x[1][1])
-  out = [{"event": e, "count": n, "seconds": s} for e, (n, s) in ranked]
+  out += [{"event": e, "count": n, "seconds": s} for e, (n, s) in ranked]
   for kind, table in (("function", functions), ("test_file", tests)):
     ranked = sorted(table.items(), key=lambda x: -x[1][1])[:args.top]
     out += [{"compiles_by": kind, kind: k, "count": n, "seconds": s} for k, (n, s) in ranked]

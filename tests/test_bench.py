@@ -423,5 +423,11 @@ def test_compile_events_count_a_processs_compiles(tmp_path):
   assert compiles["jit(doubled)"]["count"] == 1 and compiles["jit(doubled)"]["seconds"] > 0
   totals = {r["event"]: r for r in records if "event" in r}
   assert totals[compile_events.COMPILE]["count"] >= 1
+  assert records[:2] == [{"processes": 1}, {"processes_of": "-c", "count": 1}]
+  # A process that compiles nothing is counted as it starts.
+  subprocess.run([sys.executable, "-m", "bench.compile_events", "--help"], env=env, check=True, timeout=300,
+                 cwd=pathlib.Path(bench.__file__).parents[1], capture_output=True)
+  assert compile_events.main([str(events)])[:3] == [{"processes": 2}, {"processes_of": "-c", "count": 1},
+                                                    {"processes_of": "-m bench.compile_events", "count": 1}]
   with pytest.raises(SystemExit, match="no compile events"):
     compile_events.main([str(tmp_path)])

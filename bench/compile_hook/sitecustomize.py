@@ -1,9 +1,10 @@
 """Counts every JAX compile of every Python process that starts with this folder on PYTHONPATH and
-TUPE_COMPILE_EVENTS=<folder> set: each process appends its tracing, lowering and XLA compile durations (with the
-function's name and PYTEST_CURRENT_TEST) to <folder>/<pid>.jsonl as they happen, so processes that end with
-os._exit count too. `python -m bench.compile_events <folder>` sums them (docs/BENCHMARKS.md, "What compiling costs
-the whole suite"). A measuring hook only: tests that cap the size of the files a process may write fail under it,
-as its log is one of those files."""
+TUPE_COMPILE_EVENTS=<folder> set: each process writes its command line to <folder>/<pid>.jsonl as it starts (so
+processes that compile nothing are counted too), then appends its tracing, lowering and XLA compile durations
+(with the function's name and PYTEST_CURRENT_TEST) as they happen, so processes that end with os._exit count too.
+`python -m bench.compile_events <folder>` sums them (docs/BENCHMARKS.md, "What compiling costs the whole suite").
+A measuring hook only: tests that cap the size of the files a process may write fail under it, as its log is one
+of those files."""
 import importlib.abc
 import importlib.machinery
 import json
@@ -18,8 +19,17 @@ def _write(record) -> None:
   global _out
   if _out is None:
     _out = open(os.path.join(_FOLDER, f"{os.getpid()}.jsonl"), "a", buffering=1, encoding="utf-8")
-    _out.write(json.dumps({"argv": sys.argv[:3], "test": os.environ.get("PYTEST_CURRENT_TEST", "")}) + "\n")
+    _out.write(json.dumps({"argv": _command()[:4], "test": os.environ.get("PYTEST_CURRENT_TEST", "")}) + "\n")
   _out.write(json.dumps(record) + "\n")
+
+
+def _command() -> list[str]:
+  """This process's command line after the interpreter (`-m` keeps its module, which sys.argv does not hold yet)."""
+  try:
+    with open("/proc/self/cmdline", "rb") as f:
+      return [arg.decode(errors="replace") for arg in f.read().split(b"\0")[1:-1]]
+  except OSError:  # not Linux
+    return sys.argv
 
 
 def _duration(event: str, seconds: float, **kwargs) -> None:
@@ -52,3 +62,4 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 if _FOLDER:
   sys.meta_path.insert(0, _Finder())
+  _write(["/process/start", "", 0.0, os.environ.get("PYTEST_CURRENT_TEST", "")])
