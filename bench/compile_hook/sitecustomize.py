@@ -3,8 +3,7 @@ TUPE_COMPILE_EVENTS=<folder> set: each process writes its command line to <folde
 processes that compile nothing are counted too), then appends its tracing, lowering and XLA compile durations
 (with the function's name and PYTEST_CURRENT_TEST) as they happen, so processes that end with os._exit count too.
 `python -m bench.compile_events <folder>` sums them (docs/BENCHMARKS.md, "What compiling costs the whole suite").
-A measuring hook only: tests that cap the size of the files a process may write fail under it, as its log is one
-of those files."""
+A measuring hook only: a record it cannot write (a test that fills the disk or caps file sizes) is lost."""
 import importlib.abc
 import importlib.machinery
 import json
@@ -16,11 +15,16 @@ _out = None
 
 
 def _write(record) -> None:
+  """Appends `record`; a write that fails (a test that fills the disk or caps the size of files) loses the record,
+  never disturbs the process."""
   global _out
-  if _out is None:
-    _out = open(os.path.join(_FOLDER, f"{os.getpid()}.jsonl"), "a", buffering=1, encoding="utf-8")
-    _out.write(json.dumps({"argv": _command()[:4], "test": os.environ.get("PYTEST_CURRENT_TEST", "")}) + "\n")
-  _out.write(json.dumps(record) + "\n")
+  try:
+    if _out is None:
+      _out = open(os.path.join(_FOLDER, f"{os.getpid()}.jsonl"), "a", buffering=1, encoding="utf-8")
+      _out.write(json.dumps({"argv": _command()[:4], "test": os.environ.get("PYTEST_CURRENT_TEST", "")}) + "\n")
+    _out.write(json.dumps(record) + "\n")
+  except OSError:
+    pass
 
 
 def _command() -> list[str]:
