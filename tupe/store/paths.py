@@ -17,6 +17,7 @@ PathLike = str | os.PathLike
 
 REMOTE_SCHEMES = ("gs://", "s3://")
 
+
 def is_remote(p: PathLike) -> bool:
   """Whether `p` names an object in a bucket (gs://, s3://) rather than a local file."""
   return str(p).startswith(REMOTE_SCHEMES)
