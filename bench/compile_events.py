@@ -19,7 +19,6 @@ import pathlib
 import bench
 
 COMPILE = "/jax/core/compile/backend_compile_duration"
-START = "/process/start"  # the hook's record of a process starting (its "function": the program)
 
 
 def program(argv: list[str]) -> str:
@@ -33,25 +32,23 @@ def program(argv: list[str]) -> str:
   return "?"
 
 
-def read(folder: pathlib.Path) -> list[tuple[str, str, float, str]]:
-  """(event, function, seconds, test) of every process's file in `folder`; a process's start is (START, its
-  program, 0, test)."""
-  records = []
+def read(folder: pathlib.Path) -> tuple[list[str], list[tuple[str, str, float, str]]]:
+  """The program of every process whose file is in `folder` (`program`), and (event, function, seconds, test) of
+  their events."""
+  programs, records = [], []
   for path in sorted(folder.glob("*.jsonl")):
     lines = path.read_text().splitlines()
     if not lines:
       continue
     header = json.loads(lines[0])
-    started_by = header["test"]
-    records.append((START, program(header["argv"]), 0.0, started_by))
+    programs.append(program(header["argv"]))
     for line in lines[1:]:
       try:
         event, function, seconds, test = json.loads(line)
       except ValueError:  # a process killed in mid-line
         continue
-      if event != START:
-        records.append((event, function, seconds, test or started_by))
-  return records
+      records.append((event, function, seconds, test or header["test"]))
+  return programs, records
 
 
 def main(argv=None) -> list[dict]:
@@ -59,17 +56,14 @@ def main(argv=None) -> list[dict]:
   parser.add_argument("folder", type=pathlib.Path)
   parser.add_argument("--top", type=int, default=20, help="functions and test files listed")
   args = parser.parse_args(argv)
-  records = read(args.folder)
-  if not any(event != START for event, *_ in records):
+  programs, records = read(args.folder)
+  if not records:
     raise SystemExit(f"error: no compile events in {args.folder}: run the command with TUPE_COMPILE_EVENTS="
                      f"{args.folder} PYTHONPATH=$PWD/bench/compile_hook")
-  programs = collections.Counter(function for event, function, _, _ in records if event == START)
-  out = [{"processes": sum(programs.values())}] + [{"processes_of": name, "count": n}
-                                                   for name, n in programs.most_common(args.top)]
+  out = [{"processes": len(programs)}] + [{"processes_of": name, "count": n}
+                                          for name, n in collections.Counter(programs).most_common(args.top)]
   totals, functions, tests = (collections.defaultdict(lambda: [0, 0.0]) for _ in range(3))
   for event, function, seconds, test in records:
-    if event == START:
-      continue
     for table, key in ((totals, event),) + (((functions, function), (tests, test.split("::")[0]))
                                             if event == COMPILE else ()):
       table[key][0] += 1

@@ -45,13 +45,7 @@ def _rchar(pid: str = "self") -> int:
 
 def _requests(log: pathlib.Path | None) -> int | None:
   """The requests the emulator has answered so far (its log's lines); None locally."""
-  if log is None:
-    return None
-  text = ""
-  while (latest := log.read_text(errors="replace")) != text:  # it may log just after it answers
-    text = latest
-    time.sleep(0.2)
-  return len(re.findall(r'\\?"(GET|HEAD|PUT|POST|DELETE) ', text))
+  return None if log is None else len(gcs_emulator.logged_requests(log))
 
 
 def _measure(fn, pid: str, log: pathlib.Path | None) -> tuple[float, int, int | None]:

@@ -121,6 +121,20 @@ def start_process(args: list[str], **popen_kwargs) -> subprocess.Popen:
   return subprocess.Popen([sys.executable, "-I", "-S", "-c", _LAUNCH, *args], **popen_kwargs)
 
 
+def logged_requests(log: pathlib.Path) -> list[tuple[str, str]]:
+  """(method, target) of every request an emulator's log records (fake-gcs-server's or moto's line per request), in
+  order; read once the log has stopped growing, since a server may log a request just after it answers it."""
+  import re
+  import time
+
+  text = ""
+  while (latest := pathlib.Path(log).read_text(errors="replace")) != text:
+    text = latest
+    time.sleep(0.2)
+  text = re.sub(r"\x1b\[[0-9;]*m", "", text.replace('\\"', '"'))  # moto colours some lines; fake-gcs escapes quotes
+  return re.findall(r'"(GET|HEAD|PUT|POST|DELETE) (/[^ ]*) HTTP', text)
+
+
 def stop_process(proc: subprocess.Popen | None) -> None:
   """Stops an emulator's server process by its pid (nothing if it is not running)."""
   if proc is not None:

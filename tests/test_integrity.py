@@ -10,11 +10,9 @@ import hashlib
 import json
 import logging
 import pathlib
-import re
 import shutil
 import subprocess
 import sys
-import time
 import urllib.parse
 
 import jax
@@ -22,6 +20,7 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from gcs_emulator import logged_requests
 from test_resume import REPO
 from test_resume import TINY
 from test_resume import checkpoint_state
@@ -282,17 +281,12 @@ def test_a_newer_layout_is_one_line(workdir, tmp_path):
 
 
 def requests(log, bucket: str) -> list[tuple[str, str, str]]:
-  """The requests an emulator's log records (moto's or fake-gcs-server's line per request), each as (kind, key,
+  """The requests an emulator's log records about `bucket` (`gcs_emulator.logged_requests`), each as (kind, key,
   listed prefix): kind "list" (key ""), "metadata" (what a HEAD, or GCS's object resource, tells of an object),
-  "read" (its bytes) or "write"; waits until the log stops growing (a server may log just after it answers)."""
-  text = ""
-  while (latest := log.read_text(errors="replace")) != text:
-    text = latest
-    time.sleep(0.2)
+  "read" (its bytes) or "write"."""
   name = bucket.split("://")[1]
   out = []
-  text = re.sub(r"\x1b\[[0-9;]*m", "", text.replace('\\"', '"'))  # moto colours some lines
-  for method, target in re.findall(r'"(GET|HEAD|PUT|POST|DELETE) (/[^ ]*) HTTP', text):
+  for method, target in logged_requests(log):
     url = urllib.parse.urlsplit(target)
     query = urllib.parse.parse_qs(url.query)
     if bucket.startswith("s3://"):

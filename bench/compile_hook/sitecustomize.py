@@ -15,14 +15,15 @@ _out = None
 
 
 def _write(record) -> None:
-  """Appends `record`; a write that fails (a test that fills the disk or caps the size of files) loses the record,
-  never disturbs the process."""
+  """Appends `record` to this process's file, which starts with its command line and test; a write that fails (a
+  test that fills the disk or caps the size of files) loses the record, never disturbs the process."""
   global _out
   try:
     if _out is None:
       _out = open(os.path.join(_FOLDER, f"{os.getpid()}.jsonl"), "a", buffering=1, encoding="utf-8")
       _out.write(json.dumps({"argv": _command()[:4], "test": os.environ.get("PYTEST_CURRENT_TEST", "")}) + "\n")
-    _out.write(json.dumps(record) + "\n")
+    if record is not None:
+      _out.write(json.dumps(record) + "\n")
   except OSError:
     pass
 
@@ -66,4 +67,4 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 if _FOLDER:
   sys.meta_path.insert(0, _Finder())
-  _write(["/process/start", "", 0.0, os.environ.get("PYTEST_CURRENT_TEST", "")])
+  _write(None)  # the file's first line, as the process starts
