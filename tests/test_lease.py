@@ -164,7 +164,7 @@ def lease_record(workdir: str) -> dict:
 
 def lease_version(workdir: str):
   """The lease object's generation (gs://) or ETag (s3://): what changes whenever it is written."""
-  return storage.version(lease_url(workdir))[1]
+  return storage.listing(workdir)[lease.LEASE_NAME].stamp
 
 
 def foreign_lease(workdir: str, expires_in: float, **record) -> None:

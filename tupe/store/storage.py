@@ -285,15 +285,6 @@ class Version(NamedTuple):
   # store has no generations
 
 
-def _object_version(info: dict) -> Version:
-  """The `Version` of an object from its listing or metadata (fsspec's info), which hold the same fields."""
-  return Version(info["size"], info.get("generation") or info.get("ETag") or info.get("etag"))
-
-
-def _file_version(stat: os.stat_result) -> Version:
-  return Version(stat.st_size, (stat.st_mtime_ns, stat.st_ino))
-
-
 @_bounded("list")
 def listing(p: PathLike) -> dict[str, Version]:
   """Every file under folder `p`: {path relative to it with '/' separators: its `Version`}, sorted by path; {}
@@ -307,11 +298,14 @@ def listing(p: PathLike) -> dict[str, Version]:
       prefix = bare(root).rstrip("/") + "/"
       for name, info in fs.find(key, detail=True).items():
         if name.startswith(prefix) and not name.endswith("/"):  # (a key ending in '/' marks a folder)
-          found[name.removeprefix(prefix)] = _object_version(info)
+          stamp = info.get("generation") or info.get("ETag") or info.get("etag")
+          found[name.removeprefix(prefix)] = Version(info["size"], stamp)
     else:
       for dirpath, _, filenames in root.walk():
         for name in filenames:
-          found[os.path.relpath(dirpath / name, root).replace(os.sep, "/")] = _file_version(os.stat(dirpath / name))
+          stat = os.stat(dirpath / name)
+          found[os.path.relpath(dirpath / name, root).replace(os.sep, "/")] = Version(
+              stat.st_size, (stat.st_mtime_ns, stat.st_ino))
   return dict(sorted(found.items()))
 
 
@@ -375,14 +369,3 @@ def check_writable(p: PathLike) -> None:
     raise StorageError(f"cannot write in {d}: {existing} is a file (Not a directory)")
   if not os.access(existing, os.W_OK | os.X_OK):
     raise StorageError(f"cannot write in {d}: {existing}: Permission denied")
-
-
-@_bounded("check")
-def version(p: PathLike) -> Version:
-  """The `Version` of file `p` (one request in a bucket; `listing` gives those of a whole folder at once)."""
-  target = path(p)
-  with errors("check", target):
-    if is_remote(target):
-      fs, key = fsspec.core.url_to_fs(os.fspath(target))
-      return _object_version(fs.info(key))
-    return _file_version(os.stat(os.fspath(target)))
