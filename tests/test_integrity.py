@@ -346,3 +346,16 @@ def test_checksums_in_a_bucket_list_once_and_read_each_file_once(bucket, request
     with pytest.raises(checksums.DamagedCheckpoint, match="^meta/metadata has other bytes than when it was saved"):
       checksums.verify(step_dir, recorded)
   assert sorted(asked(damaged)) == [("list", "", "run/checkpoints/1/"), ("read", "meta/metadata", "")]
+
+
+def test_a_file_in_a_bucket_is_read_with_one_request(bucket, request):
+  """`storage.read_bytes` and `read_text` fetch an object, empty or not, with one GET and no request about its
+  size (s3fs asks with a HEAD first unless told to fetch in one stream): checkpoint metadata, checksums, configs
+  and vocabs are read that way."""
+  log = pathlib.Path(request.getfixturevalue("gcs_server" if bucket.startswith("gs://") else "s3_server").log)
+  storage.write_bytes(f"{bucket}/a/config.json", b'{"x": 1}')
+  storage.write_bytes(f"{bucket}/a/empty", b"")
+  before = len(requests(log, bucket))
+  assert storage.read_text(f"{bucket}/a/config.json") == '{"x": 1}'
+  assert storage.read_bytes(f"{bucket}/a/empty") == b""
+  assert requests(log, bucket)[before:] == [("read", "a/config.json", ""), ("read", "a/empty", "")]

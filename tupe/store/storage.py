@@ -163,15 +163,20 @@ def read_text(p: PathLike, fix: str = CONVERT, what: str = "") -> str:
     raise StorageError(f"{what + ' ' if what else ''}{p} is not UTF-8 text (byte {e.start}): {fix}") from None
 
 
+def _fetch(p: PathLike, start: int | None = None, end: int | None = None) -> bytes:
+  """An object's bytes (`start` to `end`, or whole) in one GET: `cat_file`, not a buffered file object, whose
+  read-ahead in gcsfs 2026.x was seen to hang forever against the emulator. s3fs first asks an object's size (a HEAD)
+  to fetch a large one in parallel ranges unless told to fetch it in one stream."""
+  fs, key = fsspec.core.url_to_fs(os.fspath(p))
+  one_stream = {"max_concurrency": 1} if "s3" in fs.protocol else {}
+  return fs.cat_file(key, start=start, end=end, **one_stream)
+
+
 @_bounded("read")
 def read_bytes(p: PathLike) -> bytes:
-  """The bytes of file `p`. An object is fetched whole with one request (`cat_file`), not through a buffered
-  file object, whose read-ahead in gcsfs 2026.x was seen to hang forever against the emulator."""
+  """The bytes of file `p`; an object's with one request."""
   with errors("read", p):
-    if is_remote(p):
-      fs, key = fsspec.core.url_to_fs(os.fspath(p))
-      return fs.cat_file(key)
-    return path(p).read_bytes()
+    return _fetch(p) if is_remote(p) else path(p).read_bytes()
 
 
 @_bounded("read")
@@ -180,8 +185,7 @@ def read_range(p: PathLike, start: int, end: int) -> bytes:
   reading a file too big to hold in pieces."""
   with errors("read", p):
     if is_remote(p):
-      fs, key = fsspec.core.url_to_fs(os.fspath(p))
-      return fs.cat_file(key, start=start, end=end)
+      return _fetch(p, start, end)
     with open(local(p), "rb") as f:
       f.seek(start)
       return f.read(end - start)
