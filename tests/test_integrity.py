@@ -359,3 +359,18 @@ def test_a_file_in_a_bucket_is_read_with_one_request(bucket, request):
   assert storage.read_text(f"{bucket}/a/config.json") == '{"x": 1}'
   assert storage.read_bytes(f"{bucket}/a/empty") == b""
   assert requests(log, bucket)[before:] == [("read", "a/config.json", ""), ("read", "a/empty", "")]
+
+
+def test_the_committed_steps_of_a_bucket_come_from_one_listing(bucket, request):
+  """`checkpoint.committed_step_dirs` in a bucket: the step folders that hold orbax's commit object, newest first
+  (not a save in progress, without it, nor anything else), from one flat listing; before, a listing of the folder
+  and two requests per step."""
+  log = pathlib.Path(request.getfixturevalue("gcs_server" if bucket.startswith("gs://") else "s3_server").log)
+  root = storage.path(f"{bucket}/run/checkpoints")
+  for name in ("1/commit_success.txt", "1/params/d/x", "2/params/d/x", "10/commit_success.txt", "10/meta/metadata",
+               "tmp.orbax-checkpoint-tmp/commit_success.txt", "3.lost/commit_success.txt", "4/x/commit_success.txt"):
+    storage.write_bytes(root / name, b"x")
+  before = len(requests(log, bucket))
+  assert [p.name for p in checkpoint.committed_step_dirs(root)] == ["10", "1"]
+  assert requests(log, bucket)[before:] == [("list", "", "run/checkpoints/")]
+  assert checkpoint.newest_step(root) == 10

@@ -130,10 +130,15 @@ def verified_meta(step_dir: storage.Path, root: storage.Path, items: tuple[str, 
 
 def committed_step_dirs(root: storage.Path) -> list[storage.Path]:
   """The committed step directories of a checkpoints/ folder, newest first: locally the step folders orbax renamed
-  into place, in a bucket those with orbax's commit object (a step without it is a save in progress, or killed)."""
-  return sorted((p for p in storage.iterdir(root) if p.name.isdigit() and storage.is_dir(p)
-                 and (not storage.is_remote(p) or storage.exists(p / checksums.COMMIT_FILES[1]))),
-                key=lambda p: int(p.name), reverse=True)
+  into place, in a bucket those with orbax's commit object (a step without it is a save in progress, or killed),
+  found in one flat listing rather than with requests per step."""
+  if storage.is_remote(root):
+    steps = {name.split("/")[0] for name in storage.listing(root) if name.endswith(f"/{checksums.COMMIT_FILES[1]}")
+             and name.count("/") == 1}
+    found = [root / step for step in steps if step.isdigit()]
+  else:
+    found = [p for p in storage.iterdir(root) if p.name.isdigit() and storage.is_dir(p)]
+  return sorted(found, key=lambda p: int(p.name), reverse=True)
 
 
 def newest_step(root: storage.PathLike) -> int:
