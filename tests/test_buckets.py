@@ -105,6 +105,8 @@ def test_train_in_a_bucket_killed_and_resumed_is_bit_identical(bucket, reference
   command = train_command(workdir, {"num_train_steps": STEPS, "compilation_cache_dir": cache, "curves": True})
   env = {k: v for k, v in train_env().items() if k != "JAX_COMPILATION_CACHE_DIR"}
   killed = Run(tmp_path / "run", command=command, env=env)
+  # The bucket is asked only once the step is compiled (its line read from the log), not all through start-up.
+  killed.wait_until(lambda: "saved to the compilation cache" in killed.stdout(), poll=0.05)
   killed.wait_until(lambda: newest_step(workdir) > 0, poll=0.05)
   preempted = bucket.startswith("gs://")
   killed.signal(signal.SIGTERM if preempted else signal.SIGKILL)
