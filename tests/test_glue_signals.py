@@ -20,6 +20,7 @@ import sys
 import time
 
 import pytest
+from xla_flags import xla_flags
 
 from tupe.glue import runs as runs_lib
 
@@ -50,7 +51,8 @@ def exiting(pid: int) -> bool:
 
 
 def environment(cache: bool) -> dict:
-  env = dict(os.environ, PYTHONUNBUFFERED="1")
+  """One CPU device (the suite fakes eight: 1.5x the CPU of each run), with or without the compilation cache."""
+  env = dict(os.environ, XLA_FLAGS=xla_flags(1), PYTHONUNBUFFERED="1")
   if not cache:
     env.pop("JAX_COMPILATION_CACHE_DIR", None)
   return env

@@ -172,6 +172,7 @@ def test_a_printed_sweep_command_runs_from_another_folder_and_a_sweep_ends_with_
   scheduler runs it. A sweep that runs its commands ends with one row per run: its grid values, last loss, last
   eval loss and workdir (the run done by the printed command resumes there: nothing left to train)."""
   root = tmp_path / "sweep"
+  monkeypatch.setenv("XLA_FLAGS", xla_flags(1))  # the runs' processes on one CPU device, as from a shell
   monkeypatch.chdir(REPO)
   sweep.main(["sweep", "--config", "configs/pretrain.py:tupe_a,tiny", "--root", str(root), "--grid", "seed=0",
               "--print", "--", *SWEEP_RUN])
