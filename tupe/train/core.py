@@ -165,7 +165,10 @@ def build_core(module, init_inputs: tuple, objective: Objective, opt_cfg, total_
   random numbers from `prng_impl` (`use_prng_impl`). `num_layers`: for the optimizer's layer-wise
   learning-rate decay."""
   use_prng_impl(prng_impl)
-  boxed = jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), *init_inputs)["params"])
+  # Jitted so that the model's initialization is traced once: here for the parameters' shapes and logical axes,
+  # then reused from JAX's trace cache where `make_state` calls it.
+  init_params = jax.jit(lambda key: module.init(key, *init_inputs)["params"])
+  boxed = jax.eval_shape(init_params, jax.random.PRNGKey(0))
   param_sharding = sharding.logical_shardings(boxed, mesh, rules)
   abstract_params = nn.meta.unbox(boxed)
   tx, lr_schedule = optim.make_optimizer(opt_cfg, abstract_params, total_steps, num_layers)
@@ -173,7 +176,7 @@ def build_core(module, init_inputs: tuple, objective: Objective, opt_cfg, total_
   replicated = NamedSharding(mesh, P())
 
   def make_state(params_key, state_rng, replace):
-    params = nn.meta.unbox(module.init(params_key, *init_inputs)["params"])
+    params = nn.meta.unbox(init_params(params_key))
     return new_state(dict(params, **replace) if replace else params, tx, state_rng)
 
   # From the parameters' shapes: no second trace of the model.
