@@ -6,6 +6,7 @@ import re
 import subprocess
 import sys
 
+import flax.linen as nn
 import jax
 import numpy as np
 import pytest
@@ -77,6 +78,22 @@ def tiny(model):
              curves=False)
   cfg.optimizer.warmup_steps = 2
   return cfg
+
+
+@pytest.mark.parametrize("model", ["tupe_a", "convbert"])
+def test_the_model_initialization_is_traced_once(model, monkeypatch):
+  """`build` takes the parameters' shapes and logical axes from the trace of the model's initialization that
+  `init_state` then runs (`core.build_core`): one trace per start, not two (with a warm compilation cache, each
+  trace is a good part of a small run's start-up)."""
+  traced = []
+  init = nn.Module.init
+  monkeypatch.setattr(nn.Module, "init", lambda self, *args, **kwargs: traced.append(1) or init(self, *args, **kwargs))
+  cfg = tiny(model)
+  cfg.model.vocab_size = 211
+  setup = pretrain.build(cfg, jax.devices()[:1])
+  assert len(traced) == 1
+  state = jax.block_until_ready(setup.init_state())
+  assert len(traced) == 1 and int(state.step) == 0
 
 
 def test_electra_objective_trains(tmp_path):
