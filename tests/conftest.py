@@ -46,17 +46,6 @@ LONGEST_FIRST = ("test_buckets.py", "test_multihost.py", "test_glue_parity.py", 
                  "test_data_preprocess.py")
 
 
-def pytest_xdist_auto_num_workers(config):
-  """`-n auto`: one worker more than xdist's count of the cores. A worker waits about a tenth of its time (on
-  emulators, store timeouts and its subprocesses' output), and the third worker of a 2-core machine fills those
-  waits: 193% of the cores used instead of 179%, 14:19 instead of 15:54 for the whole suite (docs/BENCHMARKS.md,
-  "The test suite"). PYTEST_XDIST_AUTO_NUM_WORKERS still sets the count outright."""
-  if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
-    return None  # xdist's own hook reads it
-  from xdist import plugin
-  return plugin.pytest_xdist_auto_num_workers(config) + 1
-
-
 def pytest_collection_modifyitems(items):
   """The LONGEST_FIRST files first, in that order; the others after them, in pytest's order."""
   rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
