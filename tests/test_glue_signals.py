@@ -51,7 +51,8 @@ def exiting(pid: int) -> bool:
 
 
 def environment(cache: bool) -> dict:
-  """One CPU device (the suite fakes eight: 1.5x the CPU of each run), with or without the compilation cache."""
+  """One CPU device (the suite fakes eight: 1.26x the CPU of each run from an empty cache), with or without the
+  compilation cache."""
   env = dict(os.environ, XLA_FLAGS=xla_flags(1), PYTHONUNBUFFERED="1")
   if not cache:
     env.pop("JAX_COMPILATION_CACHE_DIR", None)
