@@ -16,7 +16,7 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from xla_flags import xla_flags
+from test_resume import train_env
 
 from configs import glue as glue_config
 from tupe import models
@@ -182,7 +182,7 @@ def test_sigterm_names_the_interrupted_run(pretrained, glue_dir, tmp_path):
                              str(workdir), *flags, f"--config.init_checkpoint={pretrained}",
                              f"--config.data_dir={glue_dir}", "--config.epochs.sst2=100"],  # still running
                             cwd=REPO, stdout=stdout, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, XLA_FLAGS=xla_flags(1), PYTHONUNBUFFERED="1"))
+                            env=train_env())
     deadline = time.monotonic() + HANG
     while "[1/2] SST-2 lr 0.01 seed 0 | epoch" not in out.read_text():
       assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else "timeout"

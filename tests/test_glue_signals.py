@@ -20,7 +20,7 @@ import sys
 import time
 
 import pytest
-from xla_flags import xla_flags
+from test_resume import train_env
 
 from tupe.glue import runs as runs_lib
 
@@ -53,7 +53,7 @@ def exiting(pid: int) -> bool:
 def environment(cache: bool) -> dict:
   """One CPU device (the suite fakes eight: 1.26x the CPU of each run from an empty cache), with or without the
   compilation cache."""
-  env = dict(os.environ, XLA_FLAGS=xla_flags(1), PYTHONUNBUFFERED="1")
+  env = train_env()
   if not cache:
     env.pop("JAX_COMPILATION_CACHE_DIR", None)
   return env
