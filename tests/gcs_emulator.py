@@ -198,8 +198,6 @@ class AuthenticatingGCS:
     self.server = None
 
   def start(self) -> None:
-    import threading
-
     self.emulator.start()
     create_bucket(self.emulator.url, self.bucket)
     (self.root / "home").mkdir(exist_ok=True)
@@ -210,9 +208,7 @@ class AuthenticatingGCS:
       self.fixed_tokens[user] = self._issue(self.email(user))
     self.key_files["unknown"] = self._key_file("unknown", known=False)
     self.fixed_tokens["unknown"] = "ya29.a-token-nobody-issued"
-    handler = type("Handler", (_Front,), {"front": self})
-    self.server = _Server(("127.0.0.1", self.port), handler)
-    threading.Thread(target=self.server.serve_forever, name="gcs-front", daemon=True).start()
+    self.server = serve_front(self, self.port)
 
   def stop(self) -> None:
     if self.server is not None:
@@ -335,23 +331,12 @@ class AuthenticatingGCS:
       headers["WWW-Authenticate"] = 'Bearer realm="https://accounts.google.com/"'
     return status, headers, json.dumps({"error": {"code": status, "message": message, "errors": [error]}}).encode()
 
-  def forward(self, method: str, target: str, headers, body: bytes) -> tuple[int, list, bytes]:
-    """Passes a request on to the emulator unchanged; its answer (status, headers, body)."""
-    import http.client
-
-    connection = http.client.HTTPConnection("127.0.0.1", self.emulator.port, timeout=120)
-    try:
-      connection.putrequest(method, target, skip_host=True, skip_accept_encoding=True)
-      for name, value in headers.items():
-        if name.lower() not in _HOP_BY_HOP:
-          connection.putheader(name, value)
-      if body or method in ("POST", "PUT", "PATCH"):
-        connection.putheader("Content-Length", str(len(body)))
-      connection.endheaders(body)
-      response = connection.getresponse()
-      return response.status, response.getheaders(), response.read()
-    finally:
-      connection.close()
+  def answer(self, method: str, target: str, headers, body: bytes) -> tuple[int, list | dict, bytes]:
+    """The front's answer to a request (`serve_front`): the token endpoint's, a refusal, or the emulator's own."""
+    if method == "POST" and target.split("?")[0] == "/token":
+      return self.grant(body)
+    return self.refusal(method, target, headers.get("Authorization"), body) or forward(
+        self.emulator.port, method, target, headers, body)
 
   def environment(self, caller: str, base: dict | None = None) -> dict:
     """`base` (default: this process's environment) with no Google setting of its own, pointed at this front with
@@ -447,6 +432,36 @@ def _object(target: str, body: bytes) -> str:
   return "/".join(parts)  # the XML API: /<bucket>/<name>
 
 
+def forward(port: int, method: str, target: str, headers, body: bytes) -> tuple[int, list, bytes]:
+  """Passes a request on unchanged to the server on `port` (of 127.0.0.1); its answer (status, headers, body)."""
+  import http.client
+
+  connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+  try:
+    connection.putrequest(method, target, skip_host=True, skip_accept_encoding=True)
+    for name, value in headers.items():
+      if name.lower() not in _HOP_BY_HOP:
+        connection.putheader(name, value)
+    if body or method in ("POST", "PUT", "PATCH"):
+      connection.putheader("Content-Length", str(len(body)))
+    connection.endheaders(body)
+    response = connection.getresponse()
+    return response.status, response.getheaders(), response.read()
+  finally:
+    connection.close()
+
+
+def serve_front(front, port: int) -> http.server.ThreadingHTTPServer:
+  """A threaded HTTP server of the standard library on `port` (of 127.0.0.1), in a thread of this process, that
+  answers every request with `front.answer(method, target, headers, body)` (status, headers, body; `forward` passes
+  it on to an emulator). Stop it with `shutdown()` and `server_close()`."""
+  import threading
+
+  server = _Server(("127.0.0.1", port), type("Handler", (_Front,), {"front": front}))
+  threading.Thread(target=server.serve_forever, name=f"front-{port}", daemon=True).start()
+  return server
+
+
 class _Server(http.server.ThreadingHTTPServer):
   daemon_threads = True
 
@@ -459,14 +474,14 @@ class _Server(http.server.ThreadingHTTPServer):
 
 
 class _Front(http.server.BaseHTTPRequestHandler):
-  """One connection to an `AuthenticatingGCS` (its class attribute `front`): HTTP/1.1 with keep-alive, as the
+  """One connection to a front (its class attribute `front`: `serve_front`): HTTP/1.1 with keep-alive, as the
   clients expect; a request's body is read whole (by its length, or its chunks) before it is answered."""
 
   protocol_version = "HTTP/1.1"
   # An answer goes out in two writes (its headers, then its body): with Nagle's algorithm the body waits for the
   # client's delayed ACK of the headers, 40 ms on Linux, on every request of a kept-alive connection.
   disable_nagle_algorithm = True
-  front: AuthenticatingGCS
+  front: object
 
   def log_message(self, format, *args) -> None:  # noqa: A002 (the base class's name)
     pass
@@ -483,14 +498,7 @@ class _Front(http.server.BaseHTTPRequestHandler):
     return self.rfile.read(int(self.headers.get("Content-Length") or 0))
 
   def _handle(self) -> None:
-    body = self._body()
-    if self.command == "POST" and self.path.split("?")[0] == "/token":
-      status, headers, data = self.front.grant(body)
-    else:
-      answer = self.front.refusal(self.command, self.path, self.headers.get("Authorization"), body)
-      if answer is None:
-        answer = self.front.forward(self.command, self.path, self.headers, body)
-      status, headers, data = answer
+    status, headers, data = self.front.answer(self.command, self.path, self.headers, self._body())
     self.send_response(status)
     length = None
     for name, value in (headers.items() if isinstance(headers, dict) else headers):

@@ -1,10 +1,13 @@
 """A real S3 emulator for tests: moto's server mode (`moto[server]`), an HTTP S3 endpoint, as a process of ours
 (tests/conftest.py's `s3_emulator` and `s3_bucket` fixtures use it), and one that checks credentials and permissions
 as AWS does (`AuthenticatingS3`, the `s3_authenticating` fixture). It honours S3's conditional writes
-(`If-None-Match: *`, `If-Match: <ETag>`), which the workdir lease of tupe/store/lease.py relies on."""
+(`If-None-Match: *`, `If-Match: <ETag>`), which the workdir lease of tupe/store/lease.py relies on; behind
+`WithoutConditionalWrites`, it is an S3-compatible store that does not implement them."""
 import subprocess
 import sys
 
+from gcs_emulator import forward
+from gcs_emulator import serve_front
 from gcs_emulator import start_process
 from gcs_emulator import stop_process
 from gcs_emulator import wait_until_serving
@@ -33,6 +36,37 @@ class S3Emulator:
     credentials (the emulator checks none)."""
     return {"AWS_ENDPOINT_URL": self.url, "AWS_ACCESS_KEY_ID": "tupe-test", "AWS_SECRET_ACCESS_KEY": "tupe-test",
             "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+class WithoutConditionalWrites:
+  """An S3-compatible store without conditional writes, as some are: a running `S3Emulator` behind a front of ours
+  (`gcs_emulator.serve_front`) that answers a write or delete carrying `If-Match` or `If-None-Match` as such a store
+  does, 501 NotImplemented with AWS's words for a header it does not implement, and passes every other request on
+  unchanged to the emulator. It holds the emulator's objects, so a bucket made there is seen here."""
+
+  def __init__(self, server: S3Emulator, port: int):
+    self.server, self.port, self.front = server, port, None
+    self.url = f"http://127.0.0.1:{port}"
+    self.refused: list[str] = []  # "<method> <target> (<header>)" of each request answered 501
+
+  def start(self) -> None:
+    self.front = serve_front(self, self.port)
+
+  def stop(self) -> None:
+    self.front.shutdown()
+    self.front.server_close()
+
+  def environment(self) -> dict:
+    return dict(self.server.environment(), AWS_ENDPOINT_URL=self.url)
+
+  def answer(self, method: str, target: str, headers, body: bytes) -> tuple[int, dict, bytes]:
+    condition = next((h for h in ("If-Match", "If-None-Match") if h in headers), None)
+    if method not in ("PUT", "POST", "DELETE") or condition is None:
+      return forward(self.server.port, method, target, headers, body)
+    self.refused.append(f"{method} {target} ({condition})")
+    return 501, {"Content-Type": "application/xml"}, (
+        '<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>NotImplemented</Code><Message>A header you provided '
+        f'implies functionality that is not implemented</Message><Header>{condition}</Header></Error>').encode()
 
 
 def create_bucket(url: str, name: str) -> str:

@@ -360,6 +360,26 @@ def test_renewals_failing_for_half_the_lifetime_stop_the_job_at_its_next_write(s
       f"warning: could not renew the lease {workdir}/{lease.LEASE_NAME} (no connection to the store ("), warnings
 
 
+def test_a_store_without_conditional_writes_is_one_warning_and_no_lock(s3_server, capsys):
+  """An S3-compatible store that answers conditional writes 501 NotImplemented (`WithoutConditionalWrites`: moto
+  behind a front that refuses them as such a store does): holding a workdir there is one warning line per job, no
+  lease object and no fencing. The job writes on, and so does a second job on the same workdir, as the warning
+  says."""
+  store = s3_emulator.WithoutConditionalWrites(s3_server, free_port())
+  with gcs_emulator.serving(store), gcs_emulator.emulator_environment(store):
+    bucket = s3_emulator.create_bucket(store.url, f"tupe-no-conditions-{os.getpid()}")
+    workdir = f"{bucket}/run"
+    with lease.hold(workdir, ttl=2):
+      storage.write_text(f"{workdir}/first", "1")
+      with lease.hold(workdir, ttl=2):
+        storage.write_text(f"{workdir}/second", "2")
+    assert storage.walk_files(workdir) == ["first", "second"]
+  assert store.refused == [f"PUT /{bucket[5:]}/run/{lease.LEASE_NAME} (If-None-Match)"] * 2
+  warning = (f"warning: {workdir}: no lock, as this store does not implement conditional writes (put_object: A header "
+             f"you provided implies functionality that is not implemented); make sure no other job uses this workdir")
+  assert capsys.readouterr().out.splitlines() == [warning] * 2
+
+
 def test_a_job_paused_past_its_lease_writes_nothing_after_another_took_over(gcs_bucket, tmp_path):
   """train.py A is paused (SIGSTOP) past its lease's lifetime; train.py B takes the workdir over and finishes the
   run; A, resumed (SIGCONT), finds at its first write that it lost the lease, stops with one line, and the workdir
