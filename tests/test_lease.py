@@ -365,10 +365,14 @@ def test_a_store_without_conditional_writes_is_one_warning_and_no_lock(s3_server
   behind a front that refuses them as such a store does): holding a workdir there is one warning line per job, no
   lease object and no fencing. The job writes on, and so does a second job on the same workdir, as the warning
   says."""
+  bucket = s3_emulator.create_bucket(s3_server.url, f"tupe-no-conditions-{os.getpid()}")
+  workdir = f"{bucket}/run"
+  # s3fs keeps the endpoint of its first use in a process for good (fsspec's and epath's caches): made here on the
+  # suite's emulator, it is never left pointing at this front once the front is gone. The lease's client is made
+  # anew by each job, at the front.
+  assert not storage.exists(workdir)
   store = s3_emulator.WithoutConditionalWrites(s3_server, free_port())
   with gcs_emulator.serving(store), gcs_emulator.emulator_environment(store):
-    bucket = s3_emulator.create_bucket(store.url, f"tupe-no-conditions-{os.getpid()}")
-    workdir = f"{bucket}/run"
     with lease.hold(workdir, ttl=2):
       storage.write_text(f"{workdir}/first", "1")
       with lease.hold(workdir, ttl=2):
