@@ -5,6 +5,7 @@ events) with bit-identical losses; a cache folder that cannot be written, or ent
 one warning and a normal compile, never the run.
 """
 import subprocess
+import sys
 
 import pytest
 from test_resume import REPO
@@ -78,3 +79,33 @@ def test_corrupt_cache_entries_cost_a_warning_and_a_compile(first_start, tmp_pat
 def test_an_empty_field_turns_the_cache_off(tmp_path):
   _, line = start(tmp_path / "run", "")
   assert line.endswith("s (compilation cache off)"), line
+
+
+def test_a_local_cache_is_bounded_and_its_least_recently_used_entries_go_first(tmp_path):
+  """Past its bound, JAX evicts the least recently used entries as a run writes its own: an old 2 MiB entry goes,
+  the run's entries stay, and the run is the same. The bound is JAX_COMPILATION_CACHE_MAX_SIZE here (2.2 MiB), which
+  wins over tupe's own for a local folder (`compile_cache.MAX_BYTES`)."""
+  cache = tmp_path / "jax-cache"
+  cache.mkdir()
+  (cache / "old-entry-cache").write_bytes(b"\0" * 2**21)
+  (cache / "old-entry-atime").write_bytes((1).to_bytes(8, "little"))  # used last in 1970
+  env = {k: v for k, v in train_env().items() if k != "JAX_COMPILATION_CACHE_DIR"}
+  proc = subprocess.run(train_command(tmp_path / "run", {"compilation_cache_dir": str(cache)}), cwd=REPO,
+                        env=dict(env, JAX_COMPILATION_CACHE_MAX_SIZE=str(int(2.2 * 2**20))), capture_output=True,
+                        text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert f"(compiled, and saved to the compilation cache {cache})" in proc.stdout
+  entries = sorted(p.name for p in cache.iterdir() if p.name.endswith("-cache"))
+  assert entries and "old-entry-cache" not in entries, entries
+  assert sum((cache / e).stat().st_size for e in entries) <= 2.2 * 2**20
+
+
+def test_the_bound_is_tupes_for_a_local_folder_and_none_for_no_cache(tmp_path):
+  """`compile_cache.enable` sets JAX's bound: `MAX_BYTES` for a local folder, none (-1) with the cache off."""
+  script = ("import jax; from tupe.train import compile_cache as c; c.enable(%r); a = "
+            "jax.config.jax_compilation_cache_max_size; c.enable(''); print(a, jax.config.jax_compilation_cache_max_size)")
+  env = {k: v for k, v in train_env().items() if k not in ("JAX_COMPILATION_CACHE_DIR", "JAX_COMPILATION_CACHE_MAX_SIZE")}
+  proc = subprocess.run([sys.executable, "-c", script % str(tmp_path / "cache")], cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert proc.stdout.split() == [str(10 * 2**30), "-1"]

@@ -6,6 +6,11 @@ folder, `~/.cache/tupe/jax`; on a pod, a bucket that every host shares (`gs://bu
 entries from process 0 only). "" turns the cache off. The environment variable JAX_COMPILATION_CACHE_DIR, when
 set, wins over the field (JAX reads it itself: the test suite shares one cache that way).
 
+A local cache is bounded: past `MAX_BYTES` (10 GiB), JAX evicts the least recently used entries as it writes new
+ones (its `jax_compilation_cache_max_size`), so that a per-user folder that every run and sweep fills does not grow
+for good. JAX_COMPILATION_CACHE_MAX_SIZE (bytes; -1: no bound), when set, wins. A cache in a bucket is not bounded
+here (JAX's eviction locks a local file): the bucket's lifecycle rules do that.
+
 A cache that cannot be written costs one warning and the run compiles as without one; an entry that cannot be
 read (corrupt, truncated) costs one warning line and a normal compile (JAX's own fallback). `Watch` says how
 long a compilation took and whether the program was compiled or loaded from the cache, counted from JAX's own
@@ -23,6 +28,7 @@ from tupe import console
 from tupe.store import storage
 
 DEFAULT_DIR = "~/.cache/tupe/jax"
+MAX_BYTES = 10 * 2**30  # a local cache's bound
 
 _HITS, _REQUESTS, _WRITES = ("/jax/compilation_cache/cache_hits",
                              "/jax/compilation_cache/compile_requests_use_cache",
@@ -54,9 +60,9 @@ def directory() -> str | None:
 
 
 def enable(cache_dir: str = DEFAULT_DIR) -> None:
-  """Points JAX's persistent compilation cache at `cache_dir` (local, `~` expanded, or gs://...); "" turns it
-  off. JAX_COMPILATION_CACHE_DIR, when set, wins. A folder that cannot be created or written: one warning, and no
-  cache."""
+  """Points JAX's persistent compilation cache at `cache_dir` (local, `~` expanded, or gs://...), bounded to
+  `MAX_BYTES` when local; "" turns it off. JAX_COMPILATION_CACHE_DIR, when set, wins, and so does
+  JAX_COMPILATION_CACHE_MAX_SIZE. A folder that cannot be created or written: one warning, and no cache."""
   if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
     return
   target = "" if not cache_dir else str(storage.path(cache_dir))
@@ -67,7 +73,11 @@ def enable(cache_dir: str = DEFAULT_DIR) -> None:
       console.log(f"warning: the compilation cache is off for this run: {e} (set --config.compilation_cache_dir to "
                   f"a writable folder, or to \"\" to turn it off)")
       target = ""
-  if target != (directory() or ""):
+  bound = -1 if not target or storage.is_remote(target) else MAX_BYTES
+  if os.environ.get("JAX_COMPILATION_CACHE_MAX_SIZE"):
+    bound = jax.config.jax_compilation_cache_max_size
+  if target != (directory() or "") or bound != jax.config.jax_compilation_cache_max_size:
+    jax.config.update("jax_compilation_cache_max_size", bound)
     jax_cache.set_cache_dir(target or None)
     jax_cache.reset_cache()  # in case something was compiled before: the cache is set up anew at the next compile
 
