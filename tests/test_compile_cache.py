@@ -4,6 +4,7 @@ A second start of the tiny train.py loads its train step from the cache (the log
 events) with bit-identical losses; a cache folder that cannot be written, or entries that cannot be read, cost
 one warning and a normal compile, never the run.
 """
+import os
 import subprocess
 import sys
 
@@ -83,18 +84,21 @@ def test_an_empty_field_turns_the_cache_off(tmp_path):
 
 def test_a_local_cache_is_bounded_and_its_least_recently_used_entries_go_first(tmp_path):
   """Past its bound, JAX evicts the least recently used entries as a run writes its own: an old 2 MiB entry goes,
-  the run's entries stay, and the run is the same. The bound is JAX_COMPILATION_CACHE_MAX_SIZE here (2.2 MiB), which
-  wins over tupe's own for a local folder (`compile_cache.MAX_BYTES`)."""
+  the run's entries stay, and the run is the same. The old entry has no time of last use, as an entry written with
+  no bound (by an older tupe) has none: it is given its file's, with no warning (JAX's eviction would fail every
+  write). The bound is JAX_COMPILATION_CACHE_MAX_SIZE here (2.2 MiB), which wins over tupe's own for a local folder
+  (`compile_cache.MAX_BYTES`)."""
   cache = tmp_path / "jax-cache"
   cache.mkdir()
   (cache / "old-entry-cache").write_bytes(b"\0" * 2**21)
-  (cache / "old-entry-atime").write_bytes((1).to_bytes(8, "little"))  # used last in 1970
+  os.utime(cache / "old-entry-cache", (1, 1))  # written in 1970
   env = {k: v for k, v in train_env().items() if k != "JAX_COMPILATION_CACHE_DIR"}
   proc = subprocess.run(train_command(tmp_path / "run", {"compilation_cache_dir": str(cache)}), cwd=REPO,
                         env=dict(env, JAX_COMPILATION_CACHE_MAX_SIZE=str(int(2.2 * 2**20))), capture_output=True,
                         text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert f"(compiled, and saved to the compilation cache {cache})" in proc.stdout
+  assert not [line for line in proc.stdout.splitlines() if line.startswith("warning")], proc.stdout
   entries = sorted(p.name for p in cache.iterdir() if p.name.endswith("-cache"))
   assert entries and "old-entry-cache" not in entries, entries
   assert sum((cache / e).stat().st_size for e in entries) <= 2.2 * 2**20

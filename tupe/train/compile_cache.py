@@ -76,10 +76,23 @@ def enable(cache_dir: str = DEFAULT_DIR) -> None:
   bound = -1 if not target or storage.is_remote(target) else MAX_BYTES
   if os.environ.get("JAX_COMPILATION_CACHE_MAX_SIZE"):
     bound = jax.config.jax_compilation_cache_max_size
+  if bound != -1:
+    _stamp_unstamped_entries(target)
   if target != (directory() or "") or bound != jax.config.jax_compilation_cache_max_size:
     jax.config.update("jax_compilation_cache_max_size", bound)
     jax_cache.set_cache_dir(target or None)
     jax_cache.reset_cache()  # in case something was compiled before: the cache is set up anew at the next compile
+
+
+def _stamp_unstamped_entries(folder: str) -> None:
+  """Gives each entry of a local cache that has no time of last use (`<key>-atime`, which JAX writes only where
+  the cache is bounded: an entry of an older tupe, of a run with no bound, or of one killed between the two
+  files) its file's modification time. JAX's eviction reads the time of every entry, and fails the write of a new
+  one where one is missing."""
+  files = storage.listing(folder)
+  for name, version in files.items():
+    if "/" not in name and name.endswith("-cache") and f"{name.removesuffix('-cache')}-atime" not in files:
+      storage.write_bytes(f"{folder}/{name.removesuffix('-cache')}-atime", version.stamp[0].to_bytes(8, "little"))
 
 
 class Watch:
