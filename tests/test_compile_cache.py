@@ -104,12 +104,14 @@ def test_a_local_cache_is_bounded_and_its_least_recently_used_entries_go_first(t
   assert sum((cache / e).stat().st_size for e in entries) <= 2.2 * 2**20
 
 
-def test_the_bound_is_tupes_for_a_local_folder_and_none_for_no_cache(tmp_path):
-  """`compile_cache.enable` sets JAX's bound: `MAX_BYTES` for a local folder, none (-1) with the cache off."""
+@pytest.mark.parametrize("size, bounds", [(None, [str(10 * 2**30), "-1"]), ("1000", ["1000", "1000"])])
+def test_the_bound_is_tupes_for_a_local_folder_unless_jax_is_told_otherwise(tmp_path, size, bounds):
+  """`compile_cache.enable` sets JAX's bound: `MAX_BYTES` for a local folder and none (-1) with the cache off,
+  unless JAX_COMPILATION_CACHE_MAX_SIZE gives one."""
   script = ("import jax; from tupe.train import compile_cache as c; c.enable(%r); a = "
             "jax.config.jax_compilation_cache_max_size; c.enable(''); print(a, jax.config.jax_compilation_cache_max_size)")
   env = {k: v for k, v in train_env().items() if k not in ("JAX_COMPILATION_CACHE_DIR", "JAX_COMPILATION_CACHE_MAX_SIZE")}
-  proc = subprocess.run([sys.executable, "-c", script % str(tmp_path / "cache")], cwd=REPO, env=env,
-                        capture_output=True, text=True, timeout=120)
+  proc = subprocess.run([sys.executable, "-c", script % str(tmp_path / "cache")], cwd=REPO, env=dict(
+      env, **({"JAX_COMPILATION_CACHE_MAX_SIZE": size} if size else {})), capture_output=True, text=True, timeout=120)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  assert proc.stdout.split() == [str(10 * 2**30), "-1"]
+  assert proc.stdout.split() == bounds

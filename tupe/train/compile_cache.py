@@ -73,10 +73,11 @@ def enable(cache_dir: str = DEFAULT_DIR) -> None:
       console.log(f"warning: the compilation cache is off for this run: {e} (set --config.compilation_cache_dir to "
                   f"a writable folder, or to \"\" to turn it off)")
       target = ""
-  bound = -1 if not target or storage.is_remote(target) else MAX_BYTES
+  local = bool(target) and not storage.is_remote(target)
+  bound = MAX_BYTES if local else -1
   if os.environ.get("JAX_COMPILATION_CACHE_MAX_SIZE"):
     bound = jax.config.jax_compilation_cache_max_size
-  if bound != -1:
+  if local and bound != -1:
     _stamp_unstamped_entries(target)
   if target != (directory() or "") or bound != jax.config.jax_compilation_cache_max_size:
     jax.config.update("jax_compilation_cache_max_size", bound)
