@@ -109,8 +109,10 @@ def test_the_bound_is_tupes_for_a_local_folder_unless_jax_is_told_otherwise(tmp_
   """`compile_cache.enable` sets JAX's bound: `MAX_BYTES` for a local folder and none (-1) with the cache off,
   unless JAX_COMPILATION_CACHE_MAX_SIZE gives one."""
   script = ("import jax; from tupe.train import compile_cache as c; c.enable(%r); a = "
-            "jax.config.jax_compilation_cache_max_size; c.enable(''); print(a, jax.config.jax_compilation_cache_max_size)")
-  env = {k: v for k, v in train_env().items() if k not in ("JAX_COMPILATION_CACHE_DIR", "JAX_COMPILATION_CACHE_MAX_SIZE")}
+            "jax.config.jax_compilation_cache_max_size; c.enable(''); "
+            "print(a, jax.config.jax_compilation_cache_max_size)")
+  env = {k: v for k, v in train_env().items()
+         if k not in ("JAX_COMPILATION_CACHE_DIR", "JAX_COMPILATION_CACHE_MAX_SIZE")}
   proc = subprocess.run([sys.executable, "-c", script % str(tmp_path / "cache")], cwd=REPO, env=dict(
       env, **({"JAX_COMPILATION_CACHE_MAX_SIZE": size} if size else {})), capture_output=True, text=True, timeout=120)
   assert proc.returncode == 0, proc.stderr[-3000:]
