@@ -176,7 +176,7 @@ def release_orbax_waiters() -> int:
     threading.Thread.join(thread, timeout=60)  # (orbax's own join raises CancelledError for a cancelled thread)
     assert not thread.is_alive(), f"orbax's thread {thread.name} still waits"
   count = len(waiting)
-  del waiting, thread
+  waiting, thread = [], None  # no reference left to them: their coroutines are collected here
   gc.collect()
   return count
 

@@ -77,9 +77,9 @@ def enable(cache_dir: str = DEFAULT_DIR) -> None:
   bound = MAX_BYTES if local else -1
   if os.environ.get("JAX_COMPILATION_CACHE_MAX_SIZE"):
     bound = jax.config.jax_compilation_cache_max_size
-  if local and bound != -1:
-    _stamp_unstamped_entries(target)
   if target != (directory() or "") or bound != jax.config.jax_compilation_cache_max_size:
+    if local and bound != -1:
+      _stamp_unstamped_entries(target)
     jax.config.update("jax_compilation_cache_max_size", bound)
     jax_cache.set_cache_dir(target or None)
     jax_cache.reset_cache()  # in case something was compiled before: the cache is set up anew at the next compile
