@@ -5,6 +5,7 @@ events) with bit-identical losses; a cache folder that cannot be written, or ent
 one warning and a normal compile, never the run.
 """
 import os
+import re
 import subprocess
 import sys
 
@@ -104,16 +105,68 @@ def test_a_local_cache_is_bounded_and_its_least_recently_used_entries_go_first(t
   assert sum((cache / e).stat().st_size for e in entries) <= 2.2 * 2**20
 
 
-@pytest.mark.parametrize("size, bounds", [(None, [str(10 * 2**30), "-1"]), ("1000", ["1000", "1000"])])
-def test_the_bound_is_tupes_for_a_local_folder_unless_jax_is_told_otherwise(tmp_path, size, bounds):
-  """`compile_cache.enable` sets JAX's bound: `MAX_BYTES` for a local folder and none (-1) with the cache off,
-  unless JAX_COMPILATION_CACHE_MAX_SIZE gives one."""
+def test_a_program_over_the_bound_is_said_not_saved(tmp_path):
+  """JAX counts a write before it makes it: an entry over the bound (JAX_COMPILATION_CACHE_MAX_SIZE wins over
+  tupe's) is counted, not written, and warned of. The log says "not saved", in one warning line and in the
+  compile line, and the folder holds no entry."""
+  cache = tmp_path / "jax-cache"
+  env = {k: v for k, v in train_env().items() if k != "JAX_COMPILATION_CACHE_DIR"}
+  proc = subprocess.run(train_command(tmp_path / "run", {"compilation_cache_dir": str(cache)}), cwd=REPO,
+                        env=dict(env, JAX_COMPILATION_CACHE_MAX_SIZE="1000"), capture_output=True, text=True,
+                        timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert not proc.stderr, proc.stderr
+  (line,) = [line for line in proc.stdout.splitlines() if line.startswith("compiled in ")]
+  assert line.endswith(f"s (compiled; not saved to the compilation cache {cache} (see the warning))"), line
+  warnings = [line for line in proc.stdout.splitlines() if line.startswith("warning")]
+  assert warnings and all(re.fullmatch(r"warning: the compiled program \([0-9,]+ bytes\) is larger than the "
+                                       r"compilation cache's bound \(1,000 bytes\); not saved "
+                                       r"\(JAX_COMPILATION_CACHE_MAX_SIZE sets the bound\)", w) for w in warnings), (
+      warnings)
+  assert not [p.name for p in cache.iterdir() if p.name.endswith("-cache")]
+
+
+def test_the_bound_is_tupes_for_a_local_folder_and_none_with_the_cache_off(tmp_path):
+  """`compile_cache.enable` sets JAX's bound: `MAX_BYTES` for a local folder and none (-1) with the cache off."""
   script = ("import jax; from tupe.train import compile_cache as c; c.enable(%r); a = "
             "jax.config.jax_compilation_cache_max_size; c.enable(''); "
             "print(a, jax.config.jax_compilation_cache_max_size)")
   env = {k: v for k, v in train_env().items()
          if k not in ("JAX_COMPILATION_CACHE_DIR", "JAX_COMPILATION_CACHE_MAX_SIZE")}
-  proc = subprocess.run([sys.executable, "-c", script % str(tmp_path / "cache")], cwd=REPO, env=dict(
-      env, **({"JAX_COMPILATION_CACHE_MAX_SIZE": size} if size else {})), capture_output=True, text=True, timeout=120)
+  proc = subprocess.run([sys.executable, "-c", script % str(tmp_path / "cache")], cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=120)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  assert proc.stdout.split() == bounds
+  assert proc.stdout.split() == [str(10 * 2**30), "-1"]
+
+
+def test_a_failed_write_is_said_not_saved(tmp_path):
+  """JAX's write fails (here: an entry with no time of last use, put there after `enable` stamped the folder's
+  entries, fails the eviction that a bounded cache runs before each write). `Watch` says "not saved", and JAX's
+  warnings are still raised."""
+  script = """if True:
+    import pathlib, sys, warnings
+    import jax, jax.numpy as jnp
+    from tupe.train import compile_cache
+    cache = pathlib.Path(sys.argv[1])
+    cache.mkdir()
+    compile_cache.enable(str(cache))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    (cache / "unstamped-cache").write_bytes(b"an entry")
+    with warnings.catch_warnings(record=True) as raised:
+      warnings.simplefilter("always")
+      with compile_cache.Watch() as watch:
+        jax.jit(lambda x: x * 2 + 1).lower(jnp.ones(3)).compile()
+    print(watch.line())
+    print(sum(compile_cache.not_saved(str(w.message)) for w in raised))
+    print(sorted(p.name for p in cache.iterdir() if p.name.endswith("-cache")))
+    """
+  env = {k: v for k, v in train_env().items()
+         if k not in ("JAX_COMPILATION_CACHE_DIR", "JAX_COMPILATION_CACHE_MAX_SIZE")}
+  proc = subprocess.run([sys.executable, "-c", script, str(tmp_path / "cache")], cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  line, unsaved, files = proc.stdout.splitlines()
+  assert re.fullmatch(rf"compiled in [0-9.]+ s \(compiled; not saved to the compilation cache "
+                      rf"{re.escape(str(tmp_path / 'cache'))} \(see the warning\)\)", line), line
+  assert int(unsaved) > 0
+  assert files == "['unstamped-cache']", files

@@ -8,11 +8,12 @@ user who imports tupe keeps every hook, filter and logger as it was. What is qui
   - orbax's tracebacks from its threads when a save fails, and the leftovers of failed saves and restores
     (asyncio's "never retrieved", unawaited coroutines, reads still in flight on a closed loop): the failure
     reaches `Checkpointer`'s caller, which reports it in one line;
-  - JAX's multi-line warning about a compilation-cache entry it could not read or write: one line, as JAX goes
-    on without the entry.
+  - JAX's multi-line warning about a compilation-cache entry it could not read or write, and its warning about an
+    entry over the cache's bound: one line, as JAX goes on without the entry.
 """
 import logging
 import os
+import re
 import sys
 import warnings
 
@@ -45,10 +46,14 @@ def _one_line_cache_warning(show):
   """`show` (warnings.showwarning) with JAX's warnings about a compilation-cache entry as one line."""
   def showwarning(message, category, filename, lineno, file=None, line=None):
     text = str(message)
-    if "persistent compilation cache entry" not in text:
-      show(message, category, filename, lineno, file, line)
-    else:
+    over = re.search(r"of size (\d+) bytes exceeds the maximum cache size of (\d+) bytes", text)
+    if over:
+      console.log(f"warning: the compiled program ({int(over[1]):,} bytes) is larger than the compilation cache's "
+                  f"bound ({int(over[2]):,} bytes); not saved (JAX_COMPILATION_CACHE_MAX_SIZE sets the bound)")
+    elif "persistent compilation cache entry" in text:
       console.log(f"warning: {text.splitlines()[0]}; " + ("compiled instead" if "reading" in text else "not saved"))
+    else:
+      show(message, category, filename, lineno, file, line)
   return showwarning
 
 

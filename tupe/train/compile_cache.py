@@ -14,12 +14,14 @@ here (JAX's eviction locks a local file): the bucket's lifecycle rules do that.
 A cache that cannot be written costs one warning and the run compiles as without one; an entry that cannot be
 read (corrupt, truncated) costs one warning line and a normal compile (JAX's own fallback). `Watch` says how
 long a compilation took and whether the program was compiled or loaded from the cache, counted from JAX's own
-cache events (`jax.monitoring`).
+cache events (`jax.monitoring`), and whether it was saved: JAX counts a write before it makes it, and warns when
+the write fails or the entry is over the bound (`not_saved`).
 """
 from __future__ import annotations
 
 import os
 import time
+import warnings
 
 import jax
 from jax.experimental.compilation_cache import compilation_cache as jax_cache
@@ -35,6 +37,13 @@ _HITS, _REQUESTS, _WRITES = ("/jax/compilation_cache/cache_hits",
                              "/jax/compilation_cache/cache_misses")  # (a "miss" is counted when its entry is written)
 _COMPILES = "/jax/core/compile/backend_compile_duration"  # every XLA compile, or load from the cache
 _events = {_HITS: 0, _REQUESTS: 0, _WRITES: 0, _COMPILES: 0}
+# JAX's warnings that an entry it counted as written was not: the write failed, or the entry is over the bound.
+_NOT_SAVED = ("Error writing persistent compilation cache entry", "exceeds the maximum cache size")
+
+
+def not_saved(warning: str) -> bool:
+  """Whether a warning's text is JAX's saying that it did not save a compiled program to the cache."""
+  return any(text in warning for text in _NOT_SAVED)
 
 
 def _count(event: str, *_, **__) -> None:
@@ -98,10 +107,16 @@ def _stamp_unstamped_entries(folder: str) -> None:
 
 class Watch:
   """`with Watch() as watch:` around a compilation; then `watch.line()`: "compiled in 12.3 s (...)", saying
-  whether the program was compiled (and saved to the cache) or loaded from it."""
+  whether the program was compiled (and saved to the cache, or not) or loaded from it.
+
+  The warnings raised inside are held back and raised again as it ends (where they are shown as before), so that
+  JAX's warning that it did not save an entry it counted as saved is seen."""
 
   def __enter__(self):
     _listen()
+    self._recording = warnings.catch_warnings(record=True)
+    self._warnings = self._recording.__enter__()
+    warnings.simplefilter("always")  # every one recorded: the filters in force apply when each is raised again
     self._before = dict(_events)
     self._start = time.perf_counter()
     return self
@@ -109,6 +124,11 @@ class Watch:
   def __exit__(self, *exc):
     self.seconds = time.perf_counter() - self._start
     self.counts = {k: _events[k] - self._before[k] for k in _events}
+    self._recording.__exit__(*exc)
+    self.unsaved = 0
+    for w in self._warnings:
+      self.unsaved += not_saved(str(w.message))
+      warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
 
   @property
   def compiled(self) -> bool:
@@ -125,8 +145,10 @@ class Watch:
       how = "compilation cache off"
     elif self.loaded:
       how = f"loaded from the compilation cache {directory()}"
-    elif self.counts[_WRITES]:
+    elif self.counts[_WRITES] > self.unsaved:
       how = f"compiled, and saved to the compilation cache {directory()}"
+    elif self.counts[_WRITES]:
+      how = f"compiled; not saved to the compilation cache {directory()} (see the warning)"
     else:
       how = "compiled; not cached (faster to compile than the cache's minimum time)"
     return f"compiled in {self.seconds:.1f} s ({how})"
