@@ -308,6 +308,13 @@ def test_dropout_rate_scale_and_determinism(shape):
   assert drop.apply({}, x, deterministic=True) is x
 
 
+@pytest.mark.parametrize("rate", [1.0, 1 - 2**-18])
+def test_dropout_of_everything_is_zeros(rate):
+  """A keep probability that rounds to 0 in 16 bits drops every element (no division by zero)."""
+  y = layers.Dropout(rate).apply({}, jnp.ones((4, 8)), deterministic=False, rngs={"dropout": jax.random.key(0)})
+  np.testing.assert_array_equal(y, np.zeros((4, 8)))
+
+
 def test_gelu_recomputed_gradient_is_float32_accurate():
   x = np.linspace(-6, 6, 1001)
   cdf = 0.5 * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))

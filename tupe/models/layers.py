@@ -221,12 +221,12 @@ class Dropout(nn.Module):
   def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
     if deterministic or self.rate == 0.0:
       return x
-    if self.rate >= 1.0:
+    threshold = round(max(1.0 - self.rate, 0.0) * 65536)  # kept: the halves below it
+    if threshold == 0:  # a rate of 1, or within 2^-17 of it
       return jnp.zeros_like(x)
     last = x.shape[-1]
     bits = jax.random.bits(self.make_rng("dropout"), x.shape[:-1] + ((last + 1) // 2,), jnp.uint32)
     halves = jnp.concatenate([bits & 0xFFFF, bits >> 16], axis=-1)[..., :last]
-    threshold = round((1.0 - self.rate) * 65536)
     scaled = (x * jnp.asarray(65536 / threshold, wide(x.dtype))).astype(x.dtype)  # 1/0.9 has no exact bf16
     return jnp.where(halves < threshold, scaled, jnp.zeros_like(x))
 
