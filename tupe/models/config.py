@@ -70,7 +70,7 @@ def base_config() -> ml_collections.ConfigDict:
       dtype="float32",            # compute dtype; parameters are float32 ("float64": all float64, under x64)
       attention_impl="auto",      # "auto": jax.nn.dot_product_attention unless attention probabilities are
                                   # returned or dropped out (then "reference"); "reference": always explicit
-      attention_backend="",       # "" (let JAX choose), "xla" or "cudnn" (GPU, bf16/fp16, right-padded inputs)
+      attention_backend="",       # "" (let JAX choose), "xla" or "cudnn" (GPU, bfloat16, right-padded inputs)
       remat="none",               # "none", "full" or "dots" (per-layer rematerialization policy)
       scan_layers=False,          # the layers under nn.scan: one compiled layer, params stacked [layers, ...]
   ))
