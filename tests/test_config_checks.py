@@ -94,13 +94,17 @@ def test_a_repeated_flag_replaces_the_earlier_one():
 
 
 @pytest.mark.parametrize("script, spec, right", [
-    ("eval_glue.py", "configs/pretrain.py:tupe_a,tiny", "train.py"),
-    ("train.py", "configs/glue.py:tupe", "eval_glue.py")])
-def test_a_config_for_the_other_entry_point_names_the_right_script(script, spec, right):
+    ("eval_glue.py", "configs/pretrain.py:tupe_a,tiny", "python train.py"),
+    ("train.py", "configs/glue.py:tupe", "python eval_glue.py"),
+    ("train.py", "configs/study.py", "python -m tupe.study"),
+    ("eval_glue.py", "configs/study.py:convbert,micro", "python -m tupe.study"),
+    ("tupe.study", "configs/demo.py", "python train.py")])
+def test_a_config_for_another_entry_point_names_the_right_command(script, spec, right):
   """Even with an override that only the right script's config has (no "did you mean" on the wrong one)."""
   argv = [script, "--config", spec, "--workdir", "w", "--config.init_checkpoint=runs/x"]
-  with pytest.raises(UserError, match=f"^--config {re.escape(spec)} is a config for {right}, not {script}: run "
-                                      f"python {right} --config {re.escape(spec)}"):
+  command = "python -m tupe.study" if script == "tupe.study" else f"python {script}"
+  with pytest.raises(UserError, match=f"^--config {re.escape(spec)} is a config for {right}, not {command}: run "
+                                      f"{right} --config {re.escape(spec)}"):
     config_files.check_config_flags(argv)
 
 

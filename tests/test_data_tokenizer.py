@@ -51,6 +51,11 @@ def test_train_command(shared_data, tmp_path):
   assert tokens[:5] == list(tokenizer.SPECIAL_TOKENS) and len(tokens) <= 1000
   with pytest.raises(UserError, match="no files match"):
     vocab.main(["vocab", "--input", str(tmp_path / "nothing*.txt"), "--output", str(output)])
+  corpus = tmp_path / "corpus.txt"
+  corpus.write_text("A corpus.\n")
+  with pytest.raises(UserError, match=f"^--output {corpus} is one of the --input files: give another file name"):
+    vocab.main(["vocab", "--input", str(tmp_path / "*.txt"), "--vocab-size", "100", "--output", str(corpus)])
+  assert corpus.read_text() == "A corpus.\n"
 
 
 def test_vocab_missing_special_tokens(bert_vocab, tmp_path):

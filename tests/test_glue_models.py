@@ -23,6 +23,7 @@ from tupe.glue import runs as runs_lib
 from tupe.glue import tasks as glue
 from tupe.run.process import run_main
 from tupe.store import checksums
+from tupe.study import heldout
 from tupe.tools import predict as predict_tool
 
 # 64 training rows in batches of 16, two epochs, one learning rate, two seeds: seconds per run.
@@ -154,13 +155,17 @@ def test_bad_rows_are_one_line_each_and_nothing_is_written(grid, tmp_path, capsy
 
 
 def test_bad_arguments_are_one_line_before_the_model_is_read(tmp_path, capsys):
-  """A batch size below 1, an --out of another format or a directory: refused before anything is read (the model
-  directory here does not exist), not after every row is predicted."""
+  """A batch size below 1, an --out of another format, a directory or the input itself (here through a link), an
+  --input that does not exist: refused before anything is read (the model directory here does not exist), not
+  after every row is predicted."""
   source = tmp_path / "in.tsv"
   source.write_text("index\tsentence1\tsentence2\n0\tA man sleeps.\tA man rests.\n")
   model, folder = tmp_path / "no-model", tmp_path / "labels.tsv"
   folder.mkdir()
+  (tmp_path / "link.tsv").symlink_to(source)
   for extra, line in (
+      (["--out", str(tmp_path / "link.tsv")], f"error: --out {tmp_path / 'link.tsv'} is the --input file: give "
+                                              f"another file name, e.g. {tmp_path / 'labels.tsv'}"),
       (["--out", str(tmp_path / "out.tsv"), "--batch-size", "0"],
        "error: --batch-size 0: give 1 or more rows per forward pass"),
       (["--out", str(tmp_path / "out.csv")], f"error: --out {tmp_path / 'out.csv'}: name a .tsv or .jsonl file"),
@@ -169,6 +174,20 @@ def test_bad_arguments_are_one_line_before_the_model_is_read(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
       run_main(predict_tool.main, ["predict", "--model", str(model), "--input", str(source), *extra])
     assert exit_info.value.code == 2 and capsys.readouterr().err.splitlines() == [line]
+  assert source.read_text() == "index\tsentence1\tsentence2\n0\tA man sleeps.\tA man rests.\n"
+  with pytest.raises(SystemExit) as exit_info:
+    run_main(predict_tool.main, ["predict", "--model", str(model), "--input", str(tmp_path / "none.tsv"), "--out",
+                                 str(tmp_path / "out.tsv")])
+  assert capsys.readouterr().err.splitlines() == [f"error: --input {tmp_path / 'none.tsv'} does not exist"]
+
+
+def test_a_kept_model_is_not_scored_as_a_pre_training_checkpoint(grid, tmp_path):
+  text = tmp_path / "text.txt"
+  text.write_text("Some text to score.\n")
+  with pytest.raises(UserError, match=f"^{grid / 'models' / 'RTE'} is not a pre-training checkpoint \\(a model "
+                                      f"fine-tuned by eval_glue.py scores text with python -m tupe.tools.predict\\): "
+                                      f"give a train.py workdir$"):
+    heldout.evaluate(str(grid / "models" / "RTE"), str(text))
 
 
 def test_export_runs_in_transformers_as_predict(grid, glue_dir, tmp_path):

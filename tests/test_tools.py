@@ -253,6 +253,10 @@ def test_plot_two_runs(tmp_path, capsys):
   assert "2 run(s)" in printed and "discriminator AUC" in printed and "tokens/s" in printed
   with pytest.raises(UserError, match="metrics.jsonl does not exist"):
     curves.read_run(tmp_path / "missing")
+  log = (tmp_path / "mlm" / "metrics.jsonl").read_bytes()
+  with pytest.raises(UserError, match=f"^--out {tmp_path / 'mlm' / 'metrics.jsonl'}: name a .png file$"):
+    plot.main(["plot", "--workdir", str(tmp_path / "mlm"), "--out", str(tmp_path / "mlm" / "metrics.jsonl")])
+  assert (tmp_path / "mlm" / "metrics.jsonl").read_bytes() == log
 
 
 def test_local_paths_as_users_write_them(tmp_path, monkeypatch, capsys):
@@ -312,6 +316,8 @@ def test_summary_command(tmp_path, capsys):
   assert total == summary.summarize(pretrain_config.get_config("bert_a,tiny"))["total"]
   with pytest.raises(UserError, match="No such file or directory: 'configs/missing.py'"):
     config_files.load_config("configs/missing.py:tupe_a,tiny")
+  with pytest.raises(UserError, match=r"^--config configs/glue.py:tupe is not a pre-training config: give "):
+    summary.main(["summary", "--config", "configs/glue.py:tupe"])
 
 
 @pytest.mark.parametrize("heads", [2, 12])

@@ -86,26 +86,29 @@ def last_wins(argv: Sequence[str]) -> list[str]:
   return [arg for k, arg in enumerate(args) if k not in drop]
 
 
-# Each entry point's configs, told apart by a field only they have: (field, the configs to give it).
-ENTRY_POINTS = {"train.py": ("num_train_steps", "configs/pretrain.py:<model>,<size>"),
-                "eval_glue.py": ("learning_rates", "configs/glue.py:<tupe|convbert>")}
+# Each entry point's configs, told apart by a field only they have: {argv[0]'s name: (field, the configs to give
+# it, the command)}.
+ENTRY_POINTS = {"train.py": ("num_train_steps", "configs/pretrain.py:<model>,<size>", "python train.py"),
+                "eval_glue.py": ("learning_rates", "configs/glue.py:<tupe|convbert>", "python eval_glue.py"),
+                "tupe.study": ("variants", "configs/study.py:<study>,<scale>", "python -m tupe.study")}
 
 
 def entry_point(config) -> str | None:
-  """The entry point a config (a ConfigDict, or a config.json's dict) is made for ("train.py", "eval_glue.py"), by
-  the field only its configs have; None for another."""
-  return next((script for script, (field, _) in ENTRY_POINTS.items() if field in config), None)
+  """The entry point a config (a ConfigDict, or a config.json's dict) is made for ("train.py", "eval_glue.py",
+  "tupe.study"), by the field only its configs have; None for another."""
+  return next((script for script, (field, *_) in ENTRY_POINTS.items() if field in config), None)
 
 
 def _check_entry_point(config: ml_collections.ConfigDict, script: str, spec: str) -> None:
-  """A config made for another entry point (the pre-training config given to eval_glue.py, or a GLUE recipe to
-  train.py) is one line naming the right script, before its fields are read."""
+  """A config made for another entry point (the pre-training config given to eval_glue.py, a GLUE recipe or a
+  study to train.py, ...) is one line naming the right command, before its fields are read."""
   if script not in ENTRY_POINTS or ENTRY_POINTS[script][0] in config:
     return
-  for other, (field, _) in ENTRY_POINTS.items():
-    if other != script and field in config:
-      raise UserError(f"--config {spec} is a config for {other}, not {script}: run python {other} --config {spec} "
-                      f"..., or give {script} a {ENTRY_POINTS[script][1]} config")
+  other = entry_point(config)
+  if other is not None:
+    _, configs, command = ENTRY_POINTS[script]
+    raise UserError(f"--config {spec} is a config for {ENTRY_POINTS[other][2]}, not {command}: run "
+                    f"{ENTRY_POINTS[other][2]} --config {spec} ..., or give {command} a {configs} config")
 
 
 def flags_error(e: flags.Error, argv: Sequence[str]) -> str:

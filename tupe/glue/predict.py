@@ -170,13 +170,18 @@ def output_rows(saved: classifier.Saved, examples: list[glue.Example], predicted
           [[e.idx, saved.labels[int(v)], *map(float, p)] for e, v, p in zip(examples, predicted.values, probs)])
 
 
-def check_output(path: storage.PathLike) -> str:
-  """The format of an output file, named by its suffix, checked before any work: a UserError for another suffix or
-  a directory."""
-  suffix = _format(storage.path(path), "--out")
-  if storage.is_dir(path):
-    raise UserError(f"--out {path} is a directory: give a file name, e.g. {storage.path(path) / ('labels' + suffix)}")
-  return suffix
+def check_files(input_path: storage.PathLike, out: storage.PathLike) -> None:
+  """The input and output files, checked before any work: each named by its suffix; the input exists; the output is
+  not a directory, nor the input (which it would replace)."""
+  _format(storage.path(input_path), "--input")
+  suffix = _format(storage.path(out), "--out")
+  if not storage.is_file(input_path):
+    raise UserError(f"--input {input_path} does not exist")
+  if storage.is_dir(out):
+    raise UserError(f"--out {out} is a directory: give a file name, e.g. {storage.path(out) / ('labels' + suffix)}")
+  if storage.same_file(out, input_path):
+    raise UserError(f"--out {out} is the --input file: give another file name, e.g. "
+                    f"{storage.path(out).parent / ('labels' + suffix)}")
 
 
 def write_output(path: storage.PathLike, columns: list[str], rows: list[list]) -> None:

@@ -142,6 +142,14 @@ def is_file(p: PathLike) -> bool:
 
 
 @_bounded("create")
+def same_file(a: PathLike, b: PathLike) -> bool:
+  """Whether `a` and `b` name one file (a tool's output that would replace its input): the same URL in a bucket;
+  locally, the same path once links are followed."""
+  if is_remote(a) or is_remote(b):
+    return str(path(a)) == str(path(b))
+  return os.path.realpath(path(a)) == os.path.realpath(path(b))
+
+
 def makedirs(p: PathLike) -> Path:
   """Creates the folder `p` and its parents (a no-op in buckets, which have no folders); returns it."""
   d = path(p)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 
 from tupe import console
+from tupe.errors import UserError
 from tupe.train.curves import plot_runs
 from tupe.train.curves import read_run
 from tupe.train.curves import run_labels
@@ -27,6 +28,8 @@ def main(argv: list[str]) -> None:
   parser.add_argument("--smoothing", type=float, default=0.6,
                       help="moving-average weight in [0, 1) for training curves (default 0.6; 0: none)")
   args = parser.parse_args(argv[1:])
+  if not args.out.lower().endswith(".png"):  # A PNG over a file of another kind (a run's metrics.jsonl) is refused.
+    raise UserError(f"--out {args.out}: name a .png file")
   runs = {label: read_run(w) for label, w in zip(run_labels(args.workdir), args.workdir)}
   panels = plot_runs(runs, args.out, args.smoothing)
   print(f"wrote {args.out}: {len(runs)} run(s), panels {', '.join(panels)}")

@@ -27,7 +27,7 @@ def main(argv: list[str]) -> None:
   args = parser.parse_args(argv[1:])
   if args.batch_size < 1:
     raise UserError(f"--batch-size {args.batch_size}: give 1 or more rows per forward pass")
-  predict.check_output(args.out)  # Found now, not after the predictions.
+  predict.check_files(args.input, args.out)  # Found now, not after the model is read or the predictions made.
   saved = classifier.load(args.model)  # Verified against its checksums first.
   examples = predict.read_input(args.input, saved.task)
   predict.write_output(args.out, *predict.output_rows(saved, examples, predict.Predictor(saved, args.batch_size)

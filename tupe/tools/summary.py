@@ -29,6 +29,7 @@ from tupe import console
 from tupe import models
 from tupe import present
 from tupe.data import examples
+from tupe.errors import UserError
 from tupe.store import storage
 from tupe.train import flops
 from tupe.train import objectives
@@ -119,6 +120,9 @@ def main(argv: list[str]) -> None:
   rows = {}
   for spec in specs:
     cfg = config_files.load_config(spec)
+    if config_files.entry_point(cfg) != "train.py":
+      raise UserError(f"--config {spec} is not a pre-training config: give configs/pretrain.py:<model>,<size> or "
+                      f"configs/demo.py")
     resolve_vocab_size(cfg)
     rows[spec.partition(":")[2] or spec] = summarize(cfg)
   table = markdown(rows)

@@ -8,18 +8,26 @@ import argparse
 from tupe import console
 from tupe.data import tokenizer
 from tupe.data import units
+from tupe.errors import UserError
+from tupe.store import storage
 
 
 def main(argv: list[str]) -> None:
   parser = argparse.ArgumentParser(prog="python -m tupe.tools.vocab", description=console.summary(__doc__))
   parser.add_argument("--input", required=True, help="comma-separated globs of UTF-8 text files")
-  parser.add_argument("--vocab-size", type=int, default=30522)
+  parser.add_argument("--vocab-size", type=int, default=30522, help="tokens in the vocab, special tokens and "
+                      "alphabet included (default 30522, BERT's)")
   parser.add_argument("--output", required=True, help="vocab.txt to write")
   parser.add_argument("--cased", action="store_true", help="keep case and accents (default: uncased)")
   args = parser.parse_args(argv[1:])
   source = dict(format="text", documents="paragraphs", files=args.input)
-  path = tokenizer.train_wordpiece(units.all_documents(source, units.plan_inputs(source)), args.vocab_size, args.output,
-                         lowercase=not args.cased)
+  inputs = units.plan_inputs(source)
+  for entry in inputs:
+    if storage.same_file(entry["name"], args.output):
+      raise UserError(f"--output {args.output} is one of the --input files: give another file name, e.g. "
+                      f"{storage.path(args.output).parent / 'vocab.txt'}")
+  path = tokenizer.train_wordpiece(units.all_documents(source, inputs), args.vocab_size, args.output,
+                                   lowercase=not args.cased)
   print(f"wrote {path} ({len(tokenizer.read_vocab(path))} tokens)")
 
 
