@@ -35,6 +35,7 @@ import ml_collections
 from tupe import console
 from tupe import models
 from tupe import signals
+from tupe.data import pipeline
 from tupe.data import tokenizer as tokenizer_lib
 from tupe.errors import Preempted
 from tupe.errors import UserError
@@ -84,6 +85,11 @@ def check_config(cfg) -> None:
   for field in ("batch_size", "eval_batch_size", "max_seq_len", "log_every", "grad_accum_steps"):
     if cfg[field] <= 0:
       raise UserError(f"{field}={cfg[field]} must be positive")
+  if cfg.max_seq_len < pipeline.MIN_SEQ_LEN:  # [CLS] and [SEP]s would leave the model no text to read
+    raise UserError(f"max_seq_len={cfg.max_seq_len} is too small: use at least {pipeline.MIN_SEQ_LEN} (the recipes "
+                    f"use 128)")
+  if cfg.max_train_examples < 0:
+    raise UserError(f"max_train_examples={cfg.max_train_examples}: give 0 (every example) or more")
   job_lib.check_store_settings(cfg.checkpoint)
   check_fine_tuning(cfg)
   if cfg.evals_per_epoch < 0:
