@@ -88,8 +88,14 @@ def test_mismatched_settings_are_refused(text_cfg, shard_dir, bert_vocab, tmp_pa
     preprocess.preprocess(text_cfg, 4, str(tmp_path / "out"))
   empty = tmp_path / "empty.txt"
   empty.write_text("\u200b \ufeff\n")  # Only characters the tokenizer drops.
-  with pytest.raises(UserError, match="the corpus holds no text"):
+  with pytest.raises(UserError, match="^the corpus holds no text: check the input files or dataset\n"):
     preprocess.preprocess(dict(text_cfg, files=str(empty)), SEQ_LEN, str(tmp_path / "out"))
+  plain = tmp_path / "plain.txt"
+  plain.write_text("Plain text, not JSON.\nA second line.\n")
+  with pytest.raises(UserError, match=r"^the corpus holds no text: all 2 records were dropped as not a JSON object or "
+                                      r"without the text field: check data.format and data.text_field \(--format and "
+                                      r"--text-field\)\ninput "):
+    preprocess.preprocess(dict(text_cfg, files=str(plain), format="jsonl"), SEQ_LEN, str(tmp_path / "out"))
   assert [p for p in (tmp_path / "out").rglob("*") if p.is_file()] == []  # Nothing kept that blocks a rerun:
   preprocess.preprocess(text_cfg, SEQ_LEN, str(tmp_path / "out"))  # the same folder, on text.
   assert shards.read_metadata(tmp_path / "out")["num_examples"]["train"] > 0

@@ -141,6 +141,10 @@ def test_missing_folder_and_file(tmp_path):
   message = str(e.value)
   assert "MNLI/dev_matched.tsv not found" in message and "python -m tupe.glue.download" in message
   assert "\n" not in message and not e.value.test
+  (tmp_path / "RTE" / "dev.tsv").mkdir(parents=True)
+  with pytest.raises(UserError, match=f"^{tmp_path / 'RTE' / 'dev.tsv'} is a folder, where GLUE RTE's dev file "
+                                      f"belongs: move the folder away, then put the GLUE file there$"):
+    glue.load_split(tmp_path, "RTE", "dev")
 
 
 @pytest.mark.parametrize("row,found", [("1\tA man.\tentailment\n", 3), ("1\tA\tman.\tA man.\tentailment\n", 5),

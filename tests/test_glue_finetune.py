@@ -150,8 +150,11 @@ def test_user_errors(pretrained, glue_dir, tmp_path):
     run(glue_cfg(data_dir=str(glue_dir), max_seq_len=256, **base))
   with pytest.raises(UserError, match="AX has no training data: it is predicted by the MNLI model"):
     run(glue_cfg(data_dir=str(glue_dir), **dict(base, tasks="ax")))
-  with pytest.raises(UserError, match="set one of --config.init_checkpoint"):
+  with pytest.raises(UserError, match=r"^both --config.init_checkpoint \(.+\) and --config.init_hf \(x\) are set: keep "
+                                      r"the one to fine-tune$"):
     run(glue_cfg(data_dir=str(glue_dir), init_hf="x", **base))
+  with pytest.raises(UserError, match="^set one of --config.init_checkpoint"):
+    run(glue_cfg(data_dir=str(glue_dir), **dict(base, init_checkpoint="")))
   with pytest.raises(UserError, match=r"^learning_rates=\(3e-05, 'abc'\): give positive numbers"):
     run(glue_cfg(data_dir=str(glue_dir), learning_rates=(3e-5, "abc"), **base))
   with pytest.raises(UserError, match=r"^seeds=\('a',\): give integers"):

@@ -127,9 +127,17 @@ def input_tallies(plan: dict, unit_tallies: list[dict[str, dict[str, int]]]) -> 
 
 
 def check_not_empty(num_examples: int, tallies: dict[str, Tally]) -> None:
-  """Raises UserError when the corpus gave no example, followed by each input's counts (what was dropped, and why)."""
-  if not num_examples:
-    raise UserError("the corpus holds no text: check the input files or dataset\n" + "\n".join(report.lines(tallies)))
+  """Raises UserError when the corpus gave no example: a first line that says why where the counts tell it (every
+  record dropped: a format or a text field that does not fit the files), then each input's counts."""
+  if num_examples:
+    return
+  bad = sum(t.bad_records for t in tallies.values())
+  if bad and not any(t.documents or t.empty_documents for t in tallies.values()):
+    why = (f"all {bad:,} records were dropped as not a JSON object or without the text field: check data.format "
+           f"and data.text_field (--format and --text-field)")
+  else:
+    why = "check the input files or dataset"
+  raise UserError(f"the corpus holds no text: {why}\n" + "\n".join(report.lines(tallies)))
 
 
 def unit_examples(plan: dict, unit: int, tallies: dict[str, Tally]) -> Iterator[tuple[str, np.ndarray]]:

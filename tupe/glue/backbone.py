@@ -103,7 +103,10 @@ def load_backbone(cfg, workdir: storage.Path) -> Backbone:
     model_cfg, params, tokens, source = _random_backbone(cfg)
   elif cfg.init != "pretrained":
     raise UserError(f"init={cfg.init!r}; use 'pretrained' (init_checkpoint or init_hf) or 'random'")
-  elif bool(cfg.init_checkpoint) == bool(cfg.init_hf):
+  elif cfg.init_checkpoint and cfg.init_hf:
+    raise UserError(f"both --config.init_checkpoint ({cfg.init_checkpoint}) and --config.init_hf ({cfg.init_hf}) are "
+                    f"set: keep the one to fine-tune")
+  elif not (cfg.init_checkpoint or cfg.init_hf):
     raise UserError("set one of --config.init_checkpoint (a train.py workdir or step directory) and "
                     "--config.init_hf (a HF ConvBERT directory), or --config.init=random for a baseline")
   elif cfg.init_checkpoint:

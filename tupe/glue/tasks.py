@@ -212,6 +212,9 @@ def load_split(data_dir: storage.PathLike, task: str, split: str) -> list[Exampl
     raise UserError(f"GLUE folder {data_dir} not found: {HOW_TO_GET_GLUE}")
   path = data_dir / spec.folder / spec.files[split]
   if not storage.is_file(path):
+    if storage.is_dir(path):
+      raise UserError(f"{path} is a folder, where GLUE {spec.name}'s {split} file belongs: move the folder away, "
+                      f"then put the GLUE file there")
     raise MissingSplit(f"{path} not found (GLUE {spec.name} {split}): {HOW_TO_GET_GLUE}", split)
   lines = tsv.read_lines(path)
   columns = spec.headerless.get(split)
