@@ -155,7 +155,7 @@ def test_bad_rows_are_one_line_each_and_nothing_is_written(grid, tmp_path, capsy
 
 
 def test_bad_arguments_are_one_line_before_the_model_is_read(tmp_path, capsys):
-  """A batch size below 1, an --out of another format, a directory or the input itself (here through a link), an
+  """A batch size below 1 or not a number, an --out of another format, a directory or the input itself (here through a link), an
   --input that does not exist: refused before anything is read (the model directory here does not exist), not
   after every row is predicted."""
   source = tmp_path / "in.tsv"
@@ -168,6 +168,9 @@ def test_bad_arguments_are_one_line_before_the_model_is_read(tmp_path, capsys):
                                               f"another file name, e.g. {tmp_path / 'labels.tsv'}"),
       (["--out", str(tmp_path / "out.tsv"), "--batch-size", "0"],
        "error: --batch-size 0: give 1 or more rows per forward pass"),
+      (["--out", str(tmp_path / "out.tsv"), "--batch-size", "x"],  # argparse's own errors: one line too
+       "error: argument --batch-size: invalid int value: 'x' (python -m tupe.tools.predict --help lists the "
+       "arguments)"),
       (["--out", str(tmp_path / "out.csv")], f"error: --out {tmp_path / 'out.csv'}: name a .tsv or .jsonl file"),
       (["--out", str(folder)], f"error: --out {folder} is a directory: give a file name, e.g. "
                                f"{folder / 'labels.tsv'}")):

@@ -7,8 +7,11 @@ signal would meet Python's default handlers.
 """
 from __future__ import annotations
 
+import argparse
 import sys
 import time
+
+from tupe.errors import UserError
 
 
 def _process_index() -> int:
@@ -19,6 +22,18 @@ def _process_index() -> int:
 def summary(doc: str) -> str:
   """The first paragraph of a module's docstring, on one line: its command's --help description."""
   return " ".join(doc.strip().split("\n\n")[0].split())
+
+
+class ArgumentParser(argparse.ArgumentParser):
+  """The command line of a `python -m tupe...` command: --help described by the first paragraph of the module's
+  docstring; a bad argument is a `UserError` (one line, and exit status 2 under `tupe.run.process.run_main`), not
+  argparse's usage block."""
+
+  def __init__(self, prog: str, doc: str):
+    super().__init__(prog=prog, description=summary(doc))
+
+  def error(self, message: str):
+    raise UserError(f"{message} ({self.prog} --help lists the arguments)")
 
 
 def format_duration(seconds: float) -> str:

@@ -16,7 +16,6 @@ command after an interruption and it resumes; the run that finishes the last uni
 examples are the same whatever the workers, tasks or interruptions. Train with data.source="arrayrecord",
 data.files=the output folder.
 """
-import argparse
 import time
 
 from tupe import console
@@ -38,7 +37,7 @@ def _task(text: str) -> tuple[int, int]:
 
 
 def main(argv: list[str]) -> None:
-  parser = argparse.ArgumentParser(prog="python -m tupe.data.preprocess", description=console.summary(__doc__))
+  parser = console.ArgumentParser("python -m tupe.data.preprocess", __doc__)
   parser.add_argument("--input", required=True, help="comma-separated globs, tfds:NAME or demo")
   parser.add_argument("--format", default="text", help="text, lines, jsonl or parquet (files)")
   parser.add_argument("--text-field", default="text", help="the text's field (jsonl) or column (parquet)")

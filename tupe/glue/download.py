@@ -21,7 +21,6 @@ failure), and the tasks already written stay.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import tempfile
 
@@ -144,7 +143,7 @@ def download(data_dir: storage.PathLike, task_names: str = ",".join(ALL_TASKS),
 
 
 def main(argv: list[str]) -> None:
-  parser = argparse.ArgumentParser(prog="python -m tupe.glue.download", description=console.summary(__doc__))
+  parser = console.ArgumentParser("python -m tupe.glue.download", __doc__)
   parser.add_argument("--data-dir", required=True, help="the GLUE folder to write (local or gs://, s3://); "
                       "eval_glue.py reads it with --config.data_dir")
   parser.add_argument("--tasks", default=",".join(ALL_TASKS), help="comma-separated tasks (default: all, AX "

@@ -26,7 +26,6 @@ eval_glue.py check them, before anything runs or is printed.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -279,7 +278,7 @@ def run(cfg, root: storage.Path, variants: list[Variant]) -> int:
 
 
 def main(argv: list[str]) -> None:
-  parser = argparse.ArgumentParser(prog="python -m tupe.study", description=console.summary(__doc__))
+  parser = console.ArgumentParser("python -m tupe.study", __doc__)
   parser.add_argument("--config", required=True, help="configs/study.py:<study>,<scale> (tupe|convbert, "
                                                       "micro|mini|base)")
   parser.add_argument("--root", required=True, help="folder of the study's workdirs and report (local or "

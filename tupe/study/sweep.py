@@ -17,7 +17,6 @@ before anything runs or is printed.
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import itertools
 import json
@@ -132,7 +131,7 @@ def main(argv: list[str]) -> None:
   extra = []
   if "--" in argv:
     extra, argv = argv[argv.index("--") + 1:], argv[:argv.index("--")]
-  parser = argparse.ArgumentParser(prog="python -m tupe.study.sweep", description=console.summary(__doc__))
+  parser = console.ArgumentParser("python -m tupe.study.sweep", __doc__)
   parser.add_argument("--config", required=True, help="configs/<file>.py:<arg>")
   parser.add_argument("--root", required=True, help="parent folder of the runs' workdirs (local or gs://...)")
   parser.add_argument("--grid", action="append", default=[], help="KEY=V1,V2,... (repeatable)")

@@ -19,7 +19,6 @@ Maps are those of the self-attention heads; ConvBERT's convolution heads have no
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import math
@@ -312,7 +311,7 @@ def analyze(cfg, params, tokenizer, info, sentences: list[str], out: storage.Pat
 
 
 def main(argv: list[str]) -> None:
-  parser = argparse.ArgumentParser(prog="python -m tupe.tools.analyze", description=console.summary(__doc__))
+  parser = console.ArgumentParser("python -m tupe.tools.analyze", __doc__)
   source = parser.add_mutually_exclusive_group(required=True)
   source.add_argument("--checkpoint", help="train.py workdir, its checkpoints/ folder or one step directory")
   source.add_argument("--hf-convbert", help="HF ConvBERT directory written by save_pretrained")

@@ -13,7 +13,6 @@ last, partial batch is left out (at most B - 1 examples). predicted_tokens count
 """
 from __future__ import annotations
 
-import argparse
 import json
 
 from tupe import console
@@ -25,7 +24,7 @@ from tupe.train import compile_cache
 
 
 def main(argv: list[str]) -> None:
-  parser = argparse.ArgumentParser(prog="python -m tupe.tools.evaluate", description=console.summary(__doc__))
+  parser = console.ArgumentParser("python -m tupe.tools.evaluate", __doc__)
   parser.add_argument("--checkpoint", required=True, help="train.py workdir, its checkpoints/ or a step directory "
                       "(local or gs://...)")
   parser.add_argument("--text-file", required=True, help="UTF-8 text file to score")

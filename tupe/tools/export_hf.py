@@ -23,7 +23,6 @@ HF's class cannot express is refused with one line naming the option.
 """
 from __future__ import annotations
 
-import argparse
 import tempfile
 
 from tupe import console
@@ -35,7 +34,7 @@ from tupe.store import storage
 
 
 def main(argv: list[str]) -> None:
-  parser = argparse.ArgumentParser(prog="python -m tupe.tools.export_hf", description=console.summary(__doc__))
+  parser = console.ArgumentParser("python -m tupe.tools.export_hf", __doc__)
   parser.add_argument("--checkpoint", required=True, help="train.py workdir, its checkpoints/ folder or one step "
                       "directory, or eval_glue.py's WORKDIR/models/TASK (local or gs://...)")
   parser.add_argument("--out", required=True, help="the directory to write (new or empty; local or gs://...)")

@@ -19,7 +19,6 @@ most --max-grid-minutes; when none does, the report says so and the study keeps 
 """
 from __future__ import annotations
 
-import argparse
 import json
 
 from tupe import console
@@ -105,7 +104,7 @@ def markdown(report: dict) -> str:
 
 
 def main(argv: list[str]) -> None:
-  parser = argparse.ArgumentParser(prog="python -m tupe.tools.glue_budget", description=console.summary(__doc__))
+  parser = console.ArgumentParser("python -m tupe.tools.glue_budget", __doc__)
   parser.add_argument("--config", required=True, help="configs/study.py:<study>,<scale>")
   parser.add_argument("--root", required=True, help="the study's root, with the variant's finished pre-training")
   parser.add_argument("--variant", default="bert_a", help="the pre-trained variant to measure (default bert_a)")

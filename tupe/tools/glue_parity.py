@@ -38,7 +38,6 @@ then defaults to 1e-6.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import re
@@ -301,7 +300,7 @@ def _run(cfg, workdir, rtol: float, float64: bool) -> dict:
 
 
 def main(argv: list[str]) -> None:
-  parser = argparse.ArgumentParser(prog="python -m tupe.tools.glue_parity", description=console.summary(__doc__))
+  parser = console.ArgumentParser("python -m tupe.tools.glue_parity", __doc__)
   parser.add_argument("--config", required=True, help="configs/glue.py:<tupe|convbert>, as for eval_glue.py")
   parser.add_argument("--workdir", required=True, help="folder for the export, our runs and parity.json/.md")
   parser.add_argument("--rtol", type=float, help=f"largest relative difference of a step's loss (default "

@@ -10,8 +10,6 @@ behind), learning rates never.
 """
 from __future__ import annotations
 
-import argparse
-
 from tupe import console
 from tupe.errors import UserError
 from tupe.train.curves import plot_runs
@@ -20,7 +18,7 @@ from tupe.train.curves import run_labels
 
 
 def main(argv: list[str]) -> None:
-  parser = argparse.ArgumentParser(prog="python -m tupe.tools.plot", description=console.summary(__doc__))
+  parser = console.ArgumentParser("python -m tupe.tools.plot", __doc__)
   parser.add_argument("--workdir", nargs="+", required=True, help="train.py workdirs, local or gs://... (each holds "
                       "metrics.jsonl)")
   parser.add_argument("--out", default="curves.png", help="PNG file to write, local or gs://... (default: "

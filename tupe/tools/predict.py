@@ -10,8 +10,6 @@ in a bucket (gs://, s3://), and so may the files.
 """
 from __future__ import annotations
 
-import argparse
-
 from tupe import console
 from tupe.errors import UserError
 from tupe.glue import classifier
@@ -19,7 +17,7 @@ from tupe.glue import predict
 
 
 def main(argv: list[str]) -> None:
-  parser = argparse.ArgumentParser(prog="python -m tupe.tools.predict", description=console.summary(__doc__))
+  parser = console.ArgumentParser("python -m tupe.tools.predict", __doc__)
   parser.add_argument("--model", required=True, help="a model directory: WORKDIR/models/TASK of eval_glue.py")
   parser.add_argument("--input", required=True, help="the text to label: a .tsv (GLUE's columns) or .jsonl file")
   parser.add_argument("--out", required=True, help="the file to write: .tsv or .jsonl")

@@ -19,7 +19,6 @@ and a training step (3 x forward, with the MLM head on the predicted positions o
 """
 from __future__ import annotations
 
-import argparse
 
 import flax.linen as nn
 import jax
@@ -108,7 +107,7 @@ def markdown(rows: dict[str, dict]) -> str:
 
 
 def main(argv: list[str]) -> None:
-  parser = argparse.ArgumentParser(prog="python -m tupe.tools.summary", description=console.summary(__doc__))
+  parser = console.ArgumentParser("python -m tupe.tools.summary", __doc__)
   which = parser.add_mutually_exclusive_group(required=True)
   which.add_argument("--config", action="append", help="configs/<file>.py:<arg> (repeatable)")
   which.add_argument("--all", action="store_true", help="every model x size of configs/pretrain.py")

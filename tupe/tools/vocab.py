@@ -3,8 +3,6 @@ header/footer stripped), as a BERT vocab.txt.
 
   python -m tupe.tools.vocab --input 'corpus/*.txt' --vocab-size 30522 --output vocab.txt [--cased]
 """
-import argparse
-
 from tupe import console
 from tupe.data import tokenizer
 from tupe.data import units
@@ -13,7 +11,7 @@ from tupe.store import storage
 
 
 def main(argv: list[str]) -> None:
-  parser = argparse.ArgumentParser(prog="python -m tupe.tools.vocab", description=console.summary(__doc__))
+  parser = console.ArgumentParser("python -m tupe.tools.vocab", __doc__)
   parser.add_argument("--input", required=True, help="comma-separated globs of UTF-8 text files")
   parser.add_argument("--vocab-size", type=int, default=30522, help="tokens in the vocab, special tokens and "
                       "alphabet included (default 30522, BERT's)")
