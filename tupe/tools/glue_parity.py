@@ -43,6 +43,7 @@ import json
 import re
 
 import jax
+import ml_collections
 import numpy as np
 
 from tupe import config_files
@@ -266,17 +267,17 @@ def _run(cfg, workdir, rtol: float, float64: bool) -> dict:
   cfg = cfg.copy_and_resolve_references()
   cfg.evals_per_epoch = 0
   cfg.lowercase = backbone_lib.tokenizer_lowercase(cfg)
-  storage.makedirs(workdir)
-  core.use_prng_impl(cfg.prng_impl)
   meta = checkpoint.load_meta(checkpoint.latest_step_dir(cfg.init_checkpoint))
-  backbone = backbone_lib.load_backbone(cfg, workdir)
-  family = layout.family(backbone.cfg, meta.config["objective"])
-  if family not in HEADS:
-    raise UserError(f"{backbone.cfg.name} exports to the remote-code TUPE classes; the parity covers the models "
-                    f"transformers has classes for: BERT-A and ConvBERT")
+  family = layout.family(ml_collections.ConfigDict(meta.config["model"]), meta.config["objective"])
+  if family not in HEADS:  # Refused before the workdir is made.
+    raise UserError(f"{meta.config['model']['name']} exports to the remote-code TUPE classes; the parity covers the "
+                    f"models transformers has classes for: give a bert_a, convbert or convbert_mlm checkpoint")
   if cfg.head != HEADS[family][0]:
     raise UserError(f"head={cfg.head!r}: transformers' {family} sequence classifier has our head "
                     f"{HEADS[family][0]!r}; set --config.head={HEADS[family][0]}")
+  storage.makedirs(workdir)
+  core.use_prng_impl(cfg.prng_impl)
+  backbone = backbone_lib.load_backbone(cfg, workdir)
   cfg.update(hidden_dropout=0.0, attention_dropout=0.0)
   if float64:  # every parameter and computation in float64; the explicit attention (XLA's fused one is float32)
     backbone.cfg.update(dtype="float64", attention_impl="reference")
