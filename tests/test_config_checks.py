@@ -163,6 +163,14 @@ def test_bad_glue_values_are_one_line(field, value, words):
     finetune.check_config(cfg)
 
 
+def test_one_config_per_command_line():
+  """Two --config flags: refused (the checks read one config, absl's parser would load the other)."""
+  with pytest.raises(UserError, match=r"^--config is given 2 times \(configs/demo.py, configs/glue.py:tupe\): give one, "
+                                      r"and set its fields with --config.FIELD=VALUE$"):
+    config_files.check_config_flags(["train.py", "--config", "configs/demo.py", "--workdir", "w",
+                                     "--config=configs/glue.py:tupe"])
+
+
 @pytest.mark.parametrize("body, line, raised", [
     ("def get_config():\n  c = ml_collections.ConfigDict()\n  c.x = 1 / 0\n  return c\n", 4,
      "ZeroDivisionError: division by zero"),

@@ -230,12 +230,18 @@ BAD_INPUTS = {
                              ["--config.model.hiden_size", "no field 'hiden_size'", "did you mean 'hidden_size'"]),
     "wrong config type": ({}, ["--config.seq_len=abc"], 1, "fresh", ["--config.seq_len=abc", "int()"]),
     "a stray argument": ({}, ["extra"], 1, "fresh", ["unexpected arguments extra: settings are flags"]),
-    "unknown model in --config": ({}, ["--config=configs/pretrain.py:tupe_b,tiny"], 1, "fresh",
+    "a config field given as a flag": ({}, ["--model.dtype=bfloat16"], 1, "fresh",
+                                       ["Unknown command line flag 'model.dtype'",
+                                        "set the config's field as --config.model.dtype=VALUE"]),
+    "a file that is not a config": ({}, [], 1, "fresh",
+                                    ["--config configs/__init__.py is not a config file (it has no get_config())",
+                                     "configs/pretrain.py:<model>,<size>"]),
+    "unknown model in --config": ({}, [], 1, "fresh",
                                   ["--config=configs/pretrain.py:tupe_b,tiny", "unknown model 'tupe_b'",
                                    "convbert_mlm"]),
     "model flags that do not fit": ({"model.conv_kernel_size": 4}, [], 1, "fresh",
                                     ["model.conv_kernel_size=4 must be odd"]),
-    "missing config file": ({}, ["--config=configs/nope.py"], 1, "fresh",
+    "missing config file": ({}, [], 1, "fresh",
                             ["cannot load the config file", "No such file or directory: 'configs/nope.py'"]),
     "non-positive loop setting": ({"checkpoint.every_steps": 0}, [], 1, "fresh",
                                   ["checkpoint.every_steps=0 must be 1 or more"]),
@@ -275,6 +281,8 @@ BAD_INPUTS = {
                               ["tensorboard is a file, where train.py keeps a folder", "move it away"]),
 }
 VERBOSE = ("unknown config field", "tokenizer vocab != model vocab")  # one per error path of train.py
+OTHER_CONFIGS = {"a file that is not a config": "configs/__init__.py",  # --config, where it is not the tiny run's
+                 "unknown model in --config": "configs/pretrain.py:tupe_b,tiny", "missing config file": "configs/nope.py"}
 
 
 @pytest.fixture(scope="module")
@@ -298,7 +306,9 @@ def bad_input_runs(tmp_path_factory, inputs, skipped_run):
     elif where.endswith("_is_a_file"):  # (before, found after the step compiled: "cannot create ...: File exists")
       workdir.mkdir()
       (workdir / where.removesuffix("_is_a_file")).write_text("a file\n")
-    return run_train(workdir, overrides, extra + ["--verbose"] * verbose, devices=devices, timeout=HANG), workdir
+    config = OTHER_CONFIGS.get(name, "configs/pretrain.py:tupe_a,tiny")
+    return run_train(workdir, overrides, extra + ["--verbose"] * verbose, devices=devices, timeout=HANG,
+                     config=config), workdir
 
   keys = [(name, False) for name in BAD_INPUTS] + [(name, True) for name in VERBOSE]
   with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:

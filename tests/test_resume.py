@@ -36,11 +36,11 @@ TINY = {
 }
 
 
-def train_command(workdir, overrides=None, extra=()) -> list[str]:
+def train_command(workdir, overrides=None, extra=(), config: str = "configs/pretrain.py:tupe_a,tiny") -> list[str]:
   """The train.py command line of the tiny run in `workdir`, with config overrides {"a.b": value}."""
-  config = dict(TINY, **(overrides or {}))
-  return [sys.executable, str(REPO / "train.py"), "--config", "configs/pretrain.py:tupe_a,tiny",
-          "--workdir", str(workdir), *(f"--config.{k}={v}" for k, v in config.items()), *extra]
+  fields = dict(TINY, **(overrides or {}))
+  return [sys.executable, str(REPO / "train.py"), "--config", config, "--workdir", str(workdir),
+          *(f"--config.{k}={v}" for k, v in fields.items()), *extra]
 
 
 def train_env(devices: int = 1) -> dict:
@@ -49,8 +49,8 @@ def train_env(devices: int = 1) -> dict:
 
 
 def run_train(workdir, overrides=None, extra=(), devices: int = 1, timeout: float = 300,
-              **kwargs) -> subprocess.CompletedProcess:
-  return subprocess.run(train_command(workdir, overrides, extra), cwd=REPO, env=train_env(devices),
+              config: str = "configs/pretrain.py:tupe_a,tiny", **kwargs) -> subprocess.CompletedProcess:
+  return subprocess.run(train_command(workdir, overrides, extra, config), cwd=REPO, env=train_env(devices),
                         capture_output=True, text=True, timeout=timeout, **kwargs)
 
 

@@ -41,14 +41,15 @@ def _where(e: BaseException, file: str) -> str:
   return f" at line {lines[-1]}" if lines else ""
 
 
+def config_specs(argv: Sequence[str]) -> list[str]:
+  """The values of --config (`--config=X` or `--config X`) in a command line."""
+  return [arg.split("=", 1)[1] if arg.startswith("--config=") else argv[i + 1] for i, arg in enumerate(argv)
+          if arg.startswith("--config=") or (arg == "--config" and i + 1 < len(argv))]
+
+
 def config_spec(argv: Sequence[str]) -> str | None:
-  """The value of --config (`--config=X` or `--config X`) in a command line."""
-  for i, arg in enumerate(argv):
-    if arg.startswith("--config="):
-      return arg.split("=", 1)[1]
-    if arg == "--config" and i + 1 < len(argv):
-      return argv[i + 1]
-  return None
+  """The value of --config in a command line (`check_config_flags` refuses more than one)."""
+  return next(iter(config_specs(argv)), None)
 
 
 def _check_override_keys(config: ml_collections.ConfigDict, argv: Sequence[str]) -> None:
@@ -111,11 +112,25 @@ def _check_entry_point(config: ml_collections.ConfigDict, script: str, spec: str
                     f"{ENTRY_POINTS[other][2]} --config {spec} ..., or give {command} a {configs} config")
 
 
-def flags_error(e: flags.Error, argv: Sequence[str]) -> str:
+def flags_error(e: flags.Error, argv: Sequence[str], config: ml_collections.ConfigDict | None = None) -> str:
+  """The one line of a flag error; an unknown flag that names a field of `config` (--num_train_steps=3) says how
+  a field is set."""
   cause = _first_cause(e)
   if isinstance(cause, UserError):  # Raised by the config file's get_config, e.g. an unknown model name.
     return f"{str(e).split(': ', 1)[0]}: {cause}"
+  name = getattr(e, "flagname", "") or ""
+  if config is not None and isinstance(e, flags.UnrecognizedFlagError) and _is_field(config, name):
+    return f"{e}: set the config's field as --config.{name}=VALUE"
   return f"{e}; fix the flag (python {os.path.basename(argv[0])} --helpfull lists them)"
+
+
+def _is_field(config: ml_collections.ConfigDict, dotted: str) -> bool:
+  """Whether `dotted` ("seq_len", "model.dtype") names a field of `config`."""
+  for key in dotted.split("."):
+    if not isinstance(config, (ml_collections.ConfigDict, dict)) or key not in config:
+      return False
+    config = config[key]
+  return bool(dotted)
 
 
 def check_config_flags(argv: list[str]) -> ml_collections.ConfigDict:
@@ -126,9 +141,13 @@ def check_config_flags(argv: list[str]) -> ml_collections.ConfigDict:
   argv = last_wins(argv[:1] + [a for i, a in enumerate(argv[1:], 1)
                                if a.startswith("--config") or (argv[i - 1].startswith("--config") and
                                                                "=" not in argv[i - 1] and not a.startswith("--"))])
-  spec = config_spec(argv)
-  if spec is None:
+  specs = config_specs(argv)
+  if not specs:
     raise UserError("--config is missing: give configs/<file>.py:<arg>")
+  if len(specs) > 1:
+    raise UserError(f"--config is given {len(specs)} times ({', '.join(specs)}): give one, and set its fields with "
+                    f"--config.FIELD=VALUE")
+  spec = specs[0]
   file = spec.split(":", 1)[0]
   if not os.path.isfile(file):
     raise UserError(f"--config: cannot load the config file: No such file or directory: {file!r}; give an "
@@ -147,6 +166,9 @@ def check_config_flags(argv: list[str]) -> ml_collections.ConfigDict:
       raise UserError(f"--config: cannot load the config file {file}: {type(cause).__name__}: "
                       f"{str(cause).strip().splitlines()[-1] if str(cause).strip() else ''}; fix the file") from None
     except Exception as e:  # Raised by the file's own code, at import or in get_config.
+      if isinstance(e, AttributeError) and "has no attribute 'get_config'" in str(e):
+        raise UserError(f"--config {file} is not a config file (it has no get_config()): give configs/<file>.py, "
+                        f"e.g. {ENTRY_POINTS.get(os.path.basename(argv[0]), ENTRY_POINTS['train.py'])[1]}") from None
       raise UserError(f"--config: the config file {file} raised {type(e).__name__}: {_first_line(e)}"
                       f"{_where(e, file)}; fix the file") from None
     return values.config

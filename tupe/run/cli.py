@@ -33,13 +33,14 @@ def define_flags(config_help: str, workdir_help: str) -> None:
 
 def parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parser for train.py and eval_glue.py, after `check_config_flags` has checked the config."""
+  config = None
   try:
-    check_config_flags(argv)
+    config = check_config_flags(argv)
     return flags.FLAGS(last_wins(argv))
   except (UserError, flags.Error) as e:
     if "--verbose" in argv:
       raise
-    print(f"error: {e if isinstance(e, UserError) else flags_error(e, argv)}", file=sys.stderr)
+    print(f"error: {e if isinstance(e, UserError) else flags_error(e, argv, config)}", file=sys.stderr)
     sys.exit(2)
 
 
