@@ -87,7 +87,7 @@ def test_undecodable_bytes_are_dropped_and_counted(tmp_path):
                                       r"at byte offset 3\): convert it"):
     documents_of("text", str(path))
   path.write_text(" \n\n")
-  with pytest.raises(UserError, match="mixed.txt holds no text .*: remove it from the input"):
+  with pytest.raises(UserError, match="mixed.txt holds no text .*: give it text, or leave it out of the input files"):
     documents_of("lines", str(path))
   # UTF-16 (its ASCII is valid UTF-8, with NULs between): refused, with or without its byte order mark.
   for encoding, named in (("utf-16", "is UTF-16LE text \\(it starts with its byte order mark\\)"),

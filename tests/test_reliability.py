@@ -267,7 +267,7 @@ BAD_INPUTS = {
                                            ["another model", "model.hidden_size=32 in the checkpoint, 64 now",
                                             "new --workdir"]),
     "empty corpus": ("no_corpus/*.txt", [], 1, "fresh", ["no files match", "no_corpus/*.txt"]),
-    "empty file": ("empty.txt", [], 1, "fresh", ["empty.txt holds no text", "remove it"]),
+    "empty file": ("empty.txt", [], 1, "fresh", ["empty.txt holds no text", "give it text, or leave it out"]),
     "non-UTF-8 text": ("latin1.txt", [], 1, "fresh", ["latin1.txt is not UTF-8", "iconv"]),
     "vocab not UTF-8": (("text.txt", "latin1.txt"), [], 1, "fresh",
                         ["vocab file", "latin1.txt is not UTF-8 text (byte 3)", "iconv"]),

@@ -1,6 +1,6 @@
 """The tools tell the truth and fail before the work: tupe.tools.evaluate checks --out and --max-examples before
-scoring (and leaves no temporary file), and tupe.tools.export_hf names the step it exported when it fell back
-from a damaged checkpoint."""
+scoring (and leaves no temporary file), glue_parity refuses a checkpoint it cannot compare before it makes its
+workdir, and tupe.tools.export_hf names the step it exported when it fell back from a damaged checkpoint."""
 import pathlib
 import shutil
 import subprocess
@@ -10,6 +10,7 @@ import jax
 import ml_collections
 import pytest
 
+from configs import glue as glue_config
 from tupe.errors import UserError
 from tupe.store import checkpoint as checkpoint_lib
 from tupe.store import checksums
@@ -40,6 +41,18 @@ def test_evaluate_names_the_flag_at_fault_before_scoring(pretrained, text_file, 
   evaluate.main(["evaluate", "--checkpoint", str(pretrained), "--text-file", str(text_file), "--out", str(file),
                  "--batch-size", "8"])
   assert '"step": 2' in file.read_text() and [p.name for p in tmp_path.iterdir() if "tmp" in p.name] == []
+
+
+def test_glue_parity_refuses_a_tupe_checkpoint_before_its_workdir(pretrained, glue_dir, tmp_path):
+  """TUPE-A has no transformers class to compare with: refused in one line, naming what it takes, and no workdir."""
+  from tupe.tools import glue_parity  # pylint: disable=import-outside-toplevel
+  cfg = glue_config.get_config("tupe")
+  cfg.update(init_checkpoint=str(pretrained), data_dir=str(glue_dir), tasks="rte")
+  with pytest.raises(UserError, match="^tupe_a exports to the remote-code TUPE classes; the parity covers the models "
+                                      "transformers has classes for: give a bert_a, convbert or convbert_mlm "
+                                      "checkpoint$"):
+    glue_parity.run(cfg, tmp_path / "parity")
+  assert not (tmp_path / "parity").exists()
 
 
 def test_export_names_the_step_it_fell_back_to(pretrained, tmp_path):

@@ -59,7 +59,7 @@ def _text_input(name: str) -> dict:
   book = gutenberg.book_range(head, tail, size) or (0, size)
   if size <= len(head) and not head[book[0]:book[1]].decode("utf-8", "replace").removeprefix("\ufeff").strip():
     raise UserError(f"{name} holds no text (after stripping a Project Gutenberg header and footer): "
-                    f"remove it from the input")
+                    f"give it text, or leave it out of the input files")
   stripped = 0
   if book != (0, size):
     tail_offset = size - len(tail)
