@@ -39,20 +39,22 @@ def _task(text: str) -> tuple[int, int]:
 def main(argv: list[str]) -> None:
   parser = console.ArgumentParser("python -m tupe.data.preprocess", __doc__)
   parser.add_argument("--input", required=True, help="comma-separated globs, tfds:NAME or demo")
-  parser.add_argument("--format", default="text", help="text, lines, jsonl or parquet (files)")
-  parser.add_argument("--text-field", default="text", help="the text's field (jsonl) or column (parquet)")
+  parser.add_argument("--format", default="text", help="text, lines, jsonl or parquet (files; default text)")
+  parser.add_argument("--text-field", default="text", help="the text's field (jsonl) or column (parquet); default "
+                      "text")
   parser.add_argument("--vocab", default="", help="WordPiece vocab.txt (only the demo input may leave it out)")
   parser.add_argument("--cased", action="store_true", help="keep case and accents (default: uncased)")
   parser.add_argument("--seq-len", type=int, required=True, help="tokens per example, as train.py's seq_len")
-  parser.add_argument("--packing", default="full_sentences", help="full_sentences or segment_pair")
+  parser.add_argument("--packing", default="full_sentences", help="full_sentences (the default) or segment_pair")
   parser.add_argument("--eval-fraction", type=float, default=pipeline.default_data_config().eval_fraction,
                       help="share of the documents held out for evaluation (default %(default)s)")
-  parser.add_argument("--documents", default="paragraphs", help="a text file's documents: paragraphs or files")
+  parser.add_argument("--documents", default="paragraphs", help="a text file's documents: paragraphs (the default) or "
+                      "files")
   parser.add_argument("--fill-examples", action="store_true", help="split sentences to fill every example")
   parser.add_argument("--output", required=True, help="folder for the shards (new, or a run to resume)")
   parser.add_argument("--workers", type=int, default=parallel.default_workers(), help="processes (default: the cores)")
-  parser.add_argument("--task", default="0/1", help="i/n: this machine's share of the units")
-  parser.add_argument("--unit-mb", type=float, default=0.0, help="size of a unit of work (0: 1/256 of the input, "
+  parser.add_argument("--task", default="0/1", help="i/n: this machine's share of the units (default 0/1: all)")
+  parser.add_argument("--unit-mb", type=float, default=0.0, help="size of a unit of work (default 0: 1/256 of the input, "
                       "1 to 64 MB)")
   parser.add_argument("--tfds-split", default="train", help="the TFDS split to read (tfds: input; default train)")
   parser.add_argument("--tfds-data-dir", default="", help="the TFDS data folder, prepared as array_record (default: "

@@ -21,7 +21,7 @@ def main(argv: list[str]) -> None:
   parser.add_argument("--model", required=True, help="a model directory: WORKDIR/models/TASK of eval_glue.py")
   parser.add_argument("--input", required=True, help="the text to label: a .tsv (GLUE's columns) or .jsonl file")
   parser.add_argument("--out", required=True, help="the file to write: .tsv or .jsonl")
-  parser.add_argument("--batch-size", type=int, default=64, help="rows per forward pass")
+  parser.add_argument("--batch-size", type=int, default=64, help="rows per forward pass (default 64)")
   args = parser.parse_args(argv[1:])
   if args.batch_size < 1:
     raise UserError(f"--batch-size {args.batch_size}: give 1 or more rows per forward pass")
