@@ -147,6 +147,22 @@ def test_missing_folder_and_file(tmp_path):
     glue.load_split(tmp_path, "RTE", "dev")
 
 
+def test_qqp_rows_with_a_missing_field_are_left_out_with_one_warning(tmp_path, capsys):
+  """GLUE's QQP files hold a few cut rows, which TFDS and TUPE's preprocessing drop: left out, counted, named by
+  line; every other bad row (and a cut row of any other task: below) still stops the run."""
+  header = "id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate\n"
+  path = write(tmp_path / "QQP" / "train.tsv", header + "0\t1\t2\tWhy?\tWhy not?\t0\n"
+               "1\t3\t4\tA cut row\n" + "2\t5\t6\tHow?\tHow so?\t1\n")
+  examples = glue.load_split(tmp_path, "QQP", "train")
+  assert [(e.text_a, e.label) for e in examples] == [("Why?", 0), ("How?", 1)]
+  assert capsys.readouterr().out.splitlines() == [
+      f"warning: left out 1 row of {path} with a missing or extra field (line 3): GLUE's QQP files hold a few, which "
+      f"TFDS and TUPE's preprocessing leave out too"]
+  write(path, header + "0\t1\t2\tWhy?\tWhy not?\tmaybe\n")
+  with pytest.raises(UserError, match=f"^{path}:2: label 'maybe'"):
+    glue.load_split(tmp_path, "QQP", "train")
+
+
 @pytest.mark.parametrize("row,found", [("1\tA man.\tentailment\n", 3), ("1\tA\tman.\tA man.\tentailment\n", 5),
                                        ("\n", 1)])
 def test_wrong_column_count_names_file_and_line(tmp_path, row, found):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Mapping
 
+from tupe import console
 from tupe.data import readers
 from tupe.errors import UserError
 from tupe.glue import tsv
@@ -55,6 +56,8 @@ class Task:
     tfds_text: TFDS feature names of text_a and text_b.
     headerless: split -> column names, for files without a header line (CoLA train/dev).
     model_task: task whose fine-tuned model predicts this one (AX is predicted with the MNLI model).
+    cut_rows_left_out: splits whose rows with a missing or extra field are left out with one warning, not refused
+      (QQP's train and dev: GLUE's files hold a few, which TFDS and TUPE's preprocessing drop).
   """
   name: str
   folder: str
@@ -70,6 +73,7 @@ class Task:
   headerless: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
   model_task: str | None = None
   names: tuple[str, ...] | None = None
+  cut_rows_left_out: tuple[str, ...] = ()
 
   @property
   def is_regression(self) -> bool:
@@ -123,7 +127,8 @@ TASKS: dict[str, Task] = {task.name: task for task in (
     Task("STS-B", "STS-B", _files("train", "dev", "test"), "sentence1", "sentence2", "score", "index", None,
          ("pearson", "spearman"), "stsb", ("sentence1", "sentence2")),
     Task("QQP", "QQP", _files("train", "dev", "test"), "question1", "question2", "is_duplicate", "id", _BINARY,
-         ("f1", "accuracy"), "qqp", ("question1", "question2"), names=("not_duplicate", "duplicate")),
+         ("f1", "accuracy"), "qqp", ("question1", "question2"), names=("not_duplicate", "duplicate"),
+         cut_rows_left_out=("train", "dev")),
     Task("MNLI", "MNLI", _files("train", "dev_matched", "dev_mismatched", "test_matched", "test_mismatched"),
          "sentence1", "sentence2", "gold_label", "index", _NLI3, ("accuracy",), "mnli", ("premise", "hypothesis"),
          names=_NLI3),
@@ -218,11 +223,16 @@ def load_split(data_dir: storage.PathLike, task: str, split: str) -> list[Exampl
     raise MissingSplit(f"{path} not found (GLUE {spec.name} {split}): {HOW_TO_GET_GLUE}", split)
   lines = tsv.read_lines(path)
   columns = spec.headerless.get(split)
-  if columns is None:
-    if not lines:
-      raise UserError(f"{path} is empty: re-download the GLUE file")
-    return tsv.examples(path, lines[1:], lines[0].split("\t"), 2, spec, labelled=not _is_test(split))
-  return tsv.examples(path, lines, columns, 1, spec, labelled=not _is_test(split))
+  if columns is None and not lines:
+    raise UserError(f"{path} is empty: re-download the GLUE file")
+  cut = [] if split in spec.cut_rows_left_out else None
+  examples = (tsv.examples(path, lines[1:], lines[0].split("\t"), 2, spec, not _is_test(split), cut_rows=cut)
+              if columns is None else tsv.examples(path, lines, columns, 1, spec, not _is_test(split), cut_rows=cut))
+  if cut:
+    console.log(f"warning: left out {len(cut):,} row{'s' if len(cut) > 1 else ''} of {path} with a missing or extra "
+                f"field (line {', '.join(map(str, cut[:3]))}{', ...' if len(cut) > 3 else ''}): GLUE's {spec.name} files hold a "
+                f"few, which TFDS and TUPE's preprocessing leave out too")
+  return examples
 
 
 def tfds_split(task: Task, split: str) -> str:

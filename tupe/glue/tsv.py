@@ -61,7 +61,8 @@ def parse_label(task, value: str) -> int | float:
 
 
 def examples(path: storage.Path, rows: Sequence[str], columns: Sequence[str], first_line: int, task, labelled: bool,
-             errors: list[str] | None = None, text_required: bool = False) -> list[Example]:
+             errors: list[str] | None = None, text_required: bool = False,
+             cut_rows: list[int] | None = None) -> list[Example]:
   """The examples of a GLUE task's TSV rows.
 
   Args:
@@ -72,6 +73,8 @@ def examples(path: storage.Path, rows: Sequence[str], columns: Sequence[str], fi
     labelled: read the label column (which must exist); else labels are None.
     errors: None: the first bad row raises. A list: each bad row's line is appended and the row left out.
     text_required: an empty sentence is a bad row (new text to label); GLUE's own files are taken as they are.
+    cut_rows: None: a row with the wrong number of columns is a bad row. A list: its line number is appended and
+      the row left out (GLUE's QQP files hold a few).
 
   Raises:
     UserError: a missing column, or (`errors` None) the first bad row: the wrong number of columns, an index
@@ -86,6 +89,9 @@ def examples(path: storage.Path, rows: Sequence[str], columns: Sequence[str], fi
     line_no = row + first_line
     try:
       fields = line.split("\t")
+      if len(fields) != len(columns) and cut_rows is not None:
+        cut_rows.append(line_no)
+        continue
       if len(fields) != len(columns):
         raise ValueError(f"expected {len(columns)} tab-separated columns, found {len(fields)} (a tab inside the "
                          f"text, or a cut line?)")
