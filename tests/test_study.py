@@ -14,6 +14,7 @@ from xla_flags import xla_flags
 
 from tupe.errors import UserError
 from tupe.study import heldout
+from tupe.study import report as report_lib
 from tupe.study import runner
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -118,6 +119,21 @@ def test_micro_report_has_gains_over_random_init(studies, name):
   table = (studies[name] / "report.md").read_text()
   assert "## GLUE gain over random initialisation" in table and report["glue_verdict"] in table
   assert "| variant | RTE gain | avg gain | beats random init |" in table
+
+
+def test_a_diverged_seed_gets_no_verdict_and_mnli_its_two_columns():
+  """A variant whose seed average is missing (a fine-tuning seed of it or of random_init diverged) gets no verdict,
+  not "does not beat random init"; the report's columns are the evaluations results are keyed by."""
+  def glue(average, seed_averages):
+    return {"glue": {"complete": True, "tasks": {"RTE": {"median": average, "min": average - 1, "max": average + 1}},
+                     "average": average, "seed_averages": seed_averages}}
+  gains = report_lib.glue_gains({"random_init": glue(50.0, [49.0, 51.0]), "tupe_a": glue(80.0, None),
+                                   "bert_a": glue(50.5, [50.0, 51.0])})
+  assert gains["tupe_a"]["beats_random_init"] is None and gains["bert_a"]["beats_random_init"] is False
+  assert report_lib.glue_verdict(gains) == (
+      "bert_a does not beat random initialisation on the GLUE average beyond the seed spread. tupe_a: no verdict, a "
+      "fine-tuning seed diverged (the variant's or random_init's), so there is no seed average to compare.")
+  assert report_lib.scored(("CoLA", "MNLI", "RTE")) == ["CoLA", "MNLI-m", "MNLI-mm", "RTE"]
 
 
 def test_second_invocation_redoes_nothing(studies):

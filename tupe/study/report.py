@@ -20,6 +20,7 @@ import json
 import math
 
 from tupe import present
+from tupe.glue import data as glue_data
 from tupe.glue import metrics as glue_metrics
 from tupe.glue import outputs
 from tupe.glue import report as glue_report
@@ -109,21 +110,33 @@ def glue_gains(variants: dict) -> dict:
                          [control["tasks"][task]["min"], control["tasks"][task]["max"]])
              for task, result in glue["tasks"].items() if task in control["tasks"]}
     average = _gain(glue["average"], glue["seed_averages"], control["average"], control["seed_averages"])
-    gains[name] = {"tasks": tasks, "average": average, "beats_random_init": bool(average and average["low"] > 0)}
+    # None: no verdict (a fine-tuning seed of the variant or of the control diverged: no seed average to compare).
+    gains[name] = {"tasks": tasks, "average": average,
+                   "beats_random_init": None if average is None else bool(average["low"] > 0)}
   return gains
 
 
 def glue_verdict(gains: dict) -> str:
-  """One sentence: which variants beat random initialisation on GLUE, or that GLUE measures nothing here."""
+  """One sentence: which variants beat random initialisation on GLUE, or that GLUE measures nothing here; the
+  variants with a diverged seed (theirs or the control's) get no verdict."""
   beating = [name for name, gain in gains.items() if gain["beats_random_init"]]
+  others = [name for name, gain in gains.items() if gain["beats_random_init"] is False]
+  unknown = [name for name, gain in gains.items() if gain["beats_random_init"] is None]
+  untold = (f"{', '.join(unknown)}: no verdict, a fine-tuning seed diverged (the variant's or random_init's), so "
+            f"there is no seed average to compare." if unknown else "")
+  if not beating and not others:
+    return untold
   if not beating:
-    return ("No pre-trained variant beats random initialisation on the GLUE average beyond the seed spread: GLUE "
-            "at this budget measures nothing, so the variants are not compared on it.")
-  others = [name for name in gains if name not in beating]
-  return (f"{', '.join(beating)} beat{'s' if len(beating) == 1 else ''} random initialisation on the GLUE average "
-          f"beyond the seed spread" + (f"; {', '.join(others)} do{'es' if len(others) == 1 else ''} not, and "
-                                       f"{'is' if len(others) == 1 else 'are'} not compared on GLUE" if others else "")
-          + ".")
+    return " ".join(filter(None, [
+        "No pre-trained variant beats random initialisation on the GLUE average beyond the seed spread: GLUE at this "
+        "budget measures nothing, so the variants are not compared on it." if not unknown else
+        f"{', '.join(others)} do{'es' if len(others) == 1 else ''} not beat random initialisation on the GLUE "
+        f"average beyond the seed spread.", untold]))
+  return " ".join(filter(None, [
+      f"{', '.join(beating)} beat{'s' if len(beating) == 1 else ''} random initialisation on the GLUE average "
+      f"beyond the seed spread" + (f"; {', '.join(others)} do{'es' if len(others) == 1 else ''} not, and "
+                                   f"{'is' if len(others) == 1 else 'are'} not compared on GLUE" if others else "")
+      + ".", untold]))
 
 
 def paper_numbers(name: str, tasks: list[str]) -> dict | None:
@@ -138,16 +151,23 @@ def paper_numbers(name: str, tasks: list[str]) -> dict | None:
   return {"tasks": chosen, "average": average.value}
 
 
+def scored(tasks) -> list[str]:
+  """The dev evaluations of GLUE tasks, as results are keyed ("MNLI" gives "MNLI-m" and "MNLI-mm")."""
+  return [ev.name for task in glue_data.parse_tasks(",".join(tasks)) for ev in glue_data.dev_evaluations(task)]
+
+
 def build(cfg, variants) -> dict:
   """The content of report.json."""
+  evaluations = scored(variants[0].tasks) if variants else []
   out = {"study": cfg.study, "scale": cfg.scale, "heldout_file": cfg.heldout_file, "heldout_seed": cfg.heldout_seed,
-         "glue_tasks": list(variants[0].tasks) if variants else [], "variants": {}}
+         "glue_tasks": evaluations, "variants": {},
+         "control_model": next((v.pretrain_cfg.model.name for v in variants if v.name == CONTROL), None)}
   for variant in variants:
     pretrain = pretrain_summary(variant)
     glue = glue_summary(variant)
     entry = {"pretrain": pretrain, "heldout": heldout_summary(variant, pretrain["steps"]), "glue": glue}
     if cfg.study == "tupe":
-      entry["paper_base"] = paper_numbers(variant.name, list(variant.tasks))
+      entry["paper_base"] = paper_numbers(variant.name, scored(variant.tasks))
     out["variants"][variant.name] = entry
   if CONTROL in out["variants"]:
     out["glue_gains"] = glue_gains(out["variants"])
@@ -208,11 +228,15 @@ def gains_markdown(report: dict, tasks: list[str]) -> list[str]:
   """The gain table over random_init and the verdict."""
   def cell(gain):
     return "-" if gain is None else f"{gain['gain']:+.2f} [{gain['low']:+.2f}, {gain['high']:+.2f}]"
+  verdict = {True: "yes", False: "no", None: "- (a seed diverged)"}
   rows = [[name] + [cell(gain["tasks"].get(task)) for task in tasks] + [cell(gain["average"]),
-                                                                        "yes" if gain["beats_random_init"] else "no"]
+                                                                        verdict[gain["beats_random_init"]]]
           for name, gain in report["glue_gains"].items()]
+  control = report.get("control_model")
   return ["## GLUE gain over random initialisation", "",
-          f"{CONTROL}: the same GLUE grid on random weights of the same encoder, no pre-training. Each cell: the "
+          f"{CONTROL}: the same GLUE grid on random weights of one encoder"
+          + (f", {control}'s (for the other variants a different architecture)" if control else "")
+          + ", no pre-training. Each cell: the "
           "variant's median minus random_init's, and in brackets its seed range, [variant min - random_init max, "
           "variant max - random_init min] (for avg: over each seed's average across the tasks). A variant beats "
           "random init when the whole range of its avg is above 0.", "",
