@@ -150,11 +150,12 @@ def largest(step_dir, pattern: str) -> str:
   return str(max(step_dir.glob(pattern), key=lambda p: p.stat().st_size).relative_to(step_dir))
 
 
-@pytest.mark.parametrize("damage", ["deleted", "emptied", "partial", "unlisted file"])
+@pytest.mark.parametrize("damage", ["deleted", "deleted with the metadata", "emptied", "partial", "unlisted file"])
 def test_a_missing_emptied_or_partial_record_is_damage(damage, workdir, tmp_path, caplog):
-  """checksums.json deleted, emptied or listing only some files, or a file it does not list: every reader skips
-  the checkpoint with one line (no note about checkpoints "saved before checksums"), and train.py's resume falls
-  back to the previous one and sets the damaged one aside."""
+  """checksums.json deleted (with the metadata too: a folder holding only arrays, as a copy cut short leaves),
+  emptied or listing only some files, or a file it does not list: every reader skips the checkpoint with one line
+  (no note about checkpoints "saved before checksums"), and train.py's resume falls back to the previous one and
+  sets the damaged one aside. Before, a folder without both stopped every reader: "cannot read .../meta/metadata"."""
   copy = tmp_path / "run"
   shutil.copytree(workdir, copy)
   step_dir = copy / "checkpoints" / "2"
@@ -163,6 +164,10 @@ def test_a_missing_emptied_or_partial_record_is_damage(damage, workdir, tmp_path
   if damage == "deleted":
     record.unlink()
     why = "checksums.json is missing (its layout always has one)"
+  elif damage == "deleted with the metadata":
+    record.unlink()
+    shutil.rmtree(step_dir / "meta")
+    why = "checksums.json and meta/metadata are missing"
   elif damage == "emptied":
     record.write_text("")
     why = "checksums.json is unreadable (emptied or damaged: not a JSON object holding a 'sha256' object)"

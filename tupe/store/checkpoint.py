@@ -107,11 +107,13 @@ def verified_meta(step_dir: storage.Path, root: storage.Path, items: tuple[str, 
 
   Raises:
     DamagedCheckpoint: a file missing, unlisted or changed; checksums.json unreadable, or missing where it must be
-      (layout 2, or beside checkpoints that carry one).
+      (layout 2, or beside checkpoints that carry one), or missing with the metadata.
   """
   recorded = checksums.read(step_dir)
   if recorded is not None:
     checksums.verify(step_dir, recorded, items)
+  elif not storage.exists(step_dir / "meta" / "metadata"):  # every layout has it: a save cut short, or a copy
+    raise DamagedCheckpoint(f"{CHECKSUMS} and meta/metadata are missing")
   raw = json.loads(storage.read_text(step_dir / "meta" / "metadata"))
   try:
     meta = migrate(raw)
