@@ -99,7 +99,8 @@ def _gain(variant_median, variant_scores, control_median, control_scores) -> dic
 
 
 def glue_gains(variants: dict) -> dict:
-  """{variant: {"tasks": {task: gain}, "average": gain, "beats_random_init": bool}} over the control's GLUE."""
+  """{variant: {"tasks": {task: gain}, "average": gain, "beats_random_init": bool, or None for no verdict}} over
+  the control's GLUE."""
   control = variants[CONTROL]["glue"]
   gains = {}
   for name, entry in variants.items():
