@@ -141,7 +141,6 @@ def is_file(p: PathLike) -> bool:
     return path(p).is_file()
 
 
-@_bounded("create")
 def same_file(a: PathLike, b: PathLike) -> bool:
   """Whether `a` and `b` name one file (a tool's output that would replace its input): the same URL in a bucket;
   locally, the same path once links are followed."""
@@ -150,6 +149,7 @@ def same_file(a: PathLike, b: PathLike) -> bool:
   return os.path.realpath(path(a)) == os.path.realpath(path(b))
 
 
+@_bounded("create")
 def makedirs(p: PathLike) -> Path:
   """Creates the folder `p` and its parents (a no-op in buckets, which have no folders); returns it."""
   d = path(p)
