@@ -11,6 +11,7 @@ from gcs_emulator import free_port
 import pytest
 from test_resume import REPO
 
+from tupe.store import deadline
 from tupe.store import jsonfile
 from tupe.store import storage
 
@@ -232,3 +233,15 @@ def test_text_in_another_encoding_is_one_line_and_a_byte_order_mark_is_dropped(t
   with pytest.raises(storage.StorageError, match=rf"^vocab file {tmp_path / 'latin.txt'} is not UTF-8 text \(byte "
                                                  r"3\): pass another$"):
     storage.read_text(tmp_path / "latin.txt", "pass another", "vocab file")
+
+
+@pytest.mark.parametrize("name", ["exists", "is_dir", "is_file", "makedirs", "read_bytes", "read_range", "write_bytes",
+                                  "append_bytes", "size", "iterdir", "glob", "listing", "remove", "check_writable"])
+def test_each_request_to_a_store_is_a_bounded_wait(name, monkeypatch):
+  """Every operation that sends a request to a bucket goes through `deadline.call` with its verb and path (a store
+  that does not answer: tests/test_deadline.py): a decorator moved onto another function fails here."""
+  calls = []
+  monkeypatch.setattr(deadline, "call", lambda what, fn, *args, **kwargs: calls.append(what))
+  getattr(storage, name)("gs://bucket/run/x", *{"read_range": (0, 1), "write_bytes": (b"",),
+                                                "append_bytes": (b"",)}.get(name, ()))
+  assert len(calls) == 1 and calls[0].endswith(" gs://bucket/run/x"), calls
