@@ -165,8 +165,8 @@ def test_bad_glue_values_are_one_line(field, value, words):
 
 def test_one_config_per_command_line():
   """Two --config flags: refused (the checks read one config, absl's parser would load the other)."""
-  with pytest.raises(UserError, match=r"^--config is given 2 times \(configs/demo.py, configs/glue.py:tupe\): give one, "
-                                      r"and set its fields with --config.FIELD=VALUE$"):
+  with pytest.raises(UserError, match=r"^--config is given 2 times \(configs/demo.py, configs/glue.py:tupe\): give "
+                                      r"one, and set its fields with --config.FIELD=VALUE$"):
     config_files.check_config_flags(["train.py", "--config", "configs/demo.py", "--workdir", "w",
                                      "--config=configs/glue.py:tupe"])
 

@@ -155,9 +155,9 @@ def test_bad_rows_are_one_line_each_and_nothing_is_written(grid, tmp_path, capsy
 
 
 def test_bad_arguments_are_one_line_before_the_model_is_read(tmp_path, capsys):
-  """A batch size below 1 or not a number, an --out of another format, a directory or the input itself (here through a link), an
-  --input that does not exist: refused before anything is read (the model directory here does not exist), not
-  after every row is predicted."""
+  """A batch size below 1 or not a number, an --out of another format, a directory or the input itself (here
+  through a link), an --input that does not exist: refused before anything is read (the model directory here does
+  not exist), not after every row is predicted."""
   source = tmp_path / "in.tsv"
   source.write_text("index\tsentence1\tsentence2\n0\tA man sleeps.\tA man rests.\n")
   model, folder = tmp_path / "no-model", tmp_path / "labels.tsv"

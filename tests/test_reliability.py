@@ -282,7 +282,8 @@ BAD_INPUTS = {
 }
 VERBOSE = ("unknown config field", "tokenizer vocab != model vocab")  # one per error path of train.py
 OTHER_CONFIGS = {"a file that is not a config": "configs/__init__.py",  # --config, where it is not the tiny run's
-                 "unknown model in --config": "configs/pretrain.py:tupe_b,tiny", "missing config file": "configs/nope.py"}
+                 "unknown model in --config": "configs/pretrain.py:tupe_b,tiny",
+                 "missing config file": "configs/nope.py"}
 
 
 @pytest.fixture(scope="module")

@@ -130,7 +130,7 @@ def _is_field(config: ml_collections.ConfigDict, dotted: str) -> bool:
     if not isinstance(config, (ml_collections.ConfigDict, dict)) or key not in config:
       return False
     config = config[key]
-  return bool(dotted)
+  return True
 
 
 def check_config_flags(argv: list[str]) -> ml_collections.ConfigDict:

@@ -54,8 +54,8 @@ def main(argv: list[str]) -> None:
   parser.add_argument("--output", required=True, help="folder for the shards (new, or a run to resume)")
   parser.add_argument("--workers", type=int, default=parallel.default_workers(), help="processes (default: the cores)")
   parser.add_argument("--task", default="0/1", help="i/n: this machine's share of the units (default 0/1: all)")
-  parser.add_argument("--unit-mb", type=float, default=0.0, help="size of a unit of work (default 0: 1/256 of the input, "
-                      "1 to 64 MB)")
+  parser.add_argument("--unit-mb", type=float, default=0.0, help="size of a unit of work (default 0: 1/256 of the "
+                      "input, 1 to 64 MB)")
   parser.add_argument("--tfds-split", default="train", help="the TFDS split to read (tfds: input; default train)")
   parser.add_argument("--tfds-data-dir", default="", help="the TFDS data folder, prepared as array_record (default: "
                       "TFDS's own)")

@@ -123,21 +123,22 @@ def glue_verdict(gains: dict) -> str:
   beating = [name for name, gain in gains.items() if gain["beats_random_init"]]
   others = [name for name, gain in gains.items() if gain["beats_random_init"] is False]
   unknown = [name for name, gain in gains.items() if gain["beats_random_init"] is None]
-  untold = (f"{', '.join(unknown)}: no verdict, a fine-tuning seed diverged (the variant's or random_init's), so "
-            f"there is no seed average to compare." if unknown else "")
-  if not beating and not others:
-    return untold
-  if not beating:
-    return " ".join(filter(None, [
-        "No pre-trained variant beats random initialisation on the GLUE average beyond the seed spread: GLUE at this "
-        "budget measures nothing, so the variants are not compared on it." if not unknown else
-        f"{', '.join(others)} do{'es' if len(others) == 1 else ''} not beat random initialisation on the GLUE "
-        f"average beyond the seed spread.", untold]))
-  return " ".join(filter(None, [
-      f"{', '.join(beating)} beat{'s' if len(beating) == 1 else ''} random initialisation on the GLUE average "
-      f"beyond the seed spread" + (f"; {', '.join(others)} do{'es' if len(others) == 1 else ''} not, and "
-                                   f"{'is' if len(others) == 1 else 'are'} not compared on GLUE" if others else "")
-      + ".", untold]))
+  sentences = []
+  if beating:
+    sentences.append(f"{', '.join(beating)} beat{'s' if len(beating) == 1 else ''} random initialisation on the GLUE "
+                     f"average beyond the seed spread" + (
+                         f"; {', '.join(others)} do{'es' if len(others) == 1 else ''} not, and "
+                         f"{'is' if len(others) == 1 else 'are'} not compared on GLUE" if others else "") + ".")
+  elif others and not unknown:
+    sentences.append("No pre-trained variant beats random initialisation on the GLUE average beyond the seed spread: "
+                     "GLUE at this budget measures nothing, so the variants are not compared on it.")
+  elif others:
+    sentences.append(f"{', '.join(others)} do{'es' if len(others) == 1 else ''} not beat random initialisation on the "
+                     f"GLUE average beyond the seed spread.")
+  if unknown:
+    sentences.append(f"{', '.join(unknown)}: no verdict, a fine-tuning seed diverged (the variant's or "
+                     f"random_init's), so there is no seed average to compare.")
+  return " ".join(sentences)
 
 
 def paper_numbers(name: str, tasks: list[str]) -> dict | None:

@@ -19,7 +19,6 @@ and a training step (3 x forward, with the MLM head on the predicted positions o
 """
 from __future__ import annotations
 
-
 import flax.linen as nn
 import jax
 
