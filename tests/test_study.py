@@ -13,6 +13,7 @@ import pytest
 from xla_flags import xla_flags
 
 from tupe.errors import UserError
+from tupe.run.process import run_main
 from tupe.study import heldout
 from tupe.study import report as report_lib
 from tupe.study import runner
@@ -31,14 +32,24 @@ ALL_VARIANTS = {"tupe": ["bert_a", "bert_r", "tupe_a", "tupe_r", "tupe_a_tie_cls
 CONTROL = "random_init"  # GLUE only: no pre-training, no held-out score
 
 
+def study_argv(name: str, root: pathlib.Path, *extra: str, only: bool = True) -> list[str]:
+  """The command line of the micro study `name` in `root`, with VARIANTS[name] alone unless `only` is False."""
+  subset = [f"--config.only={','.join(VARIANTS[name])}"] if only else []
+  return ["tupe.study", f"--config={REPO / 'configs' / 'study.py'}:{name},micro", f"--root={root}", *subset, *extra]
+
+
 def start_study(name: str, root: pathlib.Path, *extra: str, only: bool = True) -> subprocess.Popen:
-  """The micro study `name` in `root`, with VARIANTS[name] alone unless `only` is False."""
+  """The micro study `name` in `root` (`study_argv`), as a command."""
   env = dict(os.environ)
   env["XLA_FLAGS"] = xla_flags(1)  # One CPU device, as on the command line (the suite fakes eight).
-  subset = [f"--config.only={','.join(VARIANTS[name])}"] if only else []
-  return subprocess.Popen([sys.executable, "-m", "tupe.study", f"--config=configs/study.py:{name},micro",
-                           f"--root={root}", *subset, *extra], cwd=REPO, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True, env=env)
+  return subprocess.Popen([sys.executable, "-m", *study_argv(name, root, *extra, only=only)], cwd=REPO,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def run_study(name: str, root: pathlib.Path, *extra: str, only: bool = True) -> None:
+  """The micro study `name` in `root` (`study_argv`) in this process, for a run that starts no command (--print, a
+  finished root): no JAX start-up of its own."""
+  run_main(runner.main, study_argv(name, root, *extra, only=only))
 
 
 def finish(proc: subprocess.Popen) -> tuple[str, str]:
@@ -136,18 +147,20 @@ def test_a_diverged_seed_gets_no_verdict_and_mnli_its_two_columns():
   assert report_lib.scored(("CoLA", "MNLI", "RTE")) == ["CoLA", "MNLI-m", "MNLI-mm", "RTE"]
 
 
-def test_second_invocation_redoes_nothing(studies):
+def test_second_invocation_redoes_nothing(studies, capsys):
   root = studies["tupe"]
   outputs = [p for p in root.rglob("*") if p.is_file() and p.parent != root]
   before = {p: p.stat().st_mtime_ns for p in outputs}
-  out, _ = finish(start_study("tupe", root))
+  run_study("tupe", root)  # (in this process: it starts no command, so no JAX start-up of its own is needed)
+  out = capsys.readouterr().out
   assert f"0 stage(s) run, {3 * len(VARIANTS['tupe']) + 1} already done" in out
   assert "starting" not in out and "runs to go" not in out and "checkpoint 4 on" not in out
   assert {p: p.stat().st_mtime_ns for p in outputs} == before
   assert sorted(p for p in root.rglob("*") if p.is_file() and p.parent != root) == sorted(outputs)
 
 
-def test_a_rerun_whose_control_copies_another_variant_does_not_take_the_old_grid(studies, tmp_path):
+def test_a_rerun_whose_control_copies_another_variant_does_not_take_the_old_grid(studies, tmp_path, capfd,
+                                                                                  monkeypatch):
   """The root's control was fine-tuned from random BERT-A weights. Rerun with the control copying TUPE-A, the study
   does not report those runs as the new control's (it skipped every finished grid): eval_glue.py runs and refuses
   the workdir in one line, and the old grid is left as it was."""
@@ -156,9 +169,11 @@ def test_a_rerun_whose_control_copies_another_variant_does_not_take_the_old_grid
   control = root / CONTROL / "glue"
   files = lambda: {p: p.read_bytes() for p in control.rglob("*") if p.is_file() and p.name != ".tupe.lock"}
   before = files()
-  proc = start_study("tupe", root, "--config.random_init=tupe_a")
-  out, err = proc.communicate(timeout=HANG)
-  assert proc.returncode == 2, out[-3000:] + err[-3000:]
+  monkeypatch.setenv("XLA_FLAGS", xla_flags(1))  # eval_glue.py's, as on the command line
+  with pytest.raises(SystemExit) as exit_info:  # (the study in this process: its eval_glue.py is the command)
+    run_main(runner.main, study_argv("tupe", root, "--config.random_init=tupe_a"))
+  out, err = capfd.readouterr()
+  assert exit_info.value.code == 2, out[-3000:] + err[-3000:]
   assert re.search(rf"error: {re.escape(str(control))} holds runs of another config \(changed: [^)]*architectures",
                    err), err[-3000:]
   assert f"GLUE {CONTROL}: done" not in out
@@ -166,12 +181,13 @@ def test_a_rerun_whose_control_copies_another_variant_does_not_take_the_old_grid
 
 
 @pytest.mark.parametrize("name, only", [("convbert", False), ("tupe", False), ("convbert", True)])
-def test_print_lists_every_command(studies, name, only):
+def test_print_lists_every_command(studies, name, only, capsys):
   """--print: every variant's pre-training, then every GLUE grid with the control's last, then every held-out
   score, and the report; each command's config loaded and checked first (so every variant of both studies is
   checked here, the ones the micro studies leave out too). With --config.only, those variants alone."""
   names = VARIANTS[name] if only else ALL_VARIANTS[name]
-  out, _ = finish(start_study(name, studies[name], "--print", only=only))
+  run_study(name, studies[name], "--print", only=only)  # (in this process: it only prints)
+  out = capsys.readouterr().out
   commands = [shlex.split(line) for line in out.splitlines()]
   programs = [next(word.rsplit("/", 1)[-1] for word in words if word.endswith((".py", "tupe.tools.evaluate")))
               for words in commands[:-1]]
@@ -213,21 +229,19 @@ def test_bad_input_is_one_line(shared_data, tmp_path, argv, message):
   assert not any(tmp_path.iterdir())
 
 
-def test_glue_budget_compares_budgets_against_random_init(studies, tmp_path):
+def test_glue_budget_compares_budgets_against_random_init(studies, tmp_path, capfd, monkeypatch):
   """tupe.tools.glue_budget on a copy of the micro tupe study: the budget "recipe" is the study's own grids (no run:
   its gain is the report's), "epochs2" runs both grids again with 2 epochs; budget.json/md give every budget's
   gains, seed ranges and grid minutes, and the chosen budget is the first whose gain's range is above 0."""
-  import shutil
+  from tupe.tools import glue_budget
   root = tmp_path / "study"
   shutil.copytree(studies["tupe"], root)
-  env = dict(os.environ)
-  env["XLA_FLAGS"] = xla_flags(1)
-  proc = subprocess.run([sys.executable, "-m", "tupe.tools.glue_budget", "--config=configs/study.py:tupe,micro",
-                         f"--root={root}", "--variant=bert_a"], cwd=REPO, capture_output=True, text=True, env=env,
-                        timeout=HANG)
-  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-  assert "[budget] 1/2 recipe bert_a: done" in proc.stdout and "[budget] 2/2 epochs2 random_init: 2 runs to go" in (
-      proc.stdout)
+  monkeypatch.setenv("XLA_FLAGS", xla_flags(1))  # its eval_glue.py commands': one CPU device, as on the command line
+  # (glue_budget in this process: it compiles nothing itself; its eval_glue.py grids are commands)
+  run_main(glue_budget.main, ["glue_budget", f"--config={REPO / 'configs' / 'study.py'}:tupe,micro", f"--root={root}",
+                              "--variant=bert_a"])
+  stdout, _ = capfd.readouterr()
+  assert "[budget] 1/2 recipe bert_a: done" in stdout and "[budget] 2/2 epochs2 random_init: 2 runs to go" in stdout
   budget = json.loads((root / "glue_budget" / "budget.json").read_text())
   study_report = json.loads((root / "report.json").read_text())
   recipe, epochs2 = budget["budgets"]["recipe"], budget["budgets"]["epochs2"]
@@ -248,7 +262,7 @@ def test_glue_budget_compares_budgets_against_random_init(studies, tmp_path):
   assert budget["chosen"] == (beating[0] if beating else None)
   table = (root / "glue_budget" / "budget.md").read_text()
   assert "| recipe | (the recipe) |" in table and "| epochs2 | epochs.rte=2 |" in table
-  assert json.loads(proc.stdout.splitlines()[-2])["chosen"] == budget["chosen"]
+  assert json.loads(stdout.splitlines()[-2])["chosen"] == budget["chosen"]
 
 
 def test_glue_budget_needs_the_finished_pre_training(shared_data, tmp_path):
