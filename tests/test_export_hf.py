@@ -51,6 +51,17 @@ SENTENCES = ["Héllo, WÖRLD! A café in Zürich, naïve.", "unknownish qqqzzz �
              "Mixed CASE Text with   spaces\tand\ttabs"]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+  """transformers' side on one thread (restored after the module): a tiny model's ops gain nothing from a
+  second, and waiting for it at every op (OpenMP spins) costs CPU and time on a busy machine; the same
+  computations, checked to the same tolerances."""
+  threads = torch.get_num_threads()
+  torch.set_num_threads(1)
+  yield
+  torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
   """A small text corpus and an uncased and a cased WordPiece vocab trained on it."""
@@ -72,7 +83,7 @@ def tiny_config(name, corpus_file, vocab_file, lowercase=True):
   cfg.data.update(source="text", files=str(corpus_file), vocab_file=str(vocab_file), lowercase=lowercase,
                   eval_fraction=0.0)
   cfg.update(seq_len=32, global_batch_size=8, num_train_steps=2, log_every=1, eval_every=0, tensorboard=False,
-             curves=False)
+             curves=False, peak_flops=1e12)  # a nominal peak: no matmul timed at each start for the MFU
   cfg.optimizer.update(warmup_steps=1, learning_rate=3e-2)  # large enough to move biases and LayerNorms
   cfg.checkpoint.async_save = False
   return cfg
