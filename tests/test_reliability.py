@@ -3,9 +3,9 @@
 Non-finite steps are skipped (recorded with nonfinite=1, no update, no NaN in any checkpoint) or stop the run
 with a one-line error naming the step; a checkpoint write that fails is a one-line error and a non-zero exit,
 never a silent loss; bad input of every kind is one 'error:' line on stderr with exit status 2, the traceback
-only with --verbose.
+only with --verbose. (The bad-input runs start train.py as its __main__ in processes forked after its imports:
+TRAIN_PY_SERVER.)
 """
-import concurrent.futures
 import json
 import os
 import pathlib
@@ -286,14 +286,43 @@ OTHER_CONFIGS = {"a file that is not a config": "configs/__init__.py",  # --conf
                  "missing config file": "configs/nope.py"}
 
 
+# `python train.py ARGS` for each JSON line {"argv": [train.py, ARGS...], "xla_flags", "stdout", "stderr"} on
+# stdin, each in a process of its own forked from this one after the imports that every start of train.py makes
+# (1.5 s of CPU each, most of a refused run's): the child runs train.py as its __main__, its exit status (or its
+# traceback, from the interpreter) its own; the server prints each child's exit status. JAX reads XLA_FLAGS when
+# its backend starts, after the fork (the data-parallel case's error names its 2 devices).
+TRAIN_PY_SERVER = """
+import json, os, runpy, sys
+from tupe.run import cli, process
+from tupe.train import pretrain
+
+def serve():
+  for line in sys.stdin:
+    pid = os.fork()
+    if pid == 0:
+      return json.loads(line)
+    print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
+  sys.exit(0)
+
+run = serve()
+os.environ["XLA_FLAGS"] = run["xla_flags"]
+os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+for fd in (1, 2):
+  os.dup2(os.open(run[("stdout", "stderr")[fd - 1]], os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+sys.argv = run["argv"]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
 @pytest.fixture(scope="module")
 def bad_input_runs(tmp_path_factory, inputs, skipped_run):
-  """Runs every BAD_INPUTS case (and the VERBOSE ones with --verbose), two processes at a time."""
+  """Runs every BAD_INPUTS case (and the VERBOSE ones with --verbose), each train.py in a process of its own
+  (TRAIN_PY_SERVER's): {(name, verbose): (a CompletedProcess of its exit status and output, its workdir)}."""
   trained, _ = skipped_run
   root = tmp_path_factory.mktemp("bad_inputs")
-
-  def run(numbered):
-    number, (name, verbose) = numbered
+  keys = [(name, False) for name in BAD_INPUTS] + [(name, True) for name in VERBOSE]
+  runs, workdirs = [], []
+  for number, (name, verbose) in enumerate(keys):
     overrides, extra, devices, where, _ = BAD_INPUTS[name]
     if isinstance(overrides, (str, tuple)):
       overrides = text(inputs, *((overrides,) if isinstance(overrides, str) else overrides))
@@ -307,13 +336,19 @@ def bad_input_runs(tmp_path_factory, inputs, skipped_run):
     elif where.endswith("_is_a_file"):  # (before, found after the step compiled: "cannot create ...: File exists")
       workdir.mkdir()
       (workdir / where.removesuffix("_is_a_file")).write_text("a file\n")
-    config = OTHER_CONFIGS.get(name, "configs/pretrain.py:tupe_a,tiny")
-    return run_train(workdir, overrides, extra + ["--verbose"] * verbose, devices=devices, timeout=HANG,
-                     config=config), workdir
-
-  keys = [(name, False) for name in BAD_INPUTS] + [(name, True) for name in VERBOSE]
-  with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-    return dict(zip(keys, pool.map(run, enumerate(keys))))
+    command = train_command(workdir, overrides, extra + ["--verbose"] * verbose,
+                            OTHER_CONFIGS.get(name, "configs/pretrain.py:tupe_a,tiny"))
+    runs.append({"argv": command[1:], "xla_flags": train_env(devices)["XLA_FLAGS"],
+                 "stdout": str(root / f"{number}.out"), "stderr": str(root / f"{number}.err")})
+    workdirs.append(workdir)
+  server = subprocess.run([sys.executable, "-c", TRAIN_PY_SERVER], input="".join(json.dumps(r) + "\n" for r in runs),
+                          cwd=REPO, env=train_env(), capture_output=True, text=True, timeout=HANG)
+  assert server.returncode == 0, server.stderr[-3000:]
+  statuses = [int(line) for line in server.stdout.splitlines()]
+  assert len(statuses) == len(runs), server.stdout
+  return {key: (subprocess.CompletedProcess(run["argv"], status, pathlib.Path(run["stdout"]).read_text(),
+                                            pathlib.Path(run["stderr"]).read_text()), workdir)
+          for key, run, status, workdir in zip(keys, runs, statuses, workdirs)}
 
 
 @pytest.mark.parametrize("name", list(BAD_INPUTS))
