@@ -3,8 +3,8 @@
 Non-finite steps are skipped (recorded with nonfinite=1, no update, no NaN in any checkpoint) or stop the run
 with a one-line error naming the step; a checkpoint write that fails is a one-line error and a non-zero exit,
 never a silent loss; bad input of every kind is one 'error:' line on stderr with exit status 2, the traceback
-only with --verbose. (The bad-input runs start train.py as its __main__ in processes forked after its imports:
-TRAIN_PY_SERVER.)
+only with --verbose. (The runs that no test signals are started by test_resume's `TrainServer`: train.py as its
+__main__, each run a process forked after train.py's imports.)
 """
 import json
 import os
@@ -27,9 +27,9 @@ from test_resume import checkpoint_state
 from test_resume import finished_steps
 from test_resume import last_logged_step
 from test_resume import metric_records
-from test_resume import run_train
 from test_resume import train_command
 from test_resume import train_env
+from test_resume import train_server  # noqa: F401  (a fixture)
 
 from tupe.errors import UserError
 from tupe.run import process
@@ -59,7 +59,7 @@ def assert_all_finite(state: dict) -> None:
 
 
 @pytest.fixture(scope="module")
-def skipped_run(tmp_path_factory):
+def skipped_run(tmp_path_factory, train_server):
   """A learning rate of 1e30: warmup's first step applies a rate of 0 (a zero update), every later update's norm
   overflows float32, so it is non-finite and skipped ("skip" policy).
 
@@ -67,7 +67,7 @@ def skipped_run(tmp_path_factory):
   configs.
   """
   workdir = tmp_path_factory.mktemp("nonfinite") / "skip"
-  proc = run_train(workdir, {"optimizer.learning_rate": 1e30, "nonfinite": "skip"})
+  proc = train_server(workdir, {"optimizer.learning_rate": 1e30, "nonfinite": "skip"})
   return workdir, proc
 
 
@@ -90,13 +90,13 @@ def test_nonfinite_updates_are_skipped(skipped_run):
   assert [int(s["step"]) for s in states] == [4, 8, 12]
 
 
-def test_nonfinite_stop_names_the_step(tmp_path):
+def test_nonfinite_stop_names_the_step(tmp_path, train_server):
   """A learning rate of 1e15 gives finite updates but parameters that overflow the activations a step or two
   later; "stop" ends the run at the first non-finite step, its checkpoints before that intact (and says so only
   when there is one). metrics.jsonl stays strict JSON: the non-finite values are null."""
   workdir = tmp_path / "run"
   settings = {"optimizer.learning_rate": 1e15, "nonfinite": "stop", "checkpoint.every_steps": 2}
-  proc = run_train(workdir, settings)
+  proc = train_server(workdir, settings)
   assert proc.returncode == 2
   lines = (workdir / "metrics.jsonl").read_text().splitlines()
   records = [json.loads(line, parse_constant=lambda name: pytest.fail(f"{name} in metrics.jsonl")) for line in lines]
@@ -109,7 +109,7 @@ def test_nonfinite_stop_names_the_step(tmp_path):
                               f"was skipped; stopping (nonfinite='stop'): checkpoint {last_saved} is intact")
   assert_all_finite(checkpoint_state(workdir, finished_steps(workdir)[-1]))
 
-  proc = run_train(tmp_path / "unsaved", dict(settings, **{"checkpoint.every_steps": 100}))
+  proc = train_server(tmp_path / "unsaved", dict(settings, **{"checkpoint.every_steps": 100}))
   assert error_line(proc).endswith("stopping (nonfinite='stop'): no checkpoint was saved before it")
 
 
@@ -286,43 +286,13 @@ OTHER_CONFIGS = {"a file that is not a config": "configs/__init__.py",  # --conf
                  "missing config file": "configs/nope.py"}
 
 
-# `python train.py ARGS` for each JSON line {"argv": [train.py, ARGS...], "xla_flags", "stdout", "stderr"} on
-# stdin, each in a process of its own forked from this one after the imports that every start of train.py makes
-# (1.5 s of CPU each, most of a refused run's): the child runs train.py as its __main__, its exit status (or its
-# traceback, from the interpreter) its own; the server prints each child's exit status. JAX reads XLA_FLAGS when
-# its backend starts, after the fork (the data-parallel case's error names its 2 devices).
-TRAIN_PY_SERVER = """
-import json, os, runpy, sys
-from tupe.run import cli, process
-from tupe.train import pretrain
-
-def serve():
-  for line in sys.stdin:
-    pid = os.fork()
-    if pid == 0:
-      return json.loads(line)
-    print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
-  sys.exit(0)
-
-run = serve()
-os.environ["XLA_FLAGS"] = run["xla_flags"]
-os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-for fd in (1, 2):
-  os.dup2(os.open(run[("stdout", "stderr")[fd - 1]], os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
-sys.argv = run["argv"]
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
-
-
 @pytest.fixture(scope="module")
-def bad_input_runs(tmp_path_factory, inputs, skipped_run):
-  """Runs every BAD_INPUTS case (and the VERBOSE ones with --verbose), each train.py in a process of its own
-  (TRAIN_PY_SERVER's): {(name, verbose): (a CompletedProcess of its exit status and output, its workdir)}."""
+def bad_input_runs(tmp_path_factory, inputs, skipped_run, train_server):
+  """Runs every BAD_INPUTS case (and the VERBOSE ones with --verbose): {(name, verbose): (run, workdir)}."""
   trained, _ = skipped_run
   root = tmp_path_factory.mktemp("bad_inputs")
-  keys = [(name, False) for name in BAD_INPUTS] + [(name, True) for name in VERBOSE]
-  runs, workdirs = [], []
-  for number, (name, verbose) in enumerate(keys):
+
+  def run(number, name, verbose):
     overrides, extra, devices, where, _ = BAD_INPUTS[name]
     if isinstance(overrides, (str, tuple)):
       overrides = text(inputs, *((overrides,) if isinstance(overrides, str) else overrides))
@@ -336,19 +306,12 @@ def bad_input_runs(tmp_path_factory, inputs, skipped_run):
     elif where.endswith("_is_a_file"):  # (before, found after the step compiled: "cannot create ...: File exists")
       workdir.mkdir()
       (workdir / where.removesuffix("_is_a_file")).write_text("a file\n")
-    command = train_command(workdir, overrides, extra + ["--verbose"] * verbose,
-                            OTHER_CONFIGS.get(name, "configs/pretrain.py:tupe_a,tiny"))
-    runs.append({"argv": command[1:], "xla_flags": train_env(devices)["XLA_FLAGS"],
-                 "stdout": str(root / f"{number}.out"), "stderr": str(root / f"{number}.err")})
-    workdirs.append(workdir)
-  server = subprocess.run([sys.executable, "-c", TRAIN_PY_SERVER], input="".join(json.dumps(r) + "\n" for r in runs),
-                          cwd=REPO, env=train_env(), capture_output=True, text=True, timeout=HANG)
-  assert server.returncode == 0, server.stderr[-3000:]
-  statuses = [int(line) for line in server.stdout.splitlines()]
-  assert len(statuses) == len(runs), server.stdout
-  return {key: (subprocess.CompletedProcess(run["argv"], status, pathlib.Path(run["stdout"]).read_text(),
-                                            pathlib.Path(run["stderr"]).read_text()), workdir)
-          for key, run, status, workdir in zip(keys, runs, statuses, workdirs)}
+    config = OTHER_CONFIGS.get(name, "configs/pretrain.py:tupe_a,tiny")
+    return train_server(workdir, overrides, extra + ["--verbose"] * verbose, devices=devices, timeout=HANG,
+                        config=config), workdir
+
+  keys = [(name, False) for name in BAD_INPUTS] + [(name, True) for name in VERBOSE]
+  return {key: run(number, *key) for number, key in enumerate(keys)}
 
 
 @pytest.mark.parametrize("name", list(BAD_INPUTS))
