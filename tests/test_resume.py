@@ -110,7 +110,10 @@ class TrainServer:
 
   def close(self) -> None:
     self.proc.stdin.close()
-    assert self.proc.wait(timeout=60) == 0
+    try:
+      assert self.proc.wait(timeout=60) == 0
+    finally:
+      self.proc.kill()  # (nothing once it has ended) a server still waiting for a hung run
 
 
 @pytest.fixture(scope="module")
