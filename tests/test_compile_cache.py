@@ -16,12 +16,15 @@ from test_resume import train_command
 from test_resume import train_env
 
 LOSSES = ("loss", "mlm_accuracy", "grad_norm")
+# The tiny run, four steps long (one checkpoint): what these runs compare is the compile, and their losses.
+SHORT = {"num_train_steps": 4}
 
 
-def start(workdir, cache_dir):
-  """The tiny train.py with its compilation cache at `cache_dir` (the suite's shared cache set aside)."""
-  env = {k: v for k, v in train_env().items() if k != "JAX_COMPILATION_CACHE_DIR"}
-  proc = subprocess.run(train_command(workdir, {"compilation_cache_dir": cache_dir}), cwd=REPO, env=env,
+def start(workdir, cache_dir, **env):
+  """The tiny train.py with its compilation cache at `cache_dir` (the suite's shared cache set aside), with `env`
+  added to its environment."""
+  env = dict({k: v for k, v in train_env().items() if k != "JAX_COMPILATION_CACHE_DIR"}, **env)
+  proc = subprocess.run(train_command(workdir, dict(SHORT, compilation_cache_dir=cache_dir)), cwd=REPO, env=env,
                         capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   (line,) = [line for line in proc.stdout.splitlines() if line.startswith("compiled in ")]
@@ -34,13 +37,20 @@ def losses(workdir):
 
 @pytest.fixture(scope="module")
 def first_start(tmp_path_factory):
+  """The first start, in a cache folder that holds an old 2 MiB entry and is bounded at 2.2 MiB (the bound test's
+  run): the folder's entries {name: size} right after it."""
   root = tmp_path_factory.mktemp("cache")
-  proc, line = start(root / "first", str(root / "jax-cache"))
-  return root, proc, line
+  cache = root / "jax-cache"
+  cache.mkdir()
+  (cache / "old-entry-cache").write_bytes(b"\0" * 2**21)
+  os.utime(cache / "old-entry-cache", (1, 1))  # written in 1970
+  proc, line = start(root / "first", str(cache), JAX_COMPILATION_CACHE_MAX_SIZE=str(int(2.2 * 2**20)))
+  entries = {p.name: p.stat().st_size for p in cache.iterdir() if p.name.endswith("-cache")}
+  return root, proc, line, entries
 
 
 def test_a_second_start_loads_its_step_from_the_cache(first_start, tmp_path):
-  root, _, first = first_start
+  root, _, first, _ = first_start
   assert first.endswith(f"s (compiled, and saved to the compilation cache {root / 'jax-cache'})"), first
   _, second = start(tmp_path / "second", str(root / "jax-cache"))
   assert second.endswith(f"s (loaded from the compilation cache {root / 'jax-cache'})"), second
@@ -83,26 +93,18 @@ def test_an_empty_field_turns_the_cache_off(tmp_path):
   assert line.endswith("s (compilation cache off)"), line
 
 
-def test_a_local_cache_is_bounded_and_its_least_recently_used_entries_go_first(tmp_path):
+def test_a_local_cache_is_bounded_and_its_least_recently_used_entries_go_first(first_start):
   """Past its bound, JAX evicts the least recently used entries as a run writes its own: an old 2 MiB entry goes,
   the run's entries stay, and the run is the same. The old entry has no time of last use, as an entry written with
   no bound (by an older tupe) has none: it is given its file's, with no warning (JAX's eviction would fail every
   write). The bound is JAX_COMPILATION_CACHE_MAX_SIZE here (2.2 MiB), which wins over tupe's own for a local folder
-  (`compile_cache.MAX_BYTES`)."""
-  cache = tmp_path / "jax-cache"
-  cache.mkdir()
-  (cache / "old-entry-cache").write_bytes(b"\0" * 2**21)
-  os.utime(cache / "old-entry-cache", (1, 1))  # written in 1970
-  env = {k: v for k, v in train_env().items() if k != "JAX_COMPILATION_CACHE_DIR"}
-  proc = subprocess.run(train_command(tmp_path / "run", {"compilation_cache_dir": str(cache)}), cwd=REPO,
-                        env=dict(env, JAX_COMPILATION_CACHE_MAX_SIZE=str(int(2.2 * 2**20))), capture_output=True,
-                        text=True, timeout=300)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  assert f"(compiled, and saved to the compilation cache {cache})" in proc.stdout
+  (`compile_cache.MAX_BYTES`). (The run is the module's first start, `first_start`, whose losses the other runs
+  here repeat.)"""
+  root, proc, line, entries = first_start
+  assert line.endswith(f"s (compiled, and saved to the compilation cache {root / 'jax-cache'})"), line
   assert not [line for line in proc.stdout.splitlines() if line.startswith("warning")], proc.stdout
-  entries = sorted(p.name for p in cache.iterdir() if p.name.endswith("-cache"))
   assert entries and "old-entry-cache" not in entries, entries
-  assert sum((cache / e).stat().st_size for e in entries) <= 2.2 * 2**20
+  assert sum(entries.values()) <= 2.2 * 2**20
 
 
 def test_a_program_over_the_bound_is_said_not_saved(tmp_path):
@@ -111,7 +113,7 @@ def test_a_program_over_the_bound_is_said_not_saved(tmp_path):
   compile line, and the folder holds no entry."""
   cache = tmp_path / "jax-cache"
   env = {k: v for k, v in train_env().items() if k != "JAX_COMPILATION_CACHE_DIR"}
-  proc = subprocess.run(train_command(tmp_path / "run", {"compilation_cache_dir": str(cache)}), cwd=REPO,
+  proc = subprocess.run(train_command(tmp_path / "run", dict(SHORT, compilation_cache_dir=str(cache))), cwd=REPO,
                         env=dict(env, JAX_COMPILATION_CACHE_MAX_SIZE="1000"), capture_output=True, text=True,
                         timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]

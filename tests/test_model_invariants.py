@@ -207,10 +207,12 @@ def test_bfloat16_mlm_gradients_stay_close_to_float32(name):
   positions = np.array([[1, 4], [0, 2], [1, 1]])
   labels = np.array([[3, 8], [5, 13], [21, 21]])
 
+  # The same float32 parameters for both (the compute dtype is not the parameters': each config's init gives these).
+  params = models.init_module(models.MaskedLM(tiny_config(name)), tiny_config(name), 0, positions[:1])
+
   def grads(dtype):
     cfg = tiny_config(name, dtype=dtype)
     mlm = models.MaskedLM(cfg)
-    params = models.init_module(mlm, cfg, 0, positions[:1])
     def loss(p):
       logits = mlm.apply({"params": p}, input_ids, mask, np.zeros_like(input_ids), positions)
       return -jnp.take_along_axis(jax.nn.log_softmax(logits), labels[..., None], axis=-1).sum()

@@ -3,9 +3,9 @@
 Non-finite steps are skipped (recorded with nonfinite=1, no update, no NaN in any checkpoint) or stop the run
 with a one-line error naming the step; a checkpoint write that fails is a one-line error and a non-zero exit,
 never a silent loss; bad input of every kind is one 'error:' line on stderr with exit status 2, the traceback
-only with --verbose.
+only with --verbose. (The runs that no test signals are started by test_resume's `TrainServer`: train.py as its
+__main__, each run a process forked after train.py's imports.)
 """
-import concurrent.futures
 import json
 import os
 import pathlib
@@ -27,9 +27,9 @@ from test_resume import checkpoint_state
 from test_resume import finished_steps
 from test_resume import last_logged_step
 from test_resume import metric_records
-from test_resume import run_train
 from test_resume import train_command
 from test_resume import train_env
+from test_resume import train_server  # noqa: F401  (a fixture)
 
 from tupe.errors import UserError
 from tupe.run import process
@@ -59,7 +59,7 @@ def assert_all_finite(state: dict) -> None:
 
 
 @pytest.fixture(scope="module")
-def skipped_run(tmp_path_factory):
+def skipped_run(tmp_path_factory, train_server):
   """A learning rate of 1e30: warmup's first step applies a rate of 0 (a zero update), every later update's norm
   overflows float32, so it is non-finite and skipped ("skip" policy).
 
@@ -67,7 +67,7 @@ def skipped_run(tmp_path_factory):
   configs.
   """
   workdir = tmp_path_factory.mktemp("nonfinite") / "skip"
-  proc = run_train(workdir, {"optimizer.learning_rate": 1e30, "nonfinite": "skip"})
+  proc = train_server(workdir, {"optimizer.learning_rate": 1e30, "nonfinite": "skip"})
   return workdir, proc
 
 
@@ -90,13 +90,13 @@ def test_nonfinite_updates_are_skipped(skipped_run):
   assert [int(s["step"]) for s in states] == [4, 8, 12]
 
 
-def test_nonfinite_stop_names_the_step(tmp_path):
+def test_nonfinite_stop_names_the_step(tmp_path, train_server):
   """A learning rate of 1e15 gives finite updates but parameters that overflow the activations a step or two
   later; "stop" ends the run at the first non-finite step, its checkpoints before that intact (and says so only
   when there is one). metrics.jsonl stays strict JSON: the non-finite values are null."""
   workdir = tmp_path / "run"
   settings = {"optimizer.learning_rate": 1e15, "nonfinite": "stop", "checkpoint.every_steps": 2}
-  proc = run_train(workdir, settings)
+  proc = train_server(workdir, settings)
   assert proc.returncode == 2
   lines = (workdir / "metrics.jsonl").read_text().splitlines()
   records = [json.loads(line, parse_constant=lambda name: pytest.fail(f"{name} in metrics.jsonl")) for line in lines]
@@ -109,7 +109,7 @@ def test_nonfinite_stop_names_the_step(tmp_path):
                               f"was skipped; stopping (nonfinite='stop'): checkpoint {last_saved} is intact")
   assert_all_finite(checkpoint_state(workdir, finished_steps(workdir)[-1]))
 
-  proc = run_train(tmp_path / "unsaved", dict(settings, **{"checkpoint.every_steps": 100}))
+  proc = train_server(tmp_path / "unsaved", dict(settings, **{"checkpoint.every_steps": 100}))
   assert error_line(proc).endswith("stopping (nonfinite='stop'): no checkpoint was saved before it")
 
 
@@ -287,13 +287,12 @@ OTHER_CONFIGS = {"a file that is not a config": "configs/__init__.py",  # --conf
 
 
 @pytest.fixture(scope="module")
-def bad_input_runs(tmp_path_factory, inputs, skipped_run):
-  """Runs every BAD_INPUTS case (and the VERBOSE ones with --verbose), two processes at a time."""
+def bad_input_runs(tmp_path_factory, inputs, skipped_run, train_server):
+  """Runs every BAD_INPUTS case (and the VERBOSE ones with --verbose): {(name, verbose): (run, workdir)}."""
   trained, _ = skipped_run
   root = tmp_path_factory.mktemp("bad_inputs")
 
-  def run(numbered):
-    number, (name, verbose) = numbered
+  def run(number, name, verbose):
     overrides, extra, devices, where, _ = BAD_INPUTS[name]
     if isinstance(overrides, (str, tuple)):
       overrides = text(inputs, *((overrides,) if isinstance(overrides, str) else overrides))
@@ -308,12 +307,11 @@ def bad_input_runs(tmp_path_factory, inputs, skipped_run):
       workdir.mkdir()
       (workdir / where.removesuffix("_is_a_file")).write_text("a file\n")
     config = OTHER_CONFIGS.get(name, "configs/pretrain.py:tupe_a,tiny")
-    return run_train(workdir, overrides, extra + ["--verbose"] * verbose, devices=devices, timeout=HANG,
-                     config=config), workdir
+    return train_server(workdir, overrides, extra + ["--verbose"] * verbose, devices=devices, timeout=HANG,
+                        config=config), workdir
 
   keys = [(name, False) for name in BAD_INPUTS] + [(name, True) for name in VERBOSE]
-  with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-    return dict(zip(keys, pool.map(run, enumerate(keys))))
+  return {key: run(number, *key) for number, key in enumerate(keys)}
 
 
 @pytest.mark.parametrize("name", list(BAD_INPUTS))

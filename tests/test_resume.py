@@ -4,12 +4,14 @@ training state, bit for bit, and log the same losses as one uninterrupted run; a
 restores is an error. Many random kill points: slow/test_kill_points.py.
 
 The helpers here (the tiny run's command line, starting, waiting and killing) are shared with
-test_reliability.py, test_multihost.py and slow/test_kill_points.py.
+test_reliability.py, test_multihost.py and slow/test_kill_points.py. The runs that no test signals are started by a
+`TrainServer`: train.py as its __main__, each run a process forked after train.py's imports.
 """
 import json
 import logging
 import os
 import pathlib
+import select
 import shutil
 import signal
 import subprocess
@@ -52,6 +54,74 @@ def run_train(workdir, overrides=None, extra=(), devices: int = 1, timeout: floa
               config: str = "configs/pretrain.py:tupe_a,tiny", **kwargs) -> subprocess.CompletedProcess:
   return subprocess.run(train_command(workdir, overrides, extra, config), cwd=REPO, env=train_env(devices),
                         capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+# `python train.py ARGS` for each JSON line {"argv": [train.py, ARGS...], "xla_flags", "stdout", "stderr"} on
+# stdin, each in a process of its own forked from this one after the imports that every start of train.py makes
+# (1.5 s of CPU each, most of a short run's): the child runs train.py as its __main__, its exit status (or its
+# traceback, from the interpreter) its own; the server prints each child's exit status. JAX reads XLA_FLAGS when
+# its backend starts, after the fork.
+TRAIN_PY_SERVER = """
+import json, os, runpy, sys
+from tupe.run import cli, process
+from tupe.train import pretrain
+
+def serve():
+  for line in sys.stdin:
+    pid = os.fork()
+    if pid == 0:
+      return json.loads(line)
+    print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
+  sys.exit(0)
+
+run = serve()
+os.environ["XLA_FLAGS"] = run["xla_flags"]
+os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+for fd in (1, 2):
+  os.dup2(os.open(run[("stdout", "stderr")[fd - 1]], os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+sys.argv = run["argv"]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+class TrainServer:
+  """`run_train` without each run's imports: each train.py a process of its own, forked from one Python that made
+  them (TRAIN_PY_SERVER), its stdout and stderr in files in `logs`. For runs that no test signals (`Run` starts
+  those)."""
+
+  def __init__(self, logs):
+    self.logs, self.runs = pathlib.Path(logs), 0
+    self.proc = subprocess.Popen([sys.executable, "-c", TRAIN_PY_SERVER], cwd=REPO, env=train_env(),
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+  def __call__(self, workdir, overrides=None, extra=(), devices: int = 1, timeout: float = 300,
+               config: str = "configs/pretrain.py:tupe_a,tiny") -> subprocess.CompletedProcess:
+    command = train_command(workdir, overrides, extra, config)
+    self.runs += 1
+    out, err = self.logs / f"{self.runs}.out", self.logs / f"{self.runs}.err"
+    self.proc.stdin.write(json.dumps({"argv": command[1:], "xla_flags": xla_flags(devices), "stdout": str(out),
+                                      "stderr": str(err)}) + "\n")
+    self.proc.stdin.flush()
+    if not select.select([self.proc.stdout], [], [], timeout)[0]:
+      pytest.fail(f"train.py did not end within {timeout} s: {command}")
+    status = self.proc.stdout.readline()
+    assert status, f"the train.py server ended ({self.proc.wait()})"
+    return subprocess.CompletedProcess(command, int(status), out.read_text(), err.read_text())
+
+  def close(self) -> None:
+    self.proc.stdin.close()
+    try:
+      assert self.proc.wait(timeout=60) == 0
+    finally:
+      self.proc.kill()  # (nothing once it has ended) a server still waiting for a hung run
+
+
+@pytest.fixture(scope="module")
+def train_server(tmp_path_factory):
+  """A module's `TrainServer`."""
+  server = TrainServer(tmp_path_factory.mktemp("train_py"))
+  yield server
+  server.close()
 
 
 class Run:
@@ -135,9 +205,10 @@ def assert_same_state(a: dict, b: dict) -> None:
   jax.tree_util.tree_map(np.testing.assert_array_equal, a, b)
 
 
-def reference_run(workdir) -> tuple:
-  """One uninterrupted run in `workdir`: (workdir, {step: metrics record}, final state)."""
-  proc = run_train(workdir, {"curves": True})
+def reference_run(workdir, run=run_train) -> tuple:
+  """One uninterrupted run in `workdir` (by `run`: `run_train` or a `TrainServer`): (workdir, {step: metrics
+  record}, final state)."""
+  proc = run(workdir, {"curves": True})
   assert proc.returncode == 0, proc.stderr[-3000:]
   records = {r["step"]: r for r in metric_records(workdir)}
   assert sorted(records) == list(range(1, STEPS + 1))
@@ -152,8 +223,8 @@ def reference_run(workdir) -> tuple:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-  return reference_run(tmp_path_factory.mktemp("reference") / "run")
+def reference(tmp_path_factory, train_server):
+  return reference_run(tmp_path_factory.mktemp("reference") / "run", train_server)
 
 
 def check_logged(records: list[dict], reference, first: int, last: int = STEPS) -> None:
@@ -164,11 +235,13 @@ def check_logged(records: list[dict], reference, first: int, last: int = STEPS) 
     assert (r["loss"], r["grad_norm"]) == (ref_records[r["step"]]["loss"], ref_records[r["step"]]["grad_norm"])
 
 
-def resume_and_compare(workdir, reference, expected_start: int, overrides=None) -> subprocess.CompletedProcess:
-  """Resumes `workdir` to the end; checks the start step, the appended metrics and the final state."""
+def resume_and_compare(workdir, reference, expected_start: int, overrides=None,
+                       run=run_train) -> subprocess.CompletedProcess:
+  """Resumes `workdir` to the end (by `run`: `run_train` or a `TrainServer`); checks the start step, the appended
+  metrics and the final state."""
   _, _, ref_state = reference
   logged = len(metric_records(workdir))
-  proc = run_train(workdir, overrides)
+  proc = run(workdir, overrides)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert f"resumed from checkpoint {expected_start} " in proc.stdout
   check_logged(metric_records(workdir)[logged:], reference, expected_start + 1)
@@ -177,7 +250,7 @@ def resume_and_compare(workdir, reference, expected_start: int, overrides=None) 
   return proc
 
 
-def test_sigterm_then_sigkill_while_an_async_checkpoint_is_written(tmp_path, reference):
+def test_sigterm_then_sigkill_while_an_async_checkpoint_is_written(tmp_path, reference, train_server):
   """Preempted, then crashed mid-save, then run to the end: the uninterrupted run's state and losses.
 
   SIGTERM after the first step: exit 143 (not a success, for schedulers) with a checkpoint at the step
@@ -206,10 +279,10 @@ def test_sigterm_then_sigkill_while_an_async_checkpoint_is_written(tmp_path, ref
   assert partial_checkpoints(workdir), f"the kill came too late: step {next_save} finished"
   check_logged(metric_records(workdir)[logged:], reference, stopped + 1, last_logged_step(workdir))
 
-  resume_and_compare(workdir, reference, stopped)
+  resume_and_compare(workdir, reference, stopped, run=train_server)
 
 
-def test_corrupted_newest_checkpoint_falls_back(tmp_path, reference):
+def test_corrupted_newest_checkpoint_falls_back(tmp_path, reference, train_server):
   """Bytes flipped in the largest file of step 12's optimizer item (its size unchanged; orbax alone loads it without a
   word): a warning names step 12 and the file, resume from 8, same result."""
   ref_dir, _, _ = reference
@@ -220,7 +293,7 @@ def test_corrupted_newest_checkpoint_falls_back(tmp_path, reference):
   data = bytearray(largest.read_bytes())
   data[len(data) // 2] ^= 0xFF
   largest.write_bytes(bytes(data))
-  proc = resume_and_compare(workdir, reference, STEPS - EVERY)
+  proc = resume_and_compare(workdir, reference, STEPS - EVERY, run=train_server)
   assert (f"skipping checkpoint {STEPS} in {workdir / 'checkpoints'}: it could not be restored ("
           f"{largest.relative_to(step_dir)} has other bytes than when it was saved)") in proc.stderr
   moved = [p.name for p in (workdir / "checkpoints").iterdir() if p.name.startswith(f"{STEPS}.corrupt-")]
@@ -229,24 +302,24 @@ def test_corrupted_newest_checkpoint_falls_back(tmp_path, reference):
   assert finished_steps(workdir) == [4, 8, 12]
 
 
-def test_resume_with_data_worker_processes(tmp_path, reference):
+def test_resume_with_data_worker_processes(tmp_path, reference, train_server):
   """Checkpoints hold no pipeline state: a run resumed with worker processes (none before) sees the same
   batches, so the same losses and final state."""
   ref_dir, _, _ = reference
   workdir = tmp_path / "run"
   shutil.copytree(ref_dir, workdir)
   shutil.rmtree(workdir / "checkpoints" / str(STEPS))
-  proc = resume_and_compare(workdir, reference, STEPS - EVERY, {"data.num_workers": 1})
+  proc = resume_and_compare(workdir, reference, STEPS - EVERY, {"data.num_workers": 1}, train_server)
   assert "other settings" not in proc.stdout  # the worker count does not change what is trained
   assert "leaked shared_memory" not in proc.stderr, proc.stderr[-2000:]  # nothing left behind by the workers
 
 
-def test_resume_at_the_last_step_trains_nothing(tmp_path, reference):
+def test_resume_at_the_last_step_trains_nothing(tmp_path, reference, train_server):
   ref_dir, _, _ = reference
   workdir = tmp_path / "run"
   shutil.copytree(ref_dir, workdir)
   logged = len(metric_records(workdir))
-  proc = run_train(workdir, {"num_train_steps": STEPS - EVERY})
+  proc = train_server(workdir, {"num_train_steps": STEPS - EVERY})
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert f"checkpoint {STEPS} has reached num_train_steps={STEPS - EVERY}: nothing to train" in proc.stdout
   assert (f"warning: resuming checkpoint {STEPS} with other settings than it was written with: num_train_steps="
@@ -256,14 +329,14 @@ def test_resume_at_the_last_step_trains_nothing(tmp_path, reference):
   assert "compiling the train step" not in proc.stdout  # a finished run needs no train step
 
 
-def test_no_restorable_checkpoint_is_an_error(tmp_path, reference):
+def test_no_restorable_checkpoint_is_an_error(tmp_path, reference, train_server):
   """Every checkpoint corrupted: an error, not a silent fresh start; nothing is renamed."""
   ref_dir, _, _ = reference
   workdir = tmp_path / "run"
   shutil.copytree(ref_dir, workdir)
   for step in finished_steps(workdir):
     (workdir / "checkpoints" / str(step) / "params" / "manifest.ocdbt").unlink()
-  proc = run_train(workdir)
+  proc = train_server(workdir)
   assert proc.returncode == 2
   lines = proc.stderr.strip().splitlines()
   assert lines[-1].startswith(f"error: no checkpoint in {workdir / 'checkpoints'} could be restored")

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import numpy_reference as ref
 import pytest
 import test_hf_parity as parity
 import transformers
@@ -43,7 +44,8 @@ def assert_trees_close(a, b, rtol=1e-5, atol=1e-6):
 
 def test_stack_and_unstack_are_inverse_and_fit_the_scanned_model():
   unrolled, scanned = configs("convbert", "none")
-  params = models.init(unrolled)
+  # Random values of the unrolled parameters' shapes (what is tested is where each value goes, not an init).
+  params = ref.randomized(jax.eval_shape(lambda: models.init(unrolled)))
   stacked = models.stack_layers(params)
   shapes = lambda tree: jax.tree_util.tree_map(lambda x: x.shape, tree)
   assert shapes(stacked) == shapes(jax.eval_shape(lambda: models.init(scanned)))
