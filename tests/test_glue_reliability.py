@@ -97,8 +97,23 @@ def test_runs_under_other_settings_are_refused_once_config_json_is_gone(pretrain
     run(cfg, workdir)
   cfg.max_seq_len = 32
   cfg.seeds = (0, 1)
+  cfg.compilation_cache_dir = ""  # Where compiled programs are kept is not a setting of the runs.
   run(cfg, workdir)  # The same settings: the grid goes on.
   assert [r["seed"] for r in runs_lib.read_runs(workdir)] == [0, 1]
+
+
+def test_runs_recorded_with_the_older_settings_digest_resume(tmp_path):
+  """Runs recorded before compilation_cache_dir left the settings (runs_lib.DIGESTED_BEFORE) carry a digest with it
+  in: a resume under the same cache folder accepts them, one under another refuses them (config.json gone)."""
+  cfg = tiny_cfg(compilation_cache_dir="/old/cache")
+  (tmp_path / "runs.jsonl").write_text(json.dumps({"task": "rte", "score": 0.5, "warmup_steps": 1,
+                                                   "settings": runs_lib.settings_digest(cfg, before=True)}) + "\n")
+  assert runs_lib.settings_digest(cfg, before=True) != runs_lib.settings_digest(cfg)
+  runs_lib.check_resume(cfg, tmp_path)
+  (tmp_path / "config.json").unlink()
+  cfg.compilation_cache_dir = "/another/cache"
+  with pytest.raises(UserError, match=r"holds 1 runs fine-tuned under other settings"):
+    runs_lib.check_resume(cfg, tmp_path)
 
 
 def test_repeated_tasks_or_learning_rates_are_refused_up_front(tmp_path):

@@ -22,7 +22,7 @@ from tupe.store import storage
 # Fields that may change when a workdir is resumed: which runs to add, and how to run them.
 RESUMABLE_FIELDS = ("tasks", "learning_rates", "seeds", "data_dir", "tfds_data_dir", "predict_test", "plot_reference",
                     "log_every", "tensorboard", "peak_flops", "eval_batch_size", "mesh", "sharding_rules",
-                    "distributed", "save_models", "checkpoint", "check_memory")
+                    "distributed", "save_models", "checkpoint", "check_memory", "compilation_cache_dir")
 # Where the init checkpoint is read from: not a setting of the runs, whose records carry the checkpoint's step and
 # checksum instead (`init_identity`), so that a grid started from DIR resumes with DIR/checkpoints/<step> pinned.
 LOCATION_FIELDS = ("init_checkpoint",)
@@ -30,6 +30,9 @@ LOCATION_FIELDS = ("init_checkpoint",)
 # and config.json comparison) at that value, so that an older workdir resumes under today's defaults.
 ADDED_FIELDS = {"grad_accum_steps": 1, "warmup_steps": 0, "hidden_dropout": 0.1, "attention_dropout": 0.1,
                 "classifier_initializer_range": 0.02}
+# Fields that the settings digest of runs recorded before 2026-11-30 counted (made resumable since): such a run
+# matches the digest computed with them in, at today's values.
+DIGESTED_BEFORE = ("compilation_cache_dir",)
 
 
 def read_runs(workdir: storage.PathLike) -> list[dict]:
@@ -67,11 +70,13 @@ def load_predictions(path: storage.Path) -> dict[str, np.ndarray]:
     return dict(saved)
 
 
-def settings_digest(cfg) -> str:
+def settings_digest(cfg, before: bool = False) -> str:
   """A digest of the fine-tuning settings that determine a run's result: the config without RESUMABLE_FIELDS and
-  LOCATION_FIELDS. Every runs.jsonl record carries it."""
-  return hashlib.sha256(json.dumps(settings(json.loads(cfg.to_json_best_effort())), sort_keys=True)
-                        .encode()).hexdigest()[:16]
+  LOCATION_FIELDS. Every runs.jsonl record carries it. `before`: the digest as older runs were recorded with, the
+  DIGESTED_BEFORE fields in."""
+  config = json.loads(cfg.to_json_best_effort())
+  fields = dict(settings(config), **({k: config[k] for k in DIGESTED_BEFORE if k in config} if before else {}))
+  return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def settings(config: dict) -> dict:
@@ -113,7 +118,7 @@ def check_resume(cfg, workdir: storage.Path) -> None:
       raise UserError(f"{workdir} holds runs of another config (changed: {', '.join(changed)}): use a new "
                       f"--workdir, or the same values")
   digest = settings_digest(cfg)
-  other = [run for run in runs if run.get("settings", digest) != digest]
+  other = [run for run in runs if run.get("settings", digest) not in (digest, settings_digest(cfg, before=True))]
   if other:
     why = "config.json is missing" if not storage.exists(path) else "config.json was replaced"
     raise UserError(f"{workdir} holds {len(other)} runs fine-tuned under other settings (digest "
