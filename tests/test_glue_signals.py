@@ -30,13 +30,15 @@ ONE_LINE = re.compile(r"stopped by (SIGTERM|Ctrl-C \(SIGINT\)) [^\n]*"
                       r"rerun (the same command|of the same command)[^\n]*")
 
 
-def command(workdir, pretrained, glue_dir) -> list[str]:
-  """A tiny grid: two RTE runs of 4 steps each, two dev evaluations per run, test predictions."""
+def command(workdir, pretrained, glue_dir, cache: bool = True) -> list[str]:
+  """A tiny grid: two RTE runs of 4 steps each, two dev evaluations per run, test predictions; with or without the
+  compilation cache (the suite's, from the environment: `environment`)."""
   return [sys.executable, "eval_glue.py", "--config", "configs/glue.py:tupe", "--workdir", str(workdir),
           f"--config.init_checkpoint={pretrained}", f"--config.data_dir={glue_dir}", "--config.tasks=rte",
           "--config.max_train_examples=64", "--config.max_seq_len=32", "--config.batch_size=16",
           "--config.eval_batch_size=64", "--config.learning_rates=1e-3", "--config.seeds=0,1",
-          "--config.epochs.rte=1", "--config.log_every=2", "--config.peak_flops=1e12", "--config.tensorboard=false"]
+          "--config.epochs.rte=1", "--config.log_every=2", "--config.peak_flops=1e12", "--config.tensorboard=false",
+          *([] if cache else ["--config.compilation_cache_dir="])]
 
 
 def exiting(pid: int) -> bool:
@@ -52,7 +54,7 @@ def exiting(pid: int) -> bool:
 
 def environment(cache: bool) -> dict:
   """One CPU device (the suite fakes eight: 1.26x the CPU of each run from an empty cache), with or without the
-  compilation cache."""
+  suite's compilation cache (without it, `command` turns the config's off too)."""
   env = train_env()
   if not cache:
     env.pop("JAX_COMPILATION_CACHE_DIR", None)
@@ -83,7 +85,7 @@ def fuzz(pretrained, glue_dir, tmp_path, tries: int) -> None:
     when = "as the first run compiles" if i == 0 else f"after {delay:.2f} s"
     what = (f"try {i} (fuzz seed {seed}): {signal.Signals(signum).name} {when}, "
             f"{'with' if cache else 'without'} the compilation cache")
-    proc = subprocess.Popen(command(workdir, pretrained, glue_dir), cwd=REPO, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(command(workdir, pretrained, glue_dir, cache), cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=environment(cache))
     if i == 0:  # The first try aims at the compilation of the first train step, right after this line.
       for line in proc.stdout:
@@ -102,7 +104,7 @@ def fuzz(pretrained, glue_dir, tmp_path, tries: int) -> None:
       assert (f"by {signal.Signals(signum).name}" in lines[0]) or (signum == signal.SIGINT and "Ctrl-C" in lines[0])
     else:
       assert proc.returncode == 0, f"{what}: finished before the signal, exit {proc.returncode}\n{stderr[-3000:]}"
-    resumed = subprocess.run(command(workdir, pretrained, glue_dir), cwd=REPO, capture_output=True, text=True,
+    resumed = subprocess.run(command(workdir, pretrained, glue_dir, cache), cwd=REPO, capture_output=True, text=True,
                              timeout=HANG, env=environment(cache))
     assert resumed.returncode == 0, f"{what}: the rerun failed\n{resumed.stderr[-3000:]}"
     assert records(workdir) == expected, f"{what}: the resumed grid differs from the uninterrupted one"
