@@ -75,10 +75,11 @@ def try_hold(workdir, ttl: float = lease.TTL_S) -> subprocess.CompletedProcess:
 
 
 def started_job(workdir, ttl: float = lease.TTL_S) -> subprocess.Popen:
-  """`try_hold`'s job, started now (its imports, the stores' clients' among them, take seconds), which takes
-  `workdir` once it reads a line on its stdin: `finish` it."""
+  """`try_hold`'s job, started now (its imports, the stores' clients' among them, take seconds), which prints
+  "ready" once they are done and takes `workdir` once it reads a line on its stdin: `finish` it."""
   script = HOLDER.replace('print("held", flush=True)\n', 'print("held", flush=True)\n    return\n').replace(
-      "def main(argv):\n", "def main(argv):\n  import botocore.session, google.cloud.storage\n  sys.stdin.readline()\n")
+      "def main(argv):\n", "def main(argv):\n  import botocore.session, google.cloud.storage\n"
+      "  print('ready', flush=True)\n  sys.stdin.readline()\n")
   return subprocess.Popen([sys.executable, "-c", script, str(workdir), str(ttl)], cwd=REPO, env=train_env(),
                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -135,6 +136,7 @@ def test_a_second_job_on_a_live_bucket_workdir_stops_touching_nothing(bucket):
     assert error_line(train).startswith(f"error: workdir {workdir} is in use by another job (pid "
                                         f"{holder.proc.pid} on host {socket.gethostname()}, since "), train.stderr
     assert bucket_snapshot(workdir) == before
+    assert second.stdout.readline() == "ready\n", second.stderr.read()[-3000:]
     first = lease_version(workdir)
     wait_for(lambda: lease_version(workdir) != first, "a renewal of the lease")  # the next one is 4 s away
     before = lease_version(workdir)
