@@ -232,17 +232,17 @@ def test_sigterm_to_one_host_stops_every_host_at_the_same_step(tmp_path):
   assert not supervised_children(workdir)
 
 
-# SST-2: 256 training examples in batches of 16 (32 steps in 2 epochs), one learning rate and seed.
+# SST-2: 256 training examples in batches of 16, one learning rate and seed.
 GLUE = {"tasks": "sst2", "max_train_examples": 256, "max_seq_len": 32, "batch_size": 16, "learning_rates": 0.01,
-        "seeds": 0, "eval_batch_size": 256, "log_every": 4, "peak_flops": 1e12}
+        "seeds": 0, "eval_batch_size": 256, "log_every": 8, "peak_flops": 1e12}
 
 
-def start_glue_hosts(workdir, pretrained, glue_dir, phase: str) -> list[Run]:
+def start_glue_hosts(workdir, pretrained, glue_dir, epochs: int) -> list[Run]:
   """One eval_glue.py process per host on `workdir`, fine-tuning conftest.py's `pretrained` checkpoint."""
-  flags = dict(GLUE, **{"init_checkpoint": pretrained, "data_dir": glue_dir, "epochs.sst2": 2,
+  flags = dict(GLUE, **{"init_checkpoint": pretrained, "data_dir": glue_dir, "epochs.sst2": epochs,
                         "distributed.coordinator_address": f"localhost:{free_port()}",
                         "distributed.num_processes": HOSTS})
-  hosts = [Run(workdir, name=f"{phase}{host}", command=[
+  hosts = [Run(workdir, name=f"host{host}", command=[
       sys.executable, str(REPO / "eval_glue.py"), "--config", "configs/glue.py:tupe", "--workdir", str(workdir),
       *(f"--config.{k}={v}" for k, v in dict(flags, **{"distributed.process_id": host}).items())])
            for host in range(HOSTS)]
@@ -252,11 +252,8 @@ def start_glue_hosts(workdir, pretrained, glue_dir, phase: str) -> list[Run]:
 
 def test_glue_on_two_hosts(tmp_path, pretrained, glue_dir):
   """eval_glue.py on two hosts: a SIGTERM to one stops both at the same step of the run in flight (exit 143, the
-  same line on each, nothing recorded); a grid run to the end (the same command again, as the line says) matches
-  one process on two devices."""
-  workdir = tmp_path / "two_hosts"
-  hosts = start_glue_hosts(workdir, pretrained, glue_dir, "stopped")
-  # Its first progress line, at step 4 of 32: 28 steps and 3 dev evaluations are left when the signal comes.
+  same line on each, nothing recorded); a grid run to the end matches one process on two devices."""
+  hosts = start_glue_hosts(tmp_path / "stopped", pretrained, glue_dir, epochs=100)
   hosts[0].wait_until(lambda: "[1/1] SST-2 lr 0.01 seed 0 | epoch" in hosts[0].stdout())
   hosts[1].signal(signal.SIGTERM)
   lines = []
@@ -265,19 +262,19 @@ def test_glue_on_two_hosts(tmp_path, pretrained, glue_dir):
     lines.append(host.stderr().strip().splitlines()[-1])
   stopped = re.fullmatch(r"stopped by SIGTERM during \[1/1\] SST-2 lr 0.01 seed 0 at step (\d+) on every host, "
                          r"which is not recorded; rerun the same command to resume after the finished runs", lines[0])
-  assert stopped and lines[1] == lines[0] and 4 <= int(stopped[1]) < 32, lines
-  assert runs_lib.read_runs(workdir) == []
+  assert stopped and lines[1] == lines[0] and 8 <= int(stopped[1]) < 1600, lines
+  assert runs_lib.read_runs(tmp_path / "stopped") == []
 
-  for host in start_glue_hosts(workdir, pretrained, glue_dir, "rerun"):
+  for host in start_glue_hosts(tmp_path / "two_hosts", pretrained, glue_dir, epochs=2):
     assert host.wait(timeout=300) == 0, host.stderr()[-3000:]
   cfg = glue_config.get_config("tupe")
   cfg.update(dict(GLUE, learning_rates=(0.01,), seeds=(0,), init_checkpoint=str(pretrained), data_dir=str(glue_dir)))
   cfg.epochs.sst2 = 2
   cfg.mesh.data = 2
   finetune.run(cfg, str(tmp_path / "one_process"), devices=jax.devices()[:2])
-  (two,), (one,) = runs_lib.read_runs(workdir), runs_lib.read_runs(tmp_path / "one_process")
+  (two,), (one,) = runs_lib.read_runs(tmp_path / "two_hosts"), runs_lib.read_runs(tmp_path / "one_process")
   assert len(two["dev_history"]) == 4
-  kept = classifier.load(workdir / "models" / "SST-2")  # written by both hosts, verified
+  kept = classifier.load(tmp_path / "two_hosts" / "models" / "SST-2")  # written by both hosts, verified
   assert (kept.run["lr"], kept.run["seed"], kept.run["step"]) == (0.01, 0, two["best_step"])
   np.testing.assert_allclose(two["train_loss"], one["train_loss"], rtol=1e-5)
   # Dev accuracy on 872 examples: within one example (0.11 points), as near-tied logits may flip.
