@@ -319,7 +319,7 @@ STOP_GRACE_S = 3  # checkpoint.stop_grace_s: how long the save goes on after the
 @pytest.mark.parametrize("store,ending", [("s3", "timeout"), ("gs", "timeout"), ("gs", "sigterm")])
 def test_a_store_gone_during_a_save_stops_the_job_within_the_timeout(store, ending, tmp_path):
   """The store's endpoint goes away while checkpoint 2 is being written, and does not come back (moto killed; the
-  GCS emulator stopped). `timeout`: with checkpoint.store_timeout_s=5, train.py stops within the timeout and a few
+  GCS emulator stopped). `timeout`: with checkpoint.store_timeout_s=8, train.py stops within the timeout and a few
   seconds, with one line naming the checkpoint, exit 2, no traceback (before: TensorStore retried for many minutes,
   and the process then waited for orbax's threads at exit). `sigterm`: with the default timeout (600 s), the store
   hangs instead (the emulator's process frozen, so that no write fails and only the signal can end the wait; a
@@ -328,8 +328,7 @@ def test_a_store_gone_during_a_save_stops_the_job_within_the_timeout(store, endi
   SIGTERM was not acted on while the save retried)."""
   server = (S3Emulator(str(tmp_path / "s3.log"), free_port()) if store == "s3" else
             Emulator(tmp_path / "gcs", free_port()))
-  # 5 s: far above any answer of a live emulator on a busy machine, well below the retries of the clients.
-  timeout_s = 5 if ending == "timeout" else deadline.DEFAULT_TIMEOUT_S
+  timeout_s = 8 if ending == "timeout" else deadline.DEFAULT_TIMEOUT_S
   with serving(server):
     bucket = (create_s3_bucket if store == "s3" else create_gcs_bucket)(server.url, "tupe-gone")
     root = f"{bucket}/run/checkpoints"
@@ -366,8 +365,8 @@ def test_a_store_gone_during_a_save_stops_the_job_within_the_timeout(store, endi
     # The first write that meets the store gone: the checkpoint, or the metrics uploaded before the next one.
     assert re.fullmatch(rf"error: ((could not|cannot) write checkpoint {2 * EVERY} to {re.escape(root)}|cannot "
                         rf"write {re.escape(bucket)}/run/metrics.jsonl): (no connection to the store|the store did "
-                        rf"not answer for {timeout_s} s).*", lines[0]), lines[0]
-    assert waited < timeout_s + 60, waited  # the timeout, then stopping: giving up the lease, closing the logs
+                        rf"not answer for 8 s).*", lines[0]), lines[0]
+    assert waited < 8 + 60, waited  # the timeout, then stopping: giving up the lease, closing the logs
   else:  # Stopped by the signal while the GCS client retries the stopped emulator.
     stopped = (r"stopped by SIGTERM while waiting \d+ s for the store to write (checkpoint \d+ to "
                rf"{re.escape(root)}|{re.escape(bucket)}/run/\S+): no answer within the stop grace "
