@@ -74,6 +74,22 @@ def try_hold(workdir, ttl: float = lease.TTL_S) -> subprocess.CompletedProcess:
                         capture_output=True, text=True, timeout=120)
 
 
+def started_job(workdir, ttl: float = lease.TTL_S) -> subprocess.Popen:
+  """`try_hold`'s job, started now (its imports, the stores' clients' among them, take seconds), which prints
+  "ready" once they are done and takes `workdir` once it reads a line on its stdin: `finish` it."""
+  script = HOLDER.replace('print("held", flush=True)\n', 'print("held", flush=True)\n    return\n').replace(
+      "def main(argv):\n", "def main(argv):\n  import botocore.session, google.cloud.storage\n"
+      "  print('ready', flush=True)\n  sys.stdin.readline()\n")
+  return subprocess.Popen([sys.executable, "-c", script, str(workdir), str(ttl)], cwd=REPO, env=train_env(),
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(job: subprocess.Popen) -> subprocess.CompletedProcess:
+  """Lets a `started_job` take its workdir now; returns how it ended, as `try_hold` does."""
+  out, err = job.communicate("go\n", timeout=120)
+  return subprocess.CompletedProcess(job.args, job.returncode, out, err)
+
+
 def snapshot(root: pathlib.Path) -> dict:
   """{relative path: (bytes, mtime)} of every file under root."""
   return {str(p.relative_to(root)): (p.read_bytes(), p.stat().st_mtime_ns)
@@ -110,7 +126,8 @@ def test_a_second_job_on_a_live_local_workdir_stops_touching_nothing(tmp_path, p
 def test_a_second_job_on_a_live_bucket_workdir_stops_touching_nothing(bucket):
   workdir = f"{bucket}/run"
   storage.write_text(f"{workdir}/metrics.jsonl", '{"step": 1, "loss": 7.0}\n')
-  holder = Holder(workdir, ttl=30)  # renewed every 7.5 s
+  holder = Holder(workdir, ttl=16)  # renewed every 4 s
+  second = started_job(workdir)  # (started while train.py runs: it takes the workdir only once told to)
   try:
     before = bucket_snapshot(workdir)
     train = subprocess.run(train_command(workdir), cwd=REPO, env=train_env(), capture_output=True, text=True,
@@ -119,10 +136,11 @@ def test_a_second_job_on_a_live_bucket_workdir_stops_touching_nothing(bucket):
     assert error_line(train).startswith(f"error: workdir {workdir} is in use by another job (pid "
                                         f"{holder.proc.pid} on host {socket.gethostname()}, since "), train.stderr
     assert bucket_snapshot(workdir) == before
+    assert second.stdout.readline() == "ready\n", second.stderr.read()[-3000:]
     first = lease_version(workdir)
-    wait_for(lambda: lease_version(workdir) != first, "a renewal of the lease")  # then 22 s or more are left
+    wait_for(lambda: lease_version(workdir) != first, "a renewal of the lease")  # the next one is 4 s away
     before = lease_version(workdir)
-    proc = try_hold(workdir)
+    proc = finish(second)
     assert proc.returncode == 2, proc.stderr[-3000:]
     line = error_line(proc)
     assert line.startswith(f"error: workdir {workdir} is in use by another job (pid {holder.proc.pid} on host "
@@ -132,6 +150,9 @@ def test_a_second_job_on_a_live_bucket_workdir_stops_touching_nothing(bucket):
     assert lease_version(workdir) == before  # not written by the refused job
   finally:
     holder.kill()
+    if second.poll() is None:
+      second.kill()
+      second.wait()
   # Killed on this host, its pid gone: taken over at once, with one warning naming the dead job.
   proc = try_hold(workdir)
   assert proc.returncode == 0 and proc.stdout.endswith("\nheld\n"), proc.stderr
@@ -243,11 +264,20 @@ def test_a_job_whose_lease_was_taken_over_stops_at_its_next_write(bucket):
 def test_two_jobs_started_at_the_same_instant_leave_one_running(bucket):
   """Two jobs on one bucket workdir, each taking the lease at the same wall-clock instant: exactly one holds it,
   the other stops with one line naming it."""
-  workdir, start = f"{bucket}/run", time.time() + 5
-  script = HOLDER.replace("def main(argv):\n", f"def main(argv):\n  time.sleep(max(0, {start} - time.time()))\n")
+  workdir = f"{bucket}/run"
+  # Each job, once started, says so and waits for a line on its stdin: both are sent theirs at the same instant.
+  script = HOLDER.replace("def main(argv):\n",
+                          "def main(argv):\n  print('ready', flush=True)\n  sys.stdin.readline()\n")
   procs = [subprocess.Popen([sys.executable, "-c", script, workdir, "60"], cwd=REPO, env=train_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+           for _ in range(2)]
   try:
+    for proc in procs:
+      assert proc.stdout.readline() == "ready\n", proc.stderr.read()[-3000:]
+    for proc in procs:
+      proc.stdin.write("go\n")
+    for proc in procs:
+      proc.stdin.flush()
     firsts = [proc.stdout.readline() for proc in procs]
     assert sorted(firsts) == ["", "held\n"], firsts
     winner, loser = (procs[0], procs[1]) if firsts[0] == "held\n" else (procs[1], procs[0])
@@ -348,6 +378,9 @@ def test_renewals_failing_for_half_the_lifetime_stop_the_job_at_its_next_write(s
         except storage.StorageError:
           pass
         assert time.monotonic() < deadline, "the lease was not given up within 120 s of failed renewals"
+        # A pause between checks, as between a job's writes: checks back to back would hold the lease's lock (each
+        # read retried for seconds on S3) nearly all the time, and the renewals that give the lease up wait for it.
+        time.sleep(0.05)
       server.start()
       with pytest.raises(fence.LeaseLost, match=f"^{re.escape(lost)}$"):
         storage.write_text(f"{workdir}/after", "nothing")

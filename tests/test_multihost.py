@@ -40,7 +40,7 @@ from tupe.train import sharding
 
 HOSTS, STEPS = 2, 6
 MULTI = {"num_train_steps": STEPS, "checkpoint.every_steps": 4}
-# Seconds after which a host still waiting for a dead peer counts as hung (its heartbeat timeout is 10 s).
+# Seconds after which a host still waiting for a dead peer counts as hung (its heartbeat timeout is 10 s at most).
 HANG_S = 600
 
 
@@ -105,11 +105,13 @@ def test_two_hosts_match_one_process(tmp_path, mesh, per_host):
   jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), params, ref_params)
 
 
+@pytest.mark.parametrize("bucket", [pytest.param("gs", marks=pytest.mark.slow), "s3"], indirect=True)
 def test_two_hosts_checkpoint_into_a_bucket_killed_and_resumed(bucket, tmp_path):
   """Two processes (jax.distributed) save a state split over both hosts' devices into one gs:// or s3:// folder at
   every step (tests/multihost_checkpoints.py): each host writes its own shards, host 0 alone the meta, checksums and
   commit. Both are killed (SIGKILL) mid-run; started again, both restore the newest checkpoint, bit for bit, and
-  save on."""
+  save on. The gs:// case is in the slow tier: test_two_hosts_train_into_a_bucket_killed_and_resumed checks the
+  same in a gs:// folder in CI (two train.py hosts, the state split over them, killed and resumed bit for bit)."""
   root = f"{bucket}/run/checkpoints"
 
   def start(phase: str) -> list[Run]:
@@ -174,15 +176,16 @@ def test_two_hosts_train_into_a_bucket_killed_and_resumed(gcs_bucket, tmp_path):
   assert_same_state(checkpoint_state(workdir, STEPS), checkpoint_state(reference, STEPS))
 
 
-def kill_one_host(workdir, killed: int, mid_training: bool) -> tuple[int, str]:
-  """Starts two hosts (10 s heartbeat timeout) and SIGKILLs host `killed` once both have joined, or after a step.
+def kill_one_host(workdir, killed: int, mid_training: bool, heartbeat_s: float = 10) -> tuple[int, str]:
+  """Starts two hosts (`heartbeat_s` heartbeat timeout) and SIGKILLs host `killed` once both have joined, or after
+  a step.
 
   Returns the other host's exit status and its stderr. Its exit status says why it stopped: EXIT_PEER_DIED only
   when its supervisor saw the peer die, not when it finished or failed otherwise; a survivor that waits for the
   dead peer for good is a hang (HANG_S). Mid-training, a checkpoint every step keeps the run going (each is a
   multi-host save with barriers).
   """
-  hosts = start_hosts(workdir, {"distributed.heartbeat_timeout_s": 10, "checkpoint.every_steps": 1})
+  hosts = start_hosts(workdir, {"distributed.heartbeat_timeout_s": heartbeat_s, "checkpoint.every_steps": 1})
   survivor = hosts[1 - killed]
   if mid_training:
     survivor.wait_until(lambda: last_logged_step(workdir) >= 1)
@@ -204,7 +207,9 @@ def assert_one_line_naming(stderr: str, killed: int) -> None:
 @pytest.mark.parametrize("killed", [1, 0], ids=["peer", "coordinator"])
 def test_a_killed_host_stops_the_other_with_one_line(tmp_path, killed):
   """One host dies before its (uncached, slow) compilation; slow/test_kill_points.py kills one mid-training."""
-  returncode, stderr = kill_one_host(tmp_path / "run", killed, mid_training=False)
+  # A 5 s heartbeat timeout (what the survivor may wait out): the kill comes a moment after both have joined, long
+  # before a live host could miss its heartbeats for that long.
+  returncode, stderr = kill_one_host(tmp_path / "run", killed, mid_training=False, heartbeat_s=5)
   assert returncode == supervise.EXIT_PEER_DIED
   assert_one_line_naming(stderr, killed)
   assert not supervised_children(tmp_path), "the killed host's training process outlived its supervisor"
