@@ -50,8 +50,11 @@ def test_demo_mlm_loss_falls(tmp_path):
   # Tokens/s counts every position; the demo's examples leave some padding, which the real-token rate omits.
   assert all(0.5 * r["tokens_per_s"] < r["real_tokens_per_s"] < r["tokens_per_s"] for r in records)
   assert "not padding) MFU" in out
-  rates = [r["steps_per_s"] for r in records]  # The step before an evaluation is timed without it.
-  assert max(rates) < 3 * np.median(rates), rates
+  # The step before an evaluation is timed before it: measured after the evaluation restarts the clock, its rate
+  # would be that of a few microseconds, orders of magnitude over the others. (A bound, not a timing: a busy
+  # machine's steps vary by 3x, and the test must pass there.)
+  rates = [r["steps_per_s"] for r in records]
+  assert max(rates) < 20 * np.median(rates), rates
   evals = [r for r in runlog.read_metrics(tmp_path) if "eval_loss" in r]
   assert evals and evals[-1]["eval_loss"] < losses[0] - 1.0
   config = json.loads((tmp_path / "config.json").read_text())
