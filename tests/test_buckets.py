@@ -112,13 +112,15 @@ def reference(tmp_path_factory) -> str:
   return str(workdir)
 
 
+@pytest.mark.parametrize("bucket", [pytest.param("gs", marks=pytest.mark.slow), "s3"], indirect=True)
 def test_train_in_a_bucket_killed_and_resumed_is_bit_identical(bucket, reference, tmp_path):
-  """train.py --workdir gs://... or s3://..., stopped after its first checkpoint and resumed, logs the losses and
+  """train.py --workdir s3://... or gs://..., stopped after its first checkpoint and resumed, logs the losses and
   gradient norms of the uninterrupted run on a local disk and ends with its parameters, bit for bit; its config,
-  curves and checkpoints are objects in the bucket. In s3:// it is killed (SIGKILL); in gs:// it is preempted
-  (SIGTERM: a checkpoint at the step it stops after, exit 143, one line; test_multihost.py kills two hosts in
-  gs://). Its compilation cache is in the bucket too (a pod's shared one; the suite's own cache set aside): the
-  stopped run compiles its step and saves it there, the resumed run loads it."""
+  curves and checkpoints are objects in the bucket. In s3:// it is preempted (SIGTERM: a checkpoint at the step it
+  stops after, exit 143, one line); in gs:// it is killed (SIGKILL), a case in the slow tier:
+  test_multihost.py's test_two_hosts_train_into_a_bucket_killed_and_resumed kills train.py in gs:// in CI. Its
+  compilation cache is in the bucket too (a pod's shared one; the suite's own cache set aside): the stopped run
+  compiles its step and saves it there, the resumed run loads it."""
   workdir, cache = f"{bucket}/run", f"{bucket}/jax-cache"
   command = train_command(workdir, {"num_train_steps": STEPS, "compilation_cache_dir": cache, "curves": True})
   env = {k: v for k, v in train_env().items() if k != "JAX_COMPILATION_CACHE_DIR"}
@@ -126,7 +128,7 @@ def test_train_in_a_bucket_killed_and_resumed_is_bit_identical(bucket, reference
   # The bucket is asked only once the step is compiled (its line read from the log), not all through start-up.
   killed.wait_until(lambda: "saved to the compilation cache" in killed.stdout(), poll=0.05)
   killed.wait_until(lambda: newest_step(workdir) > 0, poll=0.05)
-  preempted = bucket.startswith("gs://")
+  preempted = bucket.startswith("s3://")
   killed.signal(signal.SIGTERM if preempted else signal.SIGKILL)
   status = killed.wait()
   stopped = newest_step(workdir)
