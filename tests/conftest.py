@@ -38,12 +38,12 @@ MAY_SKIP_IN_CI = ("test_gpu.py",)
 # (pytest.ini turns xdist's own order, by number of tests, off): these start first and the short files fill in
 # after, so the workers finish together instead of one waiting out a long file that started last. Only the order
 # depends on this list: a stale one costs time, never a test.
-LONGEST_FIRST = ("test_buckets.py", "test_multihost.py", "test_glue_parity.py", "test_bucket_credentials.py",
-                 "test_study.py", "test_lease.py", "test_export_hf.py", "test_bench.py", "test_checkpointer.py",
-                 "test_train.py", "test_glue_finetune.py", "test_glue_signals.py", "test_reliability.py",
-                 "test_sharding.py", "test_data_parallel.py", "test_scan.py", "test_resume.py",
-                 "test_model_invariants.py", "test_glue_models.py", "test_compile_cache.py", "test_jsonlog.py",
-                 "test_data_preprocess.py")
+LONGEST_FIRST = ("test_buckets.py", "test_multihost.py", "test_bucket_credentials.py", "test_export_hf.py",
+                 "test_study.py", "test_bench.py", "test_glue_parity.py", "test_lease.py", "test_train.py",
+                 "test_glue_finetune.py", "test_sharding.py", "test_compile_cache.py", "test_scan.py",
+                 "test_data_parallel.py", "test_glue_models.py", "test_model_invariants.py", "test_reliability.py",
+                 "test_glue_signals.py", "test_resume.py", "test_checkpointer.py", "test_integrity.py",
+                 "test_glue_reliability.py")
 
 
 def pytest_collection_modifyitems(items):
