@@ -115,6 +115,19 @@ def pretrained(pretrained_once, tmp_path_factory) -> pathlib.Path:
   return copy
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+  """PyTorch on one thread for a module that compares with it (restored after the module): a tiny model's ops gain
+  nothing from a second, and waiting for it at every op (OpenMP spins) costs CPU and time on a busy machine; the
+  same computations, checked to the same tolerances."""
+  import torch
+
+  threads = torch.get_num_threads()
+  torch.set_num_threads(1)
+  yield
+  torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def gcs_server(tmp_path_factory) -> Emulator:
   """A real GCS emulator (fake-gcs-server) for this test process, with every client pointed at it.

@@ -51,15 +51,7 @@ SENTENCES = ["Héllo, WÖRLD! A café in Zürich, naïve.", "unknownish qqqzzz �
              "Mixed CASE Text with   spaces\tand\ttabs"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-  """transformers' side on one thread (restored after the module): a tiny model's ops gain nothing from a
-  second, and waiting for it at every op (OpenMP spins) costs CPU and time on a busy machine; the same
-  computations, checked to the same tolerances."""
-  threads = torch.get_num_threads()
-  torch.set_num_threads(1)
-  yield
-  torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # (conftest)
 
 
 @pytest.fixture(scope="module")

@@ -22,15 +22,7 @@ from tupe.train import pretrain  # noqa: E402
 STEPS = 100  # 4 epochs x 25 batches of 8 rows: 200 training examples
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-  """The PyTorch side on one thread (restored after the module): a tiny model's ops gain nothing from a
-  second, and waiting for it at every op (OpenMP spins) costs CPU and time on a busy machine; the same
-  computations, checked to the same tolerances."""
-  threads = torch.get_num_threads()
-  torch.set_num_threads(1)
-  yield
-  torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # (conftest)
 
 
 @pytest.fixture(scope="module")
