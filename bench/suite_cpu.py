@@ -14,7 +14,10 @@ It prints one JSON line with the totals, then one per file, longest first: {"fil
 timeouts, sleeps. peak_rise_mb is how much the file's tests raised their pytest process's peak memory: a test that
 holds much more than the ones before it stands out (the totals give the largest process's peak, "peak_rss_mb").
 The totals also give each pytest process's summed test time ("process_wall_s", one per xdist worker): how evenly
-the workers were loaded.
+the workers were loaded. With `--baseline DIR --changed FILES`, a last line compares this run's CPU with an earlier
+run's at equal machine speed, the files no change touched as the measure of speed (`against`):
+
+  python -m bench.suite_cpu NEW --baseline OLD --changed "$(git diff --name-only OLD_COMMIT HEAD -- tests | paste -sd,)"
 
 A process's peak memory starts at that of the process it was forked from (Linux carries the high-water mark
 through exec): pytest-xdist's workers start from the small pytest process, so their rises are their own.
@@ -88,14 +91,36 @@ def summarize(folder: pathlib.Path) -> list[dict]:
   return [dict(row("all", total), process_wall_s=[round(b, 1) for b in busy], peak_rss_mb=round(peak))] + rows
 
 
+def against(rows: list[dict], baseline: list[dict], changed: set[str]) -> dict:
+  """This run's files' CPU against a baseline run's (both `summarize`'s records), on two machines or in two hours
+  of different speed: the files in both runs that no change touched measure the machine ("unchanged_ratio"); the
+  changed files' ratio divided by it is what the changes did at equal speed ("changed_at_equal_speed"), and the
+  whole suite's at equal speed follows ("suite_at_equal_speed")."""
+  now, then = ({r["file"]: r["cpu_s"] for r in run if r["file"] != "all"} for run in (rows, baseline))
+  unchanged = [f for f in now.keys() & then.keys() if f not in changed]
+  touched = [f for f in now if f in changed]
+  speed = sum(now[f] for f in unchanged) / sum(then[f] for f in unchanged)
+  at_equal_speed = sum(now[f] for f in touched) / speed
+  return {"unchanged_files": len(unchanged), "unchanged_ratio": round(speed, 3), "changed_files": len(touched),
+          "changed_at_equal_speed": round(at_equal_speed / sum(then.get(f, 0.0) for f in touched), 3),
+          "suite_at_equal_speed": round((sum(now[f] for f in unchanged) / speed + at_equal_speed)
+                                        / sum(then.values()), 3)}
+
+
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("folder", type=pathlib.Path, help=f"the plugin's folder (${ENV} of the pytest run)")
   parser.add_argument("--top", type=int, default=0, help="only the N longest files (0: all)")
+  parser.add_argument("--baseline", type=pathlib.Path,
+                      help="the plugin's folder of an earlier run: one more line, this run's CPU against it (`against`)")
+  parser.add_argument("--changed", default="", help="with --baseline: the test files changed since (comma-separated, "
+                      "e.g. \"$(git diff --name-only BASE HEAD -- tests | paste -sd,)\")")
   args = parser.parse_args(argv)
   total, *rows = summarize(args.folder)
   for record in [total] + (rows[:args.top] if args.top else rows):
     print(json.dumps(record))
+  if args.baseline:
+    print(json.dumps(against([total] + rows, summarize(args.baseline), set(filter(None, args.changed.split(","))))))
 
 
 if __name__ == "__main__":

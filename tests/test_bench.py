@@ -393,6 +393,17 @@ def test_suite_cpu_sums_per_file_and_counts_idle_time(tmp_path):
     suite_cpu.summarize(tmp_path / "empty")
 
 
+def test_suite_cpu_against_a_baseline_at_equal_speed():
+  """The unchanged files measure the machine (here 1.5x slower: 30 s against 20 s); the changed files' 51 s (a file
+  new since among them) at that speed is 34 s, 0.85x their 40 s; the suite at equal speed: (20 + 34) / 60."""
+  row = lambda name, cpu: {"file": name, "cpu_s": cpu}
+  baseline = [row("all", 60.0), row("tests/test_a.py", 20.0), row("tests/test_b.py", 40.0)]
+  now = [row("all", 81.0), row("tests/test_a.py", 30.0), row("tests/test_b.py", 45.0), row("tests/test_c.py", 6.0)]
+  assert suite_cpu.against(now, baseline, {"tests/test_b.py", "tests/test_c.py"}) == {
+      "unchanged_files": 1, "unchanged_ratio": 1.5, "changed_files": 2, "changed_at_equal_speed": 0.85,
+      "suite_at_equal_speed": 0.9}
+
+
 def test_plot_tells_a_gpu_round_and_a_train_step_variant_apart(tmp_path):
   """A GPU session's results file (our train step, the PyTorch anchor, the test_gpu line) is drawn as one
   chart; bench.train_step's output with --variant stays a train_step chart, not an ablation."""
