@@ -112,7 +112,7 @@ def main(argv=None) -> None:
   parser.add_argument("folder", type=pathlib.Path, help=f"the plugin's folder (${ENV} of the pytest run)")
   parser.add_argument("--top", type=int, default=0, help="only the N longest files (0: all)")
   parser.add_argument("--baseline", type=pathlib.Path,
-                      help="the plugin's folder of an earlier run: one more line, this run's CPU against it (`against`)")
+                      help="the plugin's folder of an earlier run: a last line, this run's CPU against it (`against`)")
   parser.add_argument("--changed", default="", help="with --baseline: the test files changed since (comma-separated, "
                       "e.g. \"$(git diff --name-only BASE HEAD -- tests | paste -sd,)\")")
   args = parser.parse_args(argv)
