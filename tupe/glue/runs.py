@@ -118,7 +118,8 @@ def check_resume(cfg, workdir: storage.Path) -> None:
       raise UserError(f"{workdir} holds runs of another config (changed: {', '.join(changed)}): use a new "
                       f"--workdir, or the same values")
   digest = settings_digest(cfg)
-  other = [run for run in runs if run.get("settings", digest) not in (digest, settings_digest(cfg, before=True))]
+  same = (digest, settings_digest(cfg, before=True))
+  other = [run for run in runs if run.get("settings", digest) not in same]
   if other:
     why = "config.json is missing" if not storage.exists(path) else "config.json was replaced"
     raise UserError(f"{workdir} holds {len(other)} runs fine-tuned under other settings (digest "
