@@ -193,7 +193,7 @@ class _BucketLease:
     self.version = None
     self.expires = 0.0  # when the lease this job wrote last expires (time.time())
     self.lost: fence.LeaseLost | None = None
-    self._lock = threading.Lock()  # one request at a time that writes the lease (a renewal, a check's renewal)
+    self._lock = threading.Lock()  # one write of the lease at a time (a renewal, a check's renewal)
     self._stop = threading.Event()
     self._thread = threading.Thread(target=self._renew_loop, name="tupe-lease", daemon=True)
 
@@ -270,23 +270,27 @@ class _BucketLease:
     wrote last is still in force (no other job may take it before), and fails it after."""
     if self.lost is not None:
       raise self.lost
-    with self._lock:
-      try:
-        data, version = self.object.read()
-        owner = jsonfile.parse(data)
-        if not owner or owner.get("token") != self.token:
-          raise self._taken_over()
-        if owner.get("expires", 0) - time.time() < self.ttl / 2:
-          self._put(version)
-          self._renewed = time.monotonic()
-      except (FileNotFoundError, lease_objects.Changed):
-        raise self._taken_over() from None
-      except fence.LeaseLost:
-        raise
-      except Exception as e:  # the store does not answer, or refuses
-        if time.time() < self.expires - self.every:
-          return  # no other job can have taken the lease over yet: the write itself meets the store's state
-        raise storage.StorageError(f"cannot check the lease {self.url}: {refusals.describe(e)}") from e
+    try:
+      # The read takes no lock: S3 retries it for seconds while the store does not answer, and a job's checks back
+      # to back would keep the renewals (and so the lease's loss) waiting.
+      written = self.version
+      data, version = self.object.read()
+      owner = jsonfile.parse(data)
+      if not owner or owner.get("token") != self.token:
+        raise self._taken_over()
+      if owner.get("expires", 0) - time.time() < self.ttl / 2:
+        with self._lock:
+          if self.version == written:  # (else the renewal thread wrote since the read, as this would have)
+            self._put(version)
+            self._renewed = time.monotonic()
+    except (FileNotFoundError, lease_objects.Changed):
+      raise self._taken_over() from None
+    except fence.LeaseLost:
+      raise
+    except Exception as e:  # the store does not answer, or refuses
+      if time.time() < self.expires - self.every:
+        return  # no other job can have taken the lease over yet: the write itself meets the store's state
+      raise storage.StorageError(f"cannot check the lease {self.url}: {refusals.describe(e)}") from e
 
   def _renew_loop(self) -> None:
     failing = False
