@@ -73,3 +73,16 @@ def test_a_vocab_with_a_byte_order_mark_reads_as_without(bert_vocab, tmp_path):
   marked = tmp_path / "vocab.txt"
   marked.write_bytes(b"\xef\xbb\xbf" + bert_vocab.read_bytes())
   assert tokenizer.read_vocab(marked) == tokenizer.read_vocab(bert_vocab)
+
+
+def test_a_token_on_two_lines_is_encoded_as_its_first_and_warned_about_once(tmp_path, capsys):
+  """A vocab that repeats a token (the shared BERT vocab repeats 1,008 lines of mojibake): each token is encoded with
+  its first line's id, and loading says so once, naming an example."""
+  path = tmp_path / "vocab.txt"
+  path.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "walk", "##ing", "walk", "talk", "##ing"]))
+  tok, info = tokenizer.load_tokenizer(path)
+  tokenizer.load_tokenizer(path)  # (cached: no second warning)
+  assert info.vocab_size == 10 and tok.encode("walking talking", add_special_tokens=False).ids == [5, 6, 8, 6]
+  assert capsys.readouterr().out.splitlines() == [
+      f"warning: vocab file {path} has 2 line(s) that repeat an earlier line's token (e.g. 'walk', lines 6 and 8): "
+      "text is encoded with each token's first line, so the ids of the later lines never occur"]

@@ -14,6 +14,7 @@ from tokenizers import normalizers
 from tokenizers import pre_tokenizers
 from tokenizers import trainers
 
+from tupe import console
 from tupe.errors import UserError
 from tupe.store import storage
 
@@ -65,6 +66,11 @@ def _load(path: str, lowercase: bool, strip_accents: bool | None, mtime: float):
   del mtime  # Part of the cache key only: an edited vocab file is read again.
   tokens = read_vocab(path)
   vocab = {t: i for i, t in reversed(list(enumerate(tokens)))}  # The first line wins for duplicated tokens.
+  if len(vocab) < len(tokens):
+    later = next(i for i, t in enumerate(tokens) if vocab[t] != i)
+    console.log(f"warning: vocab file {path} has {len(tokens) - len(vocab):,} line(s) that repeat an earlier "
+                f"line's token (e.g. {tokens[later]!r}, lines {vocab[tokens[later]] + 1} and {later + 1}): text is "
+                f"encoded with each token's first line, so the ids of the later lines never occur")
   tokenizer = wordpiece(tokens, lowercase, strip_accents)
   info = TokenizerInfo(vocab_size=len(tokens), pad_id=vocab[PAD], unk_id=vocab[UNK], cls_id=vocab[CLS],
                        sep_id=vocab[SEP], mask_id=vocab[MASK], vocab_file=path, lowercase=lowercase)
