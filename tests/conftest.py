@@ -35,7 +35,7 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 MAY_SKIP_IN_CI = ("test_gpu.py",)
 # The files that take 20 s or more, longest first (measured with bench.suite_cpu: docs/BENCHMARKS.md, "The test
 # suite"). Under `-n auto --dist loadfile` each worker takes a whole file at a time, in collection order
-# (pytest.ini turns xdist's own order, by number of tests, off): these start first and the short files fill in
+# (`pytest_configure` turns xdist's own order, by number of tests, off): these start first and the short files fill in
 # after, so the workers finish together instead of one waiting out a long file that started last. Only the order
 # depends on this list: a stale one costs time, never a test.
 LONGEST_FIRST = ("test_buckets.py", "test_multihost.py", "test_bucket_credentials.py", "test_export_hf.py",
@@ -44,6 +44,13 @@ LONGEST_FIRST = ("test_buckets.py", "test_multihost.py", "test_bucket_credential
                  "test_data_parallel.py", "test_glue_models.py", "test_model_invariants.py", "test_reliability.py",
                  "test_glue_signals.py", "test_resume.py", "test_checkpointer.py", "test_integrity.py",
                  "test_glue_reliability.py")
+
+
+def pytest_configure(config):
+  """xdist's own order of files (by number of tests) off, so that LONGEST_FIRST's holds; an option of xdist's, set
+  here rather than in pytest.ini so that `-p no:xdist` still runs."""
+  if hasattr(config.option, "loadscopereorder"):
+    config.option.loadscopereorder = False
 
 
 def pytest_collection_modifyitems(items):
