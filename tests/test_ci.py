@@ -58,8 +58,8 @@ def test_a_hung_test_fails_with_its_name_and_a_skip_fails_under_ci(tmp_path):
 
 def test_the_longest_files_are_collected_first(request):
   """conftest.py's LONGEST_FIRST names files of this suite, and this session's items start with them, in that
-  order (xdist then hands them out in that order: pytest.ini turns its reordering off)."""
-  assert request.config.getoption("loadscopereorder") is False
+  order (xdist then hands them out in that order: conftest.py turns its reordering off)."""
+  assert request.config.getoption("loadscopereorder", default=False) is False  # (no such option without xdist)
   assert len(set(conftest.LONGEST_FIRST)) == len(conftest.LONGEST_FIRST)
   missing = [name for name in conftest.LONGEST_FIRST if not (TESTS / name).is_file()]
   assert not missing, f"conftest.LONGEST_FIRST names files that are not in tests/: {missing}"
