@@ -2,7 +2,8 @@
 (tests/conftest.py's `s3_emulator` and `s3_bucket` fixtures use it), and one that checks credentials and permissions
 as AWS does (`AuthenticatingS3`, the `s3_authenticating` fixture). It honours S3's conditional writes
 (`If-None-Match: *`, `If-Match: <ETag>`), which the workdir lease of tupe/store/lease.py relies on; behind
-`WithoutConditionalWrites`, it is an S3-compatible store that does not implement them."""
+`WithoutConditionalWrites`, it is an S3-compatible store that does not implement them; behind `LosesAnswers`, a
+network that cuts connections before the answers."""
 import subprocess
 import sys
 
@@ -38,16 +39,13 @@ class S3Emulator:
             "AWS_DEFAULT_REGION": "us-east-1"}
 
 
-class WithoutConditionalWrites:
-  """An S3-compatible store without conditional writes, as some are: a running `S3Emulator` behind a front of ours
-  (`gcs_emulator.serve_front`) that answers a write or delete carrying `If-Match` or `If-None-Match` as such a store
-  does, 501 NotImplemented with AWS's words for a header it does not implement, and passes every other request on
-  unchanged to the emulator. It holds the emulator's objects, so a bucket made there is seen here."""
+class Front:
+  """A front of ours (`gcs_emulator.serve_front`) before a running `S3Emulator`, on `port`: a subclass's `answer`
+  says what it changes; it holds the emulator's objects, so a bucket made there is seen here."""
 
   def __init__(self, server: S3Emulator, port: int):
     self.server, self.port, self.front = server, port, None
     self.url = f"http://127.0.0.1:{port}"
-    self.refused: list[str] = []  # "<method> <target> (<header>)" of each request answered 501
 
   def start(self) -> None:
     self.front = serve_front(self, self.port)
@@ -59,6 +57,16 @@ class WithoutConditionalWrites:
   def environment(self) -> dict:
     return dict(self.server.environment(), AWS_ENDPOINT_URL=self.url)
 
+
+class WithoutConditionalWrites(Front):
+  """An S3-compatible store without conditional writes, as some are: it answers a write or delete carrying
+  `If-Match` or `If-None-Match` as such a store does, 501 NotImplemented with AWS's words for a header it does not
+  implement, and passes every other request on unchanged to the emulator."""
+
+  def __init__(self, server: S3Emulator, port: int):
+    super().__init__(server, port)
+    self.refused: list[str] = []  # "<method> <target> (<header>)" of each request answered 501
+
   def answer(self, method: str, target: str, headers, body: bytes) -> tuple[int, dict, bytes]:
     condition = next((h for h in ("If-Match", "If-None-Match") if h in headers), None)
     if method not in ("PUT", "POST", "DELETE") or condition is None:
@@ -67,6 +75,27 @@ class WithoutConditionalWrites:
     return 501, {"Content-Type": "application/xml"}, (
         '<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>NotImplemented</Code><Message>A header you provided '
         f'implies functionality that is not implemented</Message><Header>{condition}</Header></Error>').encode()
+
+
+class LosesAnswers(Front):
+  """A store whose answer to a request is lost on the way back: the first `times` writes carrying `If-Match` (the
+  lease's renewals) are made, then the connection is cut before their answers, as a network that drops it would.
+  The client retries each, against the version the write it made replaced."""
+
+  def __init__(self, server: S3Emulator, port: int, times: int = 1):
+    super().__init__(server, port)
+    self.times = times
+    self.lost: list[str] = []  # "<method> <target>" of each request made and its answer lost
+    self.conditional: list[str] = []  # "<method> <target>" of each conditional write, in order
+
+  def answer(self, method: str, target: str, headers, body: bytes) -> tuple[int, dict, bytes]:
+    answer = forward(self.server.port, method, target, headers, body)
+    if method == "PUT" and "If-Match" in headers:
+      self.conditional.append(f"{method} {target} -> {answer[0]}")
+      if len(self.lost) < self.times:
+        self.lost.append(f"{method} {target}")
+        raise ConnectionResetError("the answer is lost")  # (serve_front's server closes the connection quietly)
+    return answer
 
 
 def create_bucket(url: str, name: str) -> str:
@@ -191,3 +220,4 @@ class AuthenticatingS3:
       listing = s3.list_objects_v2(Bucket=bucket or self.bucket, **token)
       keys += [o["Key"] for o in listing.get("Contents", [])]
     return sorted(keys)
+

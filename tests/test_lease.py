@@ -416,6 +416,29 @@ def test_a_store_without_conditional_writes_is_one_warning_and_no_lock(s3_server
   assert capsys.readouterr().out.splitlines() == [warning] * 2
 
 
+def test_a_renewal_whose_answer_was_lost_keeps_the_lease(s3_server, capsys):
+  """A renewal that the store makes but whose answer is lost (`LosesAnswers`: the connection cut before it): the
+  client retries it, and the store answers that the object changed, as that renewal changed it. The object holds
+  this job's token, so the job still holds the workdir: it renews on and writes on, with nothing to say. (Before,
+  the job took its own renewal for another job's take-over and stopped at its next write.)"""
+  bucket = s3_emulator.create_bucket(s3_server.url, f"tupe-lost-answer-{os.getpid()}")
+  workdir = f"{bucket}/run"
+  assert not storage.exists(workdir)  # (s3fs's endpoint made here, on the suite's emulator: see the test above)
+  store = s3_emulator.LosesAnswers(s3_server, free_port())
+  with gcs_emulator.serving(store), gcs_emulator.emulator_environment(store):
+    with lease.hold(workdir, ttl=2):  # renewed every 0.5 s
+      wait_for(lambda: len(store.conditional) >= 4, "three renewals after the one whose answer was lost")
+      fence.check(workdir)
+      storage.write_text(f"{workdir}/after", "written")
+    assert storage.walk_files(workdir) == ["after"]  # and the lease released
+  target = f"/{bucket[5:]}/run/{lease.LEASE_NAME}"
+  assert store.lost == [f"PUT {target}"]
+  # The lost renewal (made: 200), its retry against the version it replaced (412), the rewrite over the version it
+  # left, then renewals as usual.
+  assert store.conditional[:4] == [f"PUT {target} -> {status}" for status in (200, 412, 200, 200)], store.conditional
+  assert capsys.readouterr().out == ""
+
+
 def test_a_job_paused_past_its_lease_writes_nothing_after_another_took_over(gcs_bucket, tmp_path):
   """train.py A is paused (SIGSTOP) past its lease's lifetime; train.py B takes the workdir over and finishes the
   run; A, resumed (SIGCONT), finds at its first write that it lost the lease, stops with one line, and the workdir

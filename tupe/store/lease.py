@@ -8,7 +8,8 @@ written anything (`WorkdirInUse`, a `UserError`: exit status 2).
   last owner's host and pid, which a second job reads to name it.
 - In a bucket (gs://, s3://): a lease object `<workdir>/.tupe.lease` holding the owner's record and the lease's
   expiry. It is created only if there is none, so of two jobs starting together one wins; a background thread
-  renews it every `ttl / 4` seconds (each renewal conditional on the object being the version this job wrote);
+  renews it every `ttl / 4` seconds (each renewal conditional on the object being the version this job wrote, or
+  holding this job's token: a renewal whose answer was lost and which the client retried);
   it is deleted when the job ends (conditional on the same). A crashed job's lease expires after `ttl` seconds
   (at once when its process is gone: `_pid_is_gone`) and is taken over, conditional on the old object's version,
   so of two jobs taking over together one wins.
@@ -203,6 +204,23 @@ class _BucketLease:
     self.version = self.object.put(json.dumps(record).encode(), version)
     self.expires = record["expires"]
 
+  def _renew(self, version) -> None:
+    """Writes this job's record again over `version` (under `_lock`). A store that answers that the object changed,
+    while it still holds this job's token, made a write of ours whose answer was lost (the client then retried it,
+    against the version that write replaced): the record is written over the version that write left."""
+    try:
+      self._put(version)
+    except lease_objects.Changed:
+      try:
+        data, current = self.object.read()
+      except FileNotFoundError:
+        raise lease_objects.Changed() from None
+      owner = jsonfile.parse(data)
+      if not owner or owner.get("token") != self.token:
+        raise
+      self._put(current)
+    self._renewed = time.monotonic()
+
   def acquire(self) -> bool:
     """Takes the lease and starts renewing it; `WorkdirInUse` when a live job holds it. False, with one warning and
     no lease, where the store does not implement conditional writes."""
@@ -281,8 +299,7 @@ class _BucketLease:
       if owner.get("expires", 0) - time.time() < self.ttl / 2:
         with self._lock:
           if self.version == written:  # (else the renewal thread wrote since the read, as this would have)
-            self._put(version)
-            self._renewed = time.monotonic()
+            self._renew(version)
     except (FileNotFoundError, lease_objects.Changed):
       raise self._taken_over() from None
     except fence.LeaseLost:
@@ -297,8 +314,8 @@ class _BucketLease:
     while not self._stop.wait(self.every):
       try:
         with self._lock:
-          self._put(self.version)
-        self._renewed, failing = time.monotonic(), False
+          self._renew(self.version)
+        failing = False
       except lease_objects.Changed:
         if not self._stop.is_set():
           self._taken_over()  # the job stops at its next write
