@@ -26,6 +26,7 @@ from configs import glue as glue_config
 from configs import pretrain as pretrain_config
 from tupe import models
 from tupe.data import tokenizer as tokenizer_lib
+from tupe.data import wordpiece
 from tupe.errors import UserError
 from tupe.glue import classifier
 from tupe.glue import encoding
@@ -59,7 +60,8 @@ def corpus(tmp_path_factory):
   """A small text corpus and an uncased and a cased WordPiece vocab trained on it."""
   root = tmp_path_factory.mktemp("corpus")
   (root / "corpus.txt").write_text(CORPUS * 20, encoding="utf-8")
-  vocabs = {lowercase: tokenizer_lib.train_wordpiece([CORPUS], 160, root / f"vocab-{lowercase}.txt", lowercase)
+  # (the reproducible trainer: `tokenizers`' breaks ties in hash-map order, so each run's models differed)
+  vocabs = {lowercase: wordpiece.train_reproducible([CORPUS], 160, root / f"vocab-{lowercase}.txt", lowercase)
             for lowercase in (True, False)}
   return root / "corpus.txt", vocabs
 
@@ -394,6 +396,8 @@ def test_fine_tuned_classifier_export(name, exported, tmp_path):
   assert tokenizer.model_max_length == 24
   pair = glue.Example("a quick fox", "the lazy dog", None, 0)  # shorter than max_seq_len: no truncation
   arrays = encoding.encode(tokenizer_lib.wordpiece(vocab, cfg.data.lowercase), [pair], 24)
+  ids = tokenizer(pair.text_a, pair.text_b)["input_ids"]  # the pipeline's input: ours, token for token
+  assert ids == arrays["input_ids"][0, :len(ids)].tolist() and arrays["attention_mask"][0].sum() == len(ids)
   ours = jax.nn.softmax(module.apply({"params": params}, *(jnp.asarray(arrays[k]) for k in (
       "input_ids", "attention_mask", "token_type_ids")))[0])
   pipe = transformers.pipeline("text-classification", model=str(tmp_path / "hf"), trust_remote_code=remote)
