@@ -78,21 +78,20 @@ class WithoutConditionalWrites(Front):
 
 
 class LosesAnswers(Front):
-  """A store whose answer to a request is lost on the way back: the first `times` writes carrying `If-Match` (the
-  lease's renewals) are made, then the connection is cut before their answers, as a network that drops it would.
-  The client retries each, against the version the write it made replaced."""
+  """A store whose answer to one request is lost on the way back: the first write carrying `If-Match` (a lease
+  renewal) is made, then the connection is cut before its answer, as a network that drops it would. The client
+  retries it, against the version that write replaced."""
 
-  def __init__(self, server: S3Emulator, port: int, times: int = 1):
+  def __init__(self, server: S3Emulator, port: int):
     super().__init__(server, port)
-    self.times = times
-    self.lost: list[str] = []  # "<method> <target>" of each request made and its answer lost
-    self.conditional: list[str] = []  # "<method> <target>" of each conditional write, in order
+    self.lost: list[str] = []  # "<method> <target>" of the request made and its answer lost
+    self.conditional: list[str] = []  # "<method> <target> -> <status>" of each write carrying If-Match, in order
 
   def answer(self, method: str, target: str, headers, body: bytes) -> tuple[int, dict, bytes]:
     answer = forward(self.server.port, method, target, headers, body)
     if method == "PUT" and "If-Match" in headers:
       self.conditional.append(f"{method} {target} -> {answer[0]}")
-      if len(self.lost) < self.times:
+      if not self.lost:
         self.lost.append(f"{method} {target}")
         raise ConnectionResetError("the answer is lost")  # (serve_front's server closes the connection quietly)
     return answer
@@ -220,4 +219,3 @@ class AuthenticatingS3:
       listing = s3.list_objects_v2(Bucket=bucket or self.bucket, **token)
       keys += [o["Key"] for o in listing.get("Contents", [])]
     return sorted(keys)
-

@@ -204,6 +204,10 @@ class _BucketLease:
     self.version = self.object.put(json.dumps(record).encode(), version)
     self.expires = record["expires"]
 
+  def _ours(self, owner: dict | None) -> bool:
+    """Whether a lease record (parsed; None if unreadable) is this job's."""
+    return bool(owner) and owner.get("token") == self.token
+
   def _renew(self, version) -> None:
     """Writes this job's record again over `version` (under `_lock`). A store that answers that the object changed,
     while it still holds this job's token, made a write of ours whose answer was lost (the client then retried it,
@@ -215,8 +219,7 @@ class _BucketLease:
         data, current = self.object.read()
       except FileNotFoundError:
         raise lease_objects.Changed() from None
-      owner = jsonfile.parse(data)
-      if not owner or owner.get("token") != self.token:
+      if not self._ours(jsonfile.parse(data)):
         raise
       self._put(current)
     self._renewed = time.monotonic()
@@ -250,7 +253,7 @@ class _BucketLease:
       except (FileNotFoundError, lease_objects.Changed):
         continue  # released or replaced since
       owner = jsonfile.parse(data)
-      if owner and owner.get("token") == self.token:  # ours: a retried create whose first answer was lost
+      if self._ours(owner):  # a retried create whose first answer was lost
         self.version, self.expires = version, owner["expires"]
         return None
       if not (owner is None or owner.get("expires", 0) < time.time() or _pid_is_gone(owner)):
@@ -294,7 +297,7 @@ class _BucketLease:
       written = self.version
       data, version = self.object.read()
       owner = jsonfile.parse(data)
-      if not owner or owner.get("token") != self.token:
+      if not self._ours(owner):
         raise self._taken_over()
       if owner.get("expires", 0) - time.time() < self.ttl / 2:
         with self._lock:
