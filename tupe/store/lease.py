@@ -292,8 +292,7 @@ class _BucketLease:
     if self.lost is not None:
       raise self.lost
     try:
-      # The read takes no lock: S3 retries it for seconds while the store does not answer, and a job's checks back
-      # to back would keep the renewals (and so the lease's loss) waiting.
+      # No lock for the read, which S3 retries for seconds: checks back to back would starve the renewals.
       written = self.version
       data, version = self.object.read()
       owner = jsonfile.parse(data)
