@@ -31,6 +31,7 @@ from test_resume import train_env
 from tupe.errors import UserError
 from tupe.store import fence
 from tupe.store import lease
+from tupe.store import owners
 from tupe.store import storage
 
 # A real job holding `workdir` (argv[1], lease ttl argv[2]) until killed: prints "held" once it holds it, then
@@ -302,10 +303,10 @@ def test_a_process_is_judged_gone_by_host_id_pid_and_start_time_not_host_name(bu
     with lease.hold(same_name):
       pytest.fail("took a live lease of another machine with this host's name")
   reused = f"{bucket}/reused"
-  foreign_lease(reused, expires_in=600, host=socket.gethostname(), host_id=lease._host_id(), pid=os.getpid(),
-                start=lease._start_time(os.getpid()) - 1)
+  foreign_lease(reused, expires_in=600, host=socket.gethostname(), host_id=owners.host_id(), pid=os.getpid(),
+                start=owners.start_time(os.getpid()) - 1)
   with lease.hold(reused):
-    assert lease_record(reused)["pid"] == os.getpid() and lease_record(reused)["host_id"] == lease._host_id()
+    assert lease_record(reused)["pid"] == os.getpid() and lease_record(reused)["host_id"] == owners.host_id()
   assert "warning: took over the lease of " in capsys.readouterr().out
 
 

@@ -11,7 +11,7 @@ written anything (`WorkdirInUse`, a `UserError`: exit status 2).
   renews it every `ttl / 4` seconds (each renewal conditional on the object being the version this job wrote, or
   holding this job's token: a renewal whose answer was lost and which the client retried);
   it is deleted when the job ends (conditional on the same). A crashed job's lease expires after `ttl` seconds
-  (at once when its process is gone: `_pid_is_gone`) and is taken over, conditional on the old object's version,
+  (at once when its process is gone: `owners.is_gone`) and is taken over, conditional on the old object's version,
   so of two jobs taking over together one wins.
 
 Fencing (`tupe.store.fence`): every write that commits state checks, right before it writes, that this job still
@@ -21,8 +21,7 @@ lifetime, cut off from the store) stops at its next write, with one line naming 
 now, and writes nothing more. The first failed renewal is one warning; renewals failing for longer than half the
 lease's lifetime stop the job at its next write, with one line naming the store's cause.
 
-A process is judged gone only by its host id (the machine's boot and pid namespace), pid and start time, never by
-its host name: two machines of one name never take each other's live lease, nor a reused pid a dead one's.
+Who holds it, and whether that job's process is gone, is read from the record it wrote (`tupe.store.owners`).
 
 The lease logic is one (`_BucketLease`) on any store of `lease_objects.STORES`. An S3-compatible store that
 answers conditional writes "not implemented" gets one warning, and no lock; one that ignores the headers silently
@@ -38,12 +37,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 import contextlib
-import datetime
 import errno
 import fcntl
 import json
 import os
-import socket
 import threading
 import time
 import uuid
@@ -57,6 +54,7 @@ from tupe.store import deadline
 from tupe.store import fence
 from tupe.store import jsonfile
 from tupe.store import lease_objects
+from tupe.store import owners
 from tupe.store import refusals
 from tupe.store import storage
 
@@ -69,68 +67,10 @@ class WorkdirInUse(UserError):
   """Another live job holds the workdir's lock or lease."""
 
 
-def _read_proc(name: str) -> str | None:
-  """The text of a /proc file; None where there is none (not Linux, or no such process)."""
-  try:
-    fd = os.open(name, os.O_RDONLY)
-  except OSError:
-    return None
-  try:
-    return os.read(fd, 4096).decode()
-  finally:
-    os.close(fd)
-
-
-def _host_id() -> str | None:
-  """This machine's boot and pid namespace ("<boot id>/<namespace inode>"): processes with one host id see the same
-  pids, which no host name tells (two machines, or two containers, may share one). None where /proc does not say."""
-  boot = _read_proc("/proc/sys/kernel/random/boot_id")
-  try:
-    namespace = os.stat("/proc/self/ns/pid").st_ino
-  except OSError:
-    return None
-  return f"{boot.strip()}/{namespace}" if boot else None
-
-
-def _start_time(pid: int) -> int | None:
-  """When process `pid` started (clock ticks after boot: /proc/<pid>/stat's 22nd field); None if there is none."""
-  stat = _read_proc(f"/proc/{pid}/stat")
-  return int(stat.rsplit(")", 1)[1].split()[19]) if stat else None
-
-
-def _owner(ttl: float = 0.0, token: str = "") -> dict:
-  """This job as a lock records it: host (its name, for people; its id, for `_pid_is_gone`), pid, process start,
-  since when, and (a lease) its token and the time it expires."""
-  record = {"host": socket.gethostname(), "host_id": _host_id(), "pid": os.getpid(),
-            "start": _start_time(os.getpid()), "since": time.time()}
-  if ttl:
-    record.update(token=token, expires=time.time() + ttl)
-  return record
-
-
-def _clock(t: float) -> str:
-  return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def _who(owner: dict | None) -> str:
-  if not owner:  # it has taken the lock and not yet written its name
-    return "another job"
-  return f"another job (pid {owner.get('pid')} on host {owner.get('host')}, since {_clock(owner.get('since', 0))})"
-
-
 def _in_use(workdir, owner: dict | None, expiry: bool = False) -> WorkdirInUse:
-  until = f"; its lease expires at {_clock(owner['expires'])} unless renewed" if expiry and owner else ""
-  return WorkdirInUse(f"workdir {workdir} is in use by {_who(owner)}{until}: wait for it to finish or stop it, or "
-                      f"choose another --workdir")
-
-
-def _pid_is_gone(owner: dict) -> bool:
-  """Whether `owner`'s process is known to be gone: it ran on this host (the same host id, not merely the same
-  name) and no process has its pid, or one started at another time has (the pid was reused)."""
-  host_id = _host_id()
-  if host_id is None or owner.get("host_id") != host_id or not isinstance(owner.get("pid"), int):
-    return False
-  return _start_time(owner["pid"]) != owner.get("start")
+  until = f"; its lease expires at {owners.clock(owner['expires'])} unless renewed" if expiry and owner else ""
+  return WorkdirInUse(f"workdir {workdir} is in use by {owners.describe(owner)}{until}: wait for it to finish or "
+                      f"stop it, or choose another --workdir")
 
 
 _STOPPING = "stopping without writing anything more, so that two jobs never write one workdir"
@@ -159,7 +99,7 @@ class _LocalLock:
       raise _in_use(self.workdir, owner) from None
     try:
       os.ftruncate(self.fd, 0)
-      os.pwrite(self.fd, json.dumps(_owner()).encode(), 0)
+      os.pwrite(self.fd, json.dumps(owners.record()).encode(), 0)
     except OSError as e:  # A full disk, a file size limit: the lock is not held.
       os.close(self.fd)
       raise storage.StorageError(f"cannot lock {self.path}: {refusals.describe(e)}") from e
@@ -200,7 +140,7 @@ class _BucketLease:
 
   def _put(self, version) -> None:
     """Writes this job's record if the object is at `version` (None: if there is none)."""
-    record = _owner(self.ttl, self.token)
+    record = owners.record(self.ttl, self.token)
     self.version = self.object.put(json.dumps(record).encode(), version)
     self.expires = record["expires"]
 
@@ -256,7 +196,7 @@ class _BucketLease:
       if self._ours(owner):  # a retried create whose first answer was lost
         self.version, self.expires = version, owner["expires"]
         return None
-      if not (owner is None or owner.get("expires", 0) < time.time() or _pid_is_gone(owner)):
+      if not (owner is None or owner.get("expires", 0) < time.time() or owners.is_gone(owner)):
         return _in_use(self.workdir, owner, expiry=True)
       try:
         self._put(version)
@@ -264,7 +204,7 @@ class _BucketLease:
         continue  # another job took it over first: the next look names it
       console.log(f"warning: took over the lease of {self.workdir} from a job that stopped without releasing it ("
                   + (f"pid {owner.get('pid')} on host {owner.get('host')}, lease expired at "
-                     f"{_clock(owner['expires'])}" if owner and "expires" in owner else "an unreadable lease") + ")")
+                     f"{owners.clock(owner['expires'])}" if owner and "expires" in owner else "an unreadable lease") + ")")
       return None
     return _in_use(self.workdir, None)
 
@@ -278,7 +218,7 @@ class _BucketLease:
     """The lease was replaced or deleted by another job: lost, naming the job that holds it now."""
     try:
       owner = jsonfile.parse(self.object.read()[0])
-      holder = f"{_who(owner)} took the workdir over and holds it now"
+      holder = f"{owners.describe(owner)} took the workdir over and holds it now"
     except Exception:  # deleted since (that job finished), or the store does not answer
       holder = "another job took the workdir over (and has released it since)"
     return self._lose(f"it was not renewed for {self.ttl:g} s (this job was paused, or cut off from the store), "
