@@ -16,6 +16,9 @@ from tupe.train import pretrain
 BAD_VALUES = (
     ("model.num_heads", 0, "model.num_heads=0 must be 1 or more"),
     ("model.ffn_groups", 0, "model.ffn_groups=0 must be 1 or more"),
+    ("model.conv_kernel_size", -1, "model.conv_kernel_size=-1 must be 1 or more"),  # odd, and was let through
+    ("model.max_position_embeddings", 0, "model.max_position_embeddings=0 must be 1 or more"),
+    ("model.pad_token_id", 30522, "model.pad_token_id=30522 is not a token id of the vocab (30522 tokens)"),
     ("model.dtype", "float8", "model.dtype='float8'; use float32 or bfloat16"),
     ("model.num_buckets", 2, "model.num_buckets=2 must be even and 4 or more"),
     ("model.max_distance", 8, "model.max_distance=8 must exceed model.num_buckets // 4 = 8"),

@@ -110,8 +110,12 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
       raise UserError(msg)
   need(cfg.position in ("absolute", "untied", "none"),
        f"model.position={cfg.position!r}; use 'absolute', 'untied' or 'none'")
-  for name in ("hidden_size", "num_heads", "num_layers", "intermediate_size", "ffn_groups"):
+  for name in ("hidden_size", "num_heads", "num_layers", "intermediate_size", "ffn_groups", "embedding_size",
+               "max_position_embeddings", "conv_kernel_size"):
     need(cfg[name] >= 1, f"model.{name}={cfg[name]} must be 1 or more")
+  need(cfg.vocab_size >= 0, f"model.vocab_size={cfg.vocab_size} must be 0 (the tokenizer's) or more")
+  need(0 <= cfg.pad_token_id < (cfg.vocab_size or cfg.pad_token_id + 1),
+       f"model.pad_token_id={cfg.pad_token_id} is not a token id of the vocab ({cfg.vocab_size} tokens)")
   need(cfg.hidden_size % cfg.num_heads == 0,
        f"model.hidden_size={cfg.hidden_size} is not divisible by model.num_heads={cfg.num_heads}")
   need(cfg.head_ratio >= 1 and cfg.num_heads % cfg.head_ratio == 0,

@@ -48,7 +48,8 @@ class Embeddings(nn.Module):
     return x
 
   def attend(self, x: jax.Array) -> jax.Array:
-    """Tied output projection: x [..., embedding_size] -> float32 logits [..., vocab].
+    """Tied output projection: x [..., embedding_size] -> logits [..., vocab], float32 (float64 in float64 models:
+    `layers.wide`).
 
     The table is zero-padded to a multiple of VOCAB_MULTIPLE rows for the product and the logits sliced back:
     BERT's 30,522 rows are not even a multiple of 8, which costs the matrix units whole tiles
@@ -59,5 +60,5 @@ class Embeddings(nn.Module):
     padding = -table.shape[0] % VOCAB_MULTIPLE
     if padding:
       table = jnp.pad(table, ((0, padding), (0, 0)))
-    logits = jnp.einsum("...e,ve->...v", x.astype(dtype), table, preferred_element_type=jnp.float32)
+    logits = jnp.einsum("...e,ve->...v", x.astype(dtype), table, preferred_element_type=layers.wide(dtype))
     return logits[..., :self.cfg.vocab_size] if padding else logits

@@ -72,7 +72,8 @@ def broadcast_leading(x: jax.Array, leading: tuple[int, ...]) -> jax.Array:
 
   Its gradient sums the leading axes as a ones-vector matrix product: XLA:CPU reduces a leading axis of a wide
   array far slower, and fused the reductions of every layer sharing the term into one (`python -m
-  bench.ablations --ablate broadcast`; docs/BENCHMARKS.md).
+  bench.ablations --ablate broadcast`; docs/BENCHMARKS.md). The product is a sum in float32 at full precision:
+  at the default precision, GPUs round each float32 term to TF32 and TPUs to bfloat16 first.
   """
   return jnp.broadcast_to(x, tuple(leading) + x.shape)
 
@@ -83,8 +84,9 @@ def _broadcast_leading_fwd(x, leading):
 
 def _broadcast_leading_bwd(leading, _, grad):
   rows = math.prod(leading)
-  summed = jnp.ones((rows,), grad.dtype) @ grad.reshape(rows, -1)
-  return (summed.reshape(grad.shape[len(leading):]),)
+  summed = jnp.matmul(jnp.ones((rows,), grad.dtype), grad.reshape(rows, -1), precision=jax.lax.Precision.HIGHEST,
+                      preferred_element_type=wide(grad.dtype))
+  return (summed.astype(grad.dtype).reshape(grad.shape[len(leading):]),)
 
 
 broadcast_leading.defvjp(_broadcast_leading_fwd, _broadcast_leading_bwd)
