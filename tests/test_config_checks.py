@@ -157,6 +157,10 @@ def test_sweep_print_checks_each_point_with_its_data(tmp_path, capsys):
     ("evals_per_epoch", -1, "evals_per_epoch=-1 must be 0 or more"),
     ("regression_scale", 0.0, "regression_scale=0.0 must be positive"),
     ("swap_pairs", "rte,foo", "swap_pairs='rte,foo': unknown GLUE task 'foo'"),
+    ("swap_pairs", "mrpc,cola", "swap_pairs='mrpc,cola' names CoLA, whose examples are single sentences: swap only "
+                                "sentence-pair tasks"),
+    ("learning_rates", (2e-5, 2.0000001e-5), "learning_rates=(2e-05, 2.0000001e-05) holds two rates that both read "
+                                             "2e-05 to 6 digits"),
 ])
 def test_bad_glue_values_are_one_line(field, value, words):
   cfg = config_files.load_config("configs/glue.py:tupe")

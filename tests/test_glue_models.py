@@ -116,6 +116,12 @@ def test_predict_gives_the_submission_and_the_dev_scores(grid, glue_dir, tmp_pat
   assert [o["index"] for o in objects] == list(range(len(dev))) and [o["label"] for o in objects] == labels
   np.testing.assert_allclose([o["entailment"] for o in objects],
                              [float(row[2]) for row in read_tsv(tmp_path / "dev.tsv")[1:]], atol=1e-6)
+  # Without "idx", a row's index is its position among the rows: blank lines take none.
+  jsonl.write_text("\n".join(json.dumps({"sentence1": e.text_a, "sentence2": e.text_b}) for e in dev[:3])
+                   .replace("\n", "\n\n", 1) + "\n")
+  predict_cli(grid / "models" / "RTE", jsonl, tmp_path / "three_out.jsonl")
+  objects = [json.loads(line) for line in (tmp_path / "three_out.jsonl").read_text().splitlines()]
+  assert [o["index"] for o in objects] == [0, 1, 2] and [o["label"] for o in objects] == labels[:3]
 
   predict_cli(grid / "models" / "STS-B", glue_dir / "STS-B" / "dev.tsv", tmp_path / "stsb.tsv")
   rows = read_tsv(tmp_path / "stsb.tsv")
@@ -152,6 +158,17 @@ def test_bad_rows_are_one_line_each_and_nothing_is_written(grid, tmp_path, capsy
   assert err[0] == f"error: 2 bad rows in {source}, nothing written:" and not out.exists()
   assert err[1] == f"{source}:2: no field 'sentence2' for RTE"
   assert err[2].startswith(f"{source}:3: not a JSON object (") and err[2].endswith("(a cut last line?)")
+
+
+def test_outputs_that_are_not_finite_are_refused(grid):
+  """A model whose training diverged gives NaN logits: one line, not a traceback from a NaN class id."""
+  saved = classifier.load(grid / "models" / "RTE")
+  examples = [glue.Example("A man sleeps.", "A man rests.", None, i) for i in (7, 8)]
+  logits = np.array([[0.1, 0.2], [np.nan, 0.0]], np.float32)
+  broken = predict.task_model.Predicted(predict.task_model.prediction_values(logits, 1.0), logits, 0.0)
+  with pytest.raises(UserError, match=r"^the model's outputs are not finite \(NaN or inf\) on 1 of 2 rows \(index 8 "
+                                      r"first\), nothing written"):
+    predict.output_rows(saved, examples, broken)
 
 
 def test_bad_arguments_are_one_line_before_the_model_is_read(tmp_path, capsys):

@@ -69,6 +69,11 @@ def check_config(cfg) -> None:
   if len(set(cfg.learning_rates)) != len(cfg.learning_rates):
     raise UserError(f"learning_rates={cfg.learning_rates} repeats a learning rate: give each once, e.g. "
                     f"--config.learning_rates=2e-5,3e-5")
+  named = [f"{lr:g}" for lr in cfg.learning_rates]  # as runs.run_dir and the reports name them
+  if len(set(named)) != len(named):
+    twice = next(name for name in named if named.count(name) > 1)
+    raise UserError(f"learning_rates={cfg.learning_rates} holds two rates that both read {twice} to 6 digits, "
+                    f"which would share one run's folder and predictions: give rates that differ within 6 digits")
   names = [task.name for task in glue_data.parse_tasks(cfg.tasks)]
   if len(set(names)) != len(names):
     twice = next(name for name in names if names.count(name) > 1)
@@ -97,9 +102,13 @@ def check_config(cfg) -> None:
   if cfg.regression_scale <= 0:
     raise UserError(f"regression_scale={cfg.regression_scale} must be positive")
   try:
-    glue_data.parse_tasks(cfg.swap_pairs)
+    swapped = glue_data.parse_tasks(cfg.swap_pairs)
   except UserError as e:
     raise UserError(f"swap_pairs={cfg.swap_pairs!r}: {e}") from None
+  single = [task.name for task in swapped if task.text_b is None]
+  if single:
+    raise UserError(f"swap_pairs={cfg.swap_pairs!r} names {', '.join(single)}, whose examples are single sentences: "
+                    f"swap only sentence-pair tasks (the ConvBERT recipe swaps MRPC and STS-B)")
   optim.check_adam(cfg.optimizer)
 
 

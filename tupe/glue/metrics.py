@@ -8,13 +8,15 @@ Per-task score, i.e. the one number per task that goes into an average:
     CoLA, Pearson for STS-B, accuracy for every other task (MRPC and QQP included). This is `metrics["score"]`,
     used to pick checkpoints and learning rates, and the number in the TUPE GLUE table.
   * ELECTRA/ConvBERT convention (ELECTRA paper, section 3.1): Matthews for CoLA, Spearman for STS-B, accuracy
-    for the rest. Used only for `glue_average`.
+    for the rest. Used only for `glue_average`, on the runs that the TUPE score chose: one learning rate and seed
+    per task, picked by Pearson for STS-B and by MNLI's mean of matched and mismatched, then read with the ELECTRA
+    metric. A run chosen by the ELECTRA metric itself could differ where the two disagree.
 GLUE's own leaderboard averages F1/accuracy and Pearson/Spearman pairs; neither paper does, so neither do we.
 
-A diverged model: every metric of predictions that are not all finite (NaN or inf scores; finetune.py gives NaN
-class ids for rows with non-finite logits) is NaN, never a number computed from garbage. Where runs are compared
-(the best evaluation of a run, the best seed, medians over seeds, the best learning rate), `ranking_score` makes
-such a score (NaN, or None once written to JSON) the worst possible, -inf.
+A diverged model: every metric of predictions that are not all finite (NaN or inf scores; `model.prediction_values`
+gives NaN class ids for rows with non-finite logits) is NaN, never a number computed from garbage. Where runs are
+compared (the best evaluation of a run, the best seed, medians over seeds, the best learning rate), `ranking_score`
+makes such a score (NaN, or None once written to JSON) the worst possible, -inf.
 """
 import dataclasses
 import functools
@@ -213,7 +215,8 @@ def tupe_average(results: Mapping[str, Mapping[str, float]]) -> Average:
 
 
 def glue_average(results: Mapping[str, Mapping[str, float]]) -> Average:
-  """ELECTRA/ConvBERT's GLUE dev average: one ELECTRA-convention score for each of 8 tasks (MNLI-m, no WNLI).
+  """ELECTRA/ConvBERT's GLUE dev average: one ELECTRA-convention score for each of 8 tasks (MNLI-m, no WNLI), of the
+  runs `results` holds (in the reports: those the TUPE score chose; the module's docstring).
 
   Args:
     results: evaluation name -> metrics as returned by `task_metrics`; other tasks are ignored.

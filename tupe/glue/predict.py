@@ -99,9 +99,9 @@ def read_input(path: storage.PathLike, task: glue.Task) -> list[glue.Example]:
   if kind == ".tsv":
     examples = _read_tsv(path, lines, task, errors)
   else:
-    examples = []
-    for number, line in enumerate(lines, 1):
-      example = _jsonl_example(path, number, line, len(lines), task, errors) if line.strip() else None
+    examples, rows = [], [(number, line) for number, line in enumerate(lines, 1) if line.strip()]
+    for position, (number, line) in enumerate(rows):  # blank lines are not rows: they take no position
+      example = _jsonl_example(path, number, position, line, len(lines), task, errors)
       if example is not None:
         examples.append(example)
   if errors:
@@ -126,9 +126,10 @@ def _read_tsv(path, lines, task: glue.Task, errors: list[str]) -> list[glue.Exam
                   f"{texts}, as in GLUE's {task.folder}/dev.tsv")
 
 
-def _jsonl_example(path, number: int, line: str, total: int, task: glue.Task,
+def _jsonl_example(path, number: int, position: int, line: str, total: int, task: glue.Task,
                    errors: list[str]) -> glue.Example | None:
-  """The example of one JSONL line, or None with its error appended."""
+  """The example of the JSONL line `number` (of `total`), the row at `position` from 0 (its index where it has
+  none), or None with its error appended."""
   where = f"{path}:{number}"
   try:
     row = json.loads(line)
@@ -152,7 +153,7 @@ def _jsonl_example(path, number: int, line: str, total: int, task: glue.Task,
       return None
     texts.append(row[key])
   index_key = next((k for k in JSONL_INDEX_KEYS if k in row), None)
-  index = number - 1 if index_key is None else row[index_key]
+  index = position if index_key is None else row[index_key]
   if not isinstance(index, int) or isinstance(index, bool):
     errors.append(f"{where}: {index_key} {index!r} is not an integer")
     return None
@@ -162,7 +163,15 @@ def _jsonl_example(path, number: int, line: str, total: int, task: glue.Task,
 def output_rows(saved: classifier.Saved, examples: list[glue.Example], predicted: task_model.Predicted
                 ) -> tuple[list[str], list[list]]:
   """(column names, one row per example): index, label and a probability per label named after it; STS-B: index
-  and score."""
+  and score.
+
+  Raises:
+    UserError: the model's outputs are not finite on some rows (a model saved after its training diverged).
+  """
+  broken = [e.idx for e, row in zip(examples, predicted.logits) if not np.isfinite(row).all()]
+  if broken:
+    raise UserError(f"the model's outputs are not finite (NaN or inf) on {len(broken)} of {len(examples)} rows "
+                    f"(index {broken[0]} first), nothing written: its training diverged; fine-tune it again")
   if saved.labels is None:
     return ["index", "score"], [[e.idx, float(v)] for e, v in zip(examples, predicted.values)]
   probs = probabilities(predicted.logits)
