@@ -227,12 +227,15 @@ def test_text_in_another_encoding_is_one_line_and_a_byte_order_mark_is_dropped(t
   (tmp_path / "bom.txt").write_bytes("\ufeff[PAD]\nété\n".encode("utf-8"))
   assert storage.read_text(tmp_path / "bom.txt") == "[PAD]\nété\n"
   (tmp_path / "latin.txt").write_bytes("Un été.\n".encode("latin-1"))
-  with pytest.raises(storage.StorageError, match=rf"^{tmp_path / 'latin.txt'} is not UTF-8 text \(byte 3\): convert "
-                                                 r"it \(e\.g\. iconv -f latin1 -t utf-8\)$"):
+  with pytest.raises(storage.StorageError, match=rf"^{tmp_path / 'latin.txt'} is not UTF-8 text \(line 1, byte 3\): "
+                                                 r"convert it \(e\.g\. iconv -f latin1 -t utf-8\)$"):
     storage.read_text(tmp_path / "latin.txt")
-  with pytest.raises(storage.StorageError, match=rf"^vocab file {tmp_path / 'latin.txt'} is not UTF-8 text \(byte "
-                                                 r"3\): pass another$"):
+  with pytest.raises(storage.StorageError, match=rf"^vocab file {tmp_path / 'latin.txt'} is not UTF-8 text \(line 1, "
+                                                 r"byte 3\): pass another$"):
     storage.read_text(tmp_path / "latin.txt", "pass another", "vocab file")
+  (tmp_path / "latin.txt").write_bytes("[PAD]\r\nUn été.\n".encode("latin-1"))  # the line, counted in bytes
+  with pytest.raises(storage.StorageError, match=r"is not UTF-8 text \(line 2, byte 10\)"):
+    storage.read_text(tmp_path / "latin.txt")
 
 
 @pytest.mark.parametrize("name", ["exists", "is_dir", "is_file", "makedirs", "read_bytes", "read_range", "write_bytes",

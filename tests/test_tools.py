@@ -183,7 +183,7 @@ def test_analyze_user_errors(tupe_checkpoint, sentences_file, tmp_path, capsys):
     analyze.read_sentences(empty, 4)
   latin = tmp_path / "latin.txt"
   latin.write_bytes("Un été.\n".encode("latin-1"))
-  with pytest.raises(UserError, match=f"^text file {latin} is not UTF-8 text \\(byte 3\\): convert it"):
+  with pytest.raises(UserError, match=f"^text file {latin} is not UTF-8 text \\(line 1, byte 3\\): convert it"):
     analyze.read_sentences(latin, 4)
 
 

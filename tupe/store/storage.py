@@ -163,12 +163,14 @@ CONVERT = "convert it (e.g. iconv -f latin1 -t utf-8)"
 
 def read_text(p: PathLike, fix: str = CONVERT, what: str = "") -> str:
   """The text of UTF-8 file `p`, a leading byte order mark dropped. A file in another encoding raises
-  StorageError, one line: "<what> <p> is not UTF-8 text (byte N): <fix>"."""
+  StorageError, one line: "<what> <p> is not UTF-8 text (line L, byte N): <fix>"."""
   data = read_bytes(p)
   try:
     return data.decode("utf-8-sig")
   except UnicodeDecodeError as e:
-    raise StorageError(f"{what + ' ' if what else ''}{p} is not UTF-8 text (byte {e.start}): {fix}") from None
+    line = data.count(b"\n", 0, e.start) + 1
+    raise StorageError(f"{what + ' ' if what else ''}{p} is not UTF-8 text (line {line}, byte {e.start}): {fix}"
+                       ) from None
 
 
 def _fetch(p: PathLike, start: int | None = None, end: int | None = None) -> bytes:
