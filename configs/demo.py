@@ -12,8 +12,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c = pretrain.get_config(arg or "tupe_a,tiny")
   c.model.update(vocab_size=0, hidden_size=128, num_heads=4, intermediate_size=512, num_layers=2)
   c.model.embedding_size = c.model.hidden_size
-  c.data.source = "demo"
-  c.update(seq_len=64, global_batch_size=32, num_train_steps=300, log_every=25, eval_every=100, eval_batches=4)
+  c.data.update(source="demo", eval_fraction=0.05)  # 5%: ~300 examples, for 8 eval batches of 32
+  c.update(seq_len=64, global_batch_size=32, num_train_steps=300, log_every=25, eval_every=100, eval_batches=8)
   c.optimizer.update(learning_rate=2e-3, warmup_steps=30)
   c.checkpoint.update(every_steps=100, keep_last=2, keep_every=0)
   return c

@@ -53,7 +53,7 @@ def common() -> ml_collections.ConfigDict:
                                                 stop_grace_s=deadline.DEFAULT_STOP_GRACE_S))
   c.log_every = 100
   c.eval_every = 10_000            # and after the last step; 0: no eval split, no evaluation
-  c.eval_batches = 20
+  c.eval_batches = 20              # batches per evaluation, at most the eval split's whole batches
   c.nonfinite = "skip"             # non-finite loss/grads: "skip" the update, or "stop" the run
   c.peak_flops = 0.0               # per-device peak FLOP/s for MFU; 0 = data sheet or measured matmul
   c.check_memory = True            # refuse a train step that needs more memory than the devices have

@@ -33,6 +33,9 @@ class _FixedBatches:
   def __init__(self, data: pipeline.PretrainData, batch_size: int, seed: int):
     self.data, self.batch_size, self.seed = data, batch_size, seed
 
+  def __len__(self) -> int:
+    return len(self.data)
+
   def iterator(self, **_):
     for start in range(0, len(self.data) - self.batch_size + 1, self.batch_size):
       yield self.data.batch(np.arange(start, start + self.batch_size), self.seed)

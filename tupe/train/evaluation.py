@@ -12,7 +12,9 @@ from tupe.train import sharding
 
 
 class Evaluator:
-  """Held-out metrics over the same `eval_batches` batches at every evaluation of a `tupe.train.pretrain.Setup`.
+  """Held-out metrics over the same batches at every evaluation of a `tupe.train.pretrain.Setup`: the split's first
+  `eval_batches` batches, or as many whole batches as it holds where it holds fewer, so that no example is scored
+  twice (the split's iterator repeats it endlessly).
 
   Each loss and accuracy is a mean over all the batches' predictions (or tokens, for the discriminator's), not a
   mean of per-batch means, which would weigh a prediction in a batch with few of them more: the first
@@ -22,13 +24,21 @@ class Evaluator:
 
   def __init__(self, setup, data: pipeline.PretrainData, rows: tuple[int, int]):
     self.setup, self.data, self.rows = setup, data, rows
+    # At least one: `tupe.train.pretrain.load_data` refuses a split smaller than a batch.
+    self.num_batches = min(setup.cfg.eval_batches, len(data) // setup.cfg.global_batch_size)
     self.denoms = None
+
+  def describe(self) -> str:
+    """The evaluation's size, for the run's log: how many of the split's examples each evaluation scores."""
+    batch, n = self.setup.cfg.global_batch_size, len(self.data)
+    return (f"each evaluation scores {self.num_batches} batch{'es' if self.num_batches > 1 else ''} of {batch}: "
+            f"{self.num_batches * batch:,} of the eval split's {n:,} examples")
 
   def batches(self):
     cfg = self.setup.cfg
     it = self.data.iterator(batch_size=cfg.global_batch_size, seed=cfg.seed, rows=self.rows)
     try:
-      for _ in range(cfg.eval_batches):
+      for _ in range(self.num_batches):
         yield sharding.global_batch(next(it), self.setup.mesh, cfg.global_batch_size)
     finally:
       if hasattr(it, "close"):  # Its data worker processes, if any.
@@ -43,5 +53,5 @@ class Evaluator:
     for batch in self.batches():
       metrics = jax.device_get(self.setup.eval_step(params, batch, self.denoms))
       totals = {k: totals.get(k, 0.0) + float(v) for k, v in metrics.items()}
-    n = self.setup.cfg.eval_batches
+    n = self.num_batches
     return {k: v / n if k in objectives.AVERAGED_METRICS else v for k, v in totals.items()}

@@ -230,6 +230,8 @@ def load_data(cfg) -> tuple[pipeline.PretrainData, pipeline.PretrainData | None]
   to evaluate fails before training), as `train` reads them; `tupe.study.sweep` checks each grid point with them."""
   train_data = pipeline.PretrainData(cfg.data, seq_len=cfg.seq_len, split="train")
   eval_data = pipeline.PretrainData(cfg.data, seq_len=cfg.seq_len, split="eval") if cfg.eval_every else None
+  if eval_data is not None and len(eval_data) < cfg.global_batch_size:
+    raise UserError(pipeline.too_small_to_evaluate(len(eval_data), cfg.global_batch_size))
   return train_data, eval_data
 
 
@@ -273,6 +275,8 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
     evaluate = evaluation.Evaluator(setup, eval_data, rows) if eval_data is not None else None
     console.log(describe(setup, train_data, rows))
     console.log(train_data.fill_line())
+    if evaluate is not None:
+      console.log(evaluate.describe())
     if warning := epochs_warning(cfg, len(train_data)):
       console.log(warning)
     # Before the state is loaded or created: a step that cannot fit is refused before anything big is allocated.
