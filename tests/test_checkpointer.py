@@ -250,6 +250,21 @@ def test_settings_older_configs_left_implicit_are_not_reported_as_changed():
       "model.scan_layers=False in the checkpoint, True now"]
 
 
+def test_a_checkpoint_of_another_vocabulary_of_the_same_size_is_refused(tmp_path):
+  """Same size, so the parameters fit: the tokens are compared, and a run that would read every id as another
+  token is refused in one line."""
+  config = json.loads(pretrain.get_config("tupe_a,tiny").to_json_best_effort())
+  vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "a", "an"]
+  saved = meta_lib.create(config, vocab, 100)
+  resume._check_same_data(5, tmp_path, saved, meta_lib.create(config, vocab, 100))  # the same: resumes
+  resume._check_same_data(5, tmp_path, saved, meta_lib.create(config, [], 100))  # synthetic data: none to compare
+  other = vocab[:5] + ["a", "the", "an"]
+  with pytest.raises(UserError, match=rf"^checkpoint 5 in {re.escape(str(tmp_path))} was trained with another "
+                                      r"vocabulary \(2 ids read another token; id 5: 'the' in the checkpoint, 'a' "
+                                      r"now\); resume with the vocab it was trained with, or use a new --workdir$"):
+    resume._check_same_data(5, tmp_path, saved, meta_lib.create(config, other, 100))
+
+
 # Waiting for each save (async_save=False) is the same code in either store: on gs:// only.
 @pytest.mark.parametrize("bucket, async_save", [("gs", True), ("gs", False), ("s3", True)], indirect=["bucket"])
 def test_checkpoints_in_a_bucket(bucket, async_save, caplog):

@@ -211,6 +211,7 @@ def inputs(tmp_path_factory):
   """A tiny vocab and text files that are empty, not UTF-8, or missing."""
   root = tmp_path_factory.mktemp("inputs")
   (root / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "a"]) + "\n")
+  (root / "pad_second.txt").write_text("\n".join(["[UNK]", "[PAD]", "[CLS]", "[SEP]", "[MASK]", "the", "a"]) + "\n")
   (root / "empty.txt").write_text("")
   (root / "latin1.txt").write_bytes("caf\xe9 cr\xe8me\n".encode("latin-1"))
   (root / "text.txt").write_text("the a the\n\na the a\n")
@@ -270,7 +271,10 @@ BAD_INPUTS = {
     "empty file": ("empty.txt", [], 1, "fresh", ["empty.txt holds no text", "give it text, or leave it out"]),
     "non-UTF-8 text": ("latin1.txt", [], 1, "fresh", ["latin1.txt is not UTF-8", "iconv"]),
     "vocab not UTF-8": (("text.txt", "latin1.txt"), [], 1, "fresh",
-                        ["vocab file", "latin1.txt is not UTF-8 text (byte 3)", "iconv"]),
+                        ["vocab file", "latin1.txt is not UTF-8 text (line 1, byte 3)", "iconv"]),
+    "vocab's [PAD] is not id 0": (("text.txt", "pad_second.txt"), [], 1, "fresh",
+                                  ["model.pad_token_id=0 but the vocab's [PAD] is id 1",
+                                   "--config.model.pad_token_id=1"]),
     "vocab is a directory": (("text.txt", "no_corpus"), [], 1, "fresh", ["vocab file", "no_corpus is a directory"]),
     "metrics.jsonl is a directory": ({}, [], 1, "metrics_is_a_dir",
                                      ["metrics.jsonl is a folder, where train.py writes a file", "move it away"]),

@@ -66,6 +66,14 @@ def resolve_vocab_size(cfg, vocab_size: int) -> None:
                     f"set --config.model.vocab_size={vocab_size} (or 0 to take it from the tokenizer)")
 
 
+def check_pad_id(cfg, pad_id: int) -> None:
+  """The model's pad_token_id (whose embedding TUPE zeroes) must be the tokenizer's [PAD] id, which pads the
+  batches."""
+  if cfg.model.pad_token_id != pad_id:
+    raise UserError(f"model.pad_token_id={cfg.model.pad_token_id} but the vocab's [PAD] is id {pad_id}; set "
+                    f"--config.model.pad_token_id={pad_id}, or use a vocab with [PAD] on its first line")
+
+
 def make_eval_step(cfg, module):
   """(params, batch, denoms) -> the batch's shares of the metrics over all eval batches (`Evaluator`)."""
   def eval_step(params, batch, denoms):
@@ -269,6 +277,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
     workdir = job.workdir
     job.enter(signals.saving(lambda: checkpoint.last_saved(workdir / "checkpoints")))  # named by a second Ctrl-C
     train_data, eval_data = load_data(cfg)
+    check_pad_id(cfg, train_data.info.pad_id)
     resolve_vocab_size(cfg, train_data.info.vocab_size)
     setup = build(cfg, devices)
     rows = sharding.host_rows(setup.mesh, cfg.global_batch_size)

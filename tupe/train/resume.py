@@ -3,9 +3,9 @@
 The input pipeline needs no state: batch s is a function of the seed and s (`tupe.data.pipeline`), so a run
 resumed at step s continues with batch s, whatever its number of hosts or data workers. A resumed run must see
 the same stream: a checkpoint written with other data settings (the data config less locations and worker
-count, seq_len, global_batch_size, seed) or over another number of training examples is an error, as are
-parameters of other shapes (another architecture or vocabulary) and, when the state does not restore, another
-optimizer structure. Other settings may change (e.g. num_train_steps, to extend a run); they are reported
+count, seq_len, global_batch_size, seed), with another vocabulary (of the same size: the tokens compared) or over
+another number of training examples is an error, as are parameters of other shapes (another architecture or
+vocabulary size) and, when the state does not restore, another optimizer structure. Other settings may change (e.g. num_train_steps, to extend a run); they are reported
 (`warn_changed_settings`). `Compatibility` is what `checkpoint.Checkpointer.restore_latest` calls.
 """
 from __future__ import annotations
@@ -98,6 +98,13 @@ def _check_same_data(step: int, directory: storage.Path, saved_meta: CheckpointM
   if diff:
     raise UserError(f"checkpoint {step} in {directory} was trained on other batches ({'; '.join(diff[:3])}); "
                     f"resume with the same data settings and corpus, or use a new --workdir")
+  if saved_meta.vocab and meta.vocab and saved_meta.vocab != meta.vocab:  # (of one size: the shapes fit)
+    ids = [i for i, (a, b) in enumerate(zip(saved_meta.vocab, meta.vocab)) if a != b]
+    first = ids[0] if ids else min(len(saved_meta.vocab), len(meta.vocab))
+    token = lambda vocab: repr(vocab[first]) if first < len(vocab) else "none"
+    raise UserError(f"checkpoint {step} in {directory} was trained with another vocabulary ({len(ids)} ids read "
+                    f"another token; id {first}: {token(saved_meta.vocab)} in the checkpoint, {token(meta.vocab)} "
+                    f"now); resume with the vocab it was trained with, or use a new --workdir")
 
 
 def warn_changed_settings(lr_schedule, step: int, saved_config: dict, config: dict) -> None:
