@@ -167,6 +167,16 @@ def test_eval_metrics_are_means_over_all_eval_predictions():
   for key in expected:
     np.testing.assert_allclose(got[key], expected[key], rtol=1e-5, err_msg=key)  # per-batch means: 1.5% off
   assert evaluator(params) == got  # the same batches, and denominators, at every evaluation
+  # More batches than the split holds: its whole batches, each example once (the iterator would wrap around).
+  setup.cfg.eval_batches = len(data)
+  whole_split = evaluation.Evaluator(setup, data, rows=(0, 2))
+  assert whole_split.num_batches == len(data) // 2 < len(data)
+  assert whole_split.describe() == (f"each evaluation scores {len(data) // 2} batches of 2: {len(data) // 2 * 2} of "
+                                    f"the eval split's {len(data)} examples")
+  cfg.update(global_batch_size=len(data) + 1, eval_every=10)
+  with pytest.raises(errors.UserError, match=rf"^the eval split has {len(data)} examples, fewer than one batch of "
+                                             rf"{len(data) + 1} \(global_batch_size\), so it cannot be evaluated: "):
+    pretrain.load_data(cfg)
 
 
 def test_a_run_shorter_than_eval_every_ends_with_an_evaluation(tmp_path):
