@@ -12,7 +12,7 @@ model (traced milliseconds per step, by category and for the `--top` module path
 operations by time (per step, share of the traced time, calls per step). With --compare, the other models
 at the same size are traced in turn (HLO operation names differ between programs: compare categories and
 modules). The traces stay in --trace-dir for a trace viewer,
-beside each model's compiled program (`<model>/train_step.hlo`, the HLO text the operation names refer to).
+beside each model's compiled program (`<recipe>/train_step.hlo`, the HLO text the operation names refer to).
 
 The traced time is the sum of the operations' durations, averaged over devices. On a CPU, operations run
 concurrently on the cores, so it exceeds the step's wall time: compare shares and differences. On a GPU the
@@ -124,10 +124,9 @@ def op_name(event: dict) -> str:
   return args.get("hlo_op") or args.get("name") or event["name"]
 
 
-def trace_steps(runner, steps: int, trace_dir: pathlib.Path) -> list[dict]:
-  """Runs one step, then traces `steps` steps; returns their device events."""
+def trace_steps(runner, steps: int, out: pathlib.Path) -> list[dict]:
+  """Runs one step, then traces `steps` steps into `out`; returns their device events."""
   runner.step()
-  out = trace_dir / runner.cfg.model.name
   with jax.profiler.trace(str(out), create_perfetto_trace=True):
     for _ in range(steps):
       runner.step()
@@ -181,18 +180,19 @@ def main(argv=None) -> list[dict]:
     cfg = train_step.args_config(args, spec)
     runner = train_step.Runner(cfg, devices=train_step.args_devices(args))
     hlo = runner.compiled.as_text()
-    (trace_dir / cfg.model.name).mkdir(parents=True, exist_ok=True)
-    (trace_dir / cfg.model.name / "train_step.hlo").write_text(hlo)
+    out = trace_dir / train_step.recipe_name(spec)  # (convbert and convbert_mlm share a model name)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "train_step.hlo").write_text(hlo)
     operations = hlo_operations(hlo)
     runs = args.steps * runner.setup.mesh.devices.size
-    stats = summarize(trace_steps(runner, args.steps, trace_dir), runs, operations)
+    stats = summarize(trace_steps(runner, args.steps, out), runs, operations)
     total = sum(stats["per_op"].values())
     top = lambda table: dict(sorted(table.items(), key=lambda item: -item[1])[:args.top])
     summary = {"model": cfg.model.name, "size": cfg.model.size, "batch": args.batch, "seq": args.seq,
                "dtype": cfg.model.dtype, "device_kind": jax.devices()[0].device_kind,
                "traced_ms_per_step": total, "ms_per_step_by_category": dict(stats["by_category"]),
                "share_by_category": {k: v / total for k, v in stats["by_category"].items()},
-               "ms_per_step_by_module": top(stats["by_where"]), "trace_dir": str(trace_dir / cfg.model.name),
+               "ms_per_step_by_module": top(stats["by_where"]), "trace_dir": str(out),
                **bench.machine()}
     records.append(summary)
     bench.emit(summary)

@@ -28,6 +28,7 @@ first: what scanning the layers saves in compilation and costs per step.
 from __future__ import annotations
 
 import argparse
+import pathlib
 import time
 
 import jax
@@ -150,6 +151,14 @@ def args_devices(args) -> list | None:
   return jax.devices()[:args.devices]
 
 
+def recipe_name(spec: str) -> str:
+  """The model recipe a config spec names (configs/pretrain.py:convbert_mlm,base -> convbert_mlm): the label that
+  tells apart recipes of one model name (convbert and convbert_mlm are both model.name "convbert"); the file's
+  name for a spec without an argument."""
+  path, _, arg = spec.partition(":")
+  return arg.partition(",")[0] or pathlib.Path(path).stem
+
+
 def compare_specs(spec: str, names: str) -> list[str]:
   """Config specs of the comma-separated models `names` at the size of `spec` (path.py:model,size)."""
   path, _, arg = spec.partition(":")
@@ -177,7 +186,7 @@ def main(argv=None) -> list[dict]:
                                 args.config_override + (variant.split(",") if variant else []), args.tiny),
                     devices=devices)
              for spec, variant in specs]
-  labels = [r.cfg.model.name + (f" {variant}" if variant else "") for r, (_, variant) in zip(runners, specs)]
+  labels = [recipe_name(spec) + (f" {variant}" if variant else "") for spec, variant in specs]
   peak = device_peak(runners[0].cfg, 512 if args.tiny else 2048)
   for r in runners:
     for _ in range(args.warmup):

@@ -88,6 +88,10 @@ def test_train_step(capsys, tmp_path):
   assert plotted(lines, tmp_path, "train_step").shape[2] in (3, 4)
   with pytest.raises(SystemExit, match=r"^error: --devices 9, but this machine has 8 devices$"):
     train_step.main(TINY + ["--devices", "9", "--config", BERT])
+  # Labels are the recipes: convbert and convbert_mlm, both model.name "convbert", keep a ratio each.
+  assert [train_step.recipe_name(spec) for spec in train_step.compare_specs(BERT, "convbert,convbert_mlm")] == [
+      "convbert", "convbert_mlm"]
+  assert train_step.recipe_name("configs/demo.py") == "demo"
 
 
 def test_profile(capsys, monkeypatch, tmp_path):
