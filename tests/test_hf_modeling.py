@@ -222,7 +222,7 @@ def test_sequence_classification_losses_as_bert():
   model = tiny(modeling_tupe.TupeForSequenceClassification, "tupe_a", num_labels=3)
   labels = torch.tensor([0, 2, 1])
   out = model(ids, mask, types, labels=labels)
-  assert model.config.problem_type == "single_label_classification"
+  assert model.config.problem_type == "single_label_classification" and model.num_labels == 3  # as BERT's has it
   assert_close(out.loss, torch.nn.functional.cross_entropy(out.logits, labels), 1e-6)
   model = tiny(modeling_tupe.TupeForSequenceClassification, "tupe_a", num_labels=3)
   targets = torch.tensor([[1.0, 0.0, 1.0], [0.0, 0.0, 1.0], [1.0, 1.0, 0.0]])
@@ -241,7 +241,7 @@ def test_token_classification_and_multiple_choice():
   model = tiny(modeling_tupe.TupeForTokenClassification, "tupe_r", num_labels=4)
   labels = torch.where(mask.bool(), ids % 4, -100)
   out = model(ids, mask, types, labels=labels)
-  assert out.logits.shape == (3, ids.shape[1], 4)
+  assert out.logits.shape == (3, ids.shape[1], 4) and model.num_labels == 4
   assert_close(out.loss, torch.nn.functional.cross_entropy(out.logits[mask.bool()], labels[mask.bool()]), 1e-6)
   # Multiple choice scores each choice as the encoder and the classifier (one output) score it alone.
   model = tiny(modeling_tupe.TupeForMultipleChoice, "tupe_r")

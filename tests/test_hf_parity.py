@@ -125,6 +125,17 @@ def test_convbert_model_bin_parity(tmp_path):
     load.import_convbert_mlm(tmp_path)
 
 
+def test_a_bfloat16_safetensors_checkpoint_imports(tmp_path):
+  """A model saved in bfloat16 (as many are on the Hub): its weights read as float32 (safetensors' numpy reader
+  does not take bfloat16: a KeyError's traceback before), equal to the bfloat16 model's upcast."""
+  model = hf_model(transformers.ConvBertModel, *SHAPES["small"]).to(torch.bfloat16)
+  model.save_pretrained(tmp_path)
+  model = model.float()  # the bfloat16 values, exactly, run in float32
+  ids, mask, types = padded_batch(model.config.vocab_size)
+  cfg, params = load.import_convbert(tmp_path)
+  assert_backbone_parity(cfg, params, run_hf(model, ids, mask, types), ids, mask, types)
+
+
 def test_task_checkpoint_backbone(tmp_path):
   """A classifier checkpoint: the backbone is imported, the head keys are left alone."""
   model = hf_model(transformers.ConvBertForSequenceClassification, 64, 4, 128, 32, 2, vocab_size=100)

@@ -10,8 +10,9 @@ What a directory holds (`tupe.hf.layout` has the mapping):
                        (`tupe.hf.remote`), loaded with trust_remote_code=True (which also map TupeModel and the
                        sequence-classification, token-classification and multiple-choice heads in auto_map).
 Each directory also holds the tokenizer (vocab.txt, tokenizer.json, tokenizer_config.json), cased or uncased as
-pre-trained, so AutoTokenizer.from_pretrained(DIR) tokenizes as this package does. A model with an option that
-HF's class cannot express is refused with one line naming the option. A classifier fine-tuned here
+pre-trained, so AutoTokenizer.from_pretrained(DIR) tokenizes as this package does (a pair longer than the
+max length is cut slightly otherwise: docs/SHARING.md). A model with an option that HF's class cannot express is
+refused with one line naming the option. A classifier fine-tuned here
 (`models.Classifier` params; eval_glue.py's WORKDIR/models/<TASK>) exports with its head, its labels (id2label,
 label2id, problem_type) and its tokenizer's max length through `export_classifier`. The command line is
 `python -m tupe.tools.export_hf`.

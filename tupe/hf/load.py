@@ -23,6 +23,7 @@ import io
 
 import jax
 import ml_collections
+import ml_dtypes
 import numpy as np
 
 from tupe import models
@@ -165,16 +166,33 @@ def _read_config(directory: storage.Path) -> tuple[dict, ml_collections.ConfigDi
   return config, cfg
 
 
+# safetensors' dtype names -> numpy's; bfloat16 (which safetensors.numpy does not read) through ml_dtypes
+_SAFETENSORS_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
+                       "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
+                       "BOOL": np.bool_}
+
+
 def read_safetensors(file: storage.PathLike) -> dict[str, np.ndarray]:
-  """name -> array of every tensor in a .safetensors file (local or in a bucket); a UserError if it is missing or
-  numpy cannot read it."""
-  import safetensors.numpy
+  """name -> array of every tensor in a .safetensors file (local or in a bucket), bfloat16 ones as float32 (models
+  saved in bfloat16, as many are on the Hub); a UserError if it is missing, not a safetensors file or holds
+  another dtype."""
+  import safetensors
   if not storage.is_file(file):
     raise UserError(f"{file} does not exist; pass a directory written by tupe.tools.export_hf or HF save_pretrained")
   try:
-    return safetensors.numpy.load(storage.read_bytes(file))
-  except TypeError as e:
-    raise UserError(f"{file} holds a dtype numpy cannot read ({e}); re-save the model in float32") from e
+    tensors = safetensors.deserialize(storage.read_bytes(file))
+  except Exception as e:  # a truncated or foreign file: safetensors' own error
+    raise UserError(f"{file} cannot be read as safetensors ({e}); pass a directory written by HF "
+                    f"save_pretrained") from None
+  arrays = {}
+  for name, tensor in tensors:
+    dtype = _SAFETENSORS_DTYPES.get(tensor["dtype"])
+    if dtype is None:
+      raise UserError(f"{file} holds {name} as {tensor['dtype']}, which this reader does not take; re-save the "
+                      f"model in float32")
+    array = np.frombuffer(tensor["data"], dtype).reshape(tensor["shape"])
+    arrays[name] = array.astype(np.float32) if dtype is ml_dtypes.bfloat16 else array
+  return arrays
 
 
 def param_shapes(module, cfg, *extra) -> dict[str, tuple]:

@@ -18,8 +18,9 @@ What DIR holds (`tupe.hf.layout` has the mapping):
                        (id2label, label2id), problem_type ("regression" for STS-B, whose logit is the 0-5 score)
                        and the tokenizer's model_max_length set to the fine-tuning's max_seq_len.
 Each directory also holds the tokenizer (vocab.txt, tokenizer.json, tokenizer_config.json), cased or uncased as
-pre-trained, so AutoTokenizer.from_pretrained(DIR) tokenizes as this package does. A model with an option that
-HF's class cannot express is refused with one line naming the option.
+pre-trained, so AutoTokenizer.from_pretrained(DIR) tokenizes as this package does (a pair longer than the
+max length is cut slightly otherwise: docs/SHARING.md). A model with an option that HF's class cannot express is
+refused with one line naming the option.
 """
 from __future__ import annotations
 

@@ -411,6 +411,7 @@ class TupeForSequenceClassification(TupePreTrainedModel):
 
   def __init__(self, config: TupeConfig):
     super().__init__(config)
+    self.num_labels = config.num_labels  # as BERT's and ConvBERT's heads have it
     self.tupe = TupeModel(config)
     self.classifier = TupeClassificationHead(config, config.num_labels)
     self.post_init()
@@ -443,6 +444,7 @@ class TupeForTokenClassification(TupePreTrainedModel):
 
   def __init__(self, config: TupeConfig):
     super().__init__(config)
+    self.num_labels = config.num_labels
     self.tupe = TupeModel(config)
     self.dropout = nn.Dropout(config.hidden_dropout_prob)
     self.classifier = nn.Linear(config.hidden_size, config.num_labels)
