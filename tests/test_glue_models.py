@@ -24,6 +24,7 @@ from tupe.glue import tasks as glue
 from tupe.run.process import run_main
 from tupe.store import checksums
 from tupe.study import heldout
+from tupe.train import objectives
 from tupe.tools import predict as predict_tool
 
 # 64 training rows in batches of 16, two epochs, one learning rate, two seeds: seconds per run.
@@ -204,10 +205,12 @@ def test_bad_arguments_are_one_line_before_the_model_is_read(tmp_path, capsys):
 def test_a_kept_model_is_not_scored_as_a_pre_training_checkpoint(grid, tmp_path):
   text = tmp_path / "text.txt"
   text.write_text("Some text to score.\n")
-  with pytest.raises(UserError, match=f"^{grid / 'models' / 'RTE'} is not a pre-training checkpoint \\(a model "
-                                      f"fine-tuned by eval_glue.py scores text with python -m tupe.tools.predict\\): "
-                                      f"give a train.py workdir$"):
+  refused = (f"^{grid / 'models' / 'RTE'} is not a pre-training checkpoint \\(a model fine-tuned by eval_glue.py "
+             f"labels text with python -m tupe.tools.predict\\): give a train.py workdir$")
+  with pytest.raises(UserError, match=refused):
     heldout.evaluate(str(grid / "models" / "RTE"), str(text))
+  with pytest.raises(UserError, match=refused):  # the analysis tool's reader (it labelled the task as a step)
+    objectives.load_encoder(grid / "models" / "RTE")
 
 
 def test_export_runs_in_transformers_as_predict(grid, glue_dir, tmp_path):

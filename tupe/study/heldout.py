@@ -15,13 +15,13 @@ import jax
 import ml_collections
 import numpy as np
 
-from tupe import config_files
 from tupe.data import pipeline
 from tupe.data import tokenizer as tokenizer_lib
 from tupe.errors import UserError
 from tupe.store import checkpoint
 from tupe.store import storage
 from tupe.train import evaluation
+from tupe.train import objectives
 from tupe.train import pretrain
 
 METRICS = ("mlm_loss", "mlm_accuracy", "disc_loss", "disc_accuracy", "disc_auc")
@@ -58,9 +58,7 @@ def evaluate(checkpoint_path: str, text_file: str, seed: int = 0, max_examples: 
     raise UserError(f"--text-file {text_file} does not exist: give a UTF-8 text file")
   step_dir = checkpoint.latest_step_dir(checkpoint_path)
   meta, params = checkpoint.load_params(step_dir)
-  if config_files.entry_point(meta.config) != "train.py":
-    raise UserError(f"{step_dir} is not a pre-training checkpoint (a model fine-tuned by eval_glue.py scores text "
-                    f"with python -m tupe.tools.predict): give a train.py workdir")
+  objectives.check_pretrained(meta, step_dir)
   cfg = ml_collections.ConfigDict(meta.config)
   if not meta.vocab:
     raise UserError(f"{step_dir} holds no vocab (pre-trained on synthetic data): it cannot read text")

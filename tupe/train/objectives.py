@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
+from tupe import config_files
 from tupe import models
 from tupe.errors import UserError
 from tupe.store import checkpoint
@@ -131,9 +132,22 @@ def backbone_paths(config: dict) -> dict[str, tuple[str, ...]]:
   return {"embeddings": ("encoder", "embeddings"), "stack": ("encoder", "stack")}
 
 
+def check_pretrained(meta, where) -> None:
+  """Refuses, in one line, a checkpoint (`where`, its meta) that train.py did not write: a classifier kept by
+  eval_glue.py reads as a checkpoint too, but holds a fine-tuned encoder under another config."""
+  if config_files.entry_point(meta.config) != "train.py":
+    raise UserError(f"{where} is not a pre-training checkpoint (a model fine-tuned by eval_glue.py labels text with "
+                    f"python -m tupe.tools.predict): give a train.py workdir")
+
+
 def load_encoder(path, shardings=None):
   """A train.py checkpoint's backbone as (model config, `Encoder` params, vocab tokens): the newest intact
   checkpoint under `path`, its backbone's parameters only, on the host or read directly into `shardings` (a
-  tree of shardings of an `Encoder`'s params; `checkpoint.load_params`)."""
-  meta, params = checkpoint.load_params(path, select=lambda meta: backbone_paths(meta.config), shardings=shardings)
+  tree of shardings of an `Encoder`'s params; `checkpoint.load_params`). Another kind of checkpoint is refused
+  (`check_pretrained`)."""
+  def select(meta):
+    check_pretrained(meta, path)
+    return backbone_paths(meta.config)
+
+  meta, params = checkpoint.load_params(path, select=select, shardings=shardings)
   return ml_collections.ConfigDict(meta.config["model"]), params, meta.vocab
