@@ -12,7 +12,8 @@ Studies:
     fine-tuned with the ConvBERT GLUE recipe (its head, layer-wise lr decay 0.8).
 
 Every variant of a study has the same data settings and seed, so it sees the same batches (the same tokens
-in the same order, with the same masks), and the same number of steps.
+in the same order, with the same masks), and the same number of steps; in the convbert study, the same masks
+within each pair (its ELECTRA pair masks as ELECTRA does, its MLM pair as BERT does).
 
 Control: random_init, the same GLUE grid with no pre-training (random weights of one variant's encoder: bert_a in
 the tupe study, convbert in the convbert study; `--config.random_init`). The report shows every variant's GLUE

@@ -13,6 +13,7 @@ import pytest
 from xla_flags import xla_flags
 
 from tupe.errors import UserError
+from tupe.glue import runs as runs_lib
 from tupe.run.process import run_main
 from tupe.study import heldout
 from tupe.study import report as report_lib
@@ -145,6 +146,11 @@ def test_a_diverged_seed_gets_no_verdict_and_mnli_its_two_columns():
       "bert_a does not beat random initialisation on the GLUE average beyond the seed spread. tupe_a: no verdict, a "
       "fine-tuning seed diverged (the variant's or random_init's), so there is no seed average to compare.")
   assert report_lib.scored(("CoLA", "MNLI", "RTE")) == ["CoLA", "MNLI-m", "MNLI-mm", "RTE"]
+  # The average's gain comes from the seed averages, as its range does: a table average (of task medians) above
+  # the control's cannot make a point outside a range below 0.
+  gains = report_lib.glue_gains({"random_init": glue(50.0, [50.0, 50.1]), "tupe_a": glue(53.0, [49.5, 49.6])})
+  average = gains["tupe_a"]["average"]
+  assert average["gain"] == pytest.approx(-0.5) and average["low"] <= average["gain"] <= average["high"] < 0
 
 
 def test_second_invocation_redoes_nothing(studies, capsys):
@@ -157,6 +163,39 @@ def test_second_invocation_redoes_nothing(studies, capsys):
   assert "starting" not in out and "runs to go" not in out and "checkpoint 4 on" not in out
   assert {p: p.stat().st_mtime_ns for p in outputs} == before
   assert sorted(p for p in root.rglob("*") if p.is_file() and p.parent != root) == sorted(outputs)
+
+
+def test_a_rerun_with_other_pre_training_settings_is_refused(studies, capsys):
+  """The root's variants were pre-trained with seed 0: a rerun (or a report) with another seed would skip them as
+  finished and report them as trained with it. One line instead, and nothing written."""
+  root = studies["tupe"]
+  before = {p: p.stat().st_mtime_ns for p in root.rglob("*") if p.is_file()}
+  for mode in ((), ("--report-only",)):
+    with pytest.raises(SystemExit) as exit_info:
+      run_study("tupe", root, "--config.seed=5", *mode)
+    assert exit_info.value.code == 2
+    assert re.fullmatch(rf"error: bert_a: {re.escape(str(root / 'bert_a' / 'pretrain'))} was pre-trained with other "
+                        r"settings than the study's now \(seed=0 in the checkpoint, 5 now\): rerun with the settings "
+                        r"it was trained with, or use another --root\n", capsys.readouterr().err)
+  assert {p: p.stat().st_mtime_ns for p in root.rglob("*") if p.is_file()} == before
+
+
+def test_the_report_holds_the_planned_grid_and_held_out_score_only(studies, tmp_path):
+  """The report names the held-out text and seed of the config: a score taken with another seed is not shown under
+  them (the study scores the checkpoint again when it runs). Its GLUE medians come from the planned grid's runs:
+  with one seed of the two run, from that seed's runs, and complete."""
+  root = tmp_path / "root"
+  shutil.copytree(studies["tupe"], root)
+  run_study("tupe", root, "--report-only", "--config.heldout_seed=7", "--config.glue.seeds=1")
+  report = json.loads((root / "report.json").read_text())
+  assert report["heldout_seed"] == 7 and all(entry["heldout"] is None for entry in report["variants"].values())
+  full = json.loads((studies["tupe"] / "report.json").read_text())
+  assert full["variants"]["bert_a"]["heldout"]["seed"] == 0
+  for name, entry in report["variants"].items():
+    glue = entry["glue"]
+    assert glue["complete"] and glue["runs"] == 1 and glue["average"] is not None, name
+    runs = [run for run in runs_lib.read_runs(root / name / "glue") if run["seed"] == 1]
+    assert glue["tasks"]["RTE"]["median"] == pytest.approx(runs[0]["evaluations"]["RTE"]["accuracy"]), name
 
 
 def test_a_rerun_whose_control_copies_another_variant_does_not_take_the_old_grid(studies, tmp_path, capfd,
@@ -274,4 +313,12 @@ def test_glue_budget_needs_the_finished_pre_training(shared_data, tmp_path):
   with pytest.raises(UserError, match=r"^--variant 'random_init' is not a pre-trained variant"):
     glue_budget.main(["glue_budget", "--config=configs/study.py:tupe,micro", f"--root={tmp_path}",
                       "--variant=random_init"])
+  # Measuring TUPE-A, every budget's control is still random weights of the encoder the study's control copies
+  # (BERT-A's), as the recipe's is, not TUPE-A's.
+  cfg = runner.load_study("configs/study.py:tupe,micro", [])
+  pair = glue_budget.study_variants(cfg, tmp_path, "tupe_a")
+  for budget in ("recipe", "epochs2"):
+    _, control = glue_budget.budget_variants(cfg, tmp_path, pair, budget)
+    assert f"--config.init_checkpoint={tmp_path / 'bert_a' / 'pretrain'}" in control.glue, budget
+    assert "--config.architectures=bert_a" in control.glue and "--config.init=random" in control.glue, budget
   assert not any(tmp_path.iterdir())

@@ -223,3 +223,9 @@ def test_a_printed_sweep_command_runs_from_another_folder_and_a_sweep_ends_with_
   losses = [r["loss"] for r in runlog.read_metrics(root / "seed=1") if "loss" in r]
   assert seed1 == ["seed=1", f"{losses[-1]:.4f}", seed1[2], str(root / "seed=1")] and float(seed1[2]) > 0
   assert seed0[0] == "seed=0" and seed0[2] == "-" and seed0[3] == str(root / "seed=0")  # trained without evaluations
+  # A sweep whose arguments after -- train otherwise, into the same root: refused, not resumed as its own.
+  with pytest.raises(errors.UserError, match=rf"^run 1/2 \(seed=0\): {re.escape(str(root / 'seed=0'))} was trained "
+                                             r"with other settings \(optimizer.learning_rate=0.001 in the "
+                                             r"checkpoint, 0.5 now\): sweep into another --root"):
+    sweep.main(["sweep", "--config", "configs/pretrain.py:tupe_a,tiny", "--root", str(root), "--grid", "seed=0,1",
+                "--print", "--", *SWEEP_RUN, "--config.optimizer.learning_rate=0.5"])

@@ -9,8 +9,8 @@ numbers (1M steps of BERT-base) beside them, labelled as such.
 
 With the control (random_init: the GLUE grid on random weights, no pre-training), every pre-trained variant's
 GLUE gain over it (`glue_gains`): per task and for the average, the difference of the medians with its seed
-range, [variant min - control max, variant max - control min] over the seeds (for the average: over the seeds'
-averages across tasks). A variant beats random initialisation when the lower end of its average's range is above
+range, [variant min - control max, variant max - control min] over the seeds (for the average: the medians and
+range of the seeds' averages across tasks). A variant beats random initialisation when the lower end of its average's range is above
 0, i.e. every seed beats every seed of the control. When no variant does, the report says that GLUE at this
 budget measures nothing instead of comparing the variants on it (`glue_verdict`).
 """
@@ -19,13 +19,14 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
+
 from tupe import present
 from tupe.glue import data as glue_data
 from tupe.glue import metrics as glue_metrics
 from tupe.glue import outputs
 from tupe.glue import report as glue_report
 from tupe.glue import runs as runs_lib
-from tupe.store import jsonfile
 from tupe.store import runlog
 from tupe.store import storage
 
@@ -56,15 +57,11 @@ def _float(value) -> float | None:
   return None if value is None else float(value)
 
 
-def heldout_summary(variant, step: int) -> dict | None:
-  path = variant.heldout_file(step)
-  return jsonfile.read(path, "delete it, and the study scores that checkpoint again") if (
-      step and storage.is_file(path)) else None
-
-
 def glue_summary(variant) -> dict:
-  """Per task: best-lr median, min, max, spread (max - min), best lr, seeds; and the average of the medians."""
-  runs = runs_lib.read_runs(variant.glue_dir)
+  """Per task: best-lr median, min, max, spread (max - min), best lr, seeds; and the average of the medians. From
+  the runs of the grid the study plans now: runs.jsonl may hold others, of seeds or learning rates since dropped."""
+  planned = {(task, lr, seed) for task in variant.tasks for lr in variant.lrs for seed in variant.seeds}
+  runs = [run for run in runs_lib.read_runs(variant.glue_dir) if (run["task"], run["lr"], run["seed"]) in planned]
   summary = glue_report.summarize(runs_lib.run_records(runs))
   tasks = {}
   for result in summary:
@@ -74,7 +71,7 @@ def glue_summary(variant) -> dict:
                           "n_seeds": len(best.seeds), "n_diverged": best.n_diverged,
                           "metric": glue_metrics.score_metric(result.task)}
   average = glue_report.averages(summary)[0]
-  complete = len(runs) == len(variant.tasks) * len(variant.lrs) * len(variant.seeds)
+  complete = {(run["task"], run["lr"], run["seed"]) for run in runs} == planned
   return {"tasks": tasks, "average": average.value if complete else None, "average_tasks": list(average.tasks),
           "seed_averages": seed_averages(summary) if complete else None, "runs": len(runs), "complete": complete}
 
@@ -110,7 +107,11 @@ def glue_gains(variants: dict) -> dict:
     tasks = {task: _gain(result["median"], [result["min"], result["max"]], control["tasks"][task]["median"],
                          [control["tasks"][task]["min"], control["tasks"][task]["max"]])
              for task, result in glue["tasks"].items() if task in control["tasks"]}
-    average = _gain(glue["average"], glue["seed_averages"], control["average"], control["seed_averages"])
+    # The average's gain from the seed averages alone (their medians, and their range), so that the point lies
+    # within its range; the average of the task medians (the table's avg) can lie outside the seed averages' range.
+    median = lambda values: float(np.median(values)) if values else None
+    average = _gain(median(glue["seed_averages"]), glue["seed_averages"], median(control["seed_averages"]),
+                    control["seed_averages"])
     # None: no verdict (a fine-tuning seed of the variant or of the control diverged: no seed average to compare).
     gains[name] = {"tasks": tasks, "average": average,
                    "beats_random_init": None if average is None else bool(average["low"] > 0)}
@@ -167,7 +168,7 @@ def build(cfg, variants) -> dict:
   for variant in variants:
     pretrain = pretrain_summary(variant)
     glue = glue_summary(variant)
-    entry = {"pretrain": pretrain, "heldout": heldout_summary(variant, pretrain["steps"]), "glue": glue}
+    entry = {"pretrain": pretrain, "heldout": variant.heldout_result(pretrain["steps"]), "glue": glue}
     if cfg.study == "tupe":
       entry["paper_base"] = paper_numbers(variant.name, scored(variant.tasks))
     out["variants"][variant.name] = entry
@@ -210,8 +211,8 @@ def markdown(report: dict) -> str:
     lines += gains_markdown(report, tasks)
   lines += ["## Pre-training", "",
             f"Final evaluation on the pre-training eval split and on the held-out text {report['heldout_file']} "
-            f"(masks drawn with seed {report['heldout_seed']}, the same for every variant). ELECTRA: the MLM numbers "
-            "are the generator's.", ""]
+            f"(masks drawn with seed {report['heldout_seed']} by each variant's masking: the same for variants of one "
+            "masking). ELECTRA: the MLM numbers are the generator's.", ""]
   header = ["variant", "objective", "steps", "tokens", "eval MLM loss", "eval MLM acc", "held-out MLM loss",
             "held-out MLM acc", "disc loss", "disc acc", "disc AUC"]
   rows = []
@@ -240,8 +241,8 @@ def gains_markdown(report: dict, tasks: list[str]) -> list[str]:
           + (f", {control}'s (for the other variants a different architecture)" if control else "")
           + ", no pre-training. Each cell: the "
           "variant's median minus random_init's, and in brackets its seed range, [variant min - random_init max, "
-          "variant max - random_init min] (for avg: over each seed's average across the tasks). A variant beats "
-          "random init when the whole range of its avg is above 0.", "",
+          "variant max - random_init min] (for avg: each seed's average across the tasks, their median and range). A "
+          "variant beats random init when the whole range of its avg is above 0.", "",
           f"**{report['glue_verdict'] or 'Not every GLUE grid has finished: no verdict yet.'}**", "",
           present.markdown_table(["variant"] + [f"{task} gain" for task in tasks] + ["avg gain", "beats random init"],
                                  rows)]

@@ -48,6 +48,7 @@ from tupe.study import heldout
 from tupe.study import report
 from tupe.train import compile_cache
 from tupe.train import pretrain as pretrain_lib
+from tupe.train import resume
 
 STAGES = ("pre-train", "GLUE", "held-out score")
 CONTROL = report.CONTROL
@@ -65,6 +66,7 @@ class Variant:
       encoder it copies.
     glue_cfg: the resolved eval_glue.py config of `glue`.
     lrs: the GLUE learning rates; tasks: the GLUE task names (as runs.jsonl has them); seeds: the GLUE seeds.
+    heldout_key: how the held-out score is taken (text_file, seed, max_examples), as its file records it.
   """
   name: str
   pretrain_dir: storage.Path
@@ -77,6 +79,7 @@ class Variant:
   tasks: tuple[str, ...]
   lrs: tuple[float, ...]
   seeds: tuple[int, ...]
+  heldout_key: dict
 
   @property
   def steps(self) -> int:
@@ -89,6 +92,15 @@ class Variant:
 
   def heldout_file(self, step: int) -> storage.Path:
     return self.heldout_dir / f"step_{step}.json"
+
+  def heldout_result(self, step: int) -> dict | None:
+    """The held-out score of checkpoint `step` where it was taken as the study takes it now (`heldout_key`); None
+    where there is none, it is damaged (the study scores the checkpoint again) or another text, seed or size."""
+    path = self.heldout_file(step)
+    if not step or not storage.is_file(path):
+      return None
+    saved = jsonfile.parse(storage.read_bytes(path)) or {}
+    return saved if all(saved.get(key) == value for key, value in self.heldout_key.items()) else None
 
 
 def load_study(spec: str, overrides: list[str]):
@@ -153,7 +165,7 @@ def plan(cfg, root: storage.Path) -> list[Variant]:
                 + [f"--config.{o}" for o in tuple(cfg.pretrain_overrides) + tuple(overrides)])
     pretrain_cfg = config_files.check_config_flags(["train.py"] + pretrain[2:])
     pretrain_lib.check_config(pretrain_cfg)
-    variants.append(make_variant(name, workdir, pretrain, pretrain_cfg,
+    variants.append(make_variant(cfg, name, workdir, pretrain, pretrain_cfg,
                                  glue_command(cfg, workdir / "glue", workdir / "pretrain", pretrain_cfg.model.name)))
   if cfg.random_init:
     copied = {v.name: v for v in variants}.get(cfg.random_init)
@@ -161,17 +173,27 @@ def plan(cfg, root: storage.Path) -> list[Variant]:
       raise UserError(f"random_init={cfg.random_init!r} is not a variant of the {cfg.study} study: use one of "
                       f"{', '.join(v.name for v in variants)}, or '' for no control")
     workdir = root / CONTROL
-    variants.append(make_variant(CONTROL, workdir, [], copied.pretrain_cfg, glue_command(
-        cfg, workdir / "glue", copied.pretrain_dir, copied.pretrain_cfg.model.name, init="random")))
+    variants.append(make_variant(cfg, CONTROL, workdir, [], copied.pretrain_cfg, glue_command(
+        cfg, workdir / "glue", control_source(cfg, root), copied.pretrain_cfg.model.name, init="random")))
   return variants
 
 
-def make_variant(name: str, workdir: storage.Path, pretrain: list[str], pretrain_cfg, glue: list[str]) -> Variant:
+def control_source(cfg, root: storage.Path) -> storage.Path:
+  """The pre-training workdir whose checkpoint's architecture, vocab and casing the control's random weights take:
+  that of the variant `random_init` names."""
+  return root / cfg.random_init / "pretrain"
+
+
+def make_variant(cfg, name: str, workdir: storage.Path, pretrain: list[str], pretrain_cfg, glue: list[str]
+                 ) -> Variant:
   glue_cfg = config_files.check_config_flags(["eval_glue.py"] + glue[2:])
   finetune.check_config(glue_cfg)
   tasks = tuple(task.name for task in glue_data.parse_tasks(glue_cfg.tasks))
+  heldout_key = {"text_file": data_path(cfg, cfg.heldout_file), "seed": cfg.heldout_seed,
+                 "max_examples": cfg.heldout_max_examples}
   return Variant(name, workdir / "pretrain", workdir / "glue", workdir / "heldout", pretrain, glue, pretrain_cfg,
-                 glue_cfg, tasks, glue_data.learning_rates(glue_cfg, pretrain_cfg.model), tuple(glue_cfg.seeds))
+                 glue_cfg, tasks, glue_data.learning_rates(glue_cfg, pretrain_cfg.model), tuple(glue_cfg.seeds),
+                 heldout_key)
 
 
 def evaluate_command(cfg, variant: Variant, step: int) -> list[str]:
@@ -191,14 +213,19 @@ def finished_step(variant: Variant) -> int:
     return 0
 
 
-def heldout_done(cfg, variant: Variant, step: int) -> bool:
-  """Whether the held-out score of checkpoint `step` is there, for this text file, seed and size."""
-  path = variant.heldout_file(step)
-  if not storage.is_file(path):
-    return False
-  saved = jsonfile.parse(storage.read_bytes(path)) or {}  # (damaged: scored again)
-  return (saved.get("text_file") == data_path(cfg, cfg.heldout_file) and saved.get("seed") == cfg.heldout_seed
-          and saved.get("max_examples") == cfg.heldout_max_examples)
+def check_pretrained(variants: list[Variant]) -> None:
+  """Refuses, in one line, a variant whose checkpoint was pre-trained with other settings than the study plans now
+  (a rerun with another seed, recipe or override in the same root): train.py would resume it with a warning, or the
+  study would skip it as finished, and the report would name settings its numbers do not come from. More steps
+  than the checkpoint's run are not a difference (train.py extends the run); where files are is not either."""
+  for variant in (v for v in variants if v.pretrain and finished_step(v)):
+    cfg = variant.pretrain_cfg.copy_and_resolve_references()
+    pretrain_lib.take_shard_settings(cfg)  # as train.py takes them
+    differences = resume.planned_differences(checkpoint.load_meta(variant.pretrain_dir).config, cfg)
+    if differences:
+      raise UserError(f"{variant.name}: {variant.pretrain_dir} was pre-trained with other settings than the study's "
+                      f"now ({'; '.join(differences[:3])}): rerun with the settings it was trained with, or use "
+                      f"another --root")
 
 
 def glue_pending(variant: Variant) -> int:
@@ -256,7 +283,7 @@ def run(cfg, root: storage.Path, variants: list[Variant]) -> int:
                     f"{variant.steps} steps in {variant.pretrain_dir}")
         run_command(variant.pretrain, label)
       elif stage == "held-out score":
-        if heldout_done(cfg, variant, step):
+        if variant.heldout_result(step) is not None:
           console.log(f"[study] {label}: done ({variant.heldout_file(step)}), skipped")
           continue
         console.log(f"[study] {label}: checkpoint {step} on {data_path(cfg, cfg.heldout_file)}")
@@ -309,6 +336,7 @@ def main(argv: list[str]) -> None:
     print(f"PYTHONPATH={shlex.quote(str(config_files.REPO))} " + shlex.join(
         [sys.executable, "-m", "tupe.study", f"--config={spec}", f"--root={root}", "--report-only"] + overrides))
     return
+  check_pretrained(variants)
   if not args.report_only:
     console.log(f"[study] {cfg.study} at scale {cfg.scale}: {len(variants)} variants "
                 f"({', '.join(v.name for v in variants)}) in {root}")

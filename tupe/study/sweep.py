@@ -30,9 +30,11 @@ from tupe import config_files
 from tupe import console
 from tupe import present
 from tupe.errors import UserError
+from tupe.store import checkpoint
 from tupe.store import runlog
 from tupe.store import storage
 from tupe.train import pretrain
+from tupe.train import resume
 
 
 def parse_grid(specs: list[str]) -> list[tuple[str, list[str]]]:
@@ -83,9 +85,9 @@ def check(commands: list[list[str]]) -> None:
   """Loads every run's complete config with its overrides and checks it as train.py will before its first step:
   its values (`pretrain.check_config`), then the data it will read (`pretrain.load_data`, once per distinct data
   setting) against the model (`pretrain.resolve_vocab_size`), so that a typo in a key, a value of the wrong type
-  or out of range, settings that do not fit together (e.g. warmup past the last step), a missing corpus or a
-  vocab the model does not match is a one-line error here, before anything runs or is printed for a
-  scheduler."""
+  or out of range, settings that do not fit together (e.g. warmup past the last step), a missing corpus, a
+  vocab the model does not match, or a workdir already trained with other settings (another sweep's in the same
+  root) is a one-line error here, before anything runs or is printed for a scheduler."""
   def named(i: int, command: list[str], e: UserError) -> UserError:
     return UserError(f"run {i + 1}/{len(commands)} ({_name(command)}): {e}")
 
@@ -111,6 +113,15 @@ def check(commands: list[list[str]]) -> None:
       pretrain.resolve_vocab_size(cfg, vocab_sizes[key])
     except UserError as e:
       raise named(i, command, e) from e
+    # A workdir of the root trained under other settings (another sweep's, with other arguments after --): train.py
+    # would resume it with a warning, or take it as finished, and the summary would show its losses as this point's.
+    workdir = storage.path(command[3].split("=", 1)[1])
+    if checkpoint.newest_step(workdir / "checkpoints") >= 0:
+      differences = resume.planned_differences(checkpoint.load_meta(workdir).config, cfg)
+      if differences:
+        raise named(i, command, UserError(
+            f"{workdir} was trained with other settings ({'; '.join(differences[:3])}): sweep into another --root, "
+            f"or with the settings it was trained with"))
 
 
 def summary(commands: list[list[str]], grid_keys: int) -> str:

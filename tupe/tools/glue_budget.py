@@ -45,15 +45,17 @@ def study_variants(cfg, root: storage.Path, name: str) -> tuple[runner.Variant, 
 
 def budget_variants(cfg, root: storage.Path, pair: tuple[runner.Variant, runner.Variant],
                     budget: str) -> tuple[runner.Variant, runner.Variant]:
-  """The study's (variant, control) with their GLUE grids under `budget`, both from the variant's checkpoint."""
+  """The study's (variant, control) with their GLUE grids under `budget`."""
   if budget == RECIPE:
     return pair
-  variant = pair[0]
   budget_cfg = cfg.copy_and_resolve_references()
   budget_cfg.glue.overrides = tuple(cfg.glue.overrides) + tuple(dict(cfg.glue_budgets)[budget])
   out = root / "glue_budget" / budget
-  return tuple(runner.make_variant(v.name, out / v.name, v.pretrain, v.pretrain_cfg, runner.glue_command(
-      budget_cfg, out / v.name / "glue", variant.pretrain_dir, variant.pretrain_cfg.model.name,
+  # Each grid from the checkpoint its study grid starts from: the variant's own; the control's random weights
+  # shaped as the encoder the study's control copies (whichever variant is measured).
+  sources = {pair[0].name: pair[0].pretrain_dir, runner.CONTROL: runner.control_source(cfg, root)}
+  return tuple(runner.make_variant(budget_cfg, v.name, out / v.name, v.pretrain, v.pretrain_cfg, runner.glue_command(
+      budget_cfg, out / v.name / "glue", sources[v.name], v.pretrain_cfg.model.name,
       init="random" if v.name == runner.CONTROL else "pretrained")) for v in pair)
 
 

@@ -10,10 +10,13 @@ vocabulary size) and, when the state does not restore, another optimizer structu
 """
 from __future__ import annotations
 
+import json
+
 import jax
 
 from tupe import console
 from tupe.errors import UserError
+from tupe.store import meta as meta_lib
 from tupe.store import storage
 from tupe.store.meta import CheckpointMeta
 from tupe.store.refusals import reason
@@ -50,6 +53,18 @@ def changed_settings(saved_config: dict, config: dict) -> list[str]:
   ignored = _BOOKKEEPING
   keys = sorted(k for k in _flat(saved_config).keys() | _flat(config).keys() if not k.startswith(ignored))
   return _differences(saved_config, config, keys)
+
+
+def planned_differences(saved_config: dict, cfg) -> list[str]:
+  """The settings in which a run planned as `cfg` (a train.py config, its shard settings taken) differs from a
+  checkpoint's config, less bookkeeping (`changed_settings`), a vocab size left to the tokenizer, more steps than
+  the checkpoint's run (train.py extends a run) and eval_batches (the evaluations logged keep theirs): what a study
+  or a sweep must not resume, or skip as finished, under this plan's name."""
+  planned = meta_lib.create(json.loads(cfg.to_json_best_effort()), [], 0).config
+  if not planned["model"]["vocab_size"]:  # "the tokenizer's", which the checkpoint holds resolved
+    planned["model"]["vocab_size"] = saved_config["model"]["vocab_size"]
+  return [d for d in changed_settings(saved_config, planned) if not d.startswith("eval_batches=") and not (
+      d.startswith("num_train_steps=") and planned["num_train_steps"] > saved_config["num_train_steps"])]
 
 
 def _check_fits(step: int, directory: storage.Path, saved_params, params, saved_config: dict,
