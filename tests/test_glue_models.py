@@ -13,6 +13,7 @@ import pytest
 
 from configs import glue as glue_config
 from tupe.errors import UserError
+from tupe.glue import backbone
 from tupe.glue import classifier
 from tupe.glue import encoding
 from tupe.glue import finetune
@@ -211,6 +212,8 @@ def test_a_kept_model_is_not_scored_as_a_pre_training_checkpoint(grid, tmp_path)
     heldout.evaluate(str(grid / "models" / "RTE"), str(text))
   with pytest.raises(UserError, match=refused):  # the analysis tool's reader (it labelled the task as a step)
     objectives.load_encoder(grid / "models" / "RTE")
+  with pytest.raises(UserError, match=refused):  # fine-tuning it again, as a pre-trained encoder
+    backbone.load_backbone(grid_config(grid / "models" / "RTE", tmp_path), tmp_path)
 
 
 def test_export_runs_in_transformers_as_predict(grid, glue_dir, tmp_path):

@@ -70,6 +70,7 @@ def _random_backbone(cfg):
 def _checkpoint_backbone(cfg):
   step_dir = checkpoint_lib.latest_step_dir(cfg.init_checkpoint)
   meta = checkpoint_lib.load_meta(step_dir)
+  objectives.check_pretrained(meta, step_dir)  # (a classifier kept by eval_glue.py reads as a checkpoint too)
   model_cfg, trained_tokens = ml_collections.ConfigDict(meta.config["model"]), meta.vocab
   source = f"checkpoint {step_dir}"
   if not (trained_tokens or cfg.vocab_file):
