@@ -3,6 +3,7 @@ import json
 import os
 import pathlib
 import re
+import signal
 import subprocess
 import sys
 
@@ -194,6 +195,29 @@ SWEEP_RUN = ["--config.model.hidden_size=32", "--config.model.embedding_size=32"
              "--config.data.synthetic_vocab_size=211", "--config.seq_len=32", "--config.num_train_steps=2",
              "--config.optimizer.warmup_steps=1", "--config.eval_every=0", "--config.tensorboard=False",
              "--config.peak_flops=1e12"]
+
+
+def test_ctrl_c_in_a_sweep_saves_the_running_run_and_stops_the_sweep(tmp_path):
+  """A terminal's Ctrl-C reaches the sweep's process group: the sweep forwards it to its train.py, which saves a
+  checkpoint and exits 130, and the sweep stops with 130 too, saying so (before, subprocess.call killed the run
+  0.25 s after the Ctrl-C, before it could save, and the sweep said that nothing was saved)."""
+  root = tmp_path / "sweep"
+  env = dict(os.environ, XLA_FLAGS=xla_flags(1))
+  proc = subprocess.Popen([sys.executable, "-m", "tupe.study.sweep", "--config", "configs/pretrain.py:tupe_a,tiny",
+                           "--root", str(root), "--grid", "seed=0", "--", *SWEEP_RUN,
+                           "--config.num_train_steps=100000", "--config.log_every=1"],
+                          cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True)  # its own process group, as a terminal's foreground job
+  for line in proc.stdout:
+    if line.startswith("step 2/"):
+      break
+  os.killpg(proc.pid, signal.SIGINT)
+  out, err = proc.communicate(timeout=300)
+  assert proc.returncode == 130, err[-3000:]
+  assert err.splitlines()[-1] == ("run 1/1 was stopped by Ctrl-C (SIGINT) and saved what it had; rerun the sweep "
+                                  "to resume"), err[-3000:]
+  assert re.search(r"stopped by Ctrl-C \(SIGINT\) at step \d+", out + err), (out + err)[-3000:]
+  assert sorted(p.name for p in (root / "seed=0" / "checkpoints").iterdir() if p.name.isdigit())
 
 
 def test_a_printed_sweep_command_runs_from_another_folder_and_a_sweep_ends_with_a_table(tmp_path, capsys,

@@ -30,13 +30,16 @@ import dataclasses
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
 
 from tupe import config_files
 from tupe import console
+from tupe import signals
 from tupe.data import corpus
+from tupe.errors import Preempted
 from tupe.errors import UserError
 from tupe.glue import data as glue_data
 from tupe.glue import finetune
@@ -257,18 +260,29 @@ def glue_done(variant: Variant) -> bool:
   return all((run.get("init") or {}).get("step") == step for run in runs_lib.read_runs(variant.glue_dir))
 
 
-def run_command(command: list[str], label: str) -> None:
+def check_exit(code: int, label: str, rerun: str, command: list[str]) -> None:
+  """A command's exit status, as the study's or sweep's own: a stop signal's (130, 143: the command saved what it
+  had) stops it too, `Preempted` with that status; another failure is one line naming the command."""
+  if code in (128 + signal.SIGINT, 128 + signal.SIGTERM):
+    raise Preempted(f"{label} was stopped by {signals.name(code - 128)} and saved what it had; {rerun}",
+                    code - 128)
+  if code:
+    raise UserError(f"{label} exited with status {code}; {rerun}: {shlex.join(command)}")
+
+
+def run_command(command: list[str], label: str, call=subprocess.call) -> None:
+  """Runs a study's command with `call` (the entry point's: `tupe.run.supervise.call`, which forwards stop signals
+  to it)."""
   path = os.pathsep.join(filter(None, [str(config_files.REPO), os.environ.get("PYTHONPATH")]))
   env = dict(os.environ, PYTHONPATH=path)
   start = time.time()
-  code = subprocess.call(command, env=env)
-  if code:
-    raise UserError(f"{label} exited with status {code}; rerun the study to resume: {shlex.join(command)}")
+  check_exit(call(command, env=env), label, "rerun the study to resume", command)
   console.log(f"[study] {label}: finished in {console.format_duration(time.time() - start)}")
 
 
-def run(cfg, root: storage.Path, variants: list[Variant]) -> int:
-  """Runs what is not finished, stage by stage; returns the number of (stage, variant) steps run."""
+def run(cfg, root: storage.Path, variants: list[Variant], call=subprocess.call) -> int:
+  """Runs what is not finished, stage by stage, each command with `call` (`run_command`); returns the number of
+  (stage, variant) steps run."""
   total, ran, count = sum(len(variant.stages) for variant in variants), 0, 0
   for stage in STAGES:
     for variant in (variant for variant in variants if stage in variant.stages):
@@ -281,7 +295,7 @@ def run(cfg, root: storage.Path, variants: list[Variant]) -> int:
           continue
         console.log(f"[study] {label}: {'resuming at step ' + str(step) if step else 'starting'}, "
                     f"{variant.steps} steps in {variant.pretrain_dir}")
-        run_command(variant.pretrain, label)
+        run_command(variant.pretrain, label, call)
       elif stage == "held-out score":
         if variant.heldout_result(step) is not None:
           console.log(f"[study] {label}: done ({variant.heldout_file(step)}), skipped")
@@ -299,12 +313,13 @@ def run(cfg, root: storage.Path, variants: list[Variant]) -> int:
         pending = glue_pending(variant)
         console.log(f"[study] {label}: {pending} of {len(variant.tasks) * len(variant.lrs) * len(variant.seeds)} "
                     f"runs to go ({', '.join(variant.tasks)}) in {variant.glue_dir}")
-        run_command(variant.glue, label)
+        run_command(variant.glue, label, call)
       ran += 1
   return ran
 
 
-def main(argv: list[str]) -> None:
+def main(argv: list[str], call=subprocess.call) -> None:
+  """The command line (module docstring); each train.py and eval_glue.py command runs with `call`."""
   parser = console.ArgumentParser("python -m tupe.study", __doc__)
   parser.add_argument("--config", required=True, help="configs/study.py:<study>,<scale> (tupe|convbert, "
                                                       "micro|mini|base)")
@@ -340,7 +355,7 @@ def main(argv: list[str]) -> None:
   if not args.report_only:
     console.log(f"[study] {cfg.study} at scale {cfg.scale}: {len(variants)} variants "
                 f"({', '.join(v.name for v in variants)}) in {root}")
-    ran = run(cfg, root, variants)
+    ran = run(cfg, root, variants, call)
     console.log(f"[study] {ran} stage(s) run, {sum(len(v.stages) for v in variants) - ran} already done")
   paths = report.write(cfg, root, variants)
   console.log(f"[study] wrote {', '.join(str(p) for p in paths)}")

@@ -33,6 +33,7 @@ from tupe.errors import UserError
 from tupe.store import checkpoint
 from tupe.store import runlog
 from tupe.store import storage
+from tupe.study import runner
 from tupe.train import pretrain
 from tupe.train import resume
 
@@ -137,7 +138,9 @@ def summary(commands: list[list[str]], grid_keys: int) -> str:
   return present.markdown_table(["overrides", "loss", "eval loss", "workdir"], rows)
 
 
-def main(argv: list[str]) -> None:
+def main(argv: list[str], call=subprocess.call) -> None:
+  """The command line (module docstring); each train.py command runs with `call` (the entry point's:
+  `tupe.run.supervise.call`, which forwards stop signals to it)."""
   argv = argv[1:]
   extra = []
   if "--" in argv:
@@ -155,13 +158,13 @@ def main(argv: list[str]) -> None:
       print(f"cd {shlex.quote(os.getcwd())} && {shlex.join(command)}")
       continue
     print(f"[sweep] run {i + 1}/{len(commands)}: {shlex.join(command[2:])}", flush=True)
-    code = subprocess.call(command)
-    if code:
-      raise UserError(f"run {i + 1}/{len(commands)} exited with status {code}: {shlex.join(command)}")
+    runner.check_exit(call(command), f"run {i + 1}/{len(commands)}", "rerun the sweep to resume", command)
   if not args.print:
     print(f"[sweep] {len(commands)} runs finished:\n{summary(commands, len(args.grid))}", end="", flush=True)
 
 
 if __name__ == "__main__":
+  import functools
   from tupe.run import process
-  process.run_main(main)
+  from tupe.run import supervise
+  process.run_main(functools.partial(main, call=supervise.call))

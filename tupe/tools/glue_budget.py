@@ -20,6 +20,7 @@ most --max-grid-minutes; when none does, the report says so and the study keeps 
 from __future__ import annotations
 
 import json
+import subprocess
 
 from tupe import console
 from tupe.errors import UserError
@@ -105,7 +106,7 @@ def markdown(report: dict) -> str:
   return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str]) -> None:
+def main(argv: list[str], call=subprocess.call) -> None:
   parser = console.ArgumentParser("python -m tupe.tools.glue_budget", __doc__)
   parser.add_argument("--config", required=True, help="configs/study.py:<study>,<scale>")
   parser.add_argument("--root", required=True, help="the study's root, with the variant's finished pre-training")
@@ -143,7 +144,7 @@ def main(argv: list[str]) -> None:
         console.log(f"[budget] {label}: done ({grid.glue_dir}), skipped")
       else:
         console.log(f"[budget] {label}: {runner.glue_pending(grid)} runs to go in {grid.glue_dir}")
-        runner.run_command(grid.glue, f"[budget] {label}")
+        runner.run_command(grid.glue, f"[budget] {label}", call)
     results[budget] = measure(*pair)
   report = {"study": cfg.study, "scale": cfg.scale, "variant": args.variant, "tasks": list(variant.tasks),
             "overrides": {b: list(defined[b]) for b in budgets}, "budgets": results,
@@ -157,5 +158,7 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+  import functools
   from tupe.run import process
-  process.run_main(main)
+  from tupe.run import supervise
+  process.run_main(functools.partial(main, call=supervise.call))
