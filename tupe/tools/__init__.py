@@ -7,6 +7,7 @@ layers below.
   glue_budget  which GLUE budget lets pre-training show against random initialisation
   glue_parity  GLUE fine-tuning step for step against PyTorch + transformers on the export
   plot         training curves of one or more runs
+  predict      new text labelled by a classifier eval_glue.py kept (TSV or JSONL in, labels and probabilities out)
   summary      parameters per component and FLOPs per token of the named configs
   vocab        a WordPiece vocab trained on your text files
 """
