@@ -189,6 +189,20 @@ def test_a_missing_emptied_or_partial_record_is_damage(damage, workdir, tmp_path
   assert warnings[0] == f"skipping checkpoint 2 in {copy / 'checkpoints'}: it could not be restored ({why})"
 
 
+def test_a_record_rewrite_cut_short_leaves_an_intact_checkpoint(workdir, tmp_path, caplog):
+  """A kill while checksums.json is rewritten after the commit (the record of orbax's commit files) leaves the
+  atomic write's temporary file in the step directory: not a file of the checkpoint, which reads as intact (it was
+  "not listed in checksums.json", so every reader skipped the newest checkpoint, and with keep_last=1 the only one)."""
+  copy = tmp_path / "run"
+  shutil.copytree(workdir, copy)
+  step_dir = copy / "checkpoints" / "2"
+  (step_dir / ".checksums.json.k3x9q1.tmp").write_text('{"sha256": {')
+  with caplog.at_level(logging.WARNING):
+    assert checkpoint.latest_step_dir(copy) == step_dir
+    checkpoint.load_params(copy)
+  assert warnings_of(caplog) == []
+
+
 def test_a_stray_empty_step_folder_is_one_quiet_line(workdir, tmp_path, caplog):
   copy = tmp_path / "run"
   shutil.copytree(workdir, copy)
@@ -262,15 +276,20 @@ def test_checkpoints_of_older_layouts_load_and_resume(layout, workdir, tmp_path,
     assert resume(root, checkpoint_state(workdir, 1), caplog)[1][0] == (
         f"skipping checkpoint 2 in {root}: it could not be restored (checksums.json is missing (checkpoint 1 "
         f"beside it has one))")
-  else:  # Unverified: its truncated metadata is skipped as train.py skips it, not a JSONDecodeError.
+  else:  # Unverified: its truncated metadata, or a flipped byte that is not UTF-8, is damage, skipped as train.py
+    # skips it: not a JSONDecodeError, nor (the flipped byte) "could not read ... once the store answers".
     metadata = root / "2" / "meta" / "metadata"
-    metadata.write_text(metadata.read_text()[:40])
-    caplog.clear()
-    with caplog.at_level(logging.WARNING):
-      assert checkpoint.latest_step_dir(root) == root / "1"
-    assert warnings_of(caplog)[0].startswith("skipping checkpoint 2 ") and "JSONDecodeError" in warnings_of(caplog)[0]
-    with pytest.raises(UserError, match="is damaged \\(JSONDecodeError"):
-      checkpoint.load_meta(root / "2")
+    intact = metadata.read_bytes()
+    for damaged in (intact[:40], b"\xff" + intact[1:]):
+      metadata.write_bytes(damaged)
+      caplog.clear()
+      checkpoint._noted.clear()  # (a skipped checkpoint is warned about once per process)
+      with caplog.at_level(logging.WARNING):
+        assert checkpoint.latest_step_dir(root) == root / "1"
+      assert (f"skipping checkpoint 2 in {root}: it could not be restored (meta/metadata is not a JSON object (its "
+              f"bytes are damaged))") in warnings_of(caplog)
+      with pytest.raises(UserError, match="is damaged \\(meta/metadata is not a JSON object"):
+        checkpoint.load_meta(root / "2")
 
 
 def test_a_newer_layout_is_one_line(workdir, tmp_path):

@@ -194,13 +194,15 @@ def test_a_bucket_path_orbax_would_misread_is_refused(url, what):
 def test_an_atomic_write_gives_the_mode_open_would(tmp_path):
   """A new file gets what `open` gives (0666 less the umask), not mkstemp's 0600, which made checkpoints and logs
   unreadable to the others of a team sharing runs; a rewritten file keeps its own mode."""
-  # In a process of its own under umask 027 (whatever the suite's is): 0640, as open() gives there. (The child sets
+  # In a process of its own under umask 002 (whatever the suite's is): 0664, as open() gives there. (The child sets
   # it: a `preexec_fn` would fork this multithreaded JAX process, which may deadlock.)
-  subprocess.run([sys.executable, "-c", f"import os; os.umask(0o027); from tupe.store import storage; "
+  subprocess.run([sys.executable, "-c", f"import os; os.umask(0o002); from tupe.store import storage; "
                   f"storage.write_text({str(tmp_path)!r} + '/new.json', '{{}}'); "
+                  f"storage.append_text({str(tmp_path)!r} + '/log.jsonl', '{{}}'); "
                   f"open({str(tmp_path)!r} + '/opened.json', 'w').close()"], cwd=REPO, check=True)
   mode = lambda name: stat.S_IMODE((tmp_path / name).stat().st_mode)
-  assert mode("new.json") == mode("opened.json") == 0o640
+  # (an appended log, metrics.jsonl or runs.jsonl, was 0644 whatever the umask: a team's group could not append)
+  assert mode("new.json") == mode("log.jsonl") == mode("opened.json") == 0o664
   (tmp_path / "private.json").write_text("{}")
   (tmp_path / "private.json").chmod(0o600)
   storage.write_text(tmp_path / "private.json", '{"a": 1}')

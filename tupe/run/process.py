@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 import threading
+import traceback
 
 from tupe import signals
 from tupe.errors import Preempted
@@ -53,7 +54,7 @@ def _exit_for_a_late_signal() -> None:
 
 def run_main(main, argv=None) -> None:
   """The one error wrapper of every entry point: runs `main(argv)`. A `UserError` becomes one line on stderr
-  and exit status 2 (`--verbose` in argv: the traceback); `Preempted` its line and 128 + the signal's
+  and exit status 2 (`--verbose` in argv: the traceback, and status 2 all the same); `Preempted` its line and 128 + the signal's
   number; Ctrl-C that reached no handler of the job one line and 130. After a success, a signal recorded since
   `catch_signals` still ends the process with its status (`_exit_for_a_late_signal`). Library noise is quieted
   first (`quiet.install`).
@@ -87,10 +88,13 @@ def run_main(main, argv=None) -> None:
     print("error: interrupted (Ctrl-C) before anything was saved; rerun the same command", file=sys.stderr)
     sys.exit(status)
   except UserError as e:
-    if verbose:
-      raise
     status = 2
-    _print_error(f"error: {e}", e)
+    if verbose:  # the whole traceback, from the command's first frame, as an uncaught exception prints it
+      error = traceback.TracebackException.from_exception(e)
+      error.stack = traceback.StackSummary.from_list(traceback.extract_stack()[:-1] + list(error.stack))
+      print("".join(error.format()), end="", file=sys.stderr)
+    else:
+      _print_error(f"error: {e}", e)
     if owns_process:
       _leave_stuck_threads(status)
     sys.exit(status)

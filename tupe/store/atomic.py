@@ -1,7 +1,8 @@
 """Local files written whole: readers see the old content or the new, never a part, and the file gets the
 permissions a plain `open(path, "w")` would give it.
 
-The data goes to a temporary file beside the target, is fsynced, and is renamed over it. The temporary file is
+The data goes to a temporary file beside the target, is fsynced, and is renamed over it; the folder is fsynced
+after the rename (`fsync_folder`), so that the new name survives a power cut too. The temporary file is
 made by `tempfile.mkstemp`, which creates it readable by its owner alone (0600); it is given the target's own
 mode where the target exists, else 0666 less the process's umask, so that a checkpoint or a log written here is
 as readable by others (a team sharing runs) as one written by `open`.
@@ -45,3 +46,14 @@ def write(target: str, data: bytes) -> None:
     with contextlib.suppress(OSError):
       os.unlink(tmp)
     raise
+  fsync_folder(folder)
+
+
+def fsync_folder(folder: str) -> None:
+  """Makes the names in a local folder durable (a file created or renamed there): without it, a power cut on some
+  filesystems can leave the folder pointing at the old file, or at none."""
+  fd = os.open(folder or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+  try:
+    os.fsync(fd)
+  finally:
+    os.close(fd)

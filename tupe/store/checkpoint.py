@@ -19,7 +19,6 @@ checkpoint of an older layout without checksums (and none beside it with any) lo
 from __future__ import annotations
 
 import functools
-import json
 import logging
 
 import jax
@@ -29,6 +28,7 @@ from tupe import console
 from tupe.errors import Preempted
 from tupe.errors import UserError
 from tupe.store import checksums
+from tupe.store import jsonfile
 from tupe.store import orbax_s3
 from tupe.store import refusals
 from tupe.store import storage
@@ -114,7 +114,9 @@ def verified_meta(step_dir: storage.Path, root: storage.Path, items: tuple[str, 
     checksums.verify(step_dir, recorded, items)
   elif not storage.exists(step_dir / "meta" / "metadata"):  # every layout has it: a save cut short, or a copy
     raise DamagedCheckpoint(f"{CHECKSUMS} and meta/metadata are missing")
-  raw = json.loads(storage.read_text(step_dir / "meta" / "metadata"))
+  raw = jsonfile.parse(storage.read_bytes(step_dir / "meta" / "metadata"))
+  if raw is None:  # (checked against its checksum where there is one: bytes flipped in an older layout)
+    raise DamagedCheckpoint("meta/metadata is not a JSON object (its bytes are damaged)")
   try:
     meta = migrate(raw)
   except UserError as e:

@@ -4,7 +4,8 @@ both ways by every reader (no file missing, none unlisted, no bytes changed), on
 The record is written by process 0 before orbax commits the step (`Checkpointer` calls `record` from orbax's
 post-finalization callback), so that it appears with the checkpoint, and once more after the commit, adding the
 two files orbax writes when it commits (COMMIT_FILES): a run killed between the two leaves those two unlisted, and
-they alone may be. A reader of some items (`verify(..., items=)`) checks the whole listing but hashes only the
+they alone may be, besides the temporary file of that second record that a kill cut short (`tupe.store.atomic`'s,
+`.checksums.json.<random>.tmp`), which is not part of the checkpoint. A reader of some items (`verify(..., items=)`) checks the whole listing but hashes only the
 files it reads: those items' and the step directory's own.
 """
 from __future__ import annotations
@@ -20,6 +21,12 @@ from tupe.store import storage
 CHECKSUMS = "checksums.json"  # {"sha256": {path relative to the step directory: hex digest}}
 COMMIT_FILES = ("_CHECKPOINT_METADATA", "commit_success.txt")  # orbax's step metadata (rewritten with the commit
 # time) and its commit marker
+
+
+def _of_the_checkpoint(name: str) -> bool:
+  """Whether a file of a step directory is the checkpoint's own: not its record, nor the temporary file of a rewrite
+  of the record that a kill left (`tupe.store.atomic` writes `.<name>.<random>.tmp` beside its target)."""
+  return name != CHECKSUMS and not (name.startswith(f".{CHECKSUMS}.") and name.endswith(".tmp"))
 
 
 class DamagedCheckpoint(UserError):
@@ -79,7 +86,7 @@ def record(step_dir: storage.PathLike, leave_out: tuple[str, ...] = ()) -> None:
   step_dir = storage.path(step_dir)
   known = read(step_dir) or {}
   new = {name: version for name, version in storage.listing(step_dir).items()
-         if name not in known and name not in leave_out and name != CHECKSUMS}
+         if name not in known and name not in leave_out and _of_the_checkpoint(name)}
   storage.write_text(step_dir / CHECKSUMS,
                      json.dumps({"sha256": dict(known, **_digests(step_dir, new))}, indent=0, sort_keys=True))
 
@@ -98,7 +105,7 @@ def verify(step_dir: storage.PathLike, recorded: dict[str, str], items: tuple[st
   """
   step_dir = storage.path(step_dir)
   listed = storage.listing(step_dir)
-  present = set(listed) - {CHECKSUMS}
+  present = {name for name in listed if _of_the_checkpoint(name)}
   missing = sorted(set(recorded) - present)
   if missing:
     raise DamagedCheckpoint(f"{missing[0]} is missing{_more(missing)}")

@@ -232,12 +232,16 @@ def append_bytes(p: PathLike, data: bytes) -> None:
       target.write_bytes(old + data)
       return
     target.parent.mkdir(parents=True, exist_ok=True)
-    # Never through a link (ELOOP, "Too many levels of symbolic links"): the append lands in this very file.
-    fd = os.open(os.fspath(target), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    created = not os.path.lexists(target)
+    # Never through a link (ELOOP, "Too many levels of symbolic links"): the append lands in this very file. Mode
+    # 0666 less the umask, as `open` and `atomic.write` give.
+    fd = os.open(os.fspath(target), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
     with os.fdopen(fd, "ab") as f:
       f.write(data)
       f.flush()
       os.fsync(f.fileno())
+    if created:
+      atomic.fsync_folder(os.fspath(target.parent))
 
 
 def append_text(p: PathLike, text: str) -> None:
