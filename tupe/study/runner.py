@@ -19,7 +19,9 @@ Rerunning resumes at every level and redoes nothing: a variant whose newest chec
 num_train_steps is not started again (an interrupted one resumes from its checkpoint), a held-out score is kept
 per checkpoint step, and a GLUE grid whose runs are all in runs.jsonl is skipped (an interrupted one resumes
 at its first missing run). Every command's config is loaded and checked, values included, as train.py and
-eval_glue.py check them, before anything runs or is printed.
+eval_glue.py check them, before anything runs or is printed; a variant already pre-trained in the root under other
+settings (another seed, recipe or override) is refused (`check_pretrained`), never resumed or reported as this
+study's. Ctrl-C or SIGTERM reaches the command running, which saves; the study then stops with its status.
 --print writes the commands, one per line in order, for a scheduler (the last one writes the report);
 --report-only writes the report from what is finished. --config.only=bert_a,tupe_a runs those variants alone
 (and the control, whose variant must be among them).

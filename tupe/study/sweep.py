@@ -6,8 +6,10 @@
 Each run gets its own workdir under --root (a local folder or a bucket URL, gs://...), named after its grid
 values (e.g. runs/lr/optimizer.learning_rate=1e-4,seed=0; values with "/" or other unsafe characters are
 replaced and a digest keeps the names distinct: `workdir_name`), so rerunning the sweep resumes every run from
-its checkpoints. Arguments after `--` go to every run. The sweep ends with a table: each run's overrides, its last
-training loss, its last eval loss and its workdir.
+its checkpoints (a workdir there trained under other settings, another sweep's with other arguments after `--`,
+is refused). Arguments after `--` go to every run. The sweep ends with a table: each run's overrides, its last
+training loss, its last eval loss and its workdir. Ctrl-C or SIGTERM reaches the run in progress, which saves; the
+sweep then stops with its status.
 --print writes the train.py commands (one per line) instead of running them, for a cluster scheduler: each starts
 with `cd` into the folder the sweep ran in and names the config file by its absolute path, so that it runs from
 any folder, as a scheduler runs it, and reads every relative path (data files, a vocab) as the sweep checked it.
