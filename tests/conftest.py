@@ -72,6 +72,19 @@ def pytest_runtest_makereport(item, call):
     report.longrepr = f"skipped under CI=true, where every test must run: {reason}"
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+  """The same for a whole file skipped while it is collected (a module-level `pytest.importorskip` of a package
+  that failed to import): under CI=true it is an error, not a file that quietly vanished from the run."""
+  outcome = yield
+  report = outcome.get_result()
+  path = getattr(collector, "path", None)
+  if report.skipped and os.environ.get("CI") == "true" and path is not None and path.name not in MAY_SKIP_IN_CI:
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    report.outcome = "failed"
+    report.longrepr = f"skipped under CI=true, where every test must run: {reason}"
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> pathlib.Path:
   """../shared/data (real GLUE TSVs, corpus, BERT vocab); tests skip when it is absent."""

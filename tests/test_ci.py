@@ -1,5 +1,6 @@
 """The suite cannot hang or quietly test less: a hung test fails with its name (pytest-timeout, pytest.ini), and
-under CI=true a skip fails the run but for the GPU tests (conftest.py's `pytest_runtest_makereport`); an emulator's
+under CI=true a skip fails the run but for the GPU tests, a file skipped at collection too (conftest.py's
+`pytest_runtest_makereport`, `pytest_make_collect_report`); an emulator's
 server ends with the process that started it, even one killed before its teardown. Each case runs
 pytest on a small test file of its own, with this suite's conftest.py as a plugin. Its longest files start first
 (conftest.py's LONGEST_FIRST)."""
@@ -29,8 +30,8 @@ def test_hangs():
 """
 
 
-def pytest_run(folder: pathlib.Path, name: str, ci: bool) -> subprocess.CompletedProcess:
-  (folder / name).write_text(CASES)
+def pytest_run(folder: pathlib.Path, name: str, ci: bool, cases: str = CASES) -> subprocess.CompletedProcess:
+  (folder / name).write_text(cases)
   env = {k: v for k, v in os.environ.items() if k != "CI"}
   if ci:
     env["CI"] = "true"
@@ -54,6 +55,14 @@ def test_a_hung_test_fails_with_its_name_and_a_skip_fails_under_ci(tmp_path):
       inside.stdout[-3000:]
   gpu = pytest_run(tmp_path, "test_gpu.py", ci=True)  # CI has no GPU: its tests may skip there
   assert "SKIPPED [1] test_gpu.py:6: no such data here" in gpu.stdout, gpu.stdout[-3000:]
+  # A whole file skipped at collection (a package that failed to import) fails under CI=true too.
+  for ci in (False, True):
+    run = pytest_run(tmp_path, "test_needs.py", ci, "import pytest\npytest.importorskip('no_such_package_here')\n\n"
+                                                   "def test_uses_it():\n  pass\n")
+    # (5: pytest's "no tests collected"; 2: interrupted by a collection error)
+    assert run.returncode == (2 if ci else 5) and ("1 skipped" in run.stdout) != ci, run.stdout[-3000:]
+    assert ("skipped under CI=true, where every test must run: Skipped: could not import 'no_such_package_here'"
+            in run.stdout) == ci, run.stdout[-3000:]
 
 
 def test_the_longest_files_are_collected_first(request):

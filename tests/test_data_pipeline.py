@@ -1,5 +1,6 @@
 """The grain pipeline: batch format, determinism, starting at any batch, hosts' rows, eval split, errors."""
 import collections
+import multiprocessing
 import pickle
 
 import numpy as np
@@ -124,7 +125,15 @@ def test_eval_split_is_held_out_and_fixed(text_cfg):
 def test_worker_processes_give_the_same_batches(text_cfg):
   cfg = text_cfg.copy_and_resolve_references()
   cfg.num_workers = 1
-  assert_same(batches(cfg, 4), batches(text_cfg, 4))
+  it, _ = pipeline.make_pretrain_iterator(cfg, seq_len=SEQ_LEN, batch_size=16, seed=0)
+  try:
+    from_workers = [next(it) for _ in range(4)]
+    # A worker process made them (else the comparison would be of this process's batches with themselves).
+    assert [p.name for p in multiprocessing.active_children() if p.name.startswith("grain-process")], \
+        multiprocessing.active_children()
+  finally:
+    it.close()
+  assert_same(from_workers, batches(text_cfg, 4))
 
 
 def test_workers_map_the_token_array(text_cfg):

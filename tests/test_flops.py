@@ -142,6 +142,17 @@ def test_the_cpu_peak_is_the_best_measurement_and_says_so(tmp_path, monkeypatch)
   if not busy(source):
     assert peak >= floor and json.loads(cache.read_text())[key]["peak_flops"] == peak
     assert "measured now, cached in" in source and "(replacing 0.001 TFLOP/s, measured under load)" in source
+  # The policy itself, whatever the load: the measurement fixed (a quiet start, then a busier one).
+  cache.write_text(json.dumps({key: {"peak_flops": 1e9, "date": "2020-01-01"}}))
+  monkeypatch.setattr(flops, "measured_matmul_peak", lambda: 2 * floor)
+  assert flops.cached_matmul_peak(kind) == (2 * floor, f"fp32 matmul on {kind} measured now, cached in {cache} "
+                                                       f"(replacing 0.001 TFLOP/s, measured under load)")
+  monkeypatch.setattr(flops, "measured_matmul_peak", lambda: 1.5 * floor)  # lower: the cached best stands
+  peak, source = flops.cached_matmul_peak(kind)
+  assert peak == 2 * floor and "the best measured on this machine" in source
+  assert json.loads(cache.read_text())[key]["peak_flops"] == 2 * floor
+  monkeypatch.undo()
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
 
   cache.write_text(json.dumps({key: {"peak_flops": 1e15, "date": "2020-01-02"}}))  # higher than any measurement
   peak, source = flops.peak_flops_per_device()

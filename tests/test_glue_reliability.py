@@ -229,11 +229,14 @@ def test_a_read_only_filesystem_is_named_as_such(tmp_path):
   mount.mkdir()
   script = ("import pathlib, sys; from tupe.train import job; from tupe.errors import UserError\n"
             "try:\n  job.check_workdir(pathlib.Path(sys.argv[1]) / 'run')\nexcept UserError as e:\n  print(e)")
+  probe = subprocess.run(["unshare", "-rm", "sh", "-c", 'mount -t tmpfs -o ro tmpfs "$1"', "sh", str(mount)],
+                         capture_output=True, text=True, timeout=60)
+  if probe.returncode != 0:  # No user namespaces or mounts allowed here (only this may skip the test).
+    pytest.skip(f"no private read-only mount here: {probe.stderr.strip()[:200]}")
   proc = subprocess.run(["unshare", "-rm", "sh", "-c", 'mount -t tmpfs -o ro tmpfs "$1" && exec "$2" -c "$3" "$1"',
                          "sh", str(mount), sys.executable, script], cwd=REPO, capture_output=True, text=True,
                         timeout=600)
-  if proc.returncode != 0:  # No user namespaces or mounts allowed here.
-    pytest.skip(f"no private read-only mount here: {proc.stderr.strip()[:200]}")
+  assert proc.returncode == 0, proc.stderr[-2000:]
   assert proc.stdout.strip() == (f"workdir {mount}/run is not writable ({mount} is on a read-only filesystem); "
                                  f"choose a --workdir on a writable one"), proc.stderr[-2000:]
 

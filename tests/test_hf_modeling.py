@@ -126,6 +126,10 @@ def test_attention_mask_defaults_to_tokens_that_are_not_pad():
   model = tiny(modeling_tupe.TupeModel, "tupe_a")
   ids, mask, _ = padded()
   assert_close(model(ids).last_hidden_state, model(ids, mask).last_hidden_state, 1e-6)
+  # ... and the mask is applied: attending to the padding too changes the real tokens' states.
+  real = mask.bool()
+  unmasked = model(ids, torch.ones_like(mask)).last_hidden_state
+  assert (unmasked - model(ids, mask).last_hidden_state)[real].abs().max() > 1e-3
 
 
 def test_4d_attention_mask_is_refused():

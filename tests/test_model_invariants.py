@@ -163,7 +163,7 @@ def test_fused_attention_equals_reference(name):
   fused = encode(name, input_ids, mask)
   reference = encode(name, input_ids, mask, output_attentions=True)
   assert "attentions" not in fused
-  for got, want in zip(fused["hidden_states"], reference["hidden_states"]):
+  for got, want in zip(fused["hidden_states"], reference["hidden_states"], strict=True):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=ATOL, rtol=0)
 
 

@@ -187,5 +187,5 @@ def test_encoder_matches_reference(name, batch, length):
   # The embedding output everywhere (TUPE zeroes it at [PAD]), later hidden states at the real tokens.
   np.testing.assert_allclose(np.asarray(out["hidden_states"][0]), want["hidden_states"][0], atol=ATOL, rtol=0)
   real = mask.astype(bool)
-  for got_h, want_h in zip(out["hidden_states"][1:], want["hidden_states"][1:]):
+  for got_h, want_h in zip(out["hidden_states"][1:], want["hidden_states"][1:], strict=True):
     np.testing.assert_allclose(np.asarray(got_h)[real], want_h[real], atol=ATOL, rtol=0)
