@@ -11,6 +11,7 @@ import sys
 import time
 
 import jax
+import jax.numpy as jnp
 import matplotlib.image
 import ml_collections
 import numpy as np
@@ -439,15 +440,22 @@ def test_gradient_accumulation_equals_the_large_batch(pretrained, glue_dir, bert
   backbone = pretrained_backbone(pretrained, bert_vocab)
   task = glue.get_task("stsb")
   data = glue_data.load_task_data(cfg, task, bert_vocab, with_test=False)
-  rows = {}
+  rows, microbatched = {}, {}
   for accum in (1, 4):
     cfg.grad_accum_steps = accum
     setup = task_model.build_task(cfg, backbone, task, len(data.train["idx"]), mesh, rules)
+    # Whether the step loops over microbatches of 4 rows of 32 ids, as compile_train_step lowers it.
+    row = encoding.batch_rows(data.train, np.arange(1), 1, cfg.regression_scale)
+    batch = {name: jax.ShapeDtypeStruct((16,) + array.shape[1:], array.dtype, sharding=setup.batch_sharding)
+             for name, array in row.items()}
+    lowered = setup.train_step.lower(setup.abstract_state, batch, jax.ShapeDtypeStruct((), jnp.float32)).as_text()
+    microbatched[accum] = "tensor<4x4x32xi32>" in lowered
     run_dir = tmp_path / f"accum{accum}"
     record, _, _ = loop.finetune(cfg, setup, data, backbone.params, 1e-3, 0, "test", run_dir, 1e12)
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     rows[accum] = (record, [s for s in steps if "loss" in s and "eval_score" not in s])
   (large, large_steps), (micro, micro_steps) = rows[1], rows[4]
+  assert microbatched == {1: False, 4: True}  # (equal results are not one program run twice)
   assert len(large_steps) == len(micro_steps) == large["total_steps"] == 6  # 3 steps of 16 (40 rows) x 2 epochs
   for key in ("loss", "grad_norm", "learning_rate"):
     np.testing.assert_allclose([s[key] for s in micro_steps], [s[key] for s in large_steps], rtol=2e-5, atol=1e-7)
