@@ -26,6 +26,7 @@ from tupe.glue import finetune
 from tupe.glue import runs as runs_lib
 from tupe.glue import tasks as glue
 from tupe.store import checkpoint as checkpoint_lib
+from tupe.store import checksums
 from tupe.train import job
 from tupe.train import pretrain
 
@@ -80,6 +81,34 @@ def test_runs_from_another_checkpoint_step_are_refused_and_the_step_can_be_pinne
   assert [r["seed"] for r in runs] == [0, 1] and {r["init"]["step"] for r in runs} == {2}
   assert runs[0]["init"] == runs[1]["init"] and results["init"]["step"] == 2
   assert json.loads((workdir / "results.json").read_text())["init"]["checkpoint"] == str(init / "checkpoints" / "2")
+
+
+def test_a_checkpoint_s_identity_is_the_same_before_and_after_its_commit_is_recorded(pretrained, tmp_path):
+  """The identity runs.jsonl records of the init checkpoint leaves out orbax's commit files, which are recorded a
+  moment after the commit: eval_glue.py reading a live run's newest checkpoint in that moment and a rerun after it
+  see one checkpoint. Runs recorded before (a digest of checksums.json's bytes) are still that checkpoint's."""
+  step_dir = tmp_path / "2"
+  shutil.copytree(pretrained / "checkpoints" / "2", step_dir)
+  sealed, former = checksums.digest(step_dir), checksums.former_digest(step_dir)
+  record = json.loads((step_dir / checksums.CHECKSUMS).read_text())
+  assert set(checksums.COMMIT_FILES) <= set(record["sha256"])
+  for name in checksums.COMMIT_FILES:  # as the record is between the commit and its second writing
+    del record["sha256"][name]
+  (step_dir / checksums.CHECKSUMS).write_text(json.dumps(record))
+  assert checksums.digest(step_dir) == sealed and checksums.former_digest(step_dir) != former
+  identity = {"checkpoint": str(step_dir), "step": 2, "checksum": sealed}
+  (step_dir / checksums.CHECKSUMS).write_text(json.dumps(dict(record, sha256=dict(record["sha256"], **{
+      name: "0" * 64 for name in checksums.COMMIT_FILES}))))  # sealed again, as a rerun sees it
+  workdir = tmp_path / "glue"
+  workdir.mkdir()
+  for recorded, accepted in ((sealed, True), (checksums.former_digest(step_dir), True), ("0" * 16, False)):
+    run = {"task": "RTE", "score": 50.0, "init": dict(identity, checksum=recorded)}
+    (workdir / "runs.jsonl").write_text(json.dumps(run) + "\n")
+    if accepted:
+      runs_lib.check_init(workdir, identity)
+    else:
+      with pytest.raises(UserError, match=r"gives checkpoint 2 with other bytes \(checksum "):
+        runs_lib.check_init(workdir, identity)
 
 
 def test_runs_under_other_settings_are_refused_once_config_json_is_gone(pretrained, glue_dir, tmp_path):

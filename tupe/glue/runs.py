@@ -147,10 +147,15 @@ def check_warmup_rounding(cfg, workdir: storage.Path, runs: list[dict]) -> None:
 def check_init(workdir: storage.Path, identity: dict | None) -> None:
   """The runs already in a workdir were fine-tuned from the weights this command starts from (`init_identity`:
   the same step and checksum), so that one median never mixes two pre-training steps or two HF imports."""
+  former = []  # the checkpoint's identity as runs recorded before 2026-11-30 computed it, read once if needed
   for run in read_runs(workdir):
     old = run.get("init")
     if old is None or identity is None or (old["step"], old["checksum"]) == (identity["step"], identity["checksum"]):
       continue
+    if identity["step"] is not None and old["step"] == identity["step"]:
+      former = former or [checksums.former_digest(identity["checkpoint"])]
+      if old["checksum"] == former[0]:
+        continue
     if identity["step"] is None or old["step"] is None:  # an HF import on either side: no step to pin
       raise UserError(f"{workdir} holds runs fine-tuned from {old['checkpoint']} (checksum {old['checksum']}), but "
                       f"this command starts from {identity['checkpoint']} (checksum {identity['checksum']}): use a "

@@ -53,10 +53,10 @@ def _exit_for_a_late_signal() -> None:
 
 
 def run_main(main, argv=None) -> None:
-  """The one error wrapper of every entry point: runs `main(argv)`. A `UserError` becomes one line on stderr
-  and exit status 2 (`--verbose` in argv: the traceback, and status 2 all the same); `Preempted` its line and 128 + the signal's
-  number; Ctrl-C that reached no handler of the job one line and 130. After a success, a signal recorded since
-  `catch_signals` still ends the process with its status (`_exit_for_a_late_signal`). Library noise is quieted
+  """The one error wrapper of every entry point: runs `main(argv)`. A `UserError` becomes one line on stderr and exit
+  status 2 (`--verbose` in argv: the traceback, and status 2 all the same); `Preempted` its line and 128 + the
+  signal's number; Ctrl-C that reached no handler of the job one line and 130. After a success, a signal recorded
+  since `catch_signals` still ends the process with its status (`_exit_for_a_late_signal`). Library noise is quieted
   first (`quiet.install`).
 
   With `argv` None (the process's own command line) the process is the job's: after a failure it exits at once,

@@ -5,8 +5,8 @@ The record is written by process 0 before orbax commits the step (`Checkpointer`
 post-finalization callback), so that it appears with the checkpoint, and once more after the commit, adding the
 two files orbax writes when it commits (COMMIT_FILES): a run killed between the two leaves those two unlisted, and
 they alone may be, besides the temporary file of that second record that a kill cut short (`tupe.store.atomic`'s,
-`.checksums.json.<random>.tmp`), which is not part of the checkpoint. A reader of some items (`verify(..., items=)`) checks the whole listing but hashes only the
-files it reads: those items' and the step directory's own.
+`.checksums.json.<random>.tmp`), which is not part of the checkpoint. A reader of some items (`verify(...,
+items=)`) checks the whole listing but hashes only the files it reads: those items' and the step directory's own.
 """
 from __future__ import annotations
 
@@ -74,8 +74,24 @@ def read(step_dir: storage.PathLike) -> dict[str, str] | None:
 
 
 def digest(step_dir: storage.PathLike) -> str | None:
-  """A checkpoint's identity: the sha256 of its checksums.json (which holds the sha256 of each of its files), 16 hex
-  digits; None for a checkpoint saved before checksums were recorded."""
+  """A checkpoint's identity, 16 hex digits: a sha256 of the sha256 its checksums.json records for each of its
+  files but orbax's commit files (COMMIT_FILES), which are recorded a moment after the commit, so that a reader in
+  that moment (eval_glue.py on a live run's newest checkpoint) and one after it see the same identity. None for a
+  checkpoint saved before checksums were recorded.
+
+  Raises:
+    DamagedCheckpoint: for a record that is empty or does not parse.
+  """
+  recorded = read(step_dir)
+  if recorded is None:
+    return None
+  files = {name: sha for name, sha in recorded.items() if name not in COMMIT_FILES}
+  return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def former_digest(step_dir: storage.PathLike) -> str | None:
+  """The identity that records written before 2026-11-30 carry: the sha256 of checksums.json's bytes (which changed
+  when the commit files were recorded), 16 hex digits; None where there is no record."""
   path = storage.path(step_dir) / CHECKSUMS
   return hashlib.sha256(storage.read_bytes(path)).hexdigest()[:16] if storage.exists(path) else None
 

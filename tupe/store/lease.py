@@ -202,9 +202,10 @@ class _BucketLease:
         self._put(version)
       except lease_objects.Changed:
         continue  # another job took it over first: the next look names it
-      console.log(f"warning: took over the lease of {self.workdir} from a job that stopped without releasing it ("
-                  + (f"pid {owner.get('pid')} on host {owner.get('host')}, lease expired at "
-                     f"{owners.clock(owner['expires'])}" if owner and "expires" in owner else "an unreadable lease") + ")")
+      gone = (f"pid {owner.get('pid')} on host {owner.get('host')}, lease expired at {owners.clock(owner['expires'])}"
+              if owner and "expires" in owner else "an unreadable lease")
+      console.log(f"warning: took over the lease of {self.workdir} from a job that stopped without releasing it "
+                  f"({gone})")
       return None
     return _in_use(self.workdir, None)
 

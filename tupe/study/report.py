@@ -7,12 +7,12 @@ best learning rate with its min-max spread (`tupe.glue.report.summarize`), and t
 has not finished its fields are null (report.md: "-"). The TUPE study's rows show the TUPE paper's base-model
 numbers (1M steps of BERT-base) beside them, labelled as such.
 
-With the control (random_init: the GLUE grid on random weights, no pre-training), every pre-trained variant's
-GLUE gain over it (`glue_gains`): per task and for the average, the difference of the medians with its seed
-range, [variant min - control max, variant max - control min] over the seeds (for the average: the medians and
-range of the seeds' averages across tasks). A variant beats random initialisation when the lower end of its average's range is above
-0, i.e. every seed beats every seed of the control. When no variant does, the report says that GLUE at this
-budget measures nothing instead of comparing the variants on it (`glue_verdict`).
+With the control (random_init: the GLUE grid on random weights, no pre-training), every pre-trained variant's GLUE
+gain over it (`glue_gains`): per task and for the average, the difference of the medians with its seed range, [variant
+min - control max, variant max - control min] over the seeds (for the average: the medians and range of the seeds'
+averages across tasks). A variant beats random initialisation when the lower end of its average's range is above 0,
+i.e. every seed beats every seed of the control. When no variant does, the report says that GLUE at this budget
+measures nothing instead of comparing the variants on it (`glue_verdict`).
 """
 from __future__ import annotations
 

@@ -2,11 +2,12 @@
 
 The input pipeline needs no state: batch s is a function of the seed and s (`tupe.data.pipeline`), so a run
 resumed at step s continues with batch s, whatever its number of hosts or data workers. A resumed run must see
-the same stream: a checkpoint written with other data settings (the data config less locations and worker
-count, seq_len, global_batch_size, seed), with another vocabulary (of the same size: the tokens compared) or over
-another number of training examples is an error, as are parameters of other shapes (another architecture or
-vocabulary size) and, when the state does not restore, another optimizer structure. Other settings may change (e.g. num_train_steps, to extend a run); they are reported
-(`warn_changed_settings`). `Compatibility` is what `checkpoint.Checkpointer.restore_latest` calls.
+the same stream: a checkpoint written with other data settings (the data config less locations and worker count,
+seq_len, global_batch_size, seed), with another vocabulary (of the same size: the tokens compared) or over another
+number of training examples is an error, as are parameters of other shapes (another architecture or vocabulary size)
+and, when the state does not restore, another optimizer structure. Other settings may change (e.g. num_train_steps, to
+extend a run); they are reported (`warn_changed_settings`). `Compatibility` is what
+`checkpoint.Checkpointer.restore_latest` calls.
 """
 from __future__ import annotations
 
