@@ -24,6 +24,21 @@ def test_gutenberg_file_is_stripped(shared_data):
   assert len(documents) > 10000 and all(d and "\n" not in d and "  " not in d for d in documents)
 
 
+def test_books_joined_into_one_file_are_not_stripped(shared_data, tmp_path):
+  """A file that is not one Gutenberg book opening it (a book after other text, two books joined) is left as it is:
+  stripping from its first START to its first END dropped Blake's poems, or the second book (counted as licence)."""
+  blake = (shared_data / "corpus" / "nltk-gutenberg" / "blake-poems.txt").read_bytes()
+  book = (shared_data / "corpus" / "gutenberg" / "frankenstein_84-0.txt").read_bytes()
+  small = book[:150_000] + book[-25_000:]  # a shorter book of the same frame, whose START the footer window sees
+  for name, data in (("after_poems.txt", blake + b"\n\n" + book), ("two_books.txt", book + b"\n\n" + small)):
+    (tmp_path / name).write_bytes(data)
+    text = corpus.read_text(tmp_path / name)
+    assert text.count("*** START OF") == data.count(b"*** START OF") >= 1, name
+  assert corpus.read_text(tmp_path / "after_poems.txt").startswith("[Poems by William Blake 1789]")
+  # One file that two globs match is read once.
+  assert corpus.expand_globs(f"{tmp_path}/two_books.txt, {tmp_path}/t*.txt") == [str(tmp_path / "two_books.txt")]
+
+
 def test_text_documents_of_globs(shared_data):
   pattern = f"{shared_data}/corpus/nltk-gutenberg/austen-*.txt, {shared_data}/corpus/wikitext/*.raw.txt"
   paths = corpus.expand_globs(pattern)
@@ -56,7 +71,7 @@ def test_bad_files(tmp_path):
   tally = Tally()
   assert corpus.read_text(latin1, tally) == "Caf au lait." and tally.undecodable_bytes == 1
   only_license = tmp_path / "license.txt"
-  only_license.write_text("Header\r\n*** START OF THE PROJECT GUTENBERG EBOOK X ***\r\n\r\n"
+  only_license.write_text("The Project Gutenberg EBook of X\r\n*** START OF THE PROJECT GUTENBERG EBOOK X ***\r\n\r\n"
                           "*** END OF THE PROJECT GUTENBERG EBOOK X ***\r\nLicense\r\n")
   assert corpus.read_text(only_license).strip() == ""
   with pytest.raises(UserError, match="no files match"):

@@ -194,3 +194,20 @@ def test_training_from_shards_takes_their_settings(shard_dir, tmp_path, capsys):
   saved = json.loads((tmp_path / "run" / "config.json").read_text())
   assert (saved["seq_len"], saved["data"]["packing"], saved["data"]["eval_fraction"]) == (64, "segment_pair", 0.05)
   assert saved["data"]["vocab_file"] == str(shard_dir / "vocab.txt") and saved["model"]["vocab_size"] == 30522
+
+
+def test_a_vocab_without_the_special_tokens_leaves_the_output_folder_reusable(text_cfg, tmp_path):
+  """The vocab is checked before the plan is written: the rerun with a fixed vocab proceeds in the same folder (it
+  was refused there: 'holds a run with other inputs or settings')."""
+  vocab = tmp_path / "vocab.txt"
+  vocab.write_text("\n".join(t for t in pathlib.Path(text_cfg.vocab_file).read_text().splitlines()
+                             if t != "[MASK]") + "\n")
+  small = tmp_path / "small.txt"
+  small.write_text("\n\n".join(corpus.paragraphs(corpus.read_text(text_cfg.files))[:200]) + "\n")
+  output = tmp_path / "packed"
+  argv = ["preprocess", "--input", str(small), "--seq-len", "64", "--output", str(output), "--workers", "1"]
+  with pytest.raises(UserError, match=r"\[MASK\]"):
+    preprocess.main(argv + ["--vocab", str(vocab)])
+  assert not output.exists() or not any(output.iterdir())
+  preprocess.main(argv + ["--vocab", text_cfg.vocab_file])
+  assert shards.training_settings(str(output))["seq_len"] == 64

@@ -1,6 +1,7 @@
 """Input formats and what is kept or dropped: blank-line text, one document per line, JSONL, Parquet; byte ranges
 read apart give the whole file's documents; the Project Gutenberg strip only where its licence markers are."""
 import json
+import re
 
 import pytest
 
@@ -72,6 +73,9 @@ def test_parquet_row_groups(wiki_paragraphs, tmp_path):
   for unit_bytes in (None, 10_000):
     found, tallies = documents_of("parquet", str(path), unit_bytes)
     assert found == wiki_paragraphs and tallies[str(path)].bad_records == 1
+  # Another column named: its own one line (it came wrapped in a second error: "cannot read ...: UserError: ...").
+  with pytest.raises(UserError, match=rf"^{re.escape(str(path))} has no column 'body' \(it has \['text', 'n'\]\)"):
+    documents_of("parquet", str(path), None, text_field="body")
 
 
 def test_undecodable_bytes_are_dropped_and_counted(tmp_path):

@@ -30,7 +30,8 @@ _ABBREVIATIONS = frozenset(
 
 
 def expand_globs(patterns: str) -> list[str]:
-  """Files (local or gs://) matching comma-separated globs, each glob sorted, in the order given.
+  """Files (local or gs://) matching comma-separated globs, each glob sorted, in the order given; a file that
+  several globs match is read once (at its first), so that no text is trained on twice or held out and trained on.
 
   Raises:
     UserError: when no pattern is given or a glob matches no file.
@@ -44,7 +45,7 @@ def expand_globs(patterns: str) -> list[str]:
                if storage.is_file(p)]
     if not matches:
       raise UserError(f"no files match {pattern!r}: check the path (quote globs so the shell leaves them alone)")
-    paths.extend(matches)
+    paths.extend(m for m in matches if m not in paths)
   return paths
 
 

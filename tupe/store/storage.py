@@ -30,6 +30,7 @@ from typing import NamedTuple
 
 import fsspec
 
+from tupe.errors import UserError
 from tupe.store import atomic
 from tupe.store import deadline
 from tupe.store import fence
@@ -92,7 +93,8 @@ def _bounded(verb: str):
 
 @contextlib.contextmanager
 def errors(what: str, p: PathLike) -> Iterator[None]:
-  """Turns any storage exception raised inside into a `StorageError` "{what} {p}: {cause}". A gs:// path's
+  """Turns any storage exception raised inside into a `StorageError` "{what} {p}: {cause}"; a `UserError` raised
+  inside (a reader's own one line, e.g. a Parquet file without the column) passes as it is. A gs:// path's
   credentials are checked first (`_google_credentials`)."""
   try:
     if is_remote(p):
@@ -100,7 +102,7 @@ def errors(what: str, p: PathLike) -> Iterator[None]:
     if str(p).startswith("gs://"):
       _google_credentials(os.environ.get("GOOGLE_APPLICATION_CREDENTIALS"))
     yield
-  except StorageError:
+  except UserError:
     raise
   except Exception as e:  # gcsfs and aiohttp raise their own classes, not only OSError
     cause = describe(e)
