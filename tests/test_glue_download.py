@@ -87,3 +87,20 @@ def test_a_failed_download_is_one_line_and_leaves_no_task_folder(glue_dir, tmp_p
                   f"already written in {tmp_path / 'glue'} are kept)")
   assert sorted(p.name for p in (tmp_path / "glue").iterdir()) == ["WNLI"]
   assert (tmp_path / "glue" / "WNLI" / "dev.tsv").read_text() == before
+
+
+def test_a_bucket_task_folder_cut_short_is_fetched_again(s3_bucket, capsys):
+  """In a bucket the files are written in place: a run killed between two leaves the folder without the last ones.
+  A rerun fetches that task again (it kept the folder, and eval_glue.py later found a split missing); a whole one is
+  kept."""
+  from tupe.store import storage  # pylint: disable=import-outside-toplevel
+  data_dir = f"{s3_bucket}/glue"
+  with tfds.testing.mock_data(num_examples=4):
+    command(data_dir, "rte")
+    storage.remove(storage.path(f"{data_dir}/RTE/test.tsv"))
+    capsys.readouterr()
+    command(data_dir, "rte")
+    assert f"RTE: {data_dir}/RTE lacks test.tsv (a download cut short): fetching it again" in capsys.readouterr().out
+    assert len(glue.load_split(storage.path(data_dir), "rte", "test")) == 4
+    command(data_dir, "rte")
+    assert "exists, kept" in capsys.readouterr().out

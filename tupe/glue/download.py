@@ -15,9 +15,10 @@ TSVs write them: TFDS's class ids map to `Task.labels` in the same order (entail
 `Task.names` are TFDS's names for them), STS-B's scores as TFDS keeps them, in float32 (2.11111111111111 becomes
 2.1111112).
 
-A task whose folder exists is left as it is (delete the folder to fetch it again). A failed download is one line;
-the task's folder is written whole or not at all (staged beside it, then renamed; in a bucket, removed again on
-failure), and the tasks already written stay.
+A task whose folder exists is left as it is (delete the folder to fetch it again), but for a folder in a bucket that
+lacks some of the task's files (a run killed while it wrote them), which is fetched again. A failed download is one
+line; the task's folder is written whole or not at all (staged beside it, then renamed; in a bucket, removed again
+on failure), and the tasks already written stay.
 """
 from __future__ import annotations
 
@@ -89,8 +90,13 @@ def download_task(task: glue.Task, data_dir: storage.Path, tfds_dir: str) -> sto
 
   folder = data_dir / task.folder
   if storage.exists(folder):
-    console.log(f"{task.name}: {folder} exists, kept (delete it to fetch {task.name} again)")
-    return None
+    missing = [name for name in task.files.values() if not storage.exists(folder / name)]
+    if not (missing and storage.is_remote(folder)):
+      console.log(f"{task.name}: {folder} exists, kept (delete it to fetch {task.name} again)")
+      return None
+    # In a bucket the files are written in place, one object at a time: a run killed between two leaves a folder
+    # without the last ones, which is fetched again (its objects written anew), not kept as the task.
+    console.log(f"{task.name}: {folder} lacks {', '.join(missing)} (a download cut short): fetching it again")
   name = f"glue/{task.tfds_config}"
   console.log(f"{task.name}: fetching and preparing TFDS {name} in {tfds_dir}")
   try:
