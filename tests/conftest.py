@@ -59,30 +59,30 @@ def pytest_collection_modifyitems(items):
   items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # (a stable sort)
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-  """Under CI=true a skipped test fails, naming why it skipped: CI has the real data and the emulators' packages,
-  so a test that skips there would quietly test less."""
-  outcome = yield
-  report = outcome.get_result()
-  if (report.skipped and os.environ.get("CI") == "true" and item.path.name not in MAY_SKIP_IN_CI
-      and not hasattr(report, "wasxfail")):
-    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-    report.outcome = "failed"
-    report.longrepr = f"skipped under CI=true, where every test must run: {reason}"
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_make_collect_report(collector):
-  """The same for a whole file skipped while it is collected (a module-level `pytest.importorskip` of a package
-  that failed to import): under CI=true it is an error, not a file that quietly vanished from the run."""
-  outcome = yield
-  report = outcome.get_result()
-  path = getattr(collector, "path", None)
+def _fail_a_skip_under_ci(report, path) -> None:
+  """Under CI=true a skip (`report`'s, of the test file `path`) fails, naming why it skipped: CI has the real data
+  and the emulators' packages, so a test that skips there would quietly test less. The GPU tests may skip."""
   if report.skipped and os.environ.get("CI") == "true" and path is not None and path.name not in MAY_SKIP_IN_CI:
     reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
     report.outcome = "failed"
     report.longrepr = f"skipped under CI=true, where every test must run: {reason}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+  """A skipped test (`_fail_a_skip_under_ci`); not an expected failure's skip."""
+  outcome = yield
+  report = outcome.get_result()
+  if not hasattr(report, "wasxfail"):
+    _fail_a_skip_under_ci(report, item.path)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+  """A whole file skipped while it is collected (a module-level `pytest.importorskip` of a package that failed to
+  import): under CI=true an error (`_fail_a_skip_under_ci`), not a file that quietly vanished from the run."""
+  outcome = yield
+  _fail_a_skip_under_ci(outcome.get_result(), getattr(collector, "path", None))
 
 
 @pytest.fixture(scope="session")

@@ -136,13 +136,6 @@ class _Batch:
     return _masked_batch(self._examples, self._masker, self._seq_len, self._pad_id, self._seed, example, epoch)
 
 
-def too_small_to_evaluate(examples: int, batch_size: int) -> str:
-  """The error for an eval split that holds fewer examples than one global batch."""
-  return (f"the eval split has {examples} examples, fewer than one batch of {batch_size} (global_batch_size), so "
-          f"it cannot be evaluated: hold out more text (a larger data.eval_fraction, or preprocess with a larger "
-          f"--eval-fraction) or train without evaluations: --config.eval_every=0")
-
-
 class PretrainData:
   """One split's packed examples, tokenizer and masker (loaded once); `iterator()` numbers its batches.
 

@@ -223,10 +223,10 @@ def check_pretrained(variants: list[Variant]) -> None:
   (a rerun with another seed, recipe or override in the same root): train.py would resume it with a warning, or the
   study would skip it as finished, and the report would name settings its numbers do not come from. More steps
   than the checkpoint's run are not a difference (train.py extends the run); where files are is not either."""
-  for variant in (v for v in variants if v.pretrain and finished_step(v)):
+  for variant in (v for v in variants if v.pretrain):
     cfg = variant.pretrain_cfg.copy_and_resolve_references()
     pretrain_lib.take_shard_settings(cfg)  # as train.py takes them
-    differences = resume.planned_differences(checkpoint.load_meta(variant.pretrain_dir).config, cfg)
+    differences = resume.planned_differences(variant.pretrain_dir, cfg)
     if differences:
       raise UserError(f"{variant.name}: {variant.pretrain_dir} was pre-trained with other settings than the study's "
                       f"now ({'; '.join(differences[:3])}): rerun with the settings it was trained with, or use "

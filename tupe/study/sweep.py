@@ -32,7 +32,6 @@ from tupe import config_files
 from tupe import console
 from tupe import present
 from tupe.errors import UserError
-from tupe.store import checkpoint
 from tupe.store import runlog
 from tupe.store import storage
 from tupe.study import runner
@@ -119,12 +118,10 @@ def check(commands: list[list[str]]) -> None:
     # A workdir of the root trained under other settings (another sweep's, with other arguments after --): train.py
     # would resume it with a warning, or take it as finished, and the summary would show its losses as this point's.
     workdir = storage.path(command[3].split("=", 1)[1])
-    if checkpoint.newest_step(workdir / "checkpoints") >= 0:
-      differences = resume.planned_differences(checkpoint.load_meta(workdir).config, cfg)
-      if differences:
-        raise named(i, command, UserError(
-            f"{workdir} was trained with other settings ({'; '.join(differences[:3])}): sweep into another --root, "
-            f"or with the settings it was trained with"))
+    if differences := resume.planned_differences(workdir, cfg):
+      raise named(i, command, UserError(
+          f"{workdir} was trained with other settings ({'; '.join(differences[:3])}): sweep into another --root, or "
+          f"with the settings it was trained with"))
 
 
 def summary(commands: list[list[str]], grid_keys: int) -> str:

@@ -239,7 +239,10 @@ def load_data(cfg) -> tuple[pipeline.PretrainData, pipeline.PretrainData | None]
   train_data = pipeline.PretrainData(cfg.data, seq_len=cfg.seq_len, split="train")
   eval_data = pipeline.PretrainData(cfg.data, seq_len=cfg.seq_len, split="eval") if cfg.eval_every else None
   if eval_data is not None and len(eval_data) < cfg.global_batch_size:
-    raise UserError(pipeline.too_small_to_evaluate(len(eval_data), cfg.global_batch_size))
+    raise UserError(f"the eval split has {len(eval_data)} examples, fewer than one batch of {cfg.global_batch_size} "
+                    f"(global_batch_size), so it cannot be evaluated: hold out more text (a larger data.eval_fraction, "
+                    f"or preprocess with a larger --eval-fraction) or train without evaluations: "
+                    f"--config.eval_every=0")
   return train_data, eval_data
 
 

@@ -17,6 +17,7 @@ import jax
 
 from tupe import console
 from tupe.errors import UserError
+from tupe.store import checkpoint
 from tupe.store import meta as meta_lib
 from tupe.store import storage
 from tupe.store.meta import CheckpointMeta
@@ -56,11 +57,14 @@ def changed_settings(saved_config: dict, config: dict) -> list[str]:
   return _differences(saved_config, config, keys)
 
 
-def planned_differences(saved_config: dict, cfg) -> list[str]:
-  """The settings in which a run planned as `cfg` (a train.py config, its shard settings taken) differs from a
-  checkpoint's config, less bookkeeping (`changed_settings`), a vocab size left to the tokenizer, more steps than
-  the checkpoint's run (train.py extends a run) and eval_batches (the evaluations logged keep theirs): what a study
-  or a sweep must not resume, or skip as finished, under this plan's name."""
+def planned_differences(workdir: storage.PathLike, cfg) -> list[str]:
+  """The settings in which a run planned as `cfg` (a train.py config, its shard settings taken) differs from the
+  newest checkpoint of `workdir` ([] where it has none), less bookkeeping (`changed_settings`), a vocab size left
+  to the tokenizer, more steps than the checkpoint's run (train.py extends a run) and eval_batches (the evaluations
+  logged keep theirs): what a study or a sweep must not resume, or skip as finished, under this plan's name."""
+  if checkpoint.newest_step(storage.path(workdir) / "checkpoints") < 0:
+    return []
+  saved_config = checkpoint.load_meta(workdir).config
   planned = meta_lib.create(json.loads(cfg.to_json_best_effort()), [], 0).config
   if not planned["model"]["vocab_size"]:  # "the tokenizer's", which the checkpoint holds resolved
     planned["model"]["vocab_size"] = saved_config["model"]["vocab_size"]
