@@ -18,9 +18,8 @@ import jax
 from tupe import console
 from tupe.errors import UserError
 from tupe.store import checkpoint
-from tupe.store import meta as meta_lib
 from tupe.store import storage
-from tupe.store.meta import CheckpointMeta
+from tupe.store.meta import CheckpointMeta, create as create_meta
 from tupe.store.refusals import reason
 
 _DATA_LOCATIONS = ("files", "vocab_file", "cache_dir", "tfds_data_dir", "num_workers")
@@ -65,7 +64,7 @@ def planned_differences(workdir: storage.PathLike, cfg) -> list[str]:
   if checkpoint.newest_step(storage.path(workdir) / "checkpoints") < 0:
     return []
   saved_config = checkpoint.load_meta(workdir).config
-  planned = meta_lib.create(json.loads(cfg.to_json_best_effort()), [], 0).config
+  planned = create_meta(json.loads(cfg.to_json_best_effort()), [], 0).config
   if not planned["model"]["vocab_size"]:  # "the tokenizer's", which the checkpoint holds resolved
     planned["model"]["vocab_size"] = saved_config["model"]["vocab_size"]
   return [d for d in changed_settings(saved_config, planned) if not d.startswith("eval_batches=") and not (
