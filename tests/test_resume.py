@@ -311,6 +311,7 @@ def test_resume_with_data_worker_processes(tmp_path, reference, train_server):
   shutil.rmtree(workdir / "checkpoints" / str(STEPS))
   proc = resume_and_compare(workdir, reference, STEPS - EVERY, {"data.num_workers": 1}, train_server)
   assert "other settings" not in proc.stdout  # the worker count does not change what is trained
+  assert "training examples, batched by 1 data worker process\n" in proc.stdout  # the setting reached the data
   assert "leaked shared_memory" not in proc.stderr, proc.stderr[-2000:]  # nothing left behind by the workers
 
 

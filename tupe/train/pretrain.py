@@ -375,7 +375,9 @@ def describe(setup: Setup, train_data, rows: tuple[int, int]) -> str:
           f"{jax.devices()[0].platform} devices on {jax.process_count()} host(s); global batch "
           f"{cfg.global_batch_size} ({rows[1] - rows[0]} per host, "
           f"{cfg.global_batch_size // sharding.data_parallel_size(setup.mesh)} per data-parallel device, "
-          f"{cfg.grad_accum_steps} accumulation steps) x {cfg.seq_len} tokens; {len(train_data)} training examples")
+          f"{cfg.grad_accum_steps} accumulation steps) x {cfg.seq_len} tokens; {len(train_data)} training examples"
+          + (f", batched by {cfg.data.num_workers} data worker process{'es' * (cfg.data.num_workers > 1)}"
+             if cfg.data.num_workers else ""))
 
 
 def write_curves(workdir: storage.Path) -> storage.Path | None:
