@@ -6,6 +6,7 @@ seconds-long smoke run, which is what the tests use.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -20,6 +21,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+_records = None  # where `emit` writes: the process's stdout under `run`, else sys.stdout at each record
 
 
 def load_config(spec: str, overrides: Sequence[str] = ()):
@@ -99,6 +101,18 @@ def machine() -> dict:
           "date": datetime.date.today().isoformat(), "python": platform.python_version()}
 
 
+def run(main: Callable[[], object]) -> None:
+  """A benchmark's entry point: `main()` with its stdout kept for the JSON records (`emit`); anything else printed
+  on the way (tupe's notes and warnings, a data cache's lines) goes to stderr, with the progress."""
+  global _records  # pylint: disable=global-statement
+  _records = sys.stdout
+  try:
+    with contextlib.redirect_stdout(sys.stderr):
+      main()
+  finally:
+    _records = None
+
+
 def progress(message: str) -> None:
   """A timestamped progress line on stderr (stdout carries only the JSON records)."""
   print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
@@ -116,7 +130,7 @@ def emit(record: dict) -> None:
     if isinstance(v, np.generic):
       return clean(v.item())
     return v
-  print(json.dumps(clean(record)), flush=True, file=sys.stdout)
+  print(json.dumps(clean(record)), flush=True, file=_records or sys.stdout)
 
 
 def random_checkpoint_state(model: str):

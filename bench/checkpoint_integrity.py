@@ -14,7 +14,6 @@ Prints one JSON line with the bytes saved, the times in seconds, the ratios and 
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import shutil
 import tempfile
@@ -83,9 +82,9 @@ def main(argv=None) -> list[dict]:
       "restore_s": round(restore_verified, 3), "restore_without_verify_s": round(restore_plain, 3),
       "restore_ratio": round(restore_verified / restore_plain, 3), "verify_s": round(verify_alone, 3),
       "hash_gb_per_s": round(nbytes / checksums / 1e9, 3), **bench.machine()}
-  print(json.dumps(result))
+  bench.emit(result)
   return [result]
 
 
 if __name__ == "__main__":
-  main()
+  bench.run(main)

@@ -102,4 +102,5 @@ def main(argv=None) -> list[dict]:
 
 
 if __name__ == "__main__":
-  main()
+  import bench  # (numpy only: jax is imported in main, after the device count is set)
+  bench.run(main)

@@ -18,7 +18,6 @@ one JSON line per storage, with the sizes, bytes read, requests, seconds and the
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import re
 import shutil
@@ -102,9 +101,9 @@ def main(argv=None) -> list[dict]:
     shutil.rmtree(tmp)
   for result in results:
     result.update(model=args.model, **bench.machine())
-    print(json.dumps(result))
+    bench.emit(result)
   return results
 
 
 if __name__ == "__main__":
-  main()
+  bench.run(main)

@@ -2,7 +2,7 @@
 
   python -m bench.pipeline [--config configs/pretrain.py:bert_a,small] [--batch 16] [--seq 128]
       [--files '../shared/data/corpus/gutenberg/*.txt'] [--vocab ../shared/data/vocab/bert-base-uncased-vocab.txt]
-      [--batches 50] [--steps 6] [--sources text,demo]
+      [--batches 50] [--steps 5] [--rounds 4] [--sources text,demo]
 
 Prints JSON lines:
   pipeline, one per source (text: the real-text files with the BERT vocab; demo: the stdlib docstrings):
@@ -12,8 +12,11 @@ Prints JSON lines:
   model: the train-step tokens/s of --config on a fixed synthetic batch, and each source's
     batch_tokens_per_s relative to it (headroom: > 1 means the pipeline keeps up);
   steady_state: training steps fed by the real-text pipeline, by the synthetic source through the same
-    pipeline (no tokenizer work) and by one fixed device batch (no input pipeline), taking turns step by
-    step; median step time of each and the ratios to the fixed batch.
+    pipeline (no tokenizer work) and by one fixed device batch (no input pipeline), taking turns `--steps`
+    steps at a time for `--rounds` rounds; the median step time of each feed, and per round each feed's mean
+    step time over the fixed batch's and the text's over the synthetic source's (median and range over rounds).
+    A feed's iterator lives for its own turn only, so its prefetching threads work during its own steps and
+    not during another feed's.
 """
 from __future__ import annotations
 
@@ -58,24 +61,42 @@ def bench_source(data_cfg, seq_len: int, batch: int, batches: int) -> dict:
           "batch_tokens_per_s": batches * batch * seq_len / elapsed, "batches": batches}
 
 
-def steady_state(runner: train_step.Runner, feeds: dict, steps: int) -> dict:
-  """Steps fed by each iterator (None: the runner's fixed batch) in turn; median seconds per step each."""
-  def step_from(it):
-    def run():
-      if it is None:
-        runner.step()
-      else:
-        runner.state, metrics = runner.compiled(runner.state, sharding.shard_batch(next(it), runner.setup.mesh))
-        float(metrics["loss"])
-    return run
-  calls = {name: step_from(it) for name, it in feeds.items()}
-  for call in calls.values():
-    call()
-  times = {name: [] for name in calls}
-  for s in range(steps):
-    for name in (list(calls) if s % 2 == 0 else list(calls)[::-1]):
-      times[name] += bench.time_calls(calls[name], 1)
+def fed_step(runner: train_step.Runner, it) -> None:
+  """One training step on the iterator's next batch, waited for."""
+  runner.state, metrics = runner.compiled(runner.state, sharding.shard_batch(next(it), runner.setup.mesh))
+  float(metrics["loss"])
+
+
+def steady_state(runner: train_step.Runner, feeds: dict, batch_size: int, steps: int,
+                 rounds: int) -> dict[str, list[list[float]]]:
+  """Training steps fed by each feed in turn, `steps` consecutive steps per turn for `rounds` rounds (the order
+  reversed every other round). A feed is a `pipeline_lib.PretrainData`, read through a new iterator at its next
+  batch for each turn and closed after it, or None: the runner's fixed device batch. Returns each feed's step
+  times in seconds, one list per round."""
+  done = dict.fromkeys(feeds, 0)
+  times = {name: [] for name in feeds}
+  for r in range(rounds):
+    for name in (list(feeds) if r % 2 == 0 else list(feeds)[::-1]):
+      data = feeds[name]
+      if data is None:
+        times[name].append(bench.time_calls(runner.step, steps))
+        continue
+      it = data.iterator(batch_size=batch_size, seed=0, start_batch=done[name])
+      times[name].append(bench.time_calls(lambda it=it: fed_step(runner, it), steps))
+      done[name] += steps
+      if hasattr(it, "close"):
+        it.close()
   return times
+
+
+def ratios(times: dict[str, list[list[float]]], over: str) -> dict:
+  """Per round, each feed's mean step time over feed `over`'s: {feed: {"median": m, "range": [lo, hi]}}."""
+  out = {}
+  for name, rounds in times.items():
+    if name != over:
+      per_round = [np.mean(t) / np.mean(base) for t, base in zip(rounds, times[over], strict=True)]
+      out[name] = {"median": bench.median(per_round), "range": [min(per_round), max(per_round)]}
+  return out
 
 
 def parse_args(argv=None):
@@ -88,7 +109,8 @@ def parse_args(argv=None):
   p.add_argument("--vocab", default=str(SHARED / "vocab" / "bert-base-uncased-vocab.txt"))
   p.add_argument("--sources", default="text,demo")
   p.add_argument("--batches", type=int, default=50, help="timed batches per source")
-  p.add_argument("--steps", type=int, default=6, help="timed training steps per feed")
+  p.add_argument("--steps", type=int, default=5, help="timed training steps per feed and turn")
+  p.add_argument("--rounds", type=int, default=4, help="turns of each feed")
   p.add_argument("--warmup", type=int, default=2, help="untimed training steps")
   p.add_argument("--config-override", action="append", default=[], metavar="KEY=VALUE")
   p.add_argument("--tiny", action="store_true", help="tiny model, short run (smoke test)")
@@ -122,20 +144,20 @@ def main(argv=None) -> list[dict]:
   bench.emit(records[-1])
   synthetic_cfg = data_config(cfg.data, "synthetic", "", "")
   synthetic_cfg.synthetic_vocab_size = vocab_size
-  feeds = {"fixed_batch": None}
-  for name, data_cfg in (("text", text_cfg), ("synthetic_source", synthetic_cfg)):
-    feeds[name] = pipeline_lib.make_pretrain_iterator(data_cfg, seq_len=args.seq, batch_size=args.batch, seed=0)[0]
-  times = steady_state(runner, feeds, args.steps)
-  fixed = np.array(times["fixed_batch"])
+  feeds = {"fixed_batch": None,
+           "text": pipeline_lib.PretrainData(text_cfg, seq_len=args.seq),
+           "synthetic_source": pipeline_lib.PretrainData(synthetic_cfg, seq_len=args.seq)}
+  times = steady_state(runner, feeds, args.batch, args.steps, args.rounds)
   records.append(dict({
       "what": "steady_state", "model": cfg.model.name, "size": cfg.model.size, "batch": args.batch, "seq": args.seq,
-      "step_time_s": {name: bench.median(t) for name, t in times.items()},
-      "over_fixed_batch": {name: bench.median(np.array(t) / fixed) for name, t in times.items()
-                           if name != "fixed_batch"},
-      "steps": args.steps}, **bench.machine()))
+      "step_time_s": {name: bench.median(sum(t, [])) for name, t in times.items()},
+      "over_fixed_batch": {name: r["median"] for name, r in ratios(times, "fixed_batch").items()},
+      "over_fixed_batch_range": {name: r["range"] for name, r in ratios(times, "fixed_batch").items()},
+      "text_over_synthetic": ratios({k: times[k] for k in ("text", "synthetic_source")}, "synthetic_source")["text"],
+      "steps": args.steps, "rounds": args.rounds}, **bench.machine()))
   bench.emit(records[-1])
   return records
 
 
 if __name__ == "__main__":
-  main()
+  bench.run(main)

@@ -205,8 +205,11 @@ def plot_pipeline(records: list[dict], figure) -> str:
   axes.set_ylabel("tokens/s")
   steady = next((r for r in records if r["what"] == "steady_state"), None)
   if steady:
+    text = steady.get("text_over_synthetic")  # (runs before 2026-11-30 have none)
     axes.set_xlabel("steady-state step time over a fixed batch: " + ", ".join(
-        f"{name} {ratio:.4f}" for name, ratio in steady["over_fixed_batch"].items()), fontsize=8)
+        f"{name} {ratio:.4f}" for name, ratio in steady["over_fixed_batch"].items())
+        + (f"\ntext over synthetic {text['median']:.4f} ({text['range'][0]:.3f}-{text['range'][1]:.3f} "
+           f"over {steady['rounds']} rounds)" if text else ""), fontsize=8)
   return f"input pipeline vs the model, {sources[0]['batch']} x {sources[0]['seq']}"
 
 

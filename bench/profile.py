@@ -206,4 +206,4 @@ def main(argv=None) -> list[dict]:
 
 
 if __name__ == "__main__":
-  main()
+  bench.run(main)

@@ -28,6 +28,7 @@ from bench import plot
 from bench import profile
 from bench import suite_cpu
 from bench import train_step
+from tupe import console
 from tupe import models
 from tupe.errors import UserError
 from tupe.models import layers
@@ -250,9 +251,26 @@ def test_dynamic_conv_implementations_agree():
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
+def test_an_entry_point_keeps_stdout_for_the_records(capsys):
+  """What the code under a benchmark prints (tupe's warnings, a data cache's lines) goes to stderr: stdout holds only
+  the JSON records that bench.plot and the results files read (the BERT vocab's warning once broke a results
+  file)."""
+  def main():
+    print("data: reusing the tokenized corpus")
+    console.log("warning: vocab file has repeated lines")
+    bench.emit({"what": "x", "seconds": 1.0})
+  bench.run(main)
+  out, err = capsys.readouterr()
+  assert [json.loads(line) for line in out.splitlines()] == [{"what": "x", "seconds": 1.0}]
+  assert err.splitlines() == ["data: reusing the tokenized corpus", "warning: vocab file has repeated lines"]
+  bench.emit({"what": "after"})  # the next record, outside `run`: this process's stdout again
+  assert capsys.readouterr().out == '{"what": "after"}\n'
+
+
 def test_pipeline(capsys, shared_data, tmp_path):
   records = printed(capsys, pipeline.main(TINY + [
-      "--config", BERT, "--batches", "3", "--files", str(shared_data / "corpus" / "wikitext" / "*.txt")]))
+      "--config", BERT, "--batches", "3", "--rounds", "2",
+      "--files", str(shared_data / "corpus" / "wikitext" / "*.txt")]))
   text, demo, model, steady = records
   assert (text["source"], demo["source"]) == ("text", "demo")
   for r in (text, demo):
@@ -260,6 +278,8 @@ def test_pipeline(capsys, shared_data, tmp_path):
   assert set(model["pipeline_over_model"]) == {"text", "demo"}
   assert set(steady["step_time_s"]) == {"fixed_batch", "text", "synthetic_source"}
   assert set(steady["over_fixed_batch"]) == {"text", "synthetic_source"}
+  low, high = steady["text_over_synthetic"]["range"]
+  assert 0 < low <= steady["text_over_synthetic"]["median"] <= high
   plotted(records, tmp_path, "pipeline")
 
 
