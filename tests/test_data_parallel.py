@@ -1,5 +1,6 @@
 """Parallel, resumable preprocessing: the same shards whatever the workers, tasks and interruptions; shards in a
 bucket; the shard cache of text sources reused by a later start."""
+import json
 import os
 import shutil
 import signal
@@ -10,6 +11,7 @@ import time
 import numpy as np
 import pytest
 
+from tupe.data import build
 from tupe.data import examples
 from tupe.data import pipeline
 from tupe.data import preprocess
@@ -78,6 +80,28 @@ def test_resume_after_sigkill_gives_the_same_shards(reference, corpus_glob, bert
   resumed = subprocess.run(command[:-1] + ["1"], cwd=REPO, capture_output=True, text=True, check=True, timeout=600)
   assert f"({done} done before: resuming)" in resumed.stdout
   assert contents(output) == contents(reference)
+
+
+def test_hosts_sharing_a_folder_make_the_same_unit_at_once(reference, tmp_path):
+  """Hosts that share `data.cache_dir` tokenize the corpus at once, each every unit. The first to finish the folder
+  removes the leftovers of killed runs, and with them the unfinished file of a unit another host is still making:
+  that host finds the unit's shard in place (the same bytes) and goes on. Before, its rename failed."""
+  folder = tmp_path / "shared"
+  shutil.copytree(reference, folder)  # what the first host made, leftovers removed
+  plan = json.loads((folder / shards.PLAN).read_text())
+
+  def finished_meanwhile(unit_examples):
+    for i, example in enumerate(unit_examples):
+      if i == 1:
+        leftovers = list(folder.glob("*.tmp-*"))
+        assert leftovers  # this host's unfinished shard
+        for path in leftovers:
+          path.unlink()
+      yield example
+  tallies = {}
+  record = shards.write_unit(folder, 0, finished_meanwhile(build.unit_examples(plan, 0, tallies)), tallies)
+  assert record == shards.read_unit_record(reference, 0)
+  assert contents(folder) == contents(reference)
 
 
 def test_other_settings_in_a_started_folder_are_refused(reference, corpus_glob, bert_vocab):

@@ -98,7 +98,13 @@ def write_unit(folder: storage.PathLike, unit: int, examples, tallies: dict[str,
     if remote:
       _upload(written, folder / shard_name(split, unit))
     else:
-      os.replace(written, os.path.join(scratch, shard_name(split, unit)))
+      try:
+        os.replace(written, os.path.join(scratch, shard_name(split, unit)))
+      except FileNotFoundError:
+        # Hosts sharing a cache folder make the same units at once: one that finished the folder first removed
+        # the leftovers, this unfinished file among them, and its shard (the same bytes) is in place.
+        if not os.path.exists(os.path.join(scratch, shard_name(split, unit))):
+          raise
   if remote:
     os.rmdir(scratch)
   record = dict(unit=unit, num_examples=counts, num_tokens=tokens, inputs={n: t.as_dict() for n, t in tallies.items()})
