@@ -26,6 +26,9 @@ def test_schedule_warms_up_then_decays_linearly():
   assert float(optim.schedule(_opt_cfg(warmup_steps=0), 12)(1)) == pytest.approx(1e-3)  # warmup >= 1 step
   with pytest.raises(UserError, match="warmup_steps=12 must be below the 12 training steps"):
     optim.schedule(_opt_cfg(warmup_steps=12), total_steps=12)
+  for bad in (-5, 2.5):  # (before: -5 was taken as 1, and 2.5 as 2, without a word)
+    with pytest.raises(UserError, match=f"^optimizer.warmup_steps={bad}: give a whole number of steps, 0 or more"):
+      optim.schedule(_opt_cfg(warmup_steps=bad), total_steps=12)
 
 
 def _params(name: str):

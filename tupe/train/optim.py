@@ -29,8 +29,13 @@ def check_adam(opt_cfg) -> None:
 
 
 def schedule(opt_cfg, total_steps: int) -> optax.Schedule:
-  """Linear warmup from 0 to the peak over max(1, warmup) steps, then decay to end_lr at total_steps."""
-  warmup = max(1, int(opt_cfg.warmup_steps))
+  """Linear warmup from 0 to the peak over max(1, warmup) steps, then decay to end_lr at total_steps: warmup 0 and 1
+  both take one step, whose learning rate is 0."""
+  given = opt_cfg.warmup_steps
+  if isinstance(given, bool) or not float(given).is_integer() or given < 0:
+    raise UserError(f"optimizer.warmup_steps={given}: give a whole number of steps, 0 or more (0 and 1 both warm up "
+                    f"over one step, whose learning rate is 0)")
+  warmup = max(1, int(given))
   if warmup >= total_steps:
     raise UserError(f"optimizer.warmup_steps={opt_cfg.warmup_steps} must be below the {total_steps} "
                     f"training steps; lower the warmup or train longer")
