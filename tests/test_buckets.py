@@ -7,7 +7,6 @@ gs:// and an s3:// bucket; the tools reading from and writing to buckets; HF Con
 sweep's and study's roots in a bucket; a missing bucket or path is one line and a non-zero exit. No test leaves a
 local folder named "gs:" or "s3:" behind.
 """
-import importlib
 import json
 import os
 import re
@@ -30,6 +29,7 @@ from test_resume import REPO
 from test_resume import Run
 from test_resume import train_command
 from test_resume import train_env
+from tools_in_process import tool
 
 from configs import glue as glue_config
 from tupe import models
@@ -38,7 +38,6 @@ from tupe.glue import classifier
 from tupe.glue import predict
 from tupe.glue import runs as runs_lib
 from tupe.glue import tasks as glue
-from tupe.run import process
 from tupe.store import checkpoint
 from tupe.store import deadline
 from tupe.store import runlog
@@ -66,20 +65,6 @@ def run(args: list[str], timeout: float = 600, env: dict | None = None) -> subpr
   the emulators')."""
   return subprocess.run([sys.executable, *args], cwd=REPO, env=env or train_env(), capture_output=True, text=True,
                         timeout=timeout)
-
-
-def tool(name: str, args: list[str], capsys) -> subprocess.CompletedProcess:
-  """`python -m tupe.tools.NAME ARGS...` in this process, as its `__main__` runs it (`process.run_main`: one line and
-  exit status 2 for a bad input): its exit status, stdout and stderr. The claims here are the tools' with buckets,
-  not their processes', and a subprocess would import JAX, PyTorch and transformers anew for each."""
-  capsys.readouterr()  # what came before
-  try:
-    process.run_main(importlib.import_module(f"tupe.tools.{name}").main, [f"tupe.tools.{name}", *args])
-    status = 0
-  except SystemExit as e:
-    status = e.code
-  out, err = capsys.readouterr()
-  return subprocess.CompletedProcess(["-m", f"tupe.tools.{name}", *args], status, out, err)
 
 
 def one_line_error(proc: subprocess.CompletedProcess) -> str:

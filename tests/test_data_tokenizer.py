@@ -53,7 +53,8 @@ def test_train_command(shared_data, tmp_path):
     vocab.main(["vocab", "--input", str(tmp_path / "nothing*.txt"), "--output", str(output)])
   corpus = tmp_path / "corpus.txt"
   corpus.write_text("A corpus.\n")
-  with pytest.raises(UserError, match=f"^--output {corpus} is one of the --input files: give another file name"):
+  with pytest.raises(UserError, match=f"^--output {corpus} is the --input file {corpus}, which it would replace: give "
+                                      f"another file name"):
     vocab.main(["vocab", "--input", str(tmp_path / "*.txt"), "--vocab-size", "100", "--output", str(corpus)])
   assert corpus.read_text() == "A corpus.\n"
 

@@ -183,8 +183,9 @@ def test_bad_arguments_are_one_line_before_the_model_is_read(tmp_path, capsys):
   folder.mkdir()
   (tmp_path / "link.tsv").symlink_to(source)
   for extra, line in (
-      (["--out", str(tmp_path / "link.tsv")], f"error: --out {tmp_path / 'link.tsv'} is the --input file: give "
-                                              f"another file name, e.g. {tmp_path / 'labels.tsv'}"),
+      (["--out", str(tmp_path / "link.tsv")], f"error: --out {tmp_path / 'link.tsv'} is the --input file {source}, "
+                                              f"which it would replace: give another file name, e.g. "
+                                              f"{tmp_path / 'labels.tsv'}"),
       (["--out", str(tmp_path / "out.tsv"), "--batch-size", "0"],
        "error: --batch-size 0: give 1 or more rows per forward pass"),
       (["--out", str(tmp_path / "out.tsv"), "--batch-size", "x"],  # argparse's own errors: one line too

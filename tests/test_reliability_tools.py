@@ -9,6 +9,7 @@ import sys
 import jax
 import ml_collections
 import pytest
+from tools_in_process import tool
 
 from configs import glue as glue_config
 from tupe.errors import UserError
@@ -41,6 +42,43 @@ def test_evaluate_names_the_flag_at_fault_before_scoring(pretrained, text_file, 
   evaluate.main(["evaluate", "--checkpoint", str(pretrained), "--text-file", str(text_file), "--out", str(file),
                  "--batch-size", "8"])
   assert '"step": 2' in file.read_text() and [p.name for p in tmp_path.iterdir() if "tmp" in p.name] == []
+
+
+def run_workdir(tmp_path) -> pathlib.Path:
+  """A folder laid out as a train.py workdir (config.json, metrics.jsonl, a checkpoint's checksums.json)."""
+  workdir = tmp_path / "run"
+  (workdir / "checkpoints" / "4").mkdir(parents=True)
+  for name in ("config.json", "metrics.jsonl", "checkpoints/4/checksums.json"):
+    (workdir / name).write_text("{}\n")
+  return workdir
+
+
+@pytest.mark.parametrize("name, argv, target", [
+    ("evaluate", ["--checkpoint", "RUN", "--text-file", "TEXT", "--out"], "metrics.jsonl"),
+    ("evaluate", ["--checkpoint", "RUN", "--text-file", "TEXT", "--out"], "TEXT"),
+    ("summary", ["--config", "configs/pretrain.py:tupe_a,tiny", "--out"], "checkpoints/4/checksums.json"),
+    ("summary", ["--config", "configs/pretrain.py:tupe_a,tiny", "--out"], "TEXT/x.md"),
+    ("vocab", ["--input", "TEXT", "--output"], "config.json"),
+    ("predict", ["--model", "RUN", "--input", "TEXT.tsv", "--out"], "metrics.jsonl"),
+    ("plot", ["--workdir", "RUN", "--out"], "results.png"),
+])
+def test_an_output_that_would_replace_an_input_or_a_run_file_is_refused_first(tmp_path, capsys, name, argv, target):
+  """A tool's output file is checked before any work: one line, and nothing replaced. Before, evaluate --out
+  metrics.jsonl, summary --out into a checkpoint (which it then could not restore), vocab --output config.json and
+  predict --out a run's log replaced those files, and a path under a file failed after the work."""
+  workdir, text = run_workdir(tmp_path), tmp_path / "text"
+  text.write_text("Some text.\n")
+  (tmp_path / "text.tsv").write_text("sentence\nSome text.\n")
+  out = str(text) + target[4:] if target.startswith("TEXT") else str(workdir / target)
+  (workdir / "results.png").write_bytes(b"png")
+  before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+  names = {"RUN": str(workdir), "TEXT": str(text), "TEXT.tsv": str(tmp_path / "text.tsv")}
+  proc = tool(name, [*(names.get(a, a) for a in argv), out], capsys)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  kind = "a file, where this path needs a folder" if target == "TEXT/x.md" else (
+      "is the --text-file file" if target == "TEXT" else f"a file of the run in {workdir}")
+  assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: ") and kind in proc.stderr, proc.stderr
+  assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
 
 
 def test_glue_parity_refuses_a_tupe_checkpoint_before_its_workdir(pretrained, glue_dir, tmp_path):

@@ -82,6 +82,11 @@ def test_failures_are_one_line(gcs_bucket, tmp_path):
   (tmp_path / "file").write_text("")
   with pytest.raises(storage.StorageError, match="is a file"):
     storage.check_writable(tmp_path / "file" / "run")
+  for under_a_file in (tmp_path / "file" / "x.txt", tmp_path / "file" / "sub" / "x.txt"):  # mkdir: EEXIST, ENOTDIR
+    with pytest.raises(storage.StorageError, match=f"^cannot write {under_a_file}: (File exists|Not a directory): a "
+                                                   f"file stands where this path needs a folder; choose another "
+                                                   f"path, or move the file$"):
+      storage.write_text(under_a_file, "x")
   with pytest.raises(storage.StorageError, match="empty path"):
     storage.path("")
   with pytest.raises(storage.StorageError, match="must be local"):

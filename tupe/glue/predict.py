@@ -34,6 +34,7 @@ from tupe.glue import model as task_model
 from tupe.glue import tasks as glue
 from tupe.glue import tsv
 from tupe.models import partitioning
+from tupe.store import outputs
 from tupe.store import storage
 from tupe.train import sharding
 
@@ -186,11 +187,7 @@ def check_files(input_path: storage.PathLike, out: storage.PathLike) -> None:
   suffix = _format(storage.path(out), "--out")
   if not storage.is_file(input_path):
     raise UserError(f"--input {input_path} does not exist")
-  if storage.is_dir(out):
-    raise UserError(f"--out {out} is a directory: give a file name, e.g. {storage.path(out) / ('labels' + suffix)}")
-  if storage.same_file(out, input_path):
-    raise UserError(f"--out {out} is the --input file: give another file name, e.g. "
-                    f"{storage.path(out).parent / ('labels' + suffix)}")
+  outputs.check(out, "--out", "labels" + suffix, (("--input", input_path),))
 
 
 def write_output(path: storage.PathLike, columns: list[str], rows: list[list]) -> None:

@@ -96,6 +96,8 @@ def describe(e: BaseException) -> str:
     return cause
   if isinstance(e, FileNotFoundError):
     return "not found"
+  if isinstance(e, OSError) and e.errno in (errno.ENOTDIR, errno.EEXIST):  # (folders are made with exist_ok)
+    return f"{e.strerror}: a file stands where this path needs a folder; choose another path, or move the file"
   if isinstance(e, OSError) and e.errno == errno.ELOOP:  # opened with O_NOFOLLOW
     return "it is a symbolic link, and tupe writes through none: put the file itself there, or remove the link"
   return e.strerror if isinstance(e, OSError) and e.strerror else f"{type(e).__name__}: {reason(e)}"

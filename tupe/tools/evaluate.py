@@ -16,8 +16,7 @@ from __future__ import annotations
 import json
 
 from tupe import console
-from tupe.errors import UserError
-from tupe.store import storage
+from tupe.store import outputs
 from tupe.study.heldout import evaluate
 from tupe.study.heldout import write
 from tupe.train import compile_cache
@@ -33,8 +32,8 @@ def main(argv: list[str]) -> None:
   parser.add_argument("--batch-size", type=int, default=32, help="examples per batch (default 32)")
   parser.add_argument("--out", default="", help="also write the JSON to this file (local or gs://...)")
   args = parser.parse_args(argv[1:])
-  if args.out and storage.is_dir(args.out):  # Found now, not after the scoring.
-    raise UserError(f"--out {args.out} is a directory: give a file name, e.g. {storage.path(args.out) / 'eval.json'}")
+  if args.out:  # Found now, not after the scoring.
+    outputs.check(args.out, "--out", "eval.json", (("--text-file", args.text_file),))
   compile_cache.enable()  # the per-user cache (tupe.train.compile_cache)
   result = evaluate(args.checkpoint, args.text_file, args.seed, args.max_examples, args.batch_size)
   if args.out:

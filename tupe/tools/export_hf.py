@@ -59,6 +59,7 @@ def main(argv: list[str]) -> None:
     write = lambda out: export.export(step_dir, out)
   out = storage.path(args.out)
   if not storage.is_remote(out):
+    storage.makedirs(export.new_directory(out))  # (a file in the way of a folder: one line)
     written = write(out)
   else:  # save_pretrained writes to local folders: the export is staged in one, then copied to the bucket
     if storage.iterdir(out):

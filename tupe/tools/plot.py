@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from tupe import console
 from tupe.errors import UserError
+from tupe.store import outputs
 from tupe.train.curves import plot_runs
 from tupe.train.curves import read_run
 from tupe.train.curves import run_labels
@@ -28,6 +29,7 @@ def main(argv: list[str]) -> None:
   args = parser.parse_args(argv[1:])
   if not args.out.lower().endswith(".png"):  # A PNG over a file of another kind (a run's metrics.jsonl) is refused.
     raise UserError(f"--out {args.out}: name a .png file")
+  outputs.check(args.out, "--out", "curves.png")
   runs = {label: read_run(w) for label, w in zip(run_labels(args.workdir), args.workdir)}
   panels = plot_runs(runs, args.out, args.smoothing)
   print(f"wrote {args.out}: {len(runs)} run(s), panels {', '.join(panels)}")

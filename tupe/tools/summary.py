@@ -28,6 +28,7 @@ from tupe import models
 from tupe import present
 from tupe.data import examples
 from tupe.errors import UserError
+from tupe.store import outputs
 from tupe.store import storage
 from tupe.train import flops
 from tupe.train import objectives
@@ -113,6 +114,8 @@ def main(argv: list[str]) -> None:
   parser.add_argument("--out", help="also write the table to this markdown file (local or "
                       "gs://...)")
   args = parser.parse_args(argv[1:])
+  if args.out:
+    outputs.check(args.out, "--out", "summary.md")
   specs = args.config or [f"configs/pretrain.py:{name},{size}" for name in models.PRETRAIN_NAMES
                           for size in models.SIZES]
   rows = {}

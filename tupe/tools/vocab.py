@@ -6,8 +6,7 @@ header/footer stripped), as a BERT vocab.txt.
 from tupe import console
 from tupe.data import tokenizer
 from tupe.data import units
-from tupe.errors import UserError
-from tupe.store import storage
+from tupe.store import outputs
 
 
 def main(argv: list[str]) -> None:
@@ -20,10 +19,7 @@ def main(argv: list[str]) -> None:
   args = parser.parse_args(argv[1:])
   source = dict(format="text", documents="paragraphs", files=args.input)
   inputs = units.plan_inputs(source)
-  for entry in inputs:
-    if storage.same_file(entry["name"], args.output):
-      raise UserError(f"--output {args.output} is one of the --input files: give another file name, e.g. "
-                      f"{storage.path(args.output).parent / 'vocab.txt'}")
+  outputs.check(args.output, "--output", "vocab.txt", tuple(("--input", entry["name"]) for entry in inputs))
   path = tokenizer.train_wordpiece(units.all_documents(source, inputs), args.vocab_size, args.output,
                                    lowercase=not args.cased)
   print(f"wrote {path} ({len(tokenizer.read_vocab(path))} tokens)")

@@ -1,0 +1,45 @@
+"""A file named on a command line for the command to write, checked before any work: not a folder, nor under a file,
+not one of the command's inputs (which it would replace), and not a file of a run (a workdir's config and logs, anything under its
+checkpoints or kept models), which every later reader of the run would find replaced."""
+from __future__ import annotations
+
+import re
+
+from tupe.errors import UserError
+from tupe.store import storage
+
+# A workdir of train.py or eval_glue.py is a folder with a config.json. What it keeps of its run: its records at
+# the top (the logs in segments: metrics.jsonl, metrics.1.jsonl, ...), and these folders whole.
+_RUN_FILES = re.compile(r"config\.json|(metrics|runs)(\.\d+)?\.jsonl|\.tupe\.lock|results\.(json|md|png)")
+_RUN_FOLDERS = ("checkpoints", "models", "runs", "tensorboard", "submission", "predictions")
+
+
+def check(out: storage.PathLike, flag: str, example: str,
+          inputs: tuple[tuple[str, storage.PathLike], ...] = ()) -> None:
+  """Refuses `out`, the value of option `flag`, in one line where it is a folder, under a file, one of `inputs` (the
+  command's input files, each with its option: ("--input", path)), or a file of a run; `example` is a file name to
+  suggest in its place.
+
+  Raises:
+    UserError: naming `flag`, what `out` is and a path to write instead.
+  """
+  target = storage.path(out)
+  if storage.is_dir(target):
+    raise UserError(f"{flag} {out} is a directory: give a file name, e.g. {target / example}")
+  for input_flag, given in inputs:
+    if storage.same_file(target, given):
+      raise UserError(f"{flag} {out} is the {input_flag} file {given}, which it would replace: give another file "
+                      f"name, e.g. {target.parent / example}")
+  folder, inside = target.parent, (target.name,)
+  while True:
+    if not storage.is_remote(folder) and storage.is_file(folder):
+      raise UserError(f"{flag} {out}: {folder} is a file, where this path needs a folder; choose another path, e.g. "
+                      f"{folder.parent / example}")
+    if storage.exists(folder / "config.json") and (
+        _RUN_FILES.fullmatch(inside[0]) if len(inside) == 1 else inside[0] in _RUN_FOLDERS):
+      raise UserError(f"{flag} {out} is a file of the run in {folder}, which it would replace: write elsewhere, "
+                      f"e.g. {folder / example}")
+    if folder.parent == folder or str(folder).endswith("://") or (
+        storage.is_remote(folder) and "/" not in storage.bare(folder)):  # the filesystem's root, or the bucket
+      return
+    folder, inside = folder.parent, (folder.name, *inside)
