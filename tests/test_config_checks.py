@@ -41,6 +41,12 @@ BAD_VALUES = (
     ("checkpoint.store_timeout_s", 0.0, "checkpoint.store_timeout_s=0.0 must be positive"),
     ("checkpoint.stop_grace_s", -1.0, "checkpoint.stop_grace_s=-1.0 must be 0 or more"),
     ("checkpoint.lease_s", 0.0, "checkpoint.lease_s=0.0 must be positive"),
+    # Values that trained to the end before (exit 0): a rate that grows after the warmup, MFU negative in the logs.
+    ("optimizer.end_learning_rate", 1.0, "optimizer.end_learning_rate=1.0 is above the peak learning_rate=0.0001"),
+    ("optimizer.power", -1.0, "optimizer.power=-1.0 must be above 0"),
+    ("peak_flops", -1.0, "peak_flops=-1.0 must be 0 or more"),
+    ("checkpoint.keep_every", -5, "checkpoint.keep_every=-5 must be 0 or more"),
+    ("disc_weight", -1.0, "disc_weight=-1.0 must be 0 or more"),
 )
 
 
@@ -161,6 +167,11 @@ def test_sweep_print_checks_each_point_with_its_data(tmp_path, capsys):
                                 "sentence-pair tasks"),
     ("learning_rates", (2e-5, 2.0000001e-5), "learning_rates=(2e-05, 2.0000001e-05) holds two rates that both read "
                                              "2e-05 to 6 digits"),
+    # Values that fine-tuned to the end before: every other layer at a negative rate, or every one frozen.
+    ("optimizer.layerwise_decay", -1.0, "optimizer.layerwise_decay=-1.0 must be in (0, 1]"),
+    ("optimizer.layerwise_decay", 0.0, "optimizer.layerwise_decay=0.0 must be in (0, 1]"),
+    ("optimizer.weight_decay", -0.01, "optimizer.weight_decay=-0.01 must be 0 or more"),
+    ("peak_flops", -1.0, "peak_flops=-1.0 must be 0 or more"),
 ])
 def test_bad_glue_values_are_one_line(field, value, words):
   cfg = config_files.load_config("configs/glue.py:tupe")

@@ -93,6 +93,20 @@ def test_glue_parity_refuses_a_tupe_checkpoint_before_its_workdir(pretrained, gl
   assert not (tmp_path / "parity").exists()
 
 
+@pytest.mark.parametrize("name, argv, line", [
+    ("glue_parity", ["--config", "configs/pretrain.py:tupe_a,tiny", "--workdir", "W"],
+     "error: --config configs/pretrain.py:tupe_a,tiny is not a GLUE recipe: give configs/glue.py:<tupe|convbert>, as "
+     "for eval_glue.py"),  # (a traceback before)
+    ("glue_parity", ["--config", "configs/glue.py:tupe", "--workdir", "W", "--rtol", "-1"],
+     "error: --rtol -1.0: give a relative tolerance above 0, e.g. 0.0001"),  # (the parity ran, then "failed")
+    ("glue_budget", ["--config", "configs/study.py:tupe,micro", "--root", "W", "--max-grid-minutes", "nan"],
+     "error: --max-grid-minutes nan: give the longest grid a budget may take, in minutes above 0 (default 30)"),
+])
+def test_a_tool_refuses_a_bad_argument_before_any_work(tmp_path, capsys, name, argv, line):
+  proc = tool(name, [str(tmp_path / "w") if a == "W" else a for a in argv], capsys)
+  assert (proc.returncode, proc.stderr.splitlines()) == (2, [line]) and not any(tmp_path.iterdir())
+
+
 def test_export_names_the_step_it_fell_back_to(pretrained, tmp_path):
   pytest.importorskip("transformers")
   init = tmp_path / "pretrain"

@@ -261,6 +261,13 @@ def test_evaluate_is_deterministic_and_tells_checkpoints_apart(studies, shared_d
     (["--config=configs/study.py:tupe,micro", "--config.random_init=electra"], "random_init='electra' is not a"),
     (["--config=configs/study.py:tupe,micro", "--config.only=bert_a,bert"], "only='bert_a,bert': 'bert' is not a"),
     (["--config=configs/study.py:tupe,micro", "--config.only=tupe_a"], "only='tupe_a' leaves out bert_a, whose"),
+    # Tracebacks before; the held-out batch failed after the pre-training and GLUE, naming evaluate's flag.
+    (["--config=configs/study.py:tupe,micro", "--config.variants=nosuch"], r"^variants=\('nosuch',\): each variant "
+                                                                           r"is a \(name, model, train.py overrides\)"),
+    (["--config=configs/study.py:tupe,micro", "--config.glue_budgets=nosuch"], r"^glue_budgets=\('nosuch',\): each "
+                                                                               r"budget is a \(name, eval_glue.py"),
+    (["--config=configs/study.py:tupe,micro", "--config.heldout_batch_size=0"],
+     r"^--config.heldout_batch_size 0 / --config.heldout_max_examples 16: use a batch of 1 or more"),
 ])
 def test_bad_input_is_one_line(shared_data, tmp_path, argv, message):
   with pytest.raises(UserError, match=message):

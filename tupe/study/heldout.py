@@ -41,6 +41,17 @@ class _FixedBatches:
       yield self.data.batch(np.arange(start, start + self.batch_size), self.seed)
 
 
+def check_sizes(batch_size: int, max_examples: int, batch_flag: str = "--batch-size",
+                examples_flag: str = "--max-examples") -> None:
+  """A batch of 1 or more, and 0 (all) or at least one batch of examples; the errors name the flags that set them."""
+  if batch_size < 1 or max_examples < 0:
+    raise UserError(f"{batch_flag} {batch_size} / {examples_flag} {max_examples}: use a batch of 1 or more and 0 "
+                    f"(all) or more examples")
+  if max_examples and max_examples < batch_size:
+    raise UserError(f"{examples_flag} {max_examples} is fewer than one batch of {batch_size} ({batch_flag}): give "
+                    f"{examples_flag} {batch_size} or more, or a smaller {batch_flag}")
+
+
 def evaluate(checkpoint_path: str, text_file: str, seed: int = 0, max_examples: int = 0,
              batch_size: int = 32) -> dict:
   """The scores of the newest finished checkpoint under `checkpoint_path` on `text_file` (see the module doc).
@@ -48,12 +59,7 @@ def evaluate(checkpoint_path: str, text_file: str, seed: int = 0, max_examples: 
   Raises:
     UserError: no checkpoint, a missing or empty text file, or fewer examples than one batch.
   """
-  if batch_size < 1 or max_examples < 0:
-    raise UserError(f"--batch-size {batch_size} / --max-examples {max_examples}: use a batch of 1 or more and 0 "
-                    f"(all) or more examples")
-  if max_examples and max_examples < batch_size:
-    raise UserError(f"--max-examples {max_examples} is fewer than one batch of {batch_size} (--batch-size): give "
-                    f"--max-examples {batch_size} or more, or a smaller --batch-size")
+  check_sizes(batch_size, max_examples)
   if not storage.is_file(text_file):
     raise UserError(f"--text-file {text_file} does not exist: give a UTF-8 text file")
   step_dir = checkpoint.latest_step_dir(checkpoint_path)

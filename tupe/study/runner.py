@@ -109,8 +109,21 @@ class Variant:
 
 
 def load_study(spec: str, overrides: list[str]):
-  """The study config of `--config spec` with its `--config.` overrides; a UserError for a bad one."""
-  return config_files.check_config_flags(["tupe.study", f"--config={spec}"] + overrides)
+  """The study config of `--config spec` with its `--config.` overrides; a UserError for a bad one (a list of
+  variants or budgets set on the command line among them: they are tuples a config file writes)."""
+  cfg = config_files.check_config_flags(["tupe.study", f"--config={spec}"] + overrides)
+  strings = lambda values: isinstance(values, (tuple, list)) and all(isinstance(v, str) for v in values)
+  if not all(isinstance(v, (tuple, list)) and len(v) == 3 and isinstance(v[0], str) and isinstance(v[1], str)
+             and strings(v[2]) for v in cfg.variants):
+    raise UserError(f"variants={cfg.variants!r}: each variant is a (name, model, train.py overrides) triple, which "
+                    f"a config file writes (configs/study.py); to run some of the variants, give --config.only="
+                    f"NAME,NAME")
+  if not all(isinstance(b, (tuple, list)) and len(b) == 2 and isinstance(b[0], str) and strings(b[1])
+             for b in cfg.glue_budgets):
+    raise UserError(f"glue_budgets={cfg.glue_budgets!r}: each budget is a (name, eval_glue.py overrides) pair, "
+                    f"which a config file writes (configs/study.py); to compare some of them, give "
+                    f"python -m tupe.tools.glue_budget --budgets NAME,NAME")
+  return cfg
 
 
 def data_path(cfg, path: str) -> str:
@@ -150,6 +163,8 @@ def glue_command(cfg, workdir: storage.Path, checkpoint_dir: storage.Path, archi
 def plan(cfg, root: storage.Path) -> list[Variant]:
   """Every variant's commands, each config loaded and checked (a UserError for the first bad one), and the
   control (random_init) last when the study has one."""
+  heldout.check_sizes(cfg.heldout_batch_size, cfg.heldout_max_examples, "--config.heldout_batch_size",
+                      "--config.heldout_max_examples")  # (found now, not after the pre-training and GLUE)
   pretrain_config = config_files.REPO / "configs" / "pretrain.py"
   names = [name for name, _, _ in cfg.variants]
   only = [name for name in cfg.get("only", "").split(",") if name]

@@ -330,7 +330,7 @@ def main(argv: list[str]) -> None:
   sentences = read_sentences(args.text_file, args.max_sentences)
   with tempfile.TemporaryDirectory() as workspace:
     cfg, params, tokenizer, info, label = load_model(args, storage.path(workspace))
-    max_len = args.max_len or min(DEFAULT_MAX_LEN, cfg.max_position_embeddings)
+    max_len = min(DEFAULT_MAX_LEN, cfg.max_position_embeddings) if args.max_len is None else args.max_len
     written = analyze(cfg, params, tokenizer, info, sentences, storage.path(args.out), args.sentence_index,
                       max_len, label)
   print(f"wrote {len(written)} files to {args.out}: " + ", ".join(p.name for p in written))

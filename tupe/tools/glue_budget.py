@@ -20,6 +20,7 @@ most --max-grid-minutes; when none does, the report says so and the study keeps 
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 
 from tupe import console
@@ -120,6 +121,9 @@ def main(argv: list[str], call=subprocess.call) -> None:
   if unknown:
     raise UserError(f"unknown arguments {' '.join(unknown)}: glue_budget takes --config, --root, --variant, "
                     f"--budgets, --max-grid-minutes and --config.<field>=<value> overrides")
+  if not (math.isfinite(args.max_grid_minutes) and args.max_grid_minutes > 0):  # Found now, not after the grids.
+    raise UserError(f"--max-grid-minutes {args.max_grid_minutes}: give the longest grid a budget may take, in "
+                    f"minutes above 0 (default 30)")
   cfg = runner.load_study(args.config, overrides)
   defined = dict(cfg.glue_budgets)
   budgets = args.budgets.split(",") if args.budgets else list(defined)

@@ -28,6 +28,21 @@ def check_adam(opt_cfg) -> None:
     raise UserError(f"optimizer.eps={opt_cfg.eps} must be a finite number above 0, e.g. 1e-6")
 
 
+def check_schedule(opt_cfg) -> None:
+  """The decay's settings that would make the learning rate grow after the warmup, or a lower layer learn backwards,
+  one line each: the polynomial decay's power above 0, an end learning rate no higher than the peak, and ConvBERT's
+  layer-wise decay in (0, 1] (0 freezes the layers below the head, a negative one flips every other layer's sign)."""
+  if not (math.isfinite(opt_cfg.power) and opt_cfg.power > 0):
+    raise UserError(f"optimizer.power={opt_cfg.power} must be above 0 (the polynomial decay's exponent; 1: linear)")
+  if "end_learning_rate" in opt_cfg and opt_cfg.end_learning_rate > opt_cfg.learning_rate:
+    raise UserError(f"optimizer.end_learning_rate={opt_cfg.end_learning_rate} is above the peak learning_rate="
+                    f"{opt_cfg.learning_rate}: the rate would grow after the warmup; give 0 (the recipes) up to the "
+                    f"peak")
+  decay = opt_cfg.get("layerwise_decay", 1.0)
+  if not (math.isfinite(decay) and 0 < decay <= 1):
+    raise UserError(f"optimizer.layerwise_decay={decay} must be in (0, 1] (ConvBERT's recipe: 0.8; 1: none)")
+
+
 def schedule(opt_cfg, total_steps: int) -> optax.Schedule:
   """Linear warmup from 0 to the peak over max(1, warmup) steps, then decay to end_lr at total_steps: warmup 0 and 1
   both take one step, whose learning rate is 0."""
