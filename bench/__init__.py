@@ -103,12 +103,17 @@ def machine() -> dict:
 
 def run(main: Callable[[], object]) -> None:
   """A benchmark's entry point: `main()` with its stdout kept for the JSON records (`emit`); anything else printed
-  on the way (tupe's notes and warnings, a data cache's lines) goes to stderr, with the progress."""
+  on the way (tupe's notes and warnings, a data cache's lines) goes to stderr, with the progress. A bad input
+  (tupe's `UserError`: an unknown model, a missing folder) ends it with its one line and exit status 2."""
+  from tupe.errors import UserError  # pylint: disable=import-outside-toplevel
   global _records  # pylint: disable=global-statement
   _records = sys.stdout
   try:
     with contextlib.redirect_stdout(sys.stderr):
       main()
+  except UserError as e:
+    print(f"error: {e}", file=sys.stderr)
+    raise SystemExit(2) from None
   finally:
     _records = None
 

@@ -266,6 +266,12 @@ def test_an_entry_point_keeps_stdout_for_the_records(capsys):
   bench.emit({"what": "after"})  # the next record, outside `run`: this process's stdout again
   assert capsys.readouterr().out == '{"what": "after"}\n'
 
+  def bad_input():
+    raise UserError("unknown model 'nosuch'")
+  with pytest.raises(SystemExit) as exit_info:  # (a traceback before)
+    bench.run(bad_input)
+  assert exit_info.value.code == 2 and capsys.readouterr().err == "error: unknown model 'nosuch'\n"
+
 
 def test_pipeline(capsys, shared_data, tmp_path):
   records = printed(capsys, pipeline.main(TINY + [

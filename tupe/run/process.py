@@ -86,6 +86,8 @@ def run_main(main, argv=None) -> None:
   except KeyboardInterrupt:  # Before the job installed its own handler (or a job without one).
     status = 128 + signal.SIGINT
     print("error: interrupted (Ctrl-C) before anything was saved; rerun the same command", file=sys.stderr)
+    if owns_process:  # (a download's retrying threads, say: they would keep the process for minutes)
+      _leave_stuck_threads(status)
     sys.exit(status)
   except UserError as e:
     status = 2
