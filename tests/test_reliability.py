@@ -181,11 +181,18 @@ process.run_main(main)
 
 def test_a_failure_while_stopping_is_a_warning_after_the_error_and_nothing_hangs():
   """The entry point prints the job's line, then each warning noted while it stopped, and exits at once although
-  a thread still runs (before: the interpreter waited for it at exit, for as long as a store's retries last)."""
+  a thread still runs (before: the interpreter waited for it at exit, for as long as a store's retries last). So
+  does a Ctrl-C that no handler of the job took (before: a GLUE download's retrying threads kept the process
+  minutes after its line)."""
   proc = subprocess.run([sys.executable, "-c", FAILS_WITH_A_STUCK_THREAD], cwd=REPO, env=train_env(),
                         capture_output=True, text=True, timeout=120)
   assert proc.returncode == 2
   assert proc.stderr == "error: the job's own error\nwarning: while stopping, the save in flight failed too\n"
+  interrupted = FAILS_WITH_A_STUCK_THREAD.replace("raise error", "raise KeyboardInterrupt")
+  proc = subprocess.run([sys.executable, "-c", interrupted], cwd=REPO, env=train_env(), capture_output=True,
+                        text=True, timeout=120)
+  assert (proc.returncode, proc.stderr) == (130, "error: interrupted (Ctrl-C) before anything was saved; rerun the "
+                                                 "same command\n")
 
 
 def test_an_entry_point_run_inside_another_process_leaves_that_process_running(capsys):
