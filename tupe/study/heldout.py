@@ -61,7 +61,8 @@ def evaluate(checkpoint_path: str, text_file: str, seed: int = 0, max_examples: 
   """
   check_sizes(batch_size, max_examples)
   if not storage.is_file(text_file):
-    raise UserError(f"--text-file {text_file} does not exist: give a UTF-8 text file")
+    raise UserError(f"--text-file {text_file} {'is a directory' if storage.is_dir(text_file) else 'does not exist'}: "
+                    f"give a UTF-8 text file")
   step_dir = checkpoint.latest_step_dir(checkpoint_path)
   meta, params = checkpoint.load_params(step_dir)
   objectives.check_pretrained(meta, step_dir)

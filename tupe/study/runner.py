@@ -136,13 +136,13 @@ def data_path(cfg, path: str) -> str:
 def check_inputs(cfg) -> None:
   """The corpus, vocab, held-out file and GLUE folder exist: one line naming the first that does not."""
   corpus.expand_globs(data_path(cfg, cfg.corpus))
-  for what, path, fix in (("vocab", cfg.vocab, "--config.vocab"),
-                          ("held-out text file", cfg.heldout_file, "--config.heldout_file"),
-                          ("GLUE data folder", cfg.glue_dir, "--config.glue_dir")):
+  for what, path, kind, fix in (("vocab", cfg.vocab, "file", "--config.vocab"),
+                                ("held-out text file", cfg.heldout_file, "file", "--config.heldout_file"),
+                                ("GLUE data folder", cfg.glue_dir, "folder", "--config.glue_dir")):
     resolved = data_path(cfg, path)
-    if not (storage.is_dir(resolved) if what.startswith("GLUE") else storage.is_file(resolved)):
-      raise UserError(f"{what} {resolved} does not exist: set {fix} (relative to data_root {cfg.data_root}, or "
-                      f"absolute)")
+    if not (storage.is_dir(resolved) if kind == "folder" else storage.is_file(resolved)):
+      state = f"is not a {kind}" if storage.exists(resolved) else "does not exist"
+      raise UserError(f"{what} {resolved} {state}: set {fix} (relative to data_root {cfg.data_root}, or absolute)")
 
 
 def glue_command(cfg, workdir: storage.Path, checkpoint_dir: storage.Path, architecture: str,

@@ -54,7 +54,8 @@ def read_sentences(path: storage.PathLike, max_sentences: int) -> list[str]:
   """The first `max_sentences` non-empty lines of a UTF-8 text file (local or in a bucket)."""
   path = storage.path(path)
   if not storage.is_file(path):
-    raise UserError(f"text file {path} does not exist: pass a UTF-8 file with one sentence per line")
+    raise UserError(f"text file {path} {'is a directory' if storage.is_dir(path) else 'does not exist'}: pass a "
+                    f"UTF-8 file with one sentence per line")
   text = storage.read_text(path, what="text file")
   sentences = [line.strip() for line in text.splitlines() if line.strip()]
   if not sentences:
