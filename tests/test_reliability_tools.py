@@ -107,6 +107,16 @@ def test_a_tool_refuses_a_bad_argument_before_any_work(tmp_path, capsys, name, a
   assert (proc.returncode, proc.stderr.splitlines()) == (2, [line]) and not any(tmp_path.iterdir())
 
 
+def test_export_into_a_path_under_a_file_is_one_line(pretrained, tmp_path, capsys):
+  pytest.importorskip("transformers")
+  (tmp_path / "file").write_text("a user's file\n")
+  proc = tool("export_hf", ["--checkpoint", str(pretrained), "--out", str(tmp_path / "file" / "hf")], capsys)
+  assert (proc.returncode, proc.stderr) == (2, f"error: --out {tmp_path / 'file' / 'hf'}: {tmp_path / 'file'} is a "
+                                               f"file, where this path needs a folder; choose another path, e.g. "
+                                               f"{tmp_path / 'hf'}\n")  # (a NotADirectoryError traceback before)
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
 def test_export_names_the_step_it_fell_back_to(pretrained, tmp_path):
   pytest.importorskip("transformers")
   init = tmp_path / "pretrain"

@@ -31,6 +31,7 @@ from tupe.errors import UserError
 from tupe.glue import classifier
 from tupe.hf import export
 from tupe.store import checkpoint
+from tupe.store import outputs
 from tupe.store import storage
 
 
@@ -59,7 +60,7 @@ def main(argv: list[str]) -> None:
     write = lambda out: export.export(step_dir, out)
   out = storage.path(args.out)
   if not storage.is_remote(out):
-    storage.makedirs(export.new_directory(out))  # (a file in the way of a folder: one line)
+    outputs.check_folder(out, "--out", "hf")  # (before: a traceback from the export's mkdir)
     written = write(out)
   else:  # save_pretrained writes to local folders: the export is staged in one, then copied to the bucket
     if storage.iterdir(out):
