@@ -202,6 +202,11 @@ def test_bad_arguments_are_one_line_before_the_model_is_read(tmp_path, capsys):
     run_main(predict_tool.main, ["predict", "--model", str(model), "--input", str(tmp_path / "none.tsv"), "--out",
                                  str(tmp_path / "out.tsv")])
   assert capsys.readouterr().err.splitlines() == [f"error: --input {tmp_path / 'none.tsv'} does not exist"]
+  with pytest.raises(SystemExit) as exit_info:  # a missing model: named as missing (it read "has no meta/")
+    run_main(predict_tool.main, ["predict", "--model", str(model), "--input", str(source), "--out",
+                                 str(tmp_path / "out.tsv")])
+  assert capsys.readouterr().err.splitlines() == [f"error: {model} does not exist: give a model directory that "
+                                                  f"eval_glue.py wrote, e.g. WORKDIR/models/RTE"]
 
 
 def test_a_kept_model_is_not_scored_as_a_pre_training_checkpoint(grid, tmp_path):
@@ -213,6 +218,9 @@ def test_a_kept_model_is_not_scored_as_a_pre_training_checkpoint(grid, tmp_path)
     heldout.evaluate(str(grid / "models" / "RTE"), str(text))
   with pytest.raises(UserError, match=refused):  # the analysis tool's reader (it labelled the task as a step)
     objectives.load_encoder(grid / "models" / "RTE")
+  with pytest.raises(UserError, match=f"; it is an eval_glue.py workdir: give one of its kept models, "
+                                      f"{grid / 'models'}/<TASK>$"):  # the workdir itself, to export or score
+    heldout.evaluate(str(grid), str(text))
   with pytest.raises(UserError, match=refused):  # fine-tuning it again, as a pre-trained encoder
     backbone.load_backbone(grid_config(grid / "models" / "RTE", tmp_path), tmp_path)
 

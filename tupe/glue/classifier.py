@@ -105,8 +105,8 @@ def load(path: storage.PathLike) -> Saved:
   """
   path = storage.path(path)
   if not storage.is_dir(path / "meta"):
-    raise UserError(f"{path} is not a saved model (it has no meta/): give a model directory that eval_glue.py "
-                    f"wrote, e.g. WORKDIR/models/RTE")
+    what = "is not a saved model (it has no meta/)" if storage.exists(path) else "does not exist"
+    raise UserError(f"{path} {what}: give a model directory that eval_glue.py wrote, e.g. WORKDIR/models/RTE")
   meta, params = checkpoint.load_params(path)
   config = meta.config
   if config.get("objective") != layout.CLASSIFIER_OBJECTIVE:

@@ -29,6 +29,7 @@ from tupe.errors import Preempted
 from tupe.errors import UserError
 from tupe.store import checksums
 from tupe.store import jsonfile
+from tupe.store import jsonlog
 from tupe.store import orbax_s3
 from tupe.store import refusals
 from tupe.store import storage
@@ -181,8 +182,10 @@ def _load_newest(path: storage.PathLike, load):
   empty = drop_empty(step_dirs, root)
   step_dirs = [d for d in step_dirs if d not in empty]
   if not step_dirs:
+    glue = ("; it is an eval_glue.py workdir: give one of its kept models, " + str(path / "models" / "<TASK>")
+            ) if storage.exists(path / "models") and jsonlog.segments(path, "runs") else ""
     raise UserError(f"no checkpoint found in {path}; give a train.py workdir, its checkpoints/ folder or "
-                    f"one step directory")
+                    f"one step directory{glue}")
   for step_dir in step_dirs:
     try:
       meta = verified_meta(step_dir, root, _PARAMS_READ)
