@@ -6,6 +6,7 @@ seconds-long smoke run, which is what the tests use.
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import datetime
 import json
@@ -46,6 +47,22 @@ def parse_args_with_overrides(parser, argv=None):
     overrides.append(arg.removeprefix("--config."))
   args.config_override = overrides
   return args
+
+
+def positive_int(text: str) -> int:
+  """An argparse type: a whole number of 1 or more (a batch, a length, steps, repeats)."""
+  try:
+    value = int(text)
+  except ValueError:
+    value = 0
+  if value < 1:
+    raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 1 or more")
+  return value
+
+
+def positive_ints(text: str) -> list[int]:
+  """An argparse type: comma-separated whole numbers of 1 or more ("128,512")."""
+  return [positive_int(part) for part in text.split(",")]
 
 
 def synthetic_mlm_batch(batch: int, seq_len: int, num_predictions: int, vocab_size: int,

@@ -97,8 +97,8 @@ def swapped(name: str):
 
 def parse_args(argv=None):
   p = train_step.step_parser(__doc__, config="configs/pretrain.py:tupe_a,small")
-  p.add_argument("--steps", type=int, default=2, help="timed steps per variant and repeat")
-  p.add_argument("--repeats", type=int, default=6)
+  p.add_argument("--steps", type=bench.positive_int, default=2, help="timed steps per variant and repeat")
+  p.add_argument("--repeats", type=bench.positive_int, default=6)
   p.add_argument("--ablate", default="dropout,broadcast",
                  help=f"comma-separated, of {', '.join(SWAPS)}; join several with '+' to swap them together")
   args = bench.parse_args_with_overrides(p, argv)

@@ -42,7 +42,7 @@ def _best(fn, repeats: int) -> float:
 def main(argv=None) -> list[dict]:
   parser = argparse.ArgumentParser(description=console.summary(__doc__))
   parser.add_argument("--model", default="tupe_a,base")
-  parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--repeats", type=bench.positive_int, default=3)
   parser.add_argument("--tiny", action="store_true", help="a seconds-long smoke run: tupe_a,tiny, one repeat")
   args = parser.parse_args(argv)
   if args.tiny:

@@ -28,11 +28,11 @@ import bench
 
 def parse_args(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--batch", type=int, default=16)
-  p.add_argument("--seq", type=int, default=128)
-  p.add_argument("--steps", type=int, default=3, help="timed steps per side and repeat")
+  p.add_argument("--batch", type=bench.positive_int, default=16)
+  p.add_argument("--seq", type=bench.positive_int, default=128)
+  p.add_argument("--steps", type=bench.positive_int, default=3, help="timed steps per side and repeat")
   p.add_argument("--warmup", type=int, default=2, help="untimed steps per side")
-  p.add_argument("--repeats", type=int, default=5, help="interleaved repeats")
+  p.add_argument("--repeats", type=bench.positive_int, default=5, help="interleaved repeats")
   p.add_argument("--threads", type=int, default=0, help="cores for both frameworks (0: all allowed)")
   p.add_argument("--pairs", default="convbert,bert", help="comma-separated: convbert, bert")
   p.add_argument("--config-override", action="append", default=[], metavar="KEY=VALUE",

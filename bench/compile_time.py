@@ -119,7 +119,7 @@ def demo_step_compile_seconds(cfg) -> tuple[float, float, float]:
 
 def main(argv=None) -> list[dict]:
   parser = argparse.ArgumentParser(description=console.summary(__doc__))
-  parser.add_argument("--repeats", type=int, default=3, help="cold compiles of each step, in turn")
+  parser.add_argument("--repeats", type=bench.positive_int, default=3, help="cold compiles of each step, in turn")
   parser.add_argument("--tiny", action="store_true", help="a 1-layer model (smoke test)")
   args = parser.parse_args(argv)
   from tupe.train import core

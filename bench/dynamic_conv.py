@@ -91,11 +91,11 @@ def bench_train_step(size: str, length: int, batch: int, dtype: str, steps: int,
 def parse_args(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--sizes", default="small,base")
-  p.add_argument("--lengths", default="128,512")
-  p.add_argument("--batch", type=int, default=8)
+  p.add_argument("--lengths", type=bench.positive_ints, default="128,512")
+  p.add_argument("--batch", type=bench.positive_int, default=8)
   p.add_argument("--dtype", default="float32")
-  p.add_argument("--steps", type=int, default=3, help="timed calls per implementation and repeat")
-  p.add_argument("--repeats", type=int, default=5)
+  p.add_argument("--steps", type=bench.positive_int, default=3, help="timed calls per implementation and repeat")
+  p.add_argument("--repeats", type=bench.positive_int, default=5)
   p.add_argument("--train-step", default="small:128",
                  help="comma-separated size:length of whole train steps to compare ('' for none)")
   p.add_argument("--tiny", action="store_true", help="tiny sizes and lengths (smoke test)")
@@ -104,7 +104,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> list[dict]:
   args = parse_args(argv)
-  sizes, lengths = args.sizes.split(","), [int(n) for n in args.lengths.split(",")]
+  sizes, lengths = args.sizes.split(","), args.lengths
   steps = [tuple(s.split(":")) for s in args.train_step.split(",") if s]
   if args.tiny:
     sizes, lengths, steps = ["tiny"], [16], [("small", "16")] if steps else []  # The tiny model of bench.train_step.

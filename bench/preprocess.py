@@ -131,14 +131,15 @@ def tokenize_cpu(inputs: str, max_chars: int, repeats: int) -> dict:
 def main(argv=None) -> list[dict]:
   parser = argparse.ArgumentParser(prog="python -m bench.preprocess", description=console.summary(__doc__))
   parser.add_argument("--mb", type=float, default=50.0, help="size of the one huge file")
-  parser.add_argument("--workers", default=f"1,2,{len(os.sched_getaffinity(0))}", help="comma-separated counts")
+  parser.add_argument("--workers", default=f"1,2,{len(os.sched_getaffinity(0))}", type=bench.positive_ints,
+                      help="comma-separated counts")
   parser.add_argument("--baseline-ref", default="main", help='git ref of today\'s code ("" to skip)')
-  parser.add_argument("--seq-len", type=int, default=128)
+  parser.add_argument("--seq-len", type=bench.positive_int, default=128)
   parser.add_argument("--tiny", action="store_true", help="a seconds-long smoke run")
   args = parser.parse_args(argv)
   if args.tiny:
-    args.mb, args.workers = 0.5, "1,2"
-  workers = sorted({int(w) for w in args.workers.split(",")})
+    args.mb, args.workers = 0.5, [1, 2]
+  workers = sorted(set(args.workers))
   records = []
   with tempfile.TemporaryDirectory(prefix="bench-preprocess-") as tmp:
     os.makedirs(f"{tmp}/corpus")

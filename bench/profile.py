@@ -161,7 +161,7 @@ def summarize(events: list[dict], runs: int, operations: dict[str, tuple[str, st
 
 def parse_args(argv=None):
   p = train_step.step_parser(__doc__)
-  p.add_argument("--steps", type=int, default=3, help="traced steps")
+  p.add_argument("--steps", type=bench.positive_int, default=3, help="traced steps")
   p.add_argument("--top", type=int, default=20, help="operations to print per model")
   p.add_argument("--compare", default="", help="comma-separated models to trace beside --config's")
   p.add_argument("--trace-dir", default="", help="where the traces stay (default: a temporary folder)")
@@ -173,11 +173,11 @@ def main(argv=None) -> list[dict]:
   # On a GPU, XLA replays runs of kernels as CUDA graphs ("command buffers"), whose kernels the trace files
   # under the graph, not under their HLO operations: trace without them (the step is a little slower).
   os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_gpu_enable_command_buffer="
-  trace_dir = pathlib.Path(args.trace_dir or tempfile.mkdtemp(prefix="tupe-profile-"))
   specs = [args.config] + train_step.compare_specs(args.config, args.compare)
+  configs = [train_step.args_config(args, spec) for spec in specs]  # every config checked before anything is made
+  trace_dir = pathlib.Path(args.trace_dir or tempfile.mkdtemp(prefix="tupe-profile-"))
   records = []
-  for spec in specs:
-    cfg = train_step.args_config(args, spec)
+  for spec, cfg in zip(specs, configs, strict=True):
     runner = train_step.Runner(cfg, devices=train_step.args_devices(args))
     hlo = runner.compiled.as_text()
     out = trace_dir / train_step.recipe_name(spec)  # (convbert and convbert_mlm share a model name)

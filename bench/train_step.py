@@ -126,8 +126,8 @@ def step_parser(doc: str, config: str = "configs/pretrain.py:bert_a,small") -> a
   --tiny. Parse with `bench.parse_args_with_overrides`; `args_config` makes the config."""
   p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--config", default=config, help="path.py:model,size")
-  p.add_argument("--batch", type=int, default=16, help="global batch size")
-  p.add_argument("--seq", type=int, default=128, help="sequence length")
+  p.add_argument("--batch", type=bench.positive_int, default=16, help="global batch size")
+  p.add_argument("--seq", type=bench.positive_int, default=128, help="sequence length")
   p.add_argument("--dtype", default="", help="model compute dtype, e.g. bfloat16 (default: the config's)")
   p.add_argument("--config-override", action="append", default=[], metavar="KEY=VALUE",
                  help="e.g. model.attention_dropout=0.0 (repeatable; --config.KEY=VALUE as in train.py also works)")
@@ -168,12 +168,12 @@ def compare_specs(spec: str, names: str) -> list[str]:
 
 def parse_args(argv=None):
   p = step_parser(__doc__)
-  p.add_argument("--steps", type=int, default=10, help="timed steps (per repeat with --compare)")
+  p.add_argument("--steps", type=bench.positive_int, default=10, help="timed steps (per repeat with --compare)")
   p.add_argument("--warmup", type=int, default=2, help="untimed steps after compilation")
   p.add_argument("--compare", default="", help="comma-separated models to time against --config's, same size")
   p.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE[,KEY=VALUE]",
                  help="time --config's model under these overrides too, interleaved (repeatable)")
-  p.add_argument("--repeats", type=int, default=3, help="interleaved repeats with --compare or --variant")
+  p.add_argument("--repeats", type=bench.positive_int, default=3, help="interleaved repeats with --compare or --variant")
   return bench.parse_args_with_overrides(p, argv)
 
 

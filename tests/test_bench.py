@@ -99,7 +99,8 @@ def test_profile(capsys, monkeypatch, tmp_path):
   """The traced operations of the tiny step, matched to their HLO: categories, module paths, shares."""
   monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))  # profile.main adds a GPU flag
   summary, *ops = printed(capsys, profile.main(["--tiny", "--batch", "8", "--seq", "16", "--steps", "1",
-                                                "--top", "40", "--config", BERT] + ONE))
+                                                "--top", "40", "--config", BERT, "--trace-dir", str(tmp_path)]
+                                               + ONE))  # (a folder in /tmp per run before)
   assert summary["traced_ms_per_step"] == pytest.approx(sum(summary["ms_per_step_by_category"].values()), rel=1e-4)
   assert summary["ms_per_step_by_category"]["matmul"] > 0
   assert not {"unmatched", "container"} & set(summary["ms_per_step_by_category"])  # calls' thunks count once
@@ -271,6 +272,17 @@ def test_an_entry_point_keeps_stdout_for_the_records(capsys):
   with pytest.raises(SystemExit) as exit_info:  # (a traceback before)
     bench.run(bad_input)
   assert exit_info.value.code == 2 and capsys.readouterr().err == "error: unknown model 'nosuch'\n"
+
+
+@pytest.mark.parametrize("parse, argv", [(train_step.parse_args, ["--steps", "-1"]),
+                                         (train_step.parse_args, ["--batch", "0"]),
+                                         (dynamic_conv.parse_args, ["--lengths", "128,abc"])])
+def test_counts_are_checked_by_the_parser(parse, argv, capsys):
+  """A count below 1 or not a number is a usage error (before: a StatisticsError, a ZeroDivisionError from inside
+  JAX, or a ValueError, after the compilation)."""
+  with pytest.raises(SystemExit) as exit_info:
+    parse(argv)
+  assert exit_info.value.code == 2 and "is not a whole number of 1 or more" in capsys.readouterr().err
 
 
 def test_pipeline(capsys, shared_data, tmp_path):
