@@ -87,6 +87,10 @@ def test_a_failed_download_is_one_line_and_leaves_no_task_folder(glue_dir, tmp_p
                   f"already written in {tmp_path / 'glue'} are kept)")
   assert sorted(p.name for p in (tmp_path / "glue").iterdir()) == ["WNLI"]
   assert (tmp_path / "glue" / "WNLI" / "dev.tsv").read_text() == before
+  with mock.patch.multiple(tfds.download.DownloadManager, download=refused, download_and_extract=refused):
+    with pytest.raises(SystemExit):
+      command(tmp_path / "new", "rte")
+  assert not (tmp_path / "new").exists()  # the folder it made for nothing is gone (it stayed, empty, before)
 
 
 def test_a_bucket_task_folder_cut_short_is_fetched_again(s3_bucket, capsys):

@@ -139,12 +139,18 @@ def download(data_dir: storage.PathLike, task_names: str = ",".join(ALL_TASKS),
     import tensorflow_datasets  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
   except ModuleNotFoundError as e:
     raise UserError(f"fetching GLUE needs tensorflow-datasets ({e}): `pip install -r requirements.txt`") from None
+  new = not storage.exists(data_dir)
   data_dir, written = storage.makedirs(data_dir), []
-  with tempfile.TemporaryDirectory(prefix="tupe-tfds-") as scratch:
-    for task in {task.name: task for task in tasks}.values():
-      folder = download_task(task, data_dir, tfds_dir or scratch)
-      if folder is not None:
-        written.append(folder)
+  try:
+    with tempfile.TemporaryDirectory(prefix="tupe-tfds-") as scratch:
+      for task in {task.name: task for task in tasks}.values():
+        folder = download_task(task, data_dir, tfds_dir or scratch)
+        if folder is not None:
+          written.append(folder)
+  except BaseException:
+    if new and not storage.iterdir(data_dir):  # the folder this run made, and nothing in it
+      storage.remove(data_dir)
+    raise
   return written
 
 
