@@ -183,8 +183,12 @@ def plan(cfg, root: storage.Path) -> list[Variant]:
                  f"--config.data.files={data_path(cfg, cfg.corpus)}",
                  f"--config.data.vocab_file={data_path(cfg, cfg.vocab)}"]
                 + [f"--config.{o}" for o in tuple(cfg.pretrain_overrides) + tuple(overrides)])
-    pretrain_cfg = config_files.check_config_flags(["train.py"] + pretrain[2:])
-    pretrain_lib.check_config(pretrain_cfg)
+    try:
+      pretrain_cfg = config_files.check_config_flags(["train.py"] + pretrain[2:])
+      pretrain_lib.check_config(pretrain_cfg)
+    except UserError as e:  # (the fields are train.py's: say which of the study's settings made them)
+      raise UserError(f"variant {name}'s pre-training (train.py; the study's --config.pretrain_overrides, its size "
+                      f"and data, and the variant's own overrides): {e}") from None
     variants.append(make_variant(cfg, name, workdir, pretrain, pretrain_cfg,
                                  glue_command(cfg, workdir / "glue", workdir / "pretrain", pretrain_cfg.model.name)))
   if cfg.random_init:
@@ -206,8 +210,12 @@ def control_source(cfg, root: storage.Path) -> storage.Path:
 
 def make_variant(cfg, name: str, workdir: storage.Path, pretrain: list[str], pretrain_cfg, glue: list[str]
                  ) -> Variant:
-  glue_cfg = config_files.check_config_flags(["eval_glue.py"] + glue[2:])
-  finetune.check_config(glue_cfg)
+  try:
+    glue_cfg = config_files.check_config_flags(["eval_glue.py"] + glue[2:])
+    finetune.check_config(glue_cfg)
+  except UserError as e:  # (the fields are eval_glue.py's: the study sets them with --config.glue.*)
+    raise UserError(f"variant {name}'s GLUE grid (eval_glue.py; the study's --config.glue.* and glue_dir): {e}"
+                    ) from None
   tasks = tuple(task.name for task in glue_data.parse_tasks(glue_cfg.tasks))
   heldout_key = {"text_file": data_path(cfg, cfg.heldout_file), "seed": cfg.heldout_seed,
                  "max_examples": cfg.heldout_max_examples}
