@@ -13,6 +13,7 @@ from tupe.data import pipeline
 from tupe.data import preprocess
 from tupe.data import shards
 from tupe.errors import UserError
+from tupe.run.process import run_main
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -110,6 +111,19 @@ def test_command_line_errors_are_one_line(tmp_path, bert_vocab):
   assert result.stderr.strip().splitlines() == [f"error: no files match '{tmp_path}/*.txt': check the path "
                                                 f"(quote globs so the shell leaves them alone)"]
   assert sorted(p.name for p in tmp_path.iterdir()) == []  # Nothing half-written is left behind.
+
+
+@pytest.mark.parametrize("flag, value, line", [
+    ("--eval-fraction", "1.5", "error: --eval-fraction is 1.5: use a share in [0, 1), e.g. 0.01"),
+    ("--packing", "docs", "error: --packing is 'docs': use one of full_sentences, segment_pair")])
+def test_a_bad_setting_names_the_flag(tmp_path, bert_vocab, capsys, flag, value, line):
+  """The data config's checks, in this command's terms (they named train.py's data.eval_fraction, data.packing)."""
+  (tmp_path / "a.txt").write_text("Some text.\n")
+  with pytest.raises(SystemExit) as exit_info:
+    run_main(preprocess.main, ["preprocess", "--input", str(tmp_path / "a.txt"), "--vocab", str(bert_vocab),
+                               "--seq-len", "64", "--output", str(tmp_path / "out"), flag, value])
+  assert (exit_info.value.code, capsys.readouterr().err.splitlines()) == (2, [line])
+  assert not (tmp_path / "out").exists()
 
 
 def test_shards_of_an_older_format_are_refused(tmp_path):

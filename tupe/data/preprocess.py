@@ -36,6 +36,12 @@ def _task(text: str) -> tuple[int, int]:
   return index, count
 
 
+# The data config's fields that this command's flags set, as its errors name them.
+_FLAGS = {"data.eval_fraction": "--eval-fraction", "data.packing": "--packing", "data.format": "--format",
+          "data.documents": "--documents", "data.text_field": "--text-field", "data.tfds_text_key": "--tfds-text-key",
+          "data.tfds_split": "--tfds-split"}
+
+
 def main(argv: list[str]) -> None:
   parser = console.ArgumentParser("python -m tupe.data.preprocess", __doc__)
   parser.add_argument("--input", required=True, help="comma-separated globs, tfds:NAME or demo")
@@ -75,6 +81,11 @@ def main(argv: list[str]) -> None:
     cfg.update(source="tfds", tfds_name=args.input.removeprefix("tfds:"))
   else:
     cfg.update(source="text", files=args.input)
+  try:  # The data config's checks, in this command's terms: its flags, not train.py's fields.
+    pipeline.checked_config(cfg, args.seq_len)
+  except UserError as e:
+    field = str(e).split(" ", 1)[0]
+    raise UserError(str(e).replace(field, _FLAGS[field], 1) if field in _FLAGS else str(e)) from None
   task = _task(args.task)
   start = time.time()
   metadata = preprocess(cfg, args.seq_len, args.output, workers=args.workers, task=task,
