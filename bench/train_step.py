@@ -173,7 +173,8 @@ def parse_args(argv=None):
   p.add_argument("--compare", default="", help="comma-separated models to time against --config's, same size")
   p.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE[,KEY=VALUE]",
                  help="time --config's model under these overrides too, interleaved (repeatable)")
-  p.add_argument("--repeats", type=bench.positive_int, default=3, help="interleaved repeats with --compare or --variant")
+  p.add_argument("--repeats", type=bench.positive_int, default=3,
+                 help="interleaved repeats with --compare or --variant")
   return bench.parse_args_with_overrides(p, argv)
 
 

@@ -1,6 +1,6 @@
-"""A file named on a command line for the command to write, checked before any work: not a folder, nor under a file,
-not one of the command's inputs (which it would replace), and not a file of a run (a workdir's config and logs, anything under its
-checkpoints or kept models), which every later reader of the run would find replaced."""
+"""A file named on a command line for the command to write, checked before any work: not a folder, nor under a
+file, not one of the command's inputs (which it would replace), and not a file of a run (a workdir's config and
+logs, anything under its checkpoints or kept models), which every later reader of the run would find replaced."""
 from __future__ import annotations
 
 import re
@@ -37,9 +37,8 @@ def check(out: storage.PathLike, flag: str, example: str,
         _RUN_FILES.fullmatch(inside[0]) if len(inside) == 1 else inside[0] in _RUN_FOLDERS):
       raise UserError(f"{flag} {out} is a file of the run in {folder}, which it would replace: write elsewhere, "
                       f"e.g. {folder / example}")
-    if folder.parent == folder or str(folder).endswith("://") or (
-        storage.is_remote(folder) and "/" not in storage.bare(folder)):  # the filesystem's root, or the bucket
-      return
+    if folder.parent == folder or (storage.is_remote(folder) and "/" not in storage.bare(folder)):
+      return  # the filesystem's root, or the bucket
     folder, inside = folder.parent, (folder.name, *inside)
 
 
