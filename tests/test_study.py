@@ -276,6 +276,16 @@ def test_bad_input_is_one_line(shared_data, tmp_path, argv, message):
   assert not any(tmp_path.iterdir())
 
 
+def test_a_root_under_a_file_is_one_line(tmp_path):
+  """A file where the study's root folder should be: one line naming it (before: the first train.py failed, and the
+  study's line said to rerun it)."""
+  (tmp_path / "file").write_text("a user's file\n")
+  with pytest.raises(UserError, match=f"^--root {tmp_path / 'file'}: {tmp_path / 'file'} is a file, where this path "
+                                      f"needs a folder"):
+    runner.main(["tupe.study", f"--root={tmp_path / 'file'}", "--config=configs/study.py:tupe,micro"])
+  assert (tmp_path / "file").read_text() == "a user's file\n"
+
+
 def test_glue_budget_compares_budgets_against_random_init(studies, tmp_path, capfd, monkeypatch):
   """tupe.tools.glue_budget on a copy of the micro tupe study: the budget "recipe" is the study's own grids (no run:
   its gain is the report's), "epochs2" runs both grids again with 2 epochs; budget.json/md give every budget's
