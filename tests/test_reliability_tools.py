@@ -75,7 +75,7 @@ def test_an_output_that_would_replace_an_input_or_a_run_file_is_refused_first(tm
   names = {"RUN": str(workdir), "TEXT": str(text), "TEXT.tsv": str(tmp_path / "text.tsv")}
   proc = tool(name, [*(names.get(a, a) for a in argv), out], capsys)
   assert proc.returncode == 2, proc.stderr[-2000:]
-  kind = "a file, where this path needs a folder" if target == "TEXT/x.md" else (
+  kind = f"{text} is a file (Not a directory); choose another --out" if target == "TEXT/x.md" else (
       "is the --text-file file" if target == "TEXT" else f"a file of the run in {workdir}")
   assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: ") and kind in proc.stderr, proc.stderr
   assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
@@ -111,9 +111,9 @@ def test_export_into_a_path_under_a_file_is_one_line(pretrained, tmp_path, capsy
   pytest.importorskip("transformers")
   (tmp_path / "file").write_text("a user's file\n")
   proc = tool("export_hf", ["--checkpoint", str(pretrained), "--out", str(tmp_path / "file" / "hf")], capsys)
-  assert (proc.returncode, proc.stderr) == (2, f"error: --out {tmp_path / 'file' / 'hf'}: {tmp_path / 'file'} is a "
-                                               f"file, where this path needs a folder; choose another path, e.g. "
-                                               f"{tmp_path / 'hf'}\n")  # (a NotADirectoryError traceback before)
+  assert (proc.returncode, proc.stderr) == (2, f"error: cannot write in {tmp_path / 'file' / 'hf'}: {tmp_path / 'file'} "
+                                               f"is a file (Not a directory); choose another --out\n")
+  # (a NotADirectoryError traceback before)
   assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
 
 

@@ -280,8 +280,8 @@ def test_a_root_under_a_file_is_one_line(tmp_path):
   """A file where the study's root folder should be: one line naming it (before: the first train.py failed, and the
   study's line said to rerun it)."""
   (tmp_path / "file").write_text("a user's file\n")
-  with pytest.raises(UserError, match=f"^--root {tmp_path / 'file'}: {tmp_path / 'file'} is a file, where this path "
-                                      f"needs a folder"):
+  with pytest.raises(UserError, match=f"^cannot write in {tmp_path / 'file'}: {tmp_path / 'file'} is a file \\(Not a "
+                                      f"directory\\); choose another --root$"):
     runner.main(["tupe.study", f"--root={tmp_path / 'file'}", "--config=configs/study.py:tupe,micro"])
   assert (tmp_path / "file").read_text() == "a user's file\n"
 

@@ -30,9 +30,9 @@ def check(out: storage.PathLike, flag: str, example: str,
     if storage.same_file(target, given):
       raise UserError(f"{flag} {out} is the {input_flag} file {given}, which it would replace: give another file "
                       f"name, e.g. {target.parent / example}")
+  check_folder(target.parent, flag)
   folder, inside = target.parent, (target.name,)
   while True:
-    _check_not_a_file(folder, out, flag, example)
     if storage.exists(folder / "config.json") and (
         _RUN_FILES.fullmatch(inside[0]) if len(inside) == 1 else inside[0] in _RUN_FOLDERS):
       raise UserError(f"{flag} {out} is a file of the run in {folder}, which it would replace: write elsewhere, "
@@ -42,16 +42,10 @@ def check(out: storage.PathLike, flag: str, example: str,
     folder, inside = folder.parent, (folder.name, *inside)
 
 
-def check_folder(out: storage.PathLike, flag: str, example: str) -> None:
-  """Refuses a folder to write, `out` (option `flag`), that a file stands in the way of: `out` itself or a folder
-  above it (locally; a bucket has no folders); `example` is a folder name to suggest."""
-  folder = storage.path(out)
-  while not storage.is_remote(folder) and folder.parent != folder:
-    _check_not_a_file(folder, out, flag, example)
-    folder = folder.parent
-
-
-def _check_not_a_file(folder: storage.Path, out: storage.PathLike, flag: str, example: str) -> None:
-  if not storage.is_remote(folder) and storage.is_file(folder):
-    raise UserError(f"{flag} {out}: {folder} is a file, where this path needs a folder; choose another path, e.g. "
-                    f"{folder.parent / example}")
+def check_folder(folder: storage.PathLike, flag: str) -> None:
+  """Refuses, in one line naming option `flag`, a folder to write that cannot be made or written: a file in its way,
+  no permission, a bucket that refuses (`storage.check_writable`, which leaves nothing behind)."""
+  try:
+    storage.check_writable(folder)
+  except storage.StorageError as e:
+    raise UserError(f"{e}; choose another {flag}") from None

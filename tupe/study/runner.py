@@ -360,7 +360,7 @@ def main(argv: list[str], call=subprocess.call) -> None:
     raise UserError(f"unknown arguments {' '.join(unknown)}: the study takes --config, --root, --print, "
                     f"--report-only and --config.<field>=<value> overrides")
   cfg = load_study(args.config, overrides)
-  outputs.check_folder(args.root, "--root", "study")  # (a file there failed the first train.py, in two lines)
+  outputs.check_folder(args.root, "--root")  # (a file there failed the first train.py, in two lines)
   check_inputs(cfg)
   compile_cache.enable(cfg.compilation_cache_dir)
   root = storage.path(args.root)

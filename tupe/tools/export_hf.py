@@ -60,7 +60,7 @@ def main(argv: list[str]) -> None:
     write = lambda out: export.export(step_dir, out)
   out = storage.path(args.out)
   if not storage.is_remote(out):
-    outputs.check_folder(out, "--out", "hf")  # (before: a traceback from the export's mkdir)
+    outputs.check_folder(out, "--out")  # (before: a traceback from the export's mkdir)
     written = write(out)
   else:  # save_pretrained writes to local folders: the export is staged in one, then copied to the bucket
     if storage.iterdir(out):

@@ -132,7 +132,7 @@ def main(argv: list[str], call=subprocess.call) -> None:
   if unknown:
     raise UserError(f"unknown budget {unknown[0]!r}: use one of {', '.join(defined)} (configs/study.py's "
                     f"glue_budgets at scale {cfg.scale})")
-  outputs.check_folder(args.root, "--root", "study")  # (a file there read as "run the study first")
+  outputs.check_folder(args.root, "--root")  # (a file there read as "run the study first")
   runner.check_inputs(cfg)
   compile_cache.enable(cfg.compilation_cache_dir)
   root = storage.path(args.root)
