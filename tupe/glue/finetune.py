@@ -111,11 +111,7 @@ def check_config(cfg) -> None:
                     f"swap only sentence-pair tasks (the ConvBERT recipe swaps MRPC and STS-B)")
   optim.check_adam(cfg.optimizer)
   optim.check_schedule(cfg.optimizer)
-  for name in ("weight_decay", "clip_norm"):
-    if not (math.isfinite(cfg.optimizer[name]) and cfg.optimizer[name] >= 0):
-      raise UserError(f"optimizer.{name}={cfg.optimizer[name]} must be 0 or more")
-  if not (math.isfinite(cfg.peak_flops) and cfg.peak_flops >= 0):
-    raise UserError(f"peak_flops={cfg.peak_flops} must be 0 or more (0: the data sheet's or a measured matmul's)")
+  flops_lib.check_peak_flops(cfg.peak_flops)
 
 
 def check_fine_tuning(cfg) -> None:

@@ -18,6 +18,7 @@ A = attention heads * head_dim, W = A (or 2A with conv heads), K = conv kernel, 
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import time
@@ -25,6 +26,7 @@ import time
 import jax
 import jax.numpy as jnp
 
+from tupe.errors import UserError
 from tupe.models import config as config_lib
 from tupe.store import jsonfile
 from tupe.store import storage
@@ -114,6 +116,12 @@ def plausible_floor() -> tuple[float, str]:
   unit = next((u for u in FLOOR_PER_CORE if u and u in flags), "")
   cores = _cores()
   return FLOOR_PER_CORE[unit] * cores, f"{cores} cores" + (f" with {unit}" if unit else "")
+
+
+def check_peak_flops(configured: float) -> None:
+  """The `peak_flops` setting: 0 (the data sheet's, or a measured matmul's) or a peak above 0."""
+  if not (math.isfinite(configured) and configured >= 0):
+    raise UserError(f"peak_flops={configured} must be 0 or more (0: the data sheet's or a measured matmul's)")
 
 
 def peak_flops_per_device(configured: float = 0.0, devices: int | None = None) -> tuple[float, str]:

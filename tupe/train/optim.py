@@ -31,7 +31,11 @@ def check_adam(opt_cfg) -> None:
 def check_schedule(opt_cfg) -> None:
   """The decay's settings that would make the learning rate grow after the warmup, or a lower layer learn backwards,
   one line each: the polynomial decay's power above 0, an end learning rate no higher than the peak, and ConvBERT's
-  layer-wise decay in (0, 1] (0 freezes the layers below the head, a negative one flips every other layer's sign)."""
+  layer-wise decay in (0, 1] (0 freezes the layers below the head, a negative one flips every other layer's sign);
+  and a weight decay and clip of 0 or more."""
+  for name in ("weight_decay", "clip_norm"):
+    if not (math.isfinite(opt_cfg[name]) and opt_cfg[name] >= 0):
+      raise UserError(f"optimizer.{name}={opt_cfg[name]} must be 0 or more")
   if not (math.isfinite(opt_cfg.power) and opt_cfg.power > 0):
     raise UserError(f"optimizer.power={opt_cfg.power} must be above 0 (the polynomial decay's exponent; 1: linear)")
   if "end_learning_rate" in opt_cfg and opt_cfg.end_learning_rate > opt_cfg.learning_rate:

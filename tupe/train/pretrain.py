@@ -268,8 +268,8 @@ def check_loop(cfg) -> None:
       raise UserError(f"optimizer.{name}={value} overflows float32 (at most {_FLOAT32_MAX:.3g})")
   optim.check_adam(cfg.optimizer)
   optim.check_schedule(cfg.optimizer)
-  for name, value in (("peak_flops", cfg.peak_flops), ("checkpoint.keep_every", cfg.checkpoint.keep_every),
-                      ("disc_weight", cfg.disc_weight)):
+  flops_lib.check_peak_flops(cfg.peak_flops)
+  for name, value in (("checkpoint.keep_every", cfg.checkpoint.keep_every), ("disc_weight", cfg.disc_weight)):
     if not (math.isfinite(value) and value >= 0):
       raise UserError(f"{name}={value} must be 0 or more")
 
