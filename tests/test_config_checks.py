@@ -47,6 +47,8 @@ BAD_VALUES = (
     ("peak_flops", -1.0, "peak_flops=-1.0 must be 0 or more"),
     ("checkpoint.keep_every", -5, "checkpoint.keep_every=-5 must be 0 or more"),
     ("disc_weight", -1.0, "disc_weight=-1.0 must be 0 or more"),
+    ("global_batch_size", 0, "global_batch_size=0 must be 1 or more, e.g. --config.global_batch_size=256"),
+    ("optimizer.weight_decay", float("nan"), "optimizer.weight_decay=nan must be 0 or more"),
 )
 
 
@@ -162,6 +164,7 @@ def test_sweep_print_checks_each_point_with_its_data(tmp_path, capsys):
     ("checkpoint.lease_s", -1.0, "checkpoint.lease_s=-1.0 must be positive"),
     ("evals_per_epoch", -1, "evals_per_epoch=-1 must be 0 or more"),
     ("regression_scale", 0.0, "regression_scale=0.0 must be positive"),
+    ("batch_size", 0, "batch_size=0 must be positive, e.g. --config.batch_size=32"),
     ("swap_pairs", "rte,foo", "swap_pairs='rte,foo': unknown GLUE task 'foo'"),
     ("swap_pairs", "mrpc,cola", "swap_pairs='mrpc,cola' names CoLA, whose examples are single sentences: swap only "
                                 "sentence-pair tasks"),

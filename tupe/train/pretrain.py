@@ -248,22 +248,23 @@ def load_data(cfg) -> tuple[pipeline.PretrainData, pipeline.PretrainData | None]
 
 def check_loop(cfg) -> None:
   """Value checks of the training loop's and optimizer's settings."""
-  positive = {"num_train_steps": cfg.num_train_steps, "global_batch_size": cfg.global_batch_size,
-              "grad_accum_steps": cfg.grad_accum_steps, "log_every": cfg.log_every,
-              "eval_batches": cfg.eval_batches, "checkpoint.every_steps": cfg.checkpoint.every_steps,
-              "checkpoint.keep_last": cfg.checkpoint.keep_last}
-  for name, value in positive.items():
+  positive = {"num_train_steps": (cfg.num_train_steps, 1000), "global_batch_size": (cfg.global_batch_size, 256),
+              "grad_accum_steps": (cfg.grad_accum_steps, 1), "log_every": (cfg.log_every, 100),
+              "eval_batches": (cfg.eval_batches, 20), "checkpoint.every_steps": (cfg.checkpoint.every_steps, 1000),
+              "checkpoint.keep_last": (cfg.checkpoint.keep_last, 3)}
+  for name, (value, example) in positive.items():
     if value < 1:
-      raise UserError(f"{name}={value} must be 1 or more")
+      raise UserError(f"{name}={value} must be 1 or more, e.g. --config.{name}={example}")
   job_lib.check_store_settings(cfg.checkpoint)
   if cfg.eval_every < 0:
     raise UserError(f"eval_every={cfg.eval_every}: use 0 (no evaluation) or a number of steps")
   progress_lib.NonFinite(cfg.nonfinite)  # a policy it knows
   core.check_prng_impl(cfg.prng_impl)
-  for name in ("learning_rate", "end_learning_rate", "weight_decay", "clip_norm"):
+  for name in ("learning_rate", "end_learning_rate"):
     value = cfg.optimizer[name]
     if math.isnan(value) or value < 0 or (name == "learning_rate" and value == 0):
-      raise UserError(f"optimizer.{name}={value} must be " + ("above 0" if name == "learning_rate" else "0 or more"))
+      raise UserError(f"optimizer.{name}={value} must be " + ("above 0, e.g. 1e-4" if name == "learning_rate"
+                                                             else "0 or more (the recipes' 0)"))
     if value > _FLOAT32_MAX:
       raise UserError(f"optimizer.{name}={value} overflows float32 (at most {_FLOAT32_MAX:.3g})")
   optim.check_adam(cfg.optimizer)
