@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import jax
 import numpy as np
 import pytest
 
@@ -138,9 +139,9 @@ def test_inputs_and_vocab_in_a_bucket(reference, corpus_glob, bert_vocab, gcs_bu
   assert shards_of(tmp_path / "packed") == shards_of(reference)
 
 
-def test_text_source_caches_its_shards_once(corpus_glob, bert_vocab, tmp_path, capsys):
-  """data.shard_cache: the first start tokenizes into the cache, a later one (a new process) reuses it; the batches
-  are those of the in-memory examples."""
+def test_text_source_caches_its_shards_once(corpus_glob, bert_vocab, tmp_path, capsys, monkeypatch):
+  """data.shard_cache: the first start tokenizes into the cache, a later one (a new process) reuses it, saying so
+  from process 0 only; the batches are those of the in-memory examples."""
   cfg = pipeline.default_data_config()
   cfg.update(source="text", files=corpus_glob, vocab_file=str(bert_vocab), packing="segment_pair",
              cache_dir=str(tmp_path / "cache"), shard_cache="always")
@@ -152,6 +153,11 @@ def test_text_source_caches_its_shards_once(corpus_glob, bert_vocab, tmp_path, c
   second = pipeline.PretrainData(cfg, seq_len=SEQ_LEN)
   assert f"reusing the tokenized corpus in {folder}" in capsys.readouterr().out
   assert (folder / "metadata.json").stat().st_mtime_ns == written
+  examples._CACHE.clear()  # pylint: disable=protected-access
+  monkeypatch.setattr(jax, "process_index", lambda: 1)  # the second host of a pod
+  pipeline.PretrainData(cfg, seq_len=SEQ_LEN)
+  assert capsys.readouterr().out == ""
+  monkeypatch.undo()
   in_memory = pipeline.PretrainData(dict(cfg, shard_cache="never"), seq_len=SEQ_LEN)
   assert len(first) == len(second) == len(in_memory)
   for a, b in zip(first.iterator(batch_size=8, seed=3), in_memory.iterator(batch_size=8, seed=3)):

@@ -53,11 +53,11 @@ def _cached_shards(data_cfg, plan: dict) -> dict[str, ExampleSource]:
   """The plan's examples from the shard cache, tokenized into it first (by all cores) if not there yet."""
   folder = shard_cache_folder(data_cfg, plan)
   if storage.exists(folder / shards.METADATA):
-    print(f"data: reusing the tokenized corpus in {folder}", flush=True)
+    console.log(f"data: reusing the tokenized corpus in {folder}")
   else:
-    print(f"data: tokenizing {build.input_bytes(plan) / 2**20:,.0f} MB of text once into {folder} (later starts "
-          f"reuse it; `python -m tupe.data.preprocess` does the same ahead of time)", flush=True)
-    parallel.run(plan, folder, parallel.default_workers(), log=lambda line: print(f"data: {line}", flush=True),
+    console.log(f"data: tokenizing {build.input_bytes(plan) / 2**20:,.0f} MB of text once into {folder} (later "
+                f"starts reuse it; `python -m tupe.data.preprocess` does the same ahead of time)")
+    parallel.run(plan, folder, parallel.default_workers(), log=lambda line: console.log(f"data: {line}"),
                  what="data: tokenizing")
   return {s: shards.ShardedExamples(folder, s) for s in corpus.SPLITS}
 
