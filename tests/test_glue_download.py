@@ -2,7 +2,8 @@
 reads. With `tfds.testing.mock_data`, every task's layout; with TFDS's own builders preparing GLUE's real files
 (served from ../shared/data/glue where the network would serve them, since this machine has none), the written
 TSVs read as the real TSVs do, text, labels, their order and the test indices; a failed download is one line and
-leaves no task folder."""
+leaves no task folder; without a network the command stops at once, in one line."""
+import os
 import pathlib
 from unittest import mock
 
@@ -17,6 +18,16 @@ from tupe.run.process import run_main  # noqa: E402
 
 def command(data_dir, tasks: str) -> None:
   run_main(download.main, ["download", "--data-dir", str(data_dir), "--tasks", tasks])
+
+
+@pytest.fixture(autouse=True)
+def network(request, monkeypatch):
+  """This machine has no network, whose look-up `download.check_network` refuses: files served here (TFDS's mock
+  data, `serve`) pass it, as on a machine with a network; a test marked `offline` meets the real check."""
+  for name in [name for name in os.environ if name.lower().endswith("_proxy")]:
+    monkeypatch.delenv(name)
+  if "offline" not in request.keywords:
+    monkeypatch.setattr(download, "check_network", lambda urls: None)
 
 
 def test_mocked_download_gives_the_layout(tmp_path):
@@ -108,3 +119,18 @@ def test_a_bucket_task_folder_cut_short_is_fetched_again(s3_bucket, capsys):
     assert len(glue.load_split(storage.path(data_dir), "rte", "test")) == 4
     command(data_dir, "rte")
     assert "exists, kept" in capsys.readouterr().out
+
+
+@pytest.mark.offline
+def test_no_network_is_one_line_at_once(tmp_path, capsys, monkeypatch):
+  """A host with no address (here a reserved name that never resolves) stops the command before TFDS's retries,
+  which took minutes per file; behind a proxy, which looks names up itself, nothing is checked."""
+  monkeypatch.setattr(download, "file_urls", lambda task: ["https://glue-files.invalid/RTE.zip"])
+  with pytest.raises(SystemExit) as exit_info:
+    command(tmp_path / "glue", "rte")
+  assert exit_info.value.code == 2
+  assert capsys.readouterr().err.splitlines()[-1].startswith(
+      "error: cannot look up glue-files.invalid, which serves GLUE's files (")
+  assert not (tmp_path / "glue").exists()
+  monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
+  download.check_network(["https://glue-files.invalid/RTE.zip"])

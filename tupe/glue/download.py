@@ -15,6 +15,10 @@ TSVs write them: TFDS's class ids map to `Task.labels` in the same order (entail
 `Task.names` are TFDS's names for them), STS-B's scores as TFDS keeps them, in float32 (2.11111111111111 becomes
 2.1111112).
 
+Without a network (no address for a host that serves a task's files) the command stops at once with one line,
+instead of after TFDS's retries (minutes per file); behind a proxy (HTTPS_PROXY) the proxy looks names up, and
+nothing is checked.
+
 A task whose folder exists is left as it is (delete the folder to fetch it again), but for a folder in a bucket that
 lacks some of the task's files (a run killed while it wrote them), which is fetched again. A failed download is one
 line; the task's folder is written whole or not at all (staged beside it, then renamed; in a bucket, removed again
@@ -23,7 +27,10 @@ on failure), and the tasks already written stay.
 from __future__ import annotations
 
 import os
+import socket
 import tempfile
+import urllib.parse
+import urllib.request
 
 import numpy as np
 
@@ -79,6 +86,35 @@ def _records(task: glue.Task, split: str, tfds_dir: str) -> list:
   return [source[i] for i in range(len(source))]
 
 
+def file_urls(task: glue.Task) -> list[str]:
+  """Where TFDS's glue/<task> builder fetches the task's files: its zip, or MRPC's separate files."""
+  from tensorflow_datasets.text import glue as tfds_glue  # pylint: disable=import-outside-toplevel
+
+  config = tfds_glue.Glue.builder_configs[task.tfds_config]
+  if config.data_url:
+    return [config.data_url]
+  prefix = f"_{config.name.upper()}_"
+  return [url for name, url in vars(tfds_glue).items()
+          if name.startswith(prefix) and isinstance(url, str) and url.startswith("http")]
+
+
+def check_network(urls: list[str]) -> None:
+  """Refuses in one line, at once, a download whose hosts have no address (no network, or no name service):
+  TFDS would retry each file for minutes before failing. Not checked behind a proxy, which looks names up itself.
+
+  Raises:
+    UserError: a host's name does not resolve.
+  """
+  if urllib.request.getproxies():
+    return
+  for host in sorted({urllib.parse.urlsplit(url).hostname for url in urls}):
+    try:
+      socket.getaddrinfo(host, 443)
+    except socket.gaierror as e:
+      raise UserError(f"cannot look up {host}, which serves GLUE's files ({e.strerror}): check the network "
+                      f"connection (behind a proxy, set HTTPS_PROXY), then rerun") from None
+
+
 def download_task(task: glue.Task, data_dir: storage.Path, tfds_dir: str) -> storage.Path | None:
   """Fetches and writes one task (module docstring); returns its folder, None if it was already there.
 
@@ -99,8 +135,11 @@ def download_task(task: glue.Task, data_dir: storage.Path, tfds_dir: str) -> sto
     console.log(f"{task.name}: {folder} lacks {', '.join(missing)} (a download cut short): fetching it again")
   name = f"glue/{task.tfds_config}"
   console.log(f"{task.name}: fetching and preparing TFDS {name} in {tfds_dir}")
+  builder = tfds.builder(name, data_dir=tfds_dir)
+  if not (builder.data_path / "dataset_info.json").exists():  # not prepared before (--tfds-data-dir): a download
+    check_network(file_urls(task))
   try:
-    tfds.builder(name, data_dir=tfds_dir).download_and_prepare(file_format="array_record")
+    builder.download_and_prepare(file_format="array_record")
     files = {task.files[split]: tsv_text(task, split, _records(task, split, tfds_dir)) for split in task.files}
   except UserError:
     raise
