@@ -5,6 +5,7 @@ TSVs read as the real TSVs do, text, labels, their order and the test indices; a
 leaves no task folder; without a network the command stops at once, in one line."""
 import os
 import pathlib
+import tempfile
 from unittest import mock
 
 import pytest
@@ -57,13 +58,17 @@ def serve(glue_dir: pathlib.Path):
   return mock.patch.multiple(tfds.download.DownloadManager, download=fetch, download_and_extract=fetch)
 
 
-def test_real_files_through_tfds_read_as_the_real_tsvs(glue_dir, tmp_path):
+def test_real_files_through_tfds_read_as_the_real_tsvs(glue_dir, tmp_path, monkeypatch):
   """TFDS's builders parse GLUE's files (MRPC: its original Microsoft files, as GLUE's script does) and the
   written TSVs give the examples of GLUE's own TSVs: text, label ids in the same order, indices; STS-B's scores
-  as TFDS keeps them, in float32. Our label names are TFDS's."""
+  as TFDS keeps them, in float32. Our label names are TFDS's. No temporary folder is left behind (TFDS's builders
+  left one per task)."""
   tasks = "rte,cola,stsb,wnli,mrpc,ax"
+  (tmp_path / "tmp").mkdir()
+  monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # this test's /tmp
   with serve(glue_dir):
     command(tmp_path / "glue", tasks)
+  assert not list((tmp_path / "tmp").iterdir())
   for name in tasks.split(","):
     task = glue.get_task(name)
     for split in task.files:

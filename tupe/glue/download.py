@@ -26,6 +26,7 @@ on failure), and the tasks already written stay.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import tempfile
@@ -168,6 +169,17 @@ def _write_folder(folder: storage.Path, files: dict[str, str]) -> None:
     raise
 
 
+@contextlib.contextmanager
+def _temporary_files_in(folder: str):
+  """Python's temporary files and folders made inside `folder` for the while: TFDS's builder of a task not prepared
+  yet makes a temporary folder it never removes (`DatasetInfo.initialize_from_bucket`), one per task in /tmp."""
+  saved, tempfile.tempdir = tempfile.tempdir, folder
+  try:
+    yield
+  finally:
+    tempfile.tempdir = saved
+
+
 def download(data_dir: storage.PathLike, task_names: str = ",".join(ALL_TASKS),
              tfds_dir: str | None = None) -> list[storage.Path]:
   """Fetches the comma-separated tasks (AX: "ax" or "diagnostic") into `data_dir`; returns the folders written."""
@@ -181,7 +193,7 @@ def download(data_dir: storage.PathLike, task_names: str = ",".join(ALL_TASKS),
   new = not storage.exists(data_dir)
   data_dir, written = storage.makedirs(data_dir), []
   try:
-    with tempfile.TemporaryDirectory(prefix="tupe-tfds-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="tupe-tfds-") as scratch, _temporary_files_in(scratch):
       for task in {task.name: task for task in tasks}.values():
         folder = download_task(task, data_dir, tfds_dir or scratch)
         if folder is not None:
