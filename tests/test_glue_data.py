@@ -1,6 +1,7 @@
 """GLUE registry, TSV/TFDS loaders and pair encoding, on the real GLUE files and on small files written here."""
 import collections
 import itertools
+import tempfile
 from unittest import mock
 
 import numpy as np
@@ -242,6 +243,15 @@ def prepare_tfds(data_dir, config, features, splits):
   Glue(data_dir=str(data_dir), config=config, file_format="array_record").download_and_prepare()
 
 
+@pytest.fixture
+def tfds_temporaries(tmp_path, monkeypatch):
+  """TFDS's builder of a dataset not prepared yet leaves a temporary folder behind (`tupe.glue.download` keeps it in
+  its scratch folder): made here, inside the test's folder, instead of /tmp."""
+  (tmp_path / "tmp").mkdir()
+  monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+
+
+@pytest.mark.usefixtures("tfds_temporaries")
 def test_tfds_source_matches_the_tsv_examples(tmp_path):
   import tensorflow_datasets as tfds
   nli = tfds.features.ClassLabel(names=["entailment", "neutral", "contradiction"])
@@ -263,6 +273,7 @@ def test_tfds_source_matches_the_tsv_examples(tmp_path):
     glue.load_split_tfds("CoLA", "dev", tmp_path / "nowhere")
 
 
+@pytest.mark.usefixtures("tfds_temporaries")
 def test_a_tfds_reader_never_downloads(tmp_path):
   """Once TFDS's own GLUE builders are registered (`python -m tupe.glue.download` registers them), a split that is
   not prepared is still a one-line error naming `tfds build`, not a download of GLUE's zips."""
