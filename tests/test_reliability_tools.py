@@ -15,6 +15,7 @@ from configs import glue as glue_config
 from tupe.errors import UserError
 from tupe.store import checkpoint as checkpoint_lib
 from tupe.store import checksums
+from tupe.store import rundir
 from tupe.study import heldout
 from tupe.tools import evaluate
 from tupe.train import pretrain
@@ -59,6 +60,7 @@ def run_workdir(tmp_path) -> pathlib.Path:
     ("summary", ["--config", "configs/pretrain.py:tupe_a,tiny", "--out"], "checkpoints/4/checksums.json"),
     ("summary", ["--config", "configs/pretrain.py:tupe_a,tiny", "--out"], "TEXT/x.md"),
     ("vocab", ["--input", "TEXT", "--output"], "config.json"),
+    ("vocab", ["--input", "TEXT", "--output"], "vocab.txt"),  # a GLUE workdir's, read by its kept models' users
     ("predict", ["--model", "RUN", "--input", "TEXT.tsv", "--out"], "metrics.jsonl"),
     ("plot", ["--workdir", "RUN", "--out"], "results.png"),
 ])
@@ -79,6 +81,15 @@ def test_an_output_that_would_replace_an_input_or_a_run_file_is_refused_first(tm
       "is the --text-file file" if target == "TEXT" else f"a file of the run in {workdir}")
   assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: ") and kind in proc.stderr, proc.stderr
   assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+def test_a_runs_records_are_those_its_entry_points_write():
+  """One table (`rundir.WRITES`) says what a workdir holds, for the jobs that write it and the tools that must not
+  replace it: every file either entry point writes, log segments included, but the curves, which plot redraws."""
+  assert all(rundir.is_record(name) for name in ("config.json", "metrics.jsonl", "metrics.12.jsonl", "runs.1.jsonl",
+                                                 "vocab.txt", "results.md", ".tupe.lock"))
+  assert not any(rundir.is_record(name) for name in ("curves.png", "metrics.jsonl.tmp", "notes.txt", "checkpoints"))
+  assert rundir.is_kept_folder("checkpoints") and rundir.is_kept_folder("models") and not rundir.is_kept_folder("x")
 
 
 def test_glue_parity_refuses_a_tupe_checkpoint_before_its_workdir(pretrained, glue_dir, tmp_path):

@@ -56,9 +56,10 @@ from tupe.store import jsonfile
 from tupe.store import lease_objects
 from tupe.store import owners
 from tupe.store import refusals
+from tupe.store import rundir
 from tupe.store import storage
 
-LOCK_NAME = ".tupe.lock"
+LOCK_NAME = rundir.LOCK
 LEASE_NAME = ".tupe.lease"
 TTL_S = 60.0  # a bucket lease's lifetime without renewal: how long a crashed job on another host blocks a rerun
 

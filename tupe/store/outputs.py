@@ -3,15 +3,9 @@ file, not one of the command's inputs (which it would replace), and not a file o
 logs, anything under its checkpoints or kept models), which every later reader of the run would find replaced."""
 from __future__ import annotations
 
-import re
-
 from tupe.errors import UserError
+from tupe.store import rundir
 from tupe.store import storage
-
-# A workdir of train.py or eval_glue.py is a folder with a config.json. What it keeps of its run: its records at
-# the top (the logs in segments: metrics.jsonl, metrics.1.jsonl, ...), and these folders whole.
-_RUN_FILES = re.compile(r"config\.json|(metrics|runs)(\.\d+)?\.jsonl|\.tupe\.lock|results\.(json|md|png)")
-_RUN_FOLDERS = ("checkpoints", "models", "runs", "tensorboard", "submission", "predictions")
 
 
 def check(out: storage.PathLike, flag: str, example: str,
@@ -33,8 +27,8 @@ def check(out: storage.PathLike, flag: str, example: str,
   check_folder(target.parent, flag)
   folder, inside = target.parent, (target.name,)
   while True:
-    if storage.exists(folder / "config.json") and (
-        _RUN_FILES.fullmatch(inside[0]) if len(inside) == 1 else inside[0] in _RUN_FOLDERS):
+    if storage.exists(folder / rundir.CONFIG) and (
+        rundir.is_record(inside[0]) if len(inside) == 1 else rundir.is_kept_folder(inside[0])):
       raise UserError(f"{flag} {out} is a file of the run in {folder}, which it would replace: write elsewhere, "
                       f"e.g. {folder / example}")
     if folder.parent == folder or (storage.is_remote(folder) and "/" not in storage.bare(folder)):

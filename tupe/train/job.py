@@ -35,6 +35,7 @@ from tupe.store import deadline
 from tupe.store import jsonfile
 from tupe.store import jsonlog
 from tupe.store import lease
+from tupe.store import rundir
 from tupe.store import storage
 from tupe.train import compile_cache
 
@@ -167,22 +168,15 @@ def check_workdir(workdir: storage.PathLike) -> None:
     raise UserError(f"workdir {workdir} is not writable ({e}); choose another --workdir") from None
 
 
-# What each entry point writes in its workdir: (files, folders). A folder where one of the files goes, or a file
-# where one of the folders goes, would stop the job at its first write there, after its data is loaded and its
-# step compiled (or, for a GLUE grid, after the whole grid): `check_nothing_in_the_way` refuses it first, and a
-# folder named as the lock file (`lease.LOCK_NAME`), which every job writes.
-WRITES = {"train.py": (("config.json", "metrics.jsonl", "curves.png"), ("checkpoints", "tensorboard")),
-          "eval_glue.py": (("config.json", "runs.jsonl", "vocab.txt", "results.json", "results.md", "results.png"),
-                           ("runs", "predictions", "models", "submission"))}
-
-
 def check_nothing_in_the_way(workdir: storage.PathLike, cfg) -> None:
-  """One line for a name in the workdir that is in the way of what the job of config `cfg` writes there (`WRITES`,
-  less the TensorBoard events and curves it is set not to write)."""
+  """One line for a name in the workdir that is in the way of what the job of config `cfg` writes there
+  (`rundir.WRITES` and the lock file, less the TensorBoard events and curves it is set not to write): a folder
+  where a file goes, or a file where a folder goes, would stop the job at its first write there, after its data is
+  loaded and its step compiled (or, for a GLUE grid, after the whole grid)."""
   kind = config_files.entry_point(cfg)
-  files, folders = WRITES.get(kind, (("config.json",), ()))
+  files, folders = rundir.WRITES.get(kind, ((rundir.CONFIG,), ()))
   off = {name for name, field in (("tensorboard", "tensorboard"), ("curves.png", "curves")) if not cfg.get(field, True)}
-  for name in [lease.LOCK_NAME] + [n for n in files if n not in off]:
+  for name in [rundir.LOCK] + [n for n in files if n not in off]:
     if storage.is_dir(storage.path(workdir) / name):
       raise UserError(f"{storage.path(workdir) / name} is a folder, where {kind or 'the job'} writes a file; move it "
                       f"away or choose another --workdir")

@@ -1,0 +1,26 @@
+"""What a run's workdir holds, by the entry point that writes it: one table, read by the job that writes there
+(nothing may stand in its way: `tupe.train.job.check_nothing_in_the_way`) and by the tools that must not replace
+any of it (`tupe.store.outputs`)."""
+from __future__ import annotations
+
+import re
+
+CONFIG = "config.json"  # in every workdir: a folder with one is a run's
+LOCK = ".tupe.lock"  # the lease's lock file (`tupe.store.lease`), in every workdir
+# (files, folders) each entry point writes at the top of its workdir. Logs are written in segments: metrics.jsonl,
+# metrics.1.jsonl, ... (`tupe.store.jsonlog`).
+WRITES = {"train.py": ((CONFIG, "metrics.jsonl", "curves.png"), ("checkpoints", "tensorboard")),
+          "eval_glue.py": ((CONFIG, "runs.jsonl", "vocab.txt", "results.json", "results.md", "results.png"),
+                           ("runs", "predictions", "models", "submission"))}
+REDRAWN = ("curves.png",)  # drawn from metrics.jsonl, and redrawn there by `python -m tupe.tools.plot` at will
+
+
+def is_record(name: str) -> bool:
+  """Whether `name`, a file at the top of a workdir, is one that later readers of the run rely on."""
+  base = re.sub(r"\.\d+(?=\.jsonl$)", "", name)
+  return name == LOCK or (base not in REDRAWN and any(base in files for files, _ in WRITES.values()))
+
+
+def is_kept_folder(name: str) -> bool:
+  """Whether `name`, a folder at the top of a workdir, is one of the run's (checkpoints, kept models, ...)."""
+  return any(name in folders for _, folders in WRITES.values())
