@@ -1,5 +1,5 @@
-"""The training core that pre-training (`tupe.train.pretrain`) and fine-tuning (`tupe.glue`) share, and what else they
-share: distributed initialization, stopping every host after the same step on a signal, and the workdir checks.
+"""The training core that pre-training (`tupe.train.pretrain`) and fine-tuning (`tupe.glue`) share (the job around it,
+also shared: `tupe.train.job`).
 
 `build_core` builds one model's training machinery for an `Objective` (MLM or ELECTRA in pre-training,
 classification or regression in fine-tuning: the only part that differs):
@@ -153,7 +153,8 @@ def check_prng_impl(name: str) -> None:
 
 def use_prng_impl(name: str) -> None:
   """Makes `name` JAX's default PRNG implementation, which is process-wide ("rbg", the configs' default,
-  compiles faster than "threefry2x32"). Set here alone: every training setup is built through `build_core`."""
+  compiles faster than "threefry2x32"): `build_core` sets it, and so does any code that draws keys before it (the
+  GLUE grid, the parity tool)."""
   check_prng_impl(name)
   jax.config.update("jax_default_prng_impl", name)
 

@@ -1,6 +1,7 @@
 """A job's runtime: what pre-training and fine-tuning do around their loops, written once.
 
 `with Job(cfg, workdir) as job:` is the startup both loops share, in this order:
+  0. the bounds on every wait on a store (`tupe.store.deadline`: checkpoint.store_timeout_s, stop_grace_s);
   1. JAX's persistent compilation cache (`compile_cache.enable`);
   2. `jax.distributed.initialize` for multi-host runs (an explicit coordinator, or auto-detected on TPU pods);
   3. the workdir: checked (writable, names and paths the filesystem allows, nothing in the way of what the job
