@@ -29,8 +29,6 @@ import optax
 import bench
 from tupe import console
 
-jax.config.update("jax_enable_compilation_cache", False)  # cold compiles only
-
 
 def demo_config(tiny: bool):
   cfg = bench.load_config("configs/demo.py", ["compilation_cache_dir="])
@@ -122,6 +120,7 @@ def main(argv=None) -> list[dict]:
   parser.add_argument("--repeats", type=bench.positive_int, default=3, help="cold compiles of each step, in turn")
   parser.add_argument("--tiny", action="store_true", help="a 1-layer model (smoke test)")
   args = parser.parse_args(argv)
+  jax.config.update("jax_enable_compilation_cache", False)  # cold compiles only
   from tupe.train import core
   from tupe.train import pretrain
   cfg = demo_config(args.tiny)

@@ -18,6 +18,7 @@ one JSON line per storage, with the sizes, bytes read, requests, seconds and the
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import pathlib
 import re
 import shutil
@@ -34,8 +35,14 @@ from tupe.store import checkpointer
 from tupe.store import checksums
 from tupe.store import storage
 
-sys.path.insert(0, str(bench.REPO / "tests"))
-import gcs_emulator  # noqa: E402
+
+def _gcs_emulator():
+  """tests/gcs_emulator.py, the GCS emulator the test suite runs, loaded from its file (sys.path left as it is)."""
+  if "gcs_emulator" not in sys.modules:
+    spec = importlib.util.spec_from_file_location("gcs_emulator", bench.REPO / "tests" / "gcs_emulator.py")
+    sys.modules["gcs_emulator"] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sys.modules["gcs_emulator"])
+  return sys.modules["gcs_emulator"]
 
 
 def _rchar(pid: str = "self") -> int:
@@ -44,7 +51,7 @@ def _rchar(pid: str = "self") -> int:
 
 def _requests(log: pathlib.Path | None) -> int | None:
   """The requests the emulator has answered so far (its log's lines); None locally."""
-  return None if log is None else len(gcs_emulator.logged_requests(log))
+  return None if log is None else len(_gcs_emulator().logged_requests(log))
 
 
 def _measure(fn, pid: str, log: pathlib.Path | None) -> tuple[float, int, int | None]:
@@ -87,6 +94,7 @@ def main(argv=None) -> list[dict]:
     args.model = "tupe_a,tiny"
   state, abstract_state, meta, ckpt_cfg = bench.random_checkpoint_state(args.model)
   tmp = pathlib.Path(tempfile.mkdtemp(prefix="params-load-bench-"))
+  gcs_emulator = _gcs_emulator()
   emulator = gcs_emulator.Emulator(tmp / "store", gcs_emulator.free_port())
   results = []
   try:
