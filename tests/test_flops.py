@@ -107,10 +107,10 @@ def test_training_count_equals_the_matmuls_of_the_gradient(name):
   cfg.model = small_model(name, **(dict(num_heads=4, embedding_size=4, conv_impl="unfold")
                                    if name == "convbert" else {}))
   module = objectives.build_model(cfg)
-  inputs = objectives.init_inputs(B, L, P)
-  params = jax.eval_shape(lambda: models.init_module(module, cfg.model, 0, inputs[3]))
-  batch = {"input_ids": inputs[0], "attention_mask": inputs[1], "token_type_ids": inputs[2],
-           "masked_positions": inputs[3], "masked_ids": inputs[3], "masked_weights": jnp.ones((B, P))}
+  ids, positions = jnp.zeros((B, L), jnp.int32), jnp.zeros((B, P), jnp.int32)
+  params = jax.eval_shape(lambda: models.init_module(module, cfg.model, 0, positions[:1]))
+  batch = {"input_ids": ids, "attention_mask": jnp.ones_like(ids), "token_type_ids": ids,
+           "masked_positions": positions, "masked_ids": positions, "masked_weights": jnp.ones((B, P))}
   grad = jax.value_and_grad(lambda p: objectives.loss_fn(cfg, module, p, batch, jax.random.PRNGKey(0))[0])
   counted = dot_flops(jax.make_jaxpr(grad)(params).jaxpr)
   e = cfg.model.embedding_size

@@ -106,23 +106,22 @@ def demo_documents(cache_dir: str | os.PathLike = "") -> tuple[str, ...]:
   return tuple(path.read_text(encoding="utf-8").rstrip("\n").split("\n\n"))
 
 
-def demo_vocab(cache_dir: str | os.PathLike = "", vocab_size: int = DEMO_VOCAB_SIZE,
-               lowercase: bool = True) -> pathlib.Path:
-  """Path of a WordPiece vocab trained on the demo corpus; trained on first use and cached in `cache_dir`.
+def demo_vocab(cache_dir: str | os.PathLike = "", lowercase: bool = True) -> pathlib.Path:
+  """Path of a WordPiece vocab of DEMO_VOCAB_SIZE tokens trained on the demo corpus; trained on first use and cached
+  in `cache_dir`.
 
   The vocab depends only on the corpus (it is trained with `wordpiece.train_reproducible`, a few seconds), so
   every machine with the same Python version trains the same one.
 
   Args:
     cache_dir: folder of the cached vocab ("" for `default_cache_dir()`).
-    vocab_size: size of the vocab.
     lowercase: uncased vocab.
 
   Returns:
     Path of the vocab file.
   """
-  path = _cached(cache_dir, f"demo-wordpiece-{vocab_size}-{'uncased' if lowercase else 'cased'}")
+  path = _cached(cache_dir, f"demo-wordpiece-{DEMO_VOCAB_SIZE}-{'uncased' if lowercase else 'cased'}")
   with _locked(path):
     if not path.is_file():
-      wordpiece.train_reproducible(demo_documents(cache_dir), vocab_size, path, lowercase=lowercase)
+      wordpiece.train_reproducible(demo_documents(cache_dir), DEMO_VOCAB_SIZE, path, lowercase=lowercase)
   return path

@@ -182,11 +182,11 @@ class PretrainData:
     return "\n".join([f"{self.split} data: {len(self)} examples of up to {self.seq_len} tokens, {fill}",
                       *self.examples.report])
 
-  def batch(self, indices: np.ndarray, seed: int, epoch: int = 0) -> dict[str, np.ndarray]:
-    """The padded, masked batch of examples `indices` ([batch], any order), masks drawn as in epoch `epoch` of a
+  def batch(self, indices: np.ndarray, seed: int) -> dict[str, np.ndarray]:
+    """The padded, masked batch of examples `indices` ([batch], any order), masks drawn as in the first epoch of a
     run with `seed`: the same examples and seed give the same masks on any checkpoint (`tupe.tools.evaluate`)."""
     return _masked_batch(self.examples, self.masker, self.seq_len, self.info.pad_id, int(seed) % 2**64,
-                         np.asarray(indices, np.int64), epoch)
+                         np.asarray(indices, np.int64), 0)
 
   def iterator(self, *, batch_size: int, seed: int, rows: tuple[int, int] | None = None,
                start_batch: int = 0) -> grain.DatasetIterator:

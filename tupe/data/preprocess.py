@@ -100,14 +100,14 @@ def main(argv: list[str]) -> None:
 
 
 def preprocess(data_cfg, seq_len: int, output: storage.PathLike, workers: int = 1, task: tuple[int, int] = (0, 1),
-               unit_bytes: int | None = None, log=print) -> dict | None:
+               unit_bytes: int | None = None) -> dict | None:
   """Writes the packed examples of a text source (demo, text, tfds) as shards in `output` (see
   `tupe.data.parallel.run`)."""
   cfg = pipeline.checked_config(data_cfg, seq_len)
   if cfg.source not in ("demo", "text", "tfds"):
     raise UserError(f"source {cfg.source!r} has no documents to preprocess: use demo, text or tfds input")
   plan = build.make_plan(cfg, seq_len, build.vocab_file(cfg), unit_bytes)
-  return parallel.run(plan, output, workers, task, log)
+  return parallel.run(plan, output, workers, task)
 
 
 if __name__ == "__main__":

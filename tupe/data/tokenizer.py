@@ -63,13 +63,13 @@ def read_vocab(vocab_file: str | os.PathLike) -> list[str]:
 
 
 @functools.lru_cache(maxsize=8)
-def _load(path: str, lowercase: bool, strip_accents: bool | None, mtime: float):
+def _load(path: str, lowercase: bool, mtime: float):
   del mtime  # Part of the cache key only: an edited vocab file is read again.
   tokens = read_vocab(path)
   vocab = {t: i for i, t in reversed(list(enumerate(tokens)))}  # The first line wins for duplicated tokens.
   if len(vocab) < len(tokens):
     _say_repeats(path, tokens, vocab)
-  tokenizer = wordpiece(tokens, lowercase, strip_accents)
+  tokenizer = wordpiece(tokens, lowercase)
   info = TokenizerInfo(vocab_size=len(tokens), pad_id=vocab[PAD], unk_id=vocab[UNK], cls_id=vocab[CLS],
                        sep_id=vocab[SEP], mask_id=vocab[MASK], vocab_file=path, lowercase=lowercase)
   return tokenizer, info
@@ -87,20 +87,20 @@ def _say_repeats(path: str, tokens: list[str], vocab: dict[str, int]) -> None:
                 f"encoded with each token's first line, so the ids of the later lines never occur")
 
 
-def wordpiece(tokens: list[str], lowercase: bool = True, strip_accents: bool | None = None) -> tokenizers.Tokenizer:
+def wordpiece(tokens: list[str], lowercase: bool = True) -> tokenizers.Tokenizer:
   """The WordPiece tokenizer of a vocab given as its tokens in id order (a checkpoint's own), as `load_tokenizer`
   builds it from a file: the first of duplicated tokens wins, special tokens are not added tokens."""
   vocab = {t: i for i, t in reversed(list(enumerate(tokens)))}
   tokenizer = tokenizers.Tokenizer(
       models.WordPiece(vocab, unk_token=UNK, continuing_subword_prefix=CONTINUATION_PREFIX))
-  tokenizer.normalizer = bert_normalizer(lowercase, strip_accents)
+  tokenizer.normalizer = bert_normalizer(lowercase)
   tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
   tokenizer.decoder = decoders.WordPiece(prefix=CONTINUATION_PREFIX)
   return tokenizer
 
 
-def load_tokenizer(vocab_file: str | os.PathLike, lowercase: bool = True,
-                   strip_accents: bool | None = None) -> tuple[tokenizers.Tokenizer, TokenizerInfo]:
+def load_tokenizer(vocab_file: str | os.PathLike,
+                   lowercase: bool = True) -> tuple[tokenizers.Tokenizer, TokenizerInfo]:
   """Builds a WordPiece tokenizer from a vocab file (cached per process).
 
   Special tokens are not registered as added tokens, so the text "[SEP]" is split like any other text and the
@@ -108,8 +108,7 @@ def load_tokenizer(vocab_file: str | os.PathLike, lowercase: bool = True,
 
   Args:
     vocab_file: BERT-style vocab.txt that contains [PAD], [UNK], [CLS], [SEP] and [MASK].
-    lowercase: lowercase the text before WordPiece (uncased vocab).
-    strip_accents: strip accents; None follows `lowercase`, as in BERT.
+    lowercase: lowercase the text and strip its accents before WordPiece (an uncased vocab), as BERT does.
 
   Returns:
     The tokenizer (encode without special tokens) and its `TokenizerInfo`.
@@ -117,12 +116,13 @@ def load_tokenizer(vocab_file: str | os.PathLike, lowercase: bool = True,
   path = storage.path(vocab_file)
   with storage.errors("check", path):
     mtime = path.stat().mtime if storage.is_file(path) else 0.0
-  return _load(str(path), lowercase, strip_accents, mtime)
+  return _load(str(path), lowercase, mtime)
 
 
-def bert_normalizer(lowercase: bool, strip_accents: bool | None) -> normalizers.Normalizer:
-  return normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=strip_accents,
-                                    lowercase=lowercase)
+def bert_normalizer(lowercase: bool) -> normalizers.Normalizer:
+  """BERT's text normalization: control characters dropped, CJK characters split; an uncased vocab's text
+  lowercased with its accents stripped."""
+  return normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, lowercase=lowercase)
 
 
 def is_continuation(vocab_file: str | os.PathLike) -> np.ndarray:
@@ -161,7 +161,7 @@ def train_wordpiece(texts: Iterable[str], vocab_size: int, output: str | os.Path
   if vocab_size < len(SPECIAL_TOKENS) + 1:
     raise UserError(f"vocab size {vocab_size} is too small: use at least a few thousand (BERT uses 30522)")
   tokenizer = tokenizers.Tokenizer(models.WordPiece(unk_token=UNK, continuing_subword_prefix=CONTINUATION_PREFIX))
-  tokenizer.normalizer = bert_normalizer(lowercase, None)
+  tokenizer.normalizer = bert_normalizer(lowercase)
   tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
   trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
                                       continuing_subword_prefix=CONTINUATION_PREFIX, show_progress=False)

@@ -18,7 +18,7 @@ from tupe.store import storage
 
 def word_counts(texts: Iterable[str], lowercase: bool) -> collections.Counter:
   """Counts of the words of `texts` after BERT normalization and pre-tokenization."""
-  normalizer = tokenizer_lib.bert_normalizer(lowercase, None)
+  normalizer = tokenizer_lib.bert_normalizer(lowercase)
   pre_tokenizer = pre_tokenizers.BertPreTokenizer()
   counts = collections.Counter()
   for text in texts:

@@ -105,13 +105,12 @@ def build_task(cfg, backbone: backbone_lib.Backbone, task: glue.Task, num_train:
   """The classifier trained by the shared core (`tupe.train.core.build_core`), its optimizer's schedule peaking at
   1 (the run's learning rate scales each update in the step), and its eval step."""
   module = classifier(cfg, backbone.cfg, task)
-  ids = jnp.zeros((1, min(8, cfg.max_seq_len)), jnp.int32)
   steps_per_epoch, total, warmup = glue_data.schedule(cfg, task, num_train)
   # A linear or polynomial decay to 0 scales with its peak: the schedule peaks at 1 and each step multiplies
   # the update by its run's learning rate, so all learning rates share one compiled step.
   opt_cfg = ml_collections.ConfigDict(dict(cfg.optimizer.to_dict(), learning_rate=1.0, end_learning_rate=0.0,
                                            warmup_steps=warmup))
-  built = core.build_core(module, (ids, jnp.ones_like(ids), jnp.zeros_like(ids)), task_objective(module),
+  built = core.build_core(module, models.init_inputs(backbone.cfg), task_objective(module),
                           opt_cfg, total, mesh, rules, prng_impl=cfg.prng_impl, accum=cfg.grad_accum_steps,
                           num_layers=backbone.cfg.num_layers, peak_lr_argument=True)
 

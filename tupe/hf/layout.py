@@ -269,9 +269,9 @@ def mlm_head_keys(family_name: str, ours: str) -> list[Key]:
   return [*_dense(f"{ours}/transform", hf[0]), *_layer_norm(f"{ours}/layer_norm", hf[1]), Key(f"{ours}/bias", hf[2])]
 
 
-def discriminator_head_keys(ours: str = "discriminator_head") -> list[Key]:
+def discriminator_head_keys() -> list[Key]:
   """Our `DiscriminatorHead` -> HF's ElectraDiscriminatorPredictions (dense, GELU, dense_prediction)."""
-  return [*_dense(f"{ours}/dense", "dense"), *_dense(f"{ours}/out", "dense_prediction")]
+  return [*_dense("discriminator_head/dense", "dense"), *_dense("discriminator_head/out", "dense_prediction")]
 
 
 def masked_lm_keys(cfg, family_name: str) -> list[Key]:

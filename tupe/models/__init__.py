@@ -59,14 +59,19 @@ def generator_config(cfg, fraction: float):
   return gen
 
 
-def _dummy_inputs(cfg, batch: int = 1, length: int = 8):
-  ids = jnp.zeros((batch, min(length, cfg.max_position_embeddings)), jnp.int32)
-  return ids, jnp.ones_like(ids), jnp.zeros_like(ids)
+def init_inputs(cfg, predictions: int = 0) -> tuple[jax.Array, ...]:
+  """Inputs to create a model's parameters from (which do not depend on the batch's shape): input_ids,
+  attention_mask and token_type_ids of one short example, int32 [1, length]; with `predictions`, masked_positions
+  int32 [1, predictions] too (the pre-training models' fourth input)."""
+  ids = jnp.zeros((1, min(8, cfg.max_position_embeddings)), jnp.int32)
+  return (ids, jnp.ones_like(ids), jnp.zeros_like(ids)) + (
+      (jnp.zeros((1, predictions), jnp.int32),) if predictions else ())
 
 
 def init_module(module: nn.Module, cfg, seed: int = 0, *extra_inputs, boxed: bool = False):
-  """Initializes any model of this package on dummy inputs; params unboxed unless `boxed` (logical axes)."""
-  variables = module.init(jax.random.PRNGKey(seed), *_dummy_inputs(cfg), *extra_inputs)
+  """Initializes any model of this package on `init_inputs` (and `extra_inputs` after them); params unboxed unless
+  `boxed` (logical axes)."""
+  variables = module.init(jax.random.PRNGKey(seed), *init_inputs(cfg), *extra_inputs)
   params = variables["params"]
   return params if boxed else nn.meta.unbox(params)
 

@@ -66,7 +66,7 @@ def component_counts(params) -> dict[str, int]:
 def pretraining_shapes(cfg):
   """Abstract params of the config's pre-training model (MaskedLM or Electra), from jax.eval_shape."""
   module = objectives.build_model(cfg)
-  inputs = objectives.init_inputs(1, min(8, cfg.model.max_position_embeddings), 2)
+  inputs = models.init_inputs(cfg.model, predictions=2)
   return jax.eval_shape(lambda: nn.meta.unbox(module.init(jax.random.PRNGKey(0), *inputs)["params"]))
 
 

@@ -89,14 +89,13 @@ def train_step_flops(cfg, seq_len: int, batch_size: int, num_predictions: int, g
   return 3.0 * (forward * batch_size + once)
 
 
-def measured_matmul_peak(size: int = 2048, repeats: int = 5) -> float:
-  """FLOP/s of a large float32 square matmul on the default device, best of `repeats` (the CPU's practical
-  peak)."""
+def measured_matmul_peak(size: int = 2048) -> float:
+  """FLOP/s of a large float32 square matmul on the default device, the best of five (the CPU's practical peak)."""
   a = jnp.ones((size, size), jnp.float32)
   f = jax.jit(lambda x: x @ x)
   f(a).block_until_ready()
   best = float("inf")
-  for _ in range(repeats):
+  for _ in range(5):
     t = time.perf_counter()
     f(a).block_until_ready()
     best = min(best, time.perf_counter() - t)

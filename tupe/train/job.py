@@ -41,11 +41,11 @@ from tupe.store import storage
 from tupe.train import compile_cache
 
 
-def itstime(step: int, every: int | fractions.Fraction, total: int, last: bool = True) -> bool:
+def itstime(step: int, every: int | fractions.Fraction, total: int) -> bool:
   """Whether a periodic action runs after `step` (counted from 1): after every `every` steps (0: never), and
-  after the last step (`total`) when `last`. `every` may be a fraction of steps, as an epoch's evaluations are
+  after the last step (`total`). `every` may be a fraction of steps, as an epoch's evaluations are
   (`Fraction(steps_per_epoch, evals_per_epoch)`): then after the first step at or past each of its multiples."""
-  if last and step == total:
+  if step == total:
     return True
   return bool(every) and math.floor(step / every) > math.floor((step - 1) / every)
 

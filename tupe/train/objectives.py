@@ -26,12 +26,6 @@ def build_model(cfg):
   raise UserError(f"objective={cfg.objective!r}; use 'mlm' or 'electra'")
 
 
-def init_inputs(batch_size: int, seq_len: int, num_predictions: int):
-  """Dummy inputs with the shapes of a batch, to create parameters."""
-  ids = jnp.zeros((batch_size, seq_len), jnp.int32)
-  return ids, jnp.ones_like(ids), jnp.zeros_like(ids), jnp.zeros((batch_size, num_predictions), jnp.int32)
-
-
 # Metrics that are not a sum over positions: a microbatch's value is averaged, not summed (`normalizers`).
 AVERAGED_METRICS = ("disc_auc",)
 

@@ -103,7 +103,7 @@ def build(cfg, devices=None) -> Setup:
   sharding.check_batch_size("global_batch_size", cfg.global_batch_size, mesh, cfg.grad_accum_steps)
   module = objectives.build_model(cfg)
   n_pred = num_predictions(cfg)
-  built = core.build_core(module, objectives.init_inputs(1, min(cfg.seq_len, 8), min(n_pred, 2)),
+  built = core.build_core(module, models.init_inputs(cfg.model, predictions=2),
                           objectives.objective(cfg, module), cfg.optimizer, cfg.num_train_steps, mesh, rules,
                           prng_impl=cfg.prng_impl, accum=cfg.grad_accum_steps)
   rng = jax.random.PRNGKey(cfg.seed)
