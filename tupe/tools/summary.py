@@ -14,8 +14,9 @@ its init, nothing allocated), split into:
   heads        the pre-training heads (MLM head; ELECTRA's generator and discriminator heads);
   generator    ELECTRA's generator layers (it shares the embeddings with the discriminator);
   total        everything pre-training trains.
-FLOPs per token (`tupe.train.flops`, a multiply-add = 2 FLOPs) at the config's seq_len: the backbone's forward pass,
-and a training step (3 x forward, with the MLM head on the predicted positions only).
+FLOPs per token (`tupe.train.flops`, a multiply-add = 2 FLOPs) at the config's seq_len and global batch, as train.py
+counts them for MFU: the backbone's forward pass, and a training step (3 x forward, with the MLM head on the
+predicted positions only). TUPE's positional term is computed once per batch, its cost shared by the sequences.
 """
 from __future__ import annotations
 
@@ -82,9 +83,10 @@ def summarize(cfg) -> dict:
   row["total"] = sum(row[name] for name in COMPONENTS)
   generator = (models.generator_config(cfg.model, cfg.generator_fraction) if cfg.objective == "electra"
                else None)
-  row["forward_flops"] = flops.encoder_forward_flops(cfg.model, cfg.seq_len) / cfg.seq_len
-  row["train_flops"] = flops.train_step_flops(cfg.model, cfg.seq_len, 1, pretrain.num_predictions(cfg),
-                                              generator) / cfg.seq_len
+  tokens = cfg.global_batch_size * cfg.seq_len  # TUPE's positional term is shared by the batch's sequences
+  row["forward_flops"] = flops.encoder_forward_flops(cfg.model, cfg.seq_len, cfg.global_batch_size) / tokens
+  row["train_flops"] = flops.train_step_flops(cfg.model, cfg.seq_len, cfg.global_batch_size,
+                                              pretrain.num_predictions(cfg), generator) / tokens
   return row
 
 

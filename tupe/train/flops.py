@@ -55,8 +55,8 @@ def untied_position_flops(cfg, seq_len: int) -> float:
   return float(2 * 2 * rows * d * A + 2 * rows * rows * A)
 
 
-def encoder_forward_flops(cfg, seq_len: int) -> float:
-  """Forward FLOPs of the encoder stack for a batch of one sequence."""
+def encoder_forward_flops(cfg, seq_len: int, batch_size: int = 1) -> float:
+  """Forward FLOPs of the encoder stack for a batch of `batch_size` sequences (TUPE's positional term once)."""
   d, L, I, E, K = cfg.hidden_size, seq_len, cfg.intermediate_size, cfg.embedding_size, cfg.conv_kernel_size
   heads = config_lib.attention_heads(cfg)
   A = heads * config_lib.head_dim(cfg)
@@ -68,7 +68,7 @@ def encoder_forward_flops(cfg, seq_len: int) -> float:
   flops = cfg.num_layers * per_token * L
   if E != d:
     flops += 2 * E * d * L
-  return float(flops) + untied_position_flops(cfg, L)
+  return float(flops) * batch_size + untied_position_flops(cfg, L)
 
 
 def mlm_head_flops(cfg, num_predictions: int) -> float:
@@ -79,14 +79,13 @@ def mlm_head_flops(cfg, num_predictions: int) -> float:
 def train_step_flops(cfg, seq_len: int, batch_size: int, num_predictions: int, generator_cfg=None) -> float:
   """Training FLOPs of one step (3 x forward) for the MLM or, with `generator_cfg`, the ELECTRA objective."""
   encoders = (cfg,) if generator_cfg is None else (cfg, generator_cfg)
-  once = sum(untied_position_flops(c, seq_len) for c in encoders)
-  forward = sum(encoder_forward_flops(c, seq_len) for c in encoders) - once
+  forward = sum(encoder_forward_flops(c, seq_len, batch_size) for c in encoders)
   if generator_cfg is None:
-    forward += mlm_head_flops(cfg, num_predictions)
+    heads = mlm_head_flops(cfg, num_predictions)
   else:
     d = cfg.hidden_size
-    forward += seq_len * (2 * d * d + 2 * d) + mlm_head_flops(generator_cfg, num_predictions)
-  return 3.0 * (forward * batch_size + once)
+    heads = seq_len * (2 * d * d + 2 * d) + mlm_head_flops(generator_cfg, num_predictions)
+  return 3.0 * (forward + batch_size * heads)
 
 
 def measured_matmul_peak(size: int = 2048) -> float:
