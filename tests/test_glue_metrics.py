@@ -1,4 +1,4 @@
-"""GLUE metrics against scikit-learn and scipy, and the labelled averages."""
+"""GLUE metrics (and ELECTRA's discriminator AUC) against scikit-learn and scipy, and the labelled averages."""
 import numpy as np
 import pytest
 import scipy.stats
@@ -159,3 +159,19 @@ def test_degenerate_predictions_are_named():
   assert metrics.degenerate("STS-B", np.array([2.5, 2.504, 2.509])) == "a constant score (2.500 to 2.509)"
   assert metrics.degenerate("STS-B", np.array([2.5, 2.52])) is None
   assert metrics.degenerate("RTE", np.array([0.0, np.nan])) is None
+
+
+@pytest.mark.parametrize("decimals", [None, 1, 0])
+def test_discriminator_auc_matches_sklearn(decimals):
+  """ELECTRA's disc_auc (`objectives.binary_auc`) over the weighted positions, with scores that tie (rounded, or
+  all equal): ties ranked at their mean rank, as scikit-learn does (broken by position before: 0.47 for a
+  constant score)."""
+  from tupe.train import objectives  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(0)
+  scores = rng.normal(size=(4, 50)) + (rng.random((4, 50)) < 0.3)
+  labels = (rng.random((4, 50)) < 0.3).astype(np.float32)
+  weights = (rng.random((4, 50)) < 0.8).astype(np.float32)
+  for case in (scores if decimals is None else np.round(scores, decimals), np.zeros_like(scores)):
+    valid = weights > 0
+    ours = float(objectives.binary_auc(case.astype(np.float32), labels, weights))
+    assert ours == pytest.approx(sk.roc_auc_score(labels[valid], case[valid]), abs=1e-6)

@@ -50,11 +50,14 @@ def weighted_cross_entropy(logits, labels, weights, denom=None):
 
 
 def binary_auc(scores, labels, weights):
-  """ROC AUC of `scores` for binary `labels` over positions with weight 1 (ties broken by order); all three of
-  one shape, e.g. [batch, length]."""
+  """ROC AUC of `scores` for binary `labels` over positions with weight 1, all three of one shape, e.g. [batch,
+  length]: the Mann-Whitney statistic, tied scores ranked at their mean rank (a tie counts one half, as in
+  scikit-learn's roc_auc_score; a constant score gives 0.5)."""
   scores = jnp.where(weights > 0, scores, -jnp.inf).reshape(-1)
   labels = (labels * weights).reshape(-1)
-  ranks = jnp.argsort(jnp.argsort(scores)).astype(jnp.float32) + 1.0
+  ordered = jnp.sort(scores)
+  first, after = jnp.searchsorted(ordered, scores, "left"), jnp.searchsorted(ordered, scores, "right")
+  ranks = (first + after + 1).astype(jnp.float32) / 2  # the mean of the 1-based ranks first+1 ... after
   n_invalid = (weights <= 0).sum()
   n_pos = labels.sum()
   n_neg = (weights > 0).sum() - n_pos
