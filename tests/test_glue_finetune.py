@@ -512,7 +512,7 @@ def test_a_degenerate_run_is_flagged(pretrained, glue_dir, tmp_path, capsys):
   assert results["runs"][0]["degenerate"] == "all one class (entailment)"
   assert results["tasks"]["RTE"]["n_degenerate"] == 1
   markdown = (workdir / "results.md").read_text()
-  assert "**52.71 (52.71-52.71, 1 seed, 1 degenerate)**" in markdown
+  assert "**52.71 (52.71 to 52.71, 1 seed, 1 degenerate)**" in markdown
   assert "- RTE lr 0.001 seed 0: all one class (entailment)" in markdown
   warnings = [line for line in capsys.readouterr().out.splitlines() if "warning: degenerate" in line]
   assert warnings == ["[1/1] RTE lr 0.001 seed 0 | warning: degenerate dev predictions, RTE: all one class "

@@ -71,10 +71,11 @@ def test_markdown_table():
   lines = table.splitlines()
   assert lines[0] == "| task | score | lr 1e-05 | lr 2e-05 | lr 3e-05 | lr 5e-05 | best lr | metrics at best lr |"
   assert lines[1] == "|---|---|---|---|---|---|---|---|"
-  assert lines[2] == ("| CoLA | mcc | - | 60.00 (58.00-62.00, 5 seeds) | 70.00 (68.00-72.00, 5 seeds) | "
-                      "**80.00 (78.00-82.00, 5 seeds)** | 5e-05 | mcc 80.00 |")
-  assert lines[3].startswith("| RTE | accuracy | - | 75.00 (73.00-77.00, 5 seeds) | **80.00 (78.00-82.00, 5 seeds)** |")
-  assert lines[4] == "| WNLI | accuracy | **56.30 (56.30-56.30, 1 seed)** | - | - | - | 1e-05 | accuracy 56.30 |"
+  assert lines[2] == ("| CoLA | mcc | - | 60.00 (58.00 to 62.00, 5 seeds) | 70.00 (68.00 to 72.00, 5 seeds) | "
+                      "**80.00 (78.00 to 82.00, 5 seeds)** | 5e-05 | mcc 80.00 |")
+  assert lines[3].startswith("| RTE | accuracy | - | 75.00 (73.00 to 77.00, 5 seeds) | "
+                             "**80.00 (78.00 to 82.00, 5 seeds)** |")
+  assert lines[4] == "| WNLI | accuracy | **56.30 (56.30 to 56.30, 1 seed)** | - | - | - | 1e-05 | accuracy 56.30 |"
   assert all(line.count("|") == lines[0].count("|") for line in lines[:5])
   assert ("- TUPE average over 2 of 9 tasks, partial "
           "(missing: MNLI-m, MNLI-mm, QNLI, QQP, SST-2, MRPC, STS-B): 80.00") in lines
@@ -115,7 +116,7 @@ def test_diverged_runs_count_as_the_worst_score(tmp_path):
   lines = report.markdown_table(records).splitlines()
   assert lines[3] == ("| STS-B | pearson | **diverged (1 seed, 1 diverged)** | - | - | 2e-05 | pearson diverged, "
                       "spearman diverged |")
-  assert lines[4] == ("| RTE | accuracy | **70.00 (70.00-71.00, 3 seeds, 1 diverged)** | diverged (90.00-90.00, "
+  assert lines[4] == ("| RTE | accuracy | **70.00 (70.00 to 71.00, 3 seeds, 1 diverged)** | diverged (90.00 to 90.00, "
                       "3 seeds, 2 diverged) | - | 2e-05 | accuracy 70.00 |")
   paths = report.write_report(tmp_path, records)
   assert paths["png"].read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
@@ -131,7 +132,7 @@ def test_degenerate_runs_are_marked():
   assert content["tasks"]["RTE"]["n_degenerate"] == 1 and content["tasks"]["RTE"]["by_lr"][0]["n_degenerate"] == 1
   assert [run["degenerate"] for run in content["runs"]] == ["all one class (entailment)", None]
   table = report.markdown_table(records)
-  assert "| **55.36 (52.71-58.00, 2 seeds, 1 degenerate)** |" in table
+  assert "| **55.36 (52.71 to 58.00, 2 seeds, 1 degenerate)** |" in table
   assert table.endswith("Degenerate runs (1): their dev predictions are all one class or a constant score, so their "
                         "scores are those of a model that learned nothing it shows.\n\n- RTE lr 0.0001 seed 0: all "
                         "one class (entailment)\n")

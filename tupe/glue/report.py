@@ -181,8 +181,8 @@ def _points(value: float | None) -> str:
 
 
 def _cell(result: LrResult) -> str:
-  """E.g. "80.00 (78.00-82.00, 5 seeds, 1 diverged)"."""
-  spread = "" if result.min is None else f"{result.min:.2f}-{result.max:.2f}, "
+  """E.g. "80.00 (78.00 to 82.00, 5 seeds, 1 diverged)": the median, then the range ("to": a bound may be negative)."""
+  spread = "" if result.min is None else f"{result.min:.2f} to {result.max:.2f}, "
   n = len(result.seeds)
   diverged = f", {result.n_diverged} diverged" if result.n_diverged else ""
   degenerate = f", {result.n_degenerate} degenerate" if result.n_degenerate else ""

@@ -200,7 +200,7 @@ def markdown(report: dict) -> str:
     for task in tasks:
       result = glue["tasks"].get(task)
       cells.append("-" if result is None else f"{_number(result['median'])} "
-                   f"({_number(result['min'])}-{_number(result['max'])})")
+                   f"({_number(result['min'])} to {_number(result['max'])})")
     rows.append([name] + cells + [_number(glue["average"])])
     paper = entry.get("paper_base")
     if paper:
