@@ -8,9 +8,11 @@ Per-task score, i.e. the one number per task that goes into an average:
     CoLA, Pearson for STS-B, accuracy for every other task (MRPC and QQP included). This is `metrics["score"]`,
     used to pick checkpoints and learning rates, and the number in the TUPE GLUE table.
   * ELECTRA/ConvBERT convention (ELECTRA paper, section 3.1): Matthews for CoLA, Spearman for STS-B, accuracy
-    for the rest. Used only for `glue_average`, on the runs that the TUPE score chose: one learning rate and seed
-    per task, picked by Pearson for STS-B and by MNLI's mean of matched and mismatched, then read with the ELECTRA
-    metric. A run chosen by the ELECTRA metric itself could differ where the two disagree.
+    for the rest. Used only for `glue_average`, at the learning rate the TUPE score chose for each task (by Pearson
+    for STS-B, by MNLI's mean of matched and mismatched): each metric's median over that learning rate's seeds
+    (`tupe.glue.report`), read with the ELECTRA metric. Each median is taken on its own, so STS-B's Spearman and
+    Pearson medians can come from different seeds; a learning rate chosen by the ELECTRA metric itself could
+    differ where the two disagree.
 GLUE's own leaderboard averages F1/accuracy and Pearson/Spearman pairs; neither paper does, so neither do we.
 
 A diverged model: every metric of predictions that are not all finite (NaN or inf scores; `model.prediction_values`
