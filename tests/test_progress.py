@@ -1,7 +1,9 @@
 """Progress on every wait: tokenizing a corpus shows bytes done, rate and ETA; loading a checkpoint and compiling
 say they have started; a busy workdir is reported before any data is read; the first Ctrl-C is acknowledged at once,
 and a second one stops the run at once, naming the last saved checkpoint, with exit status 130 and nothing saved
-lost, whatever the main thread is doing."""
+lost, whatever the main thread is doing. A progress line's loss and accuracy are means over its steps, as its rates
+are."""
+import json
 import os
 import re
 import signal
@@ -16,6 +18,8 @@ from tupe import console
 from tupe.data import examples
 from tupe.data import pipeline
 from tupe.store import lease
+from tupe.store import runlog
+from tupe.train import progress as progress_lib
 
 BOOKS = ("pride-and-prejudice_1342-0.txt", "frankenstein_84-0.txt", "dracula_345.txt")
 
@@ -104,3 +108,21 @@ def test_ctrl_c_is_acknowledged_at_once_and_a_second_stops_the_run_at_once(tmp_p
   out = run.stdout()
   assert out.index("compiling the train step...") < out.index(f"loading checkpoint 4 from {workdir}/checkpoints...")
   assert finished_steps(workdir) == [4] and int(checkpoint_state(workdir, 4)["step"]) == 4
+
+
+def test_a_progress_line_shows_means_over_its_steps(tmp_path, capsys):
+  """Every step's own values go to metrics.jsonl; the line every log_every steps shows the means of the loss,
+  accuracy and gradient norm over its steps (the last step's alone before, beside rates over all of them), and the
+  learning rate at its step."""
+  losses = [4.0, 3.0, 2.0, 1.0, 6.0, 5.0]
+  with runlog.MetricWriter(tmp_path, tensorboard=False) as writer:
+    steps = progress_lib.StepLog(writer, progress_lib.Progress(6, 128, 0.0, 0.0), log_every=4)
+    for step, loss in enumerate(losses, 1):
+      steps.push(step, {"loss": loss, "mlm_accuracy": loss / 10, "learning_rate": step * 1e-5})
+    steps.flush()
+  lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
+  assert [line.split(" | ")[0] for line in lines] == [
+      "step 4/6 loss 2.5000 mlm_accuracy 0.2500 (means of 4 steps) learning_rate 4.000e-05",
+      "step 6/6 loss 5.5000 mlm_accuracy 0.5500 (means of 2 steps) learning_rate 6.000e-05"]
+  rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  assert [row["loss"] for row in rows] == losses

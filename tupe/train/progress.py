@@ -18,6 +18,9 @@ from tupe.store.runlog import MetricWriter
 from tupe.train.job import itstime
 
 
+AVERAGED = ("loss", "mlm_accuracy", "disc_auc", "grad_norm")  # shown as means over a progress line's steps
+
+
 class Progress:
   """Prints `step/total loss ... steps/s tokens/s MFU ETA` lines, throughput over the last interval."""
 
@@ -42,10 +45,13 @@ class Progress:
     """Leaves the time spent since the last call (compilation, evaluation, checkpointing) out of the next rates."""
     self._t = time.perf_counter()
 
-  def line(self, step: int, metrics: dict, rates: dict) -> str:
+  def line(self, step: int, metrics: dict, rates: dict, steps: int = 1) -> str:
+    """The progress line after `step`: `metrics`' AVERAGED values (means over the line's `steps` steps), the
+    learning rate at `step`, and `rates` over the same steps."""
     eta = (self.total - step) / rates["steps_per_s"] if rates["steps_per_s"] else float("nan")
-    shown = " ".join(f"{k} {float(metrics[k]):.4f}" for k in ("loss", "mlm_accuracy", "disc_auc", "grad_norm")
-                     if k in metrics)
+    shown = " ".join(f"{k} {float(metrics[k]):.4f}" for k in AVERAGED if k in metrics)
+    if shown and steps > 1:
+      shown += f" (means of {steps} steps)"
     if "learning_rate" in metrics:  # Peak rates of 1e-4 and below: four decimals would show warmup as 0.0000.
       shown += f" learning_rate {float(metrics['learning_rate']):.3e}"
     real = f" ({rates['real_tokens_per_s']:,.0f} not padding)" if "real_tokens_per_s" in rates else ""
@@ -113,9 +119,10 @@ class StepLog:
   late, once the next step has been dispatched (`push`), so that reading them never leaves the device idle. Each
   step is written to the run's `MetricWriter` with its rates (`Progress.rates`: steps/s, tokens/s, MFU; the
   non-padding tokens/s when the metrics count `real_tokens`, examples/s when `examples_per_step` is given), and
-  every `log_every` steps, and at the last, a progress line is printed, after `prefix(step)`, with the rates over
-  the steps since the previous line (each step's amount over their summed times: one slow step among many does
-  not make the line's rates, and time outside the steps never counts). Every step's row goes to `nonfinite`, the
+  every `log_every` steps, and at the last, a progress line is printed, after `prefix(step)`, with the means of the
+  loss, accuracy and gradient norm over the steps since the previous line, and the rates over them (each step's
+  amount over their summed times: one slow step among many does not make the line's rates, and time outside the
+  steps never counts). Every step's row goes to `nonfinite`, the
   run's policy for steps the non-finite guard skipped, before its line (it may raise to stop the run).
   """
 
@@ -127,6 +134,7 @@ class StepLog:
     self.pending = None  # (step, metrics on the device) of the step in flight
     self.last = {}  # the row of the last step finished
     self.interval = {}  # since the last progress line: seconds in steps, and each rate's amount (rate x seconds)
+    self.sums, self.steps = {}, 0  # since the last progress line: the AVERAGED metrics' sums, over `steps` steps
 
   def push(self, step: int, metrics: dict) -> tuple[int, dict] | None:
     """Holds `step`'s metrics; finishes the step held before (`flush`) and returns what that returned."""
@@ -151,10 +159,15 @@ class StepLog:
     for key in ("seconds",) + RATES:
       if key == "seconds" or key in row:
         self.interval[key] = self.interval.get(key, 0.0) + (seconds if key == "seconds" else row[key] * seconds)
+    self.steps += 1
+    for key in AVERAGED:
+      if key in row:
+        self.sums[key] = self.sums.get(key, 0.0) + row[key]
     self.nonfinite(step, row)
     if itstime(step, self.log_every, self.progress.total):
       total = self.interval.pop("seconds")
       rates = {key: amount / total if total else 0.0 for key, amount in self.interval.items()}
-      log(self.prefix(step) + self.progress.line(step, row, rates))
-      self.interval = {}
+      means = {key: value / self.steps for key, value in self.sums.items()}
+      log(self.prefix(step) + self.progress.line(step, dict(row, **means), rates, self.steps))
+      self.interval, self.sums, self.steps = {}, {}, 0
     return step, row
