@@ -16,14 +16,12 @@ import ml_collections
 import numpy as np
 import optax
 
-from tupe import console
 from tupe import models
 from tupe.glue import backbone as backbone_lib
 from tupe.glue import data as glue_data
 from tupe.glue import encoding
 from tupe.glue import metrics as glue_metrics
 from tupe.glue import tasks as glue
-from tupe.train import compile_cache
 from tupe.train import core
 from tupe.train import flops as flops_lib
 from tupe.train import memory
@@ -140,16 +138,11 @@ def compile_train_step(cfg, setup: TaskSetup, train: dict, label: str) -> None:
   # With the batch's sharding, as `sharding.shard_batch` gives it, the runs' calls find this program in JAX's cache.
   batch = {name: jax.ShapeDtypeStruct((cfg.batch_size,) + array.shape[1:], array.dtype, sharding=setup.batch_sharding)
            for name, array in row.items()}
-  console.log(f"{label}: compiling the train step...")
-  with compile_cache.Watch() as watch:
-    compiled = setup.train_step.lower(setup.abstract_state, batch, jax.ShapeDtypeStruct((), jnp.float32)).compile()
-  console.log(f"{label}: train step {watch.line()}")
-  remedies = [f"lower batch_size (now {cfg.batch_size})",
-              f"raise grad_accum_steps (now {cfg.grad_accum_steps}: the batch is computed in that many microbatches)",
+  remedies = [f"lower batch_size (now {cfg.batch_size})", memory.accumulation_remedy(cfg.grad_accum_steps),
               f"lower max_seq_len (now {cfg.max_seq_len})", "or fine-tune a smaller model"]
-  for line in memory.check(compiled.memory_analysis(), f"the {label} train step", remedies, cfg.check_memory,
-                           setup.mesh.local_devices):
-    console.log(f"{label}: {line}")
+  memory.compile_checked(
+      lambda: setup.train_step.lower(setup.abstract_state, batch, jax.ShapeDtypeStruct((), jnp.float32)),
+      remedies, cfg.check_memory, setup.mesh.local_devices, task=label)
 
 
 def prediction_values(logits: np.ndarray, regression_scale: float) -> np.ndarray:

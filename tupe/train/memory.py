@@ -15,7 +15,9 @@ import os
 
 import jax
 
+from tupe import console
 from tupe.errors import UserError
+from tupe.train import compile_cache
 
 WARN_SHARE = 0.9  # A step that needs more than this share of the memory it may use gets a warning.
 MEMINFO = "/proc/meminfo"
@@ -91,6 +93,29 @@ def verdict(need_per_device: int, cap: Capacity) -> str:
   if need > cap.bytes:
     return "too big"
   return "tight" if need > WARN_SHARE * cap.bytes else "fits"
+
+
+def compile_checked(lower, remedies: list[str], enabled: bool, devices, task: str = ""):
+  """Compiles a train step ahead of its first batch and checks that it fits (`check`), a line for each: `lower()`
+  gives the lowered step; `task` names a GLUE task's step (its lines start with it). Returns the compiled step.
+
+  Raises:
+    UserError: the step needs more memory than the devices have (unless not `enabled`).
+  """
+  prefix = f"{task}: " if task else ""
+  console.log(f"{prefix}compiling the train step...")
+  with compile_cache.Watch() as watch:
+    compiled = lower().compile()
+  console.log(prefix + watch.line())  # the time, and whether it was compiled or loaded from the compilation cache
+  what = f"the {task} train step" if task else "the train step"
+  for line in check(compiled.memory_analysis(), what, remedies, enabled, devices):
+    console.log(prefix + line)
+  return compiled
+
+
+def accumulation_remedy(grad_accum_steps: int) -> str:
+  """The remedy every train step offers: more microbatches (`tupe.train.core.make_train_step`)."""
+  return f"raise grad_accum_steps (now {grad_accum_steps}: the batch is computed in that many microbatches)"
 
 
 def check(mem, what: str, remedies: list[str], enabled: bool = True, devices=None,

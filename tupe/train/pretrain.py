@@ -39,7 +39,6 @@ from tupe.store import checkpointer
 from tupe.store import meta as meta_lib
 from tupe.store import runlog
 from tupe.store import storage
-from tupe.train import compile_cache
 from tupe.train import core
 from tupe.train import curves
 from tupe.train import evaluation
@@ -131,29 +130,26 @@ def abstract_batch(setup: Setup) -> dict:
           "masked_ids": spec((b, p), jnp.int32), "masked_weights": spec((b, p), jnp.float32)}
 
 
+def lower_train_step(setup: Setup):
+  """The train step lowered for the setup's state and batch shapes, nothing allocated."""
+  return setup.train_step.lower(setup.abstract_state, abstract_batch(setup))
+
+
 def compile_train_step(setup: Setup):
-  """The train step compiled ahead of time for the setup's state and batch shapes (`memory_analysis()` gives its
-  memory before anything is allocated)."""
-  return setup.train_step.lower(setup.abstract_state, abstract_batch(setup)).compile()
+  """The train step compiled ahead of time (`memory_analysis()` gives its memory before anything is allocated)."""
+  return lower_train_step(setup).compile()
 
 
 def compile_checked(setup: Setup):
-  """`compile_train_step`, said as it starts and ends, and its memory checked (`tupe.train.memory.check`)."""
-  console.log("compiling the train step...")
-  with compile_cache.Watch() as watch:
-    compiled = compile_train_step(setup)
-  console.log(watch.line())  # the time, and whether it was compiled or loaded from the compilation cache
-  cfg = setup.cfg
-  for line in memory.check(compiled.memory_analysis(), "the train step", memory_remedies(cfg), cfg.check_memory,
-                           setup.mesh.local_devices):
-    console.log(line)
-  return compiled
+  """`compile_train_step`, said as it starts and ends, and its memory checked (`tupe.train.memory`)."""
+  return memory.compile_checked(lambda: lower_train_step(setup), memory_remedies(setup.cfg), setup.cfg.check_memory,
+                                setup.mesh.local_devices)
 
 
 def memory_remedies(cfg) -> list[str]:
   """What lowers a train step's memory, in the order to try (`tupe.train.memory.check`)."""
   return [f"lower global_batch_size (now {cfg.global_batch_size})",
-          f"raise grad_accum_steps (now {cfg.grad_accum_steps}: the batch is computed in that many microbatches)",
+          memory.accumulation_remedy(cfg.grad_accum_steps),
           f"set model.remat=full (now {cfg.model.remat}: activations recomputed in the backward pass)",
           smaller_size(cfg.model.size)]
 
