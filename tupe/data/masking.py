@@ -31,6 +31,11 @@ def default_max_predictions(seq_len: int, mask_prob: float) -> int:
   return max(1, math.ceil(mask_prob * seq_len - 1e-9))
 
 
+def max_predictions(data_cfg, seq_len: int) -> int:
+  """Predictions per example P of a data config: data.max_predictions, or if 0 `default_max_predictions`."""
+  return data_cfg.max_predictions or default_max_predictions(seq_len, data_cfg.mask_prob)
+
+
 class Masker:
   """Masks batches of padded examples.
 

@@ -162,8 +162,8 @@ class PretrainData:
         fix = "use a bigger corpus" + (" or a larger data.eval_fraction" if split == "eval" else "")
       raise UserError(f"the {split} split has 0 examples: {fix}"
                       + ("; or train without evaluations: --config.eval_every=0" if split == "eval" else ""))
-    max_predictions = self.cfg.max_predictions or masking.default_max_predictions(seq_len, self.cfg.mask_prob)
-    self.masker = masking.Masker(self.info, self.cfg.masking, self.cfg.mask_prob, max_predictions,
+    self.masker = masking.Masker(self.info, self.cfg.masking, self.cfg.mask_prob,
+                                 masking.max_predictions(self.cfg, seq_len),
                                  self.cfg.whole_word, segment_pairs=self.cfg.packing == "segment_pair")
 
   def __len__(self) -> int:

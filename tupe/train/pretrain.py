@@ -53,7 +53,8 @@ from tupe.train import sharding
 
 
 def num_predictions(cfg) -> int:
-  return cfg.data.max_predictions or masking.default_max_predictions(cfg.seq_len, cfg.data.mask_prob)
+  """Masked positions per example (`tupe.data.masking.max_predictions`)."""
+  return masking.max_predictions(cfg.data, cfg.seq_len)
 
 
 def resolve_vocab_size(cfg, vocab_size: int) -> None:
