@@ -30,6 +30,32 @@ def epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
   return np.random.default_rng([seed, epoch]).permutation(n)
 
 
+class DevEvaluations:
+  """A run's dev evaluations (`__call__(step, params)`): each written to its metrics with an `eval_` prefix and
+  said in a line; the best one (a non-finite score below every finite one) and a copy of its parameters kept."""
+
+  def __init__(self, cfg, setup: task_model.TaskSetup, data: glue_data.TaskData, writer: runlog.MetricWriter,
+               label: str):
+    self.cfg, self.setup, self.data, self.writer, self.label = cfg, setup, data, writer, label
+    self.history: list[dict] = []  # {step, epoch, score, dev_loss} of each evaluation
+    self.best: dict | None = None  # the best evaluation's history entry, its metrics and degenerate predictions
+    self.best_params = None
+
+  def __call__(self, step: int, params) -> None:
+    score, results, dev_loss, degenerate = task_model.evaluate(self.setup, params, self.data, self.cfg)
+    self.history.append({"step": step, "epoch": round(step / self.setup.steps_per_epoch, 3), "score": score,
+                         "dev_loss": dev_loss})
+    self.writer.write(step, {"score": score, "loss": dev_loss, **{
+        f"{name}_{metric}": value for name, metrics in results.items() for metric, value in metrics.items()
+        if metric != "score"}}, prefix="eval_")
+    if self.best is None or glue_metrics.ranking_score(score) > glue_metrics.ranking_score(self.best["score"]):
+      self.best = dict(self.history[-1], metrics=results, degenerate=degenerate)
+      self.best_params = jax.tree_util.tree_map(lambda x: x.copy(), params)
+    shown = ", ".join(f"{name} {m['score']:.2f}" for name, m in results.items())
+    console.log(f"{self.label} | dev at step {step} (epoch {self.history[-1]['epoch']:g}): {shown}, loss "
+                f"{dev_loss:.4f} | best {self.best['score']:.2f} at step {self.best['step']}")
+
+
 def finetune(cfg, setup: task_model.TaskSetup, data: glue_data.TaskData, encoder, lr: float, seed: int, label: str,
              run_dir: storage.Path, peak_flops: float, after_step: Callable[[int], None] = lambda step: None):
   """One run. Returns (its runs.jsonl record, test predictions {evaluation: (idx, values)} of the kept params,
@@ -60,7 +86,7 @@ def finetune(cfg, setup: task_model.TaskSetup, data: glue_data.TaskData, encoder
   # Dev evaluations: evals_per_epoch evenly spaced per epoch, and always after the last step.
   evals_every = fractions.Fraction(spe, cfg.evals_per_epoch) if cfg.evals_per_epoch else 0
   lr_array = jnp.asarray(lr, float)  # float32; float64 under JAX's x64 mode (glue_parity --float64)
-  best, best_params, history, epoch_losses = None, None, [], []
+  epoch_losses = []
   progress = progress_lib.Progress(setup.total_steps, cfg.batch_size * cfg.max_seq_len, setup.flops_per_step,
                                    peak_flops)
   step = 0
@@ -69,6 +95,7 @@ def finetune(cfg, setup: task_model.TaskSetup, data: glue_data.TaskData, encoder
     steps = progress_lib.StepLog(writer, progress, cfg.log_every, examples_per_step=cfg.batch_size,
                                  prefix=lambda s: f"{label} | epoch {math.ceil(s / spe)}/{epochs} ",
                                  nonfinite=nonfinite)
+    dev = DevEvaluations(cfg, setup, data, writer, label)
     for epoch in range(epochs):
       order = epoch_order(seed, epoch, n)
       losses = []
@@ -87,24 +114,14 @@ def finetune(cfg, setup: task_model.TaskSetup, data: glue_data.TaskData, encoder
         steps.push(step, dict(metrics, epoch=step / spe))
         if job_lib.itstime(step, evals_every, setup.total_steps):
           steps.flush()
-          score, results, dev_loss, degenerate = task_model.evaluate(setup, state.params, data, cfg)
-          history.append({"step": step, "epoch": round(step / setup.steps_per_epoch, 3), "score": score,
-                          "dev_loss": dev_loss})
-          writer.write(step, {"score": score, "loss": dev_loss, **{
-              f"{name}_{metric}": value for name, metrics in results.items() for metric, value in metrics.items()
-              if metric != "score"}}, prefix="eval_")
-          if best is None or glue_metrics.ranking_score(score) > glue_metrics.ranking_score(best["score"]):
-            best = dict(history[-1], metrics=results, degenerate=degenerate)
-            best_params = jax.tree_util.tree_map(lambda x: x.copy(), state.params)
-          shown = ", ".join(f"{name} {m['score']:.2f}" for name, m in results.items())
-          console.log(f"{label} | dev at step {step} (epoch {history[-1]['epoch']:g}): {shown}, loss {dev_loss:.4f} "
-                      f"| best {best['score']:.2f} at step {best['step']}")
+          dev(step, state.params)
           jax.block_until_ready(state)  # The rates restart after the evaluation, from this step.
           progress.restart_clock()
         after_step(step)
       epoch_loss = np.asarray(jax.device_get(losses))
       epoch_losses.append(float(epoch_loss.mean()))
     steps.flush()
+  best, best_params = dev.best, dev.best_params
   diverged = not math.isfinite(best["score"])
   predictions = {}
   for ev, arrays in [] if diverged else data.test:
@@ -116,6 +133,6 @@ def finetune(cfg, setup: task_model.TaskSetup, data: glue_data.TaskData, encoder
             "epochs": epochs,
             "train_examples": n, "train_loss": epoch_losses,
             "train_loss_nonfinite_from_step": nonfinite.first_nonfinite_loss, "nonfinite_steps": nonfinite.skipped,
-            "dev_history": history,
+            "dev_history": dev.history,
             "seconds": round(time.perf_counter() - start, 1)}
   return record, predictions, best_params

@@ -288,12 +288,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
     setup = build(cfg, devices)
     rows = sharding.host_rows(setup.mesh, cfg.global_batch_size)
     evaluate = evaluation.Evaluator(setup, eval_data, rows) if eval_data is not None else None
-    console.log(describe(setup, train_data, rows))
-    console.log(train_data.fill_line())
-    if evaluate is not None:
-      console.log(evaluate.describe())
-    if warning := epochs_warning(cfg, len(train_data)):
-      console.log(warning)
+    log_start(setup, train_data, evaluate, rows)
     # Before the state is loaded or created: a step that cannot fit is refused before anything big is allocated.
     # A run whose newest checkpoint has reached the last step needs no step (unless that checkpoint is damaged).
     finished = checkpoint.newest_step(workdir / "checkpoints") >= cfg.num_train_steps
@@ -308,18 +303,9 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
     job.started()  # The checkpoint is accepted: from here on the workdir is this run's.
     if jax.process_index() == 0:
       storage.write_text(workdir / "config.json", cfg.to_json_best_effort(indent=2))
-    if restored is None:
-      state, start = setup.init_state(), 0
-      if ckpt.interrupted or storage.exists(workdir / "metrics.jsonl"):  # Trained before, but saved nothing.
-        console.log(f"warning: no finished checkpoint in {ckpt.directory}: training starts again from step 0")
-    else:
-      start, state, saved_meta = restored
-      console.log(f"resumed from checkpoint {start} in {ckpt.directory}")
-      resume.warn_changed_settings(setup.lr_schedule, start, saved_meta.config, meta.config)
-      if start >= cfg.num_train_steps:
-        console.log(f"checkpoint {start} has reached num_train_steps={cfg.num_train_steps}: nothing to train (raise "
-                    f"--config.num_train_steps to train on)")
-        return {}
+    if (begun := start_from(setup, ckpt, restored, meta, workdir)) is None:
+      return {}
+    start, state = begun
     if compiled is None:  # The newest checkpoint was damaged: an older one, before the last step, was restored.
       compiled = compile_checked(setup)
     train_iter = train_data.iterator(batch_size=cfg.global_batch_size, seed=cfg.seed, rows=rows, start_batch=start)
@@ -367,6 +353,34 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
                 + (f", curves {drawn}" if drawn else "")
                 + (f"; TensorBoard: tensorboard --logdir {workdir / 'tensorboard'}" if cfg.tensorboard else ""))
   return steps.last
+
+
+def log_start(setup: Setup, train_data, evaluate, rows: tuple[int, int]) -> None:
+  """The start-up lines: the run (`describe`), its data, its evaluations, and a warning for many epochs."""
+  console.log(describe(setup, train_data, rows))
+  console.log(train_data.fill_line())
+  if evaluate is not None:
+    console.log(evaluate.describe())
+  if warning := epochs_warning(setup.cfg, len(train_data)):
+    console.log(warning)
+
+
+def start_from(setup: Setup, ckpt, restored, meta, workdir):
+  """(step, state) to train from: the restored checkpoint's (`ckpt.restore_latest`), its settings changed since
+  named, or step 0's, with a warning when the workdir trained before but saved nothing; None, said in a line, when
+  the checkpoint has reached num_train_steps."""
+  if restored is None:
+    if ckpt.interrupted or storage.exists(workdir / "metrics.jsonl"):
+      console.log(f"warning: no finished checkpoint in {ckpt.directory}: training starts again from step 0")
+    return 0, setup.init_state()
+  start, state, saved_meta = restored
+  console.log(f"resumed from checkpoint {start} in {ckpt.directory}")
+  resume.warn_changed_settings(setup.lr_schedule, start, saved_meta.config, meta.config)
+  if start >= setup.cfg.num_train_steps:
+    console.log(f"checkpoint {start} has reached num_train_steps={setup.cfg.num_train_steps}: nothing to train "
+                f"(raise --config.num_train_steps to train on)")
+    return None
+  return start, state
 
 
 def describe(setup: Setup, train_data, rows: tuple[int, int]) -> str:
