@@ -109,7 +109,7 @@ def plain_step_compile_seconds(cfg, vocab: int, num_predictions: int) -> tuple[f
 
 def demo_step_compile_seconds(cfg) -> tuple[float, float, float]:
   """Builds the demo's train step (`tupe.train.pretrain.build`), then times lowering and compiling it, as
-  `pretrain.compile_train_step` does."""
+  train.py does (`pretrain.compile_checked`)."""
   from tupe.train import pretrain
   setup = pretrain.build(cfg)
   return timed_lower_and_compile(setup.train_step, setup.abstract_state, pretrain.abstract_batch(setup))

@@ -54,7 +54,7 @@ def measure(spec: str, mesh: dict, train: bool) -> dict:
             "devices": jax.device_count(), "parameters": models.param_count(setup.abstract_state.params),
             "state_bytes_per_device": init.output_size_in_bytes, **state_bytes(setup)}
   if train:
-    compiled = pretrain.compile_train_step(setup)
+    compiled = pretrain.lower_train_step(setup).compile()
     mem = compiled.memory_analysis()
     record.update(global_batch=cfg.global_batch_size, seq=cfg.seq_len,
                   train_argument_bytes_per_device=mem.argument_size_in_bytes,

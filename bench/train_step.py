@@ -56,7 +56,7 @@ class Runner:
     bench.progress(f"compiling the {cfg.model.name} {cfg.model.size} train step ({cfg.global_batch_size} x "
                    f"{cfg.seq_len})")
     start = time.perf_counter()
-    self.compiled = pretrain.compile_train_step(self.setup)
+    self.compiled = pretrain.lower_train_step(self.setup).compile()
     self.compile_time_s = time.perf_counter() - start
     bench.progress(f"compiled in {self.compile_time_s:.1f} s")
     self.memory = self.compiled.memory_analysis()

@@ -25,7 +25,7 @@ from tupe.glue import tasks as glue
 from tupe.run.process import run_main
 from tupe.store import checksums
 from tupe.study import heldout
-from tupe.train import objectives
+from tupe.train import pretrained
 from tupe.tools import predict as predict_tool
 
 # 64 training rows in batches of 16, two epochs, one learning rate, two seeds: seconds per run.
@@ -217,7 +217,7 @@ def test_a_kept_model_is_not_scored_as_a_pre_training_checkpoint(grid, tmp_path)
   with pytest.raises(UserError, match=refused):
     heldout.evaluate(str(grid / "models" / "RTE"), str(text))
   with pytest.raises(UserError, match=refused):  # the analysis tool's reader (it labelled the task as a step)
-    objectives.load_encoder(grid / "models" / "RTE")
+    pretrained.load_encoder(grid / "models" / "RTE")
   with pytest.raises(UserError, match=f"; it is an eval_glue.py workdir: give one of its kept models, "
                                       f"{grid / 'models'}/<TASK>$"):  # the workdir itself, to export or score
     heldout.evaluate(str(grid), str(text))
@@ -277,12 +277,13 @@ def test_save_models_all_and_none(pretrained, glue_dir, tmp_path):
   assert not list((tmp_path / "none" / "runs").glob("*/model"))
 
 
-def test_mnli_keeps_one_model_scored_on_matched_and_mismatched(pretrained, tmp_path):
+def test_mnli_keeps_one_model_scored_on_matched_and_mismatched(pretrained, tmp_path, monkeypatch):
   """MNLI (its files written by `python -m tupe.glue.download` under tfds.testing.mock_data: ../shared/data has no
   MNLI) ends in one model, models/MNLI, whose run records both dev evaluations; predict with it on
   dev_matched.tsv and on dev_mismatched.tsv scores what the run recorded for MNLI-m and MNLI-mm."""
   tfds = pytest.importorskip("tensorflow_datasets")
   from tupe.glue import download  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(download, "check_network", lambda urls: None)  # mock data needs no network (nor has one here)
   with tfds.testing.mock_data(num_examples=48):
     run_main(download.main, ["download", "--data-dir", str(tmp_path / "glue"), "--tasks", "mnli"])
   cfg = grid_config(pretrained, tmp_path / "glue", tasks="mnli", seeds=(0,), predict_test=False)

@@ -15,7 +15,7 @@ from tupe.errors import UserError
 from tupe.hf import load
 from tupe.store import checkpoint as checkpoint_lib
 from tupe.store import storage
-from tupe.train import objectives
+from tupe.train import pretrained
 from tupe.train import sharding
 
 
@@ -70,7 +70,7 @@ def _random_backbone(cfg):
 def _checkpoint_backbone(cfg):
   step_dir = checkpoint_lib.latest_step_dir(cfg.init_checkpoint)
   meta = checkpoint_lib.load_meta(step_dir)
-  objectives.check_pretrained(meta, step_dir)  # (a classifier kept by eval_glue.py reads as a checkpoint too)
+  pretrained.check_pretrained(meta, step_dir)  # (a classifier kept by eval_glue.py reads as a checkpoint too)
   model_cfg, trained_tokens = ml_collections.ConfigDict(meta.config["model"]), meta.vocab
   source = f"checkpoint {step_dir}"
   if not (trained_tokens or cfg.vocab_file):
@@ -128,7 +128,7 @@ def encoder_params(backbone: Backbone, mesh, rules):
   abstract = jax.eval_shape(lambda: models.init_module(models.Encoder(backbone.cfg), backbone.cfg, boxed=True))
   shardings = sharding.logical_shardings(abstract, mesh, rules)
   if backbone.checkpoint is not None:
-    return objectives.load_encoder(backbone.checkpoint, shardings)[1]
+    return pretrained.load_encoder(backbone.checkpoint, shardings)[1]
   return jax.device_put(backbone.params, shardings)
 
 

@@ -9,7 +9,7 @@ A checkpoint step directory holds (`tupe.store.meta` lists the older layouts, wh
 Writing them, and train.py's resume, is `tupe.store.checkpointer`'s.
 
 Every reader but train.py's resume goes through `_load_newest` (behind `load_meta`, `load_params` and so
-`objectives.load_encoder`, and `latest_step_dir`): a checkpoint whose files are missing, unlisted or differ from
+`pretrained.load_encoder`, and `latest_step_dir`): a checkpoint whose files are missing, unlisted or differ from
 their checksums, whose checksums.json is missing (layout 2, or beside checkpoints that carry one) or unreadable, or
 whose metadata or arrays do not load, is skipped with a one-line warning naming the step and the file, and the
 newest intact one is used (only train.py, which owns the workdir, renames it aside); a damaged checkpoint named

@@ -21,8 +21,8 @@ from tupe.errors import UserError
 from tupe.store import checkpoint
 from tupe.store import storage
 from tupe.train import evaluation
-from tupe.train import objectives
 from tupe.train import pretrain
+from tupe.train import pretrained
 
 METRICS = ("mlm_loss", "mlm_accuracy", "disc_loss", "disc_accuracy", "disc_auc")
 
@@ -65,7 +65,7 @@ def evaluate(checkpoint_path: str, text_file: str, seed: int = 0, max_examples: 
                     f"give a UTF-8 text file")
   step_dir = checkpoint.latest_step_dir(checkpoint_path)
   meta, params = checkpoint.load_params(step_dir)
-  objectives.check_pretrained(meta, step_dir)
+  pretrained.check_pretrained(meta, step_dir)
   cfg = ml_collections.ConfigDict(meta.config)
   if not meta.vocab:
     raise UserError(f"{step_dir} holds no vocab (pre-trained on synthetic data): it cannot read text")

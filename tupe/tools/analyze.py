@@ -43,7 +43,7 @@ from tupe.store import checkpoint
 from tupe.store import storage
 from tupe.study import analysis
 from tupe.train import compile_cache
-from tupe.train import objectives
+from tupe.train import pretrained
 
 DEFAULT_MAX_LEN = 128
 MAX_BATCH = 8
@@ -225,7 +225,7 @@ def load_model(args, workspace: storage.Path):
       raise UserError(f"{args.hf_convbert} has no vocab.txt: pass the model's vocab with --vocab")
     lowercase, label = not args.cased, f"HF ConvBERT {storage.path(args.hf_convbert).name}"
   else:
-    cfg, params, vocab = objectives.load_encoder(args.checkpoint)
+    cfg, params, vocab = pretrained.load_encoder(args.checkpoint)
     step_dir = checkpoint.latest_step_dir(args.checkpoint)
     lowercase = not args.cased and _checkpoint_lowercase(step_dir)
     if args.vocab:

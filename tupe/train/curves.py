@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 
+from tupe import console
 from tupe import present
 from tupe.errors import UserError
 from tupe.store import runlog
@@ -104,3 +105,15 @@ def plot_runs(runs: dict[str, list[dict]], path: storage.PathLike, smoothing: fl
   figure.tight_layout()
   storage.write_png(path, figure)
   return [title for _, title, _ in panels]
+
+
+def draw_run(workdir: storage.Path) -> storage.Path | None:
+  """Draws a run's training curves into <workdir>/curves.png, at its end; None, after a warning line, if it could
+  not (the run's results stand without them)."""
+  path = workdir / "curves.png"
+  try:
+    plot_runs({workdir.name: read_run(workdir)}, path)
+  except (UserError, OSError) as e:
+    console.log(f"warning: no curves drawn ({e})")
+    return None
+  return path

@@ -136,13 +136,9 @@ def lower_train_step(setup: Setup):
   return setup.train_step.lower(setup.abstract_state, abstract_batch(setup))
 
 
-def compile_train_step(setup: Setup):
-  """The train step compiled ahead of time (`memory_analysis()` gives its memory before anything is allocated)."""
-  return lower_train_step(setup).compile()
-
-
 def compile_checked(setup: Setup):
-  """`compile_train_step`, said as it starts and ends, and its memory checked (`tupe.train.memory`)."""
+  """The train step compiled ahead of time, said as it starts and ends, and its memory checked before anything is
+  allocated (`tupe.train.memory`)."""
   return memory.compile_checked(lambda: lower_train_step(setup), memory_remedies(setup.cfg), setup.cfg.check_memory,
                                 setup.mesh.local_devices)
 
@@ -344,7 +340,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
       ckpt.save(step, state, meta, force=True)
     if jax.process_index() == 0 and not (stop and step < total):  # Under the job's lease, as every write.
       writer.flush()
-      drawn = write_curves(workdir) if cfg.curves else None
+      drawn = curves.draw_run(workdir) if cfg.curves else None
   if stop and step < total:  # Raised once the checkpointer has closed: the save is complete.
     raise Preempted(f"stopped by {signals.name(stop)} at step {step} of {total}, with a checkpoint there; rerun "
                     f"the same command to resume", stop)
@@ -395,14 +391,3 @@ def describe(setup: Setup, train_data, rows: tuple[int, int]) -> str:
           f"{cfg.grad_accum_steps} accumulation steps) x {cfg.seq_len} tokens; {len(train_data)} training examples"
           + (f", batched by {cfg.data.num_workers} data worker process{'es' * (cfg.data.num_workers > 1)}"
              if cfg.data.num_workers else ""))
-
-
-def write_curves(workdir: storage.Path) -> storage.Path | None:
-  """Draws the run's training curves into <workdir>/curves.png (`tupe.train.curves`); None if it could not."""
-  path = workdir / "curves.png"
-  try:
-    curves.plot_runs({workdir.name: curves.read_run(workdir)}, path)
-  except (UserError, OSError) as e:
-    console.log(f"warning: no curves drawn ({e})")
-    return None
-  return path
