@@ -340,9 +340,9 @@ def test_bias_gradients_are_summed_in_float32():
   class Biases(nn.Module):
     @nn.compact
     def __call__(self, x):
-      stacked = layers.stacked_dense(cfg, x, [layers.DenseParams(cfg, x.shape[-1], (8,), ("embed", "mlp"),
-                                                                 name=n)() for n in ("a", "b")])
-      return [layers.dense(cfg, 8, ("embed", "mlp"), name="dense")(x), *stacked,
+      stacked = layers.stacked_dense(cfg, x, [layers.DenseParams(cfg, x.shape[-1], (2, 4), ("embed", "heads", "kv"),
+                                                                 name=n)() for n in ("a", "b")])  # 2 heads of 4
+      return [layers.dense(cfg, 8, ("embed", "mlp"), name="dense")(x), *(y.reshape(64, 128, 8) for y in stacked),
               layers.GroupedDense(cfg, 8, ("embed", "mlp"), name="grouped")(x)]
 
   module = Biases()
@@ -351,7 +351,7 @@ def test_bias_gradients_are_summed_in_float32():
   grads = jax.jit(jax.grad(loss))(params)
   for name in ("dense", "a", "b", "grouped"):
     assert grads[name]["bias"].dtype == jnp.float32
-    np.testing.assert_allclose(np.asarray(grads[name]["bias"]), want, rtol=1e-4, err_msg=name)
+    np.testing.assert_allclose(np.asarray(grads[name]["bias"]).reshape(8), want, rtol=1e-4, err_msg=name)
 
 
 def test_stacked_dense_is_separate_dense_layers():

@@ -187,7 +187,7 @@ class DenseParams(nn.Module):
 
 
 def stacked_dense(cfg, x: jax.Array, params: Sequence[tuple[jax.Array, jax.Array]]) -> list[jax.Array]:
-  """Several dense layers of one input as one matrix product, e.g. attention's query, key and value.
+  """Several dense layers of one input to heads as one matrix product: attention's query, key and value.
 
   The kernels are stacked on a new axis that no sharding rule splits, so sharded feature axes (heads under
   tensor parallelism) stay local; the backward pass is one product for the input's gradient instead of one
@@ -195,16 +195,15 @@ def stacked_dense(cfg, x: jax.Array, params: Sequence[tuple[jax.Array, jax.Array
 
   Args:
     x: [..., in].
-    params: (kernel [in, *features], bias [*features]) per layer, from `DenseParams`.
+    params: (kernel [in, heads, head_dim], bias [heads, head_dim]) per layer, from `DenseParams`.
 
   Returns:
-    one [..., *features] per layer, in the compute dtype.
+    one [..., heads, head_dim] per layer, in the compute dtype.
   """
   dtype = compute_dtype(cfg)
-  kernel = jnp.stack([k for k, _ in params], axis=1).astype(dtype)   # [in, n, *features]
-  bias = jnp.stack([b for _, b in params])                            # [n, *features]
-  features = "abcdefgh"[:kernel.ndim - 2]
-  y = add_bias(jnp.einsum(f"...i,in{features}->...n{features}", x.astype(dtype), kernel), bias)
+  kernel = jnp.stack([k for k, _ in params], axis=1).astype(dtype)   # [in, n, heads, head_dim]
+  bias = jnp.stack([b for _, b in params])                            # [n, heads, head_dim]
+  y = add_bias(jnp.einsum("...i,inhd->...nhd", x.astype(dtype), kernel), bias)
   return [jax.lax.index_in_dim(y, i, axis=x.ndim - 1, keepdims=False) for i in range(len(params))]
 
 

@@ -11,15 +11,15 @@ from tupe.models import heads
 
 
 def gather_positions(x: jax.Array, positions: jax.Array) -> jax.Array:
-  """x [batch, length, hidden], positions int [batch, P] in [0, length) -> [batch, P, hidden], exactly.
+  """x [batch, length, embed], positions int [batch, P] in [0, length) -> [batch, P, embed], exactly.
 
-  A one-hot batched matrix product ([batch, P, length] x [batch, length, hidden]: 2 * P * length * hidden
+  A one-hot batched matrix product ([batch, P, length] x [batch, length, embed]: 2 * P * length * embed
   FLOPs per sequence, under 0.1% of a step): XLA:GPU answered the batched gather of take_along_axis, whose
   gradient is a scatter, by laying the whole residual stream out batch-minor, with a transpose around every
   LayerNorm and dropout (`python -m bench.ablations --ablate gather`; docs/BENCHMARKS.md).
   """
   one_hot = jax.nn.one_hot(positions, x.shape[1], dtype=x.dtype)
-  return jnp.einsum("bpl,blh->bph", one_hot, x, precision=jax.lax.Precision.HIGHEST)
+  return jnp.einsum("bpl,ble->bpe", one_hot, x, precision=jax.lax.Precision.HIGHEST)
 
 
 class MaskedLM(nn.Module):
