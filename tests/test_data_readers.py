@@ -130,7 +130,7 @@ def test_report_counts_empty_documents():
   tallies["a.txt"].count_document(5, 0)
   tallies["a.txt"].count_document(10, 3)
   (line, total) = report.lines(tallies)
-  assert line == "input a.txt: kept 1 documents, 10 characters, 3 tokens; dropped 1 empty documents"
+  assert line == "input a.txt: kept 1 documents, 10 characters, 3 text tokens; dropped 1 empty documents"
   assert "dropped 1 empty documents, 0 undecodable bytes" in total
 
 

@@ -178,7 +178,8 @@ class PretrainData:
   def fill_line(self) -> str:
     """For the log: the split's examples, tokens and fill, then a line per input (what was kept and dropped)."""
     fill = ("fill unknown (written before token counts were stored)" if self.fill is None else
-            f"{self.examples.num_tokens:,} tokens, {self.fill:.1%} of the positions filled (the rest padding)")
+            f"{self.examples.num_tokens:,} tokens with [CLS] and [SEP], {self.fill:.1%} of the positions filled (the "
+            f"rest padding)")
     return "\n".join([f"{self.split} data: {len(self)} examples of up to {self.seq_len} tokens, {fill}",
                       *self.examples.report])
 

@@ -62,14 +62,14 @@ def lines(tallies: dict[str, Tally]) -> list[str]:
                                                (t.bad_records, "records without the text field"),
                                                (t.gutenberg_characters, "characters of Gutenberg licence"))
                if n]
-    out.append(f"input {name}: kept {t.documents:,} documents, {t.characters:,} characters, {t.tokens:,} tokens; "
+    out.append(f"input {name}: kept {t.documents:,} documents, {t.characters:,} characters, {t.tokens:,} text tokens; "
                f"dropped {', '.join(dropped) if dropped else 'nothing'}")
   total = Tally()
   for t in tallies.values():
     total.add(t)
   stripped = sum(t.gutenberg_characters > 0 for t in tallies.values())
   out.append(f"all {len(tallies)} inputs: kept {total.documents:,} documents, {total.characters:,} characters, "
-             f"{total.tokens:,} tokens; dropped {total.empty_documents:,} empty documents, "
+             f"{total.tokens:,} text tokens; dropped {total.empty_documents:,} empty documents, "
              f"{total.undecodable_bytes:,} undecodable bytes, {total.bad_records:,} bad records; "
              f"Project Gutenberg licence stripped from {stripped} files ({total.gutenberg_characters:,} characters)")
   return out
