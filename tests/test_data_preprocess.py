@@ -97,6 +97,12 @@ def test_mismatched_settings_are_refused(text_cfg, shard_dir, bert_vocab, tmp_pa
                                       r"without the text field: check data.format and data.text_field \(--format and "
                                       r"--text-field\)\ninput "):
     preprocess.preprocess(dict(text_cfg, files=str(plain), format="jsonl"), SEQ_LEN, str(tmp_path / "out"))
+  # Most records under another field: before, the one record with a "text" trained a model, with exit status 0.
+  body = tmp_path / "body.jsonl"
+  body.write_text("".join(f'{{"body": "Sentence {i} of a record."}}\n' for i in range(3)) + '{"text": "One."}\n')
+  with pytest.raises(UserError, match=r"^the corpus holds little text: 3 of 4 records were dropped as not a JSON "
+                                      r"object or without the text field: check data.format and data.text_field"):
+    preprocess.preprocess(dict(text_cfg, files=str(body), format="jsonl"), SEQ_LEN, str(tmp_path / "out"))
   assert [p for p in (tmp_path / "out").rglob("*") if p.is_file()] == []  # Nothing kept that blocks a rerun:
   preprocess.preprocess(text_cfg, SEQ_LEN, str(tmp_path / "out"))  # the same folder, on text.
   assert shards.read_metadata(tmp_path / "out")["num_examples"]["train"] > 0

@@ -130,17 +130,19 @@ def input_tallies(plan: dict, unit_tallies: list[dict[str, dict[str, int]]]) -> 
 
 
 def check_not_empty(num_examples: int, tallies: dict[str, Tally]) -> None:
-  """Raises UserError when the corpus gave no example: a first line that says why where the counts tell it (every
-  record dropped: a format or a text field that does not fit the files), then each input's counts."""
-  if num_examples:
-    return
+  """Raises UserError when the corpus gave no example, or when most of its records were dropped (a format or a text
+  field that does not fit the files: the few records left would train a model on almost nothing): a first line
+  that says why, then each input's counts."""
   bad = sum(t.bad_records for t in tallies.values())
-  if bad and not any(t.documents or t.empty_documents for t in tallies.values()):
-    why = (f"all {bad:,} records were dropped as not a JSON object or without the text field: check data.format "
-           f"and data.text_field (--format and --text-field)")
-  else:
-    why = "check the input files or dataset"
-  raise UserError(f"the corpus holds no text: {why}\n" + "\n".join(report.lines(tallies)))
+  read = bad + sum(t.documents + t.empty_documents for t in tallies.values())
+  fix = "check data.format and data.text_field (--format and --text-field)"
+  if bad > read / 2:
+    why = (f"{'all' if bad == read else f'{bad:,} of'} {read:,} records were dropped as not a JSON object or "
+           f"without the text field: {fix}")
+    raise UserError(f"the corpus holds {'no' if bad == read else 'little'} text: {why}\n"
+                    + "\n".join(report.lines(tallies)))
+  if not num_examples:
+    raise UserError("the corpus holds no text: check the input files or dataset\n" + "\n".join(report.lines(tallies)))
 
 
 def unit_examples(plan: dict, unit: int, tallies: dict[str, Tally]) -> Iterator[tuple[str, np.ndarray]]:
