@@ -76,6 +76,8 @@ def test_bad_files(tmp_path):
   assert corpus.read_text(only_license).strip() == ""
   with pytest.raises(UserError, match="no files match"):
     corpus.expand_globs(f"{tmp_path}/*.md")
+  with pytest.raises(UserError, match=f"^'{tmp_path}/' is a folder: name its files, e.g. '{tmp_path}/\\*.txt'"):
+    corpus.expand_globs(f"{tmp_path}/")  # ("no files match" before, for a folder that exists)
   with pytest.raises(UserError, match="no input files"):
     corpus.expand_globs(" , ")
 

@@ -43,6 +43,9 @@ def expand_globs(patterns: str) -> list[str]:
   for pattern in globs:
     matches = [str(p) for p in storage.glob(pattern if storage.is_remote(pattern) else str(storage.path(pattern)))
                if storage.is_file(p)]
+    if not matches and storage.is_dir(pattern):
+      raise UserError(f"{pattern!r} is a folder: name its files, e.g. '{pattern.rstrip('/')}/*.txt' (quoted, so the "
+                      f"shell leaves the glob alone)")
     if not matches:
       raise UserError(f"no files match {pattern!r}: check the path (quote globs so the shell leaves them alone)")
     paths.extend(m for m in matches if m not in paths)
