@@ -66,6 +66,7 @@ LOADER_ERRORS = [
     (["model.hiden_size=3"], "--config.model.hiden_size: the config has no field 'hiden_size' (did you mean "
                              "'hidden_size'?)"),
     (["sed=1"], "--config.sed: the config has no field 'sed' (did you mean 'seed'?)"),
+    (["SEED=1"], "--config.SEED: the config has no field 'SEED' (did you mean 'seed'?)"),  # (no suggestion before)
     (["model.hidden_size.x=1"], "--config.model.hidden_size.x: the config has no field 'x'"),
     (["model.hidden_size=abc"], "--config.model.hidden_size=abc: invalid literal for int()"),
     (["optimizer.learning_rate=fast"], "--config.optimizer.learning_rate=fast: could not convert string to float"),

@@ -62,7 +62,8 @@ def _check_override_keys(config: ml_collections.ConfigDict, argv: Sequence[str])
     for i, name in enumerate(override.removeprefix("--config.").split(".")):
       if not isinstance(node, ml_collections.ConfigDict) or name not in node:
         fields = list(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
-        close = difflib.get_close_matches(name, fields, n=1)
+        same_letters = [field for field in fields if field.lower() == name.lower()]  # epochs.RTE: epochs.rte
+        close = same_letters or difflib.get_close_matches(name, fields, n=1)
         raise UserError(f"{override}: the config has no field {name!r}"
                         + (f" (did you mean {close[0]!r}?)" if close else "") + "; see the fields in the config file")
       node = node[name]
