@@ -48,6 +48,13 @@ def main(argv: list[str]) -> None:
     raise UserError(f"the exporter needs PyTorch and transformers ({e}); install them, e.g. "
                     f"`pip install -r requirements-test.txt`") from None
   transformers.utils.logging.disable_progress_bar()
+  out = storage.path(args.out)  # checked before the checkpoint is read and verified
+  if storage.is_remote(out):
+    if storage.iterdir(out):
+      raise UserError(f"--out {out} is not empty; choose a new one")
+  else:
+    outputs.check_folder(out, "--out")  # (before: a traceback from the export's mkdir)
+    export.new_directory(out)
   if classifier.is_classifier(args.checkpoint):
     saved = classifier.load(args.checkpoint)  # Verified against its checksums first.
     source = f"the {saved.task.name} classifier {saved.directory}"
@@ -58,13 +65,9 @@ def main(argv: list[str]) -> None:
     step_dir = checkpoint.latest_step_dir(args.checkpoint)  # The newest intact one: a damaged one is skipped, said.
     source = f"checkpoint {step_dir.name} ({step_dir})"
     write = lambda out: export.export(step_dir, out)
-  out = storage.path(args.out)
   if not storage.is_remote(out):
-    outputs.check_folder(out, "--out")  # (before: a traceback from the export's mkdir)
     written = write(out)
   else:  # save_pretrained writes to local folders: the export is staged in one, then copied to the bucket
-    if storage.iterdir(out):
-      raise UserError(f"--out {out} is not empty; choose a new one")
     with tempfile.TemporaryDirectory() as staging:
       written = [out / str(directory).removeprefix(staging).lstrip("/") for directory in write(staging)]
       storage.copy_tree(staging, out)
