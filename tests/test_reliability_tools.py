@@ -130,8 +130,8 @@ def test_export_into_a_path_under_a_file_is_one_line(pretrained, tmp_path, capsy
   (tmp_path / "full" / "x").write_text("x\n")
   # A full --out is refused before the checkpoint is read (here: one that does not exist), not after.
   proc = tool("export_hf", ["--checkpoint", str(tmp_path / "nowhere"), "--out", str(tmp_path / "full")], capsys)
-  assert (proc.returncode, proc.stderr) == (2, f"error: --out {tmp_path / 'full'} exists and is not an empty directory; "
-                                               f"choose a new one\n")
+  assert (proc.returncode, proc.stderr) == (
+      2, f"error: --out {tmp_path / 'full'} exists and is not an empty directory; choose a new one\n")
 
 
 def test_export_names_the_step_it_fell_back_to(pretrained, tmp_path):
