@@ -320,8 +320,16 @@ def main(argv: list[str]) -> None:
   if config_files.entry_point(cfg) != "eval_glue.py":
     raise UserError(f"--config {args.config} is not a GLUE recipe: give configs/glue.py:<tupe|convbert>, as for "
                     f"eval_glue.py")
+  try:
+    import transformers  # pylint: disable=import-outside-toplevel
+  except ImportError as e:
+    raise UserError(f"the parity needs PyTorch and transformers ({e}): `pip install -r requirements-test.txt`") from None
+  # transformers' loading report lists the classifier head as missing (it is copied from ours), and its tokenizer
+  # warns of rows longer than max_seq_len (the check truncates them as we do): neither is a finding.
+  transformers.logging.set_verbosity_error()
   result = run(cfg, args.workdir, args.rtol, args.float64)
   print(markdown(result))
+  console.log(f"wrote {storage.path(args.workdir) / 'parity.json'} and parity.md beside it")
   if not result["passed"]:
     raise SystemExit(1)
 
