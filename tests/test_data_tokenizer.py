@@ -43,12 +43,18 @@ def test_trained_vocab_round_trips(shared_data, tmp_path, train):
     assert tok.decode(encoding.ids).replace(" ", "") == "".join(words)
 
 
-def test_train_command(shared_data, tmp_path):
+def test_train_command(shared_data, tmp_path, capsys):
+  """A vocab of another size than asked says why: the text's characters need more, a small text has fewer pieces."""
   output = tmp_path / "out" / "vocab.txt"
-  vocab.main(["vocab", "--input", str(shared_data / "corpus" / "nltk-gutenberg" / "blake-poems.txt"),
-              "--vocab-size", "1000", "--output", str(output)])
+  poems = str(shared_data / "corpus" / "nltk-gutenberg" / "blake-poems.txt")
+  vocab.main(["vocab", "--input", poems, "--vocab-size", "1000", "--output", str(output)])
   tokens = output.read_text().splitlines()
-  assert tokens[:5] == list(tokenizer.SPECIAL_TOKENS) and len(tokens) <= 1000
+  assert tokens[:5] == list(tokenizer.SPECIAL_TOKENS) and len(tokens) == 1000
+  assert capsys.readouterr().out == f"wrote {output} (1000 tokens)\n"
+  for size, words in (("10", "more than --vocab-size 10, to hold the special tokens and every character"),
+                      ("30522", "fewer than --vocab-size 30522, all the word pieces this text has")):
+    vocab.main(["vocab", "--input", poems, "--vocab-size", size, "--output", str(output)])
+    assert words in capsys.readouterr().out
   with pytest.raises(UserError, match="no files match"):
     vocab.main(["vocab", "--input", str(tmp_path / "nothing*.txt"), "--output", str(output)])
   corpus = tmp_path / "corpus.txt"

@@ -22,7 +22,13 @@ def main(argv: list[str]) -> None:
   outputs.check(args.output, "--output", "vocab.txt", tuple(("--input", entry["name"]) for entry in inputs))
   path = tokenizer.train_wordpiece(units.all_documents(source, inputs), args.vocab_size, args.output,
                                    lowercase=not args.cased)
-  print(f"wrote {path} ({len(tokenizer.read_vocab(path))} tokens)")
+  size = len(tokenizer.read_vocab(path))
+  why = ("" if size == args.vocab_size else
+         f": more than --vocab-size {args.vocab_size}, to hold the special tokens and every character of the text"
+         if size > args.vocab_size else
+         f": fewer than --vocab-size {args.vocab_size}, all the word pieces this text has; train with "
+         f"--config.model.vocab_size=0 (the model takes the tokenizer's size)")
+  print(f"wrote {path} ({size} tokens{why})")
 
 
 if __name__ == "__main__":
