@@ -288,7 +288,8 @@ def test_summary_counts_equal_parameter_trees(name):
   cfg = pretrain_config.get_config(f"{name},tiny")
   row = summary.summarize(cfg)
   module = objectives.build_model(cfg)
-  shapes = jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), *models.init_inputs(cfg.model, predictions=2))["params"])
+  inputs = models.init_inputs(cfg.model, predictions=2)
+  shapes = jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), *inputs)["params"])
   assert row["total"] == models.param_count(shapes)
   assert row["backbone"] == models.param_count(jax.eval_shape(lambda: models.init(cfg.model)))
   d, heads, layers, kernel = cfg.model.hidden_size, cfg.model.num_heads, cfg.model.num_layers, 9

@@ -323,7 +323,8 @@ def main(argv: list[str]) -> None:
   try:
     import transformers  # pylint: disable=import-outside-toplevel
   except ImportError as e:
-    raise UserError(f"the parity needs PyTorch and transformers ({e}): `pip install -r requirements-test.txt`") from None
+    raise UserError(f"the parity needs PyTorch and transformers ({e}): `pip install -r requirements-test.txt`"
+                    ) from None
   # transformers' loading report lists the classifier head as missing (it is copied from ours), and its tokenizer
   # warns of rows longer than max_seq_len (the check truncates them as we do): neither is a finding.
   transformers.logging.set_verbosity_error()
