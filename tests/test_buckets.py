@@ -44,7 +44,7 @@ from tupe.store import runlog
 from tupe.store import storage
 from tupe.study import runner
 from tupe.study import sweep
-from tupe.train import pretrained
+from tupe.train import pretrained as pretrained_lib
 
 PNG = b"\x89PNG\r\n\x1a\n"
 # test_resume.py's tiny run, longer: saves to a bucket take a while, and the kill must come before the last one (the
@@ -191,7 +191,7 @@ def test_eval_glue_from_a_bucket_into_a_bucket(gcs_bucket, pretrained, glue_dir,
 def test_a_model_directory_in_a_bucket(bucket, pretrained, glue_dir):
   """A fine-tuned classifier kept in a gs:// or s3:// bucket as eval_glue.py keeps it (`tupe.glue.classifier`)
   reads back verified, the same arrays, labels text from there, and a changed byte is refused."""
-  model_cfg, encoder, vocab = pretrained.load_encoder(pretrained)
+  model_cfg, encoder, vocab = pretrained_lib.load_encoder(pretrained)
   module = models.Classifier(model_cfg, 2, "tupe")
   params = dict(models.init_module(module, model_cfg), encoder=encoder)
   cfg = glue_config.get_config("tupe")

@@ -42,7 +42,7 @@ from tupe.store import checkpointer
 from tupe.tools import export_hf
 from tupe.train import core
 from tupe.train import pretrain
-from tupe.train import pretrained
+from tupe.train import pretrained as pretrained_lib
 
 TOLERANCE = 1e-5
 CORPUS = ("The quick brown fox jumps over the lazy dog. A café in Zürich serves naïve Crème brûlée.\n"
@@ -371,7 +371,7 @@ def test_fine_tuned_classifier_export(name, exported, tmp_path):
   model_max_length the fine-tuning's max_seq_len, and the text-classification pipeline on a sentence pair giving
   our label and probability."""
   cfg, workdir, _ = exported(name)
-  model_cfg, encoder, vocab = pretrained.load_encoder(workdir)
+  model_cfg, encoder, vocab = pretrained_lib.load_encoder(workdir)
   head = "hf" if model_cfg.name == "convbert" else "tupe"
   fine_tuning = glue_config.get_config("tupe")
   fine_tuning.update(head=head, max_seq_len=24, lowercase=cfg.data.lowercase)

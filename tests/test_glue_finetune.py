@@ -35,7 +35,7 @@ from tupe.glue import tasks as glue
 from tupe.models import partitioning
 from tupe.train import flops as flops_lib
 from tupe.train import optim
-from tupe.train import pretrained
+from tupe.train import pretrained as pretrained_lib
 from tupe.train import sharding
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -403,7 +403,7 @@ def test_scanned_backbone_fine_tunes_as_the_unrolled_one(pretrained, glue_dir, b
   cfg.lowercase = True
   mesh = sharding.make_mesh(cfg.mesh, jax.devices()[:1])
   rules = partitioning.rules_from_config(cfg.sharding_rules)
-  model_cfg, params, _ = pretrained.load_encoder(pretrained)
+  model_cfg, params, _ = pretrained_lib.load_encoder(pretrained)
   model_cfg.num_layers = 2  # two layers, so that the scan runs over more than one
   layer_1 = jax.tree_util.tree_map(lambda x: 0.5 * x, params["stack"]["layer_0"])
   params = dict(params, stack=dict(params["stack"], layer_1=layer_1))
@@ -422,7 +422,7 @@ def test_scanned_backbone_fine_tunes_as_the_unrolled_one(pretrained, glue_dir, b
 
 def pretrained_backbone(pretrained, bert_vocab) -> backbone_lib.Backbone:
   """The `pretrained` encoder, its parameters on the host."""
-  model_cfg, params, _ = pretrained.load_encoder(pretrained)
+  model_cfg, params, _ = pretrained_lib.load_encoder(pretrained)
   return backbone_lib.Backbone(model_cfg, params, bert_vocab, "test")
 
 

@@ -25,7 +25,7 @@ from tupe.glue import tasks as glue
 from tupe.run.process import run_main
 from tupe.store import checksums
 from tupe.study import heldout
-from tupe.train import pretrained
+from tupe.train import pretrained as pretrained_lib
 from tupe.tools import predict as predict_tool
 
 # 64 training rows in batches of 16, two epochs, one learning rate, two seeds: seconds per run.
@@ -217,7 +217,7 @@ def test_a_kept_model_is_not_scored_as_a_pre_training_checkpoint(grid, tmp_path)
   with pytest.raises(UserError, match=refused):
     heldout.evaluate(str(grid / "models" / "RTE"), str(text))
   with pytest.raises(UserError, match=refused):  # the analysis tool's reader (it labelled the task as a step)
-    pretrained.load_encoder(grid / "models" / "RTE")
+    pretrained_lib.load_encoder(grid / "models" / "RTE")
   with pytest.raises(UserError, match=f"; it is an eval_glue.py workdir: give one of its kept models, "
                                       f"{grid / 'models'}/<TASK>$"):  # the workdir itself, to export or score
     heldout.evaluate(str(grid), str(text))

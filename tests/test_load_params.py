@@ -1,4 +1,4 @@
-"""Parameter-only loading (`checkpoint.load_params`, `pretrained.load_encoder`): each array read directly into
+"""Parameter-only loading (`checkpoint.load_params`, `pretrained_lib.load_encoder`): each array read directly into
 its target sharding on 8 fake devices, and no optimizer state read or verified."""
 import re
 
@@ -15,7 +15,7 @@ from tupe.store import checkpoint
 from tupe.store import checksums
 from tupe.store import storage
 from tupe.train import pretrain
-from tupe.train import pretrained
+from tupe.train import pretrained as pretrained_lib
 from tupe.train import sharding
 
 
@@ -42,11 +42,11 @@ def bytes_read() -> int:
 
 def test_encoder_params_land_in_their_target_shardings(workdir):
   assert len(jax.devices()) == 8
-  model_cfg, host, _ = pretrained.load_encoder(workdir)
+  model_cfg, host, _ = pretrained_lib.load_encoder(workdir)
   mesh = sharding.make_mesh({"data": 1, "fsdp": 4, "tensor": 2}, jax.devices())
   abstract = jax.eval_shape(lambda: models.init_module(models.Encoder(model_cfg), model_cfg, boxed=True))
   targets = sharding.logical_shardings(abstract, mesh, partitioning.rules_from_config(()))
-  _, params, _ = pretrained.load_encoder(workdir, targets)
+  _, params, _ = pretrained_lib.load_encoder(workdir, targets)
 
   leaves = jax.tree_util.tree_leaves_with_path(params)
   split = 0

@@ -35,7 +35,7 @@ from tupe.train import curves
 from tupe.train import flops
 from tupe.train import objectives
 from tupe.train import pretrain
-from tupe.train import pretrained
+from tupe.train import pretrained as pretrained_lib
 
 SENTENCES = ("The quick brown fox jumps over the lazy dog.\n"
              "Attention maps show which tokens each position reads, layer by layer.\n"
@@ -134,7 +134,7 @@ def test_analyze_tupe_checkpoint(tupe_checkpoint, sentences_file, tmp_path, caps
   analyze.main(["analyze", "--checkpoint", tupe_checkpoint.name, "--text-file", str(sentences_file), "--out",
                 str(out), "--sentence-index", "1"])
   assert "wrote 11 files" in capsys.readouterr().out
-  cfg, params, _ = pretrained.load_encoder(tupe_checkpoint)
+  cfg, params, _ = pretrained_lib.load_encoder(tupe_checkpoint)
   heads = models.attention_heads(cfg)
   for layer in range(2):
     check_png(out / f"attention_mean_layer{layer:02d}.png")

@@ -114,8 +114,8 @@ def load_backbone(cfg, workdir: storage.Path) -> Backbone:
     model_cfg, params, tokens, source = _checkpoint_backbone(cfg)
   else:
     model_cfg, params, tokens, source = _hf_backbone(cfg)
-  pretrained = cfg.init == "pretrained" and cfg.init_checkpoint
-  step_dir = checkpoint_lib.latest_step_dir(cfg.init_checkpoint) if pretrained else None
+  from_checkpoint = cfg.init == "pretrained" and cfg.init_checkpoint
+  step_dir = checkpoint_lib.latest_step_dir(cfg.init_checkpoint) if from_checkpoint else None
   return Backbone(model_cfg, params, tokenizer_lib.write_vocab(tokens, workdir / "vocab.txt"), source, step_dir)
 
 

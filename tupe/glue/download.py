@@ -137,7 +137,7 @@ def download_task(task: glue.Task, data_dir: storage.Path, tfds_dir: str) -> sto
   name = f"glue/{task.tfds_config}"
   console.log(f"{task.name}: fetching and preparing TFDS {name} in {tfds_dir}")
   builder = tfds.builder(name, data_dir=tfds_dir)
-  if not (builder.data_path / "dataset_info.json").exists():  # not prepared before (--tfds-data-dir): a download
+  if not storage.exists(builder.data_path / "dataset_info.json"):  # not prepared before (--tfds-data-dir)
     check_network(file_urls(task))
   try:
     builder.download_and_prepare(file_format="array_record")
