@@ -254,6 +254,13 @@ def test_plot_two_runs(tmp_path, capsys):
   assert "2 run(s)" in printed and "discriminator AUC" in printed and "tokens/s" in printed
   with pytest.raises(UserError, match="metrics.jsonl does not exist"):
     curves.read_run(tmp_path / "missing")
+  glue_run = tmp_path / "RTE_lr0.001_seed0"  # a GLUE run's folder: its dev scores are drawn too
+  glue_run.mkdir()
+  with runlog.MetricWriter(glue_run, tensorboard=False) as writer:
+    for step in (1, 2):
+      writer.write(step, dict(loss=0.7, learning_rate=1e-3))
+      writer.write(step, dict(score=50.0 + step, loss=0.69), prefix="eval_")
+  assert "dev score (a GLUE run's)" in curves.plot_runs({"rte": curves.read_run(glue_run)}, tmp_path / "glue.png")
   log = (tmp_path / "mlm" / "metrics.jsonl").read_bytes()
   with pytest.raises(UserError, match=f"^--out {tmp_path / 'mlm' / 'metrics.jsonl'}: name a .png file$"):
     plot.main(["plot", "--workdir", str(tmp_path / "mlm"), "--out", str(tmp_path / "mlm" / "metrics.jsonl")])

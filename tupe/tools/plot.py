@@ -1,10 +1,10 @@
-"""Training curves of one or more train.py runs, from their metrics.jsonl, on one figure.
+"""Training curves of one or more train.py runs (or eval_glue.py runs), from their metrics.jsonl, on one figure.
 
   python -m tupe.tools.plot --workdir runs/tupe_a runs/tupe_r [--out curves.png] [--smoothing 0.6]
 
 Panels: loss, MLM accuracy, learning rate, tokens/s; for ELECTRA runs also the generator's MLM loss and the
-discriminator's loss, accuracy and AUC. Held-out evaluations (eval_*) are drawn dashed with markers on the
-panel of their metric. Each run has one color; the legend names it by its workdir. Training curves are
+discriminator's loss, accuracy and AUC; for GLUE runs the dev score. Held-out evaluations (eval_*) are drawn
+dashed with markers on the panel of their metric. Each run has one color; the legend names it by its workdir. Training curves are
 smoothed with a debiased exponential moving average (--smoothing 0 turns it off; the raw curve stays faint
 behind), learning rates never.
 """
@@ -20,8 +20,8 @@ from tupe.train.curves import run_labels
 
 def main(argv: list[str]) -> None:
   parser = console.ArgumentParser("python -m tupe.tools.plot", __doc__)
-  parser.add_argument("--workdir", nargs="+", required=True, help="train.py workdirs, local or gs://... (each holds "
-                      "metrics.jsonl)")
+  parser.add_argument("--workdir", nargs="+", required=True, help="train.py workdirs or GLUE runs' folders "
+                      "(WORKDIR/runs/<run>), local or gs://... (each holds metrics.jsonl)")
   parser.add_argument("--out", default="curves.png", help="PNG file to write, local or gs://... (default: "
                       "./curves.png)")
   parser.add_argument("--smoothing", type=float, default=0.6,

@@ -1,7 +1,7 @@
-"""Training curves of one or more train.py runs, from their metrics.jsonl, on one figure (curves.png).
+"""Training curves of train.py runs (or GLUE runs), from their metrics.jsonl, on one figure (curves.png).
 
 Panels: loss, MLM accuracy, learning rate, tokens/s; for ELECTRA runs also the generator's MLM loss and the
-discriminator's loss, accuracy and AUC. Held-out evaluations (eval_*) are drawn dashed with markers on the
+discriminator's loss, accuracy and AUC; for GLUE runs the dev score. Held-out evaluations (eval_*) are drawn dashed with markers on the
 panel of their metric. Each run has one color. Training curves are smoothed with a debiased exponential moving
 average (the raw curve stays faint behind), learning rates never. The command line is `python -m tupe.tools.plot`.
 """
@@ -20,7 +20,8 @@ from tupe.store import storage
 
 # (metric, panel title, smoothed)
 PANELS = (("loss", "loss", True), ("mlm_accuracy", "MLM accuracy", True),
-          ("learning_rate", "learning rate", False), ("tokens_per_s", "tokens/s", True))
+          ("learning_rate", "learning rate", False), ("tokens_per_s", "tokens/s", True),
+          ("score", "dev score (a GLUE run's)", False))
 ELECTRA_PANELS = (("mlm_loss", "MLM loss (ELECTRA: the generator's)", True),
                   ("disc_loss", "discriminator loss", True), ("disc_accuracy", "discriminator accuracy", True),
                   ("disc_auc", "discriminator AUC", True))
