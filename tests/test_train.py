@@ -227,8 +227,9 @@ def test_ctrl_c_in_a_sweep_saves_the_running_run_and_stops_the_sweep(tmp_path):
 def test_a_printed_sweep_command_runs_from_another_folder_and_a_sweep_ends_with_a_table(tmp_path, capsys,
                                                                                         monkeypatch):
   """--print from the repository with a relative config path: the command runs from a folder outside it, as a
-  scheduler runs it. A sweep that runs its commands ends with one row per run: its grid values, last loss, last
-  eval loss and workdir (the run done by the printed command resumes there: nothing left to train)."""
+  scheduler runs it. A sweep that runs its commands ends with one row per run: its grid values, its last steps'
+  mean loss, last eval loss and workdir (the run done by the printed command resumes there: nothing left to
+  train)."""
   root = tmp_path / "sweep"
   monkeypatch.setenv("XLA_FLAGS", xla_flags(1))  # the runs' processes on one CPU device, as from a shell
   monkeypatch.chdir(REPO)
@@ -246,11 +247,12 @@ def test_a_printed_sweep_command_runs_from_another_folder_and_a_sweep_ends_with_
               *SWEEP_RUN, "--config.eval_every=2", "--config.eval_batches=1"])
   out = capsys.readouterr().out
   table = out[out.index("[sweep] 2 runs finished:"):].splitlines()[1:]
-  assert table[0] == "| overrides | loss | eval loss | workdir |" and len(table) == 4, out
+  assert table[0] == "| overrides | loss (last 20 steps' mean) | eval loss | workdir |" and len(table) == 4, out
   seed0, seed1 = (row.strip("| ").split(" | ") for row in table[2:])
   losses = [r["loss"] for r in runlog.read_metrics(root / "seed=1") if "loss" in r]
   eval_losses = [r["eval_loss"] for r in runlog.read_metrics(root / "seed=1") if "eval_loss" in r]
-  assert seed1 == ["seed=1", f"{losses[-1]:.4f}", f"{eval_losses[-1]:.4f}", str(root / "seed=1")]
+  assert len(losses) == 2  # both steps' losses averaged (the last one's alone before)
+  assert seed1 == ["seed=1", f"{sum(losses) / 2:.4f}", f"{eval_losses[-1]:.4f}", str(root / "seed=1")]
   assert seed0[0] == "seed=0" and seed0[2] == "-" and seed0[3] == str(root / "seed=0")  # trained without evaluations
   # A sweep whose arguments after -- train otherwise, into the same root: refused, not resumed as its own.
   with pytest.raises(errors.UserError, match=rf"^run 1/2 \(seed=0\): {re.escape(str(root / 'seed=0'))} was trained "

@@ -124,17 +124,21 @@ def check(commands: list[list[str]]) -> None:
           f"with the settings it was trained with"))
 
 
+LOSS_STEPS = 20  # The table's training loss: the mean of the last steps' losses, not one batch's.
+
+
 def summary(commands: list[list[str]], grid_keys: int) -> str:
-  """A markdown table of the runs: each one's grid values (the `grid_keys` overrides after its workdir), last
-  training loss, last eval loss ("-" for none) and workdir."""
+  """A markdown table of the runs: each one's grid values (the `grid_keys` overrides after its workdir), training
+  loss (the mean of its last LOSS_STEPS steps), last eval loss ("-" for none) and workdir."""
   rows = []
   for command in commands:
     workdir = command[3].split("=", 1)[1]
     records = runlog.read_metrics(workdir) if storage.exists(storage.path(workdir) / "metrics.jsonl") else []
-    last = lambda key: next((f"{r[key]:.4f}" for r in reversed(records) if r.get(key) is not None), "-")
-    rows.append([" ".join(a.removeprefix("--config.") for a in command[4:4 + grid_keys]) or "-", last("loss"),
-                 last("eval_loss"), workdir])
-  return present.markdown_table(["overrides", "loss", "eval loss", "workdir"], rows)
+    losses = [r["loss"] for r in records if r.get("loss") is not None][-LOSS_STEPS:]
+    evals = [r["eval_loss"] for r in records if r.get("eval_loss") is not None]
+    rows.append([" ".join(a.removeprefix("--config.") for a in command[4:4 + grid_keys]) or "-",
+                 f"{sum(losses) / len(losses):.4f}" if losses else "-", f"{evals[-1]:.4f}" if evals else "-", workdir])
+  return present.markdown_table(["overrides", f"loss (last {LOSS_STEPS} steps' mean)", "eval loss", "workdir"], rows)
 
 
 def main(argv: list[str], call=subprocess.call) -> None:
