@@ -136,10 +136,10 @@ def download_task(task: glue.Task, data_dir: storage.Path, tfds_dir: str) -> sto
     console.log(f"{task.name}: {folder} lacks {', '.join(missing)} (a download cut short): fetching it again")
   name = f"glue/{task.tfds_config}"
   console.log(f"{task.name}: fetching and preparing TFDS {name} in {tfds_dir}")
-  builder = tfds.builder(name, data_dir=tfds_dir)
-  if not storage.exists(builder.data_path / "dataset_info.json"):  # not prepared before (--tfds-data-dir)
-    check_network(file_urls(task))
   try:
+    builder = tfds.builder(name, data_dir=tfds_dir)
+    if not storage.exists(builder.data_path / "dataset_info.json"):  # not prepared before (--tfds-data-dir)
+      check_network(file_urls(task))
     builder.download_and_prepare(file_format="array_record")
     files = {task.files[split]: tsv_text(task, split, _records(task, split, tfds_dir)) for split in task.files}
   except UserError:
