@@ -292,6 +292,8 @@ BAD_INPUTS = {
                               ["tensorboard is a file, where train.py keeps a folder", "move it away"]),
 }
 VERBOSE = ("unknown config field", "tokenizer vocab != model vocab")  # one per error path of train.py
+REFUSED_BEFORE_THE_DATA = ("checkpoint of other batches", "checkpoint of another batch size",
+                           "checkpoint of another architecture")  # (`resume.check_before_loading`)
 OTHER_CONFIGS = {"a file that is not a config": "configs/__init__.py",  # --config, where it is not the tiny run's
                  "unknown model in --config": "configs/pretrain.py:tupe_b,tiny",
                  "missing config file": "configs/nope.py"}
@@ -336,6 +338,8 @@ def test_bad_input_is_one_line(name, bad_input_runs, skipped_run):
     assert not workdir.exists(), "a run stopped by bad input left a workdir behind"
   if BAD_INPUTS[name][3] == "trained":  # A rejected resume changes nothing.
     assert file_contents(workdir) == file_contents(skipped_run[0])
+  if name in REFUSED_BEFORE_THE_DATA:  # (after the data was loaded and the step compiled, before)
+    assert "train data:" not in proc.stdout and "compiling the train step" not in proc.stdout, proc.stdout
 
 
 @pytest.mark.parametrize("name", VERBOSE)

@@ -278,6 +278,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
   with job_lib.Job(cfg, workdir) as job:  # Another job on this workdir: one line, nothing loaded or written.
     workdir = job.workdir
     job.enter(signals.saving(lambda: checkpoint.last_saved(workdir / "checkpoints")))  # named by a second Ctrl-C
+    resume.check_before_loading(workdir, cfg)  # another model or stream: refused before the data and the compile
     train_data, eval_data = load_data(cfg)
     check_pad_id(cfg, train_data.info.pad_id)
     resolve_vocab_size(cfg, train_data.info.vocab_size)

@@ -7,22 +7,28 @@ seq_len, global_batch_size, seed), with another vocabulary (of the same size: th
 number of training examples is an error, as are parameters of other shapes (another architecture or vocabulary size)
 and, when the state does not restore, another optimizer structure. Other settings may change (e.g. num_train_steps, to
 extend a run); they are reported (`warn_changed_settings`). `Compatibility` is what
-`checkpoint.Checkpointer.restore_latest` calls.
+`checkpoint.Checkpointer.restore_latest` calls; what needs no data (the model, sequence length, batch and seed) is
+checked before the data is loaded, too (`check_before_loading`).
 """
 from __future__ import annotations
 
 import json
 
 import jax
+import jax.numpy as jnp
+import ml_collections
 
 from tupe import console
+from tupe import models
 from tupe.errors import UserError
 from tupe.store import checkpoint
 from tupe.store import storage
+from tupe.train import objectives
 from tupe.store.meta import CheckpointMeta, create as create_meta
 from tupe.store.refusals import reason
 
 _DATA_LOCATIONS = ("files", "vocab_file", "cache_dir", "tfds_data_dir", "num_workers")
+_STREAM = ("seq_len", "global_batch_size", "seed")  # with the data settings: what makes the stream of batches
 
 
 def _flat(tree: dict, prefix: str = "") -> dict:
@@ -110,13 +116,12 @@ def _check_same_data(step: int, directory: storage.Path, saved_meta: CheckpointM
   number of training examples is compared where the checkpoint recorded it)."""
   def stream(m: CheckpointMeta):
     data = {k: v for k, v in m.config["data"].items() if k not in _DATA_LOCATIONS}
-    return dict(_flat(data, "data."), **{k: m.config[k] for k in ("seq_len", "global_batch_size", "seed")},
+    return dict(_flat(data, "data."), **{k: m.config[k] for k in _STREAM},
                 **({} if saved_meta.train_examples is None else {"train_examples": m.train_examples}))
   saved, current = stream(saved_meta), stream(meta)
   diff = _differences(saved, current, sorted(saved.keys() & current.keys()))
   if diff:
-    raise UserError(f"checkpoint {step} in {directory} was trained on other batches ({'; '.join(diff[:3])}); "
-                    f"resume with the same data settings and corpus, or use a new --workdir")
+    raise _other_batches(step, directory, diff)
   if saved_meta.vocab and meta.vocab and saved_meta.vocab != meta.vocab:  # (of one size: the shapes fit)
     ids = [i for i, (a, b) in enumerate(zip(saved_meta.vocab, meta.vocab)) if a != b]
     first = ids[0] if ids else min(len(saved_meta.vocab), len(meta.vocab))
@@ -124,6 +129,41 @@ def _check_same_data(step: int, directory: storage.Path, saved_meta: CheckpointM
     raise UserError(f"checkpoint {step} in {directory} was trained with another vocabulary ({len(ids)} ids read "
                     f"another token; id {first}: {token(saved_meta.vocab)} in the checkpoint, {token(meta.vocab)} "
                     f"now); resume with the vocab it was trained with, or use a new --workdir")
+
+
+def _other_batches(step: int, directory: storage.Path, diff: list[str]) -> UserError:
+  return UserError(f"checkpoint {step} in {directory} was trained on other batches ({'; '.join(diff[:3])}); resume "
+                   f"with the same data settings and corpus, or use a new --workdir")
+
+
+def check_before_loading(workdir: storage.PathLike, cfg) -> None:
+  """The resume checks that need neither the data nor the compiled step, made before either (minutes at scale):
+  the newest checkpoint's parameters against the model `cfg` plans (a vocab size left to the tokenizer taken as
+  the checkpoint's), and its sequence length, global batch and seed. A newest checkpoint whose metadata does not
+  read is left to restoring, which sets it aside; restoring checks everything again (`Compatibility`).
+
+  Raises:
+    UserError: as restoring would, before the data is loaded.
+  """
+  root = storage.path(workdir) / "checkpoints"
+  newest = checkpoint.committed_step_dirs(root)[:1] if storage.is_dir(root) else []
+  if not newest:
+    return
+  try:
+    saved_meta = checkpoint.verified_meta(newest[0], root, items=())  # its listing and meta: no array is read
+    saved = checkpoint.params_metadata(newest[0], saved_meta)
+  except Exception:  # pylint: disable=broad-except  (damaged, unreadable: restoring says so, or skips it)
+    return
+  config = create_meta(json.loads(cfg.to_json_best_effort()), [], 0).config
+  if not config["model"]["vocab_size"]:  # "the tokenizer's": not known before the data
+    config["model"]["vocab_size"] = saved_meta.config["model"]["vocab_size"]
+  planned = ml_collections.ConfigDict(config)
+  module = objectives.build_model(planned)
+  params = jax.eval_shape(lambda: models.init_module(module, planned.model, 0, jnp.zeros((1, 2), jnp.int32)))
+  step = int(newest[0].name)
+  _check_fits(step, root, saved, params, saved_meta.config, config)
+  if diff := _differences(saved_meta.config, config, list(_STREAM)):
+    raise _other_batches(step, root, diff)
 
 
 def warn_changed_settings(lr_schedule, step: int, saved_config: dict, config: dict) -> None:
