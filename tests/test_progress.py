@@ -126,3 +126,5 @@ def test_a_progress_line_shows_means_over_its_steps(tmp_path, capsys):
       "step 6/6 loss 5.5000 mlm_accuracy 0.5500 (means of 2 steps) learning_rate 6.000e-05"]
   rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   assert [row["loss"] for row in rows] == losses
+  times = [row["time"] for row in rows]  # when each record was written: the rates can be checked against them
+  assert times == sorted(times) and times[-1] - times[0] < 600

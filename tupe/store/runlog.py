@@ -21,8 +21,10 @@ def _scalar(v) -> float | None:
 
 
 class MetricWriter:
-  """Writes scalars to <workdir>/metrics.jsonl (one strict JSON object per step; null for NaN and infinities;
-  `tupe.store.jsonlog`: a torn last line is dropped first, with one warning) and TensorBoard; process 0 only.
+  """Writes scalars to <workdir>/metrics.jsonl (one strict JSON object per step, with the wall-clock `time` it was
+  written, in seconds since the epoch, from which a run's rates can be checked; null for NaN and infinities;
+  `tupe.store.jsonlog`: a torn last line is dropped first, with one warning) and TensorBoard (whose events carry
+  their own wall time); process 0 only.
 
   Locally each record is durable once written. In a bucket records are uploaded every `flush_secs` seconds, at
   `flush()` (the trainer's checkpoints) and at `close()`; the TensorBoard events (`tupe.store.events`) reach the
@@ -45,7 +47,7 @@ class MetricWriter:
     if not self.active:
       return
     record = {"step": int(step), **{f"{prefix}{k}": _scalar(v) for k, v in scalars.items()}}
-    self._log.append(record)
+    self._log.append(dict(record, time=round(time.time(), 3)))
     if self._tb is not None:
       for k, v in record.items():
         if k != "step" and isinstance(v, float):
