@@ -137,6 +137,9 @@ def test_degenerate_runs_are_marked():
                         "scores are those of a model that learned nothing it shows.\n\n- RTE lr 0.0001 seed 0: all "
                         "one class (entailment)\n")
   assert "Degenerate" not in report.markdown_table(records[1:])
+  (rte,) = report.summarize(records)  # results.png says so on the bar (drawn like any other before)
+  assert report.bar_label(rte.best) == "55.4\n1 of 2 degenerate"
+  assert report.bar_label(report.summarize(records[1:])[0].best) == "58.0"
 
 
 def test_report_files_and_png(tmp_path):

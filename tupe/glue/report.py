@@ -9,7 +9,8 @@ chosen, so MNLI-m and MNLI-mm are reported at one learning rate, the one of the 
 
 A degenerate run (its dev predictions all one class, or a constant score: `tupe.glue.metrics.degenerate`) keeps
 its score, which is that of the majority class or a correlation near 0; results.json counts such seeds
-(n_degenerate) and names the reason per run, and results.md counts them in each cell and lists them below.
+(n_degenerate) and names the reason per run, results.md counts them in each cell and lists them below, and
+results.png writes their count on the bar.
 
 A diverged run (NaN loss: its dev metrics are NaN) counts as the worst possible score, -inf, in every median,
 so a learning rate where half or more of the seeds diverged has a diverged median and is never picked over one
@@ -241,9 +242,8 @@ def plot(records: Iterable[RunRecord], path: storage.PathLike, reference: Mappin
   spread = np.array([[result.best.median - result.best.min, result.best.max - result.best.median] if ok else [0, 0]
                      for ok, result in zip(trained, summary)]).T
   axes.bar(x, medians, yerr=spread, capsize=4, color="tab:blue", label="median at best lr (min-max over seeds)")
-  for position, median, ok in zip(x, medians, trained):
-    axes.annotate(f"{median:.1f}" if ok else "diverged", (position, median), textcoords="offset points",
-                  xytext=(8, 2), fontsize=8)
+  for position, median, result in zip(x, medians, summary):
+    axes.annotate(bar_label(result.best), (position, median), textcoords="offset points", xytext=(8, 2), fontsize=8)
   if reference:
     known = [(position, reference[result.task]) for position, result in zip(x, summary) if result.task in reference]
     if known:
@@ -255,6 +255,13 @@ def plot(records: Iterable[RunRecord], path: storage.PathLike, reference: Mappin
   axes.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False)
   figure.tight_layout()
   storage.write_png(path, figure)
+
+
+def bar_label(result: LrResult) -> str:
+  """A bar's label in results.png: its median, or "diverged"; and how many of its seeds are degenerate (all one
+  class, or a constant score), which results.md lists."""
+  label = f"{result.median:.1f}" if math.isfinite(result.median) else "diverged"
+  return label + (f"\n{result.n_degenerate} of {len(result.seeds)} degenerate" if result.n_degenerate else "")
 
 
 def write_report(out_dir: storage.PathLike, records: Iterable[RunRecord],
