@@ -205,3 +205,17 @@ def test_a_config_file_that_raises_is_one_line_naming_the_file_and_line(tmp_path
   with pytest.raises(UserError, match=f"^--config: the config file {re.escape(str(file))} raised "
                                       f"{re.escape(raised)} at line {line}; fix the file$"):
     config_files.check_config_flags(["train.py", f"--config={file}", "--workdir", "w"])
+
+
+def test_a_missing_required_flag_is_named_with_an_example():
+  """absl's own error for a required flag left out ("Flag --workdir must have a value other than None.; fix the
+  flag" before) becomes one line naming the flag, what it is and an example."""
+  from absl import flags  # pylint: disable=import-outside-toplevel
+  fresh = flags.FlagValues()
+  flags.DEFINE_string("workdir", None, "the run's folder", flag_values=fresh)
+  flags.mark_flag_as_required("workdir", flag_values=fresh)
+  with pytest.raises(flags.Error) as error:
+    fresh(["train.py"])
+  assert config_files.flags_error(error.value, ["train.py"]) == (
+      "--workdir is missing: give it (the run's folder, local or gs://..., e.g. --workdir runs/demo); python "
+      "train.py --help lists the flags")

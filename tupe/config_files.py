@@ -9,6 +9,7 @@ one-line `UserError`.
 import difflib
 import os
 import pathlib
+import re
 import traceback
 from typing import Sequence
 
@@ -122,7 +123,11 @@ def flags_error(e: flags.Error, argv: Sequence[str], config: ml_collections.Conf
   name = getattr(e, "flagname", "") or ""
   if config is not None and isinstance(e, flags.UnrecognizedFlagError) and _is_field(config, name):
     return f"{e}: set the config's field as --config.{name}=VALUE"
-  return f"{e}; fix the flag (python {os.path.basename(argv[0])} --helpfull lists them)"
+  script = os.path.basename(argv[0])
+  if missing := re.search(r"Flag --(\w+) must have a value other than None", str(e)):  # a required flag
+    example = " (the run's folder, local or gs://..., e.g. --workdir runs/demo)" if missing[1] == "workdir" else ""
+    return f"--{missing[1]} is missing: give it{example}; python {script} --help lists the flags"
+  return f"{e}; fix the flag (python {script} --helpfull lists them)"
 
 
 def _is_field(config: ml_collections.ConfigDict, dotted: str) -> bool:
