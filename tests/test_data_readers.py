@@ -117,12 +117,13 @@ def test_gutenberg_strip_only_with_its_licence_markers(shared_data, wiki_paragra
   stripped = build.gutenberg_tallies(plan)
   assert list(stripped) == [str(book)] and 15000 < stripped[str(book)]["gutenberg_characters"] < 25000
   data = pipeline.PretrainData(cfg, seq_len=128)
-  lines = data.fill_line().splitlines()
-  assert lines[1].startswith(f"input {novel}: kept {len(wiki_paragraphs) + 1:,} documents") and \
-      lines[1].endswith("dropped nothing")
-  assert "characters of Gutenberg licence" in lines[2]
-  assert lines[3].endswith(f"Project Gutenberg licence stripped from 1 files "
+  lines = data.fill_line().splitlines()  # each input's line, their total, then the split's summary of them
+  assert lines[0].startswith(f"input {novel}: kept {len(wiki_paragraphs) + 1:,} documents") and \
+      lines[0].endswith("dropped nothing")
+  assert "characters of Gutenberg licence" in lines[1]
+  assert lines[2].endswith(f"Project Gutenberg licence stripped from 1 files "
                            f"({stripped[str(book)]['gutenberg_characters']:,} characters)")
+  assert lines[3].startswith("train data: ") and len(lines) == 4
 
 
 def test_report_counts_empty_documents():

@@ -176,12 +176,12 @@ class PretrainData:
     return None if tokens is None else tokens / (len(self.examples) * self.seq_len)
 
   def fill_line(self) -> str:
-    """For the log: the split's examples, tokens and fill, then a line per input (what was kept and dropped)."""
+    """For the log: a line per input (what was kept and dropped), then the split's examples, tokens and fill."""
     fill = ("fill unknown (written before token counts were stored)" if self.fill is None else
             f"{self.examples.num_tokens:,} tokens with [CLS] and [SEP], {self.fill:.1%} of the positions filled (the "
             f"rest padding)")
-    return "\n".join([f"{self.split} data: {len(self)} examples of up to {self.seq_len} tokens, {fill}",
-                      *self.examples.report])
+    return "\n".join([*self.examples.report,
+                      f"{self.split} data: {len(self)} examples of up to {self.seq_len} tokens, {fill}"])
 
   def batch(self, indices: np.ndarray, seed: int) -> dict[str, np.ndarray]:
     """The padded, masked batch of examples `indices` ([batch], any order), masks drawn as in the first epoch of a
