@@ -2,7 +2,7 @@
 say they have started; a busy workdir is reported before any data is read; the first Ctrl-C is acknowledged at once,
 and a second one stops the run at once, naming the last saved checkpoint, with exit status 130 and nothing saved
 lost, whatever the main thread is doing. A progress line's loss and accuracy are means over its steps, as its rates
-are."""
+are, and its ETA counts the time evaluations and checkpoints take."""
 import json
 import os
 import re
@@ -128,3 +128,24 @@ def test_a_progress_line_shows_means_over_its_steps(tmp_path, capsys):
   assert [row["loss"] for row in rows] == losses
   times = [row["time"] for row in rows]  # when each record was written: the rates can be checked against them
   assert times == sorted(times) and times[-1] - times[0] < 600
+
+
+def test_the_eta_counts_evaluations_and_checkpoints(tmp_path, capsys, monkeypatch):
+  """After the first progress line, the ETA goes by the wall-clock time per step since it, a 20-second evaluation
+  included: 30 s for the 10 steps from the first line to the second, so 80 steps to go take 4m00s (at the steps'
+  own rate, without the evaluation, as before: 1m28s). The clock is a counter: no test waits on time."""
+  clock = [0.0]
+  monkeypatch.setattr(progress_lib.time, "perf_counter", lambda: clock[0])
+  progress = progress_lib.Progress(100, 128, 0.0, 0.0)
+  with runlog.MetricWriter(tmp_path, tensorboard=False) as writer:
+    steps = progress_lib.StepLog(writer, progress, log_every=10)
+    for step in range(1, 21):
+      clock[0] += 1.0  # a step takes a second
+      steps.push(step, {"loss": 1.0})
+      if step == 10:  # an evaluation of 20 seconds, left out of the rates
+        steps.flush()
+        clock[0] += 20.0
+        progress.restart_clock()
+    steps.flush()
+  lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
+  assert len(lines) == 2 and lines[1].startswith("step 20/100 ") and lines[1].endswith("| ETA 4m00s"), lines

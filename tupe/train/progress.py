@@ -45,10 +45,12 @@ class Progress:
     """Leaves the time spent since the last call (compilation, evaluation, checkpointing) out of the next rates."""
     self._t = time.perf_counter()
 
-  def line(self, step: int, metrics: dict, rates: dict, steps: int = 1) -> str:
+  def line(self, step: int, metrics: dict, rates: dict, steps: int = 1, wall_per_step: float | None = None) -> str:
     """The progress line after `step`: `metrics`' AVERAGED values (means over the line's `steps` steps), the
-    learning rate at `step`, and `rates` over the same steps."""
-    eta = (self.total - step) / rates["steps_per_s"] if rates["steps_per_s"] else float("nan")
+    learning rate at `step`, `rates` over the same steps, and the ETA: at `wall_per_step` seconds a step, the
+    evaluations and checkpoints included, where it is known, else at the line's step rate."""
+    per_step = wall_per_step or (1 / rates["steps_per_s"] if rates["steps_per_s"] else float("nan"))
+    eta = (self.total - step) * per_step
     shown = " ".join(f"{k} {float(metrics[k]):.4f}" for k in AVERAGED if k in metrics)
     if shown and steps > 1:
       shown += f" (means of {steps} steps)"
@@ -122,7 +124,8 @@ class StepLog:
   every `log_every` steps, and at the last, a progress line is printed, after `prefix(step)`, with the means of the
   loss, accuracy and gradient norm over the steps since the previous line, and the rates over them (each step's
   amount over their summed times: one slow step among many does not make the line's rates, and time outside the
-  steps never counts). Every step's row goes to `nonfinite`, the
+  steps never counts); its ETA goes by the wall-clock time per step since the first line, evaluations and
+  checkpoints included. Every step's row goes to `nonfinite`, the
   run's policy for steps the non-finite guard skipped, before its line (it may raise to stop the run).
   """
 
@@ -135,6 +138,7 @@ class StepLog:
     self.last = {}  # the row of the last step finished
     self.interval = {}  # since the last progress line: seconds in steps, and each rate's amount (rate x seconds)
     self.sums, self.steps = {}, 0  # since the last progress line: the AVERAGED metrics' sums, over `steps` steps
+    self.first_line: tuple[float, int] | None = None  # (clock, step) of the run's first progress line
 
   def push(self, step: int, metrics: dict) -> tuple[int, dict] | None:
     """Holds `step`'s metrics; finishes the step held before (`flush`) and returns what that returned."""
@@ -168,6 +172,16 @@ class StepLog:
       total = self.interval.pop("seconds")
       rates = {key: amount / total if total else 0.0 for key, amount in self.interval.items()}
       means = {key: value / self.steps for key, value in self.sums.items()}
-      log(self.prefix(step) + self.progress.line(step, dict(row, **means), rates, self.steps))
+      line = self.progress.line(step, dict(row, **means), rates, self.steps, self._wall_per_step(step))
+      log(self.prefix(step) + line)
       self.interval, self.sums, self.steps = {}, {}, 0
     return step, row
+
+  def _wall_per_step(self, step: int) -> float | None:
+    """Seconds a step since the run's first progress line, its evaluations and checkpoints included (the ETA's
+    pace; None at the first line, whose ETA goes by its step rate)."""
+    now = time.perf_counter()
+    if self.first_line is None:
+      self.first_line = (now, step)
+      return None
+    return (now - self.first_line[0]) / (step - self.first_line[1]) if step > self.first_line[1] else None
