@@ -12,6 +12,7 @@ import pytest
 from tools_in_process import tool
 
 from configs import glue as glue_config
+from tupe.data import tokenizer as tokenizer_lib
 from tupe.errors import UserError
 from tupe.store import checkpoint as checkpoint_lib
 from tupe.store import checksums
@@ -30,7 +31,7 @@ def text_file(tmp_path, glue_dir) -> pathlib.Path:
   return path
 
 
-def test_evaluate_names_the_flag_at_fault_before_scoring(pretrained, text_file, tmp_path):
+def test_evaluate_names_the_flag_at_fault_before_scoring(pretrained, text_file, tmp_path, capsys, monkeypatch):
   with pytest.raises(UserError, match=r"^--max-examples 16 is fewer than one batch of 32 \(--batch-size\): give "
                                       r"--max-examples 32 or more, or a smaller --batch-size$"):
     heldout.evaluate(str(pretrained), str(text_file), max_examples=16, batch_size=32)
@@ -40,9 +41,14 @@ def test_evaluate_names_the_flag_at_fault_before_scoring(pretrained, text_file, 
     evaluate.main(["evaluate", "--checkpoint", str(pretrained), "--text-file", str(text_file), "--out", str(out)])
   assert list(tmp_path.glob("*.tmp")) == [] and list(out.iterdir()) == []
   file = tmp_path / "eval.json"
+  monkeypatch.setattr(tokenizer_lib, "_REPEATS_SAID", set())  # as in a new process
+  capsys.readouterr()
   evaluate.main(["evaluate", "--checkpoint", str(pretrained), "--text-file", str(text_file), "--out", str(file),
                  "--batch-size", "8"])
   assert '"step": 2' in file.read_text() and [p.name for p in tmp_path.iterdir() if "tmp" in p.name] == []
+  # The shared BERT vocab repeats lines: the warning names the checkpoint's vocab (a temporary file's path before).
+  warning = next(line for line in capsys.readouterr().out.splitlines() if "repeat an earlier line" in line)
+  assert warning.startswith(f"warning: the vocab of {pretrained}/checkpoints/2 has 1,008 line(s)"), warning
 
 
 def run_workdir(tmp_path) -> pathlib.Path:

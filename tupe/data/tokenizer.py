@@ -21,7 +21,7 @@ from tupe.store import storage
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
 CONTINUATION_PREFIX = "##"
-_REPEATS_SAID: set[tuple] = set()  # the vocabs that `_say_repeats` warned about in this process
+_REPEATS_SAID: set[tuple] = set()  # the vocabs that `warn_repeated_lines` warned about in this process
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,22 +67,24 @@ def _load(path: str, lowercase: bool, mtime: float):
   del mtime  # Part of the cache key only: an edited vocab file is read again.
   tokens = read_vocab(path)
   vocab = {t: i for i, t in reversed(list(enumerate(tokens)))}  # The first line wins for duplicated tokens.
-  if len(vocab) < len(tokens):
-    _say_repeats(path, tokens, vocab)
+  warn_repeated_lines(f"vocab file {path}", tokens)
   tokenizer = wordpiece(tokens, lowercase)
   info = TokenizerInfo(vocab_size=len(tokens), pad_id=vocab[PAD], unk_id=vocab[UNK], cls_id=vocab[CLS],
                        sep_id=vocab[SEP], mask_id=vocab[MASK], vocab_file=path, lowercase=lowercase)
   return tokenizer, info
 
 
-def _say_repeats(path: str, tokens: list[str], vocab: dict[str, int]) -> None:
-  """One warning per process for a vocab that repeats tokens, however many copies of it are loaded (a checkpoint's,
-  a GLUE workdir's)."""
+def warn_repeated_lines(where: str, tokens: list[str]) -> None:
+  """One warning per process for a vocab (`where`: "vocab file ...", or a checkpoint's) that repeats tokens,
+  however many copies of it are loaded (a checkpoint's, a GLUE workdir's): the first to warn names it."""
+  vocab = {t: i for i, t in reversed(list(enumerate(tokens)))}
+  if len(vocab) == len(tokens):
+    return
   later = next(i for i, t in enumerate(tokens) if vocab[t] != i)
   key = (len(tokens), len(vocab), tokens[later], later)
   if key not in _REPEATS_SAID:
     _REPEATS_SAID.add(key)
-    console.log(f"warning: vocab file {path} has {len(tokens) - len(vocab):,} line(s) that repeat an earlier "
+    console.log(f"warning: {where} has {len(tokens) - len(vocab):,} line(s) that repeat an earlier "
                 f"line's token (e.g. {tokens[later]!r}, lines {vocab[tokens[later]] + 1} and {later + 1}): text is "
                 f"encoded with each token's first line, so the ids of the later lines never occur")
 
