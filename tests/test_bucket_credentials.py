@@ -334,6 +334,17 @@ def test_an_upload_the_store_forgot_is_named():
       "restarted, or the upload's session expired)")
 
 
+def test_a_store_host_that_does_not_resolve_is_named():
+  """A machine without a network (or a mistyped endpoint): the store's host name does not resolve, which gcsfs and
+  aiohttp pass on as the OS's error ("Name or service not known" alone before)."""
+  import socket  # pylint: disable=import-outside-toplevel
+
+  line = refusal(lambda: socket.getaddrinfo("storage.invalid", 443), "gs://b/o")
+  assert line.startswith("cannot read gs://b/o: the store's host name does not resolve (") and line.endswith(
+      "check the network connection here, and the endpoint setting (AWS_ENDPOINT_URL, STORAGE_EMULATOR_HOST) if one "
+      "is set"), line
+
+
 def test_expired_aws_credentials_are_named():
   """An expired session token (S3's ExpiredToken, which the emulator does not check), as botocore raises it."""
   from botocore.exceptions import ClientError

@@ -51,6 +51,9 @@ _CAUSES = (
     (403, "permission refused ({detail}): the credentials in use may not do this here, or the store does not know "
           "them"),  # a HEAD request's refusal has no body to tell which
     ("builtins.PermissionError", "permission refused ({detail})"),
+    # The store's host name does not resolve: no network or name service here, or a mistyped endpoint.
+    ("socket.gaierror", "the store's host name does not resolve ({detail}): check the network connection here, and "
+                        "the endpoint setting (AWS_ENDPOINT_URL, STORAGE_EMULATOR_HOST) if one is set"),
     # The store's endpoint refused or dropped the connection (botocore and gcsfs both keep the OS's error).
     ("builtins.ConnectionError", _NO_CONNECTION),
     ("botocore.exceptions.ConnectionError", _NO_CONNECTION),  # botocore's own (EndpointConnectionError, ...)
