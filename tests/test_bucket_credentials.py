@@ -12,6 +12,7 @@ token, GCS's 401 for a token it no longer accepts, an expired gcloud login.
 """
 import os
 import re
+import socket
 import subprocess
 import sys
 
@@ -337,12 +338,22 @@ def test_an_upload_the_store_forgot_is_named():
 def test_a_store_host_that_does_not_resolve_is_named():
   """A machine without a network (or a mistyped endpoint): the store's host name does not resolve, which gcsfs and
   aiohttp pass on as the OS's error ("Name or service not known" alone before)."""
-  import socket  # pylint: disable=import-outside-toplevel
-
   line = refusal(lambda: socket.getaddrinfo("storage.invalid", 443), "gs://b/o")
   assert line.startswith("cannot read gs://b/o: the store's host name does not resolve (") and line.endswith(
       "check the network connection here, and the endpoint setting (AWS_ENDPOINT_URL, STORAGE_EMULATOR_HOST) if one "
       "is set"), line
+
+
+def test_a_gcs_endpoint_that_does_not_resolve_is_refused_at_once(monkeypatch):
+  """GCS's host (here an emulator's endpoint that cannot resolve) is looked up before a gs:// workdir is written, which
+  retried for about 35 s before the same refusal; behind a proxy it is left to the proxy."""
+  for name in [name for name in os.environ if name.lower().endswith("_proxy")]:
+    monkeypatch.delenv(name)
+  monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://gcs-endpoint.invalid:4443")
+  with pytest.raises(storage.StorageError, match=r"^cannot write in gs://b/run: the store's host name does not "
+                                                 r"resolve \(") as refused:
+    storage.check_writable("gs://b/run")
+  assert type(refused.value.__cause__) is socket.gaierror  # the look-up's own error: gcsfs never sent a request
 
 
 def test_expired_aws_credentials_are_named():

@@ -31,7 +31,6 @@ import os
 import socket
 import tempfile
 import urllib.parse
-import urllib.request
 
 import numpy as np
 
@@ -106,14 +105,13 @@ def check_network(urls: list[str]) -> None:
   Raises:
     UserError: a host's name does not resolve.
   """
-  if urllib.request.getproxies():
-    return
-  for host in sorted({urllib.parse.urlsplit(url).hostname for url in urls}):
+  for url in urls:
     try:
-      socket.getaddrinfo(host, 443)
+      storage.host_resolves(url)
     except socket.gaierror as e:
-      raise UserError(f"cannot look up {host}, which serves GLUE's files ({e.strerror}): check the network "
-                      f"connection (behind a proxy, set HTTPS_PROXY), then rerun") from None
+      raise UserError(f"cannot look up {urllib.parse.urlsplit(url).hostname}, which serves GLUE's files "
+                      f"({e.strerror}): check the network connection (behind a proxy, set HTTPS_PROXY), then "
+                      f"rerun") from None
 
 
 def download_task(task: glue.Task, data_dir: storage.Path, tfds_dir: str) -> storage.Path | None:
