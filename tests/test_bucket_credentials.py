@@ -345,8 +345,8 @@ def test_a_store_host_that_does_not_resolve_is_named():
 
 
 def test_a_gcs_endpoint_that_does_not_resolve_is_refused_at_once(monkeypatch):
-  """GCS's host (here an emulator's endpoint that cannot resolve) is looked up before a gs:// workdir is written, which
-  retried for about 35 s before the same refusal; behind a proxy it is left to the proxy."""
+  """GCS's host (here an emulator's endpoint that cannot resolve) is looked up before a gs:// workdir is written
+  (gcsfs retried for about 35 s before the same refusal); behind a proxy it is left to the proxy."""
   for name in [name for name in os.environ if name.lower().endswith("_proxy")]:
     monkeypatch.delenv(name)
   monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://gcs-endpoint.invalid:4443")

@@ -102,7 +102,12 @@ def test_mismatched_settings_are_refused(text_cfg, shard_dir, bert_vocab, tmp_pa
   body.write_text("".join(f'{{"body": "Sentence {i} of a record."}}\n' for i in range(3)) + '{"text": "One."}\n')
   with pytest.raises(UserError, match=r"^the corpus holds little text: 3 of 4 records were dropped as not a JSON "
                                       r"object or without the text field: check data.format and data.text_field"):
-    preprocess.preprocess(dict(text_cfg, files=str(body), format="jsonl"), SEQ_LEN, str(tmp_path / "out"))
+    preprocess.preprocess(dict(text_cfg, files=str(body), format="jsonl"), SEQ_LEN, str(tmp_path / "nulls"))
+  # Records whose text is null are empty documents, not records of another field: the few with text are trained.
+  body.write_text('{"text": null}\n' * 3 + "".join(f'{{"text": "Sentence {i} of a record."}}\n' for i in range(2)))
+  preprocess.preprocess(dict(text_cfg, files=str(body), format="jsonl", eval_fraction=0.0), SEQ_LEN,
+                        str(tmp_path / "nulls"))
+  assert shards.read_metadata(tmp_path / "nulls")["num_examples"]["train"] > 0
   assert [p for p in (tmp_path / "out").rglob("*") if p.is_file()] == []  # Nothing kept that blocks a rerun:
   preprocess.preprocess(text_cfg, SEQ_LEN, str(tmp_path / "out"))  # the same folder, on text.
   assert shards.read_metadata(tmp_path / "out")["num_examples"]["train"] > 0

@@ -72,7 +72,9 @@ def test_parquet_row_groups(wiki_paragraphs, tmp_path):
   pq.write_table(pa.table({"text": texts, "n": list(range(len(texts)))}), path, row_group_size=64)
   for unit_bytes in (None, 10_000):
     found, tallies = documents_of("parquet", str(path), unit_bytes)
-    assert found == wiki_paragraphs and tallies[str(path)].bad_records == 1
+    # A null text is an empty document (counted when tokenized), not a bad record: most rows null is a sparse
+    # column, not a wrong one (`build.check_not_empty` refuses corpora of mostly bad records).
+    assert found == wiki_paragraphs + [""] and tallies[str(path)].bad_records == 0
   # Another column named: its own one line (it came wrapped in a second error: "cannot read ...: UserError: ...").
   with pytest.raises(UserError, match=rf"^{re.escape(str(path))} has no column 'body' \(it has \['text', 'n'\]\)"):
     documents_of("parquet", str(path), None, text_field="body")

@@ -93,11 +93,15 @@ def _text_lines(f, begin: int, end: int, book: tuple[int, int]) -> Iterator[byte
 
 
 def _record_text(line: str, field: str, tally: Tally) -> str | None:
+  """A JSONL record's text: None (a bad record, counted) for a line that is not an object with the text field, or
+  whose field is neither text nor null; a null is an empty document."""
   try:
     record = json.loads(line)
   except ValueError:
     record = None
-  text = record.get(field) if isinstance(record, dict) else None
+  text = record.get(field, 0) if isinstance(record, dict) else 0
+  if text is None:
+    return ""
   if not isinstance(text, str):
     tally.bad_records += 1
     return None
@@ -151,8 +155,8 @@ def _parquet_documents(f, name: str, field: str, begin: int, end: int, tally: Ta
                     f"(--text-field)")
   for batch in parquet.iter_batches(_PARQUET_BATCH, row_groups=list(range(begin, end)), columns=[field]):
     for text in batch.column(0).to_pylist():
-      if isinstance(text, str):
-        yield as_document(text)
+      if isinstance(text, str) or text is None:  # a null: an empty document
+        yield as_document(text or "")
       else:
         tally.bad_records += 1
 

@@ -16,7 +16,8 @@ class Tally:
     tokens: their tokens (special tokens not counted).
     empty_documents: documents dropped because they hold no token (e.g. only zero-width characters).
     undecodable_bytes: bytes dropped because they are not UTF-8.
-    bad_records: JSONL lines or Parquet rows dropped: not a JSON object, or without the text field.
+    bad_records: JSONL lines or Parquet rows dropped: not a JSON object, without the text field, or whose field holds
+      neither text nor null (a null is an empty document).
     gutenberg_characters: characters of a Project Gutenberg licence header and footer dropped.
   """
   documents: int = 0
