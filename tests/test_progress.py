@@ -126,6 +126,12 @@ def test_a_progress_line_shows_means_over_its_steps(tmp_path, capsys):
       "step 6/6 loss 5.5000 mlm_accuracy 0.5500 (means of 2 steps) learning_rate 6.000e-05"]
   rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   assert [row["loss"] for row in rows] == losses
+  with runlog.MetricWriter(tmp_path / "skipped", tensorboard=False) as writer:  # a step skipped as non-finite
+    steps = progress_lib.StepLog(writer, progress_lib.Progress(4, 128, 0.0, 0.0), log_every=4)
+    for step, loss in enumerate([2.0, float("nan"), 2.0, 5.0], 1):
+      steps.push(step, {"loss": loss, "nonfinite": float(loss != loss)})
+    steps.flush()
+  assert "step 4/4 loss 3.0000 (means of 4 steps)" in capsys.readouterr().out  # its NaN left out of the mean
   times = [row["time"] for row in rows]  # when each record was written: the rates can be checked against them
   assert times == sorted(times) and times[-1] - times[0] < 600
 

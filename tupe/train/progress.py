@@ -138,6 +138,7 @@ class StepLog:
     self.last = {}  # the row of the last step finished
     self.interval = {}  # since the last progress line: seconds in steps, and each rate's amount (rate x seconds)
     self.sums, self.steps = {}, 0  # since the last progress line: the AVERAGED metrics' sums, over `steps` steps
+    self.counts = {}  # ... and how many finite values each sum holds (a skipped step's NaN loss is left out)
     self.first_line: tuple[float, int] | None = None  # (clock, step) of the run's first progress line
 
   def push(self, step: int, metrics: dict) -> tuple[int, dict] | None:
@@ -165,16 +166,18 @@ class StepLog:
         self.interval[key] = self.interval.get(key, 0.0) + (seconds if key == "seconds" else row[key] * seconds)
     self.steps += 1
     for key in AVERAGED:
-      if key in row:
+      if key in row and math.isfinite(row[key]):
         self.sums[key] = self.sums.get(key, 0.0) + row[key]
+        self.counts[key] = self.counts.get(key, 0) + 1
     self.nonfinite(step, row)
     if itstime(step, self.log_every, self.progress.total):
       total = self.interval.pop("seconds")
       rates = {key: amount / total if total else 0.0 for key, amount in self.interval.items()}
-      means = {key: value / self.steps for key, value in self.sums.items()}
+      means = {key: self.sums[key] / self.counts[key] if self.counts.get(key) else math.nan
+               for key in AVERAGED if key in row}
       line = self.progress.line(step, dict(row, **means), rates, self.steps, self._wall_per_step(step))
       log(self.prefix(step) + line)
-      self.interval, self.sums, self.steps = {}, {}, 0
+      self.interval, self.sums, self.counts, self.steps = {}, {}, {}, 0
     return step, row
 
   def _wall_per_step(self, step: int) -> float | None:
