@@ -16,6 +16,7 @@ from tupe.data import tokenizer as tokenizer_lib
 from tupe.errors import UserError
 from tupe.store import checkpoint as checkpoint_lib
 from tupe.store import checksums
+from tupe.store import jsonlog
 from tupe.store import rundir
 from tupe.study import heldout
 from tupe.tools import evaluate
@@ -66,7 +67,7 @@ def run_workdir(tmp_path) -> pathlib.Path:
     ("summary", ["--config", "configs/pretrain.py:tupe_a,tiny", "--out"], "checkpoints/4/checksums.json"),
     ("summary", ["--config", "configs/pretrain.py:tupe_a,tiny", "--out"], "TEXT/x.md"),
     ("vocab", ["--input", "TEXT", "--output"], "config.json"),
-    ("vocab", ["--input", "TEXT", "--output"], "vocab.txt"),  # a GLUE workdir's, read by its kept models' users
+    ("vocab", ["--input", "TEXT", "--output"], "vocab.txt"),  # (a workdir of unknown kind: a GLUE workdir's file)
     ("predict", ["--model", "RUN", "--input", "TEXT.tsv", "--out"], "metrics.jsonl"),
     ("plot", ["--workdir", "RUN", "--out"], "results.png"),
 ])
@@ -92,9 +93,11 @@ def test_an_output_that_would_replace_an_input_or_a_run_file_is_refused_first(tm
 def test_a_runs_records_are_those_its_entry_points_write():
   """One table (`rundir.WRITES`) says what a workdir holds, for the jobs that write it and the tools that must not
   replace it: every file either entry point writes, log segments included, but the curves, which plot redraws."""
-  assert all(rundir.is_record(name) for name in ("config.json", "metrics.jsonl", "metrics.12.jsonl", "runs.1.jsonl",
-                                                 "vocab.txt", "results.md", ".tupe.lock"))
+  assert all(rundir.is_record(name) for name in ("config.json", "metrics.jsonl", "metrics-00012.jsonl",
+                                                 "runs-00001.jsonl", "vocab.txt", "results.md", ".tupe.lock"))
+  assert jsonlog._segment("w", "metrics", 12).name == "metrics-00012.jsonl"  # pylint: disable=protected-access
   assert not any(rundir.is_record(name) for name in ("curves.png", "metrics.jsonl.tmp", "notes.txt", "checkpoints"))
+  assert rundir.is_record("vocab.txt", "eval_glue.py") and not rundir.is_record("vocab.txt", "train.py")
   assert rundir.is_kept_folder("checkpoints") and rundir.is_kept_folder("models") and not rundir.is_kept_folder("x")
 
 

@@ -7,18 +7,20 @@ import re
 
 CONFIG = "config.json"  # in every workdir: a folder with one is a run's
 LOCK = ".tupe.lock"  # the lease's lock file (`tupe.store.lease`), in every workdir
-# (files, folders) each entry point writes at the top of its workdir. Logs are written in segments: metrics.jsonl,
-# metrics.1.jsonl, ... (`tupe.store.jsonlog`).
+# (files, folders) each entry point writes at the top of its workdir. Logs are written in segments in a bucket:
+# metrics.jsonl, metrics-00001.jsonl, ... (`tupe.store.jsonlog`).
 WRITES = {"train.py": ((CONFIG, "metrics.jsonl", "curves.png"), ("checkpoints", "tensorboard")),
           "eval_glue.py": ((CONFIG, "runs.jsonl", "vocab.txt", "results.json", "results.md", "results.png"),
                            ("runs", "predictions", "models", "submission"))}
 REDRAWN = ("curves.png",)  # drawn from metrics.jsonl, and redrawn there by `python -m tupe.tools.plot` at will
 
 
-def is_record(name: str) -> bool:
-  """Whether `name`, a file at the top of a workdir, is one that later readers of the run rely on."""
-  base = re.sub(r"\.\d+(?=\.jsonl$)", "", name)
-  return name == LOCK or (base not in REDRAWN and any(base in files for files, _ in WRITES.values()))
+def is_record(name: str, kind: str | None = None) -> bool:
+  """Whether `name`, a file at the top of a workdir of entry point `kind` (None: unknown, any), is one that later
+  readers of the run rely on."""
+  base = re.sub(r"-\d{5}(?=\.jsonl$)", "", name)  # a log's later segment
+  writes = [WRITES[kind]] if kind in WRITES else WRITES.values()
+  return name == LOCK or (base not in REDRAWN and any(base in files for files, _ in writes))
 
 
 def is_kept_folder(name: str) -> bool:
