@@ -49,6 +49,7 @@ BAD_VALUES = (
     ("disc_weight", -1.0, "disc_weight=-1.0 must be 0 or more"),
     ("global_batch_size", 0, "global_batch_size=0 must be 1 or more, e.g. --config.global_batch_size=256"),
     ("optimizer.weight_decay", float("nan"), "optimizer.weight_decay=nan must be 0 or more"),
+    ("optimizer.weight_decay", 1e39, "optimizer.weight_decay=1e+39 overflows float32"),
 )
 
 

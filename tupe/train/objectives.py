@@ -50,7 +50,8 @@ def binary_auc(scores, labels, weights):
   """ROC AUC of `scores` for binary `labels` over positions with weight 1, all three of one shape, e.g. [batch,
   length]: the Mann-Whitney statistic, tied scores ranked at their mean rank (a tie counts one half, as in
   scikit-learn's roc_auc_score; a constant score gives 0.5)."""
-  scores = jnp.where(weights > 0, scores, -jnp.inf).reshape(-1)
+  floor = jnp.finfo(scores.dtype).min  # a real score of -inf ranks above the padding, below every other score
+  scores = jnp.where(weights > 0, jnp.maximum(scores, floor), -jnp.inf).reshape(-1)
   labels = (labels * weights).reshape(-1)
   ordered = jnp.sort(scores)
   first, after = jnp.searchsorted(ordered, scores, "left"), jnp.searchsorted(ordered, scores, "right")

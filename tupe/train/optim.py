@@ -17,6 +17,8 @@ import optax
 from tupe.errors import UserError
 from tupe.models.encoder import STACKED
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
 
 def check_adam(opt_cfg) -> None:
   """Adam's settings as it needs them, one line each: betas in [0, 1) (1 or more never forgets, or grows without
@@ -36,6 +38,8 @@ def check_schedule(opt_cfg) -> None:
   for name in ("weight_decay", "clip_norm"):
     if not (math.isfinite(opt_cfg[name]) and opt_cfg[name] >= 0):
       raise UserError(f"optimizer.{name}={opt_cfg[name]} must be 0 or more")
+    if opt_cfg[name] > FLOAT32_MAX:  # finite in Python, inf in the step: every update skipped as non-finite
+      raise UserError(f"optimizer.{name}={opt_cfg[name]} overflows float32 (at most {FLOAT32_MAX:.3g})")
   if not (math.isfinite(opt_cfg.power) and opt_cfg.power > 0):
     raise UserError(f"optimizer.power={opt_cfg.power} must be above 0 (the polynomial decay's exponent; 1: linear)")
   if "end_learning_rate" in opt_cfg and opt_cfg.end_learning_rate > opt_cfg.learning_rate:

@@ -23,7 +23,6 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 import ml_collections
-import numpy as np
 
 from tupe import console
 from tupe import models
@@ -179,9 +178,6 @@ def checkpoint_meta(cfg, vocab_file: str, train_examples: int) -> meta_lib.Check
   return meta_lib.create(json.loads(cfg.to_json_best_effort()), vocab, train_examples)
 
 
-_FLOAT32_MAX = float(np.finfo(np.float32).max)
-
-
 def check_config(cfg) -> None:
   """Every check of a config that needs neither data nor devices (the loop's settings, the data config, the
   model's flags, the optimizer's schedule), made by `train` before anything is loaded and by `tupe.study.sweep` on
@@ -258,8 +254,8 @@ def check_loop(cfg) -> None:
     if math.isnan(value) or value < 0 or (name == "learning_rate" and value == 0):
       raise UserError(f"optimizer.{name}={value} must be " + ("above 0, e.g. 1e-4" if name == "learning_rate"
                                                              else "0 or more (the recipes' 0)"))
-    if value > _FLOAT32_MAX:
-      raise UserError(f"optimizer.{name}={value} overflows float32 (at most {_FLOAT32_MAX:.3g})")
+    if value > optim.FLOAT32_MAX:
+      raise UserError(f"optimizer.{name}={value} overflows float32 (at most {optim.FLOAT32_MAX:.3g})")
   optim.check_adam(cfg.optimizer)
   optim.check_schedule(cfg.optimizer)
   flops_lib.check_peak_flops(cfg.peak_flops)
