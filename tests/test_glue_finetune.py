@@ -445,10 +445,10 @@ def test_gradient_accumulation_equals_the_large_batch(pretrained, glue_dir, bert
   for accum in (1, 4):
     cfg.grad_accum_steps = accum
     setup = task_model.build_task(cfg, backbone, task, len(data.train["idx"]), mesh, rules)
-    # MFU's FLOPs: 16 sequences of 32, TUPE-A's positional term once for them all (16 times before).
+    # MFU's FLOPs: 16 sequences of 32, TUPE-A's positional term once per microbatch (16 times a step before).
     untied = flops_lib.untied_position_flops(backbone.cfg, 32)
     assert untied > 0 and setup.flops_per_step == pytest.approx(
-        3 * (16 * (flops_lib.encoder_forward_flops(backbone.cfg, 32) - untied) + untied), rel=1e-12)
+        3 * (16 * (flops_lib.encoder_forward_flops(backbone.cfg, 32) - untied) + accum * untied), rel=1e-12)
     # Whether the step loops over microbatches of 4 rows of 32 ids, as compile_train_step lowers it.
     row = encoding.batch_rows(data.train, np.arange(1), 1, cfg.regression_scale)
     batch = {name: jax.ShapeDtypeStruct((16,) + array.shape[1:], array.dtype, sharding=setup.batch_sharding)

@@ -122,7 +122,8 @@ def build_task(cfg, backbone: backbone_lib.Backbone, task: glue.Task, num_train:
       total_steps=total, warmup_steps=warmup, init_state=init_state,
       eval_step=jit_eval(module, mesh, rules, built.param_sharding),
       # Forward and backward (3x) through the encoder; the classifier head's FLOPs are negligible.
-      flops_per_step=3.0 * flops_lib.encoder_forward_flops(backbone.cfg, cfg.max_seq_len, cfg.batch_size))
+      flops_per_step=3.0 * flops_lib.encoder_forward_flops(backbone.cfg, cfg.max_seq_len, cfg.batch_size,
+                                                           cfg.grad_accum_steps))
 
 
 def compile_train_step(cfg, setup: TaskSetup, train: dict, label: str) -> None:

@@ -84,9 +84,10 @@ def summarize(cfg) -> dict:
   generator = (models.generator_config(cfg.model, cfg.generator_fraction) if cfg.objective == "electra"
                else None)
   tokens = cfg.global_batch_size * cfg.seq_len  # TUPE's positional term is shared by the batch's sequences
-  row["forward_flops"] = flops.encoder_forward_flops(cfg.model, cfg.seq_len, cfg.global_batch_size) / tokens
+  row["forward_flops"] = flops.encoder_forward_flops(cfg.model, cfg.seq_len, cfg.global_batch_size,
+                                                     cfg.grad_accum_steps) / tokens
   row["train_flops"] = flops.train_step_flops(cfg.model, cfg.seq_len, cfg.global_batch_size,
-                                              pretrain.num_predictions(cfg), generator) / tokens
+                                              pretrain.num_predictions(cfg), generator, cfg.grad_accum_steps) / tokens
   return row
 
 

@@ -13,7 +13,8 @@ A = attention heads * head_dim, W = A (or 2A with conv heads), K = conv kernel, 
   per token: embedding projection 2Ed (when E != d);
   MLM head, per predicted position: 2dE + 2EV; ELECTRA discriminator head, per token: 2d^2 + 2d;
   once per forward pass, whatever the batch size (positions only, shared by every sequence): TUPE's untied
-    term, 2 * 2(L+1)dA for Uq, Uk and 2(L+1)^2 A for the product (L+1 rows with the [CLS] reset, else L).
+    term, 2 * 2(L+1)dA for Uq, Uk and 2(L+1)^2 A for the product (L+1 rows with the [CLS] reset, else L); a step
+    of k microbatches (gradient accumulation) makes k forward passes.
 """
 from __future__ import annotations
 
@@ -55,8 +56,9 @@ def untied_position_flops(cfg, seq_len: int) -> float:
   return float(2 * 2 * rows * d * A + 2 * rows * rows * A)
 
 
-def encoder_forward_flops(cfg, seq_len: int, batch_size: int = 1) -> float:
-  """Forward FLOPs of the encoder stack for a batch of `batch_size` sequences (TUPE's positional term once)."""
+def encoder_forward_flops(cfg, seq_len: int, batch_size: int = 1, microbatches: int = 1) -> float:
+  """Forward FLOPs of the encoder stack for a batch of `batch_size` sequences, in `microbatches` forward passes
+  (TUPE's positional term once in each)."""
   d, L, I, E, K = cfg.hidden_size, seq_len, cfg.intermediate_size, cfg.embedding_size, cfg.conv_kernel_size
   heads = config_lib.attention_heads(cfg)
   A = heads * config_lib.head_dim(cfg)
@@ -68,7 +70,7 @@ def encoder_forward_flops(cfg, seq_len: int, batch_size: int = 1) -> float:
   flops = cfg.num_layers * per_token * L
   if E != d:
     flops += 2 * E * d * L
-  return float(flops) * batch_size + untied_position_flops(cfg, L)
+  return float(flops) * batch_size + microbatches * untied_position_flops(cfg, L)
 
 
 def mlm_head_flops(cfg, num_predictions: int) -> float:
@@ -76,10 +78,12 @@ def mlm_head_flops(cfg, num_predictions: int) -> float:
                                   + 2 * cfg.embedding_size * cfg.vocab_size))
 
 
-def train_step_flops(cfg, seq_len: int, batch_size: int, num_predictions: int, generator_cfg=None) -> float:
-  """Training FLOPs of one step (3 x forward) for the MLM or, with `generator_cfg`, the ELECTRA objective."""
+def train_step_flops(cfg, seq_len: int, batch_size: int, num_predictions: int, generator_cfg=None,
+                     microbatches: int = 1) -> float:
+  """Training FLOPs of one step (3 x forward, in `microbatches` passes) for the MLM or, with `generator_cfg`, the
+  ELECTRA objective."""
   encoders = (cfg,) if generator_cfg is None else (cfg, generator_cfg)
-  forward = sum(encoder_forward_flops(c, seq_len, batch_size) for c in encoders)
+  forward = sum(encoder_forward_flops(c, seq_len, batch_size, microbatches) for c in encoders)
   if generator_cfg is None:
     heads = mlm_head_flops(cfg, num_predictions)
   else:

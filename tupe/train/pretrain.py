@@ -118,7 +118,8 @@ def build(cfg, devices=None) -> Setup:
                         out_shardings=replicated),
       normalizers=jax.jit(objectives.normalizers, in_shardings=(built.batch_sharding,), out_shardings=replicated),
       num_predictions=n_pred,
-      flops_per_step=flops_lib.train_step_flops(cfg.model, cfg.seq_len, cfg.global_batch_size, n_pred, generator))
+      flops_per_step=flops_lib.train_step_flops(cfg.model, cfg.seq_len, cfg.global_batch_size, n_pred, generator,
+                                                cfg.grad_accum_steps))
 
 
 def abstract_batch(setup: Setup) -> dict:
