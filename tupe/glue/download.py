@@ -38,6 +38,7 @@ from tupe import console
 from tupe.data import readers
 from tupe.errors import UserError
 from tupe.glue import tasks as glue
+from tupe.store import network
 from tupe.store import storage
 
 ALL_TASKS = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli", "ax")
@@ -107,7 +108,7 @@ def check_network(urls: list[str]) -> None:
   """
   for url in urls:
     try:
-      storage.host_resolves(url)
+      network.host_resolves(url)
     except socket.gaierror as e:
       raise UserError(f"cannot look up {urllib.parse.urlsplit(url).hostname}, which serves GLUE's files "
                       f"({e.strerror}): check the network connection (behind a proxy, set HTTPS_PROXY), then "

@@ -25,11 +25,8 @@ import contextlib
 import functools
 import io
 import os
-import socket
 from typing import IO
 from typing import NamedTuple
-import urllib.parse
-import urllib.request
 
 import fsspec
 
@@ -37,6 +34,7 @@ from tupe.errors import UserError
 from tupe.store import atomic
 from tupe.store import deadline
 from tupe.store import fence
+from tupe.store import network
 from tupe.store.paths import bare
 from tupe.store.paths import is_remote
 from tupe.store.paths import local
@@ -54,27 +52,6 @@ def _fresh_listings() -> None:
   lease, runs that another process writes) would never see it change."""
   for protocol in ("gcs", "s3"):
     fsspec.config.conf.setdefault(protocol, {})["use_listings_cache"] = False
-
-
-@functools.cache  # (a host that resolved is not looked up again; a failure is not cached)
-def host_resolves(url: str) -> None:
-  """Raises the OS's `socket.gaierror` at once when the host of `url` has no address (no network or name service
-  here, or a mistyped endpoint): the clients would retry for half a minute or more before failing. Not checked
-  when a proxy serves the URL (HTTPS_PROXY, HTTP_PROXY or ALL_PROXY, unless NO_PROXY names the host): the proxy
-  looks names up itself."""
-  parts = urllib.parse.urlsplit(url if "//" in url else f"http://{url}")
-  proxies = urllib.request.getproxies()
-  if (proxies.get(parts.scheme) or proxies.get("all")) and not urllib.request.proxy_bypass(parts.hostname):
-    return
-  socket.getaddrinfo(parts.hostname, None)
-
-
-def _gcs_endpoint() -> str:
-  """Where gcsfs sends its requests: fsspec's configured endpoint (FSSPEC_GCS_ENDPOINT_URL), an emulator's
-  (STORAGE_EMULATOR_HOST), or Google's."""
-  emulator = os.environ.get("STORAGE_EMULATOR_HOST", "")
-  return (fsspec.config.conf.get("gcs", {}).get("endpoint_url") or os.environ.get("FSSPEC_GCS_ENDPOINT_URL")
-          or (emulator if emulator not in ("", "default") else "https://storage.googleapis.com"))
 
 
 @functools.cache
@@ -403,7 +380,7 @@ def check_writable(p: PathLike) -> None:
   if is_remote(d):
     with errors("write in", d):
       if str(d).startswith("gs://"):  # no network: at once, not after gcsfs's retries (about 35 s)
-        host_resolves(_gcs_endpoint())
+        network.host_resolves(network.gcs_endpoint())
       probe = d / f".tupe-write-check-{os.getpid()}"
       probe.write_bytes(b"")
       probe.unlink()
