@@ -3,9 +3,7 @@ file, not one of the command's inputs (which it would replace), and not a file o
 logs, anything under its checkpoints or kept models), which every later reader of the run would find replaced."""
 from __future__ import annotations
 
-from tupe import config_files
 from tupe.errors import UserError
-from tupe.store import jsonfile
 from tupe.store import rundir
 from tupe.store import storage
 
@@ -30,7 +28,7 @@ def check(out: storage.PathLike, flag: str, example: str,
   folder, inside = target.parent, (target.name,)
   while True:
     if storage.exists(folder / rundir.CONFIG) and (
-        rundir.is_record(inside[0], _entry_point(folder)) if len(inside) == 1 else rundir.is_kept_folder(inside[0])):
+        rundir.is_record(inside[0], _owner(folder)) if len(inside) == 1 else rundir.is_kept_folder(inside[0])):
       raise UserError(f"{flag} {out} is a file of the run in {folder}, which it would replace: write elsewhere, "
                       f"e.g. {folder.parent / example}")
     if folder.parent == folder or (storage.is_remote(folder) and "/" not in storage.bare(folder)):
@@ -38,10 +36,10 @@ def check(out: storage.PathLike, flag: str, example: str,
     folder, inside = folder.parent, (folder.name, *inside)
 
 
-def _entry_point(workdir: storage.Path) -> str | None:
-  """The entry point whose run `workdir` holds, by its config.json (None where that does not read)."""
+def _owner(workdir: storage.Path) -> str | None:
+  """`rundir.entry_point`, None where its config.json does not read (the records of any entry point then count)."""
   try:
-    return config_files.entry_point(jsonfile.parse(storage.read_bytes(workdir / rundir.CONFIG)) or {})
+    return rundir.entry_point(workdir)
   except storage.StorageError:
     return None
 

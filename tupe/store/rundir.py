@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import re
 
+from tupe import config_files
+from tupe.store import jsonfile
+from tupe.store import storage
+
 CONFIG = "config.json"  # in every workdir: a folder with one is a run's
 LOCK = ".tupe.lock"  # the lease's lock file (`tupe.store.lease`), in every workdir
 # (files, folders) each entry point writes at the top of its workdir. Logs are written in segments in a bucket:
@@ -21,6 +25,14 @@ def is_record(name: str, kind: str | None = None) -> bool:
   base = re.sub(r"-\d{5}(?=\.jsonl$)", "", name)  # a log's later segment
   writes = [WRITES[kind]] if kind in WRITES else WRITES.values()
   return name == LOCK or (base not in REDRAWN and any(base in files for files, _ in writes))
+
+
+def entry_point(workdir: storage.PathLike) -> str | None:
+  """The entry point ("train.py", "eval_glue.py") whose run `workdir` holds, by its config.json; None where there is
+  none, or it is not a config object."""
+  path = storage.path(workdir) / CONFIG
+  saved = jsonfile.parse(storage.read_bytes(path)) if storage.exists(path) else None
+  return config_files.entry_point(saved) if saved is not None else None
 
 
 def is_kept_folder(name: str) -> bool:

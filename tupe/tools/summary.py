@@ -20,7 +20,6 @@ predicted positions only). TUPE's positional term is computed once per batch, it
 """
 from __future__ import annotations
 
-import flax.linen as nn
 import jax
 
 from tupe import config_files
@@ -64,13 +63,6 @@ def component_counts(params) -> dict[str, int]:
   return counts
 
 
-def pretraining_shapes(cfg):
-  """Abstract params of the config's pre-training model (MaskedLM or Electra), from jax.eval_shape."""
-  module = objectives.build_model(cfg)
-  inputs = models.init_inputs(cfg.model, predictions=2)
-  return jax.eval_shape(lambda: nn.meta.unbox(module.init(jax.random.PRNGKey(0), *inputs)["params"]))
-
-
 def summarize(cfg) -> dict:
   """Parameter counts and FLOPs per token of a pre-training config (`configs/pretrain.py`).
 
@@ -78,7 +70,7 @@ def summarize(cfg) -> dict:
     dict: every COMPONENTS count, "backbone", "total" (ints), "forward_flops" (backbone forward per token),
     "train_flops" (training step per token).
   """
-  row = component_counts(pretraining_shapes(cfg))
+  row = component_counts(objectives.param_shapes(cfg))
   row["backbone"] = sum(row[name] for name in BACKBONE)
   row["total"] = sum(row[name] for name in COMPONENTS)
   generator = (models.generator_config(cfg.model, cfg.generator_fraction) if cfg.objective == "electra"

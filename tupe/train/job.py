@@ -33,7 +33,6 @@ from tupe import config_files
 from tupe import signals
 from tupe.errors import UserError
 from tupe.store import deadline
-from tupe.store import jsonfile
 from tupe.store import jsonlog
 from tupe.store import lease
 from tupe.store import rundir
@@ -120,9 +119,8 @@ def check_kind(workdir: storage.Path, kind: str | None) -> None:
   wrote (its config.json is the other's; without one, checkpoints/ is train.py's and runs.jsonl eval_glue.py's),
   which it would overwrite."""
   owner = None
-  if storage.exists(workdir / "config.json"):
-    saved = jsonfile.parse(storage.read_bytes(workdir / "config.json"))  # (None, not an object: no owner named)
-    owner = config_files.entry_point(saved) if saved is not None else None
+  if storage.exists(workdir / rundir.CONFIG):
+    owner = rundir.entry_point(workdir)  # (None, not a config object: no owner named)
   elif storage.exists(workdir / "checkpoints"):
     owner = "train.py"
   elif jsonlog.segments(workdir, "runs"):

@@ -5,6 +5,7 @@ token_type_ids, masked_positions / masked_ids / masked_weights [batch, P]. Losse
 """
 from __future__ import annotations
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
@@ -21,6 +22,14 @@ def build_model(cfg):
   if cfg.objective == "electra":
     return models.Electra(cfg.model, models.generator_config(cfg.model, cfg.generator_fraction))
   raise UserError(f"objective={cfg.objective!r}; use 'mlm' or 'electra'")
+
+
+def param_shapes(cfg):
+  """The abstract parameters of the config's pre-training model (`build_model`), from jax.eval_shape: nothing is
+  allocated."""
+  module = build_model(cfg)
+  inputs = models.init_inputs(cfg.model, predictions=2)
+  return jax.eval_shape(lambda: nn.meta.unbox(module.init(jax.random.PRNGKey(0), *inputs)["params"]))
 
 
 # Metrics that are not a sum over positions: a microbatch's value is averaged, not summed (`normalizers`).

@@ -125,8 +125,8 @@ class StepLog:
   loss, accuracy and gradient norm over the steps since the previous line, and the rates over them (each step's
   amount over their summed times: one slow step among many does not make the line's rates, and time outside the
   steps never counts); its ETA goes by the wall-clock time per step since the first line, evaluations and
-  checkpoints included. Every step's row goes to `nonfinite`, the
-  run's policy for steps the non-finite guard skipped, before its line (it may raise to stop the run).
+  checkpoints included. Every step's row goes to `nonfinite`, the run's policy for steps the non-finite guard
+  skipped, before its line (it may raise to stop the run).
   """
 
   def __init__(self, writer: MetricWriter, progress: Progress, log_every: int, prefix=lambda step: "",

@@ -15,17 +15,15 @@ from __future__ import annotations
 import json
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 
 from tupe import console
-from tupe import models
 from tupe.errors import UserError
 from tupe.store import checkpoint
 from tupe.store import storage
-from tupe.train import objectives
 from tupe.store.meta import CheckpointMeta, create as create_meta
 from tupe.store.refusals import reason
+from tupe.train import objectives
 
 _DATA_LOCATIONS = ("files", "vocab_file", "cache_dir", "tfds_data_dir", "num_workers")
 _STREAM = ("seq_len", "global_batch_size", "seed")  # with the data settings: what makes the stream of batches
@@ -70,11 +68,18 @@ def planned_differences(workdir: storage.PathLike, cfg) -> list[str]:
   if checkpoint.newest_step(storage.path(workdir) / "checkpoints") < 0:
     return []
   saved_config = checkpoint.load_meta(workdir).config
-  planned = create_meta(json.loads(cfg.to_json_best_effort()), [], 0).config
-  if not planned["model"]["vocab_size"]:  # "the tokenizer's", which the checkpoint holds resolved
-    planned["model"]["vocab_size"] = saved_config["model"]["vocab_size"]
+  planned = _planned(cfg, saved_config)
   return [d for d in changed_settings(saved_config, planned) if not d.startswith("eval_batches=") and not (
       d.startswith("num_train_steps=") and planned["num_train_steps"] > saved_config["num_train_steps"])]
+
+
+def _planned(cfg, saved_config: dict) -> dict:
+  """The config a run planned as `cfg` would record (every setting explicit), a vocab size left to the tokenizer
+  ("the tokenizer's": not known before the data) taken as the checkpoint's, which holds it resolved."""
+  planned = create_meta(json.loads(cfg.to_json_best_effort()), [], 0).config
+  if not planned["model"]["vocab_size"]:
+    planned["model"]["vocab_size"] = saved_config["model"]["vocab_size"]
+  return planned
 
 
 def _check_fits(step: int, directory: storage.Path, saved_params, params, saved_config: dict,
@@ -154,14 +159,10 @@ def check_before_loading(workdir: storage.PathLike, cfg) -> None:
     saved = checkpoint.params_metadata(newest[0], saved_meta)
   except Exception:  # pylint: disable=broad-except  (damaged, unreadable: restoring says so, or skips it)
     return
-  config = create_meta(json.loads(cfg.to_json_best_effort()), [], 0).config
-  if not config["model"]["vocab_size"]:  # "the tokenizer's": not known before the data
-    config["model"]["vocab_size"] = saved_meta.config["model"]["vocab_size"]
-  planned = ml_collections.ConfigDict(config)
-  module = objectives.build_model(planned)
-  params = jax.eval_shape(lambda: models.init_module(module, planned.model, 0, jnp.zeros((1, 2), jnp.int32)))
+  config = _planned(cfg, saved_meta.config)
   step = int(newest[0].name)
-  _check_fits(step, root, saved, params, saved_meta.config, config)
+  _check_fits(step, root, saved, objectives.param_shapes(ml_collections.ConfigDict(config)), saved_meta.config,
+              config)
   if diff := _differences(saved_meta.config, config, list(_STREAM)):
     raise _other_batches(step, root, diff)
 
