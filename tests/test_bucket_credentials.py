@@ -344,15 +344,21 @@ def test_a_store_host_that_does_not_resolve_is_named():
       "is set"), line
 
 
-def test_a_gcs_endpoint_that_does_not_resolve_is_refused_at_once(monkeypatch):
-  """GCS's host (here an emulator's endpoint that cannot resolve) is looked up before a gs:// workdir is written
-  (gcsfs retried for about 35 s before the same refusal); behind a proxy it is left to the proxy."""
+@pytest.mark.parametrize("what, operation", [
+    ("write in", lambda: storage.check_writable("gs://b/run")),
+    ("read", lambda: storage.read_text("gs://b/run/data.txt")),
+    ("list", lambda: storage.iterdir("gs://b/run/checkpoints")),
+], ids=["workdir", "read", "list"])
+def test_a_gcs_endpoint_that_does_not_resolve_is_refused_at_once(monkeypatch, what, operation):
+  """GCS's host (here an emulator's endpoint that cannot resolve) is looked up before any gs:// path is used: a
+  workdir checked, a data file read, checkpoints listed (gcsfs retried for about 35 s before the same refusal, and
+  logged a traceback); behind a proxy it is left to the proxy."""
   for name in [name for name in os.environ if name.lower().endswith("_proxy")]:
     monkeypatch.delenv(name)
   monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://gcs-endpoint.invalid:4443")
-  with pytest.raises(storage.StorageError, match=r"^cannot write in gs://b/run: the store's host name does not "
+  with pytest.raises(storage.StorageError, match=rf"^cannot {what} gs://b/run\S*: the store's host name does not "
                                                  r"resolve \(") as refused:
-    storage.check_writable("gs://b/run")
+    operation()
   assert type(refused.value.__cause__) is socket.gaierror  # the look-up's own error: gcsfs never sent a request
 
 

@@ -95,12 +95,14 @@ def _bounded(verb: str):
 @contextlib.contextmanager
 def errors(what: str, p: PathLike) -> Iterator[None]:
   """Turns any storage exception raised inside into a `StorageError` "{what} {p}: {cause}"; a `UserError` raised
-  inside (a reader's own one line, e.g. a Parquet file without the column) passes as it is. A gs:// path's
-  credentials are checked first (`_google_credentials`)."""
+  inside (a reader's own one line, e.g. a Parquet file without the column) passes as it is. For a gs:// path the
+  store's host is looked up first (no network: a refusal at once, not after gcsfs's retries of about 35 s; s3fs gives
+  up within seconds), then its credentials are checked (`_google_credentials`)."""
   try:
     if is_remote(p):
       _fresh_listings()
     if str(p).startswith("gs://"):
+      network.host_resolves(network.gcs_endpoint())
       _google_credentials(os.environ.get("GOOGLE_APPLICATION_CREDENTIALS"))
     yield
   except UserError:
@@ -379,8 +381,6 @@ def check_writable(p: PathLike) -> None:
   d = path(p)
   if is_remote(d):
     with errors("write in", d):
-      if str(d).startswith("gs://"):  # no network: at once, not after gcsfs's retries (about 35 s)
-        network.host_resolves(network.gcs_endpoint())
       probe = d / f".tupe-write-check-{os.getpid()}"
       probe.write_bytes(b"")
       probe.unlink()
