@@ -14,8 +14,9 @@ label / 5.
 ConvBERT recipe (official code): head dropout-out on [CLS] (`--config.head=hf` for HF's dense-GELU head, which a
 classifier exported to transformers needs); layer-wise lr decay 0.8; lr 3e-4 (small, medium-small) or 1e-4
 (base); 3 epochs (10 for RTE, STS-B); warmup 10%; batch 32; weight decay 0.01 except LayerNorm and biases; MRPC
-and STS-B also trained on swapped pairs; dev evaluation at the end of training.
-Both: Adam (0.9, 0.999, eps 1e-6), clip 1.0, linear decay to 0 after the warmup, hidden and attention dropout
+and STS-B also trained on swapped pairs; dev evaluation at the end of training; the official code's optimizer:
+the linear decay over all steps times the warmup's ramp, Adam without bias correction (tupe/train/optim.py).
+Both: Adam (0.9, 0.999, eps 1e-6), clip 1.0, linear decay to 0 (TUPE: after the warmup), hidden and attention dropout
 0.1 whatever the checkpoint was pre-trained with, the head initialized N(0, 0.02), pairs padded or truncated to
 128 tokens (the official TUPE fine-tuning truncates at 512: --config.max_seq_len=512). Everything is
 overridable, e.g.
@@ -86,6 +87,8 @@ def get_config(recipe: str = "tupe") -> ml_collections.ConfigDict:
   c.optimizer = ml_collections.ConfigDict(dict(
       decay="linear", power=1.0, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01, clip_norm=1.0,
       weight_decay_mask="all" if recipe == "tupe" else "no_ln_bias",
+      schedule="warmup_then_decay" if recipe == "tupe" else "decay_times_warmup",  # configs/pretrain.py's comment
+      bias_correction=recipe == "tupe",
       layerwise_decay=1.0 if recipe == "tupe" else 0.8))
   c.predict_test = True            # GLUE test-server files from each task's best model
   # Fine-tuned models kept (docs/GLUE.md): "best" (the chosen run's in models/<TASK>, and the best seed's of each

@@ -40,7 +40,11 @@ def common() -> ml_collections.ConfigDict:
   c.prng_impl = "rbg"              # jax PRNG for dropout/sampling: "rbg" (fast to compile) or "threefry2x32"
   c.optimizer = ml_collections.ConfigDict(dict(
       learning_rate=1e-4, end_learning_rate=0.0, warmup_steps=10_000, decay="linear", power=1.0,
-      b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01, weight_decay_mask="all", clip_norm=1.0))
+      schedule="warmup_then_decay", b1=0.9, b2=0.999, eps=1e-6, bias_correction=True, weight_decay=0.01,
+      weight_decay_mask="all", clip_norm=1.0))
+  # schedule: "warmup_then_decay" (TUPE's fairseq code: up to the peak, then the decay over the steps left) or
+  # "decay_times_warmup" (ConvBERT's code: the decay over all steps, times min(1, step / warmup)); bias_correction:
+  # Adam's (fairseq's) or none (ConvBERT's and ELECTRA's AdamWeightDecay). tupe/train/optim.py says what they change.
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
   # [logical axis name, mesh axis | [mesh axes] | None] pairs (tupe.train.sharding); () also means these defaults.
   c.sharding_rules = partitioning.DEFAULT_RULES
@@ -82,7 +86,7 @@ def get_config(arg: str = "tupe_a,base") -> ml_collections.ConfigDict:
     c.global_batch_size = 256 if size in ("base", "large") else 128
     if size in CONVBERT_LR:  # (tiny: its own, below)
       c.optimizer.learning_rate = CONVBERT_LR[size]
-    c.optimizer.weight_decay_mask = "no_ln_bias"
+    c.optimizer.update(weight_decay_mask="no_ln_bias", schedule="decay_times_warmup", bias_correction=False)
     c.data.packing = "segment_pair"
     if name == "convbert":
       c.objective = "electra"

@@ -1,8 +1,10 @@
-"""The optimizer of the recipes: learning-rate schedule and weight-decay masks."""
+"""The optimizer of the recipes: learning-rate schedules, Adam with and without bias correction, weight-decay
+masks."""
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import optax
 import pytest
 
 from configs import pretrain
@@ -14,8 +16,9 @@ from tupe.train import optim
 
 def _opt_cfg(**overrides):
   return ml_collections.ConfigDict(dict(
-      learning_rate=1e-3, end_learning_rate=0.0, warmup_steps=4, decay="linear", power=1.0, b1=0.9, b2=0.999,
-      eps=1e-6, weight_decay=0.1, weight_decay_mask="all", clip_norm=1.0) | overrides)
+      learning_rate=1e-3, end_learning_rate=0.0, warmup_steps=4, decay="linear", power=1.0,
+      schedule="warmup_then_decay", b1=0.9, b2=0.999, eps=1e-6, bias_correction=True, weight_decay=0.1,
+      weight_decay_mask="all", clip_norm=1.0) | overrides)
 
 
 def test_schedule_warms_up_then_decays_linearly():
@@ -29,6 +32,55 @@ def test_schedule_warms_up_then_decays_linearly():
   for bad in (-5, 2.5):  # (before: -5 was taken as 1, and 2.5 as 2, without a word)
     with pytest.raises(UserError, match=f"^optimizer.warmup_steps={bad}: give a whole number of steps, 0 or more"):
       optim.schedule(_opt_cfg(warmup_steps=bad), total_steps=12)
+
+
+def test_convbert_schedule_is_the_decay_over_all_steps_times_the_warmup():
+  """ConvBERT's (ELECTRA's) form: lr * (1 - t / T) * min(1, t / W), as tf.train.polynomial_decay and the warmup
+  factor of its create_optimizer give it; a polynomial decay keeps the product."""
+  lr = optim.schedule(_opt_cfg(schedule="decay_times_warmup"), total_steps=12)
+  t = np.arange(13)
+  np.testing.assert_allclose([float(lr(s)) for s in t], 1e-3 * (1 - t / 12) * np.minimum(1, t / 4), rtol=1e-5,
+                             atol=1e-10)
+  assert float(lr(4)) == pytest.approx(1e-3 * 8 / 12)  # the end of the warmup: below the peak
+  squared = optim.schedule(_opt_cfg(schedule="decay_times_warmup", decay="polynomial", power=2.0), total_steps=12)
+  np.testing.assert_allclose([float(squared(s)) for s in t], 1e-3 * (1 - t / 12) ** 2 * np.minimum(1, t / 4),
+                             rtol=1e-5, atol=1e-10)
+  with pytest.raises(UserError, match=r"^optimizer.schedule='cosine'; use 'warmup_then_decay' .* or "
+                                      r"'decay_times_warmup'"):
+    optim.check_schedule(_opt_cfg(schedule="cosine"))
+
+
+@pytest.mark.parametrize("bias_correction", [True, False])
+def test_adam_steps_equal_a_numpy_adamw(bias_correction):
+  """Four steps of the optimizer (clipping, Adam, weight decay on the masked leaves, the schedule) against AdamW
+  written out in numpy: with bias correction as fairseq's and torch's Adam, without it as ELECTRA's
+  AdamWeightDecayOptimizer (m / (sqrt(v) + eps) from the raw moments), whose first steps are several times larger."""
+  rng = np.random.default_rng(0)
+  params = {"dense": {"kernel": rng.normal(size=(3, 4)).astype(np.float32),
+                      "bias": rng.normal(size=4).astype(np.float32)}}
+  grads = [jax.tree_util.tree_map(lambda p: rng.normal(size=p.shape).astype(np.float32) * 0.1, params)
+           for _ in range(4)]
+  cfg = _opt_cfg(warmup_steps=2, weight_decay_mask="no_ln_bias", bias_correction=bias_correction, clip_norm=1e3)
+  tx, lr = optim.make_optimizer(cfg, params, total_steps=8)
+  state, ours = tx.init(params), params
+  m = {name: np.zeros_like(p) for name, p in params["dense"].items()}
+  v = {name: np.zeros_like(p) for name, p in params["dense"].items()}
+  theirs = jax.tree_util.tree_map(np.float64, params)
+  for t, g in enumerate(grads):
+    updates, state = tx.update(g, state, ours)
+    ours = optax.apply_updates(ours, updates)
+    rate = 1e-3 * t / 2 if t < 2 else 1e-3 * (8 - t) / 6  # warmup_then_decay, 2 of 8 steps
+    for name in ("kernel", "bias"):
+      m[name] = 0.9 * m[name] + 0.1 * g["dense"][name]
+      v[name] = 0.999 * v[name] + 0.001 * g["dense"][name] ** 2
+      m_hat, v_hat = ((m[name] / (1 - 0.9 ** (t + 1)), v[name] / (1 - 0.999 ** (t + 1))) if bias_correction
+                      else (m[name], v[name]))
+      step = m_hat / (np.sqrt(v_hat) + 1e-6) + (0.1 * theirs["dense"][name] if name == "kernel" else 0)
+      theirs["dense"][name] = theirs["dense"][name] - rate * step
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-8), ours, theirs)
+  # Restores either way: the state is optax's Adam state.
+  assert jax.tree_util.tree_structure(state) == jax.tree_util.tree_structure(
+      optim.make_optimizer(_opt_cfg(bias_correction=not bias_correction), params, 8)[0].init(params))
 
 
 def _params(name: str):

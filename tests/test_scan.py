@@ -121,8 +121,9 @@ def test_layerwise_decay_under_scan_equals_unrolled():
   grads = jax.tree_util.tree_map(lambda x: jnp.asarray(np.random.default_rng(x.size).normal(size=x.shape),
                                                        jnp.float32), params)
   opt_cfg = ml_collections.ConfigDict(dict(
-      learning_rate=1e-3, end_learning_rate=0.0, warmup_steps=1, decay="linear", power=1.0, b1=0.9, b2=0.999,
-      eps=1e-6, weight_decay=0.01, weight_decay_mask="no_ln_bias", clip_norm=1.0, layerwise_decay=0.8))
+      learning_rate=1e-3, end_learning_rate=0.0, warmup_steps=1, decay="linear", power=1.0,
+      schedule="decay_times_warmup", b1=0.9, b2=0.999, eps=1e-6, bias_correction=False, weight_decay=0.01,
+      weight_decay_mask="no_ln_bias", clip_norm=1.0, layerwise_decay=0.8))
 
   @jax.jit
   def update(params, grads):

@@ -11,11 +11,16 @@ ConvBERT model: those export to transformers' own classes) twice, at the grid's 
     torch.optim.AdamW with parameter groups built from the HF parameter names by the recipe's rules (weight
     decay on all weights, or not on LayerNorm and biases; ConvBERT's layer-wise lr decay: the head at lr, layer i
     at lr * decay^(L + 1 - i), embeddings at lr * decay^(L + 2)), get_linear_schedule_with_warmup,
-    clip_grad_norm_, cross entropy, or MSE on STS-B's labels / regression_scale.
+    clip_grad_norm_, cross entropy, or MSE on STS-B's labels / regression_scale. The ConvBERT recipe's optimizer
+    (the official code's: `tupe.train.optim`) is written out here from that code: its learning rate (the linear
+    decay over all steps times min(1, step / warmup)) as a LambdaLR, its Adam without bias correction as a torch
+    optimizer (`AdamWeightDecay`).
 Held equal: the rows (our encoding, the same batches in the same order: `tupe.glue.loop.epoch_order`), our
 initialised head copied into the HF model (our `tupe` head is BERT's pooler + classifier, our `hf` head
 ConvBERT's classification head, so --config.head must be the family's), dropout off in both models, every
-hyper-parameter, and one dev evaluation after the last step (evals_per_epoch=0). A model without token types is
+hyper-parameter, the padding token's embedding row trained on both sides (HF's nn.Embedding keeps it fixed, ours
+and the official codes train it: ConvBERT's convolution reads padded positions, so its gradient is not 0), and one
+dev evaluation after the last step (evals_per_epoch=0). A model without token types is
 exported with all-zero type rows: the HF side gets no token types and that table is frozen (trained, it would
 become a bias our model does not have).
 The export's tokenizer (AutoTokenizer) is compared with our encoding separately: they differ only on pairs longer
@@ -86,7 +91,7 @@ def sklearn_metrics(task: str, predictions: np.ndarray, labels: np.ndarray) -> d
 
 
 def param_groups(model, opt_cfg, num_layers: int, lr: float) -> list[dict]:
-  """torch.optim.AdamW parameter groups of an HF model by the recipe's rules, read from the HF names."""
+  """The PyTorch optimizer's parameter groups of an HF model by the recipe's rules, read from the HF names."""
   groups = {}
   for name, param in model.named_parameters():
     if not param.requires_grad:
@@ -120,6 +125,45 @@ def tokenization_check(tokenizer, examples, ours: dict, max_len: int) -> dict:
   return {"rows": len(examples), "differing": int(differ.sum()), "differing_truncated": int((differ & truncated).sum())}
 
 
+def torch_optimizer(opt_cfg, groups, lr: float, warmup: int, total: int):
+  """(optimizer, scheduler) of the PyTorch side: torch's AdamW and transformers' linear schedule, or the ConvBERT
+  recipe's optimizer (`AdamWeightDecay`) and learning rate, transcribed from its official TensorFlow code."""
+  import torch
+  import transformers
+
+  if opt_cfg.bias_correction:
+    optimizer = torch.optim.AdamW(groups, lr=lr, betas=(opt_cfg.b1, opt_cfg.b2), eps=opt_cfg.eps)
+  else:
+    optimizer = adam_weight_decay(groups, lr, opt_cfg.b1, opt_cfg.b2, opt_cfg.eps)
+  if opt_cfg.schedule == "warmup_then_decay":
+    return optimizer, transformers.get_linear_schedule_with_warmup(optimizer, warmup, total)
+  return optimizer, torch.optim.lr_scheduler.LambdaLR(
+      optimizer, lambda step: max(0.0, 1 - step / total) * min(1.0, step / max(1, warmup)))
+
+
+def adam_weight_decay(groups, lr: float, b1: float, b2: float, eps: float):
+  """ELECTRA's and ConvBERT's AdamWeightDecayOptimizer in torch: m and v without bias correction, the update
+  m / (sqrt(v) + eps) + weight_decay * param, times the learning rate."""
+  import torch
+
+  class AdamWeightDecay(torch.optim.Optimizer):
+    @torch.no_grad()
+    def step(self):
+      for group in self.param_groups:
+        for p in group["params"]:
+          if p.grad is None:
+            continue
+          state = self.state[p]
+          if not state:
+            state["m"], state["v"] = torch.zeros_like(p), torch.zeros_like(p)
+          m, v = state["m"], state["v"]
+          m.mul_(b1).add_(p.grad, alpha=1 - b1)
+          v.mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
+          p.sub_(group["lr"] * (m / (v.sqrt() + eps) + group["weight_decay"] * p))
+
+  return AdamWeightDecay(groups, {"lr": lr, "weight_decay": 0.0})
+
+
 def train_reference(cfg, hf_dir, family: str, task, setup, head: dict, lr: float, seed: int, data, model_cfg):
   """PyTorch + transformers fine-tuning on our encoded rows, in float64 when our model computes in it:
   (per-step losses [steps], dev predictions [n], the AdamW parameter groups as {lr_scale, weight_decay,
@@ -141,12 +185,14 @@ def train_reference(cfg, hf_dir, family: str, task, setup, head: dict, lr: float
       params[f"{theirs}.bias"].copy_(torch.from_numpy(np.array(head[ours]["bias"])))
   if not with_types:  # The exported all-zero rows stand for "no token types": trained, they would become biases.
     model.base_model.embeddings.token_type_embeddings.weight.requires_grad_(False)
+  # The padding token's row is trained, as ours and the official TensorFlow codes train it; HF's nn.Embedding
+  # (padding_idx) never updates it. It matters to ConvBERT alone, whose convolution reads padded positions.
+  model.base_model.embeddings.word_embeddings.padding_idx = None
   model.train()  # dropout 0: the same as eval mode, and what a training loop runs
   opt_cfg = cfg.optimizer
   groups = param_groups(model, opt_cfg, model_cfg.num_layers, lr)
-  optimizer = torch.optim.AdamW(groups, lr=lr, betas=(opt_cfg.b1, opt_cfg.b2), eps=opt_cfg.eps)
-  warmup = glue_data.schedule(cfg, task, len(data.train["idx"]))[2]
-  scheduler = transformers.get_linear_schedule_with_warmup(optimizer, warmup, setup.total_steps)
+  optimizer, scheduler = torch_optimizer(opt_cfg, groups, lr, glue_data.schedule(cfg, task, len(data.train["idx"]))[2],
+                                         setup.total_steps)
   scale = cfg.regression_scale if regression else 1.0
   label_dtype = (torch.float64 if float64 else torch.float32) if regression else torch.long
 
@@ -265,6 +311,9 @@ def _run(cfg, workdir, rtol: float, float64: bool) -> dict:
   finetune.check_config(cfg)
   if cfg.init != "pretrained" or not cfg.init_checkpoint:
     raise UserError("the parity fine-tunes a train.py checkpoint: set --config.init_checkpoint (and init=pretrained)")
+  if cfg.optimizer.decay != "linear":
+    raise UserError(f"optimizer.decay={cfg.optimizer.decay!r}: the parity's PyTorch side has the recipes' linear "
+                    f"decay only; leave optimizer.decay at 'linear'")
   cfg = cfg.copy_and_resolve_references()
   cfg.evals_per_epoch = 0
   cfg.lowercase = backbone_lib.tokenizer_lowercase(cfg)

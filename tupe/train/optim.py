@@ -1,8 +1,16 @@
 """Optimizers and learning-rate schedules of the recipes.
 
-AdamW with warmup then linear or polynomial decay, global-norm clipping, a weight-decay mask per recipe
+AdamW with a linear warmup and a linear or polynomial decay, global-norm clipping, a weight-decay mask per recipe
 ("all": the official TUPE recipe decays everything; "no_ln_bias": ELECTRA/ConvBERT skip LayerNorm and
-biases), and ConvBERT's layer-wise learning-rate decay for fine-tuning.
+biases), and ConvBERT's layer-wise learning-rate decay for fine-tuning. The two official codes differ in two more
+places, both settings here (`optimizer.schedule`, `optimizer.bias_correction`):
+
+- TUPE's (fairseq, as HF's Trainer) warms up to the peak, then decays over the steps left ("warmup_then_decay");
+  ConvBERT's (ELECTRA's TensorFlow code) decays from the peak over all the steps from step 0 and multiplies that by
+  min(1, step / warmup) ("decay_times_warmup"): after a warmup of 10% every rate is 0.9x the other form's.
+- fairseq's Adam corrects the moments' bias towards 0 (optax's and torch's do too); ELECTRA's AdamWeightDecay
+  does not, so its first updates are up to about 6x larger (m / sqrt(v) at step t is the corrected one times
+  (1 - b1^t) / sqrt(1 - b2^t): 3.2 at step 1, 6.5 at 10, 3.2 at 100, 1.26 at 1,000).
 """
 from __future__ import annotations
 
@@ -18,6 +26,7 @@ from tupe.errors import UserError
 from tupe.models.encoder import STACKED
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
+SCHEDULES = ("warmup_then_decay", "decay_times_warmup")  # optimizer.schedule (module docstring)
 
 
 def check_adam(opt_cfg) -> None:
@@ -31,10 +40,10 @@ def check_adam(opt_cfg) -> None:
 
 
 def check_schedule(opt_cfg) -> None:
-  """The decay's settings that would make the learning rate grow after the warmup, or a lower layer learn backwards,
-  one line each: the polynomial decay's power above 0, an end learning rate no higher than the peak, and ConvBERT's
-  layer-wise decay in (0, 1] (0 freezes the layers below the head, a negative one flips every other layer's sign);
-  and a weight decay and clip of 0 or more."""
+  """The schedule's form, and the decay's settings that would make the learning rate grow after the warmup, or a
+  lower layer learn backwards, one line each: the polynomial decay's power above 0, an end learning rate no higher
+  than the peak, and ConvBERT's layer-wise decay in (0, 1] (0 freezes the layers below the head, a negative one
+  flips every other layer's sign); and a weight decay and clip of 0 or more."""
   for name in ("weight_decay", "clip_norm"):
     if not (math.isfinite(opt_cfg[name]) and opt_cfg[name] >= 0):
       raise UserError(f"optimizer.{name}={opt_cfg[name]} must be 0 or more")
@@ -46,14 +55,19 @@ def check_schedule(opt_cfg) -> None:
     raise UserError(f"optimizer.end_learning_rate={opt_cfg.end_learning_rate} is above the peak learning_rate="
                     f"{opt_cfg.learning_rate}: the rate would grow after the warmup; give 0 (the recipes) up to the "
                     f"peak")
+  if opt_cfg.schedule not in SCHEDULES:
+    raise UserError(f"optimizer.schedule={opt_cfg.schedule!r}; use 'warmup_then_decay' (TUPE's, fairseq's and HF's) "
+                    f"or 'decay_times_warmup' (ConvBERT's and ELECTRA's)")
   decay = opt_cfg.get("layerwise_decay", 1.0)
   if not (math.isfinite(decay) and 0 < decay <= 1):
     raise UserError(f"optimizer.layerwise_decay={decay} must be in (0, 1] (ConvBERT's recipe: 0.8; 1: none)")
 
 
 def schedule(opt_cfg, total_steps: int) -> optax.Schedule:
-  """Linear warmup from 0 to the peak over max(1, warmup) steps, then decay to end_lr at total_steps: warmup 0 and 1
-  both take one step, whose learning rate is 0."""
+  """The learning rate at each step (module docstring): "warmup_then_decay" rises linearly from 0 to the peak over
+  max(1, warmup) steps, then decays to end_lr at total_steps; "decay_times_warmup" is the decay from the peak at
+  step 0 to end_lr at total_steps times min(1, step / max(1, warmup)). Warmup 0 and 1 both take one step, whose
+  learning rate is 0."""
   given = opt_cfg.warmup_steps
   if isinstance(given, bool) or not float(given).is_integer() or given < 0:
     raise UserError(f"optimizer.warmup_steps={given}: give a whole number of steps, 0 or more (0 and 1 both warm up "
@@ -65,11 +79,15 @@ def schedule(opt_cfg, total_steps: int) -> optax.Schedule:
   power = 1.0 if opt_cfg.decay == "linear" else float(opt_cfg.power)
   if opt_cfg.decay not in ("linear", "polynomial"):
     raise UserError(f"optimizer.decay={opt_cfg.decay!r}; use 'linear' or 'polynomial'")
-  rate = optax.join_schedules([
-      optax.linear_schedule(0.0, opt_cfg.learning_rate, warmup),
-      optax.polynomial_schedule(opt_cfg.learning_rate, opt_cfg.end_learning_rate, power,
-                                total_steps - warmup),
-  ], [warmup])
+  if opt_cfg.schedule == "warmup_then_decay":
+    rate = optax.join_schedules([
+        optax.linear_schedule(0.0, opt_cfg.learning_rate, warmup),
+        optax.polynomial_schedule(opt_cfg.learning_rate, opt_cfg.end_learning_rate, power,
+                                  total_steps - warmup),
+    ], [warmup])
+  else:
+    decay = optax.polynomial_schedule(opt_cfg.learning_rate, opt_cfg.end_learning_rate, power, total_steps)
+    rate = lambda count: decay(count) * jnp.minimum(1.0, count / warmup)
   # The step count as a float of the default width before optax divides it: from an int32 count optax computes
   # the rate in float32 even under JAX's x64 mode (float32 models: the same numbers either way).
   return lambda count: rate(jnp.asarray(count, float))
@@ -117,6 +135,24 @@ def layerwise_scales(params, num_layers: int, decay: float):
   return jax.tree_util.tree_map_with_path(scale, params)
 
 
+def scale_by_adam(b1: float, b2: float, eps: float, bias_correction: bool = True) -> optax.GradientTransformation:
+  """Adam's step direction m / (sqrt(v) + eps), with the moments' bias correction (optax's) or without it, as
+  ELECTRA's and ConvBERT's AdamWeightDecay: m and v are then used as they are. The state is optax's either way,
+  so a checkpoint restores under both."""
+  if bias_correction:
+    return optax.scale_by_adam(b1=b1, b2=b2, eps=eps)
+  init = optax.scale_by_adam(b1=b1, b2=b2, eps=eps).init
+
+  def update(updates, state, params=None):
+    del params
+    mu = jax.tree_util.tree_map(lambda m, g: b1 * m + (1 - b1) * g, state.mu, updates)
+    nu = jax.tree_util.tree_map(lambda v, g: b2 * v + (1 - b2) * jnp.square(g), state.nu, updates)
+    direction = jax.tree_util.tree_map(lambda m, v: m / (jnp.sqrt(v) + eps), mu, nu)
+    return direction, optax.ScaleByAdamState(count=optax.safe_increment(state.count), mu=mu, nu=nu)
+
+  return optax.GradientTransformation(init, update)
+
+
 def make_optimizer(opt_cfg, params, total_steps: int, num_layers: int = 0):
   """Returns (optax transformation, schedule). `params` (or shapes) define the masks and per-layer scales."""
   lr = schedule(opt_cfg, total_steps)
@@ -124,7 +160,7 @@ def make_optimizer(opt_cfg, params, total_steps: int, num_layers: int = 0):
   if opt_cfg.clip_norm:
     parts.append(optax.clip_by_global_norm(opt_cfg.clip_norm))
   parts += [
-      optax.scale_by_adam(b1=opt_cfg.b1, b2=opt_cfg.b2, eps=opt_cfg.eps),
+      scale_by_adam(opt_cfg.b1, opt_cfg.b2, opt_cfg.eps, opt_cfg.bias_correction),
       optax.add_decayed_weights(opt_cfg.weight_decay, mask=decay_mask(params, opt_cfg.weight_decay_mask)),
   ]
   if opt_cfg.get("layerwise_decay", 1.0) != 1.0:
