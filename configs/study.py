@@ -49,8 +49,8 @@ Scales:
       2e-5..5e-5; ELECTRA-small uses 3e-4) x seeds 0, 1, 2. The full dev sets are scored.
     - Held-out: MLM loss and accuracy on the WikiText-103 validation text (`tools.evaluate`, seed 0).
   base: the papers' recipes (configs/pretrain.py at size base: TUPE's 512-token blocks, batch 256, 1M steps, lr
-    1e-4 with 10k warmup; ConvBERT's 128-token pairs, batch 256, lr 2e-4) on the same corpus settings, for a
-    GPU or TPU; GLUE: the eight tasks with the recipes' full grids (configs/glue.py). Give a bigger corpus with
+    1e-4 with 10k warmup; ConvBERT's 128-token pairs, batch 256, lr 2e-4) on the same documents, whole
+    sentences in each example as the papers pack them (no data.fill_examples), for a GPU or TPU; GLUE: the eight tasks with the recipes' full grids (configs/glue.py). Give a bigger corpus with
     --config.corpus (comma-separated globs, relative to data_root or absolute).
 
 Paths (corpus, vocab, glue_dir, heldout_file) are relative to data_root (default: the shared data folder beside
@@ -91,7 +91,9 @@ def variants(study: str) -> tuple[tuple[str, str, tuple[str, ...]], ...]:
 def _pretrain(study: str, scale: str) -> tuple[str, ...]:
   """train.py overrides every variant of a study gets at a scale (data paths are added by the runner)."""
   convbert = study == "convbert"
-  data = ("data.source=text", "data.documents=files", "data.fill_examples=True", "data.lowercase=True")
+  data = ("data.source=text", "data.documents=files", "data.lowercase=True")
+  if scale != "base":  # A small corpus fills every position; base packs whole sentences, as the papers do.
+    data += ("data.fill_examples=True",)
   if scale == "micro":
     return data + ("seq_len=32", "global_batch_size=4", "num_train_steps=4", "log_every=2", "eval_every=2",
                    "eval_batches=2", "checkpoint.every_steps=4", "checkpoint.keep_last=1", "checkpoint.keep_every=0",
