@@ -519,6 +519,26 @@ def test_a_lock_record_that_cannot_be_written_is_one_line(tmp_path):
     pass
 
 
+def test_a_config_json_another_program_wrote_is_refused_and_kept(tmp_path):
+  """A folder whose config.json is not a tupe run's (an HF export, given as the workdir, or as eval_glue.py's
+  workdir and init_hf at once): one line before anything is written, and the folder as it was (before, train.py and
+  eval_glue.py replaced the export's config.json, and eval_glue.py then refused the model it had broken)."""
+  from configs import glue as glue_configs
+  from configs import pretrain as pretrain_config
+  from tupe.train import job
+  export = '{"model_type": "convbert", "architectures": ["ConvBertForMaskedLM"], "hidden_size": 256}\n'
+  (tmp_path / "config.json").write_text(export)
+  (tmp_path / "model.safetensors").write_bytes(b"weights")
+  for cfg, kind in ((pretrain_config.get_config("tupe_a,tiny"), "train.py"), (glue_configs.get_config("convbert"),
+                                                                             "eval_glue.py")):
+    with pytest.raises(UserError, match=rf"^workdir {tmp_path} holds a config.json that no tupe run wrote \(an "
+                                        rf"exported or downloaded model's\?\), which {kind} would overwrite: give it "
+                                        rf"a --workdir of its own$"):
+      job.check_nothing_in_the_way(tmp_path, cfg)
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors"]
+  assert (tmp_path / "config.json").read_text() == export
+
+
 @pytest.mark.parametrize("text", ["null\n", "3\n", "[]\n", "{not json\n"])
 def test_a_config_json_that_is_not_an_object_names_no_owner(tmp_path, text):
   """config.json holding another JSON value than an object (or no JSON): no entry point is read from it, and

@@ -27,12 +27,16 @@ def is_record(name: str, kind: str | None = None) -> bool:
   return name == LOCK or (base not in REDRAWN and any(base in files for files, _ in writes))
 
 
+FOREIGN = "another program"  # `entry_point` of a folder whose config.json no entry point here wrote
+
+
 def entry_point(workdir: storage.PathLike) -> str | None:
-  """The entry point ("train.py", "eval_glue.py") whose run `workdir` holds, by its config.json; None where there is
-  none, or it is not a config object."""
+  """The entry point ("train.py", "eval_glue.py") whose run `workdir` holds, by its config.json; FOREIGN where that
+  is a JSON object none of them writes (an exported model's config, another tool's); None where there is none, or
+  it is not a JSON object."""
   path = storage.path(workdir) / CONFIG
   saved = jsonfile.parse(storage.read_bytes(path)) if storage.exists(path) else None
-  return config_files.entry_point(saved) if saved is not None else None
+  return None if saved is None else config_files.entry_point(saved) or FOREIGN
 
 
 def is_kept_folder(name: str) -> bool:

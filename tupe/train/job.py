@@ -171,8 +171,12 @@ def check_nothing_in_the_way(workdir: storage.PathLike, cfg) -> None:
   """One line for a name in the workdir that is in the way of what the job of config `cfg` writes there
   (`rundir.WRITES` and the lock file, less the TensorBoard events and curves it is set not to write): a folder
   where a file goes, or a file where a folder goes, would stop the job at its first write there, after its data is
-  loaded and its step compiled (or, for a GLUE grid, after the whole grid)."""
+  loaded and its step compiled (or, for a GLUE grid, after the whole grid); a config.json that another program
+  wrote (an exported model's) would be overwritten."""
   kind = config_files.entry_point(cfg)
+  if rundir.entry_point(workdir) == rundir.FOREIGN:
+    raise UserError(f"workdir {workdir} holds a config.json that no tupe run wrote (an exported or downloaded "
+                    f"model's?), which {kind or 'the job'} would overwrite: give it a --workdir of its own")
   files, folders = rundir.WRITES.get(kind, ((rundir.CONFIG,), ()))
   off = {name for name, field in (("tensorboard", "tensorboard"), ("curves.png", "curves")) if not cfg.get(field, True)}
   for name in [rundir.LOCK] + [n for n in files if n not in off]:
