@@ -319,7 +319,7 @@ def test_resume_at_the_last_step_trains_nothing(tmp_path, reference, train_serve
   ref_dir, _, _ = reference
   workdir = tmp_path / "run"
   shutil.copytree(ref_dir, workdir)
-  logged = len(metric_records(workdir))
+  logged, config = len(metric_records(workdir)), (workdir / "config.json").read_bytes()
   proc = train_server(workdir, {"num_train_steps": STEPS - EVERY})
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert f"checkpoint {STEPS} has reached num_train_steps={STEPS - EVERY}: nothing to train" in proc.stdout
@@ -327,6 +327,7 @@ def test_resume_at_the_last_step_trains_nothing(tmp_path, reference, train_serve
           f"{STEPS} in the checkpoint, {STEPS - EVERY} now; the learning-rate schedule is recomputed with the new "
           f"values: 0.000e+00 at step {STEPS}" in proc.stdout)
   assert len(metric_records(workdir)) == logged and finished_steps(workdir) == [4, 8, 12]
+  assert (workdir / "config.json").read_bytes() == config  # (before: rewritten with the new num_train_steps)
   assert "compiling the train step" not in proc.stdout  # a finished run needs no train step
 
 

@@ -295,10 +295,10 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
     meta = checkpoint_meta(cfg, train_data.info.vocab_file, len(train_data))
     restored = ckpt.restore_latest(setup.abstract_state, resume.Compatibility(setup.abstract_state.params, meta))
     job.started()  # The checkpoint is accepted: from here on the workdir is this run's.
+    if (begun := start_from(setup, ckpt, restored, meta, workdir)) is None:
+      return {}  # config.json stays the one the checkpoints were trained under
     if jax.process_index() == 0:
       storage.write_text(workdir / "config.json", cfg.to_json_best_effort(indent=2))
-    if (begun := start_from(setup, ckpt, restored, meta, workdir)) is None:
-      return {}
     start, state = begun
     if compiled is None:  # The newest checkpoint was damaged: an older one, before the last step, was restored.
       compiled = compile_checked(setup)
