@@ -19,6 +19,9 @@ BAD_VALUES = (
     ("model.conv_kernel_size", -1, "model.conv_kernel_size=-1 must be 1 or more"),  # odd, and was let through
     ("model.max_position_embeddings", 0, "model.max_position_embeddings=0 must be 1 or more"),
     ("model.pad_token_id", 30522, "model.pad_token_id=30522 is not a token id of the vocab (30522 tokens)"),
+    ("model.type_vocab_size", -1, "model.type_vocab_size=-1 must be 0 (no token types) or more"),  # a traceback
+    ("model.initializer_range", float("nan"), "model.initializer_range=nan must be a finite number above 0"),
+    ("model.layer_norm_eps", -1.0, "model.layer_norm_eps=-1.0 must be a finite number above 0"),
     ("model.dtype", "float8", "model.dtype='float8'; use float32 or bfloat16"),
     ("model.num_buckets", 2, "model.num_buckets=2 must be even and 4 or more"),
     ("model.max_distance", 8, "model.max_distance=8 must exceed model.num_buckets // 4 = 8"),

@@ -19,6 +19,8 @@ Flags:
 """
 from __future__ import annotations
 
+import math
+
 import jax
 import ml_collections
 
@@ -114,8 +116,15 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
                "max_position_embeddings", "conv_kernel_size"):
     need(cfg[name] >= 1, f"model.{name}={cfg[name]} must be 1 or more")
   need(cfg.vocab_size >= 0, f"model.vocab_size={cfg.vocab_size} must be 0 (the tokenizer's) or more")
+  need(cfg.type_vocab_size >= 0, f"model.type_vocab_size={cfg.type_vocab_size} must be 0 (no token types) or more")
   need(0 <= cfg.pad_token_id < (cfg.vocab_size or cfg.pad_token_id + 1),
-       f"model.pad_token_id={cfg.pad_token_id} is not a token id of the vocab ({cfg.vocab_size} tokens)")
+       f"model.pad_token_id={cfg.pad_token_id} is not a token id of the vocab "
+       f"({f'{cfg.vocab_size} tokens' if cfg.vocab_size else 'ids start at 0'})")
+  # NaN starts every weight (or normalized value) at NaN, every step then skipped as non-finite.
+  need(math.isfinite(cfg.initializer_range) and cfg.initializer_range > 0,
+       f"model.initializer_range={cfg.initializer_range} must be a finite number above 0 (the recipes: 0.02)")
+  need(math.isfinite(cfg.layer_norm_eps) and cfg.layer_norm_eps > 0,
+       f"model.layer_norm_eps={cfg.layer_norm_eps} must be a finite number above 0 (the recipes: 1e-5 or 1e-12)")
   need(cfg.hidden_size % cfg.num_heads == 0,
        f"model.hidden_size={cfg.hidden_size} is not divisible by model.num_heads={cfg.num_heads}")
   need(cfg.head_ratio >= 1 and cfg.num_heads % cfg.head_ratio == 0,
