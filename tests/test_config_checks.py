@@ -53,6 +53,10 @@ BAD_VALUES = (
     ("global_batch_size", 0, "global_batch_size=0 must be 1 or more, e.g. --config.global_batch_size=256"),
     ("optimizer.weight_decay", float("nan"), "optimizer.weight_decay=nan must be 0 or more"),
     ("optimizer.weight_decay", 1e39, "optimizer.weight_decay=1e+39 overflows float32"),
+    # A traceback from jax, and a second host that was never asked for trained alone (exit 0).
+    ("distributed.process_id", 5, "distributed.process_id=5 is not a host of distributed.num_processes=1"),
+    ("distributed.num_processes", 2, "distributed.num_processes=2 needs distributed.coordinator_address"),
+    ("optimizer.schedule", "cosine", "optimizer.schedule='cosine'; use 'warmup_then_decay'"),
 )
 
 

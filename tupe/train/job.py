@@ -133,6 +133,18 @@ def check_kind(workdir: storage.Path, kind: str | None) -> None:
                   f"overwrite: give {kind} a --workdir of its own{hint}")
 
 
+def check_distributed(dist) -> None:
+  """Raises a UserError naming a multi-host setting that cannot be: a host index outside the hosts, or several
+  hosts without a coordinator to join (which trained as one host, alone)."""
+  if dist.num_processes < 1 or not 0 <= dist.process_id < dist.num_processes:
+    raise UserError(f"distributed.process_id={dist.process_id} is not a host of distributed.num_processes="
+                    f"{dist.num_processes}: give each host its index, 0 to num_processes - 1")
+  if dist.num_processes > 1 and not (dist.coordinator_address or dist.auto):
+    raise UserError(f"distributed.num_processes={dist.num_processes} needs distributed.coordinator_address "
+                    f"(host:port of host 0, the same on every host), or distributed.auto=true on a TPU pod or a "
+                    f"cluster JAX detects")
+
+
 def initialize_distributed(dist) -> None:
   """jax.distributed.initialize for multi-host runs (explicit coordinator, or auto-detected on TPU pods)."""
   if dist.coordinator_address:

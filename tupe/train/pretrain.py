@@ -246,6 +246,7 @@ def check_loop(cfg) -> None:
     if value < 1:
       raise UserError(f"{name}={value} must be 1 or more, e.g. --config.{name}={example}")
   job_lib.check_store_settings(cfg.checkpoint)
+  job_lib.check_distributed(cfg.distributed)
   if cfg.eval_every < 0:
     raise UserError(f"eval_every={cfg.eval_every}: use 0 (no evaluation) or a number of steps")
   progress_lib.NonFinite(cfg.nonfinite)  # a policy it knows
