@@ -47,12 +47,13 @@ BAD_VALUES = (
     # Values that trained to the end before (exit 0): a rate that grows after the warmup, MFU negative in the logs.
     ("optimizer.end_learning_rate", 1.0, "optimizer.end_learning_rate=1.0 is above the peak learning_rate=0.0001"),
     ("optimizer.power", -1.0, "optimizer.power=-1.0 must be above 0"),
-    ("peak_flops", -1.0, "peak_flops=-1.0 must be 0 or more"),
-    ("checkpoint.keep_every", -5, "checkpoint.keep_every=-5 must be 0 or more"),
-    ("disc_weight", -1.0, "disc_weight=-1.0 must be 0 or more"),
+    ("peak_flops", -1.0, "peak_flops=-1.0 must be a finite number, 0 or more"),
+    ("checkpoint.keep_every", -5, "checkpoint.keep_every=-5 must be a finite number, 0 or more"),
+    ("disc_weight", -1.0, "disc_weight=-1.0 must be a finite number, 0 or more"),
     ("global_batch_size", 0, "global_batch_size=0 must be 1 or more, e.g. --config.global_batch_size=256"),
-    ("optimizer.weight_decay", float("nan"), "optimizer.weight_decay=nan must be 0 or more"),
+    ("optimizer.weight_decay", float("nan"), "optimizer.weight_decay=nan must be a finite number, 0 or more"),
     ("optimizer.weight_decay", 1e39, "optimizer.weight_decay=1e+39 overflows float32"),
+    ("optimizer.clip_norm", float("inf"), "optimizer.clip_norm=inf must be a finite number, 0 or more"),
     # A traceback from jax, and a second host that was never asked for trained alone (exit 0).
     ("distributed.process_id", 5, "distributed.process_id=5 is not a host of distributed.num_processes=1"),
     ("distributed.num_processes", 2, "distributed.num_processes=2 needs distributed.coordinator_address"),
@@ -182,8 +183,8 @@ def test_sweep_print_checks_each_point_with_its_data(tmp_path, capsys):
     # Values that fine-tuned to the end before: every other layer at a negative rate, or every one frozen.
     ("optimizer.layerwise_decay", -1.0, "optimizer.layerwise_decay=-1.0 must be in (0, 1]"),
     ("optimizer.layerwise_decay", 0.0, "optimizer.layerwise_decay=0.0 must be in (0, 1]"),
-    ("optimizer.weight_decay", -0.01, "optimizer.weight_decay=-0.01 must be 0 or more"),
-    ("peak_flops", -1.0, "peak_flops=-1.0 must be 0 or more"),
+    ("optimizer.weight_decay", -0.01, "optimizer.weight_decay=-0.01 must be a finite number, 0 or more"),
+    ("peak_flops", -1.0, "peak_flops=-1.0 must be a finite number, 0 or more"),
 ])
 def test_bad_glue_values_are_one_line(field, value, words):
   cfg = config_files.load_config("configs/glue.py:tupe")

@@ -76,7 +76,7 @@ def test_dropout_and_head_initializer_are_the_fine_tuning_configs():
     ("warmup_steps", -1, "warmup_steps=-1: give a whole number of steps (0: warmup_ratio decides)"),
     ("hidden_dropout", 1.0, "hidden_dropout=1.0 must be in [0, 1) (the recipes' 0.1)"),
     ("attention_dropout", -0.1, "attention_dropout=-0.1 must be in [0, 1)"),
-    ("classifier_initializer_range", -0.02, "classifier_initializer_range=-0.02 must be 0 or more"),
+    ("classifier_initializer_range", -0.02, "classifier_initializer_range=-0.02 must be a finite number, 0 or more"),
     ("save_models", "some", "save_models='some'; use one of best, all, none"),
     ("max_seq_len", 2, "max_seq_len=2 is too small: use at least 8 (the recipes use 128)"),
     ("max_train_examples", -5, "max_train_examples=-5: give 0 (every example) or more"),

@@ -27,6 +27,9 @@ def test_schedule_warms_up_then_decays_linearly():
   np.testing.assert_allclose(values[:5], [0, 2.5e-4, 5e-4, 7.5e-4, 1e-3], rtol=1e-6)
   np.testing.assert_allclose(values[4:], np.linspace(1e-3, 0, 9), rtol=1e-5, atol=1e-9)
   assert float(optim.schedule(_opt_cfg(warmup_steps=0), 12)(1)) == pytest.approx(1e-3)  # warmup >= 1 step
+  with pytest.raises(UserError, match="^1 training step is too few: the warmup's first step, whose learning rate is "
+                                      "0, would be the whole run; train 2 steps or more$"):
+    optim.schedule(_opt_cfg(warmup_steps=0), total_steps=1)  # (before: "warmup_steps=0 must be below the 1 ...")
   with pytest.raises(UserError, match="warmup_steps=12 must be below the 12 training steps"):
     optim.schedule(_opt_cfg(warmup_steps=12), total_steps=12)
   for bad in (-5, 2.5):  # (before: -5 was taken as 1, and 2.5 as 2, without a word)

@@ -125,9 +125,9 @@ def check_fine_tuning(cfg) -> None:
   for field in ("hidden_dropout", "attention_dropout"):
     if not 0 <= cfg[field] < 1:
       raise UserError(f"{field}={cfg[field]} must be in [0, 1) (the recipes' 0.1)")
-  if cfg.classifier_initializer_range < 0:
-    raise UserError(f"classifier_initializer_range={cfg.classifier_initializer_range} must be 0 or more (the "
-                    f"recipes' 0.02)")
+  if not (math.isfinite(cfg.classifier_initializer_range) and cfg.classifier_initializer_range >= 0):
+    raise UserError(f"classifier_initializer_range={cfg.classifier_initializer_range} must be a finite number, 0 or "
+                    f"more (the recipes' 0.02)")
   if cfg.save_models not in keep.SAVE_MODELS:
     raise UserError(f"save_models={cfg.save_models!r}; use one of {', '.join(keep.SAVE_MODELS)}")
 

@@ -123,7 +123,8 @@ def plausible_floor() -> tuple[float, str]:
 def check_peak_flops(configured: float) -> None:
   """The `peak_flops` setting: 0 (the data sheet's, or a measured matmul's) or a peak above 0."""
   if not (math.isfinite(configured) and configured >= 0):
-    raise UserError(f"peak_flops={configured} must be 0 or more (0: the data sheet's or a measured matmul's)")
+    raise UserError(f"peak_flops={configured} must be a finite number, 0 or more (0: the data sheet's or a measured "
+                    f"matmul's)")
 
 
 def peak_flops_per_device(configured: float = 0.0, devices: int | None = None) -> tuple[float, str]:

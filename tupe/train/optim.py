@@ -46,7 +46,7 @@ def check_schedule(opt_cfg) -> None:
   flips every other layer's sign); and a weight decay and clip of 0 or more."""
   for name in ("weight_decay", "clip_norm"):
     if not (math.isfinite(opt_cfg[name]) and opt_cfg[name] >= 0):
-      raise UserError(f"optimizer.{name}={opt_cfg[name]} must be 0 or more")
+      raise UserError(f"optimizer.{name}={opt_cfg[name]} must be a finite number, 0 or more")
     if opt_cfg[name] > FLOAT32_MAX:  # finite in Python, inf in the step: every update skipped as non-finite
       raise UserError(f"optimizer.{name}={opt_cfg[name]} overflows float32 (at most {FLOAT32_MAX:.3g})")
   if not (math.isfinite(opt_cfg.power) and opt_cfg.power > 0):
@@ -73,6 +73,9 @@ def schedule(opt_cfg, total_steps: int) -> optax.Schedule:
     raise UserError(f"optimizer.warmup_steps={given}: give a whole number of steps, 0 or more (0 and 1 both warm up "
                     f"over one step, whose learning rate is 0)")
   warmup = max(1, int(given))
+  if total_steps <= 1:
+    raise UserError(f"{total_steps} training step is too few: the warmup's first step, whose learning rate is 0, "
+                    f"would be the whole run; train 2 steps or more")
   if warmup >= total_steps:
     raise UserError(f"optimizer.warmup_steps={opt_cfg.warmup_steps} must be below the {total_steps} "
                     f"training steps; lower the warmup or train longer")

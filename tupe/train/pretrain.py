@@ -263,7 +263,7 @@ def check_loop(cfg) -> None:
   flops_lib.check_peak_flops(cfg.peak_flops)
   for name, value in (("checkpoint.keep_every", cfg.checkpoint.keep_every), ("disc_weight", cfg.disc_weight)):
     if not (math.isfinite(value) and value >= 0):
-      raise UserError(f"{name}={value} must be 0 or more")
+      raise UserError(f"{name}={value} must be a finite number, 0 or more")
 
 
 def train(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
