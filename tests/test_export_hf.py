@@ -267,6 +267,16 @@ def test_scanned_checkpoint_export(exported, tmp_path):
   assert_same_tree(load.import_convbert_mlm(tmp_path / "hf", scan_layers=True)[1], stacked)
 
 
+def test_export_files_have_the_modes_open_gives(exported):
+  """Every file of an export gets 0666 less the umask, as `open` gives and every other write here (before,
+  safetensors' model.safetensors was 0600: the export could not be shared with a group)."""
+  _, _, directory = exported("bert_a")
+  with open("/proc/self/status", encoding="ascii") as status:
+    umask = int(next(line.split()[1] for line in status if line.startswith("Umask:")), 8)
+  modes = {f.name: oct(f.stat().st_mode & 0o777) for f in directory.iterdir()}
+  assert "model.safetensors" in modes and set(modes.values()) == {oct(0o666 & ~umask)}, modes
+
+
 def test_import_names_missing_and_unexpected_tensors(exported, tmp_path):
   directory = shutil.copytree(exported("tupe_r")[2], tmp_path / "hf")
   file = directory / "model.safetensors"

@@ -65,12 +65,12 @@ def main(argv: list[str]) -> None:
     step_dir = checkpoint.latest_step_dir(args.checkpoint)  # The newest intact one: a damaged one is skipped, said.
     source = f"checkpoint {step_dir.name} ({step_dir})"
     write = lambda out: export.export(step_dir, out)
-  if not storage.is_remote(out):
-    written = write(out)
-  else:  # save_pretrained writes to local folders: the export is staged in one, then copied to the bucket
-    with tempfile.TemporaryDirectory() as staging:
-      written = [out / str(directory).removeprefix(staging).lstrip("/") for directory in write(staging)]
-      storage.copy_tree(staging, out)
+  # Staged in a temporary folder (save_pretrained writes only local ones), then copied to --out file by file, as
+  # every write here: with the umask's modes (safetensors' own files are 0600), and an export interrupted while it
+  # is made leaves nothing at --out (before: a partial one, which the rerun then refused as not empty).
+  with tempfile.TemporaryDirectory() as staging:
+    written = [out / str(directory).removeprefix(staging).lstrip("/") for directory in write(staging)]
+    storage.copy_tree(staging, out)
   for directory in written:
     print(f"wrote {directory} from {source}")
 
