@@ -49,8 +49,8 @@ def grid(pretrained, glue_dir, tmp_path_factory):
   return workdir
 
 
-def predict_cli(model, source, out) -> None:
-  run_main(predict_tool.main, ["predict", "--model", str(model), "--input", str(source), "--out", str(out)])
+def predict_cli(model, source, out, *extra: str) -> None:
+  run_main(predict_tool.main, ["predict", "--model", str(model), "--input", str(source), "--out", str(out), *extra])
 
 
 def read_tsv(path) -> list[list[str]]:
@@ -118,10 +118,11 @@ def test_predict_gives_the_submission_and_the_dev_scores(grid, glue_dir, tmp_pat
   assert [o["index"] for o in objects] == list(range(len(dev))) and [o["label"] for o in objects] == labels
   np.testing.assert_allclose([o["entailment"] for o in objects],
                              [float(row[2]) for row in read_tsv(tmp_path / "dev.tsv")[1:]], atol=1e-6)
-  # Without "idx", a row's index is its position among the rows: blank lines take none.
+  # Without "idx", a row's index is its position among the rows: blank lines take none. A batch far larger than
+  # the rows is cut to them (before: 62 GB asked of the device for 2 rows, and a traceback).
   jsonl.write_text("\n".join(json.dumps({"sentence1": e.text_a, "sentence2": e.text_b}) for e in dev[:3])
                    .replace("\n", "\n\n", 1) + "\n")
-  predict_cli(grid / "models" / "RTE", jsonl, tmp_path / "three_out.jsonl")
+  predict_cli(grid / "models" / "RTE", jsonl, tmp_path / "three_out.jsonl", "--batch-size", "200000")
   objects = [json.loads(line) for line in (tmp_path / "three_out.jsonl").read_text().splitlines()]
   assert [o["index"] for o in objects] == [0, 1, 2] and [o["label"] for o in objects] == labels[:3]
 

@@ -166,7 +166,11 @@ class Predicted(NamedTuple):
 
 def predict(scorer, params, arrays: dict, batch_size: int, regression_scale: float) -> Predicted:
   """The one prediction path, for dev scoring, test predictions and `tupe.glue.predict`: every row of `arrays`
-  (`encoding.encode`) in batches of `batch_size` through `scorer.eval_step` (`jit_eval`) on `scorer.mesh`."""
+  (`encoding.encode`) in batches of `batch_size` through `scorer.eval_step` (`jit_eval`) on `scorer.mesh`; a batch
+  no larger than the rows (rounded up to the data-parallel devices): its padding would cost memory alone (a batch
+  size of 200,000 for 2 rows ran out of it)."""
+  devices = sharding.data_parallel_size(scorer.mesh)
+  batch_size = min(batch_size, max(1, -(-len(arrays["idx"]) // devices)) * devices)
   outputs, loss, weight = [], 0.0, 0.0
   for real, batch in encoding.eval_batches(arrays, batch_size, regression_scale):
     out = jax.device_get(scorer.eval_step(params, sharding.shard_batch(batch, scorer.mesh)))
