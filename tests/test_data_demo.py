@@ -11,6 +11,7 @@ import pytest
 from tupe.data import demo
 from tupe.data import pipeline
 from tupe.data import wordpiece
+from tupe.errors import UserError
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -71,3 +72,14 @@ def test_demo_source_needs_no_vocab_file(cache_dir):
   assert (batch["input_ids"] == info.unk_id).sum() < 0.01 * batch["attention_mask"].sum()
   eval_it, _ = pipeline.make_pretrain_iterator(cfg, seq_len=128, batch_size=4, seed=0, split="eval")
   assert next(eval_it)["input_ids"].shape == (4, 128)
+
+
+def test_a_cache_dir_that_is_a_file_is_one_line(tmp_path):
+  """data.cache_dir naming a file (or under one): one line naming the folder and the setting (before: mkdir's
+  FileExistsError traceback, from train.py and tupe.data.preprocess alike)."""
+  (tmp_path / "afile").write_text("")
+  for cache in (tmp_path / "afile", tmp_path / "afile" / "below"):
+    with pytest.raises(UserError, match=rf"^cannot make the data cache folder {cache} \((File exists|Not a "
+                                        rf"directory)\): set data.cache_dir \(tupe.data.preprocess --cache-dir\) to "
+                                        rf"a folder$"):
+      demo.demo_documents(cache)

@@ -17,6 +17,7 @@ import sysconfig
 from typing import Sequence
 
 from tupe.data import wordpiece
+from tupe.errors import UserError
 
 DEMO_VOCAB_SIZE = 8192
 _HARVEST_VERSION = 2  # Part of the cache file names: raise it when the harvest or the vocab training changes.
@@ -84,7 +85,11 @@ def _cached(cache_dir: str | os.PathLike, name: str) -> pathlib.Path:
 @contextlib.contextmanager
 def _locked(path: pathlib.Path):
   """Holds an exclusive lock on PATH.lock, so that processes sharing a cache create each file once."""
-  path.parent.mkdir(parents=True, exist_ok=True)
+  try:
+    path.parent.mkdir(parents=True, exist_ok=True)
+  except OSError as e:  # a file in the way (FileExistsError, NotADirectoryError), no permission
+    raise UserError(f"cannot make the data cache folder {path.parent} ({e.strerror}): set data.cache_dir "
+                    f"(tupe.data.preprocess --cache-dir) to a folder") from None
   with open(path.with_name(path.name + ".lock"), "w") as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)
     yield
