@@ -6,6 +6,7 @@ never a silent loss; bad input of every kind is one 'error:' line on stderr with
 only with --verbose. (The runs that no test signals are started by test_resume's `TrainServer`: train.py as its
 __main__, each run a process forked after train.py's imports.)
 """
+import gzip
 import json
 import os
 import pathlib
@@ -221,6 +222,7 @@ def inputs(tmp_path_factory):
   (root / "pad_second.txt").write_text("\n".join(["[UNK]", "[PAD]", "[CLS]", "[SEP]", "[MASK]", "the", "a"]) + "\n")
   (root / "empty.txt").write_text("")
   (root / "latin1.txt").write_bytes("caf\xe9 cr\xe8me\n".encode("latin-1"))
+  (root / "text.txt.gz").write_bytes(gzip.compress(b"the a the\n\na the a\n"))
   (root / "text.txt").write_text("the a the\n\na the a\n")
   (root / "no_corpus").mkdir()
   (root / "a_file").write_text("not a directory\n")
@@ -277,6 +279,8 @@ BAD_INPUTS = {
     "empty corpus": ("no_corpus/*.txt", [], 1, "fresh", ["no files match", "no_corpus/*.txt"]),
     "empty file": ("empty.txt", [], 1, "fresh", ["empty.txt holds no text", "give it text, or leave it out"]),
     "non-UTF-8 text": ("latin1.txt", [], 1, "fresh", ["latin1.txt is not UTF-8", "iconv"]),
+    "gzip-compressed text": ("text.txt.gz", [], 1, "fresh",  # (before: "not UTF-8 ... iconv")
+                             ["text.txt.gz is gzip-compressed, not text: decompress it first (`gunzip "]),
     "vocab not UTF-8": (("text.txt", "latin1.txt"), [], 1, "fresh",
                         ["vocab file", "latin1.txt is not UTF-8 text (line 1, byte 3)", "iconv"]),
     "vocab's [PAD] is not id 0": (("text.txt", "pad_second.txt"), [], 1, "fresh",

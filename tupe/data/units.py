@@ -26,6 +26,9 @@ _PLAN_THREADS = 16  # Files whose size and Gutenberg markers are read at once (t
 # Byte order marks of the encodings that are not UTF-8 (UTF-32's first: UTF-16 LE's is its prefix).
 _OTHER_BOMS = ((b"\xff\xfe\x00\x00", "UTF-32LE"), (b"\x00\x00\xfe\xff", "UTF-32BE"), (b"\xff\xfe", "UTF-16LE"),
                (b"\xfe\xff", "UTF-16BE"))
+# The magic numbers of the compressed files a corpus comes in, and the tool that decompresses each.
+COMPRESSED = ((b"\x1f\x8b", "gzip", "gunzip"), (b"\xfd7zXZ\x00", "xz", "unxz"), (b"\x28\xb5\x2f\xfd", "zstd", "unzstd"),
+              (b"PK\x03\x04", "zip", "unzip"))
 
 
 def _text_input(name: str) -> dict:
@@ -42,6 +45,10 @@ def _text_input(name: str) -> dict:
     head = f.read(gutenberg.WINDOW_BYTES)
     f.seek(max(0, size - gutenberg.WINDOW_BYTES))
     tail = f.read()
+  for magic, kind, tool in COMPRESSED:
+    if head.startswith(magic):
+      raise UserError(f"{name} is {kind}-compressed, not text: decompress it first (`{tool} {name}`); the text "
+                      f"readers take plain UTF-8 text")
   encoding = next((name for bom, name in _OTHER_BOMS if head.startswith(bom)), None)
   if encoding is not None or head.count(0) > len(head) // 10:  # UTF-16's ASCII is valid UTF-8, with NULs
     what = f"{encoding} text (it starts with its byte order mark)" if encoding else (
