@@ -155,6 +155,20 @@ def test_sweep_workdirs_stay_inside_the_root_and_apart(tmp_path):
       sweep.check(sweep.runs("configs/pretrain.py:tupe_a,tiny", str(tmp_path), sweep.parse_grid([values]), []))
 
 
+@pytest.mark.parametrize("passed_on, words", [
+    (["--config.seed=5"], "--config.seed=5 after -- sets seed, a --grid key: every run would train at that value"),
+    (["--workdir", "/tmp/shared"], "--workdir after --: the sweep gives every run its own --config and --workdir"),
+    (["--config=configs/demo.py"], "--config=configs/demo.py after --: the sweep gives every run its own --config"),
+])
+def test_sweep_flags_after_the_separator_that_undo_the_grid_are_refused(tmp_path, capsys, passed_on, words):
+  """Before: --config.seed=5 with --grid seed=0 trained every run at seed 5 under workdirs named seed=0, and one
+  --workdir put every run in it (the second resumed the first, trained nothing, and the sweep said both finished)."""
+  with pytest.raises(UserError, match=f"^{re.escape(words)}"):
+    sweep.main(["sweep", "--config", "configs/pretrain.py:tupe_a,tiny", "--root", str(tmp_path), "--print", "--grid",
+                "seed=0", "--grid", "optimizer.learning_rate=1e-3,2e-3", "--", *passed_on])
+  assert capsys.readouterr().out == "" and not list(tmp_path.iterdir())
+
+
 def test_sweep_print_checks_each_point_with_its_data(tmp_path, capsys):
   """`--print` refuses a grid point that train.py would refuse once its data is read (the demo text's 8,192-token
   vocab against the model's 30,522 rows), and prints the points that train.py accepts."""

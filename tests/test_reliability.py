@@ -240,6 +240,7 @@ BAD_INPUTS = {
                              ["--config.model.hiden_size", "no field 'hiden_size'", "did you mean 'hidden_size'"]),
     "wrong config type": ({}, ["--config.seq_len=abc"], 1, "fresh", ["--config.seq_len=abc", "int()"]),
     "a stray argument": ({}, ["extra"], 1, "fresh", ["unexpected arguments extra: settings are flags"]),
+    "a second --workdir": ({}, ["--workdir=elsewhere"], 1, "fresh", ["--workdir is given 2 times: give one"]),
     "a config field given as a flag": ({}, ["--model.dtype=bfloat16"], 1, "fresh",
                                        ["Unknown command line flag 'model.dtype'",
                                         "set the config's field as --config.model.dtype=VALUE"]),

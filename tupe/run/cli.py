@@ -50,6 +50,9 @@ def run(job: Callable[[object, str], object]) -> None:
     if len(argv) > 1:
       raise UserError(f"unexpected arguments {' '.join(argv[1:])}: settings are flags, e.g. --config.FIELD=VALUE "
                       f"(quote a value with spaces)")
+    workdirs = [arg for arg in sys.argv[1:] if arg == "--workdir" or arg.startswith("--workdir=")]
+    if len(workdirs) > 1:  # (absl takes the last one, silently)
+      raise UserError(f"--workdir is given {len(workdirs)} times: give one")
     with signals.caught() as received:  # Since `process.catch_signals` at the top of the entry point.
       if received:
         raise Preempted(f"stopped by {signals.name(received[0])} before the job started: nothing was "

@@ -141,6 +141,20 @@ def summary(commands: list[list[str]], grid_keys: int) -> str:
   return present.markdown_table(["overrides", f"loss (last {LOSS_STEPS} steps' mean)", "eval loss", "workdir"], rows)
 
 
+def check_passed_on(extra: list[str], keys: list[str]) -> None:
+  """Flags after `--` that would undo the sweep, one line each: a --config or --workdir (the sweep gives each run
+  its own; train.py would take the last), or a --config.KEY of a --grid key (every run would train at that value,
+  the grid's value overridden, under a workdir named after the grid's)."""
+  for flag in extra:
+    name = flag.split("=", 1)[0]
+    if name in ("--config", "--workdir"):
+      raise UserError(f"{flag} after --: the sweep gives every run its own --config and --workdir (a folder under "
+                      f"--root); leave it out")
+    if name.removeprefix("--config.") in keys:
+      raise UserError(f"{flag} after -- sets {name.removeprefix('--config.')}, a --grid key: every run would train "
+                      f"at that value instead of the grid's; leave it out, or give its values in --grid")
+
+
 def main(argv: list[str], call=subprocess.call) -> None:
   """The command line (module docstring); each train.py command runs with `call` (the entry point's:
   `tupe.run.supervise.call`, which forwards stop signals to it)."""
@@ -154,7 +168,9 @@ def main(argv: list[str], call=subprocess.call) -> None:
   parser.add_argument("--grid", action="append", default=[], help="KEY=V1,V2,... (repeatable)")
   parser.add_argument("--print", action="store_true", help="print the commands instead of running them")
   args = parser.parse_args(argv)
-  commands = runs(args.config, args.root, parse_grid(args.grid), extra)
+  grid = parse_grid(args.grid)
+  check_passed_on(extra, [key for key, _ in grid])
+  commands = runs(args.config, args.root, grid, extra)
   check(commands)
   for i, command in enumerate(commands):
     if args.print:
