@@ -219,8 +219,9 @@ def test_a_kept_model_is_not_scored_as_a_pre_training_checkpoint(grid, tmp_path)
     heldout.evaluate(str(grid / "models" / "RTE"), str(text))
   with pytest.raises(UserError, match=refused):  # the analysis tool's reader (it labelled the task as a step)
     pretrained_lib.load_encoder(grid / "models" / "RTE")
-  with pytest.raises(UserError, match=f"; it is an eval_glue.py workdir: give one of its kept models, "
-                                      f"{grid / 'models'}/<TASK>$"):  # the workdir itself, to export or score
+  # The workdir itself, to score (before: "give one of its kept models", which scoring then refused).
+  with pytest.raises(UserError, match=f"; it is an eval_glue.py workdir: its fine-tuned models, {grid / 'models'}/"
+                                      f"<TASK>, are what tupe.tools.predict and tupe.tools.export_hf take$"):
     heldout.evaluate(str(grid), str(text))
   with pytest.raises(UserError, match=refused):  # fine-tuning it again, as a pre-trained encoder
     backbone.load_backbone(grid_config(grid / "models" / "RTE", tmp_path), tmp_path)
