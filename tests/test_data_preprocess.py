@@ -219,6 +219,12 @@ def test_training_from_shards_takes_their_settings(shard_dir, tmp_path, capsys):
   saved = json.loads((tmp_path / "run" / "config.json").read_text())
   assert (saved["seq_len"], saved["data"]["packing"], saved["data"]["eval_fraction"]) == (64, "segment_pair", 0.05)
   assert saved["data"]["vocab_file"] == str(shard_dir / "vocab.txt") and saved["model"]["vocab_size"] == 30522
+  # Shards longer than the model's positions: the fix is the shards' length, not seq_len, which they replace.
+  cfg.model.max_position_embeddings = 32
+  with pytest.raises(UserError, match=rf"^seq_len=64 exceeds model.max_position_embeddings=32; the shards in "
+                                      rf"{shard_dir} were made at that length: make them again with a lower "
+                                      rf"`python -m tupe.data.preprocess --seq-len`"):
+    pretrain.train(cfg, str(tmp_path / "too_long"), devices=jax.devices()[:1])
 
 
 def test_a_vocab_without_the_special_tokens_leaves_the_output_folder_reusable(text_cfg, tmp_path):

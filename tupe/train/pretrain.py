@@ -187,7 +187,11 @@ def check_config(cfg) -> None:
   pipeline.checked_config(cfg.data, cfg.seq_len)
   check_data_files(cfg.data)
   models.validate(cfg.model)
-  models.check_length(cfg.model, cfg.seq_len, f"seq_len={cfg.seq_len}", "lower --config.seq_len")
+  shards_length = cfg.data.source == "arrayrecord" and cfg.data.files  # (`take_shard_settings`: theirs)
+  models.check_length(cfg.model, cfg.seq_len, f"seq_len={cfg.seq_len}", (
+      f"the shards in {cfg.data.files} were made at that length: make them again with a lower "
+      f"`python -m tupe.data.preprocess --seq-len`, or raise --config.model.max_position_embeddings")
+      if shards_length else "lower --config.seq_len")
   optim.schedule(cfg.optimizer, cfg.num_train_steps)
 
 
