@@ -1,6 +1,7 @@
 """Preprocessing to ArrayRecord shards gives the in-memory examples and batches; mismatched settings are refused."""
 import json
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -242,3 +243,15 @@ def test_a_vocab_without_the_special_tokens_leaves_the_output_folder_reusable(te
   assert not output.exists() or not any(output.iterdir())
   preprocess.main(argv + ["--vocab", text_cfg.vocab_file])
   assert shards.training_settings(str(output))["seq_len"] == 64
+
+
+def test_data_files_other_than_the_shard_folder_name_the_folder_to_give(shard_dir, text_cfg):
+  """A shard file or a pattern inside the folder, or a text file, given as the arrayrecord source's data.files: one
+  line naming what to give (before: "write them with preprocess --output <that file>")."""
+  for given in (shard_dir / "train-00000.array_record", shard_dir / "*"):
+    with pytest.raises(UserError, match=f"^{re.escape(str(given))} is not a folder of preprocessed examples: give "
+                                        f"the folder, --config.data.files={re.escape(str(shard_dir))}$"):
+      shards.read_metadata(given)
+  with pytest.raises(UserError, match=r"is not a folder of preprocessed examples: give the one folder `python -m "
+                                      r"tupe.data.preprocess --output` wrote, or --config.data.source=text"):
+    shards.read_metadata(text_cfg.files)

@@ -123,6 +123,13 @@ def read_unit_record(folder: storage.PathLike, unit: int) -> dict | None:
 def read_metadata(folder: storage.PathLike) -> dict:
   """The metadata of a shard folder."""
   path = storage.path(folder) / METADATA
+  parent = storage.path(folder).parent
+  if not storage.is_dir(folder):  # a file or a pattern: in a preprocessed folder, or a text file's
+    made = storage.is_file(parent / METADATA)
+    if made or storage.is_file(folder) or any(c in str(folder) for c in "*?["):
+      raise UserError(f"{folder} is not a folder of preprocessed examples: " + (
+          f"give the folder, --config.data.files={parent}" if made else "give the one folder `python -m "
+          "tupe.data.preprocess --output` wrote, or --config.data.source=text for text files"))
   if not storage.is_file(path):
     where = storage.path(folder) / PLAN
     half = " (a run was started there but is not finished: run it again to resume)" if storage.exists(where) else ""
