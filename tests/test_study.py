@@ -258,6 +258,7 @@ def test_evaluate_is_deterministic_and_tells_checkpoints_apart(studies, shared_d
     (["--config=configs/study.py:tupe,micro", "--config.heldout_file=missing.txt"], "held-out text file .* does not"),
     (["--config=configs/study.py:tupe,micro", "--config.heldout_file=corpus"], "held-out text file .* is not a file"),
     (["--config=configs/study.py:tupe,micro", "--config.glue_dir=/nonexistent"], "GLUE data folder /nonexistent"),
+    (["--config=configs/study.py:tupe,micro", "--config.vocab="], "^--config.vocab is empty: give a path"),
     (["--config=configs/study.py:tupe,micro", "--config.glue.overrides=('epochs.rte=x',)"], "epochs.rte"),
     (["--config=configs/study.py:tupe,micro", "--config.random_init=electra"], "random_init='electra' is not a"),
     (["--config=configs/study.py:tupe,micro", "--config.only=bert_a,bert"], "only='bert_a,bert': 'bert' is not a"),

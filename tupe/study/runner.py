@@ -135,7 +135,12 @@ def data_path(cfg, path: str) -> str:
 
 
 def check_inputs(cfg) -> None:
-  """The corpus, vocab, held-out file and GLUE folder exist: one line naming the first that does not."""
+  """The corpus, vocab, held-out file and GLUE folder exist: one line naming the first that does not (or is
+  empty)."""
+  for field in ("data_root", "corpus", "vocab", "heldout_file", "glue_dir"):
+    if not str(cfg[field]).strip():  # (before: "an empty path was given", naming no field)
+      raise UserError(f"--config.{field} is empty: " + ("give the folder that holds the corpus, vocab and GLUE data"
+                      if field == "data_root" else "give a path, relative to data_root or absolute"))
   corpus.expand_globs(data_path(cfg, cfg.corpus))
   for what, path, kind, fix in (("vocab", cfg.vocab, "file", "--config.vocab"),
                                 ("held-out text file", cfg.heldout_file, "file", "--config.heldout_file"),
