@@ -192,7 +192,8 @@ def test_a_failure_while_stopping_is_a_warning_after_the_error_and_nothing_hangs
   interrupted = FAILS_WITH_A_STUCK_THREAD.replace("raise error", "raise KeyboardInterrupt")
   proc = subprocess.run([sys.executable, "-c", interrupted], cwd=REPO, env=train_env(), capture_output=True,
                         text=True, timeout=120)
-  assert (proc.returncode, proc.stderr) == (130, "error: interrupted (Ctrl-C) before anything was saved; rerun the "
+  assert (proc.returncode, proc.stderr) == (130, "error: interrupted (Ctrl-C); what was written is whole, and "
+                                                 "preprocessing or a download keeps its finished parts: rerun the "
                                                  "same command\n")
 
 

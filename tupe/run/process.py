@@ -85,7 +85,9 @@ def run_main(main, argv=None) -> None:
     sys.exit(status)
   except KeyboardInterrupt:  # Before the job installed its own handler (or a job without one).
     status = 128 + signal.SIGINT
-    print("error: interrupted (Ctrl-C) before anything was saved; rerun the same command", file=sys.stderr)
+    # (Not "before anything was saved": preprocessing keeps its finished units, a download its finished tasks.)
+    print("error: interrupted (Ctrl-C); what was written is whole, and preprocessing or a download keeps its "
+          "finished parts: rerun the same command", file=sys.stderr)
     if owns_process:  # (a download's retrying threads, say: they would keep the process for minutes)
       _leave_stuck_threads(status)
     sys.exit(status)
