@@ -165,11 +165,18 @@ def test_qqp_rows_with_a_missing_field_are_left_out_with_one_warning(tmp_path, c
 
 
 @pytest.mark.parametrize("row,found", [("1\tA man.\tentailment\n", 3), ("1\tA\tman.\tA man.\tentailment\n", 5),
-                                       ("\n", 1)])
+                                       ("\n2\tA man.\tA man.\tentailment\n", 1)])
 def test_wrong_column_count_names_file_and_line(tmp_path, row, found):
   path = write(tmp_path / "RTE" / "dev.tsv", RTE_HEADER + "0\tA man.\tA man.\tentailment\n" + row)
   with pytest.raises(UserError, match=rf"{path}:3: expected 4 tab-separated columns, found {found}"):
     glue.load_split(tmp_path, "RTE", "dev")
+
+
+def test_blank_lines_that_end_a_file_are_no_rows(tmp_path):
+  """An editor's or a script's blank lines at the end (before: line 3 refused, "found 1 column"); one between two
+  rows is still a bad row (above)."""
+  write(tmp_path / "RTE" / "dev.tsv", RTE_HEADER + "0\tA man.\tA man.\tentailment\n\n\r\n\n")
+  assert [e.label for e in glue.load_split(tmp_path, "RTE", "dev")] == [0]
 
 
 def test_unparseable_labels_name_file_and_line(tmp_path):

@@ -29,12 +29,13 @@ class Example(NamedTuple):
 
 
 def read_lines(path: storage.Path, fix: str = "re-download the GLUE file") -> list[str]:
-  """Lines of a UTF-8 file (a leading BOM dropped), split on '\\n' only, without line ends; `fix` is what the
-  error for another encoding advises."""
-  lines = storage.read_text(path, fix).split("\n")
-  if lines[-1] == "":
+  """Lines of a UTF-8 file (a leading BOM dropped), split on '\\n' only, without line ends and without the blank
+  lines that end it (an editor's or a script's: they are no rows); `fix` is what the error for another encoding
+  advises."""
+  lines = [line[:-1] if line.endswith("\r") else line for line in storage.read_text(path, fix).split("\n")]
+  while lines and lines[-1] == "":
     lines.pop()
-  return [line[:-1] if line.endswith("\r") else line for line in lines]
+  return lines
 
 
 def column(path: storage.Path, columns: Sequence[str], name: str) -> int:
