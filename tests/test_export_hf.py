@@ -304,6 +304,15 @@ def test_a_damaged_config_json_is_one_line(exported, tmp_path, text):
     load.import_convbert(directory)
 
 
+def test_a_train_py_workdir_given_as_an_hf_model_names_init_checkpoint(exported):
+  """eval_glue.py's init_hf given a train.py workdir (whose config.json is ours, not HF's): the line says which
+  setting takes it (before: "model_type=None" alone)."""
+  _, workdir, _ = exported("convbert_mlm")
+  with pytest.raises(UserError, match=r"has model_type=None; only 'convbert' checkpoints can be imported; it is a "
+                                      r"train.py workdir's config: give the workdir as --config.init_checkpoint"):
+    load.import_convbert(workdir)
+
+
 def test_unexportable_option_is_one_line(tmp_path, corpus, capsys):
   """ConvBERT with TUPE's untied positions: HF ConvBERT has no such option."""
   cfg = tiny_config("convbert_mlm", corpus[0], corpus[1][True])

@@ -30,6 +30,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from tupe import config_files
 from tupe import models
 from tupe.errors import UserError
 
@@ -106,8 +107,10 @@ def convbert_config(hf: dict, source: str) -> ml_collections.ConfigDict:
   Every dimension comes from config.json; `size` is only a label, the named size with the same hidden size.
   """
   if hf.get("model_type") != "convbert":
+    ours = config_files.entry_point(hf) == "train.py"  # a train.py workdir: its checkpoints are read directly
     raise UserError(f"{source} has model_type={hf.get('model_type')!r}; only 'convbert' checkpoints can be "
-                    "imported")
+                    "imported" + ("; it is a train.py workdir's config: give the workdir as --config.init_checkpoint "
+                                  "instead" if ours else ""))
   if hf["hidden_act"] != "gelu":
     raise UserError(f"{source} has hidden_act={hf['hidden_act']!r}; only exact-GELU ConvBERT checkpoints "
                     "(hidden_act 'gelu') can be imported")
