@@ -79,6 +79,8 @@ LOADER_ERRORS = [
     (["model.hidden_size.x=1"], "--config.model.hidden_size.x: the config has no field 'x'"),
     (["model.hidden_size=abc"], "--config.model.hidden_size=abc: invalid literal for int()"),
     (["optimizer.learning_rate=fast"], "--config.optimizer.learning_rate=fast: could not convert string to float"),
+    (["model=tupe_a"], "--config.model is a group of fields, not a value: set one of them, e.g. "  # (an ast.Name)
+                       "--config.model.FIELD=VALUE"),
 ]
 
 

@@ -124,6 +124,9 @@ def flags_error(e: flags.Error, argv: Sequence[str], config: ml_collections.Conf
   if config is not None and isinstance(e, flags.UnrecognizedFlagError) and _is_field(config, name):
     return f"{e}: set the config's field as --config.{name}=VALUE"
   script = os.path.basename(argv[0])
+  if group := re.search(r"flag --config\.([\w.]+)=.*Failed to parse .* as a ConfigDict", str(e)):
+    return (f"--config.{group[1]} is a group of fields, not a value: set one of them, e.g. "
+            f"--config.{group[1]}.FIELD=VALUE (python {script} --help --config ... lists them)")
   if missing := re.search(r"Flag --(\w+) must have a value other than None", str(e)):  # a required flag
     example = " (the run's folder, local or gs://..., e.g. --workdir runs/demo)" if missing[1] == "workdir" else ""
     return f"--{missing[1]} is missing: give it{example}; python {script} --help lists the flags"
