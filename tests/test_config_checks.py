@@ -41,6 +41,7 @@ BAD_VALUES = (
     ("optimizer.warmup_steps", 1000, "optimizer.warmup_steps=1000 must be below the 1000 training steps"),
     ("seq_len", 4096, "seq_len=4096 exceeds model.max_position_embeddings=512"),
     ("data.mask_prob", 1.5, "data.mask_prob is 1.5: use a share between 0 and 1"),
+    ("data.shard_cache_mb", float("nan"), "data.shard_cache_mb is nan: use 0 or more megabytes"),  # (accepted)
     ("checkpoint.store_timeout_s", 0.0, "checkpoint.store_timeout_s=0.0 must be positive"),
     ("checkpoint.stop_grace_s", -1.0, "checkpoint.stop_grace_s=-1.0 must be 0 or more"),
     ("checkpoint.lease_s", 0.0, "checkpoint.lease_s=0.0 must be positive"),

@@ -104,6 +104,8 @@ def checked_config(data_cfg, seq_len: int) -> ml_collections.ConfigDict:
     raise UserError(f"data.eval_fraction is {cfg.eval_fraction}: use a share in [0, 1), e.g. 0.01")
   if cfg.num_workers < 0:
     raise UserError(f"data.num_workers is {cfg.num_workers}: use 0 or more")
+  if not cfg.shard_cache_mb >= 0:  # (NaN too: every corpus would then be held in memory, whatever its size)
+    raise UserError(f"data.shard_cache_mb is {cfg.shard_cache_mb}: use 0 or more megabytes (0: always shards)")
   return cfg
 
 
