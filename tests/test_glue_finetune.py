@@ -166,7 +166,8 @@ def test_user_errors(pretrained, glue_dir, tmp_path):
   partial = tmp_path / "partial"  # A GLUE folder with RTE only, and every task selected (the default).
   partial.mkdir()
   (partial / "RTE").symlink_to(glue_dir / "RTE")
-  with pytest.raises(UserError, match=r"CoLA.*not found .*; or fine-tune only the tasks you have: --config.tasks"):
+  with pytest.raises(UserError, match=r"CoLA.*not found .*; or fine-tune only the tasks you have: --config.tasks "
+                                      r"\(now .*\), e.g. --config.tasks=rte$"):  # (before: always "rte,mrpc")
     run(glue_cfg(data_dir=str(partial), init_checkpoint=str(pretrained), mesh=dict(data=1, fsdp=1, tensor=1)))
   assert not (tmp_path / "out").exists()  # Stopped by bad input: no workdir left behind.
   # A file where the grid keeps its models: refused before any data is read (before, the whole grid trained, then

@@ -135,6 +135,15 @@ def check_fine_tuning(cfg) -> None:
 STSB_SCORES = (0.0, 5.0)  # The range of STS-B's similarity scores
 
 
+def _missing(cfg, task) -> bool:
+  """Whether a split `check_splits` needs of `task` is missing (or refused)."""
+  try:
+    check_splits(cfg, task)
+  except UserError:
+    return True
+  return False
+
+
 def check_splits(cfg, task) -> None:
   """Every split a task's runs read, checked before the first run: the training schedule has steps, each dev
   split has rows, each test split has one row per index the GLUE server wants (0 ... test_rows - 1), and
@@ -198,8 +207,10 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
       try:
         check_splits(cfg, task)
       except glue.MissingSplit as e:
+        have = [glue_data.task_key(t) for t in tasks if not _missing(cfg, t)]
         fix = ("or leave out the test predictions: --config.predict_test=false" if e.test else
-               f"or fine-tune only the tasks you have: --config.tasks (now {cfg.tasks}), e.g. --config.tasks=rte,mrpc")
+               f"or fine-tune only the tasks you have: --config.tasks (now {cfg.tasks})" + (
+                   f", e.g. --config.tasks={','.join(have)}" if have else ": none of them has its files there"))
         raise UserError(f"{e}; {fix}") from e
     mesh = sharding.make_mesh(cfg.mesh, devices)
     sharding.check_batch_size("batch_size", cfg.batch_size, mesh, cfg.grad_accum_steps)
