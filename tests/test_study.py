@@ -287,7 +287,7 @@ def test_a_root_under_a_file_is_one_line(tmp_path):
   assert (tmp_path / "file").read_text() == "a user's file\n"
   # --report-only on a root that was never run: nothing to report (before: an empty report written into it, exit 0).
   with pytest.raises(UserError, match=f"^--root {tmp_path / 'none'} does not exist: --report-only reports a study's "
-                                      f"finished work; run the study first"):
+                                      f"finished work; run it first$"):
     runner.main(["tupe.study", f"--root={tmp_path / 'none'}", "--config=configs/study.py:tupe,micro", "--report-only"])
   assert not (tmp_path / "none").exists()
 

@@ -33,10 +33,10 @@ FOREIGN = "another program"  # `entry_point` of a folder whose config.json no en
 def entry_point(workdir: storage.PathLike) -> str | None:
   """The entry point ("train.py", "eval_glue.py") whose run `workdir` holds, by its config.json; FOREIGN where that
   is a JSON object none of them writes (an exported model's config, another tool's); None where there is none, or
-  it is not a JSON object."""
+  it is not a JSON object, or an empty one (it names no owner)."""
   path = storage.path(workdir) / CONFIG
   saved = jsonfile.parse(storage.read_bytes(path)) if storage.exists(path) else None
-  return None if saved is None else config_files.entry_point(saved) or FOREIGN
+  return None if not saved else config_files.entry_point(saved) or FOREIGN
 
 
 def is_kept_folder(name: str) -> bool:

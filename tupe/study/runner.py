@@ -383,9 +383,8 @@ def main(argv: list[str], call=subprocess.call) -> None:
     print(f"PYTHONPATH={shlex.quote(str(config_files.REPO))} " + shlex.join(
         [sys.executable, "-m", "tupe.study", f"--config={spec}", f"--root={root}", "--report-only"] + overrides))
     return
-  if args.report_only and not storage.is_dir(root):  # (before: a report of nothing written into a new folder)
-    raise UserError(f"--root {root} does not exist: --report-only reports a study's finished work; run the study "
-                    f"first (the same command without --report-only)")
+  if args.report_only and not storage.is_dir(root):  # (before: an empty report written into a new folder)
+    raise UserError(f"--root {root} does not exist: --report-only reports a study's finished work; run it first")
   check_pretrained(variants)
   if not args.report_only:
     console.log(f"[study] {cfg.study} at scale {cfg.scale}: {len(variants)} variants "
