@@ -135,15 +135,6 @@ def check_fine_tuning(cfg) -> None:
 STSB_SCORES = (0.0, 5.0)  # The range of STS-B's similarity scores
 
 
-def _missing(cfg, task) -> bool:
-  """Whether a split `check_splits` needs of `task` is missing (or refused)."""
-  try:
-    check_splits(cfg, task)
-  except UserError:
-    return True
-  return False
-
-
 def check_splits(cfg, task) -> None:
   """Every split a task's runs read, checked before the first run: the training schedule has steps, each dev
   split has rows, each test split has one row per index the GLUE server wants (0 ... test_rows - 1), and
@@ -203,15 +194,18 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
     done = {(run["task"], run["lr"], run["seed"]) for run in runs_lib.read_runs(workdir)}
     pending = {task.name: [(lr, seed) for lr in lrs for seed in cfg.seeds if (task.name, lr, seed) not in done]
                for task in tasks}
-    for task in (task for task in tasks if pending[task.name]):  # Fail on missing data or steps before any run.
+    missing, have = [], []  # Fail on missing data or steps before any run, naming the tasks whose data is there.
+    for task in (task for task in tasks if pending[task.name]):
       try:
         check_splits(cfg, task)
+        have.append(glue_data.task_key(task))
       except glue.MissingSplit as e:
-        have = [glue_data.task_key(t) for t in tasks if not _missing(cfg, t)]
-        fix = ("or leave out the test predictions: --config.predict_test=false" if e.test else
-               f"or fine-tune only the tasks you have: --config.tasks (now {cfg.tasks})" + (
-                   f", e.g. --config.tasks={','.join(have)}" if have else ": none of them has its files there"))
-        raise UserError(f"{e}; {fix}") from e
+        missing.append(e)
+    if missing:
+      fix = ("or leave out the test predictions: --config.predict_test=false" if missing[0].test else
+             f"or fine-tune only the tasks you have: --config.tasks (now {cfg.tasks})" + (
+                 f", e.g. --config.tasks={','.join(have)}" if have else ": none of them has its files there"))
+      raise UserError(f"{missing[0]}; {fix}") from missing[0]
     mesh = sharding.make_mesh(cfg.mesh, devices)
     sharding.check_batch_size("batch_size", cfg.batch_size, mesh, cfg.grad_accum_steps)
     sharding.check_batch_size("eval_batch_size", cfg.eval_batch_size, mesh)
