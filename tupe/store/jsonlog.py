@@ -26,13 +26,22 @@ SEGMENT_RECORDS = 1000  # records per segment in a bucket
 _TAIL_BYTES = 1 << 16  # how much of a local log's end is read to check its last line
 
 
+_LATER = r"-(\d{5})\.jsonl"  # a later segment's ending (`_segment`): metrics-00001.jsonl, ...
+
+
 def segments(directory: storage.PathLike, name: str) -> list[storage.Path]:
   """The segments of log `name` in `directory`, in order ([] when there is none)."""
   first = storage.path(directory) / f"{name}.jsonl"
-  pattern = re.compile(rf"{re.escape(name)}-(\d{{5}})\.jsonl")
+  pattern = re.compile(re.escape(name) + _LATER)
   numbered = sorted((p for p in storage.glob(storage.path(directory) / f"{name}-*.jsonl")
                      if pattern.fullmatch(p.name)), key=lambda p: p.name)
   return ([first] if storage.exists(first) else []) + numbered
+
+
+def log_file(file_name: str) -> str:
+  """The log's first file that `file_name` is a segment of ("metrics.jsonl" for "metrics-00012.jsonl"); any other
+  name as it is."""
+  return re.sub(_LATER + "$", ".jsonl", file_name)
 
 
 def _segment(directory: storage.PathLike, name: str, index: int) -> storage.Path:

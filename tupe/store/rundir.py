@@ -3,10 +3,9 @@
 any of it (`tupe.store.outputs`)."""
 from __future__ import annotations
 
-import re
-
 from tupe import config_files
 from tupe.store import jsonfile
+from tupe.store import jsonlog
 from tupe.store import storage
 
 CONFIG = "config.json"  # in every workdir: a folder with one is a run's
@@ -22,7 +21,7 @@ REDRAWN = ("curves.png",)  # drawn from metrics.jsonl, and redrawn there by `pyt
 def is_record(name: str, kind: str | None = None) -> bool:
   """Whether `name`, a file at the top of a workdir of entry point `kind` (None: unknown, any), is one that later
   readers of the run rely on."""
-  base = re.sub(r"-\d{5}(?=\.jsonl$)", "", name)  # a log's later segment
+  base = jsonlog.log_file(name)  # a log's later segment: its first file
   writes = [WRITES[kind]] if kind in WRITES else WRITES.values()
   return name == LOCK or (base not in REDRAWN and any(base in files for files, _ in writes))
 
