@@ -15,7 +15,6 @@ import ml_collections
 
 from tupe import models
 from tupe.data import pipeline
-from tupe.errors import UserError
 from tupe.models import partitioning
 from tupe.store import deadline
 
@@ -74,10 +73,7 @@ def common() -> ml_collections.ConfigDict:
 
 
 def get_config(arg: str = "tupe_a,base") -> ml_collections.ConfigDict:
-  name, _, size = arg.partition(",")
-  size = size or "base"
-  if name not in models.PRETRAIN_NAMES:
-    raise UserError(f"unknown model {name!r}; choose one of {', '.join(models.PRETRAIN_NAMES)}")
+  name, size = models.name_and_size(arg, models.PRETRAIN_NAMES, "configs/pretrain.py:{},<size>")
   c = common()
   model = "convbert" if name == "convbert_mlm" else name
   c.model = models.get_config(model, size)

@@ -105,6 +105,9 @@ def test_the_config_loader_applies_typed_overrides():
     config_files.load_config("configs/nope.py:x")
   with pytest.raises(UserError, match="unknown model 'nope'"):
     config_files.load_config("configs/pretrain.py:nope,tiny")
+  with pytest.raises(UserError, match=r"configs/pretrain.py:tupe_r: no size given: give "
+                                      r"configs/pretrain.py:tupe_r,<size> with <size> one of tiny, small"):  # not base
+    config_files.load_config("configs/pretrain.py:tupe_r")
 
 
 def test_a_repeated_flag_replaces_the_earlier_one():

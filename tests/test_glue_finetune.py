@@ -210,6 +210,9 @@ def test_random_and_hf_backbones(bert_vocab, tmp_path):
   assert backbone.params is None and backbone.cfg.relative_bias and backbone.cfg.vocab_size == 30522
   with pytest.raises(UserError, match="init=random needs the architecture"):
     backbone_lib.load_backbone(glue_cfg(init="random", vocab_file=str(bert_vocab)), tmp_path)
+  with pytest.raises(UserError, match=r"^--config.model=tupe_a: no size given: give --config.model=tupe_a,<size> "
+                                      r"with <size> one of tiny, small, medium_small, base, large$"):  # (not base)
+    backbone_lib.load_backbone(glue_cfg(init="random", model="tupe_a", vocab_file=str(bert_vocab)), tmp_path)
 
   transformers = pytest.importorskip("transformers")
   hf_dir = tmp_path / "hf"

@@ -53,16 +53,15 @@ def _random_backbone(cfg):
       raise UserError("init=random takes the architecture from --config.init_checkpoint or --config.model: drop one")
     model_cfg, _, tokens, source = _checkpoint_backbone(cfg)
     return model_cfg, None, tokens, f"random {model_cfg.name} ({model_cfg.size}) shaped as {source}"
-  name, _, size = cfg.model.partition(",")
-  if not name:
+  if not cfg.model:
     raise UserError("init=random needs the architecture: set --config.model=<name>,<size>, e.g. tupe_a,base")
   try:
-    model_cfg = models.get_config(name, size or "base")
+    model_cfg = models.get_config(*models.name_and_size(cfg.model, models.MODELS, "--config.model={},<size>"))
   except ValueError as e:
     raise UserError(f"--config.model={cfg.model}: {e}") from None
   tokens = _vocab_tokens(cfg.vocab_file, "init=random")
   model_cfg.vocab_size = len(tokens)
-  source = f"random {name} ({model_cfg.size})"
+  source = f"random {model_cfg.name} ({model_cfg.size})"
   check_backbone(cfg, model_cfg, len(tokens), source)
   return model_cfg, None, tokens, source
 

@@ -26,6 +26,7 @@ from tupe.models.config import base_config
 from tupe.models.config import check_length
 from tupe.models.config import get_config
 from tupe.models.config import head_dim
+from tupe.models.config import name_and_size
 from tupe.models.config import validate
 from tupe.models.encoder import Encoder
 from tupe.models.encoder import EncoderStack

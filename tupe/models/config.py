@@ -78,6 +78,18 @@ def base_config() -> ml_collections.ConfigDict:
   ))
 
 
+def name_and_size(arg: str, names: tuple[str, ...], usage: str) -> tuple[str, str]:
+  """Splits a "<model>,<size>" argument (configs/pretrain.py's, GLUE's --config.model). An unknown model or a
+  missing size is a UserError listing the choices, `usage` ("--config.model={},<size>") saying how to give them: no
+  size is assumed (`get_config` refuses an unknown one)."""
+  name, _, size = arg.partition(",")
+  if name not in names:
+    raise UserError(f"unknown model {name!r}; choose one of {', '.join(names)}")
+  if not size:
+    raise UserError(f"no size given: give {usage.format(name)} with <size> one of {', '.join(SIZES)}")
+  return name, size
+
+
 def get_config(name: str, size: str = "base") -> ml_collections.ConfigDict:
   """Returns the config of a named model at a named size.
 
