@@ -112,8 +112,17 @@ def test_tfds_dataset(tmp_path, shared_data, bert_vocab):
   assert next(it)["input_ids"].shape == (4, 128)
   with pytest.raises(UserError, match="no feature 'body'"):
     next(tfds_documents("tupe_tiny_wiki", str(tmp_path), "body"))
-  with pytest.raises(UserError, match="is not available in .*Dataset tupe_no_such_dataset not found"):
-    next(tfds_documents("tupe_no_such_dataset", str(tmp_path), "text"))
+  # A name TFDS does not know is not advised to be built (`tfds build` would refuse it too): the closest names.
+  with pytest.raises(UserError, match=f"^TFDS has no dataset 'tupe_tiny_wikii' \\(and finds none prepared in "
+                                     f"{tmp_path}\\); the closest: tupe_tiny_wiki: fix the name \\(https://"):
+    next(tfds_documents("tupe_tiny_wikii", str(tmp_path), "text"))
+  with pytest.raises(UserError, match="^TFDS's tupe_tiny_wiki has no configs: name it tupe_tiny_wiki, without /en$"):
+    next(tfds_documents("tupe_tiny_wiki/en", str(tmp_path), "text"))
+  with pytest.raises(UserError, match="^TFDS's wikipedia has no config '20230601.enn'; the closest: .*20230601.en"):
+    next(tfds_documents("wikipedia/20230601.enn", str(tmp_path), "text"))  # (a builder TFDS imports late)
+  with pytest.raises(UserError, match=r"\(no prepared wikipedia/20230601.en in .*\): prepare it with `tfds build "
+                                      r"wikipedia/20230601.en --file_format=array_record"):
+    next(tfds_documents("wikipedia/20230601.en", str(tmp_path), "text"))  # (it exists: not "Dataset not found")
   with pytest.raises(UserError, match="^tfds_data_dir=gs://tupe-data/tfds: TFDS's array_record reader reads local "
                                      "files only; copy the prepared folder to a local disk"):
     next(tfds_documents("tupe_tiny_wiki", "gs://tupe-data/tfds", "text"))

@@ -14,6 +14,8 @@ the blank line just before it (its file's first paragraph to the range at the st
 at the first line at or after `begin` and reads past `end` to finish its last paragraph. Bytes that are not UTF-8
 are dropped and counted, a BOM dropped, line ends may be \\n or \\r\\n.
 """
+import difflib
+import importlib
 import json
 import re
 from typing import Iterator
@@ -27,6 +29,7 @@ FORMATS = ("text", "lines", "jsonl", "parquet")
 UNDECODABLE = re.compile("[\udc80-\udcff]")  # What surrogateescape decodes bytes that are not UTF-8 to.
 _BOM = b"\xef\xbb\xbf"
 _PARQUET_BATCH = 1024
+TFDS_CATALOG = "https://www.tensorflow.org/datasets/catalog/overview"
 
 
 def decode(raw: bytes, tally: Tally) -> str:
@@ -184,8 +187,10 @@ def tfds_source(name: str, split: str, data_dir: str | None, otherwise: str = ""
                     f"instead{otherwise}")
   builder = None
   try:
-    builder = tfds.builder(name, data_dir=str(storage.path(data_dir)) if data_dir else None)
+    builder = _tfds_builder(tfds, name, data_dir)
     return builder.as_data_source(split=split)
+  except UserError:
+    raise
   except Exception as e:  # tfds raises a different type for each way a dataset can be missing.
     if builder is not None and not builder.is_prepared():  # (tfds's own error names the file format it guessed)
       reason = f"no prepared {name} in {builder.data_dir}"
@@ -194,6 +199,42 @@ def tfds_source(name: str, split: str, data_dir: str | None, otherwise: str = ""
     raise UserError(f"TFDS {name} split {split} is not available in {data_dir or 'the default TFDS folder'} "
                     f"({reason}): prepare it with `tfds build {name} --file_format=array_record"
                     f"{f' --data_dir={data_dir}' if data_dir else ''}`{otherwise}") from e
+
+
+def _tfds_builder(tfds, name: str, data_dir: str | None):
+  """TFDS's builder of `name`, prepared in `data_dir` or not. A name TFDS does not know, its dataset or its config,
+  is a UserError naming the closest ones: `tfds build` would refuse it too."""
+  def build():
+    return tfds.builder(name, data_dir=str(storage.path(data_dir)) if data_dir else None)
+
+  try:
+    return build()
+  except Exception:  # A bad name, or a builder not imported yet: `import tensorflow_datasets` defers its modules.
+    for group in vars(tfds).values():
+      if type(group).__name__ == "LazyModule":  # (etils's deferred import of a group of builders)
+        try:
+          importlib.import_module(group.module_name)
+        except ImportError:  # (a group whose dependencies are not installed: TFDS skips it too)
+          pass
+  dataset, _, config = name.partition(":")[0].partition("/")
+  try:
+    configs = tfds.builder_cls(dataset).builder_configs
+  except tfds.core.DatasetNotFoundError:
+    known = tfds.list_builders(with_community_datasets=False)
+    raise UserError(f"TFDS has no dataset {dataset!r} (and finds none prepared in "
+                    f"{data_dir or 'the default TFDS folder'}){_closest(dataset, known)}: fix the name "
+                    f"({TFDS_CATALOG} lists TFDS's datasets)") from None
+  if config and not configs:
+    raise UserError(f"TFDS's {dataset} has no configs: name it {dataset}, without /{config}")
+  if config and config not in configs:
+    raise UserError(f"TFDS's {dataset} has no config {config!r}{_closest(config, configs)}: fix the name, "
+                    f"{dataset}/<config>")
+  return build()
+
+
+def _closest(name: str, names) -> str:
+  close = difflib.get_close_matches(name, list(names), n=5)
+  return f"; the closest: {', '.join(close)}" if close else "; no name is close to it"
 
 
 def _tfds_documents(source: dict, name: str, begin: int, end: int) -> Iterator[str]:
