@@ -65,7 +65,8 @@ def common() -> ml_collections.ConfigDict:
   # JAX's persistent compilation cache (tupe.train.compile_cache): a second start loads its compiled step. A per-user
   # folder; on a pod, a bucket all hosts share (gs://...); "" turns it off. JAX_COMPILATION_CACHE_DIR wins.
   c.compilation_cache_dir = "~/.cache/tupe/jax"
-  # Multi-host: a host that sends no heartbeat for heartbeat_timeout_s counts as dead and the others stop.
+  # Multi-host: hosts that have not all joined within initialization_timeout_s stop (one line: what to check); a
+  # host that sends no heartbeat for heartbeat_timeout_s counts as dead and the others stop.
   c.distributed = ml_collections.ConfigDict(dict(coordinator_address="", num_processes=1, process_id=0,
                                                  auto=False, initialization_timeout_s=300, heartbeat_timeout_s=100))
   c.data = pipeline.default_data_config()

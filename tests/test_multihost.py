@@ -215,6 +215,23 @@ def test_a_killed_host_stops_the_other_with_one_line(tmp_path, killed):
   assert not supervised_children(tmp_path), "the killed host's training process outlived its supervisor"
 
 
+def test_a_host_started_alone_says_the_others_never_joined(tmp_path):
+  """Two hosts configured, one started: after the initialization timeout (2 s here) one line saying the hosts did
+  not all join and what to check, exit 2 (bad input), nothing written; not "host 1 of 2 died", for a host that never
+  ran. About 10 s, most of it the start."""
+  dist = {"distributed.coordinator_address": f"localhost:{free_port()}", "distributed.num_processes": HOSTS,
+          "distributed.process_id": 0, "distributed.initialization_timeout_s": 2}
+  host = Run(tmp_path / "run", dict(MULTI, **dist), name="host0")
+  STARTED.append(host)
+  assert host.wait(timeout=120) == supervise.EXIT_NOT_JOINED, host.stderr()[-3000:]
+  assert host.stderr().strip().splitlines() == [
+      f"error: the 2 hosts did not all join within distributed.initialization_timeout_s=2 s (DEADLINE_EXCEEDED: "
+      f"Deadline Exceeded); host 0 stopped. Start every host, each with its own distributed.process_id (0 to 1), all "
+      f"with distributed.num_processes=2 and distributed.coordinator_address="
+      f"{dist['distributed.coordinator_address']} (host 0's host:port, which every host must reach)"]
+  assert not (tmp_path / "run").exists()
+
+
 def test_sigterm_to_one_host_stops_every_host_at_the_same_step(tmp_path):
   """A preempted host (SIGTERM to its supervisor, passed on to its training process): every host stops after the
   same step (they agree on it each step), saves one checkpoint there together and exits 143 with one line. A host
@@ -311,6 +328,21 @@ def test_failure_report_parsing():
   # Of two hosts, the dead one is the other, named or not (a Gloo collective can fail before the heartbeats do).
   assert supervise.failure_line("", this_host=0, num_hosts=2).startswith("error: host 1 of 2 died")
   assert supervise.failure_line("", this_host=1, num_hosts=2).startswith("error: host 0 of 2, the coordinator, is")
+  # Two hosts started as host 0 (jaxlib 0.10's report on one of them): they never joined; none died.
+  taken = ("F1130 20:21:20.530688   20476 client.h:80] Terminating process because the JAX distributed service "
+           "detected fatal errors. This most likely indicates that another task died; see the other task logs for more "
+           "details. absl::Status: ALREADY_EXISTS: Aborted connect attempt as there is a request from a newer "
+           "incarnation.\nRPC: /xla.coordination.CoordinationService/RegisterTask [type.googleapis.com/tensorflow."
+           "CoordinationServiceError='']\n*** Check failure stack trace: ***\n")
+  dist = types.SimpleNamespace(auto=False, process_id=0, num_processes=2, coordinator_address="10.0.0.1:1234",
+                               initialization_timeout_s=300)
+  assert supervise.not_joined_line(taken, dist).startswith(
+      "error: the 2 hosts did not all join within distributed.initialization_timeout_s=300 s (ALREADY_EXISTS: Aborted "
+      "connect attempt as there is a request from a newer incarnation.); host 0 stopped. Start every host, each with "
+      "its own distributed.process_id (0 to 1)")
+  dist.auto = True
+  assert supervise.not_joined_line(taken, dist).endswith("; this host stopped. Start every host of the pod or "
+                                                          "cluster, with the same command")
 
 
 @pytest.mark.parametrize("lost_peer", [True, False], ids=["lost-peer", "other-error"])

@@ -11,7 +11,9 @@ itself as a child process (marked by the environment variable `TUPE_SUPERVISED`)
   - passes stdout through untouched (the child inherits it) and stderr line by line;
   - from the first line of the distributed service's failure (the coordination service, its heartbeats, Gloo)
     holds stderr back; if the child then fails, prints one line naming the dead host and exits with status 1
-    (if it succeeds after all, the held-back lines are printed as they were). A Python traceback is held back
+    (if it succeeds after all, the held-back lines are printed as they were); or, where the hosts never all joined
+    (`jax.distributed.initialize` gave up), one line saying so and what to check, and exits with status 2, as for
+    bad input. A Python traceback is held back
     from its first line too, since the exception that names the failure (a collective that lost its peer) comes
     at its end: a traceback that turns out to be no such failure is printed as it was when the child exits;
   - forwards SIGTERM and SIGINT to the child (which saves a checkpoint and exits 143 or 130, as without the
@@ -38,12 +40,15 @@ import time
 
 ENV = "TUPE_SUPERVISED"  # Set in the child to the parent's pid.
 EXIT_PEER_DIED = 1
+EXIT_NOT_JOINED = 2  # (bad input's status: a host not started, or started with other multi-host settings)
 # Lines that begin the distributed service's report of a failed task, on the host that saw it.
 _FAILURE = re.compile(r"coordination_service|coordination service|CoordinationService|heartbeat|Gloo|gloo|"
                       r"JAX distributed service")
 _TRACEBACK = "Traceback (most recent call last):"
 _UNHEALTHY = re.compile(r"tasks are unhealthy \(stopped sending heartbeats\):\s*\n\s*([\d, \n]+)")
 _TASK_TIMEOUT = re.compile(r"Task (\d+) heartbeat timeout")
+_JOINING = re.compile(r"CoordinationService/RegisterTask")  # The RPC by which a host joins the others, failed.
+_STATUS = re.compile(r"absl::Status: (.+)")
 _LEADER_GONE = re.compile(r"leader task|Failed to send RPC to coordination service|remote target coordination_service")
 
 
@@ -94,6 +99,22 @@ def failure_line(report: str, this_host: int | None, num_hosts: int | None) -> s
           f"from its last complete checkpoint")
 
 
+def not_joined_line(report: str, dist) -> str:
+  """The one line of a host whose `jax.distributed.initialize` gave up before every host had joined: a host not
+  started, or started with another coordinator address, host count or a process id already taken. None died."""
+  status = _STATUS.search(report)
+  waited = (f"did not all join within distributed.initialization_timeout_s={dist.initialization_timeout_s:g} s"
+            f"{f' ({status.group(1).strip()})' if status else ''}")
+  if dist.auto:
+    return (f"error: the hosts {waited}; this host stopped. Start every host of the pod or cluster, with the same "
+            f"command")
+  last = dist.num_processes - 1
+  return (f"error: the {dist.num_processes} hosts {waited}; host {dist.process_id} stopped. Start every host, each "
+          f"with its own distributed.process_id (0 to {last}), all with distributed.num_processes="
+          f"{dist.num_processes} and distributed.coordinator_address={dist.coordinator_address} (host 0's host:port, "
+          f"which every host must reach)")
+
+
 def run(argv: list[str], cfg) -> int:
   """Runs this command line (`python argv...`) as a supervised child; returns the exit status to exit with."""
   dist = cfg.distributed
@@ -122,6 +143,9 @@ def run(argv: list[str], cfg) -> int:
       if failed_at and time.monotonic() - failed_at[0] > grace_s + 30:
         child.kill()
     reader.join(timeout=10)
+  if failed_at and child.returncode != 0 and _JOINING.search("".join(held)):
+    print(not_joined_line("".join(held), dist), file=sys.stderr)
+    return EXIT_NOT_JOINED
   if failed_at and child.returncode != 0:
     this_host = None if dist.auto else dist.process_id
     print(failure_line("".join(held), this_host, None if dist.auto else dist.num_processes), file=sys.stderr)

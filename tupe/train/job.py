@@ -154,7 +154,8 @@ def initialize_distributed(dist) -> None:
                                initialization_timeout=dist.initialization_timeout_s,
                                heartbeat_timeout_seconds=dist.heartbeat_timeout_s)
   elif dist.auto:
-    jax.distributed.initialize(heartbeat_timeout_seconds=dist.heartbeat_timeout_s)
+    jax.distributed.initialize(initialization_timeout=dist.initialization_timeout_s,
+                               heartbeat_timeout_seconds=dist.heartbeat_timeout_s)
 
 
 def agreed_signal(received: list[int]) -> int:
