@@ -197,10 +197,10 @@ def test_a_full_disk_is_one_line_at_any_moment(limit, shared_data, bert_vocab, t
   assert line.startswith(f"error: cannot write {tmp_path / 'packed'}/") and ": File too large" in line, line
 
 
-def test_training_from_shards_takes_their_settings(shard_dir, tmp_path, capsys):
+def test_training_from_shards_takes_their_settings(shard_dir, text_cfg, tmp_path, capsys):
   """The tiny recipe asks for 128-token full-sentence blocks, a 1% eval split and no vocab; the shards were made
   with 64-token segment pairs, a 5% eval split and BERT's vocab: training takes the shards' settings, says so in one
-  line, and records them in config.json."""
+  line, and records them in config.json. Resumed on shards of a smaller corpus, it is refused from their metadata."""
   import jax
 
   from configs import pretrain as pretrain_config
@@ -220,6 +220,23 @@ def test_training_from_shards_takes_their_settings(shard_dir, tmp_path, capsys):
   saved = json.loads((tmp_path / "run" / "config.json").read_text())
   assert (saved["seq_len"], saved["data"]["packing"], saved["data"]["eval_fraction"]) == (64, "segment_pair", 0.05)
   assert saved["data"]["vocab_file"] == str(shard_dir / "vocab.txt") and saved["model"]["vocab_size"] == 30522
+  # Another corpus size, the same settings: refused before any data is loaded or a step compiled (it was after both).
+  smaller = tmp_path / "smaller.txt"
+  smaller.write_text("\n\n".join(corpus.paragraphs(corpus.read_text(text_cfg.files))[:150]) + "\n")
+  preprocess.main(["preprocess", "--input", str(smaller), "--vocab", text_cfg.vocab_file, "--seq-len", "64",
+                   "--packing", "segment_pair", "--eval-fraction", "0.05", "--output", str(tmp_path / "smaller"),
+                   "--workers", "1"])
+  counts = [shards.read_metadata(folder)["num_examples"]["train"] for folder in (shard_dir, tmp_path / "smaller")]
+  cfg.update(num_train_steps=4)
+  cfg.data.files = str(tmp_path / "smaller")
+  capsys.readouterr()
+  with pytest.raises(UserError, match=rf"^checkpoint 2 in {tmp_path / 'run' / 'checkpoints'} was trained on other "
+                                      rf"batches \(train_examples={counts[0]} in the checkpoint, {counts[1]} now\); "
+                                      rf"resume with the same data settings and corpus, or use a new --workdir$"):
+    pretrain.train(cfg, str(tmp_path / "run"), devices=jax.devices()[:1])
+  out = capsys.readouterr().out
+  assert "train data:" not in out and "compiling" not in out, out
+  cfg.data.files = str(shard_dir)
   # Shards longer than the model's positions: the fix is the shards' length, not seq_len, which they replace.
   cfg.model.max_position_embeddings = 32
   with pytest.raises(UserError, match=rf"^seq_len=64 exceeds model.max_position_embeddings=32; the shards in "

@@ -148,6 +148,12 @@ SETTINGS = (("seq_len", "seq_len"), ("data.packing", "packing"), ("data.lowercas
             ("data.fill_examples", "fill_examples"))
 
 
+def from_shards(data_cfg) -> bool:
+  """Whether a run trains from preprocessed shards (data.source "arrayrecord" with data.files), whose settings
+  (seq_len among them) replace the config's, and whose metadata says how many examples they hold."""
+  return data_cfg.source == "arrayrecord" and bool(data_cfg.files)
+
+
 def training_settings(folder: storage.PathLike) -> dict:
   """{config field: value} of the settings the folder's examples were made with (`SETTINGS`), and its vocab
   (`data.vocab_file`: the folder's vocab.txt)."""

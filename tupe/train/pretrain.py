@@ -189,7 +189,8 @@ def check_config(cfg) -> None:
   models.validate(cfg.model)
   models.check_length(cfg.model, cfg.seq_len, f"seq_len={cfg.seq_len}", f"the shards in {cfg.data.files} were made "
                       f"at that length: make them again with a lower `python -m tupe.data.preprocess --seq-len`, or "
-                      f"raise --config.model.max_position_embeddings" if from_shards(cfg) else "lower --config.seq_len")
+                      f"raise --config.model.max_position_embeddings" if shards.from_shards(cfg.data)
+                      else "lower --config.seq_len")
   optim.schedule(cfg.optimizer, cfg.num_train_steps)
 
 
@@ -206,16 +207,11 @@ def check_data_files(data_cfg) -> None:
                     f"--config.data.files")
 
 
-def from_shards(cfg) -> bool:
-  """Whether the run trains from preprocessed shards, whose settings (seq_len among them) replace the config's."""
-  return cfg.data.source == "arrayrecord" and bool(cfg.data.files)
-
-
 def take_shard_settings(cfg) -> str | None:
   """Training from preprocessed shards (data.source "arrayrecord") takes the settings they were made with
   (`tupe.data.shards.training_settings`: seq_len, packing, casing, the eval split, the vocab) in place of the
   config's; returns the line that says so, naming any value of the config it replaced (None for other sources)."""
-  if not from_shards(cfg):
+  if not shards.from_shards(cfg.data):
     return None
   taken = shards.training_settings(cfg.data.files)
   replaced = []

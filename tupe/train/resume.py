@@ -7,8 +7,8 @@ seq_len, global_batch_size, seed), with another vocabulary (of the same size: th
 number of training examples is an error, as are parameters of other shapes (another architecture or vocabulary size)
 and, when the state does not restore, another optimizer structure. Other settings may change (e.g. num_train_steps, to
 extend a run); they are reported (`warn_changed_settings`). `Compatibility` is what
-`checkpoint.Checkpointer.restore_latest` calls; what needs no data (the model, sequence length, batch and seed) is
-checked before the data is loaded, too (`check_before_loading`).
+`checkpoint.Checkpointer.restore_latest` calls; what needs no data (the model, sequence length, batch and seed, and
+the number of training examples of shards) is checked before the data is loaded, too (`check_before_loading`).
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import jax
 import ml_collections
 
 from tupe import console
+from tupe.data import shards
 from tupe.errors import UserError
 from tupe.store import checkpoint
 from tupe.store import storage
@@ -144,8 +145,10 @@ def _other_batches(step: int, directory: storage.Path, diff: list[str]) -> UserE
 def check_before_loading(workdir: storage.PathLike, cfg) -> None:
   """The resume checks that need neither the data nor the compiled step, made before either (minutes at scale):
   the newest checkpoint's parameters against the model `cfg` plans (a vocab size left to the tokenizer taken as
-  the checkpoint's), and its sequence length, global batch and seed. A newest checkpoint whose metadata does not
-  read is left to restoring, which sets it aside; restoring checks everything again (`Compatibility`).
+  the checkpoint's), and its sequence length, global batch and seed, and, training from shards, their number of
+  training examples (their metadata's: a corpus of another size; a text corpus's is known once tokenized). A newest
+  checkpoint whose metadata does not read is left to restoring, which sets it aside; restoring checks everything
+  again (`Compatibility`).
 
   Raises:
     UserError: as restoring would, before the data is loaded.
@@ -163,7 +166,11 @@ def check_before_loading(workdir: storage.PathLike, cfg) -> None:
   step = int(newest[0].name)
   _check_fits(step, root, saved, objectives.param_shapes(ml_collections.ConfigDict(config)), saved_meta.config,
               config)
-  if diff := _differences(saved_meta.config, config, list(_STREAM)):
+  keys = list(_STREAM)
+  if shards.from_shards(cfg.data) and saved_meta.train_examples is not None:
+    keys.append("train_examples")
+    config["train_examples"] = shards.read_metadata(cfg.data.files)["num_examples"]["train"]
+  if diff := _differences(dict(saved_meta.config, train_examples=saved_meta.train_examples), config, keys):
     raise _other_batches(step, root, diff)
 
 
