@@ -71,6 +71,8 @@ class Job:
     try:
       self._stack.enter_context(lease.hold(self.workdir, ttl=self.cfg.checkpoint.lease_s))
       self._stack.push(self._remove_unless_started)  # while the lease is still held
+      # Under the lease, so that it sees what the workdir's last holder left (config.json, checkpoints/, runs): the
+      # config.json the foreign check read before anything was locked or written is read a second time.
       check_kind(self.workdir, config_files.entry_point(self.cfg))
       self.received = self._stack.enter_context(signals.caught())
     except BaseException:
