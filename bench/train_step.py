@@ -163,7 +163,10 @@ def compare_specs(spec: str, names: str) -> list[str]:
   """Config specs of the comma-separated models `names` at the size of `spec` (path.py:model,size)."""
   path, _, arg = spec.partition(":")
   size = arg.partition(",")[2]
-  return [f"{path}:{name},{size}" if size else f"{path}:{name}" for name in names.split(",") if name]
+  if names and not size:
+    raise SystemExit(f"error: --compare builds its models at --config's size, and {spec} names none: give "
+                     "--config path.py:<model>,<size>")
+  return [f"{path}:{name},{size}" for name in names.split(",") if name]
 
 
 def parse_args(argv=None):

@@ -93,6 +93,9 @@ def test_train_step(capsys, tmp_path):
   assert [train_step.recipe_name(spec) for spec in train_step.compare_specs(BERT, "convbert,convbert_mlm")] == [
       "convbert", "convbert_mlm"]
   assert train_step.recipe_name("configs/demo.py") == "demo"
+  with pytest.raises(SystemExit, match=r"^error: --compare builds its models at --config's size, and "
+                                       r"configs/pretrain.py names none"):
+    train_step.compare_specs("configs/pretrain.py", "tupe_a")
 
 
 def test_profile(capsys, monkeypatch, tmp_path):
