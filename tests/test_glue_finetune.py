@@ -157,6 +157,9 @@ def test_user_errors(pretrained, glue_dir, tmp_path):
   with pytest.raises(UserError, match=r"^both --config.init_checkpoint \(.+\) and --config.init_hf \(x\) are set: keep "
                                       r"the one to fine-tune$"):
     run(glue_cfg(data_dir=str(glue_dir), init_hf="x", **base))
+  with pytest.raises(UserError, match=r"^--config.model=bert_a,tiny is read with --config.init=random only: "
+                                      r"init=pretrained fine-tunes the architecture of its checkpoint"):
+    run(glue_cfg(data_dir=str(glue_dir), model="bert_a,tiny", **base))  # (before: ignored, the checkpoint's taken)
   with pytest.raises(UserError, match="^set one of --config.init_checkpoint"):
     run(glue_cfg(data_dir=str(glue_dir), **dict(base, init_checkpoint="")))
   with pytest.raises(UserError, match=r"^learning_rates=\(3e-05, 'abc'\): give positive numbers"):

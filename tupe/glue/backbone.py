@@ -103,6 +103,9 @@ def load_backbone(cfg, workdir: storage.Path) -> Backbone:
     model_cfg, params, tokens, source = _random_backbone(cfg)
   elif cfg.init != "pretrained":
     raise UserError(f"init={cfg.init!r}; use 'pretrained' (init_checkpoint or init_hf) or 'random'")
+  elif cfg.model:
+    raise UserError(f"--config.model={cfg.model} is read with --config.init=random only: init=pretrained fine-tunes "
+                    f"the architecture of its checkpoint or HF model; drop --config.model")
   elif cfg.init_checkpoint and cfg.init_hf:
     raise UserError(f"both --config.init_checkpoint ({cfg.init_checkpoint}) and --config.init_hf ({cfg.init_hf}) are "
                     f"set: keep the one to fine-tune")
