@@ -136,8 +136,8 @@ def check_kind(workdir: storage.Path, kind: str | None) -> None:
 
 
 def check_distributed(dist) -> None:
-  """Raises a UserError naming a multi-host setting that cannot be: a host index outside the hosts, or several
-  hosts without a coordinator to join (which trained as one host, alone)."""
+  """Raises a UserError naming a multi-host setting that cannot be: a host index outside the hosts, several hosts
+  without a coordinator to join (which trained as one host, alone), or a timeout that is not positive."""
   if dist.num_processes < 1 or not 0 <= dist.process_id < dist.num_processes:
     raise UserError(f"distributed.process_id={dist.process_id} is not a host of distributed.num_processes="
                     f"{dist.num_processes}: give each host its index, 0 to num_processes - 1")
@@ -145,6 +145,9 @@ def check_distributed(dist) -> None:
     raise UserError(f"distributed.num_processes={dist.num_processes} needs distributed.coordinator_address "
                     f"(host:port of host 0, the same on every host), or distributed.auto=true on a TPU pod or a "
                     f"cluster JAX detects")
+  for name in ("initialization_timeout_s", "heartbeat_timeout_s"):
+    if not dist[name] > 0:
+      raise UserError(f"distributed.{name}={dist[name]} must be a positive number of seconds")
 
 
 def initialize_distributed(dist) -> None:
