@@ -21,3 +21,11 @@ class Preempted(Exception):
     self.exit_status = 128 + int(signum)
 
 
+class Interrupted(KeyboardInterrupt):
+  """A stop signal, SIGTERM or Ctrl-C (SIGINT), in a command that has no job to act on it at a safe point: raised as
+  Ctrl-C's own KeyboardInterrupt is (which it is, so that no `except Exception` takes it), with exit status 128 +
+  `signum`."""
+
+  def __init__(self, signum: int = signal.SIGINT):
+    super().__init__(int(signum))
+    self.signum = int(signum)

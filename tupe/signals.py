@@ -22,6 +22,8 @@ import signal
 import threading
 from typing import Callable
 
+from tupe.errors import Interrupted
+
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 received: list[int] = []  # The stop signals received while `record` was the handler, in order.
 DESCRIBE_TIMEOUT_S = 1.0  # How long the line of a second signal waits to learn what is saved.
@@ -133,6 +135,12 @@ class _Watcher:
     os.close(self._write)  # The thread reads the end of the pipe and returns.
     self._thread.join()
     os.close(self._read)
+
+
+def interrupt(signum, _frame) -> None:
+  """The SIGTERM handler of a command's own process (`tupe.run.process.run_main` installs it where no job records
+  the signal): raises `Interrupted`, as Python's own handler of SIGINT raises KeyboardInterrupt."""
+  raise Interrupted(signum)
 
 
 def watch() -> bool:

@@ -12,6 +12,7 @@ import threading
 import traceback
 
 from tupe import signals
+from tupe.errors import Interrupted
 from tupe.errors import Preempted
 from tupe.errors import UserError
 from tupe.run import quiet
@@ -55,9 +56,10 @@ def _exit_for_a_late_signal() -> None:
 def run_main(main, argv=None) -> None:
   """The one error wrapper of every entry point: runs `main(argv)`. A `UserError` becomes one line on stderr and exit
   status 2 (`--verbose` in argv: the traceback, and status 2 all the same); `Preempted` its line and 128 + the
-  signal's number; Ctrl-C that reached no handler of the job one line and 130. After a success, a signal recorded
-  since `catch_signals` still ends the process with its status (`_exit_for_a_late_signal`). Library noise is quieted
-  first (`quiet.install`).
+  signal's number; Ctrl-C that reached no handler of the job one line and 130, and so does SIGTERM in a command
+  without `catch_signals` (its handler raises as Ctrl-C's does: `tupe.signals.interrupt`), with 143. After a
+  success, a signal recorded since `catch_signals` still ends the process with its status
+  (`_exit_for_a_late_signal`). Library noise is quieted first (`quiet.install`).
 
   With `argv` None (the process's own command line) the process is the job's: after a failure it exits at once,
   whatever threads still run (`_leave_stuck_threads`). A caller that passes `argv` runs the entry point inside a
@@ -65,6 +67,9 @@ def run_main(main, argv=None) -> None:
   global _status
   quiet.install()
   owns_process = argv is None
+  if owns_process and threading.current_thread() is threading.main_thread() and (
+      signal.getsignal(signal.SIGTERM) == signal.SIG_DFL):  # (not train.py's or eval_glue.py's `catch_signals`)
+    signal.signal(signal.SIGTERM, signals.interrupt)  # as Ctrl-C: one line, not a silent end
   argv = list(sys.argv if argv is None else argv)
   ours = argv[:argv.index("--")] if "--" in argv else argv  # What follows "--" belongs to another command.
   verbose = "--verbose" in ours
@@ -83,11 +88,12 @@ def run_main(main, argv=None) -> None:
     if owns_process:
       _leave_stuck_threads(status)
     sys.exit(status)
-  except KeyboardInterrupt:  # Before the job installed its own handler (or a job without one).
-    status = 128 + signal.SIGINT
+  except KeyboardInterrupt as e:  # Before the job installed its own handler (or a job without one).
+    signum = e.signum if isinstance(e, Interrupted) else signal.SIGINT
+    status = 128 + signum
     # (Not "before anything was saved": preprocessing keeps its finished units, a download its finished tasks.)
-    print("error: interrupted (Ctrl-C); what was written is whole, and preprocessing or a download keeps its "
-          "finished parts: rerun the same command", file=sys.stderr)
+    print(f"error: interrupted ({'Ctrl-C' if signum == signal.SIGINT else signals.name(signum)}); what was written is "
+          f"whole, and preprocessing or a download keeps its finished parts: rerun the same command", file=sys.stderr)
     if owns_process:  # (a download's retrying threads, say: they would keep the process for minutes)
       _leave_stuck_threads(status)
     sys.exit(status)
