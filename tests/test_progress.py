@@ -73,6 +73,21 @@ def test_a_meter_on_a_terminal_redraws_one_line(monkeypatch):
   assert shown.count("\n") == 1 and re.search(r"\r\x1b\[Kreading: 2\.0 MB in 0m0\ds, [\d.,]+ MB/s\r?\n$", shown)
 
 
+def test_a_meter_cut_short_on_a_terminal_ends_its_line(monkeypatch):
+  """A wait stopped before its work was done (preprocessing's Ctrl-C) ends the line drawn in place, without a
+  total, so that the line saying why starts a line of its own (before, it was written after the last progress)."""
+  monkeypatch.setattr(console.Meter, "FIRST_S", 0.0)
+  leader, follower = os.openpty()
+  with os.fdopen(follower, "w") as terminal:
+    meter = console.Meter("reading", 4 << 20, stream=terminal)
+    meter.cut_short()  # nothing said: nothing to end
+    meter.update(1 << 20)
+    meter.cut_short()
+  shown = read_all(leader)
+  assert shown.startswith("\r\x1b[Kreading: 1.0/4.0 MB (25%), ") and re.search(r"ETA \S+\r?\n$", shown), shown
+  assert shown.count("\n") == 1
+
+
 def test_a_busy_workdir_is_reported_before_any_data_is_read(tmp_path):
   """The corpus is a named pipe that no one writes: reading it would block for ever. Another job holds the
   workdir: train.py says so in one line, without having opened the corpus."""

@@ -126,17 +126,19 @@ def train_server(tmp_path_factory):
 
 class Run:
   """A train.py process (or `command`) in the background, in `env` (default: `train_env(devices)`); its stdout and
-  stderr go to files in `logs` (default: beside a local workdir)."""
+  stderr go to files in `logs` (default: beside a local workdir). With `group`, it leads a process group of its own,
+  as a terminal's foreground job, and `signal` goes to the whole group, as a terminal's Ctrl-C does."""
 
   def __init__(self, workdir, overrides=None, devices: int = 1, name: str = "run", command: list[str] | None = None,
-               logs=None, env: dict | None = None):
+               logs=None, env: dict | None = None, group: bool = False):
     self.workdir = storage.path(workdir)
+    self.group = group
     logs = pathlib.Path(logs or self.workdir.parent)
     self.stdout_path = logs / f"{self.workdir.name}.{name}.out"
     self.stderr_path = logs / f"{self.workdir.name}.{name}.err"
     with open(self.stdout_path, "w") as out, open(self.stderr_path, "w") as err:
       self.proc = subprocess.Popen(command or train_command(workdir, overrides), cwd=REPO,
-                                   env=env or train_env(devices), stdout=out, stderr=err)
+                                   env=env or train_env(devices), stdout=out, stderr=err, start_new_session=group)
 
   def wait_until(self, condition, timeout: float = 240, poll: float = 0.001) -> None:
     """Polls `condition()` until it holds; fails if the process exits first or time runs out."""
@@ -151,7 +153,10 @@ class Run:
       time.sleep(poll)
 
   def signal(self, signum) -> None:
-    self.proc.send_signal(signum)
+    if self.group:
+      os.killpg(self.proc.pid, signum)
+    else:
+      self.proc.send_signal(signum)
 
   def wait(self, timeout: float = 120) -> int:
     return self.proc.wait(timeout)

@@ -1,15 +1,78 @@
-"""Ctrl-C (SIGINT, sent to the whole process group, as a terminal sends it) and SIGTERM end the commands that are
-not train.py or eval_glue.py at once and cleanly, through the real command: one line, exit status 130 or 143, no
-traceback.
+"""Ctrl-C (SIGINT, sent to the whole process group, as a terminal sends it) and SIGTERM stop the commands that are
+not train.py or eval_glue.py at once and cleanly, through the real `python -m` command: one line saying what was
+kept, exit status 130 or 143, no traceback or "Exception ignored" from the command or its worker processes, nothing
+half-written left (temporary files, a partial output) and no worker process left running.
 
-Before: a SIGTERM ended a tool with no line at all.
+Before: preprocessing's workers each printed a KeyboardInterrupt's traces and a SIGTERM left unfinished shards; a
+SIGTERM ended a tool with no line at all.
 """
+import os
+import re
 import signal
 import subprocess
 import sys
+import time
 
+import pytest
+from test_data_parallel import children
+from test_data_parallel import running
 from test_resume import REPO
+from test_resume import Run
 from test_resume import train_env
+
+from tupe import signals
+
+WAIT = 120  # seconds for a start (imports, a worker process's spawn) on two busy cores
+
+
+def start(tmp_path, name: str, args: list[str]) -> Run:
+  """`python -m NAME ARGS` in a process group of its own, its temporary files in tmp_path/tmp."""
+  (tmp_path / "tmp").mkdir()
+  return Run(tmp_path / name, name="stopped", command=[sys.executable, "-m", name, *args], logs=tmp_path,
+             env=dict(train_env(), TMPDIR=str(tmp_path / "tmp")), group=True)
+
+
+def stop(run: Run, signum: int, tmp_path) -> list[str]:
+  """Sends `signum` to the command's group; checks that it exits at once with 128 + signum, no traceback, none of
+  its processes left and no temporary file; returns its stderr's lines."""
+  started = set(children(run.proc.pid))  # its workers and multiprocessing's resource tracker
+  run.signal(signum)
+  sent = time.monotonic()
+  status = run.wait(timeout=60)
+  took = time.monotonic() - sent
+  err = run.stderr()
+  assert status == 128 + signum, err[-3000:]
+  assert took < 10, f"{took:.0f} s from the signal to the exit"
+  for noise in ("Traceback", "Exception ignored", "KeyboardInterrupt"):
+    assert noise not in err, err[-3000:]
+  deadline = time.monotonic() + 15
+  while (alive := [pid for pid in started if running(pid)]) and time.monotonic() < deadline:
+    time.sleep(0.1)
+  for pid in alive:
+    os.kill(pid, signal.SIGKILL)
+  assert not alive, "processes of the command outlived it"
+  assert not list((tmp_path / "tmp").iterdir())
+  return err.splitlines()
+
+
+@pytest.mark.parametrize("signum, processes", [(signal.SIGINT, 2), (signal.SIGTERM, 1)],
+                         ids=["ctrl-c-two-workers", "sigterm-in-process"])
+def test_preprocess(shared_data, bert_vocab, tmp_path, signum, processes):
+  """Stopped while units are being written (by two worker processes, or by itself): the finished units are kept,
+  the unfinished shards removed, and the line says how to resume."""
+  book = (shared_data / "corpus" / "wikitext" / "wiki.valid.raw.txt").read_text()
+  (tmp_path / "corpus.txt").write_text(book * 2)  # three units of 1 MB, each seconds of work on one core
+  output = tmp_path / "packed"
+  run = start(tmp_path, "tupe.data.preprocess", [
+      "--input", str(tmp_path / "corpus.txt"), "--vocab", str(bert_vocab), "--seq-len", "128", "--output",
+      str(output), "--unit-mb", "1", "--workers", str(processes)])
+  run.wait_until(lambda: list(output.glob("*.tmp-*")), timeout=WAIT)  # a unit's shard being written
+  lines = stop(run, signum, tmp_path)
+  stopped = [line for line in lines if not line.startswith("tokenizing: ")]  # (progress lines)
+  line = (rf"stopped by {re.escape(signals.name(signum))}: \d of 3 units are done, kept in {re.escape(str(output))}; "
+          r"rerun the same command to resume")
+  assert len(stopped) == 1 and re.fullmatch(line, stopped[0]), lines
+  assert list(output.glob("*.tmp-*")) == [] and not (output / "metadata.json").exists()
 
 
 def test_sigterm_in_a_command_is_one_line_like_ctrl_c():

@@ -56,7 +56,8 @@ class Meter:
   TERMINAL_EVERY_S seconds; elsewhere (a log file, a pipe, a scheduler) a plain line is written every EVERY_S
   seconds, which a log can keep. `update(done)` costs a clock read between lines: call it as often as work is done
   (`is_due` says when a line is next due, for work whose count costs something to take).
-  `close()` ends a wait that said something with its total, time and rate. Process 0 only, like `log`.
+  `close()` ends a wait that said something with its total, time and rate (`cut_short()` one that stopped before
+  its work was done). Process 0 only, like `log`.
 
   Args:
     what: what is being waited for ("tokenizing").
@@ -103,6 +104,13 @@ class Meter:
     elapsed = time.monotonic() - self.start
     self._write(f"{self.what}: {self.done / self.scale:,.1f} {self.unit} in {format_duration(elapsed)}, "
                 f"{self.done / self.scale / elapsed:,.2f} {self.unit}/s", final=True)
+
+  def cut_short(self) -> None:
+    """Ends a wait that stopped before its work was done (a stop signal, a failure): on a terminal, the line drawn
+    in place is ended, so that the line saying why starts a line of its own; elsewhere each line is whole already."""
+    if self.said and self.terminal:
+      self.stream.write("\n")
+      self.stream.flush()
 
   def _write(self, text: str, final: bool) -> None:
     self.said = True

@@ -12,7 +12,8 @@ class UserError(ValueError):
 
 
 class Preempted(Exception):
-  """A run stopped by SIGTERM (preemption) or SIGINT (Ctrl-C) after saving a checkpoint: the entry point exits
+  """A run stopped by SIGTERM (preemption) or SIGINT (Ctrl-C) after saving a checkpoint, or a command stopped after
+  removing what it had not finished: the entry point prints its one line (what was kept, how to resume) and exits
   with status 128 + the signal's number (143, 130), as a process killed by the signal would, so that a scheduler
   does not count the run as finished."""
 

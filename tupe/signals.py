@@ -14,12 +14,18 @@ stop signal is acknowledged at once on stdout, and a second one stops the proces
 main thread is doing: one line on stderr naming what is saved (`saving`: the job says where its checkpoints
 are), then exit status 128 + the signal's number (130 for Ctrl-C). Nothing that was saved is lost: checkpoints are
 written atomically, so a save cut short is no checkpoint, and the job's files are as a kill would leave them.
+
+A command with no job (preprocessing) stops at once instead: its work runs in worker processes that stop signals
+do not reach (`Children`), killed when one comes, while the main process only waits and hears the signals
+(`heard`), then removes what the workers left unfinished and says in one line what was kept.
 """
+import concurrent.futures
 import contextlib
 import multiprocessing
 import os
 import signal
 import threading
+import time
 from typing import Callable
 
 from tupe.errors import Interrupted
@@ -28,6 +34,7 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 received: list[int] = []  # The stop signals received while `record` was the handler, in order.
 DESCRIBE_TIMEOUT_S = 1.0  # How long the line of a second signal waits to learn what is saved.
 CLEANUP_TIMEOUT_S = 0.5  # How long a second signal's exit waits for the worker processes' semaphores to be unlinked.
+_SLICE_S = 0.1  # How often a wait (`Children.wait`) looks at the signals heard.
 _saved: list[Callable[[], str]] = []  # What the running job has saved (`saving`), innermost last.
 _watcher = None  # The running `_Watcher`, if any.
 
@@ -161,6 +168,22 @@ def unwatch() -> None:
 
 
 @contextlib.contextmanager
+def _recording():
+  """`record` is the handler of SIGTERM and SIGINT while inside (main thread; the previous handlers restored after);
+  yields whether this is the outermost recording (then `received` starts empty; else the signals received since the
+  entry point's `catch_signals`, or an enclosing `caught`, are kept)."""
+  previous = {signum: signal.signal(signum, record) for signum in STOP_SIGNALS}
+  outermost = all(handler is not record for handler in previous.values())
+  if outermost:
+    received.clear()
+  try:
+    yield outermost
+  finally:
+    for signum, handler in previous.items():
+      signal.signal(signum, handler)
+
+
+@contextlib.contextmanager
 def caught():
   """Records SIGTERM and SIGINT while inside (the previous handlers restored after), with the watcher of a
   second one; yields `received`, which a loop checks at its safe points. Nested uses share the list; the outermost
@@ -169,14 +192,103 @@ def caught():
   if threading.current_thread() is not threading.main_thread():
     yield []
     return
-  previous = {signum: signal.signal(signum, record) for signum in STOP_SIGNALS}
-  if all(handler is not record for handler in previous.values()):
-    received.clear()
-  started = watch()
-  try:
-    yield received
-  finally:
-    if started:
-      unwatch()
-    for signum, handler in previous.items():
-      signal.signal(signum, handler)
+  with _recording():
+    started = watch()
+    try:
+      yield received
+    finally:
+      if started:
+        unwatch()
+
+
+@contextlib.contextmanager
+def heard():
+  """For a wait in a command with no job of its own (`Children`): while inside, SIGTERM and SIGINT are recorded,
+  never raised by the handler at whatever bytecode runs, where a library may swallow them (JAX's garbage-collection
+  callback drops a KeyboardInterrupt with an "Exception ignored" message, and the command goes on). Yields `check`,
+  which raises `Interrupted` for the first signal received, for the wait to call every moment. Where a job records
+  them already (`caught`: it acts on them at its safe points), and outside the main thread, `check` raises nothing."""
+  if threading.current_thread() is not threading.main_thread():
+    yield lambda: None
+    return
+  with _recording() as outermost:
+    def check() -> None:
+      if outermost and received:
+        raise Interrupted(received[0])
+    yield check
+
+
+class Children:
+  """`count` worker processes (spawned) that stop signals do not reach, for work that must stop at once when this
+  process is told to stop: native code that hears no signal until it returns (a tokenizer's training, PyTorch), or
+  work that must leave nothing half-written. Each child ignores SIGINT and SIGTERM (Ctrl-C reaches the terminal's
+  whole process group: the children's own KeyboardInterrupts were a screen of tracebacks), runs
+  `initializer(*initargs)`, and ends once this process is gone, killed or not (a child left behind would work on for
+  nothing). This process hears stop signals while inside (`heard`), and `wait` raises `Interrupted` for one. Leaving
+  by an exception (a stop signal, an error) kills the children; `killed` then holds their process ids, for the
+  caller to remove what they left unfinished.
+  """
+
+  def __init__(self, count: int, initializer: Callable[..., None] | None = None, initargs: tuple = ()):
+    self._pool = concurrent.futures.ProcessPoolExecutor(count, multiprocessing.get_context("spawn"),
+                                                        initializer=_start_child,
+                                                        initargs=(os.getpid(), initializer, initargs))
+    self._heard = heard()
+    self._check = lambda: None
+    self.killed: list[int] = []
+
+  def __enter__(self) -> "Children":
+    self._check = self._heard.__enter__()
+    return self
+
+  def submit(self, fn: Callable, *args) -> concurrent.futures.Future:
+    """`fn(*args)` in a child: `fn`, its arguments and its result are pickled."""
+    # A child is started here, with stop signals blocked (a child inherits the mask) until its start ignores them:
+    # one before (its imports take seconds) would meet Python's default handler there. Ours wait meanwhile.
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+      return self._pool.submit(fn, *args)
+    finally:
+      signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+  def wait(self, futures, timeout: float) -> set[concurrent.futures.Future]:
+    """Those of `futures` done within `timeout` seconds (at least one of them, or none when time ran out), hearing
+    stop signals meanwhile: `Interrupted` for one."""
+    end = time.monotonic() + timeout
+    while True:
+      self._check()
+      done, _ = concurrent.futures.wait(futures, min(_SLICE_S, max(0.0, end - time.monotonic())),
+                                        return_when=concurrent.futures.FIRST_COMPLETED)
+      if done or time.monotonic() >= end:
+        return done
+
+  def __exit__(self, exc_type, exc, tb) -> None:
+    try:
+      if exc_type is not None:
+        processes = list((self._pool._processes or {}).values())  # pylint: disable=protected-access
+        for process in processes:  # (Python 3.14's ProcessPoolExecutor.kill_workers)
+          process.kill()
+        for process in processes:
+          process.join()
+        self.killed = [process.pid for process in processes]
+      self._pool.shutdown(cancel_futures=True)
+    finally:
+      self._heard.__exit__(exc_type, exc, tb)
+    if exc_type is None:
+      self._check()  # a signal heard as the work ended: the command stops all the same
+
+
+def _start_child(parent: int, initializer: Callable[..., None] | None, initargs: tuple) -> None:
+  """A child's start (`Children`): stop signals ignored, the watch of its parent, then `initializer`."""
+  for signum in STOP_SIGNALS:
+    signal.signal(signum, signal.SIG_IGN)
+  signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # (blocked since `submit` started it)
+  threading.Thread(target=_exit_with, args=(parent,), name="tupe-parent-watch", daemon=True).start()
+  if initializer is not None:
+    initializer(*initargs)
+
+
+def _exit_with(parent: int) -> None:
+  while os.getppid() == parent:  # once the parent is gone, the child belongs to another process (init)
+    time.sleep(0.5)
+  os._exit(1)

@@ -10,7 +10,7 @@ import hashlib
 import json
 import queue
 import threading
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 import tokenizers
@@ -105,12 +105,15 @@ def unit_bytes(plan: dict, unit: int) -> int:
   return sum(units.piece_bytes(plan["inputs"][index], begin, end) for index, begin, end in plan["units"][unit])
 
 
-def metered(items: Iterable, meter: console.Meter, done: int, size: int, tallies: dict[str, Tally]) -> Iterator:
+def metered(items: Iterable, meter: console.Meter, done: int, size: int, tallies: dict[str, Tally],
+            check: Callable[[], None] = lambda: None) -> Iterator:
   """`items` (a unit's examples) passed through, updating `meter` with the bytes read so far: `done` before the unit,
-  and within it (`size` bytes) the characters of the documents counted in `tallies` since it began."""
+  and within it (`size` bytes) the characters of the documents counted in `tallies` since it began; `check` is
+  called before each (it raises for a stop signal heard: `tupe.signals.heard`)."""
   characters = lambda: sum(t.characters for t in tallies.values())
   start = characters()
   for item in items:
+    check()
     if meter.is_due():
       meter.update(done + min(size, characters() - start))
     yield item

@@ -3,19 +3,20 @@
 Each unit is tokenized and packed by one of `workers` processes (one core each: the tokenizer's own threads are
 limited to one) into its own shards (`tupe.data.shards.write_unit`), whose manifest record marks it done. A run
 resumes where an interrupted one stopped, and n tasks (machines) can share the units of one folder; the run that
-finds every unit done writes metadata.json.
+finds every unit done writes metadata.json. Ctrl-C or SIGTERM stops a run at once: its workers are killed, the
+shards of their unfinished units removed, and one line says how many units are kept.
 """
-import concurrent.futures
 import json
-import multiprocessing
 import os
-import threading
-import time
+from typing import Callable
 
 from tupe import console
+from tupe import signals
 from tupe.data import build
 from tupe.data import report
 from tupe.data import shards
+from tupe.errors import Interrupted
+from tupe.errors import Preempted
 from tupe.errors import UserError
 from tupe.store import jsonfile
 from tupe.store import storage
@@ -26,19 +27,6 @@ _ONE_THREAD = {"RAYON_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 def limit_threads() -> None:
   """One core per process: the tokenizer's thread pool (rayon) gets one thread, and batches are not parallelized."""
   os.environ.update(_ONE_THREAD)
-
-
-def _start_worker(parent: int) -> None:
-  """A worker process's start: one core (`limit_threads`), and a watch that ends it once `parent` (the run that
-  started it) is gone, killed or not: a worker left behind would tokenize for nothing, holding hundreds of MB."""
-  limit_threads()
-  threading.Thread(target=_exit_with, args=(parent,), name="tupe-parent-watch", daemon=True).start()
-
-
-def _exit_with(parent: int) -> None:
-  while os.getppid() == parent:  # once the parent is gone, the worker belongs to another process (init)
-    time.sleep(0.5)
-  os._exit(1)
 
 
 def default_workers() -> int:
@@ -60,13 +48,14 @@ def _prepare(plan: dict, output: storage.PathLike) -> None:
   storage.write_text(path, text)
 
 
-def _unit_job(plan: dict, output: str, unit: int, meter: console.Meter | None = None, done: int = 0) -> dict:
-  """Tokenizes, packs and writes one unit (in a worker process, or here, updating `meter` from `done` bytes on);
-  returns its manifest record."""
+def _unit_job(plan: dict, output: str, unit: int, meter: console.Meter | None = None, done: int = 0,
+              check: Callable[[], None] = lambda: None) -> dict:
+  """Tokenizes, packs and writes one unit (in a worker process, or here, updating `meter` from `done` bytes on and
+  calling `check` before each example: `tupe.signals.heard`); returns its manifest record."""
   tallies = {}
   examples = build.unit_examples(plan, unit, tallies)
   if meter is not None:
-    examples = build.metered(examples, meter, done, build.unit_bytes(plan, unit), tallies)
+    examples = build.metered(examples, meter, done, build.unit_bytes(plan, unit), tallies, check)
   return shards.write_unit(output, unit, examples, tallies)
 
 
@@ -126,24 +115,32 @@ def run(plan: dict, output: storage.PathLike, workers: int, task: tuple[int, int
       + (f" ({done} done before: resuming)" if done else "") + f", {min(workers, max(1, len(todo)))} workers")
   sizes = {u: build.unit_bytes(plan, u) for u in todo}
   meter, done = console.Meter(what, sum(sizes.values())), 0
-  if workers == 1 or len(todo) <= 1:
-    for u in todo:
-      _unit_job(plan, str(output), u, meter, done)
-      done += sizes[u]
-      meter.update(done)
-  else:
-    pool = concurrent.futures.ProcessPoolExecutor(min(workers, len(todo)), multiprocessing.get_context("spawn"),
-                                                  initializer=_start_worker, initargs=(os.getpid(),))
-    try:
-      pending = {pool.submit(_unit_job, plan, str(output), u): u for u in todo}
-      while pending:  # A line at least every few seconds, whether or not a unit has finished.
-        finished, _ = concurrent.futures.wait(pending, timeout=1.0, return_when=concurrent.futures.FIRST_COMPLETED)
-        for future in finished:
-          future.result()
-          done += sizes[pending.pop(future)]
-        meter.update(done)
-    finally:
-      pool.shutdown(cancel_futures=True)
+  try:
+    if workers == 1 or len(todo) <= 1:
+      with signals.heard() as check:
+        for u in todo:
+          _unit_job(plan, str(output), u, meter, done, check)
+          done += sizes[u]
+          meter.update(done)
+    else:
+      children = signals.Children(min(workers, len(todo)), limit_threads)
+      try:
+        with children:
+          pending = {children.submit(_unit_job, plan, str(output), u): u for u in todo}
+          while pending:  # A line at least every few seconds, whether or not a unit has finished.
+            for future in children.wait(pending, 1.0):
+              future.result()
+              done += sizes[pending.pop(future)]
+            meter.update(done)
+      finally:  # (stopped, or a unit failed: the other units' workers were killed)
+        shards.remove_unfinished(output, children.killed)
+  except BaseException as e:
+    meter.cut_short()
+    if not isinstance(e, Interrupted):
+      raise
+    kept = sum(shards.read_unit_record(output, u) is not None for u in units)
+    raise Preempted(f"stopped by {signals.name(e.signum)}: {kept} of {len(plan['units'])} units are done, kept in "
+                    f"{output}; rerun the same command to resume", e.signum) from None
   meter.close()
   records = [shards.read_unit_record(output, u) for u in units]
   if any(r is None for r in records):

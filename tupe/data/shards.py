@@ -72,44 +72,71 @@ def write_unit(folder: storage.PathLike, unit: int, examples, tallies: dict[str,
 
   Shards are written under a temporary name (locally; in a temporary local folder for a bucket) and moved into
   place once closed; the manifest record comes last, so a unit with a record is complete. At most two writers
-  (train, eval) are open.
+  (train, eval) are open. A unit stopped while it is written (a failure, Ctrl-C) leaves no temporary file; one
+  killed leaves them to `remove_unfinished`.
 
   Returns:
     The unit's record: example and token counts per split, counts per input.
   """
   folder = storage.path(folder)
   remote = storage.is_remote(folder)
-  scratch = tempfile.mkdtemp(prefix="tupe-shards-") if remote else storage.local(folder)
-  suffix = f".tmp-{socket.gethostname()}-{os.getpid()}"
+  scratch = tempfile.mkdtemp(prefix=_scratch_prefix(os.getpid())) if remote else storage.local(folder)
+  suffix = _temporary_suffix(os.getpid())
   writers, counts, tokens = {}, dict.fromkeys(corpus.SPLITS, 0), dict.fromkeys(corpus.SPLITS, 0)
-  with _written(scratch):
-    try:
-      for split, example in examples:
-        if split not in writers:
-          writers[split] = ArrayRecordWriter(os.path.join(scratch, shard_name(split, unit) + suffix), "group_size:1")
-        writers[split].write(np.asarray(example, "<i4").tobytes())
-        counts[split] += 1
-        tokens[split] += len(example)
-    finally:
-      for writer in writers.values():
-        writer.close()
-  for split in writers:
-    written = os.path.join(scratch, shard_name(split, unit) + suffix)
-    if remote:
-      _upload(written, folder / shard_name(split, unit))
-    else:
+  try:
+    with _written(scratch):
       try:
-        os.replace(written, os.path.join(scratch, shard_name(split, unit)))
-      except FileNotFoundError:
-        # Hosts sharing a cache folder make the same units at once: one that finished the folder first removed
-        # the leftovers, this unfinished file among them, and its shard (the same bytes) is in place.
-        if not os.path.exists(os.path.join(scratch, shard_name(split, unit))):
-          raise
+        for split, example in examples:
+          if split not in writers:
+            writers[split] = ArrayRecordWriter(os.path.join(scratch, shard_name(split, unit) + suffix), "group_size:1")
+          writers[split].write(np.asarray(example, "<i4").tobytes())
+          counts[split] += 1
+          tokens[split] += len(example)
+      finally:
+        for writer in writers.values():
+          writer.close()
+    for split in writers:
+      written = os.path.join(scratch, shard_name(split, unit) + suffix)
+      if remote:
+        _upload(written, folder / shard_name(split, unit))
+      else:
+        try:
+          os.replace(written, os.path.join(scratch, shard_name(split, unit)))
+        except FileNotFoundError:
+          # Hosts sharing a cache folder make the same units at once: one that finished the folder first removed
+          # the leftovers, this unfinished file among them, and its shard (the same bytes) is in place.
+          if not os.path.exists(os.path.join(scratch, shard_name(split, unit))):
+            raise
+  except BaseException:
+    remove_unfinished(folder, [os.getpid()])
+    raise
   if remote:
     os.rmdir(scratch)
   record = dict(unit=unit, num_examples=counts, num_tokens=tokens, inputs={n: t.as_dict() for n, t in tallies.items()})
   storage.write_text(unit_record_path(folder, unit), json.dumps(record) + "\n")
   return record
+
+
+def _temporary_suffix(pid: int) -> str:
+  """The suffix of the shards process `pid` of this host is writing into a local folder."""
+  return f".tmp-{socket.gethostname()}-{pid}"
+
+
+def _scratch_prefix(pid: int) -> str:
+  """The prefix of the local temporary folders where process `pid` writes shards for a bucket."""
+  return f"tupe-shards-{pid}-"
+
+
+def remove_unfinished(folder: storage.PathLike, pids: list[int]) -> None:
+  """Removes the shards that processes `pids` of this host left unfinished for `folder` (stopped or killed while
+  they wrote them): its temporary files, or for a bucket their local temporary folders."""
+  for pid in pids:
+    if storage.is_remote(folder):
+      pattern = os.path.join(tempfile.gettempdir(), _scratch_prefix(pid) + "*")
+    else:
+      pattern = str(storage.path(folder) / ("*" + _temporary_suffix(pid)))
+    for leftover in storage.glob(pattern):
+      storage.remove(leftover)
 
 
 def read_unit_record(folder: storage.PathLike, unit: int) -> dict | None:
