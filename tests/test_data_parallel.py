@@ -190,6 +190,19 @@ def running(pid: int) -> bool:
     return False
 
 
+def workers(pid: int) -> list[int]:
+  """The worker processes (multiprocessing's spawned children) of process `pid`."""
+  found = []
+  for child in children(pid):
+    try:
+      with open(f"/proc/{child}/cmdline") as f:
+        if "spawn_main" in f.read():
+          found.append(child)
+    except OSError:
+      pass  # gone meanwhile
+  return found
+
+
 def test_workers_die_with_a_killed_parent(shared_data, bert_vocab, tmp_path):
   """Only the preprocess parent is killed (SIGKILL), while its two workers tokenize units that take much longer
   than the wait below: the workers end too, within seconds (before, they tokenized on for nothing)."""
@@ -202,8 +215,7 @@ def test_workers_die_with_a_killed_parent(shared_data, bert_vocab, tmp_path):
   try:
     assert "2 workers" in parent.stdout.readline()
     deadline = time.monotonic() + 120
-    while len(workers := [pid for pid in children(parent.pid) if "spawn_main" in open(f"/proc/{pid}/cmdline").read()]
-              ) < 2:
+    while len(started := workers(parent.pid)) < 2:
       assert time.monotonic() < deadline and parent.poll() is None, "no two workers within 120 s"
       time.sleep(0.1)
     time.sleep(2)  # at work on their units
@@ -211,7 +223,7 @@ def test_workers_die_with_a_killed_parent(shared_data, bert_vocab, tmp_path):
     parent.kill()
     parent.wait()
   deadline = time.monotonic() + 15
-  while (alive := [pid for pid in workers if running(pid)]) and time.monotonic() < deadline:
+  while (alive := [pid for pid in started if running(pid)]) and time.monotonic() < deadline:
     time.sleep(0.1)
   for pid in alive:
     os.kill(pid, signal.SIGKILL)

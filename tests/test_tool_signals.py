@@ -3,8 +3,8 @@ not train.py or eval_glue.py at once and cleanly, through the real `python -m` c
 kept, exit status 130 or 143, no traceback or "Exception ignored" from the command or its worker processes, nothing
 half-written left (temporary files, a partial output) and no worker process left running.
 
-Before: preprocessing's workers each printed a KeyboardInterrupt's traces and a SIGTERM left unfinished shards; a
-SIGTERM ended a tool with no line at all.
+Before: preprocessing's workers each printed a KeyboardInterrupt's traces and a SIGTERM left unfinished shards; the
+vocab tool heard Ctrl-C only once the tokenizer's training was over; a SIGTERM ended a tool with no line at all.
 """
 import os
 import re
@@ -16,6 +16,7 @@ import time
 import pytest
 from test_data_parallel import children
 from test_data_parallel import running
+from test_data_parallel import workers
 from test_resume import REPO
 from test_resume import Run
 from test_resume import train_env
@@ -23,6 +24,16 @@ from test_resume import train_env
 from tupe import signals
 
 WAIT = 120  # seconds for a start (imports, a worker process's spawn) on two busy cores
+
+
+def cpu_seconds(pid: int) -> float:
+  """The CPU time process `pid` has used (user and system; 0 once it is gone)."""
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      fields = f.read().rsplit(")", 1)[1].split()
+  except OSError:
+    return 0.0
+  return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def start(tmp_path, name: str, args: list[str]) -> Run:
@@ -73,6 +84,19 @@ def test_preprocess(shared_data, bert_vocab, tmp_path, signum, processes):
           r"rerun the same command to resume")
   assert len(stopped) == 1 and re.fullmatch(line, stopped[0]), lines
   assert list(output.glob("*.tmp-*")) == [] and not (output / "metadata.json").exists()
+
+
+def test_vocab(shared_data, tmp_path):
+  """Stopped while the tokenizer trains (native code, which heard no signal until it returned: 20 s on this
+  corpus): no vocab file."""
+  output = tmp_path / "vocab.txt"
+  run = start(tmp_path, "tupe.tools.vocab", ["--input", str(shared_data / "corpus" / "gutenberg" / "*.txt"),
+                                             "--vocab-size", "30000", "--output", str(output)])
+  run.wait_until(lambda: any(cpu_seconds(pid) > 1 for pid in workers(run.proc.pid)), timeout=WAIT)  # reading, training
+  assert stop(run, signal.SIGINT, tmp_path) == [
+      "stopped by Ctrl-C (SIGINT) while training the vocab: nothing was written; rerun the same command"]
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["tmp", "tupe.tools.vocab.stopped.err",
+                                                        "tupe.tools.vocab.stopped.out"]
 
 
 def test_sigterm_in_a_command_is_one_line_like_ctrl_c():

@@ -15,9 +15,10 @@ main thread is doing: one line on stderr naming what is saved (`saving`: the job
 are), then exit status 128 + the signal's number (130 for Ctrl-C). Nothing that was saved is lost: checkpoints are
 written atomically, so a save cut short is no checkpoint, and the job's files are as a kill would leave them.
 
-A command with no job (preprocessing) stops at once instead: its work runs in worker processes that stop signals
-do not reach (`Children`), killed when one comes, while the main process only waits and hears the signals
-(`heard`), then removes what the workers left unfinished and says in one line what was kept.
+A command with no job (preprocessing, the vocab tool) stops at once instead: its work runs in worker processes
+that stop signals do not reach (`Children`, `call_in_child`), killed when one comes, while the main process only
+waits and hears the signals (`heard`), then removes what the workers left unfinished and says in one line what
+was kept.
 """
 import concurrent.futures
 import contextlib
@@ -276,6 +277,20 @@ class Children:
       self._heard.__exit__(exc_type, exc, tb)
     if exc_type is None:
       self._check()  # a signal heard as the work ended: the command stops all the same
+
+
+def call_in_child(fn: Callable, *args):
+  """`fn(*args)`: its result, or the exception it raised. In a command's own process (`interrupt` handles its
+  SIGTERM), in a child process (`Children`): a stop signal meanwhile ends it at once, the child killed
+  (`Interrupted`). In another (a test's, a notebook's, whose signals are their own), here: a child would import
+  everything anew."""
+  if signal.getsignal(signal.SIGTERM) is not interrupt:
+    return fn(*args)
+  with Children(1) as child:
+    future = child.submit(fn, *args)
+    while not child.wait([future], 1.0):
+      pass
+  return future.result()
 
 
 def _start_child(parent: int, initializer: Callable[..., None] | None, initargs: tuple) -> None:

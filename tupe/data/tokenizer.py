@@ -160,6 +160,11 @@ def train_wordpiece(texts: Iterable[str], vocab_size: int, output: str | os.Path
   Returns:
     The path written.
   """
+  return write_vocab(wordpiece_tokens(texts, vocab_size, lowercase), output)
+
+
+def wordpiece_tokens(texts: Iterable[str], vocab_size: int, lowercase: bool = True) -> list[str]:
+  """The tokens, in id order, of the vocab `train_wordpiece` writes."""
   if vocab_size < len(SPECIAL_TOKENS) + 1:
     raise UserError(f"vocab size {vocab_size} is too small: use at least a few thousand (BERT uses 30522)")
   tokenizer = tokenizers.Tokenizer(models.WordPiece(unk_token=UNK, continuing_subword_prefix=CONTINUATION_PREFIX))
@@ -169,4 +174,4 @@ def train_wordpiece(texts: Iterable[str], vocab_size: int, output: str | os.Path
                                       continuing_subword_prefix=CONTINUATION_PREFIX, show_progress=False)
   tokenizer.train_from_iterator(texts, trainer)
   vocab = tokenizer.get_vocab()
-  return write_vocab(sorted(vocab, key=vocab.__getitem__), output)
+  return sorted(vocab, key=vocab.__getitem__)

@@ -4,8 +4,11 @@ header/footer stripped), as a BERT vocab.txt.
   python -m tupe.tools.vocab --input 'corpus/*.txt' --vocab-size 30522 --output vocab.txt [--cased]
 """
 from tupe import console
+from tupe import signals
 from tupe.data import tokenizer
 from tupe.data import units
+from tupe.errors import Interrupted
+from tupe.errors import Preempted
 from tupe.store import outputs
 
 
@@ -20,15 +23,25 @@ def main(argv: list[str]) -> None:
   source = dict(format="text", documents="paragraphs", files=args.input)
   inputs = units.plan_inputs(source)
   outputs.check(args.output, "--output", "vocab.txt", tuple(("--input", entry["name"]) for entry in inputs))
-  path = tokenizer.train_wordpiece(units.all_documents(source, inputs), args.vocab_size, args.output,
-                                   lowercase=not args.cased)
-  size = len(tokenizer.read_vocab(path))
+  # In a child process: the tokenizer's training (native code) would hold off a stop signal until it returns.
+  try:
+    tokens = signals.call_in_child(_train, source, inputs, args.vocab_size, not args.cased)
+  except Interrupted as e:
+    raise Preempted(f"stopped by {signals.name(e.signum)} while training the vocab: nothing was written; rerun the "
+                    f"same command", e.signum) from None
+  path = tokenizer.write_vocab(tokens, args.output)
+  size = len(tokens)
   why = ("" if size == args.vocab_size else
          f": more than --vocab-size {args.vocab_size}, to hold the special tokens and every character of the text"
          if size > args.vocab_size else
          f": fewer than --vocab-size {args.vocab_size}, all the word pieces this text has; train with "
          f"--config.model.vocab_size=0 (the model takes the tokenizer's size)")
   print(f"wrote {path} ({size} tokens{why})")
+
+
+def _train(source: dict, inputs: list[dict], vocab_size: int, lowercase: bool) -> list[str]:
+  """The vocab's tokens, trained on the documents of `inputs` (in the child process of `main`)."""
+  return tokenizer.wordpiece_tokens(units.all_documents(source, inputs), vocab_size, lowercase)
 
 
 if __name__ == "__main__":
