@@ -4,7 +4,9 @@ kept, exit status 130 or 143, no traceback or "Exception ignored" from the comma
 half-written left (temporary files, a partial output) and no worker process left running.
 
 Before: preprocessing's workers each printed a KeyboardInterrupt's traces and a SIGTERM left unfinished shards; the
-vocab tool heard Ctrl-C only once the tokenizer's training was over; a SIGTERM ended a tool with no line at all.
+vocab tool heard Ctrl-C only once the tokenizer's training was over; export_hf's Ctrl-C could be swallowed (JAX's
+garbage-collection callback dropped the KeyboardInterrupt) and the export went on; a SIGTERM ended a tool with no
+line at all.
 """
 import os
 import re
@@ -97,6 +99,17 @@ def test_vocab(shared_data, tmp_path):
       "stopped by Ctrl-C (SIGINT) while training the vocab: nothing was written; rerun the same command"]
   assert sorted(p.name for p in tmp_path.iterdir()) == ["tmp", "tupe.tools.vocab.stopped.err",
                                                         "tupe.tools.vocab.stopped.out"]
+
+
+def test_export_hf(pretrained, tmp_path):
+  """Stopped while the checkpoint is read and exported: nothing at --out, no staging folder left."""
+  pytest.importorskip("transformers")
+  out = tmp_path / "hf"
+  run = start(tmp_path, "tupe.tools.export_hf", ["--checkpoint", str(pretrained), "--out", str(out)])
+  run.wait_until(lambda: "loading checkpoint" in run.stdout(), timeout=WAIT)
+  assert stop(run, signal.SIGINT, tmp_path) == [
+      f"stopped by Ctrl-C (SIGINT) while exporting: nothing was written to {out}; rerun the same command"]
+  assert not out.exists()
 
 
 def test_sigterm_in_a_command_is_one_line_like_ctrl_c():

@@ -15,10 +15,10 @@ main thread is doing: one line on stderr naming what is saved (`saving`: the job
 are), then exit status 128 + the signal's number (130 for Ctrl-C). Nothing that was saved is lost: checkpoints are
 written atomically, so a save cut short is no checkpoint, and the job's files are as a kill would leave them.
 
-A command with no job (preprocessing, the vocab tool) stops at once instead: its work runs in worker processes
-that stop signals do not reach (`Children`, `call_in_child`), killed when one comes, while the main process only
-waits and hears the signals (`heard`), then removes what the workers left unfinished and says in one line what
-was kept.
+A command with no job (preprocessing, the vocab tool, export_hf) stops at once instead: its work runs in worker
+processes that stop signals do not reach (`Children`, `call_in_child`), killed when one comes, while the main
+process only waits and hears the signals (`heard`), then removes what the workers left unfinished and says in one
+line what was kept.
 """
 import concurrent.futures
 import contextlib

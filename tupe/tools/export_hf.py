@@ -27,6 +27,9 @@ from __future__ import annotations
 import tempfile
 
 from tupe import console
+from tupe import signals
+from tupe.errors import Interrupted
+from tupe.errors import Preempted
 from tupe.errors import UserError
 from tupe.glue import classifier
 from tupe.hf import export
@@ -41,13 +44,6 @@ def main(argv: list[str]) -> None:
                       "directory, or eval_glue.py's WORKDIR/models/TASK (local or gs://...)")
   parser.add_argument("--out", required=True, help="the directory to write (new or empty; local or gs://...)")
   args = parser.parse_args(argv[1:])
-  try:
-    import torch  # noqa: F401  (save_pretrained writes through the PyTorch classes)
-    import transformers
-  except ImportError as e:
-    raise UserError(f"the exporter needs PyTorch and transformers ({e}); install them, e.g. "
-                    f"`pip install -r requirements-test.txt`") from None
-  transformers.utils.logging.disable_progress_bar()
   out = storage.path(args.out)  # checked before the checkpoint is read and verified
   if storage.is_remote(out):
     if storage.iterdir(out):
@@ -55,24 +51,49 @@ def main(argv: list[str]) -> None:
   else:
     outputs.check_folder(out, "--out")  # (before: a traceback from the export's mkdir)
     export.new_directory(out)
-  if classifier.is_classifier(args.checkpoint):
-    saved = classifier.load(args.checkpoint)  # Verified against its checksums first.
-    source = f"the {saved.task.name} classifier {saved.directory}"
-    write = lambda out: [export.export_classifier(saved.model_cfg, saved.params, saved.head, out, saved.vocab,
-                                                  saved.lowercase, saved.labels, saved.max_seq_len,
-                                                  saved.regression_scale)]
-  else:
-    step_dir = checkpoint.latest_step_dir(args.checkpoint)  # The newest intact one: a damaged one is skipped, said.
-    source = f"checkpoint {step_dir.name} ({step_dir})"
-    write = lambda out: export.export(step_dir, out)
-  # Staged in a temporary folder (save_pretrained writes only local ones), then copied to --out file by file, as
-  # every write here: with the umask's modes (safetensors' own files are 0600), and an export interrupted while it
-  # is made leaves nothing at --out (before: a partial one, which the rerun then refused as not empty).
+  existed = storage.exists(out)
+  # Made in a child process, where a stop signal ends it at once: PyTorch's code would hold the signal off, and
+  # JAX's garbage-collection callback swallows a KeyboardInterrupt raised in it. Staged in a temporary folder
+  # (save_pretrained writes only local ones), then copied to --out file by file, as every write here: with the
+  # umask's modes (safetensors' own files are 0600). An export stopped or failed while it is made leaves nothing at
+  # --out (before: a partial one, which the rerun then refused as not empty).
   with tempfile.TemporaryDirectory() as staging:
-    written = [out / str(directory).removeprefix(staging).lstrip("/") for directory in write(staging)]
-    storage.copy_tree(staging, out)
+    try:
+      written, source = signals.call_in_child(_export, args.checkpoint, staging, str(out))
+    except BaseException as e:
+      for entry in storage.iterdir(out):
+        storage.remove(entry)
+      if not existed:
+        storage.remove(out)
+      if isinstance(e, Interrupted):
+        raise Preempted(f"stopped by {signals.name(e.signum)} while exporting: nothing was written to {out}; rerun "
+                        f"the same command", e.signum) from None
+      raise
   for directory in written:
     print(f"wrote {directory} from {source}")
+
+
+def _export(checkpoint_path: str, staging: str, out: str) -> tuple[list[str], str]:
+  """Exports `checkpoint_path` to `staging`, then copies it to `out` (in the child process of `main`); returns
+  the model directories written in `out`, and what they were exported from."""
+  try:
+    import torch  # noqa: F401  (save_pretrained writes through the PyTorch classes)
+    import transformers
+  except ImportError as e:
+    raise UserError(f"the exporter needs PyTorch and transformers ({e}); install them, e.g. "
+                    f"`pip install -r requirements-test.txt`") from None
+  transformers.utils.logging.disable_progress_bar()
+  if classifier.is_classifier(checkpoint_path):
+    saved = classifier.load(checkpoint_path)  # Verified against its checksums first.
+    source = f"the {saved.task.name} classifier {saved.directory}"
+    directories = [export.export_classifier(saved.model_cfg, saved.params, saved.head, staging, saved.vocab,
+                                            saved.lowercase, saved.labels, saved.max_seq_len, saved.regression_scale)]
+  else:
+    step_dir = checkpoint.latest_step_dir(checkpoint_path)  # The newest intact one: a damaged one is skipped, said.
+    source = f"checkpoint {step_dir.name} ({step_dir})"
+    directories = export.export(step_dir, staging)
+  storage.copy_tree(staging, out)
+  return [str(storage.path(out) / str(d).removeprefix(staging).lstrip("/")) for d in directories], source
 
 
 if __name__ == "__main__":
