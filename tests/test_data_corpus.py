@@ -124,5 +124,5 @@ def test_tfds_dataset(tmp_path, shared_data, bert_vocab):
                                       r"wikipedia/20230601.en --file_format=array_record"):
     next(tfds_documents("wikipedia/20230601.en", str(tmp_path), "text"))  # (it exists: not "Dataset not found")
   with pytest.raises(UserError, match="^tfds_data_dir=gs://tupe-data/tfds: TFDS's array_record reader reads local "
-                                     "files only; copy the prepared folder to a local disk"):
+                                     "files only; copy it to a local disk"):
     next(tfds_documents("tupe_tiny_wiki", "gs://tupe-data/tfds", "text"))

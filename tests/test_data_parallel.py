@@ -2,6 +2,7 @@
 bucket; the shard cache of text sources reused by a later start."""
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -16,6 +17,7 @@ from tupe.data import build
 from tupe.data import examples
 from tupe.data import pipeline
 from tupe.data import preprocess
+from tupe.data import readers
 from tupe.data import shards
 from tupe.errors import UserError
 from tupe.store import storage
@@ -119,14 +121,29 @@ def test_shards_in_a_bucket(reference, corpus_glob, bert_vocab, gcs_bucket, tmp_
   assert written == contents(reference)
   cfg = pipeline.default_data_config()
   cfg.update(source="arrayrecord", files=output, packing="segment_pair")
-  with pytest.raises(UserError, match="grain's ArrayRecord reader reads local files only: copy the folder to local "
-                                      "disk .* or mount the bucket with gcsfuse"):
+  with pytest.raises(UserError, match="grain's ArrayRecord reader reads local files only: copy it to a local disk "
+                                      "(.*) or mount the bucket with gcsfuse, and set data.files to DIR"):
     pipeline.PretrainData(cfg, seq_len=SEQ_LEN)
   local = tmp_path / "copied"
   for name, data in written.items():
     storage.write_bytes(local / name, data)
   data = pipeline.PretrainData(dict(cfg, files=str(local)), seq_len=SEQ_LEN)
   assert len(data) == shards.read_metadata(reference)["num_examples"]["train"]
+
+
+@pytest.mark.parametrize("url, copy, mount", [("gs://b/data", "gcloud storage cp -r gs://b/data DIR", "gcsfuse"),
+                                             ("s3://b/data", "aws s3 cp --recursive s3://b/data DIR", "mount-s3")])
+def test_a_bucket_folder_for_a_reader_of_local_files_names_its_store_s_tools(url, copy, mount):
+  """grain's ArrayRecord reader (shards) and TFDS's read local files only: a bucket folder is refused in one line,
+  before anything is read, with the copy command and the mounting tool of its own store (before: gcloud's and
+  gcsfuse for an s3:// folder too)."""
+  advice = f"copy it to a local disk (`{copy}`) or mount the bucket with {mount}"
+  with pytest.raises(UserError, match=re.escape(f"{url} is in a bucket, and grain's ArrayRecord reader reads local "
+                                                f"files only: {advice}, and set data.files to DIR")):
+    shards.ShardedExamples(url, "train")
+  with pytest.raises(UserError, match=re.escape(f"tfds_data_dir={url}: TFDS's array_record reader reads local files "
+                                                f"only; {advice}, and give DIR instead")):
+    readers.tfds_source("glue/rte", "train", url)
 
 
 def test_inputs_and_vocab_in_a_bucket(reference, corpus_glob, bert_vocab, gcs_bucket, tmp_path):

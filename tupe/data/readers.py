@@ -182,9 +182,8 @@ def tfds_source(name: str, split: str, data_dir: str | None, otherwise: str = ""
   import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
 
   if data_dir and storage.is_remote(data_dir):
-    raise UserError(f"tfds_data_dir={data_dir}: TFDS's array_record reader reads local files only; copy the "
-                    f"prepared folder to a local disk (gcloud storage cp -r {data_dir} DIR) and give DIR "
-                    f"instead{otherwise}")
+    raise UserError(f"tfds_data_dir={data_dir}: TFDS's array_record reader reads local files only; "
+                    f"{storage.local_copy(data_dir)}, and give DIR instead{otherwise}")
   builder = None
   try:
     builder = _tfds_builder(tfds, name, data_dir)

@@ -198,11 +198,10 @@ class ShardedExamples(ExampleSource):
   """
 
   def __init__(self, folder: storage.PathLike, split: str):
-    metadata = read_metadata(folder)
     if storage.is_remote(folder):
-      raise UserError(f"{folder} is in a bucket, and grain's ArrayRecord reader reads local files only: copy the "
-                      f"folder to local disk (`gcloud storage cp -r {folder} /data/`) or mount the bucket with "
-                      f"gcsfuse, and set data.files to that local folder")
+      raise UserError(f"{folder} is in a bucket, and grain's ArrayRecord reader reads local files only: "
+                      f"{storage.local_copy(folder)}, and set data.files to DIR")
+    metadata = read_metadata(folder)
     self._length = metadata["num_examples"][split]
     self._num_tokens = metadata["num_tokens"][split]
     self.report = metadata["report"]

@@ -58,6 +58,17 @@ def local(p: PathLike) -> str:
   return os.fspath(path(p))
 
 
+# Each store's command that copies a folder of a bucket to a local one, and its tool that mounts a bucket as one.
+_LOCAL_COPY = {"gs://": ("gcloud storage cp -r", "gcsfuse"), "s3://": ("aws s3 cp --recursive", "mount-s3")}
+
+
+def local_copy(url: PathLike) -> str:
+  """How a reader of local files only gets the bucket folder `url` as the local folder DIR, in the store's own
+  tools: "copy it to a local disk (`<copy> URL DIR`) or mount the bucket with <tool>"."""
+  copy, mount = _LOCAL_COPY[str(url)[:5]]
+  return f"copy it to a local disk (`{copy} {url} DIR`) or mount the bucket with {mount}"
+
+
 def bare(p: PathLike) -> str:
   """`p` without its scheme ("gs://b/x" -> "b/x"): fsspec gives folders in bucket paths without one."""
   text = os.fspath(p)

@@ -38,6 +38,7 @@ from tupe.store import network
 from tupe.store.paths import bare
 from tupe.store.paths import is_remote
 from tupe.store.paths import local
+from tupe.store.paths import local_copy
 from tupe.store.paths import path
 from tupe.store.paths import Path
 from tupe.store.paths import PathLike
