@@ -168,6 +168,8 @@ def test_synthetic_source(packing):
     (dict(mask_prob=0.0), "data.mask_prob is 0.0"),
     (dict(vocab_file=""), "no vocab file for source 'text'"),
     (dict(files="/nonexistent/*.txt"), "no files match"),
+    (dict(cache_dir="s3://b/cache"),
+     "^data.cache_dir=s3://b/cache .*: the data cache .* is on a local disk: give a local folder"),
 ])
 def test_config_errors(text_cfg, change, match):
   cfg = text_cfg.copy_and_resolve_references()
