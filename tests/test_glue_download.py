@@ -126,6 +126,21 @@ def test_a_bucket_task_folder_cut_short_is_fetched_again(s3_bucket, capsys):
     assert "exists, kept" in capsys.readouterr().out
 
 
+def test_a_tfds_data_dir_in_a_bucket_is_refused_before_anything_is_fetched(tmp_path, capsys):
+  """TFDS reads its prepared copy back with its array_record reader, local files only: --tfds-data-dir in a bucket
+  is one line naming the flag, before anything is fetched or made (before: a refusal naming tfds_data_dir once TFDS
+  had prepared the first task there)."""
+  with tfds.testing.mock_data(num_examples=4), pytest.raises(SystemExit) as exit_info:
+    run_main(download.main, ["download", "--data-dir", str(tmp_path / "glue"), "--tasks", "rte", "--tfds-data-dir",
+                             "s3://b/tfds"])
+  assert exit_info.value.code == 2
+  out, err = capsys.readouterr()
+  assert err.splitlines() == ["error: --tfds-data-dir s3://b/tfds: TFDS's prepared copy is read back by its "
+                              "array_record reader, which reads local files only: give a local folder, or leave it "
+                              "out for a temporary one (--data-dir may be a bucket)"]
+  assert "fetching" not in out and not (tmp_path / "glue").exists()
+
+
 @pytest.mark.offline
 def test_no_network_is_one_line_at_once(tmp_path, capsys, monkeypatch):
   """A host with no address (here a reserved name that never resolves) stops the command before TFDS's retries,
