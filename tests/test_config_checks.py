@@ -224,6 +224,18 @@ def test_one_config_per_command_line():
                                      "--config=configs/glue.py:tupe"])
 
 
+@pytest.mark.parametrize("spec", ["gs://b/configs/mine.py:tupe_a,tiny", "s3://b/mine.py"])
+def test_a_config_file_in_a_bucket_is_one_line_saying_so(spec, tmp_path):
+  """A config file is code that Python imports from a local file (before: "No such file or directory: 'gs'"; a
+  sweep's, made absolute first: "... '<working directory>/gs'")."""
+  refused = (f"^--config {re.escape(spec)}: a config file is Python code, read from a local file, not from a bucket: "
+             f"copy it to a local disk and give that path")
+  with pytest.raises(UserError, match=refused):
+    config_files.check_config_flags(["train.py", f"--config={spec}", "--workdir", "w"])
+  with pytest.raises(UserError, match=refused):
+    sweep.runs(spec, str(tmp_path), sweep.parse_grid(["seed=0,1"]), [])
+
+
 @pytest.mark.parametrize("body, line, raised", [
     ("def get_config():\n  c = ml_collections.ConfigDict()\n  c.x = 1 / 0\n  return c\n", 4,
      "ZeroDivisionError: division by zero"),

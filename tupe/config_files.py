@@ -157,6 +157,7 @@ def check_config_flags(argv: list[str]) -> ml_collections.ConfigDict:
     raise UserError(f"--config is given {len(specs)} times ({', '.join(specs)}): give one, and set its fields with "
                     f"--config.FIELD=VALUE")
   spec = specs[0]
+  _check_local(spec)
   file = spec.split(":", 1)[0]
   if not os.path.isfile(file):
     raise UserError(f"--config: cannot load the config file: No such file or directory: {file!r}; give an "
@@ -193,9 +194,18 @@ def _find(file: str) -> str:
   return str(REPO / file) if not os.path.isfile(file) and (REPO / file).is_file() else file
 
 
+def _check_local(spec: str) -> None:
+  """A config file is code that Python imports from a local file: a bucket URL is refused in one line (before:
+  "No such file or directory: 'gs'", the URL's ':' read as the one before the spec's argument)."""
+  if re.match(r"[a-z][a-z0-9]*://", spec):
+    raise UserError(f"--config {spec}: a config file is Python code, read from a local file, not from a bucket: copy "
+                    f"it to a local disk and give that path (or use configs/<file>.py)")
+
+
 def absolute_config(spec: str) -> str:
   """`path.py[:arg]` with the path made absolute (found as `load_config` finds it), so that the spec works from
   any folder (a sweep's printed commands)."""
+  _check_local(spec)
   file, sep, arg = spec.partition(":")
   return os.path.abspath(_find(file)) + sep + arg
 
