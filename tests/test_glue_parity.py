@@ -16,6 +16,7 @@ from configs import glue as glue_configs  # noqa: E402
 from configs import pretrain as pretrain_config  # noqa: E402
 from tupe.errors import UserError  # noqa: E402
 from tupe.glue import tasks as glue  # noqa: E402
+from tupe.store import storage  # noqa: E402
 from tupe.tools import glue_parity  # noqa: E402
 from tupe.train import pretrain  # noqa: E402
 
@@ -127,6 +128,22 @@ def test_float64_both_sides_agree_to_rounding(checkpoints, glue_dir, tmp_path, r
   (task_result,) = result["tasks"]
   assert task_result["loss_max_rel_diff"] <= 1e-12 and task_result["lr"] == 1e-3
   assert "float64, tolerance 1e-06" in (tmp_path / "parity.md").read_text()
+
+
+@pytest.mark.parametrize("bucket", ["gs", pytest.param("s3", marks=pytest.mark.slow)], indirect=True)
+def test_a_workdir_in_a_bucket(checkpoints, glue_dir, bucket):
+  """--workdir gs://... or s3://...: the export is written there and read by transformers from a local copy, our runs
+  and parity.json/.md are written there (before: one line, "gs://.../hf: this file must be local"), and a rerun
+  takes the export from there. The s3:// case is in the slow tier: the staging is one for every store."""
+  cfg = parity_config("tupe", checkpoints["bert_a"], glue_dir, "rte", examples=16)
+  cfg.epochs.rte = 1
+  workdir = f"{bucket}/parity"
+  for _ in range(2):
+    result = glue_parity.run(cfg, workdir)
+    assert result["passed"] and result["tasks"][0]["steps"] == 2
+  assert {"config.json", "model.safetensors", "vocab.txt"} <= set(storage.walk_files(f"{workdir}/hf"))
+  assert json.loads(storage.read_text(f"{workdir}/parity.json")) == result
+  assert "| RTE | 2 |" in storage.read_text(f"{workdir}/parity.md")
 
 
 def test_refusals_are_one_line(checkpoints, glue_dir, tmp_path):

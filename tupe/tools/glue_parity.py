@@ -47,6 +47,7 @@ import dataclasses
 import json
 import math
 import re
+import tempfile
 
 import jax
 import ml_collections
@@ -331,16 +332,21 @@ def _run(cfg, workdir, rtol: float, float64: bool) -> dict:
   cfg.update(hidden_dropout=0.0, attention_dropout=0.0)
   if float64:  # every parameter and computation in float64; the explicit attention (XLA's fused one is float32)
     backbone.cfg.update(dtype="float64", attention_impl="reference")
-  hf_dir = workdir / "hf"
-  if not storage.exists(hf_dir / "config.json"):
-    export.export(cfg.init_checkpoint, storage.local(hf_dir))
   mesh = sharding.make_mesh(cfg.mesh, jax.devices()[:1])
   rules = partitioning.rules_from_config(cfg.sharding_rules)
   encoder = backbone_lib.encoder_params(backbone, mesh, rules)
   if float64:
     encoder = jax.tree_util.tree_map(lambda x: x.astype(np.float64), encoder)
-  tasks = [compare_task(cfg, workdir, backbone, encoder, mesh, rules, family, storage.local(hf_dir), task, rtol)
-           for task in glue_data.parse_tasks(cfg.tasks)]
+  # The export, made once and kept in WORKDIR/hf (local or in a bucket), is read from a local copy: transformers'
+  # from_pretrained reads local folders only.
+  with tempfile.TemporaryDirectory() as hf_dir:
+    if storage.exists(workdir / "hf" / "config.json"):
+      storage.copy_tree(workdir / "hf", hf_dir)
+    else:
+      export.export(cfg.init_checkpoint, hf_dir)
+      storage.copy_tree(hf_dir, workdir / "hf")
+    tasks = [compare_task(cfg, workdir, backbone, encoder, mesh, rules, family, hf_dir, task, rtol)
+             for task in glue_data.parse_tasks(cfg.tasks)]
   result = {"checkpoint": str(backbone.checkpoint), "model": backbone.cfg.name, "family": family, "head": cfg.head,
             "precision": "float64" if float64 else "float32", "rtol": rtol, "optimizer": cfg.optimizer.to_dict(),
             "batch_size": cfg.batch_size,
@@ -353,7 +359,8 @@ def _run(cfg, workdir, rtol: float, float64: bool) -> dict:
 def main(argv: list[str]) -> None:
   parser = console.ArgumentParser("python -m tupe.tools.glue_parity", __doc__)
   parser.add_argument("--config", required=True, help="configs/glue.py:<tupe|convbert>, as for eval_glue.py")
-  parser.add_argument("--workdir", required=True, help="folder for the export, our runs and parity.json/.md")
+  parser.add_argument("--workdir", required=True, help="folder for the export, our runs and parity.json/.md "
+                      "(local or in a bucket)")
   parser.add_argument("--rtol", type=float, help=f"largest relative difference of a step's loss (default "
                       f"{RTOL['float32']:g}, with --float64 {RTOL['float64']:g})")
   parser.add_argument("--float64", action="store_true", help="both sides in float64 (JAX's x64 mode, torch's "
