@@ -355,13 +355,15 @@ def copy(src: PathLike, dst: PathLike) -> None:
   write_bytes(dst, read_bytes(src))
 
 
-def copy_tree(src: PathLike, dst: PathLike) -> list[Path]:
-  """Copies every file under folder `src` to the same relative path under `dst` (`copy`); returns the copies.
+def copy_tree(src: PathLike, dst: PathLike, last: tuple[str, ...] = ()) -> list[Path]:
+  """Copies every file under folder `src` to the same relative path under `dst` (`copy`); returns the copies, in the
+  order made. Files whose name is in `last` are copied after all the others: a reader that looks for one of them (an
+  HF model's config.json) finds it only in a whole copy, even if the copy was cut short.
 
   For libraries that write only to a local folder (transformers' `save_pretrained`): they write into a
   temporary folder, which is then copied to a bucket."""
   copies = []
-  for name in walk_files(src):
+  for name in sorted(walk_files(src), key=lambda name: name.rpartition("/")[2] in last):  # (stable: others first)
     copy(path(src) / name, path(dst) / name)
     copies.append(path(dst) / name)
   return copies

@@ -92,7 +92,7 @@ def _export(checkpoint_path: str, staging: str, out: str) -> tuple[list[str], st
     step_dir = checkpoint.latest_step_dir(checkpoint_path)  # The newest intact one: a damaged one is skipped, said.
     source = f"checkpoint {step_dir.name} ({step_dir})"
     directories = export.export(step_dir, staging)
-  storage.copy_tree(staging, out)
+  storage.copy_tree(staging, out, last=("config.json",))
   return [str(storage.path(out) / str(d).removeprefix(staging).lstrip("/")) for d in directories], source
 
 

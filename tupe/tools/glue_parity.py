@@ -338,13 +338,13 @@ def _run(cfg, workdir, rtol: float, float64: bool) -> dict:
   if float64:
     encoder = jax.tree_util.tree_map(lambda x: x.astype(np.float64), encoder)
   # The export, made once and kept in WORKDIR/hf (local or in a bucket), is read from a local copy: transformers'
-  # from_pretrained reads local folders only.
+  # from_pretrained reads local folders only. Its config.json is copied last: WORKDIR/hf has one only when whole.
   with tempfile.TemporaryDirectory() as hf_dir:
     if storage.exists(workdir / "hf" / "config.json"):
       storage.copy_tree(workdir / "hf", hf_dir)
     else:
       export.export(cfg.init_checkpoint, hf_dir)
-      storage.copy_tree(hf_dir, workdir / "hf")
+      storage.copy_tree(hf_dir, workdir / "hf", last=("config.json",))
     tasks = [compare_task(cfg, workdir, backbone, encoder, mesh, rules, family, hf_dir, task, rtol)
              for task in glue_data.parse_tasks(cfg.tasks)]
   result = {"checkpoint": str(backbone.checkpoint), "model": backbone.cfg.name, "family": family, "head": cfg.head,
