@@ -124,3 +124,56 @@ def test_sigterm_in_a_command_is_one_line_like_ctrl_c():
   _, err = proc.communicate(timeout=60)
   assert (proc.returncode, err) == (143, "error: interrupted (SIGTERM); what was written is whole, and preprocessing "
                                          "or a download keeps its finished parts: rerun the same command\n")
+
+
+def test_a_signal_heard_as_the_work_ends_stops_the_command():
+  """A signal that comes after the work's last check (its last file written, an upload) stops the command as it
+  leaves the work (before: in the work done in this process, it was recorded and forgotten, and the command ended
+  with exit 0); the handlers are restored."""
+  before = signal.getsignal(signal.SIGTERM)
+  with pytest.raises(signals.Interrupted) as stopped:
+    with signals.heard():
+      os.kill(os.getpid(), signal.SIGTERM)
+      time.sleep(0.1)  # (the handler runs at the next bytecode, and records the signal)
+  assert stopped.value.signum == signal.SIGTERM and signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_second_signal_stops_work_that_does_not_check_at_once():
+  """Work in this process that does not reach its next check (a hung upload): a second signal stops the command at
+  once, saying what is kept (before: nothing stopped it but SIGKILL)."""
+  script = ("import os, signal, time\nfrom tupe import signals\n"
+            "with signals.saving(lambda: 'the finished units are kept in DIR'), signals.heard():\n"
+            "  os.kill(os.getpid(), signal.SIGTERM)\n  os.kill(os.getpid(), signal.SIGINT)\n  time.sleep(60)\n")
+  proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=train_env(), capture_output=True, text=True,
+                        timeout=60)
+  assert (proc.returncode, proc.stderr) == (130, "stopped now by a second Ctrl-C (SIGINT): the finished units are "
+                                                 "kept in DIR\n")
+
+
+def test_a_second_sigterm_kills_a_command_whose_first_was_swallowed():
+  """`interrupt` (a command's SIGTERM handler) raises once and puts the default action back: a library that swallows
+  the exception (JAX's garbage-collection callback) cannot swallow the second SIGTERM too."""
+  before = signal.signal(signal.SIGTERM, signals.interrupt)
+  try:
+    with pytest.raises(signals.Interrupted):
+      signals.interrupt(signal.SIGTERM, None)
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+  finally:
+    signal.signal(signal.SIGTERM, before)
+
+
+def test_a_child_has_the_entry_layer_s_setup_and_its_exceptions_come_back():
+  """A child runs what the entry layer registered (`quiet.install`: library noise filtered there too), and an
+  exception that pickle cannot bring back whole comes back as its message (before: a broken pool's traceback, or
+  a pickling error, instead of the one line)."""
+  import child_work  # pylint: disable=import-outside-toplevel
+  from tupe.errors import UserError  # pylint: disable=import-outside-toplevel
+  from tupe.run import quiet  # pylint: disable=import-outside-toplevel
+
+  signals.on_child_start(quiet.install)
+  with signals.Children(1) as child:
+    assert child.submit(child_work.gcsfs_filters).result() > 0
+    with pytest.raises(UserError, match=r"^RTE's dev.tsv is not in DIR$"):
+      child.submit(child_work.missing_split).result()
+    with pytest.raises(RuntimeError, match=r"(?s)Traceback.*RuntimeError: the store's client failed"):
+      child.submit(child_work.holding_a_lock).result()

@@ -17,19 +17,23 @@ written atomically, so a save cut short is no checkpoint, and the job's files ar
 
 A command with no job (preprocessing, the vocab tool, export_hf) stops at once instead: its work runs in worker
 processes that stop signals do not reach (`Children`, `call_in_child`), killed when one comes, while the main
-process only waits and hears the signals (`heard`), then removes what the workers left unfinished and says in one
-line what was kept.
+process only waits and hears the signals (`heard`; or does the work itself, checking between its pieces), then
+removes what the workers left unfinished and says in one line what was kept. Any other command (a tool) has the
+handlers that raise: Python's KeyboardInterrupt, and `interrupt` for SIGTERM.
 """
 import concurrent.futures
 import contextlib
 import multiprocessing
 import os
+import pickle
 import signal
 import threading
 import time
+import traceback
 from typing import Callable
 
 from tupe.errors import Interrupted
+from tupe.errors import UserError
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 received: list[int] = []  # The stop signals received while `record` was the handler, in order.
@@ -38,6 +42,7 @@ CLEANUP_TIMEOUT_S = 0.5  # How long a second signal's exit waits for the worker 
 _SLICE_S = 0.1  # How often a wait (`Children.wait`) looks at the signals heard.
 _saved: list[Callable[[], str]] = []  # What the running job has saved (`saving`), innermost last.
 _watcher = None  # The running `_Watcher`, if any.
+_child_setup: list[Callable[[], None]] = []  # What every child of `Children` runs first (`on_child_start`).
 
 
 def name(signum: int) -> str:
@@ -84,9 +89,9 @@ def _what_is_saved() -> str:
 def _stop_now(signum: int) -> None:
   """A second stop signal: one line, this process's worker processes ended, then the exit, at once."""
   _say(2, f"stopped now by a second {name(signum)}: {_what_is_saved()}")
-  for child in multiprocessing.active_children():  # Data or tokenizer workers: not left behind.
-    with contextlib.suppress(Exception):
-      child.terminate()
+  for child in multiprocessing.active_children():  # Data or tokenizer workers: not left behind (`Children`'s ignore
+    with contextlib.suppress(Exception):           # SIGTERM)
+      child.kill()
   # The semaphores of their queues are unlinked now, as at a normal exit (else Python's resource tracker warns of
   # them as leaked), in a thread given a moment: the exit must not wait on anything.
   cleanup = threading.Thread(target=_unlink_semaphores, daemon=True)
@@ -147,7 +152,11 @@ class _Watcher:
 
 def interrupt(signum, _frame) -> None:
   """The SIGTERM handler of a command's own process (`tupe.run.process.run_main` installs it where no job records
-  the signal): raises `Interrupted`, as Python's own handler of SIGINT raises KeyboardInterrupt."""
+  the signal): raises `Interrupted`, as Python's own handler of SIGINT raises KeyboardInterrupt. The exception that
+  this module otherwise avoids: a command with no job has no safe point to wait for. A library may swallow it (JAX's
+  garbage-collection callback drops it with an "Exception ignored" message), so a second SIGTERM kills the process
+  (the default action, back in place from the first)."""
+  signal.signal(signum, signal.SIG_DFL)
   raise Interrupted(signum)
 
 
@@ -169,22 +178,6 @@ def unwatch() -> None:
 
 
 @contextlib.contextmanager
-def _recording():
-  """`record` is the handler of SIGTERM and SIGINT while inside (main thread; the previous handlers restored after);
-  yields whether this is the outermost recording (then `received` starts empty; else the signals received since the
-  entry point's `catch_signals`, or an enclosing `caught`, are kept)."""
-  previous = {signum: signal.signal(signum, record) for signum in STOP_SIGNALS}
-  outermost = all(handler is not record for handler in previous.values())
-  if outermost:
-    received.clear()
-  try:
-    yield outermost
-  finally:
-    for signum, handler in previous.items():
-      signal.signal(signum, handler)
-
-
-@contextlib.contextmanager
 def caught():
   """Records SIGTERM and SIGINT while inside (the previous handlers restored after), with the watcher of a
   second one; yields `received`, which a loop checks at its safe points. Nested uses share the list; the outermost
@@ -193,30 +186,60 @@ def caught():
   if threading.current_thread() is not threading.main_thread():
     yield []
     return
-  with _recording():
-    started = watch()
-    try:
-      yield received
-    finally:
-      if started:
-        unwatch()
+  previous = {signum: signal.signal(signum, record) for signum in STOP_SIGNALS}
+  if all(handler is not record for handler in previous.values()):
+    received.clear()
+  started = watch()
+  try:
+    yield received
+  finally:
+    if started:
+      unwatch()
+    for signum, handler in previous.items():
+      signal.signal(signum, handler)
+
+
+def _hear(signum, _frame) -> None:
+  """`heard`'s handler: records a stop signal, and stops the process now (`_stop_now`) at a second one, which came
+  while the first was not acted on (the main thread in a call that does not return, a hung upload, say)."""
+  if received:
+    _stop_now(signum)
+  received.append(signum)
 
 
 @contextlib.contextmanager
 def heard():
-  """For a wait in a command with no job of its own (`Children`): while inside, SIGTERM and SIGINT are recorded,
-  never raised by the handler at whatever bytecode runs, where a library may swallow them (JAX's garbage-collection
-  callback drops a KeyboardInterrupt with an "Exception ignored" message, and the command goes on). Yields `check`,
-  which raises `Interrupted` for the first signal received, for the wait to call every moment. Where a job records
-  them already (`caught`: it acts on them at its safe points), and outside the main thread, `check` raises nothing."""
-  if threading.current_thread() is not threading.main_thread():
+  """For work in a command with no job of its own (`Children`, or work done here between checks): while inside,
+  SIGTERM and SIGINT are recorded, never raised by the handler at whatever bytecode runs, where a library may swallow
+  them (JAX's garbage-collection callback drops a KeyboardInterrupt with an "Exception ignored" message, and the
+  command goes on); a second one stops the process at once (`_hear`). Yields `check`, which raises `Interrupted` for
+  the first signal received, for the work to call every moment; leaving without an exception checks once more (a
+  signal heard as the work ended stops the command all the same). Where a job records them already (`caught`,
+  `catch_signals`: it acts on them at its safe points), and outside the main thread, `check` raises nothing."""
+  if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is record:
     yield lambda: None
     return
-  with _recording() as outermost:
-    def check() -> None:
-      if outermost and received:
-        raise Interrupted(received[0])
+  nested = signal.getsignal(signal.SIGINT) is _hear  # (inside another `heard`: its signals are kept)
+  previous = {} if nested else {signum: signal.signal(signum, _hear) for signum in STOP_SIGNALS}
+  if not nested:
+    received.clear()
+
+  def check() -> None:
+    if received:
+      raise Interrupted(received[0])
+  try:
     yield check
+  finally:
+    for signum, handler in previous.items():
+      signal.signal(signum, handler)
+  check()
+
+
+def on_child_start(setup: Callable[[], None]) -> None:
+  """Registers `setup` (a module-level function: it is pickled by name) to run first in every child of `Children`:
+  the entry layer's filters of library noise, which a spawned child would otherwise lack."""
+  if setup not in _child_setup:
+    _child_setup.append(setup)
 
 
 class Children:
@@ -233,7 +256,8 @@ class Children:
   def __init__(self, count: int, initializer: Callable[..., None] | None = None, initargs: tuple = ()):
     self._pool = concurrent.futures.ProcessPoolExecutor(count, multiprocessing.get_context("spawn"),
                                                         initializer=_start_child,
-                                                        initargs=(os.getpid(), initializer, initargs))
+                                                        initargs=(os.getpid(), tuple(_child_setup),
+                                                                  initializer, initargs))
     self._heard = heard()
     self._check = lambda: None
     self.killed: list[int] = []
@@ -243,12 +267,13 @@ class Children:
     return self
 
   def submit(self, fn: Callable, *args) -> concurrent.futures.Future:
-    """`fn(*args)` in a child: `fn`, its arguments and its result are pickled."""
+    """`fn(*args)` in a child: `fn`, its arguments and its result are pickled, and so is the exception it raises
+    (`_returned`)."""
     # A child is started here, with stop signals blocked (a child inherits the mask) until its start ignores them:
     # one before (its imports take seconds) would meet Python's default handler there. Ours wait meanwhile.
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
-      return self._pool.submit(fn, *args)
+      return self._pool.submit(_returned, fn, *args)
     finally:
       signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
@@ -275,8 +300,6 @@ class Children:
       self._pool.shutdown(cancel_futures=True)
     finally:
       self._heard.__exit__(exc_type, exc, tb)
-    if exc_type is None:
-      self._check()  # a signal heard as the work ended: the command stops all the same
 
 
 def call_in_child(fn: Callable, *args):
@@ -293,12 +316,33 @@ def call_in_child(fn: Callable, *args):
   return future.result()
 
 
-def _start_child(parent: int, initializer: Callable[..., None] | None, initargs: tuple) -> None:
-  """A child's start (`Children`): stop signals ignored, the watch of its parent, then `initializer`."""
+def _returned(fn: Callable, *args):
+  """`fn(*args)`, in a child. An exception that would not come back whole (pickled with a constructor that takes other
+  arguments, or with an attribute that cannot be pickled: the parent saw a broken pool or a pickling error instead)
+  comes back as its message: a UserError as a UserError, any other as a RuntimeError carrying the child's
+  traceback."""
+  try:
+    return fn(*args)
+  except Exception as e:
+    try:
+      pickle.loads(pickle.dumps(e))
+    except Exception:  # pylint: disable=broad-except
+      if isinstance(e, UserError):
+        raise UserError(str(e)) from None
+      raise RuntimeError("".join(traceback.format_exception(e))) from None
+    raise
+
+
+def _start_child(parent: int, setup: tuple[Callable[[], None], ...], initializer: Callable[..., None] | None,
+                 initargs: tuple) -> None:
+  """A child's start (`Children`): stop signals ignored, the watch of its parent, `setup` (`on_child_start`), then
+  `initializer`."""
   for signum in STOP_SIGNALS:
     signal.signal(signum, signal.SIG_IGN)
   signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # (blocked since `submit` started it)
   threading.Thread(target=_exit_with, args=(parent,), name="tupe-parent-watch", daemon=True).start()
+  for function in setup:
+    function()
   if initializer is not None:
     initializer(*initargs)
 

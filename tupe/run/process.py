@@ -66,6 +66,7 @@ def run_main(main, argv=None) -> None:
   process of its own (a test, a notebook), which is never ended here: the `SystemExit` is the caller's."""
   global _status
   quiet.install()
+  signals.on_child_start(quiet.install)  # (a worker process of the command, spawned: its library noise quieted too)
   owns_process = argv is None
   if owns_process and threading.current_thread() is threading.main_thread() and (
       signal.getsignal(signal.SIGTERM) == signal.SIG_DFL):  # (not train.py's or eval_glue.py's `catch_signals`)
