@@ -51,8 +51,8 @@ def test_write_read_append_list_remove(root):
                                                                        ("a.txt", "c.txt", "sub/b.bin")]
   assert storage.read_bytes(f"{root}/copy/sub/b.bin") == b"\x00\x01"
   assert [str(p) for p in storage.copy_tree(root, f"{root}/copy2", last=("a.txt",))] == [  # (an export's config.json)
-      f"{root}/copy2/{name}" for name in ("c.txt", "copy/c.txt", "copy/sub/b.bin", "sub/b.bin", "a.txt",
-                                          "copy/a.txt")]
+      f"{root}/copy2/{name}" for name in ("c.txt", "copy/c.txt", "copy/sub/b.bin", "sub/b.bin", "copy/a.txt",
+                                          "a.txt")]
   storage.remove(f"{root}/sub")
   storage.remove(f"{root}/copy")
   storage.remove(f"{root}/copy2")

@@ -357,16 +357,16 @@ def copy(src: PathLike, dst: PathLike) -> None:
 
 def copy_tree(src: PathLike, dst: PathLike, last: tuple[str, ...] = ()) -> list[Path]:
   """Copies every file under folder `src` to the same relative path under `dst` (`copy`); returns the copies, in the
-  order made. Files whose name is in `last` are copied after all the others: a reader that looks for one of them (an
-  HF model's config.json) finds it only in a whole copy, even if the copy was cut short.
-
-  For libraries that write only to a local folder (transformers' `save_pretrained`): they write into a
-  temporary folder, which is then copied to a bucket."""
-  copies = []
-  for name in sorted(walk_files(src), key=lambda name: name.rpartition("/")[2] in last):  # (stable: others first)
+  order made. Files whose name is in `last` are copied after all the others, the deepest first: a reader that looks
+  for one of them (an HF model's config.json, and an ELECTRA export's generator/config.json) finds it only in a
+  whole copy, even if the copy was cut short. For libraries that write only to a local folder (transformers'
+  `save_pretrained`): they write into a temporary folder, which is then copied to a bucket."""
+  names = walk_files(src)
+  ends = sorted((name for name in names if name.rpartition("/")[2] in last), key=lambda name: -name.count("/"))
+  ordered = [name for name in names if name not in ends] + ends
+  for name in ordered:
     copy(path(src) / name, path(dst) / name)
-    copies.append(path(dst) / name)
-  return copies
+  return [path(dst) / name for name in ordered]
 
 
 def write_png(p: PathLike, figure) -> None:
