@@ -13,9 +13,9 @@ itself as a child process (marked by the environment variable `TUPE_SUPERVISED`)
     holds stderr back; if the child then fails, prints one line naming the dead host and exits with status 1
     (if it succeeds after all, the held-back lines are printed as they were); or, where the hosts never all joined
     (`jax.distributed.initialize` gave up), one line saying so and what to check, and exits with status 2, as for
-    bad input. A Python traceback is held back
-    from its first line too, since the exception that names the failure (a collective that lost its peer) comes
-    at its end: a traceback that turns out to be no such failure is printed as it was when the child exits;
+    bad input. A Python traceback is held back from its first line too, since the exception that names the
+    failure (a collective that lost its peer) comes at its end: a traceback that turns out to be no such failure
+    is printed as it was when the child exits;
   - forwards SIGTERM and SIGINT to the child (which saves a checkpoint and exits 143 or 130, as without the
     supervisor) and exits with the child's status; the child runs in its own process group, so a terminal's
     Ctrl-C reaches it once, through this parent;
@@ -119,6 +119,7 @@ def run(argv: list[str], cfg) -> int:
   """Runs this command line (`python argv...`) as a supervised child; returns the exit status to exit with."""
   dist = cfg.distributed
   grace_s = float(dist.heartbeat_timeout_s)
+  started = time.monotonic()
   child = subprocess.Popen([sys.executable, *argv], stderr=subprocess.PIPE, process_group=0,
                            env=dict(os.environ, **{ENV: str(os.getpid())}))
   held: list[str] = []
@@ -143,7 +144,10 @@ def run(argv: list[str], cfg) -> int:
       if failed_at and time.monotonic() - failed_at[0] > grace_s + 30:
         child.kill()
     reader.join(timeout=10)
-  if failed_at and child.returncode != 0 and _JOINING.search("".join(held)):
+  # Not joined: the join's own failure, within its timeout of the start (a minute for the imports), not a failure
+  # that names the join hours into a run (a host started again with a process id that was running).
+  joining = failed_at and failed_at[0] - started < float(dist.initialization_timeout_s) + 60
+  if joining and child.returncode != 0 and _JOINING.search("".join(held)):
     print(not_joined_line("".join(held), dist), file=sys.stderr)
     return EXIT_NOT_JOINED
   if failed_at and child.returncode != 0:
