@@ -177,7 +177,8 @@ def tfds_source(name: str, split: str, data_dir: str | None, otherwise: str = ""
 
   Raises:
     UserError: `data_dir` is a bucket (array_record's reader reads local files only, and hangs on a bucket URL),
-      or the dataset or the split is not prepared there.
+      TFDS knows no such dataset or config (the closest names said), or the dataset or the split is not prepared
+      there.
   """
   import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
 
@@ -213,9 +214,11 @@ def _tfds_builder(tfds, name: str, data_dir: str | None):
       if type(group).__name__ == "LazyModule":  # (etils's deferred import of a group of builders)
         try:
           importlib.import_module(group.module_name)
-        except ImportError:  # (a group whose dependencies are not installed: TFDS skips it too)
-          pass
-  dataset, _, config = name.partition(":")[0].partition("/")
+        except Exception:  # pylint: disable=broad-except  (a group whose dependencies are not installed, or
+          pass             # fail to import: TFDS skips it too)
+  dataset, _, config = re.sub(r":\d+(\.\d+)*$", "", name).partition("/")  # (without a version)
+  if ":" in dataset:  # A community dataset (namespace:name): TFDS's own error says what is missing.
+    return build()
   try:
     configs = tfds.builder_cls(dataset).builder_configs
   except tfds.core.DatasetNotFoundError:

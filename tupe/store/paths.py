@@ -65,8 +65,10 @@ _LOCAL_COPY = {"gs://": ("gcloud storage cp -r", "gcsfuse"), "s3://": ("aws s3 c
 def local_copy(url: PathLike) -> str:
   """How a reader of local files only gets the bucket folder `url` as the local folder DIR, in the store's own
   tools: "copy it to a local disk (`<copy> URL DIR`) or mount the bucket with <tool>"."""
-  copy, mount = _LOCAL_COPY[str(url)[:5]]
-  return f"copy it to a local disk (`{copy} {url} DIR`) or mount the bucket with {mount}"
+  tools = _LOCAL_COPY.get(str(url).partition("://")[0] + "://")
+  if tools is None:  # (a store added to REMOTE_SCHEMES without its tools here)
+    return "copy it to a local disk, as DIR, or mount the bucket"
+  return f"copy it to a local disk (`{tools[0]} {url} DIR`) or mount the bucket with {tools[1]}"
 
 
 def bare(p: PathLike) -> str:
