@@ -122,7 +122,7 @@ def test_sigterm_in_a_command_is_one_line_like_ctrl_c():
   assert proc.stdout.readline() == "working\n"
   proc.send_signal(signal.SIGTERM)
   _, err = proc.communicate(timeout=60)
-  assert (proc.returncode, err) == (143, "error: interrupted (SIGTERM); what was written is whole, and preprocessing "
+  assert (proc.returncode, err) == (143, "error: interrupted by SIGTERM; what was written is whole, and preprocessing "
                                          "or a download keeps its finished parts: rerun the same command\n")
 
 

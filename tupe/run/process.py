@@ -93,8 +93,8 @@ def run_main(main, argv=None) -> None:
     signum = e.signum if isinstance(e, Interrupted) else signal.SIGINT
     status = 128 + signum
     # (Not "before anything was saved": preprocessing keeps its finished units, a download its finished tasks.)
-    print(f"error: interrupted ({'Ctrl-C' if signum == signal.SIGINT else signals.name(signum)}); what was written is "
-          f"whole, and preprocessing or a download keeps its finished parts: rerun the same command", file=sys.stderr)
+    print(f"error: interrupted by {signals.name(signum)}; what was written is whole, and preprocessing or a download "
+          f"keeps its finished parts: rerun the same command", file=sys.stderr)
     if owns_process:  # (a download's retrying threads, say: they would keep the process for minutes)
       _leave_stuck_threads(status)
     sys.exit(status)
