@@ -354,7 +354,8 @@ def test_a_traceback_that_ends_in_a_lost_peer_is_one_line(tmp_path, capfd, lost_
   # The failure's words are built at run time, so that only the exception's line shows them, not its source line.
   message = "'Gl' + 'oo AllReduce failed: Connection closed by peer'" if lost_peer else "'a bug'"
   child.write_text(f"import sys\nprint('started', file=sys.stderr)\nraise RuntimeError({message})\n")
-  distributed = types.SimpleNamespace(heartbeat_timeout_s=10, auto=False, process_id=0, num_processes=2)
+  distributed = types.SimpleNamespace(heartbeat_timeout_s=10, initialization_timeout_s=300, auto=False, process_id=0,
+                                      num_processes=2)
   status = supervise.run([str(child)], types.SimpleNamespace(distributed=distributed))
   lines = capfd.readouterr().err.strip().splitlines()
   if lost_peer:
