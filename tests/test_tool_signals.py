@@ -46,16 +46,14 @@ def start(tmp_path, name: str, args: list[str]) -> Run:
 
 
 def stop(run: Run, signum: int, tmp_path) -> list[str]:
-  """Sends `signum` to the command's group; checks that it exits at once with 128 + signum, no traceback, none of
-  its processes left and no temporary file; returns its stderr's lines."""
+  """Sends `signum` to the command's group; checks that it exits with 128 + signum, no traceback, none of its
+  processes left and no temporary file; returns its stderr's lines. (Promptness is not timed: the lines name the
+  stop, which the old code reached only after the work, with another line.)"""
   started = set(children(run.proc.pid))  # its workers and multiprocessing's resource tracker
   run.signal(signum)
-  sent = time.monotonic()
   status = run.wait(timeout=60)
-  took = time.monotonic() - sent
   err = run.stderr()
   assert status == 128 + signum, err[-3000:]
-  assert took < 10, f"{took:.0f} s from the signal to the exit"
   for noise in ("Traceback", "Exception ignored", "KeyboardInterrupt"):
     assert noise not in err, err[-3000:]
   deadline = time.monotonic() + 15
@@ -131,10 +129,13 @@ def test_a_signal_heard_as_the_work_ends_stops_the_command():
   leaves the work (before: in the work done in this process, it was recorded and forgotten, and the command ended
   with exit 0); the handlers are restored."""
   before = signal.getsignal(signal.SIGTERM)
-  with pytest.raises(signals.Interrupted) as stopped:
-    with signals.heard():
-      os.kill(os.getpid(), signal.SIGTERM)
-      time.sleep(0.1)  # (the handler runs at the next bytecode, and records the signal)
+  try:
+    with pytest.raises(signals.Interrupted) as stopped:
+      with signals.heard():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.1)  # (the handler runs at the next bytecode, and records the signal)
+  finally:
+    signals.received.clear()  # (the stores' waits read it: the next test in this process starts without a stop)
   assert stopped.value.signum == signal.SIGTERM and signal.getsignal(signal.SIGTERM) is before
 
 
@@ -162,7 +163,7 @@ def test_a_second_sigterm_kills_a_command_whose_first_was_swallowed():
     signal.signal(signal.SIGTERM, before)
 
 
-def test_a_child_has_the_entry_layer_s_setup_and_its_exceptions_come_back():
+def test_a_child_has_the_entry_layer_s_setup_and_its_exceptions_come_back(monkeypatch):
   """A child runs what the entry layer registered (`quiet.install`: library noise filtered there too), and an
   exception that pickle cannot bring back whole comes back as its message (before: a broken pool's traceback, or
   a pickling error, instead of the one line)."""
@@ -170,10 +171,11 @@ def test_a_child_has_the_entry_layer_s_setup_and_its_exceptions_come_back():
   from tupe.errors import UserError  # pylint: disable=import-outside-toplevel
   from tupe.run import quiet  # pylint: disable=import-outside-toplevel
 
+  monkeypatch.setattr(signals, "_child_setup", [])  # (this process's registry as it was, after)
   signals.on_child_start(quiet.install)
   with signals.Children(1) as child:
     assert child.submit(child_work.gcsfs_filters).result() > 0
     with pytest.raises(UserError, match=r"^RTE's dev.tsv is not in DIR$"):
       child.submit(child_work.missing_split).result()
-    with pytest.raises(RuntimeError, match=r"(?s)Traceback.*RuntimeError: the store's client failed"):
+    with pytest.raises(RuntimeError, match=r"^builtins.RuntimeError: the store's client failed$"):
       child.submit(child_work.holding_a_lock).result()
