@@ -123,6 +123,8 @@ def test_tfds_dataset(tmp_path, shared_data, bert_vocab):
   with pytest.raises(UserError, match=r"\(no prepared wikipedia/20230601.en in .*\): prepare it with `tfds build "
                                       r"wikipedia/20230601.en --file_format=array_record"):
     next(tfds_documents("wikipedia/20230601.en", str(tmp_path), "text"))  # (it exists: not "Dataset not found")
+  with pytest.raises(UserError, match=r"\(no prepared wikipedia/20230601.en:1\.\*\.\* in .*\): prepare it with"):
+    next(tfds_documents("wikipedia/20230601.en:1.*.*", str(tmp_path), "text"))  # (a version: not a config's name)
   with pytest.raises(UserError, match="^tfds_data_dir=gs://tupe-data/tfds: TFDS's array_record reader reads local "
                                      "files only; copy it to a local disk"):
     next(tfds_documents("tupe_tiny_wiki", "gs://tupe-data/tfds", "text"))

@@ -29,20 +29,20 @@ import pickle
 import signal
 import threading
 import time
-import traceback
 from typing import Callable
 
 from tupe.errors import Interrupted
 from tupe.errors import UserError
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-received: list[int] = []  # The stop signals received while `record` was the handler, in order.
+received: list[int] = []  # The stop signals received while `record` (or `heard`'s `_hear`) was the handler, in order.
 DESCRIBE_TIMEOUT_S = 1.0  # How long the line of a second signal waits to learn what is saved.
 CLEANUP_TIMEOUT_S = 0.5  # How long a second signal's exit waits for the worker processes' semaphores to be unlinked.
 _SLICE_S = 0.1  # How often a wait (`Children.wait`) looks at the signals heard.
 _saved: list[Callable[[], str]] = []  # What the running job has saved (`saving`), innermost last.
 _watcher = None  # The running `_Watcher`, if any.
 _child_setup: list[Callable[[], None]] = []  # What every child of `Children` runs first (`on_child_start`).
+_own_process = False  # Whether this is a command's own process (`own_process`).
 
 
 def name(signum: int) -> str:
@@ -186,17 +186,29 @@ def caught():
   if threading.current_thread() is not threading.main_thread():
     yield []
     return
-  previous = {signum: signal.signal(signum, record) for signum in STOP_SIGNALS}
-  if all(handler is not record for handler in previous.values()):
-    received.clear()
-  started = watch()
+  if all(signal.getsignal(signum) is not record for signum in STOP_SIGNALS):
+    received.clear()  # (before the handler is in place: a signal from then on is kept)
+  with _handlers(record):
+    started = watch()
+    try:
+      yield received
+    finally:
+      if started:
+        unwatch()
+
+
+@contextlib.contextmanager
+def _handlers(handler: Callable) -> None:
+  """`handler` for SIGTERM and SIGINT while inside, and the previous handlers after, also those installed before a
+  signal cut the installing short."""
+  previous = {}
   try:
-    yield received
+    for signum in STOP_SIGNALS:
+      previous[signum] = signal.signal(signum, handler)
+    yield
   finally:
-    if started:
-      unwatch()
-    for signum, handler in previous.items():
-      signal.signal(signum, handler)
+    for signum, old in previous.items():
+      signal.signal(signum, old)
 
 
 def _hear(signum, _frame) -> None:
@@ -220,19 +232,22 @@ def heard():
     yield lambda: None
     return
   nested = signal.getsignal(signal.SIGINT) is _hear  # (inside another `heard`: its signals are kept)
-  previous = {} if nested else {signum: signal.signal(signum, _hear) for signum in STOP_SIGNALS}
   if not nested:
-    received.clear()
+    received.clear()  # (before the handler is in place: a signal from then on is kept)
 
   def check() -> None:
     if received:
       raise Interrupted(received[0])
-  try:
+  with contextlib.nullcontext() if nested else _handlers(_hear):
     yield check
-  finally:
-    for signum, handler in previous.items():
-      signal.signal(signum, handler)
   check()
+
+
+def own_process() -> None:
+  """Marks this process as a command's own (the entry layer's, run with its own command line): `call_in_child` then
+  works in a child process."""
+  global _own_process
+  _own_process = True
 
 
 def on_child_start(setup: Callable[[], None]) -> None:
@@ -248,7 +263,8 @@ class Children:
   work that must leave nothing half-written. Each child ignores SIGINT and SIGTERM (Ctrl-C reaches the terminal's
   whole process group: the children's own KeyboardInterrupts were a screen of tracebacks), runs
   `initializer(*initargs)`, and ends once this process is gone, killed or not (a child left behind would work on for
-  nothing). This process hears stop signals while inside (`heard`), and `wait` raises `Interrupted` for one. Leaving
+  nothing). This process hears stop signals while inside (`heard`): `wait` raises `Interrupted` for one, and so
+  does leaving after the work is done, for one heard as it ended; a second one stops this process at once. Leaving
   by an exception (a stop signal, an error) kills the children; `killed` then holds their process ids, for the
   caller to remove what they left unfinished.
   """
@@ -303,11 +319,10 @@ class Children:
 
 
 def call_in_child(fn: Callable, *args):
-  """`fn(*args)`: its result, or the exception it raised. In a command's own process (`interrupt` handles its
-  SIGTERM), in a child process (`Children`): a stop signal meanwhile ends it at once, the child killed
-  (`Interrupted`). In another (a test's, a notebook's, whose signals are their own), here: a child would import
-  everything anew."""
-  if signal.getsignal(signal.SIGTERM) is not interrupt:
+  """`fn(*args)`: its result, or the exception it raised. In a command's own process (`own_process`), in a child
+  process (`Children`): a stop signal meanwhile ends it at once, the child killed (`Interrupted`). In another (a
+  test's, a notebook's, whose signals are their own), here: a child would import everything anew."""
+  if not _own_process:
     return fn(*args)
   with Children(1) as child:
     future = child.submit(fn, *args)
@@ -319,8 +334,8 @@ def call_in_child(fn: Callable, *args):
 def _returned(fn: Callable, *args):
   """`fn(*args)`, in a child. An exception that would not come back whole (pickled with a constructor that takes other
   arguments, or with an attribute that cannot be pickled: the parent saw a broken pool or a pickling error instead)
-  comes back as its message: a UserError as a UserError, any other as a RuntimeError carrying the child's
-  traceback."""
+  comes back as its message: a UserError as a UserError (its one line), any other as a RuntimeError naming its type;
+  the child's traceback comes with either, as text."""
   try:
     return fn(*args)
   except Exception as e:
@@ -328,8 +343,8 @@ def _returned(fn: Callable, *args):
       pickle.loads(pickle.dumps(e))
     except Exception:  # pylint: disable=broad-except
       if isinstance(e, UserError):
-        raise UserError(str(e)) from None
-      raise RuntimeError("".join(traceback.format_exception(e))) from None
+        raise UserError(str(e)) from e  # (the cause's traceback comes back as text, with the child's)
+      raise RuntimeError(f"{type(e).__module__}.{type(e).__qualname__}: {e}") from e
     raise
 
 

@@ -115,10 +115,10 @@ def run(plan: dict, output: storage.PathLike, workers: int, task: tuple[int, int
       + (f" ({done} done before: resuming)" if done else "") + f", {min(workers, max(1, len(todo)))} workers")
   sizes = {u: build.unit_bytes(plan, u) for u in todo}
   meter, done = console.Meter(what, sum(sizes.values())), 0
-  kept = lambda: f"the finished units are kept in {output}; rerun the same command to resume"  # (a second signal)
+  describe = lambda: f"the finished units are kept in {output}; rerun the same command to resume"  # (a 2nd signal)
   try:
     if workers == 1 or len(todo) <= 1:
-      with signals.saving(kept), signals.heard() as check:
+      with signals.saving(describe), signals.heard() as check:
         for u in todo:
           _unit_job(plan, str(output), u, meter, done, check)
           done += sizes[u]
@@ -126,7 +126,7 @@ def run(plan: dict, output: storage.PathLike, workers: int, task: tuple[int, int
     else:
       children = signals.Children(min(workers, len(todo)), limit_threads)
       try:
-        with signals.saving(kept), children:
+        with signals.saving(describe), children:
           pending = {children.submit(_unit_job, plan, str(output), u): u for u in todo}
           while pending:  # A line at least every few seconds, whether or not a unit has finished.
             for future in children.wait(pending, 1.0):

@@ -207,18 +207,19 @@ def _tfds_builder(tfds, name: str, data_dir: str | None):
   def build():
     return tfds.builder(name, data_dir=str(storage.path(data_dir)) if data_dir else None)
 
+  dataset_name, parts = tfds.core.naming.parse_builder_name_kwargs(name)  # (its version, its builder arguments)
   try:
     return build()
   except Exception:  # A bad name, or a builder not imported yet: `import tensorflow_datasets` defers its modules.
+    if dataset_name.namespace:  # A community dataset (namespace:name): TFDS's own error says what is missing.
+      raise
     for group in vars(tfds).values():
       if type(group).__name__ == "LazyModule":  # (etils's deferred import of a group of builders)
         try:
           importlib.import_module(group.module_name)
         except Exception:  # pylint: disable=broad-except  (a group whose dependencies are not installed, or
           pass             # fail to import: TFDS skips it too)
-  dataset, _, config = re.sub(r":\d+(\.\d+)*$", "", name).partition("/")  # (without a version)
-  if ":" in dataset:  # A community dataset (namespace:name): TFDS's own error says what is missing.
-    return build()
+  dataset, config = dataset_name.name, parts.get("config", "")
   try:
     configs = tfds.builder_cls(dataset).builder_configs
   except tfds.core.DatasetNotFoundError:

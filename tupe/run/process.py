@@ -68,6 +68,8 @@ def run_main(main, argv=None) -> None:
   quiet.install()
   signals.on_child_start(quiet.install)  # (a worker process of the command, spawned: its library noise quieted too)
   owns_process = argv is None
+  if owns_process:
+    signals.own_process()  # (work that a stop signal must end at once goes to a child: `signals.call_in_child`)
   if owns_process and threading.current_thread() is threading.main_thread() and (
       signal.getsignal(signal.SIGTERM) == signal.SIG_DFL):  # (not train.py's or eval_glue.py's `catch_signals`)
     signal.signal(signal.SIGTERM, signals.interrupt)  # as Ctrl-C: one line, not a silent end

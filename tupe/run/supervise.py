@@ -144,9 +144,10 @@ def run(argv: list[str], cfg) -> int:
       if failed_at and time.monotonic() - failed_at[0] > grace_s + 30:
         child.kill()
     reader.join(timeout=10)
-  # Not joined: the join's own failure, within its timeout of the start (a minute for the imports), not a failure
-  # that names the join hours into a run (a host started again with a process id that was running).
-  joining = failed_at and failed_at[0] - started < float(dist.initialization_timeout_s) + 60
+  # Not joined: the join's own failure, within its timeout of the start (and ten minutes for the imports and the
+  # set-up before it, on a slow disk), not a failure that names the join hours into a run (a host started again
+  # with a process id that was running).
+  joining = failed_at and failed_at[0] - started < float(dist.initialization_timeout_s) + 600
   if joining and child.returncode != 0 and _JOINING.search("".join(held)):
     print(not_joined_line("".join(held), dist), file=sys.stderr)
     return EXIT_NOT_JOINED

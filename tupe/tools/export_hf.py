@@ -24,6 +24,7 @@ refused with one line naming the option.
 """
 from __future__ import annotations
 
+import contextlib
 import tempfile
 
 from tupe import console
@@ -57,14 +58,17 @@ def main(argv: list[str]) -> None:
   # (save_pretrained writes only local ones), then copied to --out file by file, as every write here: with the
   # umask's modes (safetensors' own files are 0600). An export stopped or failed while it is made leaves nothing at
   # --out (before: a partial one, which the rerun then refused as not empty).
-  with tempfile.TemporaryDirectory() as staging:
+  # A second stop signal, which ends the process at once, says what it may leave.
+  partial = lambda: f"{out} may hold part of the export: remove it, then rerun the same command"
+  with tempfile.TemporaryDirectory() as staging, signals.saving(partial):
     try:
       written, source = signals.call_in_child(_export, args.checkpoint, staging, str(out))
     except BaseException as e:
-      for entry in storage.iterdir(out):
-        storage.remove(entry)
-      if not existed:
-        storage.remove(out)
+      with contextlib.suppress(Interrupted), signals.heard():  # (a signal now waits for the removal, said below)
+        for entry in storage.iterdir(out):
+          storage.remove(entry)
+        if not existed:
+          storage.remove(out)
       if isinstance(e, Interrupted):
         raise Preempted(f"stopped by {signals.name(e.signum)} while exporting: nothing was written to {out}; rerun "
                         f"the same command", e.signum) from None
