@@ -207,6 +207,16 @@ def running(pid: int) -> bool:
     return False
 
 
+def outliving(pids, timeout: float = 15.0) -> list[int]:
+  """Those of `pids` still running `timeout` seconds from now (each then killed, so that none is left behind)."""
+  deadline = time.monotonic() + timeout
+  while (alive := [pid for pid in pids if running(pid)]) and time.monotonic() < deadline:
+    time.sleep(0.1)
+  for pid in alive:
+    os.kill(pid, signal.SIGKILL)
+  return alive
+
+
 def workers(pid: int) -> list[int]:
   """The worker processes (multiprocessing's spawned children) of process `pid`."""
   found = []
@@ -239,9 +249,4 @@ def test_workers_die_with_a_killed_parent(shared_data, bert_vocab, tmp_path):
   finally:
     parent.kill()
     parent.wait()
-  deadline = time.monotonic() + 15
-  while (alive := [pid for pid in started if running(pid)]) and time.monotonic() < deadline:
-    time.sleep(0.1)
-  for pid in alive:
-    os.kill(pid, signal.SIGKILL)
-  assert not alive, "workers outlived their killed parent"
+  assert not outliving(started), "workers outlived their killed parent"

@@ -17,7 +17,7 @@ import time
 
 import pytest
 from test_data_parallel import children
-from test_data_parallel import running
+from test_data_parallel import outliving
 from test_data_parallel import workers
 from test_resume import REPO
 from test_resume import Run
@@ -56,12 +56,7 @@ def stop(run: Run, signum: int, tmp_path) -> list[str]:
   assert status == 128 + signum, err[-3000:]
   for noise in ("Traceback", "Exception ignored", "KeyboardInterrupt"):
     assert noise not in err, err[-3000:]
-  deadline = time.monotonic() + 15
-  while (alive := [pid for pid in started if running(pid)]) and time.monotonic() < deadline:
-    time.sleep(0.1)
-  for pid in alive:
-    os.kill(pid, signal.SIGKILL)
-  assert not alive, "processes of the command outlived it"
+  assert not outliving(started), "processes of the command outlived it"
   assert not list((tmp_path / "tmp").iterdir())
   return err.splitlines()
 
