@@ -1,4 +1,5 @@
-"""What our replacements of plain library code are worth in the whole train step, side by side.
+"""What our replacements of plain library code are worth in the whole train step, side by side, and what a
+candidate for the next one would be.
 
   python -m bench.ablations --config configs/pretrain.py:tupe_a,small --batch 16 --seq 128 --steps 2 \
       --repeats 6 [--ablate dropout,broadcast,gelu+gather] [--config.KEY=VALUE ...]
@@ -22,6 +23,13 @@ the per-repeat ratios, and those ratios).
              instead of by layers.add_bias (summed in float32).
   conv_grad: ConvBERT's shifted sums (the depthwise and dynamic convolutions) differentiated by autodiff
              instead of by conv.shifted_sum's written-out gradient.
+Candidates swap in code that is not in the model yet; it gets there only once it wins in the whole step, on the
+hardware it is for, beyond the spread of the repeats:
+  decoder_grad: the tied MLM decoder's backward products in the compute dtype (bf16 on accelerators) with
+             float32 accumulation, and the word embeddings' gradient kept in float32, instead of autodiff's: the
+             float32 logits' gradient makes autodiff compute both products in float32 (TF32 on a GPU, at half
+             the bf16 rate) and pad that float32 gradient to the padded vocabulary (docs/BENCHMARKS.md, GPU
+             round 4). In float32 models both compute the same numbers.
 """
 from __future__ import annotations
 
@@ -29,6 +37,7 @@ import contextlib
 import functools
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -70,6 +79,37 @@ def take_along_axis(x, positions):
   return jnp.take_along_axis(x, positions[..., None], axis=1)
 
 
+_tied_logits = embeddings.tied_logits  # (the model's own, whatever is swapped in)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def low_precision_decoder_grad(x, table, dtype):
+  """embeddings.tied_logits, differentiated in `dtype` (the `decoder_grad` candidate)."""
+  return _tied_logits(x, table, dtype)
+
+
+def _decoder_forward(x, table, dtype):
+  return _tied_logits(x, table, dtype), (x, table)
+
+
+def _decoder_backward(dtype, saved, g):
+  """g: float32 [..., V] -> (x's gradient [..., E] in x's dtype, the table's [V, E], float32 sums)."""
+  x, table = saved
+  vocab, wide = table.shape[0], layers.wide(dtype)
+  padding = -vocab % embeddings.VOCAB_MULTIPLE
+  g = g.astype(dtype)
+  padded = table.astype(dtype)
+  if padding:
+    g = jnp.pad(g, [(0, 0)] * (g.ndim - 1) + [(0, padding)])
+    padded = jnp.pad(padded, ((0, padding), (0, 0)))
+  x_grad = jnp.einsum("...v,ve->...e", g, padded, preferred_element_type=wide).astype(x.dtype)
+  table_grad = jnp.einsum("...v,...e->ve", g, x.astype(dtype), preferred_element_type=wide)
+  return x_grad, table_grad[:vocab].astype(table.dtype)
+
+
+low_precision_decoder_grad.defvjp(_decoder_forward, _decoder_backward)
+
+
 SWAPS = {  # name: (module, attribute, replacement)
     "dropout": (layers, "Dropout", FlaxDropout),
     "broadcast": (layers, "broadcast_leading", plain_broadcast),
@@ -80,6 +120,7 @@ SWAPS = {  # name: (module, attribute, replacement)
     "vocab_pad": (embeddings, "VOCAB_MULTIPLE", 1),
     "bias_grad": (layers, "add_bias", plain_add_bias),
     "conv_grad": (conv, "shifted_sum", conv.shifted_sum.fun),
+    "decoder_grad": (embeddings, "tied_logits", low_precision_decoder_grad),  # a candidate (module docstring)
 }
 
 

@@ -3,7 +3,10 @@
   python -m bench.train_step --config configs/pretrain.py:tupe_a,base --batch 32 --seq 512 --steps 20 \
       [--dtype bfloat16] [--devices N] [--config.model.attention_backend=cudnn ...]
 
-prints one JSON line: tokens_per_s and step_time_s (median over the timed steps after `--warmup` steps),
+prints one JSON line: tokens_per_s and step_time_s (median over the timed steps after `--warmup` steps, each
+step waited for before the next starts, as the PyTorch anchor's loop does), step_time_overlapped_s and
+tokens_per_s_overlapped (the same number of steps with each step's loss read once the next one is dispatched,
+as train.py's loop reads it: the host's dispatch hidden behind the device's work; the mean step over them),
 compile_time_s (lowering + XLA compilation), memory per device from the compiled memory analysis (arguments +
 outputs - donated + temporaries: `tupe.train.memory.step_bytes`, what train.py checks; also arguments and
 temporaries alone) and on CPU the host's peak RSS, flops_per_step (tupe.train.flops, explicit count; beside it
@@ -72,10 +75,23 @@ class Runner:
     self._i += 1
     return float(metrics["loss"])
 
-  def record(self, step_times: list[float], peak: tuple[float, str]) -> dict:
-    """The JSON record of this config for the given step times."""
+  def overlapped(self, steps: int) -> float:
+    """Seconds per step over `steps` steps, each step's loss read once the next one is dispatched
+    (`tupe.train.progress.StepLog`): the device never waits for the host between them."""
+    start, pending = time.perf_counter(), None
+    for _ in range(steps):
+      self.state, metrics = self.compiled(self.state, self.batches[self._i % len(self.batches)])
+      self._i += 1
+      if pending is not None:
+        float(pending["loss"])
+      pending = metrics
+    float(pending["loss"])
+    return (time.perf_counter() - start) / steps
+
+  def record(self, step_times: list[float], overlapped: list[float], peak: tuple[float, str]) -> dict:
+    """The JSON record of this config for the given step times (`overlapped`: each repeat's `overlapped`)."""
     cfg, mem = self.cfg, self.memory
-    step_time = bench.median(step_times)
+    step_time, step_time_overlapped = bench.median(step_times), bench.median(overlapped)
     peak_flops, peak_source = peak
     devices = self.setup.mesh.devices.size
     record = {
@@ -83,6 +99,8 @@ class Runner:
         "batch": cfg.global_batch_size, "seq": cfg.seq_len, "dtype": cfg.model.dtype,
         "tokens_per_s": cfg.global_batch_size * cfg.seq_len / step_time, "step_time_s": step_time,
         "step_time_min_s": float(min(step_times)), "timed_steps": len(step_times),
+        "step_time_overlapped_s": step_time_overlapped,
+        "tokens_per_s_overlapped": cfg.global_batch_size * cfg.seq_len / step_time_overlapped,
         "compile_time_s": self.compile_time_s,
         "flops_per_step": self.setup.flops_per_step,
         "mfu": self.setup.flops_per_step / step_time / (peak_flops * devices),
@@ -197,16 +215,17 @@ def main(argv=None) -> list[dict]:
       r.step()
   compared = len(runners) > 1
   repeats = args.repeats if compared else 1
-  times = [[] for _ in runners]
+  times, overlapped = [[] for _ in runners], [[] for _ in runners]
   tokens = args.batch * args.seq
   for i in range(repeats):
     for j in range(len(runners)):  # Each repeat starts with the next model: no model always runs first.
       k = (i + j) % len(runners)
       times[k].append(bench.time_calls(runners[k].step, args.steps))
+      overlapped[k].append(runners[k].overlapped(args.steps))
     bench.progress(f"repeat {i + 1}/{repeats}: " + ", ".join(
         f"{label} {tokens / bench.median(t[-1]):.0f} tokens/s" for label, t in zip(labels, times)))
-  records = [dict(r.record(sum(t, []), peak), **bench.machine(), **({"variant": v} if v else {}))
-             for r, t, (_, v) in zip(runners, times, specs)]
+  records = [dict(r.record(sum(t, []), o, peak), **bench.machine(), **({"variant": v} if v else {}))
+             for r, t, o, (_, v) in zip(runners, times, overlapped, specs)]
   if peak[1].startswith("measured"):  # On a shared CPU, the best of the matmuls before and after the steps.
     after = flops_lib.measured_matmul_peak(512 if args.tiny else 2048)
     for record in records:

@@ -48,17 +48,22 @@ class Embeddings(nn.Module):
     return x
 
   def attend(self, x: jax.Array) -> jax.Array:
-    """Tied output projection: x [..., embedding_size] -> logits [..., vocab], float32 (float64 in float64 models:
-    `layers.wide`).
+    """Tied output projection: x [..., embedding_size] -> logits [..., vocab], float32 (`tied_logits`)."""
+    return tied_logits(x, self.word_embeddings, layers.compute_dtype(self.cfg))
 
-    The table is zero-padded to a multiple of VOCAB_MULTIPLE rows for the product and the logits sliced back:
-    BERT's 30,522 rows are not even a multiple of 8, which costs the matrix units whole tiles
-    (`python -m bench.ablations --ablate vocab_pad`; docs/BENCHMARKS.md).
-    """
-    dtype = layers.compute_dtype(self.cfg)
-    table = self.word_embeddings.astype(dtype)
-    padding = -table.shape[0] % VOCAB_MULTIPLE
-    if padding:
-      table = jnp.pad(table, ((0, padding), (0, 0)))
-    logits = jnp.einsum("...e,ve->...v", x.astype(dtype), table, preferred_element_type=layers.wide(dtype))
-    return logits[..., :self.cfg.vocab_size] if padding else logits
+
+def tied_logits(x: jax.Array, table: jax.Array, dtype) -> jax.Array:
+  """x [..., E] times the word embeddings `table` [V, E], both in compute dtype `dtype` -> logits [..., V], float32
+  (float64 in float64 models: `layers.wide`).
+
+  The table is zero-padded to a multiple of VOCAB_MULTIPLE rows for the product and the logits sliced back:
+  BERT's 30,522 rows are not even a multiple of 8, which costs the matrix units whole tiles
+  (`python -m bench.ablations --ablate vocab_pad`; docs/BENCHMARKS.md).
+  """
+  vocab = table.shape[0]
+  padding = -vocab % VOCAB_MULTIPLE
+  table = table.astype(dtype)
+  if padding:
+    table = jnp.pad(table, ((0, padding), (0, 0)))
+  logits = jnp.einsum("...e,ve->...v", x.astype(dtype), table, preferred_element_type=layers.wide(dtype))
+  return logits[..., :vocab] if padding else logits
