@@ -6,7 +6,9 @@
 #      compiled programs gzipped beside them);
 #   3. `bash bench/gpu.sh fused`: BERT-A, TUPE-A and ConvBERT (MLM) base at 128 and 512 (bench.train_step);
 #   4. with ANCHOR=path/to/hf_torch_mlm_train.py, HF transformers in PyTorch on the same GPU (BERT and
-#      ConvBERT base, the same 65,536 tokens per step), between our two lengths.
+#      ConvBERT base, the same 65,536 tokens per step), between our two lengths;
+#   5. "candidates" (not in the default PARTS): BERT-A base at 512 x 128 against itself with each candidate of
+#      bench.ablations swapped in (decoder_grad) and with bias_grad swapped back, interleaved.
 #
 #   ANCHOR=anchors/hf_torch_mlm_train.py bash bench/gpu_round.sh docs/results/gpu_$(date +%F).jsonl
 #
@@ -62,4 +64,6 @@ anchor() {  # anchor SEQ VARIANTS [ConvBERT's VARIANTS]
 [[ $parts != *" anchor128 "* ]] || anchor 128 eager-masked,compile-masked eager-full,eager-masked
 [[ $parts != *" 512 "* ]] || step 512
 [[ $parts != *" anchor512 "* ]] || anchor 512 compile-masked
+[[ $parts != *" candidates "* ]] || run 200 "$py" -m bench.ablations --config configs/pretrain.py:bert_a,base \
+    --batch 512 --seq 128 --steps 10 --repeats 3 --dtype bfloat16 --ablate decoder_grad,bias_grad "${fused[@]}"
 note "done"
