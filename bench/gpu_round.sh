@@ -8,7 +8,9 @@
 #   4. with ANCHOR=path/to/hf_torch_mlm_train.py, HF transformers in PyTorch on the same GPU (BERT and
 #      ConvBERT base, the same 65,536 tokens per step), between our two lengths;
 #   5. "candidates" (not in the default PARTS): BERT-A base at 512 x 128 against itself with each candidate of
-#      bench.ablations swapped in (decoder_grad) and with bias_grad swapped back, interleaved.
+#      bench.ablations swapped in (decoder_grad) and with bias_grad swapped back, interleaved; then with its
+#      layers scanned (model.scan_layers: parameters stacked [layers, ...], so the optimizer updates 25 leaves
+#      where it updated 201: a multi-tensor update that needs no new code).
 #
 #   ANCHOR=anchors/hf_torch_mlm_train.py bash bench/gpu_round.sh docs/results/gpu_$(date +%F).jsonl
 #
@@ -66,4 +68,6 @@ anchor() {  # anchor SEQ VARIANTS [ConvBERT's VARIANTS]
 [[ $parts != *" anchor512 "* ]] || anchor 512 compile-masked
 [[ $parts != *" candidates "* ]] || run 200 "$py" -m bench.ablations --config configs/pretrain.py:bert_a,base \
     --batch 512 --seq 128 --steps 10 --repeats 3 --dtype bfloat16 --ablate decoder_grad,bias_grad "${fused[@]}"
+[[ $parts != *" candidates "* ]] || run 150 "$py" -m bench.train_step --config configs/pretrain.py:bert_a,base \
+    --batch 512 --seq 128 --steps 10 --repeats 2 --dtype bfloat16 --variant model.scan_layers=True "${fused[@]}"
 note "done"
