@@ -125,6 +125,12 @@ def test_tfds_dataset(tmp_path, shared_data, bert_vocab):
     next(tfds_documents("wikipedia/20230601.en", str(tmp_path), "text"))  # (it exists: not "Dataset not found")
   with pytest.raises(UserError, match=r"\(no prepared wikipedia/20230601.en:1\.\*\.\* in .*\): prepare it with"):
     next(tfds_documents("wikipedia/20230601.en:1.*.*", str(tmp_path), "text"))  # (a version: not a config's name)
+  # A version it does not have: those it has, not `tfds build` advice (which would fail as well).
+  with pytest.raises(UserError, match=r"^TFDS's wikipedia/20230601.en has no version 9.0.0 \(it has 1.0.0\): fix "
+                                      r"the name, or leave the version out for the newest$"):
+    next(tfds_documents("wikipedia/20230601.en:9.0.0", str(tmp_path), "text"))
+  with pytest.raises(UserError, match=r"^TFDS's tupe_tiny_wiki has no version 2.0.0 \(it has 1.0.0\)"):
+    next(tfds_documents("tupe_tiny_wiki:2.0.0", str(tmp_path), "text"))
   with pytest.raises(UserError, match="^tfds_data_dir=gs://tupe-data/tfds: TFDS's array_record reader reads local "
                                      "files only; copy it to a local disk"):
     next(tfds_documents("tupe_tiny_wiki", "gs://tupe-data/tfds", "text"))

@@ -203,7 +203,8 @@ def tfds_source(name: str, split: str, data_dir: str | None, otherwise: str = ""
 
 def _tfds_builder(tfds, name: str, data_dir: str | None):
   """TFDS's builder of `name`, prepared in `data_dir` or not. A name TFDS does not know, its dataset or its config,
-  is a UserError naming the closest ones: `tfds build` would refuse it too."""
+  is a UserError naming the closest ones, and a version it does not have one naming those it has: `tfds build`
+  would refuse them too."""
   def build():
     return tfds.builder(name, data_dir=str(storage.path(data_dir)) if data_dir else None)
 
@@ -221,7 +222,8 @@ def _tfds_builder(tfds, name: str, data_dir: str | None):
           pass             # fail to import: TFDS skips it too)
   dataset, config = dataset_name.name, parts.get("config", "")
   try:
-    configs = tfds.builder_cls(dataset).builder_configs
+    builder_cls = tfds.builder_cls(dataset)
+    configs = builder_cls.builder_configs
   except tfds.core.DatasetNotFoundError:
     known = tfds.list_builders(with_community_datasets=False)
     raise UserError(f"TFDS has no dataset {dataset!r} (and finds none prepared in "
@@ -232,6 +234,15 @@ def _tfds_builder(tfds, name: str, data_dir: str | None):
   if config and config not in configs:
     raise UserError(f"TFDS's {dataset} has no config {config!r}{_closest(config, configs)}: fix the name, "
                     f"{dataset}/<config>")
+  if version := parts.get("version"):
+    versions = [builder_cls.VERSION, *builder_cls.SUPPORTED_VERSIONS]
+    chosen = configs.get(config or getattr(builder_cls, "DEFAULT_BUILDER_CONFIG_NAME", None) or next(iter(configs), ""))
+    if chosen is not None and chosen.version:  # (a config's own versions replace its dataset's)
+      versions = [chosen.version, *chosen.supported_versions]
+    versions = [str(v) for v in versions if v]
+    if versions and not any(tfds.core.Version(v).match(version) for v in versions):
+      raise UserError(f"TFDS's {dataset}{f'/{config}' if config else ''} has no version {version} "
+                      f"(it has {', '.join(versions)}): fix the name, or leave the version out for the newest")
   return build()
 
 
