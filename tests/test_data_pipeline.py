@@ -169,7 +169,9 @@ def test_synthetic_source(packing):
     (dict(vocab_file=""), "no vocab file for source 'text'"),
     (dict(files="/nonexistent/*.txt"), "no files match"),
     (dict(cache_dir="s3://b/cache"),
-     "^data.cache_dir=s3://b/cache .*: the data cache .* is on a local disk: give a local folder"),
+     "^data.cache_dir=s3://b/cache: the data cache .* is on a local disk: give a local folder"),
+    (dict(source="tfds", tfds_name="glue/rte", tfds_data_dir="gs://b/tfds"),  # (before any data is read)
+     "^data.tfds_data_dir=gs://b/tfds: TFDS's array_record reader reads local files only; copy it"),
 ])
 def test_config_errors(text_cfg, change, match):
   cfg = text_cfg.copy_and_resolve_references()

@@ -125,16 +125,21 @@ def test_command_line_errors_are_one_line(tmp_path, bert_vocab):
   assert sorted(p.name for p in tmp_path.iterdir()) == []  # Nothing half-written is left behind.
 
 
-@pytest.mark.parametrize("flag, value, line", [
-    ("--eval-fraction", "1.5", "error: --eval-fraction is 1.5: use a share in [0, 1), e.g. 0.01"),
-    ("--packing", "docs", "error: --packing is 'docs': use one of full_sentences, segment_pair")])
-def test_a_bad_setting_names_the_flag(tmp_path, bert_vocab, capsys, flag, value, line):
-  """The data config's checks, in this command's terms (they named train.py's data.eval_fraction, data.packing)."""
+@pytest.mark.parametrize("given, line", [
+    (("--eval-fraction", "1.5"), r"error: --eval-fraction is 1.5: use a share in \[0, 1\), e.g. 0.01$"),
+    (("--packing", "docs"), "error: --packing is 'docs': use one of full_sentences, segment_pair$"),
+    (("--cache-dir", "s3://b/cache"), "error: --cache-dir=s3://b/cache: the data cache .* is on a local disk"),
+    (("--input", "tfds:glue/rte", "--tfds-data-dir", "gs://b/tfds"),
+     "error: --tfds-data-dir=gs://b/tfds: TFDS's array_record reader reads local files only; copy it")])
+def test_a_bad_setting_names_the_flag(tmp_path, bert_vocab, capsys, given, line):
+  """The data config's checks, in this command's terms (they named train.py's data.eval_fraction, data.packing,
+  data.cache_dir, tfds_data_dir), before anything is read."""
   (tmp_path / "a.txt").write_text("Some text.\n")
   with pytest.raises(SystemExit) as exit_info:
     run_main(preprocess.main, ["preprocess", "--input", str(tmp_path / "a.txt"), "--vocab", str(bert_vocab),
-                               "--seq-len", "64", "--output", str(tmp_path / "out"), flag, value])
-  assert (exit_info.value.code, capsys.readouterr().err.splitlines()) == (2, [line])
+                               "--seq-len", "64", "--output", str(tmp_path / "out"), *given])
+  err = capsys.readouterr().err.splitlines()
+  assert exit_info.value.code == 2 and len(err) == 1 and re.match(line, err[0]), err
   assert not (tmp_path / "out").exists()
 
 

@@ -110,10 +110,11 @@ def checked_config(data_cfg, seq_len: int) -> ml_collections.ConfigDict:
   # (Before, a bucket here got the demo's cache written to a local folder "gs:", or a corpus tokenized into the
   # bucket and then refused.)
   if storage.is_remote(cfg.cache_dir):
-    raise UserError(f"data.cache_dir={cfg.cache_dir} (tupe.data.preprocess: --cache-dir): the data cache (the demo "
-                    f"corpus and vocab, the shards a corpus is tokenized into, which grain reads from local files "
-                    f"only) is on a local disk: give a local folder (on a pod, one every host mounts), or \"\" for "
-                    f"~/.cache/tupe")
+    raise UserError(f"data.cache_dir={cfg.cache_dir}: the data cache (the demo corpus and vocab, the shards a corpus "
+                    f"is tokenized into, which grain reads from local files only) is on a local disk: give a local "
+                    f"folder (on a pod, one every host mounts), or \"\" for ~/.cache/tupe")
+  if cfg.source == "tfds":
+    readers.check_local_tfds_dir(cfg.tfds_data_dir, "data.tfds_data_dir")
   return cfg
 
 

@@ -16,6 +16,7 @@ command after an interruption and it resumes; the run that finishes the last uni
 examples are the same whatever the workers, tasks or interruptions. Train with data.source="arrayrecord",
 data.files=the output folder.
 """
+import re
 import time
 
 from tupe import console
@@ -39,7 +40,7 @@ def _task(text: str) -> tuple[int, int]:
 # The data config's fields that this command's flags set, as its errors name them.
 _FLAGS = {"data.eval_fraction": "--eval-fraction", "data.packing": "--packing", "data.format": "--format",
           "data.documents": "--documents", "data.text_field": "--text-field", "data.tfds_text_key": "--tfds-text-key",
-          "data.tfds_split": "--tfds-split"}
+          "data.tfds_split": "--tfds-split", "data.tfds_data_dir": "--tfds-data-dir", "data.cache_dir": "--cache-dir"}
 
 
 def main(argv: list[str]) -> None:
@@ -84,7 +85,7 @@ def main(argv: list[str]) -> None:
   try:  # The data config's checks, in this command's terms: its flags, not train.py's fields.
     pipeline.checked_config(cfg, args.seq_len)
   except UserError as e:
-    field = str(e).split(" ", 1)[0]
+    field = re.split("[ =]", str(e), maxsplit=1)[0]  # ("data.packing is ...", "data.cache_dir=...")
     raise UserError(str(e).replace(field, _FLAGS[field], 1) if field in _FLAGS else str(e)) from None
   task = _task(args.task)
   start = time.time()

@@ -182,9 +182,7 @@ def tfds_source(name: str, split: str, data_dir: str | None, otherwise: str = ""
   """
   import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
 
-  if data_dir and storage.is_remote(data_dir):
-    raise UserError(f"tfds_data_dir={data_dir}: TFDS's array_record reader reads local files only; "
-                    f"{storage.local_copy(data_dir)}, and give DIR instead{otherwise}")
+  check_local_tfds_dir(data_dir, "tfds_data_dir", otherwise)
   builder = None
   try:
     builder = _tfds_builder(tfds, name, data_dir)
@@ -199,6 +197,14 @@ def tfds_source(name: str, split: str, data_dir: str | None, otherwise: str = ""
     raise UserError(f"TFDS {name} split {split} is not available in {data_dir or 'the default TFDS folder'} "
                     f"({reason}): prepare it with `tfds build {name} --file_format=array_record"
                     f"{f' --data_dir={data_dir}' if data_dir else ''}`{otherwise}") from e
+
+
+def check_local_tfds_dir(data_dir: str | None, setting: str, otherwise: str = "") -> None:
+  """A TFDS data folder in a bucket is a UserError naming `setting`: array_record's reader reads local files only
+  (and hangs on a bucket URL)."""
+  if data_dir and storage.is_remote(data_dir):
+    raise UserError(f"{setting}={data_dir}: TFDS's array_record reader reads local files only; "
+                    f"{storage.local_copy(data_dir)}, and give DIR instead{otherwise}")
 
 
 def _tfds_builder(tfds, name: str, data_dir: str | None):
