@@ -98,3 +98,19 @@ def test_a_token_on_two_lines_is_encoded_as_its_first_and_warned_about_once(tmp_
   assert capsys.readouterr().out.splitlines() == [
       f"warning: vocab file {path} has 2 line(s) that repeat an earlier line's token (e.g. 'walk', lines 6 and 8): "
       "text is encoded with each token's first line, so the ids of the later lines never occur"]
+
+
+def test_a_token_holding_a_line_separator_keeps_every_later_id(tmp_path):
+  """A vocab is split at "\\n" only (a "\\r" before it dropped), as BERT's and HF's readers split it: a token holding
+  U+2028 or U+0085 is one token, and the lines after it keep their ids (before: `str.splitlines` broke it in two, and
+  every later id was off by one)."""
+  transformers = pytest.importorskip("transformers")
+  path = tmp_path / "vocab.txt"
+  path.write_bytes("\r\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a\u2028b", "c\x85d", "walk", ""])
+                   .encode())
+  tokens = tokenizer.read_vocab(path)
+  assert tokens == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a\u2028b", "c\x85d", "walk"]
+  hf = transformers.BertTokenizer(str(path))
+  assert [hf.vocab[t] for t in tokens] == list(range(len(tokens)))
+  tok, info = tokenizer.load_tokenizer(path)
+  assert info.vocab_size == 8 and tok.encode("walk", add_special_tokens=False).ids == [7]

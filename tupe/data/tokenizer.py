@@ -48,13 +48,23 @@ class TokenizerInfo:
     return (self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id)
 
 
+def vocab_lines(text: str) -> list[str]:
+  """The tokens of a vocab.txt's text, one per line, as BERT's and HF's readers split it: at "\\n" (a "\\r" before
+  it dropped), not at the other line breaks that `str.splitlines` knows (U+2028, U+0085, ...), which a token may
+  hold: each would shift the ids of every later line."""
+  lines = text.split("\n")
+  if lines[-1] == "":
+    lines.pop()
+  return [line.removesuffix("\r") for line in lines]
+
+
 def read_vocab(vocab_file: str | os.PathLike) -> list[str]:
   """Reads a BERT vocab file (one token per line, the id is the line number) and checks the special tokens."""
   path = storage.path(vocab_file)
   if not storage.is_file(path):
     what = "is a directory" if storage.is_dir(path) else "does not exist"
     raise UserError(f"vocab file {path} {what}: pass the path of a BERT-style vocab.txt")
-  tokens = storage.read_text(path, f"{storage.CONVERT} or pass a BERT-style vocab.txt", "vocab file").splitlines()
+  tokens = vocab_lines(storage.read_text(path, f"{storage.CONVERT} or pass a BERT-style vocab.txt", "vocab file"))
   missing = [t for t in SPECIAL_TOKENS if t not in tokens]
   if missing:
     raise UserError(f"vocab file {path} lacks the special tokens {' '.join(missing)}: "

@@ -30,6 +30,7 @@ from tupe import signals
 from tupe.data import masking
 from tupe.data import pipeline
 from tupe.data import shards
+from tupe.data import tokenizer
 from tupe.errors import Preempted
 from tupe.errors import UserError
 from tupe.models import partitioning
@@ -175,7 +176,7 @@ def epochs_warning(cfg, train_examples: int) -> str | None:
 
 
 def checkpoint_meta(cfg, vocab_file: str, train_examples: int) -> meta_lib.CheckpointMeta:
-  vocab = storage.read_text(vocab_file).splitlines() if vocab_file else []
+  vocab = tokenizer.vocab_lines(storage.read_text(vocab_file)) if vocab_file else []
   return meta_lib.create(json.loads(cfg.to_json_best_effort()), vocab, train_examples)
 
 
