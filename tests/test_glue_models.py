@@ -279,6 +279,20 @@ def test_save_models_all_and_none(pretrained, glue_dir, tmp_path):
   assert not list((tmp_path / "none" / "runs").glob("*/model"))
 
 
+def test_a_rerun_under_save_models_none_removes_the_former_choice(pretrained, glue_dir, tmp_path, capsys):
+  """models/<TASK> holds the chosen run's model or nothing, whatever the policy: a grid kept seed 0's STS-B model,
+  and a rerun under save_models=none adds seed 1, which scores higher here (and keeps no model)."""
+  cfg = grid_config(pretrained, glue_dir, tasks="stsb", seeds=(0,), predict_test=False)
+  finetune.run(cfg, str(tmp_path), devices=jax.devices()[:1])
+  assert classifier.load(tmp_path / "models" / "STS-B").run["seed"] == 0
+  cfg.update(save_models="none", seeds=(0, 1))
+  finetune.run(cfg, str(tmp_path), devices=jax.devices()[:1])
+  assert runs_lib.best_run(runs_lib.read_runs(tmp_path))["seed"] == 1  # the choice changed
+  assert not (tmp_path / "models" / "STS-B").exists()
+  assert (f"no model in {tmp_path / 'models' / 'STS-B'}: the chosen run, STS-B lr 0.001 seed 1, has none (it was "
+          f"run without keeping models") in capsys.readouterr().out
+
+
 def test_mnli_keeps_one_model_scored_on_matched_and_mismatched(pretrained, tmp_path, monkeypatch):
   """MNLI (its files written by `python -m tupe.glue.download` under tfds.testing.mock_data: ../shared/data has no
   MNLI) ends in one model, models/MNLI, whose run records both dev evaluations; predict with it on

@@ -5,7 +5,9 @@
                   rerun adding seeds or learning rates can change that choice, the model of each learning rate's
                   best seed in its run folder (WORKDIR/runs/<task>_lr<lr>_seed<seed>/model).
   all             the same models/<TASK>, and every run's model in its run folder.
-  none            no model, for sweeps where disk matters.
+  none            no model, for sweeps where disk matters. models/<TASK> still follows the chosen run: a copy of its
+                  model where an earlier command kept one in its run folder, else nothing (a models/<TASK> of
+                  another run, left by an earlier command, is removed).
 
 A run's model (`tupe.glue.classifier`) is written by every host as soon as the run has ended, before its record
 is appended to runs.jsonl, so a recorded run has its model unless the policy removed it. A diverged run has none.
@@ -53,11 +55,10 @@ def prune(cfg, workdir: storage.Path, task: str) -> None:
       storage.remove(run_model_dir(workdir, task, run["lr"], run["seed"]))
 
 
-def publish(cfg, workdir: storage.Path, runs: list[dict]) -> list[str]:
-  """Writes models/<TASK> for every task of `runs` from its chosen run's model (process 0); returns one line per
-  task saying what models/<TASK> holds, or why it holds nothing."""
-  if cfg.save_models == "none":
-    return []
+def publish(workdir: storage.Path, runs: list[dict]) -> list[str]:
+  """Writes models/<TASK> for every task of `runs` from its chosen run's model (process 0), under every policy: a
+  rerun under save_models=none that changes the choice must not leave the former choice's model there; returns one
+  line per task saying what models/<TASK> holds, or why it holds nothing."""
   notes = []
   for task in dict.fromkeys(run["task"] for run in runs):
     chosen = runs_lib.best_run([run for run in runs if run["task"] == task])
