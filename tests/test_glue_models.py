@@ -293,6 +293,23 @@ def test_a_rerun_under_save_models_none_removes_the_former_choice(pretrained, gl
           f"run without keeping models") in capsys.readouterr().out
 
 
+def test_a_rate_named_as_a_recorded_one_is_refused(pretrained, glue_dir, tmp_path):
+  """A rerun's learning rate that reads as a recorded, different one to 6 digits (the run folders' and predictions'
+  names) is refused before it runs: it would overwrite the recorded run's folder and model (before: both rates'
+  runs shared them, and results.md had two "lr 0.001" columns)."""
+  cfg = grid_config(pretrained, glue_dir, tasks="rte", seeds=(0,), predict_test=False)
+  cfg.epochs.rte = 1
+  finetune.run(cfg, str(tmp_path), devices=jax.devices()[:1])
+  model = keep.run_model_dir(tmp_path, "RTE", 1e-3, 0)
+  digest = checksums.digest(model)
+  cfg.learning_rates = (1.0000001e-3,)
+  with pytest.raises(UserError, match=r"^learning rate 0.0010000001 reads 0.001 to 6 digits, as the recorded runs' "
+                                      r"0.001 does, and would overwrite their folders and predictions: give 0.001, or "
+                                      r"a rate that differs within 6 digits$"):
+    finetune.run(cfg, str(tmp_path), devices=jax.devices()[:1])
+  assert checksums.digest(model) == digest and len(runs_lib.read_runs(tmp_path)) == 1
+
+
 def test_mnli_keeps_one_model_scored_on_matched_and_mismatched(pretrained, tmp_path, monkeypatch):
   """MNLI (its files written by `python -m tupe.glue.download` under tfds.testing.mock_data: ../shared/data has no
   MNLI) ends in one model, models/MNLI, whose run records both dev evaluations; predict with it on

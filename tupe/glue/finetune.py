@@ -191,7 +191,9 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
     backbone = backbone_lib.load_backbone(cfg, workdir)
     runs_lib.check_init(workdir, runs_lib.init_identity(backbone))
     lrs = glue_data.learning_rates(cfg, backbone.cfg)
-    done = {(run["task"], run["lr"], run["seed"]) for run in runs_lib.read_runs(workdir)}
+    recorded = runs_lib.read_runs(workdir)
+    runs_lib.check_rate_names(lrs, recorded)
+    done = {(run["task"], run["lr"], run["seed"]) for run in recorded}
     pending = {task.name: [(lr, seed) for lr in lrs for seed in cfg.seeds if (task.name, lr, seed) not in done]
                for task in tasks}
     missing, have = [], []  # Fail on missing data or steps before any run, naming the tasks whose data is there.

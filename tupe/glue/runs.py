@@ -52,6 +52,22 @@ def run_dir(workdir: storage.Path, task: str, lr: float, seed: int) -> storage.P
   return workdir / "runs" / f"{task}_lr{lr:g}_seed{seed}"
 
 
+def check_rate_names(lrs, runs: list[dict]) -> None:
+  """Each learning rate of the grid names its runs' folders and predictions as no other rate of the workdir's
+  recorded runs does (`run_dir`: to 6 digits), so that a rerun never overwrites a recorded run's files.
+
+  Raises:
+    UserError: a rate that reads as a recorded, different one.
+  """
+  recorded = {f"{run['lr']:g}": run["lr"] for run in runs}
+  for lr in lrs:
+    former = recorded.get(f"{lr:g}", lr)
+    if former != lr:
+      raise UserError(f"learning rate {lr!r} reads {lr:g} to 6 digits, as the recorded runs' {former!r} does, and "
+                      f"would overwrite their folders and predictions: give {former!r}, or a rate that differs "
+                      f"within 6 digits")
+
+
 def predictions_path(workdir: storage.Path, task: str, lr: float, seed: int) -> storage.Path:
   return workdir / "predictions" / task / f"lr{lr:g}_seed{seed}.npz"
 
