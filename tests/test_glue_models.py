@@ -279,16 +279,18 @@ def test_save_models_all_and_none(pretrained, glue_dir, tmp_path):
   assert not list((tmp_path / "none" / "runs").glob("*/model"))
 
 
-def test_a_rerun_under_save_models_none_removes_the_former_choice(pretrained, glue_dir, tmp_path, capsys):
-  """models/<TASK> holds the chosen run's model or nothing, whatever the policy: a grid kept seed 0's STS-B model,
-  and a rerun under save_models=none adds seed 1, which scores higher here (and keeps no model)."""
-  cfg = grid_config(pretrained, glue_dir, tasks="stsb", seeds=(0,), predict_test=False)
+def test_a_rerun_that_changes_the_choice_leaves_nothing_of_the_former_one(pretrained, glue_dir, tmp_path, capsys):
+  """models/<TASK> and submission/ hold the chosen run's model and predictions or nothing, whatever the policy: a
+  grid kept seed 0's STS-B model and server file, and a rerun under save_models=none and predict_test=false adds
+  seed 1, which scores higher here (and keeps neither)."""
+  cfg = grid_config(pretrained, glue_dir, tasks="stsb", seeds=(0,))
   finetune.run(cfg, str(tmp_path), devices=jax.devices()[:1])
   assert classifier.load(tmp_path / "models" / "STS-B").run["seed"] == 0
-  cfg.update(save_models="none", seeds=(0, 1))
+  assert sorted(p.name for p in (tmp_path / "submission").iterdir()) == ["STS-B.tsv", "WNLI.tsv"]
+  cfg.update(save_models="none", predict_test=False, seeds=(0, 1))
   finetune.run(cfg, str(tmp_path), devices=jax.devices()[:1])
   assert runs_lib.best_run(runs_lib.read_runs(tmp_path))["seed"] == 1  # the choice changed
-  assert not (tmp_path / "models" / "STS-B").exists()
+  assert not (tmp_path / "models" / "STS-B").exists() and not list((tmp_path / "submission").iterdir())
   assert (f"no model in {tmp_path / 'models' / 'STS-B'}: the chosen run, STS-B lr 0.001 seed 1, has none (it was "
           f"run without keeping models") in capsys.readouterr().out
 

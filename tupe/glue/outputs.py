@@ -70,7 +70,8 @@ def submission_note(runs: list[dict], written: list[storage.Path]) -> str:
 
 def write_outputs(cfg, workdir: storage.Path, backbone: backbone_lib.Backbone) -> None:
   """results.json/.md/.png of every finished run, and submission/ files and models/<TASK> from each task's best
-  run."""
+  run; submission/ holds no other server file (one written for a former choice, whose chosen run now has no test
+  predictions, is removed)."""
   runs = runs_lib.read_runs(workdir)
   if not runs or jax.process_index() != 0:
     return
@@ -80,6 +81,8 @@ def write_outputs(cfg, workdir: storage.Path, backbone: backbone_lib.Backbone) -
   paths = report.write_report(workdir, runs_lib.run_records(runs), reference, f"TUPE paper, {backbone.cfg.name} base",
                               about={"init": runs_lib.init_identity(backbone)})
   predictions = submission_predictions(workdir, runs)
+  for name in (name for name in glue.EVALUATIONS if name not in predictions):
+    storage.remove(workdir / "submission" / f"{name}.tsv")  # a former choice's: not the chosen run's predictions
   files = report.write_submission(workdir / "submission", predictions) if predictions else []
   console.log(f"wrote {', '.join(str(p) for p in paths.values())}"
               + (f"; GLUE server files in {workdir / 'submission'} ({submission_note(runs, files)})" if files else ""))
