@@ -153,6 +153,18 @@ def test_a_diverged_seed_gets_no_verdict_and_mnli_its_two_columns():
   assert average["gain"] == pytest.approx(-0.5) and average["low"] <= average["gain"] <= average["high"] < 0
 
 
+def test_the_average_gain_is_over_the_tasks_of_the_table_average():
+  """WNLI is fine-tuned when the grid lists it, but no average counts it: the seed averages that give the avg gain and
+  the verdict are over the table avg's tasks too (before, WNLI's 10s pulled them to 30 beside an avg of 50.5)."""
+  from tupe.glue import report as glue_report
+  scores = {(task, seed): base + seed for task, base in (("RTE", 50.0), ("WNLI", 10.0)) for seed in (0, 1)}
+  summary = glue_report.summarize(glue_report.RunRecord(task, 1e-3, seed, {"accuracy": score, "score": score}, score)
+                                  for (task, seed), score in scores.items())
+  assert glue_report.averages(summary)[0].value == pytest.approx(50.5)
+  assert report_lib.seed_averages(summary) == pytest.approx([50.0, 51.0])
+  assert report_lib.seed_averages([result for result in summary if result.task == "WNLI"]) is None
+
+
 def test_second_invocation_redoes_nothing(studies, capsys):
   root = studies["tupe"]
   outputs = [p for p in root.rglob("*") if p.is_file() and p.parent != root]

@@ -77,12 +77,14 @@ def glue_summary(variant) -> dict:
 
 
 def seed_averages(summary) -> list[float] | None:
-  """Per seed, the mean over tasks of its score at each task's best learning rate; None if a seed diverged."""
+  """Per seed, the mean over the average's tasks (those of the table's avg: `glue_report.averages`, no WNLI) of its
+  score at each task's best learning rate; None if a seed diverged or no task is averaged."""
+  averaged = set(glue_metrics.TUPE_AVERAGE_TASKS)
   by_seed = {}
-  for result in summary:
+  for result in (result for result in summary if result.task in averaged):
     for seed, score in zip(result.best.seeds, result.best.scores):
       by_seed.setdefault(seed, []).append(score)
-  if any(score is None for scores in by_seed.values() for score in scores):
+  if not by_seed or any(score is None for scores in by_seed.values() for score in scores):
     return None
   return [float(sum(scores) / len(scores)) for _, scores in sorted(by_seed.items())]
 
