@@ -289,6 +289,15 @@ def test_bad_input_is_one_line(shared_data, tmp_path, argv, message):
   assert not any(tmp_path.iterdir())
 
 
+def test_the_grid_runs_at_the_learning_rates_given(shared_data, tmp_path):
+  """Every digit of a study's GLUE learning rate reaches eval_glue.py (before, 1.2345678e-4 ran as 1.23457e-4)."""
+  cfg = runner.load_study("configs/study.py:tupe,micro", ["--config.glue.learning_rates=1.2345678e-4,3e-5",
+                                                          "--config.only=bert_a"])
+  for variant in runner.plan(cfg, tmp_path):
+    assert variant.lrs == (1.2345678e-4, 3e-5), variant.name
+  assert not any(tmp_path.iterdir())
+
+
 def test_a_root_under_a_file_is_one_line(tmp_path):
   """A file where the study's root folder should be: one line naming it (before: the first train.py failed, and the
   study's line said to rerun it)."""

@@ -154,14 +154,15 @@ def check_inputs(cfg) -> None:
 def glue_command(cfg, workdir: storage.Path, checkpoint_dir: storage.Path, architecture: str,
                  init: str = "pretrained") -> list[str]:
   """The eval_glue.py command of a variant's grid: `init` "random" starts from random weights shaped as the
-  checkpoint (the control)."""
+  checkpoint (the control). Learning rates are written in full (`:g` kept 6 digits: 1.2345678e-4 ran at
+  1.23457e-4)."""
   return ([sys.executable, str(config_files.REPO / "eval_glue.py"),
            f"--config={config_files.REPO / 'configs' / 'glue.py'}:{cfg.glue.recipe}",
            f"--workdir={workdir}"] + ([f"--config.init={init}"] if init != "pretrained" else [])
           + [f"--config.init_checkpoint={checkpoint_dir}",
              f"--config.data_dir={data_path(cfg, cfg.glue_dir)}", f"--config.tasks={cfg.glue.tasks}",
              f"--config.seeds={','.join(map(str, cfg.glue.seeds))}", f"--config.architectures={architecture}"]
-          + ([f"--config.learning_rates={','.join(f'{lr:g}' for lr in cfg.glue.learning_rates)}"]
+          + ([f"--config.learning_rates={','.join(str(float(lr)) for lr in cfg.glue.learning_rates)}"]
              if cfg.glue.learning_rates else [])
           + [f"--config.{o}" for o in cfg.glue.overrides])
 
