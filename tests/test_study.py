@@ -349,6 +349,23 @@ def test_glue_budget_compares_budgets_against_random_init(studies, tmp_path, cap
   assert json.loads(stdout.splitlines()[-2])["chosen"] == budget["chosen"]
 
 
+def test_glue_budget_table_has_a_column_per_dev_evaluation():
+  """budget.md's columns are the grid's dev evaluations, as its results are keyed: MNLI's matched and mismatched
+  (before, one MNLI column of "-": its results are under MNLI-m and MNLI-mm)."""
+  from tupe.tools import glue_budget
+  def glue(median):
+    return {"tasks": {task: {"median": median + i} for i, task in enumerate(("MNLI-m", "MNLI-mm", "RTE"))}}
+  gain = {"gain": 1.0, "low": 0.5, "high": 1.5}
+  result = {"glue": {"bert_a": glue(60.0), CONTROL: glue(50.0)}, "minutes": {"bert_a": 1.0, CONTROL: 1.0},
+            "gain": {"tasks": dict.fromkeys(("MNLI-m", "MNLI-mm", "RTE"), gain), "average": gain,
+                     "beats_random_init": True}}
+  table = glue_budget.markdown({"study": "tupe", "scale": "base", "variant": "bert_a", "tasks": ["MNLI", "RTE"],
+                                "overrides": {"recipe": []}, "budgets": {"recipe": result}, "max_grid_minutes": 30.0,
+                                "chosen": "recipe"})
+  assert "| budget | overrides | MNLI-m | MNLI-mm | RTE | avg gain |" in table
+  assert "| recipe | (the recipe) | 60.00 / 50.00 (+1.00 [+0.50, +1.50]) | 61.00 / 51.00 (+1.00" in table
+
+
 def test_glue_budget_needs_the_finished_pre_training(shared_data, tmp_path):
   from tupe.tools import glue_budget
   with pytest.raises(UserError, match=r"bert_a/pretrain has no finished pre-training \(4 steps\): run the study"):

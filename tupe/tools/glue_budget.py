@@ -84,7 +84,9 @@ def choose(results: dict, max_minutes: float) -> str | None:
 
 
 def markdown(report: dict) -> str:
-  name, tasks = report["variant"], report["tasks"]
+  """budget.md: one row per budget, a column per dev evaluation of the grid's tasks (MNLI's two: results are keyed
+  by evaluation)."""
+  name, tasks = report["variant"], study_report.scored(report["tasks"])
   number = lambda value: "-" if value is None else f"{value:.2f}"
   gain_cell = lambda g: "-" if g is None else f"{g['gain']:+.2f} [{g['low']:+.2f}, {g['high']:+.2f}]"
   lines = [f"# GLUE budget: {name} against random initialisation ({report['study']} study, {report['scale']})", "",
