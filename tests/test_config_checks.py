@@ -156,6 +156,9 @@ def test_sweep_workdirs_stay_inside_the_root_and_apart(tmp_path):
   assert "--config.data.files=../../etc/x" in commands[2]  # the exact value reaches the run (and its config.json)
   with pytest.raises(UserError, match="the grid gives seed=0 twice"):
     sweep.runs("configs/pretrain.py:tupe_a,tiny", str(tmp_path), sweep.parse_grid(["seed=0,0"]), [])
+  # A key in two --grid flags: before, one run, seed=0,seed=1, trained at seed 1 alone.
+  with pytest.raises(UserError, match=r"^--grid 'seed=1': seed has a --grid already; give all its values in one"):
+    sweep.parse_grid(["seed=0", "optimizer.learning_rate=1e-3", "seed=1"])
   # Spelled apart but parsed equal: one run, not two workdirs training the same thing.
   for values in ("seed=0,00", "optimizer.learning_rate=1e-3,0.001"):
     with pytest.raises(UserError, match=r"^runs 1 and 2 of the grid are the same run \(.*=(0|1e-3) and .*=(00|0.001) "

@@ -40,12 +40,15 @@ from tupe.train import resume
 
 
 def parse_grid(specs: list[str]) -> list[tuple[str, list[str]]]:
-  """["a.b=1,2", "seed=0"] -> [("a.b", ["1", "2"]), ("seed", ["0"])]."""
+  """["a.b=1,2", "seed=0"] -> [("a.b", ["1", "2"]), ("seed", ["0"])]; a key given twice is an error (every run would
+  take its last value, under a workdir named after both)."""
   grid = []
   for spec in specs:
     key, sep, values = spec.partition("=")
     if not sep or not key or not values:
       raise UserError(f"--grid {spec!r}: write KEY=V1,V2,... (e.g. optimizer.learning_rate=1e-4,2e-4)")
+    if key in (k for k, _ in grid):
+      raise UserError(f"--grid {spec!r}: {key} has a --grid already; give all its values in one, {key}=V1,V2,...")
     grid.append((key, values.split(",")))
   return grid
 
