@@ -349,6 +349,19 @@ def test_glue_budget_compares_budgets_against_random_init(studies, tmp_path, cap
   assert json.loads(stdout.splitlines()[-2])["chosen"] == budget["chosen"]
 
 
+def test_glue_budget_refuses_a_variant_pre_trained_with_other_settings(studies, tmp_path):
+  """The root's bert_a was pre-trained with seed 0: a budget with --config.seed=5 is refused as the study refuses it,
+  not fine-tuned (or, for the recipe, taken from the study's grids) and reported as seed 5's."""
+  from tupe.tools import glue_budget
+  root = tmp_path / "study"
+  shutil.copytree(studies["tupe"], root)
+  with pytest.raises(UserError, match=r"^bert_a: .* was pre-trained with other settings than the study's now "
+                                      r"\(seed=0 in the checkpoint, 5 now\)"):
+    glue_budget.main(["glue_budget", "--config=configs/study.py:tupe,micro", f"--root={root}", "--budgets=recipe",
+                      "--config.seed=5"])
+  assert not (root / "glue_budget").exists()
+
+
 def test_glue_budget_table_has_a_column_per_dev_evaluation():
   """budget.md's columns are the grid's dev evaluations, as its results are keyed: MNLI's matched and mismatched
   (before, one MNLI column of "-": its results are under MNLI-m and MNLI-mm)."""

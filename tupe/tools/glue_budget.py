@@ -3,7 +3,8 @@
   python -m tupe.tools.glue_budget --config configs/study.py:<study>,<scale> --root DIR --variant bert_a \
       [--budgets recipe,epochs6] [--config.field=value ...]
 
-DIR is the study's root (`python -m tupe.study`), and the variant's pre-training there must be finished. Each
+DIR is the study's root (`python -m tupe.study`), and the variant's pre-training there must be finished, with the
+settings the study plans (`runner.check_pretrained`: the config's seed, recipe and overrides). Each
 budget (configs/study.py's `glue_budgets`: eval_glue.py overrides added to the study's GLUE recipe, cheapest
 first) runs the study's GLUE grid (tasks, learning rates, seeds) twice: from the variant's final checkpoint and
 from random weights of the encoder the study's control copies (`random_init`). The budget `recipe` adds nothing:
@@ -144,6 +145,7 @@ def main(argv: list[str], call=subprocess.call) -> None:
   if runner.finished_step(variant) < variant.steps:
     raise UserError(f"{variant.pretrain_dir} has no finished pre-training ({variant.steps} steps): run the study "
                     f"first (python -m tupe.study --config {args.config} --root {root})")
+  runner.check_pretrained([variant])  # (as the study refuses it: not fine-tuned and reported as this config's)
   results = {}
   for i, (budget, pair) in enumerate(plans.items()):
     for grid in pair:
