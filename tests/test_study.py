@@ -203,6 +203,11 @@ def test_the_report_holds_the_planned_grid_and_held_out_score_only(studies, tmp_
   assert report["heldout_seed"] == 7 and all(entry["heldout"] is None for entry in report["variants"].values())
   full = json.loads((studies["tupe"] / "report.json").read_text())
   assert full["variants"]["bert_a"]["heldout"]["seed"] == 0
+  # Nor one taken in other batches (before, reused: the whole batches it scores, and ELECTRA's AUC, a mean over
+  # batches, depend on their size).
+  run_study("tupe", root, "--report-only", "--config.heldout_batch_size=8")
+  assert all(entry["heldout"] is None for entry in json.loads((root / "report.json").read_text())["variants"].values())
+  assert full["variants"]["bert_a"]["heldout"]["batch_size"] == 16
   for name, entry in report["variants"].items():
     glue = entry["glue"]
     assert glue["complete"] and glue["runs"] == 1 and glue["average"] is not None, name

@@ -72,7 +72,7 @@ class Variant:
       encoder it copies.
     glue_cfg: the resolved eval_glue.py config of `glue`.
     lrs: the GLUE learning rates; tasks: the GLUE task names (as runs.jsonl has them); seeds: the GLUE seeds.
-    heldout_key: how the held-out score is taken (text_file, seed, max_examples), as its file records it.
+    heldout_key: how the held-out score is taken (text_file, seed, max_examples, batch_size), as its file records it.
   """
   name: str
   pretrain_dir: storage.Path
@@ -153,9 +153,8 @@ def check_inputs(cfg) -> None:
 
 def glue_command(cfg, workdir: storage.Path, checkpoint_dir: storage.Path, architecture: str,
                  init: str = "pretrained") -> list[str]:
-  """The eval_glue.py command of a variant's grid: `init` "random" starts from random weights shaped as the
-  checkpoint (the control). Learning rates are written in full (`:g` kept 6 digits: 1.2345678e-4 ran at
-  1.23457e-4)."""
+  """The eval_glue.py command of a variant's grid (learning rates in full): `init` "random" starts from random
+  weights shaped as the checkpoint (the control)."""
   return ([sys.executable, str(config_files.REPO / "eval_glue.py"),
            f"--config={config_files.REPO / 'configs' / 'glue.py'}:{cfg.glue.recipe}",
            f"--workdir={workdir}"] + ([f"--config.init={init}"] if init != "pretrained" else [])
@@ -225,7 +224,7 @@ def make_variant(cfg, name: str, workdir: storage.Path, pretrain: list[str], pre
                     ) from None
   tasks = tuple(task.name for task in glue_data.parse_tasks(glue_cfg.tasks))
   heldout_key = {"text_file": data_path(cfg, cfg.heldout_file), "seed": cfg.heldout_seed,
-                 "max_examples": cfg.heldout_max_examples}
+                 "max_examples": cfg.heldout_max_examples, "batch_size": cfg.heldout_batch_size}
   return Variant(name, workdir / "pretrain", workdir / "glue", workdir / "heldout", pretrain, glue, pretrain_cfg,
                  glue_cfg, tasks, glue_data.learning_rates(glue_cfg, pretrain_cfg.model), tuple(glue_cfg.seeds),
                  heldout_key)
