@@ -195,7 +195,7 @@ def test_a_rerun_with_other_pre_training_settings_is_refused(studies, capsys):
 def test_the_report_holds_the_planned_grid_and_held_out_score_only(studies, tmp_path):
   """The report names the held-out text and seed of the config: a score taken with another seed is not shown under
   them (the study scores the checkpoint again when it runs). Its GLUE medians come from the planned grid's runs:
-  with one seed of the two run, from that seed's runs, and complete."""
+  with one seed of the two run, from that seed's runs, and complete; under other GLUE settings, from none."""
   root = tmp_path / "root"
   shutil.copytree(studies["tupe"], root)
   run_study("tupe", root, "--report-only", "--config.heldout_seed=7", "--config.glue.seeds=1")
@@ -203,16 +203,23 @@ def test_the_report_holds_the_planned_grid_and_held_out_score_only(studies, tmp_
   assert report["heldout_seed"] == 7 and all(entry["heldout"] is None for entry in report["variants"].values())
   full = json.loads((studies["tupe"] / "report.json").read_text())
   assert full["variants"]["bert_a"]["heldout"]["seed"] == 0
-  # Nor one taken in other batches (before, reused: the whole batches it scores, and ELECTRA's AUC, a mean over
-  # batches, depend on their size).
-  run_study("tupe", root, "--report-only", "--config.heldout_batch_size=8")
-  assert all(entry["heldout"] is None for entry in json.loads((root / "report.json").read_text())["variants"].values())
-  assert full["variants"]["bert_a"]["heldout"]["batch_size"] == 16
   for name, entry in report["variants"].items():
     glue = entry["glue"]
     assert glue["complete"] and glue["runs"] == 1 and glue["average"] is not None, name
     runs = [run for run in runs_lib.read_runs(root / name / "glue") if run["seed"] == 1]
     assert glue["tasks"]["RTE"]["median"] == pytest.approx(runs[0]["evaluations"]["RTE"]["accuracy"]), name
+  # Nor a held-out score taken in other batches (before, reused: the whole batches it scores, and ELECTRA's AUC, a
+  # mean over batches, depend on their size).
+  run_study("tupe", root, "--report-only", "--config.heldout_batch_size=8")
+  assert all(entry["heldout"] is None for entry in json.loads((root / "report.json").read_text())["variants"].values())
+  assert full["variants"]["bert_a"]["heldout"]["batch_size"] == 16
+  # Nor GLUE runs of other settings (before, the 1-epoch runs reported as complete under epochs.rte=2).
+  overrides = runner.load_study("configs/study.py:tupe,micro", []).glue.overrides + ("epochs.rte=2",)
+  run_study("tupe", root, "--report-only", f"--config.glue.overrides={overrides!r}")
+  report = json.loads((root / "report.json").read_text())
+  assert all(entry["glue"] == {"tasks": {}, "average": None, "average_tasks": [], "seed_averages": None, "runs": 0,
+                               "complete": False} for entry in report["variants"].values())
+  assert report["glue_gains"] == {} and report["glue_verdict"] is None
 
 
 def test_a_rerun_whose_control_copies_another_variant_does_not_take_the_old_grid(studies, tmp_path, capfd,
@@ -352,6 +359,13 @@ def test_glue_budget_compares_budgets_against_random_init(studies, tmp_path, cap
   table = (root / "glue_budget" / "budget.md").read_text()
   assert "| recipe | (the recipe) |" in table and "| epochs2 | epochs.rte=2 |" in table
   assert json.loads(stdout.splitlines()[-2])["chosen"] == budget["chosen"]
+  # A rerun runs nothing: the epochs2 grids started from bert_a's newest checkpoint, which the budget's grid names
+  # (before, it looked for it under glue_budget/epochs2/bert_a/pretrain and ran eval_glue.py again).
+  run_main(glue_budget.main, ["glue_budget", f"--config={REPO / 'configs' / 'study.py'}:tupe,micro", f"--root={root}",
+                              "--variant=bert_a"])
+  stdout, _ = capfd.readouterr()
+  assert "[budget] 2/2 epochs2 bert_a: done" in stdout and "runs to go" not in stdout
+  assert json.loads((root / "glue_budget" / "budget.json").read_text()) == budget
 
 
 def test_glue_budget_refuses_a_variant_pre_trained_with_other_settings(studies, tmp_path):

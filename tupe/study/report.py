@@ -22,11 +22,14 @@ import math
 import numpy as np
 
 from tupe import present
+from tupe.errors import UserError
 from tupe.glue import data as glue_data
 from tupe.glue import metrics as glue_metrics
 from tupe.glue import outputs
 from tupe.glue import report as glue_report
 from tupe.glue import runs as runs_lib
+from tupe.store import checkpoint
+from tupe.store import jsonfile
 from tupe.store import runlog
 from tupe.store import storage
 
@@ -57,11 +60,40 @@ def _float(value) -> float | None:
   return None if value is None else float(value)
 
 
+def finished_step(variant) -> int:
+  """The newest finished checkpoint step of a variant's pre-training (0 when it has none)."""
+  try:
+    return int(checkpoint.latest_step_dir(variant.pretrain_dir).name)
+  except UserError:
+    return 0
+
+
+def glue_settings_planned(variant) -> bool:
+  """Whether a variant's GLUE config.json holds the planned settings (those eval_glue.py keeps fixed in a workdir,
+  `runs.settings`, but `lowercase`, which it resolves from the checkpoint)."""
+  try:
+    saved = jsonfile.parse(storage.read_bytes(variant.glue_dir / "config.json"))
+  except storage.StorageError:
+    return False
+  fixed = lambda config: {k: v for k, v in runs_lib.settings(config).items() if k != "lowercase"}
+  return saved is not None and fixed(saved) == fixed(json.loads(variant.glue_cfg.to_json_best_effort()))
+
+
+def glue_runs(variant, planned: set) -> list[dict]:
+  """The runs of a variant's runs.jsonl that are its grid's as planned now: none under other settings
+  (`glue_settings_planned`), else those of a `planned` (task, lr, seed) started, for a pre-trained variant, from its
+  newest checkpoint (runs.jsonl may hold others: of seeds or learning rates since dropped, of a checkpoint since
+  extended)."""
+  step = finished_step(variant) if variant.pretrain else None
+  return [run for run in (runs_lib.read_runs(variant.glue_dir) if glue_settings_planned(variant) else [])
+          if (run["task"], run["lr"], run["seed"]) in planned and (run.get("init") or {}).get("step") == step]
+
+
 def glue_summary(variant) -> dict:
   """Per task: best-lr median, min, max, spread (max - min), best lr, seeds; and the average of the medians. From
-  the runs of the grid the study plans now: runs.jsonl may hold others, of seeds or learning rates since dropped."""
+  the runs of the grid the study plans now (`glue_runs`: a --report-only with other GLUE settings finds none)."""
   planned = {(task, lr, seed) for task in variant.tasks for lr in variant.lrs for seed in variant.seeds}
-  runs = [run for run in runs_lib.read_runs(variant.glue_dir) if (run["task"], run["lr"], run["seed"]) in planned]
+  runs = glue_runs(variant, planned)
   summary = glue_report.summarize(runs_lib.run_records(runs))
   tasks = {}
   for result in summary:

@@ -29,7 +29,6 @@ study's. Ctrl-C or SIGTERM reaches the command running, which saves; the study t
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shlex
 import signal
@@ -46,7 +45,6 @@ from tupe.errors import UserError
 from tupe.glue import data as glue_data
 from tupe.glue import finetune
 from tupe.glue import runs as runs_lib
-from tupe.store import checkpoint
 from tupe.store import jsonfile
 from tupe.store import outputs
 from tupe.store import storage
@@ -239,14 +237,6 @@ def evaluate_command(cfg, variant: Variant, step: int) -> list[str]:
           f"--out={variant.heldout_file(step)}"]
 
 
-def finished_step(variant: Variant) -> int:
-  """The newest finished checkpoint step of a variant's pre-training (0 when it has none)."""
-  try:
-    return int(checkpoint.latest_step_dir(variant.pretrain_dir).name)
-  except UserError:
-    return 0
-
-
 def check_pretrained(variants: list[Variant]) -> None:
   """Refuses, in one line, a variant whose checkpoint was pre-trained with other settings than the study plans now
   (a rerun with another seed, recipe or override in the same root): train.py would resume it with a warning, or the
@@ -270,24 +260,13 @@ def glue_pending(variant: Variant) -> int:
 
 def glue_done(variant: Variant) -> bool:
   """Whether a variant's GLUE grid is finished as planned now: every (task, lr, seed) in runs.jsonl, config.json
-  holding the planned settings (those eval_glue.py keeps fixed in a workdir, `runs.settings`, but `lowercase`,
-  which it resolves from the checkpoint), and, for a pre-trained variant, every run started from its newest
-  checkpoint. Otherwise eval_glue.py runs: it adds what is missing, or refuses in one line a workdir of other runs
-  (the control of a rerun copying another variant, a pre-training extended since), where skipping it would report
-  those runs as this grid's. (A root moved as a whole is still done: its paths are not settings.)"""
-  if glue_pending(variant):
+  holding the planned settings (`report.glue_settings_planned`), and, for a pre-trained variant, every run started
+  from its newest checkpoint. Otherwise eval_glue.py runs: it adds what is missing, or refuses in one line a workdir
+  of other runs (the control of a rerun copying another variant, a pre-training extended since), where skipping it
+  would report those runs as this grid's. (A root moved as a whole is still done: its paths are not settings.)"""
+  if glue_pending(variant) or not report.glue_settings_planned(variant):
     return False
-  try:
-    saved = jsonfile.parse(storage.read_bytes(variant.glue_dir / "config.json"))
-  except storage.StorageError:
-    return False
-  if saved is None:
-    return False
-  planned = json.loads(variant.glue_cfg.to_json_best_effort())
-  fixed = lambda config: {k: v for k, v in runs_lib.settings(config).items() if k != "lowercase"}
-  if fixed(saved) != fixed(planned):
-    return False
-  step = finished_step(variant) if variant.pretrain else None
+  step = report.finished_step(variant) if variant.pretrain else None
   return all((run.get("init") or {}).get("step") == step for run in runs_lib.read_runs(variant.glue_dir))
 
 
@@ -319,7 +298,7 @@ def run(cfg, root: storage.Path, variants: list[Variant], call=subprocess.call) 
     for variant in (variant for variant in variants if stage in variant.stages):
       count += 1
       label = f"{count}/{total} {stage} {variant.name}"
-      step = finished_step(variant)
+      step = report.finished_step(variant)
       if stage == "pre-train":
         if step >= variant.steps:
           console.log(f"[study] {label}: done (checkpoint {step} of {variant.steps} steps), skipped")

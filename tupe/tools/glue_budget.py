@@ -20,6 +20,7 @@ most --max-grid-minutes; when none does, the report says so and the study keeps 
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -57,10 +58,12 @@ def budget_variants(cfg, root: storage.Path, pair: tuple[runner.Variant, runner.
   out = root / "glue_budget" / budget
   # Each grid from the checkpoint its study grid starts from: the variant's own; the control's random weights
   # shaped as the encoder the study's control copies (whichever variant is measured).
+  # Their pre-training is the study's (whose newest checkpoint the runs must start from: `study_report.glue_runs`).
   sources = {pair[0].name: pair[0].pretrain_dir, runner.CONTROL: runner.control_source(cfg, root)}
-  return tuple(runner.make_variant(budget_cfg, v.name, out / v.name, v.pretrain, v.pretrain_cfg, runner.glue_command(
-      budget_cfg, out / v.name / "glue", sources[v.name], v.pretrain_cfg.model.name,
-      init="random" if v.name == runner.CONTROL else "pretrained")) for v in pair)
+  return tuple(dataclasses.replace(runner.make_variant(
+      budget_cfg, v.name, out / v.name, v.pretrain, v.pretrain_cfg, runner.glue_command(
+          budget_cfg, out / v.name / "glue", sources[v.name], v.pretrain_cfg.model.name,
+          init="random" if v.name == runner.CONTROL else "pretrained")), pretrain_dir=v.pretrain_dir) for v in pair)
 
 
 def grid_minutes(variant: runner.Variant) -> float:
@@ -142,7 +145,7 @@ def main(argv: list[str], call=subprocess.call) -> None:
   pair = study_variants(cfg, root, args.variant)
   plans = {budget: budget_variants(cfg, root, pair, budget) for budget in budgets}
   variant = pair[0]
-  if runner.finished_step(variant) < variant.steps:
+  if study_report.finished_step(variant) < variant.steps:
     raise UserError(f"{variant.pretrain_dir} has no finished pre-training ({variant.steps} steps): run the study "
                     f"first (python -m tupe.study --config {args.config} --root {root})")
   runner.check_pretrained([variant])  # (as the study refuses it: not fine-tuned and reported as this config's)
