@@ -146,7 +146,7 @@ def test_a_progress_line_shows_means_over_its_steps(tmp_path, capsys):
     for step, loss in enumerate([2.0, float("nan"), 2.0, 5.0], 1):
       steps.push(step, {"loss": loss, "nonfinite": float(loss != loss)})
     steps.flush()
-  assert "step 4/4 loss 3.0000 (means of 4 steps)" in capsys.readouterr().out  # its NaN left out of the mean
+  assert "step 4/4 loss 3.0000 (means of 4 steps; non-finite values of 1 left out)" in capsys.readouterr().out
   times = [row["time"] for row in rows]  # when each record was written: the rates can be checked against them
   assert times == sorted(times) and times[-1] - times[0] < 600
 

@@ -8,9 +8,10 @@ places, both settings here (`optimizer.schedule`, `optimizer.bias_correction`):
 - TUPE's (fairseq, as HF's Trainer) warms up to the peak, then decays over the steps left ("warmup_then_decay");
   ConvBERT's (ELECTRA's TensorFlow code) decays from the peak over all the steps from step 0 and multiplies that by
   min(1, step / warmup) ("decay_times_warmup"): after a warmup of 10% every rate is 0.9x the other form's.
-- fairseq's Adam corrects the moments' bias towards 0 (optax's and torch's do too); ELECTRA's AdamWeightDecay
-  does not, so its first updates are up to about 6x larger (m / sqrt(v) at step t is the corrected one times
-  (1 - b1^t) / sqrt(1 - b2^t): 3.2 at step 1, 6.5 at 10, 3.2 at 100, 1.26 at 1,000).
+- fairseq's Adam corrects the moments' bias towards 0 (optax's and torch's do too; fairseq adds eps to sqrt(v)
+  before the correction, optax after it, which differs only early in training and where sqrt(v) is near eps);
+  ELECTRA's AdamWeightDecay does not, so its first updates are up to about 6x larger (m / sqrt(v) at step t is the
+  corrected one times (1 - b1^t) / sqrt(1 - b2^t): 3.2 at step 1, 6.5 at 10, 3.2 at 100, 1.26 at 1,000).
 """
 from __future__ import annotations
 

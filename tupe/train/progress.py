@@ -45,15 +45,17 @@ class Progress:
     """Leaves the time spent since the last call (compilation, evaluation, checkpointing) out of the next rates."""
     self._t = time.perf_counter()
 
-  def line(self, step: int, metrics: dict, rates: dict, steps: int = 1, wall_per_step: float | None = None) -> str:
-    """The progress line after `step`: `metrics`' AVERAGED values (means over the line's `steps` steps), the
-    learning rate at `step`, `rates` over the same steps, and the ETA: at `wall_per_step` seconds a step, the
-    evaluations and checkpoints included, where it is known, else at the line's step rate."""
+  def line(self, step: int, metrics: dict, rates: dict, steps: int = 1, wall_per_step: float | None = None,
+           left_out: int = 0) -> str:
+    """The progress line after `step`: `metrics`' AVERAGED values (means over the line's `steps` steps, the
+    non-finite values of up to `left_out` of them left out), the learning rate at `step`, `rates` over the same
+    steps, and the ETA: at `wall_per_step` seconds a step, the evaluations and checkpoints included, where it is
+    known, else at the line's step rate."""
     per_step = wall_per_step or (1 / rates["steps_per_s"] if rates["steps_per_s"] else float("nan"))
     eta = (self.total - step) * per_step
     shown = " ".join(f"{k} {float(metrics[k]):.4f}" for k in AVERAGED if k in metrics)
     if shown and steps > 1:
-      shown += f" (means of {steps} steps)"
+      shown += f" (means of {steps} steps" + (f"; non-finite values of {left_out} left out)" if left_out else ")")
     if "learning_rate" in metrics:  # Peak rates of 1e-4 and below: four decimals would show warmup as 0.0000.
       shown += f" learning_rate {float(metrics['learning_rate']):.3e}"
     real = f" ({rates['real_tokens_per_s']:,.0f} not padding)" if "real_tokens_per_s" in rates else ""
@@ -175,7 +177,8 @@ class StepLog:
       rates = {key: amount / total if total else 0.0 for key, amount in self.interval.items()}
       means = {key: self.sums[key] / self.counts[key] if self.counts.get(key) else math.nan
                for key in AVERAGED if key in row}
-      line = self.progress.line(step, dict(row, **means), rates, self.steps, self._wall_per_step(step))
+      left_out = self.steps - min((self.counts.get(key, 0) for key in means), default=self.steps)
+      line = self.progress.line(step, dict(row, **means), rates, self.steps, self._wall_per_step(step), left_out)
       log(self.prefix(step) + line)
       self.interval, self.sums, self.counts, self.steps = {}, {}, {}, 0
     return step, row
