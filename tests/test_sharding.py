@@ -105,8 +105,7 @@ def test_fsdp_shards_parameters():
 
 def test_gradient_accumulation_matches_full_batch():
   """Microbatches with different numbers of predictions: the loss, the accuracy and the update are the whole
-  batch's (each microbatch normalized by the batch's counts, not its own). Not ELECTRA: its generator's samples
-  depend on the microbatch's random key."""
+  batch's (each microbatch normalized by the batch's counts, not its own). ELECTRA: the next test."""
   cfg, metric = tiny_config("bert_a"), "mlm_accuracy"
   cfg.model.update(hidden_dropout=0.0, attention_dropout=0.0)
   whole = pretrain.build(cfg, jax.devices()[:1])
@@ -124,6 +123,24 @@ def test_gradient_accumulation_matches_full_batch():
   # parameters could move one prediction's argmax).
   np.testing.assert_allclose(got[0][1], ref[0][1], rtol=1e-5)
   jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5), params, ref_params)
+
+
+def test_electra_gradient_accumulation_matches_full_batch():
+  """ELECTRA's step under accumulation is the whole batch's too (each microbatch's generator and discriminator
+  losses normalized by the batch's counts), once its samples do not depend on the microbatch's random key: the
+  generator's output bias makes token 7 every sample, so the replaced tokens are the same in both runs."""
+  cfg, metrics = tiny_config("convbert"), ("loss", "mlm_loss", "disc_loss", "disc_accuracy", "replaced_fraction")
+  cfg.model.update(hidden_dropout=0.0, attention_dropout=0.0)
+  whole = pretrain.build(cfg, jax.devices()[:1])
+  params = jax.device_get(whole.init_state().params)
+  params["generator_head"]["bias"] = np.zeros_like(params["generator_head"]["bias"])
+  params["generator_head"]["bias"][7] = 1e4
+  ref, ref_params = run(cfg, jax.devices()[:1], 2, metrics, params=params, setup=whole)
+  cfg.grad_accum_steps = 4
+  got, got_params = run(cfg, jax.devices()[:1], 2, metrics, params=params)
+  assert 0 < ref[0][-1] < 1  # some masked tokens replaced (those that were not 7), some not
+  np.testing.assert_allclose(got, ref, rtol=1e-5)
+  jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5), got_params, ref_params)
 
 
 @pytest.mark.parametrize("mesh,message", [
