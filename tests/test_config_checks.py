@@ -154,6 +154,14 @@ def test_sweep_workdirs_stay_inside_the_root_and_apart(tmp_path):
   assert len(set(workdirs)) == 4 and all(w.parent == tmp_path / "root" for w in workdirs)
   assert workdirs[0].name == "data.files=a.txt,seed=0" and ".." not in "".join(w.name for w in workdirs)
   assert "--config.data.files=../../etc/x" in commands[2]  # the exact value reaches the run (and its config.json)
+  # A grid of many keys: a name over a folder name's 255 bytes is cut, with its digest (before: mkdir failed).
+  keys = ["optimizer.learning_rate", "optimizer.warmup_steps", "optimizer.weight_decay", "model.hidden_dropout",
+          "model.attention_dropout", "data.mask_prob", "global_batch_size", "num_train_steps", "seed"]
+  long_grid = sweep.parse_grid([f"{k}=1000000000,2000000000" for k in keys])
+  names = [pathlib.Path(c[3].split("=", 1)[1]).name
+           for c in sweep.runs("configs/pretrain.py:tupe_a,tiny", str(tmp_path), long_grid, [])]
+  assert len(set(names)) == 2 ** len(keys) and max(map(len, names)) <= 255
+  assert len(",".join(f"{k}=1000000000" for k in keys)) > 255 and all(name.startswith("optimizer") for name in names)
   with pytest.raises(UserError, match="the grid gives seed=0 twice"):
     sweep.runs("configs/pretrain.py:tupe_a,tiny", str(tmp_path), sweep.parse_grid(["seed=0,0"]), [])
   # A key in two --grid flags: before, one run, seed=0,seed=1, trained at seed 1 alone.

@@ -54,13 +54,14 @@ def parse_grid(specs: list[str]) -> list[tuple[str, list[str]]]:
 
 
 def workdir_name(assignment: list[tuple[str, str]]) -> str:
-  """A grid point's workdir name inside --root: "key=value,..." when every value is a plain word; otherwise the
-  characters that could leave the root or collide ("/", "..", spaces, ...) become "_" and a digest of the exact
-  values is appended, so that names stay inside the root and distinct (`a.txt` and `./a.txt` differ). The full
-  overrides are in each run's config.json."""
+  """A grid point's workdir name inside --root: "key=value,..." when every value is a plain word and the name fits
+  a folder's name (255 bytes); otherwise the characters that could leave the root or collide ("/", "..", spaces,
+  ...) become "_", the name is cut to 100 characters and a digest of the exact values is appended, so that names
+  stay inside the root and distinct (`a.txt` and `./a.txt` differ). The full overrides are in each run's
+  config.json."""
   name = ",".join(f"{k}={v}" for k, v in assignment) or "run"
   safe = re.sub(r"[^A-Za-z0-9_.,=+-]", "_", name).replace("..", "__")
-  if safe == name and not name.startswith("."):
+  if safe == name and not name.startswith(".") and len(name) <= 255:
     return name
   return f"{safe[:100]}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
 
