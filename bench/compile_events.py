@@ -60,8 +60,9 @@ def main(argv=None) -> list[dict]:
   if not records:
     raise SystemExit(f"error: no compile events in {args.folder}: run the command with TUPE_COMPILE_EVENTS="
                      f"{args.folder} PYTHONPATH=$PWD/bench/compile_hook")
-  out = [{"processes": len(programs)}] + [{"processes_of": name, "count": n}
-                                          for name, n in collections.Counter(programs).most_common(args.top)]
+  by_count = sorted(collections.Counter(programs).items(), key=lambda item: (-item[1], item[0]))  # (ties by name,
+  out = [{"processes": len(programs)}] + [{"processes_of": name, "count": n}  # not by the files' process ids)
+                                          for name, n in by_count[:args.top]]
   totals, functions, tests = (collections.defaultdict(lambda: [0, 0.0]) for _ in range(3))
   for event, function, seconds, test in records:
     for table, key in ((totals, event),) + (((functions, function), (tests, test.split("::")[0]))
