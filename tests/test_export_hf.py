@@ -8,6 +8,7 @@ classifier of every kind exported with its head and labels; and a few fine-tunin
 transformers' Trainer."""
 import json
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -507,3 +508,28 @@ def test_exports_load_under_other_transformers(exported, tmp_path):
   for directory in directories:
     diff = float((other[directory] - here[directory]).abs().max())
     assert diff < 1e-6, (directory, diff)
+
+
+REPEATED_LINE_SCRIPT = """
+import pathlib, sys, transformers
+from tupe.hf import export
+vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "hello", "world", "##s", "hello", "a"]
+export.save_tokenizer(vocab, True, 32, pathlib.Path(sys.argv[1]))
+tokenizer = transformers.AutoTokenizer.from_pretrained(sys.argv[1])
+print(tokenizer("hello worlds a", add_special_tokens=False)["input_ids"])
+"""
+
+
+@pytest.mark.slow
+def test_a_tokenizer_saved_under_other_transformers_keeps_a_repeated_token_s_first_id(tmp_path):
+  """Under transformers 4 (TUPE_OTHER_TRANSFORMERS_PYTHON, a python that also has this repository's requirements),
+  an export's tokenizer encodes a token that vocab.txt repeats with its first line's id, as training did (before:
+  its fast tokenizer was built from vocab.txt, where the last line wins), and vocab.txt is written as it was."""
+  python = os.environ.get("TUPE_OTHER_TRANSFORMERS_PYTHON")
+  if not python:
+    pytest.skip("set TUPE_OTHER_TRANSFORMERS_PYTHON to a python with another transformers version")
+  repo = pathlib.Path(__file__).resolve().parents[1]
+  run = subprocess.run([python, "-c", REPEATED_LINE_SCRIPT, str(tmp_path)], capture_output=True, text=True,
+                       check=True, cwd=repo, env=dict(os.environ, PYTHONPATH=str(repo)))
+  assert run.stdout.strip().splitlines()[-1] == "[5, 6, 7, 9]"  # hello worlds a, hello at its first line
+  assert (tmp_path / "vocab.txt").read_text().split("\n")[8] == "hello"

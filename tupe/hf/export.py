@@ -59,11 +59,14 @@ def save_model(family: str, class_name: str, hf_config: dict, tensors: dict, dir
 
 def save_tokenizer(vocab: list[str], lowercase: bool, max_length: int, directory: pathlib.Path) -> None:
   """The WordPiece tokenizer of `tupe.data.tokenizer` as HF's BertTokenizer: the same vocab (the first line wins
-  for a duplicated token; under transformers 4, which reads vocab.txt, the last), normalizer (lowercasing and
-  accent stripping as pre-trained) and pre-tokenizer."""
+  for a duplicated token, in tokenizer.json under either transformers; a slow BertTokenizer of transformers 4 reads
+  vocab.txt, where the last wins), normalizer (lowercasing and accent stripping as pre-trained) and pre-tokenizer."""
   import transformers
   if transformers.__version__.startswith("4."):  # its fast BertTokenizer takes a vocab file, not a dict
-    tokenizer_lib.write_vocab(vocab, directory / "vocab.txt")
+    first = {token: i for i, token in reversed(list(enumerate(vocab)))}
+    # A repeated line read from a file would take the token's id; a name no text splits into stands in for it.
+    tokenizer_lib.write_vocab([t if first[t] == i else f"[tupe-repeated-line-{i}]" for i, t in enumerate(vocab)],
+                              directory / "vocab.txt")
     tokenizer = transformers.BertTokenizerFast(vocab_file=str(directory / "vocab.txt"), do_lower_case=lowercase,
                                                model_max_length=max_length)
   else:
