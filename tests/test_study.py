@@ -381,6 +381,22 @@ def test_glue_budget_refuses_a_variant_pre_trained_with_other_settings(studies, 
   assert not (root / "glue_budget").exists()
 
 
+def test_glue_budget_minutes_are_those_of_the_grid_as_planned(studies, tmp_path):
+  """A budget's grid minutes are over the runs its summary is over: with --config.glue.seeds=1 the recipe's grids
+  are the study's seed-1 runs (before, the minutes summed seed 0's too, so a grid could read as over
+  --max-grid-minutes that is not)."""
+  from tupe.tools import glue_budget
+  root = tmp_path / "study"
+  shutil.copytree(studies["tupe"], root)
+  run_main(glue_budget.main, ["glue_budget", f"--config={REPO / 'configs' / 'study.py'}:tupe,micro", f"--root={root}",
+                              "--variant=bert_a", "--budgets=recipe", "--config.glue.seeds=1"])
+  recipe = json.loads((root / "glue_budget" / "budget.json").read_text())["budgets"]["recipe"]
+  for name in ("bert_a", CONTROL):
+    runs = runs_lib.read_runs(root / name / "glue")
+    assert {run["seed"] for run in runs} == {0, 1} and recipe["glue"][name]["runs"] == 1, name
+    assert recipe["minutes"][name] == pytest.approx(sum(run["seconds"] for run in runs if run["seed"] == 1) / 60)
+
+
 def test_glue_budget_table_has_a_column_per_dev_evaluation():
   """budget.md's columns are the grid's dev evaluations, as its results are keyed: MNLI's matched and mismatched
   (before, one MNLI column of "-": its results are under MNLI-m and MNLI-mm)."""

@@ -79,6 +79,11 @@ def glue_settings_planned(variant) -> bool:
   return saved is not None and fixed(saved) == fixed(json.loads(variant.glue_cfg.to_json_best_effort()))
 
 
+def planned_runs(variant) -> set:
+  """The (task, lr, seed) runs of a variant's GLUE grid as the study plans it now."""
+  return {(task, lr, seed) for task in variant.tasks for lr in variant.lrs for seed in variant.seeds}
+
+
 def glue_runs(variant, planned: set) -> list[dict]:
   """The runs of a variant's runs.jsonl that are its grid's as planned now: none under other settings
   (`glue_settings_planned`), else those of a `planned` (task, lr, seed) started, for a pre-trained variant, from its
@@ -92,7 +97,7 @@ def glue_runs(variant, planned: set) -> list[dict]:
 def glue_summary(variant) -> dict:
   """Per task: best-lr median, min, max, spread (max - min), best lr, seeds; and the average of the medians. From
   the runs of the grid the study plans now (`glue_runs`: a --report-only with other GLUE settings finds none)."""
-  planned = {(task, lr, seed) for task in variant.tasks for lr in variant.lrs for seed in variant.seeds}
+  planned = planned_runs(variant)
   runs = glue_runs(variant, planned)
   summary = glue_report.summarize(runs_lib.run_records(runs))
   tasks = {}

@@ -27,7 +27,6 @@ import subprocess
 
 from tupe import console
 from tupe.errors import UserError
-from tupe.glue import runs as runs_lib
 from tupe.store import outputs
 from tupe.store import storage
 from tupe.study import report as study_report
@@ -67,9 +66,10 @@ def budget_variants(cfg, root: storage.Path, pair: tuple[runner.Variant, runner.
 
 
 def grid_minutes(variant: runner.Variant) -> float:
-  """The minutes a grid's runs took: the sum of their own times (each task's first run includes compiling its
-  step; the process's start-up and data loading are not counted)."""
-  return sum(run["seconds"] for run in runs_lib.read_runs(variant.glue_dir)) / 60
+  """The minutes a grid's runs took: the sum of their own times, over the runs of the grid as planned, as its
+  summary (`study_report.glue_runs`: not those of seeds or learning rates since dropped). Each task's first run
+  includes compiling its step; the process's start-up and data loading are not counted."""
+  return sum(run["seconds"] for run in study_report.glue_runs(variant, study_report.planned_runs(variant))) / 60
 
 
 def measure(variant: runner.Variant, control: runner.Variant) -> dict:
