@@ -79,7 +79,7 @@ def take_along_axis(x, positions):
   return jnp.take_along_axis(x, positions[..., None], axis=1)
 
 
-_tied_logits = embeddings.tied_logits  # (the model's own, whatever is swapped in)
+_tied_logits = embeddings.tied_logits  # the model's own, captured before any swap: the candidate calls it
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
