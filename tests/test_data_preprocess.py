@@ -168,19 +168,19 @@ def test_damaged_json_in_a_shard_folder_is_one_line(text_cfg, tmp_path):
   """metadata.json, a unit's record or plan.json emptied or cut: one line naming the file and what to do, not a
   JSONDecodeError's traceback."""
   (tmp_path / "metadata.json").write_text('{"format": ')
-  with pytest.raises(UserError, match=f"^{tmp_path / 'metadata.json'} does not hold a JSON object \\(emptied or damaged\\): "
-                                      f"preprocess the corpus again into a new folder$"):
+  with pytest.raises(UserError, match=f"^{tmp_path / 'metadata.json'} does not hold a JSON object \\(emptied or "
+                                      f"damaged\\): preprocess the corpus again into a new folder$"):
     shards.read_metadata(tmp_path)
   (tmp_path / "units").mkdir()
   (tmp_path / "units" / "00000.json").write_bytes(b"")
-  with pytest.raises(UserError, match="00000.json does not hold a JSON object \\(emptied or damaged\\): delete it, and that unit is "
-                                      "made again when the run resumes$"):
+  with pytest.raises(UserError, match="00000.json does not hold a JSON object \\(emptied or damaged\\): delete it, and "
+                                      "that unit is made again when the run resumes$"):
     shards.read_unit_record(tmp_path, 0)
   out = tmp_path / "out"
   out.mkdir()
   (out / "plan.json").write_text('{"x')
-  with pytest.raises(UserError, match="plan.json does not hold a JSON object \\(emptied or damaged\\): pass a new --output folder, "
-                                      "or delete the old one$"):
+  with pytest.raises(UserError, match="plan.json does not hold a JSON object \\(emptied or damaged\\): pass a new "
+                                      "--output folder, or delete the old one$"):
     preprocess.preprocess(text_cfg, SEQ_LEN, str(out))
 
 
