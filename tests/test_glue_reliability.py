@@ -116,7 +116,8 @@ def test_runs_under_other_settings_are_refused_once_config_json_is_gone(pretrain
   cfg = tiny_cfg(init_checkpoint=str(pretrained), data_dir=str(glue_dir))
   run(cfg, workdir)
   (workdir / "config.json").write_text("")  # Emptied: one line, not a traceback.
-  with pytest.raises(UserError, match=r"config.json does not hold a JSON object \(emptied or damaged\): restore it, or delete it"):
+  with pytest.raises(UserError, match=r"config.json does not hold a JSON object \(emptied or damaged\): restore it, or "
+                                      r"delete it"):
     run(cfg, workdir)
   (workdir / "config.json").unlink()
   cfg.max_seq_len = 64

@@ -131,8 +131,9 @@ def test_export_into_a_path_under_a_file_is_one_line(pretrained, tmp_path, capsy
   pytest.importorskip("transformers")
   (tmp_path / "file").write_text("a user's file\n")
   proc = tool("export_hf", ["--checkpoint", str(pretrained), "--out", str(tmp_path / "file" / "hf")], capsys)
-  assert (proc.returncode, proc.stderr) == (2, f"error: cannot write in {tmp_path / 'file' / 'hf'}: {tmp_path / 'file'} "
-                                               f"is a file (Not a directory); choose another --out\n")
+  assert (proc.returncode, proc.stderr) == (2, f"error: cannot write in {tmp_path / 'file' / 'hf'}: "
+                                               f"{tmp_path / 'file'} is a file (Not a directory); choose another "
+                                               f"--out\n")
   # (a NotADirectoryError traceback before)
   assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
   (tmp_path / "full").mkdir()

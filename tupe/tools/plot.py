@@ -4,9 +4,9 @@
 
 Panels: loss, MLM accuracy, learning rate, tokens/s; for ELECTRA runs also the generator's MLM loss and the
 discriminator's loss, accuracy and AUC; for GLUE runs the dev score. Held-out evaluations (eval_*) are drawn
-dashed with markers on the panel of their metric. Each run has one color; the legend names it by its workdir. Training curves are
-smoothed with a debiased exponential moving average (--smoothing 0 turns it off; the raw curve stays faint
-behind), learning rates never.
+dashed with markers on the panel of their metric. Each run has one color; the legend names it by its workdir.
+Training curves are smoothed with a debiased exponential moving average (--smoothing 0 turns it off; the raw curve
+stays faint behind), learning rates never.
 """
 from __future__ import annotations
 

@@ -1,9 +1,10 @@
 """Training curves of train.py runs (or GLUE runs), from their metrics.jsonl, on one figure (curves.png).
 
 Panels: loss, MLM accuracy, learning rate, tokens/s; for ELECTRA runs also the generator's MLM loss and the
-discriminator's loss, accuracy and AUC; for GLUE runs the dev score. Held-out evaluations (eval_*) are drawn dashed with markers on the
-panel of their metric. Each run has one color. Training curves are smoothed with a debiased exponential moving
-average (the raw curve stays faint behind), learning rates never. The command line is `python -m tupe.tools.plot`.
+discriminator's loss, accuracy and AUC; for GLUE runs the dev score. Held-out evaluations (eval_*) are drawn
+dashed with markers on the panel of their metric. Each run has one color. Training curves are smoothed with a
+debiased exponential moving average (the raw curve stays faint behind), learning rates never. The command line is
+`python -m tupe.tools.plot`.
 """
 from __future__ import annotations
 
