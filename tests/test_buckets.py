@@ -139,6 +139,19 @@ def test_train_in_a_bucket_killed_and_resumed_is_bit_identical(bucket, reference
   jax.tree_util.tree_map(np.testing.assert_array_equal, params, ref_params)
 
 
+def test_an_evaluation_is_in_the_bucket_when_its_line_is_printed(s3_bucket, tmp_path):
+  """An evaluation's record is uploaded as it is written: killed as soon as `eval at step 4` is printed, a run in a
+  bucket has it in metrics.jsonl (before, it waited for the next upload, 30 s on or the next checkpoint's, and a kill
+  during a checkpoint step's evaluation lost it for good: the run resumed from that checkpoint starts after it)."""
+  workdir = f"{s3_bucket}/run"
+  killed = Run(tmp_path / "run", command=train_command(workdir, {"eval_every": EVERY}), env=train_env())
+  killed.wait_until(lambda: f"eval at step {EVERY}:" in killed.stdout(), poll=0.05)
+  killed.signal(signal.SIGKILL)
+  assert killed.wait() == -signal.SIGKILL
+  records = [json.loads(line) for line in storage.read_text(f"{workdir}/metrics.jsonl").splitlines()]
+  assert EVERY in [record["step"] for record in records if "eval_loss" in record]
+
+
 def glue_bucket(gcs_bucket, pretrained, glue_dir) -> tuple[str, str]:
   """The `pretrained` workdir and GLUE's SST-2 files copied to the bucket: (checkpoint URL, GLUE folder URL)."""
   storage.copy_tree(pretrained, f"{gcs_bucket}/pretrain")

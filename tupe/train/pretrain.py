@@ -334,6 +334,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
         steps.flush()  # Its rates are measured now, not after the evaluation restarts the clock.
         eval_metrics = evaluate(state.params)
         writer.write(step, eval_metrics, prefix="eval_")
+        writer.flush()  # Durable at once (in a bucket, uploaded): a resume from this step would not evaluate it again.
         shown = {k: v for k, v in eval_metrics.items() if not (k == "mlm_loss" and cfg.objective == "mlm")}  # = loss
         console.log(f"eval at step {step}: " + " ".join(f"{k} {v:.4f}" for k, v in shown.items()))
         progress.restart_clock()
