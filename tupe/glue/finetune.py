@@ -69,11 +69,7 @@ def check_config(cfg) -> None:
   if len(set(cfg.learning_rates)) != len(cfg.learning_rates):
     raise UserError(f"learning_rates={cfg.learning_rates} repeats a learning rate: give each once, e.g. "
                     f"--config.learning_rates=2e-5,3e-5")
-  named = [f"{lr:g}" for lr in cfg.learning_rates]  # as runs.run_dir and the reports name them
-  if len(set(named)) != len(named):
-    twice = next(name for name in named if named.count(name) > 1)
-    raise UserError(f"learning_rates={cfg.learning_rates} holds two rates that both read {twice} to 6 digits, "
-                    f"which would share one run's folder and predictions: give rates that differ within 6 digits")
+  runs_lib.check_rate_names(cfg.learning_rates)
   names = [task.name for task in glue_data.parse_tasks(cfg.tasks)]
   if len(set(names)) != len(names):
     twice = next(name for name in names if names.count(name) > 1)

@@ -47,29 +47,40 @@ def append_run(workdir: storage.PathLike, record: dict) -> None:
   jsonlog.append(workdir, "runs", report.json_safe(record))
 
 
+def rate_name(lr: float) -> str:
+  """A learning rate as run folders, predictions and reports name it: to 6 digits."""
+  return f"{lr:g}"
+
+
 def run_dir(workdir: storage.Path, task: str, lr: float, seed: int) -> storage.Path:
   """A run's metrics.jsonl and TensorBoard events."""
-  return workdir / "runs" / f"{task}_lr{lr:g}_seed{seed}"
+  return workdir / "runs" / f"{task}_lr{rate_name(lr)}_seed{seed}"
 
 
-def check_rate_names(lrs, runs: list[dict]) -> None:
-  """Each learning rate of the grid names its runs' folders and predictions as no other rate of the workdir's
-  recorded runs does (`run_dir`: to 6 digits), so that a rerun never overwrites a recorded run's files.
+def check_rate_names(lrs, runs: list[dict] = ()) -> None:
+  """Each learning rate of the grid names its runs' folders and predictions (`rate_name`) as no other rate of the
+  grid, nor of the workdir's recorded `runs`, does: else two rates would share one run's folder and predictions, and
+  a rerun would overwrite a recorded run's files.
 
   Raises:
-    UserError: a rate that reads as a recorded, different one.
+    UserError: two rates of the grid, or one and a recorded, different one, that read alike.
   """
-  recorded = {f"{run['lr']:g}": run["lr"] for run in runs}
+  named = [rate_name(lr) for lr in lrs]
+  if len(set(named)) != len(named):
+    twice = next(name for name in named if named.count(name) > 1)
+    raise UserError(f"learning_rates={tuple(lrs)} holds two rates that both read {twice} to 6 digits, which would "
+                    f"share one run's folder and predictions: give rates that differ within 6 digits")
+  recorded = {rate_name(run["lr"]): run["lr"] for run in runs}
   for lr in lrs:
-    former = recorded.get(f"{lr:g}", lr)
+    former = recorded.get(rate_name(lr), lr)
     if former != lr:
-      raise UserError(f"learning rate {lr!r} reads {lr:g} to 6 digits, as the recorded runs' {former!r} does, and "
-                      f"would overwrite their folders and predictions: give {former!r}, or a rate that differs "
-                      f"within 6 digits")
+      raise UserError(f"learning rate {lr!r} reads {rate_name(lr)} to 6 digits, as the recorded runs' {former!r} "
+                      f"does, and would overwrite their folders and predictions: give {former!r}, or a rate that "
+                      f"differs within 6 digits")
 
 
 def predictions_path(workdir: storage.Path, task: str, lr: float, seed: int) -> storage.Path:
-  return workdir / "predictions" / task / f"lr{lr:g}_seed{seed}.npz"
+  return workdir / "predictions" / task / f"lr{rate_name(lr)}_seed{seed}.npz"
 
 
 def save_predictions(path: storage.Path, predictions: dict) -> None:
