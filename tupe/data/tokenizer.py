@@ -58,6 +58,11 @@ def vocab_lines(text: str) -> list[str]:
   return [line.removesuffix("\r") for line in lines]
 
 
+def token_ids(tokens: list[str]) -> dict[str, int]:
+  """Each token's id in a vocab given as its tokens in id order: its first line's, for a token the vocab repeats."""
+  return {t: i for i, t in reversed(list(enumerate(tokens)))}
+
+
 def read_vocab(vocab_file: str | os.PathLike) -> list[str]:
   """Reads a BERT vocab file (one token per line, the id is the line number) and checks the special tokens."""
   path = storage.path(vocab_file)
@@ -76,7 +81,7 @@ def read_vocab(vocab_file: str | os.PathLike) -> list[str]:
 def _load(path: str, lowercase: bool, mtime: float):
   del mtime  # Part of the cache key only: an edited vocab file is read again.
   tokens = read_vocab(path)
-  vocab = {t: i for i, t in reversed(list(enumerate(tokens)))}  # The first line wins for duplicated tokens.
+  vocab = token_ids(tokens)
   warn_repeated_lines(f"vocab file {path}", tokens)
   tokenizer = wordpiece(tokens, lowercase)
   info = TokenizerInfo(vocab_size=len(tokens), pad_id=vocab[PAD], unk_id=vocab[UNK], cls_id=vocab[CLS],
@@ -87,7 +92,7 @@ def _load(path: str, lowercase: bool, mtime: float):
 def warn_repeated_lines(where: str, tokens: list[str]) -> None:
   """One warning per process for a vocab (`where`: "vocab file ...", or a checkpoint's) that repeats tokens,
   however many copies of it are loaded (a checkpoint's, a GLUE workdir's): the first to warn names it."""
-  vocab = {t: i for i, t in reversed(list(enumerate(tokens)))}
+  vocab = token_ids(tokens)
   if len(vocab) == len(tokens):
     return
   later = next(i for i, t in enumerate(tokens) if vocab[t] != i)
@@ -102,7 +107,7 @@ def warn_repeated_lines(where: str, tokens: list[str]) -> None:
 def wordpiece(tokens: list[str], lowercase: bool = True) -> tokenizers.Tokenizer:
   """The WordPiece tokenizer of a vocab given as its tokens in id order (a checkpoint's own), as `load_tokenizer`
   builds it from a file: the first of duplicated tokens wins, special tokens are not added tokens."""
-  vocab = {t: i for i, t in reversed(list(enumerate(tokens)))}
+  vocab = token_ids(tokens)
   tokenizer = tokenizers.Tokenizer(
       models.WordPiece(vocab, unk_token=UNK, continuing_subword_prefix=CONTINUATION_PREFIX))
   tokenizer.normalizer = bert_normalizer(lowercase)

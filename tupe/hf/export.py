@@ -63,15 +63,15 @@ def save_tokenizer(vocab: list[str], lowercase: bool, max_length: int, directory
   vocab.txt, where the last wins), normalizer (lowercasing and accent stripping as pre-trained) and pre-tokenizer."""
   import transformers
   if transformers.__version__.startswith("4."):  # its fast BertTokenizer takes a vocab file, not a dict
-    first = {token: i for i, token in reversed(list(enumerate(vocab)))}
+    first = tokenizer_lib.token_ids(vocab)
     # A repeated line read from a file would take the token's id; a name no text splits into stands in for it.
     tokenizer_lib.write_vocab([t if first[t] == i else f"[tupe-repeated-line-{i}]" for i, t in enumerate(vocab)],
                               directory / "vocab.txt")
     tokenizer = transformers.BertTokenizerFast(vocab_file=str(directory / "vocab.txt"), do_lower_case=lowercase,
                                                model_max_length=max_length)
   else:
-    ids = {token: i for i, token in reversed(list(enumerate(vocab)))}
-    tokenizer = transformers.BertTokenizer(vocab=ids, do_lower_case=lowercase, model_max_length=max_length)
+    tokenizer = transformers.BertTokenizer(vocab=tokenizer_lib.token_ids(vocab), do_lower_case=lowercase,
+                                           model_max_length=max_length)
   tokenizer.save_pretrained(directory)
   tokenizer_lib.write_vocab(vocab, directory / "vocab.txt")  # as it was, whatever save_pretrained wrote
 

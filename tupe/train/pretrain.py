@@ -176,7 +176,7 @@ def epochs_warning(cfg, train_examples: int) -> str | None:
 
 
 def checkpoint_meta(cfg, vocab_file: str, train_examples: int) -> meta_lib.CheckpointMeta:
-  vocab = tokenizer.vocab_lines(storage.read_text(vocab_file)) if vocab_file else []
+  vocab = tokenizer.read_vocab(vocab_file) if vocab_file else []
   return meta_lib.create(json.loads(cfg.to_json_best_effort()), vocab, train_examples)
 
 
