@@ -68,6 +68,12 @@ def finished_step(variant) -> int:
     return 0
 
 
+def glue_init_step(variant) -> int | None:
+  """The checkpoint step a variant's GLUE runs start from: its pre-training's newest (None for the control, whose
+  runs start from random weights)."""
+  return finished_step(variant) if variant.pretrain else None
+
+
 def glue_settings_planned(variant) -> bool:
   """Whether a variant's GLUE config.json holds the planned settings (those eval_glue.py keeps fixed in a workdir,
   `runs.settings`, but `lowercase`, which it resolves from the checkpoint)."""
@@ -89,7 +95,7 @@ def glue_runs(variant, planned: set) -> list[dict]:
   (`glue_settings_planned`), else those of a `planned` (task, lr, seed) started, for a pre-trained variant, from its
   newest checkpoint (runs.jsonl may hold others: of seeds or learning rates since dropped, of a checkpoint since
   extended)."""
-  step = finished_step(variant) if variant.pretrain else None
+  step = glue_init_step(variant)
   return [run for run in (runs_lib.read_runs(variant.glue_dir) if glue_settings_planned(variant) else [])
           if (run["task"], run["lr"], run["seed"]) in planned and (run.get("init") or {}).get("step") == step]
 

@@ -266,7 +266,7 @@ def glue_done(variant: Variant) -> bool:
   would report those runs as this grid's. (A root moved as a whole is still done: its paths are not settings.)"""
   if glue_pending(variant) or not report.glue_settings_planned(variant):
     return False
-  step = report.finished_step(variant) if variant.pretrain else None
+  step = report.glue_init_step(variant)
   return all((run.get("init") or {}).get("step") == step for run in runs_lib.read_runs(variant.glue_dir))
 
 
