@@ -9,6 +9,7 @@ import pytest
 import tokenizers
 
 from tupe.errors import UserError
+from tupe.glue import data as glue_data
 from tupe.glue import encoding
 from tupe.glue import tasks as glue
 
@@ -225,6 +226,20 @@ def test_layouts_of_the_absent_tasks(tmp_path):
   assert glue.load_split(tmp_path, "QQP", "test") == [glue.Example("Why?", "How?", None, 0)]
   write(tmp_path / "QNLI" / "train.tsv", "index\tquestion\tsentence\tlabel\n0\tWho?\tMe.\tnot_entailment\n")
   assert glue.load_split(tmp_path, "QNLI", "train") == [glue.Example("Who?", "Me.", 1, 0)]
+
+
+def test_mnli_evaluations_read_their_own_files(tmp_path):
+  """MNLI-m is scored on dev_matched and MNLI-mm on dev_mismatched, and each predicts its own test file: the splits
+  the grid reads for them (`tupe.glue.data`), each file's one row naming its split."""
+  mnli = glue.TASKS["MNLI"]
+  for split in mnli.files:
+    label = ("", "") if split.startswith("test") else ("\tgold_label", "\tneutral")
+    write(tmp_path / "MNLI" / f"{split}.tsv", f"index\tsentence1\tsentence2{label[0]}\n0\t{split}\tb{label[1]}\n")
+  read = lambda evaluations, split: {ev.name: glue.load_split(tmp_path, ev.task, getattr(ev, split))[0].text_a
+                                     for ev in evaluations}
+  assert read(glue_data.dev_evaluations(mnli), "dev_split") == {"MNLI-m": "dev_matched", "MNLI-mm": "dev_mismatched"}
+  own_tests = [ev for ev in glue_data.test_evaluations(mnli) if ev.task == "MNLI"]  # (and AX, from its own folder)
+  assert read(own_tests, "test_split") == {"MNLI-m": "test_matched", "MNLI-mm": "test_mismatched"}
 
 
 # ---- TFDS source ----
