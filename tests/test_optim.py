@@ -53,17 +53,19 @@ def test_convbert_schedule_is_the_decay_over_all_steps_times_the_warmup():
     optim.check_schedule(_opt_cfg(schedule="cosine"))
 
 
-@pytest.mark.parametrize("bias_correction", [True, False])
-def test_adam_steps_equal_a_numpy_adamw(bias_correction):
+@pytest.mark.parametrize("bias_correction,clip_norm", [(True, 1e3), (False, 1e3), (True, 0.05)])
+def test_adam_steps_equal_a_numpy_adamw(bias_correction, clip_norm):
   """Four steps of the optimizer (clipping, Adam, weight decay on the masked leaves, the schedule) against AdamW
   written out in numpy: with bias correction as fairseq's and torch's Adam, without it as ELECTRA's
-  AdamWeightDecayOptimizer (m / (sqrt(v) + eps) from the raw moments), whose first steps are several times larger."""
+  AdamWeightDecayOptimizer (m / (sqrt(v) + eps) from the raw moments), whose first steps are several times larger.
+  Gradients of different norms, which a clip_norm of 0.05 scales, all leaves by one factor, to norm 0.05 before Adam
+  (torch's clip_grad_norm_; before, no test clipped: a clip of each value, or none, passed)."""
   rng = np.random.default_rng(0)
   params = {"dense": {"kernel": rng.normal(size=(3, 4)).astype(np.float32),
                       "bias": rng.normal(size=4).astype(np.float32)}}
-  grads = [jax.tree_util.tree_map(lambda p: rng.normal(size=p.shape).astype(np.float32) * 0.1, params)
-           for _ in range(4)]
-  cfg = _opt_cfg(warmup_steps=2, weight_decay_mask="no_ln_bias", bias_correction=bias_correction, clip_norm=1e3)
+  grads = [jax.tree_util.tree_map(lambda p: rng.normal(size=p.shape).astype(np.float32) * scale, params)
+           for scale in (0.1, 1.0, 0.005, 0.3)]
+  cfg = _opt_cfg(warmup_steps=2, weight_decay_mask="no_ln_bias", bias_correction=bias_correction, clip_norm=clip_norm)
   tx, lr = optim.make_optimizer(cfg, params, total_steps=8)
   state, ours = tx.init(params), params
   m = {name: np.zeros_like(p) for name, p in params["dense"].items()}
@@ -73,9 +75,11 @@ def test_adam_steps_equal_a_numpy_adamw(bias_correction):
     updates, state = tx.update(g, state, ours)
     ours = optax.apply_updates(ours, updates)
     rate = 1e-3 * t / 2 if t < 2 else 1e-3 * (8 - t) / 6  # warmup_then_decay, 2 of 8 steps
+    norm = np.sqrt(sum(np.sum(np.float64(x) ** 2) for x in g["dense"].values()))
+    clipped = {name: x * min(1.0, clip_norm / norm) for name, x in g["dense"].items()}
     for name in ("kernel", "bias"):
-      m[name] = 0.9 * m[name] + 0.1 * g["dense"][name]
-      v[name] = 0.999 * v[name] + 0.001 * g["dense"][name] ** 2
+      m[name] = 0.9 * m[name] + 0.1 * clipped[name]
+      v[name] = 0.999 * v[name] + 0.001 * clipped[name] ** 2
       m_hat, v_hat = ((m[name] / (1 - 0.9 ** (t + 1)), v[name] / (1 - 0.999 ** (t + 1))) if bias_correction
                       else (m[name], v[name]))
       step = m_hat / (np.sqrt(v_hat) + 1e-6) + (0.1 * theirs["dense"][name] if name == "kernel" else 0)
