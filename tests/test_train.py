@@ -9,12 +9,14 @@ import sys
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from xla_flags import xla_flags
 
 from configs import pretrain as pretrain_config
 from tupe import errors
+from tupe import models
 from tupe.data import pipeline
 from tupe.run import process
 from tupe.store import runlog
@@ -98,6 +100,36 @@ def test_the_model_initialization_is_traced_once(model, monkeypatch):
   assert len(traced) == 1
   state = jax.block_until_ready(setup.init_state())
   assert len(traced) == 1 and int(state.step) == 0
+
+
+def test_mlm_loss_is_the_mean_over_the_real_predictions():
+  """The MLM loss and accuracy are means over the prediction slots of weight 1 alone, as numpy computes them from
+  the model's logits: the unused slots (weight 0, label 0, position 0, as masking pads them) count in neither the
+  sum nor the denominator (before, a loss summed over every slot passed every test)."""
+  cfg = tiny("bert_a")
+  cfg.model.vocab_size = 211
+  module = objectives.build_model(cfg)
+  rng = np.random.default_rng(0)
+  shapes = jax.eval_shape(lambda: models.init_module(module, cfg.model, 0, jnp.zeros((1, 2), jnp.int32)))
+  params = jax.tree_util.tree_map(lambda s: rng.normal(0, 0.5, s.shape).astype(np.float32), shapes)  # varied logits
+  ids = rng.integers(5, 211, size=(3, 16)).astype(np.int32)
+  weights = np.array([[1, 1, 1, 0, 0], [1, 0, 0, 0, 0], [1, 1, 1, 1, 1]], np.float32)
+  positions = np.where(weights > 0, np.argsort(rng.random((3, 16)), axis=1)[:, :5], 0).astype(np.int32)
+  batch = dict(input_ids=ids, attention_mask=np.ones_like(ids), token_type_ids=np.zeros_like(ids),
+               masked_positions=positions, masked_weights=weights)
+  logits = np.float64(jax.jit(lambda p, b: module.apply({"params": p}, b["input_ids"], b["attention_mask"],
+                                                        b["token_type_ids"], b["masked_positions"]))(params, batch))
+  labels = np.where(weights > 0, rng.integers(5, 211, size=(3, 5)), 0)
+  labels[:, 0] = logits[:, 0].argmax(-1)  # some right, so that the accuracy is not 0 whatever it averages
+  batch["masked_ids"] = labels.astype(np.int32)
+  _, metrics = jax.jit(lambda p, b: objectives.loss_fn(cfg, module, p, b, jax.random.PRNGKey(0),
+                                                       deterministic=True))(params, batch)
+  log_probs = logits - logits.max(-1, keepdims=True)
+  log_probs -= np.log(np.exp(log_probs).sum(-1, keepdims=True))
+  real = weights > 0
+  np.testing.assert_allclose(metrics["loss"], -np.take_along_axis(log_probs, labels[..., None], -1)[real].mean(),
+                             rtol=1e-5)
+  np.testing.assert_allclose(metrics["mlm_accuracy"], (logits.argmax(-1) == labels)[real].mean(), rtol=1e-6)
 
 
 def test_electra_objective_trains(tmp_path):
