@@ -11,6 +11,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from xla_flags import xla_flags
 
@@ -21,6 +22,7 @@ from tupe.data import pipeline
 from tupe.run import process
 from tupe.store import runlog
 from tupe.study import sweep
+from tupe.train import core
 from tupe.train import evaluation
 from tupe.train import objectives
 from tupe.train import pretrain
@@ -130,6 +132,26 @@ def test_mlm_loss_is_the_mean_over_the_real_predictions():
   np.testing.assert_allclose(metrics["loss"], -np.take_along_axis(log_probs, labels[..., None], -1)[real].mean(),
                              rtol=1e-5)
   np.testing.assert_allclose(metrics["mlm_accuracy"], (logits.argmax(-1) == labels)[real].mean(), rtol=1e-6)
+
+
+def test_each_step_draws_its_own_random_numbers():
+  """Step t draws its dropout masks from the state's base key folded with t: two steps draw different numbers, and
+  a state rebuilt at step 1 from the same key (a resumed run) draws what the run drew there (before, one key used
+  at every step, the same dropout masks all run long, passed every test)."""
+  def loss(params, batch, rng, denoms):
+    del batch, denoms
+    value = jnp.sum(params["w"] * jax.random.normal(rng, (3,)))
+    return value, {"loss": value, "draw": jax.random.uniform(rng)}
+
+  tx = optax.sgd(1.0)
+  step = jax.jit(core.make_train_step(core.Objective(loss=loss, normalizers=lambda batch: {}), tx, lambda t: 1.0,
+                                      accum=1))
+  batch = {"attention_mask": np.ones((2, 4), np.int32)}
+  first = core.new_state({"w": jnp.zeros(3)}, tx, jax.random.PRNGKey(0))
+  second, drawn_first = step(first, batch)
+  _, drawn_second = step(second, batch)
+  _, resumed = step(first.replace(step=jnp.ones((), jnp.int32), params=second.params), batch)
+  assert drawn_first["draw"] != drawn_second["draw"] and resumed["draw"] == drawn_second["draw"]
 
 
 def test_electra_objective_trains(tmp_path):
