@@ -128,17 +128,23 @@ def test_gradient_accumulation_matches_full_batch():
 def test_electra_gradient_accumulation_matches_full_batch():
   """ELECTRA's step under accumulation is the whole batch's too (each microbatch's generator and discriminator
   losses normalized by the batch's counts), once its samples do not depend on the microbatch's random key: the
-  generator's output bias makes token 7 every sample, so the replaced tokens are the same in both runs."""
+  generator's output bias makes one token every sample, so the replaced tokens are the same in both runs. That token
+  is one that some predictions hold: the discriminator's labels are the predictions it changed, not every one."""
   cfg, metrics = tiny_config("convbert"), ("loss", "mlm_loss", "disc_loss", "disc_accuracy", "replaced_fraction")
   cfg.model.update(hidden_dropout=0.0, attention_dropout=0.0)
   whole = pretrain.build(cfg, jax.devices()[:1])
   params = jax.device_get(whole.init_state().params)
   params["generator_head"]["bias"] = np.zeros_like(params["generator_head"]["bias"])
-  params["generator_head"]["bias"][7] = 1e4
+  first = next(synthetic_batches(cfg, 1, whole.num_predictions))
+  real = first["masked_weights"] > 0
+  sample = int(first["masked_ids"][real][0])
+  params["generator_head"]["bias"][sample] = 1e4
   ref, ref_params = run(cfg, jax.devices()[:1], 2, metrics, params=params, setup=whole)
   cfg.grad_accum_steps = 4
   got, got_params = run(cfg, jax.devices()[:1], 2, metrics, params=params)
-  assert 0 < ref[0][-1] < 1  # some masked tokens replaced (those that were not 7), some not
+  replaced = (real & (first["masked_ids"] != sample)).sum()  # (a sample equal to the original is no replacement)
+  assert 0 < replaced < real.sum()
+  np.testing.assert_allclose(ref[0][-1], replaced / first["attention_mask"].sum(), rtol=1e-6)  # over the tokens
   np.testing.assert_allclose(got, ref, rtol=1e-5)
   jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5), got_params, ref_params)
 
