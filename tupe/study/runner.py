@@ -373,7 +373,3 @@ def main(argv: list[str], call=subprocess.call) -> None:
   paths = report.write(cfg, root, variants)
   console.log(f"[study] wrote {', '.join(str(p) for p in paths)}")
 
-
-if __name__ == "__main__":
-  from tupe.run import process
-  process.run_main(main)
