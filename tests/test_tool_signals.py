@@ -105,6 +105,44 @@ def test_export_hf(pretrained, tmp_path):
   assert not out.exists()
 
 
+def commands() -> list[str]:
+  """Every `python -m tupe...` command: each module with a `__main__` block, and each package's `__main__.py`."""
+  found = []
+  for path in sorted((REPO / "tupe").rglob("*.py")):
+    name = ".".join(path.relative_to(REPO).with_suffix("").parts)
+    if path.name == "__main__.py":
+      found.append(name.removesuffix(".__main__"))
+    elif re.search(r'^if __name__ == "__main__":', path.read_text(), re.M):
+      found.append(name)
+  return found
+
+
+# `python -m MODULE` (runpy, as -m runs it) that sends itself SIGNUM as NumPy starts to load: every command imports it
+# (through JAX, or its own imports) in the second or more before `run_main`, and the entry layer does not.
+WHILE_LOADING = """import os, runpy, sys
+class Send:
+  def find_spec(self, name, path=None, target=None):
+    if name == "numpy":
+      sys.meta_path.remove(self)
+      os.kill(os.getpid(), int(sys.argv[2]))
+sys.meta_path.insert(0, Send())
+runpy.run_module(sys.argv[1], run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.parametrize("name, signum", [(name, signal.SIGINT) for name in commands()]
+                         + [("tupe.tools.summary", signal.SIGTERM)], ids=lambda value: getattr(value, "name", value))
+def test_a_signal_while_a_command_loads_is_one_line(name, signum):
+  """Ctrl-C in the first second of a command, while it imports JAX and the rest: one line and status 130, as train.py
+  says before its job starts (before: a KeyboardInterrupt's traceback, or an ImportError's from an extension it
+  interrupted, status 1, now and then a segfault; a SIGTERM ended the command with no line)."""
+  proc = subprocess.run([sys.executable, "-c", WHILE_LOADING, name, str(int(signum))], cwd=REPO, env=train_env(),
+                        capture_output=True, text=True, timeout=120)
+  assert (proc.returncode, proc.stdout, proc.stderr) == (
+      128 + signum, "", f"stopped by {signals.name(signum)} while the command was loading: nothing was done; rerun "
+                        f"the same command\n")
+
+
 def test_sigterm_in_a_command_is_one_line_like_ctrl_c():
   """A command's SIGTERM outside any wait of its own is one line and exit status 143, as Ctrl-C is one line and 130
   (before: the process ended silently)."""

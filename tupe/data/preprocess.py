@@ -16,6 +16,10 @@ command after an interruption and it resumes; the run that finishes the last uni
 examples are the same whatever the workers, tasks or interruptions. Train with data.source="arrayrecord",
 data.files=the output folder.
 """
+if __name__ == "__main__":  # First, before the heavy imports: a stop signal while they load is one line.
+  from tupe.run import process
+  process.stop_while_loading()
+
 import re
 import time
 
@@ -112,5 +116,4 @@ def preprocess(data_cfg, seq_len: int, output: storage.PathLike, workers: int = 
 
 
 if __name__ == "__main__":
-  from tupe.run import process
   process.run_main(main)

@@ -26,6 +26,10 @@ on failure), and the tasks already written stay.
 """
 from __future__ import annotations
 
+if __name__ == "__main__":  # First, before the heavy imports: a stop signal while they load is one line.
+  from tupe.run import process
+  process.stop_while_loading()
+
 import contextlib
 import os
 import socket
@@ -223,5 +227,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  from tupe.run import process
   process.run_main(main)

@@ -1,10 +1,12 @@
 """The process around a command: stop signals from its first line, one-line errors and exit statuses.
 
 Every command (train.py, eval_glue.py, and each `python -m tupe...` tool in its `__main__` block) runs its
-`main` under `run_main`, the one error wrapper; train.py and eval_glue.py call `catch_signals` first, before
-their heavy imports, so that no moment of a run is left to the default handlers.
+`main` under `run_main`, the one error wrapper. Each handles stop signals from its first line, before its heavy
+imports, so that no moment of it is left to the default handlers: train.py and eval_glue.py call `catch_signals`,
+the `python -m` commands `stop_while_loading`.
 """
 import atexit
+import contextlib
 import os
 import signal
 import sys
@@ -32,6 +34,25 @@ def catch_signals() -> None:
       signal.signal(signum, signals.record)
     signals.watch()
     atexit.register(_exit_for_a_late_signal)  # Registered first, so it runs last.
+
+
+def stop_while_loading() -> None:
+  """For a `python -m` command, called from an `if __name__ == "__main__":` block above its imports: until
+  `run_main` starts the command, SIGINT or SIGTERM ends the process at once with one line and status 130 or 143.
+  Nothing is done yet, so nothing is lost; `run_main` then puts the command's own handlers in place. (Before: Ctrl-C
+  in the seconds of importing JAX printed a KeyboardInterrupt's traceback, or an ImportError's when it met an
+  extension's initialization, and a SIGTERM ended the command with no line.)"""
+  if threading.current_thread() is threading.main_thread():
+    for signum in signals.STOP_SIGNALS:
+      signal.signal(signum, _stop_while_loading)
+
+
+def _stop_while_loading(signum, _frame) -> None:
+  """`stop_while_loading`'s handler: the line, then the exit, at once (nothing to save, nothing to wait for)."""
+  with contextlib.suppress(OSError):
+    os.write(2, f"stopped by {signals.name(signum)} while the command was loading: nothing was done; rerun the same "
+                f"command\n".encode())
+  os._exit(128 + signum)
 
 
 def _exit_for_a_late_signal() -> None:
@@ -70,9 +91,11 @@ def run_main(main, argv=None) -> None:
   owns_process = argv is None
   if owns_process:
     signals.own_process()  # (work that a stop signal must end at once goes to a child: `signals.call_in_child`)
-  if owns_process and threading.current_thread() is threading.main_thread() and (
-      signal.getsignal(signal.SIGTERM) == signal.SIG_DFL):  # (not train.py's or eval_glue.py's `catch_signals`)
+  if owns_process and threading.current_thread() is threading.main_thread() and signal.getsignal(
+      signal.SIGTERM) in (signal.SIG_DFL, _stop_while_loading):  # (not train.py's or eval_glue.py's `catch_signals`)
     signal.signal(signal.SIGTERM, signals.interrupt)  # as Ctrl-C: one line, not a silent end
+  if signal.getsignal(signal.SIGINT) is _stop_while_loading:  # (the command has loaded: Ctrl-C is its own now)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
   argv = list(sys.argv if argv is None else argv)
   ours = argv[:argv.index("--")] if "--" in argv else argv  # What follows "--" belongs to another command.
   verbose = "--verbose" in ours

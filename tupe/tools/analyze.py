@@ -19,6 +19,10 @@ Maps are those of the self-attention heads; ConvBERT's convolution heads have no
 """
 from __future__ import annotations
 
+if __name__ == "__main__":  # First, before the heavy imports: a stop signal while they load is one line.
+  from tupe.run import process
+  process.stop_while_loading()
+
 import csv
 import io
 import math
@@ -338,5 +342,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  from tupe.run import process
   process.run_main(main)

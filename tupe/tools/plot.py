@@ -10,6 +10,10 @@ stays faint behind), learning rates never.
 """
 from __future__ import annotations
 
+if __name__ == "__main__":  # First, before the heavy imports: a stop signal while they load is one line.
+  from tupe.run import process
+  process.stop_while_loading()
+
 from tupe import console
 from tupe.errors import UserError
 from tupe.store import outputs
@@ -36,5 +40,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  from tupe.run import process
   process.run_main(main)

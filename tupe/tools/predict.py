@@ -10,6 +10,10 @@ in a bucket (gs://, s3://), and so may the files.
 """
 from __future__ import annotations
 
+if __name__ == "__main__":  # First, before the heavy imports: a stop signal while they load is one line.
+  from tupe.run import process
+  process.stop_while_loading()
+
 from tupe import console
 from tupe.errors import UserError
 from tupe.glue import classifier
@@ -36,5 +40,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  from tupe.run import process
   process.run_main(main)

@@ -20,6 +20,10 @@ predicted positions only). TUPE's positional term is computed once per batch, it
 """
 from __future__ import annotations
 
+if __name__ == "__main__":  # First, before the heavy imports: a stop signal while they load is one line.
+  from tupe.run import process
+  process.stop_while_loading()
+
 import jax
 
 from tupe import config_files
@@ -130,5 +134,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  from tupe.run import process
   process.run_main(main)

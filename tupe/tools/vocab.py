@@ -3,6 +3,10 @@ header/footer stripped), as a BERT vocab.txt.
 
   python -m tupe.tools.vocab --input 'corpus/*.txt' --vocab-size 30522 --output vocab.txt [--cased]
 """
+if __name__ == "__main__":  # First, before the heavy imports: a stop signal while they load is one line.
+  from tupe.run import process
+  process.stop_while_loading()
+
 from tupe import console
 from tupe import signals
 from tupe.data import tokenizer
@@ -45,5 +49,4 @@ def _train(source: dict, inputs: list[dict], vocab_size: int, lowercase: bool) -
 
 
 if __name__ == "__main__":
-  from tupe.run import process
   process.run_main(main)
