@@ -9,6 +9,7 @@ from configs import pretrain as pretrain_config
 from tupe import config_files
 from tupe.errors import UserError
 from tupe.glue import finetune
+from tupe.run import quiet
 from tupe.study import sweep
 from tupe.train import pretrain
 
@@ -251,6 +252,9 @@ def test_a_config_file_in_a_bucket_is_one_line_saying_so(spec, tmp_path):
     ("def get_config():\n  c = ml_collections.ConfigDict()\n  c.x = 1 / 0\n  return c\n", 4,
      "ZeroDivisionError: division by zero"),
     ("raise RuntimeError('no such cluster')\n", 2, "RuntimeError: no such cluster"),
+    # config_flags wraps these two with their traceback: it was the message, 10 lines and more
+    ("def get_config():\n  raise ValueError('unknown size')\n", 3, "ValueError: unknown size"),
+    ("WIDTH = len(5)\n", 2, "TypeError: object of type 'int' has no len()"),
 ])
 def test_a_config_file_that_raises_is_one_line_naming_the_file_and_line(tmp_path, body, line, raised):
   """Raised in get_config or while the file is imported: the file, the line and the exception, not a traceback."""
@@ -259,6 +263,33 @@ def test_a_config_file_that_raises_is_one_line_naming_the_file_and_line(tmp_path
   with pytest.raises(UserError, match=f"^--config: the config file {re.escape(str(file))} raised "
                                       f"{re.escape(raised)} at line {line}; fix the file$"):
     config_files.check_config_flags(["train.py", f"--config={file}", "--workdir", "w"])
+
+
+@pytest.mark.parametrize("body, arg, line", [
+    ("def get_config():\n  return ml_collections.ConfigDict()\n", ":tiny",
+     "--config {file}:tiny: get_config() takes 0 positional arguments but 1 was given (what follows the file's ':' "
+     "is get_config's argument)"),
+    ("def get_config(size):\n  return ml_collections.ConfigDict()\n", "",
+     "--config {file}: get_config() missing 1 required positional argument: 'size' (what follows the file's ':' is "
+     "get_config's argument)"),
+    ("def get_config():\n  ml_collections.ConfigDict()\n", "",
+     "--config {file}: get_config() returned None, not a ConfigDict; return an ml_collections.ConfigDict from {file}"),
+    ("def get_config():\n  return {'seed': 0}\n", "",
+     "--config {file}: get_config() returned a dict, not a ConfigDict; return an ml_collections.ConfigDict from "
+     "{file}"),
+], ids=["an-argument-too-many", "no-argument", "none-returned", "a-dict-returned"])
+def test_a_config_file_that_takes_another_argument_or_returns_no_config_is_one_line(tmp_path, caplog, body, arg, line):
+  """An argument its get_config does not take (or none where it needs one): the call's error and what the argument
+  is, not a traceback in the message (before: 10 lines); a get_config that returns no ConfigDict: said so, and
+  config_flags' warning of a None quieted (before: "raised AttributeError: 'NoneType' object has no attribute
+  'to_dict'", after two lines of absl's)."""
+  quiet.install()  # (as every command has it)
+  file = tmp_path / "mine.py"
+  file.write_text("import ml_collections\n" + body)
+  with pytest.raises(UserError) as error:
+    config_files.check_config_flags(["train.py", f"--config={file}{arg}", "--workdir", "w"])
+  assert str(error.value) == line.format(file=file)
+  assert not caplog.records
 
 
 def test_a_missing_required_flag_is_named_with_an_example():

@@ -168,8 +168,12 @@ def check_config_flags(argv: list[str]) -> ml_collections.ConfigDict:
     config_flags.DEFINE_config_file("config", None, flag_values=values, lock_config=True, sys_argv=args)
     try:
       values(args)
-      values.config.to_dict()  # config_flags defers a config file's loading error to the first access
+      if callable(to_dict := getattr(values.config, "to_dict", None)):  # (config_flags defers a config file's
+        to_dict()                                                       # loading error to the first access)
     except flags.Error as e:
+      cause = _first_cause(e)
+      if _CONFIG_FILE_RAISED in str(e) and not isinstance(cause, UserError):  # (config_flags wraps a ValueError or
+        raise UserError(_raised(cause, file, spec)) from None                # TypeError with its traceback)
       raise UserError(flags_error(e, args)) from None
     except OSError as e:  # The config file exists but does not load (e.g. a syntax error or no get_config).
       cause = _first_cause(e)
@@ -179,8 +183,11 @@ def check_config_flags(argv: list[str]) -> ml_collections.ConfigDict:
       if isinstance(e, AttributeError) and "has no attribute 'get_config'" in str(e):
         raise UserError(f"--config {file} is not a config file (it has no get_config()): give configs/<file>.py, "
                         f"e.g. {ENTRY_POINTS.get(os.path.basename(argv[0]), ENTRY_POINTS['train.py'])[1]}") from None
-      raise UserError(f"--config: the config file {file} raised {type(e).__name__}: {_first_line(e)}"
-                      f"{_where(e, file)}; fix the file") from None
+      raise UserError(_raised(e, file, spec)) from None
+    if not isinstance(values.config, ml_collections.ConfigDict):
+      returned = "None" if values.config is None else f"a {type(values.config).__name__}"
+      raise UserError(f"--config {spec}: get_config() returned {returned}, not a ConfigDict; return an "
+                      f"ml_collections.ConfigDict from {file}")
     return values.config
 
   base = parse([argv[0], f"--config={spec}"])
@@ -192,6 +199,18 @@ def check_config_flags(argv: list[str]) -> ml_collections.ConfigDict:
 def _find(file: str) -> str:
   """A config file's path: as given where it exists (relative to the working directory), else in the repository."""
   return str(REPO / file) if not os.path.isfile(file) and (REPO / file).is_file() else file
+
+
+_CONFIG_FILE_RAISED = "Error whilst parsing config file"  # config_flags' words for an exception of the file's
+
+
+def _raised(e: BaseException, file: str, spec: str) -> str:
+  """The line of exception `e`, raised by config file `file` (at import or in get_config), or by the call of its
+  get_config with the argument that `spec` gives it."""
+  where = _where(e, file)
+  if isinstance(e, TypeError) and not where and str(e).startswith("get_config()"):
+    return f"--config {spec}: {_first_line(e)} (what follows the file's ':' is get_config's argument)"
+  return f"--config: the config file {file} raised {type(e).__name__}: {_first_line(e)}{where}; fix the file"
 
 
 def _check_local(spec: str) -> None:

@@ -8,6 +8,8 @@ user who imports tupe keeps every hook, filter and logger as it was. What is qui
   - orbax's tracebacks from its threads when a save fails, and the leftovers of failed saves and restores
     (asyncio's "never retrieved", unawaited coroutines, reads still in flight on a closed loop): the failure
     reaches `Checkpointer`'s caller, which reports it in one line;
+  - config_flags' warning that a config file's get_config returned None: the config loader refuses it in one line
+    (`tupe.config_files`);
   - JAX's multi-line warning about a compilation-cache entry it could not read or write, and its warning about an
     entry over the cache's bound: one line, as JAX goes on without the entry.
 """
@@ -36,6 +38,7 @@ def install() -> None:
       lambda record: "unavailable metadata server" not in record.getMessage())
   logging.getLogger("absl").addFilter(  # orbax's logger
       lambda record: not (record.exc_info and record.levelno >= logging.ERROR and _is_orbax_file(record.pathname)))
+  logging.getLogger("absl").addFilter(lambda record: "get_config() returned None" not in record.getMessage())
   _ignore_reads_left_by_failed_restores()
   logging.getLogger("asyncio").addFilter(lambda record: "was never retrieved" not in record.getMessage())
   warnings.filterwarnings("ignore", message="coroutine .* was never awaited", category=RuntimeWarning)
