@@ -292,6 +292,13 @@ def test_a_config_file_that_takes_another_argument_or_returns_no_config_is_one_l
   assert not caplog.records
 
 
+def test_a_folder_given_as_the_config_is_one_line_saying_so():
+  """(Before: "No such file or directory: 'configs'", of a folder that exists.)"""
+  with pytest.raises(UserError, match=r"^--config configs is a folder: give a config file, e.g. "
+                                      r"configs/glue.py:<tupe\|convbert>$"):
+    config_files.check_config_flags(["eval_glue.py", "--config=configs", "--workdir", "w"])
+
+
 def test_a_missing_required_flag_is_named_with_an_example():
   """absl's own error for a required flag left out ("Flag --workdir must have a value other than None.; fix the
   flag" before) becomes one line naming the flag, what it is and an example."""

@@ -159,6 +159,9 @@ def check_config_flags(argv: list[str]) -> ml_collections.ConfigDict:
   spec = specs[0]
   _check_local(spec)
   file = spec.split(":", 1)[0]
+  example = ENTRY_POINTS.get(os.path.basename(argv[0]), ENTRY_POINTS["train.py"])[1]
+  if os.path.isdir(file):
+    raise UserError(f"--config {file} is a folder: give a config file, e.g. {example}")
   if not os.path.isfile(file):
     raise UserError(f"--config: cannot load the config file: No such file or directory: {file!r}; give an "
                     f"existing configs/<file>.py")
@@ -182,7 +185,7 @@ def check_config_flags(argv: list[str]) -> ml_collections.ConfigDict:
     except Exception as e:  # Raised by the file's own code, at import or in get_config.
       if isinstance(e, AttributeError) and "has no attribute 'get_config'" in str(e):
         raise UserError(f"--config {file} is not a config file (it has no get_config()): give configs/<file>.py, "
-                        f"e.g. {ENTRY_POINTS.get(os.path.basename(argv[0]), ENTRY_POINTS['train.py'])[1]}") from None
+                        f"e.g. {example}") from None
       raise UserError(_raised(e, file, spec)) from None
     if not isinstance(values.config, ml_collections.ConfigDict):
       returned = "None" if values.config is None else f"a {type(values.config).__name__}"
