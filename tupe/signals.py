@@ -153,9 +153,10 @@ class _Watcher:
 def interrupt(signum, _frame) -> None:
   """The SIGTERM handler of a command's own process (`tupe.run.process.run_main` installs it where no job records
   the signal): raises `Interrupted`, as Python's own handler of SIGINT raises KeyboardInterrupt. The exception that
-  this module otherwise avoids: a command with no job has no safe point to wait for. A library may swallow it (JAX's
-  garbage-collection callback drops it with an "Exception ignored" message), so a second SIGTERM kills the process
-  (the default action, back in place from the first)."""
+  this module otherwise avoids: a command with no job has no safe point to wait for. A library's `except` may swallow
+  it, so a second SIGTERM kills the process (the default action, back in place from the first); where Python drops it
+  (raised in JAX's garbage-collection callback, say), the entry layer sends it again with this handler back in place
+  (`tupe.run.process.run_main`)."""
   signal.signal(signum, signal.SIG_DFL)
   raise Interrupted(signum)
 

@@ -20,6 +20,8 @@ from tupe.errors import UserError
 from tupe.run import quiet
 
 _status: int | None = None  # The exit status `run_main` chose (None until it has finished).
+_RESEND_AFTER_S = 0.05  # How long after Python dropped a stop signal's exception it is sent again.
+_dropped: list[tuple[int, threading.Timer]] = []  # Those signals, and their sending again.
 
 
 def catch_signals() -> None:
@@ -83,7 +85,8 @@ def run_main(main, argv=None) -> None:
   (`_exit_for_a_late_signal`). Library noise is quieted first (`quiet.install`).
 
   With `argv` None (the process's own command line) the process is the job's: after a failure it exits at once,
-  whatever threads still run (`_leave_stuck_threads`). A caller that passes `argv` runs the entry point inside a
+  whatever threads still run (`_leave_stuck_threads`), and a stop signal whose exception Python dropped is sent
+  again (`_resend_dropped_stops`). A caller that passes `argv` runs the entry point inside a
   process of its own (a test, a notebook), which is never ended here: the `SystemExit` is the caller's."""
   global _status
   quiet.install()
@@ -91,6 +94,7 @@ def run_main(main, argv=None) -> None:
   owns_process = argv is None
   if owns_process:
     signals.own_process()  # (work that a stop signal must end at once goes to a child: `signals.call_in_child`)
+    sys.unraisablehook = _resend_dropped_stops(sys.unraisablehook)
   if owns_process and threading.current_thread() is threading.main_thread() and signal.getsignal(
       signal.SIGTERM) in (signal.SIG_DFL, _stop_while_loading):  # (not train.py's or eval_glue.py's `catch_signals`)
     signal.signal(signal.SIGTERM, signals.interrupt)  # as Ctrl-C: one line, not a silent end
@@ -104,6 +108,7 @@ def run_main(main, argv=None) -> None:
   status = 1  # An exception that escapes: the interpreter prints its traceback.
   try:
     main(argv)
+    _stop_for_a_dropped_signal()
     status = 0
   except SystemExit as e:
     status = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
@@ -138,6 +143,39 @@ def run_main(main, argv=None) -> None:
     _status = status
     if status:  # Its line (or traceback) is printed: a signal arriving now changes nothing.
       signals.received.clear()
+
+
+def _resend_dropped_stops(hook):
+  """`hook` (sys.unraisablehook), for a command whose stop signals raise (Ctrl-C's KeyboardInterrupt, SIGTERM's
+  `Interrupted`): Python drops an exception raised where it cannot propagate (a weakref callback, a __del__, JAX's
+  garbage-collection callback), so a signal whose handler ran there was lost: an "Exception ignored" traceback, and
+  the command went on to the end and exit 0. The signal is sent again a moment later, once the main thread has left
+  the callback (again if it lands in one again), and stops the command with its line and status; SIGTERM's handler,
+  which put the default action back as it raised, is put back first."""
+  def unraisable(dropped) -> None:
+    if not isinstance(dropped.exc_value, KeyboardInterrupt):
+      hook(dropped)
+      return
+    signum = getattr(dropped.exc_value, "signum", signal.SIGINT)
+    if signal.getsignal(signum) == signal.SIG_DFL and threading.current_thread() is threading.main_thread():
+      signal.signal(signum, signals.interrupt)
+    resend = threading.Timer(_RESEND_AFTER_S, os.kill, (os.getpid(), signum))
+    resend.daemon = True
+    _dropped.append((signum, resend))
+    resend.start()
+  return unraisable
+
+
+def _stop_for_a_dropped_signal() -> None:
+  """After the command's work returned: a stop signal that Python dropped (`_resend_dropped_stops`) and that was not
+  sent again yet, the work having ended first, stops the command all the same (`Interrupted`); its sending is called
+  off (a signal during the interpreter's finalization would kill the process with no line)."""
+  pending = [signum for signum, resend in _dropped if not resend.finished.is_set()]
+  for _, resend in _dropped:
+    resend.cancel()
+  _dropped.clear()
+  if pending:
+    raise Interrupted(pending[0])
 
 
 def _print_error(line: str, e: BaseException) -> None:
