@@ -129,12 +129,16 @@ def test_gutenberg_strip_only_with_its_licence_markers(shared_data, wiki_paragra
 
 
 def test_report_counts_empty_documents():
+  """One input: its line alone (before, a total line repeated it: "all 1 inputs: kept 1 documents, ...")."""
   tallies = {"a.txt": Tally()}
   tallies["a.txt"].count_document(5, 0)
   tallies["a.txt"].count_document(10, 3)
-  (line, total) = report.lines(tallies)
-  assert line == "input a.txt: kept 1 documents, 10 characters, 3 text tokens; dropped 1 empty documents"
-  assert "dropped 1 empty documents, 0 undecodable bytes" in total
+  assert report.lines(tallies) == [
+      "input a.txt: kept 1 documents, 10 characters, 3 text tokens; dropped 1 empty documents"]
+  tallies["b.txt"] = Tally()
+  tallies["b.txt"].count_document(7, 0)
+  assert "all 2 inputs: kept 1 documents, 10 characters, 3 text tokens; dropped 2 empty documents, 0 undecodable " \
+      "bytes" in report.lines(tallies)[2]
 
 
 def test_wikipedia_parquet_recipe(wiki_paragraphs, tmp_path, bert_vocab, capsys):

@@ -55,7 +55,8 @@ def merged(tallies: list[dict[str, dict[str, int]]]) -> dict[str, Tally]:
 
 
 def lines(tallies: dict[str, Tally]) -> list[str]:
-  """One line per input, then a total line and the Project Gutenberg strip line."""
+  """One line per input, then, for more than one, their total with the Project Gutenberg strip (one input's line says
+  it all: its total would repeat it)."""
   out = []
   for name, t in tallies.items():
     dropped = [f"{n:,} {what}" for n, what in ((t.empty_documents, "empty documents"),
@@ -65,6 +66,8 @@ def lines(tallies: dict[str, Tally]) -> list[str]:
                if n]
     out.append(f"input {name}: kept {t.documents:,} documents, {t.characters:,} characters, {t.tokens:,} text tokens; "
                f"dropped {', '.join(dropped) if dropped else 'nothing'}")
+  if len(tallies) < 2:
+    return out
   total = Tally()
   for t in tallies.values():
     total.add(t)
