@@ -261,6 +261,12 @@ def test_plot_two_runs(tmp_path, capsys):
       writer.write(step, dict(loss=0.7, learning_rate=1e-3))
       writer.write(step, dict(score=50.0 + step, loss=0.69), prefix="eval_")
   assert "dev score (a GLUE run's)" in curves.plot_runs({"rte": curves.read_run(glue_run)}, tmp_path / "glue.png")
+  (tmp_path / "glue" / "runs").mkdir(parents=True)  # an eval_glue.py workdir, given for one of its runs
+  with pytest.raises(UserError) as error:
+    curves.read_run(tmp_path / "glue")
+  assert str(error.value) == (f"{tmp_path / 'glue' / 'metrics.jsonl'} does not exist: {tmp_path / 'glue'} is an "
+                              f"eval_glue.py workdir; pass its runs' folders, {tmp_path / 'glue' / 'runs'}/<run> (each "
+                              f"holds metrics.jsonl)")
   log = (tmp_path / "mlm" / "metrics.jsonl").read_bytes()
   with pytest.raises(UserError, match=f"^--out {tmp_path / 'mlm' / 'metrics.jsonl'}: name a .png file$"):
     plot.main(["plot", "--workdir", str(tmp_path / "mlm"), "--out", str(tmp_path / "mlm" / "metrics.jsonl")])

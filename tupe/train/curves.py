@@ -52,7 +52,11 @@ def read_run(workdir: storage.PathLike) -> list[dict]:
   """The records of a run's metrics.jsonl (see `tupe.store.runlog.read_metrics`), in a local folder or a bucket."""
   path = storage.path(workdir) / "metrics.jsonl"
   if not storage.is_file(path):
-    raise UserError(f"{path} does not exist: pass train.py workdirs (they hold metrics.jsonl)")
+    if storage.is_dir(storage.path(workdir) / "runs"):  # (help says a GLUE run's folder; the message said it not)
+      raise UserError(f"{path} does not exist: {workdir} is an eval_glue.py workdir; pass its runs' folders, "
+                      f"{storage.path(workdir) / 'runs'}/<run> (each holds metrics.jsonl)")
+    raise UserError(f"{path} does not exist: pass train.py workdirs or eval_glue.py runs' folders "
+                    f"(WORKDIR/runs/<run>), which hold metrics.jsonl")
   try:
     records = runlog.read_metrics(workdir)
   except (json.JSONDecodeError, KeyError) as e:
