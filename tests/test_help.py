@@ -1,11 +1,15 @@
 """--help of train.py and eval_glue.py: without a config, how to pick one (the configs for the script, with their
 arguments); with --config, that config's fields, values and the comments of its file; the libraries' flags only
-under --helpfull. Each exits 0."""
+under --helpfull. Each exits 0. A `python -m` tool's --help ends with its module's command lines."""
 import re
 import subprocess
 import sys
 
+import pytest
 from test_resume import REPO
+
+from tupe.study import sweep
+from tupe.tools import glue_parity
 
 THIRD_PARTY_FLAG = "--[no]logtostderr"  # one of absl's logging flags
 
@@ -46,3 +50,18 @@ def test_help_with_a_config_lists_its_fields_values_and_comments_and_helpfull_th
   assert re.search(r"^  init_checkpoint = '' +# train.py workdir, its checkpoints/ folder or a step\n +# directory",
                    out, re.M)  # a comment continued on the next lines
 
+
+
+@pytest.mark.parametrize("tool, lines", [
+    (glue_parity, "  python -m tupe.tools.glue_parity --config configs/glue.py:tupe --config.init_checkpoint=WORKDIR "
+                  "\\\n      --config.data_dir=GLUE_DIR --config.tasks=sst2,mrpc,stsb --workdir OUT "
+                  "[--config.field=value ...]\n"),
+    (sweep, "  python -m tupe.study.sweep --config configs/pretrain.py:tupe_a,base --root runs/lr \\\n      --grid "
+            "optimizer.learning_rate=1e-4,2e-4 --grid seed=0,1 [--print] [-- --config.num_train_steps=1000]\n"),
+], ids=["glue_parity", "sweep"])
+def test_a_tool_s_help_ends_with_its_command_lines(tool, lines, capsys):
+  """What argparse's usage line leaves out: the --config.FIELD=VALUE overrides a tool takes (glue_parity needs
+  --config.init_checkpoint), a sweep's `-- ARGS` for every run (before: in the module's docstring only)."""
+  with pytest.raises(SystemExit) as done:
+    tool.main(["tool", "--help"])
+  assert done.value.code == 0 and capsys.readouterr().out.endswith("\nexamples:\n" + lines)

@@ -24,13 +24,30 @@ def summary(doc: str) -> str:
   return " ".join(doc.strip().split("\n\n")[0].split())
 
 
+def command_lines(doc: str) -> str:
+  """The command lines that a module's docstring gives after its first paragraph (indented, `  python -m ...`), as
+  written; "" if it gives none."""
+  paragraphs = doc.strip().split("\n\n")
+  return paragraphs[1] if len(paragraphs) > 1 and paragraphs[1].lstrip().startswith("python ") else ""
+
+
+class _Formatter(argparse.HelpFormatter):
+  """argparse's --help, with the command lines of the module's docstring kept as written (line breaks, `\\`)."""
+
+  def _fill_text(self, text: str, width: int, indent: str) -> str:
+    return text if text.startswith("examples:\n") else super()._fill_text(text, width, indent)
+
+
 class ArgumentParser(argparse.ArgumentParser):
   """The command line of a `python -m tupe...` command: --help described by the first paragraph of the module's
-  docstring; a bad argument is a `UserError` (one line, and exit status 2 under `tupe.run.process.run_main`), not
-  argparse's usage block."""
+  docstring and ended by its command lines (`command_lines`: what argparse's usage line leaves out, the
+  --config.FIELD=VALUE overrides of a tool that takes them, a sweep's `-- ARGS`); a bad argument is a `UserError`
+  (one line, and exit status 2 under `tupe.run.process.run_main`), not argparse's usage block."""
 
   def __init__(self, prog: str, doc: str):
-    super().__init__(prog=prog, description=summary(doc))
+    lines = command_lines(doc)
+    super().__init__(prog=prog, description=summary(doc), formatter_class=_Formatter,
+                     epilog=f"examples:\n{lines}" if lines else None)
 
   def error(self, message: str):
     raise UserError(f"{message} ({self.prog} --help lists the arguments)")

@@ -1,6 +1,6 @@
 """Which GLUE fine-tuning budget lets pre-training show: one pre-trained variant against random initialisation.
 
-  python -m tupe.tools.glue_budget --config configs/study.py:<study>,<scale> --root DIR --variant bert_a \
+  python -m tupe.tools.glue_budget --config configs/study.py:<study>,<scale> --root DIR --variant bert_a \\
       [--budgets recipe,epochs6] [--config.field=value ...]
 
 DIR is the study's root (`python -m tupe.study`), and the variant's pre-training there must be finished, with the

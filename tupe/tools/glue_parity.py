@@ -1,6 +1,6 @@
 """GLUE fine-tuning, step for step, against PyTorch and HF transformers (the standard recipe users run).
 
-  python -m tupe.tools.glue_parity --config configs/glue.py:tupe --config.init_checkpoint=WORKDIR \
+  python -m tupe.tools.glue_parity --config configs/glue.py:tupe --config.init_checkpoint=WORKDIR \\
       --config.data_dir=GLUE_DIR --config.tasks=sst2,mrpc,stsb --workdir OUT [--config.field=value ...]
 
 The flags are eval_glue.py's. Each task is fine-tuned from the checkpoint (a train.py workdir of a BERT or
