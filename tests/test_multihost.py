@@ -23,6 +23,7 @@ from test_resume import checkpoint_state
 from test_resume import finished_steps
 from test_resume import last_logged_step
 from test_resume import metric_records
+from test_resume import train_command
 
 from configs import glue as glue_config
 from configs import pretrain as pretrain_config
@@ -61,13 +62,16 @@ def stop_hosts_left_running():
 STARTED: list[Run] = []
 
 
-def start_hosts(workdir, overrides=None, logs=None) -> list[Run]:
+def start_hosts(workdir, overrides=None, logs=None, wrap=None) -> list[Run]:
   """One train.py process per host, all on `workdir` (shared storage, as on a real cluster); their output in
-  `logs` (default: beside a local workdir)."""
+  `logs` (default: beside a local workdir). `wrap`: {host: a command that runs the rest of the command line}."""
   port = free_port()
-  hosts = [Run(workdir, dict(MULTI, **{"distributed.coordinator_address": f"localhost:{port}",
-                                       "distributed.num_processes": HOSTS, "distributed.process_id": host},
-                             **(overrides or {})), name=f"host{host}", logs=logs) for host in range(HOSTS)]
+  hosts = []
+  for host in range(HOSTS):
+    command = train_command(workdir, dict(MULTI, **{"distributed.coordinator_address": f"localhost:{port}",
+                                                    "distributed.num_processes": HOSTS,
+                                                    "distributed.process_id": host}, **(overrides or {})))
+    hosts.append(Run(workdir, name=f"host{host}", logs=logs, command=(wrap or {}).get(host, []) + command))
   STARTED.extend(hosts)
   return hosts
 
@@ -213,6 +217,22 @@ def test_a_killed_host_stops_the_other_with_one_line(tmp_path, killed):
   assert returncode == supervise.EXIT_PEER_DIED
   assert_one_line_naming(stderr, killed)
   assert not supervised_children(tmp_path), "the killed host's training process outlived its supervisor"
+
+
+def test_host_0_failing_to_take_the_workdir_stops_the_others_at_once(tmp_path):
+  """Host 0 cannot lock the workdir (flock refused, as on NFS without its lock daemon: tests/without_flock.py): the
+  other host stops at once, saying so, as host 0 does (an OSError: both with a traceback). Before, host 0 told the
+  others of a refusal only (a UserError): an OSError left them waiting for it in the lease's broadcast until Gloo
+  gave up (30 s) or the heartbeats timed out, to say that host 0 was unreachable and the run would resume from its
+  last checkpoint."""
+  workdir = tmp_path / "run"
+  hosts = start_hosts(workdir, wrap={0: [sys.executable, str(REPO / "tests" / "without_flock.py")]})
+  for host in hosts:
+    assert host.wait(timeout=120) == 1, host.stderr()[-3000:]
+  assert hosts[0].stderr().strip().splitlines()[-1] == "OSError: [Errno 37] No locks available"
+  assert hosts[1].stderr().strip().splitlines()[-1] == (
+      f"RuntimeError: host 0 of this job could not take workdir {workdir} (its log says why); host 1 stopped too, "
+      f"having written nothing there")
 
 
 def test_a_host_started_alone_says_the_others_never_joined(tmp_path):

@@ -31,7 +31,9 @@ The lock files are written here, not through `tupe.store.storage`: `flock` needs
 lease needs the stores' preconditions, which the generic path layer does not offer.
 
 Multi-host: process 0 alone takes the lease; every process learns the outcome (one broadcast), so the other
-hosts of a refused job stop too, with one line, before writing anything.
+hosts of a refused job stop too, with one line, before writing anything; and so, at once, do those of a job whose host
+0 failed to take it otherwise (each with a traceback then, as host 0: they leave JAX's distributed service
+together).
 """
 from __future__ import annotations
 
@@ -316,6 +318,11 @@ def _one_host(workdir, ttl: float) -> Iterator[None]:
   held.release()
 
 
+# Host 0's outcome of taking the lease, as it tells the other hosts: held; refused, by another job or with another
+# one-line error (a UserError); failed otherwise (a traceback).
+_HELD, _IN_USE, _REFUSED, _FAILED = 0, 1, 2, 3
+
+
 @contextlib.contextmanager
 def hold(workdir: storage.PathLike, ttl: float = TTL_S) -> Iterator[None]:
   """Holds `workdir` (which exists) for this job while the block runs; `WorkdirInUse` if another job does. Every
@@ -330,13 +337,22 @@ def hold(workdir: storage.PathLike, ttl: float = TTL_S) -> Iterator[None]:
     return
   from jax.experimental import multihost_utils
   with contextlib.ExitStack() as held:
-    refused = None
+    failed = None
     if jax.process_index() == 0:
       try:
         held.enter_context(_one_host(workdir, ttl))
-      except UserError as e:
-        refused = e
-    if multihost_utils.broadcast_one_to_all(np.int32(refused is not None)):
-      raise refused or WorkdirInUse(f"workdir {workdir} is in use by another job (host 0 of this job says "
-                                    f"which); wait for it to finish or stop it, or choose another --workdir")
+      except Exception as e:  # any failure, told to every host: none waits for host 0 in the broadcast
+        failed = e
+    outcome = multihost_utils.broadcast_one_to_all(np.int32(
+        _HELD if failed is None else _IN_USE if isinstance(failed, WorkdirInUse) else
+        _REFUSED if isinstance(failed, UserError) else _FAILED))
+    if failed is not None:
+      raise failed
+    if outcome == _IN_USE:
+      raise WorkdirInUse(f"workdir {workdir} is in use by another job (host 0 of this job says which); wait for it "
+                         f"to finish or stop it, or choose another --workdir")
+    if outcome != _HELD:  # the same kind of exit as host 0's (a traceback's waits for the others at JAX's shutdown)
+      error = UserError if outcome == _REFUSED else RuntimeError
+      raise error(f"host 0 of this job could not take workdir {workdir} (its log says why); host "
+                  f"{jax.process_index()} stopped too, having written nothing there")
     yield
