@@ -519,6 +519,17 @@ def test_a_lock_record_that_cannot_be_written_is_one_line(tmp_path):
     pass
 
 
+def test_a_filesystem_without_file_locks_is_one_line(tmp_path):
+  """flock refused (ENOLCK, as on NFS without its lock daemon: tests/without_flock.py): one line naming the lock file,
+  the cause and what to do, exit status 2 (before: an OSError's traceback, exit 1)."""
+  job = subprocess.run([sys.executable, str(REPO / "tests" / "without_flock.py"), sys.executable, "-c", HOLDER,
+                        str(tmp_path), "60"], cwd=REPO, env=train_env(), capture_output=True, text=True, timeout=120)
+  assert job.returncode == 2 and job.stdout == ""
+  assert job.stderr.strip().splitlines() == [
+      f"error: cannot lock {tmp_path / lease.LOCK_NAME}: No locks available: its filesystem refuses the file lock "
+      f"that keeps two jobs off one workdir; choose a --workdir on a filesystem that has them, or in a bucket"]
+
+
 def test_a_config_json_another_program_wrote_is_refused_and_kept(tmp_path):
   """A folder whose config.json is not a tupe run's (an HF export, given as the workdir, or as eval_glue.py's
   workdir and init_hf at once): one line before anything is written, and the folder as it was (before, train.py and

@@ -100,6 +100,11 @@ class _LocalLock:
       owner = jsonfile.parse(os.pread(self.fd, 4096, 0))
       os.close(self.fd)
       raise _in_use(self.workdir, owner) from None
+    except OSError as e:  # a filesystem without file locks (NFS without its lock daemon, Lustre without -o flock)
+      os.close(self.fd)
+      raise storage.StorageError(f"cannot lock {self.path}: {refusals.describe(e)}: its filesystem refuses the file "
+                                 f"lock that keeps two jobs off one workdir; choose a --workdir on a filesystem "
+                                 f"that has them, or in a bucket") from e
     try:
       os.ftruncate(self.fd, 0)
       os.pwrite(self.fd, json.dumps(owners.record()).encode(), 0)
