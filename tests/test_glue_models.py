@@ -312,6 +312,20 @@ def test_a_rate_named_as_a_recorded_one_is_refused(pretrained, glue_dir, tmp_pat
   assert checksums.digest(model) == digest and len(runs_lib.read_runs(tmp_path)) == 1
 
 
+def test_a_rate_named_as_one_of_another_tasks_is_refused_for_the_report():
+  """A rate that reads as a recorded one of another task only shares no folder with its runs (folders are per task),
+  but would share results.md's column header (its columns are the rates of every task): refused saying that, where
+  it said it would overwrite the recorded runs' folders and predictions."""
+  recorded = [{"task": "RTE", "lr": 1e-3, "seed": 0}]
+  with pytest.raises(UserError, match=r"^learning rate 0.0010000001 reads 0.001 to 6 digits, as the recorded RTE "
+                                      r"runs' 0.001 does, and results.md, which has a column per rate, would head two "
+                                      r"columns 'lr 0.001': give 0.001, or a rate that differs within 6 digits$"):
+    runs_lib.check_rate_names([1.0000001e-3], recorded, ["MRPC"])
+  with pytest.raises(UserError, match=r"as the recorded runs' 0.001 does, and would overwrite their folders"):
+    runs_lib.check_rate_names([1.0000001e-3], recorded, ["MRPC", "RTE"])
+  runs_lib.check_rate_names([1e-3, 2e-3], recorded, ["MRPC"])
+
+
 def test_mnli_keeps_one_model_scored_on_matched_and_mismatched(pretrained, tmp_path, monkeypatch):
   """MNLI (its files written by `python -m tupe.glue.download` under tfds.testing.mock_data: ../shared/data has no
   MNLI) ends in one model, models/MNLI, whose run records both dev evaluations; predict with it on

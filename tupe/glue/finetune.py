@@ -188,7 +188,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
     runs_lib.check_init(workdir, runs_lib.init_identity(backbone))
     lrs = glue_data.learning_rates(cfg, backbone.cfg)
     recorded = runs_lib.read_runs(workdir)
-    runs_lib.check_rate_names(lrs, recorded)
+    runs_lib.check_rate_names(lrs, recorded, [task.name for task in tasks])
     done = {(run["task"], run["lr"], run["seed"]) for run in recorded}
     pending = {task.name: [(lr, seed) for lr in lrs for seed in cfg.seeds if (task.name, lr, seed) not in done]
                for task in tasks}

@@ -57,10 +57,11 @@ def run_dir(workdir: storage.Path, task: str, lr: float, seed: int) -> storage.P
   return workdir / "runs" / f"{task}_lr{rate_name(lr)}_seed{seed}"
 
 
-def check_rate_names(lrs, runs: list[dict] = ()) -> None:
+def check_rate_names(lrs, runs: list[dict] = (), tasks=()) -> None:
   """Each learning rate of the grid names its runs' folders and predictions (`rate_name`) as no other rate of the
-  grid, nor of the workdir's recorded `runs`, does: else two rates would share one run's folder and predictions, and
-  a rerun would overwrite a recorded run's files.
+  grid, nor of the workdir's recorded `runs`, does: else two rates would share one run's folder and predictions (a
+  rerun of one of the grid's `tasks` would overwrite a recorded run's files), or, for a rate recorded for other tasks
+  only, results.md, whose columns are the rates of every task, would head two of them alike.
 
   Raises:
     UserError: two rates of the grid, or one and a recorded, different one, that read alike.
@@ -70,13 +71,17 @@ def check_rate_names(lrs, runs: list[dict] = ()) -> None:
     twice = next(name for name in named if named.count(name) > 1)
     raise UserError(f"learning_rates={tuple(lrs)} holds two rates that both read {twice} to 6 digits, which would "
                     f"share one run's folder and predictions: give rates that differ within 6 digits")
-  recorded = {rate_name(run["lr"]): run["lr"] for run in runs}
   for lr in lrs:
-    former = recorded.get(rate_name(lr), lr)
-    if former != lr:
-      raise UserError(f"learning rate {lr!r} reads {rate_name(lr)} to 6 digits, as the recorded runs' {former!r} "
-                      f"does, and would overwrite their folders and predictions: give {former!r}, or a rate that "
-                      f"differs within 6 digits")
+    alike = [run for run in runs if rate_name(run["lr"]) == rate_name(lr) and run["lr"] != lr]
+    if not alike:
+      continue
+    ours = [run for run in alike if run["task"] in tasks]
+    former = (ours or alike)[0]
+    whose, why = (("the recorded runs'", "would overwrite their folders and predictions") if ours else
+                  (f"the recorded {former['task']} runs'",
+                   f"results.md, which has a column per rate, would head two columns 'lr {rate_name(lr)}'"))
+    raise UserError(f"learning rate {lr!r} reads {rate_name(lr)} to 6 digits, as {whose} {former['lr']!r} does, and "
+                    f"{why}: give {former['lr']!r}, or a rate that differs within 6 digits")
 
 
 def predictions_path(workdir: storage.Path, task: str, lr: float, seed: int) -> storage.Path:
