@@ -44,7 +44,8 @@ def save_run(cfg, workdir: storage.Path, params, model_cfg, task, vocab: list[st
 
 def prune(cfg, workdir: storage.Path, task: str) -> None:
   """Under save_models=best, removes the run models of `task` that no longer are their learning rate's best seed
-  (process 0, after a run is recorded): at most one per learning rate is left."""
+  (process 0, after a run is recorded, and for every task when the grid writes its outputs, `publish`: a rerun
+  under best that runs nothing, after one under all, say): at most one per learning rate is left."""
   if cfg.save_models != "best":
     return
   runs = [run for run in runs_lib.read_runs(workdir) if run["task"] == task]
@@ -55,12 +56,14 @@ def prune(cfg, workdir: storage.Path, task: str) -> None:
       storage.remove(run_model_dir(workdir, task, run["lr"], run["seed"]))
 
 
-def publish(workdir: storage.Path, runs: list[dict]) -> list[str]:
+def publish(cfg, workdir: storage.Path, runs: list[dict]) -> list[str]:
   """Writes models/<TASK> for every task of `runs` from its chosen run's model (process 0), under every policy: a
-  rerun under save_models=none that changes the choice must not leave the former choice's model there; returns one
-  line per task saying what models/<TASK> holds, or why it holds nothing."""
+  rerun under save_models=none that changes the choice must not leave the former choice's model there; and prunes
+  the task's run models (`prune`). Returns one line per task saying what models/<TASK> holds, or why it holds
+  nothing."""
   notes = []
   for task in dict.fromkeys(run["task"] for run in runs):
+    prune(cfg, workdir, task)
     chosen = runs_lib.best_run([run for run in runs if run["task"] == task])
     source = run_model_dir(workdir, task, chosen["lr"], chosen["seed"])
     target = task_model_dir(workdir, task)

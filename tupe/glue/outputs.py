@@ -86,5 +86,5 @@ def write_outputs(cfg, workdir: storage.Path, backbone: backbone_lib.Backbone) -
   files = report.write_submission(workdir / "submission", predictions) if predictions else []
   console.log(f"wrote {', '.join(str(p) for p in paths.values())}"
               + (f"; GLUE server files in {workdir / 'submission'} ({submission_note(runs, files)})" if files else ""))
-  for note in keep.publish(workdir, runs):
+  for note in keep.publish(cfg, workdir, runs):
     console.log(note)
