@@ -333,6 +333,15 @@ def test_summary_command(tmp_path, capsys):
   assert len(lines) == 3 and lines[1].startswith("| bert_a,tiny |") and lines[2].startswith("| tupe_a,tiny |")
   total = int(lines[1].split("|")[10].strip().replace(",", ""))
   assert total == summary.summarize(pretrain_config.get_config("bert_a,tiny"))["total"]
+  # A config of another file with the same argument is a row of its own, named by its file (before: one row, the
+  # last config's numbers under the first's name).
+  (tmp_path / "pretrain.py").write_text("from configs import pretrain\n\n\ndef get_config(arg):\n  cfg = "
+                                        "pretrain.get_config(arg)\n  cfg.model.num_layers = 1\n  return cfg\n")
+  summary.main(["summary", "--config", "configs/pretrain.py:bert_a,tiny", "--config",
+                f"{tmp_path / 'pretrain.py'}:bert_a,tiny"])
+  rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines()[2:4]]
+  assert [row[0] for row in rows] == ["| configs/pretrain.py:bert_a,tiny", f"| {tmp_path / 'pretrain.py'}:bert_a,tiny"]
+  assert rows[0][3] == f"{int(rows[1][3].replace(',', '')) * 2:,}"  # attention: two layers, and one
   with pytest.raises(UserError, match="No such file or directory: 'configs/missing.py'"):
     config_files.load_config("configs/missing.py:tupe_a,tiny")
   with pytest.raises(UserError, match=r"^--config configs/glue.py:tupe is not a pre-training config: give "):

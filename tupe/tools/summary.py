@@ -105,6 +105,14 @@ def markdown(rows: dict[str, dict]) -> str:
   return present.markdown_table(header, cells)
 
 
+def row_labels(specs: list[str]) -> list[str]:
+  """The table's label of each --config: its argument (tupe_r,base), or the whole spec where configs of other
+  files share that argument (each its own row; the same spec twice is one config, one row)."""
+  short = [spec.partition(":")[2] or spec for spec in specs]
+  shared = {label for label in short if len({s for s, other in zip(specs, short) if other == label}) > 1}
+  return [spec if label in shared else label for spec, label in zip(specs, short)]
+
+
 def main(argv: list[str]) -> None:
   parser = console.ArgumentParser("python -m tupe.tools.summary", __doc__)
   which = parser.add_mutually_exclusive_group(required=True)
@@ -118,13 +126,13 @@ def main(argv: list[str]) -> None:
   specs = args.config or [f"configs/pretrain.py:{name},{size}" for name in models.PRETRAIN_NAMES
                           for size in models.SIZES]
   rows = {}
-  for spec in specs:
+  for spec, label in zip(specs, row_labels(specs)):
     cfg = config_files.load_config(spec)
     if config_files.entry_point(cfg) != "train.py":
       raise UserError(f"--config {spec} is not a pre-training config: give configs/pretrain.py:<model>,<size> or "
                       f"configs/demo.py")
     resolve_vocab_size(cfg)
-    rows[spec.partition(":")[2] or spec] = summarize(cfg)
+    rows[label] = summarize(cfg)
   table = markdown(rows)
   table += ("\nParameters from the pre-training model's parameter tree; FLOPs per token at each config's seq_len "
             "(a multiply-add = 2 FLOPs).\n")
