@@ -175,6 +175,23 @@ def test_sweep_workdirs_stay_inside_the_root_and_apart(tmp_path):
       sweep.check(sweep.runs("configs/pretrain.py:tupe_a,tiny", str(tmp_path), sweep.parse_grid([values]), []))
 
 
+def test_sweep_values_holding_commas_are_quoted(tmp_path):
+  """A --grid's values are one CSV row: a value holding commas (data.files's globs) is quoted whole, and reaches its
+  run as it is, in a workdir of its own name (before: split at every comma, no way to give one); an unclosed quote
+  is one line."""
+  grid = sweep.parse_grid(['data.files="a/*.txt,b/*.txt",c/*.txt', 'seed=0,"1"'])
+  assert grid == [("data.files", ["a/*.txt,b/*.txt", "c/*.txt"]), ("seed", ["0", "1"])]
+  commands = sweep.runs("configs/pretrain.py:tupe_a,tiny", str(tmp_path), grid, [])
+  assert "--config.data.files=a/*.txt,b/*.txt" in commands[0] and "--config.data.files=c/*.txt" in commands[2]
+  assert len({c[3] for c in commands}) == 4
+  names = [sweep.workdir_name([("a", "1,2")]), sweep.workdir_name([("a", "1"), ("b", "2")])]
+  assert names[1] == "a=1,b=2" and names[0].startswith("a=1,2-")  # (a digest: not read as two keys)
+  with pytest.raises(UserError, match=r"""^--grid 'data.files="a,b': unexpected end of data in its values; quote """
+                                      r"""a value that holds commas whole, with a closing quote, e.g. """
+                                      r"""data.files="a,b",c \(two values\)$"""):
+    sweep.parse_grid(['data.files="a,b'])
+
+
 @pytest.mark.parametrize("passed_on, words", [
     (["--config.seed=5"], "--config.seed=5 after -- sets seed, a --grid key: every run would train at that value"),
     (["--workdir", "/tmp/shared"], "--workdir after --: the sweep gives every run its own --config and --workdir"),

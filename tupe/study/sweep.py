@@ -3,13 +3,14 @@
   python -m tupe.study.sweep --config configs/pretrain.py:tupe_a,base --root runs/lr \\
       --grid optimizer.learning_rate=1e-4,2e-4 --grid seed=0,1 [--print] [-- --config.num_train_steps=1000]
 
-Each run gets its own workdir under --root (a local folder or a bucket URL, gs://...), named after its grid
-values (e.g. runs/lr/optimizer.learning_rate=1e-4,seed=0; values with "/" or other unsafe characters are
-replaced and a digest keeps the names distinct: `workdir_name`), so rerunning the sweep resumes every run from
-its checkpoints (a workdir there trained under other settings, another sweep's with other arguments after `--`,
-is refused). Arguments after `--` go to every run. The sweep ends with a table: each run's overrides, its last
-training loss, its last eval loss and its workdir. Ctrl-C or SIGTERM reaches the run in progress, which saves; the
-sweep then stops with its status.
+Each run gets its own workdir under --root (a local folder or a bucket URL, gs://...), named after its grid values
+(e.g. runs/lr/optimizer.learning_rate=1e-4,seed=0; values with "/", commas or other unsafe characters are replaced
+and a digest keeps the names distinct: `workdir_name`), so rerunning the sweep resumes every run from its
+checkpoints (a workdir there trained under other settings, another sweep's with other arguments after `--`, is
+refused). A --grid's values are one CSV row: a value holding commas (data.files's list of globs) is quoted whole,
+--grid 'data.files="a/*.txt,b/*.txt",c/*.txt' (two runs). Arguments after `--` go to every run. The sweep ends with
+a table: each run's overrides, its last training loss, its last eval loss and its workdir. Ctrl-C or SIGTERM reaches
+the run in progress, which saves; the sweep then stops with its status.
 --print writes the train.py commands (one per line) instead of running them, for a cluster scheduler: each starts
 with `cd` into the folder the sweep ran in and names the config file by its absolute path, so that it runs from
 any folder, as a scheduler runs it, and reads every relative path (data files, a vocab) as the sweep checked it.
@@ -23,6 +24,7 @@ if __name__ == "__main__":  # First, before the heavy imports: a stop signal whi
   from tupe.run import process
   process.stop_while_loading()
 
+import csv
 import hashlib
 import itertools
 import json
@@ -44,8 +46,10 @@ from tupe.train import resume
 
 
 def parse_grid(specs: list[str]) -> list[tuple[str, list[str]]]:
-  """["a.b=1,2", "seed=0"] -> [("a.b", ["1", "2"]), ("seed", ["0"])]; a key given twice is an error (every run would
-  take its last value, under a workdir named after both)."""
+  """["a.b=1,2", "seed=0"] -> [("a.b", ["1", "2"]), ("seed", ["0"])]. The values are read as one CSV row: a value
+  holding a comma is quoted whole, 'data.files="a/*.txt,b/*.txt",c/*.txt' giving two (a quote inside a quoted value
+  doubled, as CSV does). A key given twice is an error (every run would take its last value, under a workdir named
+  after both)."""
   grid = []
   for spec in specs:
     key, sep, values = spec.partition("=")
@@ -53,19 +57,23 @@ def parse_grid(specs: list[str]) -> list[tuple[str, list[str]]]:
       raise UserError(f"--grid {spec!r}: write KEY=V1,V2,... (e.g. optimizer.learning_rate=1e-4,2e-4)")
     if key in (k for k, _ in grid):
       raise UserError(f"--grid {spec!r}: {key} has a --grid already; give all its values in one, {key}=V1,V2,...")
-    grid.append((key, values.split(",")))
+    try:
+      grid.append((key, next(csv.reader([values], strict=True))))
+    except csv.Error as e:
+      raise UserError(f"--grid {spec!r}: {e} in its values; quote a value that holds commas whole, with a closing "
+                      f"quote, e.g. {key}=\"a,b\",c (two values)") from None
   return grid
 
 
 def workdir_name(assignment: list[tuple[str, str]]) -> str:
-  """A grid point's workdir name inside --root: "key=value,..." when every value is a plain word and the name fits
-  a folder's name (255 bytes); otherwise the characters that could leave the root or collide ("/", "..", spaces,
-  ...) become "_", the name is cut to 100 characters and a digest of the exact values is appended, so that names
-  stay inside the root and distinct (`a.txt` and `./a.txt` differ). The full overrides are in each run's
-  config.json."""
+  """A grid point's workdir name inside --root: "key=value,..." when every value is a plain word without a comma and
+  the name fits a folder's name (255 bytes); otherwise the characters that could leave the root or collide ("/",
+  "..", spaces, ...) become "_", the name is cut to 100 characters and a digest of the exact values is appended, so
+  that names stay inside the root and distinct (`a.txt` and `./a.txt` differ; a=1,2 and a=1 beside b=2). The full
+  overrides are in each run's config.json."""
   name = ",".join(f"{k}={v}" for k, v in assignment) or "run"
   safe = re.sub(r"[^A-Za-z0-9_.,=+-]", "_", name).replace("..", "__")
-  if safe == name and not name.startswith(".") and len(name) <= 255:
+  if safe == name and not name.startswith(".") and len(name) <= 255 and not any("," in v for _, v in assignment):
     return name
   return f"{safe[:100]}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
 
