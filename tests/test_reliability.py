@@ -10,6 +10,7 @@ import gzip
 import json
 import os
 import pathlib
+import re
 import shutil
 import signal
 import subprocess
@@ -346,6 +347,25 @@ def test_bad_input_is_one_line(name, bad_input_runs, skipped_run):
     assert file_contents(workdir) == file_contents(skipped_run[0])
   if name in REFUSED_BEFORE_THE_DATA:  # (after the data was loaded and the step compiled, before)
     assert "train data:" not in proc.stdout and "compiling the train step" not in proc.stdout, proc.stdout
+
+
+def test_a_text_corpus_of_another_size_is_refused_before_the_step_compiles(inputs, train_server, tmp_path):
+  """A text corpus's number of training examples is known once it is tokenized (the checkpoint's meta records that
+  number only, nothing cheaper to compare before): a resume on a corpus of another size is refused as soon as the
+  data is loaded, before the step compiles (minutes at scale; before, after it), and nothing is changed."""
+  (tmp_path / "more.txt").write_text((inputs / "text.txt").read_text() * 40)
+  corpus = dict(text(inputs, "text.txt"), num_train_steps=2, **{"optimizer.warmup_steps": 1})
+  assert train_server(tmp_path / "run", corpus).returncode == 0
+  before = file_contents(tmp_path / "run")
+  # (Extended to 4 steps: a run that has reached its last step compiles no step.)
+  more = dict(corpus, num_train_steps=4, **{"data.files": str(tmp_path / "more.txt")})
+  refused = train_server(tmp_path / "run", more)
+  assert refused.returncode == 2 and re.fullmatch(
+      f"error: checkpoint 2 in {tmp_path / 'run' / 'checkpoints'} was trained on other batches \\(train_examples="
+      f"\\d+ in the checkpoint, \\d+ now\\); resume with the same data settings and corpus, or use a new --workdir",
+      error_line(refused))
+  assert "train data:" in refused.stdout and "compiling the train step" not in refused.stdout, refused.stdout
+  assert file_contents(tmp_path / "run") == before
 
 
 @pytest.mark.parametrize("name", VERBOSE)

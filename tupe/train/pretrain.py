@@ -288,6 +288,9 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
     rows = sharding.host_rows(setup.mesh, cfg.global_batch_size)
     evaluate = evaluation.Evaluator(setup, eval_data, rows) if eval_data is not None else None
     log_start(setup, train_data, evaluate, rows)
+    meta = checkpoint_meta(cfg, train_data.info.vocab_file, len(train_data))
+    compatibility = resume.Compatibility(setup.abstract_state.params, meta)
+    compatibility.check_newest(workdir)  # another text corpus or data settings: refused before the step compiles
     # Before the state is loaded or created: a step that cannot fit is refused before anything big is allocated.
     # A run whose newest checkpoint has reached the last step needs no step (unless that checkpoint is damaged).
     finished = checkpoint.newest_step(workdir / "checkpoints") >= cfg.num_train_steps
@@ -297,8 +300,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
                       f"command", stop)
     # Closed while the job still records signals: a preemption then lets the last asynchronous save finish.
     ckpt = job.enter(checkpointer.Checkpointer(workdir / "checkpoints", cfg.checkpoint))
-    meta = checkpoint_meta(cfg, train_data.info.vocab_file, len(train_data))
-    restored = ckpt.restore_latest(setup.abstract_state, resume.Compatibility(setup.abstract_state.params, meta))
+    restored = ckpt.restore_latest(setup.abstract_state, compatibility)
     job.started()  # The checkpoint is accepted: from here on the workdir is this run's.
     if (begun := start_from(setup, ckpt, restored, meta, workdir)) is None:
       return {}  # config.json stays the one the checkpoints were trained under

@@ -8,7 +8,9 @@ number of training examples is an error, as are parameters of other shapes (anot
 and, when the state does not restore, another optimizer structure. Other settings may change (e.g. num_train_steps, to
 extend a run); they are reported (`warn_changed_settings`). `Compatibility` is what
 `checkpoint.Checkpointer.restore_latest` calls; what needs no data (the model, sequence length, batch and seed, and
-the number of training examples of shards) is checked before the data is loaded, too (`check_before_loading`).
+the number of training examples of shards) is checked before the data is loaded, too (`check_before_loading`), and
+the rest (a text corpus's number of examples, the data settings) once it is loaded, before the step compiles
+(`Compatibility.check_newest`).
 """
 from __future__ import annotations
 
@@ -153,17 +155,10 @@ def check_before_loading(workdir: storage.PathLike, cfg) -> None:
   Raises:
     UserError: as restoring would, before the data is loaded.
   """
-  root = storage.path(workdir) / "checkpoints"
-  newest = checkpoint.committed_step_dirs(root)[:1] if storage.is_dir(root) else []
-  if not newest:
+  if (newest := _newest(workdir)) is None:
     return
-  try:
-    saved_meta = checkpoint.verified_meta(newest[0], root, items=())  # its listing and meta: no array is read
-    saved = checkpoint.params_metadata(newest[0], saved_meta)
-  except Exception:  # pylint: disable=broad-except  (damaged, unreadable: restoring says so, or skips it)
-    return
+  step, root, saved_meta, saved = newest
   config = _planned(cfg, saved_meta.config)
-  step = int(newest[0].name)
   _check_fits(step, root, saved, objectives.param_shapes(ml_collections.ConfigDict(config)), saved_meta.config,
               config)
   keys = list(_STREAM)
@@ -172,6 +167,21 @@ def check_before_loading(workdir: storage.PathLike, cfg) -> None:
     config["train_examples"] = shards.read_metadata(cfg.data.files)["num_examples"]["train"]
   if diff := _differences(dict(saved_meta.config, train_examples=saved_meta.train_examples), config, keys):
     raise _other_batches(step, root, diff)
+
+
+def _newest(workdir: storage.PathLike) -> tuple[int, storage.Path, CheckpointMeta, object] | None:
+  """(step, checkpoints folder, meta, its parameters' metadata) of a workdir's newest checkpoint, from its listing and
+  meta (no array is read); None where it has none, or one whose metadata does not read (restoring says so, or skips
+  it)."""
+  root = storage.path(workdir) / "checkpoints"
+  newest = checkpoint.committed_step_dirs(root)[:1] if storage.is_dir(root) else []
+  if not newest:
+    return None
+  try:
+    saved_meta = checkpoint.verified_meta(newest[0], root, items=())
+    return int(newest[0].name), root, saved_meta, checkpoint.params_metadata(newest[0], saved_meta)
+  except Exception:  # pylint: disable=broad-except  (damaged, unreadable)
+    return None
 
 
 def warn_changed_settings(lr_schedule, step: int, saved_config: dict, config: dict) -> None:
@@ -201,6 +211,14 @@ class Compatibility:
   def check(self, step: int, directory: storage.Path, saved_params, saved_meta: CheckpointMeta) -> None:
     _check_fits(step, directory, saved_params, self.params, saved_meta.config, self.meta.config)
     _check_same_data(step, directory, saved_meta, self.meta)
+
+  def check_newest(self, workdir: storage.PathLike) -> None:
+    """`check` of the workdir's newest checkpoint, made once the data is loaded and before the step compiles (minutes
+    at scale): so a text corpus of another number of training examples (known once tokenized) or other data settings
+    are refused before the compile, not after it. Restoring checks each checkpoint it tries again."""
+    if (newest := _newest(workdir)) is not None:
+      step, root, saved_meta, saved = newest
+      self.check(step, root, saved, saved_meta)
 
   def explain(self, step: int, directory: storage.Path, saved_meta: CheckpointMeta, error: Exception) -> None:
     _check_same_optimizer(step, directory, saved_meta.config, self.meta.config, error)
