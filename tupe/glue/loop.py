@@ -107,16 +107,12 @@ def finetune(cfg, setup: task_model.TaskSetup, data: glue_data.TaskData, encoder
           state, metrics = setup.train_step(state, sharding.shard_batch(batch, setup.mesh), lr_array)
         losses.append(metrics["loss"])
         step += 1
-        if step == 1:  # The rates leave out the compilation (or the load from the cache) of the task's first run.
-          if watch.compiled:
-            console.log(f"{label} | train step {watch.line()}")
-          progress.restart_clock()
+        if step == 1 and watch.compiled:  # (left out of the rates, which start with the first step: `StepLog.push`)
+          console.log(f"{label} | train step {watch.line()}")
         steps.push(step, dict(metrics, epoch=step / spe))
         if job_lib.itstime(step, evals_every, setup.total_steps):
           steps.flush()
-          dev(step, state.params)
-          jax.block_until_ready(state)  # The rates restart after the evaluation, from this step.
-          progress.restart_clock()
+          dev(step, state.params)  # (no step's time: the rates restart with the next step, `StepLog.push`)
         after_step(step)
       epoch_loss = np.asarray(jax.device_get(losses))
       epoch_losses.append(float(epoch_loss.mean()))

@@ -331,15 +331,13 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
         steps.flush()
         writer.flush()  # The metrics up to a checkpoint are durable before it (in a bucket, uploaded).
         ckpt.save(step, state, meta)
-        progress.restart_clock()
       if evaluate is not None and job_lib.itstime(step, cfg.eval_every, total):  # and after the last step
-        steps.flush()  # Its rates are measured now, not after the evaluation restarts the clock.
+        steps.flush()  # Its rates are measured now: the evaluation is no step's time (`StepLog.push`).
         eval_metrics = evaluate(state.params)
         writer.write(step, eval_metrics, prefix="eval_")
         writer.flush()  # Durable at once (in a bucket, uploaded): a resume from this step would not evaluate it again.
         shown = {k: v for k, v in eval_metrics.items() if not (k == "mlm_loss" and cfg.objective == "mlm")}  # = loss
         console.log(f"eval at step {step}: " + " ".join(f"{k} {v:.4f}" for k, v in shown.items()))
-        progress.restart_clock()
       stop = job.stop_signal()
     steps.flush()
     if stop:

@@ -2,7 +2,9 @@
 
 `Progress` measures steps/s, tokens/s and MFU between two moments, leaving out what is not training (compiles,
 evaluations, checkpoints: `restart_clock`). `StepLog` reads each step's metrics one step late, so that reading
-them never leaves the device idle, writes them (`tupe.store.runlog.MetricWriter`) and prints the progress line.
+them never leaves the device idle, writes them (`tupe.store.runlog.MetricWriter`) and prints the progress line;
+after a `flush` that leaves no step in flight (before a checkpoint or an evaluation), the clock restarts with the
+next step held, once it is dispatched (`StepLog.push`).
 """
 from __future__ import annotations
 
@@ -144,8 +146,12 @@ class StepLog:
     self.first_line: tuple[float, int] | None = None  # (clock, step) of the run's first progress line
 
   def push(self, step: int, metrics: dict) -> tuple[int, dict] | None:
-    """Holds `step`'s metrics; finishes the step held before (`flush`) and returns what that returned."""
+    """Holds `step`'s metrics (the step just dispatched); finishes the step held before (`flush`) and returns what
+    that returned. The first step held after none was (the loop's start, or a `flush` before a checkpoint or an
+    evaluation) restarts the clock: the time since, that work's and the refilling of the pipeline's, is no step's."""
     finished = self.flush()
+    if finished is None:
+      self.progress.restart_clock()
     self.pending = (step, metrics)
     return finished
 
