@@ -43,7 +43,7 @@ def default_data_config() -> ml_collections.ConfigDict:
 
   Fields:
     source: "demo" (stdlib docstrings, no download) | "text" | "tfds" | "arrayrecord" | "synthetic".
-    files: comma-separated globs of input files, local or gs:// (text), or the preprocessed folder (arrayrecord).
+    files: comma-separated globs of input files, local, gs:// or s3:// (text), or the preprocessed folder (arrayrecord).
     format: how the text source's files hold documents: "text" (blank lines between documents) | "lines" (one
       per line) | "jsonl" (one JSON object per line, text in text_field) | "parquet" (column text_field).
     text_field: the JSONL field or Parquet column that holds the text.
