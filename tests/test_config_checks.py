@@ -99,6 +99,15 @@ def test_the_config_loader_names_a_bad_override_in_one_line(overrides, message):
     config_files.check_config_flags(argv + [f"--config.{o}" for o in overrides])
 
 
+def test_a_value_of_the_wrong_type_points_to_the_configs_fields_not_the_libraries_flags():
+  """--helpfull lists absl's, JAX's and orbax's flags, not the config's fields (as the message said before)."""
+  argv = ["train.py", "--config", "configs/pretrain.py:tupe_a,tiny", "--workdir", "w",
+          "--config.optimizer.warmup_steps=1.5"]
+  with pytest.raises(UserError, match=re.escape("'1.5'; fix the value (python train.py --config ... --help lists "
+                                                "the fields with their values)")):
+    config_files.check_config_flags(argv)
+
+
 def test_the_config_loader_applies_typed_overrides():
   cfg = config_files.load_config("configs/glue.py:tupe", ["seeds=0,1,2", "learning_rates=1e-4,3e-4", "tasks=rte",
                                                           "optimizer.layerwise_decay=0.8"])

@@ -130,6 +130,9 @@ def flags_error(e: flags.Error, argv: Sequence[str], config: ml_collections.Conf
   if missing := re.search(r"Flag --(\w+) must have a value other than None", str(e)):  # a required flag
     example = " (the run's folder, local or gs://..., e.g. --workdir runs/demo)" if missing[1] == "workdir" else ""
     return f"--{missing[1]} is missing: give it{example}; python {script} --help lists the flags"
+  if re.match(r"flag --config\.", str(e)):  # a field's value of the wrong type (--config.optimizer.warmup_steps=1.5)
+    listed = f" (python {script} --config ... --help lists the fields with their values)" if script != "tupe" else ""
+    return f"{e}; fix the value{listed}"
   return f"{e}; fix the flag (python {script} --helpfull lists them)"
 
 
@@ -240,7 +243,7 @@ def load_config(spec: str, overrides: Sequence[str] = ()) -> ml_collections.Conf
   for override in overrides:
     if "=" not in override:
       raise UserError(f"override {override!r}: use key=value, e.g. model.dtype=bfloat16")
-  return check_config_flags(["tupe", f"--config={file}{sep}{arg}"]
+  return check_config_flags(["tupe", f"--config={file}{sep}{arg}"]  # ("tupe": no command to name in a message)
                             + [f"--config.{o.removeprefix('config.')}" for o in overrides])
 
 
