@@ -335,5 +335,5 @@ def test_a_missing_required_flag_is_named_with_an_example():
   with pytest.raises(flags.Error) as error:
     fresh(["train.py"])
   assert config_files.flags_error(error.value, ["train.py"]) == (
-      "--workdir is missing: give it (the run's folder, local or gs://..., e.g. --workdir runs/demo); python "
+      "--workdir is missing: give it (the run's folder, local, gs://... or s3://..., e.g. --workdir runs/demo); python "
       "train.py --help lists the flags")

@@ -128,7 +128,8 @@ def flags_error(e: flags.Error, argv: Sequence[str], config: ml_collections.Conf
     return (f"--config.{group[1]} is a group of fields, not a value: set one of them, e.g. "
             f"--config.{group[1]}.FIELD=VALUE (python {script} --help --config ... lists them)")
   if missing := re.search(r"Flag --(\w+) must have a value other than None", str(e)):  # a required flag
-    example = " (the run's folder, local or gs://..., e.g. --workdir runs/demo)" if missing[1] == "workdir" else ""
+    example = (" (the run's folder, local, gs://... or s3://..., e.g. --workdir runs/demo)" if missing[1] == "workdir"
+               else "")
     return f"--{missing[1]} is missing: give it{example}; python {script} --help lists the flags"
   if re.match(r"flag --config\.", str(e)):  # a field's value of the wrong type (--config.optimizer.warmup_steps=1.5)
     listed = f" (python {script} --config ... --help lists the fields with their values)" if script != "tupe" else ""

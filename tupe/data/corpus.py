@@ -30,7 +30,7 @@ _ABBREVIATIONS = frozenset(
 
 
 def expand_globs(patterns: str) -> list[str]:
-  """Files (local or gs://) matching comma-separated globs, each glob sorted, in the order given; a file that
+  """Files (local, gs:// or s3://) matching comma-separated globs, each glob sorted, in the order given; a file that
   several globs match is read once (at its first), so that no text is trained on twice or held out and trained on.
 
   Raises:

@@ -3,7 +3,7 @@
   python -m tupe.data.preprocess --input 'corpus/*.txt' --vocab vocab.txt --seq-len 128 \\
       --packing full_sentences --output /data/packed-128 [--workers N] [--task i/n]
 
---input is comma-separated globs of files (local or gs://), `tfds:NAME` (e.g. tfds:wikipedia/20230601.en, with
+--input is comma-separated globs of files (local, gs:// or s3://), `tfds:NAME` (e.g. tfds:wikipedia/20230601.en, with
 --tfds-split, --tfds-data-dir, --tfds-text-key) or `demo`; --format says how files hold documents: text (blank
 lines between documents), lines (one per line), jsonl (the field --text-field of each line's object) or parquet
 (the column --text-field).

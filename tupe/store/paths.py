@@ -27,7 +27,8 @@ def path(p: PathLike) -> Path:
   """`p` as an absolute `epath.Path`: `~` expanded and made absolute locally, a bucket URL kept as it is (once
   `check_bucket_url` has accepted it)."""
   if isinstance(p, str) and not p:
-    raise StorageError("an empty path was given: name a file or folder (a local path or gs://bucket/...)")
+    raise StorageError("an empty path was given: name a file or folder (a local path, gs://bucket/... or "
+                       "s3://bucket/...)")
   if is_remote(p):
     check_bucket_url(str(p))
     return Path(str(p))

@@ -180,7 +180,7 @@ def main(argv: list[str], call=subprocess.call) -> None:
     extra, argv = argv[argv.index("--") + 1:], argv[:argv.index("--")]
   parser = console.ArgumentParser("python -m tupe.study.sweep", __doc__)
   parser.add_argument("--config", required=True, help="configs/<file>.py:<arg>")
-  parser.add_argument("--root", required=True, help="parent folder of the runs' workdirs (local or gs://...)")
+  parser.add_argument("--root", required=True, help="parent folder of the runs' workdirs (local, gs://... or s3://...)")
   parser.add_argument("--grid", action="append", default=[], help="KEY=V1,V2,... (repeatable)")
   parser.add_argument("--print", action="store_true", help="print the commands instead of running them")
   args = parser.parse_args(argv)

@@ -324,7 +324,8 @@ def main(argv: list[str]) -> None:
   parser.add_argument("--text-file", required=True, help="UTF-8 text, one sentence per line")
   parser.add_argument("--vocab", help="vocab.txt (default: the checkpoint's own, or vocab.txt in --hf-convbert)")
   parser.add_argument("--cased", action="store_true", help="do not lowercase the text (a cased vocab)")
-  parser.add_argument("--out", default="analysis", help="output folder, local or gs://... (default: ./analysis)")
+  parser.add_argument("--out", default="analysis",
+                      help="output folder, local, gs://... or s3://... (default: ./analysis)")
   parser.add_argument("--sentence-index", type=int, default=0, help="the sentence drawn alone (default 0)")
   parser.add_argument("--max-sentences", type=int, default=64, help="sentences read from the file (default 64)")
   parser.add_argument("--max-len", type=int, help="tokens per sentence incl. [CLS] and [SEP] (default: 128, or "

@@ -29,12 +29,12 @@ from tupe.train import compile_cache
 def main(argv: list[str]) -> None:
   parser = console.ArgumentParser("python -m tupe.tools.evaluate", __doc__)
   parser.add_argument("--checkpoint", required=True, help="train.py workdir, its checkpoints/ or a step directory "
-                      "(local or gs://...)")
+                      "(local, gs://... or s3://...)")
   parser.add_argument("--text-file", required=True, help="UTF-8 text file to score")
   parser.add_argument("--seed", type=int, default=0, help="seed of the masks (default 0)")
   parser.add_argument("--max-examples", type=int, default=0, help="score the first N examples only (0: all)")
   parser.add_argument("--batch-size", type=int, default=32, help="examples per batch (default 32)")
-  parser.add_argument("--out", default="", help="also write the JSON to this file (local or gs://...)")
+  parser.add_argument("--out", default="", help="also write the JSON to this file (local, gs://... or s3://...)")
   args = parser.parse_args(argv[1:])
   if args.out:  # Found now, not after the scoring.
     outputs.check(args.out, "--out", "eval.json", (("--text-file", args.text_file),))

@@ -46,8 +46,8 @@ from tupe.store import storage
 def main(argv: list[str]) -> None:
   parser = console.ArgumentParser("python -m tupe.tools.export_hf", __doc__)
   parser.add_argument("--checkpoint", required=True, help="train.py workdir, its checkpoints/ folder or one step "
-                      "directory, or eval_glue.py's WORKDIR/models/TASK (local or gs://...)")
-  parser.add_argument("--out", required=True, help="the directory to write (new or empty; local or gs://...)")
+                      "directory, or eval_glue.py's WORKDIR/models/TASK (local, gs://... or s3://...)")
+  parser.add_argument("--out", required=True, help="the directory to write (new or empty; local, gs://... or s3://...)")
   args = parser.parse_args(argv[1:])
   out = storage.path(args.out)  # checked before the checkpoint is read and verified
   if storage.is_remote(out):

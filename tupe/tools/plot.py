@@ -25,8 +25,8 @@ from tupe.train.curves import run_labels
 def main(argv: list[str]) -> None:
   parser = console.ArgumentParser("python -m tupe.tools.plot", __doc__)
   parser.add_argument("--workdir", nargs="+", required=True, help="train.py workdirs or GLUE runs' folders "
-                      "(WORKDIR/runs/<run>), local or gs://... (each holds metrics.jsonl)")
-  parser.add_argument("--out", default="curves.png", help="PNG file to write, local or gs://... (default: "
+                      "(WORKDIR/runs/<run>), local, gs://... or s3://... (each holds metrics.jsonl)")
+  parser.add_argument("--out", default="curves.png", help="PNG file to write, local, gs://... or s3://... (default: "
                       "./curves.png)")
   parser.add_argument("--smoothing", type=float, default=0.6,
                       help="moving-average weight in [0, 1) for training curves (default 0.6; 0: none)")
