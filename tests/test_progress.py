@@ -73,6 +73,15 @@ def test_a_meter_on_a_terminal_redraws_one_line(monkeypatch):
   assert shown.count("\n") == 1 and re.search(r"\r\x1b\[Kreading: 2\.0 MB in 0m0\ds, [\d.,]+ MB/s\r?\n$", shown)
 
 
+def test_a_meter_shows_no_eta_before_a_share_of_the_work_is_done():
+  """A slow start (a bucket's first bytes after seconds) projected hours: `0.0/0.7 MB, ETA 1h30m`."""
+  meter = console.Meter("reading", 1000.0, unit="B", scale=1)
+  meter.done = 5.0
+  assert meter.line(meter.start + 2.0).endswith(", 2.50 B/s, ETA ?")
+  meter.done = 10.0
+  assert meter.line(meter.start + 2.0).endswith(", 5.00 B/s, ETA 3m18s")
+
+
 def test_a_meter_cut_short_on_a_terminal_ends_its_line(monkeypatch):
   """A wait stopped before its work was done (preprocessing's Ctrl-C) ends the line drawn in place, without a
   total, so that the line saying why starts a line of its own (before, it was written after the last progress)."""

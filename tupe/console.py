@@ -82,6 +82,7 @@ class Meter:
   """
 
   FIRST_S = 2.0
+  ETA_AFTER = 0.01  # the share of the work done before an ETA is shown
   EVERY_S = 5.0
   TERMINAL_EVERY_S = 0.5
 
@@ -98,7 +99,8 @@ class Meter:
     elapsed = now - self.start
     rate = self.done / elapsed if elapsed > 0 else 0.0
     share = f" ({self.done / self.total:.0%})" if self.total else ""
-    eta = format_duration((self.total - self.done) / rate) if rate and self.total else "?"
+    # No ETA before a share of the work is done: a slow start (a bucket's first read) would project hours.
+    eta = format_duration((self.total - self.done) / rate) if rate and self.done >= self.ETA_AFTER * self.total else "?"
     return (f"{self.what}: {self.done / self.scale:,.1f}/{self.total / self.scale:,.1f} {self.unit}{share}, "
             f"{rate / self.scale:,.2f} {self.unit}/s, ETA {eta}")
 
