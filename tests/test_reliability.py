@@ -193,9 +193,8 @@ def test_a_failure_while_stopping_is_a_warning_after_the_error_and_nothing_hangs
   interrupted = FAILS_WITH_A_STUCK_THREAD.replace("raise error", "raise KeyboardInterrupt")
   proc = subprocess.run([sys.executable, "-c", interrupted], cwd=REPO, env=train_env(), capture_output=True,
                         text=True, timeout=120)
-  assert (proc.returncode, proc.stderr) == (130, "error: interrupted by Ctrl-C (SIGINT); what was written is whole, "
-                                                 "and preprocessing or a download keeps its finished parts: rerun "
-                                                 "the same command\n")
+  assert (proc.returncode, proc.stderr) == (130, "error: interrupted by Ctrl-C (SIGINT); what was written is whole: "
+                                                 "rerun the same command\n")
 
 
 def test_an_entry_point_run_inside_another_process_leaves_that_process_running(capsys):

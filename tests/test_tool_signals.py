@@ -153,8 +153,8 @@ def test_sigterm_in_a_command_is_one_line_like_ctrl_c():
   assert proc.stdout.readline() == "working\n"
   proc.send_signal(signal.SIGTERM)
   _, err = proc.communicate(timeout=60)
-  assert (proc.returncode, err) == (143, "error: interrupted by SIGTERM; what was written is whole, and preprocessing "
-                                         "or a download keeps its finished parts: rerun the same command\n")
+  assert (proc.returncode, err) == (143, "error: interrupted by SIGTERM; what was written is whole: rerun the "
+                                         "same command\n")
 
 
 # A command whose stop signal comes while Python runs a weakref callback (as while JAX's garbage-collection callback
@@ -183,13 +183,12 @@ def test_a_stop_signal_that_python_drops_in_a_callback_stops_the_command(signum,
   and status: at once where work goes on, as the command ends where it ended first (before: "Exception ignored in:
   ... KeyboardInterrupt", and the command went on to the end and exit 0; seen with tupe.tools.analyze, whose Ctrl-C
   met a weakref callback of JAX's once in four tries)."""
-  started = time.monotonic()
   proc = subprocess.run([sys.executable, "-c", DROPPED, str(int(signum)), str(work_s)], cwd=REPO, env=train_env(),
                         capture_output=True, text=True, timeout=120)
   assert (proc.returncode, proc.stderr) == (
-      128 + signum, f"error: interrupted by {signals.name(signum)}; what was written is whole, and preprocessing or a "
-                    f"download keeps its finished parts: rerun the same command\n")
-  assert proc.stdout == ("finished\n" if work_s == 0 else "") and time.monotonic() - started < 20
+      128 + signum, f"error: interrupted by {signals.name(signum)}; what was written is whole: rerun the same "
+                    f"command\n")
+  assert proc.stdout == ("finished\n" if work_s == 0 else "")  # (30 s of work not finished: stopped at once)
 
 
 def test_a_signal_heard_as_the_work_ends_stops_the_command():

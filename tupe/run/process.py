@@ -122,9 +122,9 @@ def run_main(main, argv=None) -> None:
   except KeyboardInterrupt as e:  # Before the job installed its own handler (or a job without one).
     signum = e.signum if isinstance(e, Interrupted) else signal.SIGINT
     status = 128 + signum
-    # (Not "before anything was saved": preprocessing keeps its finished units, a download its finished tasks.)
-    print(f"error: interrupted by {signals.name(signum)}; what was written is whole, and preprocessing or a download "
-          f"keeps its finished parts: rerun the same command", file=sys.stderr)
+    # (Not "nothing was saved": a download keeps its finished tasks; preprocessing says what it kept itself.)
+    print(f"error: interrupted by {signals.name(signum)}; what was written is whole: rerun the same command",
+          file=sys.stderr)
     if owns_process:  # (a download's retrying threads, say: they would keep the process for minutes)
       _leave_stuck_threads(status)
     sys.exit(status)
