@@ -10,7 +10,6 @@ import sys
 import time
 
 import jax
-import numpy as np
 import pytest
 
 from tupe.data import build
@@ -158,7 +157,7 @@ def test_inputs_and_vocab_in_a_bucket(reference, corpus_glob, bert_vocab, gcs_bu
 
 def test_text_source_caches_its_shards_once(corpus_glob, bert_vocab, tmp_path, capsys, monkeypatch):
   """data.shard_cache: the first start tokenizes into the cache, a later one (a new process) reuses it, saying so
-  from process 0 only; the batches are those of the in-memory examples."""
+  from process 0 only."""
   cfg = pipeline.default_data_config()
   cfg.update(source="text", files=corpus_glob, vocab_file=str(bert_vocab), packing="segment_pair",
              cache_dir=str(tmp_path / "cache"), shard_cache="always")
@@ -175,12 +174,7 @@ def test_text_source_caches_its_shards_once(corpus_glob, bert_vocab, tmp_path, c
   pipeline.PretrainData(cfg, seq_len=SEQ_LEN)
   assert capsys.readouterr().out == ""
   monkeypatch.undo()
-  in_memory = pipeline.PretrainData(dict(cfg, shard_cache="never"), seq_len=SEQ_LEN)
-  assert len(first) == len(second) == len(in_memory)
-  for a, b in zip(first.iterator(batch_size=8, seed=3), in_memory.iterator(batch_size=8, seed=3)):
-    for name in a:
-      np.testing.assert_array_equal(a[name], b[name], err_msg=name)
-    break
+  assert len(first) == len(second)  # (the batches are those of in-memory examples: test_data_pipeline.py)
   assert "input " in second.fill_line() and "Project Gutenberg licence stripped from 1 files" in second.fill_line()
 
 

@@ -195,3 +195,25 @@ def test_argument_errors(text_cfg):
   cfg.eval_fraction = 0.0
   with pytest.raises(UserError, match="the eval split has 0 examples.*larger data.eval_fraction"):
     pipeline.make_pretrain_iterator(cfg, seq_len=SEQ_LEN, batch_size=4, seed=0, split="eval")
+
+
+def test_the_shard_cache_changes_no_batch(text_cfg, tmp_path):
+  """Where the examples are kept (in memory, or tokenized once into the shard cache: data.shard_cache, whose "auto"
+  chooses by data.shard_cache_mb, in data.cache_dir) changes no batch: the same examples, order and masks, from
+  any start, across an epoch boundary, in both splits. So a run may be resumed with other such settings."""
+  ways = [dict(shard_cache="never"), dict(shard_cache="auto", shard_cache_mb=1e6),
+          dict(shard_cache="always", cache_dir=str(tmp_path / "one")),
+          dict(shard_cache="auto", shard_cache_mb=0.0, cache_dir=str(tmp_path / "two"))]
+  for split in corpus.SPLITS:
+    loaded = []
+    for way in ways:
+      examples._CACHE.clear()  # pylint: disable=protected-access  (else this process's examples of the same plan)
+      loaded.append(pipeline.PretrainData(dict(text_cfg, **way), seq_len=SEQ_LEN, split=split))
+    assert [type(data.examples).__name__ for data in loaded] == ["PackedExamples"] * 2 + ["ShardedExamples"] * 2
+    assert len({len(data) for data in loaded}) == 1
+    start = max(len(loaded[0]) // 16 - 1, 0)  # batches start..start+3 hold the first epoch's end, the second's start
+    made = [[next(it) for _ in range(4)] for it in (data.iterator(batch_size=16, seed=7, start_batch=start)
+                                                    for data in loaded)]
+    for other in made[1:]:
+      assert_same(other, made[0])
+  examples._CACHE.clear()  # pylint: disable=protected-access
