@@ -265,6 +265,24 @@ def test_a_checkpoint_of_another_vocabulary_of_the_same_size_is_refused(tmp_path
     resume._check_same_data(5, tmp_path, saved, meta_lib.create(config, other, 100))
 
 
+def test_only_data_settings_that_change_no_batch_may_change_on_resume(tmp_path):
+  """Where the data's files and caches are, whether a text corpus's examples are held in memory or in the shard cache,
+  and how many worker processes batch them change no batch (tests/test_data_pipeline.py): a resume with other such
+  settings is accepted without a word. Any other data setting is refused, naming it."""
+  config = json.loads(pretrain.get_config("tupe_a,tiny").to_json_best_effort())
+  saved = meta_lib.create(config, [], 100)
+  elsewhere = dict(files="/moved/corpus", vocab_file="/moved/vocab.txt", cache_dir="/moved/cache",
+                   tfds_data_dir="/moved/tfds", shard_cache="always", shard_cache_mb=0.0, num_workers=4)
+  moved = meta_lib.create(dict(config, data=config["data"] | elsewhere), [], 100)
+  resume._check_same_data(5, tmp_path, saved, moved)
+  assert resume.changed_settings(saved.config, moved.config) == []
+  other = lambda v: not v if isinstance(v, bool) else v + 1 if isinstance(v, (int, float)) else v + "-other"
+  for field in sorted(set(config["data"]) - set(elsewhere)):
+    changed = meta_lib.create(dict(config, data=dict(config["data"], **{field: other(config["data"][field])})), [], 100)
+    with pytest.raises(UserError, match=rf"^checkpoint 5 in .* was trained on other batches \(data\.{field}="):
+      resume._check_same_data(5, tmp_path, saved, changed)
+
+
 # Waiting for each save (async_save=False) is the same code in either store: on gs:// only.
 @pytest.mark.parametrize("bucket, async_save", [("gs", True), ("gs", False), ("s3", True)], indirect=["bucket"])
 def test_checkpoints_in_a_bucket(bucket, async_save, caplog):

@@ -24,6 +24,7 @@ import orbax.checkpoint as ocp
 import pytest
 from xla_flags import xla_flags
 
+from tupe.data import corpus
 from tupe.store import storage
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -318,6 +319,26 @@ def test_resume_with_data_worker_processes(tmp_path, reference, train_server):
   assert "other settings" not in proc.stdout  # the worker count does not change what is trained
   assert "training examples, batched by 1 data worker process\n" in proc.stdout  # the setting reached the data
   assert "leaked shared_memory" not in proc.stderr, proc.stderr[-2000:]  # nothing left behind by the workers
+
+
+def test_resume_with_the_examples_kept_otherwise(tmp_path, shared_data, bert_vocab, train_server):
+  """Where a text corpus's examples are kept changes no batch (test_data_pipeline.py::
+  test_the_shard_cache_changes_no_batch): a run trained on them in memory, resumed with them tokenized into a shard
+  cache (data.shard_cache, shard_cache_mb and cache_dir changed), ends as the uninterrupted run, over two epochs,
+  without a word about these settings. (Before, refused: "trained on other batches (data.shard_cache=...)".)"""
+  paragraphs = corpus.paragraphs(corpus.read_text(shared_data / "corpus" / "nltk-gutenberg" / "blake-poems.txt"))
+  (tmp_path / "poems.txt").write_text("\n\n".join(paragraphs[:30]) + "\n")  # 43 examples, 96 in the 12 batches
+  text = {"data.source": "text", "data.files": str(tmp_path / "poems.txt"), "data.vocab_file": str(bert_vocab),
+          "data.shard_cache": "never"}
+  reference = reference_run(tmp_path / "reference", lambda workdir, overrides: train_server(workdir, text | overrides))
+  workdir = tmp_path / "run"
+  shutil.copytree(reference[0], workdir)
+  for step in (2 * EVERY, STEPS):
+    shutil.rmtree(workdir / "checkpoints" / str(step))
+  cached = text | {"data.shard_cache": "auto", "data.shard_cache_mb": 0.0, "data.cache_dir": str(tmp_path / "cache")}
+  proc = resume_and_compare(workdir, reference, EVERY, cached, train_server)
+  assert f"once into {tmp_path / 'cache' / 'shards'}/" in proc.stdout  # the examples came from the shard cache
+  assert "other settings" not in proc.stdout, proc.stdout
 
 
 def test_resume_at_the_last_step_trains_nothing(tmp_path, reference, train_server):

@@ -1,16 +1,16 @@
 """What a resumed pre-training run requires of its checkpoint, and what it reports about it.
 
-The input pipeline needs no state: batch s is a function of the seed and s (`tupe.data.pipeline`), so a run
-resumed at step s continues with batch s, whatever its number of hosts or data workers. A resumed run must see
-the same stream: a checkpoint written with other data settings (the data config less locations and worker count,
-seq_len, global_batch_size, seed), with another vocabulary (of the same size: the tokens compared) or over another
-number of training examples is an error, as are parameters of other shapes (another architecture or vocabulary size)
-and, when the state does not restore, another optimizer structure. Other settings may change (e.g. num_train_steps, to
-extend a run); they are reported (`warn_changed_settings`). `Compatibility` is what
-`checkpoint.Checkpointer.restore_latest` calls; what needs no data (the model, sequence length, batch and seed, and
-the number of training examples of shards) is checked before the data is loaded, too (`check_before_loading`), and
-the rest (a text corpus's number of examples, the data settings) once it is loaded, before the step compiles
-(`Compatibility.check_newest`).
+The input pipeline needs no state: batch s is a function of the seed and s (`tupe.data.pipeline`), so a run resumed
+at step s continues with batch s, whatever its number of hosts or data workers. A resumed run must see the same
+stream: a checkpoint written with other data settings (the data config less where its files are and how its examples
+are kept and batched, `_DATA_STORAGE`; seq_len, global_batch_size, seed), with another vocabulary (of the same size:
+the tokens compared) or over another number of training examples is an error, as are parameters of other shapes
+(another architecture or vocabulary size) and, when the state does not restore, another optimizer structure. Other
+settings may change (e.g. num_train_steps, to extend a run); they are reported (`warn_changed_settings`).
+`Compatibility` is what `checkpoint.Checkpointer.restore_latest` calls; what needs no data (the model, sequence
+length, batch and seed, and the number of training examples of shards) is checked before the data is loaded, too
+(`check_before_loading`), and the rest (a text corpus's number of examples, the data settings) once it is loaded,
+before the step compiles (`Compatibility.check_newest`).
 """
 from __future__ import annotations
 
@@ -28,7 +28,11 @@ from tupe.store.meta import CheckpointMeta, create as create_meta
 from tupe.store.refusals import reason
 from tupe.train import objectives
 
-_DATA_LOCATIONS = ("files", "vocab_file", "cache_dir", "tfds_data_dir", "num_workers")
+# Data settings that change no batch: where the inputs, vocab and caches are, whether a text corpus's examples are
+# held in memory or tokenized into the shard cache (tests/test_data_pipeline.py::test_the_shard_cache_changes_no_batch)
+# and how many processes batch them (::test_worker_processes_give_the_same_batches). A resume compares the
+# vocabulary's tokens and the number of training examples instead of the paths.
+_DATA_STORAGE = ("files", "vocab_file", "cache_dir", "tfds_data_dir", "shard_cache", "shard_cache_mb", "num_workers")
 _STREAM = ("seq_len", "global_batch_size", "seed")  # with the data settings: what makes the stream of batches
 
 
@@ -49,7 +53,7 @@ def _differences(saved: dict, current: dict, keys=None) -> list[str]:
 
 
 # Settings that change neither what is trained nor what is evaluated: not reported when they differ on resume.
-_BOOKKEEPING = tuple(f"data.{k}" for k in _DATA_LOCATIONS) + (
+_BOOKKEEPING = tuple(f"data.{k}" for k in _DATA_STORAGE) + (
     "distributed.", "checkpoint.", "log_every", "eval_every", "tensorboard", "curves", "peak_flops",
     "check_memory")
 
@@ -123,7 +127,7 @@ def _check_same_data(step: int, directory: storage.Path, saved_meta: CheckpointM
   """Raises a UserError naming the difference when a checkpoint was trained on another stream of batches (the
   number of training examples is compared where the checkpoint recorded it)."""
   def stream(m: CheckpointMeta):
-    data = {k: v for k, v in m.config["data"].items() if k not in _DATA_LOCATIONS}
+    data = {k: v for k, v in m.config["data"].items() if k not in _DATA_STORAGE}
     return dict(_flat(data, "data."), **{k: m.config[k] for k in _STREAM},
                 **({} if saved_meta.train_examples is None else {"train_examples": m.train_examples}))
   saved, current = stream(saved_meta), stream(meta)
