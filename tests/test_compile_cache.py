@@ -4,6 +4,7 @@ A second start of the tiny train.py loads its train step from the cache (the log
 events) with bit-identical losses; a cache folder that cannot be written, or entries that cannot be read, cost
 one warning and a normal compile, never the run.
 """
+import json
 import os
 import re
 import subprocess
@@ -14,6 +15,9 @@ from test_resume import REPO
 from test_resume import metric_records
 from test_resume import train_command
 from test_resume import train_env
+
+from configs import pretrain as pretrain_config
+from tupe.train import resume
 
 LOSSES = ("loss", "mlm_accuracy", "grad_norm")
 # The tiny run, four steps long (one checkpoint): what these runs compare is the compile, and their losses.
@@ -55,6 +59,14 @@ def test_a_second_start_loads_its_step_from_the_cache(first_start, tmp_path):
   _, second = start(tmp_path / "second", str(root / "jax-cache"))
   assert second.endswith(f"s (loaded from the compilation cache {root / 'jax-cache'})"), second
   assert losses(tmp_path / "second") == losses(root / "first")  # bit-identical
+
+
+def test_the_cache_folder_is_no_setting_of_a_run():
+  """Where compiled programs are kept changes no number (above: loaded or compiled, the same losses): a run resumed
+  with another compilation_cache_dir is not warned about, nor a sweep's or a study's workdir refused for it (it
+  was: "trained with other settings (compilation_cache_dir=...)"), as GLUE's runs already ignored it."""
+  cfg = json.loads(pretrain_config.get_config("tupe_a,tiny").to_json_best_effort())
+  assert resume.changed_settings(cfg, dict(cfg, compilation_cache_dir="/elsewhere")) == []
 
 
 def test_an_unwritable_cache_costs_a_warning_only(first_start, tmp_path):

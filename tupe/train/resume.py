@@ -55,7 +55,7 @@ def _differences(saved: dict, current: dict, keys=None) -> list[str]:
 # Settings that change neither what is trained nor what is evaluated: not reported when they differ on resume.
 _BOOKKEEPING = tuple(f"data.{k}" for k in _DATA_STORAGE) + (
     "distributed.", "checkpoint.", "log_every", "eval_every", "tensorboard", "curves", "peak_flops",
-    "check_memory")
+    "check_memory", "compilation_cache_dir")
 
 
 def changed_settings(saved_config: dict, config: dict) -> list[str]:
