@@ -78,7 +78,7 @@ def verify_all(step_dir) -> None:
 
 def warnings_of(caplog) -> list[str]:
   """tupe's warnings (not orbax's timing notes, nor google.auth's about the emulator's missing credentials)."""
-  return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and r.name == "root"]
+  return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and r.name.startswith("tupe.")]
 
 
 def test_a_failed_asynchronous_save_is_reported_by_the_next_check(tmp_path, caplog):

@@ -24,6 +24,7 @@ from gcs_emulator import logged_requests
 from test_resume import REPO
 from test_resume import TINY
 from test_resume import checkpoint_state
+from test_resume import run_train
 
 from configs import pretrain as pretrain_config
 from tupe.errors import UserError
@@ -215,6 +216,30 @@ def test_a_stray_empty_step_folder_is_one_quiet_line(workdir, tmp_path, caplog):
   checkpoint._noted.clear()  # said once per process: train.py says it again
   assert resume(copy / "checkpoints", checkpoint_state(workdir, 2), caplog) == (2, [line])
   assert sorted(p.name for p in (copy / "checkpoints").iterdir()) == ["1", "2"]  # nothing else to keep
+
+
+def test_a_warning_is_one_line_in_every_command(workdir, tmp_path):
+  """A store's warning (here: a stray empty step folder) reads `warning: <message>` on stderr in train.py,
+  eval_glue.py and the tools (export_hf reads the checkpoint in a worker process), as the commands' own warnings
+  and errors do: not absl's `W1201 12:00:00.123456 140... checkpoint.py:87] ...` (train.py, eval_glue.py), nor
+  `WARNING:root:...` (the tools), and only once."""
+  copy = tmp_path / "run"
+  shutil.copytree(workdir, copy)
+  (copy / "checkpoints" / "99").mkdir()
+  proc = run_train(copy, {"num_train_steps": 2, "checkpoint.every_steps": 1, "optimizer.warmup_steps": 1})
+  assert proc.returncode == 0 and "nothing to train" in proc.stdout, proc.stderr[-3000:]  # (nothing compiled)
+  assert proc.stderr.splitlines() == [f"warning: ignoring {copy / 'checkpoints' / '99'}: an empty folder, not a "
+                                      f"checkpoint"]
+  empty = tmp_path / "empty"
+  (empty / "checkpoints" / "5").mkdir(parents=True)
+  lines = [f"warning: ignoring {empty / 'checkpoints' / '5'}: an empty folder, not a checkpoint",
+           f"error: no checkpoint found in {empty}; give a train.py workdir, its checkpoints/ folder or one step "
+           f"directory"]
+  for command in (["eval_glue.py", "--config", "configs/glue.py:tupe", "--workdir", str(tmp_path / "glue"),
+                   f"--config.init_checkpoint={empty}"],
+                  ["-m", "tupe.tools.export_hf", "--checkpoint", str(empty), "--out", str(tmp_path / "hf")]):
+    proc = subprocess.run([sys.executable, *command], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stderr.splitlines()) == (2, lines), command
 
 
 def test_a_file_named_as_a_step_is_refused_not_deleted(workdir, tmp_path, caplog):

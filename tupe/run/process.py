@@ -17,6 +17,7 @@ from tupe import signals
 from tupe.errors import Interrupted
 from tupe.errors import Preempted
 from tupe.errors import UserError
+from tupe.run import logs
 from tupe.run import quiet
 
 _status: int | None = None  # The exit status `run_main` chose (None until it has finished).
@@ -84,16 +85,19 @@ def run_main(main, argv=None) -> None:
   success, a signal recorded since `catch_signals` still ends the process with its status
   (`_exit_for_a_late_signal`). Library noise is quieted first (`quiet.install`).
 
-  With `argv` None (the process's own command line) the process is the job's: after a failure it exits at once,
-  whatever threads still run (`_leave_stuck_threads`), and a stop signal whose exception Python dropped is sent
-  again (`_resend_dropped_stops`). A caller that passes `argv` runs the entry point inside a
-  process of its own (a test, a notebook), which is never ended here: the `SystemExit` is the caller's."""
+  With `argv` None (the process's own command line) the process is the job's: the package's warnings are
+  `warning: ...` lines in it and in its workers (`logs.install`), after a failure it exits at once, whatever
+  threads still run (`_leave_stuck_threads`), and a stop signal whose exception Python dropped is sent again
+  (`_resend_dropped_stops`). A caller that passes `argv` runs the entry point inside a process of its own (a test,
+  a notebook), which is never ended here (the `SystemExit` is the caller's), and whose logging is its own."""
   global _status
   quiet.install()
   signals.on_child_start(quiet.install)  # (a worker process of the command, spawned: its library noise quieted too)
   owns_process = argv is None
   if owns_process:
     signals.own_process()  # (work that a stop signal must end at once goes to a child: `signals.call_in_child`)
+    logs.install()  # (the package's warnings as `warning: ...` lines; a caller's process keeps its own handlers)
+    signals.on_child_start(logs.install)  # (and its spawned workers', as `call_in_child`'s work)
     sys.unraisablehook = _resend_dropped_stops(sys.unraisablehook)
   if owns_process and threading.current_thread() is threading.main_thread() and signal.getsignal(
       signal.SIGTERM) in (signal.SIG_DFL, _stop_while_loading):  # (not train.py's or eval_glue.py's `catch_signals`)

@@ -38,6 +38,8 @@ from tupe.store.checksums import DamagedCheckpoint
 from tupe.store.meta import CheckpointMeta  # noqa: F401 (the API)
 from tupe.store.meta import migrate
 
+_log = logging.getLogger(__name__)
+
 
 def params_metadata(step_dir: storage.Path, meta: CheckpointMeta):
   """The saved parameters' shapes and dtypes (a tree of orbax array metadata), read from metadata files only."""
@@ -74,7 +76,7 @@ def unless_damaged(step_dir: storage.Path, e: Exception) -> None:
 def warn_skipped(step: int, directory: storage.Path, e: Exception, once: bool = False) -> None:
   """The one warning for a damaged checkpoint that a reader passes over; `once`: once per process, for the readers
   that may look through the same root again."""
-  warn = functools.partial(_note_once, ("skipped", f"{directory}/{step}")) if once else logging.warning
+  warn = functools.partial(_note_once, ("skipped", f"{directory}/{step}")) if once else _log.warning
   warn("skipping checkpoint %d in %s: it could not be restored (%s)", step, directory, why(e))
 
 
@@ -84,7 +86,7 @@ _noted: set = set()  # what a reader has said once in this process: damaged step
 def _note_once(key, message: str, *args) -> None:
   if key not in _noted:
     _noted.add(key)
-    logging.warning(message, *args)
+    _log.warning(message, *args)
 
 
 def drop_empty(step_dirs: list[storage.Path], root: storage.Path) -> list[storage.Path]:

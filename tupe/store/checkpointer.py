@@ -35,6 +35,8 @@ from tupe.store import storage
 from tupe.store.checksums import CHECKSUMS
 from tupe.store.meta import CheckpointMeta
 
+_log = logging.getLogger(__name__)
+
 ITEMS = ("params", "optimizer", "meta")
 _TMP = ".orbax-checkpoint-tmp"  # a local uncommitted step directory: <step>.orbax-checkpoint-tmp-<time>
 
@@ -195,9 +197,8 @@ class Checkpointer:
         another reason than damage.
     """
     if self.interrupted:
-      logging.warning("the save of checkpoint %s in %s was interrupted (its partial files are removed); resuming "
-                      "from the newest finished checkpoint, if any", ", ".join(map(str, self.interrupted)),
-                      self.directory)
+      _log.warning("the save of checkpoint %s in %s was interrupted (its partial files are removed); resuming from "
+                   "the newest finished checkpoint, if any", ", ".join(map(str, self.interrupted)), self.directory)
     skipped = []
     for step in sorted(self.manager.all_steps(), reverse=True):
       try:
@@ -242,7 +243,7 @@ class Checkpointer:
       for step in steps:
         target = self.directory / f"{step}.corrupt-{stamp}"
         _rename(self._step_dir(step), target)
-        logging.warning("renamed the unrestorable checkpoint %d to %s", step, target)
+        _log.warning("renamed the unrestorable checkpoint %d to %s", step, target)
     ocp.multihost.sync_global_processes("tupe_checkpoint_move_aside")
     self._bounded(f"list the checkpoints in {self.directory}", self.manager.reload)
 
