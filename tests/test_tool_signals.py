@@ -191,6 +191,42 @@ def test_a_stop_signal_that_python_drops_in_a_callback_stops_the_command(signum,
   assert proc.stdout == ("finished\n" if work_s == 0 else "")  # (30 s of work not finished: stopped at once)
 
 
+# A command (`stop_while_loading` first, as each `python -m` command does) whose stop signal comes as the process
+# ends, its work done: in an exit handler of a library's, which runs before the entry layer's last one.
+AS_IT_ENDS = """import atexit, os, sys, time
+from tupe.errors import UserError
+from tupe.run import process
+process.stop_while_loading()
+def main(argv):
+  print("done", flush=True)
+  atexit.register(lambda: (os.kill(os.getpid(), int(sys.argv[1])), time.sleep(0.2)))
+  if sys.argv[2] == "fails":
+    raise UserError("bad input")
+process.run_main(main)
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=lambda value: value.name)
+def test_a_signal_as_a_command_ends_is_one_line(signum):
+  """A Ctrl-C or SIGTERM after a `python -m` command's work, while the process ends: one line saying that the work
+  is complete, and status 130 or 143, as train.py's after its last safe point (before: the signal was lost in an exit
+  handler and the command exited 0, or, after Python restored its default handlers, it killed the process with no
+  line)."""
+  proc = subprocess.run([sys.executable, "-c", AS_IT_ENDS, str(int(signum)), "succeeds"], cwd=REPO, env=train_env(),
+                        capture_output=True, text=True, timeout=120)
+  assert (proc.returncode, proc.stdout, proc.stderr) == (
+      128 + signum, "done\n", f"stopped by {signals.name(signum)} as the command finished: its work is done and its "
+                              f"outputs are complete; nothing needs to be rerun\n")
+
+
+def test_a_signal_as_a_failed_command_ends_changes_nothing():
+  """After a command's error line, a stop signal while the process ends, recorded as after a success, leaves its line
+  and status 2 alone: no second line claiming that the work is complete."""
+  proc = subprocess.run([sys.executable, "-c", AS_IT_ENDS, str(int(signal.SIGINT)), "fails"], cwd=REPO, env=train_env(),
+                        capture_output=True, text=True, timeout=120)
+  assert (proc.returncode, proc.stdout, proc.stderr) == (2, "done\n", "error: bad input\n")
+
+
 def test_a_signal_heard_as_the_work_ends_stops_the_command():
   """A signal that comes after the work's last check (its last file written, an upload) stops the command as it
   leaves the work (before: in the work done in this process, it was recorded and forgotten, and the command ended

@@ -42,12 +42,14 @@ def catch_signals() -> None:
 def stop_while_loading() -> None:
   """For a `python -m` command, called from an `if __name__ == "__main__":` block above its imports: until
   `run_main` starts the command, SIGINT or SIGTERM ends the process at once with one line and status 130 or 143.
-  Nothing is done yet, so nothing is lost; `run_main` then puts the command's own handlers in place. (Before: Ctrl-C
+  Nothing is done yet, so nothing is lost; `run_main` then puts the command's own handlers in place, and once the
+  command is done, a signal while the process ends is `_exit_for_a_late_signal`'s, as in train.py. (Before: Ctrl-C
   in the seconds of importing JAX printed a KeyboardInterrupt's traceback, or an ImportError's when it met an
   extension's initialization, and a SIGTERM ended the command with no line.)"""
   if threading.current_thread() is threading.main_thread():
     for signum in signals.STOP_SIGNALS:
       signal.signal(signum, _stop_while_loading)
+    atexit.register(_exit_for_a_late_signal)  # Registered first, so it runs last.
 
 
 def _stop_while_loading(signum, _frame) -> None:
@@ -60,17 +62,17 @@ def _stop_while_loading(signum, _frame) -> None:
 
 def _exit_for_a_late_signal() -> None:
   """The process's last act, once `run_main` has chosen its status: a signal recorded after the job's last safe
-  point, while the process ends after a success, still makes it exit 143 or 130, with one line (not after a
-  failure, whose own line and status stand). The exit is immediate (`os._exit`, the other atexit handlers having
-  run): the interpreter's finalization restores the default handlers, and a signal then would kill the process
-  with no line."""
+  point (or, in a `python -m` command, after its work), while the process ends after a success, still makes it exit
+  143 or 130, with one line (not after a failure, whose own line and status stand). The exit is immediate
+  (`os._exit`, the other atexit handlers having run): the interpreter's finalization restores the default handlers,
+  and a signal then would kill the process with no line."""
   signal.pthread_sigmask(signal.SIG_BLOCK, signals.STOP_SIGNALS)  # Decided here: nothing interrupts the exit any more.
   if _status is None:  # run_main did not finish (the process ends some other way): its own status stands.
     return
   status = _status
-  if signals.received:
-    print(f"stopped by {signals.name(signals.received[0])} as the job finished: everything is saved, and a rerun "
-          f"of the same command finds nothing left to do", file=sys.stderr)
+  if signals.received and status == 0:
+    print(f"stopped by {signals.name(signals.received[0])} as the command finished: its work is done and its "
+          f"outputs are complete; nothing needs to be rerun", file=sys.stderr)
     status = 128 + signals.received[0]
   sys.stdout.flush()
   sys.stderr.flush()
@@ -82,8 +84,9 @@ def run_main(main, argv=None) -> None:
   status 2 (`--verbose` in argv: the traceback, and status 2 all the same); `Preempted` its line and 128 + the
   signal's number; Ctrl-C that reached no handler of the job one line and 130, and so does SIGTERM in a command
   without `catch_signals` (its handler raises as Ctrl-C's does: `tupe.signals.interrupt`), with 143. After a
-  success, a signal recorded since `catch_signals` still ends the process with its status
-  (`_exit_for_a_late_signal`). Library noise is quieted first (`quiet.install`).
+  success, a signal recorded since `catch_signals` (or, in a command that called `stop_while_loading`, since `main`
+  returned) still ends the process with its status (`_exit_for_a_late_signal`). Library noise is quieted first
+  (`quiet.install`).
 
   With `argv` None (the process's own command line) the process is the job's: the package's warnings are
   `warning: ...` lines in it and in its workers (`logs.install`), after a failure it exits at once, whatever
@@ -147,6 +150,9 @@ def run_main(main, argv=None) -> None:
     _status = status
     if status:  # Its line (or traceback) is printed: a signal arriving now changes nothing.
       signals.received.clear()
+    if owns_process and threading.current_thread() is threading.main_thread():
+      for signum in signals.STOP_SIGNALS:  # (a `python -m` command's handlers raise: in an atexit handler, or once
+        signal.signal(signum, signals.record)  # Python restored the default ones, the process ended with no line)
 
 
 def _resend_dropped_stops(hook):
