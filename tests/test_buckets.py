@@ -198,7 +198,7 @@ def test_eval_glue_from_a_bucket_into_a_bucket(gcs_bucket, pretrained, glue_dir,
   # A rerun resumes from the bucket's runs.jsonl: nothing is trained again.
   rerun = run(proc.args[1:])
   assert rerun.returncode == 0, rerun.stderr[-3000:]
-  assert "SST-2: all 1 runs finished, skipped" in rerun.stdout
+  assert "SST-2: 1 run finished, skipped" in rerun.stdout
 
 
 def test_a_model_directory_in_a_bucket(bucket, pretrained, glue_dir):

@@ -62,7 +62,7 @@ def test_same_shards_whatever_the_workers_and_tasks(reference, corpus_glob, bert
     preprocess.main(args(corpus_glob, bert_vocab, tmp_path / "tasks", "--workers", workers, "--task", task))
     assert (tmp_path / "tasks" / "metadata.json").exists() == (task == "2/3")
   assert contents(tmp_path / "tasks") == want
-  assert "units remain for other tasks" in capsys.readouterr().out
+  assert "units left for other tasks" in capsys.readouterr().out
 
 
 def test_resume_after_sigkill_gives_the_same_shards(reference, corpus_glob, bert_vocab, tmp_path):
@@ -175,7 +175,7 @@ def test_text_source_caches_its_shards_once(corpus_glob, bert_vocab, tmp_path, c
   assert capsys.readouterr().out == ""
   monkeypatch.undo()
   assert len(first) == len(second)  # (the batches are those of in-memory examples: test_data_pipeline.py)
-  assert "input " in second.fill_line() and "Project Gutenberg licence stripped from 1 files" in second.fill_line()
+  assert "input " in second.fill_line() and "Project Gutenberg licence stripped from 1 file" in second.fill_line()
 
 
 def children(pid: int) -> list[int]:

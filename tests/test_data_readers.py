@@ -123,21 +123,22 @@ def test_gutenberg_strip_only_with_its_licence_markers(shared_data, wiki_paragra
   assert lines[0].startswith(f"input {novel}: kept {len(wiki_paragraphs) + 1:,} documents") and \
       lines[0].endswith("dropped nothing")
   assert "characters of Gutenberg licence" in lines[1]
-  assert lines[2].endswith(f"Project Gutenberg licence stripped from 1 files "
+  assert lines[2].endswith(f"Project Gutenberg licence stripped from 1 file "
                            f"({stripped[str(book)]['gutenberg_characters']:,} characters)")
   assert lines[3].startswith("train data: ") and len(lines) == 4
 
 
 def test_report_counts_empty_documents():
-  """One input: its line alone (before, a total line repeated it: "all 1 inputs: kept 1 documents, ...")."""
+  """One input: its line alone (before, a total line repeated it: "all 1 inputs: kept 1 documents, ..."); each count
+  with its noun in the singular for one (before: "kept 1 documents", "dropped 1 empty documents")."""
   tallies = {"a.txt": Tally()}
   tallies["a.txt"].count_document(5, 0)
   tallies["a.txt"].count_document(10, 3)
   assert report.lines(tallies) == [
-      "input a.txt: kept 1 documents, 10 characters, 3 text tokens; dropped 1 empty documents"]
+      "input a.txt: kept 1 document, 10 characters, 3 text tokens; dropped 1 empty document"]
   tallies["b.txt"] = Tally()
   tallies["b.txt"].count_document(7, 0)
-  assert "all 2 inputs: kept 1 documents, 10 characters, 3 text tokens; dropped 2 empty documents, 0 undecodable " \
+  assert "all 2 inputs: kept 1 document, 10 characters, 3 text tokens; dropped 2 empty documents, 0 undecodable " \
       "bytes" in report.lines(tallies)[2]
 
 

@@ -193,7 +193,7 @@ def test_eval_glue_resumes_with_a_torn_runs_log(pretrained, glue_dir, tmp_path, 
   assert [line for line in out.splitlines() if line.startswith("warning")] == [
       f"warning: {workdir / 'runs.jsonl'}: dropped its torn last line ("
       + out.split("dropped its torn last line (")[1].split("\n")[0]]
-  assert "1 runs already in" in out  # the torn run was run again, the finished one not
+  assert "1 run already in" in out  # the torn run was run again, the finished one not
   again = runs_lib.read_runs(workdir)
   assert [(run["seed"], run["score"]) for run in again] == [(run["seed"], run["score"]) for run in first]
 

@@ -100,7 +100,7 @@ def test_two_hosts_match_one_process(tmp_path, mesh, per_host):
   hosts = start_hosts(workdir, mesh)
   for host in hosts:
     assert host.wait(timeout=300) == 0, host.stderr()[-3000:]
-  assert f"on 2 host(s); global batch 8 ({per_host} per host" in hosts[0].stdout()
+  assert f"on 2 hosts; global batch 8 ({per_host} per host" in hosts[0].stdout()
   losses = [r["loss"] for r in metric_records(workdir)]
   ref_losses, ref_params = single_process_run(mesh)
   assert len(losses) == STEPS and len(set(ref_losses)) == STEPS
@@ -194,7 +194,7 @@ def kill_one_host(workdir, killed: int, mid_training: bool, heartbeat_s: float =
   if mid_training:
     survivor.wait_until(lambda: last_logged_step(workdir) >= 1)
   else:  # Host 0 prints the run's lines.
-    survivor.wait_until(lambda: "on 2 host(s)" in hosts[0].stdout())
+    survivor.wait_until(lambda: "on 2 hosts" in hosts[0].stdout())
   hosts[killed].signal(signal.SIGKILL)  # The supervisor: its child, the training process, dies with it.
   return survivor.wait(timeout=HANG_S), survivor.stderr()
 

@@ -53,6 +53,12 @@ class ArgumentParser(argparse.ArgumentParser):
     raise UserError(f"{message} ({self.prog} --help lists the arguments)")
 
 
+def plural(count: int, noun: str, nouns: str = "") -> str:
+  """A count and its noun, as a line says it: "1 file", "2 files", "1,204 examples" (`nouns`: the plural where it is
+  not the noun and "s", e.g. "batches")."""
+  return f"{count:,} {noun if count == 1 else nouns or noun + 's'}"
+
+
 def format_duration(seconds: float) -> str:
   seconds = int(max(0, seconds))
   h, rem = divmod(seconds, 3600)

@@ -111,8 +111,9 @@ def run(plan: dict, output: storage.PathLike, workers: int, task: tuple[int, int
   units = range(len(plan["units"]))
   todo = [u for u in units if u % count == index and shards.read_unit_record(output, u) is None]
   done = len([u for u in units if u % count == index]) - len(todo)
-  log(f"task {index}/{count}: {len(todo)} of {len(plan['units'])} units to do"
-      + (f" ({done} done before: resuming)" if done else "") + f", {min(workers, max(1, len(todo)))} workers")
+  log(f"task {index}/{count}: {len(todo)} of {console.plural(len(plan['units']), 'unit')} to do"
+      + (f" ({done} done before: resuming)" if done else "")
+      + f", {console.plural(min(workers, max(1, len(todo))), 'worker')}")
   sizes = {u: build.unit_bytes(plan, u) for u in todo}
   meter, done = console.Meter(what, sum(sizes.values())), 0
   describe = lambda: f"the finished units are kept in {output}; rerun the same command to resume"  # (a 2nd signal)
@@ -145,7 +146,7 @@ def run(plan: dict, output: storage.PathLike, workers: int, task: tuple[int, int
   meter.close()
   records = [shards.read_unit_record(output, u) for u in units]
   if any(r is None for r in records):
-    log(f"task {index}/{count} done; {sum(r is None for r in records)} units remain for other tasks (rerun any "
-        f"task once they are done to finish the folder)")
+    log(f"task {index}/{count} done; {console.plural(sum(r is None for r in records), 'unit')} left for other tasks "
+        f"(rerun any task once they are done to finish the folder)")
     return None
   return _finish(plan, output, records)

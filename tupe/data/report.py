@@ -5,6 +5,8 @@ lost without a word.
 """
 import dataclasses
 
+from tupe import console
+
 
 @dataclasses.dataclass
 class Tally:
@@ -54,26 +56,31 @@ def merged(tallies: list[dict[str, dict[str, int]]]) -> dict[str, Tally]:
   return total
 
 
+def _kept(t: Tally) -> str:
+  """What an input (or all of them) kept: "1 document, 1,204 characters, 318 text tokens"."""
+  return (f"{console.plural(t.documents, 'document')}, {console.plural(t.characters, 'character')}, "
+          f"{console.plural(t.tokens, 'text token')}")
+
+
 def lines(tallies: dict[str, Tally]) -> list[str]:
   """One line per input, then, for more than one, their total with the Project Gutenberg strip (one input's line says
   it all: its total would repeat it)."""
   out = []
   for name, t in tallies.items():
-    dropped = [f"{n:,} {what}" for n, what in ((t.empty_documents, "empty documents"),
-                                               (t.undecodable_bytes, "undecodable bytes (not UTF-8)"),
-                                               (t.bad_records, "records without the text field"),
-                                               (t.gutenberg_characters, "characters of Gutenberg licence"))
-               if n]
-    out.append(f"input {name}: kept {t.documents:,} documents, {t.characters:,} characters, {t.tokens:,} text tokens; "
-               f"dropped {', '.join(dropped) if dropped else 'nothing'}")
+    dropped = [console.plural(n, noun) + what for n, noun, what in (
+        (t.empty_documents, "empty document", ""), (t.undecodable_bytes, "undecodable byte", " (not UTF-8)"),
+        (t.bad_records, "record", " without the text field"),
+        (t.gutenberg_characters, "character", " of Gutenberg licence")) if n]
+    out.append(f"input {name}: kept {_kept(t)}; dropped {', '.join(dropped) if dropped else 'nothing'}")
   if len(tallies) < 2:
     return out
   total = Tally()
   for t in tallies.values():
     total.add(t)
   stripped = sum(t.gutenberg_characters > 0 for t in tallies.values())
-  out.append(f"all {len(tallies)} inputs: kept {total.documents:,} documents, {total.characters:,} characters, "
-             f"{total.tokens:,} text tokens; dropped {total.empty_documents:,} empty documents, "
-             f"{total.undecodable_bytes:,} undecodable bytes, {total.bad_records:,} bad records; "
-             f"Project Gutenberg licence stripped from {stripped} files ({total.gutenberg_characters:,} characters)")
+  out.append(f"all {len(tallies)} inputs: kept {_kept(total)}; dropped "
+             f"{console.plural(total.empty_documents, 'empty document')}, "
+             f"{console.plural(total.undecodable_bytes, 'undecodable byte')}, "
+             f"{console.plural(total.bad_records, 'bad record')}; Project Gutenberg licence stripped from "
+             f"{console.plural(stripped, 'file')} ({console.plural(total.gutenberg_characters, 'character')})")
   return out

@@ -209,9 +209,10 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
     sharding.check_batch_size("eval_batch_size", cfg.eval_batch_size, mesh)
     rules = partitioning.rules_from_config(cfg.sharding_rules)
     console.log(f"fine-tuning {backbone.source}: {backbone.cfg.name} ({backbone.cfg.size}), head {cfg.head}; mesh "
-                f"{dict(mesh.shape)} over {mesh.devices.size} {jax.devices()[0].platform} devices; batch "
-                f"{cfg.batch_size} x {cfg.max_seq_len} tokens; lrs {', '.join(f'{lr:g}' for lr in lrs)} x seeds "
-                f"{', '.join(map(str, cfg.seeds))}; {len(done)} runs already in {workdir / 'runs.jsonl'}")
+                f"{dict(mesh.shape)} over {console.plural(mesh.devices.size, f'{jax.devices()[0].platform} device')}; "
+                f"batch {cfg.batch_size} x {cfg.max_seq_len} tokens; lrs {', '.join(f'{lr:g}' for lr in lrs)} x seeds "
+                f"{', '.join(map(str, cfg.seeds))}; {console.plural(len(done), 'run')} already in "
+                f"{workdir / 'runs.jsonl'}")
     encoder = backbone_lib.encoder_params(backbone, mesh, rules)
     if any(pending.values()):
       stop.before_run(first=True)
@@ -262,7 +263,7 @@ def _run_grid(cfg, workdir, tasks, pending, lrs, backbone, encoder, mesh, rules,
   peak_flops = peak * mesh.devices.size
   for task in tasks:
     if not pending[task.name]:
-      console.log(f"{task.name}: all {len(lrs) * len(cfg.seeds)} runs finished, skipped")
+      console.log(f"{task.name}: {console.plural(len(lrs) * len(cfg.seeds), 'run')} finished, skipped")
       continue
     data = glue_data.load_task_data(cfg, task, backbone.vocab_file, cfg.predict_test)
     setup = task_model.build_task(cfg, backbone, task, len(data.train["idx"]), mesh, rules)

@@ -106,7 +106,7 @@ def read_input(path: storage.PathLike, task: glue.Task) -> list[glue.Example]:
       if example is not None:
         examples.append(example)
   if errors:
-    raise UserError(f"{len(errors)} bad row{'s' if len(errors) > 1 else ''} in {path}, nothing written:\n"
+    raise UserError(f"{console.plural(len(errors), 'bad row')} in {path}, nothing written:\n"
                     + "\n".join(errors))
   if not examples:
     raise UserError(f"{path} has no rows to label")

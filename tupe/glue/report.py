@@ -25,6 +25,7 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
+from tupe import console
 from tupe import present
 from tupe.errors import UserError
 from tupe.glue import metrics as glue_metrics
@@ -187,7 +188,7 @@ def _cell(result: LrResult) -> str:
   n = len(result.seeds)
   diverged = f", {result.n_diverged} diverged" if result.n_diverged else ""
   degenerate = f", {result.n_degenerate} degenerate" if result.n_degenerate else ""
-  return f"{_points(result.median)} ({spread}{n} seed{'s' if n > 1 else ''}{diverged}{degenerate})"
+  return f"{_points(result.median)} ({spread}{console.plural(n, 'seed')}{diverged}{degenerate})"
 
 
 def markdown_table(records: Iterable[RunRecord]) -> str:

@@ -366,7 +366,7 @@ def main(argv: list[str], call=subprocess.call) -> None:
     raise UserError(f"--root {root} does not exist: --report-only reports a study's finished work; run it first")
   check_pretrained(variants)
   if not args.report_only:
-    console.log(f"[study] {cfg.study} at scale {cfg.scale}: {len(variants)} variants "
+    console.log(f"[study] {cfg.study} at scale {cfg.scale}: {console.plural(len(variants), 'variant')} "
                 f"({', '.join(v.name for v in variants)}) in {root}")
     ran = run(cfg, root, variants, call)
     console.log(f"[study] {ran} stage(s) run, {sum(len(v.stages) for v in variants) - ran} already done")

@@ -195,7 +195,8 @@ def main(argv: list[str], call=subprocess.call) -> None:
     print(f"[sweep] run {i + 1}/{len(commands)}: {shlex.join(command[2:])}", flush=True)
     runner.check_exit(call(command), f"run {i + 1}/{len(commands)}", "rerun the sweep to resume", command)
   if not args.print:
-    print(f"[sweep] {len(commands)} runs finished:\n{summary(commands, len(args.grid))}", end="", flush=True)
+    print(f"[sweep] {console.plural(len(commands), 'run')} finished:\n{summary(commands, len(args.grid))}", end="",
+          flush=True)
 
 
 if __name__ == "__main__":

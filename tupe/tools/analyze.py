@@ -256,7 +256,8 @@ def analyze(cfg, params, tokenizer, info, sentences: list[str], out: storage.Pat
             label: str) -> list[storage.Path]:
   """Writes every figure and table of the module docstring into `out`; returns their paths."""
   if not 0 <= index < len(sentences):
-    raise UserError(f"--sentence-index {index} is out of range: the text file gave {len(sentences)} sentences")
+    raise UserError(f"--sentence-index {index} is out of range: the text file gave "
+                    f"{console.plural(len(sentences), 'sentence')}")
   if not 3 <= max_len <= cfg.max_position_embeddings:
     raise UserError(f"--max-len {max_len} must be between 3 and the model's {cfg.max_position_embeddings} "
                     f"positions")
@@ -288,8 +289,8 @@ def analyze(cfg, params, tokenizer, info, sentences: list[str], out: storage.Pat
                                           for layer, row in enumerate(concentration)])
   storage.write_text(
       out / "diagonal_concentration.md",
-      f"Diagonal concentration C of {label} ({kind}), pooled over {len(sentences)} sentences: attention mass with "
-      f"|i - j| <= {analysis.DIAGONAL_WINDOW} over the mass farther away.\n\n{table}")
+      f"Diagonal concentration C of {label} ({kind}), pooled over {console.plural(len(sentences), 'sentence')}: "
+      f"attention mass with |i - j| <= {analysis.DIAGONAL_WINDOW} over the mass farther away.\n\n{table}")
   written.append(out / "diagonal_concentration.md")
   _save(concentration_figure(concentration, f"{label}: diagonal concentration C"),
         out / "diagonal_concentration.png", written)
@@ -340,7 +341,7 @@ def main(argv: list[str]) -> None:
     max_len = min(DEFAULT_MAX_LEN, cfg.max_position_embeddings) if args.max_len is None else args.max_len
     written = analyze(cfg, params, tokenizer, info, sentences, storage.path(args.out), args.sentence_index,
                       max_len, label)
-  print(f"wrote {len(written)} files to {args.out}: " + ", ".join(p.name for p in written))
+  print(f"wrote {console.plural(len(written), 'file')} to {args.out}: " + ", ".join(p.name for p in written))
 
 
 if __name__ == "__main__":

@@ -160,7 +160,7 @@ def main(argv: list[str], call=subprocess.call) -> None:
       if runner.glue_done(grid):
         console.log(f"[budget] {label}: done ({grid.glue_dir}), skipped")
       else:
-        console.log(f"[budget] {label}: {runner.glue_pending(grid)} runs to go in {grid.glue_dir}")
+        console.log(f"[budget] {label}: {console.plural(runner.glue_pending(grid), 'run')} to go in {grid.glue_dir}")
         runner.run_command(grid.glue, f"[budget] {label}", call)
     results[budget] = measure(*pair)
   report = {"study": cfg.study, "scale": cfg.scale, "variant": args.variant, "tasks": list(variant.tasks),

@@ -31,7 +31,7 @@ class Evaluator:
   def describe(self) -> str:
     """The evaluation's size, for the run's log: how many of the split's examples each evaluation scores."""
     batch, n = self.setup.cfg.global_batch_size, len(self.data)
-    return (f"each evaluation scores {self.num_batches} batch{'es' if self.num_batches > 1 else ''} of {batch}: "
+    return (f"each evaluation scores {console.plural(self.num_batches, 'batch', 'batches')} of {batch}: "
             f"{self.num_batches * batch:,} of the eval split's {n:,} examples")
 
   def batches(self):

@@ -27,6 +27,7 @@ import time
 import jax
 import jax.numpy as jnp
 
+from tupe import console
 from tupe.errors import UserError
 from tupe.models import config as config_lib
 from tupe.store import jsonfile
@@ -117,7 +118,7 @@ def plausible_floor() -> tuple[float, str]:
   flags = next((line.split(":", 1)[1].split() for line in _cpuinfo() if line.startswith("flags")), [])
   unit = next((u for u in FLOOR_PER_CORE if u and u in flags), "")
   cores = _cores()
-  return FLOOR_PER_CORE[unit] * cores, f"{cores} cores" + (f" with {unit}" if unit else "")
+  return FLOOR_PER_CORE[unit] * cores, console.plural(cores, "core") + (f" with {unit}" if unit else "")
 
 
 def check_peak_flops(configured: float) -> None:
@@ -161,7 +162,7 @@ def _machine() -> str:
   """The CPU model and the cores this process may use: what a measured CPU peak depends on."""
   model = next((line.split(":", 1)[1].strip() for line in _cpuinfo() if line.startswith("model name")),
                platform.processor() or platform.machine())
-  return f"{model}, {_cores()} cores"
+  return f"{model}, {console.plural(_cores(), 'core')}"
 
 
 def cached_matmul_peak(kind: str) -> tuple[float, str]:

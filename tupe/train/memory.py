@@ -78,7 +78,7 @@ def capacity(devices=None) -> Capacity | None:
     if available is None:
       return None
     return Capacity(available, True, len(devices), f"{size_text(available)} of RAM available on this host, "
-                                                   f"shared by {len(devices)} CPU device{'s' * (len(devices) > 1)}")
+                                                   f"shared by {console.plural(len(devices), 'CPU device')}")
   limits = [(d.memory_stats() or {}).get("bytes_limit") for d in devices]
   if not all(limits):
     return None

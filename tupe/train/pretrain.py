@@ -233,10 +233,10 @@ def load_data(cfg) -> tuple[pipeline.PretrainData, pipeline.PretrainData | None]
   train_data = pipeline.PretrainData(cfg.data, seq_len=cfg.seq_len, split="train")
   eval_data = pipeline.PretrainData(cfg.data, seq_len=cfg.seq_len, split="eval") if cfg.eval_every else None
   if eval_data is not None and len(eval_data) < cfg.global_batch_size:
-    raise UserError(f"the eval split has {len(eval_data)} examples, fewer than one batch of {cfg.global_batch_size} "
-                    f"(global_batch_size), so it cannot be evaluated: hold out more text (a larger data.eval_fraction, "
-                    f"or preprocess with a larger --eval-fraction) or train without evaluations: "
-                    f"--config.eval_every=0")
+    raise UserError(f"the eval split has {console.plural(len(eval_data), 'example')}, fewer than one batch of "
+                    f"{cfg.global_batch_size} (global_batch_size), so it cannot be evaluated: hold out more text (a "
+                    f"larger data.eval_fraction, or preprocess with a larger --eval-fraction) or train without "
+                    f"evaluations: --config.eval_every=0")
   return train_data, eval_data
 
 
@@ -389,10 +389,12 @@ def describe(setup: Setup, train_data, rows: tuple[int, int]) -> str:
   cfg = setup.cfg
   n_params = models.param_count(setup.abstract_state.params)
   return (f"model {cfg.model.name} ({cfg.model.size}), {n_params / 1e6:.2f}M parameters, objective "
-          f"{cfg.objective}; mesh {dict(setup.mesh.shape)} over {setup.mesh.devices.size} "
-          f"{jax.devices()[0].platform} devices on {jax.process_count()} host(s); global batch "
+          f"{cfg.objective}; mesh {dict(setup.mesh.shape)} over "
+          f"{console.plural(setup.mesh.devices.size, jax.devices()[0].platform + ' device')} on "
+          f"{console.plural(jax.process_count(), 'host')}; global batch "
           f"{cfg.global_batch_size} ({rows[1] - rows[0]} per host, "
           f"{cfg.global_batch_size // sharding.data_parallel_size(setup.mesh)} per data-parallel device, "
-          f"{cfg.grad_accum_steps} accumulation steps) x {cfg.seq_len} tokens; {len(train_data)} training examples"
-          + (f", batched by {cfg.data.num_workers} data worker process{'es' * (cfg.data.num_workers > 1)}"
+          f"{console.plural(cfg.grad_accum_steps, 'accumulation step')}) x {cfg.seq_len} tokens; "
+          f"{console.plural(len(train_data), 'training example')}"
+          + (f", batched by {console.plural(cfg.data.num_workers, 'data worker process', 'data worker processes')}"
              if cfg.data.num_workers else ""))
