@@ -138,6 +138,10 @@ def test_missing_folder_and_file(tmp_path):
   with pytest.raises(UserError, match=r"GLUE folder .*nowhere not found: .*python -m tupe.glue.download --data-dir "
                                       r"DIR.*download_glue_data.py.*TFDS"):
     glue.load_split(tmp_path / "nowhere", "RTE", "dev")
+  (tmp_path / "glue.zip").write_bytes(b"")  # a file where the folder belongs (before: "not found", as if missing)
+  with pytest.raises(UserError, match=r"^GLUE folder .*glue.zip is a file, not a folder: set --config.data_dir to the "
+                                      r"folder that holds GLUE's task folders \(CoLA/, SST-2/, ...\)$"):
+    glue.load_split(tmp_path / "glue.zip", "RTE", "dev")
   with pytest.raises(glue.MissingSplit) as e:
     glue.load_split(tmp_path, "MNLI", "dev_matched")
   message = str(e.value)

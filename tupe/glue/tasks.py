@@ -214,6 +214,9 @@ def load_split(data_dir: storage.PathLike, task: str, split: str) -> list[Exampl
   _check_split(spec, split)
   data_dir = storage.path(data_dir)
   if not storage.is_dir(data_dir):
+    if storage.is_file(data_dir):
+      raise UserError(f"GLUE folder {data_dir} is a file, not a folder: set --config.data_dir to the folder that holds "
+                      f"GLUE's task folders (CoLA/, SST-2/, ...)")
     raise UserError(f"GLUE folder {data_dir} not found: {HOW_TO_GET_GLUE}")
   path = data_dir / spec.folder / spec.files[split]
   if not storage.is_file(path):
