@@ -227,6 +227,38 @@ def test_a_signal_as_a_failed_command_ends_changes_nothing():
   assert (proc.returncode, proc.stdout, proc.stderr) == (2, "done\n", "error: bad input\n")
 
 
+# A command whose work leaves a thread that does not finish: the process's end waits on it for a minute. The thread
+# says when the command's end has begun (the late handlers are in place) and when a first signal is recorded.
+HANGS_AS_IT_ENDS = """import signal, threading, time
+from tupe import signals
+from tupe.run import process
+process.stop_while_loading()
+def hang():
+  while signal.getsignal(signal.SIGINT) is not process._heard_as_it_ends:
+    time.sleep(0.01)
+  print("ending", flush=True)
+  while not signals.received:
+    time.sleep(0.01)
+  print("recorded", flush=True)
+  time.sleep(60)
+process.run_main(lambda argv: threading.Thread(target=hang).start())
+"""
+
+
+def test_a_second_signal_as_a_command_ends_exits_at_once():
+  """Once a command's work is done its stop signals are only recorded; should its end hang (a thread that does not
+  finish), a second one ends the process at once, with a line."""
+  proc = subprocess.Popen([sys.executable, "-c", HANGS_AS_IT_ENDS], cwd=REPO, env=train_env(), stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+  assert proc.stdout.readline() == "ending\n"
+  proc.send_signal(signal.SIGINT)
+  assert proc.stdout.readline() == "recorded\n"
+  proc.send_signal(signal.SIGINT)
+  _, err = proc.communicate(timeout=30)  # (the thread sleeps 60 s: a process that ends sooner was stopped)
+  assert (proc.returncode, err) == (130, "stopped by Ctrl-C (SIGINT) again while the command was ending: exiting at "
+                                         "once\n")
+
+
 def test_a_signal_heard_as_the_work_ends_stops_the_command():
   """A signal that comes after the work's last check (its last file written, an upload) stops the command as it
   leaves the work (before: in the work done in this process, it was recorded and forgotten, and the command ended

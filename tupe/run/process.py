@@ -152,7 +152,17 @@ def run_main(main, argv=None) -> None:
       signals.received.clear()
     if owns_process and threading.current_thread() is threading.main_thread():
       for signum in signals.STOP_SIGNALS:  # (a `python -m` command's handlers raise: in an atexit handler, or once
-        signal.signal(signum, signals.record)  # Python restored the default ones, the process ended with no line)
+        signal.signal(signum, _heard_as_it_ends)  # Python restored the default ones, the process ended with no line)
+
+
+def _heard_as_it_ends(signum, frame) -> None:
+  """The stop signals' handler once `main` has returned: the first is recorded (`_exit_for_a_late_signal` says so
+  as the process exits); a second ends the process at once, should its end hang (a thread that does not finish)."""
+  if signals.received:
+    with contextlib.suppress(OSError):
+      os.write(2, f"stopped by {signals.name(signum)} again while the command was ending: exiting at once\n".encode())
+    os._exit(128 + signum)
+  signals.record(signum, frame)
 
 
 def _resend_dropped_stops(hook):
