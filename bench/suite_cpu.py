@@ -99,10 +99,13 @@ def against(rows: list[dict], baseline: list[dict], changed: set[str]) -> dict:
   now, then = ({r["file"]: r["cpu_s"] for r in run if r["file"] != "all"} for run in (rows, baseline))
   unchanged = [f for f in now.keys() & then.keys() if f not in changed]
   touched = [f for f in now if f in changed]
+  if not unchanged:
+    raise SystemExit("error: no test file ran in both runs untouched by --changed: nothing measures the machine")
   speed = sum(now[f] for f in unchanged) / sum(then[f] for f in unchanged)
   at_equal_speed = sum(now[f] for f in touched) / speed
+  before = sum(then.get(f, 0.0) for f in touched)  # 0 when no test changed, or only new files did: no ratio
   return {"unchanged_files": len(unchanged), "unchanged_ratio": round(speed, 3), "changed_files": len(touched),
-          "changed_at_equal_speed": round(at_equal_speed / sum(then.get(f, 0.0) for f in touched), 3),
+          "changed_at_equal_speed": round(at_equal_speed / before, 3) if before else None,
           "suite_at_equal_speed": round((sum(now[f] for f in unchanged) / speed + at_equal_speed)
                                         / sum(then.values()), 3)}
 

@@ -504,6 +504,21 @@ def test_suite_cpu_against_a_baseline_at_equal_speed():
       "suite_at_equal_speed": 0.9}
 
 
+def test_suite_cpu_against_a_baseline_with_no_changed_file_that_ran_before():
+  """No test file changed (docs/BENCHMARKS.md's `--changed "$(git diff ...)"` is then empty), or only a new one: no
+  changed files' ratio, and still the suite's at equal speed as the last line; nothing to measure the machine by is
+  one line."""
+  row = lambda name, cpu: {"file": name, "cpu_s": cpu}
+  baseline = [row("all", 60.0), row("tests/test_a.py", 20.0), row("tests/test_b.py", 40.0)]
+  now = [row("all", 96.0), row("tests/test_a.py", 30.0), row("tests/test_b.py", 60.0), row("tests/test_c.py", 6.0)]
+  assert suite_cpu.against(now[:3], baseline, set()) == {
+      "unchanged_files": 2, "unchanged_ratio": 1.5, "changed_files": 0, "changed_at_equal_speed": None,
+      "suite_at_equal_speed": 1.0}
+  assert suite_cpu.against(now, baseline, {"tests/test_c.py"})["changed_at_equal_speed"] is None
+  with pytest.raises(SystemExit, match="^error: no test file ran in both runs untouched"):
+    suite_cpu.against(now, baseline, {"tests/test_a.py", "tests/test_b.py"})
+
+
 def test_plot_tells_a_gpu_round_and_a_train_step_variant_apart(tmp_path):
   """A GPU session's results file (our train step, the PyTorch anchor, the test_gpu line) is drawn as one
   chart; bench.train_step's output with --variant stays a train_step chart, not an ablation."""
