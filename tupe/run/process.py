@@ -151,13 +151,18 @@ def run_main(main, argv=None) -> None:
     if status:  # Its line (or traceback) is printed: a signal arriving now changes nothing.
       signals.received.clear()
     if owns_process and threading.current_thread() is threading.main_thread():
-      for signum in signals.STOP_SIGNALS:  # (a `python -m` command's handlers raise: in an atexit handler, or once
-        signal.signal(signum, _heard_as_it_ends)  # Python restored the default ones, the process ended with no line)
+      # A `python -m` command's handlers raise: in an atexit handler, or once Python restored the default ones, the
+      # process ended with no line. `catch_signals`' `record` stays: its watcher thread stops an end hung in native
+      # code (where no Python handler runs) at a second signal.
+      for signum in signals.STOP_SIGNALS:
+        if signal.getsignal(signum) is not signals.record:
+          signal.signal(signum, _heard_as_it_ends)
 
 
 def _heard_as_it_ends(signum, frame) -> None:
-  """The stop signals' handler once `main` has returned: the first is recorded (`_exit_for_a_late_signal` says so
-  as the process exits); a second ends the process at once, should its end hang (a thread that does not finish)."""
+  """The stop signals' handler once `main` has returned, in a command without `catch_signals`: the first is recorded
+  (`_exit_for_a_late_signal` says so as the process exits); a second ends the process at once, should its end hang
+  (a thread that does not finish)."""
   if signals.received:
     with contextlib.suppress(OSError):
       os.write(2, f"stopped by {signals.name(signum)} again while the command was ending: exiting at once\n".encode())
