@@ -52,7 +52,6 @@ def test_help_with_a_config_lists_its_fields_values_and_comments_and_helpfull_th
                    out, re.M)  # a comment continued on the next lines
 
 
-
 @pytest.mark.parametrize("tool, lines", [
     (glue_parity, "  python -m tupe.tools.glue_parity --config configs/glue.py:tupe --config.init_checkpoint=WORKDIR "
                   "\\\n      --config.data_dir=GLUE_DIR --config.tasks=sst2,mrpc,stsb --workdir OUT "

@@ -107,7 +107,6 @@ class NonFinite:
       log("warning: " + msg)
 
 
-
 def skipped_summary(skipped: int, total_steps: int) -> str:
   """"" when no step was skipped, else "; N of M steps skipped (...)", for a run's last line."""
   if not skipped:
