@@ -65,7 +65,7 @@ def test_a_damaged_line_inside_is_skipped_with_one_warning(tmp_path, capsys):
   (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "lo{"step": 3, "loss": 1.0}\n'
                                           '{"step": 4, "loss": 0.5}\n')
   assert [r["step"] for r in runlog.read_metrics(tmp_path)] == [1, 4]
-  assert capsys.readouterr().out == (f"warning: {tmp_path / 'metrics.jsonl'}: skipped 1 unreadable line(s) (line 2: "
+  assert capsys.readouterr().out == (f"warning: {tmp_path / 'metrics.jsonl'}: skipped 1 unreadable line (line 2: "
                                      f"'{{\"step\": 2, \"lo{{\"step\": 3, \"loss\": 1.0}}')\n")
 
 
@@ -76,7 +76,7 @@ def test_bytes_that_are_not_utf8_or_a_record_without_a_step_spoil_one_line_only(
   (tmp_path / "metrics.jsonl").write_bytes(b'{"step": 1, "loss": 2.0}\n\xff\xfe garbage\n{"step": null}\n'
                                            b'{"step": 2, "loss": 1.0}\n')
   assert [r["step"] for r in runlog.read_metrics(tmp_path)] == [1, 2]
-  assert capsys.readouterr().out == (f"warning: {tmp_path / 'metrics.jsonl'}: skipped 1 unreadable line(s) (line 2: "
+  assert capsys.readouterr().out == (f"warning: {tmp_path / 'metrics.jsonl'}: skipped 1 unreadable line (line 2: "
                                      f"'\ufffd\ufffd garbage')\n")
 
 

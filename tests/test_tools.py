@@ -138,7 +138,8 @@ def test_analyze_tupe_checkpoint(tupe_checkpoint, sentences_file, tmp_path, caps
   assert "wrote 11 files" in printed
   # The BERT vocab's repeated lines are named after the checkpoint, not the temporary file its vocab is written to.
   (warning,) = [line for line in printed.splitlines() if line.startswith("warning:")]
-  assert warning.startswith(f"warning: the vocab of {tupe_checkpoint / 'checkpoints' / '3'} has 1,008 line(s)"), warning
+  assert warning.startswith(f"warning: the vocab of {tupe_checkpoint / 'checkpoints' / '3'} has 1,008 lines that "
+                            f"repeat"), warning
   cfg, params, _ = pretrained_lib.load_encoder(tupe_checkpoint)
   heads = models.attention_heads(cfg)
   for layer in range(2):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import re
 
+from tupe import console
 from tupe.store import jsonfile
 from tupe.store import storage
 
@@ -49,7 +50,6 @@ def _segment(directory: storage.PathLike, name: str, index: int) -> storage.Path
 
 
 def _warn(msg: str) -> None:
-  from tupe import console  # (logs writes its metrics through this module)
   console.log(f"warning: {msg}")
 
 
@@ -76,7 +76,7 @@ def read(directory: storage.PathLike, name: str) -> list[dict]:
         bad.append((path, n, line.decode("utf-8", errors="replace")))
   if bad:
     path, n, line = bad[0]
-    _warn(f"{path}: skipped {len(bad)} unreadable line(s) (line {n}: {_preview(line)})"
+    _warn(f"{path}: skipped {console.plural(len(bad), 'unreadable line')} (line {n}: {_preview(line)})"
           + (f" and {len(bad) - 1} more" if len(bad) > 1 else ""))
   return records
 
