@@ -126,7 +126,7 @@ def flags_error(e: flags.Error, argv: Sequence[str], config: ml_collections.Conf
   script = os.path.basename(argv[0])
   if group := re.search(r"flag --config\.([\w.]+)=.*Failed to parse .* as a ConfigDict", str(e)):
     return (f"--config.{group[1]} is a group of fields, not a value: set one of them, e.g. "
-            f"--config.{group[1]}.FIELD=VALUE (python {script} --help --config ... lists them)")
+            f"--config.{group[1]}.FIELD=VALUE (python {script} --config ... --help lists them)")
   if missing := re.search(r"Flag --(\w+) must have a value other than None", str(e)):  # a required flag
     example = (" (the run's folder, local, gs://... or s3://..., e.g. --workdir runs/demo)" if missing[1] == "workdir"
                else "")
