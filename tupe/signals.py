@@ -86,7 +86,16 @@ def _what_is_saved() -> str:
   return result[0] if result else "what was saved could not be listed in time; rerun the same command to resume"
 
 
-def _stop_now(signum: int) -> None:
+WORK_DONE = "its work is done and its outputs are complete; nothing needs to be rerun"  # (a command's end)
+
+
+def work_done() -> None:
+  """The command's work has returned: from now on a second stop signal's line says so (`WORK_DONE`), not what
+  the job had saved."""
+  _saved.append(lambda: WORK_DONE)
+
+
+def stop_now(signum: int) -> None:
   """A second stop signal: one line, this process's worker processes ended, then the exit, at once."""
   _say(2, f"stopped now by a second {name(signum)}: {_what_is_saved()}")
   for child in multiprocessing.active_children():  # Data or tokenizer workers: not left behind (`Children`'s ignore
@@ -115,7 +124,7 @@ def _unlink_semaphores() -> None:
 
 class _Watcher:
   """A thread that hears each signal as it arrives (the pipe of `signal.set_wakeup_fd`) and acts on the stop
-  signals for which `record` is the handler: the first acknowledged, the second `_stop_now`."""
+  signals for which `record` is the handler: the first acknowledged, the second `stop_now`."""
 
   def __init__(self):
     self._read, self._write = os.pipe()
@@ -141,7 +150,7 @@ class _Watcher:
           again = "Ctrl-C again" if signum == signal.SIGINT else "a second SIGTERM or Ctrl-C"
           _say(1, f"{name(signum)}: stopping after the current step; {again} to stop now")
         else:
-          _stop_now(signum)
+          stop_now(signum)
 
   def close(self) -> None:
     signal.set_wakeup_fd(self._previous)
@@ -213,10 +222,10 @@ def _handlers(handler: Callable) -> None:
 
 
 def _hear(signum, _frame) -> None:
-  """`heard`'s handler: records a stop signal, and stops the process now (`_stop_now`) at a second one, which came
+  """`heard`'s handler: records a stop signal, and stops the process now (`stop_now`) at a second one, which came
   while the first was not acted on (the main thread in a call that does not return, a hung upload, say)."""
   if received:
-    _stop_now(signum)
+    stop_now(signum)
   received.append(signum)
 
 

@@ -71,8 +71,8 @@ def _exit_for_a_late_signal() -> None:
     return
   status = _status
   if signals.received and status == 0:
-    print(f"stopped by {signals.name(signals.received[0])} as the command finished: its work is done and its "
-          f"outputs are complete; nothing needs to be rerun", file=sys.stderr)
+    print(f"stopped by {signals.name(signals.received[0])} as the command finished: {signals.WORK_DONE}",
+          file=sys.stderr)
     status = 128 + signals.received[0]
   sys.stdout.flush()
   sys.stderr.flush()
@@ -117,6 +117,8 @@ def run_main(main, argv=None) -> None:
     main(argv)
     _stop_for_a_dropped_signal()
     status = 0
+    if owns_process:
+      signals.work_done()
   except SystemExit as e:
     status = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
     raise
@@ -162,11 +164,9 @@ def run_main(main, argv=None) -> None:
 def _heard_as_it_ends(signum, frame) -> None:
   """The stop signals' handler once `main` has returned, in a command without `catch_signals`: the first is recorded
   (`_exit_for_a_late_signal` says so as the process exits); a second ends the process at once, should its end hang
-  (a thread that does not finish)."""
+  (a thread that does not finish), as a second signal does in train.py (`signals.stop_now`)."""
   if signals.received:
-    with contextlib.suppress(OSError):
-      os.write(2, f"stopped by {signals.name(signum)} again while the command was ending: exiting at once\n".encode())
-    os._exit(128 + signum)
+    signals.stop_now(signum)
   signals.record(signum, frame)
 
 
