@@ -86,6 +86,9 @@ def test_a_meter_shows_no_eta_before_a_share_of_the_work_is_done():
   assert meter.line(meter.start + 2.0).endswith(", 2.50 B/s, ETA ?")
   meter.done = 10.0
   assert meter.line(meter.start + 2.0).endswith(", 5.00 B/s, ETA 3m18s")
+  unknown = console.Meter("reading", 0.0, unit="B", scale=1)  # no total: no ETA (not "0m00s")
+  unknown.done = 10.0
+  assert unknown.line(unknown.start + 2.0).endswith(", 5.00 B/s, ETA ?")
 
 
 def test_a_meter_cut_short_on_a_terminal_ends_its_line(monkeypatch):

@@ -105,8 +105,9 @@ class Meter:
     elapsed = now - self.start
     rate = self.done / elapsed if elapsed > 0 else 0.0
     share = f" ({self.done / self.total:.0%})" if self.total else ""
-    # No ETA before a share of the work is done: a slow start (a bucket's first read) would project hours.
-    eta = format_duration((self.total - self.done) / rate) if rate and self.done >= self.ETA_AFTER * self.total else "?"
+    # No ETA before a share of the work is done (a slow start, a bucket's first read, would project hours).
+    started = self.total and self.done >= self.ETA_AFTER * self.total
+    eta = format_duration((self.total - self.done) / rate) if rate and started else "?"
     return (f"{self.what}: {self.done / self.scale:,.1f}/{self.total / self.scale:,.1f} {self.unit}{share}, "
             f"{rate / self.scale:,.2f} {self.unit}/s, ETA {eta}")
 
