@@ -160,6 +160,14 @@ def write_vocab(tokens: list[str], output: storage.PathLike) -> storage.Path:
   return storage.path(output)
 
 
+def write_checkpoint_vocab(tokens: list[str], step_dir: storage.PathLike, output: storage.PathLike) -> storage.Path:
+  """`write_vocab` of a checkpoint's vocab, for a tokenizer to read from a file of the command's own (a temporary
+  one): its repeated lines are warned about under the checkpoint's name, not the file's (`warn_repeated_lines`
+  says each vocab once)."""
+  warn_repeated_lines(f"the vocab of {step_dir}", tokens)
+  return write_vocab(tokens, output)
+
+
 def train_wordpiece(texts: Iterable[str], vocab_size: int, output: str | os.PathLike,
                     lowercase: bool = True) -> storage.Path:
   """Trains a WordPiece vocab with `tokenizers` and writes it as a BERT vocab.txt.

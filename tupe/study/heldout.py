@@ -69,9 +69,8 @@ def evaluate(checkpoint_path: str, text_file: str, seed: int = 0, max_examples: 
   cfg = ml_collections.ConfigDict(meta.config)
   if not meta.vocab:
     raise UserError(f"{step_dir} holds no vocab (pre-trained on synthetic data): it cannot read text")
-  tokenizer_lib.warn_repeated_lines(f"the vocab of {step_dir}", meta.vocab)  # (not the temporary file's name)
   with tempfile.TemporaryDirectory() as tmp:
-    vocab_file = tokenizer_lib.write_vocab(meta.vocab, storage.path(tmp) / "vocab.txt")
+    vocab_file = tokenizer_lib.write_checkpoint_vocab(meta.vocab, step_dir, storage.path(tmp) / "vocab.txt")
     data_cfg = ml_collections.ConfigDict(cfg.data.to_dict())
     data_cfg.update(source="text", files=str(text_file), vocab_file=str(vocab_file), documents="files",
                     fill_examples=True, eval_fraction=0.0, num_workers=0)

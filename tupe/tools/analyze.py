@@ -235,8 +235,7 @@ def load_model(args, workspace: storage.Path):
     if args.vocab:
       vocab_file = args.vocab
     elif vocab:
-      tokenizer_lib.warn_repeated_lines(f"the vocab of {step_dir}", vocab)  # (not the temporary file's name)
-      vocab_file = tokenizer_lib.write_vocab(vocab, workspace / "vocab.txt")
+      vocab_file = tokenizer_lib.write_checkpoint_vocab(vocab, step_dir, workspace / "vocab.txt")
     else:
       raise UserError(f"checkpoint {step_dir} has no vocab (trained on synthetic data): pass one with --vocab")
     label = f"{cfg.name} ({cfg.size}), step {step_dir.name}"
