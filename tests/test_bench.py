@@ -22,6 +22,7 @@ from bench import compare_hf
 from bench import compile_events
 from bench import dynamic_conv
 from bench import memory
+from bench import mutations
 from bench import params_load
 from bench import pipeline
 from bench import plot
@@ -554,3 +555,22 @@ def test_compile_events_count_a_processs_compiles(tmp_path):
                                                     {"processes_of": "-m bench.compile_events", "count": 1}]
   with pytest.raises(SystemExit, match="no compile events"):
     compile_events.main([str(tmp_path)])
+
+
+def test_every_mutation_applies_and_a_caught_one_is_reported_caught(tmp_path, capsys):
+  """Each mutation's snippet occurs once in today's code (an edit that moves it fails here, not an audit an hour
+  in); one mutation run in a clone: its test file fails, the file is put back, the counts say so."""
+  repo = pathlib.Path(__file__).resolve().parents[1]
+  mutations.main(["--repo", str(repo), "--check"])
+  assert json.loads(capsys.readouterr().out) == {"mutations": len(mutations.MUTATIONS), "apply": True}
+  clone = tmp_path / "clone"
+  subprocess.run(["git", "clone", "-q", str(repo), str(clone)], check=True)
+  for mutation in mutations.MUTATIONS:  # the working tree's snippets (the clone holds the last commit's files)
+    (clone / mutation.file).write_text((repo / mutation.file).read_text())
+  subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "tree"], cwd=clone)
+  before = (clone / "tupe/glue/tasks.py").read_text()
+  mutations.main(["--repo", str(clone), "G05-mnli-label-order"])
+  result, counts = map(json.loads, capsys.readouterr().out.splitlines())
+  assert result["caught"] and result["failed"][0].startswith("tests/test_glue_data.py::test_")  # a test, not set-up
+  assert counts == {"mutations": 1, "caught": 1, "missed": [], "unobservable": []}
+  assert (clone / "tupe/glue/tasks.py").read_text() == before

@@ -1,0 +1,278 @@
+"""A mutation audit of the test suite: small bugs a developer could make, one at a time, each against the test files
+that should catch it. A mutation no test catches is a test to write.
+
+  git clone -q . ../tupe-mutants && python -m bench.mutations --repo ../tupe-mutants [ID ...]
+  python -m bench.mutations --repo . --check      # each mutation still applies to the code (no test is run)
+
+Each mutation replaces one exact snippet of a file of `--repo` (a clone: its files are changed while a mutation's
+tests run, and put back after, even on Ctrl-C; a checkout with uncommitted changes is refused), runs `pytest -x` on
+its test files there and prints one JSON line: {"mutation", "file", "caught", "failed", "skipped"} ("failed": the
+first failing tests; "skipped": tests that did not run, e.g. for want of ../shared/data beside the clone, so clone
+it beside the repository). The last line counts them. Each runs its test files once: seconds for most, minutes for
+the resumes. Two are known to change nothing observable, so no test can catch them (`UNOBSERVABLE`).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import typing
+
+
+class Mutation(typing.NamedTuple):
+  name: str
+  file: str
+  tests: tuple[str, ...]  # files (or test ids) under tests/
+  old: str  # the snippet, found exactly once in `file`
+  new: str
+
+
+# A bucket boundary that both branches map alike (n = max_exact lands in its own bucket either way); a resumed run
+# starting one batch on, which a fresh run does too (its first step reads batch 1).
+UNOBSERVABLE = ("M08-bucket-off-by-one", "S01-resume-batch-plus-one")
+
+MUTATIONS = [
+    Mutation('M01-gelu-tanh', 'tupe/models/layers.py', ('test_model_invariants.py', 'test_tupe_reference.py'),
+             'return (x32 * _normal_cdf(x32)).astype(x.dtype)',
+             'return jax.nn.gelu(x32, approximate=True).astype(x.dtype)'),
+    Mutation('M02-ln-eps-default', 'tupe/models/config.py',
+             ('test_tupe_reference.py', 'test_model_invariants.py', 'test_model_sizes.py', 'test_config_checks.py'),
+             'layer_norm_eps=1e-5,',
+             'layer_norm_eps=1e-6,'),
+    Mutation('M03-ln-eps-ignored', 'tupe/models/layers.py',
+             ('test_tupe_reference.py', 'test_hf_parity.py', 'test_model_invariants.py'),
+             'epsilon=cfg.layer_norm_eps',
+             'epsilon=1e-6'),
+    Mutation('M04-word-scale-untied', 'tupe/models/attention.py', ('test_tupe_reference.py',),
+             '1.0 / math.sqrt(2 * dh if cfg.position == "untied" else dh)',
+             '1.0 / math.sqrt(dh)'),
+    Mutation('M05-pos-scale', 'tupe/models/position.py', ('test_tupe_reference.py',),
+             '/ math.sqrt(2 * dh)',
+             '/ math.sqrt(dh)'),
+    Mutation('M06-cls-reset-skipped', 'tupe/models/position.py', ('test_tupe_reference.py',),
+             'return cls_reset(logits[:, 1:, 1:], theta1, theta2)',
+             'return logits[:, 1:, 1:]'),
+    Mutation('M07-cls-reset-row-first', 'tupe/models/position.py', ('test_tupe_reference.py',),
+             '  logits = logits.at[:, :, 0].set(theta2[:, None])\n  return logits.at[:, 0, :].set(theta1[:, None])',
+             '  logits = logits.at[:, 0, :].set(theta1[:, None])\n  return logits.at[:, :, 0].set(theta2[:, None])'),
+    Mutation('M08-bucket-off-by-one', 'tupe/models/position.py', ('test_tupe_reference.py',),
+             'np.where(n < max_exact, n, large)',
+             'np.where(n <= max_exact, n, large)'),
+    Mutation('M09-conv-softmax-axis', 'tupe/models/conv.py', ('test_dynamic_conv.py', 'test_hf_parity.py'),
+             'kernel = jax.nn.softmax(kernel.astype(layers.wide(dtype)), axis=-1)',
+             'kernel = jax.nn.softmax(kernel.astype(layers.wide(dtype)), axis=-2)'),
+    Mutation('M10-conv-scaled-query', 'tupe/models/conv.py', ('test_dynamic_conv.py', 'test_hf_parity.py'),
+             'kernel_in = (span_key * query)',
+             'kernel_in = (span_key * query / jnp.sqrt(dh).astype(query.dtype))'),
+    Mutation('M11-attn-mask-sign', 'tupe/models/attention.py', ('test_model_invariants.py', 'test_tupe_reference.py'),
+             'logits = jnp.where(mask, logits, jnp.finfo(logits.dtype).min)',
+             'logits = jnp.where(~mask, logits, jnp.finfo(logits.dtype).min)'),
+    Mutation('M12-softmax-bf16', 'tupe/models/attention.py', ('test_model_invariants.py',),
+             'probs = jax.nn.softmax(logits, axis=-1)',
+             'probs = jax.nn.softmax(logits.astype(q.dtype), axis=-1)'),
+    Mutation('M13-mlm-head-ln-before-gelu', 'tupe/models/heads.py',
+             ('test_hf_parity.py', 'test_tupe_reference.py', 'test_model_invariants.py'),
+             'layers.layer_norm(cfg, "layer_norm", axis_name="embedding")(layers.gelu(h))',
+             'layers.gelu(layers.layer_norm(cfg, "layer_norm", axis_name="embedding")(h))'),
+    Mutation('M14-cls-head-gelu-not-tanh', 'tupe/models/heads.py',
+             ('test_model_invariants.py', 'test_glue_models.py', 'test_hf_modeling.py'),
+             'h = drop(jnp.tanh(hidden_dense()(h)))',
+             'h = drop(layers.gelu(hidden_dense()(h)))'),
+    Mutation('T01-schedule-off-by-one', 'tupe/train/optim.py', ('test_optim.py',),
+             'return lambda count: rate(jnp.asarray(count, float))',
+             'return lambda count: rate(jnp.asarray(count + 1, float))'),
+    Mutation('T02-convbert-warmup-off-by-one', 'tupe/train/optim.py', ('test_optim.py',),
+             'jnp.minimum(1.0, count / warmup)',
+             'jnp.minimum(1.0, (count + 1) / warmup)'),
+    Mutation('T03-wd-on-layernorm', 'tupe/train/optim.py', ('test_optim.py',),
+             '"layer_norm" in name)',
+             '"layernorm" in name)'),
+    Mutation('T04-wd-on-bias', 'tupe/train/optim.py', ('test_optim.py',),
+             'name.rsplit("/", 1)[-1] == "bias"',
+             'name == "bias"'),
+    Mutation('T05-clip-after-adam', 'tupe/train/optim.py', ('test_optim.py',),
+             '  parts = []\n  if opt_cfg.clip_norm:\n    parts.append(optax.clip_by_global_norm(opt_cfg.clip_norm))\n '
+             ' parts += [\n      scale_by_adam(opt_cfg.b1, opt_cfg.b2, opt_cfg.eps, opt_cfg.bias_correction),\n      o'
+             'ptax.add_decayed_weights(opt_cfg.weight_decay, mask=decay_mask(params, opt_cfg.weight_decay_mask)),\n  ]',
+             '  parts = [\n      scale_by_adam(opt_cfg.b1, opt_cfg.b2, opt_cfg.eps, opt_cfg.bias_correction),\n      '
+             'optax.add_decayed_weights(opt_cfg.weight_decay, mask=decay_mask(params, opt_cfg.weight_decay_mask)),\n  '
+             ']\n  if opt_cfg.clip_norm:\n    parts.append(optax.clip_by_global_norm(opt_cfg.clip_norm))'),
+    Mutation('T06-loss-over-all-slots', 'tupe/train/objectives.py', ('test_sharding.py', 'test_train.py'),
+             'return (loss * weights).sum() / denom, accuracy',
+             'return loss.sum() / denom, accuracy'),
+    Mutation('T07-loss-over-tokens', 'tupe/train/objectives.py', ('test_sharding.py', 'test_train.py'),
+             'return {"predictions": jnp.maximum(batch["masked_weights"].astype(jnp.float32).sum(), 1.0),',
+             'return {"predictions": jnp.maximum(batch["attention_mask"].astype(jnp.float32).sum(), 1.0),'),
+    Mutation('T08-mlm-80-10-10-swapped', 'tupe/data/masking.py', ('test_data_masking.py',),
+             '"bert": (0.8, 0.1)',
+             '"bert": (0.1, 0.8)'),
+    Mutation('T09-guard-keeps-bad-params', 'tupe/train/core.py', ('test_reliability.py',),
+             'params=keep_finite(params, state.params)',
+             'params=params'),
+    Mutation('T10-guard-ignores-update', 'tupe/train/core.py', ('test_reliability.py',),
+             'finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm) & jnp.isfinite(optax.global_norm(update'
+             's))',
+             'finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)'),
+    Mutation('T11-accum-divides-twice', 'tupe/train/core.py', ('test_sharding.py',),
+             'return grads, {k: v / accum if k in objective.averaged else v for k, v in metrics.items()}',
+             'return jax.tree_util.tree_map(lambda g: g / accum, grads), {k: v / accum if k in objective.averaged els'
+             'e v for k, v in metrics.items()}'),
+    Mutation('T12-dropout-rng-not-per-step', 'tupe/train/core.py', ('test_train.py', 'test_sharding.py'),
+             'rng = jax.random.fold_in(state.rng, state.step)',
+             'rng = state.rng'),
+    Mutation('T13-electra-disc-weight-dropped', 'tupe/train/objectives.py', ('test_sharding.py', 'test_train.py'),
+             'loss = gen_loss + disc_weight * disc_loss',
+             'loss = gen_loss + disc_loss'),
+    Mutation('T14-electra-label-masked-not-replaced', 'tupe/train/objectives.py', ('test_sharding.py', 'test_train.py'),
+             'replaced = ((replacement != original) & (weights > 0))',
+             'replaced = ((weights > 0))'),
+    Mutation('D01-last-example-dropped', 'tupe/data/build.py',
+             ('test_data_packing.py', 'test_data_preprocess.py', 'test_data_corpus.py'),
+             '  for split, packer in packers.items():\n    yield from ((split, e) for e in packer.finish())',
+             ''),
+    Mutation('D02-special-tokens-maskable', 'tupe/data/masking.py', ('test_data_masking.py',),
+             'self._unmaskable[[info.pad_id, info.cls_id, info.sep_id, info.mask_id]] = True',
+             'self._unmaskable[[info.pad_id, info.mask_id]] = True'),
+    Mutation('D03-random-ids-include-special', 'tupe/data/masking.py', ('test_data_masking.py',),
+             'self._random_ids = np.setdiff1d(np.arange(info.vocab_size, dtype=np.int32), info.special_ids)',
+             'self._random_ids = np.arange(info.vocab_size, dtype=np.int32)'),
+    Mutation('D04-shuffle-not-seeded', 'tupe/data/pipeline.py', ('test_data_pipeline.py',),
+             'counter_rng.epoch_keys(self._seed, epoch)',
+             'counter_rng.epoch_keys(0, epoch)'),
+    Mutation('D05-not-reshuffled-per-epoch', 'tupe/data/pipeline.py', ('test_data_pipeline.py',),
+             'counter_rng.epoch_keys(self._seed, epoch)',
+             'counter_rng.epoch_keys(self._seed, 0 * epoch)'),
+    Mutation('D06-token-type-sep-in-b', 'tupe/data/packing.py',
+             ('test_data_packing.py', 'test_data_masking.py', 'test_data_pipeline.py'),
+             '((np.cumsum(is_sep, axis=-1) - is_sep) > 0)',
+             '(np.cumsum(is_sep, axis=-1) > 0)'),
+    Mutation('S01-resume-batch-plus-one', 'tupe/train/pretrain.py', ('test_resume.py',),
+             'rows=rows, start_batch=start)',
+             'rows=rows, start_batch=start + 1)'),
+    Mutation('S02-resume-batch-zero', 'tupe/train/pretrain.py', ('test_resume.py',),
+             'rows=rows, start_batch=start)',
+             'rows=rows, start_batch=0)'),
+    Mutation('S03-checksum-not-compared', 'tupe/store/checksums.py', ('test_integrity.py',),
+             'bad = [name for name in names if actual[name] != recorded[name]]',
+             'bad = []'),
+    Mutation('S04-unlisted-files-allowed', 'tupe/store/checksums.py', ('test_integrity.py',),
+             'unlisted = sorted(present - set(recorded) - set(COMMIT_FILES))',
+             'unlisted = []'),
+    Mutation('G01-cola-score-accuracy', 'tupe/glue/tasks.py', ('test_glue_metrics.py', 'test_glue_data.py'),
+             '_BINARY, ("mcc",),\n         "cola"',
+             '_BINARY, ("accuracy",),\n         "cola"'),
+    Mutation('G02-stsb-score-spearman', 'tupe/glue/metrics.py', ('test_glue_metrics.py',),
+             '"tupe": {"CoLA": "mcc", "STS-B": "pearson"',
+             '"tupe": {"CoLA": "mcc", "STS-B": "spearman"'),
+    Mutation('G03-stsb-electra-pearson', 'tupe/glue/metrics.py', ('test_glue_metrics.py',),
+             '"electra": {"CoLA": "mcc", "STS-B": "spearman"',
+             '"electra": {"CoLA": "mcc", "STS-B": "pearson"'),
+    Mutation('G04-mnli-mm-reads-matched', 'tupe/glue/tasks.py', ('test_glue_data.py', 'test_glue_finetune.py'),
+             'Evaluation("MNLI-mm", "MNLI", "dev_mismatched"',
+             'Evaluation("MNLI-mm", "MNLI", "dev_matched"'),
+    Mutation('G05-mnli-label-order', 'tupe/glue/tasks.py', ('test_glue_data.py',),
+             '_NLI3 = ("entailment", "neutral", "contradiction")',
+             '_NLI3 = ("contradiction", "entailment", "neutral")'),
+    Mutation('G06-qnli-rte-label-order', 'tupe/glue/tasks.py', ('test_glue_data.py',),
+             '_NLI2 = ("entailment", "not_entailment")',
+             '_NLI2 = ("not_entailment", "entailment")'),
+    Mutation('G07-stsb-prediction-unscaled', 'tupe/glue/model.py', ('test_glue_models.py', 'test_glue_finetune.py'),
+             'return logits[:, 0] * regression_scale',
+             'return logits[:, 0]'),
+    Mutation('G08-truncation-cuts-a-first', 'tupe/glue/encoding.py', ('test_glue_data.py',),
+             'kept_a = min(len_a, max(budget - len_b, (budget + 1) // 2))',
+             'kept_a = min(len_a, max(budget - len_b, budget // 2))'),
+    Mutation('M08b-bucket-clip-off-by-one', 'tupe/models/position.py', ('test_tupe_reference.py',),
+             'large = np.minimum(large, half - 1)',
+             'large = np.minimum(large, half)'),
+    Mutation('M08c-bucket-direction-flipped', 'tupe/models/position.py', ('test_tupe_reference.py',),
+             'bucket = np.where(n < 0, half, 0)',
+             'bucket = np.where(n > 0, half, 0)'),
+    Mutation('T05b-clip-elementwise', 'tupe/train/optim.py', ('test_optim.py',),
+             'parts.append(optax.clip_by_global_norm(opt_cfg.clip_norm))',
+             'parts.append(optax.clip(opt_cfg.clip_norm))'),
+    Mutation('T15-layerwise-depth-off-by-one', 'tupe/train/optim.py', ('test_scan.py', 'test_glue_finetune.py'),
+             'return int(m.group(1)) + 1',
+             'return int(m.group(1))'),
+    Mutation('G09-glue-warmup-floor', 'tupe/glue/data.py', ('test_glue_settings.py',),
+             'math.ceil(total * cfg.warmup_ratio)',
+             'int(total * cfg.warmup_ratio)'),
+    Mutation('S01b-resume-skips-a-step', 'tupe/train/pretrain.py', ('test_resume.py',),
+             '    return None\n  return start, state',
+             '    return None\n  return start + 1, state'),
+    Mutation('T05c-clip-dropped', 'tupe/train/optim.py', ('test_optim.py',),
+             'parts.append(optax.clip_by_global_norm(opt_cfg.clip_norm))',
+             'pass'),
+    Mutation('M15-pad-embeddings-not-zeroed', 'tupe/models/embeddings.py',
+             ('test_tupe_reference.py', 'test_model_invariants.py'),
+             'x = x * (input_ids != cfg.pad_token_id)[..., None]',
+             'x = x'),
+    Mutation('M16-position-table-ln-skipped', 'tupe/models/position.py', ('test_tupe_reference.py',),
+             'p = layers.layer_norm(cfg, "layer_norm")(table[:length + int(cfg.cls_reset)])',
+             'p = table[:length + int(cfg.cls_reset)]'),
+    Mutation('D07-no-sep-between-documents', 'tupe/data/packing.py', ('test_data_packing.py',),
+             'separate = self._new_document and self._chunk_len > 0',
+             'separate = False'),
+    Mutation('T16-loss-in-bf16', 'tupe/train/objectives.py',
+             ('test_model_invariants.py', 'test_train.py::test_mlm_loss_is_the_mean_over_the_real_predictions'),
+             'optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), labels)',
+             'optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.bfloat16), labels)'),
+
+]
+
+
+def source(repo: pathlib.Path, mutation: Mutation) -> tuple[pathlib.Path, str]:
+  """The mutation's file and its text, in which its snippet occurs exactly once."""
+  path = repo / mutation.file
+  text = path.read_text()
+  if text.count(mutation.old) != 1:
+    raise SystemExit(f"error: {mutation.name}: its snippet occurs {text.count(mutation.old)} times in {mutation.file}, "
+                     f"not once: update it in bench/mutations.py")
+  return path, text
+
+
+def run(repo: pathlib.Path, mutation: Mutation) -> dict:
+  """The mutation's test files run against the mutated file, which is put back after."""
+  path, text = source(repo, mutation)
+  path.write_text(text.replace(mutation.old, mutation.new))
+  try:
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+                           *(f"tests/{t}" for t in mutation.tests)], cwd=repo, capture_output=True, text=True,
+                          env={k: v for k, v in os.environ.items() if k != "CI"})  # (a skip is a skip, not an error)
+  finally:
+    path.write_text(text)
+  failed = [line.split()[1] for line in done.stdout.splitlines() if line.startswith(("FAILED ", "ERROR "))]
+  skipped = re.search(r"(\d+) skipped", done.stdout.strip().splitlines()[-1] if done.stdout.strip() else "")
+  return {"mutation": mutation.name, "file": mutation.file, "caught": done.returncode != 0, "failed": failed[:3],
+          "skipped": int(skipped[1]) if skipped else 0}
+
+
+def main(argv=None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--repo", required=True, type=pathlib.Path, help="a clone of the repository to mutate")
+  parser.add_argument("--check", action="store_true", help="only check that every mutation applies")
+  parser.add_argument("names", nargs="*", help="mutations to run (default: all)")
+  args = parser.parse_args(argv)
+  chosen = [m for m in MUTATIONS if not args.names or m.name in args.names]
+  if args.check:
+    for mutation in chosen:
+      source(args.repo, mutation)
+    print(json.dumps({"mutations": len(chosen), "apply": True}))
+    return
+  if subprocess.run(["git", "status", "--porcelain"], cwd=args.repo, capture_output=True, text=True).stdout.strip():
+    raise SystemExit(f"error: {args.repo} has uncommitted changes: run the audit in a clean clone")
+  results = []
+  for mutation in chosen:
+    results.append(run(args.repo, mutation))
+    print(json.dumps(results[-1]), flush=True)
+  missed = [r["mutation"] for r in results if not r["caught"]]
+  print(json.dumps({"mutations": len(results), "caught": len(results) - len(missed), "missed": missed,
+                    "unobservable": [name for name in missed if name in UNOBSERVABLE]}))
+
+
+if __name__ == "__main__":
+  main()
