@@ -30,6 +30,7 @@ import numpy as np
 import pytest
 
 from configs import pretrain
+from tupe.data import examples
 from tupe.errors import UserError
 from tupe.run import quiet
 from tupe.store import checkpoint
@@ -267,20 +268,29 @@ def test_a_checkpoint_of_another_vocabulary_of_the_same_size_is_refused(tmp_path
 
 def test_only_data_settings_that_change_no_batch_may_change_on_resume(tmp_path):
   """Where the data's files and caches are, whether a text corpus's examples are held in memory or in the shard cache,
-  and how many worker processes batch them change no batch (tests/test_data_pipeline.py): a resume with other such
-  settings is accepted without a word. Any other data setting is refused, naming it."""
+  how many worker processes batch them, and the settings the run's data source does not read (another source's:
+  `examples.settings_read`) change no batch (tests/test_data_pipeline.py): a resume with other such settings is
+  accepted without a word, whatever the source. Any other data setting is refused, naming it. (Before, a run on a
+  text corpus resumed with another data.tfds_name, say, was refused as trained on other batches.)"""
   config = json.loads(pretrain.get_config("tupe_a,tiny").to_json_best_effort())
-  saved = meta_lib.create(config, [], 100)
   elsewhere = dict(files="/moved/corpus", vocab_file="/moved/vocab.txt", cache_dir="/moved/cache",
                    tfds_data_dir="/moved/tfds", shard_cache="always", shard_cache_mb=0.0, num_workers=4)
-  moved = meta_lib.create(dict(config, data=config["data"] | elsewhere), [], 100)
-  resume._check_same_data(5, tmp_path, saved, moved)
-  assert resume.changed_settings(saved.config, moved.config) == []
   other = lambda v: not v if isinstance(v, bool) else v + 1 if isinstance(v, (int, float)) else v + "-other"
-  for field in sorted(set(config["data"]) - set(elsewhere)):
-    changed = meta_lib.create(dict(config, data=dict(config["data"], **{field: other(config["data"][field])})), [], 100)
-    with pytest.raises(UserError, match=rf"^checkpoint 5 in .* was trained on other batches \(data\.{field}="):
-      resume._check_same_data(5, tmp_path, saved, changed)
+  with_data = lambda **data: dict(config, data=dict(config["data"], **data))
+  for source in examples.SOURCES:
+    saved = meta_lib.create(with_data(source=source), [], 100)
+    moved = meta_lib.create(with_data(source=source, **elsewhere), [], 100)
+    resume._check_same_data(5, tmp_path, saved, moved)
+    assert resume.changed_settings(saved.config, moved.config) == []
+    read = examples.settings_read(saved.config["data"])
+    for field in sorted(set(config["data"]) - set(elsewhere) - {"source"}):
+      changed = meta_lib.create(with_data(source=source, **{field: other(config["data"][field])}), [], 100)
+      if field in read:
+        with pytest.raises(UserError, match=rf"^checkpoint 5 in .* was trained on other batches \(data\.{field}="):
+          resume._check_same_data(5, tmp_path, saved, changed)
+      else:
+        resume._check_same_data(5, tmp_path, saved, changed)
+        assert resume.changed_settings(saved.config, changed.config) == [], (source, field)
 
 
 # Waiting for each save (async_save=False) is the same code in either store: on gs:// only.

@@ -217,3 +217,24 @@ def test_the_shard_cache_changes_no_batch(text_cfg, tmp_path):
     for other in made[1:]:
       assert_same(other, made[0])
   examples._CACHE.clear()  # pylint: disable=protected-access
+
+
+def test_settings_a_source_does_not_read_change_no_batch(text_cfg, tmp_path):
+  """What `examples.settings_read` leaves out of a source's settings (another source's, say) changes no batch of
+  it: so a resume compares the others only (tupe.train.resume)."""
+  other = dict(files=str(tmp_path / "*.txt"), format="jsonl", text_field="body", tfds_name="wiki",
+               tfds_split="validation", tfds_data_dir=str(tmp_path), tfds_text_key="body",
+               vocab_file=str(tmp_path / "vocab.txt"), cache_dir=str(tmp_path), shard_cache="always",
+               shard_cache_mb=0.0, lowercase=False, documents="files", fill_examples=True, synthetic_vocab_size=1000)
+  synthetic = dict(pipeline.default_data_config(), source="synthetic")
+  for cfg, unread in ((text_cfg, ["synthetic_vocab_size", "text_field", "tfds_data_dir", "tfds_name", "tfds_split",
+                                  "tfds_text_key"]),
+                      (synthetic, ["cache_dir", "documents", "files", "fill_examples", "format", "lowercase",
+                                   "shard_cache", "shard_cache_mb", "text_field", "tfds_data_dir", "tfds_name",
+                                   "tfds_split", "tfds_text_key", "vocab_file"])):
+    assert sorted(set(cfg) - set(examples.settings_read(cfg))) == unread
+    reference = batches(cfg, 2, start_batch=3)
+    for field in unread:
+      assert_same(batches(dict(cfg, **{field: other[field]}), 2, start_batch=3), reference)
+  assert "text_field" in examples.settings_read(dict(text_cfg, format="jsonl"))  # (the formats that have fields)
+  examples._CACHE.clear()  # pylint: disable=protected-access

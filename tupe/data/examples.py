@@ -20,6 +20,7 @@ from tupe.data import corpus
 from tupe.data import counter_rng
 from tupe.data import demo
 from tupe.data import parallel
+from tupe.data import readers
 from tupe.data import report
 from tupe.data import shards
 from tupe.data.packing import ExampleSource
@@ -30,12 +31,33 @@ from tupe.data.tokenizer import load_tokenizer
 from tupe.errors import UserError
 from tupe.store import storage
 
-SOURCES = ("demo", "text", "tfds", "arrayrecord", "synthetic")
+# The data settings each source reads, beside data.source, data.num_workers and the masker's (`MASKING`), which every
+# source reads (`settings_read`): another value of any other setting changes none of its examples.
+MASKING = ("masking", "mask_prob", "whole_word", "max_predictions", "packing")
+_PACKED = ("vocab_file", "lowercase", "documents", "fill_examples", "eval_fraction")  # how documents became examples
+_TOKENIZED = _PACKED + ("cache_dir", "shard_cache", "shard_cache_mb")  # documents tokenized by this run
+SOURCE_SETTINGS = {
+    "demo": _TOKENIZED,
+    "text": _TOKENIZED + ("files", "format", "text_field"),  # (text_field: of the formats that have fields)
+    "tfds": _TOKENIZED + ("tfds_name", "tfds_split", "tfds_data_dir", "tfds_text_key"),
+    "arrayrecord": _PACKED + ("files",),  # (settings the shards were made with, checked against theirs)
+    "synthetic": ("eval_fraction", "synthetic_vocab_size"),
+}
+SOURCES = tuple(SOURCE_SETTINGS)
 SHARD_CACHES = ("auto", "always", "never")
 SYNTHETIC_EXAMPLES = 1 << 20  # Train examples of the synthetic source.
 _SYNTHETIC_SEED = 0x5EED
 _CACHE: dict[str, tuple[dict[str, ExampleSource], TokenizerInfo]] = {}
 _CACHE_ENTRIES = 4
+
+
+def settings_read(data_cfg) -> tuple[str, ...]:
+  """The fields of a data config (a ConfigDict, or its JSON) that its source reads (`SOURCE_SETTINGS`); another value
+  of any other changes no example and no batch."""
+  read = ("source", "num_workers") + MASKING + SOURCE_SETTINGS[data_cfg["source"]]
+  if data_cfg["source"] == "text" and data_cfg["format"] not in readers.FIELD_FORMATS:
+    read = tuple(field for field in read if field != "text_field")
+  return read
 
 
 def load_tokenizer_for(data_cfg) -> tuple[tokenizers.Tokenizer, TokenizerInfo]:

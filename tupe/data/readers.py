@@ -26,6 +26,7 @@ from tupe.errors import UserError
 from tupe.store import storage
 
 FORMATS = ("text", "lines", "jsonl", "parquet")
+FIELD_FORMATS = ("jsonl", "parquet")  # The formats whose documents are a field of a record (data.text_field).
 UNDECODABLE = re.compile("[\udc80-\udcff]")  # What surrogateescape decodes bytes that are not UTF-8 to.
 _BOM = b"\xef\xbb\xbf"
 _PARQUET_BATCH = 1024

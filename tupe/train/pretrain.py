@@ -27,6 +27,7 @@ import ml_collections
 from tupe import console
 from tupe import models
 from tupe import signals
+from tupe.data import examples
 from tupe.data import masking
 from tupe.data import pipeline
 from tupe.data import shards
@@ -185,8 +186,7 @@ def check_config(cfg) -> None:
   model's flags, the optimizer's schedule), made by `train` before anything is loaded and by `tupe.study.sweep` on
   every grid point before anything runs."""
   check_loop(cfg)
-  pipeline.checked_config(cfg.data, cfg.seq_len)
-  check_data_files(cfg.data)
+  check_data_files(pipeline.checked_config(cfg.data, cfg.seq_len))
   models.validate(cfg.model)
   models.check_length(cfg.model, cfg.seq_len, f"seq_len={cfg.seq_len}", f"the shards in {cfg.data.files} were made "
                       f"at that length: make them again with a lower `python -m tupe.data.preprocess --seq-len`, or "
@@ -195,14 +195,10 @@ def check_config(cfg) -> None:
   optim.schedule(cfg.optimizer, cfg.num_train_steps)
 
 
-# The data sources that read data.files; the others (demo, synthetic, tfds) would ignore it.
-FILE_SOURCES = ("text", "arrayrecord")
-
-
 def check_data_files(data_cfg) -> None:
   """Files given to a source that would ignore them (say, --config.data.files without data.source=text) are an
   error, not a run on the built-in demo text."""
-  if data_cfg.get("files") and data_cfg.get("source") not in FILE_SOURCES:
+  if data_cfg.files and "files" not in examples.settings_read(data_cfg):  # (demo, synthetic, tfds)
     raise UserError(f"data.files={data_cfg.files!r} is ignored by data.source={data_cfg.source!r}: add "
                     f"--config.data.source=text (text files; arrayrecord for tupe.data.preprocess shards), or drop "
                     f"--config.data.files")

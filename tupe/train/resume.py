@@ -2,8 +2,9 @@
 
 The input pipeline needs no state: batch s is a function of the seed and s (`tupe.data.pipeline`), so a run resumed
 at step s continues with batch s, whatever its number of hosts or data workers. A resumed run must see the same
-stream: a checkpoint written with other data settings (the data config less where its files are and how its examples
-are kept and batched, `_DATA_STORAGE`; seq_len, global_batch_size, seed), with another vocabulary (of the same size:
+stream: a checkpoint written with other data settings (those its data source reads, `examples.settings_read`, less
+where its files are and how its examples are kept and batched, `_DATA_STORAGE`; seq_len, global_batch_size, seed),
+with another vocabulary (of the same size:
 the tokens compared) or over another number of training examples is an error, as are parameters of other shapes
 (another architecture or vocabulary size) and, when the state does not restore, another optimizer structure. Other
 settings may change (e.g. num_train_steps, to extend a run); they are reported (`warn_changed_settings`).
@@ -20,6 +21,7 @@ import jax
 import ml_collections
 
 from tupe import console
+from tupe.data import examples
 from tupe.data import shards
 from tupe.errors import UserError
 from tupe.store import checkpoint
@@ -52,18 +54,25 @@ def _differences(saved: dict, current: dict, keys=None) -> list[str]:
           if saved.get(k) != current.get(k)]
 
 
-# Settings that change neither what is trained nor what is evaluated: not reported when they differ on resume.
-_BOOKKEEPING = tuple(f"data.{k}" for k in _DATA_STORAGE) + (
-    "distributed.", "checkpoint.", "log_every", "eval_every", "tensorboard", "curves", "peak_flops",
-    "check_memory", "compilation_cache_dir")
+def _data_compared(config: dict) -> tuple[str, ...]:
+  """The data settings ("data.<field>") a resume compares: those the source of `config` (the resumed run's) reads,
+  less `_DATA_STORAGE`. Another value of any other changes no batch (another source's settings, say)."""
+  return tuple(f"data.{k}" for k in examples.settings_read(config["data"]) if k not in _DATA_STORAGE)
+
+
+# Settings that change neither what is trained nor what is evaluated: not reported when they differ on resume (nor
+# are the data settings that `_data_compared` leaves out).
+_BOOKKEEPING = ("distributed.", "checkpoint.", "log_every", "eval_every", "tensorboard", "curves", "peak_flops",
+                "check_memory", "compilation_cache_dir")
 
 
 def changed_settings(saved_config: dict, config: dict) -> list[str]:
   """The differences between a checkpoint's config and the resumed run's, less bookkeeping (where files are,
-  how often to log, evaluate and save). Model, data and optimizer-structure differences are errors, raised
-  when restoring."""
-  ignored = _BOOKKEEPING
-  keys = sorted(k for k in _flat(saved_config).keys() | _flat(config).keys() if not k.startswith(ignored))
+  how often to log, evaluate and save) and the data settings the run's source does not read. Model, data and
+  optimizer-structure differences are errors, raised when restoring."""
+  data = _data_compared(config)
+  keys = sorted(k for k in _flat(saved_config).keys() | _flat(config).keys()
+                if not k.startswith(_BOOKKEEPING) and (not k.startswith("data.") or k in data))
   return _differences(saved_config, config, keys)
 
 
@@ -126,9 +135,11 @@ def _check_same_optimizer(step: int, directory: storage.Path, saved_config: dict
 def _check_same_data(step: int, directory: storage.Path, saved_meta: CheckpointMeta, meta: CheckpointMeta) -> None:
   """Raises a UserError naming the difference when a checkpoint was trained on another stream of batches (the
   number of training examples is compared where the checkpoint recorded it)."""
+  data = _data_compared(meta.config)
+
   def stream(m: CheckpointMeta):
-    data = {k: v for k, v in m.config["data"].items() if k not in _DATA_STORAGE}
-    return dict(_flat(data, "data."), **{k: m.config[k] for k in _STREAM},
+    settings = {k: v for k, v in _flat(m.config["data"], "data.").items() if k in data}
+    return dict(settings, **{k: m.config[k] for k in _STREAM},
                 **({} if saved_meta.train_examples is None else {"train_examples": m.train_examples}))
   saved, current = stream(saved_meta), stream(meta)
   diff = _differences(saved, current, sorted(saved.keys() & current.keys()))
