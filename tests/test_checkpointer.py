@@ -293,6 +293,39 @@ def test_only_data_settings_that_change_no_batch_may_change_on_resume(tmp_path):
         assert resume.changed_settings(saved.config, changed.config) == [], (source, field)
 
 
+def test_a_checkpoint_of_the_same_examples_resumes_from_another_source(tmp_path):
+  """A text corpus's run resumed on its shards preprocessed with the same options, or back (the same examples:
+  test_resume.py::test_resume_with_the_examples_kept_otherwise): both record the key of their examples
+  (`tupe.data.build.examples_key`), and where it is the same, neither the source nor the settings that made the
+  examples are compared, nor warned about; those that mask them are. Another key, or a checkpoint written before the
+  key was recorded, is refused as before, saying why."""
+  config = json.loads(pretrain.get_config("tupe_a,tiny").to_json_best_effort())
+  with_data = lambda **data: dict(config, data=dict(config["data"], **data))
+  text, shards = with_data(source="text", files="/corpus/*.jsonl", format="jsonl"), with_data(source="arrayrecord")
+  for saved, now in ((text, shards), (shards, text)):
+    resume._check_same_data(5, tmp_path, meta_lib.create(saved, [], 100, "k1"), meta_lib.create(now, [], 100, "k1"))
+    assert resume.changed_settings(saved, now, same_examples=True) == []
+  saved = meta_lib.create(text, [], 100, "k1")
+  assert meta_lib.migrate(saved.to_json()) == saved  # the key is read back
+  refused = lambda why: pytest.raises(UserError, match=rf"^checkpoint 5 in .* was trained on other batches \({why}; "
+                                                       r"resume with the same data settings and corpus, or use a new")
+  with refused(r"data\.mask_prob=0\.15 in the checkpoint, 0\.2 now\)"):
+    resume._check_same_data(5, tmp_path, saved, meta_lib.create(with_data(source="arrayrecord", mask_prob=0.2), [],
+                                                                100, "k1"))
+  with refused(r"data\.source='text' in the checkpoint, 'arrayrecord' now\): the examples of data\.source="
+               r"'arrayrecord' are not those it was trained on"):
+    resume._check_same_data(5, tmp_path, saved, meta_lib.create(shards, [], 100, "k2"))
+  older = meta_lib.migrate({"version": 2, "config": text, "vocab": [], "train_examples": 100})
+  with refused(r"data\.source='text' in the checkpoint, 'arrayrecord' now\): it was written before tupe recorded "
+               r"which examples a checkpoint was trained on, so those of another source cannot be checked against "
+               r"them"):
+    resume._check_same_data(5, tmp_path, older, meta_lib.create(shards, [], 100, "k1"))
+  with refused(r"data\.source='text' in the checkpoint, 'arrayrecord' now\): the examples of data\.source="
+               r"'arrayrecord' were made before tupe recorded which they are \(shards: make them again to compare "
+               r"them\)"):
+    resume._check_same_data(5, tmp_path, saved, meta_lib.create(shards, [], 100))
+
+
 # Waiting for each save (async_save=False) is the same code in either store: on gs:// only.
 @pytest.mark.parametrize("bucket, async_save", [("gs", True), ("gs", False), ("s3", True)], indirect=["bucket"])
 def test_checkpoints_in_a_bucket(bucket, async_save, caplog):

@@ -52,6 +52,8 @@ def test_shards_hold_the_in_memory_examples(text_cfg, shard_dir, split):
   on_disk, info = examples.load_examples(arrayrecord_cfg(text_cfg, shard_dir), SEQ_LEN, split)
   assert len(on_disk) == len(in_memory) > 0 and info.vocab_file == str(shard_dir / "vocab.txt")
   assert on_disk.num_tokens == in_memory.num_tokens  # the fill logged at start
+  # What a checkpoint records of them (tupe.train.resume: a run resumed on the shards of its text corpus).
+  assert on_disk.examples_key == in_memory.examples_key is not None
   for i in range(len(in_memory)):
     np.testing.assert_array_equal(on_disk[i], in_memory[i])
   assert sorted(p.name for p in shard_dir.glob(f"{split}-*")) == [f"{split}-00000.array_record"]

@@ -25,6 +25,7 @@ import pytest
 from xla_flags import xla_flags
 
 from tupe.data import corpus
+from tupe.data import preprocess
 from tupe.store import storage
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -325,20 +326,29 @@ def test_resume_with_the_examples_kept_otherwise(tmp_path, shared_data, bert_voc
   """Where a text corpus's examples are kept changes no batch (test_data_pipeline.py::
   test_the_shard_cache_changes_no_batch): a run trained on them in memory, resumed with them tokenized into a shard
   cache (data.shard_cache, shard_cache_mb and cache_dir changed), ends as the uninterrupted run, over two epochs,
-  without a word about these settings. (Before, refused: "trained on other batches (data.shard_cache=...)".)"""
+  without a word about these settings. (Before, refused: "trained on other batches (data.shard_cache=...)".) So does
+  the run resumed on the corpus's shards made by `tupe.data.preprocess` with the same options: the same examples
+  (test_data_preprocess.py::test_shards_hold_the_in_memory_examples), whose key both runs record. (Before, refused:
+  "trained on other batches (data.source='text' in the checkpoint, 'arrayrecord' now)".)"""
   paragraphs = corpus.paragraphs(corpus.read_text(shared_data / "corpus" / "nltk-gutenberg" / "blake-poems.txt"))
   (tmp_path / "poems.txt").write_text("\n\n".join(paragraphs[:30]) + "\n")  # 43 examples, 96 in the 12 batches
   text = {"data.source": "text", "data.files": str(tmp_path / "poems.txt"), "data.vocab_file": str(bert_vocab),
           "data.shard_cache": "never"}
   reference = reference_run(tmp_path / "reference", lambda workdir, overrides: train_server(workdir, text | overrides))
-  workdir = tmp_path / "run"
-  shutil.copytree(reference[0], workdir)
-  for step in (2 * EVERY, STEPS):
-    shutil.rmtree(workdir / "checkpoints" / str(step))
+  shards = tmp_path / "shards"
+  preprocess.main(["preprocess", "--input", text["data.files"], "--vocab", str(bert_vocab), "--seq-len",
+                   str(TINY["seq_len"]), "--output", str(shards), "--workers", "1"])
   cached = text | {"data.shard_cache": "auto", "data.shard_cache_mb": 0.0, "data.cache_dir": str(tmp_path / "cache")}
-  proc = resume_and_compare(workdir, reference, EVERY, cached, train_server)
-  assert f"once into {tmp_path / 'cache' / 'shards'}/" in proc.stdout  # the examples came from the shard cache
-  assert "other settings" not in proc.stdout, proc.stdout
+  from_shards = text | {"data.source": "arrayrecord", "data.files": str(shards)}
+  for overrides, source in ((cached, f"once into {tmp_path / 'cache' / 'shards'}/"),
+                            (from_shards, f"the settings {shards} was preprocessed with")):
+    workdir = tmp_path / f"run-{len(list(tmp_path.glob('run-*')))}"
+    shutil.copytree(reference[0], workdir)
+    for step in (2 * EVERY, STEPS):
+      shutil.rmtree(workdir / "checkpoints" / str(step))
+    proc = resume_and_compare(workdir, reference, EVERY, overrides, train_server)
+    assert source in proc.stdout  # the examples came from the shard cache, or from the preprocessed shards
+    assert "other settings" not in proc.stdout, proc.stdout
 
 
 def test_resume_at_the_last_step_trains_nothing(tmp_path, reference, train_server):

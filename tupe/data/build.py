@@ -148,6 +148,35 @@ def check_not_empty(num_examples: int, tallies: dict[str, Tally]) -> None:
     raise UserError("the corpus holds no text: check the input files or dataset\n" + "\n".join(report.lines(tallies)))
 
 
+class Digests:
+  """A sha256 per split of one unit's examples, in order (`passed`: each example's length and little-endian int32
+  tokens): made as the examples are, the same whether they go to memory, to the shard cache or to
+  `tupe.data.preprocess`'s shards."""
+
+  def __init__(self):
+    self._hashes = {}
+
+  def passed(self, examples: Iterable[tuple[str, np.ndarray]]) -> Iterator[tuple[str, np.ndarray]]:
+    """`examples` ((split, example) pairs) passed through, each added to its split's digest."""
+    for split, example in examples:
+      tokens = np.asarray(example, "<i4")
+      self._hashes.setdefault(split, hashlib.sha256()).update(len(tokens).to_bytes(4, "little") + tokens.tobytes())
+      yield split, example
+
+  def as_dict(self) -> dict[str, str]:
+    """{split: hex digest} of the splits that had examples."""
+    return {split: digest.hexdigest() for split, digest in sorted(self._hashes.items())}
+
+
+def examples_key(unit_digests: list[dict[str, str] | None]) -> str | None:
+  """What identifies a corpus's examples: a digest of its units' digests (`Digests.as_dict`) in unit order, so of
+  every example of both splits in order, and of nothing else (not the files' names, nor the way the examples were
+  made or kept). None where a unit's digests are unknown (its shards written before they were recorded)."""
+  if any(digests is None for digests in unit_digests):
+    return None
+  return hashlib.sha256(json.dumps(unit_digests, sort_keys=True).encode()).hexdigest()
+
+
 def unit_examples(plan: dict, unit: int, tallies: dict[str, Tally]) -> Iterator[tuple[str, np.ndarray]]:
   """The packed examples of one unit of a plan, in order.
 

@@ -88,18 +88,21 @@ def _in_memory(plan: dict) -> dict[str, ExampleSource]:
   """The plan's examples, made unit by unit in this process (a wait of more than a few seconds shows its
   progress: `tupe.console.Meter`)."""
   tallies: dict[str, Tally] = {}
-  examples = {s: [] for s in corpus.SPLITS}
+  examples, digests = {s: [] for s in corpus.SPLITS}, []
   meter, done = console.Meter("data: tokenizing", build.input_bytes(plan)), 0
   for unit in range(len(plan["units"])):
-    size = build.unit_bytes(plan, unit)
-    for split, example in build.metered(build.unit_examples(plan, unit, tallies), meter, done, size, tallies):
+    size, unit_digests = build.unit_bytes(plan, unit), build.Digests()
+    made = unit_digests.passed(build.unit_examples(plan, unit, tallies))
+    for split, example in build.metered(made, meter, done, size, tallies):
       examples[split].append(example)
+    digests.append(unit_digests.as_dict())
     done += size
     meter.update(done)
   meter.close()
   totals = build.input_tallies(plan, [{n: t.as_dict() for n, t in tallies.items()}])
   build.check_not_empty(sum(map(len, examples.values())), totals)
-  return {s: PackedExamples(e, report=report.lines(totals)) for s, e in examples.items()}
+  key = build.examples_key(digests)
+  return {s: PackedExamples(e, report=report.lines(totals), examples_key=key) for s, e in examples.items()}
 
 
 def _text_examples(data_cfg, seq_len: int) -> tuple[dict[str, ExampleSource], TokenizerInfo]:

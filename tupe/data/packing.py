@@ -110,9 +110,12 @@ class ExampleSource:
 
   Attributes:
     report: lines saying what became of each input (`tupe.data.report.lines`); empty where there are none.
+    examples_key: what identifies the examples of both splits (`tupe.data.build.examples_key`), whether made in
+      memory or read from shards; None where unknown.
   """
 
   report: tuple[str, ...] | list[str] = ()
+  examples_key: str | None = None
 
   def __len__(self) -> int:
     raise NotImplementedError
@@ -143,13 +146,14 @@ class PackedExamples(ExampleSource):
   Args:
     examples: unpadded examples, int32 [n_i] each.
     report: what became of each input.
+    examples_key: what identifies the examples of both splits.
   """
 
-  def __init__(self, examples: Sequence[np.ndarray], report: Sequence[str] = ()):
+  def __init__(self, examples: Sequence[np.ndarray], report: Sequence[str] = (), examples_key: str | None = None):
     self._offsets = np.zeros(len(examples) + 1, np.int64)
     np.cumsum([len(e) for e in examples], out=self._offsets[1:])
     self._tokens = np.concatenate(examples).astype(np.int32) if examples else np.zeros(0, np.int32)
-    self.report = list(report)
+    self.report, self.examples_key = list(report), examples_key
     self._spilled = ""  # The file holding the tokens, once pickled.
 
   def __getstate__(self) -> dict:

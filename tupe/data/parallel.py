@@ -72,7 +72,8 @@ def _finish(plan: dict, output: storage.PathLike, records: list[dict]) -> dict:
       num_examples={s: sum(r["num_examples"][s] for r in records) for s in splits},
       num_tokens={s: sum(r["num_tokens"][s] for r in records) for s in splits},
       unit_examples={s: [r["num_examples"][s] for r in records] for s in splits},
-      inputs={n: t.as_dict() for n, t in tallies.items()}, report=report.lines(tallies))
+      inputs={n: t.as_dict() for n, t in tallies.items()}, report=report.lines(tallies),
+      examples_key=build.examples_key([r.get("examples_sha256") for r in records]))
   try:
     build.check_not_empty(sum(metadata["num_examples"].values()), tallies)
   except UserError:  # The folder holds this plan's units and nothing in them: a rerun on other inputs starts afresh.

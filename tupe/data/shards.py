@@ -4,8 +4,10 @@ random access.
 A folder (local or gs://) holds:
   plan.json                      the run's plan (`tupe.data.build.make_plan`), written first;
   SPLIT-UUUUU.array_record       unit UUUUU's examples of split "train" or "eval" (none if it has no example);
-  units/UUUUU.json               the manifest: written once unit UUUUU's shards are complete (counts, per input);
-  vocab.txt, metadata.json       written once every unit is done: the folder is then ready to train on.
+  units/UUUUU.json               the manifest: written once unit UUUUU's shards are complete (counts, per input;
+                                 its examples' digests);
+  vocab.txt, metadata.json       written once every unit is done: the folder is then ready to train on
+                                 (metadata.json: the settings, counts, and the examples' key).
 Each record is one unpadded example as little-endian int32 bytes. Example i of a split is record i of the units'
 shards in unit order, so the order is the plan's, whoever wrote the units.
 """
@@ -20,6 +22,7 @@ from array_record.python.array_record_module import ArrayRecordWriter
 import grain
 import numpy as np
 
+from tupe.data import build
 from tupe.data import corpus
 from tupe.data.packing import ExampleSource
 from tupe.data.report import Tally
@@ -76,17 +79,19 @@ def write_unit(folder: storage.PathLike, unit: int, examples, tallies: dict[str,
   killed leaves them to `remove_unfinished`.
 
   Returns:
-    The unit's record: example and token counts per split, counts per input.
+    The unit's record: example and token counts per split, counts per input, its examples' digests per split
+    (`tupe.data.build.Digests`).
   """
   folder = storage.path(folder)
   remote = storage.is_remote(folder)
   scratch = tempfile.mkdtemp(prefix=_scratch_prefix(os.getpid())) if remote else storage.local(folder)
   suffix = _temporary_suffix(os.getpid())
   writers, counts, tokens = {}, dict.fromkeys(corpus.SPLITS, 0), dict.fromkeys(corpus.SPLITS, 0)
+  digests = build.Digests()
   try:
     with _written(scratch):
       try:
-        for split, example in examples:
+        for split, example in digests.passed(examples):
           if split not in writers:
             writers[split] = ArrayRecordWriter(os.path.join(scratch, shard_name(split, unit) + suffix), "group_size:1")
           writers[split].write(np.asarray(example, "<i4").tobytes())
@@ -112,7 +117,8 @@ def write_unit(folder: storage.PathLike, unit: int, examples, tallies: dict[str,
     raise
   if remote:
     os.rmdir(scratch)
-  record = dict(unit=unit, num_examples=counts, num_tokens=tokens, inputs={n: t.as_dict() for n, t in tallies.items()})
+  record = dict(unit=unit, num_examples=counts, num_tokens=tokens, inputs={n: t.as_dict() for n, t in tallies.items()},
+                examples_sha256=digests.as_dict())
   storage.write_text(unit_record_path(folder, unit), json.dumps(record) + "\n")
   return record
 
@@ -205,6 +211,7 @@ class ShardedExamples(ExampleSource):
     self._length = metadata["num_examples"][split]
     self._num_tokens = metadata["num_tokens"][split]
     self.report = metadata["report"]
+    self.examples_key = metadata.get("examples_key")  # (None: written before it was recorded)
     paths = [storage.local(storage.path(folder) / shard_name(split, unit))
              for unit, count in enumerate(metadata["unit_examples"][split]) if count]
     missing = [p for p in paths if not storage.is_file(p)]

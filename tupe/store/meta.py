@@ -6,6 +6,7 @@ Layouts (the step directory's items, and the meta item's JSON):
   1: state, meta {config, vocab, train_examples}. checksums.json was recorded from some point of this layout on.
   2: params, optimizer (the rest of the TrainState: optimizer state, step, RNG key), meta {version: 2, config,
      vocab, train_examples}; checksums.json is always recorded, so a layout-2 checkpoint without it is damaged.
+     From some point of this layout on, meta.examples_key too (a reader that does not know it ignores it).
 A reader of parameters alone (GLUE, the tools, export) reads the params item of layout 2 and verifies its files
 only, not the optimizer's moments, twice its size under Adam.
 """
@@ -29,11 +30,15 @@ class CheckpointMeta:
     vocab: the tokenizer's tokens, in id order ([]: synthetic data, no vocabulary).
     train_examples: the number of training examples (None: layout 0, which did not record it).
     version: the layout (module docstring).
+    examples_key: what identifies the examples trained on (`tupe.data.build.examples_key`: a digest of a text
+      corpus's examples, made in memory or read from shards); None where unknown (synthetic data, shards or
+      checkpoints written before it was recorded).
   """
   config: dict
   vocab: list[str]
   train_examples: int | None
   version: int = VERSION
+  examples_key: str | None = None
 
   @property
   def has_checksums(self) -> bool:
@@ -54,9 +59,10 @@ class CheckpointMeta:
     return dataclasses.asdict(self)
 
 
-def create(config: dict, vocab: list[str], train_examples: int) -> CheckpointMeta:
+def create(config: dict, vocab: list[str], train_examples: int, examples_key: str | None = None) -> CheckpointMeta:
   """The meta of a run now: `config` is its resolved config as JSON."""
-  return CheckpointMeta(config=_explicit(config), vocab=list(vocab), train_examples=train_examples)
+  return CheckpointMeta(config=_explicit(config), vocab=list(vocab), train_examples=train_examples,
+                        examples_key=examples_key)
 
 
 def migrate(raw: dict) -> CheckpointMeta:
@@ -73,7 +79,8 @@ def migrate(raw: dict) -> CheckpointMeta:
     raise UserError(f"was written by a newer tupe (checkpoint layout {version}; this one reads up to {VERSION}): "
                     f"update tupe to load it")
   return CheckpointMeta(config=_explicit(raw["config"]), vocab=list(raw.get("vocab") or []),
-                        train_examples=raw.get("train_examples"), version=version)
+                        train_examples=raw.get("train_examples"), version=version,
+                        examples_key=raw.get("examples_key"))
 
 
 def _explicit(config: dict) -> dict:

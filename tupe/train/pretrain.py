@@ -176,9 +176,10 @@ def epochs_warning(cfg, train_examples: int) -> str | None:
           f"give more text, or fewer steps (--config.num_train_steps)")
 
 
-def checkpoint_meta(cfg, vocab_file: str, train_examples: int) -> meta_lib.CheckpointMeta:
+def checkpoint_meta(cfg, vocab_file: str, train_examples: int,
+                    examples_key: str | None = None) -> meta_lib.CheckpointMeta:
   vocab = tokenizer.read_vocab(vocab_file) if vocab_file else []
-  return meta_lib.create(json.loads(cfg.to_json_best_effort()), vocab, train_examples)
+  return meta_lib.create(json.loads(cfg.to_json_best_effort()), vocab, train_examples, examples_key)
 
 
 def check_config(cfg) -> None:
@@ -284,7 +285,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
     rows = sharding.host_rows(setup.mesh, cfg.global_batch_size)
     evaluate = evaluation.Evaluator(setup, eval_data, rows) if eval_data is not None else None
     log_start(setup, train_data, evaluate, rows)
-    meta = checkpoint_meta(cfg, train_data.info.vocab_file, len(train_data))
+    meta = checkpoint_meta(cfg, train_data.info.vocab_file, len(train_data), train_data.examples.examples_key)
     compatibility = resume.Compatibility(setup.abstract_state.params, meta)
     compatibility.check_newest(workdir)  # another text corpus or data settings: refused before the step compiles
     # Before the state is loaded or created: a step that cannot fit is refused before anything big is allocated.
@@ -372,7 +373,7 @@ def start_from(setup: Setup, ckpt, restored, meta, workdir):
     return 0, setup.init_state()
   start, state, saved_meta = restored
   console.log(f"resumed from checkpoint {start} in {ckpt.directory}")
-  resume.warn_changed_settings(setup.lr_schedule, start, saved_meta.config, meta.config)
+  resume.warn_changed_settings(setup.lr_schedule, start, saved_meta, meta)
   if start >= setup.cfg.num_train_steps:
     console.log(f"checkpoint {start} has reached num_train_steps={setup.cfg.num_train_steps}: nothing to train "
                 f"(raise --config.num_train_steps to train on)")

@@ -4,9 +4,11 @@ The input pipeline needs no state: batch s is a function of the seed and s (`tup
 at step s continues with batch s, whatever its number of hosts or data workers. A resumed run must see the same
 stream: a checkpoint written with other data settings (those its data source reads, `examples.settings_read`, less
 where its files are and how its examples are kept and batched, `_DATA_STORAGE`; seq_len, global_batch_size, seed),
-with another vocabulary (of the same size:
-the tokens compared) or over another number of training examples is an error, as are parameters of other shapes
-(another architecture or vocabulary size) and, when the state does not restore, another optimizer structure. Other
+with another vocabulary (of the same size: the tokens compared) or over another number of training examples is an
+error, as are parameters of other shapes (another architecture or vocabulary size) and, when the state does not
+restore, another optimizer structure. Where both runs recorded the key of their examples and it is the same
+(`_same_examples`: a text corpus tokenized on the fly, then its preprocessed shards), only the settings that mask
+the examples are compared, not the source nor the settings that made them. Other
 settings may change (e.g. num_train_steps, to extend a run); they are reported (`warn_changed_settings`).
 `Compatibility` is what `checkpoint.Checkpointer.restore_latest` calls; what needs no data (the model, sequence
 length, batch and seed, and the number of training examples of shards) is checked before the data is loaded, too
@@ -54,10 +56,19 @@ def _differences(saved: dict, current: dict, keys=None) -> list[str]:
           if saved.get(k) != current.get(k)]
 
 
-def _data_compared(config: dict) -> tuple[str, ...]:
+def _same_examples(saved_meta: CheckpointMeta, meta: CheckpointMeta) -> bool:
+  """Whether a checkpoint and the resumed run recorded the same key of their examples (`tupe.data.build.examples_key`):
+  then they train on the same examples, whatever source made them (a text corpus tokenized on the fly, or its shards
+  preprocessed with the same options: tests/test_data_preprocess.py::test_shards_hold_the_in_memory_examples)."""
+  return saved_meta.examples_key is not None and saved_meta.examples_key == meta.examples_key
+
+
+def _data_compared(config: dict, same_examples: bool = False) -> tuple[str, ...]:
   """The data settings ("data.<field>") a resume compares: those the source of `config` (the resumed run's) reads,
-  less `_DATA_STORAGE`. Another value of any other changes no batch (another source's settings, say)."""
-  return tuple(f"data.{k}" for k in examples.settings_read(config["data"]) if k not in _DATA_STORAGE)
+  less `_DATA_STORAGE`; on the same examples (`_same_examples`), only those that mask them. Another value of any
+  other changes no batch (another source's settings, say)."""
+  read = examples.MASKING if same_examples else examples.settings_read(config["data"])
+  return tuple(f"data.{k}" for k in read if k not in _DATA_STORAGE)
 
 
 # Settings that change neither what is trained nor what is evaluated: not reported when they differ on resume (nor
@@ -66,11 +77,11 @@ _BOOKKEEPING = ("distributed.", "checkpoint.", "log_every", "eval_every", "tenso
                 "check_memory", "compilation_cache_dir")
 
 
-def changed_settings(saved_config: dict, config: dict) -> list[str]:
+def changed_settings(saved_config: dict, config: dict, same_examples: bool = False) -> list[str]:
   """The differences between a checkpoint's config and the resumed run's, less bookkeeping (where files are,
-  how often to log, evaluate and save) and the data settings the run's source does not read. Model, data and
-  optimizer-structure differences are errors, raised when restoring."""
-  data = _data_compared(config)
+  how often to log, evaluate and save) and the data settings a resume does not compare (`_data_compared`). Model,
+  data and optimizer-structure differences are errors, raised when restoring."""
+  data = _data_compared(config, same_examples)
   keys = sorted(k for k in _flat(saved_config).keys() | _flat(config).keys()
                 if not k.startswith(_BOOKKEEPING) and (not k.startswith("data.") or k in data))
   return _differences(saved_config, config, keys)
@@ -135,7 +146,7 @@ def _check_same_optimizer(step: int, directory: storage.Path, saved_config: dict
 def _check_same_data(step: int, directory: storage.Path, saved_meta: CheckpointMeta, meta: CheckpointMeta) -> None:
   """Raises a UserError naming the difference when a checkpoint was trained on another stream of batches (the
   number of training examples is compared where the checkpoint recorded it)."""
-  data = _data_compared(meta.config)
+  data = _data_compared(meta.config, _same_examples(saved_meta, meta))
 
   def stream(m: CheckpointMeta):
     settings = {k: v for k, v in _flat(m.config["data"], "data.").items() if k in data}
@@ -144,7 +155,7 @@ def _check_same_data(step: int, directory: storage.Path, saved_meta: CheckpointM
   saved, current = stream(saved_meta), stream(meta)
   diff = _differences(saved, current, sorted(saved.keys() & current.keys()))
   if diff:
-    raise _other_batches(step, directory, diff)
+    raise _other_batches(step, directory, diff, _other_source(saved_meta, meta))
   if saved_meta.vocab and meta.vocab and saved_meta.vocab != meta.vocab:  # (of one size: the shapes fit)
     ids = [i for i, (a, b) in enumerate(zip(saved_meta.vocab, meta.vocab)) if a != b]
     first = ids[0] if ids else min(len(saved_meta.vocab), len(meta.vocab))
@@ -154,9 +165,24 @@ def _check_same_data(step: int, directory: storage.Path, saved_meta: CheckpointM
                     f"now); resume with the vocab it was trained with, or use a new --workdir")
 
 
-def _other_batches(step: int, directory: storage.Path, diff: list[str]) -> UserError:
-  return UserError(f"checkpoint {step} in {directory} was trained on other batches ({'; '.join(diff[:3])}); resume "
-                   f"with the same data settings and corpus, or use a new --workdir")
+def _other_source(saved_meta: CheckpointMeta, meta: CheckpointMeta) -> str:
+  """Why a checkpoint trained on the examples of another data source (of text: not synthetic ones) is refused: the
+  examples are not its own, or one of the two does not record their key."""
+  source, saved_source = meta.config["data"]["source"], saved_meta.config["data"].get("source")
+  if source == saved_source or "synthetic" in (source, saved_source) or _same_examples(saved_meta, meta):
+    return ""
+  if saved_meta.examples_key and meta.examples_key:
+    return f": the examples of data.source={source!r} are not those it was trained on"
+  if not saved_meta.examples_key:
+    return (": it was written before tupe recorded which examples a checkpoint was trained on, so those of another "
+            "source cannot be checked against them")
+  return (f": the examples of data.source={source!r} were made before tupe recorded which they are (shards: make "
+          f"them again to compare them)")
+
+
+def _other_batches(step: int, directory: storage.Path, diff: list[str], why: str = "") -> UserError:
+  return UserError(f"checkpoint {step} in {directory} was trained on other batches ({'; '.join(diff[:3])}){why}; "
+                   f"resume with the same data settings and corpus, or use a new --workdir")
 
 
 def check_before_loading(workdir: storage.PathLike, cfg) -> None:
@@ -199,10 +225,9 @@ def _newest(workdir: storage.PathLike) -> tuple[int, storage.Path, CheckpointMet
     return None
 
 
-def warn_changed_settings(lr_schedule, step: int, saved_config: dict, config: dict) -> None:
-  """Logs the settings that differ from the checkpoint's, and the learning rate a schedule change gives (both
-  configs as a CheckpointMeta holds them: every setting explicit)."""
-  changed = changed_settings(saved_config, config)
+def warn_changed_settings(lr_schedule, step: int, saved_meta: CheckpointMeta, meta: CheckpointMeta) -> None:
+  """Logs the settings that differ from the checkpoint's, and the learning rate a schedule change gives."""
+  changed = changed_settings(saved_meta.config, meta.config, _same_examples(saved_meta, meta))
   if not changed:
     return
   schedule = any(c.startswith(("num_train_steps=", "optimizer.")) for c in changed)
