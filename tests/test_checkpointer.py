@@ -298,7 +298,7 @@ def test_a_checkpoint_of_the_same_examples_resumes_from_another_source(tmp_path)
   test_resume.py::test_resume_with_the_examples_kept_otherwise): both record the key of their examples
   (`tupe.data.build.examples_key`), and where it is the same, neither the source nor the settings that made the
   examples are compared, nor warned about; those that mask them are. Another key, or a checkpoint written before the
-  key was recorded, is refused as before, saying why."""
+  key was recorded, is refused as before, saying why; so is another key of the same source (an edited corpus)."""
   config = json.loads(pretrain.get_config("tupe_a,tiny").to_json_best_effort())
   with_data = lambda **data: dict(config, data=dict(config["data"], **data))
   text, shards = with_data(source="text", files="/corpus/*.jsonl", format="jsonl"), with_data(source="arrayrecord")
@@ -324,6 +324,12 @@ def test_a_checkpoint_of_the_same_examples_resumes_from_another_source(tmp_path)
                r"'arrayrecord' were made before tupe recorded which they are \(shards: make them again to compare "
                r"them\)"):
     resume._check_same_data(5, tmp_path, saved, meta_lib.create(shards, [], 100))
+  # The same source, settings and number of examples, another key: the corpus's text was edited.
+  with pytest.raises(UserError, match=r"^checkpoint 5 in .* was trained on other examples than data\.files give now "
+                                      r"\(the same settings and number of examples, but the corpus's text differs: "
+                                      r"its key of examples is k1, now k2\); resume with the corpus it was trained on"):
+    resume._check_same_data(5, tmp_path, saved, meta_lib.create(text, [], 100, "k2"))
+  resume._check_same_data(5, tmp_path, saved, meta_lib.create(text, [], 100))  # (a key unknown: as before)
 
 
 # Waiting for each save (async_save=False) is the same code in either store: on gs:// only.

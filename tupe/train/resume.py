@@ -156,6 +156,11 @@ def _check_same_data(step: int, directory: storage.Path, saved_meta: CheckpointM
   diff = _differences(saved, current, sorted(saved.keys() & current.keys()))
   if diff:
     raise _other_batches(step, directory, diff, _other_source(saved_meta, meta))
+  if saved_meta.examples_key and meta.examples_key and saved_meta.examples_key != meta.examples_key:
+    raise UserError(f"checkpoint {step} in {directory} was trained on other examples than data.files give now "
+                    f"(the same settings and number of examples, but the corpus's text differs: its key of examples "
+                    f"is {saved_meta.examples_key[:12]}, now {meta.examples_key[:12]}); resume with the corpus it was "
+                    f"trained on, or use a new --workdir")
   if saved_meta.vocab and meta.vocab and saved_meta.vocab != meta.vocab:  # (of one size: the shapes fit)
     ids = [i for i, (a, b) in enumerate(zip(saved_meta.vocab, meta.vocab)) if a != b]
     first = ids[0] if ids else min(len(saved_meta.vocab), len(meta.vocab))
