@@ -221,7 +221,12 @@ MUTATIONS = [
              ('test_model_invariants.py', 'test_train.py::test_mlm_loss_is_the_mean_over_the_real_predictions'),
              'optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), labels)',
              'optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.bfloat16), labels)'),
-
+    Mutation('S05-examples-key-ignored', 'tupe/train/resume.py', ('test_checkpointer.py',),
+             '  if saved_meta.examples_key and meta.examples_key and saved_meta.examples_key != meta.examples_key:',
+             '  if False:'),
+    Mutation('S06-examples-key-any', 'tupe/train/resume.py', ('test_checkpointer.py',),
+             'return saved_meta.examples_key is not None and saved_meta.examples_key == meta.examples_key',
+             'return saved_meta.examples_key is not None'),
 ]
 
 
