@@ -221,8 +221,8 @@ def _raised(e: BaseException, file: str, spec: str) -> str:
 
 
 def _check_local(spec: str) -> None:
-  """A config file is code that Python imports from a local file: a bucket URL is refused in one line (before:
-  "No such file or directory: 'gs'", the URL's ':' read as the one before the spec's argument)."""
+  """A config file is code that Python imports from a local file: a bucket URL is refused in one line (the loader
+  would read the URL's ':' as the one before the spec's argument, and look for a file 'gs')."""
   if re.match(r"[a-z][a-z0-9]*://", spec):
     raise UserError(f"--config {spec}: a config file is Python code, read from a local file, not from a bucket: copy "
                     f"it to a local disk and give that path (or use configs/<file>.py)")

@@ -107,8 +107,8 @@ def checked_config(data_cfg, seq_len: int) -> ml_collections.ConfigDict:
     raise UserError(f"data.num_workers is {cfg.num_workers}: use 0 or more")
   if not cfg.shard_cache_mb >= 0:  # (NaN too: every corpus would then be held in memory, whatever its size)
     raise UserError(f"data.shard_cache_mb is {cfg.shard_cache_mb}: use 0 or more megabytes (0: always shards)")
-  # (Before, a bucket here got the demo's cache written to a local folder "gs:", or a corpus tokenized into the
-  # bucket and then refused.)
+  # (A bucket here would get the demo's cache written to a local folder "gs:", or a corpus tokenized into the bucket
+  # and then refused.)
   if storage.is_remote(cfg.cache_dir):
     raise UserError(f"data.cache_dir={cfg.cache_dir}: the data cache (the demo corpus and vocab, the shards a corpus "
                     f"is tokenized into, which grain reads from local files only) is on a local disk: give a local "

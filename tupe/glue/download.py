@@ -193,7 +193,8 @@ def download(data_dir: storage.PathLike, task_names: str = ",".join(ALL_TASKS),
     import tensorflow_datasets  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
   except ModuleNotFoundError as e:
     raise UserError(f"fetching GLUE needs tensorflow-datasets ({e}): `pip install -r requirements.txt`") from None
-  if tfds_dir and storage.is_remote(tfds_dir):  # (before: refused once TFDS had prepared the first task there)
+  # (Checked first: TFDS would prepare the first task there and only then fail to read it back.)
+  if tfds_dir and storage.is_remote(tfds_dir):
     raise UserError(f"--tfds-data-dir {tfds_dir}: TFDS's prepared copy is read back by its array_record reader, "
                     f"which reads local files only: give a local folder, or leave it out for a temporary one "
                     f"(--data-dir may be a bucket)")

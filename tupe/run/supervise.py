@@ -163,8 +163,8 @@ def call(command: list[str], env: dict | None = None) -> int:
   """Runs `command` (a study's or a sweep's train.py or eval_glue.py) as a child that stops as it would alone:
   SIGTERM and SIGINT forwarded to it (the first makes it save and exit 143 or 130, a second stops it at once), a
   terminal's Ctrl-C reaching it once, through this process (its own process group), and killed with this process
-  (`init_child`). Returns its exit status, 128 + the signal's number for a signal that killed it. Before, a
-  `subprocess.call` killed the child 0.25 s after Ctrl-C, before it could save."""
+  (`init_child`). Returns its exit status, 128 + the signal's number for a signal that killed it. (Not
+  `subprocess.call`, which kills the child 0.25 s after a Ctrl-C, before it can save.)"""
   child = subprocess.Popen(command, process_group=0, env=dict(os.environ if env is None else env,
                                                                **{ENV: str(os.getpid())}))
   with _forwarding(child):

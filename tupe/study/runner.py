@@ -136,7 +136,7 @@ def check_inputs(cfg) -> None:
   """The corpus, vocab, held-out file and GLUE folder exist: one line naming the first that does not (or is
   empty)."""
   for field in ("data_root", "corpus", "vocab", "heldout_file", "glue_dir"):
-    if not str(cfg[field]).strip():  # (before: "an empty path was given", naming no field)
+    if not str(cfg[field]).strip():  # (named here: the path check below cannot say which field was empty)
       raise UserError(f"--config.{field} is empty: " + ("give the folder that holds the corpus, vocab and GLUE data"
                       if field == "data_root" else "give a path, relative to data_root or absolute"))
   corpus.expand_globs(data_path(cfg, cfg.corpus))
@@ -362,7 +362,7 @@ def main(argv: list[str], call=subprocess.call) -> None:
     print(f"PYTHONPATH={shlex.quote(str(config_files.REPO))} " + shlex.join(
         [sys.executable, "-m", "tupe.study", f"--config={spec}", f"--root={root}", "--report-only"] + overrides))
     return
-  if args.report_only and not storage.is_dir(root):  # (before: an empty report written into a new folder)
+  if args.report_only and not storage.is_dir(root):  # (the report would be an empty one, in a new folder)
     raise UserError(f"--root {root} does not exist: --report-only reports a study's finished work; run it first")
   check_pretrained(variants)
   if not args.report_only:

@@ -54,14 +54,14 @@ def main(argv: list[str]) -> None:
     if storage.iterdir(out):
       raise UserError(f"--out {out} is not empty; choose a new one")
   else:
-    outputs.check_folder(out, "--out")  # (before: a traceback from the export's mkdir)
+    outputs.check_folder(out, "--out")  # (one line, where the export's mkdir would raise)
     export.new_directory(out)
   existed = storage.exists(out)
   # Made in a child process, where a stop signal ends it at once: PyTorch's code would hold the signal off, and
   # JAX's garbage-collection callback swallows a KeyboardInterrupt raised in it. Staged in a temporary folder
   # (save_pretrained writes only local ones), then copied to --out file by file, as every write here: with the
   # umask's modes (safetensors' own files are 0600). An export stopped or failed while it is made leaves nothing at
-  # --out (before: a partial one, which the rerun then refused as not empty).
+  # --out, which a rerun would refuse as not empty.
   # A second stop signal, which ends the process at once, says what it may leave.
   partial = lambda: f"{out} may hold part of the export: remove it, then rerun the same command"
   with tempfile.TemporaryDirectory() as staging, signals.saving(partial):
