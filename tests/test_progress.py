@@ -6,21 +6,15 @@ are, and its ETA counts the time evaluations and checkpoints take."""
 import json
 import os
 import re
-import select
 import signal
-import subprocess
-import sys
 
 import pytest
-from test_resume import REPO
 from test_resume import Run
 from test_resume import checkpoint_state
 from test_resume import finished_steps
 from test_resume import run_train
-from test_resume import train_env
 
 from tupe import console
-from tupe import signals
 from tupe.data import examples
 from tupe.data import pipeline
 from tupe.store import lease
@@ -141,38 +135,6 @@ def test_ctrl_c_is_acknowledged_at_once_and_a_second_stops_the_run_at_once(tmp_p
   out = run.stdout()
   assert out.index("compiling the train step...") < out.index(f"loading checkpoint 4 from {workdir}/checkpoints...")
   assert finished_steps(workdir) == [4] and int(checkpoint_state(workdir, 4)["step"]) == 4
-
-
-# train.py's or eval_glue.py's process (`catch_signals`) whose end hangs in native code, where no Python handler runs:
-# an exit hook blocked on a lock that is never released (as a library's shutdown waiting on a peer that is gone).
-HANGS_IN_NATIVE_CODE_AS_IT_ENDS = """import atexit, ctypes
-from tupe.run import process
-process.catch_signals()
-def hang():
-  libc, mutex = ctypes.CDLL(None), ctypes.create_string_buffer(64)
-  libc.pthread_mutex_lock(mutex)
-  print("ending", flush=True)
-  libc.pthread_mutex_lock(mutex)
-process.run_main(lambda argv: atexit.register(hang))
-"""
-
-
-def test_a_second_signal_stops_a_run_whose_end_hangs_in_native_code():
-  """After train.py's work its signals stay with the watcher thread of `catch_signals`, which hears them whatever the
-  main thread does: a second one ends a process whose end hangs in native code (before the fix, the handler that
-  replaced it after the work ran in the main thread only, and the process hung for good)."""
-  proc = subprocess.Popen([sys.executable, "-c", HANGS_IN_NATIVE_CODE_AS_IT_ENDS], cwd=REPO, env=train_env(),
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-  assert proc.stdout.readline() == "ending\n"
-  try:
-    proc.send_signal(signal.SIGINT)
-    assert select.select([proc.stdout], [], [], 60)[0], "the first Ctrl-C was not acknowledged"
-    assert proc.stdout.readline().startswith("Ctrl-C (SIGINT): ")  # (the watcher heard it)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
-  finally:
-    proc.kill()
-  assert (proc.returncode, err) == (130, f"stopped now by a second Ctrl-C (SIGINT): {signals.WORK_DONE}\n")
 
 
 def test_a_progress_line_shows_means_over_its_steps(tmp_path, capsys):

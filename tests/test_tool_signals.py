@@ -10,6 +10,7 @@ line at all.
 """
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -256,6 +257,83 @@ def test_a_second_signal_as_a_command_ends_exits_at_once():
   proc.send_signal(signal.SIGINT)
   _, err = proc.communicate(timeout=30)  # (the thread sleeps 60 s: a process that ends sooner was stopped)
   assert (proc.returncode, err) == (130, f"stopped now by a second Ctrl-C (SIGINT): {signals.WORK_DONE}\n")
+
+
+# A command whose end hangs after its work: train.py's (`catch_signals`, then its job under `cli.run`, whose absl ends
+# the work with SystemExit(0)). The end waits for a non-daemon thread that reads stdin until the test closes it
+# ("thread"), or for ever in native code, where no Python handler runs: an exit hook that locks a mutex it holds
+# ("native"). Either says "ending" once the end has begun.
+ENDS = """import atexit, ctypes, sys, threading, time
+from tupe.run import process
+entry, hang = sys.argv[1:]
+def thread():
+  while threading.main_thread().is_alive():
+    time.sleep(0.01)
+  print("ending", flush=True)
+  sys.stdin.read()
+def native():
+  libc, mutex = ctypes.CDLL(None), ctypes.create_string_buffer(64)
+  libc.pthread_mutex_lock(mutex)
+  print("ending", flush=True)
+  libc.pthread_mutex_lock(mutex)
+def work(*_):
+  if hang == "thread":
+    threading.Thread(target=thread).start()
+  else:
+    atexit.register(native)
+process.catch_signals()
+from tupe.run import cli
+cli.define_flags("the config", "the workdir")
+sys.argv[1:] = ["--config", "configs/pretrain.py:tupe_a,tiny", "--workdir", "unused"]
+cli.run(work)
+"""
+FINISHED = f"stopped by Ctrl-C (SIGINT) as the command finished: {signals.WORK_DONE}\n"
+
+
+def ending(entry: str, hang: str) -> subprocess.Popen:
+  """The command of `ENDS`, once its end has begun."""
+  proc = subprocess.Popen([sys.executable, "-c", ENDS, entry, hang], cwd=REPO, env=train_env(), stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  assert proc.stdout.readline() == "ending\n", proc.communicate()
+  return proc
+
+
+def said(proc: subprocess.Popen) -> str:
+  """The next line on the command's stderr (within a minute: it is said at once)."""
+  assert select.select([proc.stderr], [], [], 60)[0], "no line on stderr"
+  return proc.stderr.readline()
+
+
+@pytest.mark.parametrize("entry", ["train.py"])
+def test_a_signal_after_the_work_is_one_line_at_once(entry):
+  """A Ctrl-C after the work, while the end waits: the one line that the work is done, at once, on stderr; once the
+  end is over, exit status 130 and nothing more (before: train.py's watcher said "stopping after the current step;
+  Ctrl-C again to stop now", untrue then, and the line came only as the process exited)."""
+  proc = ending(entry, "thread")
+  try:
+    proc.send_signal(signal.SIGINT)
+    line = said(proc)
+    out, err = proc.communicate(timeout=60)  # (stdin closed: the end goes on)
+  finally:
+    proc.kill()
+  assert (proc.returncode, line, out, err) == (130, FINISHED, "", "")
+
+
+@pytest.mark.parametrize("entry", ["train.py"])
+def test_a_second_signal_stops_an_end_that_hangs_in_native_code(entry):
+  """An end that hangs in native code: the first Ctrl-C's line at once, and a second one ends the process, its line
+  saying that the work is done (before: train.py's second Ctrl-C said "nothing was saved; rerun the same command":
+  absl ends its work with SystemExit(0), which the entry layer did not count as done)."""
+  proc = ending(entry, "native")
+  try:
+    proc.send_signal(signal.SIGINT)
+    line = said(proc)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+  finally:
+    proc.kill()
+  assert (proc.returncode, line, out, err) == (
+      130, FINISHED, "", f"stopped now by a second Ctrl-C (SIGINT): {signals.WORK_DONE}\n")
 
 
 def test_a_signal_heard_as_the_work_ends_stops_the_command():

@@ -87,12 +87,30 @@ def _what_is_saved() -> str:
 
 
 WORK_DONE = "its work is done and its outputs are complete; nothing needs to be rerun"  # (a command's end)
+_ended: list[bool] = []  # Whether the command's work returned (True) or failed, once it has ended (`ended`).
+_late: list[int | None] = []  # The stop signal that came as the command finished, once decided (`finished`).
+_late_lock = threading.Lock()
 
 
-def work_done() -> None:
-  """The command's work has returned: from now on a second stop signal's line says so (`WORK_DONE`), not what
-  the job had saved."""
-  _saved.append(lambda: WORK_DONE)
+def ended(done: bool) -> None:
+  """The command's work has ended, `done` (returned) or failed (its line printed): the watcher's first stop signal
+  from now on is `finished`'s line, at once (whatever the main thread is doing), or after a failure nothing; a second
+  one's line (`stop_now`) says after a success that the work is done, not what the job had saved."""
+  _ended.append(done)
+  if done:
+    _saved.append(lambda: WORK_DONE)
+
+
+def finished(signum: int | None) -> int | None:
+  """The stop signal that came after the command's work (`signum`; None: none did), its line said once: by the
+  watcher as it comes or by the entry layer's exit, whichever calls first, which decides. Returns that signal (the
+  exit status is then 128 + it), or None."""
+  with _late_lock:
+    if not _late:
+      _late.append(signum)
+      if signum is not None:
+        _say(2, f"stopped by {name(signum)} as the command finished: {WORK_DONE}")
+    return _late[0]
 
 
 def stop_now(signum: int) -> None:
@@ -124,7 +142,8 @@ def _unlink_semaphores() -> None:
 
 class _Watcher:
   """A thread that hears each signal as it arrives (the pipe of `signal.set_wakeup_fd`) and acts on the stop
-  signals for which `record` is the handler: the first acknowledged, the second `stop_now`."""
+  signals for which `record` is the handler: the first acknowledged (after the work, as `ended` says), the second
+  `stop_now`."""
 
   def __init__(self):
     self._read, self._write = os.pipe()
@@ -146,11 +165,13 @@ class _Watcher:
         if signum not in STOP_SIGNALS or signal.getsignal(signum) is not record:
           continue  # Another handler's signal (e.g. the multi-host supervisor forwards it).
         self.heard += 1
-        if self.heard == 1:
+        if self.heard > 1:
+          stop_now(signum)
+        elif not _ended:
           again = "Ctrl-C again" if signum == signal.SIGINT else "a second SIGTERM or Ctrl-C"
           _say(1, f"{name(signum)}: stopping after the current step; {again} to stop now")
-        else:
-          stop_now(signum)
+        elif _ended[0]:
+          finished(signum)
 
   def close(self) -> None:
     signal.set_wakeup_fd(self._previous)

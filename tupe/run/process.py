@@ -63,19 +63,18 @@ def _stop_while_loading(signum, _frame) -> None:
 def _exit_for_a_late_signal() -> None:
   """The process's last act, once `run_main` has chosen its status: a signal recorded after the job's last safe
   point (or, in a `python -m` command, after its work), while the process ends after a success, still makes it exit
-  143 or 130, with one line (not after a failure, whose own line and status stand). The exit is immediate
-  (`os._exit`, the other atexit handlers having run): the interpreter's finalization restores the default handlers,
-  and a signal then would kill the process with no line."""
+  143 or 130, with one line, said here unless the watcher said it as the signal came (`signals.finished`; not after
+  a failure, whose own line and status stand). The exit is immediate (`os._exit`, the other atexit handlers having
+  run): the interpreter's finalization restores the default handlers, and a signal then would kill the process with
+  no line."""
   signal.pthread_sigmask(signal.SIG_BLOCK, signals.STOP_SIGNALS)  # Decided here: nothing interrupts the exit any more.
   if _status is None:  # run_main did not finish (the process ends some other way): its own status stands.
     return
-  status = _status
-  if signals.received and status == 0:
-    print(f"stopped by {signals.name(signals.received[0])} as the command finished: {signals.WORK_DONE}",
-          file=sys.stderr)
-    status = 128 + signals.received[0]
   sys.stdout.flush()
   sys.stderr.flush()
+  status = _status
+  if status == 0 and (late := signals.finished(signals.received[0] if signals.received else None)) is not None:
+    status = 128 + late
   os._exit(status)
 
 
@@ -117,8 +116,6 @@ def run_main(main, argv=None) -> None:
     main(argv)
     _stop_for_a_dropped_signal()
     status = 0
-    if owns_process:
-      signals.work_done()
   except SystemExit as e:
     status = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
     raise
@@ -152,6 +149,8 @@ def run_main(main, argv=None) -> None:
     _status = status
     if status:  # Its line (or traceback) is printed: a signal arriving now changes nothing.
       signals.received.clear()
+    if owns_process:  # (a success also where `main` exits 0, as absl's app.run, train.py's, does)
+      signals.ended(status == 0)
     if owns_process and threading.current_thread() is threading.main_thread():
       # A `python -m` command's handlers raise: in an atexit handler, or once Python restored the default ones, the
       # process ended with no line. `catch_signals`' `record` stays: its watcher thread stops an end hung in native
