@@ -228,41 +228,11 @@ def test_a_signal_as_a_failed_command_ends_changes_nothing():
   assert (proc.returncode, proc.stdout, proc.stderr) == (2, "done\n", "error: bad input\n")
 
 
-# A command whose work leaves a thread that does not finish: the process's end waits on it for a minute. The thread
-# says when the command's end has begun (the late handlers are in place) and when a first signal is recorded.
-HANGS_AS_IT_ENDS = """import signal, threading, time
-from tupe import signals
-from tupe.run import process
-process.stop_while_loading()
-def hang():
-  while signal.getsignal(signal.SIGINT) is not process._heard_as_it_ends:
-    time.sleep(0.01)
-  print("ending", flush=True)
-  while not signals.received:
-    time.sleep(0.01)
-  print("recorded", flush=True)
-  time.sleep(60)
-process.run_main(lambda argv: threading.Thread(target=hang).start())
-"""
-
-
-def test_a_second_signal_as_a_command_ends_exits_at_once():
-  """Once a command's work is done its stop signals are only recorded; should its end hang (a thread that does not
-  finish), a second one ends the process at once, with a line."""
-  proc = subprocess.Popen([sys.executable, "-c", HANGS_AS_IT_ENDS], cwd=REPO, env=train_env(), stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True)
-  assert proc.stdout.readline() == "ending\n"
-  proc.send_signal(signal.SIGINT)
-  assert proc.stdout.readline() == "recorded\n"
-  proc.send_signal(signal.SIGINT)
-  _, err = proc.communicate(timeout=30)  # (the thread sleeps 60 s: a process that ends sooner was stopped)
-  assert (proc.returncode, err) == (130, f"stopped now by a second Ctrl-C (SIGINT): {signals.WORK_DONE}\n")
-
-
 # A command whose end hangs after its work: train.py's (`catch_signals`, then its job under `cli.run`, whose absl ends
-# the work with SystemExit(0)). The end waits for a non-daemon thread that reads stdin until the test closes it
-# ("thread"), or for ever in native code, where no Python handler runs: an exit hook that locks a mutex it holds
-# ("native"). Either says "ending" once the end has begun.
+# the work with SystemExit(0)) or a `python -m` command's (`stop_while_loading`, then `run_main`). The end waits for
+# a non-daemon thread that reads stdin until the test closes it ("thread"), or for ever in native code, where no
+# Python handler runs: an exit hook that locks a mutex it holds ("native"). Either says "ending" once the end has
+# begun.
 ENDS = """import atexit, ctypes, sys, threading, time
 from tupe.run import process
 entry, hang = sys.argv[1:]
@@ -281,11 +251,15 @@ def work(*_):
     threading.Thread(target=thread).start()
   else:
     atexit.register(native)
-process.catch_signals()
-from tupe.run import cli
-cli.define_flags("the config", "the workdir")
-sys.argv[1:] = ["--config", "configs/pretrain.py:tupe_a,tiny", "--workdir", "unused"]
-cli.run(work)
+if entry == "train.py":
+  process.catch_signals()
+  from tupe.run import cli
+  cli.define_flags("the config", "the workdir")
+  sys.argv[1:] = ["--config", "configs/pretrain.py:tupe_a,tiny", "--workdir", "unused"]
+  cli.run(work)
+else:
+  process.stop_while_loading()
+  process.run_main(work)
 """
 FINISHED = f"stopped by Ctrl-C (SIGINT) as the command finished: {signals.WORK_DONE}\n"
 
@@ -304,11 +278,12 @@ def said(proc: subprocess.Popen) -> str:
   return proc.stderr.readline()
 
 
-@pytest.mark.parametrize("entry", ["train.py"])
+@pytest.mark.parametrize("entry", ["train.py", "python -m"])
 def test_a_signal_after_the_work_is_one_line_at_once(entry):
   """A Ctrl-C after the work, while the end waits: the one line that the work is done, at once, on stderr; once the
   end is over, exit status 130 and nothing more (before: train.py's watcher said "stopping after the current step;
-  Ctrl-C again to stop now", untrue then, and the line came only as the process exited)."""
+  Ctrl-C again to stop now", untrue then, and a `python -m` command recorded the signal silently; the line came only
+  as the process exited)."""
   proc = ending(entry, "thread")
   try:
     proc.send_signal(signal.SIGINT)
@@ -319,11 +294,12 @@ def test_a_signal_after_the_work_is_one_line_at_once(entry):
   assert (proc.returncode, line, out, err) == (130, FINISHED, "", "")
 
 
-@pytest.mark.parametrize("entry", ["train.py"])
+@pytest.mark.parametrize("entry", ["train.py", "python -m"])
 def test_a_second_signal_stops_an_end_that_hangs_in_native_code(entry):
   """An end that hangs in native code: the first Ctrl-C's line at once, and a second one ends the process, its line
   saying that the work is done (before: train.py's second Ctrl-C said "nothing was saved; rerun the same command":
-  absl ends its work with SystemExit(0), which the entry layer did not count as done)."""
+  absl ends its work with SystemExit(0), which the entry layer did not count as done; a `python -m` command heard no
+  Ctrl-C there, its handler being Python's, which runs in the main thread only, between bytecodes)."""
   proc = ending(entry, "native")
   try:
     proc.send_signal(signal.SIGINT)

@@ -153,20 +153,12 @@ def run_main(main, argv=None) -> None:
       signals.ended(status == 0)
     if owns_process and threading.current_thread() is threading.main_thread():
       # A `python -m` command's handlers raise: in an atexit handler, or once Python restored the default ones, the
-      # process ended with no line. `catch_signals`' `record` stays: its watcher thread stops an end hung in native
-      # code (where no Python handler runs) at a second signal.
+      # process ended with no line. Every command's are now train.py's: `record`, and the watcher thread, which says
+      # the first signal's line at once and ends the process at a second whatever the main thread is doing (an end
+      # that hangs, in native code too, where no Python handler runs).
       for signum in signals.STOP_SIGNALS:
-        if signal.getsignal(signum) is not signals.record:
-          signal.signal(signum, _heard_as_it_ends)
-
-
-def _heard_as_it_ends(signum, frame) -> None:
-  """The stop signals' handler once `main` has returned, in a command without `catch_signals`: the first is recorded
-  (`_exit_for_a_late_signal` says so as the process exits); a second ends the process at once, should its end hang
-  (a thread that does not finish), as a second signal does in train.py (`signals.stop_now`)."""
-  if signals.received:
-    signals.stop_now(signum)
-  signals.record(signum, frame)
+        signal.signal(signum, signals.record)
+      signals.watch()
 
 
 def _resend_dropped_stops(hook):
