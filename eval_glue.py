@@ -7,10 +7,9 @@ Recipes: tupe, convbert (see configs/glue.py). Writes runs.jsonl, results.json, 
 submission/ into OUT; a rerun skips the finished (task, lr, seed) runs. Add --verbose for tracebacks on input
 errors.
 """
-from tupe.run import process
-
-if __name__ == "__main__":
-  process.catch_signals()  # First, before the heavy imports: no moment is left to the default handlers.
+if __name__ == "__main__":  # First, before the heavy imports: no moment is left to the default handlers.
+  from tupe.run import start
+  start.catch_signals()
 
 from tupe.glue import finetune  # noqa: E402
 from tupe.run import cli  # noqa: E402

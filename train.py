@@ -4,10 +4,9 @@
 
 Resumes automatically from the newest checkpoint in DIR. Add --verbose for tracebacks on input errors.
 """
-from tupe.run import process
-
-if __name__ == "__main__":
-  process.catch_signals()  # First, before the heavy imports: no moment is left to the default handlers.
+if __name__ == "__main__":  # First, before the heavy imports: no moment is left to the default handlers.
+  from tupe.run import start
+  start.catch_signals()
 
 from tupe.run import cli  # noqa: E402
 from tupe.train import pretrain  # noqa: E402

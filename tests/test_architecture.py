@@ -276,9 +276,10 @@ def test_old_module_names_warn_and_lead_to_the_new_ones():
 
 
 def test_the_entry_points_catch_signals_before_jax_is_imported():
-  """train.py and eval_glue.py import tupe.run.process before they catch stop signals: it must not import jax,
-  whose import takes about a second in which a SIGTERM or Ctrl-C would meet Python's default handlers (it did,
-  through tupe.console, and test_glue_signals.py caught a SIGINT there)."""
+  """Every command imports tupe.run.process before its handlers are in place, the stop signals held back meanwhile
+  (`tupe.run.start`): it must not import jax, whose import takes about a second in which a SIGTERM or Ctrl-C would
+  wait unheard (before the signals were held, it met Python's default handlers: it did, through tupe.console, and
+  test_glue_signals.py caught a SIGINT there)."""
   proc = subprocess.run([sys.executable, "-c", "import sys; from tupe.run import process; print('jax' in sys.modules)"],
                         cwd=REPO, capture_output=True, text=True, timeout=120)
   assert proc.returncode == 0 and proc.stdout.strip() == "False", proc.stdout + proc.stderr

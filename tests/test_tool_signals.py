@@ -118,30 +118,56 @@ def commands() -> list[str]:
   return found
 
 
-# `python -m MODULE` (runpy, as -m runs it) that sends itself SIGNUM as NumPy starts to load: every command imports it
-# (through JAX, or its own imports) in the second or more before `run_main`, and the entry layer does not.
+# A command (`python -m MODULE` through runpy, as -m runs it, or `python SCRIPT.py ARGS`) that sends itself SIGNUM as
+# the module AT starts to load: tupe.run.process, the entry layer, the first import after a command's first line
+# (`tupe.run.start`), or NumPy, which every command imports (through JAX, or its own imports) in the second or more
+# before `run_main`, and the entry layer does not.
 WHILE_LOADING = """import os, runpy, sys
+at, signum, command = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 class Send:
   def find_spec(self, name, path=None, target=None):
-    if name == "numpy":
+    if name == at:
       sys.meta_path.remove(self)
-      os.kill(os.getpid(), int(sys.argv[2]))
+      os.kill(os.getpid(), signum)
 sys.meta_path.insert(0, Send())
-runpy.run_module(sys.argv[1], run_name="__main__", alter_sys=True)
+sys.argv = command
+if command[0].endswith(".py"):
+  runpy.run_path(command[0], run_name="__main__")
+else:
+  runpy.run_module(command[0], run_name="__main__", alter_sys=True)
 """
+AT = ("tupe.run.process", "numpy")
 
 
-@pytest.mark.parametrize("name, signum", [(name, signal.SIGINT) for name in commands()]
-                         + [("tupe.tools.summary", signal.SIGTERM)], ids=lambda value: getattr(value, "name", value))
-def test_a_signal_while_a_command_loads_is_one_line(name, signum):
-  """Ctrl-C in the first second of a command, while it imports JAX and the rest: one line and status 130, as train.py
-  says before its job starts (before: a KeyboardInterrupt's traceback, or an ImportError's from an extension it
-  interrupted, status 1, now and then a segfault; a SIGTERM ended the command with no line)."""
-  proc = subprocess.run([sys.executable, "-c", WHILE_LOADING, name, str(int(signum))], cwd=REPO, env=train_env(),
-                        capture_output=True, text=True, timeout=120)
+def loading(at: str, signum: int, command: list[str]) -> subprocess.CompletedProcess:
+  return subprocess.run([sys.executable, "-c", WHILE_LOADING, at, str(int(signum)), *command], cwd=REPO,
+                        env=train_env(), capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("name, signum, at", [(name, signal.SIGINT, at) for name in commands() for at in AT]
+                         + [("tupe.tools.summary", signal.SIGTERM, at) for at in AT],
+                         ids=lambda value: getattr(value, "name", value))
+def test_a_signal_while_a_command_loads_is_one_line(name, signum, at):
+  """Ctrl-C in the first second of a command, while it imports the entry layer, JAX and the rest: one line and status
+  130, as train.py says before its job starts (before: a KeyboardInterrupt's traceback, or an ImportError's from an
+  extension it interrupted, status 1, now and then a segfault; a SIGTERM ended the command with no line; and in the
+  ~60 ms of importing the entry layer that puts the handler in place, still a traceback, or no line)."""
+  proc = loading(at, signum, [name])
   assert (proc.returncode, proc.stdout, proc.stderr) == (
       128 + signum, "", f"stopped by {signals.name(signum)} while the command was loading: nothing was done; rerun "
                         f"the same command\n")
+
+
+@pytest.mark.parametrize("script, config", [("train.py", "configs/pretrain.py:tupe_a,tiny"),
+                                            ("eval_glue.py", "configs/glue.py:tupe")])
+def test_a_signal_while_train_py_loads_its_entry_layer_stops_it_before_its_job(script, config, tmp_path):
+  """A Ctrl-C as train.py or eval_glue.py imports the entry layer, right after its first line: acknowledged, then the
+  job does not start: one line and status 130 (before: a KeyboardInterrupt's traceback, status 1)."""
+  proc = loading("tupe.run.process", signal.SIGINT, [script, "--config", config, "--workdir", str(tmp_path / "run")])
+  assert (proc.returncode, proc.stdout, proc.stderr) == (
+      130, "Ctrl-C (SIGINT): stopping after the current step; Ctrl-C again to stop now\n",
+      "stopped by Ctrl-C (SIGINT) before the job started: nothing was done; rerun the same command\n")
+  assert not (tmp_path / "run").exists()
 
 
 def test_sigterm_in_a_command_is_one_line_like_ctrl_c():

@@ -17,8 +17,8 @@ examples are the same whatever the workers, tasks or interruptions. Train with d
 data.files=the output folder.
 """
 if __name__ == "__main__":  # First, before the heavy imports: a stop signal while they load is one line.
-  from tupe.run import process
-  process.stop_while_loading()
+  from tupe.run import start
+  start.stop_while_loading()
 
 import re
 import time
@@ -116,4 +116,5 @@ def preprocess(data_cfg, seq_len: int, output: storage.PathLike, workers: int = 
 
 
 if __name__ == "__main__":
+  from tupe.run import process
   process.run_main(main)

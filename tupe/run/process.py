@@ -3,7 +3,8 @@
 Every command (train.py, eval_glue.py, and each `python -m tupe...` tool in its `__main__` block) runs its
 `main` under `run_main`, the one error wrapper. Each handles stop signals from its first line, before its heavy
 imports, so that no moment of it is left to the default handlers: train.py and eval_glue.py call `catch_signals`,
-the `python -m` commands `stop_while_loading`.
+the `python -m` commands `stop_while_loading`, through `tupe.run.start`, which holds the signals back while this
+module loads.
 """
 import atexit
 import contextlib
@@ -30,8 +31,8 @@ def catch_signals() -> None:
   handler: raising there, at whatever bytecode the main thread was running (say, inside JAX's compilation or its
   cache), could be swallowed by a library's `except` or leave native code half-done (a segfault). The job acts on
   a recorded signal at its next safe point. The first is acknowledged at once and a second stops the process
-  at once (`tupe.signals.watch`). Called at the top of train.py and eval_glue.py, before the heavy imports, so that
-  no moment of a run is left to the default handlers."""
+  at once (`tupe.signals.watch`). Called at the top of train.py and eval_glue.py (`tupe.run.start.catch_signals`),
+  before the heavy imports, so that no moment of a run is left to the default handlers."""
   if threading.current_thread() is threading.main_thread():
     for signum in signals.STOP_SIGNALS:
       signal.signal(signum, signals.record)
@@ -40,12 +41,13 @@ def catch_signals() -> None:
 
 
 def stop_while_loading() -> None:
-  """For a `python -m` command, called from an `if __name__ == "__main__":` block above its imports: until
-  `run_main` starts the command, SIGINT or SIGTERM ends the process at once with one line and status 130 or 143.
-  Nothing is done yet, so nothing is lost; `run_main` then puts the command's own handlers in place, and once the
-  command is done, a signal while the process ends is `_exit_for_a_late_signal`'s, as in train.py. (Before: Ctrl-C
-  in the seconds of importing JAX printed a KeyboardInterrupt's traceback, or an ImportError's when it met an
-  extension's initialization, and a SIGTERM ended the command with no line.)"""
+  """For a `python -m` command, called from an `if __name__ == "__main__":` block above its imports
+  (`tupe.run.start.stop_while_loading`): until `run_main` starts the command, SIGINT or SIGTERM ends the process at
+  once with one line and status 130 or 143. Nothing is done yet, so nothing is lost; `run_main` then puts the
+  command's own handlers in place, and once the command is done, a signal while the process ends is
+  `_exit_for_a_late_signal`'s, as in train.py. (Before: Ctrl-C in the seconds of importing JAX printed a
+  KeyboardInterrupt's traceback, or an ImportError's when it met an extension's initialization, and a SIGTERM ended
+  the command with no line.)"""
   if threading.current_thread() is threading.main_thread():
     for signum in signals.STOP_SIGNALS:
       signal.signal(signum, _stop_while_loading)

@@ -21,8 +21,8 @@ before anything runs or is printed.
 from __future__ import annotations
 
 if __name__ == "__main__":  # First, before the heavy imports: a stop signal while they load is one line.
-  from tupe.run import process
-  process.stop_while_loading()
+  from tupe.run import start
+  start.stop_while_loading()
 
 import csv
 import hashlib
@@ -201,5 +201,6 @@ def main(argv: list[str], call=subprocess.call) -> None:
 
 if __name__ == "__main__":
   import functools
+  from tupe.run import process
   from tupe.run import supervise
   process.run_main(functools.partial(main, call=supervise.call))

@@ -20,8 +20,8 @@ Maps are those of the self-attention heads; ConvBERT's convolution heads have no
 from __future__ import annotations
 
 if __name__ == "__main__":  # First, before the heavy imports: a stop signal while they load is one line.
-  from tupe.run import process
-  process.stop_while_loading()
+  from tupe.run import start
+  start.stop_while_loading()
 
 import csv
 import io
@@ -344,4 +344,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+  from tupe.run import process
   process.run_main(main)

@@ -14,8 +14,8 @@ last, partial batch is left out (at most B - 1 examples). predicted_tokens count
 from __future__ import annotations
 
 if __name__ == "__main__":  # First, before the heavy imports: a stop signal while they load is one line.
-  from tupe.run import process
-  process.stop_while_loading()
+  from tupe.run import start
+  start.stop_while_loading()
 
 import json
 
@@ -46,4 +46,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+  from tupe.run import process
   process.run_main(main)

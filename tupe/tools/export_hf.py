@@ -25,8 +25,8 @@ refused with one line naming the option.
 from __future__ import annotations
 
 if __name__ == "__main__":  # First, before the heavy imports: a stop signal while they load is one line.
-  from tupe.run import process
-  process.stop_while_loading()
+  from tupe.run import start
+  start.stop_while_loading()
 
 import contextlib
 import tempfile
@@ -105,4 +105,5 @@ def _export(checkpoint_path: str, staging: str, out: str) -> tuple[list[str], st
 
 
 if __name__ == "__main__":
+  from tupe.run import process
   process.run_main(main)

@@ -44,8 +44,8 @@ then defaults to 1e-6.
 from __future__ import annotations
 
 if __name__ == "__main__":  # First, before the heavy imports: a stop signal while they load is one line.
-  from tupe.run import process
-  process.stop_while_loading()
+  from tupe.run import start
+  start.stop_while_loading()
 
 import dataclasses
 import json
@@ -396,4 +396,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+  from tupe.run import process
   process.run_main(main)

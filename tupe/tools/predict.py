@@ -11,8 +11,8 @@ in a bucket (gs://, s3://), and so may the files.
 from __future__ import annotations
 
 if __name__ == "__main__":  # First, before the heavy imports: a stop signal while they load is one line.
-  from tupe.run import process
-  process.stop_while_loading()
+  from tupe.run import start
+  start.stop_while_loading()
 
 from tupe import console
 from tupe.errors import UserError
@@ -40,4 +40,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+  from tupe.run import process
   process.run_main(main)

@@ -21,8 +21,8 @@ predicted positions only). TUPE's positional term is computed once per batch, it
 from __future__ import annotations
 
 if __name__ == "__main__":  # First, before the heavy imports: a stop signal while they load is one line.
-  from tupe.run import process
-  process.stop_while_loading()
+  from tupe.run import start
+  start.stop_while_loading()
 
 import jax
 
@@ -142,4 +142,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+  from tupe.run import process
   process.run_main(main)

@@ -4,8 +4,8 @@ header/footer stripped), as a BERT vocab.txt.
   python -m tupe.tools.vocab --input 'corpus/*.txt' --vocab-size 30522 --output vocab.txt [--cased]
 """
 if __name__ == "__main__":  # First, before the heavy imports: a stop signal while they load is one line.
-  from tupe.run import process
-  process.stop_while_loading()
+  from tupe.run import start
+  start.stop_while_loading()
 
 from tupe import console
 from tupe import signals
@@ -49,4 +49,5 @@ def _train(source: dict, inputs: list[dict], vocab_size: int, lowercase: bool) -
 
 
 if __name__ == "__main__":
+  from tupe.run import process
   process.run_main(main)

@@ -1,0 +1,39 @@
+"""A command's first line: its stop signals held back while the entry layer loads, then handled by it.
+
+train.py and eval_glue.py call `catch_signals`, and each `python -m tupe...` command `stop_while_loading`, first in
+their `__main__` block, before any other import of theirs. The handlers are the entry layer's (`tupe.run.process`),
+whose import takes some 60 ms (multiprocessing, logging, absl's logging...): a Ctrl-C then met Python's own handler
+(a KeyboardInterrupt's traceback), a SIGTERM killed the command with no line. Here SIGINT and SIGTERM are blocked
+first (a blocked signal waits, pending), and unblocked once the handlers are in place, which then get a signal that
+came meanwhile.
+
+This module imports only `_signal`, the C module under `signal` that Python's start-up has loaded already (`signal`
+would import enum and more: some 4 ms). What remains before the first line, about 15 ms here, is nearly all
+Python's own start-up (its site, the virtual environment's .pth files, `runpy` for -m), and about 1 ms the packages
+on the way to the command's module (`tupe`, a layer's `__init__`, `tupe.run`, this module). A Ctrl-C there ends
+the process with Python's traceback of a KeyboardInterrupt (or silently, before Python has put its handler in
+place), a SIGTERM silently; nothing was done yet.
+"""
+import _signal
+
+
+def catch_signals() -> None:
+  """train.py's and eval_glue.py's first line: `tupe.run.process.catch_signals` (stop signals recorded for the job,
+  from now on), the signals held back while it loads."""
+  _loaded(lambda process: process.catch_signals())
+
+
+def stop_while_loading() -> None:
+  """A `python -m` command's first line: `tupe.run.process.stop_while_loading` (a stop signal while the command loads
+  is one line), the signals held back while it loads."""
+  _loaded(lambda process: process.stop_while_loading())
+
+
+def _loaded(setup) -> None:
+  """`setup(tupe.run.process)`, with SIGINT and SIGTERM blocked from before the import until after the setup."""
+  held = _signal.pthread_sigmask(_signal.SIG_BLOCK, {_signal.SIGINT, _signal.SIGTERM})
+  try:
+    from tupe.run import process  # pylint: disable=import-outside-toplevel  (the import the signals wait for)
+    setup(process)
+  finally:
+    _signal.pthread_sigmask(_signal.SIG_SETMASK, held)  # (as the command found it: a parent's block stays)
