@@ -45,9 +45,9 @@ def stop_while_loading() -> None:
   (`tupe.run.start.stop_while_loading`): until `run_main` starts the command, SIGINT or SIGTERM ends the process at
   once with one line and status 130 or 143. Nothing is done yet, so nothing is lost; `run_main` then puts the
   command's own handlers in place, and once the command is done, a signal while the process ends is
-  `_exit_for_a_late_signal`'s, as in train.py. (Before: Ctrl-C in the seconds of importing JAX printed a
-  KeyboardInterrupt's traceback, or an ImportError's when it met an extension's initialization, and a SIGTERM ended
-  the command with no line.)"""
+  `_exit_for_a_late_signal`'s, as in train.py. (Python's own handlers would print a KeyboardInterrupt's traceback
+  in the seconds of importing JAX, or an ImportError's where it meets an extension's initialization, and end the
+  command with no line at a SIGTERM.)"""
   if threading.current_thread() is threading.main_thread():
     for signum in signals.STOP_SIGNALS:
       signal.signal(signum, _stop_while_loading)

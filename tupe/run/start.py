@@ -7,14 +7,13 @@ whose import takes some 60 ms (multiprocessing, logging, absl's logging...): a C
 first (a blocked signal waits, pending), and unblocked once the handlers are in place, which then get a signal that
 came meanwhile.
 
-This module imports only `_signal`, the C module under `signal` that Python's start-up has loaded already (`signal`
-would import enum and more: some 4 ms). What remains before the first line, about 15 ms here, is nearly all
+This module imports only `signal` (a few ms). What remains before the first line, about 15 ms here, is nearly all
 Python's own start-up (its site, the virtual environment's .pth files, `runpy` for -m), and about 1 ms the packages
 on the way to the command's module (`tupe`, a layer's `__init__`, `tupe.run`, this module). A Ctrl-C there ends
 the process with Python's traceback of a KeyboardInterrupt (or silently, before Python has put its handler in
 place), a SIGTERM silently; nothing was done yet.
 """
-import _signal
+import signal
 
 
 def catch_signals() -> None:
@@ -31,9 +30,9 @@ def stop_while_loading() -> None:
 
 def _loaded(setup) -> None:
   """`setup(tupe.run.process)`, with SIGINT and SIGTERM blocked from before the import until after the setup."""
-  held = _signal.pthread_sigmask(_signal.SIG_BLOCK, {_signal.SIGINT, _signal.SIGTERM})
+  held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
   try:
     from tupe.run import process  # pylint: disable=import-outside-toplevel  (the import the signals wait for)
     setup(process)
   finally:
-    _signal.pthread_sigmask(_signal.SIG_SETMASK, held)  # (as the command found it: a parent's block stays)
+    signal.pthread_sigmask(signal.SIG_SETMASK, held)  # (as the command found it: a parent's block stays)
