@@ -257,8 +257,8 @@ def test_a_signal_as_a_failed_command_ends_changes_nothing():
 # A command whose end hangs after its work: train.py's (`catch_signals`, then its job under `cli.run`, whose absl ends
 # the work with SystemExit(0)) or a `python -m` command's (`stop_while_loading`, then `run_main`). The end waits for
 # a non-daemon thread that reads stdin until the test closes it ("thread"), or for ever in native code, where no
-# Python handler runs: an exit hook that locks a mutex it holds ("native"). Either says "ending" once the end has
-# begun.
+# Python handler runs: an exit hook that locks a mutex it holds ("native"; "native after an error": the work's
+# UserError first). Each says "ending" once the end has begun.
 ENDS = """import atexit, ctypes, sys, threading, time
 from tupe.run import process
 entry, hang = sys.argv[1:]
@@ -277,6 +277,9 @@ def work(*_):
     threading.Thread(target=thread).start()
   else:
     atexit.register(native)
+  if hang == "native after an error":
+    from tupe.errors import UserError
+    raise UserError("bad input")
 if entry == "train.py":
   process.catch_signals()
   from tupe.run import cli
@@ -336,6 +339,25 @@ def test_a_second_signal_stops_an_end_that_hangs_in_native_code(entry):
     proc.kill()
   assert (proc.returncode, line, out, err) == (
       130, FINISHED, "", f"stopped now by a second Ctrl-C (SIGINT): {signals.WORK_DONE}\n")
+
+
+def test_signals_in_an_end_that_hangs_after_an_error_leave_its_line_standing():
+  """After the work's error line, an end that hangs (an exit hook; train.py exits at once after an error, its watcher
+  thread running): the first Ctrl-C says that a second one stops the process now, which then says that the error's
+  line says what to do (before: the first said nothing, and the second "nothing was saved; rerun the same
+  command")."""
+  proc = ending("python -m", "native after an error")
+  try:
+    assert said(proc) == "error: bad input\n"
+    proc.send_signal(signal.SIGINT)
+    line = said(proc)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+  finally:
+    proc.kill()
+  assert (proc.returncode, line, out, err) == (
+      130, "Ctrl-C (SIGINT): the command is ending, after its error; Ctrl-C again to stop now\n", "",
+      f"stopped now by a second Ctrl-C (SIGINT): {signals.AFTER_ERROR}\n")
 
 
 def test_a_signal_heard_as_the_work_ends_stops_the_command():

@@ -87,6 +87,7 @@ def _what_is_saved() -> str:
 
 
 WORK_DONE = "its work is done and its outputs are complete; nothing needs to be rerun"  # (a command's end)
+AFTER_ERROR = "the command had stopped on its error; the line above it says what to do"  # (an end after a failure)
 _ended: list[bool] = []  # Whether the command's work returned (True) or failed, once it has ended (`ended`).
 _late: list[int | None] = []  # The stop signal that came as the command finished, once decided (`finished`).
 _late_lock = threading.Lock()
@@ -94,11 +95,10 @@ _late_lock = threading.Lock()
 
 def ended(done: bool) -> None:
   """The command's work has ended, `done` (returned) or failed (its line printed): the watcher's first stop signal
-  from now on is `finished`'s line, at once (whatever the main thread is doing), or after a failure nothing; a second
-  one's line (`stop_now`) says after a success that the work is done, not what the job had saved."""
+  from now on is `finished`'s line at once, whatever the main thread is doing (after a failure: that a second one
+  stops it now); a second one's line (`stop_now`) is then not what the job had saved but WORK_DONE or AFTER_ERROR."""
   _ended.append(done)
-  if done:
-    _saved.append(lambda: WORK_DONE)
+  _saved.append((lambda: WORK_DONE) if done else (lambda: AFTER_ERROR))
 
 
 def finished(signum: int | None) -> int | None:
@@ -167,11 +167,12 @@ class _Watcher:
         self.heard += 1
         if self.heard > 1:
           stop_now(signum)
-        elif not _ended:
-          again = "Ctrl-C again" if signum == signal.SIGINT else "a second SIGTERM or Ctrl-C"
-          _say(1, f"{name(signum)}: stopping after the current step; {again} to stop now")
-        elif _ended[0]:
+        elif _ended and _ended[0]:
           finished(signum)
+        else:  # (the job's, on stdout with its progress; after its error, beside that line on stderr)
+          again = "Ctrl-C again" if signum == signal.SIGINT else "a second SIGTERM or Ctrl-C"
+          what = "the command is ending, after its error" if _ended else "stopping after the current step"
+          _say(2 if _ended else 1, f"{name(signum)}: {what}; {again} to stop now")
 
   def close(self) -> None:
     signal.set_wakeup_fd(self._previous)

@@ -37,7 +37,7 @@ def catch_signals() -> None:
     for signum in signals.STOP_SIGNALS:
       signal.signal(signum, signals.record)
     signals.watch()
-    atexit.register(_exit_for_a_late_signal)  # Registered first, so it runs last.
+    atexit.register(_exit_for_a_late_signal)  # Before the libraries' hooks (JAX's, orbax's), so after them at exit.
 
 
 def stop_while_loading() -> None:
@@ -51,7 +51,7 @@ def stop_while_loading() -> None:
   if threading.current_thread() is threading.main_thread():
     for signum in signals.STOP_SIGNALS:
       signal.signal(signum, _stop_while_loading)
-    atexit.register(_exit_for_a_late_signal)  # Registered first, so it runs last.
+    atexit.register(_exit_for_a_late_signal)  # Before the libraries' hooks (JAX's, orbax's), so after them at exit.
 
 
 def _stop_while_loading(signum, _frame) -> None:
