@@ -95,8 +95,8 @@ _late_lock = threading.Lock()
 
 def ended(done: bool) -> None:
   """The command's work has ended, `done` (returned) or failed (its line printed): the watcher's first stop signal
-  from now on is `finished`'s line at once, whatever the main thread is doing (after a failure: that a second one
-  stops it now); a second one's line (`stop_now`) is then not what the job had saved but WORK_DONE or AFTER_ERROR."""
+  from now on is `finished`'s line at once, whatever the main thread is doing (after a failure: nothing, the error's
+  line stands); a second one's line (`stop_now`) is then not what the job had saved but WORK_DONE or AFTER_ERROR."""
   _ended.append(done)
   _saved.append((lambda: WORK_DONE) if done else (lambda: AFTER_ERROR))
 
@@ -167,12 +167,11 @@ class _Watcher:
         self.heard += 1
         if self.heard > 1:
           stop_now(signum)
-        elif _ended and _ended[0]:
-          finished(signum)
-        else:  # (the job's, on stdout with its progress; after its error, beside that line on stderr)
+        elif not _ended:
           again = "Ctrl-C again" if signum == signal.SIGINT else "a second SIGTERM or Ctrl-C"
-          what = "the command is ending, after its error" if _ended else "stopping after the current step"
-          _say(2 if _ended else 1, f"{name(signum)}: {what}; {again} to stop now")
+          _say(1, f"{name(signum)}: stopping after the current step; {again} to stop now")
+        elif _ended[0]:
+          finished(signum)
 
   def close(self) -> None:
     signal.set_wakeup_fd(self._previous)
