@@ -192,7 +192,7 @@ class PretrainData:
             f"{self.examples.num_tokens:,} tokens with [CLS] and [SEP], {self.fill:.1%} of the positions filled (the "
             f"rest padding)")
     return "\n".join([*self.examples.report,
-                      f"{self.split} data: {len(self)} examples of up to {self.seq_len} tokens, {fill}"])
+                      f"{self.split} data: {len(self):,} examples of up to {self.seq_len} tokens, {fill}"])
 
   def batch(self, indices: np.ndarray, seed: int) -> dict[str, np.ndarray]:
     """The padded, masked batch of examples `indices` ([batch], any order), masks drawn as in the first epoch of a
