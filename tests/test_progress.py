@@ -100,6 +100,20 @@ def test_a_meter_cut_short_on_a_terminal_ends_its_line(monkeypatch):
   assert shown.count("\n") == 1
 
 
+def test_a_warning_is_on_stderr_between_the_lines_around_it():
+  """`console.warn` writes `warning: <message>` on stderr, and what stdout holds goes first (a table printed, not
+  flushed): with both streams in one file (`> out.log 2>&1`), or a pipe (no PYTHONUNBUFFERED), the lines come out
+  in the order they were written."""
+  script = "from tupe import console; print('a table'); console.warn('vocab repeats lines'); console.log('done')"
+  env = {k: v for k, v in train_env().items() if k != "PYTHONUNBUFFERED"}
+  apart = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=60)
+  assert (apart.returncode, apart.stdout, apart.stderr) == (0, "a table\ndone\n", "warning: vocab repeats lines\n")
+  merged = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=60)
+  assert merged.stdout == "a table\nwarning: vocab repeats lines\ndone\n", merged.stdout
+
+
 def test_a_busy_workdir_is_reported_before_any_data_is_read(tmp_path):
   """The corpus is a named pipe that no one writes: reading it would block for ever. Another job holds the
   workdir: train.py says so in one line, without having opened the corpus."""

@@ -1,5 +1,6 @@
-"""What a person reads on the terminal: one line from process 0, flushed at once; durations as 1h02m or 3m05s;
-the progress of a long wait (`Meter`).
+"""What a person reads on the terminal: one line from process 0, flushed at once, the job's progress and results on
+stdout (`log`), its warnings on stderr (`warn`), as its errors and the progress of a long wait (`Meter`) are;
+durations as 1h02m or 3m05s.
 
 jax is imported at the first line printed, not with this module: train.py and eval_glue.py import this module
 (through tupe.run.process) before they catch stop signals, and jax's import takes about a second, in which a
@@ -70,6 +71,16 @@ def log(msg: str):
   """Process 0 prints; flushes so progress shows up under pipes and schedulers."""
   if _process_index() == 0:
     print(msg, flush=True, file=sys.stdout)
+
+
+def warn(msg: str, every_process: bool = False):
+  """`warning: <msg>`, the one way a warning is written: on stderr with the errors, so that a command's stdout holds
+  its progress and results only (`python train.py ... > out.log` keeps every warning on the terminal); process 0
+  only, like `log`, unless `every_process` (what one host alone saw). Whatever stdout holds is flushed first: on a
+  terminal, or with both streams in one file, the warning stays between the lines it came between."""
+  if every_process or _process_index() == 0:
+    sys.stdout.flush()
+    print(f"warning: {msg}", flush=True, file=sys.stderr)
 
 
 class Meter:
