@@ -312,7 +312,7 @@ def test_an_entry_point_keeps_stdout_for_the_records(capsys):
   file)."""
   def main():
     print("data: reusing the tokenized corpus")
-    console.log("warning: vocab file has repeated lines")
+    console.warn("vocab file has repeated lines")
     bench.emit({"what": "x", "seconds": 1.0})
   bench.run(main)
   out, err = capsys.readouterr()

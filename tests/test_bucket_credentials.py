@@ -205,7 +205,7 @@ def test_a_lease_that_cannot_be_released_is_left_to_expire(gcs_authenticating, m
     with lease.hold(f"{bucket}/run"):
       gcs_authenticating.set_role("writer", "reader")
     url = f"{bucket}/run/{lease.LEASE_NAME}"
-    assert capsys.readouterr().out.strip() == (
+    assert capsys.readouterr().err.strip() == (
         f"warning: could not release the lease {url} ({gcs_denied('writer', 'storage.objects.delete')}); a job on "
         f"this host takes it over at once, one on another host once it expires, {lease.TTL_S:g} s after its last "
         "renewal")
@@ -214,7 +214,7 @@ def test_a_lease_that_cannot_be_released_is_left_to_expire(gcs_authenticating, m
       with lease.hold(f"{bucket}/again"):
         gcs_authenticating.set_role("writer", "reader")
         raise RuntimeError("the job's own error")
-    assert capsys.readouterr().out == ""
+    assert capsys.readouterr().err == ""
   finally:
     gcs_authenticating.set_role("writer", "writer")
   assert gcs_authenticating.objects(bucket.removeprefix("gs://")) == [f"again/{lease.LEASE_NAME}",

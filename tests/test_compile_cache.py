@@ -73,14 +73,12 @@ def test_an_unwritable_cache_costs_a_warning_only(first_start, tmp_path):
   root = first_start[0]
   (tmp_path / "a-file").write_text("")
   proc, line = start(tmp_path / "run", str(tmp_path / "a-file" / "cache"))
-  warnings = [line for line in proc.stdout.splitlines() if line.startswith("warning")]
-  (warning,) = warnings
+  (warning,) = proc.stderr.splitlines()  # on stderr, and nothing else there
   assert warning.startswith(f"warning: the compilation cache is off for this run: cannot write in "
                             f"{tmp_path / 'a-file' / 'cache'}: "), warning
   assert warning.endswith("(Not a directory) (set --config.compilation_cache_dir to a writable folder, or to \"\" "
                           "to turn it off)"), warning
   assert line.endswith("s (compilation cache off)"), line
-  assert not proc.stderr
   assert losses(tmp_path / "run") == losses(root / "first")
 
 
@@ -92,11 +90,10 @@ def test_corrupt_cache_entries_cost_a_warning_and_a_compile(first_start, tmp_pat
     if entry.name.endswith("-cache"):
       entry.write_bytes(b"\0garbage" * 100)  # every entry unreadable
   proc, line = start(tmp_path / "run", str(root / "jax-cache"))
-  warnings = [line for line in proc.stdout.splitlines() if line.startswith("warning")]
-  assert warnings and all("compilation cache entry" in w and w.endswith("; compiled instead") for w in warnings), (
-      proc.stdout)
+  warnings = proc.stderr.splitlines()  # on stderr, and nothing else there
+  assert warnings and all(w.startswith("warning: ") and "compilation cache entry" in w
+                          and w.endswith("; compiled instead") for w in warnings), proc.stderr
   assert "loaded from" not in line, line
-  assert not proc.stderr
   assert losses(tmp_path / "run") == losses(root / "first")
 
 
@@ -114,7 +111,7 @@ def test_a_local_cache_is_bounded_and_its_least_recently_used_entries_go_first(f
   here repeat.)"""
   root, proc, line, entries = first_start
   assert line.endswith(f"s (compiled, and saved to the compilation cache {root / 'jax-cache'})"), line
-  assert not [line for line in proc.stdout.splitlines() if line.startswith("warning")], proc.stdout
+  assert not [line for line in proc.stderr.splitlines() if line.startswith("warning")], proc.stderr
   assert entries and "old-entry-cache" not in entries, entries
   assert sum(entries.values()) <= 2.2 * 2**20
 
@@ -129,10 +126,9 @@ def test_a_program_over_the_bound_is_said_not_saved(tmp_path):
                         env=dict(env, JAX_COMPILATION_CACHE_MAX_SIZE="1000"), capture_output=True, text=True,
                         timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  assert not proc.stderr, proc.stderr
   (line,) = [line for line in proc.stdout.splitlines() if line.startswith("compiled in ")]
   assert line.endswith(f"s (compiled; not saved to the compilation cache {cache} (see the warning))"), line
-  warnings = [line for line in proc.stdout.splitlines() if line.startswith("warning")]
+  warnings = proc.stderr.splitlines()  # on stderr, and nothing else there
   assert warnings and all(re.fullmatch(r"warning: the compiled program \([0-9,]+ bytes\) is larger than the "
                                        r"compilation cache's bound \(1,000 bytes\); not saved "
                                        r"\(JAX_COMPILATION_CACHE_MAX_SIZE sets the bound\)", w) for w in warnings), (

@@ -95,7 +95,7 @@ def test_a_token_on_two_lines_is_encoded_as_its_first_and_warned_about_once(tmp_
   copy.write_bytes(path.read_bytes())
   tokenizer.load_tokenizer(copy)
   assert info.vocab_size == 10 and tok.encode("walking talking", add_special_tokens=False).ids == [5, 6, 8, 6]
-  assert capsys.readouterr().out.splitlines() == [
+  assert capsys.readouterr().err.splitlines() == [
       f"warning: vocab file {path} has 2 lines that repeat an earlier line's token (e.g. 'walk', lines 6 and 8): "
       "text is encoded with each token's first line, so the ids of the later lines never occur"]
 

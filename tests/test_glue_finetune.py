@@ -201,7 +201,8 @@ def test_sigterm_names_the_interrupted_run(pretrained, glue_dir, tmp_path):
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=HANG)
   assert proc.returncode == 143
-  [line] = stderr.strip().splitlines()
+  *warnings, line = stderr.strip().splitlines()  # after the warning that the BERT vocab (the workdir's copy) repeats
+  assert [w.split(" has ")[0] for w in warnings] == [f"warning: vocab file {workdir / 'vocab.txt'}"], stderr
   assert re.fullmatch(r"stopped by SIGTERM during \[1/2\] SST-2 lr 0.01 seed 0 at step \d+, which is not recorded; "
                       r"rerun the same command to resume after the finished runs", line), line
   assert runs_lib.read_runs(workdir) == []
@@ -308,8 +309,8 @@ def test_run_that_diverges_after_a_finite_evaluation_says_so(pretrained, glue_di
   assert [h["score"] is None for h in record["dev_history"]] == [False, True, True, True]
   assert record["diverged"] is False and record["best_step"] == 1 and np.isfinite(record["score"])
   assert record["train_loss_nonfinite_from_step"] == 3  # step 2's update is finite; step 3's loss is NaN
-  assert ("the training loss was non-finite from step 3; the kept parameters are from step 1"
-          in capsys.readouterr().out)
+  assert ("warning: [1/1] STS-B lr 1e+15 seed 0 | the training loss was non-finite from step 3; the kept parameters "
+          "are from step 1, before it\n" in capsys.readouterr().err)
 
 
 def test_prediction_values_mark_non_finite_rows():
@@ -521,6 +522,6 @@ def test_a_degenerate_run_is_flagged(pretrained, glue_dir, tmp_path, capsys):
   markdown = (workdir / "results.md").read_text()
   assert "**52.71 (52.71 to 52.71, 1 seed, 1 degenerate)**" in markdown
   assert "- RTE lr 0.001 seed 0: all one class (entailment)" in markdown
-  warnings = [line for line in capsys.readouterr().out.splitlines() if "warning: degenerate" in line]
-  assert warnings == ["[1/1] RTE lr 0.001 seed 0 | warning: degenerate dev predictions, RTE: all one class "
+  warnings = [line for line in capsys.readouterr().err.splitlines() if "degenerate" in line]
+  assert warnings == ["warning: [1/1] RTE lr 0.001 seed 0 | degenerate dev predictions, RTE: all one class "
                       "(entailment)"]

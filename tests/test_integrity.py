@@ -25,6 +25,8 @@ from test_resume import REPO
 from test_resume import TINY
 from test_resume import checkpoint_state
 from test_resume import run_train
+from test_resume import train_command
+from test_resume import train_env
 
 from configs import pretrain as pretrain_config
 from tupe.errors import UserError
@@ -221,15 +223,33 @@ def test_a_stray_empty_step_folder_is_one_quiet_line(workdir, tmp_path, caplog):
 def test_a_warning_is_one_line_in_every_command(workdir, tmp_path):
   """A store's warning (here: a stray empty step folder) reads `warning: <message>` on stderr in train.py,
   eval_glue.py and the tools (export_hf reads the checkpoint in a worker process), as the commands' own warnings
-  and errors do: not absl's `W1201 12:00:00.123456 140... checkpoint.py:87] ...` (train.py, eval_glue.py), nor
-  `WARNING:root:...` (the tools), and only once."""
+  (here: a resume with another learning rate) and errors do: not absl's `W1201 12:00:00.123456 140...
+  checkpoint.py:87] ...` (train.py, eval_glue.py), nor `WARNING:root:...` (the tools), and only once. No warning is
+  on stdout (before, the job's own were, among its progress lines: `train.py ... > out.log` split them in two);
+  with both streams in one pipe (no PYTHONUNBUFFERED) each comes between the progress lines it came between."""
   copy = tmp_path / "run"
   shutil.copytree(workdir, copy)
   (copy / "checkpoints" / "99").mkdir()
-  proc = run_train(copy, {"num_train_steps": 2, "checkpoint.every_steps": 1, "optimizer.warmup_steps": 1})
+  overrides = {"num_train_steps": 2, "checkpoint.every_steps": 1, "optimizer.warmup_steps": 1,
+               "optimizer.learning_rate": 0.002}
+  proc = run_train(copy, overrides)
   assert proc.returncode == 0 and "nothing to train" in proc.stdout, proc.stderr[-3000:]  # (nothing compiled)
-  assert proc.stderr.splitlines() == [f"warning: ignoring {copy / 'checkpoints' / '99'}: an empty folder, not a "
-                                      f"checkpoint"]
+  warnings = [f"warning: ignoring {copy / 'checkpoints' / '99'}: an empty folder, not a checkpoint",
+              "warning: resuming checkpoint 2 with other settings than it was written with: optimizer.learning_rate="
+              "0.001 in the checkpoint, 0.002 now; the learning-rate schedule is recomputed with the new values: "
+              "0.000e+00 at step 2"]
+  assert proc.stderr.splitlines() == warnings
+  assert "warning:" not in proc.stdout, proc.stdout
+  (copy / "checkpoints" / "99").mkdir()  # (the run removed it)
+  merged = subprocess.run(train_command(copy, overrides), cwd=REPO, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=300,
+                          env={k: v for k, v in train_env().items() if k != "PYTHONUNBUFFERED"})
+  assert merged.returncode == 0, merged.stdout[-3000:]
+  lines = merged.stdout.splitlines()
+  loading = f"loading checkpoint 2 from {copy / 'checkpoints'}..."
+  finished = "checkpoint 2 has reached num_train_steps=2: nothing to train (raise --config.num_train_steps to train on)"
+  assert lines[lines.index(loading) - 1:] == [
+      warnings[0], loading, f"resumed from checkpoint 2 in {copy / 'checkpoints'}", warnings[1], finished], lines
   empty = tmp_path / "empty"
   (empty / "checkpoints" / "5").mkdir(parents=True)
   lines = [f"warning: ignoring {empty / 'checkpoints' / '5'}: an empty folder, not a checkpoint",

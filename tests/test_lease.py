@@ -156,9 +156,9 @@ def test_a_second_job_on_a_live_bucket_workdir_stops_touching_nothing(bucket):
       second.wait()
   # Killed on this host, its pid gone: taken over at once, with one warning naming the dead job.
   proc = try_hold(workdir)
-  assert proc.returncode == 0 and proc.stdout.endswith("\nheld\n"), proc.stderr
-  assert proc.stdout.startswith(f"warning: took over the lease of {workdir} from a job that stopped without "
-                                f"releasing it (pid {holder.proc.pid} on host {socket.gethostname()}"), proc.stdout
+  assert proc.returncode == 0 and proc.stdout == "held\n", proc.stderr
+  assert proc.stderr.startswith(f"warning: took over the lease of {workdir} from a job that stopped without "
+                                f"releasing it (pid {holder.proc.pid} on host {socket.gethostname()}"), proc.stderr
   assert not storage.exists(lease_url(workdir))  # released when that job ended
 
 
@@ -209,7 +209,7 @@ def test_a_live_lease_of_another_host_is_respected_and_an_expired_one_taken_over
   with lease.hold(expired):
     held = lease_record(expired)
     assert (held["host"], held["pid"]) == (socket.gethostname(), os.getpid())
-  assert capsys.readouterr().out.startswith(
+  assert capsys.readouterr().err.startswith(
       f"warning: took over the lease of {expired} from a job that stopped without releasing it (pid 4242 on host "
       f"other-host, lease expired at ")
   assert not storage.exists(lease_url(expired))
@@ -307,7 +307,7 @@ def test_a_process_is_judged_gone_by_host_id_pid_and_start_time_not_host_name(bu
                 start=owners.start_time(os.getpid()) - 1)
   with lease.hold(reused):
     assert lease_record(reused)["pid"] == os.getpid() and lease_record(reused)["host_id"] == owners.host_id()
-  assert "warning: took over the lease of " in capsys.readouterr().out
+  assert "warning: took over the lease of " in capsys.readouterr().err
 
 
 def test_the_lock_is_released_when_the_job_ends(tmp_path, bucket):
@@ -388,7 +388,7 @@ def test_renewals_failing_for_half_the_lifetime_stop_the_job_at_its_next_write(s
                       r"\d+ s \(no connection to the store \(.*\): check that it is reachable from here.*\), and "
                       r"another job may take the workdir over once it expires; stopping without writing anything "
                       r"more, so that two jobs never write one workdir", lost), lost
-  warnings = [line for line in capsys.readouterr().out.splitlines() if line.startswith("warning: could not renew")]
+  warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: could not renew")]
   assert len(warnings) == 1 and warnings[0].startswith(
       f"warning: could not renew the lease {workdir}/{lease.LEASE_NAME} (no connection to the store ("), warnings
 
@@ -414,7 +414,7 @@ def test_a_store_without_conditional_writes_is_one_warning_and_no_lock(s3_server
   assert store.refused == [f"PUT /{bucket[5:]}/run/{lease.LEASE_NAME} (If-None-Match)"] * 2
   warning = (f"warning: {workdir}: no lock, as this store does not implement conditional writes (put_object: A header "
              f"you provided implies functionality that is not implemented); make sure no other job uses this workdir")
-  assert capsys.readouterr().out.splitlines() == [warning] * 2
+  assert capsys.readouterr().err.splitlines() == [warning] * 2
 
 
 def test_a_renewal_whose_answer_was_lost_keeps_the_lease(s3_server, capsys):
@@ -456,7 +456,7 @@ def test_a_job_paused_past_its_lease_writes_nothing_after_another_took_over(gcs_
                        timeout=600)
     assert b.returncode == 0, b.stderr[-3000:]
     assert f"warning: took over the lease of {workdir} from a job that stopped without releasing it (pid " \
-           f"{a.proc.pid} on host {socket.gethostname()}" in b.stdout, b.stdout[-3000:]
+           f"{a.proc.pid} on host {socket.gethostname()}" in b.stderr, b.stderr[-3000:]
     finished = bucket_snapshot(workdir)
     assert "metrics.jsonl" in finished and not storage.exists(lease_url(workdir))
   finally:

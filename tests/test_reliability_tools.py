@@ -48,7 +48,7 @@ def test_evaluate_names_the_flag_at_fault_before_scoring(pretrained, text_file, 
                  "--batch-size", "8"])
   assert '"step": 2' in file.read_text() and [p.name for p in tmp_path.iterdir() if "tmp" in p.name] == []
   # The shared BERT vocab repeats lines: the warning names the checkpoint's vocab (a temporary file's path before).
-  warning = next(line for line in capsys.readouterr().out.splitlines() if "repeat an earlier line" in line)
+  warning = next(line for line in capsys.readouterr().err.splitlines() if "repeat an earlier line" in line)
   assert warning.startswith(f"warning: the vocab of {pretrained}/checkpoints/2 has 1,008 lines that repeat"), warning
 
 

@@ -317,7 +317,7 @@ def test_resume_with_data_worker_processes(tmp_path, reference, train_server):
   shutil.copytree(ref_dir, workdir)
   shutil.rmtree(workdir / "checkpoints" / str(STEPS))
   proc = resume_and_compare(workdir, reference, STEPS - EVERY, {"data.num_workers": 1}, train_server)
-  assert "other settings" not in proc.stdout  # the worker count does not change what is trained
+  assert "other settings" not in proc.stderr  # the worker count does not change what is trained
   assert "training examples, batched by 1 data worker process\n" in proc.stdout  # the setting reached the data
   assert "leaked shared_memory" not in proc.stderr, proc.stderr[-2000:]  # nothing left behind by the workers
 
@@ -348,7 +348,7 @@ def test_resume_with_the_examples_kept_otherwise(tmp_path, shared_data, bert_voc
       shutil.rmtree(workdir / "checkpoints" / str(step))
     proc = resume_and_compare(workdir, reference, EVERY, overrides, train_server)
     assert source in proc.stdout  # the examples came from the shard cache, or from the preprocessed shards
-    assert "other settings" not in proc.stdout, proc.stdout
+    assert "other settings" not in proc.stderr, proc.stderr
 
 
 def test_resume_at_the_last_step_trains_nothing(tmp_path, reference, train_server):
@@ -361,7 +361,7 @@ def test_resume_at_the_last_step_trains_nothing(tmp_path, reference, train_serve
   assert f"checkpoint {STEPS} has reached num_train_steps={STEPS - EVERY}: nothing to train" in proc.stdout
   assert (f"warning: resuming checkpoint {STEPS} with other settings than it was written with: num_train_steps="
           f"{STEPS} in the checkpoint, {STEPS - EVERY} now; the learning-rate schedule is recomputed with the new "
-          f"values: 0.000e+00 at step {STEPS}" in proc.stdout)
+          f"values: 0.000e+00 at step {STEPS}\n" in proc.stderr)
   assert len(metric_records(workdir)) == logged and finished_steps(workdir) == [4, 8, 12]
   assert (workdir / "config.json").read_bytes() == config  # (before: rewritten with the new num_train_steps)
   assert "compiling the train step" not in proc.stdout  # a finished run needs no train step

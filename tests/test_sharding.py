@@ -218,7 +218,7 @@ def test_mesh_axis_that_does_not_divide_a_dimension_warns(capsys):
   cfg = tiny_config("bert_a")
   cfg.mesh.update(data=4, fsdp=1, tensor=2)
   pretrain.build(cfg, jax.devices())
-  warnings = [line for line in capsys.readouterr().out.splitlines() if line.startswith("warning: mesh axis")]
+  warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: mesh axis")]
   assert warnings == ["warning: mesh axis tensor of size 2 does not divide dimension 0 (size 97) of "
                       "encoder/embeddings/word_embeddings [97, 32] (and 1 more); that dimension is replicated "
                       "instead: change --config.mesh.* or --config.sharding_rules"]
@@ -233,9 +233,9 @@ def test_a_mesh_the_topology_cannot_hold_is_said(monkeypatch, capsys):
   monkeypatch.setattr(mesh_utils, "create_device_mesh", refuse)
   mesh = sharding.make_mesh({"data": 2, "fsdp": 4, "tensor": 1})
   assert mesh.devices.ravel().tolist() == jax.devices()
-  assert capsys.readouterr().out == (
+  assert capsys.readouterr() == ("", (
       "warning: mesh {'data': 2, 'fsdp': 4, 'tensor': 1} cannot be laid out on the topology of these 8 cpu devices "
-      "(ValueError: cannot fit a 2x4 mesh into a 2x2x2 torus): using them in plain device order\n")
+      "(ValueError: cannot fit a 2x4 mesh into a 2x2x2 torus): using them in plain device order\n"))
 
   class TpuChip:  # the one attribute make_mesh reads before the helper
     platform = "tpu"

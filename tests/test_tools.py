@@ -134,10 +134,10 @@ def test_analyze_tupe_checkpoint(tupe_checkpoint, sentences_file, tmp_path, caps
   monkeypatch.setattr(tokenizer_lib, "_REPEATS_SAID", set())  # (the fixture's data warned about the vocab already)
   analyze.main(["analyze", "--checkpoint", tupe_checkpoint.name, "--text-file", str(sentences_file), "--out",
                 str(out), "--sentence-index", "1"])
-  printed = capsys.readouterr().out
-  assert "wrote 11 files" in printed
+  printed = capsys.readouterr()
+  assert "wrote 11 files" in printed.out
   # The BERT vocab's repeated lines are named after the checkpoint, not the temporary file its vocab is written to.
-  (warning,) = [line for line in printed.splitlines() if line.startswith("warning:")]
+  (warning,) = [line for line in printed.err.splitlines() if line.startswith("warning:")]
   assert warning.startswith(f"warning: the vocab of {tupe_checkpoint / 'checkpoints' / '3'} has 1,008 lines that "
                             f"repeat"), warning
   cfg, params, _ = pretrained_lib.load_encoder(tupe_checkpoint)

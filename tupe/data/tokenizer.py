@@ -101,9 +101,9 @@ def warn_repeated_lines(where: str, tokens: list[str]) -> None:
     _REPEATS_SAID.add(key)
     repeats = len(tokens) - len(vocab)
     verb = "repeats" if repeats == 1 else "repeat"
-    console.log(f"warning: {where} has {console.plural(repeats, 'line')} that {verb} an earlier line's token (e.g. "
-                f"{tokens[later]!r}, lines {vocab[tokens[later]] + 1} and {later + 1}): text is encoded with each "
-                f"token's first line, so the ids of the later lines never occur")
+    console.warn(f"{where} has {console.plural(repeats, 'line')} that {verb} an earlier line's token (e.g. "
+                 f"{tokens[later]!r}, lines {vocab[tokens[later]] + 1} and {later + 1}): text is encoded with each "
+                 f"token's first line, so the ids of the later lines never occur")
 
 
 def wordpiece(tokens: list[str], lowercase: bool = True) -> tokenizers.Tokenizer:

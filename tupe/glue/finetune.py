@@ -289,14 +289,14 @@ def _run_grid(cfg, workdir, tasks, pending, lrs, backbone, encoder, mesh, rules,
       stop.label = None
       outcome = ("diverged: no finite dev score, no test predictions" if record["diverged"]
                  else f"score {record['score']:.2f} at step {record['best_step']}")
-      if record["train_loss_nonfinite_from_step"] and not record["diverged"]:
-        outcome += (f" (warning: the training loss was non-finite from step {record['train_loss_nonfinite_from_step']}"
-                    f"; the kept parameters are from step {record['best_step']}, before it)")
       outcome += progress_lib.skipped_summary(record["nonfinite_steps"], record["total_steps"])
       console.log(f"{label} | finished in {console.format_duration(record['seconds'])}: {outcome}")
+      if record["train_loss_nonfinite_from_step"] and not record["diverged"]:
+        console.warn(f"{label} | the training loss was non-finite from step {record['train_loss_nonfinite_from_step']}"
+                     f"; the kept parameters are from step {record['best_step']}, before it")
       if record["degenerate"]:
-        console.log(f"{label} | warning: degenerate dev predictions, "
-                    + "; ".join(f"{ev}: {why}" for ev, why in record["degenerate"].items()))
+        console.warn(f"{label} | degenerate dev predictions, "
+                     + "; ".join(f"{ev}: {why}" for ev, why in record["degenerate"].items()))
     outputs.write_outputs(cfg, workdir, backbone)
   if not total:
     outputs.write_outputs(cfg, workdir, backbone)

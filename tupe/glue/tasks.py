@@ -233,9 +233,9 @@ def load_split(data_dir: storage.PathLike, task: str, split: str) -> list[Exampl
               if columns is None else tsv.examples(path, lines, columns, 1, spec, not _is_test(split), cut_rows=cut))
   if cut:
     lines = ", ".join(map(str, cut[:3])) + (", ..." if len(cut) > 3 else "")
-    console.log(f"warning: left out {console.plural(len(cut), 'row')} of {path} with a missing or extra "
-                f"field (line {lines}): GLUE's {spec.name} files hold a few, which TFDS and TUPE's preprocessing "
-                f"leave out too")
+    console.warn(f"left out {console.plural(len(cut), 'row')} of {path} with a missing or extra "
+                 f"field (line {lines}): GLUE's {spec.name} files hold a few, which TFDS and TUPE's preprocessing "
+                 f"leave out too")
   return examples
 
 

@@ -5,9 +5,9 @@ an interrupted save, an empty step folder) through the standard library's `loggi
 module (`tupe.store.checkpoint`). Left to the process's handlers, such a record read as absl writes every record in
 train.py and eval_glue.py (`W1201 12:00:00.123456 140... checkpoint.py:87] ...`), and as `WARNING:root:...` in the
 `python -m` commands, unlike every other line a command prints (`error: <what>; <how to fix it>`, the job's own
-`warning: ...` lines). `install` gives the `tupe` logger a handler of its own that writes `<level>: <message>`,
-and keeps its records from the process's other handlers (absl's would write them again): they read the same in
-every command.
+`warning: ...` lines, `tupe.console.warn`'s). `install` gives the `tupe` logger a handler of its own that writes
+`<level>: <message>` on stderr, beside the job's own warnings, and keeps its records from the process's other
+handlers (absl's would write them again): they read the same in every command.
 
 Installed by `process.run_main` in a command's own process and in its spawned workers (`call_in_child`'s work is
 done in one), never at import, nor where a caller runs an entry point in its own process (a test, a notebook):

@@ -51,10 +51,10 @@ def _one_line_cache_warning(show):
     text = str(message)
     over = re.search(r"of size (\d+) bytes exceeds the maximum cache size of (\d+) bytes", text)
     if over:
-      console.log(f"warning: the compiled program ({int(over[1]):,} bytes) is larger than the compilation cache's "
-                  f"bound ({int(over[2]):,} bytes); not saved (JAX_COMPILATION_CACHE_MAX_SIZE sets the bound)")
+      console.warn(f"the compiled program ({int(over[1]):,} bytes) is larger than the compilation cache's "
+                   f"bound ({int(over[2]):,} bytes); not saved (JAX_COMPILATION_CACHE_MAX_SIZE sets the bound)")
     elif "persistent compilation cache entry" in text:
-      console.log(f"warning: {text.splitlines()[0]}; " + ("compiled instead" if "reading" in text else "not saved"))
+      console.warn(f"{text.splitlines()[0]}; " + ("compiled instead" if "reading" in text else "not saved"))
     else:
       show(message, category, filename, lineno, file, line)
   return showwarning

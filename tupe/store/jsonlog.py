@@ -49,10 +49,6 @@ def _segment(directory: storage.PathLike, name: str, index: int) -> storage.Path
   return storage.path(directory) / (f"{name}.jsonl" if index == 0 else f"{name}-{index:05d}.jsonl")
 
 
-def _warn(msg: str) -> None:
-  console.log(f"warning: {msg}")
-
-
 def _preview(text: str) -> str:
   return repr(text if len(text) <= 60 else text[:57] + "...")
 
@@ -76,8 +72,8 @@ def read(directory: storage.PathLike, name: str) -> list[dict]:
         bad.append((path, n, line.decode("utf-8", errors="replace")))
   if bad:
     path, n, line = bad[0]
-    _warn(f"{path}: skipped {console.plural(len(bad), 'unreadable line')} (line {n}: {_preview(line)})"
-          + (f" and {len(bad) - 1} more" if len(bad) > 1 else ""))
+    console.warn(f"{path}: skipped {console.plural(len(bad), 'unreadable line')} (line {n}: {_preview(line)})"
+                 + (f" and {len(bad) - 1} more" if len(bad) > 1 else ""))
   return records
 
 
@@ -109,8 +105,8 @@ def repair(directory: storage.PathLike, name: str) -> None:
     storage.write_bytes(path, data + b"\n")
     return
   storage.write_bytes(path, head + b"\n" if head else b"")
-  _warn(f"{path}: dropped its torn last line ({len(last)} bytes, {_preview(text)}), left by a job stopped while "
-        f"writing it")
+  console.warn(f"{path}: dropped its torn last line ({len(last)} bytes, {_preview(text)}), left by a job stopped "
+               f"while writing it")
 
 
 class Log:

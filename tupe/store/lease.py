@@ -179,8 +179,8 @@ class _BucketLease:
       try:
         refusal = self._take()
       except lease_objects.NoConditionalWrites as e:
-        console.log(f"warning: {self.workdir}: no lock, as this store does not implement conditional writes ({e}); "
-                    f"make sure no other job uses this workdir")
+        console.warn(f"{self.workdir}: no lock, as this store does not implement conditional writes ({e}); "
+                     f"make sure no other job uses this workdir")
         return False
     if refusal:
       raise refusal
@@ -212,8 +212,8 @@ class _BucketLease:
         continue  # another job took it over first: the next look names it
       gone = (f"pid {owner.get('pid')} on host {owner.get('host')}, lease expired at {owners.clock(owner['expires'])}"
               if owner and "expires" in owner else "an unreadable lease")
-      console.log(f"warning: took over the lease of {self.workdir} from a job that stopped without releasing it "
-                  f"({gone})")
+      console.warn(f"took over the lease of {self.workdir} from a job that stopped without releasing it "
+                   f"({gone})")
       return None
     return _in_use(self.workdir, None)
 
@@ -273,8 +273,8 @@ class _BucketLease:
         return
       except Exception as e:  # the store does not answer, or refuses
         if not failing:
-          console.log(f"warning: could not renew the lease {self.url} ({refusals.describe(e)}); retrying every "
-                      f"{self.every:g} s (the job stops if it cannot renew it for {self.ttl / 2:g} s)")
+          console.warn(f"could not renew the lease {self.url} ({refusals.describe(e)}); retrying every "
+                       f"{self.every:g} s (the job stops if it cannot renew it for {self.ttl / 2:g} s)")
         failing = True
         unrenewed = time.monotonic() - self._renewed
         if unrenewed > self.ttl / 2:
@@ -300,9 +300,9 @@ class _BucketLease:
       deadline.call(f"release the lease {self.url}", end)
     except Exception as e:
       if not quietly:
-        console.log(f"warning: could not release the lease {self.url} ({refusals.describe(e)}); a job on this host "
-                    f"takes it over at once, one on another host once it expires, {self.ttl:g} s after its last "
-                    f"renewal")
+        console.warn(f"could not release the lease {self.url} ({refusals.describe(e)}); a job on this host "
+                     f"takes it over at once, one on another host once it expires, {self.ttl:g} s after its last "
+                     f"renewal")
 
 
 @contextlib.contextmanager

@@ -79,8 +79,8 @@ def enable(cache_dir: str = DEFAULT_DIR) -> None:
     try:
       storage.check_writable(target)
     except storage.StorageError as e:
-      console.log(f"warning: the compilation cache is off for this run: {e} (set --config.compilation_cache_dir to "
-                  f"a writable folder, or to \"\" to turn it off)")
+      console.warn(f"the compilation cache is off for this run: {e} (set --config.compilation_cache_dir to "
+                   f"a writable folder, or to \"\" to turn it off)")
       target = ""
   local = bool(target) and not storage.is_remote(target)
   bound = MAX_BYTES if local else -1

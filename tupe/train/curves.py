@@ -120,6 +120,6 @@ def draw_run(workdir: storage.Path) -> storage.Path | None:
   try:
     plot_runs({workdir.name: read_run(workdir)}, path)
   except (UserError, OSError) as e:
-    console.log(f"warning: no curves drawn ({e})")
+    console.warn(f"no curves drawn ({e})")
     return None
   return path

@@ -369,7 +369,7 @@ def start_from(setup: Setup, ckpt, restored, meta, workdir):
   the checkpoint has reached num_train_steps."""
   if restored is None:
     if ckpt.interrupted or storage.exists(workdir / "metrics.jsonl"):
-      console.log(f"warning: no finished checkpoint in {ckpt.directory}: training starts again from step 0")
+      console.warn(f"no finished checkpoint in {ckpt.directory}: training starts again from step 0")
     return 0, setup.init_state()
   start, state, saved_meta = restored
   console.log(f"resumed from checkpoint {start} in {ckpt.directory}")

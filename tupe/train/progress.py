@@ -15,6 +15,7 @@ import jax
 
 from tupe.console import format_duration
 from tupe.console import log
+from tupe.console import warn
 from tupe.errors import UserError
 from tupe.store.runlog import MetricWriter
 from tupe.train.job import itstime
@@ -104,7 +105,7 @@ class NonFinite:
       raise NonFiniteError(msg + "; stopping (nonfinite='stop'): " + (
           f"checkpoint {saved} is intact" if saved is not None else "no checkpoint was saved before it"))
     if self.warn:
-      log("warning: " + msg)
+      warn(msg)
 
 
 def skipped_summary(skipped: int, total_steps: int) -> str:

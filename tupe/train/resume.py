@@ -238,8 +238,8 @@ def warn_changed_settings(lr_schedule, step: int, saved_meta: CheckpointMeta, me
   schedule = any(c.startswith(("num_train_steps=", "optimizer.")) for c in changed)
   note = (f"; the learning-rate schedule is recomputed with the new values: {float(lr_schedule(step)):.3e} "
           f"at step {step}" if schedule else "")
-  console.log(f"warning: resuming checkpoint {step} with other settings than it was written with: "
-              f"{'; '.join(changed)}{note}")
+  console.warn(f"resuming checkpoint {step} with other settings than it was written with: "
+               f"{'; '.join(changed)}{note}")
 
 
 class Compatibility:

@@ -57,7 +57,7 @@ def make_mesh(mesh_cfg, devices=None) -> Mesh:
              f"{len(devices)} {platform} devices ({type(e).__name__}: {e})")
     if platform != "cpu":
       raise UserError(f"{where}; choose mesh sizes that fit it (--config.mesh.*)") from e
-    console.log(f"warning: {where}: using them in plain device order")
+    console.warn(f"{where}: using them in plain device order")
     arr = np.asarray(devices).reshape(shape)
   return Mesh(arr, partitioning.MESH_AXES)
 
@@ -84,9 +84,9 @@ def _warn_misfits(misfits: list) -> None:
   for (names, size, dim), found in groups.items():
     where, i, shape = found[0]
     more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
-    console.log(f"warning: mesh axis {'x'.join(names)} of size {size} does not divide dimension {i} (size {dim}) of "
-                f"{where} {list(shape)}{more}; that dimension is replicated instead: change --config.mesh.* or "
-                f"--config.sharding_rules")
+    console.warn(f"mesh axis {'x'.join(names)} of size {size} does not divide dimension {i} (size {dim}) of "
+                 f"{where} {list(shape)}{more}; that dimension is replicated instead: change --config.mesh.* or "
+                 f"--config.sharding_rules")
 
 
 def logical_shardings(abstract_tree, mesh: Mesh, rules):
