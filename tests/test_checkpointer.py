@@ -119,8 +119,8 @@ def test_leaving_on_the_jobs_own_error_reports_that_error(tmp_path, caplog):
         raise RuntimeError("the job's own error")  # Checkpointer.__exit__ then waits for save 2, which fails.
   finally:
     resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
-  # Not silent either: one warning line, printed after the job's own (tupe.run.process.run_main).
-  assert raised.value.__notes__ == [f"warning: while stopping, could not write checkpoint 2 to {tmp_path}: File too "
+  # Not silent either: a note, one warning line printed after the job's own (tupe.run.process.run_main).
+  assert raised.value.__notes__ == [f"while stopping, could not write checkpoint 2 to {tmp_path}: File too "
                                     f"large; free space or fix permissions, then rerun to resume from the last good "
                                     f"checkpoint"]
   assert not [r for r in caplog.records if r.exc_info], "orbax's tracebacks were logged"

@@ -174,10 +174,11 @@ FAILS_WITH_A_STUCK_THREAD = """
 import threading
 from tupe.errors import UserError
 from tupe.run import process
+from tupe.store import refusals
 def main(argv):
   threading.Thread(target=threading.Event().wait).start()
   error = UserError("the job's own error")
-  error.add_note("warning: while stopping, the save in flight failed too")
+  refusals.note_while_stopping(error, RuntimeError("the save in flight failed too"))
   raise error
 process.run_main(main)
 """

@@ -14,6 +14,7 @@ import sys
 import threading
 import traceback
 
+from tupe import console
 from tupe import signals
 from tupe.errors import Interrupted
 from tupe.errors import Preempted
@@ -197,10 +198,11 @@ def _stop_for_a_dropped_signal() -> None:
 
 
 def _print_error(line: str, e: BaseException) -> None:
-  """The error's line, then the warnings noted while the job stopped (`tupe.store.refusals.note_while_stopping`)."""
+  """The error's line, then the warnings noted while the job stopped (`tupe.store.refusals.note_while_stopping`),
+  in every process, as the error is: what each host saw while it stopped."""
   print(line, file=sys.stderr)
   for note in getattr(e, "__notes__", ()):
-    print(note, file=sys.stderr)
+    console.warn(note, every_process=True)
 
 
 def _leave_stuck_threads(status: int) -> None:

@@ -190,11 +190,11 @@ def _first_line(e: BaseException) -> str:
 
 def note_while_stopping(error: BaseException, failure: BaseException) -> None:
   """Adds `failure`, which happened while a job was already stopping on `error` (closing its checkpointer or logs),
-  to `error` as one warning line: the entry point prints it after the error's own line
-  (`tupe.run.process.run_main`), and a traceback shows it too. The job's own error stays the one reported; nothing
+  to `error` as a note, `while stopping, <failure>`: the entry point prints it as a warning after the error's own
+  line (`tupe.run.process.run_main`), and a traceback shows it too. The job's own error stays the one reported; nothing
   is added where the failure says the same, or where both are the store failing (`unanswered`: its cause is
   already named)."""
-  line = f"warning: while stopping, {failure}"
+  note = f"while stopping, {failure}"
   if str(failure) != str(error) and not (unanswered(error) and unanswered(failure)) and \
-      line not in getattr(error, "__notes__", ()):
-    error.add_note(line)
+      note not in getattr(error, "__notes__", ()):
+    error.add_note(note)

@@ -108,8 +108,12 @@ def compile_checked(lower, remedies: list[str], enabled: bool, devices, task: st
     compiled = lower().compile()
   console.log(prefix + watch.line())  # the time, and whether it was compiled or loaded from the compilation cache
   what = f"the {task} train step" if task else "the train step"
-  for line in check(compiled.memory_analysis(), what, remedies, enabled, devices):
-    console.log(prefix + line)
+  mem = compiled.memory_analysis()
+  warning = check(mem, what, remedies, enabled, devices)
+  if mem is not None:
+    console.log(prefix + describe(mem))
+  if warning:
+    console.warn(warning)
   return compiled
 
 
@@ -119,26 +123,23 @@ def accumulation_remedy(grad_accum_steps: int) -> str:
 
 
 def check(mem, what: str, remedies: list[str], enabled: bool = True, devices=None,
-          cap: Capacity | None = None) -> list[str]:
-  """The log lines of a compiled step's memory (`describe`, and a warning if it is tight), once it is known to fit.
+          cap: Capacity | None = None) -> str | None:
+  """The warning for a compiled step whose memory is tight, once it is known to fit; None if it is not tight.
 
   Args:
-    mem: `compiled.memory_analysis()` (None: nothing to say).
+    mem: `compiled.memory_analysis()` (None: nothing to check).
     what: the step, for the lines ("the train step").
     remedies: what lowers the need, in the order to try them, e.g. "lower global_batch_size (now 256)".
-    enabled: False (check_memory=false): the need is logged, not compared.
+    enabled: False (check_memory=false): the need is not compared (`compile_checked` logs it all the same).
     devices: this process's devices that run the step (default: all of them).
     cap: the machine's memory (default: `capacity(devices)`).
 
   Raises:
     UserError: the step needs more than the machine has; the line names both and the remedies.
   """
-  if mem is None:
-    return []
-  lines = [describe(mem)]
-  cap = (cap or capacity(devices)) if enabled else None
-  if cap is None:
-    return lines
+  cap = (cap or capacity(devices)) if enabled and mem is not None else None
+  if cap is None:  # (not checked, or a machine whose memory is not known)
+    return None
   need = step_bytes(mem)
   shared = cap.shared and cap.devices > 1
   need_text = size_text(need) + (f" per device, {size_text(need * cap.devices)} on its {cap.devices} devices"
@@ -148,6 +149,6 @@ def check(mem, what: str, remedies: list[str], enabled: bool = True, devices=Non
     raise UserError(f"{what} needs {need_text} of memory but this machine has {cap.what}: {', '.join(remedies)}; "
                     f"or --config.check_memory=false to try anyway")
   if judged == "tight":
-    lines.append(f"warning: {what} needs {need_text} of memory, more than {WARN_SHARE:.0%} of the {cap.what}: it "
-                 f"may run out; if it does: {', '.join(remedies)}")
-  return lines
+    return (f"{what} needs {need_text} of memory, more than {WARN_SHARE:.0%} of the {cap.what}: it may run out; if "
+            f"it does: {', '.join(remedies)}")
+  return None

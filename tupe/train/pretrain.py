@@ -171,7 +171,7 @@ def epochs_warning(cfg, train_examples: int) -> str | None:
   epochs = cfg.num_train_steps * cfg.global_batch_size / train_examples
   if epochs <= MAX_EPOCHS:
     return None
-  return (f"warning: {cfg.num_train_steps:,} steps of {cfg.global_batch_size:,} examples go over the "
+  return (f"{cfg.num_train_steps:,} steps of {cfg.global_batch_size:,} examples go over the "
           f"{train_examples:,} training examples {epochs:,.0f} times (epochs): the model will learn them by heart; "
           f"give more text, or fewer steps (--config.num_train_steps)")
 
@@ -360,7 +360,7 @@ def log_start(setup: Setup, train_data, evaluate, rows: tuple[int, int]) -> None
   if evaluate is not None:
     console.log(evaluate.describe())
   if warning := epochs_warning(setup.cfg, len(train_data)):
-    console.log(warning)
+    console.warn(warning)
 
 
 def start_from(setup: Setup, ckpt, restored, meta, workdir):
