@@ -7,12 +7,16 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 
 import pytest
+from test_resume import REPO
 from test_resume import Run
 from test_resume import checkpoint_state
 from test_resume import finished_steps
 from test_resume import run_train
+from test_resume import train_env
 
 from tupe import console
 from tupe.data import examples
