@@ -205,6 +205,29 @@ def test_a_full_disk_is_one_line_at_any_moment(limit, shared_data, bert_vocab, t
   assert line.startswith(f"error: cannot write {tmp_path / 'packed'}/") and ": File too large" in line, line
 
 
+def test_a_vocab_with_repeated_lines_is_one_warning_whatever_the_workers(text_cfg, tmp_path):
+  """Preprocessing with two workers, each tokenizing units with a vocab that repeats a line: the command warns once,
+  before the workers start, and they print nothing (before: each worker warned again, after the progress line)."""
+  vocab = tmp_path / "vocab.txt"
+  vocab.write_text("".join(f"{token}\n" for token in (*shards_vocab(text_cfg), "the")))
+  proc = subprocess.run([sys.executable, "-m", "tupe.data.preprocess", "--input", text_cfg.files, "--vocab", str(vocab),
+                         "--seq-len", "64", "--output", str(tmp_path / "packed"), "--unit-mb", "0.02", "--workers",
+                         "2"], cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "task 0/1: 6 of 6 units to do, 2 workers" in proc.stdout, proc.stdout
+  warnings = [line for line in proc.stderr.splitlines() if not line.startswith("tokenizing: ")]
+  first, later = shards_vocab(text_cfg).index("the") + 1, len(shards_vocab(text_cfg)) + 1
+  assert warnings == [f"warning: vocab file {vocab} has 1 line that repeats an earlier line's token (e.g. 'the', "
+                      f"lines {first} and {later}): text is encoded with each token's first line, so the ids of the "
+                      f"later lines never occur"], proc.stderr
+
+
+def shards_vocab(text_cfg) -> list[str]:
+  """The tokens of the BERT vocab the corpus fixture tokenizes with (their first lines: the shared copy repeats
+  some)."""
+  return list(dict.fromkeys(pathlib.Path(text_cfg.vocab_file).read_text().splitlines()))
+
+
 def test_training_from_shards_takes_their_settings(shard_dir, text_cfg, tmp_path, capsys):
   """The tiny recipe asks for 128-token full-sentence blocks, a 1% eval split and no vocab; the shards were made
   with 64-token segment pairs, a 5% eval split and BERT's vocab: training takes the shards' settings, says so in one

@@ -15,9 +15,23 @@ import time
 from tupe.errors import UserError
 
 
-def _process_index() -> int:
+_worker = False  # Whether this process is a worker of the command's (`worker_process`).
+
+
+def worker_process() -> None:
+  """Marks this process as a worker of the command's (a data worker): it prints nothing, neither lines, warnings nor
+  progress; the command's own process reports the work (and warns of what it reads, say a vocab, before the workers
+  start)."""
+  global _worker
+  _worker = True
+
+
+def _speaks() -> bool:
+  """Whether this process prints: the command's own, on host 0."""
+  if _worker:
+    return False
   import jax  # pylint: disable=import-outside-toplevel
-  return jax.process_index()
+  return jax.process_index() == 0
 
 
 def summary(doc: str) -> str:
@@ -69,7 +83,7 @@ def format_duration(seconds: float) -> str:
 
 def log(msg: str):
   """Process 0 prints; flushes so progress shows up under pipes and schedulers."""
-  if _process_index() == 0:
+  if _speaks():
     print(msg, flush=True, file=sys.stdout)
 
 
@@ -78,7 +92,7 @@ def warn(msg: str, every_process: bool = False):
   its progress and results only (`python train.py ... > out.log` keeps every warning on the terminal); process 0
   only, like `log`, unless `every_process` (what one host alone saw). Whatever stdout holds is flushed first: on a
   terminal, or with both streams in one file, the warning stays between the lines it came between."""
-  if every_process or _process_index() == 0:
+  if not _worker and (every_process or _speaks()):
     sys.stdout.flush()
     print(f"warning: {msg}", flush=True, file=sys.stderr)
 
@@ -107,7 +121,7 @@ class Meter:
     self.what, self.total, self.unit, self.scale = what, total, unit, scale
     self.stream = stream or sys.stderr
     self.terminal = self.stream.isatty()
-    self.quiet = _process_index() != 0
+    self.quiet = not _speaks()
     self.start = time.monotonic()
     self.due = self.start + self.FIRST_S
     self.done, self.said = 0.0, False

@@ -29,6 +29,13 @@ def limit_threads() -> None:
   os.environ.update(_ONE_THREAD)
 
 
+def _worker_start() -> None:
+  """A worker's start: one core (`limit_threads`), and nothing printed: the command reports the run (a worker that
+  loads the vocab would warn of it once more)."""
+  limit_threads()
+  console.worker_process()
+
+
 def default_workers() -> int:
   return len(os.sched_getaffinity(0))
 
@@ -126,7 +133,7 @@ def run(plan: dict, output: storage.PathLike, workers: int, task: tuple[int, int
           done += sizes[u]
           meter.update(done)
     else:
-      children = signals.Children(min(workers, len(todo)), limit_threads)
+      children = signals.Children(min(workers, len(todo)), _worker_start)
       try:
         with signals.saving(describe), children:
           pending = {children.submit(_unit_job, plan, str(output), u): u for u in todo}
