@@ -98,10 +98,12 @@ def test_preprocess_into_a_refusing_bucket_is_one_line(refusing, caller, bert_vo
   what, cause = ("write" if caller == "reader" else "check"), CAUSES[store, caller]
   if (store, caller) == ("s3", "unknown"):
     cause = FORBIDDEN
-  corpus = tmp_path / "corpus.txt"
+  corpus, vocab = tmp_path / "corpus.txt", tmp_path / "vocab.txt"
   corpus.write_text("\n\n".join(f"Sentence number {i} of a tiny corpus. It has two sentences." for i in range(50)))
+  # (The shared copy's lines without their repeats, of which the command would warn first.)
+  vocab.write_text("".join(f"{token}\n" for token in dict.fromkeys(bert_vocab.read_text().splitlines())))
   output = f"{store}://{server.bucket}/{caller}/packed"
-  proc = run(["-m", "tupe.data.preprocess", "--input", str(corpus), "--vocab", str(bert_vocab), "--seq-len", "32",
+  proc = run(["-m", "tupe.data.preprocess", "--input", str(corpus), "--vocab", str(vocab), "--seq-len", "32",
               "--workers", "1", "--output", output], server.environment(caller, train_env()))
   line = one_line_error(proc)
   assert line == f"error: cannot {what} {output}/{shards.PLAN}: {cause}", line
