@@ -30,7 +30,9 @@ import numpy as np
 import pytest
 
 from configs import pretrain
+from tupe.data import build
 from tupe.data import examples
+from tupe.data import tokenizer
 from tupe.errors import UserError
 from tupe.run import quiet
 from tupe.store import checkpoint
@@ -264,6 +266,18 @@ def test_a_checkpoint_of_another_vocabulary_of_the_same_size_is_refused(tmp_path
                                       r"vocabulary \(2 ids read another token; id 5: 'the' in the checkpoint, 'a' "
                                       r"now\); resume with the vocab it was trained with, or use a new --workdir$"):
     resume._check_same_data(5, tmp_path, saved, meta_lib.create(config, other, 100))
+  # A text corpus's run records the key of its examples, which the other vocabulary changes too (their token ids): the
+  # line is still the vocabulary's, which names what differs (not that the corpus's text changed).
+  def key(tokens: list[str]) -> str:
+    digests = build.Digests()
+    ids = tokenizer.wordpiece(tokens).encode("the a an", add_special_tokens=False).ids
+    list(digests.passed([("train", np.array(ids, np.int32))]))
+    return build.examples_key([digests.as_dict()])
+  assert key(vocab) != key(other)
+  text = dict(config, data=dict(config["data"], source="text", files="/corpus/*.txt"))
+  with pytest.raises(UserError, match=r"^checkpoint 5 in .* was trained with another vocabulary \(2 ids read"):
+    resume._check_same_data(5, tmp_path, meta_lib.create(text, vocab, 100, key(vocab)),
+                            meta_lib.create(text, other, 100, key(other)))
 
 
 def test_only_data_settings_that_change_no_batch_may_change_on_resume(tmp_path):
@@ -325,10 +339,15 @@ def test_a_checkpoint_of_the_same_examples_resumes_from_another_source(tmp_path)
                r"them\)"):
     resume._check_same_data(5, tmp_path, saved, meta_lib.create(shards, [], 100))
   # The same source, settings and number of examples, another key: the corpus's text was edited.
-  with pytest.raises(UserError, match=r"^checkpoint 5 in .* was trained on other examples than data\.files give now "
-                                      r"\(the same settings and number of examples, but the corpus's text differs: "
-                                      r"its key of examples is k1, now k2\); resume with the corpus it was trained on"):
+  other_examples = r"^checkpoint 5 in .* was trained on other examples than {} now \(the same settings, vocabulary "
+  with pytest.raises(UserError, match=other_examples.format(r"data\.files give") + r"and number of examples, but "
+                     r"another text: its key of examples is k1, now k2\); resume with the corpus it was trained on"):
     resume._check_same_data(5, tmp_path, saved, meta_lib.create(text, [], 100, "k2"))
+  for source, inputs in (("demo", r"the demo corpus \(this Python's standard library's docstrings\) gives"),
+                         ("tfds", r"data\.tfds_name gives"), ("arrayrecord", r"the shards in data\.files hold")):
+    with pytest.raises(UserError, match=other_examples.format(inputs)):  # (not data.files, which demo and tfds ignore)
+      resume._check_same_data(5, tmp_path, meta_lib.create(with_data(source=source), [], 100, "k1"),
+                              meta_lib.create(with_data(source=source), [], 100, "k2"))
   resume._check_same_data(5, tmp_path, saved, meta_lib.create(text, [], 100))  # (a key unknown: as before)
 
 

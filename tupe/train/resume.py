@@ -38,6 +38,9 @@ from tupe.train import objectives
 # vocabulary's tokens and the number of training examples instead of the paths.
 _DATA_STORAGE = ("files", "vocab_file", "cache_dir", "tfds_data_dir", "shard_cache", "shard_cache_mb", "num_workers")
 _STREAM = ("seq_len", "global_batch_size", "seed")  # with the data settings: what makes the stream of batches
+# What gives each data source's examples now, for the line that refuses other ones (the sources with a key of them).
+_INPUTS = {"text": "data.files give", "arrayrecord": "the shards in data.files hold", "tfds": "data.tfds_name gives",
+           "demo": "the demo corpus (this Python's standard library's docstrings) gives"}
 
 
 def _flat(tree: dict, prefix: str = "") -> dict:
@@ -156,11 +159,6 @@ def _check_same_data(step: int, directory: storage.Path, saved_meta: CheckpointM
   diff = _differences(saved, current, sorted(saved.keys() & current.keys()))
   if diff:
     raise _other_batches(step, directory, diff, _other_source(saved_meta, meta))
-  if saved_meta.examples_key and meta.examples_key and saved_meta.examples_key != meta.examples_key:
-    raise UserError(f"checkpoint {step} in {directory} was trained on other examples than data.files give now "
-                    f"(the same settings and number of examples, but the corpus's text differs: its key of examples "
-                    f"is {saved_meta.examples_key[:12]}, now {meta.examples_key[:12]}); resume with the corpus it was "
-                    f"trained on, or use a new --workdir")
   if saved_meta.vocab and meta.vocab and saved_meta.vocab != meta.vocab:  # (of one size: the shapes fit)
     ids = [i for i, (a, b) in enumerate(zip(saved_meta.vocab, meta.vocab)) if a != b]
     first = ids[0] if ids else min(len(saved_meta.vocab), len(meta.vocab))
@@ -168,6 +166,13 @@ def _check_same_data(step: int, directory: storage.Path, saved_meta: CheckpointM
     raise UserError(f"checkpoint {step} in {directory} was trained with another vocabulary ({len(ids)} ids read "
                     f"another token; id {first}: {token(saved_meta.vocab)} in the checkpoint, {token(meta.vocab)} "
                     f"now); resume with the vocab it was trained with, or use a new --workdir")
+  # After the vocabulary: another one gives other token ids, so another key, but the vocab's line says what differs.
+  if saved_meta.examples_key and meta.examples_key and saved_meta.examples_key != meta.examples_key:
+    source = meta.config["data"]["source"]
+    raise UserError(f"checkpoint {step} in {directory} was trained on other examples than {_INPUTS[source]} now "
+                    f"(the same settings, vocabulary and number of examples, but another text: its key of examples "
+                    f"is {saved_meta.examples_key[:12]}, now {meta.examples_key[:12]}); resume with the corpus it was "
+                    f"trained on, or use a new --workdir")
 
 
 def _other_source(saved_meta: CheckpointMeta, meta: CheckpointMeta) -> str:
