@@ -255,6 +255,33 @@ def test_a_signal_as_a_failed_command_ends_changes_nothing():
   assert (proc.returncode, proc.stdout, proc.stderr) == (2, "done\n", "error: bad input\n")
 
 
+# A `python -m` command whose stop signal comes as its end begins: sent from inside `signals.ended`, as the entry
+# layer puts the end's handlers in place, the work's (Python's KeyboardInterrupt, SIGTERM's `interrupt`) still there.
+AS_THE_END_BEGINS = """import os, sys
+from tupe.run import process
+process.stop_while_loading()
+def send(frame, event, arg):
+  if event == "call" and frame.f_code.co_name == "ended" and frame.f_globals["__name__"] == "tupe.signals":
+    sys.setprofile(None)
+    os.kill(os.getpid(), int(sys.argv[1]))
+def main(argv):
+  print("done", flush=True)
+  sys.setprofile(send)
+process.run_main(main)
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=lambda value: value.name)
+def test_a_signal_as_the_end_begins_is_one_line(signum):
+  """A Ctrl-C or SIGTERM while the entry layer puts the end's handlers in place waits for them: the one line that
+  the work is complete, and status 130 or 143 (before: the work's handler raised there, a traceback, and exit 0, the
+  status chosen already)."""
+  proc = subprocess.run([sys.executable, "-c", AS_THE_END_BEGINS, str(int(signum))], cwd=REPO, env=train_env(),
+                        capture_output=True, text=True, timeout=120)
+  assert (proc.returncode, proc.stdout, proc.stderr) == (
+      128 + signum, "done\n", f"stopped by {signals.name(signum)} as the command finished: {signals.WORK_DONE}\n")
+
+
 # A command whose end hangs after its work: train.py's (`catch_signals`, then its job under `cli.run`, whose absl ends
 # the work with SystemExit(0)) or a `python -m` command's (`stop_while_loading`, then `run_main`). The end waits for
 # a non-daemon thread that reads stdin until the test closes it ("thread"), or for ever in native code, where no

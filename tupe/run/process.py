@@ -149,19 +149,32 @@ def run_main(main, argv=None) -> None:
       _leave_stuck_threads(status)
     sys.exit(status)
   finally:
-    _status = status
-    if status:  # Its line (or traceback) is printed: a signal arriving now changes nothing.
-      signals.received.clear()
-    if owns_process:  # (a success also where `main` exits 0, as absl's app.run, train.py's, does)
-      signals.ended(status == 0)
-    if owns_process and threading.current_thread() is threading.main_thread():
-      # A `python -m` command's handlers raise: in an atexit handler, or once Python restored the default ones, the
-      # process ended with no line. Every command's are now train.py's: `record`, and the watcher thread, which says
-      # the first signal's line at once and ends the process at a second whatever the main thread is doing (an end
-      # that hangs, in native code too, where no Python handler runs).
-      for signum in signals.STOP_SIGNALS:
-        signal.signal(signum, signals.record)
-      signals.watch()
+    # A stop signal waits until the end's handlers are in place: the work's, which raise, would end the process with
+    # a traceback here, and with the status chosen already (0 after a success).
+    with _stop_signals_held() if owns_process else contextlib.nullcontext():
+      _status = status
+      if status:  # Its line (or traceback) is printed: a signal arriving now changes nothing.
+        signals.received.clear()
+      if owns_process:  # (a success also where `main` exits 0, as absl's app.run, train.py's, does)
+        signals.ended(status == 0)
+      if owns_process and threading.current_thread() is threading.main_thread():
+        # A `python -m` command's handlers raise: in an atexit handler, or once Python restored the default ones,
+        # the process ended with no line. Every command's are now train.py's: `record`, and the watcher thread, which
+        # says the first signal's line at once and ends the process at a second whatever the main thread is doing (an
+        # end that hangs, in native code too, where no Python handler runs).
+        for signum in signals.STOP_SIGNALS:
+          signal.signal(signum, signals.record)
+        signals.watch()
+
+
+@contextlib.contextmanager
+def _stop_signals_held():
+  """SIGINT and SIGTERM blocked in this thread while inside (one that comes waits, pending), then as they were."""
+  held = signal.pthread_sigmask(signal.SIG_BLOCK, signals.STOP_SIGNALS)
+  try:
+    yield
+  finally:
+    signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def _resend_dropped_stops(hook):
