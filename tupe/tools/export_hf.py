@@ -61,7 +61,7 @@ def main(argv: list[str]) -> None:
   # JAX's garbage-collection callback swallows a KeyboardInterrupt raised in it. Staged in a temporary folder
   # (save_pretrained writes only local ones), then copied to --out file by file, as every write here: with the
   # umask's modes (safetensors' own files are 0600). An export stopped or failed while it is made leaves nothing at
-  # --out, which a rerun would refuse as not empty.
+  # --out (a part of one there would make the rerun refuse --out as not empty).
   # A second stop signal, which ends the process at once, says what it may leave.
   partial = lambda: f"{out} may hold part of the export: remove it, then rerun the same command"
   with tempfile.TemporaryDirectory() as staging, signals.saving(partial):
