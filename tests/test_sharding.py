@@ -161,11 +161,26 @@ def test_bad_mesh_is_a_one_line_error(mesh, message):
     pretrain.build(cfg, jax.devices())
 
 
-def test_batch_not_divisible_by_data_parallel_size():
+@pytest.mark.parametrize("mesh", [dict(data=-1, fsdp=1, tensor=1), dict(data=2, fsdp=4, tensor=1)])
+def test_batch_not_divisible_by_data_parallel_size(mesh):
+  """The batch is split over data and fsdp together: 2 x 4 devices take batches of multiples of 8, not of 2."""
   cfg = tiny_config("bert_a")
+  cfg.mesh.update(mesh)
   cfg.global_batch_size = 12
   with pytest.raises(UserError, match="not divisible by data-parallel size 8"):
     pretrain.build(cfg, jax.devices())
+
+
+def test_tensor_parallelism_splits_the_heads_and_the_ffn_width():
+  """The tensor axis splits the attention heads and the FFN's inner width (`mlp`): the FFN's first kernel by its
+  columns, its second by its rows, each device holding a share."""
+  cfg = tiny_config("tupe_a")
+  cfg.mesh.update(data=4, fsdp=1, tensor=2)
+  layer = pretrain.build(cfg, jax.devices()).state_sharding.params["encoder"]["stack"]["layer_0"]
+  assert layer["attention"]["query"]["kernel"].spec[1] == "tensor"
+  ffn = layer["ffn"]
+  assert ffn["intermediate"]["dense"]["kernel"].spec[1] == ffn["output"]["dense"]["kernel"].spec[0] == "tensor"
+  assert ffn["intermediate"]["dense"]["kernel"].shard_shape((32, 64)) == (32, 32)
 
 
 def test_fsdp_shards_convbert_kernel_generator():
