@@ -59,6 +59,14 @@ def test_stack_and_unstack_are_inverse_and_fit_the_scanned_model():
   assert_trees_close(models.unstack_layers(models.stack_layers(electra)), electra, rtol=0, atol=0)
 
 
+def test_scanned_layers_are_initialized_apart():
+  """Each scanned layer draws its own initial weights, as each unrolled one does: no two layers start alike."""
+  _, scanned = configs("bert_a", "none")
+  layers = models.init(scanned)["stack"]["layers"]
+  kernels = [x for path, x in jax.tree_util.tree_leaves_with_path(layers) if path[-1].key == "kernel"]
+  assert kernels and all(not np.array_equal(k[i], k[j]) for k in kernels for i in range(3) for j in range(i))
+
+
 @pytest.mark.parametrize("name,remat", [("bert_a", "full"), ("tupe_r", "dots"), ("convbert", "full")])
 def test_scanned_equals_unrolled(name, remat):
   """Same hidden states, attention maps and gradients (of a loss over every hidden state) from the same weights."""
