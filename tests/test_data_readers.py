@@ -40,6 +40,14 @@ def test_byte_ranges_give_the_whole_files_documents(shared_data):
     assert documents_of("text", files, unit_bytes)[0] == whole
 
 
+def test_a_unit_ends_where_it_fills_up():
+  """Units of 10 bytes: a file of exactly 10 is a unit of its own, a larger one is cut every 10 bytes, and a smaller
+  one shares a unit with the rest of the one before."""
+  text = lambda size: dict(kind="text", start=0, stop=size)
+  assert units.plan_units([text(10), text(10), text(25), text(4)], 10, False) == [
+      [[0, 0, 10]], [[1, 0, 10]], [[2, 0, 10]], [[2, 10, 20]], [[2, 20, 25], [3, 0, 4]]]
+
+
 def test_one_document_per_line(wiki_paragraphs, tmp_path):
   path = tmp_path / "lines.txt"
   path.write_bytes(("\n".join(wiki_paragraphs[:200]) + "\n\n  \r\n" + "\r\n".join(wiki_paragraphs[200:])).encode())
