@@ -40,6 +40,10 @@ def test_summary_picks_best_lr_by_median():
   assert stsb.best.lr == 3e-5 and stsb.best.metrics == {"pearson": 80.0, "spearman": 79.5, "score": 80.0}
   tied = [report.RunRecord("RTE", lr, 0, {"accuracy": 70.0, "score": 70.0}, 70.0) for lr in (4e-5, 2e-5)]
   assert report.summarize(tied)[0].best.lr == 2e-5
+  # MNLI: the rate whose runs' own scores (the mean of matched and mismatched) are best, not MNLI-m's best median.
+  mnli = [report.RunRecord("MNLI-m", lr, 0, {"accuracy": m, "score": m}, score)
+          for lr, m, score in ((1e-5, 85.0, 80.0), (2e-5, 84.0, 84.0))]
+  assert report.summarize(mnli)[0].best.lr == 2e-5
   with pytest.raises(UserError, match="two runs of RTE at lr 2e-05 with seed 0"):
     report.summarize(tied + tied[1:])
   with pytest.raises(UserError, match="unknown GLUE evaluation"):
