@@ -3,6 +3,7 @@ emulators)."""
 import os
 import pathlib
 import re
+import resource
 import stat
 import subprocess
 import sys
@@ -68,6 +69,21 @@ def test_local_paths_expand_and_leave_no_temporaries(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
   assert storage.path("x/y.txt") == storage.path(tmp_path / "x" / "y.txt")
   assert storage.is_remote("gs://b/x") and not storage.is_remote("x/gs://")
+
+
+def test_a_local_write_cut_short_leaves_the_file_as_it_was(tmp_path):
+  """A write that fails part way (a file size limit here, as a full disk) is one line, and the file keeps its old
+  content whole, with no temporary file beside it: the new content goes to a file of its own, renamed over."""
+  target = tmp_path / "results.json"
+  storage.write_text(target, '{"old": 1}')
+  soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+  resource.setrlimit(resource.RLIMIT_FSIZE, (1000, hard))  # Python ignores SIGXFSZ: writes fail with EFBIG
+  try:
+    with pytest.raises(storage.StorageError, match=f"^cannot write {re.escape(str(target))}: File too large"):
+      storage.write_text(target, "x" * 100_000)
+  finally:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+  assert target.read_text() == '{"old": 1}' and [p.name for p in tmp_path.iterdir()] == ["results.json"]
 
 
 def test_failures_are_one_line(gcs_bucket, tmp_path):
