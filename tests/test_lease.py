@@ -262,6 +262,17 @@ def test_a_job_whose_lease_was_taken_over_stops_at_its_next_write(bucket):
       holder.kill()
 
 
+def test_a_late_check_renews_the_lease_before_the_write(gcs_bucket):
+  """A job whose renewals fell behind (it was paused) and whose lease has less than half its lifetime left renews
+  it at its next write's check, so that the write falls well within it: the lease runs a whole lifetime again."""
+  workdir = f"{gcs_bucket}/run"
+  with lease.hold(workdir, ttl=60):  # its renewal thread would look only after 15 s
+    storage.write_text(lease_url(workdir), json.dumps(dict(lease_record(workdir), expires=time.time() + 10)))
+    storage.write_text(f"{workdir}/metrics.jsonl", "{}\n")
+    assert lease_record(workdir)["expires"] > time.time() + 50
+  assert not storage.exists(lease_url(workdir))  # released: the renewal's version was this job's
+
+
 def test_two_jobs_started_at_the_same_instant_leave_one_running(bucket):
   """Two jobs on one bucket workdir, each taking the lease at the same wall-clock instant: exactly one holds it,
   the other stops with one line naming it."""
@@ -340,7 +351,7 @@ def test_a_symlinked_lock_file_is_refused_and_nothing_outside_is_written(tmp_pat
 def test_a_local_job_whose_lock_file_was_replaced_writes_nothing_more(tmp_path):
   """On a local disk `flock` cannot be taken from a live job, but its lock file can be removed and another job lock
   a new one: the holder's next write (and every one after) raises one line, and nothing of it is written; a path
-  outside the workdir is not its lease's business."""
+  outside the workdir is not its lease's business, even in a folder whose name starts with the workdir's."""
   workdir = tmp_path / "run"
   workdir.mkdir()
   with lease.hold(workdir):
@@ -353,7 +364,9 @@ def test_a_local_job_whose_lock_file_was_replaced_writes_nothing_more(tmp_path):
                                                 f"job may hold it now; stopping without writing anything more"):
         storage.append_text(workdir / "metrics.jsonl", "{}\n")
     storage.write_text(tmp_path / "elsewhere.txt", "not in the workdir")
+    storage.write_text(tmp_path / "run2" / "metrics.jsonl", "{}\n")
   assert (workdir / "metrics.jsonl").read_text() == "{}\n" and (tmp_path / "elsewhere.txt").exists()
+  assert (tmp_path / "run2" / "metrics.jsonl").exists()
 
 
 @pytest.mark.parametrize("store", ["gs", "s3"])
