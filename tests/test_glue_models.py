@@ -268,18 +268,22 @@ def test_export_runs_in_transformers_as_predict(grid, glue_dir, tmp_path):
 
 def test_save_models_all_and_none(pretrained, glue_dir, tmp_path):
   """all keeps every run's model; a rerun under best, with nothing left to run, removes those best does not keep
-  (before, only a run's end pruned them: a rerun that ran nothing left them all); none keeps none."""
+  (before, only a run's end pruned them: a rerun that ran nothing left them all) and puts the chosen run's model
+  back in models/RTE in place of another run's; none keeps none."""
   cfg = grid_config(pretrained, glue_dir, tasks="rte", predict_test=False, save_models="all")
   cfg.epochs.rte = 1
   finetune.run(cfg, str(tmp_path / "all"), devices=jax.devices()[:1])
   for seed in (0, 1):
     assert classifier.load(keep.run_model_dir(tmp_path / "all", "RTE", 1e-3, seed)).run["seed"] == seed
   assert classifier.load(tmp_path / "all" / "models" / "RTE").task.name == "RTE"
+  best = runs_lib.best_seed(runs_lib.read_runs(tmp_path / "all"))["seed"]
+  shutil.rmtree(tmp_path / "all" / "models" / "RTE")  # the other seed's model, as a former choice left it
+  shutil.copytree(keep.run_model_dir(tmp_path / "all", "RTE", 1e-3, 1 - best), tmp_path / "all" / "models" / "RTE")
   # Rerun under best with nothing left to run: the models it does not keep go now, not at the next run's end.
   cfg.save_models = "best"
   finetune.run(cfg, str(tmp_path / "all"), devices=jax.devices()[:1])
-  best = runs_lib.best_seed(runs_lib.read_runs(tmp_path / "all"))["seed"]
   assert [p.parent.name for p in (tmp_path / "all" / "runs").glob("*/model")] == [f"RTE_lr0.001_seed{best}"]
+  assert classifier.load(tmp_path / "all" / "models" / "RTE").run["seed"] == best
   cfg.update(save_models="none", seeds=(0,))  # one run, which keeps no model either
   finetune.run(cfg, str(tmp_path / "none"), devices=jax.devices()[:1])
   assert not (tmp_path / "none" / "models").exists()
