@@ -265,6 +265,15 @@ def test_eval_batches_score_every_row_once():
   assert sum(batch["weights"].sum() for _, batch in encoding.eval_batches(unlabelled, size, 1.0)) == 0
 
 
+def test_each_epoch_shuffles_the_rows_anew():
+  """A run's rows come in another order each epoch, a function of (seed, epoch) alone: a restarted run, and
+  glue_parity's PyTorch side, see the same batches."""
+  orders = [loop.epoch_order(seed, epoch, 64) for seed in (0, 1) for epoch in (0, 1)]
+  assert all(sorted(order) == list(range(64)) for order in orders)
+  assert len({tuple(order) for order in orders}) == 4
+  np.testing.assert_array_equal(loop.epoch_order(1, 1, 64), orders[3])
+
+
 def test_diverged_run_is_recorded_and_the_grid_goes_on(pretrained, glue_dir, tmp_path, capsys):
   """lr 1e15 diverges (its first update is finite, so the non-finite guard lets it through, but it leaves
   parameters of ~1e15 whose logits are NaN): recorded as strict JSON with "diverged": true, reported as such, never
