@@ -22,12 +22,15 @@ import time
 import pytest
 from test_resume import train_env
 
+from tupe import signals
 from tupe.glue import runs as runs_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 HANG = 900  # seconds: only a hung process takes this long
-ONE_LINE = re.compile(r"stopped by (SIGTERM|Ctrl-C \(SIGINT\)) [^\n]*"
-                      r"rerun (the same command|of the same command)[^\n]*")
+# The stop's line: what to rerun, or, for a signal that came after the grid's last safe point, that nothing needs to be.
+ONE_LINE = re.compile(r"stopped by (SIGTERM|Ctrl-C \(SIGINT\)) "
+                      r"([^\n]*rerun (the same command|of the same command)[^\n]*|"
+                      rf"as the command finished: {re.escape(signals.WORK_DONE)})")
 
 
 def command(workdir, pretrained, glue_dir, cache: bool = True) -> list[str]:
