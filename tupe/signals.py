@@ -96,7 +96,7 @@ _late_lock = threading.Lock()
 def ended(done: bool) -> None:
   """The command's work has ended, `done` (returned) or failed (its line printed): the watcher's first stop signal
   from now on is `finished`'s line at once, whatever the main thread is doing (after a failure: nothing, the error's
-  line stands); a second one's line (`stop_now`) is then not what the job had saved but WORK_DONE or AFTER_ERROR."""
+  line stands); a second one's line (`_stop_now`) is then not what the job had saved but WORK_DONE or AFTER_ERROR."""
   _ended.append(done)
   _saved.append((lambda: WORK_DONE) if done else (lambda: AFTER_ERROR))
 
@@ -113,7 +113,7 @@ def finished(signum: int | None) -> int | None:
     return _late[0]
 
 
-def stop_now(signum: int) -> None:
+def _stop_now(signum: int) -> None:
   """A second stop signal: one line, this process's worker processes ended, then the exit, at once."""
   _say(2, f"stopped now by a second {name(signum)}: {_what_is_saved()}")
   for child in multiprocessing.active_children():  # Data or tokenizer workers: not left behind (`Children`'s ignore
@@ -143,7 +143,7 @@ def _unlink_semaphores() -> None:
 class _Watcher:
   """A thread that hears each signal as it arrives (the pipe of `signal.set_wakeup_fd`) and acts on the stop
   signals for which `record` is the handler: the first acknowledged (after the work, as `ended` says), the second
-  `stop_now`."""
+  `_stop_now`."""
 
   def __init__(self):
     self._read, self._write = os.pipe()
@@ -166,7 +166,7 @@ class _Watcher:
           continue  # Another handler's signal (e.g. the multi-host supervisor forwards it).
         self.heard += 1
         if self.heard > 1:
-          stop_now(signum)
+          _stop_now(signum)
         elif not _ended:
           again = "Ctrl-C again" if signum == signal.SIGINT else "a second SIGTERM or Ctrl-C"
           _say(1, f"{name(signum)}: stopping after the current step; {again} to stop now")
@@ -243,10 +243,10 @@ def _handlers(handler: Callable) -> None:
 
 
 def _hear(signum, _frame) -> None:
-  """`heard`'s handler: records a stop signal, and stops the process now (`stop_now`) at a second one, which came
+  """`heard`'s handler: records a stop signal, and stops the process now (`_stop_now`) at a second one, which came
   while the first was not acted on (the main thread in a call that does not return, a hung upload, say)."""
   if received:
-    stop_now(signum)
+    _stop_now(signum)
   received.append(signum)
 
 
