@@ -59,7 +59,7 @@ def relative_buckets(positions: torch.Tensor, num_buckets: int, max_distance: in
   bucket = torch.where(distance < 0, half, 0)
   distance = distance.abs()
   scaled = (torch.log(distance.clamp(min=1).float() / float(max_exact))
-            / torch.tensor(math.log(max_distance / max_exact), dtype=torch.float32)
+            / math.log(max_distance / max_exact)  # a Python float, which PyTorch rounds to float32 here
             * float(half - max_exact))
   large = (max_exact + scaled.long()).clamp(max=half - 1)
   return bucket + torch.where(distance < max_exact, distance, large)
@@ -344,7 +344,9 @@ class TupeModel(TupePreTrainedModel):
     if inputs_embeds is None:
       inputs_embeds = self.embeddings.word_embeddings(input_ids)
     batch, length = inputs_embeds.shape[:2]
-    if length > self.config.max_position_embeddings:
+    # For eager calls: torch.jit.trace would evaluate it once, at the traced input's length, and leave it out of
+    # the trace.
+    if not torch.jit.is_tracing() and length > self.config.max_position_embeddings:
       raise ValueError(f"sequence length {length} exceeds max_position_embeddings="
                        f"{self.config.max_position_embeddings}")
     if attention_mask is not None and attention_mask.dim() != 2:
