@@ -12,10 +12,13 @@ import sys
 
 import pytest
 from test_resume import REPO
+from test_resume import EVERY
 from test_resume import Run
+from test_resume import STEPS
 from test_resume import checkpoint_state
 from test_resume import finished_steps
 from test_resume import run_train
+from test_resume import train_command
 from test_resume import train_env
 
 from tupe import console
@@ -117,6 +120,61 @@ def test_a_warning_is_on_stderr_between_the_lines_around_it():
   merged = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, timeout=60)
   assert merged.stdout == "a table\nwarning: vocab repeats lines\ndone\n", merged.stdout
+
+
+def closed_pipe() -> int:
+  """The write end of a pipe whose reader has ended (`... | head`, once head has left): a write to it fails."""
+  read, write = os.pipe()
+  os.close(read)
+  return write
+
+
+GONE = ("warning: what read this command's output has ended (a closed pipe): nothing more is printed on stdout; the "
+        "command goes on (Ctrl-C stops a job, saving it first)")
+
+
+def test_a_job_whose_output_is_no_longer_read_trains_to_its_end(tmp_path):
+  """train.py's stdout a pipe no one reads any more (`train.py ... | head -2`, head gone): one warning on stderr,
+  and the job trains on to its end and saves its checkpoints, exit 0: a run is never lost to what displays it."""
+  out = closed_pipe()
+  try:
+    proc = subprocess.run(train_command(tmp_path / "run", {"log_every": 1}), cwd=REPO, env=train_env(), stdout=out,
+                          stderr=subprocess.PIPE, text=True, timeout=300)
+  finally:
+    os.close(out)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert proc.stderr.splitlines() == [GONE], proc.stderr[-3000:]
+  assert finished_steps(tmp_path / "run") == list(range(EVERY, STEPS + 1, EVERY))
+
+
+def test_a_tool_whose_output_is_no_longer_read_ends_as_unix_tools_do():
+  """A tool printing to a pipe no one reads any more (`python -m tupe.tools.summary ... | head`): no line, and
+  SIGPIPE's status, 141, as `cat` or `grep` end there."""
+  out = closed_pipe()
+  try:
+    proc = subprocess.run([sys.executable, "-m", "tupe.tools.summary", "--config", "configs/pretrain.py:bert_a,tiny"],
+                          cwd=REPO, env=train_env(), stdout=out, stderr=subprocess.PIPE, text=True, timeout=300)
+  finally:
+    os.close(out)
+  assert (proc.returncode, proc.stderr) == (128 + signal.SIGPIPE, "")
+
+
+def test_lines_to_streams_no_one_reads_are_dropped_once_said(monkeypatch, capsys):
+  """In process: stdout a closed pipe, `console.log` says so once on stderr and its lines then go nowhere;
+  stderr a closed pipe too (`2>&1 | head`), warnings and a meter's lines go nowhere, and nothing raises."""
+  with open(closed_pipe(), "w") as stdout:
+    monkeypatch.setattr(sys, "stdout", stdout)
+    console.log("step 1")
+    console.log("step 2")
+    assert capsys.readouterr().err == GONE + "\n"
+    with open(closed_pipe(), "w") as stderr:
+      monkeypatch.setattr(sys, "stderr", stderr)
+      console.warn("a repeated vocab line")
+      meter = console.Meter("reading", 4.0, stream=stderr)
+      meter._write("reading: 1.0/4.0 MB", final=True)
+      console.log("step 3")
+  monkeypatch.undo()
+  assert capsys.readouterr() == ("", "")
 
 
 def test_a_busy_workdir_is_reported_before_any_data_is_read(tmp_path):

@@ -9,6 +9,8 @@ signal would meet Python's default handlers.
 from __future__ import annotations
 
 import argparse
+import os
+import select
 import sys
 import time
 
@@ -84,7 +86,42 @@ def format_duration(seconds: float) -> str:
 def log(msg: str):
   """Process 0 prints; flushes so progress shows up under pipes and schedulers."""
   if _speaks():
-    print(msg, flush=True, file=sys.stdout)
+    _write(sys.stdout, msg + "\n")
+
+
+def reader_gone(stream) -> bool:
+  """Whether `stream` is a pipe whose reader has ended (`train.py ... | head`): a write to it fails with EPIPE."""
+  try:
+    poller = select.poll()
+    poller.register(stream.fileno(), select.POLLOUT)
+    return any(events & select.POLLERR for _, events in poller.poll(0))
+  except (OSError, ValueError):  # (no file descriptor: a test's capture)
+    return False
+
+
+def to_devnull(stream) -> None:
+  """`stream`'s file descriptor goes to /dev/null from here on: what is still buffered, and every later write,
+  leaves without an error (and without the interpreter's at exit)."""
+  devnull = os.open(os.devnull, os.O_WRONLY)
+  try:
+    os.dup2(devnull, stream.fileno())
+  finally:
+    os.close(devnull)
+
+
+def _write(stream, text: str) -> None:
+  """Writes and flushes `text`. Where the stream's reader has ended (a closed pipe), the stream goes to /dev/null
+  and the command goes on, so that a job is never lost to what displays it; stdout's end is said once, on stderr."""
+  try:
+    stream.write(text)
+    stream.flush()
+  except BrokenPipeError:
+    if not reader_gone(stream):
+      raise
+    to_devnull(stream)
+    if stream is sys.stdout:
+      warn("what read this command's output has ended (a closed pipe): nothing more is printed on stdout; the "
+           "command goes on (Ctrl-C stops a job, saving it first)")
 
 
 def warn(msg: str, every_process: bool = False):
@@ -93,8 +130,8 @@ def warn(msg: str, every_process: bool = False):
   only, like `log`, unless `every_process` (what one host alone saw). Whatever stdout holds is flushed first: on a
   terminal, or with both streams in one file, the warning stays between the lines it came between."""
   if not _worker and (every_process or _speaks()):
-    sys.stdout.flush()
-    print(f"warning: {msg}", flush=True, file=sys.stderr)
+    _write(sys.stdout, "")
+    _write(sys.stderr, f"warning: {msg}\n")
 
 
 class Meter:
@@ -160,13 +197,9 @@ class Meter:
     """Ends a wait that stopped before its work was done (a stop signal, a failure): on a terminal, the line drawn
     in place is ended, so that the line saying why starts a line of its own; elsewhere each line is whole already."""
     if self.said and self.terminal:
-      self.stream.write("\n")
-      self.stream.flush()
+      _write(self.stream, "\n")
 
   def _write(self, text: str, final: bool) -> None:
     self.said = True
-    if self.terminal:  # one line, redrawn in place until the last
-      self.stream.write(f"\r\x1b[K{text}" + ("\n" if final else ""))
-    else:
-      self.stream.write(text + "\n")
-    self.stream.flush()
+    # On a terminal one line, redrawn in place until the last.
+    _write(self.stream, f"\r\x1b[K{text}" + ("\n" if final else "") if self.terminal else text + "\n")
