@@ -19,9 +19,9 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", "/tmp/tupe-test-jax-cache")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_DEFAULT_PRNG_IMPL", "rbg")
 # The suite starts some 300 Python processes. Where PYTHONDONTWRITEBYTECODE is set (it is on the 2-core machines
-# the suite is measured on), each compiled the repository's own modules from source again: 0.14 s of CPU more for
-# importing train.py and eval_glue.py (median of 16 starts each way). Their bytecode goes to __pycache__ (ignored by
-# git), written once and read by every later process.
+# the suite is measured on), each compiled the repository's own modules from source again: about 0.15 s of CPU at every
+# start of train.py (its 77 modules of ours; docs/BENCHMARKS.md, "Levers taken"). Their bytecode goes to
+# __pycache__ (ignored by git), written once and read by every later process.
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
 
