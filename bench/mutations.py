@@ -35,7 +35,8 @@ class Mutation(typing.NamedTuple):
 # starting one batch on, which a fresh run does too (its first step reads batch 1).
 UNOBSERVABLE = ("M08-bucket-off-by-one", "S01-resume-batch-plus-one")
 
-# Names by layer: M models, T training, D data, S storage and resuming, G GLUE, H the HF mapping, A a study's analysis.
+# Names by layer: M models, T training, D data, S storage and resuming, G GLUE, H the HF mapping, A a study's analysis,
+# R the entry layer (what a command prints, its status).
 
 MUTATIONS = [
     Mutation('M01-gelu-tanh', 'tupe/models/layers.py', ('test_model_invariants.py', 'test_tupe_reference.py'),
@@ -311,6 +312,19 @@ MUTATIONS = [
     Mutation('A01-cls-thetas-swapped', 'tupe/study/analysis.py', ('test_tools.py::test_analyze_tupe_checkpoint',),
              'values.update(theta1=term[:, 0, 1], theta2=term[:, 1, 0])',
              'values.update(theta1=term[:, 1, 0], theta2=term[:, 0, 1])'),
+    Mutation('R01-closed-stdout-raises', 'tupe/console.py',
+             ('test_progress.py::test_a_job_whose_output_is_no_longer_read_trains_to_its_end',
+              'test_progress.py::test_lines_to_streams_no_one_reads_are_dropped_once_said'),
+             'if not reader_gone(stream):\n      raise',
+             'raise'),
+    Mutation('R02-warning-on-stdout', 'tupe/console.py',
+             ('test_progress.py::test_a_warning_is_on_stderr_between_the_lines_around_it',),
+             '_write(sys.stderr, f"warning: {msg}\\n")',
+             '_write(sys.stdout, f"warning: {msg}\\n")'),
+    Mutation('R03-closed-pipe-status-1', 'tupe/run/process.py',
+             ('test_progress.py::test_a_tool_whose_output_is_no_longer_read_ends_as_unix_tools_do',),
+             'status = 128 + signal.SIGPIPE',
+             'status = 1'),
 ]
 
 
