@@ -1,5 +1,6 @@
 """Preprocessing to ArrayRecord shards gives the in-memory examples and batches; mismatched settings are refused."""
 import json
+import os
 import pathlib
 import re
 import subprocess
@@ -220,6 +221,23 @@ def test_a_vocab_with_repeated_lines_is_one_warning_whatever_the_workers(text_cf
   assert warnings == [f"warning: vocab file {vocab} has 1 line that repeats an earlier line's token (e.g. 'the', "
                       f"lines {first} and {later}): text is encoded with each token's first line, so the ids of the "
                       f"later lines never occur"], proc.stderr
+
+
+def test_preprocessing_whose_output_is_no_longer_read_ends_its_work(text_cfg, tmp_path):
+  """`python -m tupe.data.preprocess ... | head -1`, head gone: one warning, and the work ends as usual, its shards
+  and metadata written, exit 0 (its lines go through `tupe.console`, as a job's do)."""
+  read, write = os.pipe()
+  os.close(read)
+  try:
+    proc = subprocess.run([sys.executable, "-m", "tupe.data.preprocess", "--input", text_cfg.files, "--vocab",
+                           text_cfg.vocab_file, "--seq-len", "64", "--output", str(tmp_path / "packed")], cwd=REPO,
+                          stdout=write, stderr=subprocess.PIPE, text=True, timeout=300)
+  finally:
+    os.close(write)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  warnings = [line for line in proc.stderr.splitlines() if not line.startswith(("tokenizing: ", "warning: vocab "))]
+  assert len(warnings) == 1 and warnings[0].startswith("warning: what read this command's output has ended"), warnings
+  assert (tmp_path / "packed" / "metadata.json").is_file()
 
 
 def shards_vocab(text_cfg) -> list[str]:

@@ -97,7 +97,7 @@ def _finish(plan: dict, output: storage.PathLike, records: list[dict]) -> dict:
   return metadata
 
 
-def run(plan: dict, output: storage.PathLike, workers: int, task: tuple[int, int] = (0, 1), log=print,
+def run(plan: dict, output: storage.PathLike, workers: int, task: tuple[int, int] = (0, 1), log=console.log,
         what: str = "tokenizing") -> dict | None:
   """Makes the plan's units that belong to `task` and are not done yet in `output`, with `workers` processes; the
   wait shows its progress (bytes, rate, ETA: `tupe.console.Meter`, labelled `what`).

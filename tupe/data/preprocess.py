@@ -98,10 +98,10 @@ def main(argv: list[str]) -> None:
   if metadata is None:
     return
   for line in metadata["report"]:
-    print(line)
+    console.log(line)
   counts = metadata["num_examples"]
-  print(f"wrote {counts['train']} train and {counts['eval']} eval examples of length <= {args.seq_len} to "
-        f"{args.output} in {time.time() - start:.0f} s")
+  console.log(f"wrote {counts['train']} train and {counts['eval']} eval examples of length <= {args.seq_len} to "
+              f"{args.output} in {time.time() - start:.0f} s")
 
 
 def preprocess(data_cfg, seq_len: int, output: storage.PathLike, workers: int = 1, task: tuple[int, int] = (0, 1),
