@@ -85,10 +85,10 @@ def run_main(main, argv=None) -> None:
   """The one error wrapper of every entry point: runs `main(argv)`. A `UserError` becomes one line on stderr and exit
   status 2 (`--verbose` in argv: the traceback, and status 2 all the same); `Preempted` its line and 128 + the
   signal's number; Ctrl-C that reached no handler of the job one line and 130, and so does SIGTERM in a command
-  without `catch_signals` (its handler raises as Ctrl-C's does: `tupe.signals.interrupt`), with 143. After a
-  success, a signal recorded since `catch_signals` (or, in a command that called `stop_while_loading`, since `main`
-  returned) still ends the process with its status (`_exit_for_a_late_signal`). Library noise is quieted first
-  (`quiet.install`).
+  without `catch_signals` (its handler raises as Ctrl-C's does: `tupe.signals.interrupt`), with 143; a print to a
+  stdout whose reader has ended (`... | head`) no line and 141. After a success, a signal recorded since
+  `catch_signals` (or, in a command that called `stop_while_loading`, since `main` returned) still ends the process
+  with its status (`_exit_for_a_late_signal`). Library noise is quieted first (`quiet.install`).
 
   With `argv` None (the process's own command line) the process is the job's: the package's warnings are
   `warning: ...` lines in it and in its workers (`logs.install`), after a failure it exits at once, whatever
