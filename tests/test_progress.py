@@ -130,7 +130,7 @@ def closed_pipe() -> int:
 
 
 GONE = ("warning: what read this command's output has ended (a closed pipe): nothing more is printed on stdout; the "
-        "command goes on (Ctrl-C stops a job, saving it first)")
+        "command goes on, and Ctrl-C stops it as it would have")
 
 
 def test_a_job_whose_output_is_no_longer_read_trains_to_its_end(tmp_path):

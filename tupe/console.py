@@ -121,7 +121,7 @@ def _write(stream, text: str) -> None:
     to_devnull(stream)
     if stream is sys.stdout:
       warn("what read this command's output has ended (a closed pipe): nothing more is printed on stdout; the "
-           "command goes on (Ctrl-C stops a job, saving it first)")
+           "command goes on, and Ctrl-C stops it as it would have")
 
 
 def warn(msg: str, every_process: bool = False):
