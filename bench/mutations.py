@@ -325,6 +325,20 @@ MUTATIONS = [
              ('test_progress.py::test_a_tool_whose_output_is_no_longer_read_ends_as_unix_tools_do',),
              'status = 128 + signal.SIGPIPE',
              'status = 1'),
+    Mutation('R04-second-hang-up-stops-now', 'tupe/signals.py',
+             ('test_reliability.py::test_a_second_hang_up_is_not_a_second_stop_signal',),
+             'if signum == signal.SIGHUP and self.heard:', 'if False:'),
+    Mutation('R05-nohup-overridden', 'tupe/signals.py',
+             ('test_reliability.py::test_a_run_started_under_nohup_trains_on_through_a_hang_up',),
+             '() if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN else (signal.SIGHUP,)', '(signal.SIGHUP,)'),
+    Mutation('R06-hung-up-terminal-raises', 'tupe/console.py',
+             ('test_reliability.py::test_a_run_whose_terminal_hangs_up_saves_a_checkpoint_and_exits_129',),
+             '  except OSError:\n    if not reader_gone(stream):',
+             '  except BrokenPipeError:\n    if not reader_gone(stream):'),
+    Mutation('R07-data-workers-hear-hang-ups', 'tupe/data/pipeline.py',
+             ('test_reliability.py::test_a_run_whose_terminal_hangs_up_saves_a_checkpoint_and_exits_129',),
+             'for signum in signals.STOP_SIGNALS:\n    signal.signal(signum, signal.SIG_IGN)',
+             'for signum in (signal.SIGINT,):\n    signal.signal(signum, signal.SIG_IGN)'),
 ]
 
 

@@ -129,8 +129,8 @@ def closed_pipe() -> int:
   return write
 
 
-GONE = ("warning: what read this command's output has ended (a closed pipe): nothing more is printed on stdout; the "
-        "command goes on, and Ctrl-C stops it as it would have")
+GONE = ("warning: what read this command's output has ended (a closed pipe or terminal): nothing more is printed on "
+        "stdout; the command goes on, and Ctrl-C stops it as it would have")
 
 
 def test_a_job_whose_output_is_no_longer_read_trains_to_its_end(tmp_path):
@@ -161,7 +161,7 @@ def test_a_tool_whose_output_is_no_longer_read_ends_as_unix_tools_do():
 
 def test_lines_to_streams_no_one_reads_are_dropped_once_said(monkeypatch, capsys):
   """In process: stdout a closed pipe, `console.log` says so once on stderr and its lines then go nowhere;
-  stderr a closed pipe too (`2>&1 | head`), warnings and a meter's lines go nowhere, and nothing raises."""
+  stderr a closed pipe too (`2>&1 | head`), warnings, errors and a meter's lines go nowhere, and nothing raises."""
   with open(closed_pipe(), "w") as stdout:
     monkeypatch.setattr(sys, "stdout", stdout)
     console.log("step 1")
@@ -170,6 +170,7 @@ def test_lines_to_streams_no_one_reads_are_dropped_once_said(monkeypatch, capsys
     with open(closed_pipe(), "w") as stderr:
       monkeypatch.setattr(sys, "stderr", stderr)
       console.warn("a repeated vocab line")
+      console.error("error: the store stopped answering")
       meter = console.Meter("reading", 4.0, stream=stderr)
       meter._write("reading: 1.0/4.0 MB", final=True)
       console.log("step 3")

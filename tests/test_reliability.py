@@ -6,11 +6,14 @@ never a silent loss; bad input of every kind is one 'error:' line on stderr with
 only with --verbose. (The runs that no test signals are started by test_resume's `TrainServer`: train.py as its
 __main__, each run a process forked after train.py's imports.)
 """
+import contextlib
 import gzip
 import json
 import os
 import pathlib
+import pty
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -33,6 +36,7 @@ from test_resume import train_command
 from test_resume import train_env
 from test_resume import train_server  # noqa: F401  (a fixture)
 
+from tupe import signals
 from tupe.errors import UserError
 from tupe.run import process
 from tupe.store import lease
@@ -145,6 +149,94 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_130(tmp_path):
     stderr = err.read()
   assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
   assert f"stopped by Ctrl-C (SIGINT) at step {last_logged_step(workdir)} of {100 * STEPS}" in stderr
+
+
+def children(pid: int) -> list[tuple[int, str]]:
+  """(process id, command line) of each child process of `pid`."""
+  found = []
+  for entry in pathlib.Path("/proc").iterdir():
+    with contextlib.suppress(OSError, ValueError):  # (a process gone meanwhile; /proc's other entries)
+      if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+        found.append((int(entry.name), (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()))
+  return found
+
+
+def ignored_signals(pid: int) -> set[int]:
+  """The signals that process `pid` ignores (SigIgn in /proc/PID/status, a mask with bit N - 1 for signal N)."""
+  mask = int(re.search(r"^SigIgn:\s*([0-9a-f]+)$", pathlib.Path(f"/proc/{pid}/status").read_text(), re.M)[1], 16)
+  return {signum for signum in range(1, 65) if mask >> (signum - 1) & 1}
+
+
+# Runs the rest of its command line (in a session of its own, its stdout a pty) with that pty as its controlling
+# terminal, and SIGHUP's default action, as a login shell's job has it, whatever ran this suite (`nohup` leaves it
+# ignored).
+ON_A_TERMINAL = ("import fcntl, os, signal, sys, termios; signal.signal(signal.SIGHUP, signal.SIG_DFL); "
+                 "fcntl.ioctl(1, termios.TIOCSCTTY, 0); os.execv(sys.executable, [sys.executable, *sys.argv[1:]])")
+
+
+def test_a_run_whose_terminal_hangs_up_saves_a_checkpoint_and_exits_129(tmp_path):
+  """An ssh connection drops under a run started in its shell: train.py, with a data worker process, on a terminal
+  (a pty, its controlling terminal, its stdout and stderr) whose other end closes after the first step, as sshd
+  closes it. The kernel sends SIGHUP to the run, the shell its own to the whole job; the lines the run writes to the
+  terminal now fail (EIO). It saves a checkpoint at the step reached and exits 129 (128 + SIGHUP): the second
+  hang-up did not stop it at once, the worker left the signal to it, no write failure ended it."""
+  workdir = tmp_path / "run"
+  leader, terminal = pty.openpty()
+  command = train_command(workdir, {"data.num_workers": 1, "log_every": 1})
+  proc = subprocess.Popen([sys.executable, "-c", ON_A_TERMINAL, *command[1:]], cwd=REPO, env=train_env(),
+                          stdin=terminal, stdout=terminal, stderr=terminal, start_new_session=True)
+  os.close(terminal)
+  shown = bytearray()
+  deadline = time.monotonic() + HANG
+  while last_logged_step(workdir) < 1 and proc.poll() is None and time.monotonic() < deadline:
+    if select.select([leader], [], [], 0.01)[0]:
+      with contextlib.suppress(OSError):
+        shown += os.read(leader, 65536)  # (what the terminal showed: the run must not block on a full one)
+  assert proc.poll() is None, shown.decode(errors="replace")[-3000:]
+  workers = [pid for pid, command in children(proc.pid) if "spawn_main" in command]
+  assert len(workers) == 1 and set(signals.STOP_SIGNALS) <= ignored_signals(workers[0])
+  os.close(leader)  # the hang-up
+  os.killpg(proc.pid, signal.SIGHUP)  # the shell's, as it exits
+  assert proc.wait(timeout=HANG) == 128 + signal.SIGHUP, shown.decode(errors="replace")[-3000:]
+  stopped = last_logged_step(workdir)
+  assert stopped < STEPS, "the run ended before the hang-up"
+  assert finished_steps(workdir)[-1] == stopped
+
+
+# A command's process hears two hang-ups, then a SIGTERM, each delivered before the next is sent (a signal a process
+# sends itself arrives before `kill` returns), then waits for its end.
+HANG_UPS_THEN_SIGTERM = """
+import os, signal, time
+signal.signal(signal.SIGHUP, signal.SIG_DFL)  # (as a login shell's job has it, whatever ran this suite)
+from tupe.run import start
+start.catch_signals()
+for signum in (signal.SIGHUP, signal.SIGHUP, signal.SIGTERM):
+  os.kill(os.getpid(), signum)
+time.sleep(60)
+"""
+
+
+def test_a_second_hang_up_is_not_a_second_stop_signal():
+  """A closed terminal may send a run SIGHUP twice (the kernel's and the shell's): the second is not the second
+  stop signal that stops the process at once, unsaved. A SIGTERM after it is."""
+  proc = subprocess.run([sys.executable, "-c", HANG_UPS_THEN_SIGTERM], cwd=REPO, capture_output=True, text=True,
+                        timeout=HANG)
+  assert proc.returncode == 128 + signal.SIGTERM, proc.stderr
+  assert proc.stdout == "SIGHUP (hang-up): stopping after the current step; SIGTERM or Ctrl-C to stop now\n"
+  assert proc.stderr == "stopped now by a second SIGTERM: nothing was saved; rerun the same command\n"
+
+
+def test_a_run_started_under_nohup_trains_on_through_a_hang_up(tmp_path):
+  """`nohup python train.py ...`: SIGHUP, ignored from the start, stays ignored; the run trains to its end through a
+  hang-up sent to its whole process group, exit 0."""
+  workdir = tmp_path / "run"
+  run = Run(workdir, name="nohup", command=["nohup", *train_command(workdir, {"log_every": 1})], group=True)
+  run.wait_until(lambda: last_logged_step(workdir) >= 1)
+  assert run.proc.poll() is None
+  run.signal(signal.SIGHUP)
+  assert run.wait() == 0, run.stderr()[-3000:]
+  assert finished_steps(workdir) == list(range(EVERY, STEPS + 1, EVERY))
+  assert "SIGHUP" not in run.stdout() + run.stderr()
 
 
 # Runs the rest of its command line with files capped at 20 kB (RLIMIT_FSIZE, effective also for root): above

@@ -90,7 +90,8 @@ def log(msg: str):
 
 
 def reader_gone(stream) -> bool:
-  """Whether `stream` is a pipe whose reader has ended (`train.py ... | head`): a write to it fails with EPIPE."""
+  """Whether `stream`'s reader has ended: a pipe's (`train.py ... | head`), where a write fails with EPIPE, or a
+  terminal that hung up (its window closed, its ssh connection dropped), where it fails with EIO."""
   try:
     poller = select.poll()
     poller.register(stream.fileno(), select.POLLOUT)
@@ -110,18 +111,19 @@ def to_devnull(stream) -> None:
 
 
 def _write(stream, text: str) -> None:
-  """Writes and flushes `text`. Where the stream's reader has ended (a closed pipe), the stream goes to /dev/null
-  and the command goes on, so that a job is never lost to what displays it; stdout's end is said once, on stderr."""
+  """Writes and flushes `text`. Where the stream's reader has ended (a closed pipe or terminal), the stream goes to
+  /dev/null and the command goes on, so that a job is never lost to what displays it; stdout's end is said once, on
+  stderr. (A terminal's hang-up also stops a job, with a checkpoint: `tupe.signals`; under `nohup` it goes on.)"""
   try:
     stream.write(text)
     stream.flush()
-  except BrokenPipeError:
+  except OSError:
     if not reader_gone(stream):
       raise
     to_devnull(stream)
     if stream is sys.stdout:
-      warn("what read this command's output has ended (a closed pipe): nothing more is printed on stdout; the "
-           "command goes on, and Ctrl-C stops it as it would have")
+      warn("what read this command's output has ended (a closed pipe or terminal): nothing more is printed on "
+           "stdout; the command goes on, and Ctrl-C stops it as it would have")
 
 
 def warn(msg: str, every_process: bool = False):
@@ -132,6 +134,19 @@ def warn(msg: str, every_process: bool = False):
   if not _worker and (every_process or _speaks()):
     _write(sys.stdout, "")
     _write(sys.stderr, f"warning: {msg}\n")
+
+
+def flush() -> None:
+  """Flushes stdout and stderr; what is held for a reader that has ended goes nowhere (`_write`)."""
+  _write(sys.stdout, "")
+  _write(sys.stderr, "")
+
+
+def error(line: str) -> None:
+  """An error's line (or traceback) on stderr, in every process (what each host stopped for), after whatever stdout
+  holds; where no one reads stderr any more, it goes nowhere (`_write`)."""
+  _write(sys.stdout, "")
+  _write(sys.stderr, line + "\n")
 
 
 class Meter:

@@ -12,10 +12,10 @@ class UserError(ValueError):
 
 
 class Preempted(Exception):
-  """A run stopped by SIGTERM (preemption) or SIGINT (Ctrl-C) after saving a checkpoint, or a command stopped after
-  removing what it had not finished: the entry point prints its one line (what was kept, how to resume) and exits
-  with status 128 + the signal's number (143, 130), as a process killed by the signal would, so that a scheduler
-  does not count the run as finished."""
+  """A run stopped by SIGTERM (preemption), SIGINT (Ctrl-C) or SIGHUP (a hang-up) after saving a checkpoint, or a
+  command stopped after removing what it had not finished: the entry point prints its one line (what was kept, how to
+  resume) and exits with status 128 + the signal's number (143, 130, 129), as a process killed by the signal would, so
+  that a scheduler does not count the run as finished."""
 
   def __init__(self, message: str, signum: int = signal.SIGTERM):
     super().__init__(message)
@@ -23,7 +23,7 @@ class Preempted(Exception):
 
 
 class Interrupted(KeyboardInterrupt):
-  """A stop signal, SIGTERM or Ctrl-C (SIGINT), in a command that has no job to act on it at a safe point: raised as
+  """A stop signal (SIGTERM, Ctrl-C, SIGHUP) in a command that has no job to act on it at a safe point: raised as
   Ctrl-C's own KeyboardInterrupt is (which it is, so that no `except Exception` takes it), with exit status 128 +
   `signum`."""
 

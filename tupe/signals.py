@@ -1,5 +1,7 @@
-"""Stop signals as data: SIGTERM (preemption) and SIGINT (Ctrl-C) are recorded, never acted on in a handler; and a
-second one stops the process at once.
+"""Stop signals as data: SIGTERM (preemption), SIGINT (Ctrl-C) and SIGHUP (a hang-up: the terminal closed, an ssh
+connection dropped) are recorded, never acted on in a handler; and a second SIGTERM or SIGINT stops the process at
+once. A hang-up is never a second one (a closed terminal's shell and kernel may each send one); a process started
+with SIGHUP ignored (`nohup`) keeps ignoring it.
 
 A handler that raised at whatever bytecode the main thread was running (say, inside JAX's compilation or its
 cache) could be swallowed by a library's `except` or leave native code half-done, so the handler here only
@@ -19,8 +21,7 @@ A command with no job (preprocessing, the vocab tool, export_hf) stops at once i
 processes that stop signals do not reach (`Children`, `call_in_child`), killed when one comes, while the main
 process only waits and hears the signals (`heard`; or does the work itself, checking between its pieces), then
 removes what the workers left unfinished and says in one line what was kept. Any other command (a tool) has the
-handlers that raise: Python's KeyboardInterrupt, and `interrupt` for SIGTERM.
-"""
+handlers that raise: Python's KeyboardInterrupt, and `interrupt` for SIGTERM and SIGHUP."""
 import concurrent.futures
 import contextlib
 import multiprocessing
@@ -34,7 +35,8 @@ from typing import Callable
 from tupe.errors import Interrupted
 from tupe.errors import UserError
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT) + (  # and SIGHUP, unless ignored from the process's start (`nohup`)
+    () if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN else (signal.SIGHUP,))
 received: list[int] = []  # The stop signals received while `record` (or `heard`'s `_hear`) was the handler, in order.
 DESCRIBE_TIMEOUT_S = 1.0  # How long the line of a second signal waits to learn what is saved.
 CLEANUP_TIMEOUT_S = 0.5  # How long a second signal's exit waits for the worker processes' semaphores to be unlinked.
@@ -46,9 +48,9 @@ _own_process = False  # Whether this is a command's own process (`own_process`).
 
 
 def name(signum: int) -> str:
-  """'SIGTERM', or 'Ctrl-C (SIGINT)'."""
+  """'SIGTERM', 'Ctrl-C (SIGINT)' or 'SIGHUP (hang-up)'."""
   text = signal.Signals(signum).name
-  return f"Ctrl-C ({text})" if signum == signal.SIGINT else text
+  return {signal.SIGINT: f"Ctrl-C ({text})", signal.SIGHUP: f"{text} (hang-up)"}.get(signum, text)
 
 
 def record(signum, _frame) -> None:
@@ -69,8 +71,7 @@ def saving(describe: Callable[[], str]):
 
 
 def _say(fd: int, line: str) -> None:
-  """Writes a line straight to a file descriptor (never through sys.stdout's buffer, which the main thread may be
-  writing to)."""
+  """Writes a line straight to a file descriptor, not through sys.stdout's buffer (the main thread may be in it)."""
   with contextlib.suppress(OSError):
     os.write(fd, (line + "\n").encode())
 
@@ -128,10 +129,9 @@ def _stop_now(signum: int) -> None:
 
 
 def _unlink_semaphores() -> None:
-  """Unlinks the named semaphores of this process's multiprocessing queues and locks, as their finalizers do at a
-  normal exit (a name unlinked does not disturb the semaphore's users), so that Python's resource tracker finds none
-  to warn about as leaked. Only those finalizers: the others (a data iterator's `close`, say) are the main thread's
-  business."""
+  """Unlinks the named semaphores of this process's multiprocessing queues and locks as at a normal exit (their users
+  are not disturbed), so that Python's resource tracker warns of none as leaked. Only those: other finalizers (a data
+  iterator's `close`) are the main thread's business."""
   from multiprocessing import synchronize  # pylint: disable=import-outside-toplevel  (it adds an exit hook)
   from multiprocessing import util  # pylint: disable=import-outside-toplevel
   for finalizer in list(util._finalizer_registry.values()):  # pylint: disable=protected-access
@@ -164,11 +164,14 @@ class _Watcher:
       for signum in data:
         if signum not in STOP_SIGNALS or signal.getsignal(signum) is not record:
           continue  # Another handler's signal (e.g. the multi-host supervisor forwards it).
+        if signum == signal.SIGHUP and self.heard:  # (never a second one)
+          continue
         self.heard += 1
         if self.heard > 1:
           _stop_now(signum)
         elif not _ended:
-          again = "Ctrl-C again" if signum == signal.SIGINT else "a second SIGTERM or Ctrl-C"
+          again = ("Ctrl-C again" if signum == signal.SIGINT else
+                   "a second SIGTERM or Ctrl-C" if signum == signal.SIGTERM else "SIGTERM or Ctrl-C")
           _say(1, f"{name(signum)}: stopping after the current step; {again} to stop now")
         elif _ended[0]:
           finished(signum)
@@ -181,12 +184,11 @@ class _Watcher:
 
 
 def interrupt(signum, _frame) -> None:
-  """The SIGTERM handler of a command's own process (`tupe.run.process.run_main` installs it where no job records
-  the signal): raises `Interrupted`, as Python's own handler of SIGINT raises KeyboardInterrupt. The exception that
-  this module otherwise avoids: a command with no job has no safe point to wait for. A library's `except` may swallow
-  it, so a second SIGTERM kills the process (the default action, back in place from the first); where Python drops it
-  (raised in JAX's garbage-collection callback, say), the entry layer sends it again with this handler back in place
-  (`tupe.run.process.run_main`)."""
+  """The SIGTERM and SIGHUP handler of a command's own process where no job records them (`tupe.run.process.run_main`
+  installs it): raises `Interrupted`, as Python's SIGINT handler raises KeyboardInterrupt; a command with no job has
+  no safe point to wait for. A library's `except` may swallow it, so a second one kills the process (the default
+  action, back in place from the first); where Python drops it (in JAX's garbage-collection callback, say),
+  `run_main` sends it again with this handler back in place."""
   signal.signal(signum, signal.SIG_DFL)
   raise Interrupted(signum)
 
@@ -210,10 +212,10 @@ def unwatch() -> None:
 
 @contextlib.contextmanager
 def caught():
-  """Records SIGTERM and SIGINT while inside (the previous handlers restored after), with the watcher of a
-  second one; yields `received`, which a loop checks at its safe points. Nested uses share the list; the outermost
-  starts it empty, unless the entry point's `catch_signals` installed `record` first (then the signals received
-  since are kept). Outside the main thread, where no handler can be set, the list stays empty."""
+  """Records the stop signals while inside (the previous handlers restored after), with the watcher of a second
+  one; yields `received`, which a loop checks at its safe points. Nested uses share the list; the outermost starts it
+  empty, unless the entry point's `catch_signals` installed `record` first (then the signals received since are
+  kept). Outside the main thread, where no handler can be set, the list stays empty."""
   if threading.current_thread() is not threading.main_thread():
     yield []
     return
@@ -230,8 +232,8 @@ def caught():
 
 @contextlib.contextmanager
 def _handlers(handler: Callable) -> None:
-  """`handler` for SIGTERM and SIGINT while inside, and the previous handlers after, also those installed before a
-  signal cut the installing short."""
+  """`handler` for the stop signals while inside, and the previous handlers after (also where a signal cut the
+  installing short)."""
   previous = {}
   try:
     for signum in STOP_SIGNALS:
@@ -245,7 +247,7 @@ def _handlers(handler: Callable) -> None:
 def _hear(signum, _frame) -> None:
   """`heard`'s handler: records a stop signal, and stops the process now (`_stop_now`) at a second one, which came
   while the first was not acted on (the main thread in a call that does not return, a hung upload, say)."""
-  if received:
+  if received and signum != signal.SIGHUP:
     _stop_now(signum)
   received.append(signum)
 
@@ -253,7 +255,7 @@ def _hear(signum, _frame) -> None:
 @contextlib.contextmanager
 def heard():
   """For work in a command with no job of its own (`Children`, or work done here between checks): while inside,
-  SIGTERM and SIGINT are recorded, never raised by the handler at whatever bytecode runs, where a library may swallow
+  the stop signals are recorded, never raised by the handler at whatever bytecode runs, where a library may swallow
   them (JAX's garbage-collection callback drops a KeyboardInterrupt with an "Exception ignored" message, and the
   command goes on); a second one stops the process at once (`_hear`). Yields `check`, which raises `Interrupted` for
   the first signal received, for the work to call every moment; leaving without an exception checks once more (a
@@ -291,14 +293,13 @@ def on_child_start(setup: Callable[[], None]) -> None:
 class Children:
   """`count` worker processes (spawned) that stop signals do not reach, for work that must stop at once when this
   process is told to stop: native code that hears no signal until it returns (a tokenizer's training, PyTorch), or
-  work that must leave nothing half-written. Each child ignores SIGINT and SIGTERM (Ctrl-C reaches the terminal's
-  whole process group: the children's own KeyboardInterrupts were a screen of tracebacks), runs
+  work that must leave nothing half-written. Each child ignores the stop signals (Ctrl-C and a hang-up reach the
+  terminal's whole process group: the children's own KeyboardInterrupts were a screen of tracebacks), runs
   `initializer(*initargs)`, and ends once this process is gone, killed or not (a child left behind would work on for
   nothing). This process hears stop signals while inside (`heard`): `wait` raises `Interrupted` for one, and so
   does leaving after the work is done, for one heard as it ended; a second one stops this process at once. Leaving
   by an exception (a stop signal, an error) kills the children; `killed` then holds their process ids, for the
-  caller to remove what they left unfinished.
-  """
+  caller to remove what they left unfinished."""
 
   def __init__(self, count: int, initializer: Callable[..., None] | None = None, initargs: tuple = ()):
     self._pool = concurrent.futures.ProcessPoolExecutor(count, multiprocessing.get_context("spawn"),

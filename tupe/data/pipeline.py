@@ -23,6 +23,7 @@ import grain
 import ml_collections
 import numpy as np
 
+from tupe import signals
 from tupe.data import corpus
 from tupe.data import counter_rng
 from tupe.data import examples as examples_lib
@@ -229,15 +230,17 @@ class PretrainData:
       if not flags.FLAGS.is_parsed():  # grain's worker processes read absl flags; a plain script has not parsed them.
         flags.FLAGS.mark_as_parsed()
       ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=self.cfg.num_workers),
-                          worker_init_fn=_leave_ctrl_c_to_the_main_process)
+                          worker_init_fn=_leave_stop_signals_to_the_main_process)
     return iter(ds)
 
 
-def _leave_ctrl_c_to_the_main_process(worker_index: int, worker_count: int) -> None:
-  """In each data worker process: Ctrl-C (SIGINT, sent to the whole process group by a terminal) is ignored, so
-  that the main process alone handles it (a checkpoint, then one line) and stops its workers."""
+def _leave_stop_signals_to_the_main_process(worker_index: int, worker_count: int) -> None:
+  """In each data worker process: the stop signals are ignored (a terminal sends Ctrl-C and its hang-up to the
+  whole process group, some schedulers SIGTERM to every process of a job), so that the main process alone handles
+  them (a checkpoint, then one line) and stops its workers: a worker killed first failed the next batch's read."""
   del worker_index, worker_count
-  signal.signal(signal.SIGINT, signal.SIG_IGN)
+  for signum in signals.STOP_SIGNALS:
+    signal.signal(signum, signal.SIG_IGN)
 
 
 def make_pretrain_iterator(data_cfg, *, seq_len: int, batch_size: int, seed: int, rows: tuple[int, int] | None = None,

@@ -224,13 +224,13 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
 
 
 class _Stop:
-  """SIGTERM (preemption) and Ctrl-C during the grid: one line naming the run in flight, or saying that no run
-  was (`Preempted`: exit 143 or 130), and a rerun resumes after the finished runs. The handler only records the
-  signal (`signals.caught`); the grid acts on it at its safe points: after every training step
+  """A stop signal (SIGTERM: preemption, Ctrl-C, a hang-up) during the grid: one line naming the run in flight, or
+  saying that no run was (`Preempted`: exit 143, 130, 129), and a rerun resumes after the finished runs. The handler
+  only records the signal (`signals.caught`); the grid acts on it at its safe points: after every training step
   (`after_step`) and before every run (`before_run`). On several hosts every host stops at the same point, which
-  `Job.stop_signal` agrees on: a host that stopped alone would leave the others waiting in the next
-  step's collectives. A signal after the grid's last step lets the grid finish (the entry point then exits with
-  the signal's status all the same)."""
+  `Job.stop_signal` agrees on: a host that stopped alone would leave the others waiting in the next step's collectives.
+  A signal after the grid's last step lets the grid finish (the entry point then exits with the signal's status all the
+  same)."""
 
   def __init__(self, job: job_lib.Job):
     self.label = None  # The run in flight; None between runs.

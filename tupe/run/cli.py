@@ -3,8 +3,8 @@
 `run` parses the flags (the config through `tupe.config_files`) and runs `job(config, workdir)` under
 `process.run_main`; --help (and --helpfull) print `tupe.run.help`'s text instead and exit 0, with or without a
 config. A bad flag or config and any `UserError` print one `error: ...` line and exit with status 2
-(--verbose shows the traceback instead); a job stopped by SIGTERM or Ctrl-C (`Preempted`) exits with status 143
-or 130. A multi-host job runs under `supervise` (a peer's death: one line).
+(--verbose shows the traceback instead); a job stopped by SIGTERM, Ctrl-C or a hang-up (`Preempted`) exits with
+status 143, 130 or 129. A multi-host job runs under `supervise` (a peer's death: one line).
 """
 import sys
 from typing import Callable

@@ -28,12 +28,12 @@ _dropped: list[tuple[int, threading.Timer]] = []  # Those signals, and their sen
 
 
 def catch_signals() -> None:
-  """From now on SIGTERM and SIGINT are recorded (`tupe.signals.received`), never acted on inside the
-  handler: raising there, at whatever bytecode the main thread was running (say, inside JAX's compilation or its
-  cache), could be swallowed by a library's `except` or leave native code half-done (a segfault). The job acts on
-  a recorded signal at its next safe point. The first is acknowledged at once and a second stops the process
-  at once (`tupe.signals.watch`). Called at the top of train.py and eval_glue.py (`tupe.run.start.catch_signals`),
-  before the heavy imports, so that no moment of a run is left to the default handlers."""
+  """From now on the stop signals (SIGTERM, SIGINT, SIGHUP) are recorded (`tupe.signals.received`), never acted on
+  inside the handler: raising there, at whatever bytecode the main thread was running (say, inside JAX's compilation or
+  its cache), could be swallowed by a library's `except` or leave native code half-done (a segfault). The job acts on a
+  recorded signal at its next safe point. The first is acknowledged at once and a second stops the process at once
+  (`tupe.signals.watch`). Called at the top of train.py and eval_glue.py (`tupe.run.start.catch_signals`), before the
+  heavy imports, so that no moment of a run is left to the default handlers."""
   if threading.current_thread() is threading.main_thread():
     for signum in signals.STOP_SIGNALS:
       signal.signal(signum, signals.record)
@@ -43,12 +43,12 @@ def catch_signals() -> None:
 
 def stop_while_loading() -> None:
   """For a `python -m` command, called from an `if __name__ == "__main__":` block above its imports
-  (`tupe.run.start.stop_while_loading`): until `run_main` starts the command, SIGINT or SIGTERM ends the process at
-  once with one line and status 130 or 143. Nothing is done yet, so nothing is lost; `run_main` then puts the
-  command's own handlers in place, and once the command is done, a signal while the process ends is
-  `_exit_for_a_late_signal`'s, as in train.py. (Python's own handlers would print a KeyboardInterrupt's traceback
-  in the seconds of importing JAX, or an ImportError's where it meets an extension's initialization, and end the
-  command with no line at a SIGTERM.)"""
+  (`tupe.run.start.stop_while_loading`): until `run_main` starts the command, a stop signal ends the process at once
+  with one line and status 128 + its number (130 for Ctrl-C). Nothing is done yet, so nothing is lost; `run_main` then
+  puts the command's own handlers in place, and once the command is done, a signal while the process ends is
+  `_exit_for_a_late_signal`'s, as in train.py. (Python's own handlers would print a KeyboardInterrupt's traceback in the
+  seconds of importing JAX, or an ImportError's where it meets an extension's initialization, and end the command with
+  no line at a SIGTERM or SIGHUP.)"""
   if threading.current_thread() is threading.main_thread():
     for signum in signals.STOP_SIGNALS:
       signal.signal(signum, _stop_while_loading)
@@ -64,17 +64,16 @@ def _stop_while_loading(signum, _frame) -> None:
 
 
 def _exit_for_a_late_signal() -> None:
-  """The process's last act, once `run_main` has chosen its status: a signal recorded after the job's last safe
-  point (or, in a `python -m` command, after its work), while the process ends after a success, still makes it exit
-  143 or 130, with one line, said here unless the watcher said it as the signal came (`signals.finished`; not after
-  a failure, whose own line and status stand). The exit is immediate (`os._exit`, the other atexit handlers having
-  run): the interpreter's finalization restores the default handlers, and a signal then would kill the process with
-  no line."""
+  """The process's last act, once `run_main` has chosen its status: a signal recorded after the job's last safe point
+  (or, in a `python -m` command, after its work), while the process ends after a success, still makes it exit 128 + its
+  number, with one line, said here unless the watcher said it as the signal came (`signals.finished`; not after a
+  failure, whose own line and status stand). The exit is immediate (`os._exit`, the other atexit handlers having run):
+  the interpreter's finalization restores the default handlers, and a signal then would kill the process with no
+  line."""
   signal.pthread_sigmask(signal.SIG_BLOCK, signals.STOP_SIGNALS)  # Decided here: nothing interrupts the exit any more.
   if _status is None:  # run_main did not finish (the process ends some other way): its own status stands.
     return
-  sys.stdout.flush()
-  sys.stderr.flush()
+  console.flush()
   status = _status
   if status == 0 and (late := signals.finished(signals.received[0] if signals.received else None)) is not None:
     status = 128 + late
@@ -83,12 +82,12 @@ def _exit_for_a_late_signal() -> None:
 
 def run_main(main, argv=None) -> None:
   """The one error wrapper of every entry point: runs `main(argv)`. A `UserError` becomes one line on stderr and exit
-  status 2 (`--verbose` in argv: the traceback, and status 2 all the same); `Preempted` its line and 128 + the
-  signal's number; Ctrl-C that reached no handler of the job one line and 130, and so does SIGTERM in a command
-  without `catch_signals` (its handler raises as Ctrl-C's does: `tupe.signals.interrupt`), with 143; a print to a
-  stdout whose reader has ended (`... | head`) no line and 141. After a success, a signal recorded since
-  `catch_signals` (or, in a command that called `stop_while_loading`, since `main` returned) still ends the process
-  with its status (`_exit_for_a_late_signal`). Library noise is quieted first (`quiet.install`).
+  status 2 (`--verbose` in argv: the traceback, and status 2 all the same); `Preempted` its line and 128 + the signal's
+  number; Ctrl-C that reached no handler of the job one line and 130, and so do SIGTERM and SIGHUP in a command without
+  `catch_signals` (their handler raises as Ctrl-C's does: `tupe.signals.interrupt`), with 143 and 129; a print to a
+  stdout whose reader has ended (`... | head`) no line and 141. After a success, a signal recorded since `catch_signals`
+  (or, in a command that called `stop_while_loading`, since `main` returned) still ends the process with its status
+  (`_exit_for_a_late_signal`). Library noise is quieted first (`quiet.install`).
 
   With `argv` None (the process's own command line) the process is the job's: the package's warnings are
   `warning: ...` lines in it and in its workers (`logs.install`), after a failure it exits at once, whatever
@@ -104,9 +103,10 @@ def run_main(main, argv=None) -> None:
     logs.install()  # (the package's warnings as `warning: ...` lines; a caller's process keeps its own handlers)
     signals.on_child_start(logs.install)  # (and its spawned workers', as `call_in_child`'s work)
     sys.unraisablehook = _resend_dropped_stops(sys.unraisablehook)
-  if owns_process and threading.current_thread() is threading.main_thread() and signal.getsignal(
-      signal.SIGTERM) in (signal.SIG_DFL, _stop_while_loading):  # (not train.py's or eval_glue.py's `catch_signals`)
-    signal.signal(signal.SIGTERM, signals.interrupt)  # as Ctrl-C: one line, not a silent end
+  if owns_process and threading.current_thread() is threading.main_thread():
+    for signum in signals.STOP_SIGNALS:  # (not train.py's or eval_glue.py's `catch_signals`; Ctrl-C is Python's)
+      if signum != signal.SIGINT and signal.getsignal(signum) in (signal.SIG_DFL, _stop_while_loading):
+        signal.signal(signum, signals.interrupt)  # as Ctrl-C: one line, not a silent end
   if signal.getsignal(signal.SIGINT) is _stop_while_loading:  # (the command has loaded: Ctrl-C is its own now)
     signal.signal(signal.SIGINT, signal.default_int_handler)
   argv = list(sys.argv if argv is None else argv)
@@ -132,8 +132,7 @@ def run_main(main, argv=None) -> None:
     signum = e.signum if isinstance(e, Interrupted) else signal.SIGINT
     status = 128 + signum
     # (Not "nothing was saved": a download keeps its finished tasks; preprocessing says what it kept itself.)
-    print(f"error: interrupted by {signals.name(signum)}; what was written is whole: rerun the same command",
-          file=sys.stderr)
+    console.error(f"error: interrupted by {signals.name(signum)}; what was written is whole: rerun the same command")
     if owns_process:  # (a download's retrying threads, say: they would keep the process for minutes)
       _leave_stuck_threads(status)
     sys.exit(status)
@@ -150,7 +149,7 @@ def run_main(main, argv=None) -> None:
     if verbose:  # the whole traceback, from the command's first frame, as an uncaught exception prints it
       error = traceback.TracebackException.from_exception(e)
       error.stack = traceback.StackSummary.from_list(traceback.extract_stack()[:-1] + list(error.stack))
-      print("".join(error.format()), end="", file=sys.stderr)
+      console.error("".join(error.format()).rstrip("\n"))
     else:
       _print_error(f"error: {e}", e)
     if owns_process:
@@ -177,7 +176,7 @@ def run_main(main, argv=None) -> None:
 
 @contextlib.contextmanager
 def _stop_signals_held():
-  """SIGINT and SIGTERM blocked in this thread while inside (one that comes waits, pending), then as they were."""
+  """The stop signals blocked in this thread while inside (one that comes waits, pending), then as they were."""
   held = signal.pthread_sigmask(signal.SIG_BLOCK, signals.STOP_SIGNALS)
   try:
     yield
@@ -221,7 +220,7 @@ def _stop_for_a_dropped_signal() -> None:
 def _print_error(line: str, e: BaseException) -> None:
   """The error's line, then the warnings noted while the job stopped (`tupe.store.refusals.note_while_stopping`),
   in every process, as the error is: what each host saw while it stopped."""
-  print(line, file=sys.stderr)
+  console.error(line)
   for note in getattr(e, "__notes__", ()):
     console.warn(note, every_process=True)
 
@@ -231,6 +230,5 @@ def _leave_stuck_threads(status: int) -> None:
   of thread pools (orbax's saves among them) and non-daemon ones, and a store that stopped answering leaves them
   retrying for many minutes. The job's line is printed and its files closed: nothing of it is left to finish."""
   if any(t.is_alive() for t in threading.enumerate() if t is not threading.main_thread()):
-    sys.stdout.flush()
-    sys.stderr.flush()
+    console.flush()
     os._exit(status)

@@ -3,9 +3,9 @@
 train.py and eval_glue.py call `catch_signals`, and each `python -m tupe...` command `stop_while_loading`, first in
 their `__main__` block, before any other import of theirs. The handlers are the entry layer's (`tupe.run.process`),
 whose import takes some 60 ms (multiprocessing, logging, absl's logging...): a Ctrl-C then met Python's own handler
-(a KeyboardInterrupt's traceback), a SIGTERM killed the command with no line. Here SIGINT and SIGTERM are blocked
-first (a blocked signal waits, pending), and unblocked once the handlers are in place, which then get a signal that
-came meanwhile.
+(a KeyboardInterrupt's traceback), a SIGTERM or SIGHUP killed the command with no line. Here the stop signals are
+blocked first (a blocked signal waits, pending), and unblocked once the handlers are in place, which then get a signal
+that came meanwhile (an ignored one, SIGHUP under `nohup`, is dropped as it would have been).
 
 This module imports only `signal` (a few ms). What remains before the first line, about 15 ms here, is nearly all
 Python's own start-up (its site, the virtual environment's .pth files, `runpy` for -m), and about 1 ms the packages
@@ -29,8 +29,9 @@ def stop_while_loading() -> None:
 
 
 def _loaded(setup) -> None:
-  """`setup(tupe.run.process)`, with SIGINT and SIGTERM blocked from before the import until after the setup."""
-  held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+  """`setup(tupe.run.process)`, with SIGINT, SIGTERM and SIGHUP blocked from before the import until after the
+  setup."""
+  held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
   try:
     from tupe.run import process  # pylint: disable=import-outside-toplevel  (the import the signals wait for)
     setup(process)

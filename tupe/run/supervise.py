@@ -16,9 +16,9 @@ itself as a child process (marked by the environment variable `TUPE_SUPERVISED`)
     bad input. A Python traceback is held back from its first line too, since the exception that names the
     failure (a collective that lost its peer) comes at its end: a traceback that turns out to be no such failure
     is printed as it was when the child exits;
-  - forwards SIGTERM and SIGINT to the child (which saves a checkpoint and exits 143 or 130, as without the
-    supervisor) and exits with the child's status; the child runs in its own process group, so a terminal's
-    Ctrl-C reaches it once, through this parent;
+  - forwards the stop signals (SIGTERM, SIGINT, SIGHUP) to the child (which saves a checkpoint and exits 143, 130 or
+    129, as without the supervisor) and exits with the child's status; the child runs in its own process group, so
+    a terminal's Ctrl-C or hang-up reaches it once, through this parent;
   - if the child has not exited `grace_s` seconds after the failure began, kills it.
 The child dies with the parent (SIGKILL, `PR_SET_PDEATHSIG` on Linux): killing the process a scheduler started
 stops the host, as it did without a supervisor.
@@ -37,6 +37,8 @@ import subprocess
 import sys
 import threading
 import time
+
+from tupe import signals
 
 ENV = "TUPE_SUPERVISED"  # Set in the child to the parent's pid.
 EXIT_PEER_DIED = 1
@@ -133,8 +135,9 @@ def run(argv: list[str], cfg) -> int:
       if held or failed_at or line.startswith(_TRACEBACK):
         held.append(line)
       else:
-        sys.stderr.write(line)
-        sys.stderr.flush()
+        with contextlib.suppress(OSError):  # (a terminal that hung up: the child's lines are still read, and dropped)
+          sys.stderr.write(line)
+          sys.stderr.flush()
 
   reader = threading.Thread(target=pump, daemon=True)
   reader.start()
@@ -160,9 +163,9 @@ def run(argv: list[str], cfg) -> int:
 
 
 def call(command: list[str], env: dict | None = None) -> int:
-  """Runs `command` (a study's or a sweep's train.py or eval_glue.py) as a child that stops as it would alone:
-  SIGTERM and SIGINT forwarded to it (the first makes it save and exit 143 or 130, a second stops it at once), a
-  terminal's Ctrl-C reaching it once, through this process (its own process group), and killed with this process
+  """Runs `command` (a study's or a sweep's train.py or eval_glue.py) as a child that stops as it would alone: stop
+  signals forwarded to it (the first makes it save and exit 143, 130 or 129, a second stops it at once), a terminal's
+  Ctrl-C or hang-up reaching it once, through this process (its own process group), and killed with this process
   (`init_child`). Returns its exit status, 128 + the signal's number for a signal that killed it. (Not
   `subprocess.call`, which kills the child 0.25 s after a Ctrl-C, before it can save.)"""
   child = subprocess.Popen(command, process_group=0, env=dict(os.environ if env is None else env,
@@ -175,9 +178,9 @@ def call(command: list[str], env: dict | None = None) -> int:
 
 @contextlib.contextmanager
 def _forwarding(child: subprocess.Popen):
-  """While inside, this process's SIGTERM and SIGINT go to `child` (the handlers before are restored after)."""
+  """While inside, this process's stop signals go to `child` (the handlers before are restored after)."""
   forward = lambda signum, _: child.send_signal(signum)  # noqa: E731
-  previous = {signum: signal.signal(signum, forward) for signum in (signal.SIGTERM, signal.SIGINT)}
+  previous = {signum: signal.signal(signum, forward) for signum in signals.STOP_SIGNALS}
   try:
     yield
   finally:

@@ -9,12 +9,12 @@ restores and close) runs through `call`: in a helper thread, which the main thre
 - No answer within the timeout: `StoreTimeout`, one line naming what was waited for (exit 2). The calls that
   follow get `_RETRY_S` seconds each until one returns, so that a job stopping on a store that is gone (closing
   its logs, its checkpointer) says so at once rather than waiting once more for each.
-- A stop signal (SIGTERM, Ctrl-C) recorded while waiting, or before: the waits go on until `checkpoint.stop_grace_s`
-  after the first wait that saw it (a healthy save in flight finishes; the grace is the job's, not each call's, so
-  that a preemption's notice is not overrun by a series of calls), and each gets `_RETRY_S` at least, then
-  `Preempted`, naming what was left unfinished (exit 143 or 130),
-  raised from a `StoreTimeout` (the store failed: `tupe.store.refusals.unanswered`); the calls that follow get
-  `_RETRY_S` seconds each, as after a timeout.
+- A stop signal (SIGTERM, Ctrl-C, a hang-up) recorded while waiting, or before: the waits go on until
+  `checkpoint.stop_grace_s` after the first wait that saw it (a healthy save in flight finishes; the grace is the job's,
+  not each call's, so that a preemption's notice is not overrun by a series of calls), and each gets `_RETRY_S` at
+  least, then `Preempted`, naming what was left unfinished (exit 128 + its number), raised from a `StoreTimeout` (the
+  store failed: `tupe.store.refusals.unanswered`); the calls that follow get `_RETRY_S` seconds each, as after a
+  timeout.
 
 The abandoned call's helper thread is a daemon; orbax's own threads, which the interpreter would join at exit,
 are not waited for either: after a failure, `tupe.run.process.run_main` exits at once once its line is printed.

@@ -31,7 +31,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import shlex
-import signal
 import subprocess
 import sys
 import time
@@ -271,9 +270,9 @@ def glue_done(variant: Variant) -> bool:
 
 
 def check_exit(code: int, label: str, rerun: str, command: list[str]) -> None:
-  """A command's exit status, as the study's or sweep's own: a stop signal's (130, 143: the command saved what it
-  had) stops it too, `Preempted` with that status; another failure is one line naming the command."""
-  if code in (128 + signal.SIGINT, 128 + signal.SIGTERM):
+  """A command's exit status, as the study's or sweep's own: a stop signal's (130, 143, 129: the command saved what
+  it had) stops it too, `Preempted` with that status; another failure is one line naming the command."""
+  if code - 128 in signals.STOP_SIGNALS:
     raise Preempted(f"{label} was stopped by {signals.name(code - 128)} and saved what it had; {rerun}",
                     code - 128)
   if code:
