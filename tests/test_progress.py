@@ -133,17 +133,23 @@ GONE = ("warning: what read this command's output has ended (a closed pipe or te
         "stdout; the command goes on, and Ctrl-C stops it as it would have")
 
 
-def test_a_job_whose_output_is_no_longer_read_trains_to_its_end(tmp_path):
-  """train.py's stdout a pipe no one reads any more (`train.py ... | head -2`, head gone): one warning on stderr,
-  and the job trains on to its end and saves its checkpoints, exit 0: a run is never lost to what displays it."""
-  out = closed_pipe()
+FULL = ("warning: stdout cannot be written (No space left on device): nothing more is printed on stdout; the command "
+        "goes on, and Ctrl-C stops it as it would have")
+
+
+@pytest.mark.parametrize("stdout", ["closed pipe", "full disk"])
+def test_a_job_whose_output_is_no_longer_read_trains_to_its_end(tmp_path, stdout):
+  """train.py's stdout a pipe no one reads any more (`train.py ... | head -2`, head gone), or a file on a full disk
+  (/dev/full): one warning on stderr, and the job trains on to its end and saves its checkpoints, exit 0: a run is
+  never lost to what displays its progress."""
+  out = closed_pipe() if stdout == "closed pipe" else os.open("/dev/full", os.O_WRONLY)
   try:
     proc = subprocess.run(train_command(tmp_path / "run", {"log_every": 1}), cwd=REPO, env=train_env(), stdout=out,
                           stderr=subprocess.PIPE, text=True, timeout=300)
   finally:
     os.close(out)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  assert proc.stderr.splitlines() == [GONE], proc.stderr[-3000:]
+  assert proc.stderr.splitlines() == [GONE if stdout == "closed pipe" else FULL], proc.stderr[-3000:]
   assert finished_steps(tmp_path / "run") == list(range(EVERY, STEPS + 1, EVERY))
 
 
@@ -157,6 +163,16 @@ def test_a_tool_whose_output_is_no_longer_read_ends_as_unix_tools_do():
   finally:
     os.close(out)
   assert (proc.returncode, proc.stderr) == (128 + signal.SIGPIPE, "")
+
+
+def test_a_result_that_cannot_be_written_is_one_line():
+  """A tool's result to a file on a full disk (`python -m tupe.tools.summary ... > out.md`, /dev/full): one line,
+  exit 2, no traceback; not a success with its output lost."""
+  with open("/dev/full", "w") as out:
+    proc = subprocess.run([sys.executable, "-m", "tupe.tools.summary", "--config", "configs/pretrain.py:bert_a,tiny"],
+                          cwd=REPO, env=train_env(), stdout=out, stderr=subprocess.PIPE, text=True, timeout=300)
+  assert (proc.returncode, proc.stderr) == (2, "error: this command's output cannot be written to stdout (No space "
+                                               "left on device); free space where it goes, or send it elsewhere\n")
 
 
 def test_lines_to_streams_no_one_reads_are_dropped_once_said(monkeypatch, capsys):

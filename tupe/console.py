@@ -89,6 +89,22 @@ def log(msg: str):
     _write(sys.stdout, msg + "\n")
 
 
+def out(text: str, end: str = "\n") -> None:
+  """A command's result on stdout (a table, JSON, a dry run's commands, what it wrote), flushed. Unlike `log`'s
+  progress, a result that cannot be written fails the command: a reader that has ended (`... | head`) with a
+  `BrokenPipeError` (`tupe.run.process.run_main` then ends as Unix tools end: status 141, no line), any other
+  failure (a full disk) with one line."""
+  try:
+    sys.stdout.write(text + end)
+    sys.stdout.flush()
+  except OSError as e:
+    if reader_gone(sys.stdout):
+      raise BrokenPipeError(e.errno, e.strerror) from None
+    to_devnull(sys.stdout)  # (what is still held goes nowhere: the error's line comes alone)
+    raise UserError(f"this command's output cannot be written to stdout ({e.strerror or e}); free space where it "
+                    f"goes, or send it elsewhere") from None
+
+
 def reader_gone(stream) -> bool:
   """Whether `stream`'s reader has ended: a pipe's (`train.py ... | head`), where a write fails with EPIPE, or a
   terminal that hung up (its window closed, its ssh connection dropped), where it fails with EIO."""
@@ -111,19 +127,19 @@ def to_devnull(stream) -> None:
 
 
 def _write(stream, text: str) -> None:
-  """Writes and flushes `text`. Where the stream's reader has ended (a closed pipe or terminal), the stream goes to
-  /dev/null and the command goes on, so that a job is never lost to what displays it; stdout's end is said once, on
-  stderr. (A terminal's hang-up also stops a job, with a checkpoint: `tupe.signals`; under `nohup` it goes on.)"""
+  """Writes and flushes `text`. Where the stream cannot be written any more (its reader has ended: a closed pipe or
+  terminal; or its file's disk is full), it goes to /dev/null and the command goes on, so that a job is never lost to
+  what displays its progress; stdout's end is said once, on stderr. (A command's product is a file, or a tool's
+  `print`, never these lines. A terminal's hang-up also stops a job, with a checkpoint: `tupe.signals`.)"""
   try:
     stream.write(text)
     stream.flush()
-  except OSError:
-    if not reader_gone(stream):
-      raise
+  except OSError as e:
+    why = ("what read this command's output has ended (a closed pipe or terminal)" if reader_gone(stream) else
+           f"stdout cannot be written ({e.strerror or e})")
     to_devnull(stream)
     if stream is sys.stdout:
-      warn("what read this command's output has ended (a closed pipe or terminal): nothing more is printed on "
-           "stdout; the command goes on, and Ctrl-C stops it as it would have")
+      warn(f"{why}: nothing more is printed on stdout; the command goes on, and Ctrl-C stops it as it would have")
 
 
 def warn(msg: str, every_process: bool = False):
@@ -137,14 +153,14 @@ def warn(msg: str, every_process: bool = False):
 
 
 def flush() -> None:
-  """Flushes stdout and stderr; what is held for a reader that has ended goes nowhere (`_write`)."""
+  """Flushes stdout and stderr; what is held for a stream that cannot be written goes nowhere (`_write`)."""
   _write(sys.stdout, "")
   _write(sys.stderr, "")
 
 
 def error(line: str) -> None:
   """An error's line (or traceback) on stderr, in every process (what each host stopped for), after whatever stdout
-  holds; where no one reads stderr any more, it goes nowhere (`_write`)."""
+  holds; where stderr cannot be written any more, it goes nowhere (`_write`)."""
   _write(sys.stdout, "")
   _write(sys.stderr, line + "\n")
 

@@ -24,6 +24,7 @@ import pathlib
 import ml_collections
 import numpy as np
 
+from tupe import console
 from tupe import models
 from tupe.data import tokenizer as tokenizer_lib
 from tupe.errors import UserError
@@ -120,7 +121,7 @@ def export(checkpoint_path, out) -> list[pathlib.Path]:
     safetensors.numpy.save_file(tensors["discriminator_head"], out / layout.DISCRIMINATOR_HEAD_FILE,
                                 metadata={"format": "pt"})
   if not meta.vocab:
-    print(f"note: the checkpoint has no vocab (pre-trained on synthetic data), so {out} has no tokenizer")
+    console.log(f"note: the checkpoint has no vocab (pre-trained on synthetic data), so {out} has no tokenizer")
   return [directory for directory, *_ in parts]
 
 

@@ -13,6 +13,7 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
+from tupe import console
 from tupe import signals
 from tupe.config_files import check_config_flags
 from tupe.config_files import flags_error
@@ -40,7 +41,7 @@ def parse_flags(argv: list[str]) -> list[str]:
   except (UserError, flags.Error) as e:
     if "--verbose" in argv:
       raise
-    print(f"error: {e if isinstance(e, UserError) else flags_error(e, argv, config)}", file=sys.stderr)
+    console.error(f"error: {e if isinstance(e, UserError) else flags_error(e, argv, config)}")
     sys.exit(2)
 
 

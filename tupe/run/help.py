@@ -25,6 +25,7 @@ from absl import flags
 import ml_collections
 
 from tupe import config_files
+from tupe import console
 
 SHORT = ("-h", "-?", "--help", "--helpshort")
 FULL = ("--helpfull",)
@@ -42,7 +43,7 @@ def requested(argv: list[str]) -> str | None:
 
 def show(argv: list[str]) -> None:
   """Prints the help `argv` asks for (`requested`)."""
-  print(text(argv), end="")
+  console.out(text(argv), end="")
 
 
 def text(argv: list[str]) -> str:

@@ -38,6 +38,7 @@ import sys
 import threading
 import time
 
+from tupe import console
 from tupe import signals
 
 ENV = "TUPE_SUPERVISED"  # Set in the child to the parent's pid.
@@ -152,11 +153,11 @@ def run(argv: list[str], cfg) -> int:
   # with a process id that was running).
   joining = failed_at and failed_at[0] - started < float(dist.initialization_timeout_s) + 600
   if joining and child.returncode != 0 and _JOINING.search("".join(held)):
-    print(not_joined_line("".join(held), dist), file=sys.stderr)
+    console.error(not_joined_line("".join(held), dist))
     return EXIT_NOT_JOINED
   if failed_at and child.returncode != 0:
     this_host = None if dist.auto else dist.process_id
-    print(failure_line("".join(held), this_host, None if dist.auto else dist.num_processes), file=sys.stderr)
+    console.error(failure_line("".join(held), this_host, None if dist.auto else dist.num_processes))
     return EXIT_PEER_DIED
   sys.stderr.write("".join(held))
   return _status(child.returncode)

@@ -350,15 +350,15 @@ def main(argv: list[str], call=subprocess.call) -> None:
   variants = plan(cfg, root)
   if args.print:
     for variant in (v for v in variants if v.pretrain):
-      print(shlex.join(variant.pretrain))
+      console.out(shlex.join(variant.pretrain))
     for variant in variants:
-      print(shlex.join(variant.glue))
+      console.out(shlex.join(variant.glue))
     for variant in (v for v in variants if v.pretrain):
-      print(f"PYTHONPATH={shlex.quote(str(config_files.REPO))} "
+      console.out(f"PYTHONPATH={shlex.quote(str(config_files.REPO))} "
             + shlex.join(evaluate_command(cfg, variant, variant.steps)))
     spec_file, _, spec_arg = args.config.partition(":")
     spec = f"{storage.local(spec_file)}:{spec_arg}" if spec_arg else storage.local(spec_file)
-    print(f"PYTHONPATH={shlex.quote(str(config_files.REPO))} " + shlex.join(
+    console.out(f"PYTHONPATH={shlex.quote(str(config_files.REPO))} " + shlex.join(
         [sys.executable, "-m", "tupe.study", f"--config={spec}", f"--root={root}", "--report-only"] + overrides))
     return
   if args.report_only and not storage.is_dir(root):  # (the report would be an empty one, in a new folder)

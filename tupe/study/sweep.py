@@ -190,13 +190,13 @@ def main(argv: list[str], call=subprocess.call) -> None:
   check(commands)
   for i, command in enumerate(commands):
     if args.print:
-      print(f"cd {shlex.quote(os.getcwd())} && {shlex.join(command)}")
+      console.out(f"cd {shlex.quote(os.getcwd())} && {shlex.join(command)}")
       continue
-    print(f"[sweep] run {i + 1}/{len(commands)}: {shlex.join(command[2:])}", flush=True)
+    console.out(f"[sweep] run {i + 1}/{len(commands)}: {shlex.join(command[2:])}")
     runner.check_exit(call(command), f"run {i + 1}/{len(commands)}", "rerun the sweep to resume", command)
   if not args.print:
-    print(f"[sweep] {console.plural(len(commands), 'run')} finished:\n{summary(commands, len(args.grid))}", end="",
-          flush=True)
+    console.out(f"[sweep] {console.plural(len(commands), 'run')} finished:\n{summary(commands, len(args.grid))}",
+                end="")
 
 
 if __name__ == "__main__":

@@ -312,7 +312,7 @@ def analyze(cfg, params, tokenizer, info, sentences: list[str], out: storage.Pat
                              [[int(d), *column] for d, column in zip(distances, bias.T.tolist())]))
     _save(relative_bias_figure(distances, bias, f"{label}: relative bias b(j - i), shared by all layers"),
           out / "relative_bias.png", written)
-  print(table, end="")
+  console.out(table, end="")
   return written
 
 
@@ -340,7 +340,7 @@ def main(argv: list[str]) -> None:
     max_len = min(DEFAULT_MAX_LEN, cfg.max_position_embeddings) if args.max_len is None else args.max_len
     written = analyze(cfg, params, tokenizer, info, sentences, storage.path(args.out), args.sentence_index,
                       max_len, label)
-  print(f"wrote {console.plural(len(written), 'file')} to {args.out}: " + ", ".join(p.name for p in written))
+  console.out(f"wrote {console.plural(len(written), 'file')} to {args.out}: " + ", ".join(p.name for p in written))
 
 
 if __name__ == "__main__":

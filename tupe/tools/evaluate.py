@@ -42,7 +42,7 @@ def main(argv: list[str]) -> None:
   result = evaluate(args.checkpoint, args.text_file, args.seed, args.max_examples, args.batch_size)
   if args.out:
     write(result, args.out)
-  print(json.dumps(result))
+  console.out(json.dumps(result))
 
 
 if __name__ == "__main__":

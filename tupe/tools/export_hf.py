@@ -78,7 +78,7 @@ def main(argv: list[str]) -> None:
                         f"the same command", e.signum) from None
       raise
   for directory in written:
-    print(f"wrote {directory} from {source}")
+    console.out(f"wrote {directory} from {source}")
 
 
 def _export(checkpoint_path: str, staging: str, out: str) -> tuple[list[str], str]:

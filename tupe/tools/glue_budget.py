@@ -169,7 +169,7 @@ def main(argv: list[str], call=subprocess.call) -> None:
   out = root / "glue_budget"
   storage.write_text(out / "budget.json", json.dumps(report, indent=2) + "\n")
   storage.write_text(out / "budget.md", markdown(report))
-  print(json.dumps({"chosen": report["chosen"], "budgets": {
+  console.out(json.dumps({"chosen": report["chosen"], "budgets": {
       b: {"average_gain": r["gain"] and r["gain"]["average"], "minutes": r["minutes"]} for b, r in results.items()}}))
   console.log(f"[budget] wrote {out / 'budget.json'} and {out / 'budget.md'}")
 

@@ -389,7 +389,7 @@ def main(argv: list[str]) -> None:
   # warns of rows longer than max_seq_len (the check truncates them as we do): neither is a finding.
   transformers.logging.set_verbosity_error()
   result = run(cfg, args.workdir, args.rtol, args.float64)
-  print(markdown(result))
+  console.out(markdown(result))
   console.log(f"wrote {storage.path(args.workdir) / 'parity.json'} and parity.md beside it")
   if not result["passed"]:
     raise SystemExit(1)

@@ -36,7 +36,7 @@ def main(argv: list[str]) -> None:
   outputs.check(args.out, "--out", "curves.png")
   runs = {label: read_run(w) for label, w in zip(run_labels(args.workdir), args.workdir)}
   panels = plot_runs(runs, args.out, args.smoothing)
-  print(f"wrote {args.out}: {len(runs)} run(s), panels {', '.join(panels)}")
+  console.out(f"wrote {args.out}: {len(runs)} run(s), panels {', '.join(panels)}")
 
 
 if __name__ == "__main__":

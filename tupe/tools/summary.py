@@ -136,7 +136,7 @@ def main(argv: list[str]) -> None:
   table = markdown(rows)
   table += ("\nParameters from the pre-training model's parameter tree; FLOPs per token at each config's seq_len "
             "(a multiply-add = 2 FLOPs).\n")
-  print(table, end="")
+  console.out(table, end="")
   if args.out:
     storage.write_text(args.out, table)
 

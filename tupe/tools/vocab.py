@@ -40,7 +40,7 @@ def main(argv: list[str]) -> None:
          if size > args.vocab_size else
          f": fewer than --vocab-size {args.vocab_size}, all the word pieces this text has; train with "
          f"--config.model.vocab_size=0 (the model takes the tokenizer's size)")
-  print(f"wrote {path} ({size} tokens{why})")
+  console.out(f"wrote {path} ({size} tokens{why})")
 
 
 def _train(source: dict, inputs: list[dict], vocab_size: int, lowercase: bool) -> list[str]:
