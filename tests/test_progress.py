@@ -137,19 +137,19 @@ FULL = ("warning: stdout cannot be written (No space left on device): nothing mo
         "goes on, and Ctrl-C stops it as it would have")
 
 
-@pytest.mark.parametrize("stdout", ["closed pipe", "full disk"])
+@pytest.mark.parametrize("stdout", ["closed-pipe", "full-disk"])
 def test_a_job_whose_output_is_no_longer_read_trains_to_its_end(tmp_path, stdout):
   """train.py's stdout a pipe no one reads any more (`train.py ... | head -2`, head gone), or a file on a full disk
   (/dev/full): one warning on stderr, and the job trains on to its end and saves its checkpoints, exit 0: a run is
   never lost to what displays its progress."""
-  out = closed_pipe() if stdout == "closed pipe" else os.open("/dev/full", os.O_WRONLY)
+  out = closed_pipe() if stdout == "closed-pipe" else os.open("/dev/full", os.O_WRONLY)
   try:
     proc = subprocess.run(train_command(tmp_path / "run", {"log_every": 1}), cwd=REPO, env=train_env(), stdout=out,
                           stderr=subprocess.PIPE, text=True, timeout=300)
   finally:
     os.close(out)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  assert proc.stderr.splitlines() == [GONE if stdout == "closed pipe" else FULL], proc.stderr[-3000:]
+  assert proc.stderr.splitlines() == [GONE if stdout == "closed-pipe" else FULL], proc.stderr[-3000:]
   assert finished_steps(tmp_path / "run") == list(range(EVERY, STEPS + 1, EVERY))
 
 
