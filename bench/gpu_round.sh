@@ -10,7 +10,11 @@
 #   5. "candidates" (not in the default PARTS): BERT-A base at 512 x 128 against itself with each candidate of
 #      bench.ablations swapped in (decoder_grad) and with bias_grad swapped back, interleaved; then with its
 #      layers scanned (model.scan_layers: parameters stacked [layers, ...], so the optimizer updates 25 leaves
-#      where it updated 201: a multi-tensor update that needs no new code).
+#      where it updated 201: a multi-tensor update that needs no new code);
+#   6. "flags" (not in the default PARTS): BERT-A base at 512 x 128 against itself compiled with one XLA option
+#      at a time (bench.train_step --variant xla_...=VALUE), interleaved: cuBLAS for every matrix product, cuDNN's
+#      LayerNorm, Triton for normalization fusions, cuDNN's GEMM fusions. An option this jaxlib's XLA lacks is left
+#      out with a line on stderr. About 75 s per variant on an H200 (a base model's compilation, then its steps).
 #
 #   ANCHOR=anchors/hf_torch_mlm_train.py bash bench/gpu_round.sh docs/results/gpu_$(date +%F).jsonl
 #
@@ -70,4 +74,21 @@ anchor() {  # anchor SEQ VARIANTS [ConvBERT's VARIANTS]
     --batch 512 --seq 128 --steps 10 --repeats 3 --dtype bfloat16 --ablate decoder_grad,bias_grad "${fused[@]}"
 [[ $parts != *" candidates "* ]] || run 150 "$py" -m bench.train_step --config configs/pretrain.py:bert_a,base \
     --batch 512 --seq 128 --steps 10 --repeats 2 --dtype bfloat16 --variant model.scan_layers=True "${fused[@]}"
+xla_options=(xla_gpu_enable_triton_gemm=false xla_gpu_enable_cudnn_layer_norm=true
+             xla_gpu_experimental_enable_fusion_block_level_rewriter=true xla_gpu_cudnn_gemm_fusion_level=2)
+if [[ $parts == *" flags "* ]]; then
+  known=$("$py" -c '
+import sys, jax, jax.numpy as jnp
+from bench import train_step
+lowered = jax.jit(lambda x: x + 1).lower(jnp.zeros(1))
+for item in sys.argv[1:]:
+  try:
+    lowered.compile(train_step.split_variant(item)[1])
+    print(f"--variant {item}")
+  except jax.errors.JaxRuntimeError:
+    print(f"not in this XLA, left out: {item}", file=sys.stderr)' "${xla_options[@]}")
+  # shellcheck disable=SC2086  # $known is "--variant OPTION" words, none with spaces
+  run 420 "$py" -m bench.train_step --config configs/pretrain.py:bert_a,base --batch 512 --seq 128 --steps 10 \
+      --repeats 3 --dtype bfloat16 "${fused[@]}" $known
+fi
 note "done"

@@ -26,12 +26,19 @@ relative to the first (the median of the per-repeat ratios, and those ratios): T
 
 does the same for the --config model under other settings (each --variant a comma-separated list of
 KEY=VALUE overrides, labelled by it), and its summary line also gives each one's compile time relative to the
-first: what scanning the layers saves in compilation and costs per step.
+first: what scanning the layers saves in compilation and costs per step. A KEY that starts with `xla_` is an XLA
+option (a field of XLA's DebugOptions, as XLA_FLAGS would set it for the whole process) given to that variant's
+compilation alone, so that XLA's flags are measured one at a time in one process, interleaved against the step
+without them:
+
+  python -m bench.train_step --config configs/pretrain.py:bert_a,base --batch 512 --seq 128 --dtype bfloat16 \
+      --variant xla_gpu_enable_triton_gemm=false --variant xla_gpu_enable_cudnn_layer_norm=true --repeats 3
 """
 from __future__ import annotations
 
 import argparse
 import pathlib
+import re
 import time
 
 import jax
@@ -53,13 +60,21 @@ def tiny(cfg) -> None:
 class Runner:
   """One config built, compiled ahead of time and initialized; `step()` runs one blocking train step."""
 
-  def __init__(self, cfg, seed: int = 0, devices=None):
+  def __init__(self, cfg, seed: int = 0, devices=None, xla_options: dict | None = None):
     self.cfg = cfg
     self.setup = pretrain.build(cfg, devices)
     bench.progress(f"compiling the {cfg.model.name} {cfg.model.size} train step ({cfg.global_batch_size} x "
                    f"{cfg.seq_len})")
     start = time.perf_counter()
-    self.compiled = pretrain.lower_train_step(self.setup).compile()
+    lowered = pretrain.lower_train_step(self.setup)
+    try:
+      self.compiled = lowered.compile(xla_options or None)
+    except jax.errors.JaxRuntimeError as e:
+      unknown = re.search(r"No such compile option: '([^']*)'", str(e))
+      if not unknown:
+        raise
+      raise SystemExit(f"error: --variant {unknown[1]}: the XLA of jaxlib {jax.lib.__version__} has no option of "
+                       f"that name (XLA's DebugOptions fields, e.g. xla_gpu_enable_triton_gemm)") from None
     self.compile_time_s = time.perf_counter() - start
     bench.progress(f"compiled in {self.compile_time_s:.1f} s")
     self.memory = self.compiled.memory_analysis()
@@ -129,6 +144,32 @@ def device_peak(cfg, matmul_size: int) -> tuple[float, str]:
   return flops_lib.measured_matmul_peak(matmul_size), f"measured fp32 matmul on {kind}"
 
 
+def xla_value(text: str) -> bool | int | float | str:
+  """An XLA option's value as its DebugOptions field takes it: true/false, a number, or the text as it is."""
+  if text.lower() in ("true", "false"):
+    return text.lower() == "true"
+  for kind in (int, float):
+    try:
+      return kind(text)
+    except ValueError:
+      pass
+  return text
+
+
+def split_variant(variant: str) -> tuple[list[str], dict]:
+  """A --variant's config overrides (KEY=VALUE) and its XLA options (xla_NAME=VALUE: name -> value)."""
+  overrides, options = [], {}
+  for item in filter(None, variant.split(",")):
+    key, equals, value = item.partition("=")
+    if not key.startswith("xla_"):
+      overrides.append(item)
+    elif not equals:
+      raise SystemExit(f"error: --variant {item}: give the XLA option a value, e.g. {key}=true")
+    else:
+      options[key] = xla_value(value)
+  return overrides, options
+
+
 def make_config(spec: str, batch: int, seq: int, dtype: str, overrides, is_tiny: bool):
   cfg = bench.load_config(spec, overrides)
   if is_tiny:
@@ -193,7 +234,8 @@ def parse_args(argv=None):
   p.add_argument("--warmup", type=int, default=2, help="untimed steps after compilation")
   p.add_argument("--compare", default="", help="comma-separated models to time against --config's, same size")
   p.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE[,KEY=VALUE]",
-                 help="time --config's model under these overrides too, interleaved (repeatable)")
+                 help="time --config's model under these overrides too, interleaved (repeatable); a KEY "
+                      "starting with xla_ is an XLA option for this variant's compilation")
   p.add_argument("--repeats", type=bench.positive_int, default=3,
                  help="interleaved repeats with --compare or --variant")
   return bench.parse_args_with_overrides(p, argv)
@@ -204,10 +246,11 @@ def main(argv=None) -> list[dict]:
   specs = [(args.config, "")] + [(s, "") for s in compare_specs(args.config, args.compare)]
   specs += [(args.config, variant) for variant in args.variant]
   devices = args_devices(args)
-  runners = [Runner(make_config(spec, args.batch, args.seq, args.dtype,
-                                args.config_override + (variant.split(",") if variant else []), args.tiny),
-                    devices=devices)
-             for spec, variant in specs]
+  runners = []
+  for spec, variant in specs:
+    overrides, xla_options = split_variant(variant)
+    cfg = make_config(spec, args.batch, args.seq, args.dtype, args.config_override + overrides, args.tiny)
+    runners.append(Runner(cfg, devices=devices, xla_options=xla_options))
   labels = [recipe_name(spec) + (f" {variant}" if variant else "") for spec, variant in specs]
   peak = device_peak(runners[0].cfg, 512 if args.tiny else 2048)
   for r in runners:

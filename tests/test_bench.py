@@ -101,6 +101,26 @@ def test_train_step(capsys, tmp_path):
     train_step.compare_specs("configs/pretrain.py", "tupe_a")
 
 
+def test_a_variant_s_xla_options_reach_its_compilation_alone():
+  """--variant's xla_ keys are XLA options of that variant's compilation (here disabling XLA's fusion pass changes
+  the compiled step; the plain step, compiled after it, is as without it); an option XLA lacks is one line."""
+  assert train_step.split_variant("model.scan_layers=True,xla_gpu_enable_triton_gemm=false,"
+                                  "xla_gpu_autotune_level=0,xla_disable_hlo_passes=fusion") == (
+      ["model.scan_layers=True"], {"xla_gpu_enable_triton_gemm": False, "xla_gpu_autotune_level": 0,
+                                   "xla_disable_hlo_passes": "fusion"})
+  with pytest.raises(SystemExit, match=r"^error: --variant xla_gpu_enable_triton_gemm: give the XLA option a "
+                                       r"value, e.g. xla_gpu_enable_triton_gemm=true$"):
+    train_step.split_variant("xla_gpu_enable_triton_gemm")
+  cfg = train_step.make_config(BERT, 8, 16, "", [], is_tiny=True)
+  loop_fusions = lambda runner: runner.compiled.as_text().count("kind=kLoop")
+  unfused = train_step.Runner(cfg, devices=jax.devices()[:1], xla_options={"xla_disable_hlo_passes": "fusion"})
+  plain = train_step.Runner(cfg, devices=jax.devices()[:1])
+  assert loop_fusions(plain) != loop_fusions(unfused)
+  assert plain.compiled.as_text() == train_step.Runner(cfg, devices=jax.devices()[:1]).compiled.as_text()
+  with pytest.raises(SystemExit, match=r"^error: --variant xla_no_such_option: the XLA of jaxlib \S+ has no "
+                                       r"option of that name \(XLA's DebugOptions fields, e.g. \S+\)$"):
+    train_step.Runner(cfg, devices=jax.devices()[:1], xla_options={"xla_no_such_option": True})
+
 def test_profile(capsys, monkeypatch, tmp_path):
   """The traced operations of the tiny step, matched to their HLO: categories, module paths, shares."""
   monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))  # profile.main adds a GPU flag
