@@ -18,11 +18,16 @@
 #
 #   ANCHOR=anchors/hf_torch_mlm_train.py bash bench/gpu_round.sh docs/results/gpu_$(date +%F).jsonl
 #
-# PARTS picks parts (default "tests profile 128 anchor128 512 anchor512"). On an H200 (2026-11-28) the tests and
-# the profile took 3 minutes, length 128 4, the anchor at 128 1.5 and length 512 about 3.5: split the parts across
-# calls where a call has a 10-minute limit. JAX's compilation cache (and with it XLA's per-fusion autotuning cache)
-# is shared by the runs, so the models after the first reuse its autotuning: their compile_time_s is not a cold
-# compile.
+# PARTS picks parts (default "tests profile 128 anchor128 512 anchor512"). BENCH_ARGS are appended to every
+# bench.train_step, bench.profile and bench.ablations command (later arguments win), e.g. a smoke run of the
+# parts on the CPU before GPU time is spent on them:
+#   JAX_PLATFORMS=cpu BENCH_ARGS="--tiny --batch 8 --seq 16 --steps 1 --devices 1 \
+#     --config.model.attention_backend=xla" PARTS="profile 128 candidates flags" \
+#     bash bench/gpu_round.sh /tmp/smoke.jsonl
+# On an H200 (2026-11-28) the tests and the profile took 3 minutes, length 128 4, the anchor at 128 1.5 and
+# length 512 about 3.5: split the parts across calls where a call has a 10-minute limit. JAX's compilation cache
+# (and with it XLA's per-fusion autotuning cache) is shared by the runs, so the models after the first reuse its
+# autotuning: their compile_time_s is not a cold compile.
 set -uo pipefail
 results=${1:?usage: bash bench/gpu_round.sh RESULTS.jsonl}
 parts=" ${PARTS:-tests profile 128 anchor128 512 anchor512} "
@@ -30,6 +35,7 @@ mkdir -p "$(dirname "$results")"
 export JAX_PLATFORMS=${JAX_PLATFORMS:-cuda} PYTHONUNBUFFERED=1
 export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/tupe-gpu-round-cache}
 py=${PYTHON:-python3}
+read -ra extra <<<"${BENCH_ARGS:-}"
 fused=(--config.model.attention_backend=cudnn --config.model.attention_dropout=0.0)
 note() { echo "[$(date +%T)] $*" >&2; }
 run() {  # run SECONDS COMMAND...: one part, its JSON lines appended to $results
@@ -48,7 +54,8 @@ if [[ $parts == *" profile "* ]]; then
   trace=$(mktemp -d)
   note "start: profile"
   timeout 200 "$py" -m bench.profile --config configs/pretrain.py:bert_a,base --compare tupe_a --batch 512 \
-      --seq 128 --steps 2 --top 60 --dtype bfloat16 --trace-dir "$trace" "${fused[@]}" >>"$results.profile" \
+      --seq 128 --steps 2 --top 60 --dtype bfloat16 --trace-dir "$trace" "${fused[@]}" "${extra[@]}" \
+      >>"$results.profile" \
       || note "profile ended with status $?"
   for m in bert_a tupe_a; do
     [[ ! -f $trace/$m/train_step.hlo ]] || gzip -c "$trace/$m/train_step.hlo" >"$results.$m.hlo.gz"
@@ -59,7 +66,7 @@ if [[ -n ${tests:-} ]]; then
   cat "$results.tests" >>"$results" && rm "$results.tests"
 fi
 step() {  # step SEQ: the three models at this length, interleaved (bench/gpu.sh fused)
-  run 240 env LENGTHS="$1" PYTHON="$py" bash bench/gpu.sh fused
+  run 240 env LENGTHS="$1" PYTHON="$py" bash bench/gpu.sh fused "${extra[@]}"
 }
 anchor() {  # anchor SEQ VARIANTS [ConvBERT's VARIANTS]
   [[ -n ${ANCHOR:-} ]] || { note "no ANCHOR: the PyTorch anchor is not run"; return; }
@@ -71,9 +78,11 @@ anchor() {  # anchor SEQ VARIANTS [ConvBERT's VARIANTS]
 [[ $parts != *" 512 "* ]] || step 512
 [[ $parts != *" anchor512 "* ]] || anchor 512 compile-masked
 [[ $parts != *" candidates "* ]] || run 200 "$py" -m bench.ablations --config configs/pretrain.py:bert_a,base \
-    --batch 512 --seq 128 --steps 10 --repeats 3 --dtype bfloat16 --ablate decoder_grad,bias_grad "${fused[@]}"
+    --batch 512 --seq 128 --steps 10 --repeats 3 --dtype bfloat16 --ablate decoder_grad,bias_grad "${fused[@]}" \
+    "${extra[@]}"
 [[ $parts != *" candidates "* ]] || run 150 "$py" -m bench.train_step --config configs/pretrain.py:bert_a,base \
-    --batch 512 --seq 128 --steps 10 --repeats 2 --dtype bfloat16 --variant model.scan_layers=True "${fused[@]}"
+    --batch 512 --seq 128 --steps 10 --repeats 2 --dtype bfloat16 --variant model.scan_layers=True "${fused[@]}" \
+    "${extra[@]}"
 xla_options=(xla_gpu_enable_triton_gemm=false xla_gpu_enable_cudnn_layer_norm=true
              xla_gpu_experimental_enable_fusion_block_level_rewriter=true xla_gpu_cudnn_gemm_fusion_level=2)
 if [[ $parts == *" flags "* ]]; then
@@ -89,6 +98,6 @@ for item in sys.argv[1:]:
     print(f"not in this XLA, left out: {item}", file=sys.stderr)' "${xla_options[@]}")
   # shellcheck disable=SC2086  # $known is "--variant OPTION" words, none with spaces
   run 420 "$py" -m bench.train_step --config configs/pretrain.py:bert_a,base --batch 512 --seq 128 --steps 10 \
-      --repeats 3 --dtype bfloat16 "${fused[@]}" $known
+      --repeats 3 --dtype bfloat16 "${fused[@]}" $known "${extra[@]}"
 fi
 note "done"

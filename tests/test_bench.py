@@ -551,6 +551,14 @@ def test_plot_tells_a_gpu_round_and_a_train_step_variant_apart(tmp_path):
            "date": "2026-11-28"}
   image = plotted([tests, step, anchor], tmp_path, "gpu_round")
   assert image.shape[2] in (3, 4)
+  # A round run without the anchor and with the "candidates" and "flags" parts (bench.ablations' lines, BERT-A
+  # timed again beside each variant) is a GPU round still, its main BERT-A figure the one drawn.
+  ablation = {"variant": "ours", "model": "bert_a", "batch": 512, "seq": 128, "step_time_s": 0.1}
+  flag = dict(step, variant="xla_gpu_enable_triton_gemm=false", tokens_per_s=6.4e5)
+  again = [tests, step, ablation, dict(ablation, variant="decoder_grad"), dict(step, tokens_per_s=6.5e5), flag]
+  plotted(again, tmp_path, "gpu_round")
+  assert plot.gpu_round_series(again) == {"ours: bert_a": {128: 660.0},
+                                          "ours: bert_a xla_gpu_enable_triton_gemm=false": {128: 640.0}}
   plotted([step, dict(step, variant="model.remat=dots", tokens_per_s=5e5)], tmp_path, "train_step")
 
 
