@@ -226,6 +226,37 @@ def test_a_second_hang_up_is_not_a_second_stop_signal():
   assert proc.stderr == "stopped now by a second SIGTERM: nothing was saved; rerun the same command\n"
 
 
+def signal_set(pid: int, field: str) -> set[int]:
+  """The signals in a /proc/PID/status mask (SigIgn: ignored; SigBlk: blocked by its main thread), bit N - 1 for
+  signal N."""
+  mask = int(re.search(rf"^{field}:\s*([0-9a-f]+)$", pathlib.Path(f"/proc/{pid}/status").read_text(), re.M)[1], 16)
+  return {signum for signum in range(1, 65) if mask >> (signum - 1) & 1}
+
+
+def test_a_stop_signal_while_a_data_worker_starts_is_the_main_process_s(tmp_path):
+  """A SIGTERM to the whole process group (a scheduler's) as the data worker process starts, before its start could
+  ignore it (its imports take seconds): the worker starts with the stop signals blocked, so the run stops as it does
+  later on, one line and exit 143, not with a worker killed and a failed read's traceback."""
+  workdir = tmp_path / "run"
+  with open(tmp_path / "err", "w+") as err:
+    proc = subprocess.Popen(train_command(workdir, {"data.num_workers": 1, "num_train_steps": 100 * STEPS}),
+                            cwd=REPO, env=train_env(), stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+    deadline, workers = time.monotonic() + HANG, []
+    while not workers and proc.poll() is None and time.monotonic() < deadline:
+      workers = [pid for pid, command in children(proc.pid) if "spawn_main" in command]
+      time.sleep(0.002)
+    assert workers, "no data worker started"
+    held = set()
+    with contextlib.suppress(OSError, TypeError):  # (a worker that ended meanwhile)
+      held = signal_set(workers[0], "SigBlk") | signal_set(workers[0], "SigIgn")
+    os.killpg(proc.pid, signal.SIGTERM)
+    assert proc.wait(timeout=HANG) == 128 + signal.SIGTERM
+    err.seek(0)
+    stderr = err.read()
+  assert set(signals.STOP_SIGNALS) <= held, held
+  assert "Traceback" not in stderr and "Error" not in stderr, stderr[-3000:]
+  assert stderr.strip().splitlines()[-1].startswith("stopped by SIGTERM"), stderr[-3000:]
+
 def test_a_run_started_under_nohup_trains_on_through_a_hang_up(tmp_path):
   """`nohup python train.py ...`: SIGHUP, ignored from the start, stays ignored; the run trains to its end through a
   hang-up sent to its whole process group, exit 0."""

@@ -15,8 +15,11 @@ batches are the same on one host or many, with or without worker processes; a ru
 batch s, and nothing about the pipeline needs saving. Both splits repeat endlessly: for eval, take as many
 batches as wanted from a fresh iterator.
 """
+import gc
+from multiprocessing import resource_tracker
 import signal
 import sys
+from typing import Iterator
 
 from absl import flags
 import grain
@@ -202,7 +205,7 @@ class PretrainData:
                          np.asarray(indices, np.int64), 0)
 
   def iterator(self, *, batch_size: int, seed: int, rows: tuple[int, int] | None = None,
-               start_batch: int = 0) -> grain.DatasetIterator:
+               start_batch: int = 0) -> Iterator[dict[str, np.ndarray]]:
     """An endless iterator over this host's rows of global batches start_batch, start_batch + 1, ...
 
     Args:
@@ -231,16 +234,56 @@ class PretrainData:
         flags.FLAGS.mark_as_parsed()
       ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=self.cfg.num_workers),
                           worker_init_fn=_leave_stop_signals_to_the_main_process)
+      return _WorkersStartedHoldingStopSignals(ds)
     return iter(ds)
+
+
+class _WorkersStartedHoldingStopSignals:
+  """An iterator over the batches of a grain dataset with worker processes, made at the first batch asked for, with
+  the stop signals blocked in this thread: making it and reading its first batch start the workers, from threads
+  that take this thread's signal mask (as the processes they start do). So each worker starts with them blocked
+  until its start ignores them (`_leave_stop_signals_to_the_main_process`): one sent to the whole process group
+  meanwhile (a worker's imports take seconds) would otherwise kill it, and the run with a failed read. The main
+  process hears it in another thread, or once the first batch is there."""
+
+  def __init__(self, dataset: grain.IterDataset):
+    self._dataset, self._batches = dataset, None
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    if self._batches is not None:
+      return next(self._batches)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, signals.STOP_SIGNALS)
+    try:
+      # Python's resource tracker, a process the workers' queues need, started here: so it too starts with them
+      # blocked (it ignores SIGINT and SIGTERM, and a hang-up stays blocked), and a grain thread that would have
+      # started it does not unblock SIGINT and SIGTERM in itself afterwards (the stdlib does) before it starts a
+      # worker. Block them again, after the stdlib's unblock.
+      resource_tracker.ensure_running()
+      signal.pthread_sigmask(signal.SIG_BLOCK, signals.STOP_SIGNALS)
+      self._batches = iter(self._dataset)
+      return next(self._batches)
+    finally:
+      signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+  def close(self) -> None:
+    if self._batches is not None:
+      self._batches.close()
+      self._batches = None
+      gc.collect()
 
 
 def _leave_stop_signals_to_the_main_process(worker_index: int, worker_count: int) -> None:
   """In each data worker process: the stop signals are ignored (a terminal sends Ctrl-C and its hang-up to the
   whole process group, some schedulers SIGTERM to every process of a job), so that the main process alone handles
-  them (a checkpoint, then one line) and stops its workers: a worker killed first failed the next batch's read."""
+  them (a checkpoint, then one line) and stops its workers: a worker killed first failed the next batch's read.
+  They were blocked since its start (`_WorkersStartedHoldingStopSignals`); one sent meanwhile is dropped here."""
   del worker_index, worker_count
   for signum in signals.STOP_SIGNALS:
     signal.signal(signum, signal.SIG_IGN)
+  signal.pthread_sigmask(signal.SIG_UNBLOCK, signals.STOP_SIGNALS)
 
 
 def make_pretrain_iterator(data_cfg, *, seq_len: int, batch_size: int, seed: int, rows: tuple[int, int] | None = None,
