@@ -13,8 +13,9 @@
 #      where it updated 201: a multi-tensor update that needs no new code);
 #   6. "flags" (not in the default PARTS): BERT-A base at 512 x 128 against itself compiled with one XLA option
 #      at a time (bench.train_step --variant xla_...=VALUE), interleaved: cuBLAS for every matrix product, cuDNN's
-#      LayerNorm, Triton for normalization fusions, cuDNN's GEMM fusions. An option this jaxlib's XLA lacks is left
-#      out with a line on stderr. About 75 s per variant on an H200 (a base model's compilation, then its steps).
+#      LayerNorm, Triton for normalization fusions, cuDNN's GEMM fusions. An option this jaxlib's XLA lacks (or
+#      refuses) is left out with XLA's line on stderr. About 75 s per variant on an H200 (a base model's
+#      compilation, then its steps).
 #
 #   ANCHOR=anchors/hf_torch_mlm_train.py bash bench/gpu_round.sh docs/results/gpu_$(date +%F).jsonl
 #
@@ -94,8 +95,8 @@ for item in sys.argv[1:]:
   try:
     lowered.compile(train_step.split_variant(item)[1])
     print(f"--variant {item}")
-  except jax.errors.JaxRuntimeError:
-    print(f"not in this XLA, left out: {item}", file=sys.stderr)' "${xla_options[@]}")
+  except jax.errors.JaxRuntimeError as e:
+    print(f"left out: {item}: {e}", file=sys.stderr)' "${xla_options[@]}")
   # shellcheck disable=SC2086  # $known is "--variant OPTION" words, none with spaces
   run 420 "$py" -m bench.train_step --config configs/pretrain.py:bert_a,base --batch 512 --seq 128 --steps 10 \
       --repeats 3 --dtype bfloat16 "${fused[@]}" $known "${extra[@]}"

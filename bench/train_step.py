@@ -70,11 +70,12 @@ class Runner:
     try:
       self.compiled = lowered.compile(xla_options or None)
     except jax.errors.JaxRuntimeError as e:
-      unknown = re.search(r"No such compile option: '([^']*)'", str(e))
-      if not unknown:
-        raise
-      raise SystemExit(f"error: --variant {unknown[1]}: the XLA of jaxlib {jax.lib.__version__} has no option of "
-                       f"that name (XLA's DebugOptions fields, e.g. xla_gpu_enable_triton_gemm)") from None
+      if unknown := re.search(r"No such compile option: '([^']*)'", str(e)):
+        raise SystemExit(f"error: --variant {unknown[1]}: the XLA of jaxlib {jax.lib.__version__} has no option of "
+                         f"that name (XLA's DebugOptions fields, e.g. xla_gpu_enable_triton_gemm)") from None
+      if bad := re.search(r"While setting option (\S+), (.*)", str(e)):
+        raise SystemExit(f"error: --variant {bad[1]}: {bad[2]}") from None
+      raise
     self.compile_time_s = time.perf_counter() - start
     bench.progress(f"compiled in {self.compile_time_s:.1f} s")
     self.memory = self.compiled.memory_analysis()

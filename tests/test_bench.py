@@ -113,13 +113,18 @@ def test_a_variant_s_xla_options_reach_its_compilation_alone():
     train_step.split_variant("xla_gpu_enable_triton_gemm")
   cfg = train_step.make_config(BERT, 8, 16, "", [], is_tiny=True)
   loop_fusions = lambda runner: runner.compiled.as_text().count("kind=kLoop")
+  before = train_step.Runner(cfg, devices=jax.devices()[:1])
   unfused = train_step.Runner(cfg, devices=jax.devices()[:1], xla_options={"xla_disable_hlo_passes": "fusion"})
   plain = train_step.Runner(cfg, devices=jax.devices()[:1])
   assert loop_fusions(plain) != loop_fusions(unfused)
-  assert plain.compiled.as_text() == train_step.Runner(cfg, devices=jax.devices()[:1]).compiled.as_text()
+  assert plain.compiled.as_text() == before.compiled.as_text()
   with pytest.raises(SystemExit, match=r"^error: --variant xla_no_such_option: the XLA of jaxlib \S+ has no "
                                        r"option of that name \(XLA's DebugOptions fields, e.g. \S+\)$"):
     train_step.Runner(cfg, devices=jax.devices()[:1], xla_options={"xla_no_such_option": True})
+  with pytest.raises(SystemExit, match=r"^error: --variant xla_gpu_enable_triton_gemm: '1' is not a valid bool "
+                                       r"value\.$"):
+    train_step.Runner(cfg, devices=jax.devices()[:1], xla_options={"xla_gpu_enable_triton_gemm": 1})
+
 
 def test_profile(capsys, monkeypatch, tmp_path):
   """The traced operations of the tiny step, matched to their HLO: categories, module paths, shares."""

@@ -161,9 +161,10 @@ def children(pid: int) -> list[tuple[int, str]]:
   return found
 
 
-def ignored_signals(pid: int) -> set[int]:
-  """The signals that process `pid` ignores (SigIgn in /proc/PID/status, a mask with bit N - 1 for signal N)."""
-  mask = int(re.search(r"^SigIgn:\s*([0-9a-f]+)$", pathlib.Path(f"/proc/{pid}/status").read_text(), re.M)[1], 16)
+def signal_set(pid: int, field: str) -> set[int]:
+  """The signals in a /proc/PID/status mask (SigIgn: ignored; SigBlk: blocked by its main thread), bit N - 1 for
+  signal N."""
+  mask = int(re.search(rf"^{field}:\s*([0-9a-f]+)$", pathlib.Path(f"/proc/{pid}/status").read_text(), re.M)[1], 16)
   return {signum for signum in range(1, 65) if mask >> (signum - 1) & 1}
 
 
@@ -194,7 +195,7 @@ def test_a_run_whose_terminal_hangs_up_saves_a_checkpoint_and_exits_129(tmp_path
         shown += os.read(leader, 65536)  # (what the terminal showed: the run must not block on a full one)
   assert proc.poll() is None, shown.decode(errors="replace")[-3000:]
   workers = [pid for pid, command in children(proc.pid) if "spawn_main" in command]
-  assert len(workers) == 1 and set(signals.STOP_SIGNALS) <= ignored_signals(workers[0])
+  assert len(workers) == 1 and set(signals.STOP_SIGNALS) <= signal_set(workers[0], "SigIgn")
   os.close(leader)  # the hang-up
   os.killpg(proc.pid, signal.SIGHUP)  # the shell's, as it exits
   assert proc.wait(timeout=HANG) == 128 + signal.SIGHUP, shown.decode(errors="replace")[-3000:]
@@ -226,13 +227,6 @@ def test_a_second_hang_up_is_not_a_second_stop_signal():
   assert proc.stderr == "stopped now by a second SIGTERM: nothing was saved; rerun the same command\n"
 
 
-def signal_set(pid: int, field: str) -> set[int]:
-  """The signals in a /proc/PID/status mask (SigIgn: ignored; SigBlk: blocked by its main thread), bit N - 1 for
-  signal N."""
-  mask = int(re.search(rf"^{field}:\s*([0-9a-f]+)$", pathlib.Path(f"/proc/{pid}/status").read_text(), re.M)[1], 16)
-  return {signum for signum in range(1, 65) if mask >> (signum - 1) & 1}
-
-
 def test_a_stop_signal_while_a_data_worker_starts_is_the_main_process_s(tmp_path):
   """A SIGTERM to the whole process group (a scheduler's) as the data worker process starts, before its start could
   ignore it (its imports take seconds): the worker starts with the stop signals blocked, so the run stops as it does
@@ -256,6 +250,7 @@ def test_a_stop_signal_while_a_data_worker_starts_is_the_main_process_s(tmp_path
   assert set(signals.STOP_SIGNALS) <= held, held
   assert "Traceback" not in stderr and "Error" not in stderr, stderr[-3000:]
   assert stderr.strip().splitlines()[-1].startswith("stopped by SIGTERM"), stderr[-3000:]
+
 
 def test_a_run_started_under_nohup_trains_on_through_a_hang_up(tmp_path):
   """`nohup python train.py ...`: SIGHUP, ignored from the start, stays ignored; the run trains to its end through a
