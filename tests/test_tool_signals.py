@@ -185,9 +185,35 @@ def test_sigterm_in_a_command_is_one_line_like_ctrl_c():
                                          "same command\n")
 
 
+# A command (SIGHUP's default action, as a login shell's job has it) hung up while it works, and again, as the shell
+# sends its own, while its `finally` cleans up.
+HUNG_UP_TWICE = """import os, signal, time
+signal.signal(signal.SIGHUP, signal.SIG_DFL)
+from tupe.run import process
+def main(argv):
+  try:
+    os.kill(os.getpid(), signal.SIGHUP)
+    time.sleep(60)
+  finally:
+    os.kill(os.getpid(), signal.SIGHUP)
+    print("cleaned up", flush=True)
+process.run_main(main)
+"""
+
+
+def test_a_second_hang_up_lets_a_command_s_cleanup_finish():
+  """A closed terminal's kernel and shell each send SIGHUP: the second one, while the command cleans up after the
+  first, is not the default action that kills it there (before: killed by SIGHUP, its cleanup cut short, no line)."""
+  proc = subprocess.run([sys.executable, "-c", HUNG_UP_TWICE], cwd=REPO, env=train_env(), capture_output=True,
+                        text=True, timeout=120)
+  assert (proc.returncode, proc.stdout, proc.stderr) == (129, "cleaned up\n", "error: interrupted by SIGHUP (hang-up); "
+                                                         "what was written is whole: rerun the same command\n")
+
+
 # A command whose stop signal comes while Python runs a weakref callback (as while JAX's garbage-collection callback
 # runs, or a __del__): the handler's exception is raised there, where Python drops it.
 DROPPED = """import os, signal, sys, time, weakref
+signal.signal(signal.SIGHUP, signal.SIG_DFL)  # (as a login shell's job has it, whatever ran this suite)
 from tupe.run import process
 class Data:
   pass
@@ -204,8 +230,8 @@ process.run_main(main)
 """
 
 
-@pytest.mark.parametrize("signum, work_s", [(signal.SIGINT, 30.0), (signal.SIGTERM, 0.0)],
-                         ids=["ctrl-c-work-goes-on", "sigterm-work-ends-at-once"])
+@pytest.mark.parametrize("signum, work_s", [(signal.SIGINT, 30.0), (signal.SIGTERM, 0.0), (signal.SIGHUP, 30.0)],
+                         ids=["ctrl-c-work-goes-on", "sigterm-work-ends-at-once", "hang-up-work-goes-on"])
 def test_a_stop_signal_that_python_drops_in_a_callback_stops_the_command(signum, work_s):
   """A Ctrl-C or SIGTERM whose exception Python drops (raised in a callback) still stops the command, with its line
   and status: at once where work goes on, as the command ends where it ended first (before: "Exception ignored in:

@@ -186,10 +186,10 @@ class _Watcher:
 def interrupt(signum, _frame) -> None:
   """The SIGTERM and SIGHUP handler of a command's own process where no job records them (`tupe.run.process.run_main`
   installs it): raises `Interrupted`, as Python's SIGINT handler raises KeyboardInterrupt; a command with no job has
-  no safe point to wait for. A library's `except` may swallow it, so a second one kills the process (the default
-  action, back in place from the first); where Python drops it (in JAX's garbage-collection callback, say),
-  `run_main` sends it again with this handler back in place."""
-  signal.signal(signum, signal.SIG_DFL)
+  no safe point to wait for. A library's `except` may swallow it, so a second SIGTERM kills the process (the default
+  action, back from the first); a second hang-up (a shell's, after the kernel's) is ignored: the cleanup goes on.
+  Where Python drops it (in JAX's garbage-collection callback), `run_main` sends it again with this handler back."""
+  signal.signal(signum, signal.SIG_IGN if signum == signal.SIGHUP else signal.SIG_DFL)
   raise Interrupted(signum)
 
 

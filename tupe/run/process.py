@@ -189,14 +189,15 @@ def _resend_dropped_stops(hook):
   `Interrupted`): Python drops an exception raised where it cannot propagate (a weakref callback, a __del__, JAX's
   garbage-collection callback), so a signal whose handler ran there was lost: an "Exception ignored" traceback, and
   the command went on to the end and exit 0. The signal is sent again a moment later, once the main thread has left
-  the callback (again if it lands in one again), and stops the command with its line and status; SIGTERM's handler,
-  which put the default action back as it raised, is put back first."""
+  the callback (again if it lands in one again), and stops the command with its line and status; the handler of
+  SIGTERM or SIGHUP, which put the default action back (SIGHUP's: ignored) as it raised, is put back first."""
   def unraisable(dropped) -> None:
     if not isinstance(dropped.exc_value, KeyboardInterrupt):
       hook(dropped)
       return
     signum = getattr(dropped.exc_value, "signum", signal.SIGINT)
-    if signal.getsignal(signum) == signal.SIG_DFL and threading.current_thread() is threading.main_thread():
+    in_main = threading.current_thread() is threading.main_thread()
+    if in_main and signal.getsignal(signum) in (signal.SIG_DFL, signal.SIG_IGN):  # (as `interrupt` left it)
       signal.signal(signum, signals.interrupt)
     resend = threading.Timer(_RESEND_AFTER_S, os.kill, (os.getpid(), signum))
     resend.daemon = True

@@ -21,7 +21,7 @@ per checkpoint step, and a GLUE grid whose runs are all in runs.jsonl is skipped
 at its first missing run). Every command's config is loaded and checked, values included, as train.py and
 eval_glue.py check them, before anything runs or is printed; a variant already pre-trained in the root under other
 settings (another seed, recipe or override) is refused (`check_pretrained`), never resumed or reported as this
-study's. Ctrl-C or SIGTERM reaches the command running, which saves; the study then stops with its status.
+study's. Ctrl-C, SIGTERM or a hang-up reaches the command running, which saves; the study then stops with its status.
 --print writes the commands, one per line in order, for a scheduler (the last one writes the report);
 --report-only writes the report from what is finished. --config.only=bert_a,tupe_a runs those variants alone
 (and the control, whose variant must be among them).

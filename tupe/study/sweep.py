@@ -9,8 +9,8 @@ and a digest keeps the names distinct: `workdir_name`), so rerunning the sweep r
 checkpoints (a workdir there trained under other settings, another sweep's with other arguments after `--`, is
 refused). A --grid's values are one CSV row: a value holding commas (data.files's list of globs) is quoted whole,
 --grid 'data.files="a/*.txt,b/*.txt",c/*.txt' (two runs). Arguments after `--` go to every run. The sweep ends with
-a table: each run's overrides, its last training loss, its last eval loss and its workdir. Ctrl-C or SIGTERM reaches
-the run in progress, which saves; the sweep then stops with its status.
+a table: each run's overrides, its last training loss, its last eval loss and its workdir. Ctrl-C, SIGTERM or a
+hang-up reaches the run in progress, which saves; the sweep then stops with its status.
 --print writes the train.py commands (one per line) instead of running them, for a cluster scheduler: each starts
 with `cd` into the folder the sweep ran in and names the config file by its absolute path, so that it runs from
 any folder, as a scheduler runs it, and reads every relative path (data files, a vocab) as the sweep checked it.
