@@ -175,6 +175,36 @@ def test_a_result_that_cannot_be_written_is_one_line():
                                                "left on device); free space where it goes, or send it elsewhere\n")
 
 
+# Runs the rest of its command line with stdout closed (`... >&-`): Python's sys.stdout is None there.
+STDOUT_CLOSED = "import os, sys; os.close(1); os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+# A command that opens a file and says on stderr which file descriptor it got.
+OPENS_A_FILE = """import os, sys, tempfile
+from tupe.run import process
+def main(argv):
+  with tempfile.TemporaryFile() as f:
+    os.write(2, f"{f.fileno()}\\n".encode())
+process.run_main(main)
+"""
+
+
+def test_a_job_with_its_stdout_closed_trains_to_its_end(tmp_path):
+  """`python train.py ... >&-`: its progress goes nowhere, without a word or a traceback (before: an AttributeError
+  on None at the first line), and it trains to its end, exit 0; a tool's result cannot go nowhere: one line, exit 2;
+  and no file the command opens takes stdout's descriptor (a library's print to fd 1 would land in it)."""
+  proc = subprocess.run([sys.executable, "-c", STDOUT_CLOSED, *train_command(tmp_path / "run", {"log_every": 1})[1:]],
+                        cwd=REPO, env=train_env(), stderr=subprocess.PIPE, text=True, timeout=300)
+  assert (proc.returncode, proc.stderr) == (0, "")
+  assert finished_steps(tmp_path / "run") == list(range(EVERY, STEPS + 1, EVERY))
+  tool = subprocess.run([sys.executable, "-c", STDOUT_CLOSED, "-m", "tupe.tools.summary", "--config",
+                         "configs/pretrain.py:bert_a,tiny"], cwd=REPO, env=train_env(), stderr=subprocess.PIPE,
+                        text=True, timeout=300)
+  assert (tool.returncode, tool.stderr) == (2, "error: this command's output cannot be written: its stdout is closed "
+                                               "(`>&-`); send it to a file, or to /dev/null to drop it\n")
+  opens = subprocess.run([sys.executable, "-c", STDOUT_CLOSED, "-c", OPENS_A_FILE], cwd=REPO, env=train_env(),
+                         stderr=subprocess.PIPE, text=True, timeout=60)
+  assert opens.returncode == 0 and int(opens.stderr) > 2, opens.stderr
+
+
 def test_lines_to_streams_no_one_reads_are_dropped_once_said(monkeypatch, capsys):
   """In process: stdout a closed pipe, `console.log` says so once on stderr and its lines then go nowhere;
   stderr a closed pipe too (`2>&1 | head`), warnings, errors and a meter's lines go nowhere, and nothing raises."""
@@ -190,6 +220,13 @@ def test_lines_to_streams_no_one_reads_are_dropped_once_said(monkeypatch, capsys
       meter = console.Meter("reading", 4.0, stream=stderr)
       meter._write("reading: 1.0/4.0 MB", final=True)
       console.log("step 3")
+    monkeypatch.setattr(sys, "stdout", None)  # closed from the start (`>&-`), and stderr too
+    monkeypatch.setattr(sys, "stderr", None)
+    console.log("step 4")
+    console.warn("a repeated vocab line")
+    console.error("error: the store stopped answering")
+    console.Meter("reading", 4.0)._write("reading: 1.0/4.0 MB", final=True)
+    console.flush()
   monkeypatch.undo()
   assert capsys.readouterr() == ("", "")
 

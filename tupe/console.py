@@ -93,7 +93,10 @@ def out(text: str, end: str = "\n") -> None:
   """A command's result on stdout (a table, JSON, a dry run's commands, what it wrote), flushed. Unlike `log`'s
   progress, a result that cannot be written fails the command: a reader that has ended (`... | head`) with a
   `BrokenPipeError` (`tupe.run.process.run_main` then ends as Unix tools end: status 141, no line), any other
-  failure (a full disk) with one line."""
+  failure (a full disk) with one line, and so does a closed stdout (`>&-`: Python's `sys.stdout` is None)."""
+  if sys.stdout is None:
+    raise UserError("this command's output cannot be written: its stdout is closed (`>&-`); send it to a file, or "
+                    "to /dev/null to drop it")
   try:
     sys.stdout.write(text + end)
     sys.stdout.flush()
@@ -130,7 +133,10 @@ def _write(stream, text: str) -> None:
   """Writes and flushes `text`. Where the stream cannot be written any more (its reader has ended: a closed pipe or
   terminal; or its file's disk is full), it goes to /dev/null and the command goes on, so that a job is never lost to
   what displays its progress; stdout's end is said once, on stderr. (A command's product is a file, or a tool's
-  `print`, never these lines. A terminal's hang-up also stops a job, with a checkpoint: `tupe.signals`.)"""
+  `print`, never these lines. A terminal's hang-up also stops a job, with a checkpoint: `tupe.signals`.) A stream
+  that was closed from the start (`>&-`: Python's `sys.stdout` or `sys.stderr` is None) is written nowhere."""
+  if stream is None:
+    return
   try:
     stream.write(text)
     stream.flush()
@@ -188,7 +194,7 @@ class Meter:
   def __init__(self, what: str, total: float, unit: str = "MB", scale: float = 2**20, stream=None):
     self.what, self.total, self.unit, self.scale = what, total, unit, scale
     self.stream = stream or sys.stderr
-    self.terminal = self.stream.isatty()
+    self.terminal = self.stream is not None and self.stream.isatty()
     self.quiet = not _speaks()
     self.start = time.monotonic()
     self.due = self.start + self.FIRST_S

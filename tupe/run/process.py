@@ -99,6 +99,7 @@ def run_main(main, argv=None) -> None:
   signals.on_child_start(quiet.install)  # (a worker process of the command, spawned: its library noise quieted too)
   owns_process = argv is None
   if owns_process:
+    _hold_closed_standard_streams()
     signals.own_process()  # (work that a stop signal must end at once goes to a child: `signals.call_in_child`)
     logs.install()  # (the package's warnings as `warning: ...` lines; a caller's process keeps its own handlers)
     signals.on_child_start(logs.install)  # (and its spawned workers', as `call_in_child`'s work)
@@ -204,6 +205,20 @@ def _resend_dropped_stops(hook):
     _dropped.append((signum, resend))
     resend.start()
   return unraisable
+
+
+def _hold_closed_standard_streams() -> None:
+  """Puts /dev/null on stdout's or stderr's file descriptor where the command started with it closed (`>&-`), so that
+  no file the command opens gets it: a library's print to it (native code writes to fd 1 or 2 as it likes) would
+  land in a checkpoint or a results file. Python's `sys.stdout` stays None: `console` knows it is closed."""
+  for fd in (1, 2):
+    try:
+      os.fstat(fd)
+    except OSError:
+      devnull = os.open(os.devnull, os.O_WRONLY)
+      if devnull != fd:
+        os.dup2(devnull, fd)
+        os.close(devnull)
 
 
 def _stop_for_a_dropped_signal() -> None:
