@@ -314,3 +314,13 @@ def test_a_printed_sweep_command_runs_from_another_folder_and_a_sweep_ends_with_
                                              r"checkpoint, 0.5 now\): sweep into another --root"):
     sweep.main(["sweep", "--config", "configs/pretrain.py:tupe_a,tiny", "--root", str(root), "--grid", "seed=0,1",
                 "--print", "--", *SWEEP_RUN, "--config.optimizer.learning_rate=0.5"])
+  # A sweep's stdout on a full disk: its progress is not its product; it says so once and runs its runs (before: its
+  # first progress line failed it with "this command's output cannot be written", no run started).
+  called = []
+  with open("/dev/full", "w") as full:
+    monkeypatch.setattr(sys, "stdout", full)
+    sweep.main(["sweep", "--config", "configs/pretrain.py:tupe_a,tiny", "--root", str(root), "--grid", "seed=0", "--",
+                *SWEEP_RUN, "--config.eval_every=2", "--config.eval_batches=1"],
+               call=lambda command: called.append(command) or subprocess.call(command))
+    monkeypatch.undo()
+  assert len(called) == 1 and capsys.readouterr().err.startswith("warning: stdout cannot be written (No space left")

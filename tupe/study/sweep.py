@@ -192,7 +192,7 @@ def main(argv: list[str], call=subprocess.call) -> None:
     if args.print:
       console.out(f"cd {shlex.quote(os.getcwd())} && {shlex.join(command)}")
       continue
-    console.out(f"[sweep] run {i + 1}/{len(commands)}: {shlex.join(command[2:])}")
+    console.log(f"[sweep] run {i + 1}/{len(commands)}: {shlex.join(command[2:])}")
     runner.check_exit(call(command), f"run {i + 1}/{len(commands)}", "rerun the sweep to resume", command)
   if not args.print:
     console.out(f"[sweep] {console.plural(len(commands), 'run')} finished:\n{summary(commands, len(args.grid))}",
