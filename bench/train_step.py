@@ -29,7 +29,7 @@ KEY=VALUE overrides, labelled by it), and its summary line also gives each one's
 first: what scanning the layers saves in compilation and costs per step. A KEY that starts with `xla_` is an XLA
 option (a field of XLA's DebugOptions, as XLA_FLAGS would set it for the whole process) given to that variant's
 compilation alone, so that XLA's flags are measured one at a time in one process, interleaved against the step
-without them:
+without them (an item whose value holds commas is quoted whole, as in a CSV row: '"xla_disable_hlo_passes=a,b"'):
 
   python -m bench.train_step --config configs/pretrain.py:bert_a,base --batch 512 --seq 128 --dtype bfloat16 \
       --variant xla_gpu_enable_triton_gemm=false --variant xla_gpu_enable_cudnn_layer_norm=true --repeats 3
@@ -37,6 +37,7 @@ without them:
 from __future__ import annotations
 
 import argparse
+import csv
 import pathlib
 import re
 import time
@@ -158,9 +159,15 @@ def xla_value(text: str) -> bool | int | float | str:
 
 
 def split_variant(variant: str) -> tuple[list[str], dict]:
-  """A --variant's config overrides (KEY=VALUE) and its XLA options (xla_NAME=VALUE: name -> value)."""
+  """A --variant's config overrides (KEY=VALUE) and its XLA options (xla_NAME=VALUE: name -> value). The items are
+  one CSV row: an item whose value holds commas is quoted whole, '"xla_disable_hlo_passes=fusion,cse",seed=1'."""
+  try:
+    items = next(csv.reader([variant], strict=True), [])
+  except csv.Error as e:
+    raise SystemExit(f"error: --variant {variant}: {e}; quote an item that holds commas whole, with a closing quote, "
+                     f"e.g. \"xla_disable_hlo_passes=fusion,cse\"") from None
   overrides, options = [], {}
-  for item in filter(None, variant.split(",")):
+  for item in filter(None, items):
     key, equals, value = item.partition("=")
     if not key.startswith("xla_"):
       overrides.append(item)

@@ -108,6 +108,11 @@ def test_a_variant_s_xla_options_reach_its_compilation_alone():
                                   "xla_gpu_autotune_level=0,xla_disable_hlo_passes=fusion") == (
       ["model.scan_layers=True"], {"xla_gpu_enable_triton_gemm": False, "xla_gpu_autotune_level": 0,
                                    "xla_disable_hlo_passes": "fusion"})
+  assert train_step.split_variant('"xla_disable_hlo_passes=fusion,cse",seed=1') == (  # (a list: quoted whole)
+      ["seed=1"], {"xla_disable_hlo_passes": "fusion,cse"})
+  with pytest.raises(SystemExit, match=r"^error: --variant \"xla_disable_hlo_passes=fusion,cse: unexpected end of "
+                                       r"data; quote an item that holds commas whole"):
+    train_step.split_variant('"xla_disable_hlo_passes=fusion,cse')
   with pytest.raises(SystemExit, match=r"^error: --variant xla_gpu_enable_triton_gemm: give the XLA option a "
                                        r"value, e.g. xla_gpu_enable_triton_gemm=true$"):
     train_step.split_variant("xla_gpu_enable_triton_gemm")
