@@ -248,7 +248,7 @@ def plot_gpu_round(records: list[dict], figure) -> str:
 
 # The first kind whose test matches a file's records draws it.
 KINDS: dict[str, tuple[Callable[[dict], bool], Callable]] = {
-    "gpu_round": (lambda r: "anchor" in r or "test_gpu" in r, plot_gpu_round),
+    "gpu_round": (lambda r: "gpu_round" in r or "anchor" in r or "test_gpu" in r, plot_gpu_round),
     "compare_hf": (lambda r: "pair" in r and "ratio_per_repeat" in r, plot_compare_hf),
     "dynamic_conv": (lambda r: r.get("what") == "dynamic_conv forward+backward", plot_dynamic_conv),
     "pipeline": (lambda r: r.get("what") == "pipeline", plot_pipeline),

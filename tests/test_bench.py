@@ -569,6 +569,9 @@ def test_plot_tells_a_gpu_round_and_a_train_step_variant_apart(tmp_path):
   plotted(again, tmp_path, "gpu_round")
   assert plot.gpu_round_series(again) == {"ours: bert_a": {128: 660.0},
                                           "ours: bert_a xla_gpu_enable_triton_gemm=false": {128: 640.0}}
+  # A round of the "candidates" part alone (no tests, no anchor): its first line, gpu_round.sh's, says what it is.
+  marker = {"gpu_round": "bench/gpu_round.sh", "parts": "candidates", "started": "2026-12-02T10:00:00Z"}
+  plotted([marker, ablation, dict(ablation, variant="decoder_grad"), step], tmp_path, "gpu_round")
   plotted([step, dict(step, variant="model.remat=dots", tokens_per_s=5e5)], tmp_path, "train_step")
 
 
