@@ -77,9 +77,14 @@ def test_bad_values_are_one_line(field, value, words):
 
 LOADER_ERRORS = [
     (["model.hiden_size=3"], "--config.model.hiden_size: the config has no field 'hiden_size' (did you mean "
-                             "'hidden_size'?)"),
-    (["sed=1"], "--config.sed: the config has no field 'sed' (did you mean 'seed'?)"),
-    (["SEED=1"], "--config.SEED: the config has no field 'SEED' (did you mean 'seed'?)"),  # (no suggestion before)
+                             "--config.model.hidden_size?)"),
+    (["sed=1"], "--config.sed: the config has no field 'sed' (did you mean --config.seed?)"),
+    (["SEED=1"], "--config.SEED: the config has no field 'SEED' (did you mean --config.seed?)"),  # (none before)
+    # A typo above the field, and a group's field written as one name (before: "did you mean 'checkpoint'?").
+    (["optimzer.learning_rate=1"], "--config.optimzer.learning_rate: the config has no field 'optimzer' (did you "
+                                   "mean --config.optimizer.learning_rate?)"),
+    (["checkpoint_every=3"], "--config.checkpoint_every: the config has no field 'checkpoint_every' (did you mean "
+                             "--config.checkpoint.keep_every or --config.checkpoint.every_steps?)"),
     (["model.hidden_size.x=1"], "--config.model.hidden_size.x: the config has no field 'x'"),
     (["model.hidden_size=abc"], "--config.model.hidden_size=abc: invalid literal for int()"),
     (["optimizer.learning_rate=fast"], "--config.optimizer.learning_rate=fast: could not convert string to float"),

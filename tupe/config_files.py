@@ -59,15 +59,28 @@ def _check_override_keys(config: ml_collections.ConfigDict, argv: Sequence[str])
     if not arg.startswith("--config."):
       continue
     override = arg.split("=", 1)[0]
-    node = config
-    for i, name in enumerate(override.removeprefix("--config.").split(".")):
+    node, names = config, override.removeprefix("--config.").split(".")
+    for i, name in enumerate(names):
       if not isinstance(node, ml_collections.ConfigDict) or name not in node:
-        fields = list(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
-        same_letters = [field for field in fields if field.lower() == name.lower()]  # epochs.RTE: epochs.rte
-        close = same_letters or difflib.get_close_matches(name, fields, n=1)
-        raise UserError(f"{override}: the config has no field {name!r}"
-                        + (f" (did you mean {close[0]!r}?)" if close else "") + "; see the fields in the config file")
+        # The closest field that takes a value, under the part of the path that exists: a typo at any depth
+        # (optimzer.learning_rate), a case (epochs.RTE: epochs.rte) or a field of a group (checkpoint_every:
+        # checkpoint.every_steps).
+        rest, fields = ".".join(names[i:]), _value_fields(node)
+        close = [f for f in fields if f.lower() == rest.lower()] or difflib.get_close_matches(rest, fields, n=2)
+        if close and difflib.SequenceMatcher(None, rest, close[0]).ratio() >= 0.9:
+          close = close[:1]  # (a near-certain match alone; two where neither is)
+        flags = " or ".join(f"--config.{'.'.join(names[:i] + [field])}" for field in close)
+        raise UserError(f"{override}: the config has no field {name!r}" + (f" (did you mean {flags}?)" if close else "")
+                        + "; see the fields in the config file")
       node = node[name]
+
+
+def _value_fields(node) -> list[str]:
+  """The dotted paths of the fields under `node` that hold a value (not a group of fields); none under a value."""
+  if not isinstance(node, ml_collections.ConfigDict):
+    return []
+  return [f"{key}.{sub}" if sub else key for key, value in node.items()
+          for sub in (_value_fields(value) if isinstance(value, ml_collections.ConfigDict) else [""])]
 
 
 def last_wins(argv: Sequence[str]) -> list[str]:
