@@ -106,6 +106,34 @@ def test_hosts_sharing_a_folder_make_the_same_unit_at_once(reference, tmp_path):
   assert contents(folder) == contents(reference)
 
 
+def test_a_record_s_write_cut_by_a_kill_leaves_nothing_once_the_folder_is_finished(reference, corpus_glob, bert_vocab,
+                                                                                  tmp_path, monkeypatch):
+  """A run killed while it wrote a unit's record (as test_resume_after_sigkill_gives_the_same_shards's kill now and
+  then lands) leaves the record's temporary file: the run that finishes the folder removes it with the shards'
+  (before: it stayed in units/ for good). A host that writes a record as another finishes the folder finds its
+  temporary file gone and the record (the same bytes) in place, and goes on."""
+  folder = tmp_path / "packed"
+  shutil.copytree(reference, folder)
+  (folder / shards.METADATA).unlink()  # every unit written, the folder not finished yet
+  (folder / shards.UNITS / ".00001.json.k1ll3d.tmp").write_bytes(b"")
+  preprocess.main(args(corpus_glob, bert_vocab, folder))
+  assert contents(folder) == contents(reference)
+
+  plan = json.loads((folder / shards.PLAN).read_text())
+  real_fsync = os.fsync
+
+  def finished_meanwhile(fd: int) -> None:  # before the record's rename: another host removes the leftovers
+    real_fsync(fd)
+    for leftover in shards.leftovers(folder):
+      leftover.unlink()
+  monkeypatch.setattr(os, "fsync", finished_meanwhile)
+  tallies = {}
+  record = shards.write_unit(folder, 0, build.unit_examples(plan, 0, tallies), tallies)
+  monkeypatch.undo()
+  assert record == shards.read_unit_record(reference, 0)
+  assert contents(folder) == contents(reference)
+
+
 def test_other_settings_in_a_started_folder_are_refused(reference, corpus_glob, bert_vocab):
   with pytest.raises(UserError, match="holds a run with other inputs or settings"):
     preprocess.main(args(corpus_glob, bert_vocab, reference, "--cased"))

@@ -91,7 +91,7 @@ def _finish(plan: dict, output: storage.PathLike, records: list[dict]) -> dict:
     storage.remove(out / shards.PLAN)
     raise
   storage.copy(plan["vocab_file"], out / shards.VOCAB)
-  for leftover in storage.glob(str(out / "*.tmp-*")):
+  for leftover in shards.leftovers(out):
     storage.remove(leftover)
   storage.write_text(out / shards.METADATA, json.dumps(metadata, indent=2) + "\n")
   return metadata

@@ -27,6 +27,7 @@ from tupe.data import corpus
 from tupe.data.packing import ExampleSource
 from tupe.data.report import Tally
 from tupe.errors import UserError
+from tupe.store import atomic
 from tupe.store import jsonfile
 from tupe.store import storage
 from tupe.store.refusals import StorageError
@@ -119,8 +120,22 @@ def write_unit(folder: storage.PathLike, unit: int, examples, tallies: dict[str,
     os.rmdir(scratch)
   record = dict(unit=unit, num_examples=counts, num_tokens=tokens, inputs={n: t.as_dict() for n, t in tallies.items()},
                 examples_sha256=digests.as_dict())
-  storage.write_text(unit_record_path(folder, unit), json.dumps(record) + "\n")
+  try:
+    storage.write_text(unit_record_path(folder, unit), json.dumps(record) + "\n")
+  except StorageError as e:  # The same for the record: its temporary file removed by a host that finished first.
+    if not isinstance(e.__cause__, FileNotFoundError) or read_unit_record(folder, unit) != record:
+      raise
   return record
+
+
+def leftovers(folder: storage.PathLike) -> list[storage.Path]:
+  """The temporary files that killed runs (SIGKILL, a machine gone) left in a local `folder`: shards (any process's,
+  of any host) and the units' records (`tupe.store.atomic`'s). A host that writes a unit meanwhile finds it in place
+  (`write_unit`)."""
+  folder = storage.path(folder)
+  if storage.is_remote(folder):
+    return []  # (a shard is one upload, visible whole or not at all; its scratch folder is local: `remove_unfinished`)
+  return storage.glob(str(folder / "*.tmp-*")) + storage.glob(atomic.leftovers(str(folder / UNITS)))
 
 
 def _temporary_suffix(pid: int) -> str:

@@ -27,6 +27,12 @@ def _new_file_mode() -> int:
   return 0o666 & ~umask
 
 
+def leftovers(folder: str) -> str:
+  """The glob pattern of the temporary files that `write`s killed mid-write (SIGKILL, a power cut) left in `folder`;
+  whoever removes them must know that no `write` there is in flight, or tolerate its failure."""
+  return os.path.join(folder, ".*.tmp")
+
+
 def write(target: str, data: bytes) -> None:
   """Writes `data` to the local file `target` (whose folder exists) atomically, fsynced, with `open`'s mode."""
   try:
@@ -34,7 +40,7 @@ def write(target: str, data: bytes) -> None:
   except FileNotFoundError:
     mode = _new_file_mode()
   folder, name = os.path.split(target)
-  fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
+  fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")  # (`leftovers`' pattern)
   try:
     with os.fdopen(fd, "wb") as f:
       os.fchmod(f.fileno(), mode)
