@@ -4,6 +4,8 @@
   a rerun under other settings (config.json deleted) or from another pre-training step is refused with one line
   naming the difference and the ways on; pinning the step (DIR/checkpoints/<step>) resumes, and results.json
   names the step.
+- Every record carries the rows and a digest of the train and dev examples it was trained and scored on: a rerun on
+  changed files is refused, the same files in another folder resume.
 - A repeated task or learning rate is refused before anything runs, and the last of a repeated flag wins.
 - Splits that would fail after training (an empty dev split, a short or duplicate-index test split, STS-B scores
   outside 0-5), an emptied config.json, an unreadable pytorch_model.bin and a workdir path too long for the
@@ -81,6 +83,32 @@ def test_runs_from_another_checkpoint_step_are_refused_and_the_step_can_be_pinne
   assert [r["seed"] for r in runs] == [0, 1] and {r["init"]["step"] for r in runs} == {2}
   assert runs[0]["init"] == runs[1]["init"] and results["init"]["step"] == 2
   assert json.loads((workdir / "results.json").read_text())["init"]["checkpoint"] == str(init / "checkpoints" / "2")
+
+
+def test_runs_on_other_data_are_refused_and_the_same_data_elsewhere_resumes(pretrained, glue_dir, tmp_path):
+  """Each run records the rows and a digest of the examples it was trained and scored on: a rerun whose RTE files
+  were cut (or edited) between runs is refused in one line naming the split, where before its new seed's score went
+  into one median with the older runs'; the same files in another folder (data_dir may change) resume."""
+  copy, workdir = tmp_path / "glue_data", tmp_path / "glue"
+  shutil.copytree(glue_dir / "RTE", copy / "RTE")
+  cfg = tiny_cfg(init_checkpoint=str(pretrained), data_dir=str(copy))
+  run(cfg, workdir)
+  [first] = runs_lib.read_runs(workdir)
+  assert first["data"]["train"]["rows"] == 32 and set(first["data"]) == {"train", "dev"}
+  dev = (copy / "RTE" / "dev.tsv").read_text().splitlines(keepends=True)
+  (copy / "RTE" / "dev.tsv").write_text("".join(dev[:65]))  # the dev split cut to 64 rows
+  cfg.seeds = (0, 1)
+  with pytest.raises(UserError) as e:
+    run(cfg, workdir)
+  assert str(e.value) == (
+      f"{workdir} holds RTE runs fine-tuned and scored on other data (RTE dev: {len(dev) - 1} rows, digest "
+      f"{first['data']['dev']['digest']} then, 64 rows, digest {e.value.args[0].split('64 rows, digest ')[1][:16]} "
+      f"now): use a new --workdir, or restore the data of those runs")
+  assert len(runs_lib.read_runs(workdir)) == 1  # nothing trained, nothing lost
+  cfg.data_dir = str(glue_dir)  # the same files elsewhere
+  run(cfg, workdir)
+  runs = runs_lib.read_runs(workdir)
+  assert [r["seed"] for r in runs] == [0, 1] and runs[0]["data"] == runs[1]["data"]
 
 
 def test_a_checkpoint_s_identity_is_the_same_before_and_after_its_commit_is_recorded(pretrained, tmp_path):

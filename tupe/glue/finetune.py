@@ -131,10 +131,11 @@ def check_fine_tuning(cfg) -> None:
 STSB_SCORES = (0.0, 5.0)  # The range of STS-B's similarity scores
 
 
-def check_splits(cfg, task) -> None:
+def check_splits(cfg, task) -> dict[str, list[glue.Example]]:
   """Every split a task's runs read, checked before the first run: the training schedule has steps, each dev
   split has rows, each test split has one row per index the GLUE server wants (0 ... test_rows - 1), and
-  STS-B's scores lie in 0-5.
+  STS-B's scores lie in 0-5. Returns the examples a run is trained and scored on, by split ("train" and each dev
+  split), for `tupe.glue.runs.data_identity`.
 
   Raises:
     UserError: naming the split and what to fix.
@@ -167,6 +168,7 @@ def check_splits(cfg, task) -> None:
     if idx != list(range(ev.test_rows)):
       raise UserError(f"{ev.name} {ev.test_split}: {len(idx)} rows, but the GLUE server wants one for each index "
                       f"0...{ev.test_rows - 1}: restore the official test file, or set --config.predict_test=false")
+  return dict(scored)
 
 
 def run(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
@@ -193,9 +195,11 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
     pending = {task.name: [(lr, seed) for lr in lrs for seed in cfg.seeds if (task.name, lr, seed) not in done]
                for task in tasks}
     missing, have = [], []  # Fail on missing data or steps before any run, naming the tasks whose data is there.
+    data = {}  # What each task's pending runs are trained and scored on (`runs.data_identity`).
     for task in (task for task in tasks if pending[task.name]):
       try:
-        check_splits(cfg, task)
+        data[task.name] = runs_lib.data_identity(check_splits(cfg, task))
+        runs_lib.check_data(workdir, task.name, data[task.name], recorded)
         have.append(glue_data.task_key(task))
       except glue.MissingSplit as e:
         missing.append(e)
@@ -217,7 +221,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
     if any(pending.values()):
       stop.before_run(first=True)
     job.started()  # Bad input, a signal, any failure before here: no workdir left behind.
-    _run_grid(cfg, workdir, tasks, pending, lrs, backbone, encoder, mesh, rules, stop)
+    _run_grid(cfg, workdir, tasks, pending, data, lrs, backbone, encoder, mesh, rules, stop)
   results = workdir / "results.json"
   return jsonfile.read(results, "delete it: the next run writes it again from runs.jsonl") if (
       storage.exists(results)) else {}
@@ -251,8 +255,9 @@ class _Stop:
                     f"finished runs", signum)
 
 
-def _run_grid(cfg, workdir, tasks, pending, lrs, backbone, encoder, mesh, rules, stop: _Stop) -> None:
-  """Runs every pending (task, lr, seed) and writes each task's outputs; stop.label names the run in flight."""
+def _run_grid(cfg, workdir, tasks, pending, data_ids, lrs, backbone, encoder, mesh, rules, stop: _Stop) -> None:
+  """Runs every pending (task, lr, seed) and writes each task's outputs; stop.label names the run in flight; each
+  run's record carries its task's `data_ids` entry."""
   total = sum(len(runs) for runs in pending.values())
   count = 0
   peak, peak_source = (flops_lib.peak_flops_per_device(cfg.peak_flops, len(mesh.local_devices)) if total
@@ -278,7 +283,8 @@ def _run_grid(cfg, workdir, tasks, pending, lrs, backbone, encoder, mesh, rules,
       record, predictions, params = loop.finetune(cfg, setup, data, encoder, lr, seed, label,
                                                   runs_lib.run_dir(workdir, task.name, lr, seed), peak_flops,
                                                   stop.after_step)
-      record.update(settings=runs_lib.settings_digest(cfg), init=runs_lib.init_identity(backbone))
+      record.update(settings=runs_lib.settings_digest(cfg), init=runs_lib.init_identity(backbone),
+                    data=data_ids[task.name])
       keep.save_run(cfg, workdir, params, task_model.fine_tuned_config(cfg, backbone.cfg), task,
                     tokenizer_lib.read_vocab(backbone.vocab_file), record["init"], record)
       if jax.process_index() == 0:

@@ -200,6 +200,33 @@ def check_init(workdir: storage.Path, identity: dict | None) -> None:
                     f"--workdir, or pin the step of those runs: --config.init_checkpoint={old['checkpoint']}")
 
 
+def data_identity(splits: dict) -> dict:
+  """What a task's runs are trained and scored on: for each split ("train", each dev split), its number of rows and
+  a digest of its examples (text, label and index of each, in order). Every runs.jsonl record carries its task's, so
+  that where the data is read from may change (data_dir is resumable), but not what it holds."""
+  identity = {}
+  for split, examples in splits.items():
+    digest = hashlib.sha256()
+    for example in examples:
+      digest.update(json.dumps(list(example)).encode() + b"\n")
+    identity[split] = {"rows": len(examples), "digest": digest.hexdigest()[:16]}
+  return identity
+
+
+def check_data(workdir: storage.Path, task: str, identity: dict, runs: list[dict]) -> None:
+  """The recorded runs of `task` were trained and scored on the examples this command reads (`data_identity`), so
+  that one median never mixes two versions of a split (a file edited, cut or swapped between runs). Runs recorded
+  before their data was (no "data") are not checked."""
+  for run in (run for run in runs if run["task"] == task and run.get("data") is not None):
+    changed = [split for split in sorted(set(run["data"]) | set(identity))
+               if run["data"].get(split) != identity.get(split)]
+    if changed:
+      old, new = run["data"].get(changed[0]), identity.get(changed[0])
+      said = lambda what: f"{what['rows']} rows, digest {what['digest']}" if what else "absent"  # noqa: E731
+      raise UserError(f"{workdir} holds {task} runs fine-tuned and scored on other data ({task} {changed[0]}: "
+                      f"{said(old)} then, {said(new)} now): use a new --workdir, or restore the data of those runs")
+
+
 def run_records(runs: list[dict]) -> list[report.RunRecord]:
   """One report record per dev evaluation of each run (MNLI runs give MNLI-m and MNLI-mm), each with the run's
   own score (MNLI: the mean of both), on which the report picks one learning rate per task."""
