@@ -194,7 +194,9 @@ def test_bad_arguments_are_one_line_before_the_model_is_read(tmp_path, capsys):
        "arguments)"),
       (["--out", str(tmp_path / "out.csv")], f"error: --out {tmp_path / 'out.csv'}: name a .tsv or .jsonl file"),
       (["--out", str(folder)], f"error: --out {folder} is a directory: give a file name, e.g. "
-                               f"{folder / 'labels.tsv'}")):
+                               f"{folder / 'labels.tsv'}"),
+      (["--out", f"{tmp_path / 'new.tsv'}/"], f"error: --out {tmp_path / 'new.tsv'}/ names a directory (its trailing "
+                                              f"/): give a file name, e.g. {tmp_path / 'new.tsv' / 'labels.tsv'}")):
     with pytest.raises(SystemExit) as exit_info:
       run_main(predict_tool.main, ["predict", "--model", str(model), "--input", str(source), *extra])
     assert exit_info.value.code == 2 and capsys.readouterr().err.splitlines() == [line]

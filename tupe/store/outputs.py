@@ -20,6 +20,8 @@ def check(out: storage.PathLike, flag: str, example: str,
   target = storage.path(out)
   if storage.is_dir(target):
     raise UserError(f"{flag} {out} is a directory: give a file name, e.g. {target / example}")
+  if str(out).endswith("/"):
+    raise UserError(f"{flag} {out} names a directory (its trailing /): give a file name, e.g. {target / example}")
   for input_flag, given in inputs:
     if storage.same_file(target, given):
       raise UserError(f"{flag} {out} is the {input_flag} file {given}, which it would replace: give another file "

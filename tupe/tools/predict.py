@@ -35,7 +35,7 @@ def main(argv: list[str]) -> None:
   predict.write_output(args.out, *predict.output_rows(saved, examples, predict.Predictor(saved, args.batch_size)
                                                        .predict(examples)))
   run = saved.run
-  console.out(f"wrote {len(examples)} predictions to {args.out}: {saved.task.name} model {saved.directory} (lr "
+  console.out(f"wrote {console.plural(len(examples), 'prediction')} to {args.out}: {saved.task.name} model {saved.directory} (lr "
         f"{run['lr']:g}, seed {run['seed']}, step {run['step']}, dev score {run['score']:.2f})")
 
 
