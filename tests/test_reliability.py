@@ -359,7 +359,8 @@ def text(inputs, files: str, vocab: str = "vocab.txt") -> dict:
 #        "trained" | "under_a_file" | "<folder>_is_a_file" | "metrics_is_a_dir", words of the error line)
 BAD_INPUTS = {
     "unknown config field": ({}, ["--config.model.hiden_size=3"], 1, "fresh",
-                             ["--config.model.hiden_size", "no field 'hiden_size'", "did you mean --config.model.hidden_size?"]),
+                             ["--config.model.hiden_size", "no field 'hiden_size'",
+                              "did you mean --config.model.hidden_size?"]),
     "wrong config type": ({}, ["--config.seq_len=abc"], 1, "fresh", ["--config.seq_len=abc", "int()"]),
     "a stray argument": ({}, ["extra"], 1, "fresh", ["unexpected arguments extra: settings are flags"]),
     "a second --workdir": ({}, ["--workdir=elsewhere"], 1, "fresh", ["--workdir is given 2 times: give one"]),

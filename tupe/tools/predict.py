@@ -35,8 +35,9 @@ def main(argv: list[str]) -> None:
   predict.write_output(args.out, *predict.output_rows(saved, examples, predict.Predictor(saved, args.batch_size)
                                                        .predict(examples)))
   run = saved.run
-  console.out(f"wrote {console.plural(len(examples), 'prediction')} to {args.out}: {saved.task.name} model {saved.directory} (lr "
-        f"{run['lr']:g}, seed {run['seed']}, step {run['step']}, dev score {run['score']:.2f})")
+  console.out(f"wrote {console.plural(len(examples), 'prediction')} to {args.out}: {saved.task.name} model "
+              f"{saved.directory} (lr {run['lr']:g}, seed {run['seed']}, step {run['step']}, dev score "
+              f"{run['score']:.2f})")
 
 
 if __name__ == "__main__":
