@@ -85,6 +85,8 @@ LOADER_ERRORS = [
                                    "mean --config.optimizer.learning_rate?)"),
     (["checkpoint_every=3"], "--config.checkpoint_every: the config has no field 'checkpoint_every' (did you mean "
                              "--config.checkpoint.keep_every or --config.checkpoint.every_steps?)"),
+    (["chekpoint=3"], "--config.chekpoint: the config has no field 'chekpoint' (did you mean "  # a group's name
+                      "--config.checkpoint.FIELD?)"),
     (["model.hidden_size.x=1"], "--config.model.hidden_size.x: the config has no field 'x'"),
     (["model.hidden_size=abc"], "--config.model.hidden_size=abc: invalid literal for int()"),
     (["optimizer.learning_rate=fast"], "--config.optimizer.learning_rate=fast: could not convert string to float"),

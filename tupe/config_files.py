@@ -62,17 +62,29 @@ def _check_override_keys(config: ml_collections.ConfigDict, argv: Sequence[str])
     node, names = config, override.removeprefix("--config.").split(".")
     for i, name in enumerate(names):
       if not isinstance(node, ml_collections.ConfigDict) or name not in node:
-        # The closest field that takes a value, under the part of the path that exists: a typo at any depth
-        # (optimzer.learning_rate), a case (epochs.RTE: epochs.rte) or a field of a group (checkpoint_every:
-        # checkpoint.every_steps).
-        rest, fields = ".".join(names[i:]), _value_fields(node)
-        close = [f for f in fields if f.lower() == rest.lower()] or difflib.get_close_matches(rest, fields, n=2)
-        if close and difflib.SequenceMatcher(None, rest, close[0]).ratio() >= 0.9:
-          close = close[:1]  # (a near-certain match alone; two where neither is)
-        flags = " or ".join(f"--config.{'.'.join(names[:i] + [field])}" for field in close)
-        raise UserError(f"{override}: the config has no field {name!r}" + (f" (did you mean {flags}?)" if close else "")
+        raise UserError(f"{override}: the config has no field {name!r}" + _suggestion(node, names, i)
                         + "; see the fields in the config file")
       node = node[name]
+
+
+def _suggestion(node, names: list[str], i: int) -> str:
+  """' (did you mean --config.X?)' for an override whose names[i] is not a field of `node` (names[:i] are), or "".
+  Candidates: the groups of fields at that level, matched on names[i] (a typo in a group's name: --config.optimzer.
+  FIELD), and the fields that take a value at any depth below, matched on the rest of the path (a typo at any depth,
+  a case: epochs.RTE, a group's field written as one name: checkpoint_every). A near-certain match comes alone; two
+  are given where neither is."""
+  if not isinstance(node, ml_collections.ConfigDict):
+    return ""
+  rest = ".".join(names[i:])
+  scored = {f"{group}.FIELD": difflib.SequenceMatcher(None, names[i], group).ratio()
+            for group, value in node.items() if isinstance(value, ml_collections.ConfigDict)}
+  for field in _value_fields(node):
+    scored[field] = 1.0 if field.lower() == rest.lower() else difflib.SequenceMatcher(None, rest, field).ratio()
+  close = sorted((f for f in scored if scored[f] >= 0.6), key=lambda f: -scored[f])[:2]
+  if close and scored[close[0]] >= 0.9:
+    close = close[:1]
+  flags = " or ".join(f"--config.{'.'.join(names[:i] + [field])}" for field in close)
+  return f" (did you mean {flags}?)" if close else ""
 
 
 def _value_fields(node) -> list[str]:
