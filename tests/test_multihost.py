@@ -9,6 +9,7 @@ import pathlib
 import re
 import signal
 import socket
+import subprocess
 import sys
 import types
 
@@ -364,6 +365,26 @@ def test_failure_report_parsing():
   dist.auto = True
   assert supervise.not_joined_line(taken, dist).endswith("; this host stopped. Start every host of the pod or "
                                                           "cluster, with the same command")
+
+
+# A host's supervisor, started with stderr closed (`2>&-`), over a child that writes more to stderr than a pipe holds.
+SUPERVISED_WITH_STDERR_CLOSED = """import os, sys, types
+os.close(2)
+sys.stderr = None  # (as Python starts with fd 2 closed)
+from tupe.run import supervise
+distributed = types.SimpleNamespace(heartbeat_timeout_s=10, initialization_timeout_s=300, auto=False, process_id=0,
+                                    num_processes=2)
+print(supervise.run(["-c", "import sys; sys.stderr.write('x' * 300_000)"],
+                    types.SimpleNamespace(distributed=distributed)))
+"""
+
+
+def test_a_supervisor_with_its_stderr_closed_lets_its_child_finish():
+  """The child's lines go nowhere, and it ends with its status (before: the supervisor's reader died on None, the
+  child blocked on a full pipe, and the host hung)."""
+  proc = subprocess.run([sys.executable, "-c", SUPERVISED_WITH_STDERR_CLOSED], cwd=REPO, capture_output=True,
+                        text=True, timeout=60)
+  assert (proc.returncode, proc.stdout) == (0, "0\n")
 
 
 @pytest.mark.parametrize("lost_peer", [True, False], ids=["lost-peer", "other-error"])

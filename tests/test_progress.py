@@ -213,6 +213,8 @@ def test_lines_to_streams_no_one_reads_are_dropped_once_said(monkeypatch, capsys
     console.log("step 1")
     console.log("step 2")
     assert capsys.readouterr().err == GONE + "\n"
+    with pytest.raises(console.ReaderGone):  # a result after it: not lost to /dev/null unsaid (exit 141 for a tool)
+      console.out("a table")
     with open(closed_pipe(), "w") as stderr:
       monkeypatch.setattr(sys, "stderr", stderr)
       console.warn("a repeated vocab line")

@@ -315,12 +315,14 @@ def test_a_printed_sweep_command_runs_from_another_folder_and_a_sweep_ends_with_
     sweep.main(["sweep", "--config", "configs/pretrain.py:tupe_a,tiny", "--root", str(root), "--grid", "seed=0,1",
                 "--print", "--", *SWEEP_RUN, "--config.optimizer.learning_rate=0.5"])
   # A sweep's stdout on a full disk: its progress is not its product; it says so once and runs its runs (before: its
-  # first progress line failed it with "this command's output cannot be written", no run started).
+  # first progress line failed it with "this command's output cannot be written", no run started); its table, a
+  # result, fails it as one line at the end (not lost to /dev/null with exit 0).
   called = []
-  with open("/dev/full", "w") as full:
+  with open("/dev/full", "w") as full, pytest.raises(errors.UserError, match="^this command's output cannot be "
+                                                                            r"written to stdout \(No space left"):
     monkeypatch.setattr(sys, "stdout", full)
     sweep.main(["sweep", "--config", "configs/pretrain.py:tupe_a,tiny", "--root", str(root), "--grid", "seed=0", "--",
                 *SWEEP_RUN, "--config.eval_every=2", "--config.eval_batches=1"],
                call=lambda command: called.append(command) or subprocess.call(command))
-    monkeypatch.undo()
+  monkeypatch.undo()
   assert len(called) == 1 and capsys.readouterr().err.startswith("warning: stdout cannot be written (No space left")

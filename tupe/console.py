@@ -18,6 +18,11 @@ from tupe.errors import UserError
 
 
 _worker = False  # Whether this process is a worker of the command's (`worker_process`).
+_stdout_lost: tuple = ()  # The stdout `_write` sent to /dev/null, the error and whether its reader was gone.
+
+
+class ReaderGone(BrokenPipeError):
+  """A result for a stdout whose reader has ended (`out`)."""
 
 
 def worker_process() -> None:
@@ -97,15 +102,24 @@ def out(text: str, end: str = "\n") -> None:
   if sys.stdout is None:
     raise UserError("this command's output cannot be written: its stdout is closed (`>&-`); send it to a file, or "
                     "to /dev/null to drop it")
+  if _stdout_lost and _stdout_lost[0] is sys.stdout:  # (a progress line failed first: /dev/null took it since)
+    _result_lost(*_stdout_lost[1:])
   try:
     sys.stdout.write(text + end)
     sys.stdout.flush()
   except OSError as e:
-    if reader_gone(sys.stdout):
-      raise BrokenPipeError(e.errno, e.strerror) from None
-    to_devnull(sys.stdout)  # (what is still held goes nowhere: the error's line comes alone)
-    raise UserError(f"this command's output cannot be written to stdout ({e.strerror or e}); free space where it "
-                    f"goes, or send it elsewhere") from None
+    gone = reader_gone(sys.stdout)
+    if not gone:
+      to_devnull(sys.stdout)  # (what is still held goes nowhere: the error's line comes alone)
+    _result_lost(e, gone)
+
+
+def _result_lost(e: OSError, gone: bool) -> None:
+  """`out`'s failure: `ReaderGone` where the reader has ended, else one line."""
+  if gone:
+    raise ReaderGone(e.errno, e.strerror) from None
+  raise UserError(f"this command's output cannot be written to stdout ({e.strerror or e}); free space where it "
+                  f"goes, or send it elsewhere") from None
 
 
 def reader_gone(stream) -> bool:
@@ -134,18 +148,28 @@ def _write(stream, text: str) -> None:
   terminal; or its file's disk is full), it goes to /dev/null and the command goes on, so that a job is never lost to
   what displays its progress; stdout's end is said once, on stderr. (A command's product is a file, or a tool's
   `print`, never these lines. A terminal's hang-up also stops a job, with a checkpoint: `tupe.signals`.) A stream
-  that was closed from the start (`>&-`: Python's `sys.stdout` or `sys.stderr` is None) is written nowhere."""
+  that was closed from the start (`>&-`: Python's `sys.stdout` or `sys.stderr` is None) is written nowhere. A result
+  for a stdout sent to /dev/null here fails all the same (`out`)."""
+  global _stdout_lost
   if stream is None:
     return
   try:
     stream.write(text)
     stream.flush()
   except OSError as e:
-    why = ("what read this command's output has ended (a closed pipe or terminal)" if reader_gone(stream) else
+    gone = reader_gone(stream)
+    why = ("what read this command's output has ended (a closed pipe or terminal)" if gone else
            f"stdout cannot be written ({e.strerror or e})")
     to_devnull(stream)
     if stream is sys.stdout:
+      _stdout_lost = (stream, e, gone)
       warn(f"{why}: nothing more is printed on stdout; the command goes on, and Ctrl-C stops it as it would have")
+
+
+def relay(text: str) -> None:
+  """Another process's stderr text (a child's lines, as they came) on this process's stderr; nowhere where that is
+  closed or cannot be written (`_write`)."""
+  _write(sys.stderr, text)
 
 
 def warn(msg: str, every_process: bool = False):

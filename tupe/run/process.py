@@ -137,8 +137,8 @@ def run_main(main, argv=None) -> None:
     if owns_process:  # (a download's retrying threads, say: they would keep the process for minutes)
       _leave_stuck_threads(status)
     sys.exit(status)
-  except BrokenPipeError:
-    if not console.reader_gone(sys.stdout):
+  except BrokenPipeError as e:
+    if not isinstance(e, console.ReaderGone) and not console.reader_gone(sys.stdout):
       raise
     # What read a tool's output ended as it printed (`python -m tupe.tools.summary ... | head`): as a Unix tool does,
     # no line and SIGPIPE's status. (A job's progress goes on to /dev/null instead: `console.log`.)

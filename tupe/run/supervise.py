@@ -136,9 +136,7 @@ def run(argv: list[str], cfg) -> int:
       if held or failed_at or line.startswith(_TRACEBACK):
         held.append(line)
       else:
-        with contextlib.suppress(OSError):  # (a terminal that hung up: the child's lines are still read, and dropped)
-          sys.stderr.write(line)
-          sys.stderr.flush()
+        console.relay(line)  # (a terminal that hung up, a closed stderr: the child's lines are read all the same)
 
   reader = threading.Thread(target=pump, daemon=True)
   reader.start()
@@ -159,7 +157,7 @@ def run(argv: list[str], cfg) -> int:
     this_host = None if dist.auto else dist.process_id
     console.error(failure_line("".join(held), this_host, None if dist.auto else dist.num_processes))
     return EXIT_PEER_DIED
-  sys.stderr.write("".join(held))
+  console.relay("".join(held))
   return _status(child.returncode)
 
 
