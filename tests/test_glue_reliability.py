@@ -20,6 +20,7 @@ import sys
 
 import jax
 import ml_collections
+import numpy as np
 import pytest
 
 from configs import glue as glue_config
@@ -109,6 +110,14 @@ def test_runs_on_other_data_are_refused_and_the_same_data_elsewhere_resumes(pret
   run(cfg, workdir)
   runs = runs_lib.read_runs(workdir)
   assert [r["seed"] for r in runs] == [0, 1] and runs[0]["data"] == runs[1]["data"]
+
+
+def test_a_score_read_from_tfds_is_the_same_data_as_the_tsv_s():
+  """STS-B's 3.2 from a TSV and TFDS's float32 3.2 (3.200000047683716 as a Python float) train the model alike (both
+  float32 there): the same data, so that a grid resumes across data_dir and tfds_data_dir; another score differs."""
+  tsv, tfds = (glue.Example("A man sleeps.", "A man rests.", score, 0) for score in (3.2, float(np.float32(3.2))))
+  assert runs_lib.data_identity({"dev": [tsv]}) == runs_lib.data_identity({"dev": [tfds]})
+  assert runs_lib.data_identity({"dev": [tsv]}) != runs_lib.data_identity({"dev": [tsv._replace(label=3.3)]})
 
 
 def test_a_checkpoint_s_identity_is_the_same_before_and_after_its_commit_is_recorded(pretrained, tmp_path):

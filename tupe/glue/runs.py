@@ -207,8 +207,9 @@ def data_identity(splits: dict) -> dict:
   identity = {}
   for split, examples in splits.items():
     digest = hashlib.sha256()
-    for example in examples:
-      digest.update(json.dumps(list(example)).encode() + b"\n")
+    for example in examples:  # (a score as the model trains on it: float32, whether a TSV or TFDS gave it)
+      label = float(np.float32(example.label)) if isinstance(example.label, float) else example.label
+      digest.update(json.dumps([example.text_a, example.text_b, label, example.idx]).encode() + b"\n")
     identity[split] = {"rows": len(examples), "digest": digest.hexdigest()[:16]}
   return identity
 
