@@ -33,7 +33,8 @@ set -uo pipefail
 results=${1:?usage: bash bench/gpu_round.sh RESULTS.jsonl}
 parts=" ${PARTS:-tests profile 128 anchor128 512 anchor512} "
 mkdir -p "$(dirname "$results")"
-# The file's first line says what made it (bench.plot draws it as a round, whichever parts ran).
+# Each call's lines start with one of its own, naming its parts (bench.plot draws the file as a round, whichever
+# parts ran; a round split across calls holds one per call).
 printf '{"gpu_round": "bench/gpu_round.sh", "parts": "%s", "started": "%s"}\n' "${parts:1:-1}" \
     "$(date -u +%FT%TZ)" >>"$results"
 export JAX_PLATFORMS=${JAX_PLATFORMS:-cuda} PYTHONUNBUFFERED=1

@@ -231,6 +231,11 @@ def gpu_round_series(records: list[dict]) -> dict[str, dict[int, float]]:
 
 def plot_gpu_round(records: list[dict], figure) -> str:
   series = gpu_round_series(records)
+  if not series and not any("test_gpu" in r for r in records):
+    parts = next((r["parts"] for r in records if "gpu_round" in r), "?")
+    raise UserError(f"this GPU round's file holds no train step, anchor or test_gpu line to draw (parts {parts}: "
+                    f"the profile's lines are in the file's .profile beside it; a part that failed says why in the "
+                    f"round's log)")
   lengths = sorted({seq for values in series.values() for seq in values})
   axes = figure.subplots()
   grouped_bars(axes, [f"length {seq}" for seq in lengths],
