@@ -438,7 +438,7 @@ def test_plot_rejects_what_is_not_benchmark_output(tmp_path):
                         ('{"step": 1, "loss": 2.0}\n', "no records of a known benchmark"),
                         ('{"pair": "bert",\n', "results.jsonl:1: not a JSON record"),
                         ('{"gpu_round": "bench/gpu_round.sh", "parts": "profile"}\n',
-                         r"this GPU round's file holds no train step, anchor or test_gpu line to draw \(parts profile")]:
+                         r"this GPU round's file holds no train step, anchor or test_gpu line to draw")]:
     path.write_text(text)
     with pytest.raises(UserError, match=message):
       plot.plot_file(path, tmp_path)
