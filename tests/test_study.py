@@ -294,6 +294,8 @@ def test_evaluate_is_deterministic_and_tells_checkpoints_apart(studies, shared_d
                                                                                r"budget is a \(name, eval_glue.py"),
     (["--config=configs/study.py:tupe,micro", "--config.heldout_batch_size=0"],
      r"^--config.heldout_batch_size 0 / --config.heldout_max_examples 16: use a batch of 1 or more"),
+    (["--config=configs/study.py:tupe,micro", "--config.glue.learning_rates=abc"],  # (a ValueError's traceback)
+     r"GLUE grid .*: learning_rates=\('abc',\): give positive numbers"),
 ])
 def test_bad_input_is_one_line(shared_data, tmp_path, argv, message):
   with pytest.raises(UserError, match=message):

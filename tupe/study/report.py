@@ -258,7 +258,7 @@ def markdown(report: dict) -> str:
             f"Final evaluation on the pre-training eval split and on the held-out text {report['heldout_file']} "
             f"(masks drawn with seed {report['heldout_seed']} by each variant's masking: the same for variants of one "
             "masking). ELECTRA: the MLM numbers are the generator's, and disc AUC is the mean of the evaluation "
-            "batches' AUCs. Accuracies and AUC are fractions here; the GLUE tables below are in points (x 100).", ""]
+            "batches' AUCs. Accuracies and AUC are fractions here; the GLUE tables above are in points (x 100).", ""]
   header = ["variant", "objective", "steps", "tokens", "eval MLM loss", "eval MLM acc", "held-out MLM loss",
             "held-out MLM acc", "disc loss", "disc acc", "disc AUC"]
   rows = []

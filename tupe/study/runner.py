@@ -158,9 +158,15 @@ def glue_command(cfg, workdir: storage.Path, checkpoint_dir: storage.Path, archi
           + [f"--config.init_checkpoint={checkpoint_dir}",
              f"--config.data_dir={data_path(cfg, cfg.glue_dir)}", f"--config.tasks={cfg.glue.tasks}",
              f"--config.seeds={','.join(map(str, cfg.glue.seeds))}", f"--config.architectures={architecture}"]
-          + ([f"--config.learning_rates={','.join(str(float(lr)) for lr in cfg.glue.learning_rates)}"]
+          + ([f"--config.learning_rates={','.join(map(_in_full, cfg.glue.learning_rates))}"]
              if cfg.glue.learning_rates else [])
           + [f"--config.{o}" for o in cfg.glue.overrides])
+
+
+def _in_full(lr) -> str:
+  """A learning rate as eval_glue.py's flag takes it (an integer as a float); anything else as given, for its checks
+  to name (`finetune.check_config`)."""
+  return str(float(lr)) if isinstance(lr, (int, float)) and not isinstance(lr, bool) else str(lr)
 
 
 def plan(cfg, root: storage.Path) -> list[Variant]:
