@@ -74,15 +74,23 @@ def glue_init_step(variant) -> int | None:
   return finished_step(variant) if variant.pretrain else None
 
 
-def glue_settings_planned(variant) -> bool:
-  """Whether a variant's GLUE config.json holds the planned settings (those eval_glue.py keeps fixed in a workdir,
-  `runs.settings`, but `lowercase`, which it resolves from the checkpoint)."""
+def glue_settings_changed(variant) -> list[str] | None:
+  """The settings in which a variant's GLUE config.json differs from the planned ones (those eval_glue.py keeps fixed
+  in a workdir, `runs.settings`, but `lowercase`, which it resolves from the checkpoint); None where it has none that
+  reads."""
   try:
     saved = jsonfile.parse(storage.read_bytes(variant.glue_dir / "config.json"))
   except storage.StorageError:
-    return False
-  fixed = lambda config: {k: v for k, v in runs_lib.settings(config).items() if k != "lowercase"}
-  return saved is not None and fixed(saved) == fixed(json.loads(variant.glue_cfg.to_json_best_effort()))
+    return None
+  if saved is None:
+    return None
+  old, new = (runs_lib.settings(config) for config in (saved, json.loads(variant.glue_cfg.to_json_best_effort())))
+  return sorted(k for k in set(old) | set(new) if k != "lowercase" and old.get(k) != new.get(k))
+
+
+def glue_settings_planned(variant) -> bool:
+  """Whether a variant's GLUE config.json holds the planned settings (`glue_settings_changed`)."""
+  return glue_settings_changed(variant) == []
 
 
 def planned_runs(variant) -> set:

@@ -257,6 +257,18 @@ def check_pretrained(variants: list[Variant]) -> None:
                       f"another --root")
 
 
+def check_glue_settings(variants: list[Variant]) -> None:
+  """Refuses, in one line and before anything runs, a variant whose GLUE workdir holds runs under other settings than
+  the study plans now (another architecture for the control, another GLUE override): eval_glue.py would refuse it only
+  when its turn came, after the stages before it, naming a --workdir that the study does not take."""
+  for variant in variants:
+    changed = report.glue_settings_changed(variant)
+    if changed and runs_lib.read_runs(variant.glue_dir):
+      raise UserError(f"{variant.name}: {variant.glue_dir} holds GLUE runs under other settings than the study's now "
+                      f"(changed: {', '.join(changed)}): rerun with the settings they were run with, or use another "
+                      f"--root")
+
+
 def glue_pending(variant: Variant) -> int:
   """How many (task, lr, seed) runs of a variant's grid are not in its runs.jsonl."""
   done = {(run["task"], run["lr"], run["seed"]) for run in runs_lib.read_runs(variant.glue_dir)}
@@ -370,7 +382,8 @@ def main(argv: list[str], call=subprocess.call) -> None:
   if args.report_only and not storage.is_dir(root):  # (the report would be an empty one, in a new folder)
     raise UserError(f"--root {root} does not exist: --report-only reports a study's finished work; run it first")
   check_pretrained(variants)
-  if not args.report_only:
+  if not args.report_only:  # (a report leaves out the runs of other settings)
+    check_glue_settings(variants)
     console.log(f"[study] {cfg.study} at scale {cfg.scale}: {console.plural(len(variants), 'variant')} "
                 f"({', '.join(v.name for v in variants)}) in {root}")
     ran = run(cfg, root, variants, call)

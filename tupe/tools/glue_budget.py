@@ -153,6 +153,7 @@ def main(argv: list[str], call=subprocess.call) -> None:
     raise UserError(f"{variant.pretrain_dir} has no finished pre-training ({variant.steps} steps): run the study "
                     f"first (python -m tupe.study --config {args.config} --root {root})")
   runner.check_pretrained([variant])  # (as the study refuses it: not fine-tuned and reported as this config's)
+  runner.check_glue_settings([grid for pair in plans.values() for grid in pair])
   results = {}
   for i, (budget, pair) in enumerate(plans.items()):
     for grid in pair:
