@@ -106,6 +106,16 @@ def test_micro_report_has_every_variant_and_finite_fields(studies, name):
   table = (root / "report.md").read_text()
   assert all(f"| {variant} |" in table for variant in VARIANTS[name] + [CONTROL])
   assert ("(paper, base)" in table) == (name == "tupe")
+  # The pre-training table shows the eval split's and the held-out text's scores, each labelled (before, the
+  # held-out disc scores were left out, and the eval split's disc scores were headed as if they were held-out's).
+  row = next(line for line in table.split("## Pre-training")[1].splitlines()
+             if line.startswith(f"| {VARIANTS[name][0]} | "))
+  entry = report["variants"][VARIANTS[name][0]]
+  assert row.strip("| ").split(" | ")[4:] == [f"{scores[key]:.4f}" if key in scores else "-" for scores, key in (
+      (entry["pretrain"]["eval"], "mlm_loss"), (entry["pretrain"]["eval"], "mlm_accuracy"),
+      (entry["heldout"], "mlm_loss"), (entry["heldout"], "mlm_accuracy"), (entry["pretrain"]["eval"], "disc_loss"),
+      (entry["pretrain"]["eval"], "disc_accuracy"), (entry["pretrain"]["eval"], "disc_auc"),
+      (entry["heldout"], "disc_loss"), (entry["heldout"], "disc_accuracy"), (entry["heldout"], "disc_auc"))]
   assert (root / "curves.png").read_bytes()[:4] == b"\x89PNG"
 
 

@@ -268,15 +268,16 @@ def markdown(report: dict) -> str:
             "masking). ELECTRA: the MLM numbers are the generator's, and disc AUC is the mean of the evaluation "
             "batches' AUCs. Accuracies and AUC are fractions here; the GLUE tables above are in points (x 100).", ""]
   header = ["variant", "objective", "steps", "tokens", "eval MLM loss", "eval MLM acc", "held-out MLM loss",
-            "held-out MLM acc", "disc loss", "disc acc", "disc AUC"]
+            "held-out MLM acc", "eval disc loss", "eval disc acc", "eval disc AUC", "held-out disc loss",
+            "held-out disc acc", "held-out disc AUC"]
   rows = []
   for name, entry in report["variants"].items():
     pre, held = entry["pretrain"], entry["heldout"] or {}
-    ev = pre["eval"]
-    rows.append([name, pre["objective"], str(pre["steps"]), f"{pre['tokens']:,}", _number(ev.get("mlm_loss"), 4),
-                 _number(ev.get("mlm_accuracy"), 4), _number(held.get("mlm_loss"), 4),
-                 _number(held.get("mlm_accuracy"), 4), _number(ev.get("disc_loss"), 4),
-                 _number(ev.get("disc_accuracy"), 4), _number(ev.get("disc_auc"), 4)])
+    rows.append([name, pre["objective"], str(pre["steps"]), f"{pre['tokens']:,}"] + [
+        _number(scores.get(key), 4) for scores, key in (
+            (pre["eval"], "mlm_loss"), (pre["eval"], "mlm_accuracy"), (held, "mlm_loss"), (held, "mlm_accuracy"),
+            (pre["eval"], "disc_loss"), (pre["eval"], "disc_accuracy"), (pre["eval"], "disc_auc"),
+            (held, "disc_loss"), (held, "disc_accuracy"), (held, "disc_auc"))])
   lines.append(present.markdown_table(header, rows))
   return "\n".join(lines)
 
