@@ -333,18 +333,19 @@ MUTATIONS = [
              '() if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN else (signal.SIGHUP,)', '(signal.SIGHUP,)'),
     Mutation('R06-hung-up-terminal-raises', 'tupe/console.py',
              ('test_reliability.py::test_a_run_whose_terminal_hangs_up_saves_a_checkpoint_and_exits_129',),
-             '  except OSError as e:\n    why = (', '  except BrokenPipeError as e:\n    why = ('),
+             '  except OSError as e:\n    gone = reader_gone(stream)',
+             '  except BrokenPipeError as e:\n    gone = reader_gone(stream)'),
     Mutation('R07-data-workers-hear-hang-ups', 'tupe/data/pipeline.py',
              ('test_reliability.py::test_a_run_whose_terminal_hangs_up_saves_a_checkpoint_and_exits_129',),
              'for signum in signals.STOP_SIGNALS:\n    signal.signal(signum, signal.SIG_IGN)',
              'for signum in (signal.SIGINT,):\n    signal.signal(signum, signal.SIG_IGN)'),
     Mutation('R08-unwritable-result-a-success', 'tupe/console.py',
              ('test_progress.py::test_a_result_that_cannot_be_written_is_one_line',),
-             '    to_devnull(sys.stdout)  # (what', '    return\n    to_devnull(sys.stdout)  # (what'),
+             '    _result_lost(e, gone)', '    return'),
     Mutation('R09-full-stdout-stops-the-job', 'tupe/console.py',
              ('test_progress.py::test_a_job_whose_output_is_no_longer_read_trains_to_its_end',),
-             '  except OSError as e:\n    why = (',
-             '  except OSError as e:\n    if not reader_gone(stream):\n      raise\n    why = ('),
+             '  except OSError as e:\n    gone = reader_gone(stream)\n',
+             '  except OSError as e:\n    gone = reader_gone(stream)\n    if not gone:\n      raise\n'),
 ]
 
 
