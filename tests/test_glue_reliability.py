@@ -98,13 +98,15 @@ def test_runs_on_other_data_are_refused_and_the_same_data_elsewhere_resumes(pret
   assert first["data"]["train"]["rows"] == 32 and set(first["data"]) == {"train", "dev"}
   dev = (copy / "RTE" / "dev.tsv").read_text().splitlines(keepends=True)
   (copy / "RTE" / "dev.tsv").write_text("".join(dev[:65]))  # the dev split cut to 64 rows
+  cut = runs_lib.data_identity({"dev": glue.load_split(copy, "RTE", "dev")})["dev"]
+  assert cut["rows"] == 64 and cut["digest"] != first["data"]["dev"]["digest"]
   cfg.seeds = (0, 1)
   with pytest.raises(UserError) as e:
     run(cfg, workdir)
   assert str(e.value) == (
       f"{workdir} holds RTE runs fine-tuned and scored on other data (RTE dev: {len(dev) - 1} rows, digest "
-      f"{first['data']['dev']['digest']} then, 64 rows, digest {e.value.args[0].split('64 rows, digest ')[1][:16]} "
-      f"now): use a new --workdir, or restore the data of those runs")
+      f"{first['data']['dev']['digest']} then, 64 rows, digest {cut['digest']} now): use a new --workdir, or "
+      f"restore the data of those runs")
   assert len(runs_lib.read_runs(workdir)) == 1  # nothing trained, nothing lost
   cfg.data_dir = str(glue_dir)  # the same files elsewhere
   run(cfg, workdir)
