@@ -62,6 +62,11 @@ def common() -> ml_collections.ConfigDict:
   c.check_memory = True            # refuse a train step that needs more memory than the devices have
   c.tensorboard = True
   c.curves = True                  # draw <workdir>/curves.png at the end (matplotlib: about 1.5 s of CPU)
+  c.profile = ml_collections.ConfigDict(dict(
+      steps=0,       # trace this many train steps of each start, into <workdir>/tensorboard/plugins/profile/
+                     # (tupe.train.profiling: for TensorBoard's profile tab and Perfetto); 0: no trace
+      skip_steps=2,  # steps of each start run before the trace begins (warm-up)
+  ))
   # JAX's persistent compilation cache (tupe.train.compile_cache): a second start loads its compiled step. A per-user
   # folder; on a pod, a bucket all hosts share (gs://...); "" turns it off. JAX_COMPILATION_CACHE_DIR wins.
   c.compilation_cache_dir = "~/.cache/tupe/jax"

@@ -126,10 +126,14 @@ def test_train_in_a_bucket_killed_and_resumed_is_bit_identical(bucket, reference
     assert status == -signal.SIGKILL
   assert f"(compiled, and saved to the compilation cache {cache})" in killed.stdout()
 
-  proc = run(command[1:], env=env)
+  # The resumed run traces its first step, into the bucket (a setting that changes nothing trained: not named).
+  proc = run(command[1:] + ["--config.profile.steps=1", "--config.profile.skip_steps=0"], env=env)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert f"(loaded from the compilation cache {cache})" in proc.stdout
-  assert f"resumed from checkpoint {stopped} " in proc.stdout
+  assert f"resumed from checkpoint {stopped} " in proc.stdout and "profile" not in proc.stderr
+  trace = f"{workdir}/tensorboard/plugins/profile/steps_{stopped + 1}-{stopped + 1}"
+  assert f"profile of steps {stopped + 1} to {stopped + 1}: {trace} " in proc.stdout
+  assert {name.rpartition(".")[2] for name in storage.walk_files(trace)} == {"pb", "gz"}
   assert f"finished at step {STEPS}: checkpoint {workdir}/checkpoints/{STEPS}" in proc.stdout
   assert storage.read_bytes(f"{workdir}/curves.png").startswith(PNG)
   assert json.loads(storage.read_text(f"{workdir}/config.json"))["num_train_steps"] == STEPS

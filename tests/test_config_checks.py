@@ -1,5 +1,5 @@
 """Config values that train.py (and tupe.study.sweep, for every grid point) rejects in one line before anything loads:
-`pretrain.check_config`. The same checks through the real command: tests/test_reliability.py."""
+`checks.check_config`. The same checks through the real command: tests/test_reliability.py."""
 import pathlib
 import re
 
@@ -11,7 +11,7 @@ from tupe.errors import UserError
 from tupe.glue import finetune
 from tupe.run import quiet
 from tupe.study import sweep
-from tupe.train import pretrain
+from tupe.train import checks
 
 # (field, value, the error line's start)
 BAD_VALUES = (
@@ -62,6 +62,8 @@ BAD_VALUES = (
     ("distributed.initialization_timeout_s", 0, "distributed.initialization_timeout_s=0 must be a positive number"),
     ("distributed.heartbeat_timeout_s", -1, "distributed.heartbeat_timeout_s=-1 must be a positive number"),
     ("optimizer.schedule", "cosine", "optimizer.schedule='cosine'; use 'warmup_then_decay'"),
+    ("profile.steps", -1, "profile.steps=-1 must be a whole number, 0 or more, e.g. --config.profile.steps=3"),
+    ("profile.skip_steps", -2, "profile.skip_steps=-2 must be a whole number, 0 or more"),
 )
 
 
@@ -72,7 +74,7 @@ def test_bad_values_are_one_line(field, value, words):
   parent, _, name = field.rpartition(".")
   (cfg[parent] if parent else cfg)[name] = value
   with pytest.raises(UserError, match=f"^{re.escape(words)}"):
-    pretrain.check_config(cfg)
+    checks.check_config(cfg)
 
 
 LOADER_ERRORS = [
@@ -159,9 +161,9 @@ def test_data_files_without_a_source_that_reads_them_is_an_error():
   cfg.data.files = "corpus/*.txt"
   with pytest.raises(UserError, match=r"^data.files='corpus/\*.txt' is ignored by data.source='demo': add "
                                       r"--config.data.source=text"):
-    pretrain.check_config(cfg)
+    checks.check_config(cfg)
   cfg.data.source = "text"
-  pretrain.check_config(cfg)
+  checks.check_config(cfg)
 
 
 def test_sweep_workdirs_stay_inside_the_root_and_apart(tmp_path):

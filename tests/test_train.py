@@ -1,4 +1,5 @@
 """End-to-end pre-training: the README's demo learns, ELECTRA trains, sweeps run."""
+import gzip
 import json
 import os
 import pathlib
@@ -246,6 +247,43 @@ def test_a_run_shorter_than_eval_every_ends_with_an_evaluation(tmp_path):
   pretrain.train(cfg, str(tmp_path), devices=jax.devices()[:1])
   evals = [r for r in runlog.read_metrics(tmp_path) if "eval_loss" in r]
   assert [r["step"] for r in evals] == [3] and np.isfinite(evals[0]["eval_loss"])
+
+
+def test_a_profile_traces_the_steps_it_names_at_each_start(tmp_path, capsys):
+  """profile.steps: each start traces the steps after its first skip_steps (cut at the run's last step) into
+  tensorboard/plugins/profile/steps_<first>-<last>/, TensorBoard's events off or on: an XSpace, and a Perfetto trace
+  that holds the train step's execution; a resume traces again from its own start, and one that would skip every
+  step it has left says so. The traced steps train as untraced ones do: the same losses as a run without a trace."""
+  cfg = tiny("bert_a")
+  cfg.update(num_train_steps=4)
+  cfg.profile.update(steps=5, skip_steps=1)
+  pretrain.train(cfg, str(tmp_path / "traced"), devices=jax.devices()[:1])
+  cfg.update(num_train_steps=7)
+  cfg.profile.steps = 2
+  pretrain.train(cfg, str(tmp_path / "traced"), devices=jax.devices()[:1])
+  cfg.update(num_train_steps=8)
+  cfg.profile.skip_steps = 3
+  pretrain.train(cfg, str(tmp_path / "traced"), devices=jax.devices()[:1])
+  out, err = capsys.readouterr()
+  folder = tmp_path / "traced" / "tensorboard" / "plugins" / "profile"
+  assert sorted(run.name for run in folder.iterdir()) == ["steps_2-4", "steps_6-7"]
+  assert re.findall(r"^profile: steps (\d+) to (\d+) will be traced", out, re.M) == [("2", "4"), ("6", "7")]
+  assert re.findall(r"^profile of steps (\d+) to (\d+): (\S+) ", out, re.M) == [
+      ("2", "4", str(folder / "steps_2-4")), ("6", "7", str(folder / "steps_6-7"))]
+  assert "warning: profile.skip_steps=3 skips every step this run has left (it starts at step 8 of 8): nothing is " \
+         "traced" in err
+  for run in folder.iterdir():
+    assert len(list(run.glob("*.xplane.pb"))) == 1
+    with gzip.open(run / "perfetto_trace.json.gz") as f:
+      names = {event.get("name") for event in json.load(f)["traceEvents"]}
+    assert "PjitFunction(jit(wrapped))" in names  # the train step's dispatch (`core.build_core`'s jit)
+    assert "ThunkExecutor::Execute" in names  # and its operations running on the device
+  cfg.update(num_train_steps=4)  # (the first start's schedule)
+  cfg.profile.steps = 0
+  pretrain.train(cfg, str(tmp_path / "plain"), devices=jax.devices()[:1])
+  traced, plain = (runlog.read_metrics(tmp_path / name) for name in ("traced", "plain"))
+  assert len(traced) == 8 and [r["loss"] for r in traced[:4]] == [r["loss"] for r in plain]
+  assert not (tmp_path / "plain" / "tensorboard").exists()
 
 
 SWEEP_RUN = ["--config.model.hidden_size=32", "--config.model.embedding_size=32", "--config.model.intermediate_size=64",

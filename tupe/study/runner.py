@@ -49,6 +49,7 @@ from tupe.store import outputs
 from tupe.store import storage
 from tupe.study import heldout
 from tupe.study import report
+from tupe.train import checks
 from tupe.train import compile_cache
 from tupe.train import pretrain as pretrain_lib
 from tupe.train import resume
@@ -194,7 +195,7 @@ def plan(cfg, root: storage.Path) -> list[Variant]:
                 + [f"--config.{o}" for o in tuple(cfg.pretrain_overrides) + tuple(overrides)])
     try:
       pretrain_cfg = config_files.check_config_flags(["train.py"] + pretrain[2:])
-      pretrain_lib.check_config(pretrain_cfg)
+      checks.check_config(pretrain_cfg)
     except UserError as e:  # (the fields are train.py's: say which of the study's settings made them)
       raise UserError(f"variant {name}'s pre-training (train.py; the study's --config.pretrain_overrides, its size "
                       f"and data, and the variant's own overrides): {e}") from None

@@ -41,6 +41,7 @@ from tupe.errors import UserError
 from tupe.store import runlog
 from tupe.store import storage
 from tupe.study import runner
+from tupe.train import checks
 from tupe.train import pretrain
 from tupe.train import resume
 
@@ -101,7 +102,7 @@ def _name(command: list[str]) -> str:
 
 def check(commands: list[list[str]]) -> None:
   """Loads every run's complete config with its overrides and checks it as train.py will before its first step:
-  its values (`pretrain.check_config`), then the data it will read (`pretrain.load_data`, once per distinct data
+  its values (`checks.check_config`), then the data it will read (`pretrain.load_data`, once per distinct data
   setting) against the model (`pretrain.resolve_vocab_size`), so that a typo in a key, a value of the wrong type
   or out of range, settings that do not fit together (e.g. warmup past the last step), a missing corpus, a
   vocab the model does not match, or a workdir already trained with other settings (another sweep's in the same
@@ -114,7 +115,7 @@ def check(commands: list[list[str]]) -> None:
     try:
       configs.append(config_files.check_config_flags(["train.py"] + command[2:]))
       pretrain.take_shard_settings(configs[-1])  # as train.py takes them
-      pretrain.check_config(configs[-1])
+      checks.check_config(configs[-1])
     except UserError as e:
       raise named(i, command, e) from e
     # Values spelled apart that parse equal (seed=0 and seed=00) are one run, not two workdirs training the same.

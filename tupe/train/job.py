@@ -197,6 +197,8 @@ def check_nothing_in_the_way(workdir: storage.PathLike, cfg) -> None:
                     f"model's?), which {kind or 'the job'} would overwrite: give it a --workdir of its own")
   files, folders = rundir.WRITES.get(kind, ((rundir.CONFIG,), ()))
   off = {name for name, field in (("tensorboard", "tensorboard"), ("curves.png", "curves")) if not cfg.get(field, True)}
+  if cfg.get("profile") and cfg.profile.steps:  # (its trace goes under tensorboard/ as well)
+    off.discard("tensorboard")
   for name in [rundir.LOCK] + [n for n in files if n not in off]:
     if storage.is_dir(storage.path(workdir) / name):
       raise UserError(f"{storage.path(workdir) / name} is a folder, where {kind or 'the job'} writes a file; move it "

@@ -7,14 +7,14 @@ The flow (train.py calls `train`):
   4. the train step compiled ahead of time, its memory analysis printed before step 1;
   5. the loop: step, metrics every step (loss, accuracy, grad norm, lr, tokens/s, MFU) to metrics.jsonl and
      TensorBoard, a progress line every `log_every`, held-out MLM eval every `eval_every` and after the last step
-     (every run with an eval split ends with one), checkpoints every `checkpoint.every_steps`, and a checkpoint at
-     the current step on SIGTERM (preemption; then `Preempted`).
+     (every run with an eval split ends with one), checkpoints every `checkpoint.every_steps`, a profiler trace of
+     `profile.steps` steps (`tupe.train.profiling`), and a checkpoint at the current step on SIGTERM (preemption;
+     then `Preempted`).
 """
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from typing import Any
 
 import flax.linen as nn
@@ -27,7 +27,6 @@ import ml_collections
 from tupe import console
 from tupe import models
 from tupe import signals
-from tupe.data import examples
 from tupe.data import masking
 from tupe.data import pipeline
 from tupe.data import shards
@@ -40,6 +39,7 @@ from tupe.store import checkpointer
 from tupe.store import meta as meta_lib
 from tupe.store import runlog
 from tupe.store import storage
+from tupe.train import checks
 from tupe.train import core
 from tupe.train import curves
 from tupe.train import evaluation
@@ -47,7 +47,7 @@ from tupe.train import flops as flops_lib
 from tupe.train import job as job_lib
 from tupe.train import memory
 from tupe.train import objectives
-from tupe.train import optim
+from tupe.train import profiling
 from tupe.train import progress as progress_lib
 from tupe.train import resume
 from tupe.train import sharding
@@ -182,29 +182,6 @@ def checkpoint_meta(cfg, vocab_file: str, train_examples: int,
   return meta_lib.create(json.loads(cfg.to_json_best_effort()), vocab, train_examples, examples_key)
 
 
-def check_config(cfg) -> None:
-  """Every check of a config that needs neither data nor devices (the loop's settings, the data config, the
-  model's flags, the optimizer's schedule), made by `train` before anything is loaded and by `tupe.study.sweep` on
-  every grid point before anything runs."""
-  check_loop(cfg)
-  check_data_files(pipeline.checked_config(cfg.data, cfg.seq_len))
-  models.validate(cfg.model)
-  models.check_length(cfg.model, cfg.seq_len, f"seq_len={cfg.seq_len}", f"the shards in {cfg.data.files} were made "
-                      f"at that length: make them again with a lower `python -m tupe.data.preprocess --seq-len`, or "
-                      f"raise --config.model.max_position_embeddings" if shards.from_shards(cfg.data)
-                      else "lower --config.seq_len")
-  optim.schedule(cfg.optimizer, cfg.num_train_steps)
-
-
-def check_data_files(data_cfg) -> None:
-  """Files given to a source that would ignore them (say, --config.data.files without data.source=text) are an
-  error, not a run on the built-in demo text."""
-  if data_cfg.files and "files" not in examples.settings_read(data_cfg):  # (demo, synthetic, tfds)
-    raise UserError(f"data.files={data_cfg.files!r} is ignored by data.source={data_cfg.source!r}: add "
-                    f"--config.data.source=text (text files; arrayrecord for tupe.data.preprocess shards), or drop "
-                    f"--config.data.files")
-
-
 def take_shard_settings(cfg) -> str | None:
   """Training from preprocessed shards (data.source "arrayrecord") takes the settings they were made with
   (`tupe.data.shards.training_settings`: seq_len, packing, casing, the eval split, the vocab) in place of the
@@ -237,41 +214,11 @@ def load_data(cfg) -> tuple[pipeline.PretrainData, pipeline.PretrainData | None]
   return train_data, eval_data
 
 
-def check_loop(cfg) -> None:
-  """Value checks of the training loop's and optimizer's settings."""
-  positive = {"num_train_steps": (cfg.num_train_steps, 1000), "global_batch_size": (cfg.global_batch_size, 256),
-              "grad_accum_steps": (cfg.grad_accum_steps, 1), "log_every": (cfg.log_every, 100),
-              "eval_batches": (cfg.eval_batches, 20), "checkpoint.every_steps": (cfg.checkpoint.every_steps, 1000),
-              "checkpoint.keep_last": (cfg.checkpoint.keep_last, 3)}
-  for name, (value, example) in positive.items():
-    if value < 1:
-      raise UserError(f"{name}={value} must be 1 or more, e.g. --config.{name}={example}")
-  job_lib.check_store_settings(cfg.checkpoint)
-  job_lib.check_distributed(cfg.distributed)
-  if cfg.eval_every < 0:
-    raise UserError(f"eval_every={cfg.eval_every}: use 0 (no evaluation) or a number of steps")
-  progress_lib.NonFinite(cfg.nonfinite)  # a policy it knows
-  core.check_prng_impl(cfg.prng_impl)
-  for name in ("learning_rate", "end_learning_rate"):
-    value = cfg.optimizer[name]
-    if math.isnan(value) or value < 0 or (name == "learning_rate" and value == 0):
-      raise UserError(f"optimizer.{name}={value} must be " + ("above 0, e.g. 1e-4" if name == "learning_rate"
-                                                             else "0 or more (the recipes' 0)"))
-    if value > optim.FLOAT32_MAX:
-      raise UserError(f"optimizer.{name}={value} overflows float32 (at most {optim.FLOAT32_MAX:.3g})")
-  optim.check_adam(cfg.optimizer)
-  optim.check_schedule(cfg.optimizer)
-  flops_lib.check_peak_flops(cfg.peak_flops)
-  for name, value in (("checkpoint.keep_every", cfg.checkpoint.keep_every), ("disc_weight", cfg.disc_weight)):
-    if not (math.isfinite(value) and value >= 0):
-      raise UserError(f"{name}={value} must be a finite number, 0 or more")
-
-
 def train(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
   """Runs (or resumes) pre-training in `workdir` (a local folder or a bucket URL) on `devices` (default: all);
   returns the last step's metrics."""
   shard_settings = take_shard_settings(cfg)
-  check_config(cfg)
+  checks.check_config(cfg)
   if shard_settings:
     console.log(shard_settings)
   with job_lib.Job(cfg, workdir) as job:  # Another job on this workdir: one line, nothing loaded or written.
@@ -318,12 +265,17 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
     nonfinite = progress_lib.NonFinite(cfg.nonfinite, warn=True, last_saved=ckpt.manager.latest_step)
     steps = progress_lib.StepLog(writer, progress, cfg.log_every, nonfinite=nonfinite)
     step, stop, total = start, 0, cfg.num_train_steps
+    trace = job.enter(profiling.StepTrace(cfg.profile, start, total, workdir))
     while step < total and not stop:
       batch = sharding.global_batch(next(train_iter), setup.mesh, cfg.global_batch_size)
+      trace.before(step + 1)
       state, metrics = compiled(state, batch)
       step += 1
       ckpt.check()  # A failed asynchronous save stops the run at once.
       steps.push(step, metrics)
+      if trace.ends(step):
+        steps.flush()  # The traced steps' rates are measured now: writing the trace is no step's time.
+        trace.finish(step, state)
       if job_lib.itstime(step, cfg.checkpoint.every_steps, total):
         steps.flush()
         writer.flush()  # The metrics up to a checkpoint are durable before it (in a bucket, uploaded).
@@ -337,6 +289,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
         console.log(f"eval at step {step}: " + " ".join(f"{k} {v:.4f}" for k, v in shown.items()))
       stop = job.stop_signal()
     steps.flush()
+    trace.finish(step, state)  # (a run stopped within the traced steps)
     if stop:
       console.log(f"{signals.name(stop)}: saving a checkpoint at step {step} before exiting")
       ckpt.save(step, state, meta, force=True)

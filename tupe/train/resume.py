@@ -76,8 +76,8 @@ def _data_compared(config: dict, same_examples: bool = False) -> tuple[str, ...]
 
 # Settings that change neither what is trained nor what is evaluated: not reported when they differ on resume (nor
 # are the data settings that `_data_compared` leaves out).
-_BOOKKEEPING = ("distributed.", "checkpoint.", "log_every", "eval_every", "tensorboard", "curves", "peak_flops",
-                "check_memory", "compilation_cache_dir")
+_BOOKKEEPING = ("distributed.", "checkpoint.", "log_every", "eval_every", "tensorboard", "curves", "profile.",
+                "peak_flops", "check_memory", "compilation_cache_dir")
 
 
 def changed_settings(saved_config: dict, config: dict, same_examples: bool = False) -> list[str]:
