@@ -96,12 +96,16 @@ def single_process_run(mesh=None):
     ({}, 4), pytest.param({"mesh.data": 1, "mesh.tensor": 2}, 8, marks=pytest.mark.slow, id="tensor-across-hosts")])
 def test_two_hosts_match_one_process(tmp_path, mesh, per_host):
   """Data parallel over the hosts (each makes half of every batch), or tensor parallel across them (both make
-  the whole batch, as replicas must)."""
+  the whole batch, as replicas must). Each host traces step 2 (profile.steps) into a folder of its own."""
   workdir = tmp_path / "run"
-  hosts = start_hosts(workdir, mesh)
+  hosts = start_hosts(workdir, dict(mesh, **{"profile.steps": 1, "profile.skip_steps": 1}))
   for host in hosts:
     assert host.wait(timeout=300) == 0, host.stderr()[-3000:]
   assert f"on 2 hosts; global batch 8 ({per_host} per host" in hosts[0].stdout()
+  traces = workdir / "tensorboard" / "plugins" / "profile"
+  assert sorted(run.name for run in traces.iterdir()) == ["steps_2-2_process_0", "steps_2-2_process_1"]
+  assert all(len(list(run.glob("*.xplane.pb"))) == 1 and (run / "perfetto_trace.json.gz").is_file()
+             for run in traces.iterdir())
   losses = [r["loss"] for r in metric_records(workdir)]
   ref_losses, ref_params = single_process_run(mesh)
   assert len(losses) == STEPS and len(set(ref_losses)) == STEPS
