@@ -267,8 +267,8 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
     step, stop, total = start, 0, cfg.num_train_steps
     trace = job.enter(profiling.StepTrace(cfg.profile, start, total, workdir))
     while step < total and not stop:
+      trace.before(step + 1)  # (the batch's reading and transfer traced too)
       batch = sharding.global_batch(next(train_iter), setup.mesh, cfg.global_batch_size)
-      trace.before(step + 1)
       state, metrics = compiled(state, batch)
       step += 1
       ckpt.check()  # A failed asynchronous save stops the run at once.
