@@ -2,7 +2,8 @@
 
 Each start of a run (a resume too) traces `profile.steps` steps after its first `profile.skip_steps`, which warm up
 (allocations, the first transfers). jax.profiler records the host's and the devices' activity, each traced step's
-input batch read and sent to the devices included, into a local temporary folder; once the last traced step has finished, the trace is copied into the workdir (a bucket too), at
+input batch read and sent to the devices included, into a local temporary folder; once the last traced step has
+finished, the trace is copied into the workdir (a bucket too), at
 `<workdir>/tensorboard/plugins/profile/steps_<first>-<last>/`, where TensorBoard finds it:
   - `<host>.xplane.pb`: TensorBoard's profile tab (`pip install tensorboard-plugin-profile`, then
     `tensorboard --logdir <workdir>/tensorboard`);
