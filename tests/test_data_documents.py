@@ -50,13 +50,30 @@ def test_files_hold_out_each_documents_tail(book_files, bert_vocab):
   files = corpus.expand_globs(book_files)
   source = dict(format="text", documents="files", files=book_files)
   documents = ((None, d) for d in units.all_documents(source, units.plan_inputs(source)))
-  train = [(split, document) for split, _, document in corpus.split_documents(documents, cfg.eval_fraction, tails=True)]
+  texts = list(corpus.split_documents(documents, cfg.eval_fraction, tails=True))
+  train = [(split, text) for split, _, text, _ in texts]
   assert [split for split, _ in train] == ["train", "eval"] * len(files)
+  assert [continued for *_, continued in texts] == [False, True] * len(files)  # one document each
   for (_, head), (_, tail), path in zip(train[::2], train[1::2], files):
     lines = corpus.paragraphs(corpus.read_text(path))
     assert head.split("\n") + tail.split("\n") == lines
     assert len(tail.split("\n")) == corpus.held_out_tail(len(lines), cfg.eval_fraction) > 0
   assert len(pipeline.PretrainData(cfg, seq_len=SEQ_LEN, split="eval")) > 0
+
+
+def test_a_file_with_its_tail_held_out_counts_as_one_document(book_files, bert_vocab):
+  """documents=files: each file is one document in the report, its held-out tail included (the tail was counted as
+  a document of its own: 6 documents for 3 files), with the characters and tokens of the same files held out not at
+  all."""
+  reports = {}
+  for fraction in (0.02, 0.0):
+    cfg = data_cfg(book_files, bert_vocab, "full_sentences", "files", False)
+    cfg.eval_fraction = fraction
+    data = pipeline.PretrainData(cfg, seq_len=SEQ_LEN)
+    reports[fraction] = data.examples.report
+  assert reports[0.02] == reports[0.0] and len(reports[0.0]) == 4  # three inputs and their total
+  assert all(" kept 1 document, " in line for line in reports[0.0][:3]), reports[0.0]
+  assert reports[0.0][3].startswith("all 3 inputs: kept 3 documents, "), reports[0.0]
 
 
 def test_held_out_tail_bounds():

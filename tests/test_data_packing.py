@@ -32,7 +32,7 @@ def stream(wiki) -> tuple[list[np.ndarray], np.ndarray]:
 
 def packed(documents, tok, info, seq_len: int, packing_name: str) -> list[np.ndarray]:
   """The examples of `documents` packed as one unit of a plan, with nothing held out."""
-  return [e for _, e in build.pack((("train", report.Tally(), d) for d in documents), tok, info, seq_len,
+  return [e for _, e in build.pack((("train", report.Tally(), d, False) for d in documents), tok, info, seq_len,
                                    packing_name, fill=False, seed=0)]
 
 

@@ -85,8 +85,15 @@ def test_mismatched_settings_are_refused(text_cfg, shard_dir, bert_vocab, tmp_pa
   other_vocab.write_text(bert_vocab.read_text().replace("[unused0]", "[unused-zero]"))
   with pytest.raises(UserError, match="tokenized with another vocab"):
     pipeline.make_pretrain_iterator(dict(cfg, vocab_file=str(other_vocab)), seq_len=SEQ_LEN, batch_size=8, seed=0)
-  with pytest.raises(UserError, match="holds no preprocessed examples"):
+  # A folder of text files given as shards: the advice fits it (preprocessing into it is refused: not empty).
+  with pytest.raises(UserError, match=rf"^{tmp_path} holds no preprocessed examples \(metadata.json is missing\), but "
+                                      rf"other files: for text files, --config.data.source=text "
+                                      rf"--config.data.files='{tmp_path}/\*'; or write examples with "):
     pipeline.make_pretrain_iterator(dict(cfg, files=str(tmp_path)), seq_len=SEQ_LEN, batch_size=8, seed=0)
+  (tmp_path / "empty").mkdir()
+  with pytest.raises(UserError, match=r"empty holds no preprocessed examples \(metadata.json is missing\): write "
+                                      r"them with `python -m tupe.data.preprocess --output "):
+    pipeline.make_pretrain_iterator(dict(cfg, files=str(tmp_path / "empty")), seq_len=SEQ_LEN, batch_size=8, seed=0)
   with pytest.raises(UserError, match="holds a run with other inputs or settings"):
     preprocess.preprocess(dict(text_cfg, eval_fraction=0.5), SEQ_LEN, str(shard_dir))
   with pytest.raises(UserError, match="seq_len 4 is too small"):
@@ -112,9 +119,38 @@ def test_mismatched_settings_are_refused(text_cfg, shard_dir, bert_vocab, tmp_pa
   preprocess.preprocess(dict(text_cfg, files=str(body), format="jsonl", eval_fraction=0.0), SEQ_LEN,
                         str(tmp_path / "nulls"))
   assert shards.read_metadata(tmp_path / "nulls")["num_examples"]["train"] > 0
+  # A Parquet file without the column named: refused before anything is written (plan.json was, and blocked the rerun
+  # with the right column: "holds a run with other inputs or settings").
+  pa = pytest.importorskip("pyarrow")
+  import pyarrow.parquet as pq  # pylint: disable=import-outside-toplevel
+  pq.write_table(pa.table({"body": ["A sentence of a row."] * 50}), tmp_path / "rows.parquet")
+  with pytest.raises(UserError, match=r"rows.parquet has no column 'text' \(it has \['body'\]\): set "):
+    preprocess.preprocess(dict(text_cfg, files=str(tmp_path / "rows.parquet"), format="parquet"), SEQ_LEN,
+                          str(tmp_path / "out"))
   assert [p for p in (tmp_path / "out").rglob("*") if p.is_file()] == []  # Nothing kept that blocks a rerun:
   preprocess.preprocess(text_cfg, SEQ_LEN, str(tmp_path / "out"))  # the same folder, on text.
   assert shards.read_metadata(tmp_path / "out")["num_examples"]["train"] > 0
+
+
+def test_a_shard_cut_short_or_swapped_is_one_line_naming_it(text_cfg, shard_dir, tmp_path):
+  """A shard folder copied in part (an interrupted `cp -r`: a shard cut short), or with another shard in a shard's
+  place: one line naming it, before training (array_record's reader raised a RuntimeError, a traceback)."""
+  import shutil  # pylint: disable=import-outside-toplevel
+  copy = tmp_path / "copy"
+  shutil.copytree(shard_dir, copy)
+  train = copy / "train-00000.array_record"
+  for size in (5000, train.stat().st_size * 3 // 4):  # (less than array_record's 64 KB minimum, then more)
+    shutil.copyfile(shard_dir / train.name, train)
+    os.truncate(train, size)
+    with pytest.raises(UserError, match=rf"^shard {re.escape(str(train))} cannot be read \([^()]+\): it is cut short "
+                                        rf"\(an interrupted copy\?\) or damaged; copy {re.escape(str(copy))} again, or "
+                                        rf"preprocess the corpus again$"):
+      shards.ShardedExamples(copy, "train")
+  shutil.copyfile(shard_dir / "eval-00000.array_record", train)
+  expected = shards.read_metadata(shard_dir)["num_examples"]
+  with pytest.raises(UserError, match=rf"^the shards of {re.escape(str(copy))} hold {expected['eval']:,} examples "
+                                      rf"where its metadata.json records {expected['train']:,}: "):
+    shards.ShardedExamples(copy, "train")
 
 
 def test_command_line_errors_are_one_line(tmp_path, bert_vocab):
@@ -132,11 +168,15 @@ def test_command_line_errors_are_one_line(tmp_path, bert_vocab):
     (("--eval-fraction", "1.5"), r"error: --eval-fraction is 1.5: use a share in \[0, 1\), e.g. 0.01$"),
     (("--packing", "docs"), "error: --packing is 'docs': use one of full_sentences, segment_pair$"),
     (("--cache-dir", "s3://b/cache"), "error: --cache-dir=s3://b/cache: the data cache .* is on a local disk"),
+    (("--seq-len", "3"), r"error: --seq-len 3 is too small: use at least"),  # (they named seq_len, data.documents)
+    (("--documents", "files", "--format", "jsonl"), r"error: --documents='files' makes each plain-text file one "
+                                                    r"document; it does not apply to 'jsonl' input: leave --documents "
+                                                    r"at 'paragraphs'$"),
     (("--input", "tfds:glue/rte", "--tfds-data-dir", "gs://b/tfds"),
      "error: --tfds-data-dir=gs://b/tfds: TFDS's array_record reader reads local files only; copy it")])
 def test_a_bad_setting_names_the_flag(tmp_path, bert_vocab, capsys, given, line):
   """The data config's checks, in this command's terms (they named train.py's data.eval_fraction, data.packing,
-  data.cache_dir, tfds_data_dir), before anything is read."""
+  data.cache_dir, tfds_data_dir, seq_len, data.documents), before anything is read."""
   (tmp_path / "a.txt").write_text("Some text.\n")
   with pytest.raises(SystemExit) as exit_info:
     run_main(preprocess.main, ["preprocess", "--input", str(tmp_path / "a.txt"), "--vocab", str(bert_vocab),

@@ -71,6 +71,37 @@ def test_jsonl_with_a_text_field(wiki_paragraphs, tmp_path):
   assert found == [] and tallies[str(path)].bad_records == len(records) + 3
 
 
+def test_a_lone_surrogate_escape_in_jsonl_is_dropped_and_counted(tmp_path):
+  """JSON allows an escaped half of a surrogate pair alone (`\\ud800`), which no UTF-8 text holds and the tokenizer
+  refuses (a traceback, before): dropped and counted as an undecodable byte. A whole pair is one character, kept."""
+  path = tmp_path / "escapes.jsonl"
+  path.write_text('{"text": "Hello \\ud800 world. Good."}\n{"text": "A smile \\ud83d\\ude00 here."}\n')
+  found, tallies = documents_of("jsonl", str(path))
+  assert found == ["Hello world. Good.", "A smile \U0001F600 here."]
+  assert tallies[str(path)].undecodable_bytes == 1 and tallies[str(path)].bad_records == 0
+  assert all(document.encode("utf-8") for document in found)  # (what the tokenizer needs: text UTF-8 can hold)
+
+
+def test_a_parquet_file_is_read_as_parquet_only_and_its_column_checked_before_reading(tmp_path):
+  """A Parquet file read as text is named as one, with the format that reads it (it was "not UTF-8 text: convert
+  it with iconv"); a text column that holds no strings is refused when the run is planned (its rows were counted as
+  JSONL records "without the text field"); a categorical column of strings is text."""
+  pa = pytest.importorskip("pyarrow")
+  import pyarrow.parquet as pq  # pylint: disable=import-outside-toplevel
+
+  path = tmp_path / "rows.parquet"
+  pq.write_table(pa.table({"text": pa.array(["One row.", "Two rows.", "One row."]).dictionary_encode(),
+                           "n": [1, 2, 3]}), path)
+  assert documents_of("parquet", str(path))[0] == ["One row.", "Two rows.", "One row."]
+  for fmt in ("text", "jsonl", "lines"):
+    with pytest.raises(UserError, match=rf"^{re.escape(str(path))} is a Parquet file, not text: read it as one with "
+                                        rf"data.format=parquet \(--format parquet\)"):
+      documents_of(fmt, str(path))
+  with pytest.raises(UserError, match=rf"^{re.escape(str(path))}'s column 'n' holds int64, not text: set "
+                                      rf"data.text_field \(--text-field\) to a column of strings$"):
+    documents_of("parquet", str(path), text_field="n")
+
+
 def test_parquet_row_groups(wiki_paragraphs, tmp_path):
   pa = pytest.importorskip("pyarrow")
   import pyarrow.parquet as pq  # pylint: disable=import-outside-toplevel

@@ -44,9 +44,6 @@ def source_settings(data_cfg) -> dict:
   fmt = data_cfg.format if data_cfg.source == "text" else data_cfg.source
   if data_cfg.source == "tfds" and not data_cfg.tfds_name:
     raise UserError("data.tfds_name is empty for source 'tfds': set it, e.g. to 'wikipedia/20230601.en'")
-  if data_cfg.documents == "files" and fmt != "text":
-    raise UserError(f"data.documents='files' makes each plain-text file one document; it does not apply to "
-                    f"{fmt!r} input: leave data.documents at 'paragraphs'")
   return dict(format=fmt, documents=data_cfg.documents, files=data_cfg.files if data_cfg.source == "text" else "",
               text_field=data_cfg.tfds_text_key if fmt == "tfds" else data_cfg.text_field,
               tfds_name=data_cfg.tfds_name, tfds_split=data_cfg.tfds_split, tfds_data_dir=data_cfg.tfds_data_dir,
@@ -204,12 +201,13 @@ def unit_examples(plan: dict, unit: int, tallies: dict[str, Tally]) -> Iterator[
   yield from pack(split, tokenizer, info, plan["seq_len"], plan["packing"], plan["fill_examples"], seed=unit)
 
 
-def _blocks(documents: Iterable[tuple[str, Tally, str]]) -> Iterator[tuple[list, list[str]]]:
-  """Documents split into sentences, in blocks of about _BLOCK_CHARS: ([(split, tally, sentences, chars)], texts)."""
+def _blocks(documents: Iterable[tuple[str, Tally, str, bool]]) -> Iterator[tuple[list, list[str]]]:
+  """Texts split into sentences, in blocks of about _BLOCK_CHARS: ([(split, tally, sentences, chars, continued)],
+  texts)."""
   entries, texts, chars = [], [], 0
-  for split, tally, document in documents:
+  for split, tally, document, continued in documents:
     sentences = corpus.document_sentences(document)
-    entries.append((split, tally, len(sentences), len(document)))
+    entries.append((split, tally, len(sentences), len(document), continued))
     texts.extend(sentences)
     chars += len(document)
     if chars >= _BLOCK_CHARS:
@@ -218,21 +216,30 @@ def _blocks(documents: Iterable[tuple[str, Tally, str]]) -> Iterator[tuple[list,
   yield entries, texts
 
 
-def pack(documents: Iterable[tuple[str, Tally, str]], tokenizer: tokenizers.Tokenizer, info: TokenizerInfo,
+def pack(documents: Iterable[tuple[str, Tally, str, bool]], tokenizer: tokenizers.Tokenizer, info: TokenizerInfo,
          seq_len: int, packing: str, fill: bool, seed: int) -> Iterator[tuple[str, np.ndarray]]:
-  """Packed examples of (split, tally, document) triples, each document counted in its tally (kept, or dropped
-  as empty when it has no token)."""
+  """Packed examples of (split, tally, text, continued) of `corpus.split_documents`, each document counted once in
+  its tally (kept, or dropped as empty when it has no token): a held-out tail that continues the text before it
+  adds its characters, with the line break it was cut at, and its tokens to that document's."""
   packers = {s: Packer(packing, seq_len, info.cls_id, info.sep_id, seed=seed, fill=fill) for s in corpus.SPLITS}
+  counting = None  # [tally, characters, tokens] of the document whose texts are being packed
   for entries, texts in _prefetch(_blocks(documents), _PREFETCH_BLOCKS):
     ids = iter(encode(tokenizer, texts))
-    for split, tally, count, chars in entries:
+    for split, tally, count, chars, continued in entries:
       tokens = 0
       for _ in range(count):
         sentence = next(ids)
         tokens += len(sentence)
         yield from ((split, e) for e in packers[split].add(sentence))
       yield from ((split, e) for e in packers[split].end_document())
-      tally.count_document(chars, tokens)
+      if continued:
+        counting[1:] = counting[1] + 1 + chars, counting[2] + tokens
+        continue
+      if counting:
+        counting[0].count_document(*counting[1:])
+      counting = [tally, chars, tokens]
+  if counting:
+    counting[0].count_document(*counting[1:])
   for split, packer in packers.items():
     yield from ((split, e) for e in packer.finish())
 

@@ -101,16 +101,17 @@ def held_out_tail(num_paragraphs: int, eval_fraction: float) -> int:
 
 
 def split_documents(documents: Iterable[tuple[T, str]], eval_fraction: float, tails: bool,
-                    first: int = 0) -> Iterator[tuple[str, T, str]]:
-  """("train" or "eval", tag, document) of (tag, document) pairs: whole documents held out (`is_eval_document` of
-  `first` + their index), or with `tails` each document's last paragraphs (`held_out_tail`) held out as a document
-  of their own, after its train part."""
+                    first: int = 0) -> Iterator[tuple[str, T, str, bool]]:
+  """("train" or "eval", tag, text, continued) of (tag, document) pairs: whole documents held out
+  (`is_eval_document` of `first` + their index), or with `tails` each document's last paragraphs (`held_out_tail`)
+  held out as a text of their own, after its train part: `continued`, the rest of the document before it (one
+  document, in two splits)."""
   for index, (tag, document) in enumerate(documents, first):
     if not tails:
-      yield ("eval" if is_eval_document(index, eval_fraction) else "train"), tag, document
+      yield ("eval" if is_eval_document(index, eval_fraction) else "train"), tag, document, False
       continue
     lines = document.split("\n")
     cut = len(lines) - held_out_tail(len(lines), eval_fraction)
-    yield "train", tag, "\n".join(lines[:cut])
+    yield "train", tag, "\n".join(lines[:cut]), False
     if cut < len(lines):
-      yield "eval", tag, "\n".join(lines[cut:])
+      yield "eval", tag, "\n".join(lines[cut:]), True

@@ -42,9 +42,10 @@ def _task(text: str) -> tuple[int, int]:
 
 
 # The data config's fields that this command's flags set, as its errors name them.
-_FLAGS = {"data.eval_fraction": "--eval-fraction", "data.packing": "--packing", "data.format": "--format",
-          "data.documents": "--documents", "data.text_field": "--text-field", "data.tfds_text_key": "--tfds-text-key",
-          "data.tfds_split": "--tfds-split", "data.tfds_data_dir": "--tfds-data-dir", "data.cache_dir": "--cache-dir"}
+_FLAGS = {"seq_len": "--seq-len", "data.eval_fraction": "--eval-fraction", "data.packing": "--packing",
+          "data.format": "--format", "data.documents": "--documents", "data.text_field": "--text-field",
+          "data.tfds_text_key": "--tfds-text-key", "data.tfds_split": "--tfds-split",
+          "data.tfds_data_dir": "--tfds-data-dir", "data.cache_dir": "--cache-dir"}
 
 
 def main(argv: list[str]) -> None:
@@ -90,7 +91,7 @@ def main(argv: list[str]) -> None:
     pipeline.checked_config(cfg, args.seq_len)
   except UserError as e:
     field = re.split("[ =]", str(e), maxsplit=1)[0]  # ("data.packing is ...", "data.cache_dir=...")
-    raise UserError(str(e).replace(field, _FLAGS[field], 1) if field in _FLAGS else str(e)) from None
+    raise UserError(str(e).replace(field, _FLAGS[field]) if field in _FLAGS else str(e)) from None
   task = _task(args.task)
   start = time.time()
   metadata = preprocess(cfg, args.seq_len, args.output, workers=args.workers, task=task,

@@ -28,6 +28,7 @@ from tupe.store import storage
 FORMATS = ("text", "lines", "jsonl", "parquet")
 FIELD_FORMATS = ("jsonl", "parquet")  # The formats whose documents are a field of a record (data.text_field).
 UNDECODABLE = re.compile("[\udc80-\udcff]")  # What surrogateescape decodes bytes that are not UTF-8 to.
+SURROGATES = re.compile("[\ud800-\udfff]")  # What a JSON escape may hold alone (\\ud800), and no UTF-8 text.
 _BOM = b"\xef\xbb\xbf"
 _PARQUET_BATCH = 1024
 TFDS_CATALOG = "https://www.tensorflow.org/datasets/catalog/overview"
@@ -98,7 +99,8 @@ def _text_lines(f, begin: int, end: int, book: tuple[int, int]) -> Iterator[byte
 
 def _record_text(line: str, field: str, tally: Tally) -> str | None:
   """A JSONL record's text: None (a bad record, counted) for a line that is not an object with the text field, or
-  whose field is neither text nor null; a null is an empty document."""
+  whose field is neither text nor null; a null is an empty document. A lone surrogate escape (`"\\ud800"`: JSON
+  allows it, no UTF-8 text holds it, the tokenizer refuses it) is dropped and counted as an undecodable byte."""
   try:
     record = json.loads(line)
   except ValueError:
@@ -109,7 +111,9 @@ def _record_text(line: str, field: str, tally: Tally) -> str | None:
   if not isinstance(text, str):
     tally.bad_records += 1
     return None
-  return text
+  clean = SURROGATES.sub("", text)
+  tally.undecodable_bytes += len(text) - len(clean)
+  return clean
 
 
 def documents(source: dict, entry: dict, begin: int, end: int, tally: Tally) -> Iterator[str]:
@@ -130,7 +134,7 @@ def documents(source: dict, entry: dict, begin: int, end: int, tally: Tally) -> 
     return
   with storage.open_file(entry["name"]) as f:
     if entry["kind"] == "parquet":
-      yield from _parquet_documents(f, entry["name"], source["text_field"], begin, end, tally)
+      yield from _parquet_documents(f, source["text_field"], begin, end)
       return
     book = (entry["start"], entry["stop"])
     if source["format"] == "text":
@@ -150,19 +154,15 @@ def documents(source: dict, entry: dict, begin: int, end: int, tally: Tally) -> 
           yield as_document(text)
 
 
-def _parquet_documents(f, name: str, field: str, begin: int, end: int, tally: Tally) -> Iterator[str]:
+def _parquet_documents(f, field: str, begin: int, end: int) -> Iterator[str]:
+  """The documents of row groups [begin, end) of a Parquet file whose column `field` holds strings (checked when the
+  run was planned: `tupe.data.units`); a null is an empty document."""
   import pyarrow.parquet as pq  # pylint: disable=import-outside-toplevel
 
   parquet = pq.ParquetFile(f)
-  if field not in parquet.schema_arrow.names:
-    raise UserError(f"{name} has no column {field!r} (it has {parquet.schema_arrow.names}): set data.text_field "
-                    f"(--text-field)")
   for batch in parquet.iter_batches(_PARQUET_BATCH, row_groups=list(range(begin, end)), columns=[field]):
     for text in batch.column(0).to_pylist():
-      if isinstance(text, str) or text is None:  # a null: an empty document
-        yield as_document(text or "")
-      else:
-        tally.bad_records += 1
+      yield as_document(text or "")
 
 
 def tfds_source(name: str, split: str, data_dir: str | None, otherwise: str = ""):

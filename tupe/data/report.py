@@ -17,9 +17,9 @@ class Tally:
     characters: their characters, after whitespace runs are collapsed.
     tokens: their tokens (special tokens not counted).
     empty_documents: documents dropped because they hold no token (e.g. only zero-width characters).
-    undecodable_bytes: bytes dropped because they are not UTF-8.
-    bad_records: JSONL lines or Parquet rows dropped: not a JSON object, without the text field, or whose field holds
-      neither text nor null (a null is an empty document).
+    undecodable_bytes: bytes dropped because they are not UTF-8 (and a JSONL record's lone surrogate escapes).
+    bad_records: JSONL lines dropped: not a JSON object, without the text field, or whose field holds neither text
+      nor null (a null is an empty document). (A Parquet file's text column is checked whole, before it is read.)
     gutenberg_characters: characters of a Project Gutenberg licence header and footer dropped.
   """
   documents: int = 0

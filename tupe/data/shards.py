@@ -179,8 +179,12 @@ def read_metadata(folder: storage.PathLike) -> dict:
           f"give the folder, --config.data.files={parent}" if made else "give the one folder `python -m "
           "tupe.data.preprocess --output` wrote, or --config.data.source=text for text files"))
   if not storage.is_file(path):
-    where = storage.path(folder) / PLAN
-    half = " (a run was started there but is not finished: run it again to resume)" if storage.exists(where) else ""
+    started = storage.exists(storage.path(folder) / PLAN)
+    if not started and storage.iterdir(folder):  # (other files: preprocess would refuse this folder as --output)
+      raise UserError(f"{folder} holds no preprocessed examples ({METADATA} is missing), but other files: for text "
+                      f"files, --config.data.source=text --config.data.files='{folder}/*'; or write examples with "
+                      f"`python -m tupe.data.preprocess --output NEW_FOLDER ...`")
+    half = " (a run was started there but is not finished: run it again to resume)" if started else ""
     raise UserError(f"{folder} holds no preprocessed examples ({METADATA} is missing){half}: "
                     f"write them with `python -m tupe.data.preprocess --output {folder} ...`")
   metadata = jsonfile.read(path, "preprocess the corpus again into a new folder")
@@ -209,6 +213,31 @@ def training_settings(folder: storage.PathLike) -> dict:
   return {field: metadata[key] for field, key in SETTINGS} | {"data.vocab_file": str(storage.path(folder) / VOCAB)}
 
 
+def _open_shards(folder: storage.PathLike, paths: list[str], length: int):
+  """grain's reader of a split's shards, which must hold the `length` examples metadata.json records.
+
+  Raises:
+    UserError: naming a shard that cannot be opened (cut short by an interrupted copy, or damaged), or the count
+      that differs.
+  """
+  fix = f"copy {folder} again, or preprocess the corpus again"
+  try:
+    source = grain.sources.ArrayRecordDataSource(paths)
+  except RuntimeError:  # (array_record's reader, which names no file: each is opened alone to find it)
+    for path in paths:
+      try:
+        grain.sources.ArrayRecordDataSource([path])
+      except RuntimeError as e:
+        why = re.split(r" \(|;", str(e).splitlines()[0])[0]  # (not the reader's hashes and offsets)
+        raise UserError(f"shard {path} cannot be read ({why}): it is cut short (an interrupted copy?) or damaged; "
+                        f"{fix}") from None
+    raise
+  if len(source) != length:
+    raise UserError(f"the shards of {folder} hold {len(source):,} examples where its metadata.json records "
+                    f"{length:,}: a shard has lost its end, or is another run's; {fix}")
+  return source
+
+
 class ShardedExamples(ExampleSource):
   """Examples of one split of a shard folder, read on demand (picklable, for worker processes, which share the
   shards through the page cache rather than copies).
@@ -232,7 +261,7 @@ class ShardedExamples(ExampleSource):
     missing = [p for p in paths if not storage.is_file(p)]
     if missing:
       raise UserError(f"shard {missing[0]} is missing: preprocess the corpus again")
-    self._source = grain.sources.ArrayRecordDataSource(paths) if self._length else None
+    self._source = _open_shards(folder, paths, self._length) if self._length else None
 
   def __len__(self) -> int:
     return self._length

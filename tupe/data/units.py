@@ -8,6 +8,7 @@ process the units, nor in which order.
 """
 import concurrent.futures
 import dataclasses
+import functools
 from typing import Iterator
 
 from tupe.data import corpus
@@ -45,6 +46,9 @@ def _text_input(name: str) -> dict:
     head = f.read(gutenberg.WINDOW_BYTES)
     f.seek(max(0, size - gutenberg.WINDOW_BYTES))
     tail = f.read()
+  if head.startswith(b"PAR1"):
+    raise UserError(f"{name} is a Parquet file, not text: read it as one with data.format=parquet (--format "
+                    f"parquet), its text in the column data.text_field (--text-field)")
   for magic, kind, tool in COMPRESSED:
     if head.startswith(magic):
       raise UserError(f"{name} is {kind}-compressed, not text: decompress it first (`{tool} {name}`); the text "
@@ -82,11 +86,27 @@ def _mtime(name: str) -> float:
     return storage.path(name).stat().mtime
 
 
-def _parquet_input(name: str) -> dict:
+def _parquet_input(name: str, field: str) -> dict:
+  """A Parquet file as an input: its row groups' sizes.
+
+  Raises:
+    UserError: when it has no column `field` (data.text_field), or one that does not hold strings: before anything
+      is read or written.
+  """
+  import pyarrow as pa  # pylint: disable=import-outside-toplevel
   import pyarrow.parquet as pq  # pylint: disable=import-outside-toplevel
 
   with storage.open_file(name) as f:
-    metadata = pq.ParquetFile(f).metadata
+    parquet = pq.ParquetFile(f)
+    metadata, schema = parquet.metadata, parquet.schema_arrow
+  if field not in schema.names:
+    raise UserError(f"{name} has no column {field!r} (it has {schema.names}): set data.text_field (--text-field)")
+  kind = schema.field(field).type
+  values = kind.value_type if pa.types.is_dictionary(kind) else kind  # (a categorical column's values)
+  if not any(is_type(values) for is_type in (pa.types.is_string, pa.types.is_large_string, pa.types.is_string_view,
+                                             pa.types.is_null)):
+    raise UserError(f"{name}'s column {field!r} holds {kind}, not text: set data.text_field (--text-field) to a "
+                    f"column of strings")
   return dict(name=name, kind="parquet", mtime=_mtime(name), row_group_bytes=[metadata.row_group(g).total_byte_size
                                                           for g in range(metadata.num_row_groups)])
 
@@ -102,7 +122,7 @@ def plan_inputs(source: dict) -> list[dict]:
     return [dict(name=f"tfds:{source['tfds_name']}", kind="tfds", records=len(records))]
   if source["format"] == "demo":
     return [dict(name="demo", kind="demo", records=len(demo.demo_documents(source["cache_dir"])))]
-  read = _parquet_input if source["format"] == "parquet" else _text_input
+  read = functools.partial(_parquet_input, field=source["text_field"]) if source["format"] == "parquet" else _text_input
   with concurrent.futures.ThreadPoolExecutor(_PLAN_THREADS) as pool:
     return list(pool.map(read, corpus.expand_globs(source["files"])))
 
