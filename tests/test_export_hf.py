@@ -330,6 +330,22 @@ def test_unexportable_option_is_one_line(tmp_path, corpus, capsys):
   assert not (tmp_path / "hf").exists()
 
 
+@pytest.mark.parametrize("kept", ["checkpoints/hf", "models/SST-2/hf", "checkpoints"])
+def test_an_export_into_a_run_s_checkpoints_or_kept_models_is_one_line(tmp_path, capsys, kept):
+  """--out among a run's checkpoints or eval_glue's kept models (it was written there, where every reader of the
+  run's steps or models finds it): refused before the checkpoint is read, nothing written."""
+  run = tmp_path / "run"
+  (run / "checkpoints").mkdir(parents=True)
+  (run / "config.json").write_text('{"objective": "mlm", "model": {}}\n')
+  out = run / kept
+  with pytest.raises(SystemExit) as exit_info:
+    run_main(export_hf.main, ["export_hf", "--checkpoint", str(tmp_path / "elsewhere"), "--out", str(out)])
+  assert exit_info.value.code == 2
+  assert capsys.readouterr().err == (f"error: --out {out} is inside the run in {run}, among its checkpoints or kept "
+                                     f"models: write elsewhere, e.g. {tmp_path / out.name}\n")
+  assert sorted(p.relative_to(run).as_posix() for p in run.rglob("*")) == ["checkpoints", "config.json"]
+
+
 def test_missing_transformers_is_one_line(tmp_path, monkeypatch, capsys):
   """Without transformers (it is a test requirement, not a runtime one) the exporter says what to install."""
   monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers raises ImportError

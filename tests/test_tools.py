@@ -118,6 +118,7 @@ def tupe_checkpoint(tmp_path_factory, bert_vocab) -> pathlib.Path:
   saver = checkpointer.Checkpointer(workdir / "checkpoints", cfg.checkpoint)
   saver.save(3, state, pretrain.checkpoint_meta(cfg, data.info.vocab_file, len(data)), force=True)
   saver.close()
+  (workdir / "config.json").write_text(cfg.to_json_best_effort(indent=2))  # as train.py's run holds it
   return workdir
 
 
@@ -183,6 +184,19 @@ def test_analyze_user_errors(tupe_checkpoint, sentences_file, tmp_path, capsys):
     assert exit_info.value.code == 2
     return capsys.readouterr().err
   assert "--sentence-index 3 is out of range" in fails("--sentence-index", "3")
+  # --out checked before the model is loaded: it wrote into a run's step (whose checksums then failed every reader
+  # of it: the newest checkpoint skipped), into a file after the model had run, and into any folder.
+  step = tupe_checkpoint / "checkpoints" / "3"
+  assert fails("--out", str(step)).strip() == (f"error: --out {step} is inside the run in {tupe_checkpoint}, among "
+                                               f"its checkpoints or kept models: write elsewhere, e.g. "
+                                               f"{tupe_checkpoint.parent / '3'}")
+  (tmp_path / "notes.txt").write_text("mine\n")
+  assert fails("--out", str(tmp_path / "notes.txt")).strip() == f"error: --out {tmp_path / 'notes.txt'} is a file: " \
+                                                                 f"give a folder to write into"
+  assert fails("--out", str(tmp_path)).strip() == (f"error: --out {tmp_path} holds files this tool does not write "
+                                                   f"(notes.txt): give a new or empty folder, or one an earlier "
+                                                   f"analysis wrote")
+  (tmp_path / "notes.txt").unlink()
   assert "--max-len 64 must be between 3 and the model's 32 positions" in fails("--max-len", "64")
   empty = tmp_path / "empty.txt"
   empty.write_text("\n\n")
@@ -208,7 +222,12 @@ def hf_convbert(tmp_path_factory) -> pathlib.Path:
 
 
 def test_analyze_hf_convbert_matches_torch_attentions(hf_convbert, sentences_file, bert_vocab, tmp_path):
+  """Into the folder of an earlier analysis (a TUPE model's, with the untied positional term and [CLS] values), whose
+  files it replaces: those ConvBERT has none of are removed, not left to be read as this model's."""
   out = tmp_path / "analysis"
+  out.mkdir()
+  for name in ("positional_correlation.png", "cls_values.csv", "attention_mean_layer00.png"):
+    (out / name).write_bytes(b"an earlier analysis")
   analyze.main(["analyze", "--hf-convbert", str(hf_convbert), "--vocab", str(bert_vocab), "--text-file",
                 str(sentences_file), "--out", str(out), "--max-sentences", "2"])
   for name in ("attention_mean_layer00.png", "attention_sentence0_layer01.png", "diagonal_concentration.png"):

@@ -1,6 +1,7 @@
-"""A file named on a command line for the command to write, checked before any work: not a folder, nor under a
-file, not one of the command's inputs (which it would replace), and not a file of a run (a workdir's config and
-logs, anything under its checkpoints or kept models), which every later reader of the run would find replaced."""
+"""A file or folder named on a command line for the command to write, checked before any work: a file not a folder,
+nor under a file, not one of the command's inputs (which it would replace), and not a file of a run (a workdir's
+config and logs, anything under its checkpoints or kept models), which every later reader of the run would find
+replaced; a folder not a file, nor a run's checkpoints or kept models, nor inside them."""
 from __future__ import annotations
 
 from tupe.errors import UserError
@@ -27,14 +28,35 @@ def check(out: storage.PathLike, flag: str, example: str,
       raise UserError(f"{flag} {out} is the {input_flag} file {given}, which it would replace: give another file "
                       f"name, e.g. {target.parent / example}")
   check_folder(target.parent, flag)
+  if (run := _run_holding(target, is_file=True)) is not None:
+    raise UserError(f"{flag} {out} is a file of the run in {run}, which it would replace: write elsewhere, "
+                    f"e.g. {run.parent / example}")
+
+
+def check_directory(out: storage.PathLike, flag: str) -> None:
+  """Refuses `out`, a folder that option `flag` names for the command to write into, in one line where it is a file,
+  cannot be written, or is a run's folder of checkpoints or kept models (or inside one), where every later reader of
+  the run would find the command's files among the run's."""
+  target = storage.path(out)
+  if storage.is_file(target):
+    raise UserError(f"{flag} {out} is a file: give a folder to write into")
+  check_folder(target, flag)
+  if (run := _run_holding(target, is_file=False)) is not None:
+    raise UserError(f"{flag} {out} is inside the run in {run}, among its checkpoints or kept models: write elsewhere, "
+                    f"e.g. {run.parent / target.name}")
+
+
+def _run_holding(target: storage.Path, is_file: bool) -> storage.Path | None:
+  """The workdir whose file (a record, with `is_file`) or kept folder (`rundir`) `target` is, or is inside; None
+  where it is no run's."""
   folder, inside = target.parent, (target.name,)
   while True:
-    if storage.exists(folder / rundir.CONFIG) and (
-        rundir.is_record(inside[0], _owner(folder)) if len(inside) == 1 else rundir.is_kept_folder(inside[0])):
-      raise UserError(f"{flag} {out} is a file of the run in {folder}, which it would replace: write elsewhere, "
-                      f"e.g. {folder.parent / example}")
+    if storage.exists(folder / rundir.CONFIG) and (rundir.is_record(inside[0], _owner(folder))
+                                                   if is_file and len(inside) == 1
+                                                   else rundir.is_kept_folder(inside[0])):
+      return folder
     if folder.parent == folder or (storage.is_remote(folder) and "/" not in storage.bare(folder)):
-      return  # the filesystem's root, or the bucket
+      return None  # the filesystem's root, or the bucket
     folder, inside = folder.parent, (folder.name, *inside)
 
 

@@ -26,6 +26,7 @@ if __name__ == "__main__":  # First, before the heavy imports: a stop signal whi
 import csv
 import io
 import math
+import re
 import tempfile
 import textwrap
 from typing import Sequence
@@ -44,6 +45,7 @@ from tupe.data import tokenizer as tokenizer_lib
 from tupe.errors import UserError
 from tupe.hf import load
 from tupe.store import checkpoint
+from tupe.store import outputs
 from tupe.store import storage
 from tupe.study import analysis
 from tupe.train import compile_cache
@@ -200,6 +202,26 @@ def relative_bias_figure(distances: np.ndarray, bias: np.ndarray, title: str):
   return figure
 
 
+# The names of the files written (the module docstring): a folder holding only such files is an earlier analysis.
+OUTPUTS = re.compile(r"attention_(mean|sentence\d+)_layer\d+\.png|diagonal_concentration\.(csv|md|png)"
+                     r"|positional_correlation\.png|cls_values\.csv|relative_bias\.(csv|png)")
+
+
+def check_out(out: storage.PathLike) -> list[storage.Path]:
+  """Refuses --out before the model is loaded unless it is a new or empty folder, or one that holds an earlier
+  analysis alone (not a run's checkpoints or kept models: `outputs.check_directory`); returns that analysis's
+  files, which this one replaces (those it does not write again are removed, so that no model's maps mix with
+  another's)."""
+  outputs.check_directory(out, "--out")
+  names = storage.walk_files(out) if storage.is_dir(out) else []
+  other = [name for name in names if not OUTPUTS.fullmatch(name)]
+  if other:
+    raise UserError(f"--out {out} holds files this tool does not write ({other[0]}"
+                    f"{f' and {len(other) - 1} more' if len(other) > 1 else ''}): give a new or empty folder, or one "
+                    f"an earlier analysis wrote")
+  return [storage.path(out) / name for name in names]
+
+
 def write_csv(path: storage.PathLike, header: Sequence[str], rows: Sequence[Sequence]) -> storage.Path:
   """Writes a CSV file (local or in a bucket) with a header row; floats keep full precision (inf and nan as
   `inf`, `nan`)."""
@@ -335,11 +357,14 @@ def main(argv: list[str]) -> None:
   if args.max_sentences < 1:
     raise UserError(f"--max-sentences {args.max_sentences}: use at least 1")
   sentences = read_sentences(args.text_file, args.max_sentences)
+  earlier = check_out(args.out)
   with tempfile.TemporaryDirectory() as workspace:
     cfg, params, tokenizer, info, label = load_model(args, storage.path(workspace))
     max_len = min(DEFAULT_MAX_LEN, cfg.max_position_embeddings) if args.max_len is None else args.max_len
     written = analyze(cfg, params, tokenizer, info, sentences, storage.path(args.out), args.sentence_index,
                       max_len, label)
+  for stale in set(earlier) - set(written):
+    storage.remove(stale)
   console.out(f"wrote {console.plural(len(written), 'file')} to {args.out}: " + ", ".join(p.name for p in written))
 
 

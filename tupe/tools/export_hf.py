@@ -50,11 +50,11 @@ def main(argv: list[str]) -> None:
   parser.add_argument("--out", required=True, help="the directory to write (new or empty; local, gs://... or s3://...)")
   args = parser.parse_args(argv[1:])
   out = storage.path(args.out)  # checked before the checkpoint is read and verified
+  outputs.check_directory(out, "--out")  # (one line, where the export's mkdir would raise; no run's kept folder)
   if storage.is_remote(out):
     if storage.iterdir(out):
       raise UserError(f"--out {out} is not empty; choose a new one")
   else:
-    outputs.check_folder(out, "--out")  # (one line, where the export's mkdir would raise)
     export.new_directory(out)
   existed = storage.exists(out)
   # Made in a child process, where a stop signal ends it at once: PyTorch's code would hold the signal off, and
