@@ -431,6 +431,9 @@ def test_glue_budget_needs_the_finished_pre_training(shared_data, tmp_path):
     glue_budget.main(["glue_budget", "--config=configs/study.py:tupe,micro", f"--root={tmp_path}"])
   with pytest.raises(UserError, match=r"^unknown budget 'huge': use one of recipe, epochs2"):
     glue_budget.main(["glue_budget", "--config=configs/study.py:tupe,micro", f"--root={tmp_path}", "--budgets=huge"])
+  with pytest.raises(UserError, match=r"^--budgets names 'recipe' twice: give each budget once$"):  # (was accepted)
+    glue_budget.main(["glue_budget", "--config=configs/study.py:tupe,micro", f"--root={tmp_path}",
+                      "--budgets=recipe,epochs2,recipe"])
   with pytest.raises(UserError, match=r"^--variant 'random_init' is not a pre-trained variant"):
     glue_budget.main(["glue_budget", "--config=configs/study.py:tupe,micro", f"--root={tmp_path}",
                       "--variant=random_init"])

@@ -142,6 +142,8 @@ def main(argv: list[str], call=subprocess.call) -> None:
   if unknown:
     raise UserError(f"unknown budget {unknown[0]!r}: use one of {', '.join(defined)} (configs/study.py's "
                     f"glue_budgets at scale {cfg.scale})")
+  if repeated := next((b for i, b in enumerate(budgets) if b in budgets[:i]), None):
+    raise UserError(f"--budgets names {repeated!r} twice: give each budget once")
   outputs.check_folder(args.root, "--root")  # (a file there read as "run the study first")
   runner.check_inputs(cfg)
   compile_cache.enable(cfg.compilation_cache_dir)
