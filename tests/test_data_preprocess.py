@@ -153,6 +153,38 @@ def test_a_shard_cut_short_or_swapped_is_one_line_naming_it(text_cfg, shard_dir,
     shards.ShardedExamples(copy, "train")
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_shard_damaged_inside_is_one_line_when_read(text_cfg, shard_dir, tmp_path, capsys, workers):
+  """Bytes changed inside a shard, its index intact: it opens, and the batch that reads them fails in one line (in
+  the data threads or worker processes: array_record's RuntimeError was a traceback, and grain's note on it a
+  warning of its own), exit 2."""
+  import shutil  # pylint: disable=import-outside-toplevel
+  copy = tmp_path / "copy"
+  shutil.copytree(shard_dir, copy)
+  train = copy / "train-00000.array_record"
+  damaged = bytearray(train.read_bytes())
+  damaged[1000:1400] = bytes(b ^ 0xFF for b in damaged[1000:1400])  # (the first chunk: the index is at the end)
+  train.write_bytes(bytes(damaged))
+  cfg = dict(arrayrecord_cfg(text_cfg, copy), num_workers=workers)
+
+  def first_batch(argv):
+    del argv
+    every = shards.read_metadata(copy)["num_examples"]["train"]  # (one batch reads every chunk)
+    batches, _ = pipeline.make_pretrain_iterator(cfg, seq_len=SEQ_LEN, batch_size=every, seed=0)
+    try:
+      next(batches)
+    finally:
+      if hasattr(batches, "close"):
+        batches.close()
+
+  with pytest.raises(SystemExit) as exit_info:
+    run_main(first_batch, ["first_batch"])
+  assert exit_info.value.code == 2
+  assert capsys.readouterr().err == (f"error: a shard of {copy} cannot be read (Corrupted Riegeli/records file: "
+                                     f"chunk data hash mismatch): it is damaged; copy {copy} again, or preprocess "
+                                     f"the corpus again\n")
+
+
 def test_command_line_errors_are_one_line(tmp_path, bert_vocab):
   result = subprocess.run(
       [sys.executable, "-m", "tupe.data.preprocess", "--input", str(tmp_path / "*.txt"), "--vocab", str(bert_vocab),

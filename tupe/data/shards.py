@@ -262,6 +262,7 @@ class ShardedExamples(ExampleSource):
     if missing:
       raise UserError(f"shard {missing[0]} is missing: preprocess the corpus again")
     self._source = _open_shards(folder, paths, self._length) if self._length else None
+    self._folder = str(folder)
 
   def __len__(self) -> int:
     return self._length
@@ -271,11 +272,21 @@ class ShardedExamples(ExampleSource):
     return self._num_tokens
 
   def __getitem__(self, index: int) -> np.ndarray:
-    return np.frombuffer(self._source[int(index)], "<i4").astype(np.int32)
+    return np.frombuffer(self._read([int(index)])[0], "<i4").astype(np.int32)
 
   def padded_batch(self, indices: np.ndarray, seq_len: int, pad_id: int) -> np.ndarray:
     ids = np.full((len(indices), seq_len), pad_id, np.int32)
-    for row, record in enumerate(self._source.__getitems__([int(i) for i in indices])):
+    for row, record in enumerate(self._read([int(i) for i in indices])):
       example = np.frombuffer(record, "<i4")
       ids[row, :len(example)] = example
     return ids
+
+  def _read(self, indices: list[int]) -> list[bytes]:
+    """The records `indices`; one line where a shard is damaged where they lie (bytes changed after it was opened
+    whole: array_record checks each chunk's hash as it reads it)."""
+    try:
+      return self._source.__getitems__(indices)
+    except RuntimeError as e:
+      why = re.split(r" \(|;", str(e).splitlines()[0])[0]
+      raise UserError(f"a shard of {self._folder} cannot be read ({why}): it is damaged; copy {self._folder} again, "
+                      f"or preprocess the corpus again") from None

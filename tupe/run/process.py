@@ -21,6 +21,7 @@ from tupe.errors import Preempted
 from tupe.errors import UserError
 from tupe.run import logs
 from tupe.run import quiet
+from tupe.store import refusals
 
 _status: int | None = None  # The exit status `run_main` chose (None until it has finished).
 _RESEND_AFTER_S = 0.05  # How long after Python dropped a stop signal's exception it is sent again.
@@ -235,10 +236,12 @@ def _stop_for_a_dropped_signal() -> None:
 
 def _print_error(line: str, e: BaseException) -> None:
   """The error's line, then the warnings noted while the job stopped (`tupe.store.refusals.note_while_stopping`),
-  in every process, as the error is: what each host saw while it stopped."""
+  in every process, as the error is: what each host saw while it stopped. Other notes, which libraries add to an
+  error passing through them (grain's about its traceback), are a traceback's, not the line's."""
   console.error(line)
   for note in getattr(e, "__notes__", ()):
-    console.warn(note, every_process=True)
+    if note.startswith(refusals.WHILE_STOPPING):
+      console.warn(note, every_process=True)
 
 
 def _leave_stuck_threads(status: int) -> None:

@@ -188,13 +188,16 @@ def _first_line(e: BaseException) -> str:
   return text[0] if text else type(e).__name__
 
 
+WHILE_STOPPING = "while stopping, "  # how the notes `note_while_stopping` adds begin
+
+
 def note_while_stopping(error: BaseException, failure: BaseException) -> None:
   """Adds `failure`, which happened while a job was already stopping on `error` (closing its checkpointer or logs),
   to `error` as a note, `while stopping, <failure>`: the entry point prints it as a warning after the error's own
   line (`tupe.run.process.run_main`), and a traceback shows it too. The job's own error stays the one reported; nothing
   is added where the failure says the same, or where both are the store failing (`unanswered`: its cause is
   already named)."""
-  note = f"while stopping, {failure}"
+  note = f"{WHILE_STOPPING}{failure}"
   if str(failure) != str(error) and not (unanswered(error) and unanswered(failure)) and \
       note not in getattr(error, "__notes__", ()):
     error.add_note(note)
