@@ -90,6 +90,12 @@ def test_mismatched_settings_are_refused(text_cfg, shard_dir, bert_vocab, tmp_pa
                                       rf"other files: for text files, --config.data.source=text "
                                       rf"--config.data.files='{tmp_path}/\*'; or write examples with "):
     pipeline.make_pretrain_iterator(dict(cfg, files=str(tmp_path)), seq_len=SEQ_LEN, batch_size=8, seed=0)
+  # Shards without metadata.json (written last): a copy cut short, not text.
+  (tmp_path / "part").mkdir()
+  (tmp_path / "part" / "train-00000.array_record").write_bytes((shard_dir / "train-00000.array_record").read_bytes())
+  with pytest.raises(UserError, match=r"part holds shards but no metadata.json, which preprocessing writes last: a "
+                                      r"copy cut short\? copy the whole folder again, or preprocess the corpus again$"):
+    pipeline.make_pretrain_iterator(dict(cfg, files=str(tmp_path / "part")), seq_len=SEQ_LEN, batch_size=8, seed=0)
   (tmp_path / "empty").mkdir()
   with pytest.raises(UserError, match=r"empty holds no preprocessed examples \(metadata.json is missing\): write "
                                       r"them with `python -m tupe.data.preprocess --output "):

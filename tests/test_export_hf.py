@@ -40,6 +40,7 @@ from tupe.models import position
 from tupe.run.process import run_main
 from tupe.store import checkpoint
 from tupe.store import checkpointer
+from tupe.store import outputs
 from tupe.tools import export_hf
 from tupe.train import core
 from tupe.train import pretrain
@@ -333,17 +334,22 @@ def test_unexportable_option_is_one_line(tmp_path, corpus, capsys):
 @pytest.mark.parametrize("kept", ["checkpoints/hf", "models/SST-2/hf", "checkpoints"])
 def test_an_export_into_a_run_s_checkpoints_or_kept_models_is_one_line(tmp_path, capsys, kept):
   """--out among a run's checkpoints or eval_glue's kept models (it was written there, where every reader of the
-  run's steps or models finds it): refused before the checkpoint is read, nothing written."""
+  run's steps or models finds it): refused before the checkpoint is read, nothing written. An exported model's
+  folder, whose config.json no run wrote, is no run: a folder named models/ in it is any folder."""
   run = tmp_path / "run"
   (run / "checkpoints").mkdir(parents=True)
-  (run / "config.json").write_text('{"objective": "mlm", "model": {}}\n')
+  (run / "config.json").write_text(json.dumps(tiny_config("tupe_a", "", "").to_dict()))  # as train.py's
   out = run / kept
   with pytest.raises(SystemExit) as exit_info:
     run_main(export_hf.main, ["export_hf", "--checkpoint", str(tmp_path / "elsewhere"), "--out", str(out)])
   assert exit_info.value.code == 2
-  assert capsys.readouterr().err == (f"error: --out {out} is inside the run in {run}, among its checkpoints or kept "
-                                     f"models: write elsewhere, e.g. {tmp_path / out.name}\n")
+  where = "" if kept == "checkpoints" else "inside "
+  assert capsys.readouterr().err == (f"error: --out {out} is {where}the {kept.split('/')[0]}/ folder of the run in "
+                                     f"{run}, which holds the run's own files: write elsewhere, e.g. "
+                                     f"{tmp_path / out.name}\n")
   assert sorted(p.relative_to(run).as_posix() for p in run.rglob("*")) == ["checkpoints", "config.json"]
+  (run / "config.json").write_text('{"model_type": "bert", "architectures": ["BertForMaskedLM"]}\n')
+  outputs.check_directory(out, "--out")  # (no error: a folder to write, as any other)
 
 
 def test_missing_transformers_is_one_line(tmp_path, monkeypatch, capsys):

@@ -261,17 +261,22 @@ def test_sigterm_then_sigkill_while_an_async_checkpoint_is_written(tmp_path, ref
   """Preempted, then crashed mid-save, then run to the end: the uninterrupted run's state and losses.
 
   SIGTERM after the first step: exit 143 (not a success, for schedulers) with a checkpoint at the step
-  reached. The resumed run is killed with SIGKILL while orbax writes its next periodic checkpoint into a
-  temporary directory: the last run ignores that partial checkpoint and resumes from the SIGTERM one.
+  reached. It came within the steps a profile traces (profile.steps): the checkpoint is begun before the trace is
+  written, which keeps the steps traced. The resumed run is killed with SIGKILL while orbax writes its next periodic
+  checkpoint into a temporary directory: the last run ignores that partial checkpoint and resumes from the SIGTERM
+  one.
   """
   workdir = tmp_path / "run"
-  run = Run(workdir, name="preempted")
+  run = Run(workdir, {"profile.steps": STEPS, "profile.skip_steps": 0}, name="preempted")
   run.wait_until(lambda: last_logged_step(workdir) >= 1)
   run.signal(signal.SIGTERM)
   assert run.wait() == 143, run.stderr()[-3000:]
   stopped = last_logged_step(workdir)
   assert stopped < STEPS, "the run ended before the signal arrived"
-  assert f"SIGTERM: saving a checkpoint at step {stopped} " in run.stdout()
+  out = run.stdout()
+  saving = out.index(f"SIGTERM: saving a checkpoint at step {stopped} ")
+  assert saving < out.index(f"profile of steps 1 to {stopped}: "), out
+  assert (workdir / "tensorboard" / "plugins" / "profile" / f"steps_1-{stopped}" / "perfetto_trace.json.gz").is_file()
   assert f"stopped by SIGTERM at step {stopped} of {STEPS}, with a checkpoint there; rerun" in run.stderr()
   assert finished_steps(workdir)[-1] == stopped
 

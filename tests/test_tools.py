@@ -187,9 +187,9 @@ def test_analyze_user_errors(tupe_checkpoint, sentences_file, tmp_path, capsys):
   # --out checked before the model is loaded: it wrote into a run's step (whose checksums then failed every reader
   # of it: the newest checkpoint skipped), into a file after the model had run, and into any folder.
   step = tupe_checkpoint / "checkpoints" / "3"
-  assert fails("--out", str(step)).strip() == (f"error: --out {step} is inside the run in {tupe_checkpoint}, among "
-                                               f"its checkpoints or kept models: write elsewhere, e.g. "
-                                               f"{tupe_checkpoint.parent / '3'}")
+  assert fails("--out", str(step)).strip() == (f"error: --out {step} is inside the checkpoints/ folder of the run in "
+                                               f"{tupe_checkpoint}, which holds the run's own files: write elsewhere, "
+                                               f"e.g. {tupe_checkpoint.parent / '3'}")
   (tmp_path / "notes.txt").write_text("mine\n")
   assert fails("--out", str(tmp_path / "notes.txt")).strip() == f"error: --out {tmp_path / 'notes.txt'} is a file: " \
                                                                  f"give a folder to write into"

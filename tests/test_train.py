@@ -258,9 +258,10 @@ def test_a_profile_traces_the_steps_it_names_at_each_start(tmp_path, capsys):
   cfg.update(num_train_steps=4)
   cfg.profile.update(steps=5, skip_steps=1)
   pretrain.train(cfg, str(tmp_path / "traced"), devices=jax.devices()[:1])
-  cfg.update(num_train_steps=7)
+  cfg.update(num_train_steps=7, tensorboard=True)  # (the first start wrote no TensorBoard events)
   cfg.profile.steps = 2
   pretrain.train(cfg, str(tmp_path / "traced"), devices=jax.devices()[:1])
+  assert list((tmp_path / "traced" / "tensorboard").glob("events.out.tfevents.*"))
   cfg.update(num_train_steps=8)
   cfg.profile.skip_steps = 3
   pretrain.train(cfg, str(tmp_path / "traced"), devices=jax.devices()[:1])
@@ -278,7 +279,17 @@ def test_a_profile_traces_the_steps_it_names_at_each_start(tmp_path, capsys):
       names = {event.get("name") for event in json.load(f)["traceEvents"]}
     assert "PjitFunction(jit(wrapped))" in names  # the train step's dispatch (`core.build_core`'s jit)
     assert "ThunkExecutor::Execute" in names  # and its operations running on the device
-  cfg.update(num_train_steps=4)  # (the first start's schedule)
+  # A trace that cannot be written (a file in its way): the store's one line, the profiler stopped once (a second
+  # stop raised "No profile started" over that line), and free for the next trace.
+  blocked = tmp_path / "blocked"
+  (blocked / "tensorboard").mkdir(parents=True)
+  (blocked / "tensorboard" / "plugins").write_text("in the way\n")
+  cfg.update(num_train_steps=4, tensorboard=False)  # (the first start's schedule)
+  with pytest.raises(errors.UserError, match=r"^cannot write .*/tensorboard/plugins/profile/steps_4-4/.*: a file "
+                                             r"stands where this path needs a folder"):
+    pretrain.train(cfg, str(blocked), devices=jax.devices()[:1])
+  jax.profiler.start_trace(str(tmp_path / "again"))
+  jax.profiler.stop_trace()
   cfg.profile.steps = 0
   pretrain.train(cfg, str(tmp_path / "plain"), devices=jax.devices()[:1])
   traced, plain = (runlog.read_metrics(tmp_path / name) for name in ("traced", "plain"))

@@ -180,7 +180,11 @@ def read_metadata(folder: storage.PathLike) -> dict:
           "tupe.data.preprocess --output` wrote, or --config.data.source=text for text files"))
   if not storage.is_file(path):
     started = storage.exists(storage.path(folder) / PLAN)
-    if not started and storage.iterdir(folder):  # (other files: preprocess would refuse this folder as --output)
+    held = [] if started else [p.name for p in storage.iterdir(folder)]
+    if any(name.endswith(".array_record") for name in held):  # (metadata.json is written last)
+      raise UserError(f"{folder} holds shards but no {METADATA}, which preprocessing writes last: a copy cut short? "
+                      f"copy the whole folder again, or preprocess the corpus again")
+    if held:  # (other files: preprocess would refuse this folder as --output)
       raise UserError(f"{folder} holds no preprocessed examples ({METADATA} is missing), but other files: for text "
                       f"files, --config.data.source=text --config.data.files='{folder}/*'; or write examples with "
                       f"`python -m tupe.data.preprocess --output NEW_FOLDER ...`")

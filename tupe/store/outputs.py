@@ -29,8 +29,8 @@ def check(out: storage.PathLike, flag: str, example: str,
                       f"name, e.g. {target.parent / example}")
   check_folder(target.parent, flag)
   if (run := _run_holding(target, is_file=True)) is not None:
-    raise UserError(f"{flag} {out} is a file of the run in {run}, which it would replace: write elsewhere, "
-                    f"e.g. {run.parent / example}")
+    raise UserError(f"{flag} {out} is a file of the run in {run[0]}, which it would replace: write elsewhere, "
+                    f"e.g. {run[0].parent / example}")
 
 
 def check_directory(out: storage.PathLike, flag: str) -> None:
@@ -42,19 +42,24 @@ def check_directory(out: storage.PathLike, flag: str) -> None:
     raise UserError(f"{flag} {out} is a file: give a folder to write into")
   check_folder(target, flag)
   if (run := _run_holding(target, is_file=False)) is not None:
-    raise UserError(f"{flag} {out} is inside the run in {run}, among its checkpoints or kept models: write elsewhere, "
-                    f"e.g. {run.parent / target.name}")
+    run, kept = run
+    where = "" if target == run / kept else "inside "
+    raise UserError(f"{flag} {out} is {where}the {kept}/ folder of the run in {run}, which holds the run's own "
+                    f"files: write elsewhere, e.g. {run.parent / target.name}")
 
 
-def _run_holding(target: storage.Path, is_file: bool) -> storage.Path | None:
-  """The workdir whose file (a record, with `is_file`) or kept folder (`rundir`) `target` is, or is inside; None
-  where it is no run's."""
+def _run_holding(target: storage.Path, is_file: bool) -> tuple[storage.Path, str] | None:
+  """(the workdir, the name of its file or folder) where `target` is one of a run's files (a record, with
+  `is_file`; of any entry point where its config.json names none) or in one of its folders (checkpoints, kept
+  models, ...; of train.py's or eval_glue.py's run alone: an exported model's config.json makes no run); None where
+  it is no run's."""
   folder, inside = target.parent, (target.name,)
   while True:
-    if storage.exists(folder / rundir.CONFIG) and (rundir.is_record(inside[0], _owner(folder))
-                                                   if is_file and len(inside) == 1
-                                                   else rundir.is_kept_folder(inside[0])):
-      return folder
+    if storage.exists(folder / rundir.CONFIG):
+      owner = _owner(folder)
+      if (rundir.is_record(inside[0], owner) if is_file and len(inside) == 1
+          else rundir.is_kept_folder(inside[0]) and (is_file or owner in rundir.WRITES)):
+        return folder, inside[0]
     if folder.parent == folder or (storage.is_remote(folder) and "/" not in storage.bare(folder)):
       return None  # the filesystem's root, or the bucket
     folder, inside = folder.parent, (folder.name, *inside)

@@ -289,10 +289,10 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
         console.log(f"eval at step {step}: " + " ".join(f"{k} {v:.4f}" for k, v in shown.items()))
       stop = job.stop_signal()
     steps.flush()
-    trace.finish(step, state)  # (a run stopped within the traced steps)
     if stop:
       console.log(f"{signals.name(stop)}: saving a checkpoint at step {step} before exiting")
       ckpt.save(step, state, meta, force=True)
+    trace.finish(step, state)  # A run ended or stopped within the traced steps; after a stop's save, not before it.
     if jax.process_index() == 0 and not (stop and step < total):  # Under the job's lease, as every write.
       writer.flush()
       drawn = curves.draw_run(workdir) if cfg.curves else None

@@ -9,7 +9,8 @@ finished, the trace is copied into the workdir (a bucket too), at
     `tensorboard --logdir <workdir>/tensorboard`);
   - `perfetto_trace.json.gz`: the timeline, at https://ui.perfetto.dev.
 On several hosts each host writes a folder of its own (`steps_<first>-<last>_process_<i>`). A run that ends or is
-stopped within the traced steps keeps the trace of those it ran; a run that fails drops it. The traced steps' rates
+stopped within the traced steps keeps the trace of those it ran (written after a stop's checkpoint is begun: the
+save never waits for the trace); a run that fails drops it. The traced steps' rates
 in the progress lines and metrics.jsonl include the profiler's cost.
 """
 from __future__ import annotations
@@ -62,27 +63,28 @@ class StepTrace:
     """Ends a trace in progress once `outputs`, step `step`'s, are computed, and copies it into the workdir."""
     if self._local is None:
       return
-    jax.block_until_ready(outputs)
-    jax.profiler.stop_trace()
-    suffix = f"_process_{jax.process_index()}" if jax.process_count() > 1 else ""
-    target = self.folder / f"steps_{self.first}-{step}{suffix}"
-    written = storage.path(self._local.name) / "plugins" / "profile"
-    for run in storage.iterdir(written):  # (one: jax.profiler's folder named by the time)
-      storage.copy_tree(run, target)
-    self._drop()
+    local, self._local = self._local, None  # The profiler is stopped once, whatever fails below.
+    try:
+      try:
+        jax.block_until_ready(outputs)
+      finally:
+        jax.profiler.stop_trace()
+      suffix = f"_process_{jax.process_index()}" if jax.process_count() > 1 else ""
+      target = self.folder / f"steps_{self.first}-{step}{suffix}"
+      for run in storage.iterdir(storage.path(local.name) / "plugins" / "profile"):  # (one, named by the time)
+        storage.copy_tree(run, target)
+    finally:
+      local.cleanup()
     console.log(f"profile of steps {self.first} to {step}: {target} (TensorBoard's profile tab, with "
                 f"tensorboard-plugin-profile installed; the timeline: perfetto_trace.json.gz at "
                 f"https://ui.perfetto.dev)")
-
-  def _drop(self) -> None:
-    local, self._local = self._local, None
-    local.cleanup()
 
   def __enter__(self) -> StepTrace:
     return self
 
   def __exit__(self, exc_type, exc, tb) -> bool:
     if self._local is not None:  # A failure within the traced steps: the profiler is stopped, the trace dropped.
+      local, self._local = self._local, None
       jax.profiler.stop_trace()
-      self._drop()
+      local.cleanup()
     return False
