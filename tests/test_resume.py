@@ -314,6 +314,22 @@ def test_corrupted_newest_checkpoint_falls_back(tmp_path, reference, train_serve
   assert finished_steps(workdir) == [4, 8, 12]
 
 
+def test_a_renamed_step_folder_is_refused_and_nothing_removed(tmp_path, reference, train_server):
+  """Step 4's folder renamed 40 by hand: the resume restored it as the newest checkpoint, trained step 41 on with
+  step 4's schedule, and the saves' retention then removed the real checkpoints 8 and 12. It is one line now,
+  naming the step the folder holds, before anything is trained or removed."""
+  ref_dir, _, _ = reference
+  workdir = tmp_path / "run"
+  shutil.copytree(ref_dir, workdir)
+  (workdir / "checkpoints" / "4").rename(workdir / "checkpoints" / "40")
+  proc = train_server(workdir, {"num_train_steps": 48})
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  assert proc.stderr == (f"error: checkpoint folder {workdir / 'checkpoints' / '40'} holds step 4: a step folder "
+                         f"renamed? name it {workdir / 'checkpoints' / '4'} again, or move it out of "
+                         f"{workdir / 'checkpoints'}\n")
+  assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["12", "40", "8"]
+
+
 def test_resume_with_data_worker_processes(tmp_path, reference, train_server):
   """Checkpoints hold no pipeline state: a run resumed with worker processes (none before) sees the same
   batches, so the same losses and final state."""

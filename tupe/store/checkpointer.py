@@ -220,6 +220,9 @@ class Checkpointer:
           compatibility.explain(step, self.directory, saved_meta, e)
         skipped.append(self._skip(step, e))
         continue
+      if (held := int(jax.device_get(state.step))) != step:  # (before any save's retention removes a step)
+        raise UserError(f"checkpoint folder {self._step_dir(step)} holds step {held}: a step folder renamed? name "
+                        f"it {self._step_dir(held)} again, or move it out of {self.directory}")
       self._move_aside(skipped)
       return step, state, saved_meta
     if skipped:
