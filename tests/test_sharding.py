@@ -228,6 +228,24 @@ def test_rule_naming_an_unknown_mesh_axis_is_an_error():
     partitioning.rules_from_config([["embed", "fsdp"], ["mlp", "model"]])
 
 
+def test_a_rule_naming_an_unknown_logical_axis_is_one_line_in_both_entry_points():
+  """A typo ('embedd') matched no parameter: every parameter stayed replicated on an FSDP mesh, without a word. Both
+  entry points' config checks refuse it, naming the closest axis; the defaults and any rule of known names pass."""
+  from tupe.glue import finetune  # pylint: disable=import-outside-toplevel
+  from tupe.train import checks  # pylint: disable=import-outside-toplevel
+
+  rules = [["batch", ["data", "fsdp"]], ["embedd", "fsdp"], ["vocab", "tensor"]]
+  line = (r"^sharding_rules names the logical axis 'embedd', which no parameter or activation has \(did you mean "
+          r"'embed'\?\); they are batch, embed, embedding, ")
+  pre, fine = pretrain_config.get_config("tupe_a,tiny"), glue.get_config("tupe")
+  for cfg, check in ((pre, checks.check_config), (fine, finetune.check_config)):
+    check(cfg)
+    cfg.sharding_rules = rules
+    with pytest.raises(UserError, match=line):
+      check(cfg)
+  partitioning.check_rule_names([["embed", "fsdp"], ["mlp", None]])  # (the others replicated: a rule set may say so)
+
+
 def test_mesh_axis_that_does_not_divide_a_dimension_warns(capsys):
   """97 vocabulary rows over tensor=2: replicated, with one line naming the parameter, dimension and axis."""
   cfg = tiny_config("bert_a")

@@ -94,6 +94,7 @@ def check_config(cfg) -> None:
     raise UserError(f"max_train_examples={cfg.max_train_examples}: give 0 (every example) or more")
   job_lib.check_store_settings(cfg.checkpoint)
   job_lib.check_distributed(cfg.distributed)
+  partitioning.check_rule_names(cfg.sharding_rules)
   check_fine_tuning(cfg)
   if cfg.evals_per_epoch < 0:
     raise UserError(f"evals_per_epoch={cfg.evals_per_epoch} must be 0 or more (0: one evaluation, at the end)")

@@ -5,6 +5,8 @@ them; the configs hold the rules explicitly, so config.json shows them).
 The mesh has three axes: `data` (pure data parallelism), `fsdp` (data parallelism with parameters and optimizer
 state sharded) and `tensor` (tensor parallelism over heads and the FFN width); the batch is split over (data, fsdp).
 """
+import difflib
+
 from tupe.errors import UserError
 
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -27,6 +29,22 @@ DEFAULT_RULES = (
     ("length", None),                # activations [batch, length, hidden] between layers: rows split as the
     ("activation_embed", None),      #   batch, hidden replicated (tupe.models.encoder.ACTIVATION_AXES)
 )
+
+
+def check_rule_names(rules_cfg) -> None:
+  """A config's rules name only logical axes that the models have (`DEFAULT_RULES`'s): a typo matched nothing, and
+  the axis it meant was replicated without a word (an FSDP mesh sharding no parameter). Made by the entry points'
+  config checks, not by readers of a saved config.
+
+  Raises:
+    UserError: naming the unknown name, the closest known one and every known one.
+  """
+  known = [name for name, _ in DEFAULT_RULES]
+  for rule in rules_from_config(rules_cfg):
+    if rule[0] not in known:
+      close = difflib.get_close_matches(rule[0], known, n=1)
+      raise UserError(f"sharding_rules names the logical axis {rule[0]!r}, which no parameter or activation has"
+                      + (f" (did you mean {close[0]!r}?)" if close else "") + f"; they are {', '.join(known)}")
 
 
 def rules_from_config(rules_cfg) -> tuple:

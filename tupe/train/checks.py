@@ -10,6 +10,7 @@ from tupe.data import examples
 from tupe.data import pipeline
 from tupe.data import shards
 from tupe.errors import UserError
+from tupe.models import partitioning
 from tupe.train import core
 from tupe.train import flops as flops_lib
 from tupe.train import job as job_lib
@@ -52,6 +53,7 @@ def check_loop(cfg) -> None:
       raise UserError(f"{name}={value} must be 1 or more, e.g. --config.{name}={example}")
   job_lib.check_store_settings(cfg.checkpoint)
   job_lib.check_distributed(cfg.distributed)
+  partitioning.check_rule_names(cfg.sharding_rules)
   if cfg.eval_every < 0:
     raise UserError(f"eval_every={cfg.eval_every}: use 0 (no evaluation) or a number of steps")
   progress_lib.NonFinite(cfg.nonfinite)  # a policy it knows
