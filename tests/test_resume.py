@@ -388,6 +388,21 @@ def test_resume_at_the_last_step_trains_nothing(tmp_path, reference, train_serve
   assert "compiling the train step" not in proc.stdout  # a finished run needs no train step
 
 
+def test_a_resume_under_another_retention_says_so(tmp_path, reference, train_server):
+  """keep_last lowered on resume: the next save removes the checkpoints already there that the new rule does not
+  keep (4, 8 and 12 here), as it would the run's own. That is said in one warning (it was silent: retention is
+  bookkeeping, not reported among the changed settings)."""
+  ref_dir, _, _ = reference
+  workdir = tmp_path / "run"
+  shutil.copytree(ref_dir, workdir)
+  proc = train_server(workdir, {"num_train_steps": STEPS + EVERY, "checkpoint.keep_last": 1})
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert (f"warning: resuming with another retention: checkpoint.keep_last=1 (checkpoint {STEPS} was written under "
+          f"3): from the next save on, the checkpoints already in the workdir are kept or removed by the new rule\n"
+          in proc.stderr), proc.stderr
+  assert finished_steps(workdir) == [STEPS + EVERY]
+
+
 def test_no_restorable_checkpoint_is_an_error(tmp_path, reference, train_server):
   """Every checkpoint corrupted: an error, not a silent fresh start; nothing is renamed."""
   ref_dir, _, _ = reference
