@@ -20,6 +20,7 @@ import tempfile
 import time
 
 import jax
+import numpy as np
 
 import bench
 from tupe import console
@@ -51,8 +52,14 @@ def main(argv=None) -> list[dict]:
   root = pathlib.Path(tempfile.mkdtemp(prefix="ckpt-bench-"))
   try:
     steps = iter(range(1, 1_000_000))
+
+    def save_next(ckpt):
+      """The state saved as the next step (each folder holds its step, as `restore_latest` checks)."""
+      step = next(steps)
+      ckpt.save(step, state.replace(step=jax.device_put(np.int32(step), state.step.sharding)), meta)
+      ckpt.wait()
     with checkpointer.Checkpointer(root, ckpt_cfg) as ckpt:
-      save = _best(lambda: (ckpt.save(next(steps), state, meta), ckpt.wait()), args.repeats)
+      save = _best(lambda: save_next(ckpt), args.repeats)
       step_dir = checkpoint.latest_step_dir(root)
       nbytes = sum(storage.size(step_dir / name) for name in storage.walk_files(step_dir))
 

@@ -41,7 +41,8 @@ from tupe.models.tasks import gather_positions
 __all__ = [
     "MODELS", "PRETRAIN_NAMES", "SIZES", "CLASSIFIER_STYLES", "get_config", "base_config", "validate", "check_length",
     "head_dim", "attention_heads", "generator_config", "Encoder", "EncoderStack", "MaskedLM", "Electra", "Classifier",
-    "gather_positions", "init", "init_module", "encode", "param_count", "stack_layers", "unstack_layers",
+    "gather_positions", "init", "init_module", "encode", "check_inputs", "param_count", "stack_layers",
+    "unstack_layers",
 ]
 
 
@@ -78,18 +79,47 @@ def init_module(module: nn.Module, cfg, seed: int = 0, *extra_inputs, boxed: boo
 
 
 def init(cfg, seed: int = 0):
-  """Parameters of the backbone `Encoder` (float32)."""
+  """Parameters of the backbone `Encoder` (float32), of a config that `validate` accepts."""
+  validate(cfg)
   return init_module(Encoder(cfg), cfg, seed)
 
 
 def encode(cfg, params, input_ids, attention_mask=None, token_type_ids=None, output_attentions: bool = False,
            deterministic: bool = True, rngs=None) -> dict:
   """Runs the backbone on input_ids [batch, length]; see `Encoder` for the masks' defaults (padding is never
-  attended to) and `EncoderStack` for the outputs."""
+  attended to) and `EncoderStack` for the outputs. The config is validated and the inputs checked
+  (`check_inputs`) first."""
+  validate(cfg)
+  check_inputs(cfg, input_ids, attention_mask, token_type_ids)
   return Encoder(cfg).apply({"params": params}, jnp.asarray(input_ids),
                             None if attention_mask is None else jnp.asarray(attention_mask),
                             None if token_type_ids is None else jnp.asarray(token_type_ids),
                             deterministic, output_attentions, rngs=rngs)
+
+
+def check_inputs(cfg, input_ids, attention_mask=None, token_type_ids=None) -> None:
+  """One line for inputs `encode` cannot read: ids that are not [batch, length] integers, a mask or token types of
+  another shape, and, where they are concrete (not traced under `jax.jit`), an id outside the vocab or a token type
+  outside model.type_vocab_size (an id past the vocab gave NaN everywhere, a negative one another token's
+  embedding: no error from the lookup)."""
+  shape_of = lambda a: tuple(a.shape) if hasattr(a, "shape") else np.shape(a)  # (np.shape reads a traced array)
+  shape = shape_of(input_ids)
+  dtype = input_ids.dtype if hasattr(input_ids, "dtype") else np.asarray(input_ids).dtype
+  if len(shape) != 2:
+    raise UserError(f"input_ids has shape {shape}: give [batch, length] (one sequence: ids[None])")
+  if not np.issubdtype(dtype, np.integer):
+    raise UserError(f"input_ids are {dtype}: give integer token ids")
+  for name, array in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
+    if array is not None and shape_of(array) != shape:
+      raise UserError(f"{name} has shape {shape_of(array)}, input_ids {shape}: give them the same shape")
+  for name, array, size, field in (("input_ids", input_ids, cfg.vocab_size, "model.vocab_size"),
+                                   ("token_type_ids", token_type_ids, cfg.type_vocab_size, "model.type_vocab_size")):
+    if array is None or not size or isinstance(array, jax.core.Tracer) or not np.size(array):
+      continue
+    low, high = int(np.min(array)), int(np.max(array))
+    if low < 0 or high >= size:
+      raise UserError(f"{name} holds {low if low < 0 else high}, outside the {size:,} of {field}: give ids 0 to "
+                      f"{size - 1:,}")
 
 
 def param_count(params) -> int:
