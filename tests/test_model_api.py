@@ -23,7 +23,9 @@ def tiny():
     ([[101, -1, 2088, 102]], None, "input_ids holds -1, outside the 30,522 of model.vocab_size"),
     ([[101, 7592, 2088, 102]], [[0, 0, 7, 0]], "token_type_ids holds 7, outside the 2 of model.type_vocab_size"),
     # Tracebacks from the embedding (an IndexError) and from JAX's gather.
-    ([101, 7592, 2088, 102], None, "input_ids has shape (4,): give [batch, length] (one sequence: ids[None])"),
+    ([101, 7592, 2088, 102], None, "input_ids has shape (4,): give [batch, length], at least one token (one "
+                                   "sequence: ids[None])"),
+    (np.zeros((2, 0), np.int32), None, "input_ids has shape (2, 0): give [batch, length], at least one token"),
     ([[101.0, 7592.0]], None, "input_ids are float64: give integer token ids"),
     ([[101, 7592, 2088, 102]], [[0, 0]], "token_type_ids has shape (1, 2), input_ids (1, 4): give them the same "
                                          "shape"),
@@ -47,10 +49,14 @@ def test_a_config_the_models_refuse_is_refused_by_the_api_too(tiny):
 
 def test_good_inputs_run_concrete_or_traced(tiny):
   """The checks pass what the model reads, and under `jax.jit` (traced ids: their values cannot be read) they
-  check shapes alone; both give the same output."""
+  check shapes alone; both give the same output, and so do a tokenizer's PyTorch tensors (the checks raised a
+  TypeError on them, which jnp.asarray reads)."""
   cfg, params = tiny
   ids, mask = np.array([[101, 7592, 2088, 102], [101, 2088, 102, 0]]), np.array([[1, 1, 1, 1], [1, 1, 1, 0]])
   eager = models.encode(cfg, params, ids, mask, np.zeros_like(ids))["last_hidden_state"]
+  torch = pytest.importorskip("torch")
+  tensors = [torch.tensor(a) for a in (ids, mask, np.zeros_like(ids))]
+  np.testing.assert_array_equal(models.encode(cfg, params, *tensors)["last_hidden_state"], eager)
   jitted = jax.jit(lambda i, m: models.encode(cfg, params, i, m)["last_hidden_state"])(ids, mask)
   assert eager.shape == (2, 4, cfg.hidden_size) and np.all(np.isfinite(eager))
   np.testing.assert_allclose(eager, jitted, rtol=1e-5, atol=1e-6)

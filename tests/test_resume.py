@@ -395,6 +395,9 @@ def test_a_resume_under_another_retention_says_so(tmp_path, reference, train_ser
   ref_dir, _, _ = reference
   workdir = tmp_path / "run"
   shutil.copytree(ref_dir, workdir)
+  proc = train_server(workdir, {"checkpoint.keep_last": 1})  # a finished run: no save, nothing removed, no word
+  assert proc.returncode == 0 and "retention" not in proc.stderr, proc.stderr
+  assert finished_steps(workdir) == [EVERY, 2 * EVERY, STEPS]
   proc = train_server(workdir, {"num_train_steps": STEPS + EVERY, "checkpoint.keep_last": 1})
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert (f"warning: resuming with another retention: checkpoint.keep_last=1 (checkpoint {STEPS} was written under "

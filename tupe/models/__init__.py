@@ -90,6 +90,10 @@ def encode(cfg, params, input_ids, attention_mask=None, token_type_ids=None, out
   attended to) and `EncoderStack` for the outputs. The config is validated and the inputs checked
   (`check_inputs`) first."""
   validate(cfg)
+  # Arrays of other libraries (a tokenizer's PyTorch tensors) as numpy's, as jnp.asarray reads them.
+  input_ids, attention_mask, token_type_ids = (
+      a if a is None or isinstance(a, (jax.Array, jax.core.Tracer)) else np.asarray(a)
+      for a in (input_ids, attention_mask, token_type_ids))
   check_inputs(cfg, input_ids, attention_mask, token_type_ids)
   return Encoder(cfg).apply({"params": params}, jnp.asarray(input_ids),
                             None if attention_mask is None else jnp.asarray(attention_mask),
@@ -105,8 +109,9 @@ def check_inputs(cfg, input_ids, attention_mask=None, token_type_ids=None) -> No
   shape_of = lambda a: tuple(a.shape) if hasattr(a, "shape") else np.shape(a)  # (np.shape reads a traced array)
   shape = shape_of(input_ids)
   dtype = input_ids.dtype if hasattr(input_ids, "dtype") else np.asarray(input_ids).dtype
-  if len(shape) != 2:
-    raise UserError(f"input_ids has shape {shape}: give [batch, length] (one sequence: ids[None])")
+  if len(shape) != 2 or not all(shape):
+    raise UserError(f"input_ids has shape {shape}: give [batch, length], at least one token (one sequence: "
+                    f"ids[None])")
   if not np.issubdtype(dtype, np.integer):
     raise UserError(f"input_ids are {dtype}: give integer token ids")
   for name, array in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):

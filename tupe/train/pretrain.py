@@ -331,6 +331,7 @@ def start_from(setup: Setup, ckpt, restored, meta, workdir):
     console.log(f"checkpoint {start} has reached num_train_steps={setup.cfg.num_train_steps}: nothing to train "
                 f"(raise --config.num_train_steps to train on)")
     return None
+  resume.warn_retention(start, saved_meta, meta)
   return start, state
 
 

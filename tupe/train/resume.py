@@ -240,15 +240,19 @@ def _newest(workdir: storage.PathLike) -> tuple[int, storage.Path, CheckpointMet
 _RETENTION = ("keep_last", "keep_every")
 
 
-def warn_changed_settings(lr_schedule, step: int, saved_meta: CheckpointMeta, meta: CheckpointMeta) -> None:
-  """Logs the settings that differ from the checkpoint's, and the learning rate a schedule change gives; and, in a
-  line of its own, a retention that differs, which the run's saves apply to the checkpoints already there."""
+def warn_retention(step: int, saved_meta: CheckpointMeta, meta: CheckpointMeta) -> None:
+  """Says, in a line of its own, a retention that differs from checkpoint `step`'s, which the resumed run's saves
+  apply to the checkpoints already there (called only where the run trains on, and so saves)."""
   saved, now = saved_meta.config.get("checkpoint", {}), meta.config.get("checkpoint", {})
   retention = [f"checkpoint.{k}={now[k]!r} (checkpoint {step} was written under {saved[k]!r})" for k in _RETENTION
                if k in saved and k in now and saved[k] != now[k]]
   if retention:
     console.warn(f"resuming with another retention: {'; '.join(retention)}: from the next save on, the checkpoints "
                  f"already in the workdir are kept or removed by the new rule")
+
+
+def warn_changed_settings(lr_schedule, step: int, saved_meta: CheckpointMeta, meta: CheckpointMeta) -> None:
+  """Logs the settings that differ from the checkpoint's, and the learning rate a schedule change gives."""
   changed = changed_settings(saved_meta.config, meta.config, _same_examples(saved_meta, meta))
   if not changed:
     return
