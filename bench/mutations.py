@@ -346,6 +346,24 @@ MUTATIONS = [
              ('test_progress.py::test_a_job_whose_output_is_no_longer_read_trains_to_its_end',),
              '  except OSError as e:\n    gone = reader_gone(stream)\n',
              '  except OSError as e:\n    gone = reader_gone(stream)\n    if not gone:\n      raise\n'),
+    # Stop 73's guards, each against the test that found its defect.
+    Mutation('S15-renamed-step-folder-trusted', 'tupe/store/checkpointer.py',
+             ('test_resume.py::test_a_renamed_step_folder_is_refused_and_nothing_removed',),
+             'if (held := int(jax.device_get(state.step))) != step:',
+             'if (held := int(jax.device_get(state.step))) != step and False:'),
+    Mutation('T24-trace-written-before-the-stop-save', 'tupe/train/pretrain.py',
+             ('test_resume.py::test_sigterm_then_sigkill_while_an_async_checkpoint_is_written',),
+             '    steps.flush()\n    if stop:',
+             '    steps.flush()\n    trace.finish(step, state)\n    if stop:'),
+    Mutation('M19-ids-outside-the-vocab-unchecked', 'tupe/models/__init__.py', ('test_model_api.py',),
+             '    if low < 0 or high >= size:', '    if False:'),
+    Mutation('M20-unknown-logical-axis-accepted', 'tupe/models/partitioning.py',
+             ('test_sharding.py::test_a_rule_naming_an_unknown_logical_axis_is_one_line_in_both_entry_points',),
+             '    if rule[0] not in known:', '    if False:'),
+    Mutation('D14-lone-surrogates-kept', 'tupe/data/readers.py', ('test_data_readers.py',),
+             '  clean = SURROGATES.sub("", text)', '  clean = text'),
+    Mutation('R10-analyze-out-unchecked', 'tupe/tools/analyze.py', ('test_tools.py',),
+             '  earlier = check_out(args.out)', '  earlier = []'),
 ]
 
 
