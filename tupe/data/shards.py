@@ -217,6 +217,13 @@ def training_settings(folder: storage.PathLike) -> dict:
   return {field: metadata[key] for field, key in SETTINGS} | {"data.vocab_file": str(storage.path(folder) / VOCAB)}
 
 
+def _unreadable(what: str, e: RuntimeError, damage: str, folder: storage.PathLike) -> UserError:
+  """The line for array_record's RuntimeError `e` on `what` (a shard, or a folder's shards): its first clause
+  (not the reader's hashes and offsets), the `damage` it means, and the fix."""
+  why = re.split(r" \(|;", str(e).splitlines()[0])[0]
+  return UserError(f"{what} cannot be read ({why}): {damage}; copy {folder} again, or preprocess the corpus again")
+
+
 def _open_shards(folder: storage.PathLike, paths: list[str], length: int):
   """grain's reader of a split's shards, which must hold the `length` examples metadata.json records.
 
@@ -224,7 +231,6 @@ def _open_shards(folder: storage.PathLike, paths: list[str], length: int):
     UserError: naming a shard that cannot be opened (cut short by an interrupted copy, or damaged), or the count
       that differs.
   """
-  fix = f"copy {folder} again, or preprocess the corpus again"
   try:
     source = grain.sources.ArrayRecordDataSource(paths)
   except RuntimeError:  # (array_record's reader, which names no file: each is opened alone to find it)
@@ -232,13 +238,12 @@ def _open_shards(folder: storage.PathLike, paths: list[str], length: int):
       try:
         grain.sources.ArrayRecordDataSource([path])
       except RuntimeError as e:
-        why = re.split(r" \(|;", str(e).splitlines()[0])[0]  # (not the reader's hashes and offsets)
-        raise UserError(f"shard {path} cannot be read ({why}): it is cut short (an interrupted copy?) or damaged; "
-                        f"{fix}") from None
+        raise _unreadable(f"shard {path}", e, "it is cut short (an interrupted copy?) or damaged", folder) from None
     raise
   if len(source) != length:
     raise UserError(f"the shards of {folder} hold {len(source):,} examples where its metadata.json records "
-                    f"{length:,}: a shard has lost its end, or is another run's; {fix}")
+                    f"{length:,}: a shard has lost its end, or is another run's; copy {folder} again, or preprocess "
+                    f"the corpus again")
   return source
 
 
@@ -291,6 +296,4 @@ class ShardedExamples(ExampleSource):
     try:
       return self._source.__getitems__(indices)
     except RuntimeError as e:
-      why = re.split(r" \(|;", str(e).splitlines()[0])[0]
-      raise UserError(f"a shard of {self._folder} cannot be read ({why}): it is damaged; copy {self._folder} again, "
-                      f"or preprocess the corpus again") from None
+      raise _unreadable(f"a shard of {self._folder}", e, "it is damaged", self._folder) from None

@@ -10,8 +10,8 @@ finished, the trace is copied into the workdir (a bucket too), at
   - `perfetto_trace.json.gz`: the timeline, at https://ui.perfetto.dev.
 On several hosts each host writes a folder of its own (`steps_<first>-<last>_process_<i>`). A run that ends or is
 stopped within the traced steps keeps the trace of those it ran (written after a stop's checkpoint is begun: the
-save never waits for the trace); a run that fails drops it. The traced steps' rates
-in the progress lines and metrics.jsonl include the profiler's cost.
+save never waits for the trace); a run that fails drops it. The traced steps' rates in the progress lines and
+metrics.jsonl include the profiler's cost.
 """
 from __future__ import annotations
 
