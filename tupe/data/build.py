@@ -41,7 +41,7 @@ _GOLDEN = 0x9E3779B1  # Spreads unit numbers over the start of the held-out docu
 
 def source_settings(data_cfg) -> dict:
   """What a plan needs of the data config to find and read the documents (see `tupe.data.readers`)."""
-  fmt = data_cfg.format if data_cfg.source == "text" else data_cfg.source
+  fmt = readers.source_format(data_cfg)
   if data_cfg.source == "tfds" and not data_cfg.tfds_name:
     raise UserError("data.tfds_name is empty for source 'tfds': set it, e.g. to 'wikipedia/20230601.en'")
   return dict(format=fmt, documents=data_cfg.documents, files=data_cfg.files if data_cfg.source == "text" else "",

@@ -99,7 +99,7 @@ def checked_config(data_cfg, seq_len: int) -> ml_collections.ConfigDict:
   for field, allowed in choices:
     if cfg[field] not in allowed:
       raise UserError(f"data.{field} is {cfg[field]!r}: use one of {', '.join(allowed)}")
-  fmt = cfg.format if cfg.source == "text" else cfg.source
+  fmt = readers.source_format(cfg)
   if cfg.documents == "files" and cfg.source in ("demo", "text", "tfds") and fmt != "text":
     raise UserError(f"data.documents='files' makes each plain-text file one document; it does not apply to "
                     f"{fmt!r} input: leave data.documents at 'paragraphs'")

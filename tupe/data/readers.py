@@ -34,6 +34,11 @@ _PARQUET_BATCH = 1024
 TFDS_CATALOG = "https://www.tensorflow.org/datasets/catalog/overview"
 
 
+def source_format(data_cfg) -> str:
+  """How a source's documents are read: data.format for text files, else the source itself (demo, tfds, ...)."""
+  return data_cfg.format if data_cfg.source == "text" else data_cfg.source
+
+
 def decode(raw: bytes, tally: Tally) -> str:
   """`raw` as UTF-8 text, bytes that are not UTF-8 dropped and counted in `tally.undecodable_bytes`."""
   try:

@@ -90,7 +90,7 @@ def encode(cfg, params, input_ids, attention_mask=None, token_type_ids=None, out
   attended to) and `EncoderStack` for the outputs. The config is validated and the inputs checked
   (`check_inputs`) first."""
   validate(cfg)
-  # Arrays of other libraries (a tokenizer's PyTorch tensors) as numpy's, as jnp.asarray reads them.
+  # Lists and other libraries' arrays (a tokenizer's PyTorch tensors) as numpy's; JAX's, traced ones too, as given.
   input_ids, attention_mask, token_type_ids = (
       a if a is None or isinstance(a, (jax.Array, jax.core.Tracer)) else np.asarray(a)
       for a in (input_ids, attention_mask, token_type_ids))
@@ -102,24 +102,22 @@ def encode(cfg, params, input_ids, attention_mask=None, token_type_ids=None, out
 
 
 def check_inputs(cfg, input_ids, attention_mask=None, token_type_ids=None) -> None:
-  """One line for inputs `encode` cannot read: ids that are not [batch, length] integers, a mask or token types of
-  another shape, and, where they are concrete (not traced under `jax.jit`), an id outside the vocab or a token type
-  outside model.type_vocab_size (an id past the vocab gave NaN everywhere, a negative one another token's
-  embedding: no error from the lookup)."""
-  shape_of = lambda a: tuple(a.shape) if hasattr(a, "shape") else np.shape(a)  # (np.shape reads a traced array)
-  shape = shape_of(input_ids)
-  dtype = input_ids.dtype if hasattr(input_ids, "dtype") else np.asarray(input_ids).dtype
+  """One line for arrays (numpy's or JAX's) `encode` cannot read: ids that are not [batch, length] integers, a mask
+  or token types of another shape, and, where they are concrete (not traced under `jax.jit`), an id outside the
+  vocab or a token type outside model.type_vocab_size (an id past the vocab gave NaN everywhere, a negative one
+  another token's embedding: no error from the lookup)."""
+  shape = tuple(input_ids.shape)
   if len(shape) != 2 or not all(shape):
     raise UserError(f"input_ids has shape {shape}: give [batch, length], at least one token (one sequence: "
                     f"ids[None])")
-  if not np.issubdtype(dtype, np.integer):
-    raise UserError(f"input_ids are {dtype}: give integer token ids")
+  if not np.issubdtype(input_ids.dtype, np.integer):
+    raise UserError(f"input_ids are {input_ids.dtype}: give integer token ids")
   for name, array in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
-    if array is not None and shape_of(array) != shape:
-      raise UserError(f"{name} has shape {shape_of(array)}, input_ids {shape}: give them the same shape")
+    if array is not None and tuple(array.shape) != shape:
+      raise UserError(f"{name} has shape {tuple(array.shape)}, input_ids {shape}: give them the same shape")
   for name, array, size, field in (("input_ids", input_ids, cfg.vocab_size, "model.vocab_size"),
                                    ("token_type_ids", token_type_ids, cfg.type_vocab_size, "model.type_vocab_size")):
-    if array is None or not size or isinstance(array, jax.core.Tracer) or not np.size(array):
+    if array is None or not size or isinstance(array, jax.core.Tracer):
       continue
     low, high = int(np.min(array)), int(np.max(array))
     if low < 0 or high >= size:
