@@ -92,6 +92,31 @@ def test_sharded_matches_single_device(model, mesh):
   jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5), params, ref_params)
 
 
+@pytest.mark.parametrize("model,mesh", [
+    ("tupe_r", dict(data=2, fsdp=2, tensor=2)),
+    ("convbert_mlm", dict(data=2, fsdp=2, tensor=2)),
+    ("bert_a", dict(data=1, fsdp=2, tensor=4)),  # 4 does not divide the vocabulary (97): the table's rows replicated
+])
+def test_no_sharding_transition_replicates_a_whole_array(model, mesh, capfd):
+  """On meshes with fsdp and tensor axes XLA finds a collective for every change of sharding in the train step:
+  none of its "Involuntary full rematerialization", an array gathered whole on every device and cut again (the
+  looked-up embeddings were, split on their width as the tables were). XLA says it while compiling, so the step
+  is compiled here with the persistent compilation cache off (a cached program would say nothing)."""
+  cfg = tiny_config(model)
+  cfg.update(seq_len=24)  # a program no other test compiled in this process
+  cfg.mesh.update(mesh)
+  capfd.readouterr()
+  cache = jax.config.jax_enable_compilation_cache
+  jax.config.update("jax_enable_compilation_cache", False)
+  try:
+    losses, _ = run(cfg, jax.devices(), 1)
+  finally:
+    jax.config.update("jax_enable_compilation_cache", cache)
+  assert np.isfinite(losses).all()
+  said = [line[:400] for line in capfd.readouterr().err.splitlines() if "Involuntary full rematerialization" in line]
+  assert said == []
+
+
 def test_fsdp_shards_parameters():
   cfg = tiny_config("tupe_a")
   cfg.mesh.update(data=1, fsdp=8, tensor=1)

@@ -37,11 +37,11 @@ class Embeddings(nn.Module):
     """input_ids, token_type_ids: int [batch, length] -> [batch, length, embedding_size] (compute dtype)."""
     cfg = self.cfg
     config_lib.check_length(cfg, input_ids.shape[1])
-    x = jnp.take(self.word_embeddings, input_ids, axis=0)
+    x = lookup(self.word_embeddings, input_ids)
     if cfg.position == "absolute":
       x = x + self.position_embeddings[None, :input_ids.shape[1]]
     if cfg.type_vocab_size:
-      x = x + jnp.take(self.token_type_embeddings, token_type_ids, axis=0)
+      x = x + lookup(self.token_type_embeddings, token_type_ids)
     x = self.dropout(self.layer_norm(x), deterministic=deterministic)
     if cfg.zero_pad_embeddings:
       x = x * (input_ids != cfg.pad_token_id)[..., None]
@@ -50,6 +50,19 @@ class Embeddings(nn.Module):
   def attend(self, x: jax.Array) -> jax.Array:
     """Tied output projection: x [..., embedding_size] -> logits [..., vocab], float32 (`tied_logits`)."""
     return tied_logits(x, self.word_embeddings, layers.compute_dtype(self.cfg))
+
+
+def lookup(table: jax.Array, ids: jax.Array) -> jax.Array:
+  """The rows of `table` [rows, E] at int `ids` [batch, length] -> [batch, length, E], split as the batch.
+
+  The lookup reads the table whole on every device, as FSDP gathers any weight before its use, and its width as
+  the activations' hidden ("activation_embed", replicated under the default rules). Read as stored, its width split
+  over fsdp (or its rows over a tensor axis that does not divide them), the rows came out split on their width,
+  which XLA could not re-split as the batch without gathering those activations, larger than the table, whole on
+  every device first (its "Involuntary full rematerialization" on a mesh with fsdp and tensor axes).
+  """
+  table = nn.with_logical_constraint(table, (None, "activation_embed"))
+  return jnp.take(table, ids, axis=0)
 
 
 def tied_logits(x: jax.Array, table: jax.Array, dtype) -> jax.Array:
