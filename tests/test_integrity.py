@@ -337,6 +337,40 @@ def test_checkpoints_of_older_layouts_load_and_resume(layout, workdir, tmp_path,
         checkpoint.load_meta(root / "2")
 
 
+def test_a_renamed_step_folder_is_refused_by_every_reader(workdir, tmp_path, caplog):
+  """Each checkpoint's meta says its step. A step folder renamed by hand (2 as 20) is refused in one line by the
+  readers of parameters, as by train.py's resume (test_resume.py), where evaluate and export_hf read it as
+  step 20's; a copy named otherwise than a step is read."""
+  assert json.loads((workdir / "checkpoints" / "1" / "meta" / "metadata").read_text())["step"] == 1
+  copy = tmp_path / "run"
+  shutil.copytree(workdir, copy)
+  (copy / "checkpoints" / "2").rename(copy / "checkpoints" / "20")
+  line = (f"checkpoint folder {copy / 'checkpoints' / '20'} holds step 2: a step folder renamed? name it "
+          f"{copy / 'checkpoints' / '2'} again, or move it out of {copy / 'checkpoints'}")
+  for read in (checkpoint.latest_step_dir, checkpoint.load_params, checkpoint.load_meta):
+    for path in (copy, copy / "checkpoints" / "20"):
+      with pytest.raises(UserError) as e:
+        read(path)
+      assert str(e.value) == line
+  with checkpointer.Checkpointer(copy / "checkpoints", CKPT) as ckpt, pytest.raises(UserError) as e:
+    ckpt.restore_latest(abstract_of(checkpoint_state(workdir, 2)))
+  assert str(e.value) == line
+  shutil.copytree(workdir / "checkpoints" / "2", tmp_path / "best")
+  assert checkpoint.load_meta(tmp_path / "best").step == 2
+
+
+def test_a_renamed_step_folder_of_an_older_meta_is_refused_by_the_resume(workdir, tmp_path, caplog):
+  """Checkpoints written before the meta said the step: train.py's resume reads it from the restored state."""
+  root = tmp_path / "old" / "checkpoints"
+  saved = json.loads((workdir / "checkpoints" / "2" / "meta" / "metadata").read_text())
+  write_old_layout(root, 2, checkpoint_state(workdir, 2), {k: saved[k] for k in ("config", "vocab", "train_examples")}, 1)
+  (root / "2").rename(root / "20")
+  assert checkpoint.load_meta(root).step is None
+  with checkpointer.Checkpointer(root, CKPT) as ckpt, pytest.raises(UserError, match=(
+      rf"^checkpoint folder {root / '20'} holds step 2: a step folder renamed\? name it {root / '2'} again")):
+    ckpt.restore_latest(abstract_of(checkpoint_state(workdir, 2)))
+
+
 def test_a_newer_layout_is_one_line(workdir, tmp_path):
   copy = tmp_path / "run"
   shutil.copytree(workdir / "checkpoints" / "2", copy)
@@ -346,6 +380,18 @@ def test_a_newer_layout_is_one_line(workdir, tmp_path):
   checksums.record(copy)
   with pytest.raises(UserError, match=rf"^checkpoint {copy} was written by a newer tupe \(checkpoint layout 99; this "
                                       rf"one reads up to 2\): update tupe to load it$"):
+    checkpoint.load_meta(copy)
+
+
+def test_a_step_in_the_meta_that_is_not_a_whole_number_is_one_line(workdir, tmp_path):
+  copy = tmp_path / "run"
+  shutil.copytree(workdir / "checkpoints" / "2", copy)
+  metadata = copy / "meta" / "metadata"
+  metadata.write_text(json.dumps(dict(json.loads(metadata.read_text()), step="2")))
+  (copy / checksums.CHECKSUMS).unlink()
+  checksums.record(copy)
+  with pytest.raises(UserError, match=rf"^checkpoint {copy} has step '2' in its meta item, not a whole number: it "
+                                      rf"was not written by tupe's train.py$"):
     checkpoint.load_meta(copy)
 
 

@@ -104,6 +104,15 @@ def drop_empty(step_dirs: list[storage.Path], root: storage.Path) -> list[storag
 _PARAMS_READ = ("params", "state", "meta")
 
 
+def check_step_name(step_dir: storage.Path, held: int) -> None:
+  """Refuses a step folder whose name is another step than the one it holds (a folder renamed by hand): resumed,
+  the run would count its steps from the wrong one, and the tools would label the parameters with it. A folder
+  named otherwise than a step (a copy named by the user) is not checked."""
+  if step_dir.name.isdigit() and int(step_dir.name) != held:
+    raise UserError(f"checkpoint folder {step_dir} holds step {held}: a step folder renamed? name it "
+                    f"{step_dir.parent / str(held)} again, or move it out of {step_dir.parent}")
+
+
 def verified_meta(step_dir: storage.Path, root: storage.Path, items: tuple[str, ...] | None) -> CheckpointMeta:
   """The meta of a step directory whose files check out against its checksums.json: the whole listing, and the
   bytes of the files of `items` (None: all) and those directly in the step directory.
@@ -124,6 +133,8 @@ def verified_meta(step_dir: storage.Path, root: storage.Path, items: tuple[str, 
     meta = migrate(raw)
   except UserError as e:
     raise UserError(f"checkpoint {step_dir} {e}") from None
+  if meta.step is not None:
+    check_step_name(step_dir, meta.step)
   if recorded is None:
     beside = [p.parent.name for p in storage.glob(f"{root}/*/{CHECKSUMS}")
               if p.parent.name.isdigit() and p.parent != step_dir]

@@ -16,6 +16,7 @@ loaded, renamed aside (`<step>.corrupt-<time>`), so that the resumed run can sav
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 
@@ -120,7 +121,7 @@ class Checkpointer:
     self._bounded(f"write checkpoint {step} to {self.directory}", fence.check, self.directory)
     args = ocp.args.Composite(params=ocp.args.StandardSave(state.params),
                               optimizer=ocp.args.StandardSave(_rest(state)),
-                              meta=ocp.args.JsonSave(meta.to_json()))
+                              meta=ocp.args.JsonSave(dataclasses.replace(meta, step=step).to_json()))
     if force and step in self.manager.all_steps():
       return False  # Already saved, e.g. a SIGTERM right after a periodic checkpoint.
     if self._pending is not None:
@@ -220,9 +221,9 @@ class Checkpointer:
           compatibility.explain(step, self.directory, saved_meta, e)
         skipped.append(self._skip(step, e))
         continue
-      if (held := int(jax.device_get(state.step))) != step:  # (before any save's retention removes a step)
-        raise UserError(f"checkpoint folder {self._step_dir(step)} holds step {held}: a step folder renamed? name "
-                        f"it {self._step_dir(held)} again, or move it out of {self.directory}")
+      # (before any save's retention removes a step; the meta of checkpoints written before it held the step
+      # did not say it)
+      checkpoint.check_step_name(self._step_dir(step), int(jax.device_get(state.step)))
       self._move_aside(skipped)
       return step, state, saved_meta
     if skipped:

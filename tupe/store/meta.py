@@ -33,12 +33,16 @@ class CheckpointMeta:
     examples_key: what identifies the examples trained on (`tupe.data.build.examples_key`: a digest of a text
       corpus's examples, made in memory or read from shards); None where unknown (synthetic data, shards or
       checkpoints written before it was recorded).
+    step: the training step of the saved state, which names its step folder (`Checkpointer.save` writes it); None
+      in a run's meta before a save, in parameters saved alone (GLUE's kept models), and in checkpoints written
+      before it was recorded.
   """
   config: dict
   vocab: list[str]
   train_examples: int | None
   version: int = VERSION
   examples_key: str | None = None
+  step: int | None = None
 
   @property
   def has_checksums(self) -> bool:
@@ -78,9 +82,12 @@ def migrate(raw: dict) -> CheckpointMeta:
   if not isinstance(version, int) or version > VERSION:
     raise UserError(f"was written by a newer tupe (checkpoint layout {version}; this one reads up to {VERSION}): "
                     f"update tupe to load it")
+  step = raw.get("step")
+  if step is not None and (not isinstance(step, int) or isinstance(step, bool)):
+    raise UserError(f"has step {step!r} in its meta item, not a whole number: it was not written by tupe's train.py")
   return CheckpointMeta(config=_explicit(raw["config"]), vocab=list(raw.get("vocab") or []),
                         train_examples=raw.get("train_examples"), version=version,
-                        examples_key=raw.get("examples_key"))
+                        examples_key=raw.get("examples_key"), step=step)
 
 
 def _explicit(config: dict) -> dict:
