@@ -318,8 +318,17 @@ def test_run_that_diverges_after_a_finite_evaluation_says_so(pretrained, glue_di
   assert [h["score"] is None for h in record["dev_history"]] == [False, True, True, True]
   assert record["diverged"] is False and record["best_step"] == 1 and np.isfinite(record["score"])
   assert record["train_loss_nonfinite_from_step"] == 3  # step 2's update is finite; step 3's loss is NaN
-  assert ("warning: [1/1] STS-B lr 1e+15 seed 0 | the training loss was non-finite from step 3; the kept parameters "
-          "are from step 1, before it\n" in capsys.readouterr().err)
+  assert ("warning: [1/1] STS-B lr 1e+15 seed 0 | the training loss was first non-finite at step 3; the kept "
+          "parameters are from step 1, before it\n" in capsys.readouterr().err)
+
+
+def test_kept_parameters_after_a_skipped_nonfinite_step_are_said_to_be_after_it():
+  """The guard skips a non-finite step and fine-tuning goes on: a later evaluation may keep parameters from after it
+  (the warning said "before it" whatever the order)."""
+  assert finetune.nonfinite_note(3, 1).endswith("the kept parameters are from step 1, before it")
+  assert finetune.nonfinite_note(3, 8) == ("the training loss was first non-finite at step 3; the kept parameters "
+                                           "are from step 8, after it: the guard skipped the non-finite steps and "
+                                           "training went on")
 
 
 def test_prediction_values_mark_non_finite_rows():
@@ -479,6 +488,13 @@ def test_gradient_accumulation_equals_the_large_batch(pretrained, glue_dir, bert
   (large, large_steps), (micro, micro_steps) = rows[1], rows[4]
   assert microbatched == {1: False, 4: True}  # (equal results are not one program run twice)
   assert len(large_steps) == len(micro_steps) == large["total_steps"] == 6  # 3 steps of 16 (40 rows) x 2 epochs
+  # The rates count the real rows only, not the copies of row 0 that fill each epoch's last batch: per epoch, the
+  # 40 examples and their tokens, each once.
+  for steps in (large_steps, micro_steps):
+    examples = [round(s["examples_per_s"] / s["steps_per_s"], 3) for s in steps]
+    tokens = [s["real_tokens_per_s"] / s["steps_per_s"] for s in steps]
+    assert examples == [16, 16, 8] * 2 and large["train_examples"] == 40
+    assert sum(tokens[:3]) == sum(tokens[3:]) == pytest.approx(data.train["attention_mask"].sum(), rel=1e-6)
   for key in ("loss", "grad_norm", "learning_rate"):
     np.testing.assert_allclose([s[key] for s in micro_steps], [s[key] for s in large_steps], rtol=2e-5, atol=1e-7)
   assert large_steps[-1]["loss"] < large_steps[0]["loss"]  # it trained: the comparison is not of two no-ops
@@ -487,6 +503,19 @@ def test_gradient_accumulation_equals_the_large_batch(pretrained, glue_dir, bert
   with pytest.raises(UserError, match=r"^batch_size=16 is not divisible by data-parallel size 1 x grad_accum_steps 3; "
                                       r"pick a multiple of 3$"):
     finetune.run(cfg, str(tmp_path / "grid"), devices=jax.devices()[:1])
+
+
+def test_swapped_pairs_are_counted_as_examples_not_rows(glue_dir, bert_vocab):
+  """With swap_pairs, each pair is trained on twice (also swapped): the log and runs.jsonl count the examples, and
+  the log says the rows too (they counted the rows as examples)."""
+  cfg = glue_cfg(data_dir=str(glue_dir), tasks="mrpc", max_train_examples=40, max_seq_len=32, swap_pairs="mrpc")
+  cfg.lowercase = True
+  data = glue_data.load_task_data(cfg, glue.get_task("mrpc"), bert_vocab, with_test=False)
+  assert len(data.train["idx"]) == 80 and data.train_examples == 40
+  assert data.describe_train() == "40 training examples (80 rows: each pair also swapped)"
+  cfg.swap_pairs = ""
+  assert glue_data.load_task_data(cfg, glue.get_task("mrpc"), bert_vocab, False).describe_train() == (
+      "40 training examples")
 
 
 def test_nonfinite_steps_are_skipped_and_counted(pretrained, glue_dir, tmp_path, capsys):

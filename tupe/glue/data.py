@@ -86,6 +86,17 @@ class TaskData:
   dev: list[tuple[glue.Evaluation, dict]]
   test: list[tuple[glue.Evaluation, dict]]
 
+  @property
+  def train_examples(self) -> int:
+    """The training examples' count; the training rows are twice as many where each pair is also swapped."""
+    return len(np.unique(self.train["idx"]))
+
+  def describe_train(self) -> str:
+    """'N training examples', and the rows where they differ (swapped pairs)."""
+    rows = len(self.train["idx"])
+    swapped = f" ({rows} rows: each pair also swapped)" if rows != self.train_examples else ""
+    return f"{self.train_examples} training examples{swapped}"
+
 
 def train_examples(cfg, task: glue.Task) -> list[glue.Example]:
   """The task's training examples: the first max_train_examples if that is > 0."""

@@ -172,6 +172,13 @@ def check_splits(cfg, task) -> dict[str, list[glue.Example]]:
   return dict(scored)
 
 
+def nonfinite_note(first: int, kept: int) -> str:
+  """What a run whose training loss was non-finite at step `first` kept (its parameters of step `kept`): from
+  before it, or from after it, the guard having skipped the non-finite steps and training gone on."""
+  where = "before it" if kept < first else "after it: the guard skipped the non-finite steps and training went on"
+  return f"the training loss was first non-finite at step {first}; the kept parameters are from step {kept}, {where}"
+
+
 def run(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
   """Runs (or resumes) the grid in `workdir` (a local folder or a bucket URL); returns the content of
   results.json."""
@@ -273,7 +280,7 @@ def _run_grid(cfg, workdir, tasks, pending, data_ids, lrs, backbone, encoder, me
       continue
     data = glue_data.load_task_data(cfg, task, backbone.vocab_file, cfg.predict_test)
     setup = task_model.build_task(cfg, backbone, task, len(data.train["idx"]), mesh, rules)
-    console.log(f"{task.name}: {len(data.train['idx'])} training examples, {setup.total_steps} steps "
+    console.log(f"{task.name}: {data.describe_train()}, {setup.total_steps} steps "
                 f"({setup.steps_per_epoch} per epoch), dev {', '.join(ev.name for ev, _ in data.dev)}")
     task_model.compile_train_step(cfg, setup, data.train, task.name)  # refused here if it cannot fit in memory
     for lr, seed in pending[task.name]:
@@ -299,8 +306,7 @@ def _run_grid(cfg, workdir, tasks, pending, data_ids, lrs, backbone, encoder, me
       outcome += progress_lib.skipped_summary(record["nonfinite_steps"], record["total_steps"])
       console.log(f"{label} | finished in {console.format_duration(record['seconds'])}: {outcome}")
       if record["train_loss_nonfinite_from_step"] and not record["diverged"]:
-        console.warn(f"{label} | the training loss was non-finite from step {record['train_loss_nonfinite_from_step']}"
-                     f"; the kept parameters are from step {record['best_step']}, before it")
+        console.warn(f"{label} | {nonfinite_note(record['train_loss_nonfinite_from_step'], record['best_step'])}")
       if record["degenerate"]:
         console.warn(f"{label} | degenerate dev predictions, "
                      + "; ".join(f"{ev}: {why}" for ev, why in record["degenerate"].items()))

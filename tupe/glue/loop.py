@@ -92,7 +92,7 @@ def finetune(cfg, setup: task_model.TaskSetup, data: glue_data.TaskData, encoder
   step = 0
   nonfinite = progress_lib.NonFinite("skip")  # Counted, and said once the run has ended (`finetune`).
   with runlog.MetricWriter(run_dir, tensorboard=cfg.tensorboard) as writer:
-    steps = progress_lib.StepLog(writer, progress, cfg.log_every, examples_per_step=cfg.batch_size,
+    steps = progress_lib.StepLog(writer, progress, cfg.log_every,
                                  prefix=lambda s: f"{label} | epoch {math.ceil(s / spe)}/{epochs} ",
                                  nonfinite=nonfinite)
     dev = DevEvaluations(cfg, setup, data, writer, label)
@@ -127,7 +127,7 @@ def finetune(cfg, setup: task_model.TaskSetup, data: glue_data.TaskData, encoder
             "evaluations": best["metrics"], "degenerate": {} if diverged else best["degenerate"],
             "best_step": best["step"], "total_steps": setup.total_steps, "warmup_steps": setup.warmup_steps,
             "epochs": epochs,
-            "train_examples": n, "train_loss": epoch_losses,
+            "train_examples": data.train_examples, "train_loss": epoch_losses,
             "train_loss_nonfinite_from_step": nonfinite.first_nonfinite_loss, "nonfinite_steps": nonfinite.skipped,
             "dev_history": dev.history,
             "seconds": round(time.perf_counter() - start, 1)}

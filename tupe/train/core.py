@@ -71,7 +71,9 @@ def make_train_step(objective: Objective, tx, lr_schedule, accum: int, peak_lr_a
   all learning rates of a grid share one compiled step).
 
   metrics: the objective's, plus grad_norm, learning_rate (the rate this step applied), nonfinite (1.0 when the
-  step was skipped) and real_tokens (the batch's non-padding tokens).
+  step was skipped) and real_tokens (the batch's non-padding tokens); for batches with per-row `weights`
+  (fine-tuning's), real_examples, the rows of weight above 0: rows of weight 0 (the padding of an epoch's last batch,
+  copies of a real row) count in neither.
   """
 
   def grads_and_metrics(params, batch, rng):
@@ -117,9 +119,12 @@ def make_train_step(objective: Objective, tx, lr_schedule, accum: int, peak_lr_a
     is_schedule = lambda x: isinstance(x, optax.ScaleByScheduleState)
     opt_state = jax.tree_util.tree_map(lambda n, o: n if is_schedule(n) else keep_finite(n, o), opt_state,
                                        state.opt_state, is_leaf=is_schedule)
+    rows = batch["weights"] > 0 if "weights" in batch else jnp.ones(batch["attention_mask"].shape[:1], bool)
     metrics = dict(metrics, grad_norm=grad_norm, learning_rate=learning_rate,
                    nonfinite=1.0 - finite.astype(jnp.float32),
-                   real_tokens=batch["attention_mask"].sum(dtype=jnp.float32))
+                   real_tokens=(batch["attention_mask"] * rows[:, None]).sum(dtype=jnp.float32))
+    if "weights" in batch:
+      metrics["real_examples"] = rows.sum(dtype=jnp.float32)
     return TrainState(step=state.step + 1, params=keep_finite(params, state.params),
                       opt_state=opt_state, rng=state.rng), metrics
 

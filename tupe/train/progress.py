@@ -124,7 +124,7 @@ class StepLog:
   A step's metrics (the train step's dict of scalars on the device; plain numbers may be added) are read one step
   late, once the next step has been dispatched (`push`), so that reading them never leaves the device idle. Each
   step is written to the run's `MetricWriter` with its rates (`Progress.rates`: steps/s, tokens/s, MFU; the
-  non-padding tokens/s when the metrics count `real_tokens`, examples/s when `examples_per_step` is given), and
+  non-padding tokens/s when the metrics count `real_tokens`, examples/s when they count `real_examples`), and
   every `log_every` steps, and at the last, a progress line is printed, after `prefix(step)`, with the means of the
   loss, accuracy and gradient norm over the steps since the previous line, and the rates over them (each step's
   amount over their summed times: one slow step among many does not make the line's rates, and time outside the
@@ -134,9 +134,9 @@ class StepLog:
   """
 
   def __init__(self, writer: MetricWriter, progress: Progress, log_every: int, prefix=lambda step: "",
-               examples_per_step: int = 0, nonfinite: NonFinite | None = None):
+               nonfinite: NonFinite | None = None):
     self.writer, self.progress, self.log_every = writer, progress, log_every
-    self.prefix, self.examples = prefix, examples_per_step
+    self.prefix = prefix
     self.nonfinite = nonfinite or NonFinite()
     self.pending = None  # (step, metrics on the device) of the step in flight
     self.last = {}  # the row of the last step finished
@@ -164,8 +164,8 @@ class StepLog:
     row.update(self.progress.rates(step))
     if "real_tokens" in row:
       row["real_tokens_per_s"] = row["steps_per_s"] * row.pop("real_tokens")
-    if self.examples:
-      row["examples_per_s"] = row["steps_per_s"] * self.examples
+    if "real_examples" in row:
+      row["examples_per_s"] = row["steps_per_s"] * row.pop("real_examples")
     self.writer.write(step, row)
     self.last = row
     seconds = 1.0 / row["steps_per_s"] if row["steps_per_s"] > 0 else 0.0
