@@ -64,6 +64,9 @@ BAD_VALUES = (
     ("optimizer.schedule", "cosine", "optimizer.schedule='cosine'; use 'warmup_then_decay'"),
     ("profile.steps", -1, "profile.steps=-1 must be a whole number, 0 or more, e.g. --config.profile.steps=3"),
     ("profile.skip_steps", -2, "profile.skip_steps=-2 must be a whole number, 0 or more"),
+    # Seed 2**32 drew seed 0's initial weights and dropout; -1 drew 2**32 - 1's.
+    ("seed", 2 ** 32, "seed=4294967296: give a whole number from 0 to 4294967295 (a key's seed is read as 32 bits"),
+    ("seed", -1, "seed=-1: give a whole number from 0 to 4294967295"),
 )
 
 

@@ -164,8 +164,12 @@ def test_user_errors(pretrained, glue_dir, tmp_path):
     run(glue_cfg(data_dir=str(glue_dir), **dict(base, init_checkpoint="")))
   with pytest.raises(UserError, match=r"^learning_rates=\(3e-05, 'abc'\): give positive numbers"):
     run(glue_cfg(data_dir=str(glue_dir), learning_rates=(3e-5, "abc"), **base))
-  with pytest.raises(UserError, match=r"^seeds=\('a',\): give integers"):
+  with pytest.raises(UserError, match=r"^seeds='a': give a whole number from 0 to 4294967295 \(a key's seed is read "
+                                      r"as 32 bits, so larger seeds would repeat smaller ones' draws\)$"):
     run(glue_cfg(data_dir=str(glue_dir), seeds=("a",), **base))
+  for seed in (2 ** 32, 2 ** 63):  # (2**32 drew seed 0's head and dropout; 2**63 overflowed after compiling)
+    with pytest.raises(UserError, match=rf"^seeds={seed}: give a whole number from 0 to 4294967295"):
+      run(glue_cfg(data_dir=str(glue_dir), seeds=(0, seed), **base))
   partial = tmp_path / "partial"  # A GLUE folder with RTE only, and every task selected (the default).
   partial.mkdir()
   (partial / "RTE").symlink_to(glue_dir / "RTE")
@@ -407,8 +411,10 @@ def test_schedule_errors_come_before_any_run(pretrained, glue_dir, tmp_path):
   with pytest.raises(UserError, match=r"^epochs.rte=0: RTE needs at least one epoch; set --config.epochs.rte to 1 "
                                       r"or more, or drop it from --config.tasks$"):
     run(cfg)
-  with pytest.raises(UserError, match=r"seeds=\(0, -1\): give distinct non-negative seeds"):
+  with pytest.raises(UserError, match=r"^seeds=-1: give a whole number from 0 to 4294967295"):
     run(glue_cfg(seeds=(0, -1), **base))
+  with pytest.raises(UserError, match=r"^seeds=\(0, 0\): give distinct seeds, e.g. --config.seeds=0,1,2$"):
+    run(glue_cfg(seeds=(0, 0), **base))
   cfg = glue_cfg(data_dir=str(glue_dir), max_train_examples=10, learning_rates=(1e-3,), seeds=(0,), **base)
   cfg.epochs.rte = 1
   with pytest.raises(UserError, match=r"^RTE: 10 examples / batch_size 32 x epochs.rte=1 give 1 training step\(s\), "

@@ -74,10 +74,10 @@ def check_config(cfg) -> None:
   if len(set(names)) != len(names):
     twice = next(name for name in names if names.count(name) > 1)
     raise UserError(f"tasks={cfg.tasks!r} names {twice} twice: give each task once, e.g. --config.tasks=rte,mrpc")
-  if not all(isinstance(seed, int) and not isinstance(seed, bool) for seed in cfg.seeds):
-    raise UserError(f"seeds={cfg.seeds}: give integers, e.g. --config.seeds=0,1,2")
-  if not cfg.seeds or len(set(cfg.seeds)) != len(cfg.seeds) or min(cfg.seeds) < 0:
-    raise UserError(f"seeds={cfg.seeds}: give distinct non-negative seeds, e.g. --config.seeds=0,1,2")
+  for seed in cfg.seeds:
+    core.check_seed("seeds", seed)
+  if not cfg.seeds or len(set(cfg.seeds)) != len(cfg.seeds):
+    raise UserError(f"seeds={cfg.seeds}: give distinct seeds, e.g. --config.seeds=0,1,2")
   for task in glue_data.parse_tasks(cfg.tasks):
     key = glue_data.task_key(task)
     if cfg.epochs[key] <= 0:

@@ -59,6 +59,7 @@ def check_loop(cfg) -> None:
   progress_lib.NonFinite(cfg.nonfinite)  # a policy it knows
   profiling.check(cfg.profile)
   core.check_prng_impl(cfg.prng_impl)
+  core.check_seed("seed", cfg.seed)
   for name in ("learning_rate", "end_learning_rate"):
     value = cfg.optimizer[name]
     if math.isnan(value) or value < 0 or (name == "learning_rate" and value == 0):

@@ -156,6 +156,16 @@ def check_prng_impl(name: str) -> None:
     raise UserError(f"prng_impl={name!r}; use one of {', '.join(PRNG_IMPLS)}")
 
 
+SEEDS = 2 ** 32  # a key's seed is read as 32 bits: seed 2**32 would draw what seed 0 draws
+
+
+def check_seed(field: str, seed) -> None:
+  """A seed is a whole number below 2**32 (larger ones repeated smaller ones' keys, or overflowed after compiling)."""
+  if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < SEEDS:
+    raise UserError(f"{field}={seed!r}: give a whole number from 0 to {SEEDS - 1} (a key's seed is read as 32 bits, "
+                    f"so larger seeds would repeat smaller ones' draws)")
+
+
 def use_prng_impl(name: str) -> None:
   """Makes `name` JAX's default PRNG implementation, which is process-wide ("rbg", the configs' default,
   compiles faster than "threefry2x32"): `build_core` sets it, and so does any code that draws keys before it (the
