@@ -21,6 +21,7 @@ from test_resume import train_env
 
 from configs import glue as glue_config
 from tupe import models
+from tupe.data import tokenizer as tokenizer_lib
 from tupe.errors import UserError
 from tupe.glue import backbone as backbone_lib
 from tupe.glue import data as glue_data
@@ -210,6 +211,42 @@ def test_sigterm_names_the_interrupted_run(pretrained, glue_dir, tmp_path):
   assert re.fullmatch(r"stopped by SIGTERM during \[1/2\] SST-2 lr 0.01 seed 0 at step \d+, which is not recorded; "
                       r"rerun the same command to resume after the finished runs", line), line
   assert runs_lib.read_runs(workdir) == []
+
+
+def test_runs_from_random_weights_of_another_architecture_or_vocab_are_refused(bert_vocab, glue_dir, tmp_path):
+  """init=random records what it drew from: the architecture (which may come from --config.init_checkpoint, a
+  location, not a setting) and the vocab (whose file may change under the same path). A rerun of another
+  architecture or vocab was accepted, and one median mixed them; it is refused now, the workdir's vocab.txt as it
+  was."""
+  vocab = tmp_path / "vocab.txt"
+  vocab.write_text(bert_vocab.read_text())
+  workdir = tmp_path / "grid"
+  cfg = glue_cfg(init="random", model="tupe_r,tiny", vocab_file=str(vocab), data_dir=str(glue_dir), tasks="rte",
+                 learning_rates=(1e-3,), seeds=(0,), mesh=dict(data=1, fsdp=1, tensor=1))
+  cfg.lowercase = True
+  first = backbone_lib.load_backbone(cfg, workdir)
+  first.write_vocab()
+  identity = runs_lib.init_identity(first)
+  assert identity["step"] is None and identity["checkpoint"] == "random tupe_r (tiny)"
+  runs_lib.append_run(workdir, {"task": "RTE", "lr": 1e-3, "seed": 0, "score": 50.0, "evaluations": {}, "total_steps": 8,
+                                "warmup_steps": 1,
+                                "settings": runs_lib.settings_digest(cfg), "init": identity})
+  runs_lib.check_init(workdir, runs_lib.init_identity(backbone_lib.load_backbone(cfg, workdir)))  # the same: taken
+
+  other = ml_collections.ConfigDict(dict(first.cfg.to_dict(), num_layers=first.cfg.num_layers + 1))  # (another checkpoint)
+  with pytest.raises(UserError, match=rf"^{workdir} holds runs fine-tuned from random tupe_r \(tiny\) \(checksum "
+                                      rf"{identity['checksum']}\), but this command starts from random tupe_r \(tiny\) "
+                                      rf"\(checksum [0-9a-f]{{16}}\): use a new --workdir"):
+    runs_lib.check_init(workdir, runs_lib.init_identity(backbone_lib.Backbone(
+        other, None, first.tokens, first.vocab_file, first.source)))
+
+  tokens = bert_vocab.read_text().splitlines()
+  vocab.write_text("\n".join([tokens[1], tokens[0]] + tokens[2:]) + "\n")  # the same size, two ids swapped
+  with pytest.raises(UserError, match=rf"^{workdir} holds runs fine-tuned with another vocab \(digest "
+                                      rf"{identity['vocab']}\) than this command's \(digest [0-9a-f]{{16}}, "
+                                      rf"{workdir / 'vocab.txt'}\): use a new --workdir, or the vocab of those runs$"):
+    finetune.run(cfg, str(workdir), devices=jax.devices()[:1])
+  assert (workdir / "vocab.txt").read_text() == bert_vocab.read_text()
 
 
 def test_random_and_hf_backbones(bert_vocab, tmp_path):
@@ -444,7 +481,7 @@ def test_scanned_backbone_fine_tunes_as_the_unrolled_one(pretrained, glue_dir, b
   data = glue_data.load_task_data(cfg, task, bert_vocab, with_test=False)
   results = []
   for backbone_cfg, encoder in ((model_cfg, params), (scanned_cfg, models.stack_layers(params))):
-    backbone = backbone_lib.Backbone(backbone_cfg, None, bert_vocab, "test")
+    backbone = backbone_lib.Backbone(backbone_cfg, None, tokenizer_lib.read_vocab(bert_vocab), bert_vocab, "test")
     setup = task_model.build_task(cfg, backbone, task, len(data.train["idx"]), mesh, rules)
     results.append(loop.finetune(cfg, setup, data, encoder, 1e-3, 0, "test", tmp_path / str(len(results)), 1e12))
   (unrolled, _, _), (scanned, _, _) = results
@@ -455,7 +492,7 @@ def test_scanned_backbone_fine_tunes_as_the_unrolled_one(pretrained, glue_dir, b
 def pretrained_backbone(pretrained, bert_vocab) -> backbone_lib.Backbone:
   """The `pretrained` encoder, its parameters on the host."""
   model_cfg, params, _ = pretrained_lib.load_encoder(pretrained)
-  return backbone_lib.Backbone(model_cfg, params, bert_vocab, "test")
+  return backbone_lib.Backbone(model_cfg, params, tokenizer_lib.read_vocab(bert_vocab), bert_vocab, "test")
 
 
 def test_gradient_accumulation_equals_the_large_batch(pretrained, glue_dir, bert_vocab, tmp_path):

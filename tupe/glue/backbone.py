@@ -27,15 +27,21 @@ class Backbone:
     cfg: model config (vocab_size = rows of the embedding table).
     params: imported HF `models.Encoder` params on the host; None for a checkpoint (read by `encoder_params`,
       directly into the mesh) and for random initialization (drawn per seed).
-    vocab_file: the vocab, a copy in the workdir.
+    tokens: the vocab, in id order.
+    vocab_file: its copy in the workdir, once `write_vocab` has written it (after the workdir's runs were found to
+      be of the same weights and vocab: a refused command leaves the former copy).
     source: where it came from, for logs.
     checkpoint: the train.py step directory, for a checkpoint.
   """
   cfg: ml_collections.ConfigDict
   params: Any
+  tokens: list[str]
   vocab_file: storage.Path
   source: str
   checkpoint: storage.Path | None = None
+
+  def write_vocab(self) -> None:
+    tokenizer_lib.write_vocab(self.tokens, self.vocab_file)
 
 
 def _vocab_tokens(vocab_file: str, purpose: str) -> list[str]:
@@ -93,7 +99,7 @@ def _hf_backbone(cfg):
 
 
 def load_backbone(cfg, workdir: storage.Path) -> Backbone:
-  """Loads and checks the encoder named by the config; writes its vocab to <workdir>/vocab.txt.
+  """Loads and checks the encoder named by the config, its vocab to be written to <workdir>/vocab.txt.
 
   Raises:
     UserError: no or two sources, a missing vocab, an architecture the config does not expect, a vocab whose
@@ -118,7 +124,7 @@ def load_backbone(cfg, workdir: storage.Path) -> Backbone:
     model_cfg, params, tokens, source = _hf_backbone(cfg)
   from_checkpoint = cfg.init == "pretrained" and cfg.init_checkpoint
   step_dir = checkpoint_lib.latest_step_dir(cfg.init_checkpoint) if from_checkpoint else None
-  return Backbone(model_cfg, params, tokenizer_lib.write_vocab(tokens, workdir / "vocab.txt"), source, step_dir)
+  return Backbone(model_cfg, params, tokens, workdir / "vocab.txt", source, step_dir)
 
 
 def encoder_params(backbone: Backbone, mesh, rules):

@@ -36,7 +36,6 @@ from tupe import console
 from tupe import models
 from tupe import signals
 from tupe.data import pipeline
-from tupe.data import tokenizer as tokenizer_lib
 from tupe.errors import Preempted
 from tupe.errors import UserError
 from tupe.glue import backbone as backbone_lib
@@ -196,6 +195,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
     core.use_prng_impl(cfg.prng_impl)
     backbone = backbone_lib.load_backbone(cfg, workdir)
     runs_lib.check_init(workdir, runs_lib.init_identity(backbone))
+    backbone.write_vocab()  # (by every host, as each reads it: a workdir on each host's own disk too)
     lrs = glue_data.learning_rates(cfg, backbone.cfg)
     recorded = runs_lib.read_runs(workdir)
     runs_lib.check_rate_names(lrs, recorded, [task.name for task in tasks])
@@ -294,7 +294,7 @@ def _run_grid(cfg, workdir, tasks, pending, data_ids, lrs, backbone, encoder, me
       record.update(settings=runs_lib.settings_digest(cfg), init=runs_lib.init_identity(backbone),
                     data=data_ids[task.name])
       keep.save_run(cfg, workdir, params, task_model.fine_tuned_config(cfg, backbone.cfg), task,
-                    tokenizer_lib.read_vocab(backbone.vocab_file), record["init"], record)
+                    backbone.tokens, record["init"], record)
       if jax.process_index() == 0:
         if predictions:
           runs_lib.save_predictions(runs_lib.predictions_path(workdir, task.name, lr, seed), predictions)

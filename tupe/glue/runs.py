@@ -117,22 +117,27 @@ def settings(config: dict) -> dict:
           if k not in RESUMABLE_FIELDS + LOCATION_FIELDS and not (k in ADDED_FIELDS and v == ADDED_FIELDS[k])}
 
 
-def init_identity(backbone) -> dict | None:
+def init_identity(backbone) -> dict:
   """What the fine-tuned weights started from: for a train.py checkpoint its step directory, step and checksum
-  (a digest of its checksums.json, which holds the sha256 of each of its files; None for a checkpoint saved
-  before they were recorded); for an HF import (init_hf) its directory and a digest of the imported arrays
-  (step None). None for random initialization. Every runs.jsonl record and results.json carry it."""
+  (a digest of its checksums.json, which holds the sha256 of each of its files, its vocab included; None for a
+  checkpoint saved before they were recorded); for an HF import (init_hf) its directory and a digest of the
+  imported arrays (step None); for random weights their architecture, and a digest of its config (step None: the
+  architecture may come from a checkpoint, a location that is not a setting). For the last two, a digest of the
+  vocab too ("vocab"), which their records did not hold before 2026-12-02. Every runs.jsonl record and
+  results.json carry it."""
   step_dir = backbone.checkpoint
   if step_dir is not None:
     return {"checkpoint": str(step_dir), "step": int(step_dir.name) if step_dir.name.isdigit() else None,
             "checksum": checksums.digest(step_dir)}
-  if backbone.params is None:
-    return None
   digest = hashlib.sha256()
-  for path, leaf in sorted(jax.tree_util.tree_flatten_with_path(backbone.params)[0], key=lambda kv: str(kv[0])):
-    digest.update(str(path).encode())
-    digest.update(np.ascontiguousarray(leaf).tobytes())
-  return {"checkpoint": backbone.source, "step": None, "checksum": digest.hexdigest()[:16]}
+  if backbone.params is None:
+    digest.update(json.dumps(backbone.cfg.to_dict(), sort_keys=True).encode())
+  else:
+    for path, leaf in sorted(jax.tree_util.tree_flatten_with_path(backbone.params)[0], key=lambda kv: str(kv[0])):
+      digest.update(str(path).encode())
+      digest.update(np.ascontiguousarray(leaf).tobytes())
+  vocab = hashlib.sha256("\n".join(backbone.tokens).encode()).hexdigest()[:16]
+  return {"checkpoint": backbone.source, "step": None, "checksum": digest.hexdigest()[:16], "vocab": vocab}
 
 
 def check_resume(cfg, workdir: storage.Path) -> None:
@@ -176,19 +181,27 @@ def check_warmup_rounding(cfg, workdir: storage.Path, runs: list[dict]) -> None:
                       f"rounds it): use a new --workdir")
 
 
-def check_init(workdir: storage.Path, identity: dict | None) -> None:
+def check_init(workdir: storage.Path, identity: dict) -> None:
   """The runs already in a workdir were fine-tuned from the weights this command starts from (`init_identity`:
-  the same step and checksum), so that one median never mixes two pre-training steps or two HF imports."""
+  the same step and checksum, and the same vocab), so that one median never mixes two pre-training steps, two HF
+  imports, two architectures drawn at random or two vocabularies. (Random runs recorded before 2026-12-02 have no
+  identity: nothing to compare.)"""
   former = []  # the checkpoint's identity as runs recorded before 2026-11-30 computed it, read once if needed
   for run in read_runs(workdir):
     old = run.get("init")
-    if old is None or identity is None or (old["step"], old["checksum"]) == (identity["step"], identity["checksum"]):
+    if old is None:
+      continue
+    if old.get("vocab", identity.get("vocab")) != identity.get("vocab"):
+      raise UserError(f"{workdir} holds runs fine-tuned with another vocab (digest {old['vocab']}) than this "
+                      f"command's (digest {identity['vocab']}, {workdir / 'vocab.txt'}): use a new --workdir, or the "
+                      f"vocab of those runs")
+    if (old["step"], old["checksum"]) == (identity["step"], identity["checksum"]):
       continue
     if identity["step"] is not None and old["step"] == identity["step"]:
       former = former or [checksums.former_digest(identity["checkpoint"])]
       if old["checksum"] == former[0]:
         continue
-    if identity["step"] is None or old["step"] is None:  # an HF import on either side: no step to pin
+    if identity["step"] is None or old["step"] is None:  # an HF import or random weights on a side: no step to pin
       raise UserError(f"{workdir} holds runs fine-tuned from {old['checkpoint']} (checksum {old['checksum']}), but "
                       f"this command starts from {identity['checkpoint']} (checksum {identity['checksum']}): use a "
                       f"new --workdir, or the weights of those runs")
