@@ -35,12 +35,14 @@ def paragraphs(shared_data):
 
 
 def test_peak_rss_does_not_grow_with_the_file(paragraphs, bert_vocab, tmp_path):
-  """2 MB and 8 MB files (reading a file whole would take about 5x its size more)."""
+  """2 MB and 8 MB files: reading a file whole would take about 5x its size more, some 30 MB here. Within 12 MB:
+  the peaks of the same code differ by up to 9 MB from run to run on a busy machine (the allocator's arenas, the
+  threads' timing)."""
   rss = {}
   for mb in (2, 8):
     write_corpus(tmp_path / f"{mb}.txt", paragraphs, mb << 20)
     rss[mb] = peak_rss(tmp_path / f"{mb}.txt", bert_vocab, tmp_path / f"out{mb}")
-  assert rss[8] < rss[2] + (8 << 20), rss
+  assert rss[8] < rss[2] + (12 << 20), rss
 
 
 @pytest.mark.slow

@@ -228,12 +228,13 @@ def test_runs_from_random_weights_of_another_architecture_or_vocab_are_refused(b
   first.write_vocab()
   identity = runs_lib.init_identity(first)
   assert identity["step"] is None and identity["checkpoint"] == "random tupe_r (tiny)"
-  runs_lib.append_run(workdir, {"task": "RTE", "lr": 1e-3, "seed": 0, "score": 50.0, "evaluations": {}, "total_steps": 8,
-                                "warmup_steps": 1,
+  runs_lib.append_run(workdir, {"task": "RTE", "lr": 1e-3, "seed": 0, "score": 50.0, "evaluations": {},
+                                "total_steps": 8, "warmup_steps": 1,
                                 "settings": runs_lib.settings_digest(cfg), "init": identity})
   runs_lib.check_init(workdir, runs_lib.init_identity(backbone_lib.load_backbone(cfg, workdir)))  # the same: taken
 
-  other = ml_collections.ConfigDict(dict(first.cfg.to_dict(), num_layers=first.cfg.num_layers + 1))  # (another checkpoint)
+  # The architecture as another checkpoint would shape it:
+  other = ml_collections.ConfigDict(dict(first.cfg.to_dict(), num_layers=first.cfg.num_layers + 1))
   with pytest.raises(UserError, match=rf"^{workdir} holds runs fine-tuned from random tupe_r \(tiny\) \(checksum "
                                       rf"{identity['checksum']}\), but this command starts from random tupe_r \(tiny\) "
                                       rf"\(checksum [0-9a-f]{{16}}\): use a new --workdir"):

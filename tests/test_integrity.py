@@ -363,7 +363,8 @@ def test_a_renamed_step_folder_of_an_older_meta_is_refused_by_the_resume(workdir
   """Checkpoints written before the meta said the step: train.py's resume reads it from the restored state."""
   root = tmp_path / "old" / "checkpoints"
   saved = json.loads((workdir / "checkpoints" / "2" / "meta" / "metadata").read_text())
-  write_old_layout(root, 2, checkpoint_state(workdir, 2), {k: saved[k] for k in ("config", "vocab", "train_examples")}, 1)
+  older_meta = {k: saved[k] for k in ("config", "vocab", "train_examples")}
+  write_old_layout(root, 2, checkpoint_state(workdir, 2), older_meta, 1)
   (root / "2").rename(root / "20")
   assert checkpoint.load_meta(root).step is None
   with checkpointer.Checkpointer(root, CKPT) as ckpt, pytest.raises(UserError, match=(

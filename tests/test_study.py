@@ -349,6 +349,7 @@ def test_glue_budget_compares_budgets_against_random_init(studies, tmp_path, cap
                               "--variant=bert_a"])
   stdout, _ = capfd.readouterr()
   assert "[budget] 1/2 recipe bert_a: done" in stdout and "[budget] 2/2 epochs2 random_init: 2 runs to go" in stdout
+  assert re.search(r"^\[budget\] 2/2 epochs2 random_init: finished in \d+m\d\ds$", stdout, re.M)  # ([study] [budget])
   budget = json.loads((root / "glue_budget" / "budget.json").read_text())
   study_report = json.loads((root / "report.json").read_text())
   recipe, epochs2 = budget["budgets"]["recipe"], budget["budgets"]["epochs2"]

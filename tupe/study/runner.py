@@ -298,14 +298,14 @@ def check_exit(code: int, label: str, rerun: str, command: list[str]) -> None:
     raise UserError(f"{label} exited with status {code}; {rerun}: {shlex.join(command)}")
 
 
-def run_command(command: list[str], label: str, call=subprocess.call) -> None:
+def run_command(command: list[str], label: str, call=subprocess.call, prefix: str = "[study]") -> None:
   """Runs a study's command with `call` (the entry point's: `tupe.run.supervise.call`, which forwards stop signals
-  to it)."""
+  to it); its end is logged after `prefix` (the study's, or a tool's that runs a study's commands)."""
   path = os.pathsep.join(filter(None, [str(config_files.REPO), os.environ.get("PYTHONPATH")]))
   env = dict(os.environ, PYTHONPATH=path)
   start = time.time()
   check_exit(call(command, env=env), label, "rerun the study to resume", command)
-  console.log(f"[study] {label}: finished in {console.format_duration(time.time() - start)}")
+  console.log(f"{prefix} {label}: finished in {console.format_duration(time.time() - start)}")
 
 
 def run(cfg, root: storage.Path, variants: list[Variant], call=subprocess.call) -> int:

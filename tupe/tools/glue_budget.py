@@ -164,7 +164,7 @@ def main(argv: list[str], call=subprocess.call) -> None:
         console.log(f"[budget] {label}: done ({grid.glue_dir}), skipped")
       else:
         console.log(f"[budget] {label}: {console.plural(runner.glue_pending(grid), 'run')} to go in {grid.glue_dir}")
-        runner.run_command(grid.glue, f"[budget] {label}", call)
+        runner.run_command(grid.glue, label, call, prefix="[budget]")
     results[budget] = measure(*pair)
   report = {"study": cfg.study, "scale": cfg.scale, "variant": args.variant, "tasks": list(variant.tasks),
             "overrides": {b: list(defined[b]) for b in budgets}, "budgets": results,

@@ -297,9 +297,8 @@ def markdown(result: dict) -> str:
           + present.markdown_table(header, rows))
 
 
-# The largest relative difference of a step's loss that passes: float32 rounding amplified by training at the
-# recipes' learning rates stays below the first; in float64 what is left is clip_grad_norm_'s 1e-6 (module
-# docstring; docs/STUDY.md).
+# The largest relative difference of a step's loss that passes: float32 rounding amplified by training at the recipes'
+# learning rates stays below the first; in float64 what is left is clip_grad_norm_'s 1e-6 (docs/STUDY.md).
 RTOL = {"float32": 1e-4, "float64": 1e-6}
 
 
@@ -333,6 +332,7 @@ def _run(cfg, workdir, rtol: float, float64: bool) -> dict:
   storage.makedirs(workdir)
   core.use_prng_impl(cfg.prng_impl)
   backbone = backbone_lib.load_backbone(cfg, workdir)
+  backbone.write_vocab()
   cfg.update(hidden_dropout=0.0, attention_dropout=0.0)
   if float64:  # every parameter and computation in float64; the explicit attention (XLA's fused one is float32)
     backbone.cfg.update(dtype="float64", attention_impl="reference")
