@@ -6,7 +6,7 @@
 #      compiled programs gzipped beside them);
 #   3. `bash bench/gpu.sh fused`: BERT-A, TUPE-A and ConvBERT (MLM) base at 128 and 512 (bench.train_step);
 #   4. with ANCHOR=path/to/hf_torch_mlm_train.py, HF transformers in PyTorch on the same GPU (BERT and
-#      ConvBERT base, the same 65,536 tokens per step), between our two lengths;
+#      ConvBERT base, the same 65,536 tokens per step), after each of our lengths (anchor128, anchor512);
 #   5. "candidates" (not in the default PARTS): BERT-A base at 512 x 128 against itself with each candidate of
 #      bench.ablations swapped in (decoder_grad) and with bias_grad swapped back, interleaved; then with its
 #      layers scanned (model.scan_layers: parameters stacked [layers, ...], so the optimizer updates 25 leaves
@@ -19,19 +19,35 @@
 #
 #   ANCHOR=anchors/hf_torch_mlm_train.py bash bench/gpu_round.sh docs/results/gpu_$(date +%F).jsonl
 #
-# PARTS picks parts (default "tests profile 128 anchor128 512 anchor512"). BENCH_ARGS are appended to every
+# PARTS picks parts (default "tests profile 128 anchor128 512 anchor512"); a name it does not know, or an anchor
+# part without the ANCHOR file, is refused before anything runs. The exit status is 1 if any part failed (its
+# lines are then missing; the others' are there), and the tests' line is there either way (with "status" and
+# no counts when pytest died). BENCH_ARGS are appended to every
 # bench.train_step, bench.profile and bench.ablations command (later arguments win), e.g. a smoke run of the
 # parts on the CPU before GPU time is spent on them:
 #   JAX_PLATFORMS=cpu BENCH_ARGS="--tiny --batch 8 --seq 16 --steps 1 --devices 1 \
 #     --config.model.attention_backend=xla" PARTS="profile 128 candidates flags" \
 #     bash bench/gpu_round.sh /tmp/smoke.jsonl
 # On an H200 (2026-11-28) the tests and the profile took 3 minutes, length 128 4, the anchor at 128 1.5 and
-# length 512 about 3.5: split the parts across calls where a call has a 10-minute limit. JAX's compilation cache
+# length 512 about 3.5: split the parts across calls where a call has a 10-minute limit (docs/BENCHMARKS.md,
+# "Prepared for the next GPU run", has the calls). JAX's compilation cache
 # (and with it XLA's per-fusion autotuning cache) is shared by the runs, so the models after the first reuse its
 # autotuning: their compile_time_s is not a cold compile.
 set -uo pipefail
 results=${1:?usage: bash bench/gpu_round.sh RESULTS.jsonl}
 parts=" ${PARTS:-tests profile 128 anchor128 512 anchor512} "
+for part in $parts; do
+  case $part in
+    tests|profile|128|anchor128|512|anchor512|candidates|flags) ;;
+    *) echo "error: PARTS names '$part'; use some of: tests profile 128 anchor128 512 anchor512 candidates" \
+            "flags, separated by spaces" >&2; exit 2 ;;
+  esac
+done
+if [[ $parts == *" anchor"* && ! -f ${ANCHOR:-} ]]; then
+  echo "error: PARTS has an anchor part but ANCHOR='${ANCHOR:-}' is not a file: set ANCHOR to the path of" \
+       "hf_torch_mlm_train.py" >&2
+  exit 2
+fi
 mkdir -p "$(dirname "$results")"
 # Each call's lines start with one of its own, naming its parts (bench.plot draws the file as a round, whichever
 # parts ran; a round split across calls holds one per call).
@@ -43,16 +59,19 @@ py=${PYTHON:-python3}
 read -ra extra <<<"${BENCH_ARGS:-}"
 fused=(--config.model.attention_backend=cudnn --config.model.attention_dropout=0.0)
 note() { echo "[$(date +%T)] $*" >&2; }
+failed=0
 run() {  # run SECONDS COMMAND...: one part, its JSON lines appended to $results
   local limit=$1; shift
   note "start: $*"
-  timeout "$limit" "$@" >>"$results" || note "ended with status $?: $*"
+  timeout "$limit" "$@" >>"$results" || { note "ended with status $?: $*"; failed=1; }
 }
 
 if [[ $parts == *" tests "* ]]; then
   note "start: tests/test_gpu.py (in the background)"
+  # --capture=sys: what XLA writes to the process's stderr (a fatal error that kills pytest) reaches the log.
   JAX_COMPILATION_CACHE_DIR=/tmp/tupe-gpu-test-cache XLA_PYTHON_CLIENT_PREALLOCATE=false \
-      timeout 300 "$py" -m bench.pytest_line tests/test_gpu.py -q >"$results.tests" 2>"$results.tests.log" &
+      timeout 300 "$py" -m bench.pytest_line tests/test_gpu.py -q --capture=sys >"$results.tests" \
+      2>"$results.tests.log" &
   tests=$!
 fi
 if [[ $parts == *" profile "* ]]; then
@@ -67,21 +86,25 @@ if [[ $parts == *" profile "* ]]; then
   done
 fi
 if [[ -n ${tests:-} ]]; then
-  wait "$tests"; note "tests/test_gpu.py ended with status $?"
+  wait "$tests"; status=$?; note "tests/test_gpu.py ended with status $status"
+  if [[ ! -s $results.tests ]]; then  # pytest died before its line (the cause: $results.tests.log)
+    printf '{"test_gpu": "tests/test_gpu.py", "status": %d, "error": "no counts: see %s"}\n' "$status" \
+        "$(basename "$results").tests.log" >"$results.tests"
+  fi
+  [[ $status == 0 ]] || failed=1
   cat "$results.tests" >>"$results" && rm "$results.tests"
 fi
 step() {  # step SEQ: the three models at this length, interleaved (bench/gpu.sh fused)
-  run 240 env LENGTHS="$1" PYTHON="$py" bash bench/gpu.sh fused "${extra[@]}"
+  run 330 env LENGTHS="$1" PYTHON="$py" bash bench/gpu.sh fused "${extra[@]}"
 }
-anchor() {  # anchor SEQ VARIANTS [ConvBERT's VARIANTS]
-  [[ -n ${ANCHOR:-} ]] || { note "no ANCHOR: the PyTorch anchor is not run"; return; }
+anchor() {  # anchor SEQ VARIANTS ConvBERT's-VARIANTS
   run 150 "$py" "$ANCHOR" --model bert --batch $((65536 / $1)) --seq "$1" --variants "$2"
-  [[ -z ${3:-} ]] || run 90 "$py" "$ANCHOR" --model convbert --batch $((65536 / $1)) --seq "$1" --variants "$3"
+  run 90 "$py" "$ANCHOR" --model convbert --batch $((65536 / $1)) --seq "$1" --variants "$3"
 }
 [[ $parts != *" 128 "* ]] || step 128
 [[ $parts != *" anchor128 "* ]] || anchor 128 eager-masked,compile-masked eager-full,eager-masked
 [[ $parts != *" 512 "* ]] || step 512
-[[ $parts != *" anchor512 "* ]] || anchor 512 compile-masked
+[[ $parts != *" anchor512 "* ]] || anchor 512 compile-masked eager-masked
 [[ $parts != *" candidates "* ]] || run 200 "$py" -m bench.ablations --config configs/pretrain.py:bert_a,base \
     --batch 512 --seq 128 --steps 10 --repeats 3 --dtype bfloat16 --ablate decoder_grad,bias_grad "${fused[@]}" \
     "${extra[@]}"
@@ -106,3 +129,4 @@ for item in sys.argv[1:]:
       --repeats 3 --dtype bfloat16 "${fused[@]}" $known "${extra[@]}"
 fi
 note "done"
+exit $failed

@@ -243,7 +243,9 @@ def plot_gpu_round(records: list[dict], figure) -> str:
   axes.set_ylabel("training tokens/s (thousands)")
   axes.legend(fontsize=7, ncols=2, loc="upper center", bbox_to_anchor=(0.5, -0.1))
   tests = next((r for r in records if "test_gpu" in r), None)
-  if tests:
+  if tests and "error" in tests:  # pytest died before its counts (gpu_round.sh's line)
+    axes.set_title(f"{tests['test_gpu']}: ended with status {tests['status']}, {tests['error']}", fontsize=8)
+  elif tests:
     skipped = f", {tests['skipped']} skipped" if tests.get("skipped") else ""
     axes.set_title(f"{tests['test_gpu']}: {tests['passed']} passed, {tests['failed']} failed{skipped}", fontsize=8)
   if not any("anchor" in r for r in records):

@@ -575,6 +575,42 @@ def test_plot_tells_a_gpu_round_and_a_train_step_variant_apart(tmp_path):
   marker = {"gpu_round": "bench/gpu_round.sh", "parts": "candidates", "started": "2026-12-02T10:00:00Z"}
   plotted([marker, ablation, dict(ablation, variant="decoder_grad"), step], tmp_path, "gpu_round")
   plotted([step, dict(step, variant="model.remat=dots", tokens_per_s=5e5)], tmp_path, "train_step")
+  # The tests' line where pytest died before its counts (gpu_round.sh writes it): drawn, not a KeyError.
+  died = {"test_gpu": "tests/test_gpu.py", "status": 1, "error": "no counts: see gpu.jsonl.tests.log"}
+  plotted([died, step, anchor], tmp_path, "gpu_round")
+
+
+def run_gpu_round(tmp_path, parts: str, env: dict | None = None) -> subprocess.CompletedProcess:
+  return subprocess.run(["bash", "bench/gpu_round.sh", str(tmp_path / "gpu.jsonl")], cwd=bench.REPO,
+                        capture_output=True, text=True, timeout=600, env=dict(os.environ, PARTS=parts, **(env or {})))
+
+
+@pytest.mark.parametrize("parts,env,line", [
+    ("512anchor512", {}, "error: PARTS names '512anchor512'; use some of: tests profile 128 anchor128 512 anchor512 "
+                         "candidates flags, separated by spaces"),
+    ("128 anchor128", {"ANCHOR": "anchors/missing.py"}, "error: PARTS has an anchor part but "
+                                                        "ANCHOR='anchors/missing.py' is not a file: set ANCHOR to the "
+                                                        "path of hf_torch_mlm_train.py"),
+])
+def test_gpu_round_refuses_parts_it_cannot_run_before_running_any(tmp_path, parts, env, line):
+  """A GPU session's minutes are few: a misspelt part ran nothing and exited 0, an anchor part without the anchor
+  wrote a results file that claimed it; both are one line now, exit 2, no results file."""
+  proc = run_gpu_round(tmp_path, parts, env)
+  assert proc.returncode == 2 and proc.stderr == line + "\n" and not (tmp_path / "gpu.jsonl").exists()
+
+
+def test_gpu_round_writes_the_tests_line_when_pytest_dies(tmp_path):
+  """pytest killed before its counts (XLA aborting at start, as jaxlib 0.11 did on a flag it no longer has): the
+  results file still has the tests' line, with the status, and the script exits 1."""
+  fake = tmp_path / "python"
+  fake.write_text("#!/bin/sh\necho 'F parse_flags_from_env.cc] Unknown flag in XLA_FLAGS' >&2\nexit 1\n")
+  fake.chmod(0o755)
+  proc = run_gpu_round(tmp_path, "tests", {"PYTHON": str(fake)})
+  assert proc.returncode == 1, proc.stderr
+  header, line = [json.loads(x) for x in (tmp_path / "gpu.jsonl").read_text().splitlines()]
+  assert header["parts"] == "tests"
+  assert line == {"test_gpu": "tests/test_gpu.py", "status": 1, "error": "no counts: see gpu.jsonl.tests.log"}
+  assert "Unknown flag in XLA_FLAGS" in (tmp_path / "gpu.jsonl.tests.log").read_text()
 
 
 def test_compile_events_count_a_processs_compiles(tmp_path):
