@@ -19,8 +19,8 @@
 #
 #   ANCHOR=anchors/hf_torch_mlm_train.py bash bench/gpu_round.sh docs/results/gpu_$(date +%F).jsonl
 #
-# PARTS picks parts (default "tests profile 128 anchor128 512 anchor512"); a name it does not know, or an anchor
-# part without the ANCHOR file, is refused before anything runs. The exit status is 1 if any part failed (its
+# PARTS picks parts (default "tests profile 128 512", and anchor128 and anchor512 after them where ANCHOR is set);
+# a name it does not know, or an anchor part without the ANCHOR file, is refused before anything runs. The exit status is 1 if any part failed (its
 # lines are then missing; the others' are there), and the tests' line is there either way (with "status" and
 # no counts when pytest died). BENCH_ARGS are appended to every
 # bench.train_step, bench.profile and bench.ablations command (later arguments win), e.g. a smoke run of the
@@ -35,7 +35,7 @@
 # autotuning: their compile_time_s is not a cold compile.
 set -uo pipefail
 results=${1:?usage: bash bench/gpu_round.sh RESULTS.jsonl}
-parts=" ${PARTS:-tests profile 128 anchor128 512 anchor512} "
+parts=" ${PARTS:-tests profile 128 ${ANCHOR:+anchor128 }512${ANCHOR:+ anchor512}} "
 for part in $parts; do
   case $part in
     tests|profile|128|anchor128|512|anchor512|candidates|flags) ;;
@@ -70,7 +70,7 @@ if [[ $parts == *" tests "* ]]; then
   note "start: tests/test_gpu.py (in the background)"
   # --capture=sys: what XLA writes to the process's stderr (a fatal error that kills pytest) reaches the log.
   JAX_COMPILATION_CACHE_DIR=/tmp/tupe-gpu-test-cache XLA_PYTHON_CLIENT_PREALLOCATE=false \
-      timeout 300 "$py" -m bench.pytest_line tests/test_gpu.py -q --capture=sys >"$results.tests" \
+      timeout 240 "$py" -m bench.pytest_line tests/test_gpu.py -q --capture=sys >"$results.tests" \
       2>"$results.tests.log" &
   tests=$!
 fi
@@ -95,10 +95,10 @@ if [[ -n ${tests:-} ]]; then
   cat "$results.tests" >>"$results" && rm "$results.tests"
 fi
 step() {  # step SEQ: the three models at this length, interleaved (bench/gpu.sh fused)
-  run 330 env LENGTHS="$1" PYTHON="$py" bash bench/gpu.sh fused "${extra[@]}"
+  run 300 env LENGTHS="$1" PYTHON="$py" bash bench/gpu.sh fused "${extra[@]}"
 }
 anchor() {  # anchor SEQ VARIANTS ConvBERT's-VARIANTS
-  run 150 "$py" "$ANCHOR" --model bert --batch $((65536 / $1)) --seq "$1" --variants "$2"
+  run 120 "$py" "$ANCHOR" --model bert --batch $((65536 / $1)) --seq "$1" --variants "$2"
   run 90 "$py" "$ANCHOR" --model convbert --batch $((65536 / $1)) --seq "$1" --variants "$3"
 }
 [[ $parts != *" 128 "* ]] || step 128

@@ -611,6 +611,12 @@ def test_gpu_round_writes_the_tests_line_when_pytest_dies(tmp_path):
   assert header["parts"] == "tests"
   assert line == {"test_gpu": "tests/test_gpu.py", "status": 1, "error": "no counts: see gpu.jsonl.tests.log"}
   assert "Unknown flag in XLA_FLAGS" in (tmp_path / "gpu.jsonl.tests.log").read_text()
+  # Its default parts: the anchor's only where ANCHOR is given (an anchor part without it is refused).
+  env = {k: v for k, v in os.environ.items() if k not in ("PARTS", "ANCHOR")}
+  (tmp_path / "gpu.jsonl").unlink()
+  subprocess.run(["bash", "bench/gpu_round.sh", str(tmp_path / "gpu.jsonl")], cwd=bench.REPO, capture_output=True,
+                 timeout=600, env=dict(env, PYTHON=str(fake)))
+  assert json.loads((tmp_path / "gpu.jsonl").read_text().splitlines()[0])["parts"] == "tests profile 128 512"
 
 
 def test_compile_events_count_a_processs_compiles(tmp_path):

@@ -213,11 +213,14 @@ def test_sigterm_names_the_interrupted_run(pretrained, glue_dir, tmp_path):
   assert runs_lib.read_runs(workdir) == []
 
 
-def test_runs_from_random_weights_of_another_architecture_or_vocab_are_refused(bert_vocab, glue_dir, tmp_path):
-  """init=random records what it drew from: the architecture (which may come from --config.init_checkpoint, a
-  location, not a setting) and the vocab (whose file may change under the same path). A rerun of another
-  architecture or vocab was accepted, and one median mixed them; it is refused now, the workdir's vocab.txt as it
-  was."""
+def test_runs_from_random_weights_of_another_architecture_or_vocab_are_refused(bert_vocab, glue_dir, pretrained,
+                                                                                tmp_path):
+  """init=random records what it drew from: the parameters' names and shapes, the initializer's range (the
+  architecture may come from --config.init_checkpoint, a location, not a setting), and the vocab (whose file may
+  change under the same path; so may a checkpoint's, pre-trained on synthetic data, that has none). A rerun of
+  another architecture or vocab was accepted, and one median mixed them; it is refused now, the workdir's vocab.txt
+  as it was. How the model runs (remat, the attention's kernel, dropout: a resumed pre-training may change them)
+  draws the same weights: accepted."""
   vocab = tmp_path / "vocab.txt"
   vocab.write_text(bert_vocab.read_text())
   workdir = tmp_path / "grid"
@@ -229,25 +232,36 @@ def test_runs_from_random_weights_of_another_architecture_or_vocab_are_refused(b
   identity = runs_lib.init_identity(first)
   assert identity["step"] is None and identity["checkpoint"] == "random tupe_r (tiny)"
   runs_lib.append_run(workdir, {"task": "RTE", "lr": 1e-3, "seed": 0, "score": 50.0, "evaluations": {},
-                                "total_steps": 8, "warmup_steps": 1,
-                                "settings": runs_lib.settings_digest(cfg), "init": identity})
+                                "total_steps": 8, "warmup_steps": 1, "settings": runs_lib.settings_digest(cfg),
+                                "init": identity})
+  shaped = lambda **changes: runs_lib.init_identity(backbone_lib.Backbone(
+      ml_collections.ConfigDict(dict(first.cfg.to_dict(), **changes)), None, first.tokens, first.vocab_file,
+      first.source))
   runs_lib.check_init(workdir, runs_lib.init_identity(backbone_lib.load_backbone(cfg, workdir)))  # the same: taken
-
-  # The architecture as another checkpoint would shape it:
-  other = ml_collections.ConfigDict(dict(first.cfg.to_dict(), num_layers=first.cfg.num_layers + 1))
-  with pytest.raises(UserError, match=rf"^{workdir} holds runs fine-tuned from random tupe_r \(tiny\) \(checksum "
-                                      rf"{identity['checksum']}\), but this command starts from random tupe_r \(tiny\) "
-                                      rf"\(checksum [0-9a-f]{{16}}\): use a new --workdir"):
-    runs_lib.check_init(workdir, runs_lib.init_identity(backbone_lib.Backbone(
-        other, None, first.tokens, first.vocab_file, first.source)))
+  runs_lib.check_init(workdir, shaped(remat="full", attention_backend="xla", hidden_dropout=0.2, conv_impl="unfold"))
+  for changes in (dict(num_layers=first.cfg.num_layers + 1), dict(initializer_range=0.05)):
+    with pytest.raises(UserError, match=rf"^{workdir} holds runs fine-tuned from random tupe_r \(tiny\) \(checksum "
+                                        rf"{identity['checksum']}\), but this command starts from random tupe_r "
+                                        rf"\(tiny\) \(checksum [0-9a-f]{{16}}\): use a new --workdir"):
+      runs_lib.check_init(workdir, shaped(**changes))
 
   tokens = bert_vocab.read_text().splitlines()
   vocab.write_text("\n".join([tokens[1], tokens[0]] + tokens[2:]) + "\n")  # the same size, two ids swapped
-  with pytest.raises(UserError, match=rf"^{workdir} holds runs fine-tuned with another vocab \(digest "
-                                      rf"{identity['vocab']}\) than this command's \(digest [0-9a-f]{{16}}, "
-                                      rf"{workdir / 'vocab.txt'}\): use a new --workdir, or the vocab of those runs$"):
+  refused = (rf"^{workdir} holds runs fine-tuned with another vocab \(digest {identity['vocab']}, kept in "
+             rf"{workdir / 'vocab.txt'}\) than this command's \(digest [0-9a-f]{{16}}\): use a new --workdir, or the "
+             rf"vocab of those runs$")
+  with pytest.raises(UserError, match=refused):
     finetune.run(cfg, str(workdir), devices=jax.devices()[:1])
   assert (workdir / "vocab.txt").read_text() == bert_vocab.read_text()
+
+  # A checkpoint's runs: its vocab is in the identity too (given by --config.vocab_file where it carries none).
+  step_dir = sorted((pretrained / "checkpoints").iterdir(), key=lambda p: int(p.name))[-1]
+  from_checkpoint = lambda tokens: runs_lib.init_identity(backbone_lib.Backbone(
+      first.cfg, None, tokens, first.vocab_file, "test", step_dir))
+  runs_lib.append_run(tmp_path / "from_checkpoint", {"task": "RTE", "lr": 1e-3, "seed": 0, "score": 50.0,
+                                                     "init": from_checkpoint(tokens)})
+  with pytest.raises(UserError, match="holds runs fine-tuned with another vocab"):
+    runs_lib.check_init(tmp_path / "from_checkpoint", from_checkpoint([tokens[1], tokens[0]] + tokens[2:]))
 
 
 def test_random_and_hf_backbones(bert_vocab, tmp_path):

@@ -50,6 +50,9 @@ def test_evaluate_names_the_flag_at_fault_before_scoring(pretrained, text_file, 
   # The shared BERT vocab repeats lines: the warning names the checkpoint's vocab (a temporary file's path before).
   warning = next(line for line in capsys.readouterr().err.splitlines() if "repeat an earlier line" in line)
   assert warning.startswith(f"warning: the vocab of {pretrained}/checkpoints/2 has 1,008 lines that repeat"), warning
+  # A copy of the step folder named by the user: the step its meta says (int() of the name was a traceback).
+  shutil.copytree(pretrained / "checkpoints" / "2", tmp_path / "best")
+  assert heldout.evaluate(str(tmp_path / "best"), str(text_file), batch_size=8)["step"] == 2
 
 
 def run_workdir(tmp_path) -> pathlib.Path:

@@ -11,6 +11,7 @@ import math
 import jax
 import numpy as np
 
+from tupe import models
 from tupe.errors import UserError
 from tupe.glue import metrics as glue_metrics
 from tupe.glue import report
@@ -119,24 +120,28 @@ def settings(config: dict) -> dict:
 
 def init_identity(backbone) -> dict:
   """What the fine-tuned weights started from: for a train.py checkpoint its step directory, step and checksum
-  (a digest of its checksums.json, which holds the sha256 of each of its files, its vocab included; None for a
-  checkpoint saved before they were recorded); for an HF import (init_hf) its directory and a digest of the
-  imported arrays (step None); for random weights their architecture, and a digest of its config (step None: the
-  architecture may come from a checkpoint, a location that is not a setting). For the last two, a digest of the
-  vocab too ("vocab"), which their records did not hold before 2026-12-02. Every runs.jsonl record and
-  results.json carry it."""
+  (a digest of its checksums.json, which holds the sha256 of each of its files; None for a checkpoint saved
+  before they were recorded); for an HF import (init_hf) its directory and a digest of the imported arrays
+  (step None); for random weights their architecture and a digest of what they are drawn from, the parameters'
+  names and shapes and the initializer's range (step None: the architecture may come from a checkpoint, a
+  location, not a setting, and a resumed pre-training may change how its model runs, not what it draws). And a
+  digest of the vocab ("vocab"; records before 2026-12-02 lack it): a checkpoint pre-trained on synthetic data
+  carries none, and --config.vocab_file gives it. Every runs.jsonl record and results.json carry it."""
+  vocab = hashlib.sha256("\n".join(backbone.tokens).encode()).hexdigest()[:16]
   step_dir = backbone.checkpoint
   if step_dir is not None:
     return {"checkpoint": str(step_dir), "step": int(step_dir.name) if step_dir.name.isdigit() else None,
-            "checksum": checksums.digest(step_dir)}
+            "checksum": checksums.digest(step_dir), "vocab": vocab}
   digest = hashlib.sha256()
   if backbone.params is None:
-    digest.update(json.dumps(backbone.cfg.to_dict(), sort_keys=True).encode())
+    shapes = jax.eval_shape(lambda: models.init_module(models.Encoder(backbone.cfg), backbone.cfg))
+    digest.update(json.dumps([backbone.cfg.initializer_range] + [
+        [jax.tree_util.keystr(path), list(leaf.shape)] for path, leaf in jax.tree_util.tree_leaves_with_path(shapes)
+    ]).encode())
   else:
     for path, leaf in sorted(jax.tree_util.tree_flatten_with_path(backbone.params)[0], key=lambda kv: str(kv[0])):
       digest.update(str(path).encode())
       digest.update(np.ascontiguousarray(leaf).tobytes())
-  vocab = hashlib.sha256("\n".join(backbone.tokens).encode()).hexdigest()[:16]
   return {"checkpoint": backbone.source, "step": None, "checksum": digest.hexdigest()[:16], "vocab": vocab}
 
 
@@ -192,9 +197,9 @@ def check_init(workdir: storage.Path, identity: dict) -> None:
     if old is None:
       continue
     if old.get("vocab", identity.get("vocab")) != identity.get("vocab"):
-      raise UserError(f"{workdir} holds runs fine-tuned with another vocab (digest {old['vocab']}) than this "
-                      f"command's (digest {identity['vocab']}, {workdir / 'vocab.txt'}): use a new --workdir, or the "
-                      f"vocab of those runs")
+      raise UserError(f"{workdir} holds runs fine-tuned with another vocab (digest {old['vocab']}, kept in "
+                      f"{workdir / 'vocab.txt'}) than this command's (digest {identity['vocab']}): use a new "
+                      f"--workdir, or the vocab of those runs")
     if (old["step"], old["checksum"]) == (identity["step"], identity["checksum"]):
       continue
     if identity["step"] is not None and old["step"] == identity["step"]:

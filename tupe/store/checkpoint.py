@@ -113,6 +113,13 @@ def check_step_name(step_dir: storage.Path, held: int) -> None:
                     f"{step_dir.parent / str(held)} again, or move it out of {step_dir.parent}")
 
 
+def step_of(step_dir: storage.Path, meta: CheckpointMeta) -> int | None:
+  """The training step a step directory holds: its meta's (`check_step_name` holds a step-named folder to it), else,
+  in checkpoints written before the meta said it, its name's; None for a copy named otherwise, of such a checkpoint,
+  and for parameters saved alone."""
+  return meta.step if meta.step is not None else int(step_dir.name) if step_dir.name.isdigit() else None
+
+
 def verified_meta(step_dir: storage.Path, root: storage.Path, items: tuple[str, ...] | None) -> CheckpointMeta:
   """The meta of a step directory whose files check out against its checksums.json: the whole listing, and the
   bytes of the files of `items` (None: all) and those directly in the step directory.

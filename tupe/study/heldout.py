@@ -85,7 +85,7 @@ def evaluate(checkpoint_path: str, text_file: str, seed: int = 0, max_examples: 
   setup = pretrain.build(cfg, devices=jax.local_devices()[:1])
   evaluator = evaluation.Evaluator(setup, _FixedBatches(data, batch_size, seed), (0, batch_size))
   scores = evaluator(params)
-  return {"checkpoint": str(step_dir), "step": int(step_dir.name), "model": cfg.model.name,
+  return {"checkpoint": str(step_dir), "step": checkpoint.step_of(step_dir, meta), "model": cfg.model.name,
           "objective": cfg.objective, "text_file": str(text_file), "seed": seed, "max_examples": max_examples,
           "batch_size": batch_size, "examples": batches * batch_size, "seq_len": cfg.seq_len,
           "predicted_tokens": int(round(float(evaluator.denoms["predictions"]))),
