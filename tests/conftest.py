@@ -12,8 +12,8 @@ import sys
 from xla_flags import xla_flags
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-if os.environ["JAX_PLATFORMS"] == "cpu":  # (tests/test_gpu.py on a GPU: XLA's own flags, as users' runs have them)
-  os.environ.setdefault("XLA_FLAGS", xla_flags(8))
+if os.environ["JAX_PLATFORMS"] == "cpu" and "XLA_FLAGS" not in os.environ:  # (tests/test_gpu.py on a GPU: XLA's
+  os.environ["XLA_FLAGS"] = xla_flags(8)                                    # own flags, as users' runs have them)
 # Compiling dominates the suite's time on a small CPU: share compiled programs between tests and with the
 # train.py subprocesses that the end-to-end tests start.
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", "/tmp/tupe-test-jax-cache")
