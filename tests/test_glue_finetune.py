@@ -574,6 +574,8 @@ def test_swapped_pairs_are_counted_as_examples_not_rows(glue_dir, bert_vocab):
   cfg.swap_pairs = ""
   assert glue_data.load_task_data(cfg, glue.get_task("mrpc"), bert_vocab, False).describe_train() == (
       "40 training examples")
+  # Counted by rows, not by distinct indices: a TSV of one's own may repeat its index column.
+  assert glue_data.TaskData(glue.get_task("mrpc"), {"idx": np.array([0, 0, 1])}, [], []).train_examples == 3
 
 
 def test_nonfinite_steps_are_skipped_and_counted(pretrained, glue_dir, tmp_path, capsys):

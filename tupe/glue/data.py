@@ -80,21 +80,24 @@ def test_evaluations(task: glue.Task) -> list[glue.Evaluation]:
 
 @dataclasses.dataclass
 class TaskData:
-  """Encoded splits of one task (arrays [n, max_seq_len], labels [n], idx [n]); labels unscaled."""
+  """Encoded splits of one task (arrays [n, max_seq_len], labels [n], idx [n]); labels unscaled. `swapped`: the
+  training rows hold each pair twice, also as (b, a) (`swapped()`)."""
   task: glue.Task
   train: dict
   dev: list[tuple[glue.Evaluation, dict]]
   test: list[tuple[glue.Evaluation, dict]]
+  swapped: bool = False
 
   @property
   def train_examples(self) -> int:
-    """The training examples' count; the training rows are twice as many where each pair is also swapped."""
-    return len(np.unique(self.train["idx"]))
+    """The training examples' count: the training rows', halved where each pair is also swapped."""
+    rows = len(self.train["idx"])
+    return rows // 2 if self.swapped else rows
 
   def describe_train(self) -> str:
     """'N training examples', and the rows where they differ (swapped pairs)."""
     rows = len(self.train["idx"])
-    swapped = f" ({rows} rows: each pair also swapped)" if rows != self.train_examples else ""
+    swapped = f" ({rows} rows: each pair also swapped)" if self.swapped else ""
     return f"{self.train_examples} training examples{swapped}"
 
 
@@ -120,4 +123,5 @@ def load_task_data(cfg, task: glue.Task, vocab_file, with_test: bool) -> TaskDat
   dev = [(ev, encoded(load_examples(cfg, ev.task, ev.dev_split))) for ev in dev_evaluations(task)]
   test = [(ev, encoded(load_examples(cfg, ev.task, ev.test_split)))
           for ev in (test_evaluations(task) if with_test else [])]
-  return TaskData(task, encoded(train_examples(cfg, task), swapped(cfg, task)), dev, test)
+  swap = swapped(cfg, task)
+  return TaskData(task, encoded(train_examples(cfg, task), swap), dev, test, swap)
