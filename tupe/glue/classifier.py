@@ -11,8 +11,8 @@ holds the vocab and, in its config, everything needed to use it:
   classifier    {"task", "labels" (names, in id order; None for STS-B), "head", "max_seq_len",
                  "regression_scale"};
   fine_tuning   the GLUE config of the run;
-  pretrained    what was fine-tuned: {"checkpoint", "step", "checksum"} (`tupe.glue.runs.init_identity`; "vocab" too
-                for an HF import or random weights; None for random weights fine-tuned before 2026-12-02);
+  pretrained    what was fine-tuned: {"checkpoint", "step", "checksum", "vocab"} (`tupe.glue.runs.init_identity`;
+                no "vocab" before 2026-12-02, and None for random weights fine-tuned before then);
   run           {"lr", "seed", "step" (of the kept parameters), "score", "evaluations" (dev metrics)}.
 
 `tupe.tools.predict` labels text with it (`tupe.glue.predict`), `tupe.tools.export_hf` exports it.
