@@ -20,11 +20,11 @@
 #   ANCHOR=anchors/hf_torch_mlm_train.py bash bench/gpu_round.sh docs/results/gpu_$(date +%F).jsonl
 #
 # PARTS picks parts (default "tests profile 128 512", and anchor128 and anchor512 after them where ANCHOR is set);
-# a name it does not know, or an anchor part without the ANCHOR file, is refused before anything runs. The exit status is 1 if any part failed (its
-# lines are then missing; the others' are there), and the tests' line is there either way (with "status" and
-# no counts when pytest died). BENCH_ARGS are appended to every
-# bench.train_step, bench.profile and bench.ablations command (later arguments win), e.g. a smoke run of the
-# parts on the CPU before GPU time is spent on them:
+# a name it does not know, or an anchor part without the ANCHOR file, is refused before anything runs. The exit
+# status is 1 if any part failed (its lines are then missing; the others' are there), and the tests' line is there
+# either way (with "status" and no counts when pytest died). BENCH_ARGS are appended to every bench.train_step,
+# bench.profile and bench.ablations command (later arguments win), e.g. a smoke run of the parts on the CPU before
+# GPU time is spent on them:
 #   JAX_PLATFORMS=cpu BENCH_ARGS="--tiny --batch 8 --seq 16 --steps 1 --devices 1 \
 #     --config.model.attention_backend=xla" PARTS="profile 128 candidates flags" \
 #     bash bench/gpu_round.sh /tmp/smoke.jsonl

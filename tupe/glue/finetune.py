@@ -194,7 +194,8 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
     runs_lib.check_resume(cfg, workdir)
     core.use_prng_impl(cfg.prng_impl)
     backbone = backbone_lib.load_backbone(cfg, workdir)
-    runs_lib.check_init(workdir, runs_lib.init_identity(backbone))
+    identity = runs_lib.init_identity(backbone)  # (once: for random weights a trace, for an HF import a hash)
+    runs_lib.check_init(workdir, identity)
     backbone.write_vocab()  # (by every host, as each reads it: a workdir on each host's own disk too)
     lrs = glue_data.learning_rates(cfg, backbone.cfg)
     recorded = runs_lib.read_runs(workdir)
@@ -229,7 +230,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
     if any(pending.values()):
       stop.before_run(first=True)
     job.started()  # Bad input, a signal, any failure before here: no workdir left behind.
-    _run_grid(cfg, workdir, tasks, pending, data, lrs, backbone, encoder, mesh, rules, stop)
+    _run_grid(cfg, workdir, tasks, pending, data, lrs, backbone, identity, encoder, mesh, rules, stop)
   results = workdir / "results.json"
   return jsonfile.read(results, "delete it: the next run writes it again from runs.jsonl") if (
       storage.exists(results)) else {}
@@ -263,7 +264,8 @@ class _Stop:
                     f"finished runs", signum)
 
 
-def _run_grid(cfg, workdir, tasks, pending, data_ids, lrs, backbone, encoder, mesh, rules, stop: _Stop) -> None:
+def _run_grid(cfg, workdir, tasks, pending, data_ids, lrs, backbone, identity, encoder, mesh, rules,
+              stop: _Stop) -> None:
   """Runs every pending (task, lr, seed) and writes each task's outputs; stop.label names the run in flight; each
   run's record carries its task's `data_ids` entry."""
   total = sum(len(runs) for runs in pending.values())
@@ -291,7 +293,7 @@ def _run_grid(cfg, workdir, tasks, pending, data_ids, lrs, backbone, encoder, me
       record, predictions, params = loop.finetune(cfg, setup, data, encoder, lr, seed, label,
                                                   runs_lib.run_dir(workdir, task.name, lr, seed), peak_flops,
                                                   stop.after_step)
-      record.update(settings=runs_lib.settings_digest(cfg), init=runs_lib.init_identity(backbone),
+      record.update(settings=runs_lib.settings_digest(cfg), init=identity,
                     data=data_ids[task.name])
       keep.save_run(cfg, workdir, params, task_model.fine_tuned_config(cfg, backbone.cfg), task,
                     backbone.tokens, record["init"], record)
@@ -310,6 +312,6 @@ def _run_grid(cfg, workdir, tasks, pending, data_ids, lrs, backbone, encoder, me
       if record["degenerate"]:
         console.warn(f"{label} | degenerate dev predictions, "
                      + "; ".join(f"{ev}: {why}" for ev, why in record["degenerate"].items()))
-    outputs.write_outputs(cfg, workdir, backbone)
+    outputs.write_outputs(cfg, workdir, backbone, identity)
   if not total:
-    outputs.write_outputs(cfg, workdir, backbone)
+    outputs.write_outputs(cfg, workdir, backbone, identity)

@@ -68,10 +68,10 @@ def submission_note(runs: list[dict], written: list[storage.Path]) -> str:
   return note + ("" if missing else "; zip them together")
 
 
-def write_outputs(cfg, workdir: storage.Path, backbone: backbone_lib.Backbone) -> None:
-  """results.json/.md/.png of every finished run, and submission/ files and models/<TASK> from each task's best
-  run; submission/ holds no other server file (one written for a former choice, whose chosen run now has no test
-  predictions, is removed)."""
+def write_outputs(cfg, workdir: storage.Path, backbone: backbone_lib.Backbone, identity: dict) -> None:
+  """results.json/.md/.png of every finished run (`identity`: the backbone's `runs.init_identity`), and submission/
+  files and models/<TASK> from each task's best run; submission/ holds no other server file (one written for a
+  former choice, whose chosen run now has no test predictions, is removed)."""
   runs = runs_lib.read_runs(workdir)
   if not runs or jax.process_index() != 0:
     return
@@ -79,7 +79,7 @@ def write_outputs(cfg, workdir: storage.Path, backbone: backbone_lib.Backbone) -
   paper = PAPER_DEV.get(backbone.cfg.name) if cfg.plot_reference and backbone.cfg.get("size") == "base" else None
   reference = dict(zip(glue_metrics.TUPE_AVERAGE_TASKS, paper)) if paper else None
   paths = report.write_report(workdir, runs_lib.run_records(runs), reference, f"TUPE paper, {backbone.cfg.name} base",
-                              about={"init": runs_lib.init_identity(backbone)})
+                              about={"init": identity})
   predictions = submission_predictions(workdir, runs)
   for name in (name for name in glue.EVALUATIONS if name not in predictions):
     storage.remove(workdir / "submission" / f"{name}.tsv")  # a former choice's: not the chosen run's predictions
