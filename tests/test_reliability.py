@@ -395,6 +395,8 @@ BAD_INPUTS = {
     "checkpoint of another optimizer": ({"optimizer.clip_norm": 0.0}, [], 1, "trained",
                                         ["could not be restored with another optimizer config",
                                          "optimizer.clip_norm=1.0 in the checkpoint, 0.0 now", "new --workdir"]),
+    "checkpoint of another PRNG": ({"prng_impl": "threefry2x32"}, [], 1, "trained",  # (before: "damaged", set aside)
+                                   ["holds the random state of prng_impl='rbg'", "--config.prng_impl=rbg"]),
     "checkpoint of another batch size": ({"global_batch_size": 16}, [], 1, "trained",
                                          ["trained on other batches", "global_batch_size=8 in the checkpoint, 16 now"]),
     "checkpoint of another architecture": ({"model.hidden_size": 64, "model.embedding_size": 64}, [], 1, "trained",
@@ -413,6 +415,8 @@ BAD_INPUTS = {
     "vocab is a directory": (("text.txt", "no_corpus"), [], 1, "fresh", ["vocab file", "no_corpus is a directory"]),
     "metrics.jsonl is a directory": ({}, [], 1, "metrics_is_a_dir",
                                      ["metrics.jsonl is a folder, where train.py writes a file", "move it away"]),
+    "workdir in a checkpoint": ({}, [], 1, "in_a_checkpoint",  # (before: trained into it; renamed away next resume)
+                                ["is inside the checkpoints/ folder of the run in"]),
     "unwritable workdir": ({}, [], 1, "under_a_file", ["is not writable", "Not a directory", "another --workdir"]),
     "checkpoint dir is a file": ({}, [], 1, "checkpoints_is_a_file",
                                  ["checkpoints is a file, where train.py keeps a folder", "another --workdir"]),
@@ -421,7 +425,7 @@ BAD_INPUTS = {
 }
 VERBOSE = ("unknown config field", "tokenizer vocab != model vocab")  # one per error path of train.py
 REFUSED_BEFORE_THE_DATA = ("checkpoint of other batches", "checkpoint of another batch size",
-                           "checkpoint of another architecture")  # (`resume.check_before_loading`)
+                           "checkpoint of another architecture", "checkpoint of another PRNG")  # (`resume.check_before_loading`)
 OTHER_CONFIGS = {"a file that is not a config": "configs/__init__.py",  # --config, where it is not the tiny run's
                  "unknown model in --config": "configs/pretrain.py:tupe_b,tiny",
                  "missing config file": "configs/nope.py"}
@@ -440,6 +444,9 @@ def bad_input_runs(tmp_path_factory, inputs, skipped_run, train_server):
     workdir = root / str(number)
     if where == "trained":
       shutil.copytree(trained, workdir)
+    elif where == "in_a_checkpoint":  # a step folder of the trained run's copy, given as the workdir
+      shutil.copytree(trained, workdir)
+      workdir = max((workdir / "checkpoints").glob("[0-9]*"), key=lambda p: int(p.name))
     elif where == "under_a_file":
       workdir = inputs / "a_file" / "run"
     elif where == "metrics_is_a_dir":
@@ -466,6 +473,8 @@ def test_bad_input_is_one_line(name, bad_input_runs, skipped_run):
     assert not workdir.exists(), "a run stopped by bad input left a workdir behind"
   if BAD_INPUTS[name][3] == "trained":  # A rejected resume changes nothing.
     assert file_contents(workdir) == file_contents(skipped_run[0])
+  if BAD_INPUTS[name][3] == "in_a_checkpoint":  # nor does a refused workdir inside a run's checkpoint
+    assert file_contents(workdir.parent.parent) == file_contents(skipped_run[0])
   if name in REFUSED_BEFORE_THE_DATA:  # (after the data was loaded and the step compiled, before)
     assert "train data:" not in proc.stdout and "compiling the train step" not in proc.stdout, proc.stdout
 

@@ -35,6 +35,7 @@ from tupe.errors import UserError
 from tupe.store import deadline
 from tupe.store import jsonlog
 from tupe.store import lease
+from tupe.store import outputs
 from tupe.store import rundir
 from tupe.store import storage
 from tupe.train import compile_cache
@@ -175,14 +176,17 @@ def agreed_signal(received: list[int]) -> int:
 
 
 def check_workdir(workdir: storage.PathLike) -> None:
-  """Fails early, with one line, when the workdir (a local folder or a bucket URL) cannot be created or written;
-  creates nothing."""
+  """Fails early, with one line, when the workdir (a local folder or a bucket URL) cannot be created or written, or is
+  (or is inside) a run's checkpoints or kept models, whose files the job would mix its own with (a checkpoint's step
+  folder given for "continue from here" was taken as damaged at the next resume and renamed away); creates
+  nothing."""
   if not storage.is_remote(workdir):
     check_local_filesystem(storage.path(workdir))
   try:
     storage.check_writable(workdir)
   except storage.StorageError as e:
     raise UserError(f"workdir {workdir} is not writable ({e}); choose another --workdir") from None
+  outputs.check_directory(workdir, "--workdir")
 
 
 def check_nothing_in_the_way(workdir: storage.PathLike, cfg) -> None:

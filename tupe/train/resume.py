@@ -5,8 +5,8 @@ at step s continues with batch s, whatever its number of hosts or data workers. 
 stream: a checkpoint written with other data settings (those its data source reads, `examples.settings_read`, less
 where its files are and how its examples are kept and batched, `_DATA_STORAGE`; seq_len, global_batch_size, seed),
 with another vocabulary (of the same size: the tokens compared) or over another number of training examples is an
-error, as are parameters of other shapes (another architecture or vocabulary size) and, when the state does not
-restore, another optimizer structure. Where both runs recorded the key of their examples and it is the same
+error, as are parameters of other shapes (another architecture or vocabulary size), another random-number generator
+(`prng_impl`: its key is the state's) and, when the state does not restore, another optimizer structure. Where both runs recorded the key of their examples and it is the same
 (`_same_examples`: a text corpus tokenized on the fly, then its preprocessed shards), only the settings that mask
 the examples are compared, not the source nor the settings that made them. Other
 settings may change (e.g. num_train_steps, to extend a run); they are reported (`warn_changed_settings`).
@@ -135,6 +135,15 @@ def _check_fits(step: int, directory: storage.Path, saved_params, params, saved_
                   f"config or use a new --workdir")
 
 
+def _check_same_prng(step: int, directory: storage.Path, saved_config: dict, config: dict) -> None:
+  """Raises a UserError where a checkpoint's random state is another generator's key (`prng_impl`: a key of
+  another shape, which restoring would take for damage and set the intact checkpoint aside)."""
+  saved, now = saved_config.get("prng_impl"), config.get("prng_impl")
+  if saved is not None and now is not None and saved != now:
+    raise UserError(f"checkpoint {step} in {directory} holds the random state of prng_impl={saved!r}, not "
+                    f"{now!r}; resume with --config.prng_impl={saved}, or use a new --workdir")
+
+
 def _check_same_optimizer(step: int, directory: storage.Path, saved_config: dict, config: dict,
                           error: Exception) -> None:
   """A checkpoint that fails to restore under another optimizer config is reported as such, not as corrupted:
@@ -212,6 +221,7 @@ def check_before_loading(workdir: storage.PathLike, cfg) -> None:
   config = _planned(cfg, saved_meta.config)
   _check_fits(step, root, saved, objectives.param_shapes(ml_collections.ConfigDict(config)), saved_meta.config,
               config)
+  _check_same_prng(step, root, saved_meta.config, config)
   keys = list(_STREAM)
   if shards.from_shards(cfg.data) and saved_meta.train_examples is not None:
     keys.append("train_examples")
@@ -276,6 +286,7 @@ class Compatibility:
 
   def check(self, step: int, directory: storage.Path, saved_params, saved_meta: CheckpointMeta) -> None:
     _check_fits(step, directory, saved_params, self.params, saved_meta.config, self.meta.config)
+    _check_same_prng(step, directory, saved_meta.config, self.meta.config)
     _check_same_data(step, directory, saved_meta, self.meta)
 
   def check_newest(self, workdir: storage.PathLike) -> None:
