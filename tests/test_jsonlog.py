@@ -6,6 +6,7 @@ segments read back in order. train.py resumes with a torn metrics.jsonl and eval
 TensorBoard events reach a bucket.
 """
 import json
+import math
 import re
 import struct
 import time
@@ -224,3 +225,21 @@ def test_crc32c_matches_the_standard_check_value():
   assert events.crc32c(b"") == 0
   crc = 0xE3069283
   assert events.masked_crc32c(b"123456789") == (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def test_a_resumed_run_replaces_the_steps_tensorboard_holds_past_its_checkpoint(tmp_path):
+  """An interrupted run logged steps 1-4 and saved at 2; the resumed run logs 3 and 4 again (other values): TensorBoard
+  (its own reader) draws each step once, with the resumed run's value. A value beyond float32 is an infinity, not a
+  crash of the run."""
+  from tensorboard.backend.event_processing import event_accumulator
+  with runlog.MetricWriter(tmp_path, tensorboard=True) as writer:
+    for step in (1, 2, 3, 4):
+      writer.write(step, {"loss": float(step)})
+  with runlog.MetricWriter(tmp_path, tensorboard=True, resumed_at=2) as writer:
+    for step in (3, 4, 5):
+      writer.write(step, {"loss": 10.0 * step, "grad_norm": 1e39})
+  accumulator = event_accumulator.EventAccumulator(str(tmp_path / "tensorboard"))
+  accumulator.Reload()
+  assert [(e.step, e.value) for e in accumulator.Scalars("loss")] == [(1, 1.0), (2, 2.0), (3, 30.0), (4, 40.0),
+                                                                      (5, 50.0)]
+  assert [e.value for e in accumulator.Scalars("grad_norm")] == [math.inf] * 3

@@ -9,6 +9,7 @@ the files (tests/test_train.py runs it; tests/test_jsonlog.py decodes them with 
 """
 from __future__ import annotations
 
+import math
 import os
 import socket
 import struct
@@ -28,6 +29,7 @@ def _crc32c_table() -> list[int]:
 
 
 _TABLE = _crc32c_table()
+_FLOAT32_MAX = 3.4028234663852886e38  # the largest finite float32
 
 
 def crc32c(data: bytes) -> int:
@@ -44,6 +46,7 @@ def masked_crc32c(data: bytes) -> int:
   return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
+
 def _varint(n: int) -> bytes:
   out = bytearray()
   while True:
@@ -58,12 +61,18 @@ def _field(number: int, payload: bytes) -> bytes:
   return _varint(number << 3 | 2) + _varint(len(payload)) + payload
 
 
-def event(wall_time: float, step: int = 0, file_version: str = "", tag: str = "", value: float = 0.0) -> bytes:
-  """An `Event` message: wall_time (field 1, double), step (2, int64), then file_version (3) or a summary (5)
-  holding one Value (1) with its tag (1) and simple_value (2, float)."""
+def event(wall_time: float, step: int = 0, file_version: str = "", tag: str = "", value: float = 0.0,
+          session_start: bool = False) -> bytes:
+  """An `Event` message: wall_time (field 1, double), step (2, int64), then file_version (3), a SessionLog (7) with
+  status START (1: TensorBoard drops the events of this step and later ones that earlier files hold: a resumed run's
+  steps, written again) or a summary (5) holding one Value (1) with its tag (1) and simple_value (2, float; one
+  beyond float32's range is written as an infinity of its sign)."""
   out = b"\x09" + struct.pack("<d", wall_time) + (b"\x10" + _varint(step % 2**64) if step else b"")
   if file_version:
     return out + _field(3, file_version.encode())
+  if session_start:
+    return out + _field(7, b"\x08\x01")
+  value = value if abs(value) <= _FLOAT32_MAX else math.copysign(math.inf, value)
   scalar = _field(1, tag.encode()) + b"\x15" + struct.pack("<f", value)
   return out + _field(5, _field(1, scalar))
 
@@ -84,9 +93,14 @@ class EventFile:
 
   ROTATE_BYTES = 8 << 20
 
-  def __init__(self, directory: storage.PathLike):
+  def __init__(self, directory: storage.PathLike, resumed_at: int = 0):
+    """`resumed_at`: the step a resumed run continues from; its first file then starts by marking step
+    resumed_at + 1 as a new session's, so that the steps an interrupted run logged past its checkpoint, which the
+    resumed run logs again, are not drawn twice."""
     self.directory, self._part = storage.makedirs(directory), 0
     self._start()
+    if resumed_at:
+      self._pending += record(event(time.time(), resumed_at + 1, session_start=True))
 
   def _start(self):
     self.path = self.directory / (f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}"

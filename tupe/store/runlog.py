@@ -28,9 +28,11 @@ class MetricWriter:
 
   Locally each record is durable once written. In a bucket records are uploaded every `flush_secs` seconds, at
   `flush()` (the trainer's checkpoints) and at `close()`; the TensorBoard events (`tupe.store.events`) reach the
-  disk or the bucket at the same moments."""
+  disk or the bucket at the same moments. `resumed_at`: the step a resumed run continues from (its TensorBoard
+  events then replace those of later steps that an interrupted run wrote: `events.EventFile`)."""
 
-  def __init__(self, workdir: storage.PathLike, tensorboard: bool = True, flush_secs: float = 30.0):
+  def __init__(self, workdir: storage.PathLike, tensorboard: bool = True, flush_secs: float = 30.0,
+               resumed_at: int = 0):
     self.active = jax.process_index() == 0
     self.path = storage.path(workdir) / "metrics.jsonl"
     self._tb = None
@@ -41,7 +43,7 @@ class MetricWriter:
         raise UserError(f"{e}; move it away or choose another --workdir") from e
       self._flushed, self._flush_secs = time.monotonic(), flush_secs
       if tensorboard:
-        self._tb = events.EventFile(storage.path(workdir) / "tensorboard")
+        self._tb = events.EventFile(storage.path(workdir) / "tensorboard", resumed_at)
 
   def write(self, step: int, scalars: dict, prefix: str = ""):
     if not self.active:

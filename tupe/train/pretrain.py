@@ -259,7 +259,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
     peak, peak_source = flops_lib.peak_flops_per_device(cfg.peak_flops, len(setup.mesh.local_devices))
     console.log(f"{setup.flops_per_step / 1e9:.2f} GFLOPs per step; MFU against {peak / 1e12:.2f} TFLOP/s per "
                 f"device ({peak_source})")
-    writer = job.enter(runlog.MetricWriter(workdir, tensorboard=cfg.tensorboard))
+    writer = job.enter(runlog.MetricWriter(workdir, tensorboard=cfg.tensorboard, resumed_at=start))
     progress = progress_lib.Progress(cfg.num_train_steps, cfg.global_batch_size * cfg.seq_len, setup.flops_per_step,
                                      peak * setup.mesh.devices.size, start)
     nonfinite = progress_lib.NonFinite(cfg.nonfinite, warn=True, last_saved=ckpt.manager.latest_step)
