@@ -160,3 +160,14 @@ def test_the_cpu_peak_is_the_best_measurement_and_says_so(tmp_path, monkeypatch)
   assert flops.peak_flops_per_device(devices=2)[0] == 1e15 / 2  # a run on 2 of the host's fake devices
   assert "the best measured on this machine (2020-01-02)" in source and json.loads(cache.read_text())[key][
       "peak_flops"] == 1e15
+
+
+@pytest.mark.parametrize("kind, peak", [("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H100 PCIe", 756e12),
+                                        ("NVIDIA H100 NVL", 835e12), ("NVIDIA H200", 989e12),
+                                        ("NVIDIA H200 NVL", 835e12), ("NVIDIA A100-SXM4-80GB", 312e12),
+                                        ("TPU v5 lite", 197e12), ("TPU v5p", 459e12), ("cpu", None)])
+def test_the_data_sheet_of_each_card_is_its_own(kind, peak):
+  """The longest prefix names a card: the PCIe and NVL H100/H200 (lower clocks) not taken for the SXM ones (MFU read
+  0.76-0.84 of its value on them)."""
+  prefix = flops.data_sheet(kind)
+  assert (prefix and flops.PEAK_BF16[prefix]) == peak

@@ -33,9 +33,13 @@ from tupe.models import config as config_lib
 from tupe.store import jsonfile
 from tupe.store import storage
 
-# Dense bf16 peak FLOP/s per device, by jax device_kind prefix (vendor data sheets, no sparsity).
+# Dense bf16 peak FLOP/s per device, by jax device_kind prefix, the longest that matches (vendor data sheets, no
+# sparsity: half their "with sparsity" figure). The PCIe and NVL cards run at lower clocks than the SXM ones.
 PEAK_BF16 = {
+    "NVIDIA H200 NVL": 835e12,
     "NVIDIA H200": 989e12,
+    "NVIDIA H100 NVL": 835e12,
+    "NVIDIA H100 PCIe": 756e12,
     "NVIDIA H100": 989e12,
     "NVIDIA A100": 312e12,
     "NVIDIA L4": 121e12,
@@ -128,6 +132,11 @@ def check_peak_flops(configured: float) -> None:
                     f"matmul's)")
 
 
+def data_sheet(device_kind: str) -> str | None:
+  """The entry of `PEAK_BF16` for a jax `device_kind` (its longest prefix that matches; None: no data sheet)."""
+  return max((prefix for prefix in PEAK_BF16 if device_kind.startswith(prefix)), key=len, default=None)
+
+
 def peak_flops_per_device(configured: float = 0.0, devices: int | None = None) -> tuple[float, str]:
   """(peak FLOP/s per device, where it came from): the config's value, the data sheet, or a matmul measured
   once per machine and cached (`cached_matmul_peak`), so that the MFU of runs on one machine compare; the
@@ -135,9 +144,8 @@ def peak_flops_per_device(configured: float = 0.0, devices: int | None = None) -
   if configured:
     return float(configured), "config"
   kind = jax.devices()[0].device_kind
-  for prefix, peak in PEAK_BF16.items():
-    if kind.startswith(prefix):
-      return peak, f"{prefix} bf16 data sheet"
+  if prefix := data_sheet(kind):
+    return PEAK_BF16[prefix], f"{prefix} bf16 data sheet"
   peak, source = cached_matmul_peak(kind)
   devices = devices or jax.local_device_count()
   if devices == 1:
