@@ -62,7 +62,8 @@ class AttentionBlock(nn.Module):
     q, k, v = layers.stacked_dense(cfg, x, [
         layers.DenseParams(cfg, x.shape[-1], (heads, dh), ("embed", "heads", "kv"), name=name)()
         for name in ("query", "key", "value")])
-    use_reference = (cfg.attention_impl == "reference" or output_attentions
+    # (float64 too: jax.nn.dot_product_attention's XLA path computes its softmax in float32.)
+    use_reference = (cfg.attention_impl == "reference" or output_attentions or q.dtype == jnp.float64
                      or (not deterministic and cfg.attention_dropout > 0))
     cudnn = cfg.attention_backend == "cudnn" and not use_reference
     if positional is None:

@@ -71,7 +71,8 @@ def base_config() -> ml_collections.ConfigDict:
       zero_pad_embeddings=False,  # TUPE: zero the embedding output at [PAD] positions
       dtype="float32",            # compute dtype; parameters are float32 ("float64": all float64, under x64)
       attention_impl="auto",      # "auto": jax.nn.dot_product_attention unless attention probabilities are
-                                  # returned or dropped out (then "reference"); "reference": always explicit
+                                  # returned or dropped out, or in float64 (its XLA path's softmax is float32):
+                                  # then "reference"; "reference": always explicit
       attention_backend="",       # "" (let JAX choose), "xla" or "cudnn" (GPU, bfloat16, right-padded inputs)
       remat="none",               # "none", "full" or "dots" (per-layer rematerialization policy)
       scan_layers=False,          # the layers under nn.scan: one compiled layer, params stacked [layers, ...]
