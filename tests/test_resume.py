@@ -294,6 +294,28 @@ def test_sigterm_then_sigkill_while_an_async_checkpoint_is_written(tmp_path, ref
   resume_and_compare(workdir, reference, stopped, run=train_server)
 
 
+def test_a_run_killed_while_it_evaluates_evaluates_that_step_again(tmp_path, train_server):
+  """SIGKILL during the evaluation at step 8, a checkpoint step: the evaluation comes before the step's checkpoint,
+  so the resumed run starts from checkpoint 4 and evaluates step 8 again. Before, checkpoint 8 was saved first and
+  its evaluation was lost for good (at the last step: the run's final evaluation; a rerun said "nothing to train")."""
+  workdir = tmp_path / "run"
+  slow_eval = {"eval_every": EVERY, "eval_batches": 1300, "checkpoint.async_save": False}  # (of 1,310)
+  evaluated = lambda: {r["step"] for r in metric_records(workdir) if "eval_loss" in r}
+  run = Run(workdir, slow_eval, name="killed")
+  run.wait_until(lambda: last_logged_step(workdir) >= 2 * EVERY)  # the evaluation at 8 begins (before: the save)
+  deadline = time.monotonic() + 0.5  # time enough for a save of this size to finish (where it came first)
+  while time.monotonic() < deadline and 2 * EVERY not in finished_steps(workdir):
+    time.sleep(0.01)
+  run.signal(signal.SIGKILL)
+  assert run.wait() == -signal.SIGKILL
+  assert evaluated() == {EVERY}, "the kill came too late: the evaluation at step 8 had ended"
+  assert finished_steps(workdir) == [EVERY]
+  proc = train_server(workdir, slow_eval)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert f"resumed from checkpoint {EVERY} " in proc.stdout
+  assert evaluated() == {EVERY, 2 * EVERY, STEPS}
+
+
 def test_corrupted_newest_checkpoint_falls_back(tmp_path, reference, train_server):
   """Bytes flipped in the largest file of step 12's optimizer item (its size unchanged; orbax alone loads it without a
   word): a warning names step 12 and the file, resume from 8, same result."""
@@ -386,6 +408,8 @@ def test_resume_at_the_last_step_trains_nothing(tmp_path, reference, train_serve
   assert len(metric_records(workdir)) == logged and finished_steps(workdir) == [4, 8, 12]
   assert (workdir / "config.json").read_bytes() == config  # (before: rewritten with the new num_train_steps)
   assert "compiling the train step" not in proc.stdout  # a finished run needs no train step
+  (workdir / "curves.png").unlink()  # stopped after its last save, before its curves: they are drawn
+  assert train_server(workdir, {"curves": True}).returncode == 0 and (workdir / "curves.png").is_file()
 
 
 def test_a_resume_under_another_retention_says_so(tmp_path, reference, train_server):

@@ -247,6 +247,8 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
     restored = ckpt.restore_latest(setup.abstract_state, compatibility)
     job.started()  # The checkpoint is accepted: from here on the workdir is this run's.
     if (begun := start_from(setup, ckpt, restored, meta, workdir)) is None:
+      if cfg.curves and jax.process_index() == 0 and not storage.exists(workdir / "curves.png"):
+        curves.draw_run(workdir)  # (a run stopped between its last save and its curves)
       return {}  # config.json stays the one the checkpoints were trained under
     if jax.process_index() == 0:
       storage.write_text(workdir / "config.json", cfg.to_json_best_effort(indent=2))
@@ -276,17 +278,19 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
       if trace.ends(step):
         steps.flush()  # The traced steps' rates are measured now: writing the trace is no step's time.
         trace.finish(step, state)
-      if job_lib.itstime(step, cfg.checkpoint.every_steps, total):
-        steps.flush()
-        writer.flush()  # The metrics up to a checkpoint are durable before it (in a bucket, uploaded).
-        ckpt.save(step, state, meta)
+      # Evaluated before the checkpoint of its step is saved: a run killed during the evaluation resumes from the
+      # checkpoint before and evaluates again (after the save, a resume from this step never would).
       if evaluate is not None and job_lib.itstime(step, cfg.eval_every, total):  # and after the last step
         steps.flush()  # Its rates are measured now: the evaluation is no step's time (`StepLog.push`).
         eval_metrics = evaluate(state.params)
         writer.write(step, eval_metrics, prefix="eval_")
-        writer.flush()  # Durable at once (in a bucket, uploaded): a resume from this step would not evaluate it again.
+        writer.flush()  # Durable (in a bucket, uploaded) before its line is printed.
         shown = {k: v for k, v in eval_metrics.items() if not (k == "mlm_loss" and cfg.objective == "mlm")}  # = loss
         console.log(f"eval at step {step}: " + " ".join(f"{k} {v:.4f}" for k, v in shown.items()))
+      if job_lib.itstime(step, cfg.checkpoint.every_steps, total):
+        steps.flush()
+        writer.flush()  # The metrics up to a checkpoint are durable before it (in a bucket, uploaded).
+        ckpt.save(step, state, meta)
       stop = job.stop_signal()
     steps.flush()
     if stop:
