@@ -376,6 +376,14 @@ MUTATIONS = [
     Mutation('G15-init-vocab-unchecked', 'tupe/glue/runs.py',
              ('test_glue_finetune.py::test_runs_from_random_weights_of_another_architecture_or_vocab_are_refused',),
              '    if old.get("vocab", identity.get("vocab")) != identity.get("vocab"):', '    if False:'),
+    Mutation('T27-electra-disc-reads-uncorrupted', 'tupe/train/objectives.py',
+             ('test_train.py::test_electra_discriminator_reads_gumbel_max_samples_of_the_generator',),
+             'disc_logits = module.apply({"params": params}, corrupted, *inputs[1:], deterministic,',
+             'disc_logits = module.apply({"params": params}, batch["input_ids"], *inputs[1:], deterministic,'),
+    Mutation('T28-electra-replacement-is-argmax', 'tupe/train/objectives.py',
+             ('test_train.py::test_electra_discriminator_reads_gumbel_max_samples_of_the_generator',),
+             'jnp.argmax(jax.lax.stop_gradient(gen_logits) + gumbel, axis=-1)',
+             'jnp.argmax(jax.lax.stop_gradient(gen_logits), axis=-1)'),
 ]
 
 

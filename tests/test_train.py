@@ -135,6 +135,64 @@ def test_mlm_loss_is_the_mean_over_the_real_predictions():
   np.testing.assert_allclose(metrics["mlm_accuracy"], (logits.argmax(-1) == labels)[real].mean(), rtol=1e-6)
 
 
+def test_electra_discriminator_reads_gumbel_max_samples_of_the_generator():
+  """The discriminator reads the corrupted sequence: the original ids where nothing was masked (and at unused
+  prediction slots), and at each masked position a sample of the generator's softmax there, drawn by Gumbel-max
+  (not its argmax). The generator's logits are made known by intercepting them: at slot (b, j) four tokens
+  s, s+1, s+2, s+3 (s depending on the slot) of probabilities 0.4, 0.3, 0.2, 0.1, the others -1e9. Before, a
+  discriminator fed the uncorrupted input_ids, or samples without the Gumbel noise, passed every test."""
+  cfg = tiny("convbert")
+  cfg.model.update(vocab_size=211, hidden_dropout=0.0, attention_dropout=0.0)
+  module = objectives.build_model(cfg)
+  params = models.init_module(module, cfg.model, 0, jnp.zeros((1, 2), jnp.int32))
+  rng = np.random.default_rng(0)
+  n_rows, length, n_pred = 4, 16, 8
+  ids = rng.integers(50, 211, size=(n_rows, length)).astype(np.int32)  # no id of the generator's support
+  weights = np.ones((n_rows, n_pred), np.float32)
+  weights[1, 5:] = weights[3, 2:] = 0  # unused slots: position 0 ([CLS], never masked), weight 0, as masking pads them
+  shuffled = 1 + np.argsort(rng.random((n_rows, length - 1)), axis=1)[:, :n_pred]
+  positions = np.where(weights > 0, shuffled, 0).astype(np.int32)
+  starts = 10 + 4 * ((np.arange(n_rows)[:, None] + np.arange(n_pred)) % 8)  # [rows, P]: the support's first token
+  probs = np.array([0.4, 0.3, 0.2, 0.1])
+  gen_logits = np.full((n_rows, n_pred, 211), -1e9, np.float32)
+  for k, p in enumerate(probs):
+    np.put_along_axis(gen_logits, (starts + k)[..., None], np.log(p), axis=-1)
+  original = np.where(weights > 0, starts + 1, 0).astype(np.int32)  # the second token: a sample may equal it
+  batch = dict(input_ids=ids, attention_mask=np.ones_like(ids), token_type_ids=np.zeros_like(ids),
+               masked_positions=positions, masked_ids=original, masked_weights=weights)
+
+  def corrupted(key, batch):
+    seen = {}
+
+    def intercept(next_fun, args, kwargs, context):
+      if context.method_name == "generator_logits":
+        return jnp.asarray(gen_logits)
+      if context.method_name == "discriminator_logits":
+        seen["input_ids"] = args[0]
+      return next_fun(*args, **kwargs)
+
+    with nn.intercept_methods(intercept):
+      _, metrics = objectives.loss_fn(cfg, module, params, batch, key, deterministic=True)
+    return seen["input_ids"], metrics["replaced_fraction"]
+
+  n_keys = 64
+  keys = jax.random.split(jax.random.PRNGKey(0), n_keys)
+  got, replaced_fraction = jax.jit(jax.vmap(corrupted, in_axes=(0, None)))(keys, batch)
+  got, replaced_fraction = np.asarray(got), np.asarray(replaced_fraction)
+  real = weights > 0
+  masked = np.zeros((n_rows, length), bool)
+  masked[np.nonzero(real)[0], positions[real]] = True
+  np.testing.assert_array_equal(got[:, ~masked], np.broadcast_to(ids[~masked], (n_keys, (~masked).sum())))
+  samples = np.take_along_axis(got, np.broadcast_to(positions, (n_keys,) + positions.shape), axis=2)[:, real]
+  drawn = samples - starts[real]  # which of the slot's four tokens each sample is
+  assert set(np.unique(drawn)) <= {0, 1, 2, 3}, f"not the generator's samples: {np.unique(samples)}"
+  frequencies = np.bincount(drawn.ravel(), minlength=4) / drawn.size
+  tolerance = 4 * np.sqrt(probs * (1 - probs) / drawn.size)  # binomial, 4 standard deviations
+  assert np.all(np.abs(frequencies - probs) < tolerance), (frequencies, drawn.size)
+  # The labels: the masked positions whose sample differs from the original, over the real tokens.
+  np.testing.assert_allclose(replaced_fraction, (samples != original[real]).sum(1) / ids.size, rtol=1e-6)
+
+
 def test_each_step_draws_its_own_random_numbers():
   """Step t draws its dropout masks from the state's base key folded with t: two steps draw different numbers, and
   a state rebuilt at step 1 from the same key (a resumed run) draws what the run drew there (before, one key used
