@@ -384,6 +384,13 @@ MUTATIONS = [
              ('test_train.py::test_electra_discriminator_reads_gumbel_max_samples_of_the_generator',),
              'jnp.argmax(jax.lax.stop_gradient(gen_logits) + gumbel, axis=-1)',
              'jnp.argmax(jax.lax.stop_gradient(gen_logits), axis=-1)'),
+    Mutation('M22-attention-dropout-identity', 'tupe/models/attention.py',
+             ('test_model_invariants.py::test_each_dropout_site_drops_at_its_rate_in_training_alone',),
+             'dropped = layers.Dropout(cfg.attention_dropout)(probs, deterministic=deterministic)',
+             'dropped = probs'),
+    Mutation('M23-ffn-dropout-removed', 'tupe/models/layers.py',
+             ('test_model_invariants.py::test_each_dropout_site_drops_at_its_rate_in_training_alone',),
+             '    h = Dropout(cfg.hidden_dropout)(h, deterministic=deterministic)\n', ''),
 ]
 
 

@@ -320,6 +320,70 @@ def test_dropout_of_everything_is_zeros(rate):
   np.testing.assert_array_equal(y, np.zeros((4, 8)))
 
 
+DROPOUT_SITES = {  # site: (its block, the rates that turn on its dropout alone)
+    "attention_probabilities": ("attention", dict(attention_dropout=0.3, hidden_dropout=0.0)),
+    "attention_output": ("attention", dict(attention_dropout=0.0, hidden_dropout=0.3)),
+    "ffn_output": ("ffn", dict(attention_dropout=0.0, hidden_dropout=0.3)),
+}
+
+
+def dropout_block_outputs(name, block_name, rates, deterministic, seed=1):
+  """The output of the tiny model `name`'s attention or FFN block (`block_name`, randomized parameters) with the
+  dropout `rates`, on random inputs of 2 sequences of 8 tokens, and every call of `layers.Dropout` in it as (rate,
+  input, output)."""
+  cfg = tiny_config(name, **rates)
+  heads, length = models.attention_heads(cfg), 8
+  x = jax.random.normal(jax.random.key(0), (2, length, cfg.hidden_size))
+  if block_name == "attention":
+    block = attention.AttentionBlock(cfg)
+    inputs = (x, jnp.ones((2, 1, 1, length), bool), jax.random.normal(jax.random.key(2), (heads, length, length)))
+  else:
+    block, inputs = layers.FeedForward(cfg), (x,)
+  shapes = jax.eval_shape(lambda: nn.meta.unbox(block.init(jax.random.key(3), *inputs, True)["params"]))
+  params = {"params": ref.randomized(shapes)}
+  calls = []
+
+  def record(next_fun, args, kwargs, context):
+    out = next_fun(*args, **kwargs)
+    if isinstance(context.module, layers.Dropout):
+      calls.append((context.module.rate, np.asarray(args[0]), np.asarray(out)))
+    return out
+
+  with nn.intercept_methods(record):
+    out = block.apply(params, *inputs, deterministic, rngs={"dropout": jax.random.key(seed)})
+  return np.asarray(out[0] if block_name == "attention" else out), calls
+
+
+@pytest.mark.parametrize("site", list(DROPOUT_SITES))
+@pytest.mark.parametrize("name", ["bert_a", "tupe_a", "convbert"])
+def test_each_dropout_site_drops_at_its_rate_in_training_alone(name, site):
+  """Each of a layer's dropouts (on the attention probabilities, on the attention block's output, on the FFN's
+  output before its residual), with the others at rate 0: a training forward (deterministic=False) differs from
+  the deterministic one, and from itself under another key; the deterministic one ignores the rate (it is the
+  forward with every rate 0). The site's one dropout takes its tensor (the probabilities: [batch, heads, L, L])
+  at the config's rate, zeroing about that fraction and scaling the rest by 1/keep. Before, the attention
+  probabilities' dropout replaced by the identity, or the FFN's dropout removed, passed every test."""
+  block_name, rates = DROPOUT_SITES[site]
+  kept, _ = dropout_block_outputs(name, block_name, rates, deterministic=True)
+  off, _ = dropout_block_outputs(name, block_name, dict(attention_dropout=0.0, hidden_dropout=0.0), False)
+  np.testing.assert_allclose(kept, off, atol=1e-5, rtol=0)  # (the fused attention path, and the reference one)
+  trained, calls = dropout_block_outputs(name, block_name, rates, deterministic=False)
+  again, _ = dropout_block_outputs(name, block_name, rates, deterministic=False, seed=4)
+  assert np.abs(trained - kept).max() > 0.1 and np.abs(trained - again).max() > 0.1
+  active = [(rate, x, y) for rate, x, y in calls if rate > 0]
+  assert len(active) == 1, [rate for rate, _, _ in calls]
+  rate, x, y = active[0]
+  cfg, probabilities = tiny_config(name), site == "attention_probabilities"
+  assert rate == 0.3 and x.shape == ((2, models.attention_heads(cfg), 8, 8) if probabilities
+                                     else (2, 8, cfg.hidden_size))
+  if probabilities:
+    np.testing.assert_allclose(x.sum(-1), 1.0, rtol=1e-5)
+  keep = round(0.7 * 65536) / 65536
+  dropped = y == 0
+  assert abs(dropped.mean() - (1 - keep)) < 4 * math.sqrt(0.21 / x.size), dropped.mean()
+  np.testing.assert_allclose(y[~dropped], x[~dropped] / keep, rtol=1e-6)
+
+
 def test_gelu_recomputed_gradient_is_float32_accurate():
   x = np.linspace(-6, 6, 1001)
   cdf = 0.5 * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
