@@ -391,6 +391,9 @@ MUTATIONS = [
     Mutation('M23-ffn-dropout-removed', 'tupe/models/layers.py',
              ('test_model_invariants.py::test_each_dropout_site_drops_at_its_rate_in_training_alone',),
              '    h = Dropout(cfg.hidden_dropout)(h, deterministic=deterministic)\n', ''),
+    Mutation('A02-heldout-scores-fresh-params', 'tupe/study/heldout.py',
+             ('test_reliability_tools.py::test_evaluate_scores_the_checkpoints_parameters',),
+             '  scores = evaluator(params)', '  scores = evaluator(setup.init_state().params)'),
 ]
 
 

@@ -8,10 +8,12 @@ import sys
 
 import jax
 import ml_collections
+import numpy as np
 import pytest
 from tools_in_process import tool
 
 from configs import glue as glue_config
+from tupe.data import pipeline
 from tupe.data import tokenizer as tokenizer_lib
 from tupe.errors import UserError
 from tupe.store import checkpoint as checkpoint_lib
@@ -20,6 +22,7 @@ from tupe.store import jsonlog
 from tupe.store import rundir
 from tupe.study import heldout
 from tupe.tools import evaluate
+from tupe.train import objectives
 from tupe.train import pretrain
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -53,6 +56,31 @@ def test_evaluate_names_the_flag_at_fault_before_scoring(pretrained, text_file, 
   # A copy of the step folder named by the user: the step its meta says (int() of the name was a traceback).
   shutil.copytree(pretrained / "checkpoints" / "2", tmp_path / "best")
   assert heldout.evaluate(str(tmp_path / "best"), str(text_file), batch_size=8)["step"] == 2
+
+
+def test_evaluate_scores_the_checkpoints_parameters(pretrained, text_file, bert_vocab):
+  """The held-out MLM loss is the pre-training objective's loss of the checkpoint's own parameters on the text's
+  first batches, as computed here from the checkpoint (the same packing and seeded masks, built from the vocab it
+  was trained with); the same architecture freshly initialised scores visibly worse. Before, scoring freshly
+  initialised parameters in place of the checkpoint's passed every test."""
+  got = heldout.evaluate(str(pretrained), str(text_file), seed=3, max_examples=16, batch_size=8)
+  meta, params = checkpoint_lib.load_params(checkpoint_lib.latest_step_dir(str(pretrained)))
+  cfg = ml_collections.ConfigDict(meta.config)
+  assert cfg.objective == "mlm" and got["examples"] == 16
+  data_cfg = ml_collections.ConfigDict(cfg.data.to_dict())
+  data_cfg.update(source="text", files=str(text_file), vocab_file=str(bert_vocab), documents="files",
+                  fill_examples=True, eval_fraction=0.0, num_workers=0)
+  data = pipeline.PretrainData(data_cfg, seq_len=cfg.seq_len, split="train")
+  batches = [data.batch(np.arange(start, start + 8), 3) for start in (0, 8)]
+  denoms = {k: sum(objectives.normalizers(b)[k] for b in batches) for k in ("predictions", "tokens")}
+  assert got["predicted_tokens"] == int(denoms["predictions"])
+  module = objectives.build_model(cfg)
+  loss = jax.jit(lambda p, b: objectives.loss_fn(cfg, module, p, b, jax.random.PRNGKey(0), deterministic=True,
+                                                 denoms=denoms)[1]["mlm_loss"])
+  want = sum(float(loss(params, b)) for b in batches)
+  assert got["mlm_loss"] == pytest.approx(want, rel=1e-5)
+  fresh = pretrain.build(cfg, devices=jax.devices()[:1]).init_state().params
+  assert abs(sum(float(loss(jax.device_get(fresh), b)) for b in batches) - want) > 1e-3
 
 
 def run_workdir(tmp_path) -> pathlib.Path:
