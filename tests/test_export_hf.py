@@ -315,6 +315,19 @@ def test_a_train_py_workdir_given_as_an_hf_model_names_init_checkpoint(exported)
     load.import_convbert(workdir)
 
 
+@pytest.mark.parametrize("field, value, words", [("head_ratio", 0, "must be a positive whole number"),
+                                                 ("num_attention_heads", None, "must be a positive whole number"),
+                                                 ("hidden_size", "256", "must be a positive whole number"),
+                                                 ("layer_norm_eps", "1e-12", "must be a number")])
+def test_a_malformed_number_in_an_hf_convbert_config_is_one_line(field, value, words):
+  """A HF ConvBERT's config.json with a count of 0, null or a string: one line naming the field (before: a
+  ZeroDivisionError or TypeError traceback from eval_glue.py's init_hf or analyze's --hf-convbert)."""
+  hf = dict(layout.CONVBERT_DEFAULTS, model_type="convbert", **{field: value})
+  with pytest.raises(UserError, match=f"^config.json: {field}={value!r} {words}; mend the config.json$"):
+    layout.convbert_config(hf, "config.json")
+  assert layout.convbert_config(dict(layout.CONVBERT_DEFAULTS, model_type="convbert"), "config.json").hidden_size == 768
+
+
 def test_unexportable_option_is_one_line(tmp_path, corpus, capsys):
   """ConvBERT with TUPE's untied positions: HF ConvBERT has no such option."""
   cfg = tiny_config("convbert_mlm", corpus[0], corpus[1][True])
@@ -555,3 +568,36 @@ def test_a_tokenizer_saved_under_other_transformers_keeps_a_repeated_token_s_fir
                        check=True, cwd=repo, env=dict(os.environ, PYTHONPATH=str(repo)))
   assert run.stdout.strip().splitlines()[-1] == "[5, 6, 7, 9]"  # hello worlds a, hello at its first line
   assert (tmp_path / "vocab.txt").read_text().split("\n")[8] == "hello"
+
+
+def test_a_tokenizer_with_a_repeated_line_is_as_long_as_the_model_s_vocabulary(tmp_path):
+  """vocab.txt repeats "hello" (id 8; the shared BERT vocab repeats 1,008 lines): the exported tokenizer under this
+  transformers encodes with the first line's id, has one id per line (before, under transformers 5: 9 for 10 rows,
+  so `add_tokens` gave a new token the id of "a", and `resize_token_embeddings(len(tokenizer))` dropped its row),
+  and a token added after it takes the next id."""
+  import transformers
+  vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "hello", "world", "##s", "hello", "a"]
+  export.save_tokenizer(vocab, True, 32, tmp_path)
+  tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path)
+  assert tokenizer("hello worlds a", add_special_tokens=False)["input_ids"] == [5, 6, 7, 9]
+  assert len(tokenizer) == len(vocab)
+  tokenizer.add_tokens(["[NEW]"])
+  assert tokenizer.convert_tokens_to_ids(["[NEW]", "a"]) == [10, 9]
+  assert (tmp_path / "vocab.txt").read_text().split("\n")[:10] == vocab
+
+
+def test_an_export_without_a_vocab_names_out_in_its_note(tmp_path, corpus, capsys):
+  """A checkpoint pre-trained on synthetic data (no vocab): the export has no tokenizer, and its note names --out
+  (before: the temporary folder it was staged in, removed at once)."""
+  cfg = tiny_config("bert_a", corpus[0], corpus[1][True])
+  cfg.model.vocab_size = 160
+  params = jax.jit(lambda: models.init_module(models.MaskedLM(cfg.model), cfg.model))()
+  state = core.TrainState(step=jnp.array(1, jnp.int32), params=params, opt_state={}, rng=jax.random.PRNGKey(0))
+  with checkpointer.Checkpointer(tmp_path / "run" / "checkpoints", cfg.checkpoint) as saver:
+    saver.save(1, state, pretrain.checkpoint_meta(cfg, "", 1), force=True)
+  out = tmp_path / "hf"
+  run_main(export_hf.main, ["export_hf", "--checkpoint", str(tmp_path / "run"), "--out", str(out)])
+  assert (out / "config.json").is_file() and not (out / "vocab.txt").exists()
+  stdout = capsys.readouterr().out
+  assert stdout.splitlines()[-1] == f"note: the checkpoint has no vocab (pre-trained on synthetic data), so {out} " \
+                                    f"has no tokenizer", stdout

@@ -122,6 +122,22 @@ def test_position_ids_are_honoured(kind):
   assert_close(model.positional(subset[None]), full[:, :, subset][:, :, :, subset], 1e-6)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_left_padding_with_position_ids_equals_right_padding(kind):
+  """Each row's tokens moved to the end, with position ids counted from its first real token (pads at 1, as
+  transformers' BERT takes them): the same outputs at the real tokens. Under the [CLS] reset, the reset went to
+  the first column whatever it held (a [PAD]): TUPE-A 2.4 and TUPE-R 1.0 off before."""
+  model = tiny(modeling_tupe.TupeModel, kind)
+  ids, mask, types = padded()
+  right = model(ids, mask, types).last_hidden_state
+  shift = mask.shape[1] - mask.sum(1)
+  left = [torch.stack([row.roll(int(n)) for row, n in zip(x, shift)]) for x in (ids, mask, types)]
+  positions = (left[1].cumsum(1) - 1).masked_fill(left[1] == 0, 1)
+  out = model(*left, position_ids=positions).last_hidden_state
+  for row, n in enumerate(shift.tolist()):
+    assert_close(out[row, n:], right[row, :mask.shape[1] - n], 1e-5)
+
+
 def test_attention_mask_defaults_to_tokens_that_are_not_pad():
   model = tiny(modeling_tupe.TupeModel, "tupe_a")
   ids, mask, _ = padded()

@@ -24,7 +24,6 @@ import pathlib
 import ml_collections
 import numpy as np
 
-from tupe import console
 from tupe import models
 from tupe.data import tokenizer as tokenizer_lib
 from tupe.errors import UserError
@@ -61,17 +60,19 @@ def save_model(family: str, class_name: str, hf_config: dict, tensors: dict, dir
 def save_tokenizer(vocab: list[str], lowercase: bool, max_length: int, directory: pathlib.Path) -> None:
   """The WordPiece tokenizer of `tupe.data.tokenizer` as HF's BertTokenizer: the same vocab (the first line wins
   for a duplicated token, in tokenizer.json under either transformers; a slow BertTokenizer of transformers 4 reads
-  vocab.txt, where the last wins), normalizer (lowercasing and accent stripping as pre-trained) and pre-tokenizer."""
+  vocab.txt, where the last wins), normalizer (lowercasing and accent stripping as pre-trained) and pre-tokenizer.
+  A repeated line's id is held by a name no text splits into: read from a file it would take the token's id, and
+  left out of a dict it would make the tokenizer shorter than the model (`add_tokens` then gave a new token the id
+  of a word, and `resize_token_embeddings(len(tokenizer))` dropped rows that words use)."""
   import transformers
+  first = tokenizer_lib.token_ids(vocab)
+  named = [t if first[t] == i else f"[tupe-repeated-line-{i}]" for i, t in enumerate(vocab)]
   if transformers.__version__.startswith("4."):  # its fast BertTokenizer takes a vocab file, not a dict
-    first = tokenizer_lib.token_ids(vocab)
-    # A repeated line read from a file would take the token's id; a name no text splits into stands in for it.
-    tokenizer_lib.write_vocab([t if first[t] == i else f"[tupe-repeated-line-{i}]" for i, t in enumerate(vocab)],
-                              directory / "vocab.txt")
+    tokenizer_lib.write_vocab(named, directory / "vocab.txt")
     tokenizer = transformers.BertTokenizerFast(vocab_file=str(directory / "vocab.txt"), do_lower_case=lowercase,
                                                model_max_length=max_length)
   else:
-    tokenizer = transformers.BertTokenizer(vocab=tokenizer_lib.token_ids(vocab), do_lower_case=lowercase,
+    tokenizer = transformers.BertTokenizer(vocab=tokenizer_lib.token_ids(named), do_lower_case=lowercase,
                                            model_max_length=max_length)
   tokenizer.save_pretrained(directory)
   tokenizer_lib.write_vocab(vocab, directory / "vocab.txt")  # as it was, whatever save_pretrained wrote
@@ -86,7 +87,8 @@ def new_directory(out) -> pathlib.Path:
 
 
 def export(checkpoint_path, out) -> list[pathlib.Path]:
-  """Exports the newest checkpoint under `checkpoint_path` to `out`; returns the model directories written."""
+  """Exports the newest checkpoint under `checkpoint_path` to `out`; returns the model directories written (with a
+  tokenizer each, unless the checkpoint has no vocab: pre-trained on synthetic data)."""
   out = new_directory(out)
   meta, params = checkpoint.load_params(checkpoint_path)
   config = meta.config
@@ -120,8 +122,6 @@ def export(checkpoint_path, out) -> list[pathlib.Path]:
     import safetensors.numpy
     safetensors.numpy.save_file(tensors["discriminator_head"], out / layout.DISCRIMINATOR_HEAD_FILE,
                                 metadata={"format": "pt"})
-  if not meta.vocab:
-    console.log(f"note: the checkpoint has no vocab (pre-trained on synthetic data), so {out} has no tokenizer")
   return [directory for directory, *_ in parts]
 
 

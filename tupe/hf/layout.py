@@ -100,6 +100,13 @@ def hf_config(cfg, family_name: str, objective: str) -> dict:
               tokenizer_class="BertTokenizer")
 
 
+# The fields of a HF ConvBertConfig that `convbert_config` reads: counts, and real numbers.
+_CONVBERT_COUNTS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "head_ratio",
+                    "intermediate_size", "embedding_size", "conv_kernel_size", "num_groups", "max_position_embeddings",
+                    "type_vocab_size")
+_CONVBERT_REALS = ("layer_norm_eps", "hidden_dropout_prob", "attention_probs_dropout_prob", "initializer_range")
+
+
 def convbert_config(hf: dict, source: str) -> ml_collections.ConfigDict:
   """Our ConvBERT config for a HF ConvBertConfig dict (`CONVBERT_DEFAULTS` filled in): `hf_config`'s inverse for
   checkpoints that HF transformers wrote (`tupe.hf`), which carry no config of ours.
@@ -114,6 +121,12 @@ def convbert_config(hf: dict, source: str) -> ml_collections.ConfigDict:
   if hf["hidden_act"] != "gelu":
     raise UserError(f"{source} has hidden_act={hf['hidden_act']!r}; only exact-GELU ConvBERT checkpoints "
                     "(hidden_act 'gelu') can be imported")
+  for field in _CONVBERT_COUNTS:
+    if not (isinstance(hf[field], int) and not isinstance(hf[field], bool) and hf[field] > 0):
+      raise UserError(f"{source}: {field}={hf[field]!r} must be a positive whole number; mend the config.json")
+  for field in _CONVBERT_REALS:
+    if not (isinstance(hf[field], (int, float)) and not isinstance(hf[field], bool)):
+      raise UserError(f"{source}: {field}={hf[field]!r} must be a number; mend the config.json")
   attention_heads = max(1, hf["num_attention_heads"] // hf["head_ratio"])
   if hf["hidden_size"] % (2 * attention_heads):
     raise UserError(f"{source}: hidden_size={hf['hidden_size']} is not divisible by twice the "

@@ -79,6 +79,8 @@ def main(argv: list[str]) -> None:
       raise
   for directory in written:
     console.out(f"wrote {directory} from {source}")
+  if not storage.exists(storage.path(written[0]) / "vocab.txt"):
+    console.log(f"note: the checkpoint has no vocab (pre-trained on synthetic data), so {out} has no tokenizer")
 
 
 def _export(checkpoint_path: str, staging: str, out: str) -> tuple[list[str], str]:

@@ -24,8 +24,9 @@ flags of `TupeConfig`:
 Inputs follow transformers' BERT: input_ids or inputs_embeds (the word embeddings, [batch, length,
 embedding_size]); attention_mask [batch, length] (1 = attend), which defaults to the tokens that are not
 pad_token_id, as in this package (with inputs_embeds: to all ones); 4-D masks are refused; position_ids
-[batch or 1, length] index every positional term (default 0..length-1); the [CLS] reset applies to the first
-token. return_dict=False returns tuples.
+[batch or 1, length] index every positional term (default 0..length-1); the [CLS] reset applies to the token at
+position 0 (the first by default; under left padding, give position ids counted from the first real token, as
+transformers' BERT takes them). return_dict=False returns tuples.
 """
 import math
 
@@ -65,13 +66,15 @@ def relative_buckets(positions: torch.Tensor, num_buckets: int, max_distance: in
   return bucket + torch.where(distance < max_exact, distance, large)
 
 
-def cls_reset(term: torch.Tensor, theta1: torch.Tensor, theta2: torch.Tensor) -> torch.Tensor:
-  """term [batch, heads, length, length] with column 0 set to theta2 [heads], then row 0 to theta1 [heads].
+def cls_reset(term: torch.Tensor, theta1: torch.Tensor, theta2: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+  """term [batch, heads, length, length] with the column of the token at position 0 ([CLS]; positions int
+  [batch or 1, length]) set to theta2 [heads], then its row to theta1 [heads]: the first token by default, the
+  first real one under left padding with position ids counted from it.
 
   Written with masks rather than in-place writes so that torch.jit.trace keeps the length symbolic."""
-  first = torch.arange(term.shape[-1], device=term.device) == 0
-  term = torch.where(first[None, None, None, :], theta2[None, :, None, None], term)
-  return torch.where(first[None, None, :, None], theta1[None, :, None, None], term)
+  first = positions == 0
+  term = torch.where(first[:, None, None, :], theta2[None, :, None, None], term)
+  return torch.where(first[:, None, :, None], theta1[None, :, None, None], term)
 
 
 class TupeEmbeddings(nn.Module):
@@ -130,7 +133,7 @@ class TupeUntiedPosition(nn.Module):
       return term
     q, k = project(torch.arange(2, device=positions.device))  # rows 0 ([CLS]'s) and 1
     theta = (q * k).sum(-1) / math.sqrt(2 * head_dim)  # [2, heads]
-    return cls_reset(term, theta[0], theta[1])
+    return cls_reset(term, theta[0], theta[1], positions)
 
 
 class TupeRelativePosition(nn.Module):
@@ -150,7 +153,7 @@ class TupeRelativePosition(nn.Module):
     if not config.cls_reset:
       return term
     table = self.relative_attention_bias.weight
-    return cls_reset(term, table[config.num_buckets // 2], table[config.num_buckets])
+    return cls_reset(term, table[config.num_buckets // 2], table[config.num_buckets], positions)
 
 
 class TupeSelfAttention(nn.Module):
