@@ -526,3 +526,28 @@ print(float(np.abs(out["auto"] - out["reference"]).max()))
                         env=dict(os.environ, JAX_ENABLE_X64="1", JAX_PLATFORMS="cpu"))
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert float(proc.stdout.split()[-1]) < 1e-12
+
+
+@pytest.mark.parametrize("name", ["bert_a", "tupe_a", "convbert"])
+def test_initial_weights_are_drawn_as_the_recipes_draw_them(name):
+  """Dense and embedding kernels N(0, initializer_range), biases 0, LayerNorm scales 1; ConvBERT's depthwise span
+  kernel as the official code draws it: a normal of standard deviation 1/K truncated at two of them (std 0.88/K),
+  not N(0, 0.02) (HF's; 5x narrower at K=9)."""
+  cfg = models.get_config(name, "small")
+  cfg.vocab_size = 1000
+  params = jax.tree_util.tree_leaves_with_path(models.init(cfg, seed=3))
+  seen = set()
+  for path, leaf in params:
+    key, x = jax.tree_util.keystr(path), np.asarray(leaf, np.float64)
+    if key.endswith("['depthwise_kernel']"):
+      k = cfg.conv_kernel_size
+      assert abs(x.std() * k - 0.8796) < 0.03 and np.abs(x).max() <= 2 / k, (key, x.std())
+      seen.add("depthwise")
+    elif key.endswith(("['kernel']", "['embedding']", "['relative_attention_bias']")) and x.size > 5000:
+      assert abs(x.std() / cfg.initializer_range - 1) < 0.05 and abs(x.mean()) < 2e-3, (key, x.std())
+      seen.add("normal")
+    elif key.endswith("['bias']"):
+      assert not x.any(), key
+    elif key.endswith("['scale']"):
+      assert (x == 1).all(), key
+  assert seen == ({"normal", "depthwise"} if name == "convbert" else {"normal"})
