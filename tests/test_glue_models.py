@@ -225,6 +225,9 @@ def test_a_kept_model_is_not_scored_as_a_pre_training_checkpoint(grid, tmp_path)
   with pytest.raises(UserError, match=f"; it is an eval_glue.py workdir: its fine-tuned models, {grid / 'models'}/"
                                       f"<TASK>, are what tupe.tools.predict and tupe.tools.export_hf take$"):
     heldout.evaluate(str(grid), str(text))
+  with pytest.raises(UserError, match=f"; it is the models/ folder of an eval_glue.py workdir: its fine-tuned "
+                                      f"models, {grid / 'models'}/<TASK>, are what"):
+    heldout.evaluate(str(grid / "models"), str(text))
   with pytest.raises(UserError, match=refused):  # fine-tuning it again, as a pre-trained encoder
     backbone.load_backbone(grid_config(grid / "models" / "RTE", tmp_path), tmp_path)
 

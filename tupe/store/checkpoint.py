@@ -202,9 +202,11 @@ def _load_newest(path: storage.PathLike, load):
   empty = drop_empty(step_dirs, root)
   step_dirs = [d for d in step_dirs if d not in empty]
   if not step_dirs:
-    glue = (f"; it is an eval_glue.py workdir: its fine-tuned models, {path / 'models' / '<TASK>'}, are what "
-            f"tupe.tools.predict and tupe.tools.export_hf take") if (storage.exists(path / "models")
-                                                                      and jsonlog.segments(path, "runs")) else ""
+    run = path.parent if path.name == "models" else path  # (its models/ folder named: one of them is meant)
+    what = "" if run == path else "the models/ folder of "
+    glue = (f"; it is {what}an eval_glue.py workdir: its fine-tuned models, {run / 'models' / '<TASK>'}, are what "
+            f"tupe.tools.predict and tupe.tools.export_hf take") if (storage.exists(run / "models")
+                                                                      and jsonlog.segments(run, "runs")) else ""
     raise UserError(f"no checkpoint found in {path}; give a train.py workdir, its checkpoints/ folder or "
                     f"one step directory{glue}")
   for step_dir in step_dirs:
