@@ -227,6 +227,17 @@ def test_sweep_flags_after_the_separator_that_undo_the_grid_are_refused(tmp_path
   assert capsys.readouterr().out == "" and not list(tmp_path.iterdir())
 
 
+def test_a_sweep_root_under_a_file_is_one_line(tmp_path, capsys):
+  """Before: --print printed commands that all failed (exit 0); a run failed in two lines naming a --workdir the
+  sweep does not take and saying to rerun."""
+  (tmp_path / "a_file").write_text("x\n")
+  for mode in (["--print"], []):
+    with pytest.raises(UserError, match=f"^.*{re.escape(str(tmp_path / 'a_file'))}.*; choose another --root$"):
+      sweep.main(["sweep", "--config", "configs/pretrain.py:tupe_a,tiny", "--root", str(tmp_path / "a_file"),
+                  "--grid", "seed=0,1", *mode])
+  assert capsys.readouterr().out == ""
+
+
 def test_sweep_print_checks_each_point_with_its_data(tmp_path, capsys):
   """`--print` refuses a grid point that train.py would refuse once its data is read (the demo text's 8,192-token
   vocab against the model's 30,522 rows), and prints the points that train.py accepts."""

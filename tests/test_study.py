@@ -146,8 +146,9 @@ def test_micro_report_has_gains_over_random_init(studies, name):
 def test_a_diverged_seed_gets_no_verdict_and_mnli_its_two_columns():
   """A variant whose seed average is missing (a fine-tuning seed of it or of random_init diverged) gets no verdict,
   not "does not beat random init"; the report's columns are the evaluations results are keyed by."""
-  def glue(average, seed_averages):
-    return {"glue": {"complete": True, "tasks": {"RTE": {"median": average, "min": average - 1, "max": average + 1}},
+  def glue(average, seed_averages, n_diverged=0, complete=True):
+    return {"glue": {"complete": complete, "tasks": {"RTE": {"median": average, "min": average - 1,
+                                                             "max": average + 1, "n_diverged": n_diverged}},
                      "average": average, "seed_averages": seed_averages}}
   gains = report_lib.glue_gains({"random_init": glue(50.0, [49.0, 51.0]), "tupe_a": glue(80.0, None),
                                    "bert_a": glue(50.5, [50.0, 51.0])})
@@ -156,6 +157,25 @@ def test_a_diverged_seed_gets_no_verdict_and_mnli_its_two_columns():
       "bert_a does not beat random initialisation on the GLUE average beyond the seed spread. tupe_a: no verdict, a "
       "fine-tuning seed diverged (the variant's or random_init's), so there is no seed average to compare.")
   assert report_lib.scored(("CoLA", "MNLI", "RTE")) == ["CoLA", "MNLI-m", "MNLI-mm", "RTE"]
+  # A task with a diverged seed has no gain (before: the others' range, claiming every seed); a variant whose grid
+  # has not finished keeps GLUE from "measuring nothing" (before: said from the finished variants alone), and a grid
+  # without a task of the average is not said to have diverged.
+  variants = {"random_init": glue(50.0, [49.0, 51.0]), "tupe_a": glue(80.0, None, n_diverged=1),
+              "bert_a": glue(50.5, [50.0, 51.0]), "bert_r": glue(60.0, None, complete=False)}
+  gains = report_lib.glue_gains(variants)
+  assert gains["tupe_a"]["tasks"]["RTE"] is None and gains["bert_a"]["tasks"]["RTE"]["low"] == pytest.approx(-1.5)
+  assert "bert_r" not in gains and report_lib.glue_verdict({"bert_a": gains["bert_a"]}, ["bert_r"]) == (
+      "bert_a does not beat random initialisation on the GLUE average beyond the seed spread. bert_r: GLUE not "
+      "finished, no verdict yet.")
+  assert report_lib.glue_verdict({"bert_a": gains["bert_a"]}).endswith("GLUE at this budget measures nothing, so the "
+                                                                         "variants are not compared on it.")
+  assert report_lib.glue_verdict({"tupe_a": gains["tupe_a"]}, averaged=False) == (
+      "tupe_a: no verdict, the grid has no task of the average (WNLI and AX are not averaged).")
+  # The table's cell says how many seeds diverged (before: a range of the others alone).
+  entry = dict(variants["tupe_a"], pretrain={"objective": "mlm", "steps": 4, "tokens": 512, "eval": {}}, heldout=None)
+  table = report_lib.markdown({"study": "convbert", "scale": "micro", "glue_tasks": ["RTE"], "heldout_file": "t.txt",
+                               "heldout_seed": 0, "variants": {"tupe_a": entry}})
+  assert "| tupe_a | 80.00 (79.00 to 81.00, 1 diverged) | 80.00 |" in table
   # The average's gain comes from the seed averages, as its range does: a table average (of task medians) above
   # the control's cannot make a point outside a range below 0.
   gains = report_lib.glue_gains({"random_init": glue(50.0, [50.0, 50.1]), "tupe_a": glue(53.0, [49.5, 49.6])})
@@ -252,6 +272,28 @@ def test_a_rerun_whose_control_copies_another_variant_does_not_take_the_old_grid
   assert files() == before  # (the lock file records the last job that held the workdir)
 
 
+def test_a_rerun_that_extends_the_pre_training_names_the_old_grid_first(studies, tmp_path, capfd):
+  """The root's variants were fine-tuned from checkpoint 4. Rerun with 8 pre-training steps, the study refuses in one
+  line before anything runs, naming the old grid's folder to move aside (before: it extended the pre-training, its
+  retention removed checkpoint 4, then eval_glue.py refused the grid naming that checkpoint and a --workdir the study
+  does not take, and every rerun stopped there again)."""
+  root = tmp_path / "root"
+  shutil.copytree(studies["tupe"], root)
+  files = lambda: {p: p.read_bytes() for p in root.rglob("*") if p.is_file() and p.name != ".tupe.lock"}
+  before = files()
+  overrides = tuple("num_train_steps=8" if o == "num_train_steps=4" else o
+                    for o in runner.load_study("configs/study.py:tupe,micro", []).pretrain_overrides)
+  with pytest.raises(SystemExit) as exit_info:
+    run_main(runner.main, study_argv("tupe", root, f"--config.pretrain_overrides={overrides!r}"))
+  out, err = capfd.readouterr()
+  assert exit_info.value.code == 2, out[-3000:] + err[-3000:]
+  glue = root / "bert_a" / "glue"
+  assert err == (f"error: bert_a: {glue} holds GLUE runs fine-tuned from checkpoint 4, and the study now pre-trains "
+                 f"it to 8 steps: move that folder aside (e.g. to {glue}.step_4) to fine-tune the new checkpoint, or "
+                 f"rerun with num_train_steps=4\n")
+  assert "[study]" not in out and files() == before
+
+
 @pytest.mark.parametrize("name, only", [("convbert", False), ("tupe", False), ("convbert", True)])
 def test_print_lists_every_command(studies, name, only, capsys):
   """--print: every variant's pre-training, then every GLUE grid with the control's last, then every held-out
@@ -305,6 +347,8 @@ def test_evaluate_is_deterministic_and_tells_checkpoints_apart(studies, shared_d
      r"^--config.heldout_batch_size 0 / --config.heldout_max_examples 16: use a batch of 1 or more"),
     (["--config=configs/study.py:tupe,micro", "--config.glue.learning_rates=abc"],  # (a ValueError's traceback)
      r"GLUE grid .*: learning_rates=\('abc',\): give positive numbers"),
+    (["--config=configs/study.py:tupe,micro", "--config.glue.tasks="],  # (before: accepted, an empty report)
+     r"GLUE grid .*: no GLUE task selected: set --config.tasks"),
 ])
 def test_bad_input_is_one_line(shared_data, tmp_path, argv, message):
   with pytest.raises(UserError, match=message):

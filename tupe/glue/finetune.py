@@ -70,6 +70,8 @@ def check_config(cfg) -> None:
                     f"--config.learning_rates=2e-5,3e-5")
   runs_lib.check_rate_names(cfg.learning_rates)
   names = [task.name for task in glue_data.parse_tasks(cfg.tasks)]
+  if not names:
+    raise UserError("no GLUE task selected: set --config.tasks, e.g. cola,sst2")
   if len(set(names)) != len(names):
     twice = next(name for name in names if names.count(name) > 1)
     raise UserError(f"tasks={cfg.tasks!r} names {twice} twice: give each task once, e.g. --config.tasks=rte,mrpc")
@@ -183,8 +185,6 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
   results.json."""
   check_config(cfg)
   tasks = glue_data.parse_tasks(cfg.tasks)
-  if not tasks:
-    raise UserError("no GLUE task selected: set --config.tasks, e.g. cola,sst2")
   cfg = cfg.copy_and_resolve_references()
   cfg.lowercase = backbone_lib.tokenizer_lowercase(cfg)  # Recorded in config.json: a workdir's runs share one setting.
   with job_lib.Job(cfg, workdir) as job:  # Another job on this workdir: one line, nothing loaded or written.

@@ -123,7 +123,10 @@ def glue_summary(variant) -> dict:
                           "metric": glue_metrics.score_metric(result.task)}
   average = glue_report.averages(summary)[0]
   complete = {(run["task"], run["lr"], run["seed"]) for run in runs} == planned
-  return {"tasks": tasks, "average": average.value if complete else None, "average_tasks": list(average.tasks),
+  # A task of the average whose best learning rate diverged leaves the average: over fewer tasks than the other rows'.
+  averaged = set(scored(variant.tasks)) & set(glue_metrics.TUPE_AVERAGE_TASKS)
+  complete_average = complete and set(average.tasks) >= averaged
+  return {"tasks": tasks, "average": average.value if complete_average else None, "average_tasks": list(average.tasks),
           "seed_averages": seed_averages(summary) if complete else None, "runs": len(runs), "complete": complete}
 
 
@@ -157,8 +160,10 @@ def glue_gains(variants: dict) -> dict:
     glue = entry["glue"]
     if name == CONTROL or not glue["complete"] or not control["complete"]:
       continue
-    tasks = {task: _gain(result["median"], [result["min"], result["max"]], control["tasks"][task]["median"],
-                         [control["tasks"][task]["min"], control["tasks"][task]["max"]])
+    # None where a seed diverged (the variant's or the control's): the range of the others would claim every seed.
+    tasks = {task: None if result["n_diverged"] or control["tasks"][task]["n_diverged"] else _gain(
+                 result["median"], [result["min"], result["max"]], control["tasks"][task]["median"],
+                 [control["tasks"][task]["min"], control["tasks"][task]["max"]])
              for task, result in glue["tasks"].items() if task in control["tasks"]}
     # The average's gain from the seed averages alone (their medians, and their range), so that the point lies
     # within its range; the average of the task medians (the table's avg) can lie outside the seed averages' range.
@@ -171,9 +176,11 @@ def glue_gains(variants: dict) -> dict:
   return gains
 
 
-def glue_verdict(gains: dict) -> str:
+def glue_verdict(gains: dict, pending: list[str] = (), averaged: bool = True) -> str:
   """One sentence: which variants beat random initialisation on GLUE, or that GLUE measures nothing here; the
-  variants with a diverged seed (theirs or the control's) get no verdict."""
+  variants with a diverged seed (theirs or the control's) get no verdict, nor do every variant's where the grid has no
+  task of the average (`averaged` False: WNLI alone), nor the `pending` ones (pre-trained, their grid unfinished),
+  which keep the study from saying that GLUE measures nothing."""
   beating = [name for name, gain in gains.items() if gain["beats_random_init"]]
   others = [name for name, gain in gains.items() if gain["beats_random_init"] is False]
   unknown = [name for name, gain in gains.items() if gain["beats_random_init"] is None]
@@ -183,15 +190,18 @@ def glue_verdict(gains: dict) -> str:
                      f"average beyond the seed spread" + (
                          f"; {', '.join(others)} do{'es' if len(others) == 1 else ''} not, and "
                          f"{'is' if len(others) == 1 else 'are'} not compared on GLUE" if others else "") + ".")
-  elif others and not unknown:
+  elif others and not unknown and not pending:
     sentences.append("No pre-trained variant beats random initialisation on the GLUE average beyond the seed spread: "
                      "GLUE at this budget measures nothing, so the variants are not compared on it.")
   elif others:
     sentences.append(f"{', '.join(others)} do{'es' if len(others) == 1 else ''} not beat random initialisation on the "
                      f"GLUE average beyond the seed spread.")
   if unknown:
-    sentences.append(f"{', '.join(unknown)}: no verdict, a fine-tuning seed diverged (the variant's or "
-                     f"random_init's), so there is no seed average to compare.")
+    sentences.append(f"{', '.join(unknown)}: no verdict, " + (
+        "a fine-tuning seed diverged (the variant's or random_init's), so there is no seed average to compare."
+        if averaged else "the grid has no task of the average (WNLI and AX are not averaged)."))
+  if pending:
+    sentences.append(f"{', '.join(pending)}: GLUE not finished, no verdict yet.")
   return " ".join(sentences)
 
 
@@ -227,7 +237,9 @@ def build(cfg, variants) -> dict:
     out["variants"][variant.name] = entry
   if CONTROL in out["variants"]:
     out["glue_gains"] = glue_gains(out["variants"])
-    out["glue_verdict"] = glue_verdict(out["glue_gains"]) if out["glue_gains"] else None
+    pending = [name for name, entry in out["variants"].items() if name != CONTROL and not entry["glue"]["complete"]]
+    averaged = bool(set(evaluations) & set(glue_metrics.TUPE_AVERAGE_TASKS))
+    out["glue_verdict"] = glue_verdict(out["glue_gains"], pending, averaged) if out["glue_gains"] else None
   return glue_report.json_safe(out)
 
 
@@ -240,8 +252,9 @@ def markdown(report: dict) -> str:
   tasks = report["glue_tasks"]
   lines = [f"# Study {report['study']} at scale {report['scale']}", "",
            "## GLUE dev", "",
-           "Median over seeds at the best learning rate (min-max over seeds); avg: the mean of the task medians "
-           "(blank until every run of the grid has finished)."
+           "Median over seeds at the best learning rate (min-max over seeds, and how many diverged); avg: the mean of "
+           "the task medians (blank until every run of the grid has finished, or where a task's best learning rate "
+           "diverged: an average over fewer tasks than the other rows')."
            + (" Rows \"(paper, base)\" are the TUPE paper's Table 1 numbers for BERT-base-size models pre-trained "
               "for 1M steps, not this study's; their avg is over the same tasks." if report["study"] == "tupe"
               else ""), ""]
@@ -252,8 +265,9 @@ def markdown(report: dict) -> str:
     cells = []
     for task in tasks:
       result = glue["tasks"].get(task)
+      diverged = f", {result['n_diverged']} diverged" if result and result["n_diverged"] else ""
       cells.append("-" if result is None else f"{_number(result['median'])} "
-                   f"({_number(result['min'])} to {_number(result['max'])})")
+                   f"({_number(result['min'])} to {_number(result['max'])}{diverged})")
     rows.append([name] + cells + [_number(glue["average"])])
     paper = entry.get("paper_base")
     if paper:

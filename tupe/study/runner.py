@@ -260,14 +260,20 @@ def check_pretrained(variants: list[Variant]) -> None:
 
 def check_glue_settings(variants: list[Variant]) -> None:
   """Refuses, in one line and before anything runs, a variant whose GLUE workdir holds runs under other settings than
-  the study plans now (another architecture for the control, another GLUE override): eval_glue.py would refuse it only
-  when its turn came, after the stages before it, naming a --workdir that the study does not take."""
+  planned (the control's architecture, a GLUE override) or from another step (a pre-training extended): eval_glue.py
+  refused it at its turn, after the stages before, naming a --workdir a study does not take, and every rerun again."""
   for variant in variants:
-    changed = report.glue_settings_changed(variant)
-    if changed and runs_lib.read_runs(variant.glue_dir):
+    changed, runs = report.glue_settings_changed(variant), runs_lib.read_runs(variant.glue_dir)
+    if changed and runs:
       raise UserError(f"{variant.name}: {variant.glue_dir} holds GLUE runs under other settings than the study's now "
                       f"(changed: {', '.join(changed)}): rerun with the settings they were run with, or use another "
                       f"--root")
+    steps = {(run.get("init") or {}).get("step") for run in runs} - {None, variant.steps} if variant.pretrain else ()
+    if old := max(steps, default=None):
+      raise UserError(f"{variant.name}: {variant.glue_dir} holds GLUE runs fine-tuned from checkpoint {old}, and the "
+                      f"study now pre-trains it to {variant.steps} steps: move that folder aside (e.g. to "
+                      f"{variant.glue_dir}.step_{old}) to fine-tune the new checkpoint, or rerun with "
+                      f"num_train_steps={old}")
 
 
 def glue_pending(variant: Variant) -> int:

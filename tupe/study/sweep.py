@@ -38,6 +38,7 @@ from tupe import config_files
 from tupe import console
 from tupe import present
 from tupe.errors import UserError
+from tupe.store import outputs
 from tupe.store import runlog
 from tupe.store import storage
 from tupe.study import runner
@@ -185,6 +186,7 @@ def main(argv: list[str], call=subprocess.call) -> None:
   parser.add_argument("--grid", action="append", default=[], help="KEY=V1,V2,... (repeatable)")
   parser.add_argument("--print", action="store_true", help="print the commands instead of running them")
   args = parser.parse_args(argv)
+  outputs.check_folder(args.root, "--root")  # (a file there: every run failed, or --print printed failing commands)
   grid = parse_grid(args.grid)
   check_passed_on(extra, [key for key, _ in grid])
   commands = runs(args.config, args.root, grid, extra)
