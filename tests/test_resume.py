@@ -295,25 +295,25 @@ def test_sigterm_then_sigkill_while_an_async_checkpoint_is_written(tmp_path, ref
 
 
 def test_a_run_killed_while_it_evaluates_evaluates_that_step_again(tmp_path, train_server):
-  """SIGKILL during the evaluation at step 8, a checkpoint step: the evaluation comes before the step's checkpoint,
-  so the resumed run starts from checkpoint 4 and evaluates step 8 again. Before, checkpoint 8 was saved first and
-  its evaluation was lost for good (at the last step: the run's final evaluation; a rerun said "nothing to train")."""
+  """SIGKILL during the final evaluation, after the last checkpoint was saved (saved first, a stop during an
+  evaluation loses no training): the rerun has nothing to train, and evaluates that checkpoint. Before, the
+  evaluation was lost for good: the rerun said "nothing to train", and a study reported no final evaluation."""
   workdir = tmp_path / "run"
   slow_eval = {"eval_every": EVERY, "eval_batches": 1300, "checkpoint.async_save": False}  # (of 1,310)
   evaluated = lambda: {r["step"] for r in metric_records(workdir) if "eval_loss" in r}
   run = Run(workdir, slow_eval, name="killed")
-  run.wait_until(lambda: last_logged_step(workdir) >= 2 * EVERY)  # the evaluation at 8 begins (before: the save)
-  deadline = time.monotonic() + 0.5  # time enough for a save of this size to finish (where it came first)
-  while time.monotonic() < deadline and 2 * EVERY not in finished_steps(workdir):
-    time.sleep(0.01)
+  run.wait_until(lambda: STEPS in finished_steps(workdir))  # the final evaluation begins
   run.signal(signal.SIGKILL)
   assert run.wait() == -signal.SIGKILL
-  assert evaluated() == {EVERY}, "the kill came too late: the evaluation at step 8 had ended"
-  assert finished_steps(workdir) == [EVERY]
+  assert evaluated() == {EVERY, 2 * EVERY}, "the kill came too late: the final evaluation had ended"
   proc = train_server(workdir, slow_eval)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  assert f"resumed from checkpoint {EVERY} " in proc.stdout
+  assert f"checkpoint {STEPS} has reached num_train_steps={STEPS}: nothing to train" in proc.stdout
+  assert (f"checkpoint {STEPS}'s evaluation is not in {workdir / 'metrics.jsonl'} (a run stopped during it): "
+          f"evaluating\n") in proc.stdout and f"eval at step {STEPS}: " in proc.stdout
   assert evaluated() == {EVERY, 2 * EVERY, STEPS}
+  again = train_server(workdir, slow_eval)  # (recorded: not evaluated again)
+  assert again.returncode == 0 and "evaluat" not in again.stdout.split("nothing to train")[-1], again.stdout
 
 
 def test_corrupted_newest_checkpoint_falls_back(tmp_path, reference, train_server):

@@ -94,13 +94,12 @@ class EventFile:
   ROTATE_BYTES = 8 << 20
 
   def __init__(self, directory: storage.PathLike, resumed_at: int = 0):
-    """`resumed_at`: the step a resumed run continues from; its first file then starts by marking step
-    resumed_at + 1 as a new session's, so that the steps an interrupted run logged past its checkpoint, which the
-    resumed run logs again, are not drawn twice."""
+    """`resumed_at`: the step the run continues from (0: the start). Its first file starts by marking step
+    resumed_at + 1 as a new session's, so that the steps an interrupted run logged past its checkpoint (or, with
+    none, from the start), which this run logs again, are not drawn twice."""
     self.directory, self._part = storage.makedirs(directory), 0
     self._start()
-    if resumed_at:
-      self._pending += record(event(time.time(), resumed_at + 1, session_start=True))
+    self._pending += record(event(time.time(), resumed_at + 1, session_start=True))
 
   def _start(self):
     self.path = self.directory / (f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}"

@@ -28,8 +28,8 @@ class MetricWriter:
 
   Locally each record is durable once written. In a bucket records are uploaded every `flush_secs` seconds, at
   `flush()` (the trainer's checkpoints) and at `close()`; the TensorBoard events (`tupe.store.events`) reach the
-  disk or the bucket at the same moments. `resumed_at`: the step a resumed run continues from (its TensorBoard
-  events then replace those of later steps that an interrupted run wrote: `events.EventFile`)."""
+  disk or the bucket at the same moments. `resumed_at`: the step the run continues from, 0 at the start (its
+  TensorBoard events replace those of later steps that an interrupted run wrote: `events.EventFile`)."""
 
   def __init__(self, workdir: storage.PathLike, tensorboard: bool = True, flush_secs: float = 30.0,
                resumed_at: int = 0):

@@ -3,10 +3,13 @@ predictions (`Evaluator`); also `tupe.tools.evaluate`'s and `tupe.study.heldout`
 from __future__ import annotations
 
 import jax
+from jax.experimental import multihost_utils
 import numpy as np
 
 from tupe import console
 from tupe.data import pipeline
+from tupe.store import runlog
+from tupe.train import job
 from tupe.train import objectives
 from tupe.train import sharding
 
@@ -55,3 +58,23 @@ class Evaluator:
       totals = {k: totals.get(k, 0.0) + float(v) for k, v in metrics.items()}
     n = self.num_batches
     return {k: v / n if k in objectives.AVERAGED_METRICS else v for k, v in totals.items()}
+
+
+def record(evaluate: Evaluator, params, step: int, writer, objective: str) -> None:
+  """Evaluates `params` after `step`, writes the metrics (prefix "eval_") through `writer`, durable (in a bucket,
+  uploaded) before its line is printed, and prints that line."""
+  metrics = evaluate(params)
+  writer.write(step, metrics, prefix="eval_")
+  writer.flush()
+  shown = {k: v for k, v in metrics.items() if not (k == "mlm_loss" and objective == "mlm")}  # (= loss)
+  console.log(f"eval at step {step}: " + " ".join(f"{k} {v:.4f}" for k, v in shown.items()))
+
+
+def missed(workdir, step: int, eval_every: int, total: int) -> bool:
+  """Whether the evaluation due after `step`, a restored checkpoint's, is not in the run's metrics log: a run stops
+  during an evaluation after the checkpoint of its step is saved (saved first, a stop there loses no training).
+  Process 0 reads the log; every host acts on its answer (an evaluation runs on all of them)."""
+  missing = False
+  if jax.process_index() == 0 and job.itstime(step, eval_every, total):
+    missing = not any(r["step"] == step and any(k.startswith("eval_") for k in r) for r in runlog.read_metrics(workdir))
+  return bool(multihost_utils.broadcast_one_to_all(np.array(missing)))

@@ -246,13 +246,18 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
     ckpt = job.enter(checkpointer.Checkpointer(workdir / "checkpoints", cfg.checkpoint))
     restored = ckpt.restore_latest(setup.abstract_state, compatibility)
     job.started()  # The checkpoint is accepted: from here on the workdir is this run's.
-    if (begun := start_from(setup, ckpt, restored, meta, workdir)) is None:
+    begun = start_from(setup, ckpt, restored, meta, workdir)
+    start, state = begun or restored[:2]
+    writer = job.enter(runlog.MetricWriter(workdir, tensorboard=cfg.tensorboard, resumed_at=start))
+    if evaluate is not None and start and evaluation.missed(workdir, start, cfg.eval_every, cfg.num_train_steps):
+      console.log(f"checkpoint {start}'s evaluation is not in {writer.path} (a run stopped during it): evaluating")
+      evaluation.record(evaluate, state.params, start, writer, cfg.objective)
+    if begun is None:
       if cfg.curves and jax.process_index() == 0 and not storage.exists(workdir / "curves.png"):
         curves.draw_run(workdir)  # (a run stopped between its last save and its curves)
       return {}  # config.json stays the one the checkpoints were trained under
     if jax.process_index() == 0:
       storage.write_text(workdir / "config.json", cfg.to_json_best_effort(indent=2))
-    start, state = begun
     if compiled is None:  # The newest checkpoint was damaged: an older one, before the last step, was restored.
       compiled = compile_checked(setup)
     train_iter = train_data.iterator(batch_size=cfg.global_batch_size, seed=cfg.seed, rows=rows, start_batch=start)
@@ -261,7 +266,6 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
     peak, peak_source = flops_lib.peak_flops_per_device(cfg.peak_flops, len(setup.mesh.local_devices))
     console.log(f"{setup.flops_per_step / 1e9:.2f} GFLOPs per step; MFU against {peak / 1e12:.2f} TFLOP/s per "
                 f"device ({peak_source})")
-    writer = job.enter(runlog.MetricWriter(workdir, tensorboard=cfg.tensorboard, resumed_at=start))
     progress = progress_lib.Progress(cfg.num_train_steps, cfg.global_batch_size * cfg.seq_len, setup.flops_per_step,
                                      peak * setup.mesh.devices.size, start)
     nonfinite = progress_lib.NonFinite(cfg.nonfinite, warn=True, last_saved=ckpt.manager.latest_step)
@@ -278,19 +282,15 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
       if trace.ends(step):
         steps.flush()  # The traced steps' rates are measured now: writing the trace is no step's time.
         trace.finish(step, state)
-      # Evaluated before the checkpoint of its step is saved: a run killed during the evaluation resumes from the
-      # checkpoint before and evaluates again (after the save, a resume from this step never would).
-      if evaluate is not None and job_lib.itstime(step, cfg.eval_every, total):  # and after the last step
-        steps.flush()  # Its rates are measured now: the evaluation is no step's time (`StepLog.push`).
-        eval_metrics = evaluate(state.params)
-        writer.write(step, eval_metrics, prefix="eval_")
-        writer.flush()  # Durable (in a bucket, uploaded) before its line is printed.
-        shown = {k: v for k, v in eval_metrics.items() if not (k == "mlm_loss" and cfg.objective == "mlm")}  # = loss
-        console.log(f"eval at step {step}: " + " ".join(f"{k} {v:.4f}" for k, v in shown.items()))
       if job_lib.itstime(step, cfg.checkpoint.every_steps, total):
         steps.flush()
         writer.flush()  # The metrics up to a checkpoint are durable before it (in a bucket, uploaded).
         ckpt.save(step, state, meta)
+      # After the checkpoint of its step: a stop during it loses no training (the resumed run evaluates it again:
+      # `evaluation.missed`).
+      if evaluate is not None and job_lib.itstime(step, cfg.eval_every, total):  # and after the last step
+        steps.flush()  # Its rates are measured now: the evaluation is no step's time (`StepLog.push`).
+        evaluation.record(evaluate, state.params, step, writer, cfg.objective)
       stop = job.stop_signal()
     steps.flush()
     if stop:
