@@ -318,7 +318,9 @@ def test_a_train_py_workdir_given_as_an_hf_model_names_init_checkpoint(exported)
 @pytest.mark.parametrize("field, value, words", [("head_ratio", 0, "must be a positive whole number"),
                                                  ("num_attention_heads", None, "must be a positive whole number"),
                                                  ("hidden_size", "256", "must be a positive whole number"),
-                                                 ("layer_norm_eps", "1e-12", "must be a number")])
+                                                 ("layer_norm_eps", "1e-12", "must be a number"),
+                                                 ("pad_token_id", "0", "must be a token id \\(a whole number, 0 or "
+                                                                       "more\\) or null")])
 def test_a_malformed_number_in_an_hf_convbert_config_is_one_line(field, value, words):
   """A HF ConvBERT's config.json with a count of 0, null or a string: one line naming the field (before: a
   ZeroDivisionError or TypeError traceback from eval_glue.py's init_hf or analyze's --hf-convbert)."""

@@ -529,9 +529,10 @@ print(float(np.abs(out["auto"] - out["reference"]).max()))
 
 
 @pytest.mark.parametrize("name", ["bert_a", "tupe_a", "convbert"])
-def test_initial_weights_are_drawn_as_the_recipes_draw_them(name):
-  """Dense and embedding kernels N(0, initializer_range), biases 0, LayerNorm scales 1; ConvBERT's depthwise span
-  kernel as the official code draws it: a normal of standard deviation 1/K truncated at two of them (std 0.88/K),
+def test_initial_weights_are_drawn_as_documented(name):
+  """Dense and embedding kernels N(0, initializer_range) (TUPE's fairseq code and HF; the official ConvBERT code
+  truncates it at 2 sigma), biases 0, LayerNorm scales 1; ConvBERT's depthwise span kernel as the official code
+  draws it: a normal of standard deviation 1/K truncated at two of them (std 0.88/K),
   not N(0, 0.02) (HF's; 5x narrower at K=9)."""
   cfg = models.get_config(name, "small")
   cfg.vocab_size = 1000

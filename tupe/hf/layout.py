@@ -127,6 +127,9 @@ def convbert_config(hf: dict, source: str) -> ml_collections.ConfigDict:
   for field in _CONVBERT_REALS:
     if not (isinstance(hf[field], (int, float)) and not isinstance(hf[field], bool)):
       raise UserError(f"{source}: {field}={hf[field]!r} must be a number; mend the config.json")
+  if hf["pad_token_id"] is not None and not (type(hf["pad_token_id"]) is int and hf["pad_token_id"] >= 0):
+    raise UserError(f"{source}: pad_token_id={hf['pad_token_id']!r} must be a token id (a whole number, 0 or more) or "
+                    f"null; mend the config.json")
   attention_heads = max(1, hf["num_attention_heads"] // hf["head_ratio"])
   if hf["hidden_size"] % (2 * attention_heads):
     raise UserError(f"{source}: hidden_size={hf['hidden_size']} is not divisible by twice the "
