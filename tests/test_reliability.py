@@ -424,8 +424,9 @@ BAD_INPUTS = {
                               ["tensorboard is a file, where train.py keeps a folder", "move it away"]),
 }
 VERBOSE = ("unknown config field", "tokenizer vocab != model vocab")  # one per error path of train.py
+# Refused before the data is loaded (`resume.check_before_loading`).
 REFUSED_BEFORE_THE_DATA = ("checkpoint of other batches", "checkpoint of another batch size",
-                           "checkpoint of another architecture", "checkpoint of another PRNG")  # (`resume.check_before_loading`)
+                           "checkpoint of another architecture", "checkpoint of another PRNG")
 OTHER_CONFIGS = {"a file that is not a config": "configs/__init__.py",  # --config, where it is not the tiny run's
                  "unknown model in --config": "configs/pretrain.py:tupe_b,tiny",
                  "missing config file": "configs/nope.py"}

@@ -6,10 +6,10 @@ stream: a checkpoint written with other data settings (those its data source rea
 where its files are and how its examples are kept and batched, `_DATA_STORAGE`; seq_len, global_batch_size, seed),
 with another vocabulary (of the same size: the tokens compared) or over another number of training examples is an
 error, as are parameters of other shapes (another architecture or vocabulary size), another random-number generator
-(`prng_impl`: its key is the state's) and, when the state does not restore, another optimizer structure. Where both runs recorded the key of their examples and it is the same
-(`_same_examples`: a text corpus tokenized on the fly, then its preprocessed shards), only the settings that mask
-the examples are compared, not the source nor the settings that made them. Other
-settings may change (e.g. num_train_steps, to extend a run); they are reported (`warn_changed_settings`).
+(`prng_impl`: its key is the state's) and, when the state does not restore, another optimizer structure. Where both runs
+recorded the key of their examples and it is the same (`_same_examples`: a text corpus tokenized on the fly, then its
+preprocessed shards), only the settings that mask the examples are compared, not the source nor the settings that made
+them. Other settings may change (e.g. num_train_steps, to extend a run); they are reported (`warn_changed_settings`).
 `Compatibility` is what `checkpoint.Checkpointer.restore_latest` calls; what needs no data (the model, sequence
 length, batch and seed, and the number of training examples of shards) is checked before the data is loaded, too
 (`check_before_loading`), and the rest (a text corpus's number of examples, the data settings) once it is loaded,
