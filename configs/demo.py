@@ -4,17 +4,24 @@ docstrings (bundled with Python, no download), a few minutes on a 2-core CPU.
   python train.py --config configs/demo.py --workdir runs/demo
   python train.py --config configs/demo.py:convbert,tiny --workdir runs/demo-convbert   (another model)
 
-The argument is configs/pretrain.py's `<model>,<size>`; the demo's own dimensions replace the size's.
+The argument is configs/pretrain.py's `<model>`, at size tiny, whose recipe the demo takes (the demo's own
+dimensions replace the size's; another size would only relabel them, and GLUE picks a size's learning rates).
 """
 import ml_collections
 
 from configs import pretrain
+from tupe import models
+from tupe.errors import UserError
 
-ARGUMENTS = pretrain.ARGUMENTS  # get_config("<model>,<size>"), for --help
+ARGUMENTS = (("model", models.PRETRAIN_NAMES), ("size", ("tiny",)))  # get_config("<model>[,tiny]"), for --help
 
 
 def get_config(arg: str = "tupe_a,tiny") -> ml_collections.ConfigDict:
-  c = pretrain.get_config(arg)
+  name, _, size = arg.partition(",")
+  if size not in ("", "tiny"):
+    raise UserError(f"the demo has its own dimensions (128 wide, 2 layers), at size tiny: "
+                    f"give configs/demo.py:{name}, or configs/pretrain.py:{arg} for that size's model")
+  c = pretrain.get_config(f"{name},tiny")
   c.model.update(vocab_size=0, hidden_size=128, num_heads=4, intermediate_size=512, num_layers=2)
   c.model.embedding_size = c.model.hidden_size
   c.data.update(source="demo", eval_fraction=0.05)  # 5%: ~300 examples, for 8 eval batches of 32

@@ -78,17 +78,17 @@ def get_config(recipe: str = "tupe") -> ml_collections.ConfigDict:
   # least 1 step (the first step's learning rate is 0).
   c.warmup_ratio = 0.06 if recipe == "tupe" else 0.1
   c.warmup_steps = 0
-  # Dropout while fine-tuning, replacing the checkpoint's (both recipes: 0.1), and the standard deviation of the
-  # classifier head's normal initializer.
-  c.hidden_dropout = 0.1
-  c.attention_dropout = 0.1
-  c.classifier_initializer_range = 0.02
+  c.hidden_dropout = 0.1           # dropout while fine-tuning, replacing the checkpoint's (both recipes: 0.1)
+  c.attention_dropout = 0.1        # on the attention probabilities, replacing the checkpoint's (both recipes: 0.1)
+  c.classifier_initializer_range = 0.02  # the standard deviation of the classifier head's normal initializer
   c.evals_per_epoch = 2 if recipe == "tupe" else 0  # 0: evaluate once, at the end; else keep the best
   c.optimizer = ml_collections.ConfigDict(dict(
       decay="linear", power=1.0, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01, clip_norm=1.0,
       weight_decay_mask="all" if recipe == "tupe" else "no_ln_bias",
-      schedule="warmup_then_decay" if recipe == "tupe" else "decay_times_warmup",  # configs/pretrain.py's comment
-      bias_correction=recipe == "tupe",
+      # "warmup_then_decay": up to the peak, then the decay over the steps left; "decay_times_warmup": the decay over
+      # all steps, times min(1, step / warmup) (ConvBERT's code)
+      schedule="warmup_then_decay" if recipe == "tupe" else "decay_times_warmup",
+      bias_correction=recipe == "tupe",  # Adam's, or none (ConvBERT's and ELECTRA's AdamWeightDecay)
       layerwise_decay=1.0 if recipe == "tupe" else 0.8))
   c.predict_test = True            # GLUE test-server files from each task's best model
   # Fine-tuned models kept (docs/GLUE.md): "best" (the chosen run's in models/<TASK>, and the best seed's of each

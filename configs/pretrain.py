@@ -37,25 +37,30 @@ def common() -> ml_collections.ConfigDict:
   c.num_train_steps = 1_000_000
   c.seed = 0
   c.prng_impl = "rbg"              # jax PRNG for dropout/sampling: "rbg" (fast to compile) or "threefry2x32"
+  # tupe/train/optim.py says what each setting changes.
   c.optimizer = ml_collections.ConfigDict(dict(
       learning_rate=1e-4, end_learning_rate=0.0, warmup_steps=10_000, decay="linear", power=1.0,
-      schedule="warmup_then_decay", b1=0.9, b2=0.999, eps=1e-6, bias_correction=True, weight_decay=0.01,
-      weight_decay_mask="all", clip_norm=1.0))
-  # schedule: "warmup_then_decay" (TUPE's fairseq code: up to the peak, then the decay over the steps left) or
-  # "decay_times_warmup" (ConvBERT's code: the decay over all steps, times min(1, step / warmup)); bias_correction:
-  # Adam's (fairseq's) or none (ConvBERT's and ELECTRA's AdamWeightDecay). tupe/train/optim.py says what they change.
+      schedule="warmup_then_decay",  # "warmup_then_decay" (TUPE's fairseq code: up to the peak, then the decay
+                                     # over the steps left) or "decay_times_warmup" (ConvBERT's code: the decay over
+                                     # all steps, times min(1, step / warmup))
+      b1=0.9, b2=0.999, eps=1e-6,
+      bias_correction=True,          # Adam's (fairseq's), or none (ConvBERT's and ELECTRA's AdamWeightDecay)
+      weight_decay=0.01, weight_decay_mask="all", clip_norm=1.0))
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
   # [logical axis name, mesh axis | [mesh axes] | None] pairs (tupe.train.sharding); () also means these defaults.
   c.sharding_rules = partitioning.DEFAULT_RULES
-  # The workdir's store as well: a bucket workdir's lease lifetime (tupe.store.lease: a crashed job on another host
-  # blocks a rerun this long), how long any wait on a store may last before the job stops, and how long a save in
-  # flight may go on after a stop signal (tupe.store.deadline: keep it within your preemption notice).
-  c.checkpoint = ml_collections.ConfigDict(dict(every_steps=10_000, keep_last=3, keep_every=100_000,
-                                                async_save=True, lease_s=60.0,
-                                                store_timeout_s=deadline.DEFAULT_TIMEOUT_S,
-                                                stop_grace_s=deadline.DEFAULT_STOP_GRACE_S))
+  # Checkpoints, and the workdir's store as well.
+  c.checkpoint = ml_collections.ConfigDict(dict(
+      every_steps=10_000, keep_last=3, keep_every=100_000, async_save=True,
+      lease_s=60.0,  # a bucket workdir's lease lifetime (tupe.store.lease: a crashed job on another host blocks a
+                     # rerun this long)
+      store_timeout_s=deadline.DEFAULT_TIMEOUT_S,  # how long any wait on a store may last before the job stops
+      stop_grace_s=deadline.DEFAULT_STOP_GRACE_S,  # how long a save in flight may go on after a stop signal
+                                                   # (tupe.store.deadline: keep it within your preemption notice)
+  ))
   c.log_every = 100
-  c.eval_every = 10_000            # and after the last step; 0: no eval split, no evaluation
+  c.eval_every = 10_000            # and after the last step; 0: no evaluation (data.eval_fraction is still held
+                                   # out of training: set it to 0 to train on all the text)
   c.eval_batches = 20              # batches per evaluation, at most the eval split's whole batches
   c.nonfinite = "skip"             # non-finite loss/grads: "skip" the update, or "stop" the run
   c.peak_flops = 0.0               # per-device peak FLOP/s for MFU; 0 = data sheet or measured matmul

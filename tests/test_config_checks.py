@@ -120,6 +120,17 @@ def test_a_value_of_the_wrong_type_points_to_the_configs_fields_not_the_librarie
     config_files.check_config_flags(argv)
 
 
+def test_a_config_path_of_the_repository_given_elsewhere_names_the_repository_s_file(tmp_path, monkeypatch):
+  """train.py run from another folder with the README's `--config configs/demo.py`: the line names the repository's
+  file to give (before: "give an existing configs/<file>.py", of a file that exists)."""
+  monkeypatch.chdir(tmp_path)
+  repo = re.escape(str(config_files.REPO))
+  with pytest.raises(UserError, match=f"^--config: cannot load the config file: No such file or directory: "
+                                      f"'configs/demo.py'; the repository's is {repo}/configs/demo.py: give that "
+                                      f"path, or run from {repo}$"):
+    config_files.check_config_flags(["train.py", "--config=configs/demo.py"])
+
+
 def test_the_config_loader_applies_typed_overrides():
   cfg = config_files.load_config("configs/glue.py:tupe", ["seeds=0,1,2", "learning_rates=1e-4,3e-4", "tasks=rte",
                                                           "optimizer.layerwise_decay=0.8"])
@@ -360,3 +371,16 @@ def test_a_missing_required_flag_is_named_with_an_example():
   assert config_files.flags_error(error.value, ["train.py"]) == (
       "--workdir is missing: give it (the run's folder, local, gs://... or s3://..., e.g. --workdir runs/demo); python "
       "train.py --help lists the flags")
+
+
+def test_the_demo_takes_a_model_at_its_own_size():
+  """configs/demo.py:<model> trains the demo's 128-wide model at size tiny's recipe; another size is refused (before:
+  it relabelled the same model "base", which then picked GLUE's base learning rate, and convbert,base failed on its
+  generator's width)."""
+  for spec in ("configs/demo.py:convbert", "configs/demo.py:convbert,tiny"):
+    cfg = config_files.load_config(spec)
+    assert (cfg.model.name, cfg.model.size, cfg.model.hidden_size, cfg.generator_fraction) == ("convbert", "tiny",
+                                                                                                128, 0.25)
+  with pytest.raises(UserError, match=r"the demo has its own dimensions \(128 wide, 2 layers\), at size tiny: give "
+                                      r"configs/demo.py:convbert, or configs/pretrain.py:convbert,base"):
+    config_files.load_config("configs/demo.py:convbert,base")

@@ -330,6 +330,18 @@ def test_a_malformed_number_in_an_hf_convbert_config_is_one_line(field, value, w
   assert layout.convbert_config(dict(layout.CONVBERT_DEFAULTS, model_type="convbert"), "config.json").hidden_size == 768
 
 
+def test_an_hf_convbert_of_no_named_width_says_which_size_it_is_labelled(capsys):
+  """A HF ConvBERT 128 wide (our demo's, exported) is labelled base, whose GLUE learning rates then apply: said in a
+  warning (before: silently, while the same weights read from their train.py checkpoint took tiny's)."""
+  hf = dict(layout.CONVBERT_DEFAULTS, model_type="convbert", hidden_size=128, embedding_size=128,
+            num_attention_heads=4, intermediate_size=256)
+  assert layout.convbert_config(hf, "config.json").size == "base"
+  assert capsys.readouterr().err == ("warning: config.json: hidden_size=128 is no named size's; the model is labelled "
+                                     "base, whose GLUE learning rates apply unless --config.learning_rates is set\n")
+  assert layout.convbert_config(dict(hf, hidden_size=256, embedding_size=128), "config.json").size == "small"
+  assert capsys.readouterr().err == ""
+
+
 def test_unexportable_option_is_one_line(tmp_path, corpus, capsys):
   """ConvBERT with TUPE's untied positions: HF ConvBERT has no such option."""
   cfg = tiny_config("convbert_mlm", corpus[0], corpus[1][True])

@@ -46,7 +46,16 @@ def test_help_with_a_config_lists_its_fields_values_and_comments_and_helpfull_th
   assert re.search(r"^  data.vocab_file = '' +# WordPiece vocab; empty with source demo", out, re.M)  # its docstring
   assert re.search(r"^  model.remat = 'none' +# \"none\", \"full\" or \"dots\"", out, re.M)  # tupe/models/config.py
   assert re.search(r"^  check_memory = True +# refuse a train step that needs more memory", out, re.M)
+  # Every field of a dict(...) the config file explains has its comment (before: none for these five).
+  for field in ("optimizer.schedule", "optimizer.bias_correction", "checkpoint.lease_s", "checkpoint.store_timeout_s",
+                "checkpoint.stop_grace_s"):
+    assert re.search(rf"^  {re.escape(field)} = \S+ +# \S", out, re.M), field
   out = run("eval_glue.py", "--config", "configs/glue.py:convbert", "--help")
+  # Each of the fine-tuning dropouts and the head's initializer has its own comment (before: hidden_dropout's said it
+  # was the initializer's standard deviation, the other two had none).
+  assert re.search(r"^  hidden_dropout = 0.1 +# dropout while fine-tuning", out, re.M)
+  assert re.search(r"^  attention_dropout = 0.1 +# on the attention probabilities", out, re.M)
+  assert re.search(r"^  classifier_initializer_range = 0.02 +# the standard deviation of the classifier", out, re.M)
   assert re.search(r"^  head = 'convbert' +# classifier head", out, re.M)
   assert re.search(r"^  init_checkpoint = '' +# train.py workdir, its checkpoints/ folder or a step\n +# directory",
                    out, re.M)  # a comment continued on the next lines

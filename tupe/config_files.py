@@ -192,8 +192,9 @@ def check_config_flags(argv: list[str]) -> ml_collections.ConfigDict:
   if os.path.isdir(file):
     raise UserError(f"--config {file} is a folder: give a config file, e.g. {example}")
   if not os.path.isfile(file):
-    raise UserError(f"--config: cannot load the config file: No such file or directory: {file!r}; give an "
-                    f"existing configs/<file>.py")
+    in_repo = f"; the repository's is {_find(file)}: give that path, or run from {REPO}" if _find(file) != file else (
+        "; give an existing configs/<file>.py")
+    raise UserError(f"--config: cannot load the config file: No such file or directory: {file!r}{in_repo}")
 
   def parse(args):
     values = flags.FlagValues()

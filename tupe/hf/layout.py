@@ -31,6 +31,7 @@ import ml_collections
 import numpy as np
 
 from tupe import config_files
+from tupe import console
 from tupe import models
 from tupe.errors import UserError
 
@@ -134,7 +135,11 @@ def convbert_config(hf: dict, source: str) -> ml_collections.ConfigDict:
   if hf["hidden_size"] % (2 * attention_heads):
     raise UserError(f"{source}: hidden_size={hf['hidden_size']} is not divisible by twice the "
                     f"{attention_heads} attention heads; such ConvBERT checkpoints are not supported")
-  size = next((name for name, dims in models.SIZES.items() if dims[0] == hf["hidden_size"]), "base")
+  size = next((name for name, dims in models.SIZES.items() if dims[0] == hf["hidden_size"]), None)
+  if size is None:  # (the label picks GLUE's default learning rates)
+    size = "base"
+    console.warn(f"{source}: hidden_size={hf['hidden_size']} is no named size's; the model is labelled base, whose "
+                 f"GLUE learning rates apply unless --config.learning_rates is set")
   cfg = models.get_config("convbert", size)
   cfg.update(
       vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"], num_layers=hf["num_hidden_layers"],
