@@ -414,7 +414,9 @@ def test_a_printed_sweep_command_runs_from_another_folder_and_a_sweep_ends_with_
   eval_losses = [r["eval_loss"] for r in runlog.read_metrics(root / "seed=1") if "eval_loss" in r]
   assert len(losses) == 2  # both steps' losses averaged (the last one's alone before)
   assert seed1 == ["seed=1", f"{sum(losses) / 2:.4f}", f"{eval_losses[-1]:.4f}", str(root / "seed=1")]
-  assert seed0[0] == "seed=0" and seed0[2] == "-" and seed0[3] == str(root / "seed=0")  # trained without evaluations
+  # Trained without evaluations, then found finished by a sweep that evaluates: it evaluates its last checkpoint.
+  evaluated = [r["eval_loss"] for r in runlog.read_metrics(root / "seed=0") if "eval_loss" in r]
+  assert seed0 == ["seed=0", seed0[1], f"{evaluated[-1]:.4f}", str(root / "seed=0")] and len(evaluated) == 1
   # A sweep whose arguments after -- train otherwise, into the same root: refused, not resumed as its own.
   with pytest.raises(errors.UserError, match=rf"^run 1/2 \(seed=0\): {re.escape(str(root / 'seed=0'))} was trained "
                                              r"with other settings \(optimizer.learning_rate=0.001 in the "
