@@ -309,8 +309,8 @@ def test_a_run_killed_while_it_evaluates_evaluates_that_step_again(tmp_path, tra
   proc = train_server(workdir, slow_eval)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert f"checkpoint {STEPS} has reached num_train_steps={STEPS}: nothing to train" in proc.stdout
-  assert (f"checkpoint {STEPS}'s evaluation is not in {workdir / 'metrics.jsonl'} (a run stopped during it): "
-          f"evaluating\n") in proc.stdout and f"eval at step {STEPS}: " in proc.stdout
+  assert (f"checkpoint {STEPS}'s evaluation is not in {workdir / 'metrics.jsonl'} (a run stopped during it, or "
+          f"evaluated less often): evaluating\n") in proc.stdout and f"eval at step {STEPS}: " in proc.stdout
   assert evaluated() == {EVERY, 2 * EVERY, STEPS}
   again = train_server(workdir, slow_eval)  # (recorded: not evaluated again)
   assert again.returncode == 0 and "evaluat" not in again.stdout.split("nothing to train")[-1], again.stdout

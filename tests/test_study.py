@@ -294,6 +294,35 @@ def test_a_rerun_that_extends_the_pre_training_names_the_old_grid_first(studies,
   assert "[study]" not in out and files() == before
 
 
+def test_a_rerun_redoes_a_lost_final_evaluation_and_reports_what_is_missing(studies, tmp_path):
+  """bert_a's final evaluation is not in its metrics (a kill during it, after the checkpoint was saved): the rerun
+  runs its train.py, which evaluates the finished checkpoint (before: skipped as done, the report's eval "-" on every
+  rerun). Then, with bert_a's RTE seeds diverged and one of tupe_a's runs gone, --report-only blanks bert_a's avg and
+  says tupe_a's grid is unfinished (before: "GLUE measures nothing" could be said of the finished ones alone)."""
+  root = tmp_path / "root"
+  shutil.copytree(studies["tupe"], root)
+  metrics = root / "bert_a" / "pretrain" / "metrics.jsonl"
+  metrics.write_text("".join(line for line in metrics.read_text().splitlines(keepends=True)
+                             if not ('"eval_' in line and json.loads(line)["step"] == 4)))
+  out, _ = finish(start_study("tupe", root))
+  assert "pre-train bert_a: resuming at step 4, 4 steps" in out and "[study] 1 stage(s) run" in out, out
+  assert json.loads((root / "report.json").read_text())["variants"]["bert_a"]["pretrain"]["eval"]["mlm_loss"] > 0
+  runs = root / "bert_a" / "glue" / "runs.jsonl"
+  records = [json.loads(line) for line in runs.read_text().splitlines()]
+  for record in records:
+    record.update(score=None, diverged=True, evaluations={"RTE": {"accuracy": None, "score": None}})
+  runs.write_text("".join(json.dumps(record) + "\n" for record in records))
+  tupe_runs = root / "tupe_a" / "glue" / "runs.jsonl"
+  tupe_runs.write_text(tupe_runs.read_text().splitlines(keepends=True)[0])
+  run_study("tupe", root, "--report-only")
+  report = json.loads((root / "report.json").read_text())
+  assert report["variants"]["bert_a"]["glue"]["average"] is None
+  assert report["glue_verdict"].endswith("bert_a: no verdict, a fine-tuning seed diverged (the variant's or "
+                                         "random_init's), so there is no seed average to compare. tupe_a: GLUE not "
+                                         "finished, no verdict yet."), report["glue_verdict"]
+  assert "| bert_a | - (- to -, 2 diverged) | - |" in (root / "report.md").read_text()
+
+
 @pytest.mark.parametrize("name, only", [("convbert", False), ("tupe", False), ("convbert", True)])
 def test_print_lists_every_command(studies, name, only, capsys):
   """--print: every variant's pre-training, then every GLUE grid with the control's last, then every held-out

@@ -300,7 +300,7 @@ def gains_markdown(report: dict, tasks: list[str]) -> list[str]:
   """The gain table over random_init and the verdict."""
   def cell(gain):
     return "-" if gain is None else f"{gain['gain']:+.2f} [{gain['low']:+.2f}, {gain['high']:+.2f}]"
-  verdict = {True: "yes", False: "no", None: "- (a seed diverged)"}
+  verdict = {True: "yes", False: "no", None: "- (no seed average)"}
   rows = [[name] + [cell(gain["tasks"].get(task)) for task in tasks] + [cell(gain["average"]),
                                                                         verdict[gain["beats_random_init"]]]
           for name, gain in report["glue_gains"].items()]

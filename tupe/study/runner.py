@@ -298,8 +298,7 @@ def check_exit(code: int, label: str, rerun: str, command: list[str]) -> None:
   """A command's exit status, as the study's or sweep's own: a stop signal's (130, 143, 129: the command saved what
   it had) stops it too, `Preempted` with that status; another failure is one line naming the command."""
   if code - 128 in signals.STOP_SIGNALS:
-    raise Preempted(f"{label} was stopped by {signals.name(code - 128)} and saved what it had; {rerun}",
-                    code - 128)
+    raise Preempted(f"{label} was stopped by {signals.name(code - 128)} and saved what it had; {rerun}", code - 128)
   if code:
     raise UserError(f"{label} exited with status {code}; {rerun}: {shlex.join(command)}")
 
@@ -324,7 +323,8 @@ def run(cfg, root: storage.Path, variants: list[Variant], call=subprocess.call) 
       label = f"{count}/{total} {stage} {variant.name}"
       step = report.finished_step(variant)
       if stage == "pre-train":
-        if step >= variant.steps:
+        evaluated = not variant.pretrain_cfg.eval_every or report.pretrain_summary(variant)["eval"]["mlm_loss"]
+        if step >= variant.steps and evaluated is not None:  # (else train.py makes the final evaluation it lacks)
           console.log(f"[study] {label}: done (checkpoint {step} of {variant.steps} steps), skipped")
           continue
         console.log(f"[study] {label}: {'resuming at step ' + str(step) if step else 'starting'}, "

@@ -250,7 +250,8 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
     start, state = begun or restored[:2]
     writer = job.enter(runlog.MetricWriter(workdir, tensorboard=cfg.tensorboard, resumed_at=start))
     if evaluate is not None and start and evaluation.missed(workdir, start, cfg.eval_every, cfg.num_train_steps):
-      console.log(f"checkpoint {start}'s evaluation is not in {writer.path} (a run stopped during it): evaluating")
+      console.log(f"checkpoint {start}'s evaluation is not in {writer.path} (a run stopped during it, or evaluated "
+                  f"less often): evaluating")
       evaluation.record(evaluate, state.params, start, writer, cfg.objective)
     if begun is None:
       if cfg.curves and jax.process_index() == 0 and not storage.exists(workdir / "curves.png"):
