@@ -15,16 +15,16 @@ The control, DIR/random_init/ (configs/study.py's `random_init`: the variant who
 only: the same GLUE grid on random weights of that variant's architecture, vocab and casing (eval_glue.py's
 init=random with its checkpoint), so that the report can show what pre-training adds on GLUE.
 
-Rerunning resumes at every level and redoes nothing: a variant whose newest checkpoint has reached
-num_train_steps is not started again (an interrupted one resumes from its checkpoint), a held-out score is kept
-per checkpoint step, and a GLUE grid whose runs are all in runs.jsonl is skipped (an interrupted one resumes
-at its first missing run). Every command's config is loaded and checked, values included, as train.py and
+Rerunning resumes at every level and redoes nothing: a variant whose newest checkpoint has reached num_train_steps (and
+is evaluated, where the recipe evaluates) is not started again (an interrupted one resumes from its checkpoint), a
+held-out score is kept per checkpoint step, and a GLUE grid whose runs are all in runs.jsonl is skipped (an interrupted
+one resumes at its first missing run). Every command's config is loaded and checked, values included, as train.py and
 eval_glue.py check them, before anything runs or is printed; a variant already pre-trained in the root under other
-settings (another seed, recipe or override) is refused (`check_pretrained`), never resumed or reported as this
-study's. Ctrl-C, SIGTERM or a hang-up reaches the command running, which saves; the study then stops with its status.
---print writes the commands, one per line in order, for a scheduler (the last one writes the report);
---report-only writes the report from what is finished. --config.only=bert_a,tupe_a runs those variants alone
-(and the control, whose variant must be among them).
+settings (another seed, recipe or override) is refused (`check_pretrained`), never resumed or reported as this study's.
+Ctrl-C, SIGTERM or a hang-up reaches the command running, which saves; the study then stops with its status. --print
+writes the commands, one per line in order, for a scheduler (the last one writes the report); --report-only writes the
+report from what is finished. --config.only=bert_a,tupe_a runs those variants alone (and the control, whose variant must
+be among them).
 """
 from __future__ import annotations
 
