@@ -194,6 +194,32 @@ def test_listings_see_what_another_client_wrote(gcs_emulator, gcs_bucket):
   assert storage.walk_files(gcs_bucket) == ["d/0", "d/a"]
 
 
+@pytest.mark.parametrize("store", ["gs", "s3"])
+def test_a_folder_is_never_a_file_while_another_host_probes_it(store, request):
+  """Two hosts start one run in a bucket: one writes and removes its write probe in the workdir (all that is there)
+  while the other asks whether the workdir is a file. Asked as "exists, then no folder" (two requests), the probe
+  was often gone between them, and the second host refused its workdir as a file."""
+  import threading
+
+  run = request.getfixturevalue({"gs": "gcs_bucket", "s3": "s3_bucket"}[store]) + "/run"
+  done = threading.Event()
+
+  def probe():
+    while not done.is_set():
+      storage.check_writable(run)
+
+  prober = threading.Thread(target=probe)
+  prober.start()
+  try:
+    answers = [storage.is_file(run) for _ in range(60)]
+  finally:
+    done.set()
+    prober.join()
+  assert not any(answers), f"{sum(answers)} of 60 answers took the workdir for a file"
+  storage.write_text(f"{run}.txt", "")
+  assert storage.is_file(f"{run}.txt") and not storage.is_file(f"{run}/missing")
+
+
 def test_an_append_never_writes_through_a_link(tmp_path):
   """A log in a workdir that is a link to a file elsewhere: the append is refused in one line, and that file is
   left as it was."""

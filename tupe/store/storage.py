@@ -143,8 +143,11 @@ def is_dir(p: PathLike) -> bool:
 
 @_bounded("check")
 def is_file(p: PathLike) -> bool:
+  """In a bucket one request: epath's "exists and is no folder" is two, and a folder whose only object (another
+  host's write probe) went between them read as a file."""
   with errors("check", p):
-    return path(p).is_file()
+    target = path(p)
+    return fsspec.core.url_to_fs(os.fspath(target))[0].isfile(bare(target)) if is_remote(target) else target.is_file()
 
 
 def same_file(a: PathLike, b: PathLike) -> bool:
