@@ -227,6 +227,13 @@ def test_crc32c_matches_the_standard_check_value():
   assert events.masked_crc32c(b"123456789") == (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
+def test_a_scalar_beyond_float32_is_an_infinity_and_a_nan_stays_one():
+  """TensorBoard's simple_value is a float32: a value beyond its range is written as an infinity of its sign, a NaN
+  as a NaN (it compared as beyond the range, and read as +inf)."""
+  floats = [struct.unpack("<f", events.event(0.0, 1, tag="x", value=v)[-4:])[0] for v in (1e39, -1e39, math.nan, 2.5)]
+  assert floats[:2] == [math.inf, -math.inf] and math.isnan(floats[2]) and floats[3] == 2.5
+
+
 def test_a_resumed_run_replaces_the_steps_tensorboard_holds_past_its_checkpoint(tmp_path):
   """An interrupted run logged steps 1-4 and saved at 2; the resumed run logs 3 and 4 again (other values): TensorBoard
   (its own reader) draws each step once, with the resumed run's value. A value beyond float32 is an infinity, not a

@@ -66,13 +66,13 @@ def event(wall_time: float, step: int = 0, file_version: str = "", tag: str = ""
   """An `Event` message: wall_time (field 1, double), step (2, int64), then file_version (3), a SessionLog (7) with
   status START (1: TensorBoard drops the events of this step and later ones that earlier files hold: a resumed run's
   steps, written again) or a summary (5) holding one Value (1) with its tag (1) and simple_value (2, float; one
-  beyond float32's range is written as an infinity of its sign)."""
+  beyond float32's range is written as an infinity of its sign, a NaN as a NaN)."""
   out = b"\x09" + struct.pack("<d", wall_time) + (b"\x10" + _varint(step % 2**64) if step else b"")
   if file_version:
     return out + _field(3, file_version.encode())
   if session_start:
     return out + _field(7, b"\x08\x01")
-  value = value if abs(value) <= _FLOAT32_MAX else math.copysign(math.inf, value)
+  value = value if math.isnan(value) or abs(value) <= _FLOAT32_MAX else math.copysign(math.inf, value)
   scalar = _field(1, tag.encode()) + b"\x15" + struct.pack("<f", value)
   return out + _field(5, _field(1, scalar))
 
