@@ -363,18 +363,20 @@ def test_diverged_run_is_recorded_and_the_grid_goes_on(pretrained, glue_dir, tmp
 
 
 def test_run_that_diverges_after_a_finite_evaluation_says_so(pretrained, glue_dir, tmp_path, capsys):
-  """The warmup's first step has lr 0, so the first evaluation (step 1) is finite and lr 1e15 diverges after it:
+  """The warmup's first step has lr 0, so the first evaluation (step 1) is finite and lr 1e7 diverges after it:
   the run keeps step 1's parameters and score, and its record and log say from which step the loss was NaN."""
-  cfg = glue_cfg(init_checkpoint=str(pretrained), data_dir=str(glue_dir), tasks="stsb", max_train_examples=32,
-                 max_seq_len=32, batch_size=16, eval_batch_size=512, learning_rates=(1e15,), seeds=(0,),
-                 evals_per_epoch=2, predict_test=False, mesh=dict(data=1, fsdp=1, tensor=1))
+  cfg = glue_cfg(init_checkpoint=str(pretrained), data_dir=str(glue_dir), tasks="stsb", max_train_examples=48,
+                 max_seq_len=32, batch_size=16, eval_batch_size=512, learning_rates=(1e7,), seeds=(0,),
+                 evals_per_epoch=3, predict_test=False, mesh=dict(data=1, fsdp=1, tensor=1))
   cfg.epochs.stsb = 2
   finetune.run(cfg, str(tmp_path), devices=jax.devices()[:1])
   (record,) = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
-  assert [h["score"] is None for h in record["dev_history"]] == [False, True, True, True]
+  assert [h["score"] is None for h in record["dev_history"]] == [False] + [True] * 5
   assert record["diverged"] is False and record["best_step"] == 1 and np.isfinite(record["score"])
   assert record["train_loss_nonfinite_from_step"] == 3  # step 2's update is finite; step 3's loss is NaN
-  assert ("warning: [1/1] STS-B lr 1e+15 seed 0 | the training loss was first non-finite at step 3; the kept "
+  # Each epoch's loss is the mean of its steps' finite ones (epoch 1's was null for step 3's); none: null.
+  assert np.isfinite(record["train_loss"][0]) and record["train_loss"][1] is None
+  assert ("warning: [1/1] STS-B lr 1e+07 seed 0 | the training loss was first non-finite at step 3; the kept "
           "parameters are from step 1, before it\n" in capsys.readouterr().err)
 
 

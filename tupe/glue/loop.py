@@ -65,6 +65,7 @@ def finetune(cfg, setup: task_model.TaskSetup, data: glue_data.TaskData, encoder
   When no evaluation was finite the record says "diverged": true and there are no test predictions. A run that
   diverged after a finite evaluation keeps that evaluation's parameters and score; its record's
   "train_loss_nonfinite_from_step" (None when every training loss was finite) says from which step it had.
+  The record's "train_loss" is each epoch's mean over its steps of finite loss (None where none was).
   The record's "degenerate" says, per dev evaluation of the kept parameters, why their predictions are
   degenerate (all one class, or a constant score: `glue_metrics.degenerate`); {} when none is.
   A step whose loss, gradients or update are not finite is skipped (the training core's guard: no update);
@@ -115,7 +116,8 @@ def finetune(cfg, setup: task_model.TaskSetup, data: glue_data.TaskData, encoder
           dev(step, state.params)  # (no step's time: the rates restart with the next step, `StepLog.push`)
         after_step(step)
       epoch_loss = np.asarray(jax.device_get(losses))
-      epoch_losses.append(float(epoch_loss.mean()))
+      finite = epoch_loss[np.isfinite(epoch_loss)]  # (a skipped step's, as the progress lines leave them out)
+      epoch_losses.append(float(finite.mean()) if finite.size else math.nan)
     steps.flush()
   best, best_params = dev.best, dev.best_params
   diverged = not math.isfinite(best["score"])
