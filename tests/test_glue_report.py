@@ -74,7 +74,7 @@ def test_markdown_table():
       "WNLI", 1e-5, 0, {"accuracy": 56.3, "score": 56.3}, 56.3)])
   lines = table.splitlines()
   assert lines[0] == "| task | score | lr 1e-05 | lr 2e-05 | lr 3e-05 | lr 5e-05 | best lr | metrics at best lr |"
-  assert lines[1] == "|---|---|---|---|---|---|---|---|"
+  assert lines[1] == "|---|---|---|---|---|---|---:|---|"  # (the best lr, a number)
   assert lines[2] == ("| CoLA | mcc | - | 60.00 (58.00 to 62.00, 5 seeds) | 70.00 (68.00 to 72.00, 5 seeds) | "
                       "**80.00 (78.00 to 82.00, 5 seeds)** | 5e-05 | mcc 80.00 |")
   assert lines[3].startswith("| RTE | accuracy | - | 75.00 (73.00 to 77.00, 5 seeds) | "

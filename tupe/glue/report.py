@@ -197,19 +197,20 @@ def markdown_table(records: Iterable[RunRecord]) -> str:
   records = list(records)
   summary = summarize(records)
   lrs = sorted({lr_result.lr for result in summary for lr_result in result.by_lr})
-  lines = ["| task | score | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " | best lr | metrics at best lr |",
-           "|---|---|" + "---|" * len(lrs) + "---|---|"]
+  rows = []
   for result in summary:
     cells = {}
     for lr_result in result.by_lr:
       cell = _cell(lr_result)
       cells[lr_result.lr] = f"**{cell}**" if lr_result is result.best else cell
     details = ", ".join(f"{name} {_points(value)}" for name, value in result.best.metrics.items() if name != "score")
-    lines.append(f"| {result.task} | {glue_metrics.score_metric(result.task)} | "
-                 + " | ".join(cells.get(lr, "-") for lr in lrs) + f" | {result.best.lr:g} | {details} |")
-  lines += ["", "Median over seeds, a diverged seed counting as the worst score (min-max over the seeds that did "
-            "not diverge, number of seeds, how many diverged); bold: the best learning rate, the highest median of "
-            "the runs' scores (MNLI: the mean of MNLI-m and MNLI-mm).", ""]
+    rows.append([result.task, glue_metrics.score_metric(result.task), *(cells.get(lr, "-") for lr in lrs),
+                 f"{result.best.lr:g}", details])
+  header = ["task", "score", *(f"lr {lr:g}" for lr in lrs), "best lr", "metrics at best lr"]
+  lines = [present.markdown_table(header, rows).rstrip("\n"), "",
+           "Median over seeds, a diverged seed counting as the worst score (min-max over the seeds that did "
+           "not diverge, number of seeds, how many diverged); bold: the best learning rate, the highest median of "
+           "the runs' scores (MNLI: the mean of MNLI-m and MNLI-mm).", ""]
   for average in averages(summary):
     value = "n/a" if average.value is None else f"{average.value:.2f}"
     lines.append(f"- {average.label}: {value}")

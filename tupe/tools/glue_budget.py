@@ -30,6 +30,7 @@ import math
 import subprocess
 
 from tupe import console
+from tupe import present
 from tupe.errors import UserError
 from tupe.store import outputs
 from tupe.store import storage
@@ -97,19 +98,20 @@ def markdown(report: dict) -> str:
   name, tasks = report["variant"], study_report.scored(report["tasks"])
   number = lambda value: "-" if value is None else f"{value:.2f}"
   gain_cell = lambda g: "-" if g is None else f"{g['gain']:+.2f} [{g['low']:+.2f}, {g['high']:+.2f}]"
-  lines = [f"# GLUE budget: {name} against random initialisation ({report['study']} study, {report['scale']})", "",
-           "Per task: the median at the best learning rate, pre-trained / random init, and the gain with its seed "
-           "range [variant min - control max, variant max - control min]. Minutes: the sum of each grid's runs.", "",
-           "| budget | overrides | " + " | ".join(tasks) + f" | avg gain | beats random init | minutes ({name} / "
-           f"random_init) |", "|---|---|" + "---|" * len(tasks) + "---|---|---|"]
+  rows = []
   for budget, result in report["budgets"].items():
     ours, control = result["glue"][name], result["glue"][runner.CONTROL]
     gain = result["gain"] or {"tasks": {}, "average": None, "beats_random_init": False}
     cells = [f"{number(ours['tasks'].get(t, {}).get('median'))} / {number(control['tasks'].get(t, {}).get('median'))}"
              f" ({gain_cell(gain['tasks'].get(t))})" for t in tasks]
-    lines.append(f"| {budget} | {', '.join(report['overrides'][budget]) or '(the recipe)'} | " + " | ".join(cells)
-                 + f" | {gain_cell(gain['average'])} | {'yes' if gain['beats_random_init'] else 'no'} | "
-                 f"{result['minutes'][name]:.1f} / {result['minutes'][runner.CONTROL]:.1f} |")
+    rows.append([budget, ", ".join(report["overrides"][budget]) or "(the recipe)", *cells, gain_cell(gain["average"]),
+                 "yes" if gain["beats_random_init"] else "no",
+                 f"{result['minutes'][name]:.1f} / {result['minutes'][runner.CONTROL]:.1f}"])
+  header = ["budget", "overrides", *tasks, "avg gain", "beats random init", f"minutes ({name} / random_init)"]
+  lines = [f"# GLUE budget: {name} against random initialisation ({report['study']} study, {report['scale']})", "",
+           "Per task: the median at the best learning rate, pre-trained / random init, and the gain with its seed "
+           "range [variant min - control max, variant max - control min]. Minutes: the sum of each grid's runs.", "",
+           present.markdown_table(header, rows).rstrip("\n")]
   chosen = report["chosen"]
   lines += ["", f"Chosen: `{chosen}`, the cheapest budget whose gain's whole seed range is above 0 with grids of at "
             f"most {report['max_grid_minutes']:g} minutes." if chosen else
