@@ -313,7 +313,7 @@ def run_command(command: list[str], label: str, call=subprocess.call, prefix: st
   console.log(f"{prefix} {label}: finished in {console.format_duration(time.time() - start)}")
 
 
-def run(cfg, root: storage.Path, variants: list[Variant], call=subprocess.call) -> int:
+def run(cfg, variants: list[Variant], call=subprocess.call) -> int:
   """Runs what is not finished, stage by stage, each command with `call` (`run_command`); returns the number of
   (stage, variant) steps run."""
   total, ran, count = sum(len(variant.stages) for variant in variants), 0, 0
@@ -393,7 +393,7 @@ def main(argv: list[str], call=subprocess.call) -> None:
     check_glue_settings(variants)
     console.log(f"[study] {cfg.study} at scale {cfg.scale}: {console.plural(len(variants), 'variant')} "
                 f"({', '.join(v.name for v in variants)}) in {root}")
-    ran = run(cfg, root, variants, call)
+    ran = run(cfg, variants, call)
     console.log(f"[study] {ran} stage(s) run, {sum(len(v.stages) for v in variants) - ran} already done")
   paths = report.write(cfg, root, variants)
   console.log(f"[study] wrote {', '.join(str(p) for p in paths)}")
