@@ -258,11 +258,13 @@ def test_the_s3_adaptor_refuses_another_orbax_release():
 
 def test_old_module_names_warn_and_lead_to_the_new_ones():
   """An old module moved whole is the new one; one whose contents went to several places finds each name where it
-  went (before, `tupe.cli` was `tupe.config_files` alone, so `cli.run` was an AttributeError), and says so."""
+  went (before, `tupe.cli` was `tupe.config_files` alone, so `cli.run` was an AttributeError), and says so. The old
+  tupe/study.py, now a package, forwards its names (they were an AttributeError)."""
   script = ("import warnings\nwarnings.simplefilter('error')\nfrom tupe import cli, checkpoint\n"
             "for get in (lambda: __import__('tupe').flops, lambda: cli.run, lambda: cli.load_config,\n"
             "            lambda: checkpoint.Checkpointer, lambda: cli.nothing):\n"
             "  try:\n    get()\n  except (DeprecationWarning, AttributeError) as e:\n    print(e)\n"
+            "from tupe import study\ntry:\n  study.load_study\nexcept DeprecationWarning as e:\n  print(e)\n"
             "warnings.simplefilter('ignore')\nfrom tupe import flops\nfrom tupe.train import flops as new\n"
             "from tupe.run import cli as run_cli\nprint(flops is new, cli.run is run_cli.run)")
   proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -272,7 +274,8 @@ def test_old_module_names_warn_and_lead_to_the_new_ones():
       f"tupe.cli.load_config has moved to tupe.config_files.load_config; {then}",
       f"tupe.checkpoint.Checkpointer has moved to tupe.store.checkpointer.Checkpointer; {then}",
       "tupe.cli had no 'nothing' that is still in tupe.config_files, tupe.run.cli: it was renamed or removed "
-      "(docs/ARCHITECTURE.md says what is where)", "True True"], proc.stderr[-2000:]
+      "(docs/ARCHITECTURE.md says what is where)",
+      f"tupe.study.load_study has moved to tupe.study.runner.load_study; {then}", "True True"], proc.stderr[-2000:]
 
 
 def test_the_entry_points_catch_signals_before_jax_is_imported():

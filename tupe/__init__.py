@@ -19,7 +19,8 @@ import types
 import warnings
 
 # The modules of the flat layout before the layers, for one release: `from tupe import trainer` still works, with a
-# DeprecationWarning naming the new place (`import tupe.trainer` does not). A module whose contents went to several
+# DeprecationWarning naming the new place (`import tupe.trainer` does not). tupe/study.py became a package: its
+# names are forwarded by tupe/study/__init__.py. A module whose contents went to several
 # places lists them all: each name is looked up in them in turn, and its warning names the one that holds it.
 _MOVED = {
     "trainer": ("tupe.train.pretrain", "tupe.train.evaluation", "tupe.train.progress", "tupe.train.core"),
@@ -45,14 +46,19 @@ class _Split(types.ModuleType):
     self._places = places
 
   def __getattr__(self, attr: str):
-    for place in self._places:
-      module = importlib.import_module(place)
-      if hasattr(module, attr):
-        warnings.warn(f"{self.__name__}.{attr} has moved to {place}.{attr}; {_WARNING}", DeprecationWarning,
-                      stacklevel=2)
-        return getattr(module, attr)
-    raise AttributeError(f"{self.__name__} had no {attr!r} that is still in {', '.join(self._places)}: it was "
-                         f"renamed or removed (docs/ARCHITECTURE.md says what is where)")
+    return moved(self.__name__, self._places, attr)
+
+
+def moved(old: str, places: tuple[str, ...], attr: str):
+  """Name `attr` of old module `old`, from the first of `places` that holds it, with a DeprecationWarning naming it
+  (for the caller of the module's `__getattr__`)."""
+  for place in places:
+    module = importlib.import_module(place)
+    if hasattr(module, attr):
+      warnings.warn(f"{old}.{attr} has moved to {place}.{attr}; {_WARNING}", DeprecationWarning, stacklevel=3)
+      return getattr(module, attr)
+  raise AttributeError(f"{old} had no {attr!r} that is still in {', '.join(places)}: it was renamed or removed "
+                       f"(docs/ARCHITECTURE.md says what is where)")
 
 
 def __getattr__(name: str):

@@ -74,7 +74,6 @@ def main(argv: list[str]) -> None:
   parser.add_argument("--tfds-text-key", default="text", help="the text's feature in a TFDS record (default text)")
   parser.add_argument("--cache-dir", default="", help="where the demo vocab is cached")
   args = parser.parse_args(argv[1:])
-  parallel.limit_threads()
 
   cfg = pipeline.default_data_config()
   cfg.update(vocab_file=args.vocab, lowercase=not args.cased, packing=args.packing, eval_fraction=args.eval_fraction,
@@ -118,4 +117,5 @@ def preprocess(data_cfg, seq_len: int, output: storage.PathLike, workers: int = 
 
 if __name__ == "__main__":
   from tupe.run import process
+  parallel.limit_threads()  # (this process's setup, as its workers': one core each)
   process.run_main(main)

@@ -2,3 +2,15 @@
 with `python -m tupe.study`), its report, config sweeps, held-out scoring and the analysis of what an encoder
 learned about positions.
 """
+
+# The names of the flat layout's tupe/study.py, which this package replaced, now in `runner`: for one release, with
+# a DeprecationWarning naming the new place (`tupe.moved`).
+_OLD_NAMES = frozenset({"STAGES", "CONTROL", "Variant", "load_study", "data_path", "check_inputs", "glue_command",
+                        "plan", "make_variant", "evaluate_command", "glue_pending", "run_command", "run", "main"})
+
+
+def __getattr__(name: str):
+  if name not in _OLD_NAMES:
+    raise AttributeError(f"module 'tupe.study' has no attribute {name!r}")
+  import tupe  # pylint: disable=import-outside-toplevel
+  return tupe.moved("tupe.study", ("tupe.study.runner",), name)
