@@ -70,8 +70,10 @@ def test_runs_from_another_checkpoint_step_are_refused_and_the_step_can_be_pinne
 
   train_on(init, 4)  # The init workdir moves on: its newest checkpoint is now step 4.
   cfg.seeds = (0, 1)
+  config = (workdir / "config.json").read_text()
   with pytest.raises(UserError) as e:
     run(cfg, workdir)
+  assert (workdir / "config.json").read_text() == config  # (it named the refused command's seeds)
   assert str(e.value) == (
       f"{workdir} holds runs fine-tuned from checkpoint 2 ({init}/checkpoints/2), but --config.init_checkpoint now "
       f"gives checkpoint 4 ({init}/checkpoints/4): use a new --workdir, or pin the step of those runs: "
@@ -179,7 +181,7 @@ def test_runs_recorded_with_the_older_settings_digest_resume(tmp_path):
                                                    "settings": runs_lib.settings_digest(cfg, before=True)}) + "\n")
   assert runs_lib.settings_digest(cfg, before=True) != runs_lib.settings_digest(cfg)
   runs_lib.check_resume(cfg, tmp_path)
-  (tmp_path / "config.json").unlink()
+  assert not (tmp_path / "config.json").exists()  # (written once the command's every check has passed)
   cfg.compilation_cache_dir = "/another/cache"
   with pytest.raises(UserError, match=r"holds 1 runs fine-tuned under other settings"):
     runs_lib.check_resume(cfg, tmp_path)

@@ -229,6 +229,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
     encoder = backbone_lib.encoder_params(backbone, mesh, rules)
     if any(pending.values()):
       stop.before_run(first=True)
+    runs_lib.record_config(cfg, workdir)
     job.started()  # Bad input, a signal, any failure before here: no workdir left behind.
     _run_grid(cfg, workdir, tasks, pending, data, lrs, backbone, identity, encoder, mesh, rules, stop)
   results = workdir / "results.json"

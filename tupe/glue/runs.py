@@ -168,9 +168,15 @@ def check_resume(cfg, workdir: storage.Path) -> None:
                     f"{other[0]['settings']}, now {digest}; {why}, so the fields cannot be named): use a new "
                     f"--workdir, or rerun with those runs' settings")
   check_warmup_rounding(cfg, workdir, runs)
+
+
+def record_config(cfg, workdir: storage.Path) -> None:
+  """Writes config.json (the config `check_resume` compares the next command's with) and drops a run cut while being
+  recorded in runs.jsonl (run again, with one warning); once every check of the command has passed: a refused
+  command leaves the workdir as it was."""
   if jax.process_index() == 0:
-    jsonlog.repair(workdir, "runs")  # a run cut while being recorded: dropped (and run again), with one warning
-    storage.write_text(path, json.dumps(new, indent=2) + "\n")
+    jsonlog.repair(workdir, "runs")
+    storage.write_text(workdir / "config.json", json.dumps(json.loads(cfg.to_json_best_effort()), indent=2) + "\n")
 
 
 def check_warmup_rounding(cfg, workdir: storage.Path, runs: list[dict]) -> None:
