@@ -161,6 +161,7 @@ def test_qqp_rows_with_a_missing_field_are_left_out_with_one_warning(tmp_path, c
                "1\t3\t4\tA cut row\n" + "2\t5\t6\tHow?\tHow so?\t1\n")
   examples = glue.load_split(tmp_path, "QQP", "train")
   assert [(e.text_a, e.label) for e in examples] == [("Why?", 0), ("How?", 1)]
+  assert glue.load_split(tmp_path, "QQP", "train") == examples  # read again (checked, then encoded): warned once
   assert capsys.readouterr().err.splitlines() == [
       f"warning: left out 1 row of {path} with a missing or extra field (line 3): GLUE's QQP files hold a few, which "
       f"TFDS and TUPE's preprocessing leave out too"]
