@@ -479,6 +479,29 @@ def test_schedule_errors_come_before_any_run(pretrained, glue_dir, tmp_path):
   assert not (tmp_path / "out" / "runs.jsonl").exists()  # SST-2, selected first, did not run either.
 
 
+def test_a_stop_after_a_step_comes_before_its_dev_evaluation(pretrained, glue_dir, bert_vocab, tmp_path):
+  """The stop check after a step (`after_step`: a signal's safe point) runs before that step's dev evaluation: a
+  stop during an evaluated step no longer waits for the evaluation (all of MNLI's dev rows), whose result the
+  unrecorded run would throw away."""
+  cfg = glue_cfg(init_checkpoint=str(pretrained), data_dir=str(glue_dir), **dict(OVERRIDES, max_train_examples=64))
+  cfg.epochs.sst2, cfg.lowercase, cfg.evals_per_epoch = 1, True, 4
+  mesh = sharding.make_mesh(cfg.mesh, jax.devices()[:1])
+  task = glue.get_task("sst2")
+  data = glue_data.load_task_data(cfg, task, bert_vocab, with_test=False)
+  backbone = pretrained_backbone(pretrained, bert_vocab)
+  setup = task_model.build_task(cfg, backbone, task, len(data.train["idx"]), mesh,
+                                partitioning.rules_from_config(cfg.sharding_rules))
+
+  def stop_at_step_2(step):
+    if step == 2:
+      raise InterruptedError(f"stopped at step {step}")
+
+  with pytest.raises(InterruptedError):
+    loop.finetune(cfg, setup, data, backbone.params, 1e-3, 0, "test", tmp_path, 1e12, stop_at_step_2)
+  records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in records if "eval_score" in r] == [1]  # step 1's, and not step 2's
+
+
 def test_scanned_backbone_fine_tunes_as_the_unrolled_one(pretrained, glue_dir, bert_vocab, tmp_path):
   """A backbone with model.scan_layers (stacked [layers, ...] params, as a scanned checkpoint holds them)
   fine-tunes to the same losses and dev score as the same weights unrolled (two layers of different weights, so

@@ -59,7 +59,8 @@ class DevEvaluations:
 def finetune(cfg, setup: task_model.TaskSetup, data: glue_data.TaskData, encoder, lr: float, seed: int, label: str,
              run_dir: storage.Path, peak_flops: float, after_step: Callable[[int], None] = lambda step: None):
   """One run. Returns (its runs.jsonl record, test predictions {evaluation: (idx, values)} of the kept params,
-  the kept params). `after_step(step)` is called after every training step (it may raise to stop the run).
+  the kept params). `after_step(step)` is called after every training step, before its dev evaluation (it may raise
+  to stop the run).
 
   The kept parameters are those of the best dev evaluation, a non-finite score ranking below every finite one.
   When no evaluation was finite the record says "diverged": true and there are no test predictions. A run that
@@ -111,10 +112,10 @@ def finetune(cfg, setup: task_model.TaskSetup, data: glue_data.TaskData, encoder
         if step == 1 and watch.compiled:  # (left out of the rates, which start with the first step: `StepLog.push`)
           console.log(f"{label} | train step {watch.line()}")
         steps.push(step, dict(metrics, epoch=step / spe))
+        after_step(step)  # (before the step's dev evaluation: a stop would wait for it, and the run is not recorded)
         if job_lib.itstime(step, evals_every, setup.total_steps):
           steps.flush()
           dev(step, state.params)  # (no step's time: the rates restart with the next step, `StepLog.push`)
-        after_step(step)
       epoch_loss = np.asarray(jax.device_get(losses))
       finite = epoch_loss[np.isfinite(epoch_loss)]  # (a skipped step's, as the progress lines leave them out)
       epoch_losses.append(float(finite.mean()) if finite.size else math.nan)
