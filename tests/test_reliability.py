@@ -480,6 +480,16 @@ def test_bad_input_is_one_line(name, bad_input_runs, skipped_run):
     assert "train data:" not in proc.stdout and "compiling the train step" not in proc.stdout, proc.stdout
 
 
+def test_a_tfds_dataset_not_prepared_is_one_line(inputs, train_server, tmp_path):
+  """TFDS logs a warning of its own for a dataset folder without its dataset_info.json: quieted, as the error says
+  the dataset is not prepared there (before, the warning came as a second line before it)."""
+  proc = train_server(tmp_path / "run", {"data.source": "tfds", "data.tfds_name": "glue/rte",
+                                         "data.tfds_data_dir": str(tmp_path / "tfds"),
+                                         "data.vocab_file": str(inputs / "vocab.txt")})
+  assert proc.returncode == 2 and error_line(proc).startswith(
+      f"error: TFDS glue/rte split train is not available in {tmp_path / 'tfds'} (no prepared glue/rte in ")
+
+
 def test_a_text_corpus_of_another_size_is_refused_before_the_step_compiles(inputs, train_server, tmp_path):
   """A text corpus's number of training examples is known once it is tokenized (the checkpoint's meta records that
   number only, nothing cheaper to compare before): a resume on a corpus of another size is refused as soon as the

@@ -9,7 +9,8 @@ user who imports tupe keeps every hook, filter and logger as it was. What is qui
     (asyncio's "never retrieved", unawaited coroutines, reads still in flight on a closed loop): the failure
     reaches `Checkpointer`'s caller, which reports it in one line;
   - config_flags' warning that a config file's get_config returned None: the config loader refuses it in one line
-    (`tupe.config_files`);
+    (`tupe.config_files`); TFDS's warning that a dataset's folder has no dataset_info.json: the reader says in one
+    line that the dataset is not prepared there (`tupe.data.readers`);
   - JAX's multi-line warning about a compilation-cache entry it could not read or write, and its warning about an
     entry over the cache's bound: one line, as JAX goes on without the entry.
 """
@@ -39,6 +40,7 @@ def install() -> None:
   logging.getLogger("absl").addFilter(  # orbax's logger
       lambda record: not (record.exc_info and record.levelno >= logging.ERROR and _is_orbax_file(record.pathname)))
   logging.getLogger("absl").addFilter(lambda record: "get_config() returned None" not in record.getMessage())
+  logging.getLogger("absl").addFilter(lambda record: "has no dataset_info.json" not in record.getMessage())
   _ignore_reads_left_by_failed_restores()
   logging.getLogger("asyncio").addFilter(lambda record: "was never retrieved" not in record.getMessage())
   warnings.filterwarnings("ignore", message="coroutine .* was never awaited", category=RuntimeWarning)
