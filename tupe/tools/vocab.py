@@ -1,7 +1,8 @@
-"""Trains a WordPiece vocab on plain-text files (documents separated by blank lines, Project Gutenberg
-header/footer stripped), as a BERT vocab.txt.
+"""Trains a WordPiece vocab on a corpus, read as train.py reads it (plain text: documents separated by blank lines,
+Project Gutenberg header/footer stripped; or one document per line, JSON lines, Parquet), as a BERT vocab.txt.
 
   python -m tupe.tools.vocab --input 'corpus/*.txt' --vocab-size 30522 --output vocab.txt [--cased]
+  python -m tupe.tools.vocab --input 'wiki/*.parquet' --format parquet --output vocab.txt
 """
 if __name__ == "__main__":  # First, before the heavy imports: a stop signal while they load is one line.
   from tupe.run import start
@@ -18,13 +19,20 @@ from tupe.store import outputs
 
 def main(argv: list[str]) -> None:
   parser = console.ArgumentParser("python -m tupe.tools.vocab", __doc__)
-  parser.add_argument("--input", required=True, help="comma-separated globs of UTF-8 text files")
+  parser.add_argument("--input", required=True, help="comma-separated globs of the corpus's files")
+  parser.add_argument("--format", default="text", choices=("text", "lines", "jsonl", "parquet"),
+                      help="text, lines, jsonl or parquet, as train.py's data.format (default text)")
+  parser.add_argument("--text-field", default="text", help="the text's field (jsonl) or column (parquet); default "
+                      "text")
+  parser.add_argument("--documents", default="paragraphs", choices=("paragraphs", "files"),
+                      help="a text file's documents: paragraphs (the default) or files")
   parser.add_argument("--vocab-size", type=int, default=30522, help="tokens in the vocab, special tokens and "
                       "alphabet included (default 30522, BERT's)")
   parser.add_argument("--output", required=True, help="vocab.txt to write")
-  parser.add_argument("--cased", action="store_true", help="keep case and accents (default: uncased)")
+  parser.add_argument("--cased", action="store_true", help="keep case and accents (default: uncased); train with "
+                      "--config.data.lowercase=false then")
   args = parser.parse_args(argv[1:])
-  source = dict(format="text", documents="paragraphs", files=args.input)
+  source = dict(format=args.format, documents=args.documents, text_field=args.text_field, files=args.input)
   inputs = units.plan_inputs(source)
   outputs.check(args.output, "--output", "vocab.txt", tuple(("--input", entry["name"]) for entry in inputs))
   # In a child process: the tokenizer's training (native code) would hold off a stop signal until it returns.
@@ -40,7 +48,8 @@ def main(argv: list[str]) -> None:
          if size > args.vocab_size else
          f": fewer than --vocab-size {args.vocab_size}, all the word pieces this text has; train with "
          f"--config.model.vocab_size=0 (the model takes the tokenizer's size)")
-  console.out(f"wrote {path} ({size} tokens{why})")
+  console.out(f"wrote {path} ({size} tokens{why})" + ("; a cased vocab: train with --config.data.lowercase=false"
+                                                      if args.cased else ""))
 
 
 def _train(source: dict, inputs: list[dict], vocab_size: int, lowercase: bool) -> list[str]:
