@@ -95,6 +95,29 @@ def test_vocab_tool_reads_jsonl_and_parquet_as_train_py_does(shared_data, tmp_pa
   assert capsys.readouterr().out.endswith("; a cased vocab: train with --config.data.lowercase=false\n")
 
 
+def test_a_vocab_whose_case_the_text_does_not_match_is_warned_of(bert_vocab, tmp_path, capsys):
+  """A cased vocab read with the text lowercased (its capitalised tokens never occur), or BERT's uncased one read with
+  the text's capitals kept (9% of a novel's tokens became [UNK]): one warning naming the setting; none where they
+  agree."""
+  cased, uncased = tmp_path / "cased.txt", tmp_path / "uncased.txt"  # (new paths: a vocab is loaded once a process)
+  cased.write_text("\n".join([*tokenizer.SPECIAL_TOKENS, "The", "the", "a", "##s", "Mr"]) + "\n")
+  uncased.write_bytes(bert_vocab.read_bytes())
+  for path, lowercase in ((uncased, True), (cased, False)):
+    tokenizer.load_tokenizer(path, lowercase)
+    err = capsys.readouterr().err
+    assert "is cased" not in err and "is uncased" not in err, err
+  tokenizer.load_tokenizer(cased, True)
+  assert capsys.readouterr().err == (
+      f"warning: vocab file {cased} is cased (2 tokens with capitals, e.g. 'The'), but the text is lowercased "
+      f"first, so those tokens never occur: for a cased vocab set --config.data.lowercase=false "
+      f"(tupe.data.preprocess: --cased)\n")
+  tokenizer.load_tokenizer(uncased, False)
+  assert capsys.readouterr().err.endswith(
+      f"warning: vocab file {uncased} is uncased (no token holds a capital), but the text keeps its capitals, so "
+      f"its capitalised words become [UNK] or pieces: for an uncased vocab set --config.data.lowercase=true "
+      f"(tupe.data.preprocess: leave out --cased)\n")
+
+
 def test_vocab_missing_special_tokens(bert_vocab, tmp_path):
   broken = tmp_path / "vocab.txt"
   broken.write_text("".join(t + "\n" for t in bert_vocab.read_text().splitlines() if t not in ("[MASK]", "[PAD]")))

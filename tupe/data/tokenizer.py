@@ -83,6 +83,7 @@ def _load(path: str, lowercase: bool, mtime: float):
   tokens = read_vocab(path)
   vocab = token_ids(tokens)
   warn_repeated_lines(f"vocab file {path}", tokens)
+  warn_casing(path, tokens, lowercase)
   tokenizer = wordpiece(tokens, lowercase)
   info = TokenizerInfo(vocab_size=len(tokens), pad_id=vocab[PAD], unk_id=vocab[UNK], cls_id=vocab[CLS],
                        sep_id=vocab[SEP], mask_id=vocab[MASK], vocab_file=path, lowercase=lowercase)
@@ -104,6 +105,22 @@ def warn_repeated_lines(where: str, tokens: list[str]) -> None:
     console.warn(f"{where} has {console.plural(repeats, 'line')} that {verb} an earlier line's token (e.g. "
                  f"{tokens[later]!r}, lines {vocab[tokens[later]] + 1} and {later + 1}): text is encoded with each "
                  f"token's first line, so the ids of the later lines never occur")
+
+
+def warn_casing(path: str, tokens: list[str], lowercase: bool) -> None:
+  """One warning where the vocab's case and the text's disagree: a cased vocab (at least 1% of its tokens hold
+  capitals) read with the text lowercased, whose capitalised tokens then never occur; or an uncased one (no token
+  holds a capital) read with the text's capitals kept, whose capitalised words become [UNK] or pieces."""
+  words = [t for t in tokens if not (t.startswith("[") and t.endswith("]"))]  # (special and [unusedN] tokens)
+  cased = [t for t in words if t != t.lower()]
+  if lowercase and len(cased) >= 0.01 * len(tokens):
+    console.warn(f"vocab file {path} is cased ({console.plural(len(cased), 'token')} with capitals, e.g. "
+                 f"{cased[0]!r}), but the text is lowercased first, so those tokens never occur: for a cased vocab "
+                 f"set --config.data.lowercase=false (tupe.data.preprocess: --cased)")
+  elif not lowercase and not cased and any(t != t.upper() for t in words):
+    console.warn(f"vocab file {path} is uncased (no token holds a capital), but the text keeps its capitals, so its "
+                 f"capitalised words become [UNK] or pieces: for an uncased vocab set --config.data.lowercase=true "
+                 f"(tupe.data.preprocess: leave out --cased)")
 
 
 def wordpiece(tokens: list[str], lowercase: bool = True) -> tokenizers.Tokenizer:
