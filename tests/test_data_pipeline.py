@@ -2,6 +2,7 @@
 import collections
 import multiprocessing
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -182,7 +183,7 @@ def test_config_errors(text_cfg, change, match):
     pipeline.make_pretrain_iterator(cfg, seq_len=SEQ_LEN, batch_size=4, seed=0)
 
 
-def test_argument_errors(text_cfg):
+def test_argument_errors(text_cfg, tmp_path):
   with pytest.raises(UserError, match="seq_len 4 is too small"):
     pipeline.make_pretrain_iterator(text_cfg, seq_len=4, batch_size=4, seed=0)
   with pytest.raises(UserError, match=r"rows \(2, 6\) are not a slice of a batch of 4"):
@@ -193,8 +194,19 @@ def test_argument_errors(text_cfg):
     pipeline.make_pretrain_iterator(dict(text_cfg, shuffle=True), seq_len=SEQ_LEN, batch_size=4, seed=0)
   cfg = text_cfg.copy_and_resolve_references()
   cfg.eval_fraction = 0.0
-  with pytest.raises(UserError, match="the eval split has 0 examples.*larger data.eval_fraction"):
+  with pytest.raises(UserError, match=r"^the eval split has 0 examples: set data.eval_fraction above 0 \(the "):
     pipeline.make_pretrain_iterator(cfg, seq_len=SEQ_LEN, batch_size=4, seed=0, split="eval")
+  # One paragraph per line and no blank line between them: one document, of which 1% holds out none.
+  one = tmp_path / "one_document.txt"
+  one.write_text("The first line of a text.\nThe second line of it.\nAnd a third one.\n")
+  cfg.update(files=str(one), eval_fraction=0.5)
+  with pytest.raises(UserError, match=re.escape(
+      "the eval split has 0 examples: use a bigger corpus or a larger data.eval_fraction (it holds out 1 document in 2: "
+      "a corpus of fewer holds none); a text file's documents are its paragraphs, separated by blank lines: for "
+      "one per line, --config.data.format=lines; or train without evaluations: --config.eval_every=0")):
+    pipeline.make_pretrain_iterator(cfg, seq_len=SEQ_LEN, batch_size=4, seed=0, split="eval")
+  cfg.format = "lines"
+  assert len(pipeline.PretrainData(cfg, seq_len=SEQ_LEN, split="eval")) > 0
 
 
 def test_the_shard_cache_changes_no_batch(text_cfg, tmp_path):

@@ -177,8 +177,17 @@ class PretrainData:
       if self.cfg.source == "arrayrecord":
         fix = (f"the shards in {self.cfg.files} hold none; preprocess a bigger corpus"
                + (" or with a larger --eval-fraction" if split == "eval" else "") + " into a new folder")
+      elif split == "eval" and self.cfg.documents == "files":
+        fix = "use a bigger corpus or a larger data.eval_fraction (it holds out that share of each file's paragraphs)"
+      elif split == "eval":
+        fix = (f"use a bigger corpus or a larger data.eval_fraction (it holds out 1 document in "
+               f"{1 / self.cfg.eval_fraction:.4g}: a corpus of fewer holds none)" if self.cfg.eval_fraction > 0 else
+               "set data.eval_fraction above 0 (the recipes' 0.01)")
+        if self.cfg.source == "text" and self.cfg.format == "text":
+          fix += ("; a text file's documents are its paragraphs, separated by blank lines: for one per line, "
+                  "--config.data.format=lines")
       else:
-        fix = "use a bigger corpus" + (" or a larger data.eval_fraction" if split == "eval" else "")
+        fix = "use a bigger corpus"
       raise UserError(f"the {split} split has 0 examples: {fix}"
                       + ("; or train without evaluations: --config.eval_every=0" if split == "eval" else ""))
     self.masker = masking.Masker(self.info, self.cfg.masking, self.cfg.mask_prob,
