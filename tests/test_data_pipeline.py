@@ -201,9 +201,9 @@ def test_argument_errors(text_cfg, tmp_path):
   one.write_text("The first line of a text.\nThe second line of it.\nAnd a third one.\n")
   cfg.update(files=str(one), eval_fraction=0.5)
   with pytest.raises(UserError, match=re.escape(
-      "the eval split has 0 examples: use a bigger corpus or a larger data.eval_fraction (it holds out 1 document in 2: "
-      "a corpus of fewer holds none); a text file's documents are its paragraphs, separated by blank lines: for "
-      "one per line, --config.data.format=lines; or train without evaluations: --config.eval_every=0")):
+      "the eval split has 0 examples: use a bigger corpus or a larger data.eval_fraction (it holds out 1 document "
+      "in 2: a corpus of fewer holds none); a text file's documents are its paragraphs, separated by blank lines: "
+      "for one per line, --config.data.format=lines; or train without evaluations: --config.eval_every=0")):
     pipeline.make_pretrain_iterator(cfg, seq_len=SEQ_LEN, batch_size=4, seed=0, split="eval")
   cfg.format = "lines"
   assert len(pipeline.PretrainData(cfg, seq_len=SEQ_LEN, split="eval")) > 0
