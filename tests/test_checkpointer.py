@@ -254,6 +254,20 @@ def test_settings_older_configs_left_implicit_are_not_reported_as_changed():
       "model.scan_layers=False in the checkpoint, True now"]
 
 
+def test_the_resume_warning_says_the_schedule_is_recomputed_only_where_it_changed(capsys):
+  """Another Adam beta or weight-decay mask leaves the learning-rate schedule as it was: the warning names the
+  setting and no recomputed schedule (it said "recomputed" for any optimizer field)."""
+  config = json.loads(pretrain.get_config("tupe_a,tiny").to_json_best_effort())
+  saved = meta_lib.create(config, [], 1)
+  for field, value, recomputed in (("b1", 0.8, False), ("weight_decay_mask", "no_ln_bias", False),
+                                   ("learning_rate", 2e-3, True), ("power", 2.0, True)):
+    now = json.loads(json.dumps(config))
+    now["optimizer"][field] = value
+    resume.warn_changed_settings(lambda step: 0.5, 30, saved, meta_lib.create(now, [], 1))
+    err = capsys.readouterr().err
+    assert f"optimizer.{field}=" in err and ("the learning-rate schedule is recomputed" in err) == recomputed, err
+
+
 def test_a_checkpoint_of_another_vocabulary_of_the_same_size_is_refused(tmp_path):
   """Same size, so the parameters fit: the tokens are compared, and a run that would read every id as another
   token is refused in one line."""

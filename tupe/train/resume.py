@@ -261,12 +261,17 @@ def warn_retention(step: int, saved_meta: CheckpointMeta, meta: CheckpointMeta) 
                  f"already in the workdir are kept or removed by the new rule")
 
 
+# The settings the learning rate at each step is computed from (`tupe.train.optim.schedule`).
+_SCHEDULE = ("num_train_steps", "optimizer.learning_rate", "optimizer.end_learning_rate", "optimizer.warmup_steps",
+             "optimizer.decay", "optimizer.power", "optimizer.schedule")
+
+
 def warn_changed_settings(lr_schedule, step: int, saved_meta: CheckpointMeta, meta: CheckpointMeta) -> None:
   """Logs the settings that differ from the checkpoint's, and the learning rate a schedule change gives."""
   changed = changed_settings(saved_meta.config, meta.config, _same_examples(saved_meta, meta))
   if not changed:
     return
-  schedule = any(c.startswith(("num_train_steps=", "optimizer.")) for c in changed)
+  schedule = any(c.startswith(tuple(f"{field}=" for field in _SCHEDULE)) for c in changed)
   note = (f"; the learning-rate schedule is recomputed with the new values: {float(lr_schedule(step)):.3e} "
           f"at step {step}" if schedule else "")
   console.warn(f"resuming checkpoint {step} with other settings than it was written with: "
