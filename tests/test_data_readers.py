@@ -69,6 +69,11 @@ def test_jsonl_with_a_text_field(wiki_paragraphs, tmp_path):
     assert found == want and tallies[str(path)].bad_records == 3
   found, tallies = documents_of("jsonl", str(path), text_field="text")
   assert found == [] and tallies[str(path)].bad_records == len(records) + 3
+  # The input's line names what a bad record is: a line that is no JSON object counts too (it said "without the
+  # text field", and the file held none without it).
+  assert report.lines({"c.jsonl": Tally(documents=2, bad_records=2)}) == [
+      "input c.jsonl: kept 2 documents, 0 characters, 0 text tokens; dropped 2 bad records (not a JSON object with "
+      "text in its text field)"]
 
 
 def test_a_lone_surrogate_escape_in_jsonl_is_dropped_and_counted(tmp_path):

@@ -69,7 +69,7 @@ def lines(tallies: dict[str, Tally]) -> list[str]:
   for name, t in tallies.items():
     dropped = [console.plural(n, noun) + what for n, noun, what in (
         (t.empty_documents, "empty document", ""), (t.undecodable_bytes, "undecodable byte", " (not UTF-8)"),
-        (t.bad_records, "record", " without the text field"),
+        (t.bad_records, "bad record", " (not a JSON object with text in its text field)"),
         (t.gutenberg_characters, "character", " of Gutenberg licence")) if n]
     out.append(f"input {name}: kept {_kept(t)}; dropped {', '.join(dropped) if dropped else 'nothing'}")
   if len(tallies) < 2:
