@@ -1,7 +1,9 @@
 """WordPiece tokenizer: BERT vocab, special ids, normalization, training a vocab that round-trips."""
 import pytest
 
+from tupe.data import build
 from tupe.data import corpus
+from tupe.data import pipeline
 from tupe.data import tokenizer
 from tupe.data import wordpiece
 from tupe.errors import UserError
@@ -97,22 +99,29 @@ def test_vocab_tool_reads_jsonl_and_parquet_as_train_py_does(shared_data, tmp_pa
 
 def test_a_vocab_whose_case_the_text_does_not_match_is_warned_of(bert_vocab, tmp_path, capsys):
   """A cased vocab read with the text lowercased (its capitalised tokens never occur), or BERT's uncased one read with
-  the text's capitals kept (9% of a novel's tokens became [UNK]): one warning naming the setting; none where they
-  agree."""
-  cased, uncased = tmp_path / "cased.txt", tmp_path / "uncased.txt"  # (new paths: a vocab is loaded once a process)
+  the text's capitals kept (9% of a novel's tokens became [UNK]): one warning naming the setting, where the corpus is
+  planned (in the main process: a preprocess's workers print nothing); none where they agree."""
+  cased, uncased = tmp_path / "cased.txt", tmp_path / "uncased.txt"  # (new paths: a vocab is checked once a process)
   cased.write_text("\n".join([*tokenizer.SPECIAL_TOKENS, "The", "the", "a", "##s", "Mr"]) + "\n")
   uncased.write_bytes(bert_vocab.read_bytes())
+  (tmp_path / "corpus.txt").write_text("The text.\n\nMr Darcy.\n")
+  cfg = pipeline.default_data_config()
+  cfg.update(source="text", files=str(tmp_path / "corpus.txt"))
+
+  def plan(vocab_file, lowercase):
+    cfg.lowercase = lowercase
+    build.make_plan(pipeline.checked_config(cfg, 64), 64, str(vocab_file))
+    return capsys.readouterr().err
+
   for path, lowercase in ((uncased, True), (cased, False)):
-    tokenizer.load_tokenizer(path, lowercase)
-    err = capsys.readouterr().err
+    err = plan(path, lowercase)
     assert "is cased" not in err and "is uncased" not in err, err
-  tokenizer.load_tokenizer(cased, True)
-  assert capsys.readouterr().err == (
+  assert plan(cased, True) == (
       f"warning: vocab file {cased} is cased (2 tokens with capitals, e.g. 'The'), but the text is lowercased "
       f"first, so those tokens never occur: for a cased vocab set --config.data.lowercase=false "
       f"(tupe.data.preprocess: --cased)\n")
-  tokenizer.load_tokenizer(uncased, False)
-  assert capsys.readouterr().err.endswith(
+  assert plan(cased, True) == ""  # (once)
+  assert plan(uncased, False).endswith(
       f"warning: vocab file {uncased} is uncased (no token holds a capital), but the text keeps its capitals, so "
       f"its capitalised words become [UNK] or pieces: for an uncased vocab set --config.data.lowercase=true "
       f"(tupe.data.preprocess: leave out --cased)\n")

@@ -27,6 +27,7 @@ from tupe.data.tokenizer import TokenizerInfo
 from tupe.data.tokenizer import encode
 from tupe.data.tokenizer import load_tokenizer
 from tupe.data.tokenizer import read_vocab
+from tupe.data.tokenizer import warn_casing
 from tupe.data.tokenizer import warn_repeated_lines
 from tupe.errors import UserError
 from tupe.store import storage
@@ -79,8 +80,11 @@ def make_plan(data_cfg, seq_len: int, vocab_file: str, unit_bytes: int | None = 
   source = source_settings(data_cfg)
   inputs = units.plan_inputs(source)
   # Its special tokens checked before the plan is written (else the folder would hold a plan that the fixed vocab's
-  # rerun is refused for), and its repeated lines said here, once: the workers that tokenize print nothing.
-  warn_repeated_lines(f"vocab file {storage.path(vocab_file)}", read_vocab(vocab_file))
+  # rerun is refused for), and its repeated lines and a case the text's does not match said here, once: the workers
+  # that tokenize print nothing.
+  tokens = read_vocab(vocab_file)
+  warn_repeated_lines(f"vocab file {storage.path(vocab_file)}", tokens)
+  warn_casing(str(storage.path(vocab_file)), tokens, data_cfg.lowercase)
   unit_bytes = unit_bytes or default_unit_bytes(inputs)
   return dict(source=source, inputs=inputs, units=units.plan_units(inputs, unit_bytes, data_cfg.documents == "files"),
               unit_bytes=unit_bytes, vocab_file=str(storage.path(vocab_file)),

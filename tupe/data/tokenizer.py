@@ -22,6 +22,7 @@ PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
 CONTINUATION_PREFIX = "##"
 _REPEATS_SAID: set[tuple] = set()  # the vocabs that `warn_repeated_lines` warned about in this process
+_CASING_SAID: set[tuple[str, bool]] = set()  # the vocabs and settings `warn_casing` has checked in this process
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +84,6 @@ def _load(path: str, lowercase: bool, mtime: float):
   tokens = read_vocab(path)
   vocab = token_ids(tokens)
   warn_repeated_lines(f"vocab file {path}", tokens)
-  warn_casing(path, tokens, lowercase)
   tokenizer = wordpiece(tokens, lowercase)
   info = TokenizerInfo(vocab_size=len(tokens), pad_id=vocab[PAD], unk_id=vocab[UNK], cls_id=vocab[CLS],
                        sep_id=vocab[SEP], mask_id=vocab[MASK], vocab_file=path, lowercase=lowercase)
@@ -108,9 +108,13 @@ def warn_repeated_lines(where: str, tokens: list[str]) -> None:
 
 
 def warn_casing(path: str, tokens: list[str], lowercase: bool) -> None:
-  """One warning where the vocab's case and the text's disagree: a cased vocab (at least 1% of its tokens hold
-  capitals) read with the text lowercased, whose capitalised tokens then never occur; or an uncased one (no token
-  holds a capital) read with the text's capitals kept, whose capitalised words become [UNK] or pieces."""
+  """One warning per process and vocab where the vocab's case and the pre-training text's disagree: a cased vocab
+  (at least 1% of its tokens hold capitals) read with the text lowercased, whose capitalised tokens then never
+  occur; or an uncased one (no token holds a capital) read with the text's capitals kept, whose capitalised words
+  become [UNK] or pieces. (Said where a corpus is planned, `tupe.data.build.make_plan`: the workers print nothing.)"""
+  if (path, lowercase) in _CASING_SAID:
+    return
+  _CASING_SAID.add((path, lowercase))
   words = [t for t in tokens if not (t.startswith("[") and t.endswith("]"))]  # (special and [unusedN] tokens)
   cased = [t for t in words if t != t.lower()]
   if lowercase and len(cased) >= 0.01 * len(tokens):
