@@ -71,8 +71,8 @@ def test_jsonl_with_a_text_field(wiki_paragraphs, tmp_path):
   assert found == [] and tallies[str(path)].bad_records == len(records) + 3
   # The input's line names what a bad record is: a line that is no JSON object counts too (it said "without the
   # text field", and the file held none without it).
-  assert report.lines({"c.jsonl": Tally(documents=2, bad_records=2)}) == [
-      "input c.jsonl: kept 2 documents, 0 characters, 0 text tokens; dropped 2 bad records (not a JSON object with "
+  assert report.lines({"c.jsonl": Tally(documents=2, characters=9, tokens=3, bad_records=2)}) == [
+      "input c.jsonl: kept 2 documents, 9 characters, 3 text tokens; dropped 2 bad records (not a JSON object with "
       "text in its text field)"]
 
 

@@ -92,6 +92,11 @@ def test_vocab_tool_reads_jsonl_and_parquet_as_train_py_does(shared_data, tmp_pa
     assert len(vocabs[fmt]) == 800 and "\u201c" in vocabs[fmt], fmt
     assert not [t for t in vocabs[fmt] if "u201" in t or t in ("{", "}")], fmt
     assert len(set(vocabs[fmt]) & set(vocabs["lines"])) > 0.95 * 800, fmt
+  # Another text field: every record dropped, refused as train.py refuses the corpus (it wrote a vocab of the five
+  # special tokens, and said to train with it), and nothing written.
+  with pytest.raises(UserError, match=r"^the corpus holds no text: all \d+ records were dropped as not a JSON object"):
+    vocab.main(["vocab", "--input", str(tmp_path / "c.jsonl"), "--format", "jsonl", "--output", str(tmp_path / "x")])
+  assert not (tmp_path / "x").exists()
   vocab.main(["vocab", "--input", str(tmp_path / "c.txt"), "--format", "lines", "--vocab-size", "800", "--cased",
               "--output", str(tmp_path / "cased.txt")])
   assert capsys.readouterr().out.endswith("; a cased vocab: train with --config.data.lowercase=false\n")

@@ -57,9 +57,10 @@ def merged(tallies: list[dict[str, dict[str, int]]]) -> dict[str, Tally]:
 
 
 def _kept(t: Tally) -> str:
-  """What an input (or all of them) kept: "1 document, 1,204 characters, 318 text tokens"."""
-  return (f"{console.plural(t.documents, 'document')}, {console.plural(t.characters, 'character')}, "
-          f"{console.plural(t.tokens, 'text token')}")
+  """What an input (or all of them) kept: "1 document, 1,204 characters, 318 text tokens" (no tokens where its
+  documents were read but not tokenized: a kept document has at least one)."""
+  tokens = f", {console.plural(t.tokens, 'text token')}" if t.tokens or not t.documents else ""
+  return f"{console.plural(t.documents, 'document')}, {console.plural(t.characters, 'character')}{tokens}"
 
 
 def lines(tallies: dict[str, Tally]) -> list[str]:

@@ -203,7 +203,14 @@ def plan_units(inputs: list[dict], unit_bytes: int, whole_files: bool) -> list[l
   return cutter.units
 
 
-def all_documents(source: dict, inputs: list[dict]) -> Iterator[str]:
-  """Every document of the inputs, streamed in order (e.g. to train a vocab on)."""
+def all_documents(source: dict, inputs: list[dict], tallies: dict[str, Tally]) -> Iterator[str]:
+  """Every document of the inputs, streamed in order (e.g. to train a vocab on), each input's counts in
+  `tallies[name]`: documents and characters kept (not tokenized: no tokens counted) and what was dropped."""
   for entry in inputs:
-    yield from readers.documents(source, entry, *whole(entry), Tally())
+    tally = tallies.setdefault(entry["name"], Tally())
+    for document in readers.documents(source, entry, *whole(entry), tally):
+      if document.strip():
+        tally.documents, tally.characters = tally.documents + 1, tally.characters + len(document)
+      else:
+        tally.empty_documents += 1
+      yield document

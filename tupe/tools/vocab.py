@@ -10,6 +10,7 @@ if __name__ == "__main__":  # First, before the heavy imports: a stop signal whi
 
 from tupe import console
 from tupe import signals
+from tupe.data import build
 from tupe.data import tokenizer
 from tupe.data import units
 from tupe.errors import Interrupted
@@ -37,10 +38,11 @@ def main(argv: list[str]) -> None:
   outputs.check(args.output, "--output", "vocab.txt", tuple(("--input", entry["name"]) for entry in inputs))
   # In a child process: the tokenizer's training (native code) would hold off a stop signal until it returns.
   try:
-    tokens = signals.call_in_child(_train, source, inputs, args.vocab_size, not args.cased)
+    tokens, tallies = signals.call_in_child(_train, source, inputs, args.vocab_size, not args.cased)
   except Interrupted as e:
     raise Preempted(f"stopped by {signals.name(e.signum)} while training the vocab: nothing was written; rerun the "
                     f"same command", e.signum) from None
+  build.check_not_empty(sum(t.documents for t in tallies.values()), tallies)  # (as train.py refuses the corpus)
   path = tokenizer.write_vocab(tokens, args.output)
   size = len(tokens)
   why = ("" if size == args.vocab_size else
@@ -52,9 +54,12 @@ def main(argv: list[str]) -> None:
                                                       if args.cased else ""))
 
 
-def _train(source: dict, inputs: list[dict], vocab_size: int, lowercase: bool) -> list[str]:
-  """The vocab's tokens, trained on the documents of `inputs` (in the child process of `main`)."""
-  return tokenizer.wordpiece_tokens(units.all_documents(source, inputs), vocab_size, lowercase)
+def _train(source: dict, inputs: list[dict], vocab_size: int, lowercase: bool) -> tuple[list[str], dict]:
+  """The vocab's tokens, trained on the documents of `inputs`, and each input's `Tally` (in the child process of
+  `main`)."""
+  tallies = {}
+  tokens = tokenizer.wordpiece_tokens(units.all_documents(source, inputs, tallies), vocab_size, lowercase)
+  return tokens, tallies
 
 
 if __name__ == "__main__":
