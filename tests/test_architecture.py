@@ -264,7 +264,8 @@ def test_old_module_names_warn_and_lead_to_the_new_ones():
             "for get in (lambda: __import__('tupe').flops, lambda: cli.run, lambda: cli.load_config,\n"
             "            lambda: checkpoint.Checkpointer, lambda: cli.nothing):\n"
             "  try:\n    get()\n  except (DeprecationWarning, AttributeError) as e:\n    print(e)\n"
-            "from tupe import study\ntry:\n  study.load_study\nexcept DeprecationWarning as e:\n  print(e)\n"
+            "from tupe import study\nfor name in ('load_study', 'finished_step', 'heldout_done'):\n  try:\n"
+            "    getattr(study, name)\n  except (DeprecationWarning, AttributeError) as e:\n    print(e)\n"
             "warnings.simplefilter('ignore')\nfrom tupe import flops\nfrom tupe.train import flops as new\n"
             "from tupe.run import cli as run_cli\nprint(flops is new, cli.run is run_cli.run)")
   proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -275,7 +276,10 @@ def test_old_module_names_warn_and_lead_to_the_new_ones():
       f"tupe.checkpoint.Checkpointer has moved to tupe.store.checkpointer.Checkpointer; {then}",
       "tupe.cli had no 'nothing' that is still in tupe.config_files, tupe.run.cli: it was renamed or removed "
       "(docs/ARCHITECTURE.md says what is where)",
-      f"tupe.study.load_study has moved to tupe.study.runner.load_study; {then}", "True True"], proc.stderr[-2000:]
+      f"tupe.study.load_study has moved to tupe.study.runner.load_study; {then}",
+      f"tupe.study.finished_step has moved to tupe.study.report.finished_step; {then}",
+      "tupe.study had no 'heldout_done' that is still in tupe.study.runner, tupe.study.report: it was renamed or "
+      "removed (docs/ARCHITECTURE.md says what is where)", "True True"], proc.stderr[-2000:]
 
 
 def test_the_entry_points_catch_signals_before_jax_is_imported():
