@@ -207,6 +207,10 @@ def test_argument_errors(text_cfg, tmp_path):
     pipeline.make_pretrain_iterator(cfg, seq_len=SEQ_LEN, batch_size=4, seed=0, split="eval")
   cfg.format = "lines"
   assert len(pipeline.PretrainData(cfg, seq_len=SEQ_LEN, split="eval")) > 0
+  cfg.update(format="text", documents="files")  # a file's last paragraphs held out: a file of one, none
+  with pytest.raises(UserError, match=re.escape("(it holds out that share of each file's last paragraphs, separated "
+                                                "by blank lines: a file of one paragraph holds none)")):
+    pipeline.PretrainData(cfg, seq_len=SEQ_LEN, split="eval")
 
 
 def test_the_shard_cache_changes_no_batch(text_cfg, tmp_path):

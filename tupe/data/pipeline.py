@@ -178,7 +178,8 @@ class PretrainData:
         fix = (f"the shards in {self.cfg.files} hold none; preprocess a bigger corpus"
                + (" or with a larger --eval-fraction" if split == "eval" else "") + " into a new folder")
       elif split == "eval" and self.cfg.documents == "files":
-        fix = "use a bigger corpus or a larger data.eval_fraction (it holds out that share of each file's paragraphs)"
+        fix = ("use a bigger corpus or a larger data.eval_fraction (it holds out that share of each file's last "
+               "paragraphs, separated by blank lines: a file of one paragraph holds none)")
       elif split == "eval":
         fix = (f"use a bigger corpus or a larger data.eval_fraction (it holds out 1 document in "
                f"{1 / self.cfg.eval_fraction:.4g}: a corpus of fewer holds none)" if self.cfg.eval_fraction > 0 else
