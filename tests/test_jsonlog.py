@@ -66,6 +66,7 @@ def test_a_damaged_line_inside_is_skipped_with_one_warning(tmp_path, capsys):
   (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "lo{"step": 3, "loss": 1.0}\n'
                                           '{"step": 4, "loss": 0.5}\n')
   assert [r["step"] for r in runlog.read_metrics(tmp_path)] == [1, 4]
+  assert [r["step"] for r in runlog.read_metrics(tmp_path)] == [1, 4]  # read again: warned once
   assert capsys.readouterr() == ("", f"warning: {tmp_path / 'metrics.jsonl'}: skipped 1 unreadable line (line 2: "
                                      f"'{{\"step\": 2, \"lo{{\"step\": 3, \"loss\": 1.0}}')\n")
 

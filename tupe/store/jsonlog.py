@@ -25,7 +25,7 @@ from tupe.store import storage
 
 SEGMENT_RECORDS = 1000  # records per segment in a bucket
 _TAIL_BYTES = 1 << 16  # how much of a local log's end is read to check its last line
-
+_SKIPPED_SAID: set[tuple] = set()  # the unreadable lines `read` has warned of in this process
 
 _LATER = r"-(\d{5})\.jsonl"  # a later segment's ending (`_segment`): metrics-00001.jsonl, ...
 
@@ -56,7 +56,7 @@ def _preview(text: str) -> str:
 def read(directory: storage.PathLike, name: str) -> list[dict]:
   """Every record of log `name` in `directory`, in order ([] when there is none).
 
-  A torn last line is left out silently; any other unreadable line is left out with one warning.
+  A torn last line is left out silently; any other unreadable line is left out with one warning (once a process).
   """
   records, bad = [], []
   paths = segments(directory, name)
@@ -70,7 +70,8 @@ def read(directory: storage.PathLike, name: str) -> list[dict]:
         records.append(record)
       elif not (i == len(paths) - 1 and n == len(lines)):  # the last line, with no newline after it: torn
         bad.append((path, n, line.decode("utf-8", errors="replace")))
-  if bad:
+  if bad and tuple(bad) not in _SKIPPED_SAID:  # (a command reads a log more than once: GLUE's runs.jsonl six times)
+    _SKIPPED_SAID.add(tuple(bad))
     path, n, line = bad[0]
     console.warn(f"{path}: skipped {console.plural(len(bad), 'unreadable line')} (line {n}: {_preview(line)})"
                  + (f" and {len(bad) - 1} more" if len(bad) > 1 else ""))
