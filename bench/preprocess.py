@@ -73,7 +73,8 @@ def checkout(ref: str, folder: str) -> str:
 
 
 # Runs preprocess's main in a process that then prints its own CPU seconds (its workers' not included) on stderr.
-_MAIN_CPU = ("import resource, sys; from tupe.data import preprocess; preprocess.main(sys.argv); "
+_MAIN_CPU = ("import resource, sys; from tupe.data import parallel, preprocess; parallel.limit_threads(); "
+             "preprocess.main(sys.argv); "  # (as its __main__ block: one core for the tokenizer)
              "u = resource.getrusage(resource.RUSAGE_SELF); "
              "print('MAIN_CPU', u.ru_utime + u.ru_stime, file=sys.stderr)")
 
