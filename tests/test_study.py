@@ -341,6 +341,8 @@ def test_print_lists_every_command(studies, name, only, capsys):
   copied = "bert_a" if name == "tupe" else "convbert"
   assert "--config.init=random" in control and any(w.endswith(f"{copied}/pretrain") for w in control)
   assert "--report-only" in commands[-1] and (f"--config.only={','.join(names)}" in commands[-1]) == only
+  # The report's command repeats the overrides as typed (a relative data_root): it runs where the study was planned.
+  assert commands[-1][:3] == ["cd", os.getcwd(), "&&"], commands[-1]
 
 
 def test_evaluate_is_deterministic_and_tells_checkpoints_apart(studies, shared_data):

@@ -383,7 +383,7 @@ def main(argv: list[str], call=subprocess.call) -> None:
             + shlex.join(evaluate_command(cfg, variant, variant.steps)))
     spec_file, _, spec_arg = args.config.partition(":")
     spec = f"{storage.local(spec_file)}:{spec_arg}" if spec_arg else storage.local(spec_file)
-    console.out(f"PYTHONPATH={shlex.quote(str(config_files.REPO))} " + shlex.join(
+    console.out(f"cd {shlex.quote(os.getcwd())} && PYTHONPATH={shlex.quote(str(config_files.REPO))} " + shlex.join(
         [sys.executable, "-m", "tupe.study", f"--config={spec}", f"--root={root}", "--report-only"] + overrides))
     return
   if args.report_only and not storage.is_dir(root):  # (the report would be an empty one, in a new folder)

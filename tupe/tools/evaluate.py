@@ -1,4 +1,4 @@
-"""Scores a pre-training checkpoint on a text file: masked-LM loss and accuracy, as one JSON line.
+"""Scores a pre-training checkpoint on a text file: masked-LM loss and accuracy, as one JSON line (stdout's last).
 
   python -m tupe.tools.evaluate --checkpoint WORKDIR --text-file FILE [--seed S] [--max-examples N]
       [--batch-size B] [--out FILE.json]
