@@ -203,9 +203,11 @@ def plan_units(inputs: list[dict], unit_bytes: int, whole_files: bool) -> list[l
   return cutter.units
 
 
-def all_documents(source: dict, inputs: list[dict], tallies: dict[str, Tally]) -> Iterator[str]:
+def all_documents(source: dict, inputs: list[dict], tallies: dict[str, Tally] | None = None) -> Iterator[str]:
   """Every document of the inputs, streamed in order (e.g. to train a vocab on), each input's counts in
-  `tallies[name]`: documents and characters kept (not tokenized: no tokens counted) and what was dropped."""
+  `tallies[name]` where given: documents and characters kept (not tokenized: no tokens counted) and what was
+  dropped."""
+  tallies = {} if tallies is None else tallies
   for entry in inputs:
     tally = tallies.setdefault(entry["name"], Tally())
     for document in readers.documents(source, entry, *whole(entry), tally):
