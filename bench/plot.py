@@ -80,7 +80,8 @@ def plot_train_step(records: list[dict], figure) -> str:
   steps = [r for r in records if "tokens_per_s" in r]
   ratios = {(r["seq"], model): ratio for r in records if "step_time_ratio" in r
             for model, ratio in r["step_time_ratio"].items()}
-  label = lambda r: r["model"] + (f" {r['variant']}" if r.get("variant") else "")  # as train_step's summary
+  # As train_step's summary labels its ratios: by recipe (convbert_mlm), which older records lack (their model name).
+  label = lambda r: r.get("recipe", r["model"]) + (f" {r['variant']}" if r.get("variant") else "")
   models = list(dict.fromkeys(label(r) for r in steps))
   lengths = sorted({r["seq"] for r in steps})
   value = lambda key, seq, model: next((r[key] for r in steps if (r["seq"], label(r)) == (seq, model)), np.nan)

@@ -275,8 +275,8 @@ def main(argv=None) -> list[dict]:
       overlapped[k].append(runners[k].overlapped(args.steps))
     bench.progress(f"repeat {i + 1}/{repeats}: " + ", ".join(
         f"{label} {tokens / bench.median(t[-1]):.0f} tokens/s" for label, t in zip(labels, times)))
-  records = [dict(r.record(sum(t, []), o, peak), **bench.machine(), **({"variant": v} if v else {}))
-             for r, t, o, (_, v) in zip(runners, times, overlapped, specs)]
+  records = [dict(r.record(sum(t, []), o, peak), recipe=recipe_name(spec), **bench.machine(),
+                  **({"variant": v} if v else {})) for r, t, o, (spec, v) in zip(runners, times, overlapped, specs)]
   if peak[1].startswith("measured"):  # On a shared CPU, the best of the matmuls before and after the steps.
     after = flops_lib.measured_matmul_peak(512 if args.tiny else 2048)
     for record in records:

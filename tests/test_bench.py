@@ -580,6 +580,21 @@ def test_plot_tells_a_gpu_round_and_a_train_step_variant_apart(tmp_path):
   plotted([died, step, anchor], tmp_path, "gpu_round")
 
 
+def test_a_train_step_chart_draws_each_recipes_ratio():
+  """train_step's summary names its ratios by recipe (convbert_mlm), its records by model (convbert): each bar
+  labelled by its record's recipe gets its ratio (ConvBERT's was dropped)."""
+  from tupe import present
+
+  base = {"size": "base", "batch": 512, "seq": 128, "dtype": "bfloat16", "step_time_s": 0.1, "mfu": 0.3}
+  records = [dict(base, model=m, recipe=r, tokens_per_s=t) for m, r, t in
+             (("bert_a", "bert_a", 6.6e5), ("tupe_a", "tupe_a", 6e5), ("convbert", "convbert_mlm", 5.8e5))]
+  records.append({"compare": ["bert_a", "tupe_a", "convbert_mlm"], "seq": 128,
+                  "step_time_ratio": {"tupe_a": 1.1, "convbert_mlm": 1.14}})
+  figure = present.new_figure(8, 4)
+  plot.plot_train_step(records, figure)
+  assert sorted(t.get_text() for t in figure.axes[0].texts if "step" in t.get_text()) == ["step x1.100", "step x1.140"]
+
+
 def run_gpu_round(tmp_path, parts: str, env: dict | None = None) -> subprocess.CompletedProcess:
   return subprocess.run(["bash", "bench/gpu_round.sh", str(tmp_path / "gpu.jsonl")], cwd=bench.REPO,
                         capture_output=True, text=True, timeout=600, env=dict(os.environ, PARTS=parts, **(env or {})))
