@@ -71,6 +71,10 @@ def synthetic_mlm_batch(batch: int, seq_len: int, num_predictions: int, vocab_si
 
   Ids above BERT's special ids ([CLS] 101, [SEP] 102, [MASK] 103); vocab_size must exceed 104.
   """
+  from tupe.errors import UserError  # pylint: disable=import-outside-toplevel
+  if seq_len - 2 < num_predictions:
+    raise UserError(f"--seq {seq_len} leaves {max(seq_len - 2, 0)} positions for {num_predictions} masked "
+                    f"predictions: use --seq {num_predictions + 2} or more")
   rng = np.random.default_rng(seed)
   ids = rng.integers(104, vocab_size, size=(batch, seq_len)).astype(np.int32)
   ids[:, 0], ids[:, -1] = 101, 102

@@ -28,6 +28,7 @@ import time
 
 import bench
 from tupe import console
+from tupe.errors import UserError
 
 SHARED = bench.REPO.parent / "shared" / "data"
 VOCAB = SHARED / "vocab" / "bert-base-uncased-vocab.txt"
@@ -64,7 +65,11 @@ def _is_utf8(path) -> bool:
 
 def checkout(ref: str, folder: str) -> str:
   """The repository at `ref`, unpacked into `folder` (git archive)."""
-  archive = subprocess.run(["git", "archive", ref], cwd=bench.REPO, capture_output=True, check=True).stdout
+  proc = subprocess.run(["git", "archive", ref], cwd=bench.REPO, capture_output=True)
+  if proc.returncode:
+    raise UserError(f"--baseline-ref {ref}: {proc.stderr.decode(errors='replace').strip()}; give a branch, tag or "
+                    f"commit, or \"\" to leave the baseline out")
+  archive = proc.stdout
   with tempfile.TemporaryFile() as tar_file:
     tar_file.write(archive)
     tar_file.seek(0)

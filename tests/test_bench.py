@@ -674,3 +674,16 @@ def test_every_mutation_applies_and_a_caught_one_is_reported_caught(tmp_path, ca
   assert result["caught"] and result["failed"][0].startswith("tests/test_glue_data.py::test_")  # a test, not set-up
   assert counts == {"mutations": 1, "caught": 1, "missed": [], "unobservable": []}
   assert (clone / "tupe/glue/tasks.py").read_text() == before
+
+
+def test_bad_benchmark_arguments_are_one_line():
+  """A sequence too short for its masked predictions (a numpy traceback), and a baseline ref git does not know (a
+  CalledProcessError's traceback): one line each, exit 2."""
+  from tupe.errors import UserError
+
+  with pytest.raises(UserError, match=r"^--seq 2 leaves 0 positions for 1 masked predictions: use --seq 3 or more$"):
+    bench.synthetic_mlm_batch(1, 2, 1, 30522)
+  proc = subprocess.run([sys.executable, "-m", "bench.preprocess", "--tiny", "--baseline-ref", "nosuchref"],
+                        cwd=bench.REPO, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 2 and proc.stderr.startswith("error: --baseline-ref nosuchref: fatal: "), proc.stderr
+  assert len(proc.stderr.splitlines()) == 1, proc.stderr
