@@ -325,6 +325,9 @@ def test_dynamic_conv(capsys, tmp_path):
                                              "--train-step", ""]))
   assert {"shift_ms", "unfold_ms", "unfold_over_shift_time", "shift_temp_bytes", "unfold_temp_bytes"} <= set(op)
   assert op["unfold_temp_bytes"] > op["shift_temp_bytes"]  # the unfold formulation materializes K windows
+  # The ratio printed is the median of the per-repeat ratios, which are printed too (it could not be checked)
+  assert len(op["unfold_over_shift_time_per_repeat"]) == 2
+  assert op["unfold_over_shift_time"] == pytest.approx(np.median(op["unfold_over_shift_time_per_repeat"]))
   plotted([op], tmp_path, "dynamic_conv")
 
 
