@@ -109,6 +109,9 @@ class Runner:
     """The JSON record of this config for the given step times (`overlapped`: each repeat's `overlapped`)."""
     cfg, mem = self.cfg, self.memory
     step_time, step_time_overlapped = bench.median(step_times), bench.median(overlapped)
+    per_step = len(step_times) // len(overlapped)  # (each repeat's waited steps, beside its overlapped run)
+    overlapped_ratios = [o / bench.median(step_times[r * per_step:(r + 1) * per_step])
+                         for r, o in enumerate(overlapped)]
     peak_flops, peak_source = peak
     devices = self.setup.mesh.devices.size
     record = {
@@ -118,6 +121,8 @@ class Runner:
         "step_time_min_s": float(min(step_times)), "timed_steps": len(step_times),
         "step_time_overlapped_s": step_time_overlapped,
         "tokens_per_s_overlapped": cfg.global_batch_size * cfg.seq_len / step_time_overlapped,
+        "overlapped_over_waited": bench.median(overlapped_ratios),
+        "overlapped_over_waited_per_repeat": overlapped_ratios,
         "compile_time_s": self.compile_time_s,
         "flops_per_step": self.setup.flops_per_step,
         "mfu": self.setup.flops_per_step / step_time / (peak_flops * devices),
@@ -271,8 +276,11 @@ def main(argv=None) -> list[dict]:
   for i in range(repeats):
     for j in range(len(runners)):  # Each repeat starts with the next model: no model always runs first.
       k = (i + j) % len(runners)
+      if i % 2:  # and every other repeat times the overlapped steps first
+        overlapped[k].append(runners[k].overlapped(args.steps))
       times[k].append(bench.time_calls(runners[k].step, args.steps))
-      overlapped[k].append(runners[k].overlapped(args.steps))
+      if not i % 2:
+        overlapped[k].append(runners[k].overlapped(args.steps))
     bench.progress(f"repeat {i + 1}/{repeats}: " + ", ".join(
         f"{label} {tokens / bench.median(t[-1]):.0f} tokens/s" for label, t in zip(labels, times)))
   records = [dict(r.record(sum(t, []), o, peak), recipe=recipe_name(spec), **bench.machine(),

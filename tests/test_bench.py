@@ -77,6 +77,9 @@ def test_train_step(capsys, tmp_path):
   assert record["num_devices"] == tupe["num_devices"] == 1  # --devices 1 of the suite's 8
   assert record["tokens_per_s"] == pytest.approx(8 * 16 / record["step_time_s"], rel=1e-4)
   assert record["tokens_per_s_overlapped"] == pytest.approx(8 * 16 / record["step_time_overlapped_s"], rel=1e-4)
+  # Overlapped over waited, per repeat (the two timed in turns, each first every other repeat), and its median.
+  assert len(record["overlapped_over_waited_per_repeat"]) == 3 and record["overlapped_over_waited"] == (
+      pytest.approx(np.median(record["overlapped_over_waited_per_repeat"])))
   assert record["mfu"] == pytest.approx(record["flops_per_step"] / record["step_time_s"]
                                         / record["peak_flops_per_device"], rel=1e-4)
   assert record["memory_bytes_per_device"] > record["memory_temp_bytes_per_device"] > 0
