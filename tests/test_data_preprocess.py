@@ -401,3 +401,12 @@ def test_data_files_other_than_the_shard_folder_name_the_folder_to_give(shard_di
   with pytest.raises(UserError, match=r"is not a folder of preprocessed examples: give the one folder `python -m "
                                       r"tupe.data.preprocess --output` wrote, or --config.data.source=text"):
     shards.read_metadata(text_cfg.files)
+
+
+@pytest.mark.parametrize("size", ["nan", "inf", "-1"])
+def test_a_unit_size_that_is_no_size_is_one_line(size, text_cfg, tmp_path):
+  """--unit-mb nan or inf was a traceback (converted to an int); refused before anything is written."""
+  with pytest.raises(UserError, match=rf"^--unit-mb is {size}\.?0?: give a size in MB, or 0 for"):
+    preprocess.main(["preprocess", "--input", text_cfg.files, "--vocab", text_cfg.vocab_file, "--seq-len", "64",
+                     "--unit-mb", size, "--output", str(tmp_path / "out")])
+  assert not (tmp_path / "out").exists()

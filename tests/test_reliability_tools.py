@@ -190,3 +190,11 @@ def test_export_names_the_step_it_fell_back_to(pretrained, tmp_path):
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert f"wrote {tmp_path / 'export'} from checkpoint 2 ({init / 'checkpoints' / '2'})" in proc.stdout
   assert f"skipping checkpoint 4 in {init / 'checkpoints'}: it could not be restored" in proc.stderr
+
+
+@pytest.mark.parametrize("seed", ["-1", "99999999999999999999"])
+def test_evaluate_refuses_a_seed_train_py_refuses(seed, tmp_path):
+  """A seed outside 0..2**32-1 repeats another's masks (train.py refuses it: `core.check_seed`); evaluate printed
+  numbers for it."""
+  with pytest.raises(UserError, match=rf"^--seed={seed}: give a whole number from 0 to 4294967295"):
+    evaluate.main(["evaluate", "--checkpoint", str(tmp_path), "--text-file", str(tmp_path / "t.txt"), "--seed", seed])

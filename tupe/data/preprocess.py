@@ -92,6 +92,8 @@ def main(argv: list[str]) -> None:
     field = re.split("[ =]", str(e), maxsplit=1)[0]  # ("data.packing is ...", "data.cache_dir=...")
     raise UserError(str(e).replace(field, _FLAGS[field]) if field in _FLAGS else str(e)) from None
   task = _task(args.task)
+  if not 0 <= args.unit_mb < 2**20:  # (NaN too: a traceback where it became an int)
+    raise UserError(f"--unit-mb is {args.unit_mb}: give a size in MB, or 0 for the default")
   start = time.time()
   metadata = preprocess(cfg, args.seq_len, args.output, workers=args.workers, task=task,
                         unit_bytes=int(args.unit_mb * 2**20) or None)
