@@ -13,8 +13,8 @@ import pytest
 from tools_in_process import tool
 
 from configs import glue as glue_config
+from tupe import console
 from tupe.data import pipeline
-from tupe.data import tokenizer as tokenizer_lib
 from tupe.errors import UserError
 from tupe.store import checkpoint as checkpoint_lib
 from tupe.store import checksums
@@ -45,7 +45,7 @@ def test_evaluate_names_the_flag_at_fault_before_scoring(pretrained, text_file, 
     evaluate.main(["evaluate", "--checkpoint", str(pretrained), "--text-file", str(text_file), "--out", str(out)])
   assert list(tmp_path.glob("*.tmp")) == [] and list(out.iterdir()) == []
   file = tmp_path / "eval.json"
-  monkeypatch.setattr(tokenizer_lib, "_REPEATS_SAID", set())  # as in a new process
+  monkeypatch.setattr(console, "_warned", set())  # as in a new process
   capsys.readouterr()
   evaluate.main(["evaluate", "--checkpoint", str(pretrained), "--text-file", str(text_file), "--out", str(file),
                  "--batch-size", "8"])

@@ -17,6 +17,7 @@ import transformers
 
 from configs import pretrain as pretrain_config
 from tupe import config_files
+from tupe import console
 from tupe import models
 from tupe.data import pipeline
 from tupe.data import tokenizer as tokenizer_lib
@@ -132,7 +133,7 @@ def sentences_file(tmp_path_factory) -> pathlib.Path:
 def test_analyze_tupe_checkpoint(tupe_checkpoint, sentences_file, tmp_path, capsys, monkeypatch):
   out = tmp_path / "analysis"
   monkeypatch.chdir(tupe_checkpoint.parent)  # a relative checkpoint path, as the README writes them
-  monkeypatch.setattr(tokenizer_lib, "_REPEATS_SAID", set())  # (the fixture's data warned about the vocab already)
+  monkeypatch.setattr(console, "_warned", set())  # (the fixture's data warned about the vocab already)
   analyze.main(["analyze", "--checkpoint", tupe_checkpoint.name, "--text-file", str(sentences_file), "--out",
                 str(out), "--sentence-index", "1"])
   printed = capsys.readouterr()

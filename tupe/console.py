@@ -182,6 +182,18 @@ def warn(msg: str, every_process: bool = False):
     _write(sys.stderr, f"warning: {msg}\n")
 
 
+_warned: set = set()  # the keys `warn_once` has warned of in this process
+
+
+def warn_once(msg: str, key=None) -> None:
+  """`warn`, once per process for `key` (default: the message itself): a command that reads one file more than once
+  (a GLUE split checked, then encoded; runs.jsonl six times) or loads a vocab in several copies says it once."""
+  key = msg if key is None else key
+  if key not in _warned:
+    _warned.add(key)
+    warn(msg)
+
+
 def flush() -> None:
   """Flushes stdout and stderr; what is held for a stream that cannot be written goes nowhere (`_write`)."""
   _write(sys.stdout, "")

@@ -21,8 +21,6 @@ from tupe.store import storage
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
 CONTINUATION_PREFIX = "##"
-_REPEATS_SAID: set[tuple] = set()  # the vocabs that `warn_repeated_lines` warned about in this process
-_CASING_SAID: set[tuple[str, bool]] = set()  # the vocabs and settings `warn_casing` has checked in this process
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,34 +95,30 @@ def warn_repeated_lines(where: str, tokens: list[str]) -> None:
   if len(vocab) == len(tokens):
     return
   later = next(i for i, t in enumerate(tokens) if vocab[t] != i)
-  key = (len(tokens), len(vocab), tokens[later], later)
-  if key not in _REPEATS_SAID:
-    _REPEATS_SAID.add(key)
-    repeats = len(tokens) - len(vocab)
-    verb = "repeats" if repeats == 1 else "repeat"
-    console.warn(f"{where} has {console.plural(repeats, 'line')} that {verb} an earlier line's token (e.g. "
-                 f"{tokens[later]!r}, lines {vocab[tokens[later]] + 1} and {later + 1}): text is encoded with each "
-                 f"token's first line, so the ids of the later lines never occur")
+  repeats = len(tokens) - len(vocab)
+  verb = "repeats" if repeats == 1 else "repeat"
+  console.warn_once(f"{where} has {console.plural(repeats, 'line')} that {verb} an earlier line's token (e.g. "
+                    f"{tokens[later]!r}, lines {vocab[tokens[later]] + 1} and {later + 1}): text is encoded with each "
+                    f"token's first line, so the ids of the later lines never occur",
+                    key=("repeated lines", len(tokens), len(vocab), tokens[later], later))  # (whatever `where`)
 
 
 def warn_casing(path: str, tokens: list[str], lowercase: bool) -> None:
-  """One warning per process and vocab where the vocab's case and the pre-training text's disagree: a cased vocab
-  (at least 1% of its tokens hold capitals) read with the text lowercased, whose capitalised tokens then never
-  occur; or an uncased one (no token holds a capital) read with the text's capitals kept, whose capitalised words
-  become [UNK] or pieces. (Said where a corpus is planned, `tupe.data.build.make_plan`: the workers print nothing.)"""
-  if (path, lowercase) in _CASING_SAID:
-    return
-  _CASING_SAID.add((path, lowercase))
+  """One warning per process (`console.warn_once`) where the vocab's case and the pre-training text's disagree: a
+  cased vocab (at least 1% of its tokens hold capitals) read with the text lowercased, whose capitalised tokens then
+  never occur; or an uncased one (no token holds a capital) read with the text's capitals kept, whose capitalised
+  words become [UNK] or pieces. (Said where a corpus is planned, `tupe.data.build.make_plan`: the workers print
+  nothing.)"""
   words = [t for t in tokens if not (t.startswith("[") and t.endswith("]"))]  # (special and [unusedN] tokens)
   cased = [t for t in words if t != t.lower()]
   if lowercase and len(cased) >= 0.01 * len(tokens):
-    console.warn(f"vocab file {path} is cased ({console.plural(len(cased), 'token')} with capitals, e.g. "
-                 f"{cased[0]!r}), but the text is lowercased first, so those tokens never occur: for a cased vocab "
-                 f"set --config.data.lowercase=false (tupe.data.preprocess: --cased)")
+    console.warn_once(f"vocab file {path} is cased ({console.plural(len(cased), 'token')} with capitals, e.g. "
+                      f"{cased[0]!r}), but the text is lowercased first, so those tokens never occur: for a cased "
+                      f"vocab set --config.data.lowercase=false (tupe.data.preprocess: --cased)")
   elif not lowercase and not cased and any(t != t.upper() for t in words):
-    console.warn(f"vocab file {path} is uncased (no token holds a capital), but the text keeps its capitals, so its "
-                 f"capitalised words become [UNK] or pieces: for an uncased vocab set --config.data.lowercase=true "
-                 f"(tupe.data.preprocess: leave out --cased)")
+    console.warn_once(f"vocab file {path} is uncased (no token holds a capital), but the text keeps its capitals, so "
+                      f"its capitalised words become [UNK] or pieces: for an uncased vocab set "
+                      f"--config.data.lowercase=true (tupe.data.preprocess: leave out --cased)")
 
 
 def wordpiece(tokens: list[str], lowercase: bool = True) -> tokenizers.Tokenizer:

@@ -231,16 +231,12 @@ def load_split(data_dir: storage.PathLike, task: str, split: str) -> list[Exampl
   cut = [] if split in spec.cut_rows_left_out else None
   examples = (tsv.examples(path, lines[1:], lines[0].split("\t"), 2, spec, not _is_test(split), cut_rows=cut)
               if columns is None else tsv.examples(path, lines, columns, 1, spec, not _is_test(split), cut_rows=cut))
-  if cut and (str(path), tuple(cut)) not in _CUT_SAID:  # (a command reads a split more than once: warned once)
-    _CUT_SAID.add((str(path), tuple(cut)))
+  if cut:
     lines = ", ".join(map(str, cut[:3])) + (", ..." if len(cut) > 3 else "")
-    console.warn(f"left out {console.plural(len(cut), 'row')} of {path} with a missing or extra "
+    console.warn_once(f"left out {console.plural(len(cut), 'row')} of {path} with a missing or extra "
                  f"field (line {lines}): GLUE's {spec.name} files hold a few, which TFDS and TUPE's preprocessing "
                  f"leave out too")
   return examples
-
-
-_CUT_SAID: set[tuple[str, tuple[int, ...]]] = set()  # the files and cut rows `load_split` has warned of
 
 
 def tfds_split(task: Task, split: str) -> str:

@@ -25,7 +25,6 @@ from tupe.store import storage
 
 SEGMENT_RECORDS = 1000  # records per segment in a bucket
 _TAIL_BYTES = 1 << 16  # how much of a local log's end is read to check its last line
-_SKIPPED_SAID: set[tuple] = set()  # the unreadable lines `read` has warned of in this process
 
 _LATER = r"-(\d{5})\.jsonl"  # a later segment's ending (`_segment`): metrics-00001.jsonl, ...
 
@@ -70,11 +69,10 @@ def read(directory: storage.PathLike, name: str) -> list[dict]:
         records.append(record)
       elif not (i == len(paths) - 1 and n == len(lines)):  # the last line, with no newline after it: torn
         bad.append((path, n, line.decode("utf-8", errors="replace")))
-  if bad and tuple(bad) not in _SKIPPED_SAID:  # (a command reads a log more than once: GLUE's runs.jsonl six times)
-    _SKIPPED_SAID.add(tuple(bad))
+  if bad:
     path, n, line = bad[0]
-    console.warn(f"{path}: skipped {console.plural(len(bad), 'unreadable line')} (line {n}: {_preview(line)})"
-                 + (f" and {len(bad) - 1} more" if len(bad) > 1 else ""))
+    console.warn_once(f"{path}: skipped {console.plural(len(bad), 'unreadable line')} (line {n}: {_preview(line)})"
+                      + (f" and {len(bad) - 1} more" if len(bad) > 1 else ""), key=tuple(bad))
   return records
 
 
