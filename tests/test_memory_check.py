@@ -54,6 +54,36 @@ def test_a_train_step_that_cannot_fit_is_refused_in_one_line(tmp_path):
   assert not workdir.exists()  # refused before anything was written
 
 
+def test_a_model_whose_weights_cannot_fit_is_refused_before_it_is_built(tmp_path):
+  """Ten million layers took minutes (and gigabytes) to build before the step could be compiled and checked."""
+  workdir = tmp_path / "run"
+  proc = subprocess.run(train_command(workdir, {"model.num_layers": 10**7}), cwd=REPO, env=train_env(),
+                        capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1, proc.stderr[-3000:]
+  found = re.fullmatch(r"error: the model has at least ([\d,]+) parameters: their weights and Adam moments alone "
+                       r"need ([\d.,]+ [GT]iB), but this machine has [\d.,]+ GiB of RAM available on this host, shared "
+                       r"by 1 CPU device: use more devices, or a smaller model \(.*\); or --config.check_memory=false "
+                       r"to try anyway", lines[0])
+  assert found, lines[0]
+  # Each layer's feed-forward: 2 x hidden 32 x intermediate 64 weights (TINY), and the 512 x 32 token embeddings
+  assert int(found[1].replace(",", "")) == 10**7 * 2 * 32 * 64 + 512 * 32
+  assert parse_bytes(found[2]) == pytest.approx(12 * int(found[1].replace(",", "")), rel=1e-3)  # weights, 2 moments
+  assert "compiling the train step..." not in proc.stdout and not workdir.exists()
+
+
+def test_the_weights_check_shards_over_every_device_and_can_be_turned_off():
+  devices = jax.devices()[:1]
+  available = memory.capacity(devices).bytes
+  fits = available // (2 * memory.BYTES_PER_PARAM)
+  memory.check_weights(fits, True, devices, "smaller")  # half the RAM: accepted
+  with pytest.raises(UserError, match=r"^the model has at least [\d,]+ parameters: .*: smaller; or "
+                                      r"--config.check_memory=false to try anyway$"):
+    memory.check_weights(4 * fits, True, devices, "smaller")
+  memory.check_weights(4 * fits, False, devices, "smaller")  # check_memory=false
+
+
 @pytest.fixture(scope="module")
 def compiled_step():
   """A real compiled step with a donated argument: (params [256, 256], batch [64, 256]) -> params."""

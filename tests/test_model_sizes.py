@@ -93,3 +93,12 @@ def test_generator_fraction_without_a_head_layout_is_an_error():
     models.generator_config(models.get_config("convbert", "small"), 1 / 3)
   with pytest.raises(UserError, match=r"generator_fraction=0 must be in \(0, 1\]"):
     models.generator_config(models.get_config("convbert", "small"), 0)
+
+
+@pytest.mark.parametrize("size", ["tiny", "small", "medium_small", "base"])
+@pytest.mark.parametrize("name", models.MODELS)
+def test_min_param_count_is_a_lower_bound_within_a_factor_of_two(name, size):
+  """The bound train.py refuses a model on before building it (`tupe.train.memory.check_weights`) never exceeds
+  the real count, and is close enough to catch a model of a million layers."""
+  cfg = models.get_config(name, size)
+  assert count(name, size) / 2 < models.min_param_count(cfg) <= count(name, size)

@@ -26,6 +26,7 @@ from tupe.models.config import base_config
 from tupe.models.config import check_length
 from tupe.models.config import get_config
 from tupe.models.config import head_dim
+from tupe.models.config import min_param_count
 from tupe.models.config import name_and_size
 from tupe.models.config import validate
 from tupe.models.encoder import Encoder
@@ -41,8 +42,8 @@ from tupe.models.tasks import gather_positions
 __all__ = [
     "MODELS", "PRETRAIN_NAMES", "SIZES", "CLASSIFIER_STYLES", "get_config", "base_config", "validate", "check_length",
     "head_dim", "attention_heads", "generator_config", "Encoder", "EncoderStack", "MaskedLM", "Electra", "Classifier",
-    "gather_positions", "init", "init_module", "encode", "check_inputs", "param_count", "stack_layers",
-    "unstack_layers",
+    "gather_positions", "init", "init_module", "encode", "check_inputs", "param_count", "min_param_count",
+    "stack_layers", "unstack_layers",
 ]
 
 

@@ -127,8 +127,9 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
        f"model.position={cfg.position!r}; use 'absolute', 'untied' or 'none'")
   for name in ("hidden_size", "num_heads", "num_layers", "intermediate_size", "ffn_groups", "embedding_size",
                "max_position_embeddings", "conv_kernel_size"):
-    need(cfg[name] >= 1, f"model.{name}={cfg[name]} must be 1 or more")
-  need(cfg.vocab_size >= 0, f"model.vocab_size={cfg.vocab_size} must be 0 (the tokenizer's) or more")
+    need(1 <= cfg[name] < 2**31, f"model.{name}={cfg[name]} must be 1 or more (and below 2**31)")
+  need(0 <= cfg.vocab_size < 2**31, f"model.vocab_size={cfg.vocab_size} must be 0 (the tokenizer's) or more (and below "
+       "2**31)")
   need(cfg.type_vocab_size >= 0, f"model.type_vocab_size={cfg.type_vocab_size} must be 0 (no token types) or more")
   need(0 <= cfg.pad_token_id < (cfg.vocab_size or cfg.pad_token_id + 1),
        f"model.pad_token_id={cfg.pad_token_id} is not a token id of the vocab "
@@ -186,3 +187,11 @@ def head_dim(cfg) -> int:
 def attention_heads(cfg) -> int:
   """Self-attention heads per layer: all heads, or num_heads / head_ratio under ConvBERT's mixed attention."""
   return cfg.num_heads // cfg.head_ratio
+
+
+def min_param_count(cfg) -> int:
+  """A lower bound on the model's parameter count from its flags alone, before anything is built: the parts every
+  model has, its feed-forward layers (2 * hidden * intermediate / ffn_groups each) and its token embeddings
+  (vocab * embedding_size; none counted while vocab_size is 0, the tokenizer's). `param_count` counts exactly."""
+  ffn = 2 * cfg.hidden_size * cfg.intermediate_size // cfg.ffn_groups
+  return cfg.num_layers * ffn + cfg.vocab_size * cfg.embedding_size

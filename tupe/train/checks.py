@@ -18,6 +18,8 @@ from tupe.train import optim
 from tupe.train import profiling
 from tupe.train import progress as progress_lib
 
+INT32_MAX = 2**31 - 1
+
 
 def check_config(cfg) -> None:
   """Every check of a config that needs neither data nor devices (the loop's settings, the data config, the
@@ -51,11 +53,13 @@ def check_loop(cfg) -> None:
   for name, (value, example) in positive.items():
     if value < 1:
       raise UserError(f"{name}={value} must be 1 or more, e.g. --config.{name}={example}")
+    if value > INT32_MAX:  # step counters, schedules and batch shapes are int32 in jax
+      raise UserError(f"{name}={value} is beyond {INT32_MAX} (int32), e.g. --config.{name}={example}")
   job_lib.check_store_settings(cfg.checkpoint)
   job_lib.check_distributed(cfg.distributed)
   partitioning.check_rule_names(cfg.sharding_rules)
-  if cfg.eval_every < 0:
-    raise UserError(f"eval_every={cfg.eval_every}: use 0 (no evaluation) or a number of steps")
+  if not 0 <= cfg.eval_every <= INT32_MAX:
+    raise UserError(f"eval_every={cfg.eval_every}: use 0 (no evaluation) or a number of steps up to {INT32_MAX}")
   progress_lib.NonFinite(cfg.nonfinite)  # a policy it knows
   profiling.check(cfg.profile)
   core.check_prng_impl(cfg.prng_impl)

@@ -21,6 +21,7 @@ from tupe.train import compile_cache
 
 WARN_SHARE = 0.9  # A step that needs more than this share of the memory it may use gets a warning.
 MEMINFO = "/proc/meminfo"
+BYTES_PER_PARAM = 12  # a float32 weight and Adam's two float32 moments
 
 
 def step_bytes(mem) -> int:
@@ -152,3 +153,21 @@ def check(mem, what: str, remedies: list[str], enabled: bool = True, devices=Non
     return (f"{what} needs {need_text} of memory, more than {WARN_SHARE:.0%} of the {cap.what}: it may run out; if "
             f"it does: {', '.join(remedies)}")
   return None
+
+
+def check_weights(min_params: int, enabled: bool, devices, remedy: str) -> None:
+  """Refuses a model whose weights and Adam moments alone cannot fit on `devices` (all the mesh's, across hosts),
+  before it is built (building one of a million layers takes minutes before its step could be compiled and
+  checked): `min_params` (`tupe.models.min_param_count`) at 4 bytes each for the float32 weights and 8 for the two
+  moments, sharded over every device at best. Nothing is checked unless `enabled` or where the memory is unknown.
+
+  Raises:
+    UserError: one line naming the need, the machine and `remedy`.
+  """
+  cap = capacity([d for d in devices if d.process_index == jax.process_index()]) if enabled else None
+  need = -(-BYTES_PER_PARAM * min_params // len(devices))
+  if cap is not None and verdict(need, cap) == "too big":
+    sharded = f" per device even sharded over all {len(devices)} devices" if len(devices) > 1 else ""
+    raise UserError(f"the model has at least {min_params:,} parameters: their weights and Adam moments alone need "
+                    f"{size_text(need)}{sharded}, but this machine has {cap.what}: {remedy}; or "
+                    f"--config.check_memory=false to try anyway")

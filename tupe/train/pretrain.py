@@ -102,6 +102,8 @@ def build(cfg, devices=None) -> Setup:
   mesh = sharding.make_mesh(cfg.mesh, devices)
   rules = partitioning.rules_from_config(cfg.sharding_rules)
   sharding.check_batch_size("global_batch_size", cfg.global_batch_size, mesh, cfg.grad_accum_steps)
+  memory.check_weights(models.min_param_count(cfg.model), cfg.check_memory, list(mesh.devices.flat),
+                       "use more devices, " + smaller_size(cfg.model.size))
   module = objectives.build_model(cfg)
   n_pred = num_predictions(cfg)
   built = core.build_core(module, models.init_inputs(cfg.model, predictions=2),
