@@ -274,7 +274,9 @@ def test_sweep_print_checks_each_point_with_its_data(tmp_path, capsys):
     ("checkpoint.lease_s", -1.0, "checkpoint.lease_s=-1.0 must be positive"),
     ("evals_per_epoch", -1, "evals_per_epoch=-1 must be 0 or more"),
     ("regression_scale", 0.0, "regression_scale=0.0 must be positive"),
-    ("batch_size", 0, "batch_size=0 must be positive, e.g. --config.batch_size=32"),
+    ("batch_size", 0, "batch_size=0 must be 1 or more, e.g. --config.batch_size=32"),
+    ("eval_batch_size", 2**31, "eval_batch_size=2147483648 is beyond 2147483647 (int32)"),
+    ("epochs.rte", 10**12, "epochs.rte=1000000000000 is beyond 2147483647 (int32)"),  # (jax's overflow traceback)
     ("swap_pairs", "rte,foo", "swap_pairs='rte,foo': unknown GLUE task 'foo'"),
     ("swap_pairs", "mrpc,cola", "swap_pairs='mrpc,cola' names CoLA, whose examples are single sentences: swap only "
                                 "sentence-pair tasks"),

@@ -40,6 +40,10 @@ def test_warmup_ratio_is_rounded_up_as_hf_trainer_rounds_it(tmp_path):
   cfg.warmup_steps = 18
   with pytest.raises(UserError, match=r"none left after the 18-step warmup \(warmup_steps=18, at least 1 step\)"):
     glue_data.schedule(cfg, RTE, 9 * 32)
+  cfg.epochs.rte = 10**9  # each count below int32, their product of steps beyond (jax's overflow traceback before)
+  with pytest.raises(UserError, match=r"^RTE: 288 examples / batch_size 32 x epochs.rte=1000000000 give 9,000,000,000 "
+                                      r"training steps, beyond 2,147,483,647 \(int32\): lower --config.epochs.rte$"):
+    glue_data.schedule(cfg, RTE, 9 * 32)
 
 
 def classifier_outputs(cfg, model_cfg, train: bool):

@@ -84,10 +84,10 @@ def check_config(cfg) -> None:
     if cfg.epochs[key] <= 0:
       raise UserError(f"epochs.{key}={cfg.epochs[key]}: {task.name} needs at least one epoch; set "
                       f"--config.epochs.{key} to 1 or more, or drop it from --config.tasks")
+    core.check_count(f"epochs.{key}", cfg.epochs[key], 3)
   for field, example in (("batch_size", 32), ("eval_batch_size", 128), ("max_seq_len", 128), ("log_every", 50),
                          ("grad_accum_steps", 1)):
-    if cfg[field] <= 0:
-      raise UserError(f"{field}={cfg[field]} must be positive, e.g. --config.{field}={example}")
+    core.check_count(field, cfg[field], example)
   if cfg.max_seq_len < pipeline.MIN_SEQ_LEN:  # [CLS] and [SEP]s would leave the model no text to read
     raise UserError(f"max_seq_len={cfg.max_seq_len} is too small: use at least {pipeline.MIN_SEQ_LEN} (the recipes "
                     f"use 128)")

@@ -18,8 +18,6 @@ from tupe.train import optim
 from tupe.train import profiling
 from tupe.train import progress as progress_lib
 
-INT32_MAX = 2**31 - 1
-
 
 def check_config(cfg) -> None:
   """Every check of a config that needs neither data nor devices (the loop's settings, the data config, the
@@ -51,15 +49,12 @@ def check_loop(cfg) -> None:
               "eval_batches": (cfg.eval_batches, 20), "checkpoint.every_steps": (cfg.checkpoint.every_steps, 1000),
               "checkpoint.keep_last": (cfg.checkpoint.keep_last, 3)}
   for name, (value, example) in positive.items():
-    if value < 1:
-      raise UserError(f"{name}={value} must be 1 or more, e.g. --config.{name}={example}")
-    if value > INT32_MAX:  # step counters, schedules and batch shapes are int32 in jax
-      raise UserError(f"{name}={value} is beyond {INT32_MAX} (int32), e.g. --config.{name}={example}")
+    core.check_count(name, value, example)
   job_lib.check_store_settings(cfg.checkpoint)
   job_lib.check_distributed(cfg.distributed)
   partitioning.check_rule_names(cfg.sharding_rules)
-  if not 0 <= cfg.eval_every <= INT32_MAX:
-    raise UserError(f"eval_every={cfg.eval_every}: use 0 (no evaluation) or a number of steps up to {INT32_MAX}")
+  if not 0 <= cfg.eval_every <= core.INT32_MAX:
+    raise UserError(f"eval_every={cfg.eval_every}: use 0 (no evaluation) or a number of steps up to {core.INT32_MAX}")
   progress_lib.NonFinite(cfg.nonfinite)  # a policy it knows
   profiling.check(cfg.profile)
   core.check_prng_impl(cfg.prng_impl)

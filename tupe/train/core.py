@@ -159,6 +159,17 @@ def check_prng_impl(name: str) -> None:
 SEEDS = 2 ** 32  # a key's seed is read as 32 bits: seed 2**32 would draw what seed 0 draws
 
 
+INT32_MAX = 2**31 - 1  # step counters, schedules and array shapes are int32 in jax
+
+
+def check_count(field: str, value: int, example: int) -> None:
+  """A config's count of steps, examples or tokens is 1 to INT32_MAX (beyond, jax overflowed in the schedule)."""
+  if value < 1:
+    raise UserError(f"{field}={value} must be 1 or more, e.g. --config.{field}={example}")
+  if value > INT32_MAX:
+    raise UserError(f"{field}={value} is beyond {INT32_MAX} (int32), e.g. --config.{field}={example}")
+
+
 def check_seed(field: str, seed) -> None:
   """A seed is a whole number below 2**32 (larger ones repeated smaller ones' keys, or overflowed after compiling)."""
   if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < SEEDS:
