@@ -411,3 +411,26 @@ def test_a_unit_size_that_is_no_size_is_one_line(size, text_cfg, tmp_path):
     preprocess.main(["preprocess", "--input", text_cfg.files, "--vocab", text_cfg.vocab_file, "--seq-len", "64",
                      "--unit-mb", size, "--output", str(tmp_path / "out")])
   assert not (tmp_path / "out").exists()
+
+
+def test_unknown_tokens_are_counted_and_warned_about_above_five_percent(tmp_path, bert_vocab, capsys):
+  """BERT's uncased vocab has no curly quotes: they are [UNK] (as HF's BertTokenizer reads them too), 2 of this
+  text's 8 tokens. Each input's line gives the share; above 5% a warning names the vocab. Before, nothing said so."""
+  text = tmp_path / "quotes.txt"
+
+  def run(content: str, output: str) -> tuple[str, list[str]]:
+    text.write_text(content)
+    run_main(preprocess.main, ["preprocess", "--input", str(text), "--vocab", str(bert_vocab), "--seq-len", "64",
+                               "--output", str(tmp_path / output)])
+    out, err = capsys.readouterr()
+    return out, [line for line in err.splitlines() if "[UNK]" in line]  # (the vocab's repeated lines: once)
+
+  out, warnings = run("He said \u201chello\u201d to me.\n", "a")
+  assert f"input {text}: kept 1 document, 22 characters, 8 text tokens (25.00% [UNK]); dropped nothing" in out
+  assert warnings == [f"warning: 25.0% of the text's tokens are [UNK] (2 of 8): vocab {bert_vocab} cannot spell "
+                      f"them; a vocab made from this text (python -m tupe.tools.vocab) spells every word"]
+  assert json.loads((tmp_path / "a" / "metadata.json").read_text())["inputs"][str(text)]["unknown_tokens"] == 2
+  out, warnings = run("He said \u201chello\u201d to me. " + "And then he walked away. " * 8 + "\n", "b")
+  assert "56 text tokens (3.57% [UNK])" in out and warnings == []  # below 5%: the line alone
+  out, warnings = run("He said hello to me.\n", "c")
+  assert "6 text tokens; dropped nothing" in out and warnings == []  # no [UNK]: no share

@@ -135,6 +135,13 @@ def input_tallies(plan: dict, unit_tallies: list[dict[str, dict[str, int]]]) -> 
   return {e["name"]: merged.get(e["name"], Tally()) for e in plan["inputs"]}
 
 
+def warn_unknown(plan: dict, tallies: dict[str, Tally]) -> None:
+  """Warns once (`report.unknown_warning`) where the plan's vocab spells too few of its text's words."""
+  warning = report.unknown_warning(tallies, plan["vocab_file"])
+  if warning:
+    console.warn_once(warning)
+
+
 def check_not_empty(num_examples: int, tallies: dict[str, Tally]) -> None:
   """Raises UserError when the corpus gave no example, or when most of its records were dropped (a format or a text
   field that does not fit the files: the few records left would train a model on almost nothing): a first line
@@ -226,22 +233,23 @@ def pack(documents: Iterable[tuple[str, Tally, str, bool]], tokenizer: tokenizer
   its tally (kept, or dropped as empty when it has no token): a held-out tail that continues the text before it
   adds its characters, with the line break it was cut at, and its tokens to that document's."""
   packers = {s: Packer(packing, seq_len, info.cls_id, info.sep_id, seed=seed, fill=fill) for s in corpus.SPLITS}
-  counting = None  # [tally, characters, tokens] of the document whose texts are being packed
+  counting = None  # [tally, characters, tokens, [UNK] tokens] of the document whose texts are being packed
   for entries, texts in _prefetch(_blocks(documents), _PREFETCH_BLOCKS):
     ids = iter(encode(tokenizer, texts))
     for split, tally, count, chars, continued in entries:
-      tokens = 0
+      tokens = unknown = 0
       for _ in range(count):
         sentence = next(ids)
         tokens += len(sentence)
+        unknown += int(np.count_nonzero(sentence == info.unk_id))
         yield from ((split, e) for e in packers[split].add(sentence))
       yield from ((split, e) for e in packers[split].end_document())
       if continued:
-        counting[1:] = counting[1] + 1 + chars, counting[2] + tokens
+        counting[1:] = counting[1] + 1 + chars, counting[2] + tokens, counting[3] + unknown
         continue
       if counting:
         counting[0].count_document(*counting[1:])
-      counting = [tally, chars, tokens]
+      counting = [tally, chars, tokens, unknown]
   if counting:
     counting[0].count_document(*counting[1:])
   for split, packer in packers.items():

@@ -101,6 +101,7 @@ def _in_memory(plan: dict) -> dict[str, ExampleSource]:
   meter.close()
   totals = build.input_tallies(plan, [{n: t.as_dict() for n, t in tallies.items()}])
   build.check_not_empty(sum(map(len, examples.values())), totals)
+  build.warn_unknown(plan, totals)
   key = build.examples_key(digests)
   return {s: PackedExamples(e, report=report.lines(totals), examples_key=key) for s, e in examples.items()}
 

@@ -90,6 +90,7 @@ def _finish(plan: dict, output: storage.PathLike, records: list[dict]) -> dict:
     storage.remove(out / shards.UNITS)
     storage.remove(out / shards.PLAN)
     raise
+  build.warn_unknown(plan, tallies)
   storage.copy(plan["vocab_file"], out / shards.VOCAB)
   for leftover in shards.leftovers(out):
     storage.remove(leftover)
