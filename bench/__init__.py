@@ -60,6 +60,14 @@ def positive_int(text: str) -> int:
   return value
 
 
+def glue_folder(text: str) -> str:
+  """An argparse type: a folder of GLUE's TSVs (the library's error, reached later, names eval_glue.py's flag)."""
+  if not os.path.isdir(text):
+    raise argparse.ArgumentTypeError(f"{text} is not a folder: give the folder of GLUE's TSVs (`python -m "
+                                     f"tupe.glue.download --data-dir DIR` gets them)")
+  return text
+
+
 def positive_ints(text: str) -> list[int]:
   """An argparse type: comma-separated whole numbers of 1 or more ("128,512")."""
   return [positive_int(part) for part in text.split(",")]

@@ -26,7 +26,7 @@ def main(argv=None) -> list[dict]:
   parser.add_argument("--task", default="SST-2")
   parser.add_argument("--max-len", type=bench.positive_int, default=66)
   parser.add_argument("--repeats", type=bench.positive_int, default=3)
-  parser.add_argument("--glue-dir", default=str(SHARED / "glue"))
+  parser.add_argument("--glue-dir", type=bench.glue_folder, default=str(SHARED / "glue"))
   parser.add_argument("--vocab", default=str(SHARED / "vocab" / "bert-base-uncased-vocab.txt"))
   parser.add_argument("--tiny", action="store_true", help="256 rows, once (a smoke run)")
   args = parser.parse_args(argv)

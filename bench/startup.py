@@ -47,7 +47,8 @@ def start(command: list[str], first_step: str) -> dict:
 
 def main(argv=None) -> list[dict]:
   parser = argparse.ArgumentParser(description=console.summary(__doc__))
-  parser.add_argument("--glue-dir", default=str(bench.REPO.parent / "shared" / "data" / "glue"),
+  parser.add_argument("--glue-dir", type=bench.glue_folder,
+                      default=str(bench.REPO.parent / "shared" / "data" / "glue"),
                       help="GLUE TSVs (the GLUE download script's layout)")
   parser.add_argument("--task", default="rte", help="the GLUE task timed")
   parser.add_argument("--tiny", action="store_true", help="a 1-layer demo model (smoke test)")

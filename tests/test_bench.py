@@ -2,6 +2,7 @@
 
 The entry points run in this process (conftest's 8 fake CPU devices, so batches are multiples of 8).
 """
+import importlib
 import json
 import os
 import pathlib
@@ -374,6 +375,17 @@ def test_counts_are_checked_by_the_parser(parse, argv, capsys):
   with pytest.raises(SystemExit) as exit_info:
     parse(argv)
   assert exit_info.value.code == 2 and "is not a whole number of 1 or more" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("module", ["glue_encoding", "startup"])
+def test_a_glue_folder_that_is_not_there_names_the_benchmarks_flag(module, tmp_path, capsys):
+  """Before, the library's error advised eval_glue.py's --config.data_dir, which these commands do not take."""
+  main = importlib.import_module(f"bench.{module}").main
+  with pytest.raises(SystemExit) as exit_info:
+    main(["--glue-dir", str(tmp_path / "glue")])
+  err = capsys.readouterr().err
+  assert exit_info.value.code == 2 and f"error: argument --glue-dir: {tmp_path / 'glue'} is not a folder: give the " \
+      "folder of GLUE's TSVs" in err and "data_dir" not in err
 
 
 def test_pipeline_ratios_are_per_round_means():
