@@ -522,3 +522,20 @@ def test_glue_budget_needs_the_finished_pre_training(shared_data, tmp_path):
     assert f"--config.init_checkpoint={tmp_path / 'bert_a' / 'pretrain'}" in control.glue, budget
     assert "--config.architectures=bert_a" in control.glue and "--config.init=random" in control.glue, budget
   assert not any(tmp_path.iterdir())
+
+
+def test_evaluate_reads_plain_text_whatever_format_the_run_read(shared_data, tmp_path):
+  """A run pre-trained on JSON lines: its held-out file is still plain text. Before, the run's data.format was kept
+  with documents=files forced, and every such checkpoint was refused ("data.documents='files' ... does not apply to
+  'jsonl' input")."""
+  from test_resume import run_train  # pylint: disable=import-outside-toplevel
+  text = shared_data / "corpus" / "wikitext" / "wiki.valid.raw.txt"
+  corpus = tmp_path / "corpus.jsonl"
+  paragraphs = [p for p in text.read_text(encoding="utf-8").split("\n") if len(p) > 200][:300]
+  corpus.write_text("".join(json.dumps({"text": p}) + "\n" for p in paragraphs))
+  proc = run_train(tmp_path / "run", {"data.source": "text", "data.format": "jsonl", "data.files": corpus,
+                                      "data.vocab_file": shared_data / "vocab" / "bert-base-uncased-vocab.txt",
+                                      "num_train_steps": 2, "optimizer.warmup_steps": 1})
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  scores = heldout.evaluate(str(tmp_path / "run"), str(text), seed=0, max_examples=8, batch_size=8)
+  assert scores["examples"] == 8 and scores["predicted_tokens"] > 0 and math.isfinite(scores["mlm_loss"])

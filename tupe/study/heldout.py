@@ -72,7 +72,8 @@ def evaluate(checkpoint_path: str, text_file: str, seed: int = 0, max_examples: 
   with tempfile.TemporaryDirectory() as tmp:
     vocab_file = tokenizer_lib.write_checkpoint_vocab(meta.vocab, step_dir, storage.path(tmp) / "vocab.txt")
     data_cfg = ml_collections.ConfigDict(cfg.data.to_dict())
-    data_cfg.update(source="text", files=str(text_file), vocab_file=str(vocab_file), documents="files",
+    # The held-out file is plain text, whatever format the run read (its format and text field are not this file's)
+    data_cfg.update(source="text", format="text", files=str(text_file), vocab_file=str(vocab_file), documents="files",
                     fill_examples=True, eval_fraction=0.0, num_workers=0)
     data = pipeline.PretrainData(data_cfg, seq_len=cfg.seq_len, split="train")
   examples = min(len(data), max_examples) if max_examples else len(data)
