@@ -489,3 +489,21 @@ def test_only_the_abandoned_reads_of_a_failed_restore_are_silenced(monkeypatch):
     except Exception as e:
       asyncio_logger.error("Task exception was never retrieved", exc_info=(type(e), e, e.__traceback__))
   assert logged == ["a task of someone else's"]
+
+
+def test_a_shortened_resume_drops_the_interrupted_sessions_later_records(tmp_path):
+  """Killed at step 12 with checkpoint 4 its newest (the later ones lost), then resumed for 6 steps in all: the
+  readers' records are steps 1-6, the learning rates those of the 6-step schedule. Before, the killed session's
+  steps 7-12 stayed, drawn in the curves and averaged into a sweep's training loss."""
+  from tupe.store import runlog  # pylint: disable=import-outside-toplevel
+  workdir = tmp_path / "run"
+  assert run_train(workdir, {"log_every": 1}).returncode == 0
+  for step in (8, 12):
+    shutil.rmtree(workdir / "checkpoints" / str(step))
+  proc = run_train(workdir, {"log_every": 1, "num_train_steps": 6})
+  assert proc.returncode == 0 and "finished at step 6" in proc.stdout, proc.stderr[-2000:]
+  records = runlog.read_metrics(workdir)
+  assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
+  raw = metric_records(workdir)
+  assert [r["step"] for r in raw] == list(range(1, 13)) + [5, 6] and raw[12]["resumed_at"] == 4
+  assert records[4:] == raw[12:]  # the resumed session's, on its own schedule

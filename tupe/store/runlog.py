@@ -41,6 +41,8 @@ class MetricWriter:
         self._log = jsonlog.Log(workdir, "metrics")
       except storage.StorageError as e:
         raise UserError(f"{e}; move it away or choose another --workdir") from e
+      # A resumed session's first record says where it started: readers drop what an interrupted one wrote beyond
+      self._resumed_at = int(resumed_at) or None
       self._flushed, self._flush_secs = time.monotonic(), flush_secs
       if tensorboard:
         self._tb = events.EventFile(storage.path(workdir) / "tensorboard", resumed_at)
@@ -49,7 +51,9 @@ class MetricWriter:
     if not self.active:
       return
     record = {"step": int(step), **{f"{prefix}{k}": _scalar(v) for k, v in scalars.items()}}
-    self._log.append(dict(record, time=round(time.time(), 3)))
+    resumed = {"resumed_at": self._resumed_at} if self._resumed_at is not None else {}
+    self._resumed_at = None
+    self._log.append(dict(record, time=round(time.time(), 3), **resumed))
     if self._tb is not None:
       for k, v in record.items():
         if k != "step" and isinstance(v, float):
@@ -85,12 +89,17 @@ class MetricWriter:
 
 
 def read_metrics(workdir: storage.PathLike) -> list[dict]:
-  """All records of a run's metrics log (`tupe.store.jsonlog`: one file locally, segments in a bucket); a resumed run's
-  repeated steps keep the latest record. Records without an integer step (a file edited by hand) are left out."""
+  """The records of a run's metrics log (`tupe.store.jsonlog`: one file locally, segments in a bucket) that its
+  sessions kept: a resumed session's first record holds `resumed_at` (the step it started from), which drops the
+  records an interrupted session wrote beyond it (trained from a later point, or beyond a shortened run's end); a
+  repeated step keeps the latest record. Records without an integer step (a file edited by hand) are left out."""
   by_step: dict[tuple, dict] = {}
   for record in jsonlog.read(workdir, "metrics"):
     if not isinstance(record.get("step"), int) or isinstance(record["step"], bool):
       continue
+    start = record.get("resumed_at")
+    if isinstance(start, int) and not isinstance(start, bool):
+      by_step = {key: r for key, r in by_step.items() if key[1] <= start}
     kind = "eval" if any(k.startswith("eval_") for k in record) else "train"
     by_step[(kind, record["step"])] = record
   return [by_step[k] for k in sorted(by_step, key=lambda k: (k[1], k[0]))]

@@ -289,8 +289,8 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
         steps.flush()
         writer.flush()  # The metrics up to a checkpoint are durable before it (in a bucket, uploaded).
         ckpt.save(step, state, meta)
-      # After the checkpoint of its step: a stop during it loses no training (the resumed run evaluates it again:
-      # `evaluation.missed`).
+      # After the checkpoint of its step is begun (an asynchronous save is written during it): a stop during it
+      # loses no training (the resumed run evaluates it again: `evaluation.missed`).
       if evaluate is not None and job_lib.itstime(step, cfg.eval_every, total):  # and after the last step
         steps.flush()  # Its rates are measured now: the evaluation is no step's time (`StepLog.push`).
         evaluation.record(evaluate, state.params, step, writer, cfg.objective)
