@@ -507,3 +507,26 @@ def test_a_shortened_resume_drops_the_interrupted_sessions_later_records(tmp_pat
   raw = metric_records(workdir)
   assert [r["step"] for r in raw] == list(range(1, 13)) + [5, 6] and raw[12]["resumed_at"] == 4
   assert records[4:] == raw[12:]  # the resumed session's, on its own schedule
+
+
+def test_a_changed_schedule_names_the_rate_of_the_first_step_trained_and_a_vocab_size_the_flag(tmp_path):
+  """The note's rate is the one metrics.jsonl records for the first step trained (before: that of the step after,
+  under the checkpoint's number). A model.vocab_size other than the checkpoint's names that flag (before: "the
+  tokenizer has 600 tokens; use the checkpoint's vocab", though the tokenizer was the same)."""
+  from tupe.store import runlog  # pylint: disable=import-outside-toplevel
+  workdir = tmp_path / "run"
+  assert run_train(workdir, {"log_every": 1}).returncode == 0
+  proc = run_train(workdir, {"model.vocab_size": 600, "num_train_steps": 16})
+  assert proc.returncode == 2 and proc.stderr.strip() == (
+      f"error: checkpoint 12 in {workdir / 'checkpoints'} was trained with a 512-token vocabulary but this run's model "
+      f"has 600 tokens (model.vocab_size, or with 0 the tokenizer's): set --config.model.vocab_size=512 (or 0) with "
+      f"the checkpoint's vocab (data.vocab_file), or use a new --workdir"), proc.stderr[-2000:]
+  for step in (8, 12):
+    shutil.rmtree(workdir / "checkpoints" / str(step))
+  proc = run_train(workdir, {"log_every": 1, "optimizer.learning_rate": 2e-3})
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  (note,) = [line for line in proc.stderr.splitlines() if "recomputed" in line]
+  rate = float(note.split("new values: ")[1].split()[0])
+  assert note.endswith("for step 5, the first one trained")
+  step5 = next(r for r in runlog.read_metrics(workdir) if r["step"] == 5)
+  assert rate == pytest.approx(step5["learning_rate"], rel=1e-3) and rate > 0

@@ -333,7 +333,8 @@ def start_from(setup: Setup, ckpt, restored, meta, workdir):
     return 0, setup.init_state()
   start, state, saved_meta = restored
   console.log(f"resumed from checkpoint {start} in {ckpt.directory}")
-  resume.warn_changed_settings(setup.lr_schedule, start, saved_meta, meta)
+  resume.warn_changed_settings(setup.lr_schedule if start < setup.cfg.num_train_steps else None, start, saved_meta,
+                               meta)
   if start >= setup.cfg.num_train_steps:
     console.log(f"checkpoint {start} has reached num_train_steps={setup.cfg.num_train_steps}: nothing to train "
                 f"(raise --config.num_train_steps to train on)")

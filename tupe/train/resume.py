@@ -123,8 +123,9 @@ def _check_fits(step: int, directory: storage.Path, saved_params, params, saved_
   where = f"checkpoint {step} in {directory}"
   saved_vocab, vocab = saved_config["model"]["vocab_size"], config["model"]["vocab_size"]
   if saved_vocab != vocab:
-    raise UserError(f"{where} has a {saved_vocab}-token vocabulary but the tokenizer has {vocab} tokens; use the "
-                    f"checkpoint's vocab (data.vocab_file) or a new --workdir")
+    raise UserError(f"{where} was trained with a {saved_vocab}-token vocabulary but this run's model has {vocab} "
+                    f"tokens (model.vocab_size, or with 0 the tokenizer's): set --config.model.vocab_size="
+                    f"{saved_vocab} (or 0) with the checkpoint's vocab (data.vocab_file), or use a new --workdir")
   fields = lambda c: {"model": c["model"], "objective": c["objective"]}
   diff = _differences(fields(saved_config), fields(config))
   if not diff:
@@ -267,13 +268,15 @@ _SCHEDULE = ("num_train_steps", "optimizer.learning_rate", "optimizer.end_learni
 
 
 def warn_changed_settings(lr_schedule, step: int, saved_meta: CheckpointMeta, meta: CheckpointMeta) -> None:
-  """Logs the settings that differ from the checkpoint's, and the learning rate a schedule change gives."""
+  """Logs the settings that differ from the checkpoint's, and the learning rate a schedule change gives the first
+  step trained (none where `lr_schedule` is None: nothing is left to train)."""
   changed = changed_settings(saved_meta.config, meta.config, _same_examples(saved_meta, meta))
   if not changed:
     return
   schedule = any(c.startswith(tuple(f"{field}=" for field in _SCHEDULE)) for c in changed)
+  # (The rate of step s is the schedule's at s - 1: the first step trained, step + 1, has the schedule's at step.)
   note = (f"; the learning-rate schedule is recomputed with the new values: {float(lr_schedule(step)):.3e} "
-          f"at step {step}" if schedule else "")
+          f"for step {step + 1}, the first one trained" if schedule and lr_schedule is not None else "")
   console.warn(f"resuming checkpoint {step} with other settings than it was written with: "
                f"{'; '.join(changed)}{note}")
 
