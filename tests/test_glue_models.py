@@ -81,13 +81,28 @@ def test_the_chosen_run_is_kept_with_what_it_needs(grid, pretrained):
     assert checksums.digest(keep.run_model_dir(grid, task, chosen["lr"], chosen["seed"])) == saved.checksum
 
 
+def test_a_kept_model_whose_run_folder_copy_is_gone_is_kept(grid, tmp_path):
+  """Removing runs/<run>/model (the chosen one's copy, GLUE.md says) to save disk, then rerunning: models/<TASK>,
+  which holds the chosen run's model, stays. Before, it was deleted, "run without keeping models"."""
+  workdir = shutil.copytree(grid, tmp_path / "glue")
+  runs = [run for run in runs_lib.read_runs(workdir) if run["task"] == "RTE"]
+  chosen = runs_lib.best_run(runs)
+  target = workdir / "models" / "RTE"
+  digest = checksums.digest(target)
+  shutil.rmtree(keep.run_model_dir(workdir, "RTE", chosen["lr"], chosen["seed"]))
+  cfg = grid_config(grid, grid)  # (publish reads save_models alone)
+  assert keep.publish(cfg, workdir, runs) == [f"kept the model of RTE lr {chosen['lr']:g} seed {chosen['seed']} in "
+                                              f"{target} (its copy in the run's folder is gone)"]
+  assert checksums.digest(target) == digest and classifier.load(target).run["seed"] == chosen["seed"]
+
+
 def test_a_damaged_model_is_refused(grid, tmp_path):
   model = shutil.copytree(grid / "models" / "RTE", tmp_path / "RTE")
   data = max((p for p in (model / "params").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
   data.write_bytes(data.read_bytes()[:-1] + bytes([data.read_bytes()[-1] ^ 1]))
   name = data.relative_to(model)
-  with pytest.raises(UserError, match=f"^checkpoint {model} is damaged \\({name} has other bytes than when it was "
-                                      f"saved\\)"):
+  with pytest.raises(UserError, match=f"^model {model} is damaged \\({name} has other bytes than when it was "
+                                      f"saved\\): remove it and rerun the eval_glue.py command"):
     classifier.load(model)
 
 

@@ -107,7 +107,14 @@ def load(path: storage.PathLike) -> Saved:
   if not storage.is_dir(path / "meta"):
     what = "is not a saved model (it has no meta/)" if storage.exists(path) else "does not exist"
     raise UserError(f"{path} {what}: give a model directory that eval_glue.py wrote, e.g. WORKDIR/models/RTE")
-  meta, params = checkpoint.load_params(path)
+  try:
+    meta, params = checkpoint.load_params(path)
+  except UserError as e:
+    if not isinstance(e.__cause__, checksums.DamagedCheckpoint):
+      raise
+    raise UserError(f"model {path} is damaged ({e.__cause__}): remove it and rerun the eval_glue.py command that "
+                    f"wrote it (it copies the chosen run's model again from runs/<run>/model, where that is kept), "
+                    f"or give runs/<run>/model itself") from e
   config = meta.config
   if config.get("objective") != layout.CLASSIFIER_OBJECTIVE:
     raise UserError(f"{path} is a pre-training checkpoint (objective {config.get('objective')!r}), not a "
@@ -121,10 +128,21 @@ def load(path: storage.PathLike) -> Saved:
                checksum=checksums.digest(path))
 
 
-def is_classifier(path: storage.PathLike) -> bool:
-  """Whether `path` is a saved classifier's directory (read from its meta alone, without loading it)."""
+def _saved_config(path: storage.PathLike) -> dict | None:
+  """The config in a saved classifier's meta (read alone, without loading it); None where `path` holds none."""
   path = storage.path(path)
   if not storage.is_file(path / "meta" / "metadata"):
-    return False
+    return None
   config = (jsonfile.parse(storage.read_bytes(path / "meta" / "metadata")) or {}).get("config")
-  return isinstance(config, dict) and config.get("objective") == layout.CLASSIFIER_OBJECTIVE
+  return config if isinstance(config, dict) and config.get("objective") == layout.CLASSIFIER_OBJECTIVE else None
+
+
+def is_classifier(path: storage.PathLike) -> bool:
+  """Whether `path` is a saved classifier's directory (read from its meta alone, without loading it)."""
+  return _saved_config(path) is not None
+
+
+def saved_run(path: storage.PathLike) -> dict | None:
+  """The run a saved classifier was kept from (its runs.jsonl lr, seed, step and score), from its meta alone."""
+  config = _saved_config(path)
+  return config.get("run") if config else None

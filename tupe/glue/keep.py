@@ -69,6 +69,10 @@ def publish(cfg, workdir: storage.Path, runs: list[dict]) -> list[str]:
     target = task_model_dir(workdir, task)
     which = f"{task} lr {chosen['lr']:g} seed {chosen['seed']}"
     if not storage.exists(source / checksums.CHECKSUMS):
+      kept = classifier.saved_run(target) if storage.exists(target / checksums.CHECKSUMS) else None
+      if kept and (kept["lr"], kept["seed"], kept["score"]) == (chosen["lr"], chosen["seed"], chosen["score"]):
+        notes.append(f"kept the model of {which} in {target} (its copy in the run's folder is gone)")
+        continue
       why = "it diverged" if chosen["diverged"] else "it was run without keeping models, or before they were kept"
       storage.remove(target)  # Whatever it held is not the chosen run's model.
       notes.append(f"no model in {target}: the chosen run, {which}, has none ({why})")
