@@ -259,6 +259,14 @@ def test_a_warning_is_one_line_in_every_command(workdir, tmp_path):
                   ["-m", "tupe.tools.export_hf", "--checkpoint", str(empty), "--out", str(tmp_path / "hf")]):
     proc = subprocess.run([sys.executable, *command], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert (proc.returncode, proc.stderr.splitlines()) == (2, lines), command
+  # A train.py run stopped before its first save: said so (before: "give a train.py workdir", which it is).
+  shutil.copy(workdir / "config.json", empty / "config.json")
+  shutil.rmtree(empty / "checkpoints" / "5")
+  proc = subprocess.run([sys.executable, "-m", "tupe.tools.export_hf", "--checkpoint", str(empty), "--out",
+                         str(tmp_path / "hf")], cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert (proc.returncode, proc.stderr.splitlines()) == (2, [
+      f"error: the train.py run in {empty} has saved no checkpoint yet: wait for its first save "
+      f"(checkpoint.every_steps), or resume it"])
 
 
 def test_a_file_named_as_a_step_is_refused_not_deleted(workdir, tmp_path, caplog):

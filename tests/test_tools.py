@@ -184,7 +184,10 @@ def test_analyze_user_errors(tupe_checkpoint, sentences_file, tmp_path, capsys):
       run_main(analyze.main, argv)
     assert exit_info.value.code == 2
     return capsys.readouterr().err
-  assert "--sentence-index 3 is out of range" in fails("--sentence-index", "3")
+  # It named the sentences read as the file's, though --max-sentences cut them
+  assert "--sentence-index 3 is out of range: 2 sentences read (the file's first non-empty lines, at most " \
+      "--max-sentences): give a lower index, or raise --max-sentences" in fails("--sentence-index", "3",
+                                                                                "--max-sentences", "2")
   # --out checked before the model is loaded: it wrote into a run's step (whose checksums then failed every reader
   # of it: the newest checkpoint skipped), into a file after the model had run, and into any folder.
   step = tupe_checkpoint / "checkpoints" / "3"

@@ -32,6 +32,7 @@ from tupe.store import jsonfile
 from tupe.store import jsonlog
 from tupe.store import orbax_s3
 from tupe.store import refusals
+from tupe.store import rundir
 from tupe.store import storage
 from tupe.store.checksums import CHECKSUMS
 from tupe.store.checksums import DamagedCheckpoint
@@ -207,6 +208,9 @@ def _load_newest(path: storage.PathLike, load):
     glue = (f"; it is {what}an eval_glue.py workdir: its fine-tuned models, {run / 'models' / '<TASK>'}, are what "
             f"tupe.tools.predict and tupe.tools.export_hf take") if (storage.exists(run / "models")
                                                                       and jsonlog.segments(run, "runs")) else ""
+    if not glue and rundir.entry_point(path) == "train.py":
+      raise UserError(f"the train.py run in {path} has saved no checkpoint yet: wait for its first save "
+                      f"(checkpoint.every_steps), or resume it")
     raise UserError(f"no checkpoint found in {path}; give a train.py workdir, its checkpoints/ folder or "
                     f"one step directory{glue}")
   for step_dir in step_dirs:

@@ -277,8 +277,9 @@ def analyze(cfg, params, tokenizer, info, sentences: list[str], out: storage.Pat
             label: str) -> list[storage.Path]:
   """Writes every figure and table of the module docstring into `out`; returns their paths."""
   if not 0 <= index < len(sentences):
-    raise UserError(f"--sentence-index {index} is out of range: the text file gave "
-                    f"{console.plural(len(sentences), 'sentence')}")
+    raise UserError(f"--sentence-index {index} is out of range: {console.plural(len(sentences), 'sentence')} "
+                    f"read (the file's first non-empty lines, at most --max-sentences): give a lower index, or raise "
+                    f"--max-sentences")
   if not 3 <= max_len <= cfg.max_position_embeddings:
     raise UserError(f"--max-len {max_len} must be between 3 and the model's {cfg.max_position_embeddings} "
                     f"positions")
