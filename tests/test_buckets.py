@@ -225,7 +225,7 @@ def test_a_model_directory_in_a_bucket(bucket, pretrained, glue_dir):
              key=lambda n: storage.size(f"{directory}/{n}"))
   data = storage.read_bytes(f"{directory}/{name}")
   storage.write_bytes(f"{directory}/{name}", data[:-1] + bytes([data[-1] ^ 1]))
-  with pytest.raises(UserError, match=f"checkpoint {directory} is damaged \\({name} has other bytes"):
+  with pytest.raises(UserError, match=f"model {directory} is damaged \\({name} has other bytes"):
     classifier.load(directory)
 
 
