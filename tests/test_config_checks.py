@@ -117,6 +117,15 @@ def test_the_config_loader_names_a_bad_override_in_one_line(overrides, message):
     config_files.check_config_flags(argv + [f"--config.{o}" for o in overrides])
 
 
+def test_a_runs_config_json_is_no_config_file(tmp_path):
+  """Loaded as Python, a run's config.json raised "NameError: name 'true' is not defined"."""
+  record = tmp_path / "config.json"
+  record.write_text('{"seed": 0, "tensorboard": true}\n')
+  with pytest.raises(UserError, match=f"^--config {re.escape(str(record))}: a run's config.json is a record of its "
+                                      f"settings, not a config file"):
+    config_files.check_config_flags(["train.py", "--config", str(record), "--workdir", "w"])
+
+
 def test_a_value_of_the_wrong_type_points_to_the_configs_fields_not_the_libraries_flags():
   """--helpfull lists absl's, JAX's and orbax's flags, not the config's fields (as the message said before)."""
   argv = ["train.py", "--config", "configs/pretrain.py:tupe_a,tiny", "--workdir", "w",

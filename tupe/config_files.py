@@ -191,6 +191,9 @@ def check_config_flags(argv: list[str]) -> ml_collections.ConfigDict:
   example = ENTRY_POINTS.get(os.path.basename(argv[0]), ENTRY_POINTS["train.py"])[1]
   if os.path.isdir(file):
     raise UserError(f"--config {file} is a folder: give a config file, e.g. {example}")
+  if file.endswith(".json"):  # (loaded as Python, it raised NameError: name 'true' is not defined)
+    raise UserError(f"--config {file}: a run's config.json is a record of its settings, not a config file: give the "
+                    f"configs/<file>.py it was made from with its --config.FIELD=VALUE overrides, e.g. {example}")
   if not os.path.isfile(file):
     in_repo = f"; the repository's is {_find(file)}: give that path, or run from {REPO}" if _find(file) != file else (
         "; give an existing configs/<file>.py")
