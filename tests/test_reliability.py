@@ -393,7 +393,7 @@ BAD_INPUTS = {
     "checkpoint of other batches": ({"seed": 5}, [], 1, "trained",
                                     ["trained on other batches", "seed=0 in the checkpoint, 5 now", "new --workdir"]),
     "checkpoint of another optimizer": ({"optimizer.clip_norm": 0.0}, [], 1, "trained",
-                                        ["could not be restored with another optimizer config",
+                                        ["written with another optimizer config, whose state this one cannot",
                                          "optimizer.clip_norm=1.0 in the checkpoint, 0.0 now", "new --workdir"]),
     "checkpoint of another PRNG": ({"prng_impl": "threefry2x32"}, [], 1, "trained",  # (before: "damaged", set aside)
                                    ["holds the random state of prng_impl='rbg'", "--config.prng_impl=rbg"]),
@@ -426,7 +426,8 @@ BAD_INPUTS = {
 VERBOSE = ("unknown config field", "tokenizer vocab != model vocab")  # one per error path of train.py
 # Refused before the data is loaded (`resume.check_before_loading`).
 REFUSED_BEFORE_THE_DATA = ("checkpoint of other batches", "checkpoint of another batch size",
-                           "checkpoint of another architecture", "checkpoint of another PRNG")
+                           "checkpoint of another architecture", "checkpoint of another PRNG",
+                           "checkpoint of another optimizer")
 OTHER_CONFIGS = {"a file that is not a config": "configs/__init__.py",  # --config, where it is not the tiny run's
                  "unknown model in --config": "configs/pretrain.py:tupe_b,tiny",
                  "missing config file": "configs/nope.py"}

@@ -1,19 +1,19 @@
 """What a resumed pre-training run requires of its checkpoint, and what it reports about it.
 
-The input pipeline needs no state: batch s is a function of the seed and s (`tupe.data.pipeline`), so a run resumed
-at step s continues with batch s, whatever its number of hosts or data workers. A resumed run must see the same
-stream: a checkpoint written with other data settings (those its data source reads, `examples.settings_read`, less
-where its files are and how its examples are kept and batched, `_DATA_STORAGE`; seq_len, global_batch_size, seed),
-with another vocabulary (of the same size: the tokens compared) or over another number of training examples is an
-error, as are parameters of other shapes (another architecture or vocabulary size), another random-number generator
-(`prng_impl`: its key is the state's) and, when the state does not restore, another optimizer structure. Where both runs
-recorded the key of their examples and it is the same (`_same_examples`: a text corpus tokenized on the fly, then its
-preprocessed shards), only the settings that mask the examples are compared, not the source nor the settings that made
-them. Other settings may change (e.g. num_train_steps, to extend a run); they are reported (`warn_changed_settings`).
-`Compatibility` is what `checkpoint.Checkpointer.restore_latest` calls; what needs no data (the model, sequence
-length, batch and seed, and the number of training examples of shards) is checked before the data is loaded, too
-(`check_before_loading`), and the rest (a text corpus's number of examples, the data settings) once it is loaded,
-before the step compiles (`Compatibility.check_newest`).
+The input pipeline needs no state: batch s is a function of the seed and s (`tupe.data.pipeline`), so a run resumed at
+step s continues with batch s, whatever its number of hosts or data workers. A resumed run must see the same stream: a
+checkpoint written with other data settings (those its data source reads, `examples.settings_read`, less where its files
+are and how its examples are kept and batched, `_DATA_STORAGE`; seq_len, global_batch_size, seed), with another
+vocabulary (of the same size: the tokens compared) or over another number of training examples is an error, as are
+parameters of other shapes (another architecture or vocabulary size), another random-number generator (`prng_impl`: its
+key is the state's) and another optimizer structure (a clipping stage added or dropped). Where both runs recorded the
+key of their examples and it is the same (`_same_examples`: a text corpus tokenized on the fly, then its preprocessed
+shards), only the settings that mask the examples are compared, not the source nor the settings that made them. Other
+settings may change (e.g. num_train_steps, to extend a run); they are reported (`warn_changed_settings`).
+`Compatibility` is what `checkpoint.Checkpointer.restore_latest` calls; what needs no data (the model, the optimizer
+state's structure, sequence length, batch and seed, and the number of training examples of shards) is checked before the
+data is loaded, too (`check_before_loading`), and the rest (a text corpus's number of examples, the data settings) once
+it is loaded, before the step compiles (`Compatibility.check_newest`).
 """
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ from tupe.store import storage
 from tupe.store.meta import CheckpointMeta, create as create_meta
 from tupe.store.refusals import reason
 from tupe.train import objectives
+from tupe.train import optim
 
 # Data settings that change no batch: where the inputs, vocab and caches are, whether a text corpus's examples are
 # held in memory or tokenized into the shard cache (tests/test_data_pipeline.py::test_the_shard_cache_changes_no_batch)
@@ -145,6 +146,22 @@ def _check_same_prng(step: int, directory: storage.Path, saved_config: dict, con
                     f"{now!r}; resume with --config.prng_impl={saved}, or use a new --workdir")
 
 
+def _optimizer_state(config: dict, params):
+  """The tree structure of the optimizer state `config` keeps for the abstract `params` (as pre-training builds it):
+  a clipping stage, for one, adds a state another config's does not restore into."""
+  tx, _ = optim.make_optimizer(ml_collections.ConfigDict(config["optimizer"]), params, config["num_train_steps"])
+  return jax.tree_util.tree_structure(jax.eval_shape(tx.init, params))
+
+
+def _check_optimizer_state(step: int, directory: storage.Path, saved_config: dict, config: dict, params) -> None:
+  """Raises a UserError where the checkpoint's optimizer state has another structure than `config`'s would."""
+  if _optimizer_state(saved_config, params) != _optimizer_state(config, params):
+    diff = _differences({"optimizer": saved_config["optimizer"]}, {"optimizer": config["optimizer"]})
+    raise UserError(f"checkpoint {step} in {directory} was written with another optimizer config, whose state "
+                    f"this one cannot restore ({'; '.join(diff[:3])}); resume with its optimizer settings or use a "
+                    f"new --workdir")
+
+
 def _check_same_optimizer(step: int, directory: storage.Path, saved_config: dict, config: dict,
                           error: Exception) -> None:
   """A checkpoint that fails to restore under another optimizer config is reported as such, not as corrupted:
@@ -220,9 +237,10 @@ def check_before_loading(workdir: storage.PathLike, cfg) -> None:
     return
   step, root, saved_meta, saved = newest
   config = _planned(cfg, saved_meta.config)
-  _check_fits(step, root, saved, objectives.param_shapes(ml_collections.ConfigDict(config)), saved_meta.config,
-              config)
+  params = objectives.param_shapes(ml_collections.ConfigDict(config))
+  _check_fits(step, root, saved, params, saved_meta.config, config)
   _check_same_prng(step, root, saved_meta.config, config)
+  _check_optimizer_state(step, root, saved_meta.config, config, params)
   keys = list(_STREAM)
   if shards.from_shards(cfg.data) and saved_meta.train_examples is not None:
     keys.append("train_examples")
