@@ -71,8 +71,8 @@ BAD_VALUES = (
     ("num_train_steps", 10**20, "num_train_steps=100000000000000000000 is beyond 2147483647 (int32)"),
     ("global_batch_size", 2**31, "global_batch_size=2147483648 is beyond 2147483647 (int32)"),
     ("eval_every", 2**40, "eval_every=1099511627776: use 0 (no evaluation) or a number of steps up to 2147483647"),
-    ("model.num_layers", 10**20, "model.num_layers=100000000000000000000 must be 1 or more (and below 2**31)"),
-    ("model.vocab_size", 2**31, "model.vocab_size=2147483648 must be 0 (the tokenizer's) or more (and below 2**31)"),
+    ("model.num_layers", 10**20, "model.num_layers=100000000000000000000 is beyond 2147483647 (int32)"),
+    ("model.vocab_size", 2**31, "model.vocab_size=2147483648 is beyond 2147483647 (int32)"),
 )
 
 

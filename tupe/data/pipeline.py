@@ -35,6 +35,7 @@ from tupe.data import packing
 from tupe.data import readers
 from tupe.data.tokenizer import TokenizerInfo
 from tupe.errors import UserError
+from tupe.models.config import INT32_MAX
 from tupe.store import storage
 
 MIN_SEQ_LEN = 8
@@ -105,8 +106,8 @@ def checked_config(data_cfg, seq_len: int) -> ml_collections.ConfigDict:
                     f"{fmt!r} input: leave data.documents at 'paragraphs'")
   if seq_len < MIN_SEQ_LEN:
     raise UserError(f"seq_len {seq_len} is too small: use at least {MIN_SEQ_LEN} (BERT uses 128 and 512)")
-  if seq_len >= 2**31:  # (the examples' arrays are indexed in int32)
-    raise UserError(f"seq_len {seq_len} is beyond 2**31 - 1: BERT uses 128 and 512")
+  if seq_len > INT32_MAX:  # (the examples' arrays are indexed in int32)
+    raise UserError(f"seq_len {seq_len} is beyond {INT32_MAX} (int32): BERT uses 128 and 512")
   if not 0 < cfg.mask_prob < 1:
     raise UserError(f"data.mask_prob is {cfg.mask_prob}: use a share between 0 and 1, e.g. 0.15")
   if not 0 <= cfg.max_predictions <= seq_len:

@@ -16,6 +16,7 @@ from tokenizers import trainers
 
 from tupe import console
 from tupe.errors import UserError
+from tupe.models.config import INT32_MAX
 from tupe.store import storage
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
@@ -207,8 +208,8 @@ def wordpiece_tokens(texts: Iterable[str], vocab_size: int, lowercase: bool = Tr
   """The tokens, in id order, of the vocab `train_wordpiece` writes."""
   if vocab_size < len(SPECIAL_TOKENS) + 1:
     raise UserError(f"vocab size {vocab_size} is too small: use at least a few thousand (BERT uses 30522)")
-  if vocab_size >= 2**31:  # (the tokenizers library panicked beyond 32 bits)
-    raise UserError(f"vocab size {vocab_size} is beyond 2**31 - 1, the token ids' int32: BERT uses 30522")
+  if vocab_size > INT32_MAX:  # (the tokenizers library panicked beyond 32 bits)
+    raise UserError(f"vocab size {vocab_size} is beyond {INT32_MAX} (int32, the token ids'): BERT uses 30522")
   tokenizer = tokenizers.Tokenizer(models.WordPiece(unk_token=UNK, continuing_subword_prefix=CONTINUATION_PREFIX))
   tokenizer.normalizer = bert_normalizer(lowercase)
   tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()

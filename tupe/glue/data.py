@@ -12,6 +12,7 @@ from tupe.data import tokenizer as tokenizer_lib
 from tupe.errors import UserError
 from tupe.glue import encoding
 from tupe.glue import tasks as glue
+from tupe.models.config import INT32_MAX
 from tupe.train import core
 
 def parse_tasks(names: str) -> list[glue.Task]:
@@ -40,9 +41,9 @@ def schedule(cfg, task: glue.Task, num_train: int) -> tuple[int, int, int]:
   key = task_key(task)
   steps_per_epoch = math.ceil(num_train / cfg.batch_size)
   total = steps_per_epoch * cfg.epochs[key]
-  if total > core.INT32_MAX:
+  if total > INT32_MAX:
     raise UserError(f"{task.name}: {num_train} examples / batch_size {cfg.batch_size} x epochs.{key}="
-                    f"{cfg.epochs[key]} give {total:,} training steps, beyond {core.INT32_MAX:,} (int32): lower "
+                    f"{cfg.epochs[key]} give {total:,} training steps, beyond {INT32_MAX:,} (int32): lower "
                     f"--config.epochs.{key}")
   warmup = max(1, cfg.warmup_steps or math.ceil(total * cfg.warmup_ratio))
   if warmup >= total:

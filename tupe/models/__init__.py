@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tupe.errors import UserError
+from tupe.models.config import INT32_MAX
 from tupe.models.config import MODELS
 from tupe.models.config import PRETRAIN_NAMES
 from tupe.models.config import SIZES

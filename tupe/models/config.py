@@ -32,6 +32,8 @@ MODELS = ("bert_a", "bert_r", "tupe_a", "tupe_a_tie_cls", "tupe_r", "convbert")
 PRETRAIN_NAMES = MODELS + ("convbert_mlm",)
 
 # name: (hidden, layers, heads, intermediate, ConvBERT embedding size, ConvBERT FFN groups, max positions)
+INT32_MAX = 2**31 - 1  # token ids, positions, step counters and array shapes are int32 in jax
+
 SIZES = {
     "tiny": (64, 2, 4, 128, 32, 1, 128),
     "small": (256, 12, 4, 1024, 128, 1, 512),
@@ -127,9 +129,10 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
        f"model.position={cfg.position!r}; use 'absolute', 'untied' or 'none'")
   for name in ("hidden_size", "num_heads", "num_layers", "intermediate_size", "ffn_groups", "embedding_size",
                "max_position_embeddings", "conv_kernel_size"):
-    need(1 <= cfg[name] < 2**31, f"model.{name}={cfg[name]} must be 1 or more (and below 2**31)")
-  need(0 <= cfg.vocab_size < 2**31, f"model.vocab_size={cfg.vocab_size} must be 0 (the tokenizer's) or more (and below "
-       "2**31)")
+    need(cfg[name] >= 1, f"model.{name}={cfg[name]} must be 1 or more")
+    need(cfg[name] <= INT32_MAX, f"model.{name}={cfg[name]} is beyond {INT32_MAX} (int32)")
+  need(cfg.vocab_size >= 0, f"model.vocab_size={cfg.vocab_size} must be 0 (the tokenizer's) or more")
+  need(cfg.vocab_size <= INT32_MAX, f"model.vocab_size={cfg.vocab_size} is beyond {INT32_MAX} (int32)")
   need(cfg.type_vocab_size >= 0, f"model.type_vocab_size={cfg.type_vocab_size} must be 0 (no token types) or more")
   need(0 <= cfg.pad_token_id < (cfg.vocab_size or cfg.pad_token_id + 1),
        f"model.pad_token_id={cfg.pad_token_id} is not a token id of the vocab "

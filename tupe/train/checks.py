@@ -53,8 +53,8 @@ def check_loop(cfg) -> None:
   job_lib.check_store_settings(cfg.checkpoint)
   job_lib.check_distributed(cfg.distributed)
   partitioning.check_rule_names(cfg.sharding_rules)
-  if not 0 <= cfg.eval_every <= core.INT32_MAX:
-    raise UserError(f"eval_every={cfg.eval_every}: use 0 (no evaluation) or a number of steps up to {core.INT32_MAX}")
+  if not 0 <= cfg.eval_every <= models.INT32_MAX:
+    raise UserError(f"eval_every={cfg.eval_every}: use 0 (no evaluation) or a number of steps up to {models.INT32_MAX}")
   progress_lib.NonFinite(cfg.nonfinite)  # a policy it knows
   profiling.check(cfg.profile)
   core.check_prng_impl(cfg.prng_impl)

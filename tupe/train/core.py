@@ -24,6 +24,7 @@ from jax.sharding import PartitionSpec as P
 import optax
 
 from tupe.errors import UserError
+from tupe.models.config import INT32_MAX
 from tupe.train import optim
 from tupe.train import sharding
 
@@ -157,9 +158,6 @@ def check_prng_impl(name: str) -> None:
 
 
 SEEDS = 2 ** 32  # a key's seed is read as 32 bits: seed 2**32 would draw what seed 0 draws
-
-
-INT32_MAX = 2**31 - 1  # step counters, schedules and array shapes are int32 in jax
 
 
 def check_count(field: str, value: int, example: int) -> None:
