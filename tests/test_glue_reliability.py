@@ -175,16 +175,24 @@ def test_runs_under_other_settings_are_refused_once_config_json_is_gone(pretrain
 
 def test_runs_recorded_with_the_older_settings_digest_resume(tmp_path):
   """Runs recorded before compilation_cache_dir left the settings (runs_lib.DIGESTED_BEFORE) carry a digest with it
-  in: a resume under the same cache folder accepts them, one under another refuses them (config.json gone)."""
-  cfg = tiny_cfg(compilation_cache_dir="/old/cache")
-  (tmp_path / "runs.jsonl").write_text(json.dumps({"task": "rte", "score": 0.5, "warmup_steps": 1,
-                                                   "settings": runs_lib.settings_digest(cfg, before=True)}) + "\n")
-  assert runs_lib.settings_digest(cfg, before=True) != runs_lib.settings_digest(cfg)
-  runs_lib.check_resume(cfg, tmp_path)
-  assert not (tmp_path / "config.json").exists()  # (written once the command's every check has passed)
-  cfg.compilation_cache_dir = "/another/cache"
-  with pytest.raises(UserError, match=r"holds 1 runs fine-tuned under other settings"):
+  in, and with vocab_file and init_hf, which left them later: a resume with the same values accepts them, one with
+  another refuses them (config.json gone: by their digest; config.json there: naming the field)."""
+  cfg = tiny_cfg(compilation_cache_dir="/old/cache", vocab_file="/old/vocab.txt")
+  for before in (1, 2):
+    (tmp_path / "runs.jsonl").write_text(json.dumps({"task": "rte", "score": 0.5, "warmup_steps": 1,
+                                                     "settings": runs_lib.settings_digest(cfg, before)}) + "\n")
+    assert runs_lib.settings_digest(cfg, before) != runs_lib.settings_digest(cfg)
     runs_lib.check_resume(cfg, tmp_path)
+    assert not (tmp_path / "config.json").exists()  # (written once the command's every check has passed)
+    other = tiny_cfg(compilation_cache_dir="/another/cache" if before == 2 else "/old/cache",
+                     vocab_file="/old/vocab.txt" if before == 2 else "/new/vocab.txt")
+    with pytest.raises(UserError, match=r"holds 1 runs fine-tuned under other settings"):
+      runs_lib.check_resume(other, tmp_path)
+  runs_lib.record_config(cfg, tmp_path)
+  with pytest.raises(UserError, match=r"holds 1 runs whose settings, as they were recorded, include vocab_file="
+                                      r"'/old/vocab.txt' \(now '/new/vocab.txt'\): rerun with the same values, or use "
+                                      r"a new --workdir$"):
+    runs_lib.check_resume(tiny_cfg(compilation_cache_dir="/old/cache", vocab_file="/new/vocab.txt"), tmp_path)
 
 
 def test_repeated_tasks_or_learning_rates_are_refused_up_front(tmp_path):
@@ -333,6 +341,13 @@ def test_runs_from_other_hf_weights_are_refused(bert_vocab, glue_dir, tmp_path):
   [record] = runs_lib.read_runs(workdir)
   assert record["init"]["step"] is None and len(record["init"]["checksum"]) == 16
   run(cfg, workdir)  # the same weights: resumes, nothing rerun
+  assert len(runs_lib.read_runs(workdir)) == 1
+  # Moved, and the vocab given as a copy of its own: the same weights and vocab (digests), so the same runs (before,
+  # refused: "holds runs of another config (changed: init_hf, vocab_file)").
+  shutil.copytree(hf_dir, tmp_path / "moved")
+  moved = cfg.copy_and_resolve_references()
+  moved.update(init_hf=str(tmp_path / "moved"), vocab_file=str(tmp_path / "moved" / "vocab.txt"))
+  run(moved, workdir)
   assert len(runs_lib.read_runs(workdir)) == 1
   save_weights(1)
   checksum = record["init"]["checksum"]

@@ -24,16 +24,18 @@ from tupe.store import storage
 RESUMABLE_FIELDS = ("tasks", "learning_rates", "seeds", "data_dir", "tfds_data_dir", "predict_test", "plot_reference",
                     "log_every", "tensorboard", "peak_flops", "eval_batch_size", "mesh", "sharding_rules",
                     "distributed", "save_models", "checkpoint", "check_memory", "compilation_cache_dir")
-# Where the init checkpoint is read from: not a setting of the runs, whose records carry the checkpoint's step and
-# checksum instead (`init_identity`), so that a grid started from DIR resumes with DIR/checkpoints/<step> pinned.
-LOCATION_FIELDS = ("init_checkpoint",)
+# Where the initial weights and the vocab are read from: not settings of the runs, whose records carry what was read
+# instead (`init_identity`: the checkpoint's step and checksum, the HF import's digest, the vocab's digest), so that a
+# grid started from DIR resumes with DIR/checkpoints/<step> pinned, and a moved vocab or HF import is the same one.
+LOCATION_FIELDS = ("init_checkpoint", "init_hf", "vocab_file")
 # Settings added after workdirs were written, with the value every older run had: left out of the settings (digest
 # and config.json comparison) at that value, so that an older workdir resumes under today's defaults.
 ADDED_FIELDS = {"grad_accum_steps": 1, "warmup_steps": 0, "hidden_dropout": 0.1, "attention_dropout": 0.1,
                 "classifier_initializer_range": 0.02}
-# Fields that the settings digest of runs recorded before 2026-11-30 counted (made resumable since): such a run
-# matches the digest computed with them in, at today's values.
-DIGESTED_BEFORE = ("compilation_cache_dir",)
+# Fields that the settings digest of older runs counted (made resumable or locations since), newest change first:
+# runs recorded before 2026-12-03 counted init_hf and vocab_file, those before 2026-11-30 compilation_cache_dir too.
+# Such a run matches the digest computed with its era's fields in, at today's values.
+DIGESTED_BEFORE = (("init_hf", "vocab_file"), ("compilation_cache_dir",))
 
 
 def read_runs(workdir: storage.PathLike) -> list[dict]:
@@ -103,13 +105,14 @@ def load_predictions(path: storage.Path) -> dict[str, np.ndarray]:
     return dict(saved)
 
 
-def settings_digest(cfg, before: bool = False) -> str:
+def settings_digest(cfg, before: int = 0) -> str:
   """A digest of the fine-tuning settings that determine a run's result: the config without RESUMABLE_FIELDS and
-  LOCATION_FIELDS. Every runs.jsonl record carries it. `before`: the digest as older runs were recorded with, the
-  DIGESTED_BEFORE fields in."""
+  LOCATION_FIELDS. Every runs.jsonl record carries it. `before`: the digest as runs recorded `before` changes of
+  DIGESTED_BEFORE ago were, the fields of its first `before` entries in."""
   config = json.loads(cfg.to_json_best_effort())
-  fields = dict(settings(config), **({k: config[k] for k in DIGESTED_BEFORE if k in config} if before else {}))
-  return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+  older = [k for fields in DIGESTED_BEFORE[:before] for k in fields if k in config]
+  return hashlib.sha256(json.dumps(dict(settings(config), **{k: config[k] for k in older}),
+                                   sort_keys=True).encode()).hexdigest()[:16]
 
 
 def settings(config: dict) -> dict:
@@ -150,18 +153,23 @@ def check_resume(cfg, workdir: storage.Path) -> None:
   change, whether config.json names them or, once it is gone, the runs' settings digests tell."""
   path = workdir / "config.json"
   new = json.loads(cfg.to_json_best_effort())
-  runs = read_runs(workdir)
+  runs, recorded = read_runs(workdir), {}
   if storage.exists(path) and runs:
-    old = jsonfile.read(path, "restore it, or delete it to have it rewritten from this command (the runs' settings "
-                        "digests are still checked)")
-    old, current = settings(old), settings(new)
+    recorded = jsonfile.read(path, "restore it, or delete it to have it rewritten from this command (the runs' "
+                             "settings digests are still checked)")
+    old, current = settings(recorded), settings(new)
     changed = sorted(k for k in set(old) | set(current) if old.get(k) != current.get(k))
     if changed:
       raise UserError(f"{workdir} holds runs of another config (changed: {', '.join(changed)}): use a new "
                       f"--workdir, or the same values")
   digest = settings_digest(cfg)
-  same = (digest, settings_digest(cfg, before=True))
+  same = [settings_digest(cfg, before) for before in range(len(DIGESTED_BEFORE) + 1)]
   other = [run for run in runs if run.get("settings", digest) not in same]
+  moved = [k for fields in DIGESTED_BEFORE for k in fields if k in recorded and recorded[k] != new.get(k)]
+  if other and moved:  # (config.json's settings are the same: the runs' digests count a field that is not any more)
+    raise UserError(f"{workdir} holds {len(other)} runs whose settings, as they were recorded, include "
+                    f"{', '.join(f'{k}={recorded[k]!r} (now {new.get(k)!r})' for k in moved)}: rerun with the same "
+                    f"values, or use a new --workdir")
   if other:
     why = "config.json is missing" if not storage.exists(path) else "config.json was replaced"
     raise UserError(f"{workdir} holds {len(other)} runs fine-tuned under other settings (digest "
