@@ -430,6 +430,11 @@ def test_submission_note_names_every_missing_file(tmp_path):
       "their tasks to --config.tasks; missing MNLI-m.tsv, MNLI-mm.tsv, RTE.tsv, AX.tsv: the chosen run has no "
       "finite test predictions (diverged, or run with predict_test=False)")
   assert outputs.submission_note(runs + [{"task": "WNLI"}], every) == "11 of 11; zip them together"
+  # Midway through a command that runs QQP and WNLI next (before, "add their tasks to --config.tasks").
+  assert outputs.submission_note(runs[:4] + runs[5:], some, to_run=("QQP", "WNLI")) == (
+      "6 of 11; WNLI.tsv: the majority class 0 for every row, as BERT's authors submitted (until WNLI's runs finish); "
+      "QQP.tsv once their tasks are run, later in this command; missing MNLI-m.tsv, MNLI-mm.tsv, RTE.tsv, AX.tsv: the "
+      "chosen run has no finite test predictions (diverged, or run with predict_test=False)")
 
 
 def write_meta(root, lowercase, vocab=("[PAD]", "[UNK]")):

@@ -327,8 +327,13 @@ def test_a_rerun_that_changes_the_choice_leaves_nothing_of_the_former_one(pretra
   finetune.run(cfg, str(tmp_path), devices=jax.devices()[:1])
   assert runs_lib.best_run(runs_lib.read_runs(tmp_path))["seed"] == 1  # the choice changed
   assert not (tmp_path / "models" / "STS-B").exists() and not list((tmp_path / "submission").iterdir())
+  out = capsys.readouterr().out
   assert (f"no model in {tmp_path / 'models' / 'STS-B'}: the chosen run, STS-B lr 0.001 seed 1, has none (it was "
-          f"run without keeping models") in capsys.readouterr().out
+          f"run without keeping models") in out
+  # (before, the log said nothing of the server files the rerun removed)
+  assert (f"; no GLUE server files: no task's chosen run has finite test predictions (diverged, or run with "
+          f"predict_test=False); removed STS-B.tsv, WNLI.tsv from {tmp_path / 'submission'}: a former choice's, not "
+          f"the chosen run's\n") in out
 
 
 def test_a_rate_named_as_a_recorded_one_is_refused(pretrained, glue_dir, tmp_path):

@@ -277,7 +277,7 @@ def _run_grid(cfg, workdir, tasks, pending, data_ids, lrs, backbone, identity, e
     console.log(f"MFU against {peak / 1e12:.2f} TFLOP/s per device ({peak_source}); each run's metrics in "
                 f"{workdir / 'runs'}/<task>_lr<lr>_seed<seed>/metrics.jsonl")
   peak_flops = peak * mesh.devices.size
-  for task in tasks:
+  for i, task in enumerate(tasks):
     if not pending[task.name]:
       console.log(f"{task.name}: {console.plural(len(lrs) * len(cfg.seeds), 'run')} finished, skipped")
       continue
@@ -313,6 +313,6 @@ def _run_grid(cfg, workdir, tasks, pending, data_ids, lrs, backbone, identity, e
       if record["degenerate"]:
         console.warn(f"{label} | degenerate dev predictions, "
                      + "; ".join(f"{ev}: {why}" for ev, why in record["degenerate"].items()))
-    outputs.write_outputs(cfg, workdir, backbone, identity)
+    outputs.write_outputs(cfg, workdir, backbone, identity, [t.name for t in tasks[i + 1:] if pending[t.name]])
   if not total:
     outputs.write_outputs(cfg, workdir, backbone, identity)

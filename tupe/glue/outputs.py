@@ -49,17 +49,22 @@ def submission_predictions(workdir: storage.Path, runs: list[dict]) -> dict:
   return predictions
 
 
-def submission_note(runs: list[dict], written: list[storage.Path]) -> str:
-  """The log's account of the server files: how many of 11, WNLI's majority class, and the missing ones."""
+def submission_note(runs: list[dict], written: list[storage.Path], to_run=()) -> str:
+  """The log's account of the server files: how many of 11, WNLI's majority class, and the missing ones (`to_run`:
+  the tasks this command has yet to fine-tune)."""
   tasks = {run["task"] for run in runs}
   written_names = {path.stem for path in written}
   missing = {name: glue.TASKS[ev.task].model_task or ev.task  # The task whose model predicts it.
              for name, ev in glue.EVALUATIONS.items() if name not in written_names}
   note = f"{len(written)} of {len(glue.EVALUATIONS)}"
   if "WNLI" not in tasks:
-    note += f"; WNLI.tsv: the majority class {WNLI_MAJORITY_CLASS} for every row, as BERT's authors submitted"
-  untrained = [f"{name}.tsv" for name, task in missing.items() if task not in tasks]
+    note += (f"; WNLI.tsv: the majority class {WNLI_MAJORITY_CLASS} for every row, as BERT's authors submitted"
+             + (" (until WNLI's runs finish)" if "WNLI" in to_run else ""))
+  later = [f"{name}.tsv" for name, task in missing.items() if task in to_run]
+  untrained = [f"{name}.tsv" for name, task in missing.items() if task not in tasks and task not in to_run]
   unpredicted = [f"{name}.tsv" for name, task in missing.items() if task in tasks]
+  if later:
+    note += f"; {', '.join(later)} once their tasks are run, later in this command"
   if untrained:
     note += f"; missing {', '.join(untrained)}: add their tasks to --config.tasks"
   if unpredicted:
@@ -68,10 +73,11 @@ def submission_note(runs: list[dict], written: list[storage.Path]) -> str:
   return note + ("" if missing else "; zip them together")
 
 
-def write_outputs(cfg, workdir: storage.Path, backbone: backbone_lib.Backbone, identity: dict) -> None:
+def write_outputs(cfg, workdir: storage.Path, backbone: backbone_lib.Backbone, identity: dict, to_run=()) -> None:
   """results.json/.md/.png of every finished run (`identity`: the backbone's `runs.init_identity`), and submission/
   files and models/<TASK> from each task's best run; submission/ holds no other server file (one written for a
-  former choice, whose chosen run now has no test predictions, is removed)."""
+  former choice, whose chosen run now has no test predictions, is removed, and the log says so). `to_run`: the
+  tasks the command has yet to fine-tune, whose files the log does not call missing."""
   runs = runs_lib.read_runs(workdir)
   if not runs or jax.process_index() != 0:
     return
@@ -80,11 +86,18 @@ def write_outputs(cfg, workdir: storage.Path, backbone: backbone_lib.Backbone, i
   reference = dict(zip(glue_metrics.TUPE_AVERAGE_TASKS, paper)) if paper else None
   paths = report.write_report(workdir, runs_lib.run_records(runs), reference, f"TUPE paper, {backbone.cfg.name} base",
                               about={"init": identity})
-  predictions = submission_predictions(workdir, runs)
-  for name in (name for name in glue.EVALUATIONS if name not in predictions):
-    storage.remove(workdir / "submission" / f"{name}.tsv")  # a former choice's: not the chosen run's predictions
-  files = report.write_submission(workdir / "submission", predictions) if predictions else []
-  console.log(f"wrote {', '.join(str(p) for p in paths.values())}"
-              + (f"; GLUE server files in {workdir / 'submission'} ({submission_note(runs, files)})" if files else ""))
+  predictions, folder = submission_predictions(workdir, runs), workdir / "submission"
+  removed = [f"{name}.tsv" for name in glue.EVALUATIONS
+             if name not in predictions and storage.exists(folder / f"{name}.tsv")]
+  for name in removed:
+    storage.remove(folder / name)  # a former choice's: not the chosen run's predictions
+  files = report.write_submission(folder, predictions) if predictions else []
+  line = f"wrote {', '.join(str(p) for p in paths.values())}; " + (
+      f"GLUE server files in {folder} ({submission_note(runs, files, to_run)})" if files else
+      "no GLUE server files: no task's chosen run has finite test predictions (diverged, or run with "
+      "predict_test=False)")
+  if removed:
+    line += f"; removed {', '.join(removed)} from {folder}: a former choice's, not the chosen run's"
+  console.log(line)
   for note in keep.publish(cfg, workdir, runs):
     console.log(note)
