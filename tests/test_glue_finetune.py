@@ -650,6 +650,9 @@ def test_a_degenerate_run_is_flagged(pretrained, glue_dir, tmp_path, capsys):
   markdown = (workdir / "results.md").read_text()
   assert "**52.71 (52.71 to 52.71, 1 seed, 1 degenerate)**" in markdown
   assert "- RTE lr 0.001 seed 0: all one class (entailment)" in markdown
-  warnings = [line for line in capsys.readouterr().err.splitlines() if "degenerate" in line]
+  said = capsys.readouterr()
+  warnings = [line for line in said.err.splitlines() if "degenerate" in line]
   assert warnings == ["warning: [1/1] RTE lr 0.001 seed 0 | degenerate dev predictions, RTE: all one class "
                       "(entailment)"]
+  # Each reason with its evaluation's name (MNLI's two were two reasons side by side).
+  assert "(dev score 52.71; degenerate: RTE: all one class (entailment))" in said.out

@@ -137,9 +137,9 @@ def test_degenerate_runs_are_marked():
   assert [run["degenerate"] for run in content["runs"]] == ["all one class (entailment)", None]
   table = report.markdown_table(records)
   assert "| **55.36 (52.71 to 58.00, 2 seeds, 1 degenerate)** |" in table
-  assert table.endswith("Degenerate runs (1): their dev predictions are all one class or a constant score, so their "
-                        "scores are those of a model that learned nothing it shows.\n\n- RTE lr 0.0001 seed 0: all "
-                        "one class (entailment)\n")
+  assert table.endswith("Degenerate dev evaluations (1; MNLI's runs are evaluated twice): their predictions are all "
+                        "one class or a constant score, so their scores are those of a model that learned nothing it "
+                        "shows.\n\n- RTE lr 0.0001 seed 0: all one class (entailment)\n")
   assert "Degenerate" not in report.markdown_table(records[1:])
   (rte,) = report.summarize(records)  # results.png says so on the bar (drawn like any other before)
   assert report.bar_label(rte.best) == "55.4\n1 of 2 degenerate"

@@ -216,8 +216,9 @@ def markdown_table(records: Iterable[RunRecord]) -> str:
     lines.append(f"- {average.label}: {value}")
   degenerate = [r for r in records if r.degenerate]
   if degenerate:
-    lines += ["", f"Degenerate runs ({len(degenerate)}): their dev predictions are all one class or a constant "
-              "score, so their scores are those of a model that learned nothing it shows.", ""]
+    lines += ["", f"Degenerate dev evaluations ({len(degenerate)}; MNLI's runs are evaluated twice): their "
+              "predictions are all one class or a constant score, so their scores are those of a model that learned "
+              "nothing it shows.", ""]
     lines += [f"- {r.task} lr {r.lr:g} seed {r.seed}: {r.degenerate}" for r in degenerate]
   return "\n".join(lines) + "\n"
 
