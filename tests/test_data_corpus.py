@@ -56,6 +56,13 @@ def test_sentences():
       "Mr. Bennet said so.", '"Is it?" asked Mrs. Long.', "J. K. Smith (the 2nd) left at 5 p.m. on Monday!",
       "It was 3.5 km, e.g. to St. Ives...", "Then 1920 came. the end"]
   assert corpus.document_sentences("A title\nFirst one. Second  one.\n\n") == ["A title", "First one.", "Second one."]
+  # Long runs of letters or dots, split where they end (before, each took minutes: the pattern was tried against the
+  # rest of the run from each of its positions), words of any length before the punctuation.
+  dna, dots = "ACGT" * 25_000, "." * 100_000
+  assert corpus.split_sentences(f"It reads {dna} in all. Then {dots} The end {dna}") == [
+      f"It reads {dna} in all.", f"Then {dots}", f"The end {dna}"]
+  assert corpus.split_sentences(f"{'x' * 70} Mr. {'y' * 70}. Dr. Who. A. B.") == [
+      f"{'x' * 70} Mr. {'y' * 70}.", "Dr. Who.", "A. B."]
 
 
 def test_eval_documents_are_spread_evenly():

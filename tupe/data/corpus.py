@@ -23,7 +23,9 @@ DOCUMENTS = ("paragraphs", "files")  # What a text file's document is: each bloc
 _BLANK_LINES = re.compile(r"\n\s*\n")
 # A sentence ends at . ! or ? (then maybe closing quotes or brackets), followed by space and a capital, digit or
 # opening quote. Group 1 is the word before the punctuation, to leave abbreviations and initials alone.
-_SENTENCE_END = re.compile(r"(\w*)([.!?]+)[\"'’”)\]]*\s+(?=[\"'‘“(\[]*[A-Z0-9])")
+# Both runs bounded: unbounded, each position inside a long run of letters (a DNA sequence, a hash) or of dots was
+# tried against the rest of the run, minutes for 50 KB of them; a longer word is no abbreviation or initial either.
+_SENTENCE_END = re.compile(r"(\w{0,64})([.!?]{1,16})[\"'’”)\]]*\s+(?=[\"'‘“(\[]*[A-Z0-9])")
 _ABBREVIATIONS = frozenset(
     "mr mrs ms dr st sr jr prof rev hon gen col capt lt sgt gov mt no vs etc cf al fig vol ch pp ed eds inc ltd co "
     "corp jan feb mar apr jun jul aug sep sept oct nov dec".split())
