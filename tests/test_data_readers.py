@@ -40,6 +40,17 @@ def test_byte_ranges_give_the_whole_files_documents(shared_data):
     assert documents_of("text", files, unit_bytes)[0] == whole
 
 
+def test_a_line_of_unicode_whitespace_is_blank(tmp_path):
+  """A line holding only a no-break space (U+00A0) or an ideographic space (U+3000) separates paragraphs, as an empty
+  one does (before, it joined the paragraphs around it: bytes.strip() knows only ASCII whitespace)."""
+  path = tmp_path / "spaces.txt"
+  path.write_text("First one.\n\u00a0\nSecond one.\n\n\u3000 \nThird one.\n\u00e9t\u00e9\nstill third.\n")
+  assert documents_of("text", str(path))[0] == ["First one.", "Second one.", "Third one. \u00e9t\u00e9 still third."]
+  lines = tmp_path / "lines.txt"
+  lines.write_text("one\n\u00a0\ntwo\n")
+  assert documents_of("lines", str(lines))[0] == ["one", "two"]
+
+
 def test_a_unit_ends_where_it_fills_up():
   """Units of 10 bytes: a file of exactly 10 is a unit of its own, a larger one is cut every 10 bytes, and a smaller
   one shares a unit with the rest of the one before."""

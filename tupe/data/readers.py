@@ -69,15 +69,22 @@ def _lines(f, begin: int, book_start: int) -> Iterator[tuple[int, bytes]]:
     offset += len(line)
 
 
+def _blank(line: bytes) -> bool:
+  """Whether a line holds only whitespace, a no-break or ideographic space as well as ASCII's (`bytes.strip` knows
+  only ASCII's: a line of a no-break space joined the paragraphs around it)."""
+  return not line.strip() or (not line.isascii() and not line.decode("utf-8", "replace").strip())
+
+
 def _paragraphs(f, begin: int, end: int, book: tuple[int, int]) -> Iterator[list[bytes]]:
-  """The paragraphs (lists of stripped lines) that start in [begin, end) of the book's byte range `book`."""
+  """The paragraphs (lists of stripped lines) that start in [begin, end) of the book's byte range `book`; blank
+  lines (`_blank`) separate them."""
   paragraph: list[bytes] = []
   blank_before = begin if begin == book[0] else None  # Offset of the line before this one, if blank.
   for offset, line in _lines(f, begin, book[0]):
     if offset >= book[1]:
       break
     line = line.strip()
-    if not line:
+    if _blank(line):
       if paragraph:
         yield paragraph
         paragraph = []
@@ -150,7 +157,7 @@ def documents(source: dict, entry: dict, begin: int, end: int, tally: Tally) -> 
         yield from paragraphs
     else:
       for line in _text_lines(f, begin, end, book):
-        if not line.strip():
+        if _blank(line):
           continue
         text = decode(line, tally)
         if source["format"] == "lines":
