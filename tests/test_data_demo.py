@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from tupe import console
 from tupe.data import demo
 from tupe.data import pipeline
 from tupe.data import wordpiece
@@ -72,6 +73,22 @@ def test_demo_source_needs_no_vocab_file(cache_dir):
   assert (batch["input_ids"] == info.unk_id).sum() < 0.01 * batch["attention_mask"].sum()
   eval_it, _ = pipeline.make_pretrain_iterator(cfg, seq_len=128, batch_size=4, seed=0, split="eval")
   assert next(eval_it)["input_ids"].shape == (4, 128)
+
+
+def test_tokenizing_the_demo_counts_its_records(cache_dir, capsys, monkeypatch):
+  """The demo corpus's sizes are known only once read (units count each record as 4 KB): its progress is counted in
+  records, up to their number (before: "tokenizing 30 MB of text" for 1.3 MB)."""
+  monkeypatch.setattr(console.Meter, "FIRST_S", 0.0)
+  monkeypatch.setattr(console.Meter, "EVERY_S", 0.0)
+  cfg = pipeline.default_data_config()
+  cfg.update(cache_dir=str(cache_dir), shard_cache="always")
+  pipeline.PretrainData(cfg, seq_len=64)
+  records = f"{len(demo.demo_documents(cache_dir)):,}"
+  said = capsys.readouterr()
+  assert f"data: tokenizing {records} records once into {cache_dir}" in said.out
+  lines = said.err.splitlines()
+  assert re.fullmatch(rf"data: tokenizing: {records} records in \dm\d\ds, [\d,.]+ records/s", lines[-1]), lines
+  assert all(re.fullmatch(rf"data: tokenizing: [\d,]+/{records} records \(\d+%\), .*", line) for line in lines[:-1])
 
 
 def test_a_cache_dir_that_is_a_file_is_one_line(tmp_path):

@@ -190,7 +190,7 @@ def test_text_source_caches_its_shards_once(corpus_glob, bert_vocab, tmp_path, c
   cfg.update(source="text", files=corpus_glob, vocab_file=str(bert_vocab), packing="segment_pair",
              cache_dir=str(tmp_path / "cache"), shard_cache="always")
   first = pipeline.PretrainData(cfg, seq_len=SEQ_LEN)
-  assert "tokenizing 2 MB of text once into" in capsys.readouterr().out
+  assert re.search(r"data: tokenizing 1\.\d MB of text once into", capsys.readouterr().out)  # (it said "2 MB")
   (folder,) = (tmp_path / "cache" / "shards").iterdir()
   written = (folder / "metadata.json").stat().st_mtime_ns
   examples._CACHE.clear()  # pylint: disable=protected-access  (as in a new process)

@@ -219,7 +219,8 @@ class Meter:
 
   Args:
     what: what is being waited for ("tokenizing").
-    total: the amount of work, in `unit`s times `scale` (bytes, shown as MB, with the default scale).
+    total: the amount of work, in `unit`s times `scale` (bytes, shown as MB, with the default scale); counted
+      one by one (scale 1: "records"), it is shown in whole numbers.
   """
 
   FIRST_S = 2.0
@@ -243,8 +244,11 @@ class Meter:
     # No ETA before a share of the work is done (a slow start, a bucket's first read, would project hours).
     started = self.total and self.done >= self.ETA_AFTER * self.total
     eta = format_duration((self.total - self.done) / rate) if rate and started else "?"
-    return (f"{self.what}: {self.done / self.scale:,.1f}/{self.total / self.scale:,.1f} {self.unit}{share}, "
+    return (f"{self.what}: {self._amount(self.done)}/{self._amount(self.total)} {self.unit}{share}, "
             f"{rate / self.scale:,.2f} {self.unit}/s, ETA {eta}")
+
+  def _amount(self, value: float) -> str:
+    return f"{value / self.scale:,.{1 if self.scale != 1 else 0}f}"
 
   def is_due(self) -> bool:
     """Whether the next `update` writes a line (for work whose count costs something to take)."""
@@ -263,7 +267,7 @@ class Meter:
     if not self.said:
       return
     elapsed = time.monotonic() - self.start
-    self._write(f"{self.what}: {self.done / self.scale:,.1f} {self.unit} in {format_duration(elapsed)}, "
+    self._write(f"{self.what}: {self._amount(self.done)} {self.unit} in {format_duration(elapsed)}, "
                 f"{self.done / self.scale / elapsed:,.2f} {self.unit}/s", final=True)
 
   def cut_short(self) -> None:

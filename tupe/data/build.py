@@ -108,17 +108,40 @@ def unit_bytes(plan: dict, unit: int) -> int:
   return sum(units.piece_bytes(plan["inputs"][index], begin, end) for index, begin, end in plan["units"][unit])
 
 
-def metered(items: Iterable, meter: console.Meter, done: int, size: int, tallies: dict[str, Tally],
+def _of_records(plan: dict) -> bool:
+  """Whether the plan reads records (a TFDS dataset, the demo corpus), whose sizes are known only once read: units
+  count each as units.RECORD_BYTES."""
+  return plan["inputs"][0]["kind"] in ("tfds", "demo")
+
+
+def meter(plan: dict, what: str, units_todo: Iterable[int]) -> tuple[console.Meter, dict[int, int]]:
+  """The progress meter of tokenizing the plan's `units_todo`, and the work of each: in MB of the files, or in
+  records (`_of_records`)."""
+  work = {u: unit_bytes(plan, u) // (units.RECORD_BYTES if _of_records(plan) else 1) for u in units_todo}
+  shown = dict(unit="records", scale=1) if _of_records(plan) else {}
+  return console.Meter(what, sum(work.values()), **shown), work
+
+
+def amount(plan: dict) -> str:
+  """What the plan reads, as a line says it: "1.3 MB of text" (its files), "7,421 records"."""
+  if _of_records(plan):
+    return console.plural(sum(units.whole(e)[1] for e in plan["inputs"]), "record")
+  return f"{input_bytes(plan) / 2**20:,.1f} MB of text"
+
+
+def metered(items: Iterable, plan: dict, meter: console.Meter, done: int, work: int, tallies: dict[str, Tally],
             check: Callable[[], None] = lambda: None) -> Iterator:
-  """`items` (a unit's examples) passed through, updating `meter` with the bytes read so far: `done` before the unit,
-  and within it (`size` bytes) the characters of the documents counted in `tallies` since it began; `check` is
-  called before each (it raises for a stop signal heard: `tupe.signals.heard`)."""
-  characters = lambda: sum(t.characters for t in tallies.values())
-  start = characters()
+  """`items` (a unit's examples) passed through, updating `meter` (from `meter`) with the work done so far: `done`
+  before the unit, and within it (`work`) the characters of the documents counted in `tallies` since it began, or
+  their number where the plan reads records; `check` is called before each (it raises for a stop signal heard:
+  `tupe.signals.heard`)."""
+  records = _of_records(plan)
+  read = lambda: sum(t.documents + t.empty_documents if records else t.characters for t in tallies.values())
+  start = read()
   for item in items:
     check()
     if meter.is_due():
-      meter.update(done + min(size, characters() - start))
+      meter.update(done + min(work, read() - start))
     yield item
 
 

@@ -77,7 +77,7 @@ def _cached_shards(data_cfg, plan: dict) -> dict[str, ExampleSource]:
   if storage.exists(folder / shards.METADATA):
     console.log(f"data: reusing the tokenized corpus in {folder}")
   else:
-    console.log(f"data: tokenizing {build.input_bytes(plan) / 2**20:,.0f} MB of text once into {folder} (later "
+    console.log(f"data: tokenizing {build.amount(plan)} once into {folder} (later "
                 f"starts reuse it; `python -m tupe.data.preprocess` does the same ahead of time)")
     parallel.run(plan, folder, parallel.default_workers(), log=lambda line: console.log(f"data: {line}"),
                  what="data: tokenizing")
@@ -89,14 +89,14 @@ def _in_memory(plan: dict) -> dict[str, ExampleSource]:
   progress: `tupe.console.Meter`)."""
   tallies: dict[str, Tally] = {}
   examples, digests = {s: [] for s in corpus.SPLITS}, []
-  meter, done = console.Meter("data: tokenizing", build.input_bytes(plan)), 0
+  (meter, work), done = build.meter(plan, "data: tokenizing", range(len(plan["units"]))), 0
   for unit in range(len(plan["units"])):
-    size, unit_digests = build.unit_bytes(plan, unit), build.Digests()
+    unit_digests = build.Digests()
     made = unit_digests.passed(build.unit_examples(plan, unit, tallies))
-    for split, example in build.metered(made, meter, done, size, tallies):
+    for split, example in build.metered(made, plan, meter, done, work[unit], tallies):
       examples[split].append(example)
     digests.append(unit_digests.as_dict())
-    done += size
+    done += work[unit]
     meter.update(done)
   meter.close()
   totals = build.input_tallies(plan, [{n: t.as_dict() for n, t in tallies.items()}])

@@ -55,14 +55,15 @@ def _prepare(plan: dict, output: storage.PathLike) -> None:
   storage.write_text(path, text)
 
 
-def _unit_job(plan: dict, output: str, unit: int, meter: console.Meter | None = None, done: int = 0,
+def _unit_job(plan: dict, output: str, unit: int, meter: console.Meter | None = None, done: int = 0, work: int = 0,
               check: Callable[[], None] = lambda: None) -> dict:
-  """Tokenizes, packs and writes one unit (in a worker process, or here, updating `meter` from `done` bytes on and
-  calling `check` before each example: `tupe.signals.heard`); returns its manifest record."""
+  """Tokenizes, packs and writes one unit (in a worker process, or here, updating `meter` from `done` on by the
+  unit's `work`, `build.meter`, and calling `check` before each example: `tupe.signals.heard`); returns its manifest
+  record."""
   tallies = {}
   examples = build.unit_examples(plan, unit, tallies)
   if meter is not None:
-    examples = build.metered(examples, meter, done, build.unit_bytes(plan, unit), tallies, check)
+    examples = build.metered(examples, plan, meter, done, work, tallies, check)
   return shards.write_unit(output, unit, examples, tallies)
 
 
@@ -101,7 +102,7 @@ def _finish(plan: dict, output: storage.PathLike, records: list[dict]) -> dict:
 def run(plan: dict, output: storage.PathLike, workers: int, task: tuple[int, int] = (0, 1), log=console.log,
         what: str = "tokenizing") -> dict | None:
   """Makes the plan's units that belong to `task` and are not done yet in `output`, with `workers` processes; the
-  wait shows its progress (bytes, rate, ETA: `tupe.console.Meter`, labelled `what`).
+  wait shows its progress (MB or records, rate, ETA: `build.meter`, labelled `what`).
 
   Args:
     plan: from `tupe.data.build.make_plan`.
@@ -123,14 +124,13 @@ def run(plan: dict, output: storage.PathLike, workers: int, task: tuple[int, int
   log(f"task {index}/{count}: {len(todo)} of {console.plural(len(plan['units']), 'unit')} to do"
       + (f" ({done} done before: resuming)" if done else "")
       + f", {console.plural(min(workers, max(1, len(todo))), 'worker')}")
-  sizes = {u: build.unit_bytes(plan, u) for u in todo}
-  meter, done = console.Meter(what, sum(sizes.values())), 0
+  (meter, sizes), done = build.meter(plan, what, todo), 0
   describe = lambda: f"the finished units are kept in {output}; rerun the same command to resume"  # (a 2nd signal)
   try:
     if workers == 1 or len(todo) <= 1:
       with signals.saving(describe), signals.heard() as check:
         for u in todo:
-          _unit_job(plan, str(output), u, meter, done, check)
+          _unit_job(plan, str(output), u, meter, done, sizes[u], check)
           done += sizes[u]
           meter.update(done)
     else:
