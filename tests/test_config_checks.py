@@ -7,6 +7,7 @@ import pytest
 
 from configs import pretrain as pretrain_config
 from tupe import config_files
+from tupe import models
 from tupe.errors import UserError
 from tupe.glue import finetune
 from tupe.run import quiet
@@ -15,6 +16,10 @@ from tupe.train import checks
 
 # (field, value, the error line's start)
 BAD_VALUES = (
+    # (before, labels only: --config.model.name=foo trained, printed and recorded as "foo")
+    ("model.name", "foo", "model.name='foo' is not a model's name (bert_a, bert_r, tupe_a, tupe_a_tie_cls, tupe_r, "
+                          "convbert): it labels the model a config file made; choose the model there"),
+    ("model.size", "huge", "model.size='huge' is not a size (tiny, small, medium_small, base, large)"),
     ("model.num_heads", 0, "model.num_heads=0 must be 1 or more"),
     ("model.ffn_groups", 0, "model.ffn_groups=0 must be 1 or more"),
     ("model.conv_kernel_size", -1, "model.conv_kernel_size=-1 must be 1 or more"),  # odd, and was let through
@@ -84,6 +89,19 @@ def test_bad_values_are_one_line(field, value, words):
   (cfg[parent] if parent else cfg)[name] = value
   with pytest.raises(UserError, match=f"^{re.escape(words)}"):
     checks.check_config(cfg)
+
+
+def test_a_model_its_name_does_not_describe_is_labelled_so():
+  """model.name and model.size label the model a config file made: the lines that name it say which of the flags
+  that tell the models apart were changed (before, --config.model.name=bert_a on TUPE-A's config trained TUPE-A
+  and said "model bert_a (tiny)")."""
+  cfg = models.get_config("bert_a", "tiny")
+  assert models.label(cfg) == "bert_a (tiny)"
+  cfg.update(position="untied", cls_reset=True, hidden_size=96)  # (sizes are the model's to change)
+  assert models.label(cfg) == "bert_a (tiny; position='untied', cls_reset=True: not bert_a's)"
+  study_bert = pretrain_config.get_config("convbert,small").model  # the ConvBERT study's BERT layers
+  study_bert.update(name="bert_a", head_ratio=1, ffn_groups=1)
+  assert models.label(study_bert) == "bert_a (small)"
 
 
 LOADER_ERRORS = [

@@ -221,7 +221,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
     sharding.check_batch_size("batch_size", cfg.batch_size, mesh, cfg.grad_accum_steps)
     sharding.check_batch_size("eval_batch_size", cfg.eval_batch_size, mesh)
     rules = partitioning.rules_from_config(cfg.sharding_rules)
-    console.log(f"fine-tuning {backbone.source}: {backbone.cfg.name} ({backbone.cfg.size}), head {cfg.head}; mesh "
+    console.log(f"fine-tuning {backbone.source}: {models.label(backbone.cfg)}, head {cfg.head}; mesh "
                 f"{dict(mesh.shape)} over {console.plural(mesh.devices.size, f'{jax.devices()[0].platform} device')}; "
                 f"batch {cfg.batch_size} x {cfg.max_seq_len} tokens; lrs {', '.join(f'{lr:g}' for lr in lrs)} x seeds "
                 f"{', '.join(map(str, cfg.seeds))}; {console.plural(len(done), 'run')} already in "

@@ -27,6 +27,7 @@ from tupe.models.config import base_config
 from tupe.models.config import check_length
 from tupe.models.config import get_config
 from tupe.models.config import head_dim
+from tupe.models.config import label
 from tupe.models.config import min_param_count
 from tupe.models.config import name_and_size
 from tupe.models.config import validate

@@ -31,9 +31,9 @@ MODELS = ("bert_a", "bert_r", "tupe_a", "tupe_a_tie_cls", "tupe_r", "convbert")
 # trained with MLM instead of ELECTRA).
 PRETRAIN_NAMES = MODELS + ("convbert_mlm",)
 
-# name: (hidden, layers, heads, intermediate, ConvBERT embedding size, ConvBERT FFN groups, max positions)
 INT32_MAX = 2**31 - 1  # token ids, positions, step counters and array shapes are int32 in jax
 
+# name: (hidden, layers, heads, intermediate, ConvBERT embedding size, ConvBERT FFN groups, max positions)
 SIZES = {
     "tiny": (64, 2, 4, 128, 32, 1, 128),
     "small": (256, 12, 4, 1024, 128, 1, 512),
@@ -46,8 +46,8 @@ SIZES = {
 def base_config() -> ml_collections.ConfigDict:
   """All model flags with BERT-A defaults (see the module docstring)."""
   return ml_collections.ConfigDict(dict(
-      name="bert_a",
-      size="base",
+      name="bert_a",              # labels: the model and size the flags started from (get_config), which runs,
+      size="base",                # reports and GLUE's default learning rates go by; the flags below make the model
       vocab_size=30522,
       hidden_size=768,
       num_layers=12,
@@ -79,6 +79,18 @@ def base_config() -> ml_collections.ConfigDict:
       remat="none",               # "none", "full" or "dots" (per-layer rematerialization policy)
       scan_layers=False,          # the layers under nn.scan: one compiled layer, params stacked [layers, ...]
   ))
+
+
+_DEFINING = ("position", "relative_bias", "cls_reset", "head_ratio")  # the flags that tell the models apart
+
+
+def label(cfg: ml_collections.ConfigDict) -> str:
+  """The model as a line names it: "tupe_a (base)", with the flags that tell the models apart where `cfg` sets them
+  otherwise than its named model does (an ablation, or a name given by hand): "bert_a (tiny; position='untied':
+  not bert_a's)"."""
+  named = get_config(cfg.name, cfg.size)
+  changed = [f"{flag}={cfg[flag]!r}" for flag in _DEFINING if cfg[flag] != named[flag]]
+  return f"{cfg.name} ({cfg.size}" + (f"; {', '.join(changed)}: not {cfg.name}'s)" if changed else ")")
 
 
 def name_and_size(arg: str, names: tuple[str, ...], usage: str) -> tuple[str, str]:
@@ -125,6 +137,10 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
   def need(ok, msg):
     if not ok:
       raise UserError(msg)
+  need(cfg.name in MODELS, f"model.name={cfg.name!r} is not a model's name ({', '.join(MODELS)}): it labels the "
+       f"model a config file made; choose the model there (configs/pretrain.py:<model>,<size>) and change its flags")
+  need(cfg.size in SIZES, f"model.size={cfg.size!r} is not a size ({', '.join(SIZES)}): it labels the size a config "
+       f"file made; choose it there (configs/pretrain.py:<model>,<size>) and change the flags of the dimensions")
   need(cfg.position in ("absolute", "untied", "none"),
        f"model.position={cfg.position!r}; use 'absolute', 'untied' or 'none'")
   for name in ("hidden_size", "num_heads", "num_layers", "intermediate_size", "ffn_groups", "embedding_size",

@@ -347,7 +347,7 @@ def describe(setup: Setup, train_data, rows: tuple[int, int]) -> str:
   """The run's first line: model, parameters, objective, mesh, batch and data."""
   cfg = setup.cfg
   n_params = models.param_count(setup.abstract_state.params)
-  return (f"model {cfg.model.name} ({cfg.model.size}), {n_params / 1e6:.2f}M parameters, objective "
+  return (f"model {models.label(cfg.model)}, {n_params / 1e6:.2f}M parameters, objective "
           f"{cfg.objective}; mesh {dict(setup.mesh.shape)} over "
           f"{console.plural(setup.mesh.devices.size, jax.devices()[0].platform + ' device')} on "
           f"{console.plural(jax.process_count(), 'host')}; global batch "
