@@ -1,7 +1,9 @@
 """Sharded training equals unsharded: the same steps on 1 device and on 8 fake CPU devices under several meshes
 give the same losses and parameters (fp32 tolerance)."""
+import ast
 import functools
 import json
+import re
 
 import jax
 from jax.experimental import mesh_utils
@@ -246,6 +248,19 @@ def test_config_json_shows_the_rules():
     assert partitioning.rules_from_config(written) == partitioning.DEFAULT_RULES
     assert ["batch", ["data", "fsdp"]] in written and ["heads", "tensor"] in written
   assert partitioning.rules_from_config(()) == partitioning.DEFAULT_RULES
+
+
+def test_rules_given_on_the_command_line_as_words_say_how_to_give_them():
+  """--config.sharding_rules='((batch,data),)' reaches the config as one string (only a Python literal with quoted
+  names is parsed): the line says so, with an example that is accepted (before: only "is not a pair")."""
+  with pytest.raises(UserError, match=re.escape(
+      "entry '((batch,data),)' is not a pair [logical name, mesh axis | [mesh axes] | None]; on the command line, "
+      f"give all the rules as a Python literal with quoted names, e.g. --config.sharding_rules=\""
+      f"{partitioning.COMMAND_LINE_EXAMPLE}\"")):
+    partitioning.rules_from_config(("((batch,data),)",))
+  example = ast.literal_eval(partitioning.COMMAND_LINE_EXAMPLE)
+  assert partitioning.rules_from_config(example) == example
+  partitioning.check_rule_names(example)
 
 
 def test_rule_naming_an_unknown_mesh_axis_is_an_error():

@@ -12,6 +12,8 @@ from tupe.errors import UserError
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
 
+# Rules as the command line gives them (`--config.sharding_rules="..."`): a Python literal, the names quoted.
+COMMAND_LINE_EXAMPLE = "(('batch', ('data', 'fsdp')), ('embed', 'fsdp'), ('mlp', 'tensor'), ('heads', 'tensor'))"
 DEFAULT_RULES = (
     ("batch", BATCH_AXES),
     ("embed", "fsdp"),
@@ -59,7 +61,9 @@ def rules_from_config(rules_cfg) -> tuple:
   rules = []
   for rule in rules_cfg:
     if not isinstance(rule, (list, tuple)) or len(rule) != 2 or not isinstance(rule[0], str):
-      raise UserError(f"sharding_rules entry {rule!r} is not a pair [logical name, mesh axis | [mesh axes] | None]")
+      raise UserError(f"sharding_rules entry {rule!r} is not a pair [logical name, mesh axis | [mesh axes] | None]"
+                      + ("; on the command line, give all the rules as a Python literal with quoted names, e.g. "
+                         f"--config.sharding_rules=\"{COMMAND_LINE_EXAMPLE}\"" if isinstance(rule, str) else ""))
     name, axes = rule
     axes = tuple(axes) if isinstance(axes, (list, tuple)) else axes
     unknown = [a for a in ((axes,) if isinstance(axes, str) else axes or ()) if a not in MESH_AXES]
