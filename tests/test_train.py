@@ -408,12 +408,13 @@ def test_a_printed_sweep_command_runs_from_another_folder_and_a_sweep_ends_with_
               *SWEEP_RUN, "--config.eval_every=2", "--config.eval_batches=1"])
   out = capsys.readouterr().out
   table = out[out.index("[sweep] 2 runs finished:"):].splitlines()[1:]
-  assert table[0] == "| overrides | loss (last 20 steps' mean) | eval loss | workdir |" and len(table) == 4, out
+  assert table[0] == "| overrides | loss (mean of the last 20 steps) | eval loss | workdir |" and len(table) == 4, out
   seed0, seed1 = (row.strip("| ").split(" | ") for row in table[2:])
   losses = [r["loss"] for r in runlog.read_metrics(root / "seed=1") if "loss" in r]
   eval_losses = [r["eval_loss"] for r in runlog.read_metrics(root / "seed=1") if "eval_loss" in r]
   assert len(losses) == 2  # both steps' losses averaged (the last one's alone before)
-  assert seed1 == ["seed=1", f"{sum(losses) / 2:.4f}", f"{eval_losses[-1]:.4f}", str(root / "seed=1")]
+  # (fewer steps than the column's 20: their number said; before, none)
+  assert seed1 == ["seed=1", f"{sum(losses) / 2:.4f} (2 steps)", f"{eval_losses[-1]:.4f}", str(root / "seed=1")]
   # Trained without evaluations, then found finished by a sweep that evaluates: it evaluates its last checkpoint.
   evaluated = [r["eval_loss"] for r in runlog.read_metrics(root / "seed=0") if "eval_loss" in r]
   assert seed0 == ["seed=0", seed0[1], f"{evaluated[-1]:.4f}", str(root / "seed=0")] and len(evaluated) == 1

@@ -147,7 +147,8 @@ LOSS_STEPS = 20  # The table's training loss: the mean of the last steps' losses
 
 def summary(commands: list[list[str]], grid_keys: int) -> str:
   """A markdown table of the runs: each one's grid values (the `grid_keys` overrides after its workdir), training
-  loss (the mean of its last LOSS_STEPS steps), last eval loss ("-" for none) and workdir."""
+  loss (the mean of its last LOSS_STEPS steps, or of all its steps where it trained fewer, their number said), last
+  eval loss ("-" for none) and workdir."""
   rows = []
   for command in commands:
     workdir = command[3].split("=", 1)[1]
@@ -155,8 +156,10 @@ def summary(commands: list[list[str]], grid_keys: int) -> str:
     losses = [r["loss"] for r in records if r.get("loss") is not None][-LOSS_STEPS:]
     evals = [r["eval_loss"] for r in records if r.get("eval_loss") is not None]
     rows.append([" ".join(a.removeprefix("--config.") for a in command[4:4 + grid_keys]) or "-",
-                 f"{sum(losses) / len(losses):.4f}" if losses else "-", f"{evals[-1]:.4f}" if evals else "-", workdir])
-  return present.markdown_table(["overrides", f"loss (last {LOSS_STEPS} steps' mean)", "eval loss", "workdir"], rows)
+                 (f"{sum(losses) / len(losses):.4f}" + (f" ({len(losses)} steps)" if len(losses) < LOSS_STEPS else "")
+                  if losses else "-"), f"{evals[-1]:.4f}" if evals else "-", workdir])
+  return present.markdown_table(["overrides", f"loss (mean of the last {LOSS_STEPS} steps)", "eval loss", "workdir"],
+                                rows)
 
 
 def check_passed_on(extra: list[str], keys: list[str]) -> None:
