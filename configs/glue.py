@@ -56,9 +56,8 @@ def get_config(recipe: str = "tupe") -> ml_collections.ConfigDict:
   c.model = ""                     # init "random": "<name>,<size>", e.g. "tupe_a,base"
   c.architectures = TUPE_MODELS if recipe == "tupe" else "convbert"  # model names this recipe fine-tunes
   c.head = recipe                  # classifier head: "tupe", "convbert" or "hf" (see tupe.models.heads)
-  # Data: GLUE TSVs (the GLUE download script's layout) or prepared TFDS glue/<task> datasets.
-  c.data_dir = ""
-  c.tfds_data_dir = ""
+  c.data_dir = ""                  # GLUE TSVs, in the GLUE download script's layout (python -m tupe.glue.download)
+  c.tfds_data_dir = ""             # or prepared TFDS glue/<task> datasets (read when data_dir is empty)
   c.tasks = "cola,sst2,mrpc,stsb,qqp,mnli,qnli,rte"  # MNLI also predicts the diagnostic set (AX)
   c.max_train_examples = 0         # > 0: train on the first N examples only (quick checks)
   c.max_seq_len = 128

@@ -46,8 +46,8 @@ SIZES = {
 def base_config() -> ml_collections.ConfigDict:
   """All model flags with BERT-A defaults (see the module docstring)."""
   return ml_collections.ConfigDict(dict(
-      name="bert_a",              # labels: the model and size the flags started from (get_config), which runs,
-      size="base",                # reports and GLUE's default learning rates go by; the flags below make the model
+      name="bert_a",              # a label: the model the flags were made as (get_config); runs and reports go by it
+      size="base",                # a label: the size they were made at; GLUE's default learning rates go by it
       vocab_size=30522,
       hidden_size=768,
       num_layers=12,
