@@ -115,6 +115,18 @@ def test_shifted_sum_gradient_equals_autodiff(shared):
     assert error.max() <= 2 ** -7 * np.abs(np.asarray(expected)).max()
 
 
+def test_shifted_sum_in_bfloat16_rounds_once():
+  """Under bfloat16 the K terms are summed in float32 and rounded once, as "unfold"'s contraction is: exactly the
+  float32 sum of the same bfloat16 inputs, rounded (before, rounded after each term: up to 0.016 off here)."""
+  k1, k2 = jax.random.split(jax.random.PRNGKey(0))
+  x = jax.random.normal(k1, (4, 64, 4, 16)).astype(jnp.bfloat16)
+  taps = jax.nn.softmax(jax.random.normal(k2, (4, 64, 4, 1, 9)), -1).astype(jnp.bfloat16)
+  out = jax.jit(conv.shifted_sum)(x, taps)
+  wide = jax.jit(conv.shifted_sum)(x.astype(jnp.float32), taps.astype(jnp.float32))
+  assert out.dtype == jnp.bfloat16
+  np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(wide.astype(jnp.bfloat16), np.float32))
+
+
 def test_convbert_encoder_shift_equals_unfold():
   input_ids = np.array([[7, 21, 33, 48, 52, 66, 71], [9, 14, 85, 23, 0, 0, 0], [5, 99, 0, 0, 0, 0, 0]])
   mask = (input_ids != 0).astype(np.int32)
