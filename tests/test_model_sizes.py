@@ -8,8 +8,10 @@ import functools
 import jax
 import pytest
 
+from configs import pretrain
 from tupe import models
 from tupe.errors import UserError
+from tupe.train import checks
 
 VOCAB, MAX_POSITIONS = 30522, 512
 
@@ -93,6 +95,16 @@ def test_generator_fraction_without_a_head_layout_is_an_error():
     models.generator_config(models.get_config("convbert", "small"), 1 / 3)
   with pytest.raises(UserError, match=r"generator_fraction=0 must be in \(0, 1\]"):
     models.generator_config(models.get_config("convbert", "small"), 0)
+  # A generator that does not fit is the fraction's line (before: "model.hidden_size=0 must be 1 or more", of flags
+  # the user set otherwise, and from train.py only once the corpus was tokenized: checks.check_config has it now).
+  with pytest.raises(UserError, match=r"^generator_fraction=0.26 gives a generator that does not fit \(its model."
+                                      r"ffn_groups=2 must divide hidden_size and intermediate_size\); pick another "):
+    models.generator_config(models.get_config("convbert", "medium_small"), 0.26)
+  cfg = pretrain.get_config("convbert,tiny")
+  cfg.generator_fraction = 0.001
+  with pytest.raises(UserError, match=r"^generator_fraction=0.001 gives a generator that does not fit \(its "
+                                      r"model.hidden_size=0 must be 1 or more\)"):
+    checks.check_config(cfg)
 
 
 @pytest.mark.parametrize("size", ["tiny", "small", "medium_small", "base"])

@@ -60,7 +60,11 @@ def generator_config(cfg, fraction: float):
     raise UserError(f"generator_fraction={fraction:g} gives a generator {hidden} wide, which no multiple of "
                     f"model.head_ratio={ratio} heads divides; pick a fraction giving a width divisible by {ratio}")
   gen.update(hidden_size=hidden, num_heads=fits[-1], intermediate_size=round(cfg.intermediate_size * fraction))
-  validate(gen)
+  try:
+    validate(gen)
+  except UserError as e:  # (it named the model's flags, which the user set otherwise)
+    raise UserError(f"generator_fraction={fraction:g} gives a generator that does not fit (its {e}); pick another "
+                    f"fraction: ELECTRA uses 1/4, or 1/3 at base size") from e
   return gen
 
 

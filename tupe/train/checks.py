@@ -26,6 +26,8 @@ def check_config(cfg) -> None:
   check_loop(cfg)
   check_data_files(pipeline.checked_config(cfg.data, cfg.seq_len))
   models.validate(cfg.model)
+  if cfg.objective == "electra":  # (its generator's flags were checked only once the data was loaded)
+    models.generator_config(cfg.model, cfg.generator_fraction)
   models.check_length(cfg.model, cfg.seq_len, f"seq_len={cfg.seq_len}", f"the shards in {cfg.data.files} were made "
                       f"at that length: make them again with a lower `python -m tupe.data.preprocess --seq-len`, or "
                       f"raise --config.model.max_position_embeddings" if shards.from_shards(cfg.data)
