@@ -278,8 +278,8 @@ def test_old_module_names_warn_and_lead_to_the_new_ones():
       "(docs/ARCHITECTURE.md says what is where)",
       f"tupe.study.load_study has moved to tupe.study.runner.load_study; {then}",
       f"tupe.study.finished_step has moved to tupe.study.report.finished_step; {then}",
-      "tupe.study had no 'heldout_done' that is still in tupe.study.runner, tupe.study.report: it was renamed or "
-      "removed (docs/ARCHITECTURE.md says what is where)", "True True"], proc.stderr[-2000:]
+      "tupe.study had no 'heldout_done' that is still in tupe.study.runner, tupe.study.inputs, tupe.study.report: it "
+      "was renamed or removed (docs/ARCHITECTURE.md says what is where)", "True True"], proc.stderr[-2000:]
 
 
 def test_the_entry_points_catch_signals_before_jax_is_imported():

@@ -42,6 +42,7 @@ from tupe.store import checkpoint
 from tupe.store import deadline
 from tupe.store import runlog
 from tupe.store import storage
+from tupe.study import inputs
 from tupe.study import runner
 from tupe.study import sweep
 from tupe.train import pretrained as pretrained_lib
@@ -430,7 +431,7 @@ def test_sweep_and_study_roots_in_a_bucket(gcs_bucket):
   assert [command[3] for command in commands] == [f"--workdir={gcs_bucket}/sweep/seed={seed}" for seed in (0, 1)]
 
   cfg = runner.load_study("configs/study.py:tupe,micro", [f"--config.data_root={gcs_bucket}/data"])
-  assert runner.data_path(cfg, "corpus/*.txt, /local/x.txt, gs://other/y.txt") == (
+  assert inputs.data_path(cfg, "corpus/*.txt, /local/x.txt, gs://other/y.txt") == (
       f"{gcs_bucket}/data/corpus/*.txt,/local/x.txt,gs://other/y.txt")
   variant = runner.plan(cfg, storage.path(f"{gcs_bucket}/study"))[0]
   root = f"{gcs_bucket}/study/{variant.name}"
@@ -440,4 +441,4 @@ def test_sweep_and_study_roots_in_a_bucket(gcs_bucket):
           f"--config.data_dir={gcs_bucket}/data/{cfg.glue_dir}"} <= set(variant.glue)
   assert str(variant.heldout_file(4)) == f"{root}/heldout/step_4.json"
   with pytest.raises(UserError, match=f"{gcs_bucket}/data/"):  # the bucket holds no data yet
-    runner.check_inputs(cfg)
+    inputs.check_inputs(cfg)

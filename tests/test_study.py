@@ -379,12 +379,33 @@ def test_evaluate_is_deterministic_and_tells_checkpoints_apart(studies, shared_d
     (["--config=configs/study.py:tupe,micro", "--config.glue.learning_rates=abc"],  # (a ValueError's traceback)
      r"GLUE grid .*: learning_rates=\('abc',\): give positive numbers"),
     (["--config=configs/study.py:tupe,micro", "--config.glue.tasks="],  # (before: accepted, an empty report)
-     r"GLUE grid .*: no GLUE task selected: set --config.tasks"),
+     r"GLUE grid .*: no GLUE task selected: set --config.glue.tasks"),
 ])
 def test_bad_input_is_one_line(shared_data, tmp_path, argv, message):
   with pytest.raises(UserError, match=message):
     runner.main(["tupe.study", f"--root={tmp_path}", *argv, "--print"])
   assert not any(tmp_path.iterdir())
+
+
+def test_what_the_grids_and_the_held_out_score_read_is_checked_before_anything_runs(shared_data, tmp_path):
+  """A GLUE folder without the tasks' files, an empty or too short held-out text and a seed no key reads: one line
+  with the study's flags, before anything runs (before: after every variant had pre-trained, naming eval_glue.py's
+  or the evaluate tool's flags; the seed was taken as -1 % 2**64)."""
+  root, glue, empty, short = tmp_path / "study", tmp_path / "glue", tmp_path / "empty.txt", tmp_path / "short.txt"
+  glue.mkdir()
+  empty.write_text("")
+  short.write_text("short text.\n")
+  for argv, message in (
+      ([f"--config.glue_dir={glue}"], rf"^GLUE data: {glue}/RTE/train.tsv not found \(GLUE RTE train\): get GLUE's "
+                                      r"files .* set --config.glue_dir=DIR"),
+      ([f"--config.heldout_file={empty}"], rf"^--config.heldout_file: {empty} holds no text"),
+      ([f"--config.heldout_file={short}"], rf"^{short} gives 1 examples of 32 tokens, fewer than one batch of 16: "
+                                           r"lower --config.heldout_batch_size or give more text$"),
+      (["--config.heldout_seed=-1"], r"^--config.heldout_seed=-1: give a whole number from 0 to 4294967295"),
+      (["--config.glue.seeds=0,0"], r"seeds=\(0, 0\): give distinct seeds, e.g. --config.glue.seeds=0,1,2$")):
+    with pytest.raises(UserError, match=message):
+      runner.main(["tupe.study", f"--root={root}", "--config=configs/study.py:tupe,micro", *argv, "--print"])
+    assert not root.exists()
 
 
 def test_the_grid_runs_at_the_learning_rates_given(shared_data, tmp_path):

@@ -15,4 +15,4 @@ def __getattr__(name: str):
   if name not in _OLD_NAMES:
     raise AttributeError(f"module 'tupe.study' has no attribute {name!r}")
   import tupe  # pylint: disable=import-outside-toplevel
-  return tupe.moved("tupe.study", ("tupe.study.runner", "tupe.study.report"), name)
+  return tupe.moved("tupe.study", ("tupe.study.runner", "tupe.study.inputs", "tupe.study.report"), name)

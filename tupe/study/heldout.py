@@ -3,8 +3,9 @@
 The text is packed as the checkpoint was pre-trained (its seq_len, packing, masking and vocab, the file as one
 document, sentences split to fill every example) and masked with masks drawn from the seed and each example's
 index alone, so two checkpoints with the same settings are scored on identical masks. The metrics are those of
-the training loop's evaluation (`tupe.train.evaluation.Evaluator`, dropout off). The command line is
-`python -m tupe.tools.evaluate`; a study scores every variant with it.
+the training loop's evaluation (`tupe.train.evaluation.Evaluator`, dropout off); an ELECTRA checkpoint's
+discriminator scores depend on the batch size too (the generator's replacements are drawn per batch, the AUC is each
+batch's, averaged). The command line is `python -m tupe.tools.evaluate`; a study scores every variant with it.
 """
 from __future__ import annotations
 
@@ -20,11 +21,15 @@ from tupe.data import tokenizer as tokenizer_lib
 from tupe.errors import UserError
 from tupe.store import checkpoint
 from tupe.store import storage
+from tupe.train import core
 from tupe.train import evaluation
 from tupe.train import pretrain
 from tupe.train import pretrained
 
 METRICS = ("mlm_loss", "mlm_accuracy", "disc_loss", "disc_accuracy", "disc_auc")
+# The flags the lines name for the batch size, the number of examples and the seed: the tool's (a study's are its
+# --config.heldout_* fields).
+TOOL_FLAGS = ("--batch-size", "--max-examples", "--seed")
 
 
 class _FixedBatches:
@@ -41,9 +46,11 @@ class _FixedBatches:
       yield self.data.batch(np.arange(start, start + self.batch_size), self.seed)
 
 
-def check_sizes(batch_size: int, max_examples: int, batch_flag: str = "--batch-size",
-                examples_flag: str = "--max-examples") -> None:
-  """A batch of 1 or more, and 0 (all) or at least one batch of examples; the errors name the flags that set them."""
+def check_settings(batch_size: int, max_examples: int, seed: int, flags: tuple[str, str, str] = TOOL_FLAGS) -> None:
+  """A batch of 1 or more, 0 (all) or at least one batch of examples, and a seed a key reads whole
+  (`core.check_seed`); the errors name the `flags` that set them."""
+  batch_flag, examples_flag, seed_flag = flags
+  core.check_seed(seed_flag, seed)
   if batch_size < 1 or max_examples < 0:
     raise UserError(f"{batch_flag} {batch_size} / {examples_flag} {max_examples}: use a batch of 1 or more and 0 "
                     f"(all) or more examples")
@@ -52,14 +59,34 @@ def check_sizes(batch_size: int, max_examples: int, batch_flag: str = "--batch-s
                     f"{examples_flag} {batch_size} or more, or a smaller {batch_flag}")
 
 
-def evaluate(checkpoint_path: str, text_file: str, seed: int = 0, max_examples: int = 0,
-             batch_size: int = 32) -> dict:
+def text_examples(text_file: str, data_cfg, seq_len: int, vocab_file: str) -> pipeline.PretrainData:
+  """The examples of `text_file` as a run of data config `data_cfg` and `seq_len` packs text with `vocab_file`: the
+  file one plain-text document (whatever format the run read), sentences split to fill every example, none held
+  out."""
+  data_cfg = ml_collections.ConfigDict(data_cfg.to_dict())
+  data_cfg.update(source="text", format="text", files=str(text_file), vocab_file=str(vocab_file), documents="files",
+                  fill_examples=True, eval_fraction=0.0, num_workers=0)
+  return pipeline.PretrainData(data_cfg, seq_len=seq_len, split="train")
+
+
+def count_batches(data: pipeline.PretrainData, text_file: str, seq_len: int, batch_size: int, max_examples: int,
+                  batch_flag: str = TOOL_FLAGS[0]) -> int:
+  """The whole batches of `data` scored (of its first `max_examples`, 0: all); a UserError for none."""
+  batches = (min(len(data), max_examples) if max_examples else len(data)) // batch_size
+  if not batches:
+    raise UserError(f"{text_file} gives {len(data)} examples of {seq_len} tokens, fewer than one batch of "
+                    f"{batch_size}: lower {batch_flag} or give more text")
+  return batches
+
+
+def evaluate(checkpoint_path: str, text_file: str, seed: int = 0, max_examples: int = 0, batch_size: int = 32,
+             flags: tuple[str, str, str] = TOOL_FLAGS) -> dict:
   """The scores of the newest finished checkpoint under `checkpoint_path` on `text_file` (see the module doc).
 
   Raises:
     UserError: no checkpoint, a missing or empty text file, or fewer examples than one batch.
   """
-  check_sizes(batch_size, max_examples)
+  check_settings(batch_size, max_examples, seed, flags)
   if not storage.is_file(text_file):
     raise UserError(f"--text-file {text_file} {'is a directory' if storage.is_dir(text_file) else 'does not exist'}: "
                     f"give a UTF-8 text file")
@@ -71,16 +98,8 @@ def evaluate(checkpoint_path: str, text_file: str, seed: int = 0, max_examples: 
     raise UserError(f"{step_dir} holds no vocab (pre-trained on synthetic data): it cannot read text")
   with tempfile.TemporaryDirectory() as tmp:
     vocab_file = tokenizer_lib.write_checkpoint_vocab(meta.vocab, step_dir, storage.path(tmp) / "vocab.txt")
-    data_cfg = ml_collections.ConfigDict(cfg.data.to_dict())
-    # The held-out file is plain text, whatever format the run read (its format and text field are not this file's)
-    data_cfg.update(source="text", format="text", files=str(text_file), vocab_file=str(vocab_file), documents="files",
-                    fill_examples=True, eval_fraction=0.0, num_workers=0)
-    data = pipeline.PretrainData(data_cfg, seq_len=cfg.seq_len, split="train")
-  examples = min(len(data), max_examples) if max_examples else len(data)
-  batches = examples // batch_size
-  if not batches:
-    raise UserError(f"{text_file} gives {len(data)} examples of {cfg.seq_len} tokens, fewer than one batch of "
-                    f"{batch_size}: lower --batch-size or give more text")
+    data = text_examples(text_file, cfg.data, cfg.seq_len, vocab_file)
+  batches = count_batches(data, text_file, cfg.seq_len, batch_size, max_examples, flags[0])
   cfg.update(global_batch_size=batch_size, grad_accum_steps=1, eval_batches=batches)
   cfg.mesh.update(data=1, fsdp=1, tensor=1)
   setup = pretrain.build(cfg, devices=jax.local_devices()[:1])

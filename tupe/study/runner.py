@@ -38,7 +38,6 @@ import time
 from tupe import config_files
 from tupe import console
 from tupe import signals
-from tupe.data import corpus
 from tupe.errors import Preempted
 from tupe.errors import UserError
 from tupe.glue import data as glue_data
@@ -48,7 +47,9 @@ from tupe.store import jsonfile
 from tupe.store import outputs
 from tupe.store import storage
 from tupe.study import heldout
+from tupe.study import inputs
 from tupe.study import report
+from tupe.study.inputs import data_path
 from tupe.train import checks
 from tupe.train import compile_cache
 from tupe.train import pretrain as pretrain_lib
@@ -125,30 +126,6 @@ def load_study(spec: str, overrides: list[str]):
   return cfg
 
 
-def data_path(cfg, path: str) -> str:
-  """`path` (or each of comma-separated globs) under cfg.data_root (a local folder or a bucket URL) unless
-  absolute (or itself a bucket URL)."""
-  return ",".join(p if storage.is_remote(p) else str(storage.path(cfg.data_root) / p)
-                  for p in (p.strip() for p in path.split(",")) if p)
-
-
-def check_inputs(cfg) -> None:
-  """The corpus, vocab, held-out file and GLUE folder exist: one line naming the first that does not (or is
-  empty)."""
-  for field in ("data_root", "corpus", "vocab", "heldout_file", "glue_dir"):
-    if not str(cfg[field]).strip():  # (named here: the path check below cannot say which field was empty)
-      raise UserError(f"--config.{field} is empty: " + ("give the folder that holds the corpus, vocab and GLUE data"
-                      if field == "data_root" else "give a path, relative to data_root or absolute"))
-  corpus.expand_globs(data_path(cfg, cfg.corpus))
-  for what, path, kind, fix in (("vocab", cfg.vocab, "file", "--config.vocab"),
-                                ("held-out text file", cfg.heldout_file, "file", "--config.heldout_file"),
-                                ("GLUE data folder", cfg.glue_dir, "folder", "--config.glue_dir")):
-    resolved = data_path(cfg, path)
-    if not (storage.is_dir(resolved) if kind == "folder" else storage.is_file(resolved)):
-      state = f"is not a {kind}" if storage.exists(resolved) else "does not exist"
-      raise UserError(f"{what} {resolved} {state}: set {fix} (relative to data_root {cfg.data_root}, or absolute)")
-
-
 def glue_command(cfg, workdir: storage.Path, checkpoint_dir: storage.Path, architecture: str,
                  init: str = "pretrained") -> list[str]:
   """The eval_glue.py command of a variant's grid (learning rates in full): `init` "random" starts from random
@@ -173,8 +150,8 @@ def _in_full(lr) -> str:
 def plan(cfg, root: storage.Path) -> list[Variant]:
   """Every variant's commands, each config loaded and checked (a UserError for the first bad one), and the
   control (random_init) last when the study has one."""
-  heldout.check_sizes(cfg.heldout_batch_size, cfg.heldout_max_examples, "--config.heldout_batch_size",
-                      "--config.heldout_max_examples")  # (found now, not after the pre-training and GLUE)
+  heldout.check_settings(cfg.heldout_batch_size, cfg.heldout_max_examples, cfg.heldout_seed,
+                         inputs.HELDOUT_FLAGS)  # (found now, not after the pre-training and GLUE)
   pretrain_config = config_files.REPO / "configs" / "pretrain.py"
   names = [name for name, _, _ in cfg.variants]
   only = [name for name in cfg.get("only", "").split(",") if name]
@@ -224,8 +201,8 @@ def make_variant(cfg, name: str, workdir: storage.Path, pretrain: list[str], pre
     glue_cfg = config_files.check_config_flags(["eval_glue.py"] + glue[2:])
     finetune.check_config(glue_cfg)
   except UserError as e:  # (the fields are eval_glue.py's: the study sets them with --config.glue.*)
-    raise UserError(f"variant {name}'s GLUE grid (eval_glue.py; the study's --config.glue.* and glue_dir): {e}"
-                    ) from None
+    raise UserError(f"variant {name}'s GLUE grid (eval_glue.py; the study's --config.glue.* and glue_dir): "
+                    f"{inputs.as_study_flags(str(e))}") from None
   tasks = tuple(task.name for task in glue_data.parse_tasks(glue_cfg.tasks))
   heldout_key = {"text_file": data_path(cfg, cfg.heldout_file), "seed": cfg.heldout_seed,
                  "max_examples": cfg.heldout_max_examples, "batch_size": cfg.heldout_batch_size}
@@ -337,8 +314,8 @@ def run(cfg, variants: list[Variant], call=subprocess.call) -> int:
         console.log(f"[study] {label}: checkpoint {step} on {data_path(cfg, cfg.heldout_file)}")
         start = time.time()
         heldout.write(heldout.evaluate(str(variant.pretrain_dir), data_path(cfg, cfg.heldout_file),
-                                         cfg.heldout_seed, cfg.heldout_max_examples, cfg.heldout_batch_size),
-                       variant.heldout_file(step))
+                                         cfg.heldout_seed, cfg.heldout_max_examples, cfg.heldout_batch_size,
+                                         inputs.HELDOUT_FLAGS), variant.heldout_file(step))
         console.log(f"[study] {label}: finished in {console.format_duration(time.time() - start)}")
       else:
         if glue_done(variant) and storage.is_file(variant.glue_dir / "results.json"):
@@ -369,10 +346,12 @@ def main(argv: list[str], call=subprocess.call) -> None:
                     f"--report-only and --config.<field>=<value> overrides")
   cfg = load_study(args.config, overrides)
   outputs.check_folder(args.root, "--root")  # (a file there failed the first train.py, in two lines)
-  check_inputs(cfg)
+  inputs.check_inputs(cfg)
   compile_cache.enable(cfg.compilation_cache_dir)
   root = storage.path(args.root)
   variants = plan(cfg, root)
+  if not args.report_only:  # (what the grids and the held-out score read, before hours of pre-training)
+    inputs.check_data(cfg, variants)
   if args.print:
     for variant in (v for v in variants if v.pretrain):
       console.out(shlex.join(variant.pretrain))

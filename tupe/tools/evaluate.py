@@ -21,10 +21,10 @@ import json
 
 from tupe import console
 from tupe.store import outputs
+from tupe.study.heldout import check_settings
 from tupe.study.heldout import evaluate
 from tupe.study.heldout import write
 from tupe.train import compile_cache
-from tupe.train import core
 
 
 def main(argv: list[str]) -> None:
@@ -37,7 +37,7 @@ def main(argv: list[str]) -> None:
   parser.add_argument("--batch-size", type=int, default=32, help="examples per batch (default 32)")
   parser.add_argument("--out", default="", help="also write the JSON to this file (local, gs://... or s3://...)")
   args = parser.parse_args(argv[1:])
-  core.check_seed("--seed", args.seed)  # (as train.py's: a larger one repeats a smaller one's masks)
+  check_settings(args.batch_size, args.max_examples, args.seed)  # (found now, before the checkpoint is read)
   if args.out:  # Found now, not after the scoring.
     outputs.check(args.out, "--out", "eval.json", (("--text-file", args.text_file),))
   compile_cache.enable()  # the per-user cache (tupe.train.compile_cache)

@@ -34,6 +34,7 @@ from tupe import present
 from tupe.errors import UserError
 from tupe.store import outputs
 from tupe.store import storage
+from tupe.study import inputs
 from tupe.study import report as study_report
 from tupe.study import runner
 from tupe.train import compile_cache
@@ -147,7 +148,7 @@ def main(argv: list[str], call=subprocess.call) -> None:
   if repeated := next((b for i, b in enumerate(budgets) if b in budgets[:i]), None):
     raise UserError(f"--budgets names {repeated!r} twice: give each budget once")
   outputs.check_folder(args.root, "--root")  # (a file there read as "run the study first")
-  runner.check_inputs(cfg)
+  inputs.check_inputs(cfg)
   compile_cache.enable(cfg.compilation_cache_dir)
   root = storage.path(args.root)
   pair = study_variants(cfg, root, args.variant)
