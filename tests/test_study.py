@@ -176,6 +176,11 @@ def test_a_diverged_seed_gets_no_verdict_and_mnli_its_two_columns():
   table = report_lib.markdown({"study": "convbert", "scale": "micro", "glue_tasks": ["RTE"], "heldout_file": "t.txt",
                                "heldout_seed": 0, "variants": {"tupe_a": entry}})
   assert "| tupe_a | 80.00 (79.00 to 81.00, 1 diverged) | 80.00 |" in table
+  # And how many of the planned seeds have finished, where not all (before: one seed of three read as the grid's).
+  entry["glue"]["tasks"]["RTE"].update(n_seeds=1, planned_seeds=3)
+  table = report_lib.markdown({"study": "convbert", "scale": "micro", "glue_tasks": ["RTE"], "heldout_file": "t.txt",
+                               "heldout_seed": 0, "variants": {"tupe_a": entry}})
+  assert "| tupe_a | 80.00 (79.00 to 81.00, 1 diverged, 1 of 3 seeds) | 80.00 |" in table
   # The average's gain comes from the seed averages, as its range does: a table average (of task medians) above
   # the control's cannot make a point outside a range below 0.
   gains = report_lib.glue_gains({"random_init": glue(50.0, [50.0, 50.1]), "tupe_a": glue(53.0, [49.5, 49.6])})
