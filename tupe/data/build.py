@@ -131,7 +131,7 @@ def amount(plan: dict) -> str:
 
 def metered(items: Iterable, plan: dict, meter: console.Meter, done: int, work: int, tallies: dict[str, Tally],
             check: Callable[[], None] = lambda: None) -> Iterator:
-  """`items` (a unit's examples) passed through, updating `meter` (from `meter`) with the work done so far: `done`
+  """`items` (a unit's examples) passed through, updating `meter` (made by `meter`) with the work done so far: `done`
   before the unit, and within it (`work`) the characters of the documents counted in `tallies` since it began, or
   their number where the plan reads records; `check` is called before each (it raises for a stop signal heard:
   `tupe.signals.heard`)."""
