@@ -24,6 +24,7 @@ import argparse
 import os
 
 import bench
+from tupe.errors import UserError
 
 
 def parse_args(argv=None):
@@ -34,11 +35,26 @@ def parse_args(argv=None):
   p.add_argument("--warmup", type=int, default=2, help="untimed steps per side")
   p.add_argument("--repeats", type=bench.positive_int, default=5, help="interleaved repeats")
   p.add_argument("--threads", type=int, default=0, help="cores for both frameworks (0: all allowed)")
-  p.add_argument("--pairs", default="convbert,bert", help="comma-separated: convbert, bert")
+  p.add_argument("--pairs", type=pairs, default="convbert,bert", help="comma-separated: convbert, bert")
   p.add_argument("--config-override", action="append", default=[], metavar="KEY=VALUE",
-                 help="applied to our configs, e.g. model.dtype=bfloat16 (repeatable)")
+                 help="applied to our configs, e.g. model.scan_layers=true (repeatable; not the dtype or attention "
+                      "backend: HF's side runs in float32 with its own attention)")
   p.add_argument("--tiny", action="store_true", help="tiny models (smoke test)")
-  return p.parse_args(argv)
+  args = p.parse_args(argv)
+  for override in args.config_override:
+    if override.partition("=")[0] in ("model.dtype", "model.attention_backend"):
+      p.error(f"--config-override {override}: HF's side runs in float32 with its own attention, so the two would "
+              f"be timed on other work; compare as they are")
+  return args
+
+
+def pairs(text: str) -> list[str]:
+  """An argparse type: comma-separated pairs of models, each convbert or bert."""
+  names = [name for name in text.split(",") if name]
+  unknown = [name for name in names if name not in ("convbert", "bert")]
+  if unknown or not names:
+    raise argparse.ArgumentTypeError(f"unknown pair {unknown[0] if unknown else text!r}; use convbert and/or bert")
+  return names
 
 
 def pin_threads(threads: int) -> int:
@@ -46,7 +62,7 @@ def pin_threads(threads: int) -> int:
   allowed = sorted(os.sched_getaffinity(0))
   if threads:
     if threads > len(allowed):
-      raise SystemExit(f"--threads {threads}: only {len(allowed)} cores are available to this process")
+      raise UserError(f"--threads {threads}: only {len(allowed)} cores are available to this process")
     os.sched_setaffinity(0, allowed[:threads])
   return len(os.sched_getaffinity(0))
 
@@ -114,9 +130,7 @@ def main(argv=None) -> list[dict]:
   torch.set_num_threads(cores)
   specs = {"convbert": "configs/pretrain.py:convbert_mlm,small", "bert": "configs/pretrain.py:bert_a,small"}
   records = []
-  for pair in args.pairs.split(","):
-    if pair not in specs:
-      raise SystemExit(f"--pairs: unknown pair {pair!r}; use convbert and/or bert")
+  for pair in args.pairs:
     cfg = train_step.make_config(specs[pair], args.batch, args.seq, "", args.config_override, args.tiny)
     ours = train_step.Runner(cfg)
     hf = HFRunner(cfg.model, cfg.optimizer, bench.synthetic_mlm_batch(

@@ -98,18 +98,29 @@ def parse_args(argv=None):
   p.add_argument("--dtype", default="float32")
   p.add_argument("--steps", type=bench.positive_int, default=3, help="timed calls per implementation and repeat")
   p.add_argument("--repeats", type=bench.positive_int, default=5)
-  p.add_argument("--train-step", default="small:128",
+  p.add_argument("--train-step", type=size_lengths, default="small:128",
                  help="comma-separated size:length of whole train steps to compare ('' for none)")
   p.add_argument("--tiny", action="store_true", help="tiny sizes and lengths (smoke test)")
   return p.parse_args(argv)
 
 
+def size_lengths(text: str) -> list[tuple[str, int]]:
+  """An argparse type: comma-separated size:length pairs ("small:128,base:512"), a length of 1 or more."""
+  pairs = []
+  for item in filter(None, text.split(",")):
+    size, colon, length = item.partition(":")
+    if not colon:
+      raise argparse.ArgumentTypeError(f"{item!r} is not size:length, e.g. small:128")
+    pairs.append((size, bench.positive_int(length)))
+  return pairs
+
+
 def main(argv=None) -> list[dict]:
   args = parse_args(argv)
   sizes, lengths = args.sizes.split(","), args.lengths
-  steps = [tuple(s.split(":")) for s in args.train_step.split(",") if s]
+  steps = args.train_step
   if args.tiny:
-    sizes, lengths, steps = ["tiny"], [16], [("small", "16")] if steps else []  # The tiny model of bench.train_step.
+    sizes, lengths, steps = ["tiny"], [16], [("small", 16)] if steps else []  # The tiny model of bench.train_step.
   records = []
   for size in sizes:
     for length in lengths:
@@ -117,7 +128,7 @@ def main(argv=None) -> list[dict]:
                           **bench.machine()))
       bench.emit(records[-1])
   for size, length in steps:
-    records.append(dict(bench_train_step(size, int(length), args.batch, args.dtype, args.steps, args.repeats,
+    records.append(dict(bench_train_step(size, length, args.batch, args.dtype, args.steps, args.repeats,
                                          args.tiny), **bench.machine()))
     bench.emit(records[-1])
   return records

@@ -46,7 +46,8 @@ def measure(spec: str, mesh: dict, train: bool) -> dict:
   from tupe.train import pretrain
 
   cfg = bench.load_config(spec)
-  cfg.update(global_batch_size=max(cfg.global_batch_size, jax.device_count()))
+  n = jax.device_count()  # a batch split evenly over every device count (it refused --devices 3)
+  cfg.update(global_batch_size=n * -(-cfg.global_batch_size // n))
   cfg.mesh.update(mesh)
   setup = pretrain.build(cfg, jax.devices())
   init = setup.init_state.lower().compile().memory_analysis()

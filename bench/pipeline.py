@@ -113,7 +113,7 @@ def parse_args(argv=None):
   p.add_argument("--rounds", type=bench.positive_int, default=4, help="turns of each feed")
   p.add_argument("--warmup", type=int, default=2, help="untimed training steps")
   p.add_argument("--config-override", action="append", default=[], metavar="KEY=VALUE")
-  p.add_argument("--tiny", action="store_true", help="tiny model, short run (smoke test)")
+  p.add_argument("--tiny", action="store_true", help="tiny model (smoke test; the data, batches and rounds as given)")
   return p.parse_args(argv)
 
 

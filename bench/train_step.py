@@ -52,10 +52,12 @@ from tupe.train import pretrain
 from tupe.train import sharding
 
 
-def tiny(cfg) -> None:
-  """Shrinks a config's model in place for a seconds-long smoke run (tests); BERT's vocab size is kept."""
-  cfg.model.update(vocab_size=30522, hidden_size=32, num_heads=4, num_layers=1, intermediate_size=64)
-  cfg.model.embedding_size = 16 if cfg.model.head_ratio > 1 else 32
+def tiny_overrides(spec: str) -> list[str]:
+  """The overrides that shrink a config's model for a seconds-long smoke run (tests), given before the user's, which
+  win (applied after them, they were dropped); BERT's vocab size is kept."""
+  head_ratio = bench.load_config(spec).model.head_ratio
+  return ["model.vocab_size=30522", "model.hidden_size=32", "model.num_heads=4", "model.num_layers=1",
+          "model.intermediate_size=64", f"model.embedding_size={16 if head_ratio > 1 else 32}"]
 
 
 class Runner:
@@ -184,9 +186,7 @@ def split_variant(variant: str) -> tuple[list[str], dict]:
 
 
 def make_config(spec: str, batch: int, seq: int, dtype: str, overrides, is_tiny: bool):
-  cfg = bench.load_config(spec, overrides)
-  if is_tiny:
-    tiny(cfg)
+  cfg = bench.load_config(spec, (tiny_overrides(spec) if is_tiny else []) + list(overrides))
   cfg.update(global_batch_size=batch, seq_len=seq)
   if dtype:
     cfg.model.dtype = dtype
@@ -259,11 +259,12 @@ def main(argv=None) -> list[dict]:
   specs = [(args.config, "")] + [(s, "") for s in compare_specs(args.config, args.compare)]
   specs += [(args.config, variant) for variant in args.variant]
   devices = args_devices(args)
-  runners = []
+  configs = []  # every config made and checked before the first compile (a bad --variant waited for them)
   for spec, variant in specs:
     overrides, xla_options = split_variant(variant)
-    cfg = make_config(spec, args.batch, args.seq, args.dtype, args.config_override + overrides, args.tiny)
-    runners.append(Runner(cfg, devices=devices, xla_options=xla_options))
+    configs.append((make_config(spec, args.batch, args.seq, args.dtype, args.config_override + overrides, args.tiny),
+                    xla_options))
+  runners = [Runner(cfg, devices=devices, xla_options=xla_options) for cfg, xla_options in configs]
   labels = [recipe_name(spec) + (f" {variant}" if variant else "") for spec, variant in specs]
   peak = device_peak(runners[0].cfg, 512 if args.tiny else 2048)
   for r in runners:

@@ -366,15 +366,29 @@ def test_an_entry_point_keeps_stdout_for_the_records(capsys):
   assert exit_info.value.code == 2 and capsys.readouterr().err == "error: unknown model 'nosuch'\n"
 
 
-@pytest.mark.parametrize("parse, argv", [(train_step.parse_args, ["--steps", "-1"]),
-                                         (train_step.parse_args, ["--batch", "0"]),
-                                         (dynamic_conv.parse_args, ["--lengths", "128,abc"])])
-def test_counts_are_checked_by_the_parser(parse, argv, capsys):
+@pytest.mark.parametrize("parse, argv, words", [
+    (train_step.parse_args, ["--steps", "-1"], "is not a whole number of 1 or more"),
+    (train_step.parse_args, ["--batch", "0"], "is not a whole number of 1 or more"),
+    (dynamic_conv.parse_args, ["--lengths", "128,abc"], "is not a whole number of 1 or more"),
+    # (before: a traceback once the operations were timed; after a whole pair was timed; after the timing, in a
+    # precision HF's side did not run in)
+    (dynamic_conv.parse_args, ["--train-step", "small"], "'small' is not size:length, e.g. small:128"),
+    (dynamic_conv.parse_args, ["--train-step", "small:abc"], "is not a whole number of 1 or more"),
+    (compare_hf.parse_args, ["--pairs", "bert,Bert"], "unknown pair 'Bert'; use convbert and/or bert"),
+    (compare_hf.parse_args, ["--config-override", "model.dtype=bfloat16"], "HF's side runs in float32")])
+def test_bad_arguments_are_refused_by_the_parser(parse, argv, words, capsys):
   """A count below 1 or not a number is a usage error (before: a StatisticsError, a ZeroDivisionError from inside
-  JAX, or a ValueError, after the compilation)."""
+  JAX, or a ValueError, after the compilation), and so is any argument the run would fail on or measure wrong."""
   with pytest.raises(SystemExit) as exit_info:
     parse(argv)
-  assert exit_info.value.code == 2 and "is not a whole number of 1 or more" in capsys.readouterr().err
+  assert exit_info.value.code == 2 and words in capsys.readouterr().err
+
+
+def test_tiny_keeps_the_overrides_given():
+  """--tiny's sizes come first, the overrides given after them (before, --tiny dropped them: a --variant of another
+  depth timed the same program twice)."""
+  cfg = train_step.make_config(BERT, 4, 32, "", ["model.num_layers=3", "model.hidden_size=64"], is_tiny=True)
+  assert (cfg.model.num_layers, cfg.model.hidden_size, cfg.model.intermediate_size) == (3, 64, 64)
 
 
 @pytest.mark.parametrize("module", ["glue_encoding", "startup"])
