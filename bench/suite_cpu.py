@@ -5,7 +5,7 @@ process (every thread) and that of the processes it waited for (its train.py, ev
 JSON line per test in a file per pytest process under $TUPE_SUITE_CPU, with the pytest process's peak memory (its
 maximum resident set size) after the test and how much the test raised it. The module summarizes those files:
 
-  rm -rf /tmp/tupe-test-jax-cache && TUPE_SUITE_CPU=/tmp/suite-cpu CI=true python -m pytest -q -n auto \\
+  rm -rf /tmp/tupe-test-jax-cache /tmp/suite-cpu && TUPE_SUITE_CPU=/tmp/suite-cpu CI=true python -m pytest -q -n auto \\
       --dist loadfile -p bench.suite_cpu tests
   python -m bench.suite_cpu /tmp/suite-cpu [--top 20]
 
@@ -68,11 +68,15 @@ def summarize(folder: pathlib.Path) -> list[dict]:
   if not files:
     raise SystemExit(f"error: no tests-*.jsonl in {folder}: run pytest with {ENV}={folder} -p bench.suite_cpu")
   sums = collections.defaultdict(collections.Counter)
-  peak, busy = 0.0, []  # busy: each pytest process's summed test time
+  peak, busy, seen = 0.0, [], set()  # busy: each pytest process's summed test time
   for path in files:
     busy.append(0.0)
     for line in path.read_text(encoding="utf-8").splitlines():
       record = json.loads(line)
+      if record["test"] in seen:  # (two runs' lines were summed as one run's, with a phantom worker)
+        raise SystemExit(f"error: {folder} holds {record['test']} twice: the lines of two pytest runs; give each run "
+                         f"an empty folder")
+      seen.add(record["test"])
       busy[-1] += record["wall_s"]
       counter = sums[record["test"].split("::")[0]]
       counter["tests"] += 1

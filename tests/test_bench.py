@@ -557,6 +557,10 @@ def test_suite_cpu_sums_per_file_and_counts_idle_time(tmp_path):
        "idle_s": 0.0, "peak_rise_mb": 200}]
   with pytest.raises(SystemExit, match="no tests-.*jsonl in"):
     suite_cpu.summarize(tmp_path / "empty")
+  # A second run into the same folder (before, summed with the first, as a third process).
+  (tmp_path / "tests-3.jsonl").write_text((tmp_path / "tests-2.jsonl").read_text())
+  with pytest.raises(SystemExit, match=r"holds tests/test_a.py::two twice: the lines of two pytest runs"):
+    suite_cpu.summarize(tmp_path)
 
 
 def test_suite_cpu_against_a_baseline_at_equal_speed():
