@@ -33,6 +33,7 @@ from tools_in_process import tool
 
 from configs import glue as glue_config
 from tupe import models
+from tupe.data import shards
 from tupe.errors import UserError
 from tupe.glue import classifier
 from tupe.glue import predict
@@ -264,6 +265,15 @@ def test_tools_read_and_write_buckets(gcs_bucket, pretrained, glue_dir, capsys):
   proc = tool("summary", ["--config", "configs/pretrain.py:tupe_a,tiny", "--out", f"{out}/summary.md"], capsys)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert storage.read_text(f"{out}/summary.md").startswith("| config |")
+
+
+def test_an_empty_shard_folder_in_a_bucket_names_a_local_one(gcs_bucket):
+  """Training reads shards from local files only: the line for a bucket folder without them says to write them to a
+  local folder (before, it advised writing them to that bucket folder, which training then refused)."""
+  with pytest.raises(UserError, match=rf"^{gcs_bucket}/noshards holds no preprocessed examples \(metadata.json is "
+                                      r"missing\): write them with `python -m tupe.data.preprocess --output "
+                                      r"LOCAL_FOLDER \.\.\.` \(training reads shards from local files only\)$"):
+    shards.read_metadata(f"{gcs_bucket}/noshards")
 
 
 def test_a_missing_bucket_or_path_is_one_line(gcs_bucket, bert_vocab, capsys):

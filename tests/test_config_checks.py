@@ -64,6 +64,8 @@ BAD_VALUES = (
     # A traceback from jax, and a second host that was never asked for trained alone (exit 0).
     ("distributed.process_id", 5, "distributed.process_id=5 is not a host of distributed.num_processes=1"),
     ("distributed.num_processes", 2, "distributed.num_processes=2 needs distributed.coordinator_address"),
+    ("distributed.coordinator_address", "localhost", "distributed.coordinator_address='localhost' is not host:port"),
+    ("distributed.coordinator_address", "h:99999", "distributed.coordinator_address='h:99999' is not host:port"),
     ("distributed.initialization_timeout_s", 0, "distributed.initialization_timeout_s=0 must be a positive number"),
     ("distributed.heartbeat_timeout_s", -1, "distributed.heartbeat_timeout_s=-1 must be a positive number"),
     ("optimizer.schedule", "cosine", "optimizer.schedule='cosine'; use 'warmup_then_decay'"),

@@ -380,6 +380,9 @@ BAD_INPUTS = {
     "non-positive loop setting": ({"checkpoint.every_steps": 0}, [], 1, "fresh",
                                   ["checkpoint.every_steps=0 must be 1 or more"]),
     "unknown non-finite policy": ({"nonfinite": "ignore"}, [], 1, "fresh", ["nonfinite='ignore'", "'skip' or 'stop'"]),
+    "distributed.auto without a cluster": ({"distributed.auto": True}, [], 1, "fresh",  # (a ValueError's traceback)
+                                           ["distributed.auto=true, but JAX detected no cluster here",
+                                            "give distributed.coordinator_address, num_processes and process_id"]),
     "mesh does not fit the devices": ({"mesh.data": 3}, [], 1, "fresh",
                                       ["mesh data=3", "3 devices but 1 are available"]),
     "batch not divisible by data parallelism": ({"global_batch_size": 7}, [], 2, "fresh",

@@ -189,8 +189,10 @@ def read_metadata(folder: storage.PathLike) -> dict:
                       f"files, --config.data.source=text --config.data.files='{folder}/*'; or write examples with "
                       f"`python -m tupe.data.preprocess --output NEW_FOLDER ...`")
     half = " (a run was started there but is not finished: run it again to resume)" if started else ""
-    raise UserError(f"{folder} holds no preprocessed examples ({METADATA} is missing){half}: "
-                    f"write them with `python -m tupe.data.preprocess --output {folder} ...`")
+    local = not storage.is_remote(folder)  # (training reads shards from local files only: not those of a bucket)
+    raise UserError(f"{folder} holds no preprocessed examples ({METADATA} is missing){half}: write them with "
+                    f"`python -m tupe.data.preprocess --output {folder if local else 'LOCAL_FOLDER'} ...`"
+                    + ("" if local else " (training reads shards from local files only)"))
   metadata = jsonfile.read(path, "preprocess the corpus again into a new folder")
   if metadata.get("format") != FORMAT:
     raise UserError(f"{path} is in format {metadata.get('format')!r}, not {FORMAT} (examples are now packed per "

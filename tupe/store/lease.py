@@ -210,7 +210,8 @@ class _BucketLease:
         self._put(version)
       except lease_objects.Changed:
         continue  # another job took it over first: the next look names it
-      gone = (f"pid {owner.get('pid')} on host {owner.get('host')}, lease expired at {owners.clock(owner['expires'])}"
+      ended = "lease expired" if owner and owner.get("expires", 0) < time.time() else "its process gone, its lease due"
+      gone = (f"pid {owner.get('pid')} on host {owner.get('host')}, {ended} at {owners.clock(owner['expires'])}"
               if owner and "expires" in owner else "an unreadable lease")
       console.warn(f"took over the lease of {self.workdir} from a job that stopped without releasing it "
                    f"({gone})")

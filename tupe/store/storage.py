@@ -387,7 +387,7 @@ def check_writable(p: PathLike) -> None:
   d = path(p)
   if is_remote(d):
     with errors("write in", d):
-      probe = d / f".tupe-write-check-{os.getpid()}"
+      probe = d / f".tupe-write-check-{os.urandom(8).hex()}"  # (a pod's hosts may share one pid)
       probe.write_bytes(b"")
       probe.unlink()
     return

@@ -146,6 +146,10 @@ def check_distributed(dist) -> None:
     raise UserError(f"distributed.num_processes={dist.num_processes} needs distributed.coordinator_address "
                     f"(host:port of host 0, the same on every host), or distributed.auto=true on a TPU pod or a "
                     f"cluster JAX detects")
+  host, colon, port = dist.coordinator_address.rpartition(":")
+  if dist.coordinator_address and not (colon and host and port.isdigit() and 1 <= int(port) <= 65535):
+    raise UserError(f"distributed.coordinator_address={dist.coordinator_address!r} is not host:port: give host 0's "
+                    f"address and a port it can listen on, e.g. 10.0.0.1:1234")  # (an IndexError from jax before)
   for name in ("initialization_timeout_s", "heartbeat_timeout_s"):
     if not dist[name] > 0:
       raise UserError(f"distributed.{name}={dist[name]} must be a positive number of seconds")
@@ -160,8 +164,13 @@ def initialize_distributed(dist) -> None:
                                initialization_timeout=dist.initialization_timeout_s,
                                heartbeat_timeout_seconds=dist.heartbeat_timeout_s)
   elif dist.auto:
-    jax.distributed.initialize(initialization_timeout=dist.initialization_timeout_s,
-                               heartbeat_timeout_seconds=dist.heartbeat_timeout_s)
+    try:
+      jax.distributed.initialize(initialization_timeout=dist.initialization_timeout_s,
+                                 heartbeat_timeout_seconds=dist.heartbeat_timeout_s)
+    except ValueError as e:  # (its traceback before)
+      raise UserError(f"distributed.auto=true, but JAX detected no cluster here ({e}): run it on every host of a TPU "
+                      f"pod or a cluster JAX detects, or give distributed.coordinator_address, num_processes and "
+                      f"process_id") from e
 
 
 def agreed_signal(received: list[int]) -> int:
