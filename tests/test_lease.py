@@ -217,6 +217,19 @@ def test_a_live_lease_of_another_host_is_respected_and_an_expired_one_taken_over
   assert not storage.exists(lease_url(expired))
 
 
+def test_a_renewal_keeps_since_when_the_lease_is_held(bucket):
+  """A refusal says since when the other job holds the workdir: each renewal keeps it (before, it was the last
+  renewal's time, seconds ago)."""
+  workdir = f"{bucket}/since"
+  held = lease._BucketLease(workdir, ttl=60)
+  held.acquire()
+  since = lease_record(workdir)["since"]
+  time.sleep(0.05)
+  held._renew(held.version)  # pylint: disable=protected-access
+  assert lease_record(workdir)["since"] == since and lease_record(workdir)["expires"] > since + 60
+  storage.remove(lease_url(workdir))
+
+
 def test_two_jobs_taking_over_an_expired_lease_one_wins(bucket):
   workdir = f"{bucket}/run"
   foreign_lease(workdir, expires_in=-1)

@@ -139,6 +139,7 @@ class _BucketLease:
     with storage.errors("connect to", self.url):
       self.object = lease_objects.STORES[scheme](bucket, key, timeout_s=max(1.0, self.every))
     self.token = uuid.uuid4().hex  # this job's, in every record it writes: what `check` looks for
+    self.since = time.time()  # in every record too: since when the job holds the workdir (not its last renewal)
     self.version = None
     self.expires = 0.0  # when the lease this job wrote last expires (time.time())
     self.lost: fence.LeaseLost | None = None
@@ -148,7 +149,7 @@ class _BucketLease:
 
   def _put(self, version) -> None:
     """Writes this job's record if the object is at `version` (None: if there is none)."""
-    record = owners.record(self.ttl, self.token)
+    record = dict(owners.record(self.ttl, self.token), since=self.since)
     self.version = self.object.put(json.dumps(record).encode(), version)
     self.expires = record["expires"]
 
