@@ -138,7 +138,8 @@ def check_kind(workdir: storage.Path, kind: str | None) -> None:
 
 def check_distributed(dist) -> None:
   """Raises a UserError naming a multi-host setting that cannot be: a host index outside the hosts, several hosts
-  without a coordinator to join (which trained as one host, alone), or a timeout that is not positive."""
+  without a coordinator to join (which trained as one host, alone), a coordinator address that is not host:port, or
+  a timeout that is not positive."""
   if dist.num_processes < 1 or not 0 <= dist.process_id < dist.num_processes:
     raise UserError(f"distributed.process_id={dist.process_id} is not a host of distributed.num_processes="
                     f"{dist.num_processes}: give each host its index, 0 to num_processes - 1")
