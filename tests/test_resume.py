@@ -529,3 +529,24 @@ def test_a_changed_schedule_names_the_rate_of_the_first_step_trained_and_a_vocab
   assert note.endswith("for step 5, the first one trained")
   step5 = next(r for r in runlog.read_metrics(workdir) if r["step"] == 5)
   assert rate == pytest.approx(step5["learning_rate"], rel=1e-3) and rate > 0
+
+
+def test_the_optimizer_check_reads_a_checkpoint_config_older_than_its_settings():
+  """A checkpoint's config written before an optimizer setting existed takes today's value for it (before, building
+  its optimizer failed on the missing key); another clipping stage is still refused, before anything is loaded."""
+  from configs import pretrain as pretrain_config  # pylint: disable=import-outside-toplevel
+  from tupe.errors import UserError  # pylint: disable=import-outside-toplevel
+  from tupe.train import objectives  # pylint: disable=import-outside-toplevel
+  from tupe.train import resume  # pylint: disable=import-outside-toplevel
+
+  config = json.loads(pretrain_config.get_config("bert_a,tiny").to_json_best_effort())
+  config["optimizer"]["warmup_steps"] = 10
+  params = objectives.param_shapes(pretrain_config.get_config("bert_a,tiny"))
+  old = json.loads(json.dumps(config))
+  for key in ("schedule", "bias_correction"):
+    del old["optimizer"][key]
+  resume._check_optimizer_state(4, "ckpt", old, config, params)  # pylint: disable=protected-access
+  old["optimizer"]["clip_norm"] = 0.0
+  with pytest.raises(UserError, match=r"^checkpoint 4 in ckpt was written with another optimizer config, whose state "
+                                      r"this one cannot restore \(optimizer.clip_norm=0.0 in the checkpoint, 1.0 now"):
+    resume._check_optimizer_state(4, "ckpt", old, config, params)  # pylint: disable=protected-access

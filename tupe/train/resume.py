@@ -146,17 +146,24 @@ def _check_same_prng(step: int, directory: storage.Path, saved_config: dict, con
                     f"{now!r}; resume with --config.prng_impl={saved}, or use a new --workdir")
 
 
-def _optimizer_state(config: dict, params):
-  """The tree structure of the optimizer state `config` keeps for the abstract `params` (as pre-training builds it):
-  a clipping stage, for one, adds a state another config's does not restore into."""
-  tx, _ = optim.make_optimizer(ml_collections.ConfigDict(config["optimizer"]), params, config["num_train_steps"])
+def _optimizer_state(opt_cfg: dict, total_steps: int, params):
+  """The tree structure of the optimizer state `opt_cfg` keeps for the abstract `params` (as pre-training builds
+  it): a clipping stage, for one, adds a state another config's does not restore into."""
+  tx, _ = optim.make_optimizer(ml_collections.ConfigDict(opt_cfg), params, total_steps)
   return jax.tree_util.tree_structure(jax.eval_shape(tx.init, params))
 
 
 def _check_optimizer_state(step: int, directory: storage.Path, saved_config: dict, config: dict, params) -> None:
-  """Raises a UserError where the checkpoint's optimizer state has another structure than `config`'s would."""
-  if _optimizer_state(saved_config, params) != _optimizer_state(config, params):
-    diff = _differences({"optimizer": saved_config["optimizer"]}, {"optimizer": config["optimizer"]})
+  """Raises a UserError where the checkpoint's optimizer state has another structure than `config`'s would. A
+  setting the checkpoint's config predates takes today's value; a saved schedule today's checks refuse is left to
+  restoring (`_check_same_optimizer` explains a failure)."""
+  saved_opt = dict(config["optimizer"], **saved_config["optimizer"])
+  try:
+    saved = _optimizer_state(saved_opt, saved_config["num_train_steps"], params)
+  except UserError:
+    return
+  if saved != _optimizer_state(config["optimizer"], config["num_train_steps"], params):
+    diff = _differences({"optimizer": saved_opt}, {"optimizer": config["optimizer"]})
     raise UserError(f"checkpoint {step} in {directory} was written with another optimizer config, whose state "
                     f"this one cannot restore ({'; '.join(diff[:3])}); resume with its optimizer settings or use a "
                     f"new --workdir")
