@@ -55,7 +55,7 @@ def check_inputs(cfg) -> None:
 def check_data(cfg, variants) -> None:
   """Every split the GLUE grids read (as eval_glue.py checks them, `finetune.check_splits`: the variants share the
   folder and tasks), and the held-out text: it gives at least one batch of the first pre-trained variant's examples
-  (the study's vocab, seq_len and packing: as the checkpoint will) and the seed is one a key reads whole.
+  (the study's vocab, seq_len and packing: as the checkpoint will). (`runner.plan` checked the held-out settings.)
 
   Raises:
     UserError: the first input that would stop the study later, with the study's flags to fix it.
@@ -69,7 +69,6 @@ def check_data(cfg, variants) -> None:
   pretrained = next((v for v in variants if v.pretrain), None)
   if pretrained is None:
     return
-  heldout.check_settings(cfg.heldout_batch_size, cfg.heldout_max_examples, cfg.heldout_seed, HELDOUT_FLAGS)
   text_file, data_cfg = data_path(cfg, cfg.heldout_file), pretrained.pretrain_cfg
   try:
     data = heldout.text_examples(text_file, data_cfg.data, data_cfg.seq_len, data_path(cfg, cfg.vocab))

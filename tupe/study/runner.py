@@ -350,9 +350,8 @@ def main(argv: list[str], call=subprocess.call) -> None:
   compile_cache.enable(cfg.compilation_cache_dir)
   root = storage.path(args.root)
   variants = plan(cfg, root)
-  if not args.report_only:  # (what the grids and the held-out score read, before hours of pre-training)
-    inputs.check_data(cfg, variants)
   if args.print:
+    inputs.check_data(cfg, variants)  # (what the grids and the held-out score read, as a run checks it)
     for variant in (v for v in variants if v.pretrain):
       console.out(shlex.join(variant.pretrain))
     for variant in variants:
@@ -370,6 +369,7 @@ def main(argv: list[str], call=subprocess.call) -> None:
   check_pretrained(variants)
   if not args.report_only:  # (a report leaves out the runs of other settings)
     check_glue_settings(variants)
+    inputs.check_data(cfg, variants)  # (what the grids and the held-out score read, before hours of pre-training)
     console.log(f"[study] {cfg.study} at scale {cfg.scale}: {console.plural(len(variants), 'variant')} "
                 f"({', '.join(v.name for v in variants)}) in {root}")
     ran = run(cfg, variants, call)
