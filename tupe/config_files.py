@@ -121,6 +121,17 @@ ENTRY_POINTS = {"train.py": ("num_train_steps", "configs/pretrain.py:<model>,<si
                 "tupe.study": ("variants", "configs/study.py:<study>,<scale>", "python -m tupe.study")}
 
 
+def flat(tree, prefix: str = "") -> dict[str, object]:
+  """A config (a ConfigDict, or its JSON as nested dicts) as {"a.b": leaf}, in its order."""
+  out = {}
+  for key, value in tree.items():
+    if isinstance(value, (dict, ml_collections.ConfigDict)):
+      out.update(flat(value, f"{prefix}{key}."))
+    else:
+      out[f"{prefix}{key}"] = value
+  return out
+
+
 def entry_point(config) -> str | None:
   """The entry point a config (a ConfigDict, or a config.json's dict) is made for ("train.py", "eval_glue.py",
   "tupe.study"), by the field only its configs have; None for another."""

@@ -105,7 +105,7 @@ def fields_text(argv: list[str]) -> str:
   notes = Notes()
   for source in _config_sources(pathlib.Path(spec.split(":", 1)[0])):
     notes.read_config_file(source, _load(source))
-  rows = sorted(_flatten(cfg), key=lambda item: notes.rank(item[0]))
+  rows = sorted(config_files.flat(cfg).items(), key=lambda item: notes.rank(item[0]))
   lines = [f"The fields of {spec} (set any with --config.FIELD=VALUE):"]
   for name, value in rows:
     left = f"  {name} = {value!r}"
@@ -119,16 +119,6 @@ def fields_text(argv: list[str]) -> str:
       left = ""
     lines += [f"{left if i == 0 else '':<{NOTE_COLUMN}}# {part}" for i, part in enumerate(wrapped)]
   return "\n".join(lines) + "\n"
-
-
-def _flatten(cfg: ml_collections.ConfigDict, prefix: str = "") -> list[tuple[str, object]]:
-  out = []
-  for key, value in cfg.items():
-    if isinstance(value, ml_collections.ConfigDict):
-      out += _flatten(value, f"{prefix}{key}.")
-    else:
-      out.append((prefix + key, value))
-  return out
 
 
 def _load(path: pathlib.Path):

@@ -22,6 +22,7 @@ import json
 import jax
 import ml_collections
 
+from tupe import config_files
 from tupe import console
 from tupe.data import examples
 from tupe.data import shards
@@ -44,17 +45,9 @@ _INPUTS = {"text": "data.files give", "arrayrecord": "the shards in data.files h
            "demo": "the demo corpus (this Python's standard library's docstrings) gives"}
 
 
-def _flat(tree: dict, prefix: str = "") -> dict:
-  """{"a.b": leaf} for a nested dict."""
-  flat = {}
-  for k, v in tree.items():
-    flat.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-  return flat
-
-
 def _differences(saved: dict, current: dict, keys=None) -> list[str]:
   """"key=<saved> in the checkpoint, <current> now" for each of `keys` (default: all) whose flat values differ."""
-  saved, current = _flat(saved), _flat(current)
+  saved, current = config_files.flat(saved), config_files.flat(current)
   keys = sorted(saved.keys() | current.keys()) if keys is None else keys
   return [f"{k}={saved.get(k)!r} in the checkpoint, {current.get(k)!r} now" for k in keys
           if saved.get(k) != current.get(k)]
@@ -86,7 +79,7 @@ def changed_settings(saved_config: dict, config: dict, same_examples: bool = Fal
   how often to log, evaluate and save) and the data settings a resume does not compare (`_data_compared`). Model,
   data and optimizer-structure differences are errors, raised when restoring."""
   data = _data_compared(config, same_examples)
-  keys = sorted(k for k in _flat(saved_config).keys() | _flat(config).keys()
+  keys = sorted(k for k in config_files.flat(saved_config).keys() | config_files.flat(config).keys()
                 if not k.startswith(_BOOKKEEPING) and (not k.startswith("data.") or k in data))
   return _differences(saved_config, config, keys)
 
@@ -186,7 +179,7 @@ def _check_same_data(step: int, directory: storage.Path, saved_meta: CheckpointM
   data = _data_compared(meta.config, _same_examples(saved_meta, meta))
 
   def stream(m: CheckpointMeta):
-    settings = {k: v for k, v in _flat(m.config["data"], "data.").items() if k in data}
+    settings = {k: v for k, v in config_files.flat(m.config["data"], "data.").items() if k in data}
     return dict(settings, **{k: m.config[k] for k in _STREAM},
                 **({} if saved_meta.train_examples is None else {"train_examples": m.train_examples}))
   saved, current = stream(saved_meta), stream(meta)
