@@ -63,15 +63,17 @@ def stop_hosts_left_running():
 STARTED: list[Run] = []
 
 
-def start_hosts(workdir, overrides=None, logs=None, wrap=None) -> list[Run]:
+def start_hosts(workdir, overrides=None, logs=None, wrap=None, per_host=None) -> list[Run]:
   """One train.py process per host, all on `workdir` (shared storage, as on a real cluster); their output in
-  `logs` (default: beside a local workdir). `wrap`: {host: a command that runs the rest of the command line}."""
+  `logs` (default: beside a local workdir). `wrap`: {host: a command that runs the rest of the command line};
+  `per_host`: {host: overrides of that host's alone}."""
   port = free_port()
   hosts = []
   for host in range(HOSTS):
     command = train_command(workdir, dict(MULTI, **{"distributed.coordinator_address": f"localhost:{port}",
                                                     "distributed.num_processes": HOSTS,
-                                                    "distributed.process_id": host}, **(overrides or {})))
+                                                    "distributed.process_id": host}, **(overrides or {}),
+                                          **(per_host or {}).get(host, {})))
     hosts.append(Run(workdir, name=f"host{host}", logs=logs, command=(wrap or {}).get(host, []) + command))
   STARTED.extend(hosts)
   return hosts
@@ -255,6 +257,41 @@ def test_a_host_started_alone_says_the_others_never_joined(tmp_path):
       f"Deadline Exceeded); host 0 stopped. Start every host, each with its own distributed.process_id (0 to 1), all "
       f"with distributed.num_processes=2 and distributed.coordinator_address="
       f"{dist['distributed.coordinator_address']} (host 0's host:port, which every host must reach)"]
+  assert not (tmp_path / "run").exists()
+
+
+def test_hosts_started_with_other_settings_are_refused_in_one_line(tmp_path):
+  """Host 1 with another seed and step count than host 0: every host stops at once with the same line naming them,
+  exit 2, nothing written. Before, the seed trained silently (each host's parameters its own, config.json host 0's),
+  and the step counts left the hosts waiting for each other until the heartbeats timed out, each blaming the
+  other."""
+  workdir = tmp_path / "run"
+  hosts = start_hosts(workdir, per_host={1: {"seed": 7, "num_train_steps": STEPS + 2}})
+  line = (f"error: host 1 was started with other settings than host 0: num_train_steps={STEPS + 2}, seed=7 where "
+          f"host 0 has num_train_steps={STEPS}, seed=0; start every host with the same command, each with its own "
+          f"distributed.process_id")
+  for host in hosts:
+    assert host.wait(timeout=120) == 2, host.stderr()[-3000:]
+    assert host.stderr().strip().splitlines() == [line]
+  assert not workdir.exists()
+
+
+def test_a_coordinator_port_in_use_on_host_0_is_one_line(tmp_path):
+  """Host 0 cannot listen on the coordinator's port (another process holds it): one line saying so, exit 2. jaxlib
+  crashed on it with a segmentation fault and a thread dump."""
+  with socket.socket() as taken:
+    taken.bind(("0.0.0.0", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    dist = {"distributed.coordinator_address": f"localhost:{port}", "distributed.num_processes": HOSTS,
+            "distributed.process_id": 0}
+    host = Run(tmp_path / "run", dict(MULTI, **dist), name="host0")
+    STARTED.append(host)
+    assert host.wait(timeout=120) == 2, host.stderr()[-3000:]
+  assert host.stderr().strip().splitlines() == [
+      f"error: distributed.coordinator_address=localhost:{port}: host 0 cannot listen on port {port} (Address "
+      f"already in use: another job's coordinator, or a process left from an earlier run?); free it, or give every "
+      f"host another port"]
   assert not (tmp_path / "run").exists()
 
 

@@ -3,7 +3,8 @@
 `with Job(cfg, workdir) as job:` is the startup both loops share, in this order:
   0. the bounds on every wait on a store (`tupe.store.deadline`: checkpoint.store_timeout_s, stop_grace_s);
   1. JAX's persistent compilation cache (`compile_cache.enable`);
-  2. `jax.distributed.initialize` for multi-host runs (an explicit coordinator, or auto-detected on TPU pods);
+  2. `jax.distributed.initialize` for multi-host runs (an explicit coordinator, or auto-detected on TPU pods), and
+     every host's settings compared with host 0's (`check_same_settings`);
   3. the workdir: checked (writable, names and paths the filesystem allows, nothing in the way of what the job
      writes: `check_nothing_in_the_way`), created, and held for this job
      (`tupe.store.lease`, with `checkpoint.lease_s`): another job on it gets one line before any data is loaded or
@@ -21,8 +22,10 @@ from __future__ import annotations
 
 import contextlib
 import fractions
+import json
 import math
 import os
+import socket
 import sys
 
 import jax
@@ -65,6 +68,7 @@ class Job:
     deadline.configure(self.cfg.checkpoint.store_timeout_s, self.cfg.checkpoint.stop_grace_s)
     compile_cache.enable(self.cfg.get("compilation_cache_dir", compile_cache.DEFAULT_DIR))
     initialize_distributed(self.cfg.distributed)
+    check_same_settings(self.cfg, self.workdir)
     check_workdir(self.workdir)
     check_nothing_in_the_way(self.workdir, self.cfg)
     self._created = not storage.exists(self.workdir)
@@ -159,6 +163,8 @@ def check_distributed(dist) -> None:
 def initialize_distributed(dist) -> None:
   """jax.distributed.initialize for multi-host runs (explicit coordinator, or auto-detected on TPU pods)."""
   if dist.coordinator_address:
+    if dist.process_id == 0:
+      check_coordinator_port(dist.coordinator_address)
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(dist.coordinator_address, num_processes=dist.num_processes,
                                process_id=dist.process_id,
@@ -172,6 +178,50 @@ def initialize_distributed(dist) -> None:
       raise UserError(f"distributed.auto=true, but JAX detected no cluster here ({e}): run it on every host of a TPU "
                       f"pod or a cluster JAX detects, or give distributed.coordinator_address, num_processes and "
                       f"process_id") from e
+
+
+def check_coordinator_port(address: str) -> None:
+  """On host 0, which runs the distributed service on the coordinator's port of every interface: one line where
+  that port is taken (another job's coordinator, a process left from an earlier run). jaxlib crashed on it, with
+  a segmentation fault and a thread dump."""
+  port = int(address.rpartition(":")[2])
+  for family, anywhere in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
+    try:
+      probe = socket.socket(family, socket.SOCK_STREAM)
+    except OSError:  # (no IPv6 here)
+      continue
+    with probe:
+      probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # (as the service binds: past TIME_WAIT)
+      try:
+        probe.bind((anywhere, port))
+      except OSError as e:
+        raise UserError(f"distributed.coordinator_address={address}: host 0 cannot listen on port {port} "
+                        f"({e.strerror}: another job's coordinator, or a process left from an earlier run?); free it, "
+                        f"or give every host another port") from None
+    return
+
+
+def check_same_settings(cfg, workdir: storage.Path) -> None:
+  """On several hosts: one line on every host where a host was started with other settings than host 0 (any
+  field but distributed.process_id, or another --workdir). Each host trains as its own config says: another seed
+  gave parameters that differ by host, recorded as host 0's; another num_train_steps or log_every left the
+  hosts waiting for each other in different collectives until the heartbeats timed out, each blaming the other."""
+  if jax.process_count() == 1:
+    return
+  mine = json.loads(cfg.to_json_best_effort())
+  mine.get("distributed", {}).pop("process_id", None)
+  mine = json.dumps(dict(config_files.flat(mine), **{"--workdir": str(workdir)}), sort_keys=True).encode()
+  size = int(np.max(multihost_utils.process_allgather(np.int32(len(mine)))))
+  every = multihost_utils.process_allgather(np.frombuffer(mine.ljust(size, b" "), np.uint8))
+  settings = [json.loads(row.tobytes()) for row in every]
+  for host, theirs in enumerate(settings[1:], 1):
+    differ = sorted(k for k in settings[0].keys() | theirs.keys() if settings[0].get(k) != theirs.get(k))
+    if differ:
+      show = lambda s: ", ".join(f"{k}={s[k]!r}" if k in s else f"no {k}" for k in differ[:3])
+      more = f" (and {len(differ) - 3} more)" if len(differ) > 3 else ""
+      raise UserError(f"host {host} was started with other settings than host 0: {show(theirs)} where host 0 has "
+                      f"{show(settings[0])}{more}; start every host with the same command, each with its own "
+                      f"distributed.process_id")
 
 
 def agreed_signal(received: list[int]) -> int:
