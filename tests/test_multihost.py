@@ -1,10 +1,11 @@
 """Multi-host pre-training: two train.py processes (jax.distributed on localhost, one CPU device each, gloo
 collectives) match a single process that trains on the same global batches; when one process is
-killed, the other stops within the heartbeat timeout with one line naming the dead host (tupe/run/supervise.py).
+killed, the other stops within the heartbeat timeout with one line naming the dead host (tupe/run/supervise.py), and a host that stalled past it says so.
 A SIGTERM to one host stops every host after the same step, in pre-training and in GLUE fine-tuning, whose
 two-host runs match one process's too, and whose kept model both hosts write. Two hosts checkpoint into one gs://
 folder (a GCS emulator), are killed, and resume bit-identically.
 """
+import os
 import pathlib
 import re
 import signal
@@ -224,6 +225,36 @@ def test_a_killed_host_stops_the_other_with_one_line(tmp_path, killed):
   assert returncode == supervise.EXIT_PEER_DIED
   assert_one_line_naming(stderr, killed)
   assert not supervised_children(tmp_path), "the killed host's training process outlived its supervisor"
+
+
+def child_of(pid: int) -> int:
+  """The process whose parent is `pid` (Linux: /proc/<pid>/stat's fourth field)."""
+  for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
+    try:
+      fields = stat.read_text().rpartition(")")[2].split()
+    except OSError:  # Exited meanwhile.
+      continue
+    if int(fields[1]) == pid:
+      return int(stat.parent.name)
+  raise AssertionError(f"process {pid} has no child")
+
+
+def test_a_stalled_host_says_it_stalled(tmp_path):
+  """Host 1's training process suspended (SIGSTOP) past the 5 s heartbeat timeout, then let go: the distributed
+  service has taken it for dead and stops both; host 1 says that it stalled (it said "host 1 of 2 died" of
+  itself), host 0 that host 1 died; each exits 1 in one line."""
+  workdir = tmp_path / "run"
+  hosts = start_hosts(workdir, {"num_train_steps": 1000, "checkpoint.every_steps": 1000,
+                                "distributed.heartbeat_timeout_s": 5})
+  hosts[0].wait_until(lambda: last_logged_step(workdir) >= 1)
+  child = child_of(hosts[1].proc.pid)  # the supervisor's training process
+  os.kill(child, signal.SIGSTOP)
+  hosts[0].wait(timeout=HANG_S)
+  os.kill(child, signal.SIGCONT)
+  for host, start in zip(hosts, ("error: host 1 of 2 died", "error: host 1 of 2 stalled (suspended, swapping or "
+                                                           "starved of CPU) for longer than distributed.")):
+    assert host.wait(timeout=HANG_S) == supervise.EXIT_PEER_DIED, host.stderr()[-3000:]
+    assert host.stderr().strip().splitlines()[-1].startswith(start), host.stderr()[-3000:]
 
 
 def test_host_0_failing_to_take_the_workdir_stops_the_others_at_once(tmp_path):

@@ -86,12 +86,18 @@ def dead_host(report: str) -> int | None:
 
 def failure_line(report: str, this_host: int | None, num_hosts: int | None) -> str:
   """The one line a surviving host prints. Of two hosts, the dead one is the other, whether or not the report
-  names it (a collective can fail on the lost connection before the heartbeats time out)."""
+  names it (a collective can fail on the lost connection before the heartbeats time out). A report that names
+  this host is a host that stalled (suspended, swapping, starved of CPU) past the heartbeat timeout, which the
+  service took for dead: it stopped the others, and says so."""
   dead = dead_host(report)
   if dead is None and num_hosts == 2 and this_host is not None:
     dead = 1 - this_host
   of = f" of {num_hosts}" if num_hosts else ""
   this = f"host {this_host}" if this_host is not None else "this host"
+  if dead is not None and dead == this_host:
+    return (f"error: {this}{of} stalled (suspended, swapping or starved of CPU) for longer than "
+            f"distributed.heartbeat_timeout_s, and the distributed service took it for dead: every host stopped. "
+            f"Start every host again with the same command: the run resumes from its last complete checkpoint")
   if dead == 0 and this_host != 0:
     what = f"host 0{of}, the coordinator, is unreachable (it died, was preempted or lost its network)"
   elif dead is not None:
