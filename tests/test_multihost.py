@@ -1,6 +1,7 @@
 """Multi-host pre-training: two train.py processes (jax.distributed on localhost, one CPU device each, gloo
-collectives) match a single process that trains on the same global batches; when one process is
-killed, the other stops within the heartbeat timeout with one line naming the dead host (tupe/run/supervise.py), and a host that stalled past it says so.
+collectives) match a single process that trains on the same global batches; when one process is killed, the
+other stops within the heartbeat timeout with one line naming the dead host (tupe/run/supervise.py), and a host
+that stalled past it says so. Hosts started with other settings, or a coordinator port in use, are one line.
 A SIGTERM to one host stops every host after the same step, in pre-training and in GLUE fine-tuning, whose
 two-host runs match one process's too, and whose kept model both hosts write. Two hosts checkpoint into one gs://
 folder (a GCS emulator), are killed, and resume bit-identically.
