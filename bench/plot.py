@@ -58,25 +58,45 @@ def machine_line(records: list[dict]) -> str:
   return f"{where}, {r.get('date', '?')}"
 
 
-def bar_labels(axes, bars, fmt: str) -> None:
-  for bar in bars:
-    axes.annotate(fmt.format(bar.get_height()), (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                  textcoords="offset points", xytext=(0, 2), ha="center", fontsize=7)
+def bar_labels(axes, bars, fmt: str, notes: list[str] | None = None) -> None:
+  """Each bar's value above it (`fmt`), with its note (if any) on a line above that."""
+  for bar, note in zip(bars, notes or [""] * len(bars)):
+    axes.annotate(f"{note}\n{fmt.format(bar.get_height())}" if note else fmt.format(bar.get_height()),
+                  (bar.get_x() + bar.get_width() / 2, bar.get_height()), textcoords="offset points", xytext=(0, 2),
+                  ha="center", fontsize=7)
 
 
-def grouped_bars(axes, groups: list[str], series: dict[str, list[float]], fmt: str):
-  """Bars of each series side by side within each group; returns the bar containers by series."""
+def grouped_bars(axes, groups: list[str], series: dict[str, list[float]], fmt: str,
+                 notes: dict[str, list[str]] | None = None):
+  """Bars of each series side by side within each group, each labelled with its value (and `notes[series]`);
+  returns the bar containers by series."""
   x = np.arange(len(groups))
   width = 0.8 / len(series)
   out = {}
   for i, (name, values) in enumerate(series.items()):
     out[name] = axes.bar(x + (i - (len(series) - 1) / 2) * width, values, width, label=name)
-    bar_labels(axes, out[name], fmt)
+    bar_labels(axes, out[name], fmt, (notes or {}).get(name))
   axes.set_xticks(x, groups, fontsize=8)
   return out
 
 
+def latest_runs(records: list[dict]) -> tuple[list[dict], int]:
+  """The records of the newest bench.train_step run at each length, and how many runs the file holds. A file may
+  hold several runs appended (a run is one length; a comparison's run ends with its summary record); one chart
+  shows one run per length, so that no bar is set beside another run's, on another load, or its ratio."""
+  runs, current = [], []
+  for r in records:
+    current.append(r)
+    if "step_time_ratio" in r:
+      runs.append(current)
+      current = []
+  runs += [current] if current else []
+  newest = {r["seq"]: i for i, run in enumerate(runs) for r in run if "tokens_per_s" in r}
+  return [r for i in sorted(set(newest.values())) for r in runs[i]], len(runs)
+
+
 def plot_train_step(records: list[dict], figure) -> str:
+  records, runs = latest_runs(records)
   steps = [r for r in records if "tokens_per_s" in r]
   ratios = {(r["seq"], model): ratio for r in records if "step_time_ratio" in r
             for model, ratio in r["step_time_ratio"].items()}
@@ -84,19 +104,22 @@ def plot_train_step(records: list[dict], figure) -> str:
   label = lambda r: r.get("recipe", r["model"]) + (f" {r['variant']}" if r.get("variant") else "")
   models = list(dict.fromkeys(label(r) for r in steps))
   lengths = sorted({r["seq"] for r in steps})
-  value = lambda key, seq, model: next((r[key] for r in steps if (r["seq"], label(r)) == (seq, model)), np.nan)
+  value = lambda key, seq, model: next((r[key] for r in reversed(steps) if (r["seq"], label(r)) == (seq, model)),
+                                      np.nan)
   groups = [f"length {seq}" for seq in lengths]
   left, right = figure.subplots(1, 2)
-  bars = grouped_bars(left, groups, {m: [value("tokens_per_s", s, m) for s in lengths] for m in models}, "{:.4g}")
-  for model, container in bars.items():
-    for seq, bar in zip(lengths, container):
-      if (seq, model) in ratios:
-        left.annotate(f"step x{ratios[seq, model]:.3f}", (bar.get_x() + bar.get_width() / 2, bar.get_height() / 2),
-                      ha="center", rotation=90, fontsize=7, color="white")
-  left.set_ylabel("tokens/s")
-  left.legend(fontsize=8)
+  thousands = max(r["tokens_per_s"] for r in steps) >= 1e4
+  notes = {m: [f"x{ratios[s, m]:.3f}" if (s, m) in ratios else "" for s in lengths] for m in models}
+  grouped_bars(left, groups, {m: [value("tokens_per_s", s, m) / (1e3 if thousands else 1) for s in lengths]
+                              for m in models}, "{:.0f}k" if thousands else "{:.4g}", notes)
+  left.set_ylabel("tokens/s (thousands)" if thousands else "tokens/s")
   grouped_bars(right, groups, {m: [100 * value("mfu", s, m) for s in lengths] for m in models}, "{:.1f}")
   right.set_ylabel("MFU (%)")
+  for axes in (left, right):  # room above the bars for their labels and the legend (a line per model)
+    axes.set_ylim(top=axes.get_ylim()[1] * (1.2 + 0.07 * len(models)))
+  left.legend(fontsize=7, loc="upper left")
+  of = f"; the newest run at each length, of {runs} in the file" if runs > len(lengths) else ""
+  left.set_title((f"x: step time over {models[0]}'s" if ratios else "") + of, fontsize=7, loc="left")
   first = steps[0]
   return f"train step, {first['size']}, {first['dtype']}, {first['batch'] * first['seq']} tokens per step"
 
@@ -281,7 +304,8 @@ def plot_file(path: str | pathlib.Path, out_dir: str | pathlib.Path) -> pathlib.
   kind = kind_of(records, path)
   figure = present.new_figure(8.0, 4.2)
   title = KINDS[kind][1](records, figure)
-  figure.suptitle(f"{title} ({machine_line(records)})", fontsize=9)
+  drawn = latest_runs(records)[0] if kind == "train_step" else records  # (its chart draws the newest runs)
+  figure.suptitle(f"{title} ({machine_line(drawn)})", fontsize=9)
   figure.tight_layout()
   out_dir.mkdir(parents=True, exist_ok=True)
   out = out_dir / f"{path.stem}.png"

@@ -629,7 +629,27 @@ def test_a_train_step_chart_draws_each_recipes_ratio():
                   "step_time_ratio": {"tupe_a": 1.1, "convbert_mlm": 1.14}})
   figure = present.new_figure(8, 4)
   plot.plot_train_step(records, figure)
-  assert sorted(t.get_text() for t in figure.axes[0].texts if "step" in t.get_text()) == ["step x1.100", "step x1.140"]
+  assert sorted(t.get_text() for t in figure.axes[0].texts) == ["660k", "x1.100\n600k", "x1.140\n580k"]
+
+
+def test_a_train_step_chart_draws_one_run_per_length():
+  """A file of appended runs (docs/results keeps each benchmark's runs in one file): each length's bars and ratios
+  come from the newest run at that length, named with the count. Before, the first run's tokens/s were drawn
+  beside the last run's ratios."""
+  from tupe import present
+
+  base = {"size": "small", "batch": 8, "dtype": "float32", "step_time_s": 1.0, "mfu": 0.3}
+  run = lambda seq, t, ratio, date: [
+      dict(base, model="bert_a", seq=seq, tokens_per_s=t, date=date, device_kind="cpu"),
+      dict(base, model="tupe_a", seq=seq, tokens_per_s=t / ratio, date=date, device_kind="cpu"),
+      {"compare": ["bert_a", "tupe_a"], "seq": seq, "step_time_ratio": {"tupe_a": ratio}}]
+  records = run(128, 400, 1.5, "2026-11-01") + run(512, 90, 1.2, "2026-11-01") + run(128, 300, 1.25, "2026-11-02")
+  drawn, runs = plot.latest_runs(records)
+  assert runs == 3 and [r.get("tokens_per_s") for r in drawn] == [90, 75, None, 300, 240, None]
+  figure = present.new_figure(8, 4)
+  plot.plot_train_step(records, figure)
+  assert sorted(t.get_text() for t in figure.axes[0].texts) == ["300", "90", "x1.200\n75", "x1.250\n240"]
+  assert figure.axes[0].get_title(loc="left").endswith("the newest run at each length, of 3 in the file")
 
 
 def run_gpu_round(tmp_path, parts: str, env: dict | None = None) -> subprocess.CompletedProcess:
