@@ -298,6 +298,13 @@ def test_sweep_print_checks_each_point_with_its_data(tmp_path, capsys):
 
 @pytest.mark.parametrize("field, value, words", [
     ("learning_rates", (1e-5, float("inf")), "learning_rates=(1e-05, inf): give positive numbers"),
+    # Rates that fine-tuned before: float32's inf (every step skipped, the untrained model scored and ranked), and
+    # the recipes' rates by size, unchecked (gradient ascent).
+    ("learning_rates", (1e39,), "learning_rates=(1e+39,): give positive numbers float32 holds (at most 3.4e+38)"),
+    ("learning_rates_by_size.tiny", (-3e-3,), "learning_rates_by_size.tiny=(-0.003,): give positive numbers"),
+    ("learning_rates_by_size.base", (), "learning_rates_by_size.base=(): give positive numbers"),
+    ("learning_rates_by_size.base", (1e-4, 1e-4), "learning_rates_by_size.base=(0.0001, 0.0001) repeats a learning "
+                                                  "rate: give each once, e.g. --config.learning_rates_by_size.base="),
     ("optimizer.b2", 1.5, "optimizer.b2=1.5 must be in [0, 1)"),
     ("checkpoint.stop_grace_s", float("nan"), "checkpoint.stop_grace_s=nan must be 0 or more"),
     ("checkpoint.lease_s", -1.0, "checkpoint.lease_s=-1.0 must be positive"),

@@ -13,7 +13,6 @@ from tupe.errors import UserError
 from tupe.glue import encoding
 from tupe.glue import tasks as glue
 from tupe.models.config import INT32_MAX
-from tupe.train import core
 
 def parse_tasks(names: str) -> list[glue.Task]:
   """Trainable tasks from a comma-separated list ("cola,sst2"), in the given order."""

@@ -49,6 +49,7 @@ from tupe.glue import tasks as glue
 from tupe.models import partitioning
 from tupe.store import jsonfile
 from tupe.store import storage
+from tupe.train import checks
 from tupe.train import core
 from tupe.train import flops as flops_lib
 from tupe.train import job as job_lib
@@ -61,14 +62,9 @@ def check_config(cfg) -> None:
   """Value checks that need no data or model."""
   if cfg.head not in models.CLASSIFIER_STYLES:
     raise UserError(f"head={cfg.head!r}; use one of {', '.join(models.CLASSIFIER_STYLES)}")
-  is_number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
-  if not all(is_number(lr) and math.isfinite(lr) and lr > 0 for lr in cfg.learning_rates):
-    raise UserError(f"learning_rates={cfg.learning_rates}: give positive numbers, e.g. "
-                    f"--config.learning_rates=2e-5,3e-5")
-  if len(set(cfg.learning_rates)) != len(cfg.learning_rates):
-    raise UserError(f"learning_rates={cfg.learning_rates} repeats a learning rate: give each once, e.g. "
-                    f"--config.learning_rates=2e-5,3e-5")
-  runs_lib.check_rate_names(cfg.learning_rates)
+  check_rates("learning_rates", cfg.learning_rates)
+  for size, rates in cfg.learning_rates_by_size.items():  # (the grid's rates where learning_rates is ())
+    check_rates(f"learning_rates_by_size.{size}", rates, empty=False)
   names = [task.name for task in glue_data.parse_tasks(cfg.tasks)]
   if not names:
     raise UserError("no GLUE task selected: set --config.tasks, e.g. cola,sst2")
@@ -93,9 +89,7 @@ def check_config(cfg) -> None:
                     f"use 128)")
   if cfg.max_train_examples < 0:
     raise UserError(f"max_train_examples={cfg.max_train_examples}: give 0 (every example) or more")
-  job_lib.check_store_settings(cfg.checkpoint)
-  job_lib.check_distributed(cfg.distributed)
-  partitioning.check_rule_names(cfg.sharding_rules)
+  checks.check_job_settings(cfg)
   check_fine_tuning(cfg)
   if cfg.evals_per_epoch < 0:
     raise UserError(f"evals_per_epoch={cfg.evals_per_epoch} must be 0 or more (0: one evaluation, at the end)")
@@ -109,9 +103,18 @@ def check_config(cfg) -> None:
   if single:
     raise UserError(f"swap_pairs={cfg.swap_pairs!r} names {', '.join(single)}, whose examples are single sentences: "
                     f"swap only sentence-pair tasks (the ConvBERT recipe swaps MRPC and STS-B)")
-  optim.check_adam(cfg.optimizer)
-  optim.check_schedule(cfg.optimizer)
-  flops_lib.check_peak_flops(cfg.peak_flops)
+
+
+def check_rates(field: str, rates, empty: bool = True) -> None:
+  """A grid's learning rates (`field`: learning_rates, or learning_rates_by_size.<size>): numbers above 0 that
+  float32 holds, each once, named apart (`runs.check_rate_names`); none (`empty`) where another field gives them."""
+  example = f"--config.{field}=2e-5,3e-5"
+  if not (rates or empty) or not all(optim.is_learning_rate(lr) for lr in rates):
+    raise UserError(f"{field}={tuple(rates)}: give positive numbers float32 holds (at most "
+                    f"{optim.FLOAT32_MAX:.3g}), e.g. {example}")
+  if len(set(rates)) != len(rates):
+    raise UserError(f"{field}={tuple(rates)} repeats a learning rate: give each once, e.g. {example}")
+  runs_lib.check_rate_names(rates)
 
 
 def check_fine_tuning(cfg) -> None:

@@ -22,7 +22,6 @@ import textwrap
 import tokenize
 
 from absl import flags
-import ml_collections
 
 from tupe import config_files
 from tupe import console

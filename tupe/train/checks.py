@@ -52,9 +52,6 @@ def check_loop(cfg) -> None:
               "checkpoint.keep_last": (cfg.checkpoint.keep_last, 3)}
   for name, (value, example) in positive.items():
     core.check_count(name, value, example)
-  job_lib.check_store_settings(cfg.checkpoint)
-  job_lib.check_distributed(cfg.distributed)
-  partitioning.check_rule_names(cfg.sharding_rules)
   if not 0 <= cfg.eval_every <= models.INT32_MAX:
     raise UserError(f"eval_every={cfg.eval_every}: use 0 (no evaluation) or a number of steps up to {models.INT32_MAX}")
   progress_lib.NonFinite(cfg.nonfinite)  # a policy it knows
@@ -63,14 +60,23 @@ def check_loop(cfg) -> None:
   core.check_seed("seed", cfg.seed)
   for name in ("learning_rate", "end_learning_rate"):
     value = cfg.optimizer[name]
-    if math.isnan(value) or value < 0 or (name == "learning_rate" and value == 0):
-      raise UserError(f"optimizer.{name}={value} must be " + ("above 0, e.g. 1e-4" if name == "learning_rate"
-                                                             else "0 or more (the recipes' 0)"))
     if value > optim.FLOAT32_MAX:
       raise UserError(f"optimizer.{name}={value} overflows float32 (at most {optim.FLOAT32_MAX:.3g})")
-  optim.check_adam(cfg.optimizer)
-  optim.check_schedule(cfg.optimizer)
-  flops_lib.check_peak_flops(cfg.peak_flops)
+    if not (optim.is_learning_rate(value) or (name == "end_learning_rate" and value == 0)):
+      raise UserError(f"optimizer.{name}={value} must be " + ("above 0, e.g. 1e-4" if name == "learning_rate"
+                                                             else "0 or more (the recipes' 0)"))
+  check_job_settings(cfg)
   for name, value in (("checkpoint.keep_every", cfg.checkpoint.keep_every), ("disc_weight", cfg.disc_weight)):
     if not (math.isfinite(value) and value >= 0):
       raise UserError(f"{name}={value} must be a finite number, 0 or more")
+
+
+def check_job_settings(cfg) -> None:
+  """The checks both entry points' configs share (pre-training's and the GLUE grid's): the workdir's store
+  settings, the hosts, the sharding rules' names, Adam, the schedule's form and the peak FLOP/s."""
+  job_lib.check_store_settings(cfg.checkpoint)
+  job_lib.check_distributed(cfg.distributed)
+  partitioning.check_rule_names(cfg.sharding_rules)
+  optim.check_adam(cfg.optimizer)
+  optim.check_schedule(cfg.optimizer)
+  flops_lib.check_peak_flops(cfg.peak_flops)

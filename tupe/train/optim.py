@@ -30,6 +30,13 @@ FLOAT32_MAX = float(np.finfo(np.float32).max)
 SCHEDULES = ("warmup_then_decay", "decay_times_warmup")  # optimizer.schedule (module docstring)
 
 
+def is_learning_rate(value) -> bool:
+  """A peak learning rate: a number above 0 that float32 holds (a larger one is inf in the step, where every
+  update is then skipped as non-finite)."""
+  number = isinstance(value, (int, float)) and not isinstance(value, bool)
+  return number and math.isfinite(value) and 0 < value <= FLOAT32_MAX
+
+
 def check_adam(opt_cfg) -> None:
   """Adam's settings as it needs them, one line each: betas in [0, 1) (1 or more never forgets, or grows without
   bound; a negative one flips signs) and a finite, positive eps."""
