@@ -305,11 +305,13 @@ def refusal(raise_it, url: str = "gs://b/o") -> str:
   return str(refused.value)
 
 
-def test_google_refusals_are_named():
+def test_google_refusals_are_named(monkeypatch):
   """The two refusals of Google credentials that the authenticating emulator does not make, on the exceptions as
   gcsfs and google-auth build them: GCS's 401 for a bearer token it no longer accepts (revoked, or expired while in
   use: gcsfs raises it after its retries), and a gcloud login (a user's credentials: the emulator's users are
-  service accounts) that must be renewed."""
+  service accounts) that must be renewed. (The store's host, looked up first, is a local one: no name service is
+  needed.)"""
+  monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:4443")
   from gcsfs.retry import validate_response
   from google.auth.exceptions import RefreshError
 
@@ -325,9 +327,10 @@ def test_google_refusals_are_named():
       f"application-default login` to reauthenticate.): {LOGIN}")
 
 
-def test_an_upload_the_store_forgot_is_named():
+def test_an_upload_the_store_forgot_is_named(monkeypatch):
   """A store restarted during a save forgets the resumable uploads in flight: gcsfs raises its 404 as a
   FileNotFoundError of the upload's URL, which was the whole cause of the checkpoint's line."""
+  monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:4443")  # (the store the upload went to)
   from gcsfs.retry import validate_response
 
   upload = ("http://127.0.0.1:4443/upload/storage/v1/b/b/o?uploadType=resumable&name=run%2Fcheckpoints%2F4%2F"

@@ -193,6 +193,13 @@ def test_a_shard_damaged_inside_is_one_line_when_read(text_cfg, shard_dir, tmp_p
                       rf"preprocess the corpus again\n", err), err
 
 
+def test_a_reader_error_without_a_message_is_still_one_line():
+  """A RuntimeError of the shard reader with no message: the line names its type (it was an IndexError)."""
+  e = shards._unreadable("shard x", RuntimeError(""), "damaged", "/data/shards")
+  assert str(e) == ("shard x cannot be read (RuntimeError): damaged; copy /data/shards again, or preprocess the "
+                    "corpus again")
+
+
 def test_command_line_errors_are_one_line(tmp_path, bert_vocab):
   result = subprocess.run(
       [sys.executable, "-m", "tupe.data.preprocess", "--input", str(tmp_path / "*.txt"), "--vocab", str(bert_vocab),

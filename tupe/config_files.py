@@ -18,6 +18,7 @@ import ml_collections
 from ml_collections import config_flags
 
 from tupe.errors import UserError
+from tupe.errors import first_line
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -28,11 +29,6 @@ def _first_cause(e: BaseException) -> BaseException:
   while (e.__cause__ or e.__context__) is not None:
     e = e.__cause__ or e.__context__
   return e
-
-
-def _first_line(e: BaseException) -> str:
-  lines = str(e).strip().splitlines()
-  return lines[0] if lines else "(no message)"
 
 
 def _where(e: BaseException, file: str) -> str:
@@ -254,10 +250,10 @@ _CONFIG_FILE_RAISED = "Error whilst parsing config file"  # config_flags' words 
 def _raised(e: BaseException, file: str, spec: str) -> str:
   """The line of exception `e`, raised by config file `file` (at import or in get_config), or by the call of its
   get_config with the argument that `spec` gives it."""
-  where = _where(e, file)
+  where, said = _where(e, file), first_line(e, "(no message)")
   if isinstance(e, TypeError) and not where and str(e).startswith("get_config()"):
-    return f"--config {spec}: {_first_line(e)} (what follows the file's ':' is get_config's argument)"
-  return f"--config: the config file {file} raised {type(e).__name__}: {_first_line(e)}{where}; fix the file"
+    return f"--config {spec}: {said} (what follows the file's ':' is get_config's argument)"
+  return f"--config: the config file {file} raised {type(e).__name__}: {said}{where}; fix the file"
 
 
 def _check_local(spec: str) -> None:

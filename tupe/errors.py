@@ -4,7 +4,16 @@ Bad input (a missing file, a malformed row, a config that does not fit the machi
 one-line message that says what is wrong and how to fix it. Command-line entry points print that line and exit
 with status 2; the traceback is shown only with --verbose.
 """
+from __future__ import annotations
+
 import signal
+
+
+def first_line(e: BaseException, empty: str | None = None) -> str:
+  """The first line of `e`'s message (a library's may go on with tracebacks, hashes or offsets); `empty` (default:
+  the exception's type name) where it has none."""
+  lines = str(e).strip().splitlines()
+  return lines[0].strip() if lines else empty or type(e).__name__
 
 
 class UserError(ValueError):

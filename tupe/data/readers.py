@@ -23,6 +23,7 @@ from typing import Iterator
 from tupe.data import demo
 from tupe.data.report import Tally
 from tupe.errors import UserError
+from tupe.errors import first_line
 from tupe.store import storage
 
 FORMATS = ("text", "lines", "jsonl", "parquet")
@@ -206,7 +207,7 @@ def tfds_source(name: str, split: str, data_dir: str | None, otherwise: str = ""
     if builder is not None and not builder.is_prepared():  # (tfds's own error names the file format it guessed)
       reason = f"no prepared {name} in {builder.data_dir}"
     else:
-      reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+      reason = first_line(e)
     raise UserError(f"TFDS {name} split {split} is not available in {data_dir or 'the default TFDS folder'} "
                     f"({reason}): prepare it with `tfds build {name} --file_format=array_record"
                     f"{f' --data_dir={data_dir}' if data_dir else ''}`{otherwise}") from e

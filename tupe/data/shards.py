@@ -27,6 +27,7 @@ from tupe.data import corpus
 from tupe.data.packing import ExampleSource
 from tupe.data.report import Tally
 from tupe.errors import UserError
+from tupe.errors import first_line
 from tupe.store import atomic
 from tupe.store import jsonfile
 from tupe.store import storage
@@ -222,7 +223,7 @@ def training_settings(folder: storage.PathLike) -> dict:
 def _unreadable(what: str, e: RuntimeError, damage: str, folder: storage.PathLike) -> UserError:
   """The line for array_record's RuntimeError `e` on `what` (a shard, or a folder's shards): its first clause
   (not the reader's hashes and offsets), the `damage` it means, and the fix."""
-  why = re.split(r" \(|;", str(e).splitlines()[0])[0]
+  why = re.split(r" \(|;", first_line(e))[0]
   return UserError(f"{what} cannot be read ({why}): {damage}; copy {folder} again, or preprocess the corpus again")
 
 

@@ -41,6 +41,7 @@ import numpy as np
 from tupe import console
 from tupe.data import readers
 from tupe.errors import UserError
+from tupe.errors import first_line
 from tupe.glue import tasks as glue
 from tupe.store import network
 from tupe.store import storage
@@ -148,7 +149,7 @@ def download_task(task: glue.Task, data_dir: storage.Path, tfds_dir: str) -> sto
   except UserError:
     raise
   except Exception as e:  # The network, the host serving the files, a full disk: TFDS's own errors.
-    reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    reason = first_line(e)
     raise UserError(f"fetching GLUE {task.name} (TFDS {name}) failed: {reason}; check the connection and the "
                     f"free space, then rerun (the tasks already written in {data_dir} are kept)") from e
   _write_folder(folder, files)

@@ -28,6 +28,7 @@ import numpy as np
 
 from tupe import models
 from tupe.errors import UserError
+from tupe.errors import first_line
 from tupe.hf import layout
 from tupe.store import jsonfile
 from tupe.store import storage
@@ -137,8 +138,7 @@ def _read_torch(file: storage.Path) -> dict:
   try:
     state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
   except Exception as e:  # Truncated, not a torch file, or a pickle that is not plain weights.
-    lines = str(e).strip().splitlines()
-    raise UserError(f"{file} cannot be read as PyTorch weights ({type(e).__name__}: {lines[0] if lines else ''}); "
+    raise UserError(f"{file} cannot be read as PyTorch weights ({type(e).__name__}: {first_line(e, 'no message')}); "
                     f"pass a directory written by HF save_pretrained") from None
   if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
     raise UserError(f"{file} holds a {type(state).__name__}, not a state dict of tensors; pass a directory written "

@@ -14,6 +14,7 @@ import os
 import re
 
 from tupe.errors import UserError
+from tupe.errors import first_line
 
 
 class StorageError(UserError):
@@ -114,7 +115,7 @@ def reason(e: BaseException) -> str:
   code = re.search(r"\[os_error_code='(\d+)'\]", str(e))  # TensorStore's wording of a failed write.
   if code:
     return os.strerror(int(code.group(1)))
-  return _first_line(e).split(" [tensorstore_spec=")[0]
+  return first_line(e).split(" [tensorstore_spec=")[0]
 
 
 def refusal(e: BaseException) -> str | None:
@@ -181,11 +182,6 @@ def _words(e: BaseException) -> str:
     head = text.split(" [", 1)[0]  # "PERMISSION_DENIED: Error writing gs://b/o: <GCS's words>"
     message = re.sub(r"^.*gs://\S+: ", "", head)
   return " ".join(str(message or text).split()) or type(e).__name__
-
-
-def _first_line(e: BaseException) -> str:
-  text = str(e).strip().splitlines()
-  return text[0] if text else type(e).__name__
 
 
 WHILE_STOPPING = "while stopping, "  # how the notes `note_while_stopping` adds begin
