@@ -17,7 +17,6 @@ import argparse
 import pathlib
 import shutil
 import tempfile
-import time
 
 import jax
 import numpy as np
@@ -32,12 +31,7 @@ from tupe.train import resume
 
 
 def _best(fn, repeats: int) -> float:
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - start)
-  return min(times)
+  return min(bench.time_calls(fn, repeats))
 
 
 def main(argv=None) -> list[dict]:
