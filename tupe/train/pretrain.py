@@ -218,7 +218,7 @@ def load_data(cfg) -> tuple[pipeline.PretrainData, pipeline.PretrainData | None]
 
 def train(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
   """Runs (or resumes) pre-training in `workdir` (a local folder or a bucket URL) on `devices` (default: all);
-  returns the last step's metrics."""
+  returns the last step's metrics ({} for a run its checkpoints say has finished: nothing is trained)."""
   shard_settings = take_shard_settings(cfg)
   checks.check_config(cfg)
   if shard_settings:
