@@ -251,9 +251,14 @@ def test_a_resumed_run_replaces_the_steps_tensorboard_holds_past_its_checkpoint(
   assert [(e.step, e.value) for e in accumulator.Scalars("loss")] == [(1, 1.0), (2, 2.0), (3, 30.0), (4, 40.0),
                                                                       (5, 50.0)]
   assert [e.value for e in accumulator.Scalars("grad_norm")] == [math.inf] * 3
-  # A run that starts again from step 0 (no checkpoint was saved) replaces every step of the one before it.
-  with runlog.MetricWriter(tmp_path, tensorboard=True) as writer:
+  assert [(r["step"], r["loss"]) for r in runlog.read_metrics(tmp_path)] == [(1, 1.0), (2, 2.0), (3, 30.0),
+                                                                             (4, 40.0), (5, 50.0)]
+  # A run that starts again from step 0 (no checkpoint was saved) replaces every step of the one before it, in
+  # TensorBoard and in metrics.jsonl's readers (which kept steps 2-5 of the abandoned sessions: curves.png, the
+  # sweep's table and the study's summary drew and averaged them).
+  with runlog.MetricWriter(tmp_path, tensorboard=True, resumed_at=0) as writer:
     writer.write(1, {"loss": 7.0})
   accumulator = event_accumulator.EventAccumulator(str(tmp_path / "tensorboard"))
   accumulator.Reload()
   assert [(e.step, e.value) for e in accumulator.Scalars("loss")] == [(1, 7.0)]
+  assert [(r["step"], r["loss"]) for r in runlog.read_metrics(tmp_path)] == [(1, 7.0)]

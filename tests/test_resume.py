@@ -316,6 +316,18 @@ def test_a_run_killed_while_it_evaluates_evaluates_that_step_again(tmp_path, tra
   assert again.returncode == 0 and "evaluat" not in again.stdout.split("nothing to train")[-1], again.stdout
 
 
+def test_a_finished_run_evaluated_on_rerun_draws_its_curves_again(tmp_path, train_server):
+  """A finished run trained without evaluations, rerun with them: the rerun evaluates its last checkpoint, and
+  curves.png is drawn again with that evaluation (it was left as the first run drew it)."""
+  workdir = tmp_path / "run"
+  for eval_every in (0, EVERY):
+    proc = train_server(workdir, {"eval_every": eval_every, "curves": True})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+  assert f"eval at step {STEPS}: " in proc.stdout
+  evaluated_at = max(r["time"] for r in metric_records(workdir) if "eval_loss" in r)
+  assert (workdir / "curves.png").stat().st_mtime >= evaluated_at
+
+
 def test_corrupted_newest_checkpoint_falls_back(tmp_path, reference, train_server):
   """Bytes flipped in the largest file of step 12's optimizer item (its size unchanged; orbax alone loads it without a
   word): a warning names step 12 and the file, resume from 8, same result."""

@@ -29,10 +29,11 @@ class MetricWriter:
   Locally each record is durable once written. In a bucket records are uploaded every `flush_secs` seconds, at
   `flush()` (the trainer's checkpoints) and at `close()`; the TensorBoard events (`tupe.store.events`) reach the
   disk or the bucket at the same moments. `resumed_at`: the step the run continues from, 0 at the start (its
-  TensorBoard events replace those of later steps that an interrupted run wrote: `events.EventFile`)."""
+  records and TensorBoard events replace those of later steps that an interrupted run wrote: `read_metrics`,
+  `events.EventFile`); None for a log that only this session writes (a GLUE run's, whose folder is emptied first)."""
 
   def __init__(self, workdir: storage.PathLike, tensorboard: bool = True, flush_secs: float = 30.0,
-               resumed_at: int = 0):
+               resumed_at: int | None = None):
     self.active = jax.process_index() == 0
     self.path = storage.path(workdir) / "metrics.jsonl"
     self._tb = None
@@ -41,11 +42,12 @@ class MetricWriter:
         self._log = jsonlog.Log(workdir, "metrics")
       except storage.StorageError as e:
         raise UserError(f"{e}; move it away or choose another --workdir") from e
-      # A resumed session's first record says where it started: readers drop what an interrupted one wrote beyond
-      self._resumed_at = int(resumed_at) or None
+      # Each session's first record says where it started (0 included: a run that starts again from scratch, no
+      # checkpoint saved): readers drop what an interrupted one wrote beyond it.
+      self._resumed_at = None if resumed_at is None else int(resumed_at)
       self._flushed, self._flush_secs = time.monotonic(), flush_secs
       if tensorboard:
-        self._tb = events.EventFile(storage.path(workdir) / "tensorboard", resumed_at)
+        self._tb = events.EventFile(storage.path(workdir) / "tensorboard", resumed_at or 0)
 
   def write(self, step: int, scalars: dict, prefix: str = ""):
     if not self.active:
@@ -90,8 +92,8 @@ class MetricWriter:
 
 def read_metrics(workdir: storage.PathLike) -> list[dict]:
   """The records of a run's metrics log (`tupe.store.jsonlog`: one file locally, segments in a bucket) that its
-  sessions kept: a resumed session's first record holds `resumed_at` (the step it started from), which drops the
-  records an interrupted session wrote beyond it (trained from a later point, or beyond a shortened run's end); a
+  sessions kept: each session's first record holds `resumed_at` (the step it started from, 0 for the start),
+  which drops the records an interrupted session wrote beyond it (trained from a later point, or beyond a shortened run's end); a
   repeated step keeps the latest record. Records without an integer step (a file edited by hand) are left out."""
   by_step: dict[tuple, dict] = {}
   for record in jsonlog.read(workdir, "metrics"):

@@ -251,13 +251,16 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
     begun = start_from(setup, ckpt, restored, meta, workdir)
     start, state = begun or restored[:2]
     writer = job.enter(runlog.MetricWriter(workdir, tensorboard=cfg.tensorboard, resumed_at=start))
-    if evaluate is not None and start and evaluation.missed(workdir, start, cfg.eval_every, cfg.num_train_steps):
+    missed = evaluate is not None and start and evaluation.missed(workdir, start, cfg.eval_every,
+                                                                   cfg.num_train_steps)
+    if missed:
       console.log(f"checkpoint {start}'s evaluation is not in {writer.path} (a run stopped during it, or evaluated "
                   f"less often): evaluating")
       evaluation.record(evaluate, state.params, start, writer, cfg.objective)
-    if begun is None:
-      if cfg.curves and jax.process_index() == 0 and not storage.exists(workdir / "curves.png"):
-        curves.draw_run(workdir)  # (a run stopped between its last save and its curves)
+    if begun is None:  # (curves drawn again: a run stopped between its last save and its curves, or evaluated now)
+      if cfg.curves and jax.process_index() == 0 and (missed or not storage.exists(workdir / "curves.png")):
+        writer.flush()
+        curves.draw_run(workdir)
       return {}  # config.json stays the one the checkpoints were trained under
     if jax.process_index() == 0:
       storage.write_text(workdir / "config.json", cfg.to_json_best_effort(indent=2))
