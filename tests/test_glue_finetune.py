@@ -264,6 +264,23 @@ def test_runs_from_random_weights_of_another_architecture_or_vocab_are_refused(b
     runs_lib.check_init(tmp_path / "from_checkpoint", from_checkpoint([tokens[1], tokens[0]] + tokens[2:]))
 
 
+def test_the_vocab_warning_names_where_the_vocab_came_from(pretrained, bert_vocab, tmp_path, capsys, monkeypatch):
+  """The shared BERT vocab repeats lines: the warning names the checkpoint's vocab, or the vocab file given, not
+  the copy the grid writes into its workdir (and reads back), which it named before."""
+  from tupe import console
+
+  for cfg, where in ((glue_cfg(init_checkpoint=str(pretrained)), f"the vocab of {pretrained}/checkpoints/2"),
+                     (glue_cfg(init="random", model="bert_a,tiny", vocab_file=str(bert_vocab)),
+                      f"vocab file {bert_vocab}")):
+    monkeypatch.setattr(console, "_warned", set())  # as in a new process
+    capsys.readouterr()
+    backbone = backbone_lib.load_backbone(cfg, tmp_path / "grid")
+    backbone.write_vocab()
+    tokenizer_lib.read_vocab(backbone.vocab_file)  # (as the grid reads it back)
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "repeat an earlier line" in line]
+    assert len(warnings) == 1 and warnings[0].startswith(f"warning: {where} has 1,008 lines"), warnings
+
+
 def test_random_and_hf_backbones(bert_vocab, tmp_path):
   cfg = glue_cfg(init="random", model="tupe_r,tiny", vocab_file=str(bert_vocab))
   backbone = backbone_lib.load_backbone(cfg, tmp_path)

@@ -32,6 +32,7 @@ class Backbone:
       be of the same weights and vocab: a refused command leaves the former copy).
     source: where it came from, for logs.
     checkpoint: the train.py step directory, for a checkpoint.
+    vocab_source: where the vocab came from, for its warnings ("vocab file ...", "the vocab of <step dir>").
   """
   cfg: ml_collections.ConfigDict
   params: Any
@@ -39,8 +40,12 @@ class Backbone:
   vocab_file: storage.Path
   source: str
   checkpoint: storage.Path | None = None
+  vocab_source: str = ""
 
   def write_vocab(self) -> None:
+    """Writes the vocab to `vocab_file`; its repeated lines are warned about under `vocab_source`'s name, not the
+    copy's (which the job reads back)."""
+    tokenizer_lib.warn_repeated_lines(self.vocab_source, self.tokens)
     tokenizer_lib.write_vocab(self.tokens, self.vocab_file)
 
 
@@ -122,9 +127,13 @@ def load_backbone(cfg, workdir: storage.Path) -> Backbone:
     model_cfg, params, tokens, source = _checkpoint_backbone(cfg)
   else:
     model_cfg, params, tokens, source = _hf_backbone(cfg)
-  from_checkpoint = cfg.init == "pretrained" and cfg.init_checkpoint
-  step_dir = checkpoint_lib.latest_step_dir(cfg.init_checkpoint) if from_checkpoint else None
-  return Backbone(model_cfg, params, tokens, workdir / "vocab.txt", source, step_dir)
+  step_dir = checkpoint_lib.latest_step_dir(cfg.init_checkpoint) if cfg.init_checkpoint else None
+  if cfg.vocab_file or not step_dir:
+    vocab_source = f"vocab file {storage.path(cfg.vocab_file or storage.path(cfg.init_hf) / 'vocab.txt')}"
+  else:
+    vocab_source = f"the vocab of {step_dir}"
+  return Backbone(model_cfg, params, tokens, workdir / "vocab.txt", source,
+                  step_dir if cfg.init == "pretrained" else None, vocab_source)
 
 
 def encoder_params(backbone: Backbone, mesh, rules):
