@@ -52,7 +52,11 @@ def default_data_config() -> ml_collections.ConfigDict:
     format: how the text source's files hold documents: "text" (blank lines between documents) | "lines" (one
       per line) | "jsonl" (one JSON object per line, text in text_field) | "parquet" (column text_field).
     text_field: the JSONL field or Parquet column that holds the text.
-    tfds_name, tfds_split, tfds_data_dir, tfds_text_key: the TFDS dataset (tfds), prepared as array_record.
+    tfds_name: the TFDS dataset (source tfds), prepared as array_record (`tfds build NAME --file_format=array_record`).
+    tfds_split: the TFDS split to read, e.g. train.
+    tfds_data_dir: the local folder TFDS prepared the dataset in ("" for TFDS's own default: $TFDS_DATA_DIR, else
+      ~/tensorflow_datasets).
+    tfds_text_key: the record's feature that holds the text.
     vocab_file: WordPiece vocab; empty with source demo: a demo vocab trained and cached in cache_dir.
     cache_dir: where the demo vocab and the shard cache are kept ("" for ~/.cache/tupe).
     shard_cache: "auto" (a demo, text or tfds corpus of shard_cache_mb or more is tokenized once into shards in

@@ -278,7 +278,7 @@ def _run_grid(cfg, workdir, tasks, pending, data_ids, lrs, backbone, identity, e
                        else (0.0, ""))
   if total:
     console.log(f"MFU against {peak / 1e12:.2f} TFLOP/s per device ({peak_source}); each run's metrics in "
-                f"{workdir / 'runs'}/<task>_lr<lr>_seed<seed>/metrics.jsonl")
+                f"{workdir / 'runs'}/<TASK>_lr<lr>_seed<seed>/metrics.jsonl")
   peak_flops = peak * mesh.devices.size
   for i, task in enumerate(tasks):
     if not pending[task.name]:

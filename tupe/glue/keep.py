@@ -3,7 +3,7 @@
   best (default)  WORKDIR/models/<TASK>: the model of the run the report chooses (the best learning rate's best
                   seed, `tupe.glue.runs.best_run`: the run whose test predictions are submitted); and, so that a
                   rerun adding seeds or learning rates can change that choice, the model of each learning rate's
-                  best seed in its run folder (WORKDIR/runs/<task>_lr<lr>_seed<seed>/model).
+                  best seed in its run folder (WORKDIR/runs/<TASK>_lr<lr>_seed<seed>/model).
   all             the same models/<TASK>, and every run's model in its run folder.
   none            no model, for sweeps where disk matters. models/<TASK> still follows the chosen run: a copy of its
                   model where an earlier command kept one in its run folder, else nothing (a models/<TASK> of

@@ -276,6 +276,6 @@ def best_seed(runs: list[dict]) -> dict:
 
 def best_run(runs: list[dict]) -> dict:
   """The best seed's run (`best_seed`) at the report's best learning rate of the task of `runs`: the run whose
-  test predictions are submitted and whose model is kept in models/<task>."""
+  test predictions are submitted and whose model is kept in models/<TASK>."""
   lr = report.summarize(run_records(runs))[0].best.lr
   return best_seed([run for run in runs if run["lr"] == lr])

@@ -6,7 +6,7 @@ Without --config, --help lists the configs in configs/ made for the script, with
 the config file and the config files it imports (`c.field = value  # comment`, or the comment lines above it), and
 for a sub-config made by a function (`c.data = pipeline.default_data_config()`) the "Fields:" or "Flags:" section of
 that function's or its module's docstring and the comments beside the keyword arguments in its module. --helpfull
-adds the flags of the libraries underneath (absl, JAX, grain, orbax), which --help leaves out.
+adds the flags of the libraries underneath (absl, array_record, grain, orbax), which --help leaves out.
 """
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def text(argv: list[str]) -> str:
   else:
     parts.append(fields_text(argv))
   parts.append("Flags:\n" + "".join(f"  --{name}: {flags.FLAGS[name].help}\n" for name in OWN_FLAGS)
-               + "  --helpfull: also the flags of the libraries underneath (absl, JAX, grain, orbax)\n")
+               + "  --helpfull: also the flags of the libraries underneath (absl, array_record, grain, orbax)\n")
   if requested(argv) == "full":
     parts.append("Every flag, the libraries' included:\n" + flags.FLAGS.get_help() + "\n")
   return "\n".join(parts)

@@ -3,9 +3,9 @@ with `python -m tupe.study`), its report, config sweeps, held-out scoring and th
 learned about positions.
 """
 
-# The public names of the flat layout's tupe/study.py, which this package replaced, now in `runner` or `report`: for
-# one release, with a DeprecationWarning naming the new place (`tupe.moved`; one that went says so). `run` and
-# `make_variant` take other arguments now. (Listed: any other name is a submodule or no name at all.)
+# The public names of the flat layout's tupe/study.py, which this package replaced, now in `runner`, `inputs` or
+# `report`: for one release, with a DeprecationWarning naming the new place (`tupe.moved`; one that went says so).
+# `run` and `make_variant` take other arguments now. (Listed: any other name is a submodule or no name at all.)
 _OLD_NAMES = frozenset({"STAGES", "CONTROL", "Variant", "load_study", "data_path", "check_inputs", "glue_command",
                         "plan", "make_variant", "evaluate_command", "finished_step", "heldout_done", "glue_pending",
                         "run_command", "run", "main"})
