@@ -313,6 +313,11 @@ def test_a_train_py_workdir_given_as_an_hf_model_names_init_checkpoint(exported)
   with pytest.raises(UserError, match=r"has model_type=None; only 'convbert' checkpoints can be imported; it is a "
                                       r"train.py workdir's config: give the workdir as --config.init_checkpoint"):
     load.import_convbert(workdir)
+  # Our export of another model: the line says where that model can be fine-tuned from (it named no fix).
+  with pytest.raises(UserError, match=r"has model_type='tupe'; only 'convbert' checkpoints can be imported; it is an "
+                                      r"export \(tupe.tools.export_hf\) of a tupe_r model: give the train.py "
+                                      r"checkpoint it was exported from as --config.init_checkpoint instead$"):
+    load.import_convbert(exported("tupe_r")[2])
 
 
 @pytest.mark.parametrize("field, value, words", [("head_ratio", 0, "must be a positive whole number"),

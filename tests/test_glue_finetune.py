@@ -479,6 +479,17 @@ def test_lowercase_follows_the_checkpoint(pretrained, tmp_path):
     finetune.run(glue_cfg(init_checkpoint=str(pretrained), tasks="rte", lowercase=False), str(tmp_path / "out"))
 
 
+def test_lowercase_follows_an_hf_checkpoints_tokenizer(bert_vocab, tmp_path):
+  """An HF folder whose tokenizer says it is cased (transformers' own tokenizer_config.json, as an export of a cased
+  model holds): fine-tuned cased, and a contradicting --config.lowercase refused. It was lowercased, unsaid."""
+  transformers = pytest.importorskip("transformers")
+  transformers.BertTokenizerFast(vocab_file=str(bert_vocab), do_lower_case=False).save_pretrained(tmp_path / "hf")
+  assert backbone_lib.tokenizer_lowercase(glue_cfg(init_hf=str(tmp_path / "hf"))) is False
+  with pytest.raises(UserError, match=rf"^lowercase=True, but HF checkpoint {tmp_path}/hf was pre-trained on cased "
+                                      r"text: drop --config.lowercase"):
+    backbone_lib.tokenizer_lowercase(glue_cfg(init_hf=str(tmp_path / "hf"), lowercase=True))
+
+
 def test_schedule_errors_come_before_any_run(pretrained, glue_dir, tmp_path):
   run = lambda cfg: finetune.run(cfg, str(tmp_path / "out"), devices=jax.devices()[:1])
   base = dict(init_checkpoint=str(pretrained), tasks="sst2,rte", mesh=dict(data=1, fsdp=1, tensor=1))

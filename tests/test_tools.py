@@ -255,6 +255,20 @@ def test_analyze_hf_convbert_matches_torch_attentions(hf_convbert, sentences_fil
   np.testing.assert_allclose(ours, analysis.diagonal_concentration(sums), rtol=1e-4)
 
 
+def test_analyze_reads_an_hf_convbert_cased_where_its_tokenizer_says_so(hf_convbert, bert_vocab, tmp_path):
+  """The folder's tokenizer_config.json (transformers' own) says do_lower_case false: read cased, as
+  eval_glue.py's init_hf reads it; without that file, lowercased (BERT's uncased vocab)."""
+  import argparse
+  import shutil
+
+  folder = tmp_path / "cased"
+  shutil.copytree(hf_convbert, folder)
+  args = argparse.Namespace(hf_convbert=str(folder), vocab=str(bert_vocab), cased=False, checkpoint=None)
+  assert analyze.load_model(args, tmp_path)[3].lowercase is True
+  transformers.BertTokenizerFast(vocab_file=str(bert_vocab), do_lower_case=False).save_pretrained(folder)
+  assert analyze.load_model(args, tmp_path)[3].lowercase is False
+
+
 # Training curves.
 
 def write_run(workdir: pathlib.Path, electra: bool):

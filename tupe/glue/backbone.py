@@ -164,21 +164,25 @@ def check_backbone(cfg, model_cfg, vocab_size: int, source: str) -> None:
 
 
 def tokenizer_lowercase(cfg) -> bool:
-  """Whether GLUE text is lowercased: as a train.py checkpoint was pre-trained (its data.lowercase; also for
-  random weights shaped as it), else
-  --config.lowercase, by default True (an uncased BERT vocab) for HF ConvBERT and random weights.
+  """Whether GLUE text is lowercased: as the backbone was pre-trained (a train.py checkpoint's data.lowercase, also
+  for random weights shaped as it; an HF checkpoint's tokenizer_config.json, as `tupe.tools.export_hf` writes it),
+  else --config.lowercase, by default True (an uncased BERT vocab).
 
   Raises:
-    UserError: --config.lowercase contradicts the checkpoint's setting.
+    UserError: --config.lowercase contradicts the backbone's setting.
   """
-  if cfg.init_checkpoint and not cfg.init_hf:
+  trained, source = None, ""
+  if cfg.init_hf:
+    trained, source = load.tokenizer_lowercase(cfg.init_hf), f"HF checkpoint {cfg.init_hf}"
+  elif cfg.init_checkpoint:
     step_dir = checkpoint_lib.latest_step_dir(cfg.init_checkpoint)
     meta = checkpoint_lib.load_meta(step_dir)
     if meta.vocab:  # Without a vocab (synthetic pre-training data) its text setting says nothing.
-      trained = bool(meta.config["data"]["lowercase"])
-      if cfg.lowercase is not None and cfg.lowercase != trained:
-        raise UserError(f"lowercase={cfg.lowercase}, but checkpoint {step_dir} was pre-trained on "
-                        f"{'lowercased' if trained else 'cased'} text: drop --config.lowercase to tokenize as in "
-                        f"pre-training")
-      return trained
-  return True if cfg.lowercase is None else cfg.lowercase
+      trained, source = bool(meta.config["data"]["lowercase"]), f"checkpoint {step_dir}"
+  if trained is None:
+    return True if cfg.lowercase is None else cfg.lowercase
+  if cfg.lowercase is not None and cfg.lowercase != trained:
+    raise UserError(f"lowercase={cfg.lowercase}, but {source} was pre-trained on "
+                    f"{'lowercased' if trained else 'cased'} text: drop --config.lowercase to tokenize as in "
+                    f"pre-training")
+  return trained

@@ -115,10 +115,15 @@ def convbert_config(hf: dict, source: str) -> ml_collections.ConfigDict:
   Every dimension comes from config.json; `size` is only a label, the named size with the same hidden size.
   """
   if hf.get("model_type") != "convbert":
-    ours = config_files.entry_point(hf) == "train.py"  # a train.py workdir: its checkpoints are read directly
+    if config_files.entry_point(hf) == "train.py":  # a train.py workdir: its checkpoints are read directly
+      hint = "; it is a train.py workdir's config: give the workdir as --config.init_checkpoint instead"
+    elif isinstance(hf.get(MODEL_KEY), dict):  # our export of another model
+      hint = (f"; it is an export (tupe.tools.export_hf) of a {hf[MODEL_KEY].get('name', '?')} model: give the "
+              f"train.py checkpoint it was exported from as --config.init_checkpoint instead")
+    else:
+      hint = ""
     raise UserError(f"{source} has model_type={hf.get('model_type')!r}; only 'convbert' checkpoints can be "
-                    "imported" + ("; it is a train.py workdir's config: give the workdir as --config.init_checkpoint "
-                                  "instead" if ours else ""))
+                    f"imported{hint}")
   if hf["hidden_act"] != "gelu":
     raise UserError(f"{source} has hidden_act={hf['hidden_act']!r}; only exact-GELU ConvBERT checkpoints "
                     "(hidden_act 'gelu') can be imported")

@@ -155,6 +155,16 @@ def _config_json(directory: storage.Path, writer: str) -> dict:
   return jsonfile.read(config_file, f"write the directory again with {writer}")
 
 
+def tokenizer_lowercase(path) -> bool | None:
+  """The casing a checkpoint directory's tokenizer states (`do_lower_case` in its tokenizer_config.json, as
+  `save_pretrained` and `tupe.tools.export_hf` write it); None where it states none."""
+  file = storage.path(path) / "tokenizer_config.json"
+  if not storage.is_file(file):
+    return None
+  lowercase = jsonfile.read(file, "write the directory again with save_pretrained").get("do_lower_case")
+  return lowercase if isinstance(lowercase, bool) else None
+
+
 def _read_config(directory: storage.Path) -> tuple[dict, ml_collections.ConfigDict]:
   config_file = directory / "config.json"
   config = _config_json(directory, "tupe.tools.export_hf")

@@ -249,7 +249,9 @@ def load_model(args, workspace: storage.Path):
     vocab_file = args.vocab or storage.path(args.hf_convbert) / "vocab.txt"
     if not storage.is_file(vocab_file):
       raise UserError(f"{args.hf_convbert} has no vocab.txt: pass the model's vocab with --vocab")
-    lowercase, label = not args.cased, f"HF ConvBERT {storage.path(args.hf_convbert).name}"
+    # As its tokenizer says (an export of a cased model says so), unless --cased.
+    lowercase = not args.cased and load.tokenizer_lowercase(args.hf_convbert) is not False
+    label = f"HF ConvBERT {storage.path(args.hf_convbert).name}"
   else:
     cfg, params, vocab = pretrained.load_encoder(args.checkpoint)
     step_dir = checkpoint.latest_step_dir(args.checkpoint)
@@ -346,7 +348,8 @@ def main(argv: list[str]) -> None:
   source.add_argument("--hf-convbert", help="HF ConvBERT directory written by save_pretrained")
   parser.add_argument("--text-file", required=True, help="UTF-8 text, one sentence per line")
   parser.add_argument("--vocab", help="vocab.txt (default: the checkpoint's own, or vocab.txt in --hf-convbert)")
-  parser.add_argument("--cased", action="store_true", help="do not lowercase the text (a cased vocab)")
+  parser.add_argument("--cased", action="store_true", help="do not lowercase the text (a cased vocab; a cased "
+                      "checkpoint's, or an HF one whose tokenizer_config.json says so, is read cased anyway)")
   parser.add_argument("--out", default="analysis",
                       help="output folder, local, gs://... or s3://... (default: ./analysis)")
   parser.add_argument("--sentence-index", type=int, default=0, help="the sentence drawn alone (default 0)")
