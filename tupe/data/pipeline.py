@@ -308,8 +308,8 @@ def _leave_stop_signals_to_the_main_process(worker_index: int, worker_count: int
 
 
 def make_pretrain_iterator(data_cfg, *, seq_len: int, batch_size: int, seed: int, rows: tuple[int, int] | None = None,
+                           start_batch: int = 0,
                            split: str = "train") -> tuple[grain.DatasetIterator, TokenizerInfo]:
-  """`PretrainData(data_cfg, seq_len=seq_len, split=split).iterator(...)` from the first batch, and the
-  `TokenizerInfo`."""
+  """`PretrainData(data_cfg, seq_len=seq_len, split=split).iterator(...)` and the `TokenizerInfo`."""
   data = PretrainData(data_cfg, seq_len=seq_len, split=split)
-  return data.iterator(batch_size=batch_size, seed=seed, rows=rows), data.info
+  return data.iterator(batch_size=batch_size, seed=seed, rows=rows, start_batch=start_batch), data.info

@@ -94,7 +94,8 @@ def read_metrics(workdir: storage.PathLike) -> list[dict]:
   """The records of a run's metrics log (`tupe.store.jsonlog`: one file locally, segments in a bucket) that its
   sessions kept: each session's first record holds `resumed_at` (the step it started from, 0 for the start),
   which drops the records an interrupted session wrote beyond it (trained from a later point, or beyond a
-  shortened run's end); a repeated step keeps the latest record. Records without an integer step (a file edited by hand) are left out."""
+  shortened run's end); a repeated step keeps the latest record. Records without an integer step (a file edited
+  by hand) are left out."""
   by_step: dict[tuple, dict] = {}
   for record in jsonlog.read(workdir, "metrics"):
     if not isinstance(record.get("step"), int) or isinstance(record["step"], bool):
