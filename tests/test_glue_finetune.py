@@ -206,8 +206,9 @@ def test_sigterm_names_the_interrupted_run(pretrained, glue_dir, tmp_path):
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=HANG)
   assert proc.returncode == 143
-  *warnings, line = stderr.strip().splitlines()  # after the warning that the BERT vocab (the workdir's copy) repeats
-  assert [w.split(" has ")[0] for w in warnings] == [f"warning: vocab file {workdir / 'vocab.txt'}"], stderr
+  *warnings, line = stderr.strip().splitlines()  # after the warning that the checkpoint's vocab (BERT's) repeats
+  assert [w.split(" has ")[0] for w in warnings] == [f"warning: the vocab of {pretrained / 'checkpoints' / '2'}"], \
+      stderr
   assert re.fullmatch(r"stopped by SIGTERM during \[1/2\] SST-2 lr 0.01 seed 0 at step \d+, which is not recorded; "
                       r"rerun the same command to resume after the finished runs", line), line
   assert runs_lib.read_runs(workdir) == []
@@ -276,7 +277,8 @@ def test_the_vocab_warning_names_where_the_vocab_came_from(pretrained, bert_voca
     capsys.readouterr()
     backbone = backbone_lib.load_backbone(cfg, tmp_path / "grid")
     backbone.write_vocab()
-    tokenizer_lib.read_vocab(backbone.vocab_file)  # (as the grid reads it back)
+    backbone.warn_vocab()
+    tokenizer_lib.load_tokenizer(backbone.vocab_file)  # (as the grid reads it back)
     warnings = [line for line in capsys.readouterr().err.splitlines() if "repeat an earlier line" in line]
     assert len(warnings) == 1 and warnings[0].startswith(f"warning: {where} has 1,008 lines"), warnings
 

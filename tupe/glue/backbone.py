@@ -43,10 +43,12 @@ class Backbone:
   vocab_source: str = ""
 
   def write_vocab(self) -> None:
-    """Writes the vocab to `vocab_file`; its repeated lines are warned about under `vocab_source`'s name, not the
-    copy's (which the job reads back)."""
-    tokenizer_lib.warn_repeated_lines(self.vocab_source, self.tokens)
     tokenizer_lib.write_vocab(self.tokens, self.vocab_file)
+
+  def warn_vocab(self) -> None:
+    """Warns of the vocab's repeated lines (once per process) under `vocab_source`'s name: called before the
+    workdir's copy is read, which would name the copy."""
+    tokenizer_lib.warn_repeated_lines(self.vocab_source, self.tokens)
 
 
 def _vocab_tokens(vocab_file: str, purpose: str) -> list[str]:

@@ -284,6 +284,7 @@ def _run_grid(cfg, workdir, tasks, pending, data_ids, lrs, backbone, identity, e
     if not pending[task.name]:
       console.log(f"{task.name}: {console.plural(len(lrs) * len(cfg.seeds), 'run')} finished, skipped")
       continue
+    backbone.warn_vocab()
     data = glue_data.load_task_data(cfg, task, backbone.vocab_file, cfg.predict_test)
     setup = task_model.build_task(cfg, backbone, task, len(data.train["idx"]), mesh, rules)
     console.log(f"{task.name}: {data.describe_train()}, {setup.total_steps} steps "

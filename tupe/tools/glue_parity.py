@@ -20,9 +20,8 @@ initialised head copied into the HF model (our `tupe` head is BERT's pooler + cl
 ConvBERT's classification head, so --config.head must be the family's), dropout off in both models, every
 hyper-parameter, the padding token's embedding row trained on both sides (HF's nn.Embedding keeps it fixed, ours
 and the official codes train it: ConvBERT's convolution reads padded positions, so its gradient is not 0), and one
-dev evaluation after the last step (evals_per_epoch=0). A model without token types is
-exported with all-zero type rows: the HF side gets no token types and that table is frozen (trained, it would
-become a bias our model does not have).
+dev evaluation after the last step (evals_per_epoch=0). A model without token types is exported with all-zero type
+rows: the HF side gets no token types and that table is frozen (trained, it would become a bias our model lacks).
 The export's tokenizer (AutoTokenizer) is compared with our encoding separately: they differ only on pairs longer
 than max_seq_len, where the tokenizers library and BERT's loop (ours) keep different lengths (`tokenization_check`).
 
@@ -234,6 +233,7 @@ def compare_task(cfg, workdir, backbone, encoder, mesh, rules, family: str, hf_d
   """Fine-tunes `task` both ways; returns the task's entry of parity.json."""
   import transformers
   lr, seed = glue_data.learning_rates(cfg, backbone.cfg)[0], cfg.seeds[0]
+  backbone.warn_vocab()
   data = glue_data.load_task_data(cfg, task, backbone.vocab_file, with_test=False)
   setup = task_model.build_task(cfg, backbone, task, len(data.train["idx"]), mesh, rules)
   head = jax.device_get(setup.init_state(encoder, jax.random.PRNGKey(seed)).params["head"])
@@ -324,8 +324,8 @@ def _run(cfg, workdir, rtol: float, float64: bool) -> dict:
   meta = checkpoint.load_meta(checkpoint.latest_step_dir(cfg.init_checkpoint))
   family = layout.family(ml_collections.ConfigDict(meta.config["model"]), meta.config["objective"])
   if family not in HEADS:  # Refused before the workdir is made.
-    raise UserError(f"{meta.config['model']['name']} exports to the remote-code TUPE classes; the parity covers the "
-                    f"models transformers has classes for: give a bert_a, convbert or convbert_mlm checkpoint")
+    raise UserError(f"{meta.config['model']['name']} exports to the remote-code TUPE classes; the parity covers "
+                    f"the models transformers has classes for: give a bert_a, convbert or convbert_mlm checkpoint")
   if cfg.head != HEADS[family][0]:
     raise UserError(f"head={cfg.head!r}: transformers' {family} sequence classifier has our head "
                     f"{HEADS[family][0]!r}; set --config.head={HEADS[family][0]}")
