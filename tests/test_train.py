@@ -385,6 +385,27 @@ def test_ctrl_c_in_a_sweep_saves_the_running_run_and_stops_the_sweep(tmp_path):
   assert sorted(p.name for p in (root / "seed=0" / "checkpoints").iterdir() if p.name.isdigit())
 
 
+def test_a_sweep_table_says_which_losses_were_not_finite(tmp_path):
+  """A run that diverged after step 3 (its losses and evaluations null in metrics.jsonl from then on): its row says
+  "nan", not step 1-3's mean "(3 steps)" and step 2's evaluation; one with a few non-finite steps says how many its
+  mean left out."""
+  def run(name: str, steps: int, finite) -> list[str]:
+    with runlog.MetricWriter(tmp_path / name, tensorboard=False, resumed_at=0) as writer:
+      for step in range(1, steps + 1):
+        loss = float(step) if finite(step) else float("nan")
+        writer.write(step, {"loss": loss})
+        if step % 2 == 0:
+          writer.write(step, {"loss": loss + 0.5}, prefix="eval_")
+    return ["python", "train.py", "--config=c.py", f"--workdir={tmp_path / name}", f"--config.seed={name}"]
+
+  table = sweep.summary([run("0", 30, lambda step: step <= 3), run("1", 25, lambda step: step % 5)], 1)
+  rows = [row.strip("| ").split(" | ") for row in table.strip().splitlines()[2:]]
+  last20 = [float(step) for step in range(6, 26) if step % 5]
+  assert rows == [["seed=0", "nan (20 of 20 steps non-finite, left out)", "nan", str(tmp_path / "0")],
+                  ["seed=1", f"{sum(last20) / 16:.4f} (4 of 20 steps non-finite, left out)", "24.5000",
+                   str(tmp_path / "1")]]
+
+
 def test_a_printed_sweep_command_runs_from_another_folder_and_a_sweep_ends_with_a_table(tmp_path, capsys,
                                                                                         monkeypatch):
   """--print from the repository with a relative config path: the command runs from a folder outside it, as a

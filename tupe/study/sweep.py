@@ -28,6 +28,7 @@ import csv
 import hashlib
 import itertools
 import json
+import math
 import os
 import re
 import shlex
@@ -147,19 +148,31 @@ LOSS_STEPS = 20  # The table's training loss: the mean of the last steps' losses
 
 def summary(commands: list[list[str]], grid_keys: int) -> str:
   """A markdown table of the runs: each one's grid values (the `grid_keys` overrides after its workdir), training
-  loss (the mean of its last LOSS_STEPS steps, or of all its steps where it trained fewer, their number said), last
-  eval loss ("-" for none) and workdir."""
+  loss (the mean of its last LOSS_STEPS steps' finite losses, or of all its steps where it trained fewer: their
+  number said, and how many were not finite), last eval loss ("nan" for a non-finite one, "-" for none) and
+  workdir."""
   rows = []
   for command in commands:
     workdir = command[3].split("=", 1)[1]
     records = runlog.read_metrics(workdir) if storage.exists(storage.path(workdir) / "metrics.jsonl") else []
-    losses = [r["loss"] for r in records if r.get("loss") is not None][-LOSS_STEPS:]
-    evals = [r["eval_loss"] for r in records if r.get("eval_loss") is not None]
     rows.append([" ".join(a.removeprefix("--config.") for a in command[4:4 + grid_keys]) or "-",
-                 (f"{sum(losses) / len(losses):.4f}" + (f" ({len(losses)} steps)" if len(losses) < LOSS_STEPS else "")
-                  if losses else "-"), f"{evals[-1]:.4f}" if evals else "-", workdir])
+                 _loss_cell([r["loss"] for r in records if "loss" in r][-LOSS_STEPS:]),
+                 _loss_cell([r["eval_loss"] for r in records if "eval_loss" in r][-1:], every=True), workdir])
   return present.markdown_table(["overrides", f"loss (mean of the last {LOSS_STEPS} steps)", "eval loss", "workdir"],
                                 rows)
+
+
+def _loss_cell(losses: list[float | None], every: bool = False) -> str:
+  """The mean of `losses`' finite values (metrics.jsonl's null is a NaN), with how many there were where fewer than
+  LOSS_STEPS (unless `every` is shown) and how many were left out as non-finite; "nan" if none is finite, "-" for
+  none at all."""
+  if not losses:
+    return "-"
+  finite = [v for v in losses if v is not None and math.isfinite(v)]
+  mean = f"{sum(finite) / len(finite):.4f}" if finite else "nan"
+  if len(finite) < len(losses) and not every:
+    return f"{mean} ({len(losses) - len(finite)} of {len(losses)} steps non-finite, left out)"
+  return mean + (f" ({len(losses)} steps)" if len(losses) < LOSS_STEPS and not every else "")
 
 
 def check_passed_on(extra: list[str], keys: list[str]) -> None:
