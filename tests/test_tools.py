@@ -333,8 +333,8 @@ def test_local_paths_as_users_write_them(tmp_path, monkeypatch, capsys):
 def test_smoothing_by_hand():
   np.testing.assert_allclose(curves.smooth(np.array([1.0, 2.0, 3.0]), 0.0), [1.0, 2.0, 3.0])
   np.testing.assert_allclose(curves.smooth(np.full(5, 4.0), 0.9), np.full(5, 4.0))  # debiased: no ramp from 0
-  # w = 0.5: 0.5 / 0.5 = 1; nan carries 1; (0.25 + 1.5) / 0.75.
-  np.testing.assert_allclose(curves.smooth(np.array([1.0, np.nan, 3.0]), 0.5), [1.0, 1.0, 1.75 / 0.75])
+  # w = 0.5: 0.5 / 0.5 = 1; a nan is no point (the line breaks there) and the average carries over it: 1.75 / 0.75.
+  np.testing.assert_allclose(curves.smooth(np.array([1.0, np.nan, 3.0]), 0.5), [1.0, np.nan, 1.75 / 0.75])
 
 
 # Parameter and FLOP summary.

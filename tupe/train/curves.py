@@ -29,15 +29,15 @@ ELECTRA_PANELS = (("mlm_loss", "MLM loss (ELECTRA: the generator's)", True),
 
 
 def smooth(values: np.ndarray, weight: float) -> np.ndarray:
-  """Debiased exponential moving average (as TensorBoard): weight 0 keeps the values; non-finite values are
-  skipped (the average carries over them)."""
+  """Debiased exponential moving average (as TensorBoard): weight 0 keeps the values. A non-finite value is no
+  point of the smoothed line either (it breaks there, as the raw one does: a line drawn through a diverged
+  stretch hid it), and the average carries over it to the next finite one."""
   out = np.full(len(values), np.nan)
   average, seen = 0.0, 0
   for i, value in enumerate(values):
     if math.isfinite(value):
       average = weight * average + (1.0 - weight) * value
       seen += 1
-    if seen:
       out[i] = average / (1.0 - weight ** seen)
   return out
 
