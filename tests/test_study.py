@@ -103,6 +103,10 @@ def test_micro_report_has_every_variant_and_finite_fields(studies, name):
     assert len(pre["curve"]) == 2
     if name == "tupe":
       assert entry["paper_base"]["tasks"] == {"RTE": pytest.approx(entry["paper_base"]["average"])}
+    # Degenerate seeds (one class predicted: common at micro) counted as the GLUE results.json counts them.
+    results = json.loads((root / variant / "glue" / "results.json").read_text())
+    assert {task: r["n_degenerate"] for task, r in entry["glue"]["tasks"].items()} == {
+        task: r["n_degenerate"] for task, r in results["tasks"].items()}
   table = (root / "report.md").read_text()
   assert all(f"| {variant} |" in table for variant in VARIANTS[name] + [CONTROL])
   assert ("(paper, base)" in table) == (name == "tupe")
@@ -181,6 +185,11 @@ def test_a_diverged_seed_gets_no_verdict_and_mnli_its_two_columns():
   table = report_lib.markdown({"study": "convbert", "scale": "micro", "glue_tasks": ["RTE"], "heldout_file": "t.txt",
                                "heldout_seed": 0, "variants": {"tupe_a": entry}})
   assert "| tupe_a | 80.00 (79.00 to 81.00, 1 diverged, 1 of 3 seeds) | 80.00 |" in table
+  # And how many predicted degenerately (one class): results.md says so, the study's table said nothing.
+  entry["glue"]["tasks"]["RTE"].update(n_degenerate=2)
+  table = report_lib.markdown({"study": "convbert", "scale": "micro", "glue_tasks": ["RTE"], "heldout_file": "t.txt",
+                               "heldout_seed": 0, "variants": {"tupe_a": entry}})
+  assert "| tupe_a | 80.00 (79.00 to 81.00, 1 diverged, 2 degenerate, 1 of 3 seeds) | 80.00 |" in table
   # The average's gain comes from the seed averages, as its range does: a table average (of task medians) above
   # the control's cannot make a point outside a range below 0.
   gains = report_lib.glue_gains({"random_init": glue(50.0, [50.0, 50.1]), "tupe_a": glue(53.0, [49.5, 49.6])})
@@ -315,7 +324,8 @@ def test_a_rerun_redoes_a_lost_final_evaluation_and_reports_what_is_missing(stud
   runs = root / "bert_a" / "glue" / "runs.jsonl"
   records = [json.loads(line) for line in runs.read_text().splitlines()]
   for record in records:
-    record.update(score=None, diverged=True, evaluations={"RTE": {"accuracy": None, "score": None}})
+    record.update(score=None, diverged=True, degenerate={},  # (as a diverged run's record: `glue.loop`)
+                  evaluations={"RTE": {"accuracy": None, "score": None}})
   runs.write_text("".join(json.dumps(record) + "\n" for record in records))
   tupe_runs = root / "tupe_a" / "glue" / "runs.jsonl"
   tupe_runs.write_text(tupe_runs.read_text().splitlines(keepends=True)[0])
@@ -525,6 +535,12 @@ def test_glue_budget_table_has_a_column_per_dev_evaluation():
                                 "chosen": "recipe"})
   assert "| budget | overrides | MNLI-m | MNLI-mm | RTE | avg gain |" in table
   assert "| recipe | (the recipe) | 60.00 / 50.00 (+1.00 [+0.50, +1.50]) | 61.00 / 51.00 (+1.00" in table
+  # A median whose seeds predicted degenerately (one class) says how many, as results.md does.
+  result["glue"][CONTROL]["tasks"]["RTE"]["n_degenerate"] = 3
+  table = glue_budget.markdown({"study": "tupe", "scale": "base", "variant": "bert_a", "tasks": ["MNLI", "RTE"],
+                                "overrides": {"recipe": []}, "budgets": {"recipe": result}, "max_grid_minutes": 30.0,
+                                "chosen": "recipe"})
+  assert "| 62.00 / 52.00 (3 degenerate) (+1.00 [+0.50, +1.50]) |" in table
 
 
 def test_glue_budget_needs_the_finished_pre_training(shared_data, tmp_path):

@@ -120,7 +120,7 @@ def glue_summary(variant) -> dict:
     tasks[result.task] = {"median": glue_report.json_number(best.median), "min": best.min, "max": best.max,
                           "spread": None if best.min is None else best.max - best.min, "best_lr": best.lr,
                           "n_seeds": len(best.seeds), "planned_seeds": len(variant.seeds),
-                          "n_diverged": best.n_diverged,
+                          "n_diverged": best.n_diverged, "n_degenerate": best.n_degenerate,
                           "metric": glue_metrics.score_metric(result.task)}
   average = glue_report.averages(summary)[0]
   complete = {(run["task"], run["lr"], run["seed"]) for run in runs} == planned
@@ -253,7 +253,8 @@ def markdown(report: dict) -> str:
   tasks = report["glue_tasks"]
   lines = [f"# Study {report['study']} at scale {report['scale']}", "",
            "## GLUE dev", "",
-           "Median over seeds at the best learning rate (min-max over seeds, how many diverged, and how many have "
+           "Median over seeds at the best learning rate (min-max over seeds, how many diverged or predicted "
+           "degenerately (one class, or constant scores: the GLUE results.md names them), and how many have "
            "finished where not all); avg: the mean of "
            "the task medians (blank until every run of the grid has finished, or where a task's best learning rate "
            "diverged: an average over fewer tasks than the other rows')."
@@ -268,6 +269,7 @@ def markdown(report: dict) -> str:
     for task in tasks:
       result = glue["tasks"].get(task)
       diverged = f", {result['n_diverged']} diverged" if result and result["n_diverged"] else ""
+      diverged += f", {result['n_degenerate']} degenerate" if result and result.get("n_degenerate") else ""
       done, planned = (result.get("n_seeds"), result.get("planned_seeds")) if result else (None, None)
       partial = f", {done} of {planned} seeds" if planned and done is not None and done < planned else ""
       cells.append("-" if result is None else f"{_number(result['median'])} "

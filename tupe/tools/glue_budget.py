@@ -73,8 +73,8 @@ def budget_variants(cfg, root: storage.Path, pair: tuple[runner.Variant, runner.
 
 def grid_minutes(variant: runner.Variant) -> float:
   """The minutes a grid's runs took: the sum of their own times, over the runs of the grid as planned, as its
-  summary (`study_report.glue_runs`: not those of seeds or learning rates since dropped). Each task's first run
-  includes compiling its step; the process's start-up and data loading are not counted."""
+  summary (`study_report.glue_runs`: not those of seeds or learning rates since dropped). The train step's compile
+  (once per task, before its runs), the process's start-up and data loading are not counted."""
   return sum(run["seconds"] for run in study_report.glue_runs(variant, study_report.planned_runs(variant))) / 60
 
 
@@ -97,21 +97,23 @@ def markdown(report: dict) -> str:
   """budget.md: one row per budget, a column per dev evaluation of the grid's tasks (MNLI's two: results are keyed
   by evaluation)."""
   name, tasks = report["variant"], study_report.scored(report["tasks"])
-  number = lambda value: "-" if value is None else f"{value:.2f}"
+  median = lambda result: "-" if result.get("median") is None else f"{result['median']:.2f}" + (
+      f" ({result['n_degenerate']} degenerate)" if result.get("n_degenerate") else "")
   gain_cell = lambda g: "-" if g is None else f"{g['gain']:+.2f} [{g['low']:+.2f}, {g['high']:+.2f}]"
   rows = []
   for budget, result in report["budgets"].items():
     ours, control = result["glue"][name], result["glue"][runner.CONTROL]
     gain = result["gain"] or {"tasks": {}, "average": None, "beats_random_init": False}
-    cells = [f"{number(ours['tasks'].get(t, {}).get('median'))} / {number(control['tasks'].get(t, {}).get('median'))}"
-             f" ({gain_cell(gain['tasks'].get(t))})" for t in tasks]
+    cells = [f"{median(ours['tasks'].get(t, {}))} / {median(control['tasks'].get(t, {}))} "
+             f"({gain_cell(gain['tasks'].get(t))})" for t in tasks]
     rows.append([budget, ", ".join(report["overrides"][budget]) or "(the recipe)", *cells, gain_cell(gain["average"]),
                  "yes" if gain["beats_random_init"] else "no",
                  f"{result['minutes'][name]:.1f} / {result['minutes'][runner.CONTROL]:.1f}"])
   header = ["budget", "overrides", *tasks, "avg gain", "beats random init", f"minutes ({name} / random_init)"]
   lines = [f"# GLUE budget: {name} against random initialisation ({report['study']} study, {report['scale']})", "",
-           "Per task: the median at the best learning rate, pre-trained / random init, and the gain with its seed "
-           "range [variant min - control max, variant max - control min]. Minutes: the sum of each grid's runs.", "",
+           "Per task: the median at the best learning rate, pre-trained / random init (with how many of its seeds "
+           "predicted degenerately: one class, or constant scores), and the gain with its seed range [variant min - "
+           "control max, variant max - control min]. Minutes: the sum of each grid's runs (not the compiles).", "",
            present.markdown_table(header, rows).rstrip("\n")]
   chosen = report["chosen"]
   lines += ["", f"Chosen: `{chosen}`, the cheapest budget whose gain's whole seed range is above 0 with grids of at "
