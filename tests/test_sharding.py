@@ -268,6 +268,21 @@ def test_rule_naming_an_unknown_mesh_axis_is_an_error():
     partitioning.rules_from_config([["embed", "fsdp"], ["mlp", "model"]])
 
 
+@pytest.mark.parametrize("rule, line", [
+    (("embed", 3), "sharding_rules maps 'embed' to 3: give a mesh axis, a list of mesh axes, or None"),
+    (("embed", ["fsdp", "fsdp"]), "sharding_rules maps 'embed' to ['fsdp', 'fsdp'], which names a mesh axis twice: "
+                                  "name each once"),
+    (("batch", "data"), "sharding_rules maps 'batch' to 'data', but the input batch is always split over data and "
+                        "fsdp (its activations were resharded against it): give ('batch', ('data', 'fsdp')), or "
+                        "leave the rule out"),
+])
+def test_a_rule_that_cannot_be_applied_is_one_line(rule, line):
+  """An axis that is no name, one named twice (a TypeError's and a DuplicateSpecError's traceback before), or a
+  batch rule other than the input batch's split (which only resharded the activations against the inputs)."""
+  with pytest.raises(UserError, match=f"^{re.escape(line)}$"):
+    partitioning.check_rule_names((rule,))
+
+
 def test_a_rule_naming_an_unknown_logical_axis_is_one_line_in_both_entry_points():
   """A typo ('embedd') matched no parameter: every parameter stayed replicated on an FSDP mesh, without a word. Both
   entry points' config checks refuse it, naming the closest axis; the defaults and any rule of known names pass."""

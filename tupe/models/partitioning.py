@@ -42,11 +42,15 @@ def check_rule_names(rules_cfg) -> None:
     UserError: naming the unknown name, the closest known one and every known one.
   """
   known = [name for name, _ in DEFAULT_RULES]
-  for rule in rules_from_config(rules_cfg):
-    if rule[0] not in known:
-      close = difflib.get_close_matches(rule[0], known, n=1)
-      raise UserError(f"sharding_rules names the logical axis {rule[0]!r}, which no parameter or activation has"
+  for name, axes in rules_from_config(rules_cfg):
+    if name not in known:
+      close = difflib.get_close_matches(name, known, n=1)
+      raise UserError(f"sharding_rules names the logical axis {name!r}, which no parameter or activation has"
                       + (f" (did you mean {close[0]!r}?)" if close else "") + f"; they are {', '.join(known)}")
+    if name == "batch" and axes != BATCH_AXES:  # (the input batch is split so: `tupe.train.sharding.batch_sharding`)
+      raise UserError(f"sharding_rules maps 'batch' to {axes!r}, but the input batch is always split over "
+                      f"{' and '.join(BATCH_AXES)} (its activations were resharded against it): give ('batch', "
+                      f"{BATCH_AXES!r}), or leave the rule out")
 
 
 def rules_from_config(rules_cfg) -> tuple:
@@ -66,6 +70,11 @@ def rules_from_config(rules_cfg) -> tuple:
                          f"--config.sharding_rules=\"{COMMAND_LINE_EXAMPLE}\"" if isinstance(rule, str) else ""))
     name, axes = rule
     axes = tuple(axes) if isinstance(axes, (list, tuple)) else axes
+    if not (axes is None or isinstance(axes, str) or isinstance(axes, tuple) and all(isinstance(a, str) for a in axes)):
+      raise UserError(f"sharding_rules maps {name!r} to {rule[1]!r}: give a mesh axis, a list of mesh axes, or "
+                      f"None")
+    if isinstance(axes, tuple) and len(set(axes)) != len(axes):
+      raise UserError(f"sharding_rules maps {name!r} to {rule[1]!r}, which names a mesh axis twice: name each once")
     unknown = [a for a in ((axes,) if isinstance(axes, str) else axes or ()) if a not in MESH_AXES]
     if unknown:
       raise UserError(f"sharding_rules maps {name!r} to mesh axis {unknown[0]!r}; the mesh axes are "
