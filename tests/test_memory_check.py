@@ -101,6 +101,22 @@ def test_the_need_is_arguments_plus_outputs_less_donated_plus_temporaries(compil
   assert memory.step_bytes(mem) >= (256 * 256 + 64 * 256) * 4
 
 
+def test_the_remedies_are_those_the_mesh_and_batch_allow():
+  """On a data-parallel mesh (each device holds the whole state) the first remedy is sharding it; with one row per
+  data-parallel device and microbatch, lowering the batch or raising the accumulation is refused by the batch
+  checks, so neither is offered (it offered both, and never the mesh)."""
+  from tupe.train import sharding
+  mesh = lambda data, fsdp, tensor: sharding.make_mesh(ml_collections.ConfigDict(
+      dict(data=data, fsdp=fsdp, tensor=tensor)), jax.devices()[:8])
+  assert memory.batch_remedies("global_batch_size", 8, 1, mesh(8, 1, 1)) == [
+      "shard the parameters and optimizer state with --config.mesh.fsdp (now data=8 x fsdp=1 x tensor=1)"]
+  assert memory.batch_remedies("batch_size", 32, 2, mesh(1, 8, 1)) == [
+      "lower batch_size (now 32)", memory.accumulation_remedy(2)]
+  assert memory.batch_remedies("batch_size", 8, 1, mesh(2, 1, 4)) == [
+      "shard the parameters and optimizer state with --config.mesh.fsdp (now data=2 x fsdp=1 x tensor=4)",
+      "lower batch_size (now 8)", memory.accumulation_remedy(1)]
+
+
 def test_a_step_is_refused_above_the_capacity_and_warned_about_within_ten_percent(compiled_step):
   mem = compiled_step.memory_analysis()
   need = memory.step_bytes(mem)
@@ -117,7 +133,7 @@ def test_a_step_is_refused_above_the_capacity_and_warned_about_within_ten_percen
                                       r"global_batch_size \(now 64\), raise grad_accum_steps \(now 1\); or "
                                       r"--config.check_memory=false to try anyway$"):
     memory.check(mem, "the step", remedies, cap=capacity(need - 1))
-  with pytest.raises(UserError, match=r"needs .* per device, .* on its 4 devices of memory"):  # sharing the RAM
+  with pytest.raises(UserError, match=r"needs .* of memory per device \(.* on its 4 devices\) but"):  # sharing the RAM
     memory.check(mem, "the step", remedies, cap=capacity(3 * need, devices=4))
   own = memory.Capacity(3 * need, shared=False, devices=4, what="per GPU")  # each device has its own
   assert memory.verdict(need, own) == "fits"

@@ -123,6 +123,20 @@ def accumulation_remedy(grad_accum_steps: int) -> str:
   return f"raise grad_accum_steps (now {grad_accum_steps}: the batch is computed in that many microbatches)"
 
 
+def batch_remedies(field: str, batch: int, accum: int, mesh) -> list[str]:
+  """The first remedies of a train step too big: sharding the parameters and optimizer state over devices that
+  each hold them whole (a data-parallel mesh), then a smaller batch or more microbatches, where the batch leaves
+  room (with one row per data-parallel device and microbatch, neither can be given)."""
+  shape = dict(mesh.shape)
+  remedies = []
+  if shape["fsdp"] * shape["tensor"] < mesh.devices.size:
+    remedies.append(f"shard the parameters and optimizer state with --config.mesh.fsdp (now data={shape['data']} x "
+                    f"fsdp={shape['fsdp']} x tensor={shape['tensor']})")
+  if batch > shape["data"] * shape["fsdp"] * accum:
+    remedies += [f"lower {field} (now {batch})", accumulation_remedy(accum)]
+  return remedies
+
+
 def check(mem, what: str, remedies: list[str], enabled: bool = True, devices=None,
           cap: Capacity | None = None) -> str | None:
   """The warning for a compiled step whose memory is tight, once it is known to fit; None if it is not tight.
@@ -143,14 +157,14 @@ def check(mem, what: str, remedies: list[str], enabled: bool = True, devices=Non
     return None
   need = step_bytes(mem)
   shared = cap.shared and cap.devices > 1
-  need_text = size_text(need) + (f" per device, {size_text(need * cap.devices)} on its {cap.devices} devices"
-                                 if shared else "")
+  need_text = f"{size_text(need)} of memory" + (
+      f" per device ({size_text(need * cap.devices)} on its {cap.devices} devices)" if shared else "")
   judged = verdict(need, cap)
   if judged == "too big":
-    raise UserError(f"{what} needs {need_text} of memory but this machine has {cap.what}: {', '.join(remedies)}; "
+    raise UserError(f"{what} needs {need_text} but this machine has {cap.what}: {', '.join(remedies)}; "
                     f"or --config.check_memory=false to try anyway")
   if judged == "tight":
-    return (f"{what} needs {need_text} of memory, more than {WARN_SHARE:.0%} of the {cap.what}: it may run out; if "
+    return (f"{what} needs {need_text}, more than {WARN_SHARE:.0%} of the {cap.what}: it may run out; if "
             f"it does: {', '.join(remedies)}")
   return None
 

@@ -143,16 +143,15 @@ def lower_train_step(setup: Setup):
 def compile_checked(setup: Setup):
   """The train step compiled ahead of time, said as it starts and ends, and its memory checked before anything is
   allocated (`tupe.train.memory`)."""
-  return memory.compile_checked(lambda: lower_train_step(setup), memory_remedies(setup.cfg), setup.cfg.check_memory,
-                                setup.mesh.local_devices)
+  return memory.compile_checked(lambda: lower_train_step(setup), memory_remedies(setup.cfg, setup.mesh),
+                                setup.cfg.check_memory, setup.mesh.local_devices)
 
 
-def memory_remedies(cfg) -> list[str]:
+def memory_remedies(cfg, mesh) -> list[str]:
   """What lowers a train step's memory, in the order to try (`tupe.train.memory.check`)."""
-  return [f"lower global_batch_size (now {cfg.global_batch_size})",
-          memory.accumulation_remedy(cfg.grad_accum_steps),
-          f"set model.remat=full (now {cfg.model.remat}: activations recomputed in the backward pass)",
-          smaller_size(cfg.model.size)]
+  return memory.batch_remedies("global_batch_size", cfg.global_batch_size, cfg.grad_accum_steps, mesh) + [
+      f"set model.remat=full (now {cfg.model.remat}: activations recomputed in the backward pass)",
+      smaller_size(cfg.model.size)]
 
 
 def smaller_size(size: str) -> str:
