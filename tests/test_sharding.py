@@ -301,10 +301,14 @@ def test_a_rule_naming_an_unknown_logical_axis_is_one_line_in_both_entry_points(
   partitioning.check_rule_names([["embed", "fsdp"], ["mlp", None]])  # (the others replicated: a rule set may say so)
 
 
-def test_mesh_axis_that_does_not_divide_a_dimension_warns(capsys):
-  """97 vocabulary rows over tensor=2: replicated, with one line naming the parameter, dimension and axis."""
+def test_mesh_axis_that_does_not_divide_a_dimension_warns(capsys, monkeypatch):
+  """97 vocabulary rows over tensor=2: replicated, with one line naming the parameter, dimension and axis; once,
+  however many times the parameters are laid out (a GLUE grid said it once per task, and once more)."""
+  from tupe import console
+  monkeypatch.setattr(console, "_warned", set())  # as in a new process
   cfg = tiny_config("bert_a")
   cfg.mesh.update(data=4, fsdp=1, tensor=2)
+  pretrain.build(cfg, jax.devices())
   pretrain.build(cfg, jax.devices())
   warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: mesh axis")]
   assert warnings == ["warning: mesh axis tensor of size 2 does not divide dimension 0 (size 97) of "

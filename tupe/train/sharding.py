@@ -77,16 +77,17 @@ def _fit(spec: P, shape, mesh: Mesh, misfits: list | None = None, where: str = "
 
 
 def _warn_misfits(misfits: list) -> None:
-  """One warning line per mesh axes and dimension size that did not fit, naming the first parameter."""
+  """One warning line per mesh axes and dimension size that did not fit, naming the first parameter; once per
+  process (a GLUE grid lays out its encoder once, then once more inside each task's model, `encoder/...`)."""
   groups = {}
   for where, i, shape, names, size in misfits:
     groups.setdefault((names, size, shape[i]), []).append((where, i, shape))
   for (names, size, dim), found in groups.items():
     where, i, shape = found[0]
     more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
-    console.warn(f"mesh axis {'x'.join(names)} of size {size} does not divide dimension {i} (size {dim}) of "
-                 f"{where} {list(shape)}{more}; that dimension is replicated instead: change --config.mesh.* or "
-                 f"--config.sharding_rules")
+    console.warn_once(f"mesh axis {'x'.join(names)} of size {size} does not divide dimension {i} (size {dim}) of "
+                      f"{where} {list(shape)}{more}; that dimension is replicated instead: change --config.mesh.* or "
+                      f"--config.sharding_rules", key=("mesh misfit", names, size, dim, where.removeprefix("encoder/")))
 
 
 def logical_shardings(abstract_tree, mesh: Mesh, rules):
