@@ -343,7 +343,7 @@ MUTATIONS = [
              '    if low < 0 or high >= size:', '    if False:'),
     Mutation('M20-unknown-logical-axis-accepted', 'tupe/models/partitioning.py',
              ('test_sharding.py::test_a_rule_naming_an_unknown_logical_axis_is_one_line_in_both_entry_points',),
-             '    if rule[0] not in known:', '    if False:'),
+             '    if name not in known:', '    if False:'),
     Mutation('D14-lone-surrogates-kept', 'tupe/data/readers.py', ('test_data_readers.py',),
              '  clean = SURROGATES.sub("", text)', '  clean = text'),
     Mutation('R10-analyze-out-unchecked', 'tupe/tools/analyze.py', ('test_tools.py',),
