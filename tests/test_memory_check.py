@@ -108,11 +108,11 @@ def test_the_remedies_are_those_the_mesh_and_batch_allow():
   from tupe.train import sharding
   mesh = lambda data, fsdp, tensor: sharding.make_mesh(ml_collections.ConfigDict(
       dict(data=data, fsdp=fsdp, tensor=tensor)), jax.devices()[:8])
-  assert memory.batch_remedies("global_batch_size", 8, 1, mesh(8, 1, 1)) == [
+  assert memory.mesh_and_batch_remedies("global_batch_size", 8, 1, mesh(8, 1, 1)) == [
       "shard the parameters and optimizer state with --config.mesh.fsdp (now data=8 x fsdp=1 x tensor=1)"]
-  assert memory.batch_remedies("batch_size", 32, 2, mesh(1, 8, 1)) == [
+  assert memory.mesh_and_batch_remedies("batch_size", 32, 2, mesh(1, 8, 1)) == [
       "lower batch_size (now 32)", memory.accumulation_remedy(2)]
-  assert memory.batch_remedies("batch_size", 8, 1, mesh(2, 1, 4)) == [
+  assert memory.mesh_and_batch_remedies("batch_size", 8, 1, mesh(2, 1, 4)) == [
       "shard the parameters and optimizer state with --config.mesh.fsdp (now data=2 x fsdp=1 x tensor=4)",
       "lower batch_size (now 8)", memory.accumulation_remedy(1)]
 

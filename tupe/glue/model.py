@@ -139,7 +139,7 @@ def compile_train_step(cfg, setup: TaskSetup, train: dict, label: str) -> None:
   # With the batch's sharding, as `sharding.shard_batch` gives it, the runs' calls find this program in JAX's cache.
   batch = {name: jax.ShapeDtypeStruct((cfg.batch_size,) + array.shape[1:], array.dtype, sharding=setup.batch_sharding)
            for name, array in row.items()}
-  remedies = memory.batch_remedies("batch_size", cfg.batch_size, cfg.grad_accum_steps, setup.mesh) + [
+  remedies = memory.mesh_and_batch_remedies("batch_size", cfg.batch_size, cfg.grad_accum_steps, setup.mesh) + [
       f"lower max_seq_len (now {cfg.max_seq_len})", "or fine-tune a smaller model"]
   memory.compile_checked(
       lambda: setup.train_step.lower(setup.abstract_state, batch, jax.ShapeDtypeStruct((), jnp.float32)),

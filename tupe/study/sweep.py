@@ -157,22 +157,26 @@ def summary(commands: list[list[str]], grid_keys: int) -> str:
     records = runlog.read_metrics(workdir) if storage.exists(storage.path(workdir) / "metrics.jsonl") else []
     rows.append([" ".join(a.removeprefix("--config.") for a in command[4:4 + grid_keys]) or "-",
                  _loss_cell([r["loss"] for r in records if "loss" in r][-LOSS_STEPS:]),
-                 _loss_cell([r["eval_loss"] for r in records if "eval_loss" in r][-1:], every=True), workdir])
+                 next((_number(r["eval_loss"]) for r in reversed(records) if "eval_loss" in r), "-"), workdir])
   return present.markdown_table(["overrides", f"loss (mean of the last {LOSS_STEPS} steps)", "eval loss", "workdir"],
                                 rows)
 
 
-def _loss_cell(losses: list[float | None], every: bool = False) -> str:
-  """The mean of `losses`' finite values (metrics.jsonl's null is a NaN), with how many there were where fewer than
-  LOSS_STEPS (unless `every` is shown) and how many were left out as non-finite; "nan" if none is finite, "-" for
-  none at all."""
+def _number(value: float | None) -> str:
+  """A loss as the table shows it: "nan" for a non-finite one (metrics.jsonl's null)."""
+  return "nan" if value is None or not math.isfinite(value) else f"{value:.4f}"
+
+
+def _loss_cell(losses: list[float | None]) -> str:
+  """The mean of `losses`' finite values, with how many were left out as non-finite, or how many there were where
+  fewer than LOSS_STEPS; "nan" if none is finite, "-" for none at all."""
   if not losses:
     return "-"
-  finite = [v for v in losses if v is not None and math.isfinite(v)]
-  mean = f"{sum(finite) / len(finite):.4f}" if finite else "nan"
-  if len(finite) < len(losses) and not every:
+  finite = [v for v in losses if _number(v) != "nan"]
+  mean = _number(sum(finite) / len(finite) if finite else None)
+  if len(finite) < len(losses):
     return f"{mean} ({len(losses) - len(finite)} of {len(losses)} steps non-finite, left out)"
-  return mean + (f" ({len(losses)} steps)" if len(losses) < LOSS_STEPS and not every else "")
+  return mean + (f" ({len(losses)} steps)" if len(losses) < LOSS_STEPS else "")
 
 
 def check_passed_on(extra: list[str], keys: list[str]) -> None:

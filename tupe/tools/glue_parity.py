@@ -324,8 +324,8 @@ def _run(cfg, workdir, rtol: float, float64: bool) -> dict:
   meta = checkpoint.load_meta(checkpoint.latest_step_dir(cfg.init_checkpoint))
   family = layout.family(ml_collections.ConfigDict(meta.config["model"]), meta.config["objective"])
   if family not in HEADS:  # Refused before the workdir is made.
-    raise UserError(f"{meta.config['model']['name']} exports to the remote-code TUPE classes; the parity covers "
-                    f"the models transformers has classes for: give a bert_a, convbert or convbert_mlm checkpoint")
+    raise UserError(f"{meta.config['model']['name']} exports to the remote-code TUPE classes; the parity covers the "
+                    f"models transformers has classes for: give a bert_a, convbert or convbert_mlm checkpoint")
   if cfg.head != HEADS[family][0]:
     raise UserError(f"head={cfg.head!r}: transformers' {family} sequence classifier has our head "
                     f"{HEADS[family][0]!r}; set --config.head={HEADS[family][0]}")

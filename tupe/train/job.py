@@ -208,9 +208,9 @@ def check_same_settings(cfg, workdir: storage.Path) -> None:
   hosts waiting for each other in different collectives until the heartbeats timed out, each blaming the other."""
   if jax.process_count() == 1:
     return
-  mine = json.loads(cfg.to_json_best_effort())
-  mine.get("distributed", {}).pop("process_id", None)
-  mine = json.dumps(dict(config_files.flat(mine), **{"--workdir": str(workdir)}), sort_keys=True).encode()
+  mine = dict(config_files.flat(json.loads(cfg.to_json_best_effort())), **{"--workdir": str(workdir)})
+  del mine["distributed.process_id"]
+  mine = json.dumps(mine, sort_keys=True).encode()
   size = int(np.max(multihost_utils.process_allgather(np.int32(len(mine)))))
   every = multihost_utils.process_allgather(np.frombuffer(mine.ljust(size, b" "), np.uint8))
   settings = [json.loads(row.tobytes()) for row in every]

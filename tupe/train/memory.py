@@ -123,7 +123,7 @@ def accumulation_remedy(grad_accum_steps: int) -> str:
   return f"raise grad_accum_steps (now {grad_accum_steps}: the batch is computed in that many microbatches)"
 
 
-def batch_remedies(field: str, batch: int, accum: int, mesh) -> list[str]:
+def mesh_and_batch_remedies(field: str, batch: int, accum: int, mesh) -> list[str]:
   """The first remedies of a train step too big: sharding the parameters and optimizer state over devices that
   each hold them whole (a data-parallel mesh), then a smaller batch or more microbatches, where the batch leaves
   room (with one row per data-parallel device and microbatch, neither can be given)."""

@@ -149,7 +149,7 @@ def compile_checked(setup: Setup):
 
 def memory_remedies(cfg, mesh) -> list[str]:
   """What lowers a train step's memory, in the order to try (`tupe.train.memory.check`)."""
-  return memory.batch_remedies("global_batch_size", cfg.global_batch_size, cfg.grad_accum_steps, mesh) + [
+  return memory.mesh_and_batch_remedies("global_batch_size", cfg.global_batch_size, cfg.grad_accum_steps, mesh) + [
       f"set model.remat=full (now {cfg.model.remat}: activations recomputed in the backward pass)",
       smaller_size(cfg.model.size)]
 
