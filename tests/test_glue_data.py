@@ -75,6 +75,16 @@ def test_registry_covers_glue():
     glue.load_split(".", "MNLI", "dev")
 
 
+def test_the_tasks_offered_for_fine_tuning_are_those_that_train():
+  assert [task.name for task in glue_data.parse_tasks("sst2, MNLI")] == ["SST-2", "MNLI"]
+  trainable = "CoLA, SST-2, MRPC, STS-B, QQP, MNLI, QNLI, RTE, WNLI"  # (AX, offered before, is refused)
+  with pytest.raises(UserError, match=f"^unknown GLUE task 'glu': choose one of {trainable}$"):
+    glue_data.parse_tasks("rte,glu")
+  with pytest.raises(UserError, match=r"^unknown GLUE task 'mnli_mm': .*; MNLI-mm is an evaluation of MNLI's runs "
+                                      r"\(select mnli\)$"):
+    glue_data.parse_tasks("mnli_mm")
+
+
 def test_tfds_split_names():
   assert glue.tfds_split(glue.TASKS["CoLA"], "dev") == "validation"
   assert glue.tfds_split(glue.TASKS["MNLI"], "dev_mismatched") == "validation_mismatched"

@@ -99,6 +99,10 @@ def test_finetune_sst2_end_to_end(pretrained, glue_dir, bert_vocab, tmp_path, ca
   assert sst2["best_lr"] == 0.01 and sst2["n_seeds"] == 2 and len(results["runs"]) == 2
   assert sst2["median"] == pytest.approx(np.median([r["score"] for r in runs]))
   assert "| SST-2 | accuracy | **" in (workdir / "results.md").read_text()
+  # The numbers were chosen on the dev data they are scored on, and both reports say so.
+  assert results["selection"]["dev_evaluations_per_run"] == {"SST-2": 6} and results["runs"][0]["dev_evaluations"] == 6
+  assert ("Every score is on dev, which also chose it: each run's is the best of its dev evaluations (SST-2 6 per "
+          "run), and the best learning rate has the highest dev median.") in (workdir / "results.md").read_text()
   assert (workdir / "results.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
   assert matplotlib.image.imread(workdir / "results.png").ndim == 3
   assert (workdir / "vocab.txt").read_text().splitlines() == bert_vocab.read_text().splitlines()

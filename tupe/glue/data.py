@@ -16,7 +16,17 @@ from tupe.models.config import INT32_MAX
 
 def parse_tasks(names: str) -> list[glue.Task]:
   """Trainable tasks from a comma-separated list ("cola,sst2"), in the given order."""
-  tasks = [glue.get_task(name) for name in names.split(",") if name.strip()]
+  tasks = []
+  for name in filter(str.strip, names.split(",")):
+    try:
+      tasks.append(glue.get_task(name))
+    except UserError:  # (the tasks it offers are the ones fine-tuned; MNLI-m is an evaluation of MNLI's runs)
+      hint = ""
+      if glue.is_evaluation(name):
+        ev = glue.get_evaluation(name)
+        hint = f"; {ev.name} is an evaluation of {ev.task}'s runs (select {ev.task.lower()})"
+      trainable = ", ".join(task.name for task in glue.TASKS.values() if not task.model_task)
+      raise UserError(f"unknown GLUE task {name!r}: choose one of {trainable}{hint}") from None
   for task in tasks:
     if task.model_task:
       raise UserError(f"{task.name} has no training data: it is predicted by the {task.model_task} model "

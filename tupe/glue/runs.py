@@ -263,7 +263,8 @@ def check_data(workdir: storage.Path, task: str, identity: dict, runs: list[dict
 def run_records(runs: list[dict]) -> list[report.RunRecord]:
   """One report record per dev evaluation of each run (MNLI runs give MNLI-m and MNLI-mm), each with the run's
   own score (MNLI: the mean of both), on which the report picks one learning rate per task."""
-  return [report.RunRecord(name, run["lr"], run["seed"], metrics, run["score"], run.get("degenerate", {}).get(name))
+  return [report.RunRecord(name, run["lr"], run["seed"], metrics, run["score"], run.get("degenerate", {}).get(name),
+                           len(run.get("dev_history") or [None]))
           for run in runs for name, metrics in run["evaluations"].items()]
 
 

@@ -177,6 +177,10 @@ def get_task(name: str) -> Task:
   return task
 
 
+def is_evaluation(name: str) -> bool:
+  return _key(name) in _EVALUATION_KEYS
+
+
 def get_evaluation(name: str) -> Evaluation:
   """Looks an evaluation up by name, ignoring case, '-' and '_' ("MNLI-m", "mnli_mm", "sts-b")."""
   ev = _EVALUATION_KEYS.get(_key(name))
