@@ -165,9 +165,27 @@ def test_the_cpu_peak_is_the_best_measurement_and_says_so(tmp_path, monkeypatch)
 @pytest.mark.parametrize("kind, peak", [("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H100 PCIe", 756e12),
                                         ("NVIDIA H100 NVL", 835e12), ("NVIDIA H200", 989e12),
                                         ("NVIDIA H200 NVL", 835e12), ("NVIDIA A100-SXM4-80GB", 312e12),
-                                        ("TPU v5 lite", 197e12), ("TPU v5p", 459e12), ("cpu", None)])
+                                        ("TPU v5 lite", 197e12), ("TPU v5p", 459e12), ("TPU v5e", 197e12),
+                                        ("NVIDIA L4", 121e12), ("NVIDIA L40S", 362e12), ("NVIDIA L40", 181e12),
+                                        ("NVIDIA L20", None), ("TPU v7x", None), ("cpu", None)])
 def test_the_data_sheet_of_each_card_is_its_own(kind, peak):
   """The longest prefix names a card: the PCIe and NVL H100/H200 (lower clocks) not taken for the SXM ones (MFU read
-  0.76-0.84 of its value on them)."""
+  0.76-0.84 of its value on them), and a prefix only where a word of the name ends: the L40S and L40 were taken for
+  the L4 (MFU read 3x and 1.5x too high)."""
   prefix = flops.data_sheet(kind)
   assert (prefix and flops.PEAK_BF16[prefix]) == peak
+
+
+def test_a_measured_peak_is_shared_by_host_devices_only(monkeypatch):
+  """A card with no data sheet (a B200, say) gets its matmul measured; each accelerator has that peak of its own,
+  where the fake CPU devices of one host share the cores measured. (Before, 8 GPUs got an eighth of it each: MFU 8x
+  too high.) No GPU runs here: the device and its measurement are stood in for."""
+  class Device:
+    platform, device_kind = "gpu", "NVIDIA B200"
+
+  monkeypatch.setattr(jax, "devices", lambda *args: [Device()] * 8)
+  monkeypatch.setattr(jax, "local_device_count", lambda *args: 8)
+  monkeypatch.setattr(flops, "cached_matmul_peak", lambda kind: (500e12, f"fp32 matmul on {kind}, measured"))
+  assert flops.peak_flops_per_device() == (500e12, "fp32 matmul on NVIDIA B200, measured")
+  Device.platform = "cpu"
+  assert flops.peak_flops_per_device() == (500e12 / 8, "fp32 matmul on NVIDIA B200, measured, shared by 8 devices")

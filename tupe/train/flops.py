@@ -22,6 +22,7 @@ import json
 import math
 import os
 import platform
+import re
 import time
 
 import jax
@@ -42,6 +43,8 @@ PEAK_BF16 = {
     "NVIDIA H100 PCIe": 756e12,
     "NVIDIA H100": 989e12,
     "NVIDIA A100": 312e12,
+    "NVIDIA L40S": 362e12,
+    "NVIDIA L40": 181e12,
     "NVIDIA L4": 121e12,
     "TPU v4": 275e12,
     "TPU v5 lite": 197e12,
@@ -133,8 +136,10 @@ def check_peak_flops(configured: float) -> None:
 
 
 def data_sheet(device_kind: str) -> str | None:
-  """The entry of `PEAK_BF16` for a jax `device_kind` (its longest prefix that matches; None: no data sheet)."""
-  return max((prefix for prefix in PEAK_BF16 if device_kind.startswith(prefix)), key=len, default=None)
+  """The entry of `PEAK_BF16` for a jax `device_kind` (its longest prefix that ends a word of it: "NVIDIA L4" is not
+  the L40S's; None: no data sheet)."""
+  return max((prefix for prefix in PEAK_BF16 if re.match(re.escape(prefix) + r"(?![0-9A-Za-z])", device_kind)),
+             key=len, default=None)
 
 
 def peak_flops_per_device(configured: float = 0.0, devices: int | None = None) -> tuple[float, str]:
@@ -148,7 +153,7 @@ def peak_flops_per_device(configured: float = 0.0, devices: int | None = None) -
     return PEAK_BF16[prefix], f"{prefix} bf16 data sheet"
   peak, source = cached_matmul_peak(kind)
   devices = devices or jax.local_device_count()
-  if devices == 1:
+  if devices == 1 or jax.devices()[0].platform != "cpu":  # (each accelerator has its own peak)
     return peak, source
   # Host-platform devices (--xla_force_host_platform_device_count) share the cores that the matmul measured.
   return peak / devices, f"{source}, shared by {devices} devices"
