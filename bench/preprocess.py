@@ -37,10 +37,11 @@ VOCAB = SHARED / "vocab" / "bert-base-uncased-vocab.txt"
 def build_corpus(folder: str, mb: float, beside: bool) -> str:
   """A glob of: one file of about `mb` MB (the shared corpus's paragraphs, repeated) and, with `beside`, the shared
   text files."""
-  from tupe.data import corpus  # pylint: disable=import-outside-toplevel
+  from tupe.data import units  # pylint: disable=import-outside-toplevel
 
-  files = sorted((SHARED / "corpus").glob("*/*.txt"))
-  paragraphs = [p for f in files if f.name != "README.txt" for p in corpus.paragraphs(corpus.read_text(f))]
+  files = [str(f) for f in sorted((SHARED / "corpus").glob("*/*.txt")) if f.name != "README.txt"]
+  source = dict(format="text", documents="paragraphs", files=",".join(files), text_field="text")
+  paragraphs = list(units.all_documents(source, units.plan_inputs(source)))
   block = ("\n\n".join(paragraphs) + "\n\n").encode()
   target = int(mb * 2**20)
   with open(os.path.join(folder, "huge.txt"), "wb") as f:
@@ -121,7 +122,7 @@ def tokenize_cpu(inputs: str, max_chars: int, repeats: int) -> dict:
   from tupe.data import tokenizer  # pylint: disable=import-outside-toplevel
 
   text = open(sorted(glob.glob(inputs))[0], encoding="utf-8").read(max_chars)
-  sentences = [s for p in corpus.paragraphs(text) for s in corpus.split_sentences(p)]
+  sentences = [s for block in text.split("\n\n") for s in corpus.split_sentences(" ".join(block.split()))]
   tok, _ = tokenizer.load_tokenizer(str(VOCAB))
   best = {"hf": float("inf"), "tupe": float("inf")}
   for _ in range(repeats):

@@ -2,6 +2,7 @@
 positions that hold tokens."""
 import numpy as np
 import pytest
+from text_files import paragraphs_of
 
 from tupe.data import corpus
 from tupe.data import packing
@@ -14,7 +15,7 @@ SEQ_LEN = 64
 @pytest.fixture(scope="module")
 def book_files(shared_data, tmp_path_factory):
   """Three 'books' cut from real wikitext: blocks of short paragraphs (one to three sentences), as in novels."""
-  paragraphs = corpus.paragraphs(corpus.read_text(shared_data / "corpus" / "wikitext" / "wiki.valid.raw.txt"))
+  paragraphs = paragraphs_of(shared_data / "corpus" / "wikitext" / "wiki.valid.raw.txt")
   sentences = [s for p in paragraphs[:300] for s in corpus.split_sentences(p)]
   blocks = [" ".join(sentences[i:i + 1 + i % 3]) for i in range(0, len(sentences), 3)]
   folder = tmp_path_factory.mktemp("books")
@@ -45,7 +46,8 @@ def test_files_with_fill_fill_90_percent(book_files, bert_vocab, packing_name):
 
 
 def test_files_hold_out_each_documents_tail(book_files, bert_vocab):
-  """documents=files: each file's last eval_fraction of paragraphs is the eval split; train has the rest."""
+  """documents=files: eval_fraction of the paragraphs, from the ends of the files, is the eval split; train has the
+  rest."""
   cfg = data_cfg(book_files, bert_vocab, "full_sentences", "files", True)
   files = corpus.expand_globs(book_files)
   source = dict(format="text", documents="files", files=book_files)
@@ -54,10 +56,12 @@ def test_files_hold_out_each_documents_tail(book_files, bert_vocab):
   train = [(split, text) for split, _, text, _ in texts]
   assert [split for split, _ in train] == ["train", "eval"] * len(files)
   assert [continued for *_, continued in texts] == [False, True] * len(files)  # one document each
+  seen = 0
   for (_, head), (_, tail), path in zip(train[::2], train[1::2], files):
-    lines = corpus.paragraphs(corpus.read_text(path))
+    lines = paragraphs_of(path)
     assert head.split("\n") + tail.split("\n") == lines
-    assert len(tail.split("\n")) == corpus.held_out_tail(len(lines), cfg.eval_fraction) > 0
+    assert len(tail.split("\n")) == corpus.held_out_tail(seen, len(lines), cfg.eval_fraction) > 0
+    seen += len(lines)
   assert len(pipeline.PretrainData(cfg, seq_len=SEQ_LEN, split="eval")) > 0
 
 
@@ -77,8 +81,23 @@ def test_a_file_with_its_tail_held_out_counts_as_one_document(book_files, bert_v
 
 
 def test_held_out_tail_bounds():
-  assert corpus.held_out_tail(100, 0.01) == 1 and corpus.held_out_tail(101, 0.01) == 2
-  assert corpus.held_out_tail(1, 0.5) == 0 and corpus.held_out_tail(2, 0.9) == 1 and corpus.held_out_tail(50, 0) == 0
+  assert corpus.held_out_tail(0, 100, 0.01) == 1 and corpus.held_out_tail(0, 101, 0.01) == 1
+  assert corpus.held_out_tail(99, 101, 0.01) == 2  # (the rounding carried from the documents before)
+  assert corpus.held_out_tail(0, 1, 0.5) == 0 and corpus.held_out_tail(0, 2, 0.9) == 1
+  assert corpus.held_out_tail(0, 50, 0) == 0
+
+
+@pytest.mark.parametrize("first", [0, 12_345, 2**32 - 7])
+def test_short_documents_hold_out_eval_fraction_of_their_paragraphs(first):
+  """documents=files on a corpus of short files: eval_fraction of the paragraphs held out, from the files' ends (at
+  least one paragraph of every file held out 25% of 4-paragraph files at eval_fraction 0.01)."""
+  documents = [(i, "\n".join(f"file {i} paragraph {j}." for j in range(4))) for i in range(1000)]
+  texts = list(corpus.split_documents(documents, 0.01, tails=True, first=first))
+  held = [text for split, _, text, _ in texts if split == "eval"]
+  assert sum(len(text.split("\n")) for text in held) == 40  # 1% of 4,000 paragraphs
+  assert all(text.endswith("paragraph 3.") for text in held)  # each a file's last paragraph
+  trained = sum(len(text.split("\n")) for split, _, text, _ in texts if split == "train")
+  assert trained == 4000 - 40
 
 
 def test_fill_splits_sentences_and_keeps_every_token():

@@ -5,8 +5,7 @@ import subprocess
 import sys
 
 import pytest
-
-from tupe.data import corpus
+from text_files import paragraphs_of
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _PEAK_RSS = ("import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL); "
@@ -31,7 +30,7 @@ def peak_rss(path, vocab, output, workers: int = 1) -> int:
 
 @pytest.fixture(scope="module")
 def paragraphs(shared_data):
-  return corpus.paragraphs(corpus.read_text(shared_data / "corpus" / "wikitext" / "wiki.valid.raw.txt"))
+  return paragraphs_of(shared_data / "corpus" / "wikitext" / "wiki.valid.raw.txt")
 
 
 def test_peak_rss_does_not_grow_with_the_file(paragraphs, bert_vocab, tmp_path):

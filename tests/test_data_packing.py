@@ -3,6 +3,7 @@ import itertools
 
 import numpy as np
 import pytest
+from text_files import paragraphs_of
 
 from tupe.data import build
 from tupe.data import corpus
@@ -18,7 +19,7 @@ from tupe.data import tokenizer
 def wiki(shared_data, bert_vocab):
   """Tokenizer, info, the first 600 wikitext paragraphs (documents) and their sentences' token ids (no empty ones)."""
   tok, info = tokenizer.load_tokenizer(bert_vocab)
-  documents = corpus.paragraphs(corpus.read_text(shared_data / "corpus" / "wikitext" / "wiki.valid.raw.txt"))[:600]
+  documents = paragraphs_of(shared_data / "corpus" / "wikitext" / "wiki.valid.raw.txt")[:600]
   sentences = [corpus.document_sentences(d) for d in documents]
   ids = iter(tokenizer.encode(tok, [s for d in sentences for s in d]))
   return tok, info, documents, [[s for s in itertools.islice(ids, len(d)) if len(s)] for d in sentences]

@@ -6,6 +6,7 @@ import re
 
 import numpy as np
 import pytest
+from text_files import paragraphs_of
 
 from tupe.data import corpus
 from tupe.data import counter_rng
@@ -19,7 +20,7 @@ SEQ_LEN = 64
 @pytest.fixture(scope="module")
 def text_cfg(shared_data, bert_vocab, tmp_path_factory):
   """A data config for 400 real wikitext paragraphs (a few hundred examples of 64 tokens)."""
-  paragraphs = corpus.paragraphs(corpus.read_text(shared_data / "corpus" / "wikitext" / "wiki.valid.raw.txt"))
+  paragraphs = paragraphs_of(shared_data / "corpus" / "wikitext" / "wiki.valid.raw.txt")
   path = tmp_path_factory.mktemp("corpus") / "wiki-slice.txt"
   path.write_text("\n\n".join(paragraphs[:400]) + "\n")
   cfg = pipeline.default_data_config()
@@ -208,8 +209,8 @@ def test_argument_errors(text_cfg, tmp_path):
   cfg.format = "lines"
   assert len(pipeline.PretrainData(cfg, seq_len=SEQ_LEN, split="eval")) > 0
   cfg.update(format="text", documents="files")  # a file's last paragraphs held out: a file of one, none
-  with pytest.raises(UserError, match=re.escape("(it holds out that share of each file's last paragraphs, separated "
-                                                "by blank lines: a file of one paragraph holds none)")):
+  with pytest.raises(UserError, match=re.escape("(it holds out that share of the paragraphs, separated by blank lines, "
+                                                "from the ends of the files: a file of one paragraph holds none)")):
     pipeline.PretrainData(cfg, seq_len=SEQ_LEN, split="eval")
 
 

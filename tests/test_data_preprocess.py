@@ -8,8 +8,8 @@ import sys
 
 import numpy as np
 import pytest
+from text_files import paragraphs_of
 
-from tupe.data import corpus
 from tupe.data import examples
 from tupe.data import pipeline
 from tupe.data import preprocess
@@ -25,7 +25,7 @@ SEQ_LEN = 64
 @pytest.fixture(scope="module")
 def text_cfg(shared_data, bert_vocab, tmp_path_factory):
   """A data config for 300 real paragraphs of Emma."""
-  paragraphs = corpus.paragraphs(corpus.read_text(shared_data / "corpus" / "nltk-gutenberg" / "austen-emma.txt"))
+  paragraphs = paragraphs_of(shared_data / "corpus" / "nltk-gutenberg" / "austen-emma.txt")
   path = tmp_path_factory.mktemp("corpus") / "emma-slice.txt"
   path.write_text("\n\n".join(paragraphs[:300]) + "\n")
   cfg = pipeline.default_data_config()
@@ -96,6 +96,9 @@ def test_mismatched_settings_are_refused(text_cfg, shard_dir, bert_vocab, tmp_pa
   with pytest.raises(UserError, match=r"part holds shards but no metadata.json, which preprocessing writes last: a "
                                       r"copy cut short\? copy the whole folder again, or preprocess the corpus again$"):
     pipeline.make_pretrain_iterator(dict(cfg, files=str(tmp_path / "part")), seq_len=SEQ_LEN, batch_size=8, seed=0)
+  with pytest.raises(UserError, match=r"typo does not exist: check --config.data.files, the folder `python -m "
+                                      r"tupe.data.preprocess --output` wrote$"):  # (was: "write them there")
+    pipeline.make_pretrain_iterator(dict(cfg, files=str(tmp_path / "typo")), seq_len=SEQ_LEN, batch_size=8, seed=0)
   (tmp_path / "empty").mkdir()
   with pytest.raises(UserError, match=r"empty holds no preprocessed examples \(metadata.json is missing\): write "
                                       r"them with `python -m tupe.data.preprocess --output "):
@@ -360,7 +363,7 @@ def test_training_from_shards_takes_their_settings(shard_dir, text_cfg, tmp_path
   assert saved["data"]["vocab_file"] == str(shard_dir / "vocab.txt") and saved["model"]["vocab_size"] == 30522
   # Another corpus size, the same settings: refused before any data is loaded or a step compiled (it was after both).
   smaller = tmp_path / "smaller.txt"
-  smaller.write_text("\n\n".join(corpus.paragraphs(corpus.read_text(text_cfg.files))[:150]) + "\n")
+  smaller.write_text("\n\n".join(paragraphs_of(text_cfg.files)[:150]) + "\n")
   preprocess.main(["preprocess", "--input", str(smaller), "--vocab", text_cfg.vocab_file, "--seq-len", "64",
                    "--packing", "segment_pair", "--eval-fraction", "0.05", "--output", str(tmp_path / "smaller"),
                    "--workers", "1"])
@@ -390,7 +393,7 @@ def test_a_vocab_without_the_special_tokens_leaves_the_output_folder_reusable(te
   vocab.write_text("\n".join(t for t in pathlib.Path(text_cfg.vocab_file).read_text().splitlines()
                              if t != "[MASK]") + "\n")
   small = tmp_path / "small.txt"
-  small.write_text("\n\n".join(corpus.paragraphs(corpus.read_text(text_cfg.files))[:200]) + "\n")
+  small.write_text("\n\n".join(paragraphs_of(text_cfg.files)[:200]) + "\n")
   output = tmp_path / "packed"
   argv = ["preprocess", "--input", str(small), "--seq-len", "64", "--output", str(output), "--workers", "1"]
   with pytest.raises(UserError, match=r"\[MASK\]"):

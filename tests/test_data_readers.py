@@ -4,9 +4,9 @@ import json
 import re
 
 import pytest
+from text_files import paragraphs_of
 
 from tupe.data import build
-from tupe.data import corpus
 from tupe.data import pipeline
 from tupe.data import readers
 from tupe.data import report
@@ -29,7 +29,7 @@ def documents_of(fmt: str, files: str, unit_bytes: int | None = None, text_field
 
 @pytest.fixture(scope="module")
 def wiki_paragraphs(shared_data):
-  return corpus.paragraphs(corpus.read_text(shared_data / "corpus" / "wikitext" / "wiki.valid.raw.txt"))[:500]
+  return paragraphs_of(shared_data / "corpus" / "wikitext" / "wiki.valid.raw.txt")[:500]
 
 
 def test_byte_ranges_give_the_whole_files_documents(shared_data):
@@ -156,6 +156,13 @@ def test_undecodable_bytes_are_dropped_and_counted(tmp_path):
     path.write_bytes(utf8.encode(encoding))
     with pytest.raises(UserError, match=f"mixed.txt {named}.*: convert it, e.g. `iconv -f "):
       documents_of("text", str(path))
+  # Carriage returns alone as line ends (classic Mac): refused (before: the whole file read as one paragraph).
+  path.write_bytes(b"First line.\rSecond line.\r\rA second paragraph.\r")
+  with pytest.raises(UserError, match=r"mixed.txt ends its lines with carriage returns alone \(classic Mac text\): "
+                                      r".*convert it, e.g. `tr '\\r' '\\n' < .*mixed.txt > NEW_FILE`$"):
+    documents_of("text", str(path))
+  path.write_bytes(b"First line.\r\nSecond line.\r\n\r\nA second paragraph.\r\n")  # (Windows line ends are read)
+  assert documents_of("text", str(path))[0] == ["First line. Second line.", "A second paragraph."]
 
 
 def test_gutenberg_strip_only_with_its_licence_markers(shared_data, wiki_paragraphs, tmp_path, bert_vocab):

@@ -1,8 +1,8 @@
 """WordPiece tokenizer: BERT vocab, special ids, normalization, training a vocab that round-trips."""
 import pytest
+from text_files import paragraphs_of
 
 from tupe.data import build
-from tupe.data import corpus
 from tupe.data import pipeline
 from tupe.data import tokenizer
 from tupe.data import wordpiece
@@ -31,8 +31,7 @@ def test_cased_keeps_case(bert_vocab):
 
 @pytest.mark.parametrize("train", [tokenizer.train_wordpiece, wordpiece.train_reproducible])
 def test_trained_vocab_round_trips(shared_data, tmp_path, train):
-  text = corpus.read_text(shared_data / "corpus" / "nltk-gutenberg" / "austen-persuasion.txt")
-  documents = corpus.paragraphs(text)
+  documents = paragraphs_of(shared_data / "corpus" / "nltk-gutenberg" / "austen-persuasion.txt")
   path = train(documents, 3000, tmp_path / "vocab.txt")
   tok, info = tokenizer.load_tokenizer(path)
   assert (info.vocab_size, info.pad_id, info.unk_id, info.cls_id, info.sep_id, info.mask_id) == (3000, 0, 1, 2, 3, 4)
@@ -78,8 +77,8 @@ def test_vocab_tool_reads_jsonl_and_parquet_as_train_py_does(shared_data, tmp_pa
   import pyarrow as pa
   import pyarrow.parquet as pq
 
-  text = (shared_data / "corpus" / "nltk-gutenberg" / "blake-poems.txt").read_text()
-  documents = [d.replace('"', "\u201c") for d in corpus.paragraphs(text)]
+  documents = [d.replace('"', "\u201c") for d in paragraphs_of(shared_data / "corpus" / "nltk-gutenberg" /
+                                                               "blake-poems.txt")]
   (tmp_path / "c.txt").write_text("\n".join(documents) + "\n")
   (tmp_path / "c.jsonl").write_text("".join(json.dumps({"body": d}) + "\n" for d in documents))
   pq.write_table(pa.table({"body": documents}), tmp_path / "c.parquet")

@@ -22,9 +22,9 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from text_files import paragraphs_of
 from xla_flags import xla_flags
 
-from tupe.data import corpus
 from tupe.data import preprocess
 from tupe.store import storage
 
@@ -385,7 +385,7 @@ def test_resume_with_the_examples_kept_otherwise(tmp_path, shared_data, bert_voc
   the run resumed on the corpus's shards made by `tupe.data.preprocess` with the same options: the same examples
   (test_data_preprocess.py::test_shards_hold_the_in_memory_examples), whose key both runs record. (Before, refused:
   "trained on other batches (data.source='text' in the checkpoint, 'arrayrecord' now)".)"""
-  paragraphs = corpus.paragraphs(corpus.read_text(shared_data / "corpus" / "nltk-gutenberg" / "blake-poems.txt"))
+  paragraphs = paragraphs_of(shared_data / "corpus" / "nltk-gutenberg" / "blake-poems.txt")
   (tmp_path / "poems.txt").write_text("\n\n".join(paragraphs[:30]) + "\n")  # 43 examples, 96 in the 12 batches
   text = {"data.source": "text", "data.files": str(tmp_path / "poems.txt"), "data.vocab_file": str(bert_vocab),
           "data.shard_cache": "never"}

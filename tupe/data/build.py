@@ -90,7 +90,7 @@ def make_plan(data_cfg, seq_len: int, vocab_file: str, unit_bytes: int | None = 
               unit_bytes=unit_bytes, vocab_file=str(storage.path(vocab_file)),
               vocab_sha256=hashlib.sha256(storage.read_bytes(vocab_file)).hexdigest(), lowercase=data_cfg.lowercase,
               seq_len=seq_len, packing=data_cfg.packing, eval_fraction=data_cfg.eval_fraction,
-              fill_examples=data_cfg.fill_examples)
+              split_rules=corpus.SPLIT_RULES, fill_examples=data_cfg.fill_examples)
 
 
 def plan_key(plan: dict) -> str:

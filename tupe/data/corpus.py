@@ -1,26 +1,26 @@
-"""Documents, sentences and the train/eval split; input files (globs) and small text files read whole.
+"""Documents, sentences and the train/eval split; input files (globs).
 
 A document is a string whose lines are paragraphs (`tupe.data.readers` streams them from each input format).
 
-The eval split holds out either whole documents (every (1/eval_fraction)-th of a unit, `is_eval_document`) or the last
-eval_fraction of every document's paragraphs (`held_out_tail`), which still holds out text from a corpus of a
-few long documents (whole books).
+The eval split holds out either whole documents (every (1/eval_fraction)-th of a unit, `is_eval_document`) or
+eval_fraction of the paragraphs, from the ends of the documents (`held_out_tail`: each document's share, the rounding
+carried from one to the next), which still holds out text from a corpus of a few long documents (whole books).
 """
 import math
 import re
 from typing import Iterable, Iterator, TypeVar
 
-from tupe.data import gutenberg
-from tupe.data import readers
-from tupe.data.report import Tally
 from tupe.errors import UserError
 from tupe.store import storage
 
 T = TypeVar("T")
+# The version of the rules that split a corpus into train and eval (in every plan, so that a plan, a preprocessing
+# folder to resume or a shard cache made by earlier rules is not taken for this one's). 2: held-out tails carry
+# their rounding from document to document (1: at least one paragraph of every document).
+SPLIT_RULES = 2
 
 SPLITS = ("train", "eval")
 DOCUMENTS = ("paragraphs", "files")  # What a text file's document is: each block between blank lines, or the file.
-_BLANK_LINES = re.compile(r"\n\s*\n")
 # A sentence ends at . ! or ? (then maybe closing quotes or brackets), followed by space and a capital, digit or
 # opening quote. Group 1 is the word before the punctuation, to leave abbreviations and initials alone.
 # Both runs bounded: unbounded, each position inside a long run of letters (a DNA sequence, a hash) or of dots was
@@ -54,21 +54,6 @@ def expand_globs(patterns: str) -> list[str]:
   return paths
 
 
-def read_text(path: storage.PathLike, tally: Tally | None = None) -> str:
-  """A whole text file (for small files; corpora are streamed by `tupe.data.readers`): BOM dropped, line ends
-  normalized, a Project Gutenberg licence header and footer stripped (only from files that carry its markers),
-  bytes that are not UTF-8 dropped (counted in `tally`)."""
-  data = storage.read_bytes(path)
-  begin, end = gutenberg.book_range(data, data, len(data)) or (0, len(data))
-  text = readers.decode(data[begin:end], tally or Tally())
-  return text.removeprefix("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
-
-
-def paragraphs(text: str) -> list[str]:
-  """Blocks of lines between blank lines, each joined into one line with single spaces."""
-  return [" ".join(block.split()) for block in _BLANK_LINES.split(text) if block.strip()]
-
-
 def split_sentences(paragraph: str) -> list[str]:
   """Splits one paragraph into sentences at . ! ? followed by a capital, keeping abbreviations and initials whole."""
   sentences, start = [], 0
@@ -94,26 +79,31 @@ def is_eval_document(index: int, eval_fraction: float) -> bool:
   return math.floor((index + 1) * eval_fraction) > math.floor(index * eval_fraction)
 
 
-def held_out_tail(num_paragraphs: int, eval_fraction: float) -> int:
-  """How many of a document's last paragraphs are held out for eval: ceil(eval_fraction * num_paragraphs), at
-  least one, but never the whole document (a one-paragraph document stays in train)."""
+def held_out_tail(seen: int, num_paragraphs: int, eval_fraction: float) -> int:
+  """How many of a document's last paragraphs are held out for eval, `seen` paragraphs after the unit's start (its
+  phase included, as in `is_eval_document`): its share, eval_fraction * num_paragraphs, with the rounding carried
+  from document to document, so that a unit of short documents holds out eval_fraction of its paragraphs too (some
+  documents none); never the whole document (a one-paragraph document stays in train)."""
   if eval_fraction <= 0 or num_paragraphs < 2:
     return 0
-  return min(max(1, math.ceil(eval_fraction * num_paragraphs)), num_paragraphs - 1)
+  share = math.floor((seen + num_paragraphs) * eval_fraction) - math.floor(seen * eval_fraction)
+  return min(share, num_paragraphs - 1)
 
 
 def split_documents(documents: Iterable[tuple[T, str]], eval_fraction: float, tails: bool,
                     first: int = 0) -> Iterator[tuple[str, T, str, bool]]:
   """("train" or "eval", tag, text, continued) of (tag, document) pairs: whole documents held out
-  (`is_eval_document` of `first` + their index), or with `tails` each document's last paragraphs (`held_out_tail`)
-  held out as a text of their own, after its train part: `continued`, the rest of the document before it (one
-  document, in two splits)."""
+  (`is_eval_document` of `first` + their index), or with `tails` each document's last paragraphs (`held_out_tail`,
+  `first` its phase too) held out as a text of their own, after its train part: `continued`, the rest of the
+  document before it (one document, in two splits)."""
+  seen = first  # paragraphs before this document, from the unit's phase (`held_out_tail`)
   for index, (tag, document) in enumerate(documents, first):
     if not tails:
       yield ("eval" if is_eval_document(index, eval_fraction) else "train"), tag, document, False
       continue
     lines = document.split("\n")
-    cut = len(lines) - held_out_tail(len(lines), eval_fraction)
+    cut = len(lines) - held_out_tail(seen, len(lines), eval_fraction)
+    seen += len(lines)
     yield "train", tag, "\n".join(lines[:cut]), False
     if cut < len(lines):
       yield "eval", tag, "\n".join(lines[cut:]), True

@@ -5,7 +5,7 @@ Sources:
     in memory, once per process, for a small corpus; above data.shard_cache_mb (or with data.shard_cache
     "always") once into a cache of shards, keyed by the corpus, tokenizer and packing, that later starts reuse.
     Every (1/eval_fraction)-th document of a unit is held out for the eval split, or with data.documents "files"
-    the last eval_fraction of each document's paragraphs.
+    eval_fraction of the paragraphs, from the ends of the files (`tupe.data.corpus.held_out_tail`).
   arrayrecord: examples written by `tupe.data.preprocess` (the same examples, on disk), read lazily.
   synthetic: random token ids, full-length examples, for benchmarks (no tokenizer work).
 """

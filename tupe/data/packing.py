@@ -16,7 +16,9 @@ holds; then it is cut into pieces that fill whole examples. With `fill`, a sente
 an example is split too: its head fills the example, its tail starts the next one. Without it, the rest of the
 example is padding, on average half a sentence per example (about 15% of 128 positions on novels). BERT's and
 ELECTRA's builders fill the length too, by truncating the segments and dropping the overflow; splitting keeps every
-token. Only a document's last example (segment_pair) and the corpus's last one are then shorter.
+token. Only a document's last example (segment_pair), one that reaches a document's end one token short of full
+(full_sentences: the [SEP] between documents would take that token) and a unit's last (examples never cross units,
+`tupe.data.build`) are then shorter.
 """
 import atexit
 import contextlib
@@ -130,11 +132,7 @@ class ExampleSource:
 
   def padded_batch(self, indices: np.ndarray, seq_len: int, pad_id: int) -> np.ndarray:
     """int32 [batch, seq_len]: examples `indices` ([batch]), right-padded with `pad_id`."""
-    ids = np.full((len(indices), seq_len), pad_id, np.int32)
-    for row, index in enumerate(indices):
-      example = self[int(index)]
-      ids[row, :len(example)] = example
-    return ids
+    raise NotImplementedError
 
 
 class PackedExamples(ExampleSource):

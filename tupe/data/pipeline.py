@@ -69,10 +69,10 @@ def default_data_config() -> ml_collections.ConfigDict:
     whole_word: mask whole words.
     max_predictions: predictions per example P; 0 for ceil(mask_prob * seq_len).
     documents: a text file's documents: "paragraphs" (each block between blank lines) or "files" (the whole file,
-      its blocks its paragraphs; then the last eval_fraction of each document's paragraphs is held out).
+      its blocks its paragraphs; then eval_fraction of the paragraphs is held out, from the ends of the files).
     fill_examples: split a sentence that does not fit in the rest of an example (its head fills it, its tail starts
-      the next), so that only a document's or the corpus's last example is shorter than seq_len.
-    eval_fraction: share of documents (documents "files": of each document's paragraphs) held out for eval.
+      the next), so that almost every example is full (`tupe.data.packing` says which are not).
+    eval_fraction: share of documents (documents "files": of paragraphs) held out for eval.
     num_workers: worker processes for masking and batching (0: threads in this process).
     synthetic_vocab_size: vocab size of the synthetic source.
   """
@@ -185,8 +185,8 @@ class PretrainData:
         fix = (f"the shards in {self.cfg.files} hold none; preprocess a bigger corpus"
                + (" or with a larger --eval-fraction" if split == "eval" else "") + " into a new folder")
       elif split == "eval" and self.cfg.documents == "files":
-        fix = ("use a bigger corpus or a larger data.eval_fraction (it holds out that share of each file's last "
-               "paragraphs, separated by blank lines: a file of one paragraph holds none)")
+        fix = ("use a bigger corpus or a larger data.eval_fraction (it holds out that share of the paragraphs, "
+               "separated by blank lines, from the ends of the files: a file of one paragraph holds none)")
       elif split == "eval":
         fix = (f"use a bigger corpus or a larger data.eval_fraction (it holds out 1 document in "
                f"{1 / self.cfg.eval_fraction:.4g}: a corpus of fewer holds none)" if self.cfg.eval_fraction > 0 else

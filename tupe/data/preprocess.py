@@ -59,7 +59,8 @@ def main(argv: list[str]) -> None:
   parser.add_argument("--seq-len", type=int, required=True, help="tokens per example, as train.py's seq_len")
   parser.add_argument("--packing", default="full_sentences", help="full_sentences (the default) or segment_pair")
   parser.add_argument("--eval-fraction", type=float, default=pipeline.default_data_config().eval_fraction,
-                      help="share of the documents held out for evaluation (default %(default)s)")
+                      help="share of the documents (--documents files: of the paragraphs, from the "
+                      "ends of the files) held out for evaluation (default %(default)s)")
   parser.add_argument("--documents", default="paragraphs", help="a text file's documents: paragraphs (the default) or "
                       "files")
   parser.add_argument("--fill-examples", action="store_true", help="split sentences to fill every example")

@@ -179,6 +179,9 @@ def read_metadata(folder: storage.PathLike) -> dict:
       raise UserError(f"{folder} is not a folder of preprocessed examples: " + (
           f"give the folder, --config.data.files={parent}" if made else "give the one folder `python -m "
           "tupe.data.preprocess --output` wrote, or --config.data.source=text for text files"))
+    if not storage.is_remote(folder):  # (a bucket's: below, which says that training reads local shards only)
+      raise UserError(f"{folder} does not exist: check --config.data.files, the folder `python -m "
+                      f"tupe.data.preprocess --output` wrote")
   if not storage.is_file(path):
     started = storage.exists(storage.path(folder) / PLAN)
     held = [] if started else [p.name for p in storage.iterdir(folder)]

@@ -38,8 +38,9 @@ def _text_input(name: str) -> dict:
 
   Raises:
     UserError: when the file holds no text, starts with the byte order mark of another encoding (UTF-16, UTF-32)
-      or holds NUL bytes as they do, or more than MAX_UNDECODABLE_SHARE of its first bytes are not UTF-8 (a file in
-      another encoding; stray bytes that are not UTF-8 are dropped and counted).
+      or holds NUL bytes as they do, ends its lines with carriage returns alone, or more than
+      MAX_UNDECODABLE_SHARE of its first bytes are not UTF-8 (a file in another encoding; stray bytes that are not
+      UTF-8 are dropped and counted).
   """
   size = storage.size(name)
   with storage.open_file(name) as f:
@@ -60,6 +61,10 @@ def _text_input(name: str) -> dict:
         f"order mark?)")
     raise UserError(f"{name} is {what}: convert it, e.g. `iconv -f {encoding or 'utf-16'} -t utf-8`; read as it "
                     f"is, its lines, documents and held-out split would be lost")
+  if head.count(b"\r") > 1 and b"\n" not in head:  # (line ends are read at \n: the file would be one line)
+    raise UserError(f"{name} ends its lines with carriage returns alone (classic Mac text): read as it is, it would "
+                    f"be one line, its paragraphs and documents lost; convert it, e.g. `tr '\\r' '\\n' < {name} > "
+                    f"NEW_FILE`")
   text = head.decode("utf-8", "surrogateescape")
   undecodable = len(readers.UNDECODABLE.findall(text))
   if undecodable > MAX_UNDECODABLE_SHARE * len(head) + (size > len(head)) * 3:  # (+3: a character cut at the end.)
