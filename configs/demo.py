@@ -18,10 +18,12 @@ ARGUMENTS = (("model", models.PRETRAIN_NAMES), ("size", ("tiny",)))  # get_confi
 
 def get_config(arg: str = "tupe_a,tiny") -> ml_collections.ConfigDict:
   name, _, size = arg.partition(",")
+  c = pretrain.get_config(f"{name},tiny")  # (an unknown model refused first: the line below names it)
   if size not in ("", "tiny"):
-    raise UserError(f"the demo has its own dimensions (128 wide, 2 layers), at size tiny: "
-                    f"give configs/demo.py:{name}, or configs/pretrain.py:{arg} for that size's model")
-  c = pretrain.get_config(f"{name},tiny")
+    other = (f", or configs/pretrain.py:{arg} for that size's model" if size in models.SIZES else
+             f"; configs/pretrain.py takes the sizes {', '.join(models.SIZES)}")
+    raise UserError(f"the demo has its own dimensions (128 wide, 2 layers), at size tiny: give configs/demo.py:{name}"
+                    + other)
   c.model.update(vocab_size=0, hidden_size=128, num_heads=4, intermediate_size=512, num_layers=2)
   c.model.embedding_size = c.model.hidden_size
   c.data.update(source="demo", eval_fraction=0.05)  # 5%: ~300 examples, for 8 eval batches of 32

@@ -153,6 +153,10 @@ def test_a_value_of_the_wrong_type_points_to_the_configs_fields_not_the_librarie
   with pytest.raises(UserError, match=re.escape("'1.5'; fix the value (python train.py --config ... --help lists "
                                                 "the fields with their values)")):
     config_files.check_config_flags(argv)
+  # A command whose --help does not list a config's fields names none (it said "python tupe.study --config ...").
+  argv = ["tupe.study", "--config", "configs/study.py:tupe,micro", "--config.seed=abc"]
+  with pytest.raises(UserError, match=r"'abc'; fix the value$"):
+    config_files.check_config_flags(argv)
 
 
 def test_a_config_path_of_the_repository_given_elsewhere_names_the_repository_s_file(tmp_path, monkeypatch):
@@ -403,6 +407,14 @@ def test_a_folder_given_as_the_config_is_one_line_saying_so():
     config_files.check_config_flags(["eval_glue.py", "--config=configs", "--workdir", "w"])
 
 
+def test_a_missing_config_names_a_flag_that_was_meant_for_it():
+  with pytest.raises(UserError, match=r"^--config is missing: give configs/<file>.py:<arg>$"):
+    config_files.check_config_flags(["train.py", "--workdir", "w"])
+  with pytest.raises(UserError, match=r"^--config is missing: give configs/<file>.py:<arg> \(--confg is not "
+                                      r"--config\)$"):  # (before: not a word about the typo)
+    config_files.check_config_flags(["train.py", "--confg", "configs/demo.py", "--workdir", "w"])
+
+
 def test_a_missing_required_flag_is_named_with_an_example():
   """absl's own error for a required flag left out ("Flag --workdir must have a value other than None.; fix the
   flag" before) becomes one line naming the flag, what it is and an example."""
@@ -428,3 +440,8 @@ def test_the_demo_takes_a_model_at_its_own_size():
   with pytest.raises(UserError, match=r"the demo has its own dimensions \(128 wide, 2 layers\), at size tiny: give "
                                       r"configs/demo.py:convbert, or configs/pretrain.py:convbert,base"):
     config_files.load_config("configs/demo.py:convbert,base")
+  # Suggested only where it loads (before: configs/pretrain.py:tupe_a,tiny,extra and tupe_b,base were suggested).
+  with pytest.raises(UserError, match=r"give configs/demo.py:tupe_a; configs/pretrain.py takes the sizes tiny, "):
+    config_files.load_config("configs/demo.py:tupe_a,tiny,extra")
+  with pytest.raises(UserError, match=r"unknown model 'tupe_b'; choose one of "):
+    config_files.load_config("configs/demo.py:tupe_b,base")

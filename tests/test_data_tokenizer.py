@@ -68,6 +68,19 @@ def test_train_command(shared_data, tmp_path, capsys):
     vocab.main(["vocab", "--input", str(corpus), "--vocab-size", "99999999999", "--output", str(output)])
 
 
+def test_the_vocab_tool_writes_the_same_vocab_for_the_same_text(shared_data, tmp_path):
+  """The vocab depends on the text alone (HF's trainer, which the tool used, broke ties in hash order: three runs of
+  the README's command gave three vocabs); --fast still takes HF's."""
+  poems = shared_data / "corpus" / "nltk-gutenberg" / "blake-poems.txt"
+  for i in range(2):
+    vocab.main(["vocab", "--input", str(poems), "--vocab-size", "2000", "--output", str(tmp_path / f"{i}.txt")])
+  expected = wordpiece.learn_vocab(wordpiece.word_counts(paragraphs_of(poems), lowercase=True), 2000)
+  assert (tmp_path / "0.txt").read_text() == (tmp_path / "1.txt").read_text() == "\n".join(expected) + "\n"
+  vocab.main(["vocab", "--input", str(poems), "--vocab-size", "2000", "--output", str(tmp_path / "fast.txt"), "--fast"])
+  fast = (tmp_path / "fast.txt").read_text().splitlines()
+  assert len(fast) == 2000 and fast[:5] == list(tokenizer.SPECIAL_TOKENS)
+
+
 def test_vocab_tool_reads_jsonl_and_parquet_as_train_py_does(shared_data, tmp_path, capsys):
   """The same documents as one per line, JSON lines (quotes stored as \\u201c escapes) or a Parquet column give the
   same vocab. Before, every file was read as plain text: a JSONL corpus gave a vocab of JSON syntax and escapes

@@ -126,6 +126,20 @@ def test_a_bucket_task_folder_cut_short_is_fetched_again(s3_bucket, capsys):
     assert "exists, kept" in capsys.readouterr().out
 
 
+def test_a_local_task_folder_without_its_files_is_refused_in_one_line(tmp_path, capsys):
+  """A local folder this command did not write whole (another tool's download cut short, a folder made by hand) was
+  kept as the task: "0 task folder(s) written", and eval_glue.py sent the user back to this command."""
+  (tmp_path / "glue" / "MRPC").mkdir(parents=True)
+  (tmp_path / "glue" / "MRPC" / "dev.tsv").write_text("x\n")
+  with pytest.raises(SystemExit) as exit_info:
+    command(tmp_path / "glue", "mrpc")
+  assert exit_info.value.code == 2
+  (line,) = capsys.readouterr().err.splitlines()
+  assert line == (f"error: {tmp_path}/glue/MRPC exists but lacks train.tsv, test.tsv: delete it (or move it away) to "
+                  f"fetch MRPC again, then rerun (the tasks already written in {tmp_path}/glue are kept)")
+  assert (tmp_path / "glue" / "MRPC" / "dev.tsv").read_text() == "x\n"
+
+
 def test_a_tfds_data_dir_in_a_bucket_is_refused_before_anything_is_fetched(tmp_path, capsys):
   """TFDS reads its prepared copy back with its array_record reader, local files only: --tfds-data-dir in a bucket
   is one line naming the flag, before anything is fetched or made (before: a refusal naming tfds_data_dir once TFDS

@@ -155,18 +155,20 @@ def flags_error(e: flags.Error, argv: Sequence[str], config: ml_collections.Conf
   name = getattr(e, "flagname", "") or ""
   if config is not None and isinstance(e, flags.UnrecognizedFlagError) and _is_field(config, name):
     return f"{e}: set the config's field as --config.{name}=VALUE"
+  # The commands whose --help lists a config's fields (absl's flags): only they are named in a hint.
   script = os.path.basename(argv[0])
+  command = f"python {script}" if script in ("train.py", "eval_glue.py") else None
   if group := re.search(r"flag --config\.([\w.]+)=.*Failed to parse .* as a ConfigDict", str(e)):
     return (f"--config.{group[1]} is a group of fields, not a value: set one of them, e.g. "
-            f"--config.{group[1]}.FIELD=VALUE (python {script} --config ... --help lists them)")
+            f"--config.{group[1]}.FIELD=VALUE" + (f" ({command} --config ... --help lists them)" if command else ""))
   if missing := re.search(r"Flag --(\w+) must have a value other than None", str(e)):  # a required flag
     example = (" (the run's folder, local, gs://... or s3://..., e.g. --workdir runs/demo)" if missing[1] == "workdir"
                else "")
-    return f"--{missing[1]} is missing: give it{example}; python {script} --help lists the flags"
+    return f"--{missing[1]} is missing: give it{example}" + (f"; {command} --help lists the flags" if command else "")
   if re.match(r"flag --config\.", str(e)):  # a field's value of the wrong type (--config.optimizer.warmup_steps=1.5)
-    listed = f" (python {script} --config ... --help lists the fields with their values)" if script != "tupe" else ""
-    return f"{e}; fix the value{listed}"
-  return f"{e}; fix the flag (python {script} --helpfull lists them)"
+    return f"{e}; fix the value" + (f" ({command} --config ... --help lists the fields with their values)"
+                                    if command else "")
+  return f"{e}; fix the flag" + (f" ({command} --helpfull lists them)" if command else "")
 
 
 def _is_field(config: ml_collections.ConfigDict, dotted: str) -> bool:
@@ -183,12 +185,16 @@ def check_config_flags(argv: list[str]) -> ml_collections.ConfigDict:
   eval_glue.py load theirs: the config file exists and loads, every override names a field (checked here,
   field by field, before any is applied), and each value parses as its field's type. A UserError says what is
   wrong. The one config loader of every entry point (`load_config`, `parse_flags`, `tupe.study.sweep`, `tupe.study`)."""
+  given = argv
   argv = last_wins(argv[:1] + [a for i, a in enumerate(argv[1:], 1)
                                if a.startswith("--config") or (argv[i - 1].startswith("--config") and
                                                                "=" not in argv[i - 1] and not a.startswith("--"))])
   specs = config_specs(argv)
   if not specs:
-    raise UserError("--config is missing: give configs/<file>.py:<arg>")
+    names = [a.lstrip("-").split("=", 1)[0] for a in given[1:] if a.startswith("-")]
+    typo = difflib.get_close_matches("config", [n for n in names if not n.startswith("config")], n=1, cutoff=0.7)
+    raise UserError("--config is missing: give configs/<file>.py:<arg>"
+                    + (f" (--{typo[0]} is not --config)" if typo else ""))
   if len(specs) > 1:
     raise UserError(f"--config is given {len(specs)} times ({', '.join(specs)}): give one, and set its fields with "
                     f"--config.FIELD=VALUE")

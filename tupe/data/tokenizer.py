@@ -190,7 +190,7 @@ def train_wordpiece(texts: Iterable[str], vocab_size: int, output: str | os.Path
 
   The special tokens come first: [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4. Training is fast but not
   reproducible to the token (ties between equally frequent pairs are broken in hash-map order): train once and
-  share the file, or use `tupe.data.wordpiece.train_reproducible` on small corpora.
+  share the file, or use `tupe.data.wordpiece.train_reproducible`, which `python -m tupe.tools.vocab` uses.
 
   Args:
     texts: training text, e.g. documents.
@@ -204,12 +204,17 @@ def train_wordpiece(texts: Iterable[str], vocab_size: int, output: str | os.Path
   return write_vocab(wordpiece_tokens(texts, vocab_size, lowercase), output)
 
 
-def wordpiece_tokens(texts: Iterable[str], vocab_size: int, lowercase: bool = True) -> list[str]:
-  """The tokens, in id order, of the vocab `train_wordpiece` writes."""
+def check_vocab_size(vocab_size: int) -> None:
+  """A vocab size a trainer can make: above the special tokens, within int32 (the token ids')."""
   if vocab_size < len(SPECIAL_TOKENS) + 1:
     raise UserError(f"vocab size {vocab_size} is too small: use at least a few thousand (BERT uses 30522)")
   if vocab_size > INT32_MAX:  # (the tokenizers library panicked beyond 32 bits)
     raise UserError(f"vocab size {vocab_size} is beyond {INT32_MAX} (int32, the token ids'): BERT uses 30522")
+
+
+def wordpiece_tokens(texts: Iterable[str], vocab_size: int, lowercase: bool = True) -> list[str]:
+  """The tokens, in id order, of the vocab `train_wordpiece` writes."""
+  check_vocab_size(vocab_size)
   tokenizer = tokenizers.Tokenizer(models.WordPiece(unk_token=UNK, continuing_subword_prefix=CONTINUATION_PREFIX))
   tokenizer.normalizer = bert_normalizer(lowercase)
   tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()

@@ -132,9 +132,12 @@ def download_task(task: glue.Task, data_dir: storage.Path, tfds_dir: str) -> sto
   folder = data_dir / task.folder
   if storage.exists(folder):
     missing = [name for name in task.files.values() if not storage.exists(folder / name)]
-    if not (missing and storage.is_remote(folder)):
+    if not missing:
       console.log(f"{task.name}: {folder} exists, kept (delete it to fetch {task.name} again)")
       return None
+    if not storage.is_remote(folder):  # (this command writes a local folder whole: another tool's, or a user's)
+      raise UserError(f"{folder} exists but lacks {', '.join(missing)}: delete it (or move it away) to fetch "
+                      f"{task.name} again, then rerun (the tasks already written in {data_dir} are kept)")
     # In a bucket the files are written in place, one object at a time: a run killed between two leaves a folder
     # without the last ones, which is fetched again (its objects written anew), not kept as the task.
     console.log(f"{task.name}: {folder} lacks {', '.join(missing)} (a download cut short): fetching it again")

@@ -1,5 +1,7 @@
 """Trains a WordPiece vocab on a corpus, read as train.py reads it (plain text: documents separated by blank lines,
-Project Gutenberg header/footer stripped; or one document per line, JSON lines, Parquet), as a BERT vocab.txt.
+Project Gutenberg header/footer stripped; or one document per line, JSON lines, Parquet), as a BERT vocab.txt. The
+vocab depends on the text alone: the same command writes the same file (`tupe.data.wordpiece`; --fast: HF tokenizers'
+trainer, whose ties fall in hash order).
 
   python -m tupe.tools.vocab --input 'corpus/*.txt' --vocab-size 30522 --output vocab.txt [--cased]
   python -m tupe.tools.vocab --input 'wiki/*.parquet' --format parquet --output vocab.txt
@@ -13,6 +15,7 @@ from tupe import signals
 from tupe.data import build
 from tupe.data import tokenizer
 from tupe.data import units
+from tupe.data import wordpiece
 from tupe.errors import Interrupted
 from tupe.errors import Preempted
 from tupe.store import outputs
@@ -32,13 +35,17 @@ def main(argv: list[str]) -> None:
   parser.add_argument("--output", required=True, help="vocab.txt to write")
   parser.add_argument("--cased", action="store_true", help="keep case and accents (default: uncased); train with "
                       "--config.data.lowercase=false then")
+  parser.add_argument("--fast", action="store_true", help="HF tokenizers' trainer, multithreaded and about half the "
+                      "CPU, but the vocab may differ from run to run by a few tokens (it breaks ties in hash order); "
+                      "by default the vocab depends on the text alone")
   args = parser.parse_args(argv[1:])
+  tokenizer.check_vocab_size(args.vocab_size)  # (before the corpus is read)
   source = dict(format=args.format, documents=args.documents, text_field=args.text_field, files=args.input)
   inputs = units.plan_inputs(source)
   outputs.check(args.output, "--output", "vocab.txt", tuple(("--input", entry["name"]) for entry in inputs))
   # In a child process: the tokenizer's training (native code) would hold off a stop signal until it returns.
   try:
-    tokens, tallies = signals.call_in_child(_train, source, inputs, args.vocab_size, not args.cased)
+    tokens, tallies = signals.call_in_child(_train, source, inputs, args.vocab_size, not args.cased, args.fast)
   except Interrupted as e:
     raise Preempted(f"stopped by {signals.name(e.signum)} while training the vocab: nothing was written; rerun the "
                     f"same command", e.signum) from None
@@ -54,12 +61,15 @@ def main(argv: list[str]) -> None:
                                                       if args.cased else ""))
 
 
-def _train(source: dict, inputs: list[dict], vocab_size: int, lowercase: bool) -> tuple[list[str], dict]:
-  """The vocab's tokens, trained on the documents of `inputs`, and each input's `Tally` (in the child process of
-  `main`)."""
+def _train(source: dict, inputs: list[dict], vocab_size: int, lowercase: bool,
+           fast: bool) -> tuple[list[str], dict]:
+  """The vocab's tokens, trained on the documents of `inputs` (`fast`: by HF tokenizers' trainer), and each input's
+  `Tally` (in the child process of `main`)."""
   tallies = {}
-  tokens = tokenizer.wordpiece_tokens(units.all_documents(source, inputs, tallies), vocab_size, lowercase)
-  return tokens, tallies
+  documents = units.all_documents(source, inputs, tallies)
+  if fast:
+    return tokenizer.wordpiece_tokens(documents, vocab_size, lowercase), tallies
+  return wordpiece.learn_vocab(wordpiece.word_counts(documents, lowercase), vocab_size), tallies
 
 
 if __name__ == "__main__":
