@@ -188,7 +188,7 @@ def get_config(arg: str = "tupe,micro") -> ml_collections.ConfigDict:
   c.glue_budgets = _glue_budgets(scale)  # the budgets tupe.tools.glue_budget compares (name, overrides)
   c.heldout_file = "corpus/wikitext/wiki.valid.raw.txt"
   c.heldout_seed = 0                # masks of the held-out score (the same for every checkpoint)
-  c.heldout_max_examples = 16 if scale == "micro" else 0  # 0: the whole file
+  c.heldout_max_examples = 16 if scale == "micro" else 0  # 0: the whole file, less the last partial batch
   c.heldout_batch_size = 16 if scale == "micro" else 32
   # The held-out scoring's compilation cache (tupe.train.compile_cache; the pre-training and GLUE jobs take theirs
   # from configs/pretrain.py and configs/glue.py): a per-user folder, a bucket, or "" (off).

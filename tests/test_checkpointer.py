@@ -124,8 +124,7 @@ def test_leaving_on_the_jobs_own_error_reports_that_error(tmp_path, caplog):
     resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
   # Not silent either: a note, one warning line printed after the job's own (tupe.run.process.run_main).
   assert raised.value.__notes__ == [f"while stopping, could not write checkpoint 2 to {tmp_path}: File too "
-                                    f"large; free space or fix permissions, then rerun to resume from the last good "
-                                    f"checkpoint"]
+                                    f"large; free space or fix permissions, then rerun to resume from checkpoint 1"]
   assert not [r for r in caplog.records if r.exc_info], "orbax's tracebacks were logged"
   verify_all(tmp_path / "1")
   assert sorted(p.name for p in tmp_path.iterdir() if p.name.isdigit()) == ["1"]

@@ -34,6 +34,8 @@ from tupe.glue import report
 from tupe.glue import runs as runs_lib
 from tupe.glue import tasks as glue
 from tupe.models import partitioning
+from tupe.run.process import run_main
+from tupe.tools import predict as predict_tool
 from tupe.train import flops as flops_lib
 from tupe.train import optim
 from tupe.train import pretrained as pretrained_lib
@@ -690,3 +692,8 @@ def test_a_degenerate_run_is_flagged(pretrained, glue_dir, tmp_path, capsys):
                       "(entailment)"]
   # Each reason with its evaluation's name (MNLI's two were two reasons side by side).
   assert "(dev score 52.71; degenerate: RTE: all one class (entailment))" in said.out
+  # The kept model says so wherever it is used to label text (predict said only "dev score 52.71" before).
+  (tmp_path / "pairs.jsonl").write_text('{"sentence1": "A man sleeps.", "sentence2": "A man is awake."}\n')
+  run_main(predict_tool.main, ["predict", "--model", str(workdir / "models" / "RTE"), "--input",
+                               str(tmp_path / "pairs.jsonl"), "--out", str(tmp_path / "labels.jsonl")])
+  assert capsys.readouterr().out.endswith("dev score 52.71; degenerate on dev: RTE: all one class (entailment))\n")

@@ -66,7 +66,7 @@ def test_evaluate_scores_the_checkpoints_parameters(pretrained, text_file, bert_
   got = heldout.evaluate(str(pretrained), str(text_file), seed=3, max_examples=16, batch_size=8)
   meta, params = checkpoint_lib.load_params(checkpoint_lib.latest_step_dir(str(pretrained)))
   cfg = ml_collections.ConfigDict(meta.config)
-  assert cfg.objective == "mlm" and got["examples"] == 16
+  assert cfg.objective == "mlm" and got["examples"] == 16 and got["examples_left_out"] == 0
   data_cfg = ml_collections.ConfigDict(cfg.data.to_dict())
   data_cfg.update(source="text", files=str(text_file), vocab_file=str(bert_vocab), documents="files",
                   fill_examples=True, eval_fraction=0.0, num_workers=0)
@@ -74,6 +74,9 @@ def test_evaluate_scores_the_checkpoints_parameters(pretrained, text_file, bert_
   batches = [data.batch(np.arange(start, start + 8), 3) for start in (0, 8)]
   denoms = {k: sum(objectives.normalizers(b)[k] for b in batches) for k in ("predictions", "tokens")}
   assert got["predicted_tokens"] == int(denoms["predictions"])
+  # All of the file, in batches of 7: the last, partial one left out, and said (the help said "0: all").
+  whole = heldout.evaluate(str(pretrained), str(text_file), seed=3, batch_size=7)
+  assert whole["examples"] + whole["examples_left_out"] == len(data) and 0 < whole["examples_left_out"] < 7
   module = objectives.build_model(cfg)
   loss = jax.jit(lambda p, b: objectives.loss_fn(cfg, module, p, b, jax.random.PRNGKey(0), deterministic=True,
                                                  denoms=denoms)[1]["mlm_loss"])

@@ -53,7 +53,8 @@ class Saved:
     regression_scale: a regression output times this is the score.
     fine_tuning: the GLUE config it was fine-tuned under.
     pretrained: the pre-trained checkpoint's identity (checkpoint, step, checksum), None for random weights.
-    run: lr, seed, step, score and evaluations of the run.
+    run: lr, seed, step, score and evaluations of the run, and why its dev predictions were degenerate
+      ({evaluation: why}; absent in models saved before it was recorded).
     checksum: its own identity (`tupe.store.checksums.digest`).
   """
   directory: storage.Path
@@ -92,9 +93,15 @@ def save(directory: storage.PathLike, params, cfg, model_cfg, task: glue.Task, v
       "fine_tuning": json.loads(cfg.to_json_best_effort()),
       "pretrained": pretrained,
       "run": {"lr": record["lr"], "seed": record["seed"], "step": record["best_step"], "score": record["score"],
-              "evaluations": record["evaluations"]},
+              "evaluations": record["evaluations"], "degenerate": record.get("degenerate", {})},
   }
   checkpointer.save_params(directory, params, meta_lib.create(config, vocab, record["train_examples"]))
+
+
+def degenerate_note(saved: Saved) -> str:
+  """"" or "; degenerate on dev: RTE: all one class (entailment)": a warning that the model may predict one class."""
+  found = "; ".join(f"{ev}: {why}" for ev, why in saved.run.get("degenerate", {}).items())
+  return f"; degenerate on dev: {found}" if found else ""
 
 
 def load(path: storage.PathLike) -> Saved:

@@ -176,8 +176,14 @@ class Checkpointer:
       return type(own)(str(own))
     which = "a checkpoint" if step is None else f"checkpoint {step}"
     cause, fix = _refused(e, self.directory)
-    return UserError(f"could not write {which} to {self.directory}: {cause}; {fix}, then rerun to resume from the "
-                     f"last good checkpoint")
+    try:
+      newest = checkpoint.newest_step(self.directory)
+    except Exception:  # pylint: disable=broad-except  (the store that refused the save may refuse the listing too)
+      newest = None
+    resume = ("to resume from the last good checkpoint" if newest is None else
+              f"to resume from checkpoint {newest}" if newest >= 0 else
+              "(no checkpoint was finished yet: the run starts again from step 0)")
+    return UserError(f"could not write {which} to {self.directory}: {cause}; {fix}, then rerun {resume}")
 
   def restore_latest(self, abstract_state, compatibility=None):
     """Restores the newest loadable checkpoint; returns (step, state, its CheckpointMeta) or None.

@@ -107,7 +107,9 @@ def evaluate(checkpoint_path: str, text_file: str, seed: int = 0, max_examples: 
   scores = evaluator(params)
   return {"checkpoint": str(step_dir), "step": checkpoint.step_of(step_dir, meta), "model": cfg.model.name,
           "objective": cfg.objective, "text_file": str(text_file), "seed": seed, "max_examples": max_examples,
-          "batch_size": batch_size, "examples": batches * batch_size, "seq_len": cfg.seq_len,
+          "batch_size": batch_size, "examples": batches * batch_size,
+          "examples_left_out": (min(len(data), max_examples) if max_examples else len(data)) - batches * batch_size,
+          "seq_len": cfg.seq_len,
           "predicted_tokens": int(round(float(evaluator.denoms["predictions"]))),
           **{key: float(scores[key]) for key in METRICS if key in scores}}
 

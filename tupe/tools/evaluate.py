@@ -9,7 +9,8 @@ index alone, so two checkpoints with the same settings are scored on identical m
 the training loop's evaluation (`tupe.train.evaluation.Evaluator`, dropout off): mlm_loss and mlm_accuracy over
 all predicted tokens (ELECTRA: the generator's), and for ELECTRA also the discriminator's disc_loss and
 disc_accuracy over all tokens and disc_auc (mean over batches). The examples are scored in batches of B; the
-last, partial batch is left out (at most B - 1 examples). predicted_tokens counts the masked positions scored.
+last, partial batch is left out (at most B - 1 examples: examples_left_out). predicted_tokens counts the masked
+positions scored.
 """
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ def main(argv: list[str]) -> None:
                       "(local, gs://... or s3://...)")
   parser.add_argument("--text-file", required=True, help="UTF-8 text file to score")
   parser.add_argument("--seed", type=int, default=0, help="seed of the masks (default 0)")
-  parser.add_argument("--max-examples", type=int, default=0, help="score the first N examples only (0: all)")
+  parser.add_argument("--max-examples", type=int, default=0, help="score the first N examples only (0: all; either way "
+                      "less the last, partial batch: examples_left_out)")
   parser.add_argument("--batch-size", type=int, default=32, help="examples per batch (default 32)")
   parser.add_argument("--out", default="", help="also write the JSON to this file (local, gs://... or s3://...)")
   args = parser.parse_args(argv[1:])

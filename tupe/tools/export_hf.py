@@ -95,7 +95,7 @@ def _export(checkpoint_path: str, staging: str, out: str) -> tuple[list[str], st
   transformers.utils.logging.disable_progress_bar()
   if classifier.is_classifier(checkpoint_path):
     saved = classifier.load(checkpoint_path)  # Verified against its checksums first.
-    source = f"the {saved.task.name} classifier {saved.directory}"
+    source = f"the {saved.task.name} classifier {saved.directory}" + classifier.degenerate_note(saved)
     directories = [export.export_classifier(saved.model_cfg, saved.params, saved.head, staging, saved.vocab,
                                             saved.lowercase, saved.labels, saved.max_seq_len, saved.regression_scale)]
   else:

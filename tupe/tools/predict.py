@@ -37,7 +37,7 @@ def main(argv: list[str]) -> None:
   run = saved.run
   console.out(f"wrote {console.plural(len(examples), 'prediction')} to {args.out}: {saved.task.name} model "
               f"{saved.directory} (lr {run['lr']:g}, seed {run['seed']}, step {run['step']}, dev score "
-              f"{run['score']:.2f})")
+              f"{run['score']:.2f}{classifier.degenerate_note(saved)})")
 
 
 if __name__ == "__main__":
