@@ -17,7 +17,7 @@ from tupe.models.config import INT32_MAX
 def parse_tasks(names: str) -> list[glue.Task]:
   """Trainable tasks from a comma-separated list ("cola,sst2"), in the given order."""
   tasks = []
-  for name in filter(str.strip, names.split(",")):
+  for name in filter(None, map(str.strip, names.split(","))):
     try:
       tasks.append(glue.get_task(name))
     except UserError:  # (the tasks it offers are the ones fine-tuned; MNLI-m is an evaluation of MNLI's runs)
