@@ -29,6 +29,16 @@ def test_cased_keeps_case(bert_vocab):
   assert tok.encode("Hello", add_special_tokens=False).tokens == ["[UNK]"]  # Not in the uncased vocab.
 
 
+def test_a_vocab_rewritten_is_read_again(tmp_path):
+  """The tokenizer of a vocab file is kept for the process, and read again once the file changes, even within the
+  second the store's mtime counts in."""
+  path = tmp_path / "vocab.txt"
+  path.write_text("\n".join(tokenizer.SPECIAL_TOKENS) + "\nthe\n")
+  assert tokenizer.load_tokenizer(path)[1].vocab_size == 6
+  path.write_text("\n".join(tokenizer.SPECIAL_TOKENS) + "\nthe\na\nan\n")
+  assert tokenizer.load_tokenizer(path)[1].vocab_size == 8
+
+
 @pytest.mark.parametrize("train", [tokenizer.train_wordpiece, wordpiece.train_reproducible])
 def test_trained_vocab_round_trips(shared_data, tmp_path, train):
   documents = paragraphs_of(shared_data / "corpus" / "nltk-gutenberg" / "austen-persuasion.txt")

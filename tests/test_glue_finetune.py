@@ -64,6 +64,7 @@ def test_finetune_sst2_end_to_end(pretrained, glue_dir, bert_vocab, tmp_path, ca
   results = finetune.run(cfg, str(workdir), devices=jax.devices()[:2])
   out = capsys.readouterr().out
   assert "[2/2] SST-2 lr 0.01 seed 1 | epoch 3/3 step 48/48 loss" in out
+  assert "[1/2] SST-2 lr 0.01 seed 0 | epoch 1/3 step 8/48 loss" in out  # (16 steps an epoch: step 8 is in the first)
   assert "examples/s" in out and "MFU" in out and "| ETA" in out and "dev at step 8 (epoch 0.5)" in out
   # Each rate times its steps' computation (not their dispatch) and none includes compilation.
   rates = [float(x.replace(",", "")) for x in re.findall(r"steps/s ([0-9.,]+) examples/s", out)]
@@ -81,6 +82,12 @@ def test_finetune_sst2_end_to_end(pretrained, glue_dir, bert_vocab, tmp_path, ca
     assert all(np.isfinite(r["loss"]) and 0 <= r["learning_rate"] <= 1e-2 for r in train_rows)
     assert max(r["learning_rate"] for r in train_rows) == pytest.approx(1e-2, rel=0.05)
     assert all(r["examples_per_s"] > 0 and r["grad_norm"] > 0 and r["nonfinite"] == 0 for r in train_rows)
+    # MFU against both devices' peak (1e12 each): a step's FLOPs are 3 forwards of 16 rows of 32 tokens, TUPE-A's
+    # positional term once.
+    encoder_cfg = pretrained_lib.load_encoder(pretrained)[0]
+    untied = flops_lib.untied_position_flops(encoder_cfg, 32)
+    step_flops = 3 * (16 * (flops_lib.encoder_forward_flops(encoder_cfg, 32) - untied) + untied)
+    assert all(r["mfu"] == pytest.approx(r["steps_per_s"] * step_flops / 2e12, rel=1e-9) for r in train_rows)
     evals = [r for r in rows if "eval_score" in r]
     assert [r["step"] for r in evals] == [8, 16, 24, 32, 40, 48]
     assert all(r["eval_SST-2_accuracy"] == r["eval_score"] and r["eval_loss"] > 0 for r in evals)
@@ -680,6 +687,8 @@ def test_a_degenerate_run_is_flagged(pretrained, glue_dir, tmp_path, capsys):
   results = finetune.run(cfg, str(workdir), devices=jax.devices()[:1])
   (run,) = runs_lib.read_runs(workdir)
   assert run["degenerate"] == {"RTE": "all one class (entailment)"}
+  # Equal scores at every evaluation: the run keeps the first of them, its parameters and step.
+  assert len({h["score"] for h in run["dev_history"]}) == 1 and run["best_step"] == run["dev_history"][0]["step"]
   assert run["score"] == pytest.approx(100 * 146 / 277)  # the majority class
   assert results["runs"][0]["degenerate"] == "all one class (entailment)"
   assert results["tasks"]["RTE"]["n_degenerate"] == 1

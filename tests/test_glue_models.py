@@ -353,6 +353,11 @@ def test_a_rate_named_as_a_recorded_one_is_refused(pretrained, glue_dir, tmp_pat
   assert checksums.digest(model) == digest and len(runs_lib.read_runs(tmp_path)) == 1
 
 
+def test_equal_seeds_go_to_the_smaller_seed():
+  runs = [{"score": 70.0, "seed": 1}, {"score": 70.0, "seed": 0}, {"score": 60.0, "seed": 2}]
+  assert runs_lib.best_seed(runs)["seed"] == 0
+
+
 def test_a_rate_named_as_one_of_another_tasks_is_refused_for_the_report():
   """A rate that reads as a recorded one of another task only shares no folder with its runs (folders are per task),
   but would share results.md's column header (its columns are the rates of every task): refused saying that, where

@@ -1,8 +1,10 @@
 """Parameter-only loading (`checkpoint.load_params`, `pretrained_lib.load_encoder`): each array read directly into
 its target sharding on 8 fake devices, and no optimizer state read or verified."""
+import json
 import re
 
 import jax
+import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
@@ -10,10 +12,13 @@ from test_resume import TINY
 
 from configs import pretrain as pretrain_config
 from tupe import models
+from tupe.data import masking
 from tupe.models import partitioning
 from tupe.store import checkpoint
 from tupe.store import checksums
+from tupe.store import runlog
 from tupe.store import storage
+from tupe.train import flops
 from tupe.train import pretrain
 from tupe.train import pretrained as pretrained_lib
 from tupe.train import sharding
@@ -22,17 +27,32 @@ from tupe.train import sharding
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
   """A small TUPE-A trained 2 steps: 128 wide, its dimensions split over 4-way FSDP and 2-way tensor
-  parallelism; a 4096-token vocab, so that its 3 MB of arrays outweigh the checkpoint's metadata files."""
+  parallelism, 2 microbatches a step; a 4096-token vocab, so that its 3 MB of arrays outweigh the checkpoint's
+  metadata files."""
   cfg = pretrain_config.get_config("tupe_a,tiny")
   overrides = {"num_train_steps": 2, "checkpoint.every_steps": 2, "optimizer.warmup_steps": 1,
                "checkpoint.async_save": False, "model.hidden_size": 128, "model.embedding_size": 128,
-               "model.intermediate_size": 256, "data.synthetic_vocab_size": 4096}
+               "model.intermediate_size": 256, "data.synthetic_vocab_size": 4096, "grad_accum_steps": 2,
+               "global_batch_size": 16}
   for key, value in dict(TINY, **overrides).items():
     parent, _, field = key.rpartition(".")
     (cfg[parent] if parent else cfg)[field] = value
   root = tmp_path_factory.mktemp("load_params") / "run"
   pretrain.train(cfg, str(root))
   return root
+
+
+def test_the_rates_count_the_global_batch_and_every_device_s_peak(workdir):
+  """tokens/s is the global batch's tokens a step (accumulation splits it; it does not add to it) and MFU is against
+  the peak of all 8 devices (against one device's it read 8x too high)."""
+  cfg = ml_collections.ConfigDict(json.loads((workdir / "config.json").read_text()))
+  n_pred = masking.max_predictions(cfg.data, cfg.seq_len)
+  step_flops = flops.train_step_flops(cfg.model, cfg.seq_len, cfg.global_batch_size, n_pred, None, 2)
+  rows = [r for r in runlog.read_metrics(workdir) if "loss" in r]
+  assert len(rows) == 2 and cfg.grad_accum_steps == 2 and cfg.peak_flops == 1e12
+  for r in rows:
+    assert r["tokens_per_s"] == pytest.approx(r["steps_per_s"] * cfg.global_batch_size * cfg.seq_len, rel=1e-9)
+    assert r["mfu"] == pytest.approx(r["steps_per_s"] * step_flops / (1e12 * 8), rel=1e-9)
 
 
 def bytes_read() -> int:

@@ -319,6 +319,29 @@ def test_the_eta_counts_evaluations_and_checkpoints(tmp_path, capsys, monkeypatc
   assert len(lines) == 2 and lines[1].startswith("step 20/100 ") and lines[1].endswith("| ETA 4m00s"), lines
 
 
+def test_a_resumed_run_s_first_step_is_timed_as_one_step(tmp_path, monkeypatch):
+  """A run resumed at step 1000: its first step's rate counts that step alone (counted from step 0 it was 1,001
+  steps/s, and its tokens/s and MFU as far off, had the loop not passed its start). The clock is a counter."""
+  clock = [0.0]
+  monkeypatch.setattr(progress_lib.time, "perf_counter", lambda: clock[0])
+  with runlog.MetricWriter(tmp_path, tensorboard=False) as writer:
+    steps = progress_lib.StepLog(writer, progress_lib.Progress(2000, 128, 1e9, 1e10), log_every=2)
+    for step in range(1001, 1005):
+      clock[0] += 1.0
+      steps.push(step, {"loss": 1.0})
+    clock[0] += 1.0
+    steps.flush()
+  rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  assert [(row["step"], row["steps_per_s"], row["tokens_per_s"], row["mfu"]) for row in rows] == [
+      (step, 1.0, 128.0, 0.1) for step in range(1001, 1005)]
+
+
+def test_a_progress_line_shows_mfu_in_percent():
+  line = progress_lib.Progress(100, 128, 1e9, 1e10).line(
+      10, {"loss": 2.0}, {"steps_per_s": 4.2, "tokens_per_s": 537.6, "mfu": 0.42})
+  assert line == "step 10/100 loss 2.0000 | 4.20 steps/s 538 tokens/s MFU 42.0% | ETA 0m21s"
+
+
 def test_every_step_is_timed_as_one_step_around_a_checkpoint(tmp_path, monkeypatch):
   """Steps of a second each, read one step late, and a 20-second checkpoint after step 4 (which reads that step at
   once, its second on the device waited for): every step's rate is 1 step/s. Before, the clock restarted when the

@@ -77,6 +77,9 @@ def test_evaluate_scores_the_checkpoints_parameters(pretrained, text_file, bert_
   # All of the file, in batches of 7: the last, partial one left out, and said (the help said "0: all").
   whole = heldout.evaluate(str(pretrained), str(text_file), seed=3, batch_size=7)
   assert whole["examples"] + whole["examples_left_out"] == len(data) and 0 < whole["examples_left_out"] < 7
+  # More examples asked for than the file gives: its whole batches (not the count asked for); every whole batch read.
+  assert heldout.count_batches(data, str(text_file), cfg.seq_len, 8, 10_000) == len(data) // 8
+  assert len(list(heldout._FixedBatches(data, 1, 3).iterator())) == len(data)  # pylint: disable=protected-access
   module = objectives.build_model(cfg)
   loss = jax.jit(lambda p, b: objectives.loss_fn(cfg, module, p, b, jax.random.PRNGKey(0), deterministic=True,
                                                  denoms=denoms)[1]["mlm_loss"])

@@ -109,6 +109,7 @@ def test_micro_report_has_every_variant_and_finite_fields(studies, name):
         task: r["n_degenerate"] for task, r in results["tasks"].items()}
   table = (root / "report.md").read_text()
   assert all(f"| {variant} |" in table for variant in VARIANTS[name] + [CONTROL])
+  assert " of 2 seeds" not in table  # (said only where a grid has not finished all its seeds)
   assert ("(paper, base)" in table) == (name == "tupe")
   # The pre-training table shows the eval split's and the held-out text's scores, each labelled (before, the
   # held-out disc scores were left out, and the eval split's disc scores were headed as if they were held-out's).
@@ -527,7 +528,7 @@ def test_glue_budget_table_has_a_column_per_dev_evaluation():
   def glue(median):
     return {"tasks": {task: {"median": median + i} for i, task in enumerate(("MNLI-m", "MNLI-mm", "RTE"))}}
   gain = {"gain": 1.0, "low": 0.5, "high": 1.5}
-  result = {"glue": {"bert_a": glue(60.0), CONTROL: glue(50.0)}, "minutes": {"bert_a": 1.0, CONTROL: 1.0},
+  result = {"glue": {"bert_a": glue(60.0), CONTROL: glue(50.0)}, "minutes": {"bert_a": 1.0, CONTROL: 2.0},
             "gain": {"tasks": dict.fromkeys(("MNLI-m", "MNLI-mm", "RTE"), gain), "average": gain,
                      "beats_random_init": True}}
   table = glue_budget.markdown({"study": "tupe", "scale": "base", "variant": "bert_a", "tasks": ["MNLI", "RTE"],
@@ -535,6 +536,9 @@ def test_glue_budget_table_has_a_column_per_dev_evaluation():
                                 "chosen": "recipe"})
   assert "| budget | overrides | MNLI-m | MNLI-mm | RTE | avg gain |" in table
   assert "| recipe | (the recipe) | 60.00 / 50.00 (+1.00 [+0.50, +1.50]) | 61.00 / 51.00 (+1.00" in table
+  assert table.splitlines()[2].endswith(" | 1.0 / 2.0 |")  # minutes (bert_a / random_init), in that order
+  # A budget is chosen only where both of its grids fit the minutes (the longer one decides).
+  assert glue_budget.choose({"recipe": result}, 2.0) == "recipe" and glue_budget.choose({"recipe": result}, 1.5) is None
   # A median whose seeds predicted degenerately (one class) says how many, as results.md does.
   result["glue"][CONTROL]["tasks"]["RTE"]["n_degenerate"] = 3
   table = glue_budget.markdown({"study": "tupe", "scale": "base", "variant": "bert_a", "tasks": ["MNLI", "RTE"],

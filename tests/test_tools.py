@@ -176,6 +176,20 @@ def test_analyze_tupe_checkpoint(tupe_checkpoint, sentences_file, tmp_path, caps
     np.testing.assert_allclose(by_distance[j - i], relative[:, i, j], rtol=1e-6)
 
 
+def test_attention_statistics_sum_every_batch(tupe_checkpoint, monkeypatch):
+  """The mean maps sum the sentences of every batch (the default 64 sentences run in 8 batches; the tests' 3 fit in
+  one), the same in batches of 1 as in one batch."""
+  cfg, params, _ = pretrained_lib.load_encoder(tupe_checkpoint)
+  rng = np.random.default_rng(0)
+  ids = rng.integers(5, 100, size=(3, 8)).astype(np.int32)
+  mask = np.array([[1] * 8, [1] * 5 + [0] * 3, [1] * 7 + [0]], np.int32)
+  whole = analyze.attention_statistics(cfg, params, ids, mask, 2)
+  monkeypatch.setattr(analyze, "MAX_BATCH", 1)
+  batched = analyze.attention_statistics(cfg, params, ids, mask, 2)
+  for got, want in zip(batched, whole):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 def test_analyze_user_errors(tupe_checkpoint, sentences_file, tmp_path, capsys):
   def fails(*extra):
     argv = ["analyze", "--checkpoint", str(tupe_checkpoint), "--text-file", str(sentences_file), "--out",
@@ -316,6 +330,10 @@ def test_plot_two_runs(tmp_path, capsys):
   assert (tmp_path / "mlm" / "metrics.jsonl").read_bytes() == log
 
 
+def test_runs_that_share_a_folder_name_are_labelled_by_their_paths():
+  assert curves.run_labels(["x/run", "y/run", "z/other"]) == ["x/run", "y/run", "other"]
+
+
 def test_local_paths_as_users_write_them(tmp_path, monkeypatch, capsys):
   """`~`, relative paths, spaces and non-ASCII names, as a shell passes them quoted (tupe.store.storage expands
   them)."""
@@ -375,7 +393,10 @@ def test_summary_command(tmp_path, capsys):
   lines = [line for line in table.splitlines() if line.startswith("| ")]
   assert len(lines) == 3 and lines[1].startswith("| bert_a,tiny |") and lines[2].startswith("| tupe_a,tiny |")
   total = int(lines[1].split("|")[10].strip().replace(",", ""))
-  assert total == summary.summarize(pretrain_config.get_config("bert_a,tiny"))["total"]
+  counted = summary.summarize(pretrain_config.get_config("bert_a,tiny"))
+  assert total == counted["total"]
+  assert [float(cell) for cell in lines[1].split("|")[11:13]] == [  # MFLOPs/token, forward and train
+      round(counted["forward_flops"] / 1e6, 2), round(counted["train_flops"] / 1e6, 2)]
   # A config of another file with the same argument is a row of its own, named by its file (before: one row, the
   # last config's numbers under the first's name).
   (tmp_path / "pretrain.py").write_text("from configs import pretrain\n\n\ndef get_config(arg):\n  cfg = "

@@ -78,8 +78,8 @@ def read_vocab(vocab_file: str | os.PathLike) -> list[str]:
 
 
 @functools.lru_cache(maxsize=8)
-def _load(path: str, lowercase: bool, mtime: float):
-  del mtime  # Part of the cache key only: an edited vocab file is read again.
+def _load(path: str, lowercase: bool, stamp: tuple):
+  del stamp  # Part of the cache key only: an edited vocab file is read again.
   tokens = read_vocab(path)
   vocab = token_ids(tokens)
   warn_repeated_lines(f"vocab file {path}", tokens)
@@ -150,8 +150,9 @@ def load_tokenizer(vocab_file: str | os.PathLike,
   """
   path = storage.path(vocab_file)
   with storage.errors("check", path):
-    mtime = path.stat().mtime if storage.is_file(path) else 0.0
-  return _load(str(path), lowercase, mtime)
+    stat = path.stat() if storage.is_file(path) else None
+  # (the store's mtime is in whole seconds: its size too tells a file rewritten within one)
+  return _load(str(path), lowercase, (stat.mtime, stat.length) if stat else ())
 
 
 def bert_normalizer(lowercase: bool) -> normalizers.Normalizer:

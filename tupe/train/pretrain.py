@@ -272,7 +272,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str, devices=None) -> dict:
     console.log(f"{setup.flops_per_step / 1e9:.2f} GFLOPs per step; MFU against {peak / 1e12:.2f} TFLOP/s per "
                 f"device ({peak_source})")
     progress = progress_lib.Progress(cfg.num_train_steps, cfg.global_batch_size * cfg.seq_len, setup.flops_per_step,
-                                     peak * setup.mesh.devices.size, start)
+                                     peak * setup.mesh.devices.size)
     nonfinite = progress_lib.NonFinite(cfg.nonfinite, warn=True, last_saved=ckpt.manager.latest_step)
     steps = progress_lib.StepLog(writer, progress, cfg.log_every, nonfinite=nonfinite)
     step, stop, total = start, 0, cfg.num_train_steps

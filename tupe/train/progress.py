@@ -27,10 +27,9 @@ AVERAGED = ("loss", "mlm_accuracy", "disc_auc", "grad_norm")  # shown as means o
 class Progress:
   """Prints `step/total loss ... steps/s tokens/s MFU ETA` lines, throughput over the last interval."""
 
-  def __init__(self, total_steps: int, tokens_per_step: int, flops_per_step: float, peak_flops: float,
-               start_step: int = 0):
+  def __init__(self, total_steps: int, tokens_per_step: int, flops_per_step: float, peak_flops: float):
     self.total, self.tokens, self.flops, self.peak = total_steps, tokens_per_step, flops_per_step, peak_flops
-    self._t, self._step = time.perf_counter(), start_step
+    self._t, self._step = time.perf_counter(), 0
 
   def rates(self, step: int) -> dict:
     """Throughput since the previous call: steps/s, tokens/s, and MFU (fraction of `peak_flops`) when the
@@ -44,9 +43,12 @@ class Progress:
       rates["mfu"] = sps * self.flops / self.peak
     return rates
 
-  def restart_clock(self):
-    """Leaves the time spent since the last call (compilation, evaluation, checkpointing) out of the next rates."""
+  def restart_clock(self, before: int | None = None):
+    """Leaves the time spent since the last call (compilation, evaluation, checkpointing) out of the next rates;
+    `before`: the step the next rates count from (the step before the first one timed: a resumed run's start)."""
     self._t = time.perf_counter()
+    if before is not None:
+      self._step = before
 
   def line(self, step: int, metrics: dict, rates: dict, steps: int = 1, wall_per_step: float | None = None,
            left_out: int = 0) -> str:
@@ -151,7 +153,7 @@ class StepLog:
     evaluation) restarts the clock: the time since, that work's and the refilling of the pipeline's, is no step's."""
     finished = self.flush()
     if finished is None:
-      self.progress.restart_clock()
+      self.progress.restart_clock(before=step - 1)
     self.pending = (step, metrics)
     return finished
 
