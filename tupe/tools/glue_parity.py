@@ -376,7 +376,7 @@ def main(argv: list[str]) -> None:
                     f"--config.<field>=...")
   if args.rtol is not None and not (math.isfinite(args.rtol) and args.rtol > 0):  # Found now, not after the runs.
     raise UserError(f"--rtol {args.rtol}: give a relative tolerance above 0, e.g. {RTOL['float32']:g}")
-  cfg = config_files.check_config_flags(["eval_glue.py", f"--config={args.config}"] + overrides)
+  cfg = config_files.check_config_flags(["glue_parity", f"--config={args.config}"] + overrides)
   if config_files.entry_point(cfg) != "eval_glue.py":
     raise UserError(f"--config {args.config} is not a GLUE recipe: give configs/glue.py:<tupe|convbert>, as for "
                     f"eval_glue.py")
