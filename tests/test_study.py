@@ -536,7 +536,8 @@ def test_glue_budget_table_has_a_column_per_dev_evaluation():
                                 "chosen": "recipe"})
   assert "| budget | overrides | MNLI-m | MNLI-mm | RTE | avg gain |" in table
   assert "| recipe | (the recipe) | 60.00 / 50.00 (+1.00 [+0.50, +1.50]) | 61.00 / 51.00 (+1.00" in table
-  assert next(line for line in table.splitlines() if line.startswith("| recipe |")).endswith(" | 1.0 / 2.0 |")  # minutes (bert_a / random_init), in that order
+  row = next(line for line in table.splitlines() if line.startswith("| recipe |"))
+  assert row.endswith(" | 1.0 / 2.0 |")  # minutes (bert_a / random_init), in that order
   # A budget is chosen only where both of its grids fit the minutes (the longer one decides).
   assert glue_budget.choose({"recipe": result}, 2.0) == "recipe" and glue_budget.choose({"recipe": result}, 1.5) is None
   # A median whose seeds predicted degenerately (one class) says how many, as results.md does.
