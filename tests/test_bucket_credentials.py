@@ -258,8 +258,9 @@ def test_a_save_refused_in_mid_run_stops_there(refusing, tmp_path):
   lines = [line for line in proc.stderr.strip().splitlines() if not re.match(r"[IW]\d{4} ", line)]
   cause = {"s3": ACCESS_DENIED, "gs": gcs_denied(writer, "storage.objects.create")}[store]
   assert lines == [f"error: could not write checkpoint {2 * EVERY} to {workdir}/checkpoints: {cause}; check the "
-                   f"bucket, your permission to write there and the connection to it, then rerun to resume from "
-                   f"checkpoint {EVERY}"], proc.stderr[-3000:]
+                   f"bucket, your permission to write there and the connection to it; the last saved checkpoint is "
+                   f"{EVERY} ({workdir}/checkpoints/{EVERY}); rerun the same command to resume from it"], (
+      proc.stderr[-3000:])
   assert checkpoints(server.objects(bucket.removeprefix(f"{store}://")), "save")[1] == [EVERY]
 
   proc = run(command[1:], env)

@@ -124,7 +124,8 @@ def test_leaving_on_the_jobs_own_error_reports_that_error(tmp_path, caplog):
     resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
   # Not silent either: a note, one warning line printed after the job's own (tupe.run.process.run_main).
   assert raised.value.__notes__ == [f"while stopping, could not write checkpoint 2 to {tmp_path}: File too "
-                                    f"large; free space or fix permissions, then rerun to resume from checkpoint 1"]
+                                    f"large; free space or fix permissions; the last saved checkpoint is 1 "
+                                    f"({tmp_path / '1'}); rerun the same command to resume from it"]
   assert not [r for r in caplog.records if r.exc_info], "orbax's tracebacks were logged"
   verify_all(tmp_path / "1")
   assert sorted(p.name for p in tmp_path.iterdir() if p.name.isdigit()) == ["1"]
@@ -190,7 +191,8 @@ def refuse_a_save(root) -> None:
     ckpt.save(1, state_at(1), META)
     with writes_refused(root):
       with pytest.raises(UserError, match=f"^could not write checkpoint 2 to {root}: (Operation not permitted|"
-                                          f"Permission denied); free space or fix permissions, then rerun"):
+                                          f"Permission denied); free space or fix permissions; the last saved "
+                                          f"checkpoint is 1 "):
         ckpt.save(2, state_at(2), META)
 
 

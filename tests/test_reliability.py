@@ -281,8 +281,8 @@ def test_failing_checkpoint_write_is_an_error(tmp_path):
                         env=train_env(), capture_output=True, text=True, timeout=HANG)
   assert proc.returncode == 2, proc.stderr[-3000:]
   assert error_line(proc) == (f"error: could not write checkpoint {EVERY} to {workdir / 'checkpoints'}: File too "
-                              f"large; free space or fix permissions, then rerun (no checkpoint was finished yet: "
-                              f"the run starts again from step 0)")
+                              f"large; free space or fix permissions; no checkpoint was saved yet; rerun the same "
+                              f"command to start again")
   assert finished_steps(workdir) == [] and last_logged_step(workdir) >= EVERY
 
 

@@ -98,9 +98,15 @@ def save(directory: storage.PathLike, params, cfg, model_cfg, task: glue.Task, v
   checkpointer.save_params(directory, params, meta_lib.create(config, vocab, record["train_examples"]))
 
 
+def degenerate_reasons(run: dict) -> str:
+  """"RTE: all one class (entailment)" (each evaluation's, "; " between), or "": why a run's dev predictions were
+  degenerate, from its runs.jsonl record or a saved model's `run`."""
+  return "; ".join(f"{ev}: {why}" for ev, why in run.get("degenerate", {}).items())
+
+
 def degenerate_note(saved: Saved) -> str:
   """"" or "; degenerate on dev: RTE: all one class (entailment)": a warning that the model may predict one class."""
-  found = "; ".join(f"{ev}: {why}" for ev, why in saved.run.get("degenerate", {}).items())
+  found = degenerate_reasons(saved.run)
   return f"; degenerate on dev: {found}" if found else ""
 
 

@@ -81,7 +81,7 @@ def publish(cfg, workdir: storage.Path, runs: list[dict]) -> list[str]:
       storage.remove(target)
       for name in sorted(storage.walk_files(source), key=lambda name: name == checksums.CHECKSUMS):  # The record last.
         storage.copy(source / name, target / name)
-    degenerate = "; ".join(f"{ev}: {why}" for ev, why in chosen.get("degenerate", {}).items())
+    degenerate = classifier.degenerate_reasons(chosen)
     notes.append(f"kept the model of {which} in {target} (dev score {chosen['score']:.2f}"
                  + (f"; degenerate: {degenerate})" if degenerate else ")"))
   return notes

@@ -170,7 +170,7 @@ def dev_evaluations(records: list[RunRecord]) -> dict[str, int]:
   """{task: the most dev evaluations one of its runs made} (MNLI: one entry; its runs evaluate both dev sets)."""
   counts = {}
   for r in records:
-    task = r.task.split("-")[0] if r.task.startswith("MNLI") else r.task
+    task = glue.EVALUATIONS[r.task].task
     counts[task] = max(counts.get(task, 1), r.dev_evaluations)
   return counts
 

@@ -177,13 +177,10 @@ class Checkpointer:
     which = "a checkpoint" if step is None else f"checkpoint {step}"
     cause, fix = _refused(e, self.directory)
     try:
-      newest = checkpoint.newest_step(self.directory)
+      resume = checkpoint.last_saved(self.directory)
     except Exception:  # pylint: disable=broad-except  (the store that refused the save may refuse the listing too)
-      newest = None
-    resume = ("to resume from the last good checkpoint" if newest is None else
-              f"to resume from checkpoint {newest}" if newest >= 0 else
-              "(no checkpoint was finished yet: the run starts again from step 0)")
-    return UserError(f"could not write {which} to {self.directory}: {cause}; {fix}, then rerun {resume}")
+      resume = "rerun the same command to resume from the last good checkpoint"
+    return UserError(f"could not write {which} to {self.directory}: {cause}; {fix}; {resume}")
 
   def restore_latest(self, abstract_state, compatibility=None):
     """Restores the newest loadable checkpoint; returns (step, state, its CheckpointMeta) or None.

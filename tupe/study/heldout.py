@@ -69,10 +69,15 @@ def text_examples(text_file: str, data_cfg, seq_len: int, vocab_file: str) -> pi
   return pipeline.PretrainData(data_cfg, seq_len=seq_len, split="train")
 
 
+def considered(data: pipeline.PretrainData, max_examples: int) -> int:
+  """The examples scored in whole batches or left out: the first `max_examples` of `data` (0: all)."""
+  return min(len(data), max_examples) if max_examples else len(data)
+
+
 def count_batches(data: pipeline.PretrainData, text_file: str, seq_len: int, batch_size: int, max_examples: int,
                   batch_flag: str = TOOL_FLAGS[0]) -> int:
   """The whole batches of `data` scored (of its first `max_examples`, 0: all); a UserError for none."""
-  batches = (min(len(data), max_examples) if max_examples else len(data)) // batch_size
+  batches = considered(data, max_examples) // batch_size
   if not batches:
     raise UserError(f"{text_file} gives {len(data)} examples of {seq_len} tokens, fewer than one batch of "
                     f"{batch_size}: lower {batch_flag} or give more text")
@@ -108,7 +113,7 @@ def evaluate(checkpoint_path: str, text_file: str, seed: int = 0, max_examples: 
   return {"checkpoint": str(step_dir), "step": checkpoint.step_of(step_dir, meta), "model": cfg.model.name,
           "objective": cfg.objective, "text_file": str(text_file), "seed": seed, "max_examples": max_examples,
           "batch_size": batch_size, "examples": batches * batch_size,
-          "examples_left_out": (min(len(data), max_examples) if max_examples else len(data)) - batches * batch_size,
+          "examples_left_out": considered(data, max_examples) - batches * batch_size,
           "seq_len": cfg.seq_len,
           "predicted_tokens": int(round(float(evaluator.denoms["predictions"]))),
           **{key: float(scores[key]) for key in METRICS if key in scores}}

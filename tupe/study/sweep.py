@@ -172,7 +172,7 @@ def _loss_cell(losses: list[float | None]) -> str:
   fewer than LOSS_STEPS; "nan" if none is finite, "-" for none at all."""
   if not losses:
     return "-"
-  finite = [v for v in losses if _number(v) != "nan"]
+  finite = [v for v in losses if v is not None and math.isfinite(v)]
   mean = _number(sum(finite) / len(finite) if finite else None)
   if len(finite) < len(losses):
     return f"{mean} ({len(losses) - len(finite)} of {len(losses)} steps non-finite, left out)"
