@@ -1,11 +1,11 @@
-"""Reproducible WordPiece vocab training in plain Python, for small corpora such as the demo corpus.
+"""Reproducible WordPiece vocab training in plain Python (the demo's vocab, and `python -m tupe.tools.vocab`'s).
 
 The `tokenizers` trainer breaks ties between equally frequent pairs in hash-map order, which changes from run to
 run, so two machines that train on the same text may get vocabs that differ in a few tokens (and so in the ids
 after them). This trainer runs the same algorithm (BPE merges of the most frequent adjacent pair, "##" marking
-pieces inside a word) and breaks ties by the pair's text: the vocab depends on the text alone. It takes about twice
-the CPU, on one thread (30 MB of books, 30,522 tokens: 18 s against 8.7 s): `python -m tupe.tools.vocab` uses it
-unless given --fast.
+pieces inside a word) and breaks ties by the pair's text: the vocab depends on the text alone. It takes 1.7x the
+CPU, on one thread (`python -m tupe.tools.vocab` on 30 MB of books, 30,522 tokens: 19.6 s against 11.8 s with
+--fast, which takes the `tokenizers` trainer; docs/BENCHMARKS.md, "Vocab training").
 """
 import collections
 import heapq

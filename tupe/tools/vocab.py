@@ -35,7 +35,7 @@ def main(argv: list[str]) -> None:
   parser.add_argument("--output", required=True, help="vocab.txt to write")
   parser.add_argument("--cased", action="store_true", help="keep case and accents (default: uncased); train with "
                       "--config.data.lowercase=false then")
-  parser.add_argument("--fast", action="store_true", help="HF tokenizers' trainer, multithreaded and about half the "
+  parser.add_argument("--fast", action="store_true", help="HF tokenizers' trainer, multithreaded and about 0.6x the "
                       "CPU, but the vocab may differ from run to run by a few tokens (it breaks ties in hash order); "
                       "by default the vocab depends on the text alone")
   args = parser.parse_args(argv[1:])
